@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("cryptblk: not built yet");
+    std::process::exit(1);
+}

@@ -1,0 +1,29 @@
+use thiserror::Error;
+
+/// Everything that can go wrong reading, unlocking or writing a LUKS header.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum LuksError {
+    #[error("not a LUKS image: {0}")]
+    NotLuks(String),
+    #[error("no keyslot matches this passphrase (check the key file; trailing newlines count)")]
+    WrongPassphrase,
+    #[error("unsupported {what} '{name}' ({hint})")]
+    Unsupported { what: &'static str, name: String, hint: String },
+    #[error("damaged LUKS header: {0}")]
+    Corrupt(String),
+    #[error("truncated image: {0}")]
+    Truncated(String),
+    #[error("keyslot {slot}: argon2 needs {needed_kib} KiB of memory, above the limit of {limit_kib} KiB (raise it with --max-pbkdf-memory if this machine has the RAM)")]
+    PbkdfMemoryLimit { slot: usize, needed_kib: u64, limit_kib: u64 },
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("keyslot {0} is not usable: {1}")]
+    Keyslot(usize, String),
+    #[error(transparent)]
+    Crypto(#[from] cryptblk_crypto::CryptoError),
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub type Result<T> = std::result::Result<T, LuksError>;

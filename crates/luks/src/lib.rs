@@ -1,0 +1,10 @@
+//! LUKS1 and LUKS2 on-disk formats, byte-compatible with cryptsetup and QEMU's luks driver.
+
+pub mod af;
+mod error;
+mod hash;
+pub mod kdf;
+pub mod keyslot_area;
+
+pub use error::{LuksError, Result};
+pub use hash::HashAlg;
