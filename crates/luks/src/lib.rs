@@ -8,3 +8,5 @@ pub mod keyslot_area;
 
 pub use error::{LuksError, Result};
 pub use hash::HashAlg;
+mod options;
+pub use options::{FormatOptions, LuksVersion, PbkdfKind, PbkdfOptions, UnlockOptions};
