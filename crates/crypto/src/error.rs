@@ -9,13 +9,20 @@ pub enum CryptoError {
     Unsupported { what: &'static str, name: String },
     /// Key length that does not fit the cipher and mode.
     #[error("invalid key size {bits} bits for {spec} (expected {expected})")]
-    InvalidKeySize { bits: usize, spec: String, expected: &'static str },
+    InvalidKeySize {
+        bits: usize,
+        spec: String,
+        expected: &'static str,
+    },
     /// Buffer not a whole number of sectors, or a bad sector size.
     #[error("invalid sector run: {0}")]
     InvalidLength(String),
     /// The crypto library itself reported a failure.
     #[error("crypto engine {engine} failed: {message}")]
-    Engine { engine: &'static str, message: String },
+    Engine {
+        engine: &'static str,
+        message: String,
+    },
     /// A pool worker died while processing this request.
     #[error("crypto worker failed: {0}")]
     Worker(String),

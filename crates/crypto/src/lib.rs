@@ -13,12 +13,16 @@
 
 use std::sync::Arc;
 
+mod engine;
 mod error;
+mod iv;
 mod key;
+mod select;
 mod spec;
 
 pub use error::CryptoError;
 pub use key::SecretKey;
+pub use select::{default_engine_for, engines, portable_engine, ENGINE_ENV};
 pub use spec::{CipherSpec, IvMode, Mode};
 
 /// Which way a run of sectors is transformed.
@@ -54,20 +58,3 @@ pub trait Engine: Send + Sync {
 
 mod pool;
 pub use pool::CryptoPool;
-
-/// Every engine compiled in, fastest-expected first.
-pub fn engines() -> Vec<Arc<dyn Engine>> {
-    todo!("helper: openssl engine + rustcrypto engine")
-}
-
-/// The portable engine (RustCrypto), used for cross-checks and as the fallback.
-pub fn portable_engine() -> Arc<dyn Engine> {
-    todo!("helper")
-}
-
-/// The engine to use for `spec` on this CPU, chosen by a short measurement the first time it
-/// is asked for each spec shape and cached for the process.
-pub fn default_engine_for(spec: &CipherSpec) -> Result<Arc<dyn Engine>, CryptoError> {
-    let _ = spec;
-    todo!("helper")
-}

@@ -8,12 +8,18 @@ pub struct CryptoPool {
 
 impl CryptoPool {
     pub fn new(threads: usize) -> Self {
-        CryptoPool { threads: threads.max(1) }
+        CryptoPool {
+            threads: threads.max(1),
+        }
     }
 
     /// One worker per available core.
     pub fn with_default_threads() -> Self {
-        Self::new(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+        Self::new(
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+        )
     }
 
     pub fn threads(&self) -> usize {

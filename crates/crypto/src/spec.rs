@@ -33,17 +33,29 @@ pub struct CipherSpec {
 
 impl CipherSpec {
     /// From LUKS1-style split names: `("aes", "xts-plain64", 64)`.
-    pub fn parse(cipher_name: &str, cipher_mode: &str, key_bytes: usize) -> Result<Self, CryptoError> {
+    pub fn parse(
+        cipher_name: &str,
+        cipher_mode: &str,
+        key_bytes: usize,
+    ) -> Result<Self, CryptoError> {
         let cipher = cipher_name.to_ascii_lowercase();
         if cipher != "aes" {
-            return Err(CryptoError::Unsupported { what: "cipher", name: cipher_name.to_string() });
+            return Err(CryptoError::Unsupported {
+                what: "cipher",
+                name: cipher_name.to_string(),
+            });
         }
         let mode_lc = cipher_mode.to_ascii_lowercase();
         let (chain, iv) = mode_lc.split_once('-').unwrap_or((mode_lc.as_str(), ""));
         let mode = match chain {
             "xts" => Mode::Xts,
             "cbc" => Mode::Cbc,
-            _ => return Err(CryptoError::Unsupported { what: "cipher mode", name: cipher_mode.to_string() }),
+            _ => {
+                return Err(CryptoError::Unsupported {
+                    what: "cipher mode",
+                    name: cipher_mode.to_string(),
+                })
+            }
         };
         let iv = match iv {
             "plain" => IvMode::Plain,
@@ -52,17 +64,33 @@ impl CipherSpec {
             essiv if essiv.starts_with("essiv:") => {
                 let hash = &essiv["essiv:".len()..];
                 if !matches!(hash, "sha1" | "sha256" | "sha512") {
-                    return Err(CryptoError::Unsupported { what: "ESSIV hash", name: hash.to_string() });
+                    return Err(CryptoError::Unsupported {
+                        what: "ESSIV hash",
+                        name: hash.to_string(),
+                    });
                 }
                 IvMode::Essiv(hash.to_string())
             }
-            _ => return Err(CryptoError::Unsupported { what: "IV generator", name: cipher_mode.to_string() }),
+            _ => {
+                return Err(CryptoError::Unsupported {
+                    what: "IV generator",
+                    name: cipher_mode.to_string(),
+                })
+            }
         };
         if mode == Mode::Xts && matches!(iv, IvMode::Essiv(_)) {
             // xts-essiv exists in dm-crypt but no LUKS tool creates it by default; refuse clearly.
-            return Err(CryptoError::Unsupported { what: "cipher mode", name: cipher_mode.to_string() });
+            return Err(CryptoError::Unsupported {
+                what: "cipher mode",
+                name: cipher_mode.to_string(),
+            });
         }
-        let spec = CipherSpec { cipher, mode, iv, key_bytes };
+        let spec = CipherSpec {
+            cipher,
+            mode,
+            iv,
+            key_bytes,
+        };
         spec.check_key_size()?;
         Ok(spec)
     }
@@ -71,19 +99,32 @@ impl CipherSpec {
     pub fn parse_luks2(joined: &str, key_bytes: usize) -> Result<Self, CryptoError> {
         match joined.split_once('-') {
             Some((cipher, mode)) => Self::parse(cipher, mode, key_bytes),
-            None => Err(CryptoError::Unsupported { what: "cipher", name: joined.to_string() }),
+            None => Err(CryptoError::Unsupported {
+                what: "cipher",
+                name: joined.to_string(),
+            }),
         }
     }
 
     fn check_key_size(&self) -> Result<(), CryptoError> {
         let (ok, expected) = match self.mode {
-            Mode::Xts => (matches!(self.key_bytes, 32 | 48 | 64), "256, 384 or 512 bits for XTS"),
-            Mode::Cbc => (matches!(self.key_bytes, 16 | 24 | 32), "128, 192 or 256 bits for CBC"),
+            Mode::Xts => (
+                matches!(self.key_bytes, 32 | 48 | 64),
+                "256, 384 or 512 bits for XTS",
+            ),
+            Mode::Cbc => (
+                matches!(self.key_bytes, 16 | 24 | 32),
+                "128, 192 or 256 bits for CBC",
+            ),
         };
         if ok {
             Ok(())
         } else {
-            Err(CryptoError::InvalidKeySize { bits: self.key_bytes * 8, spec: self.to_luks2_string(), expected })
+            Err(CryptoError::InvalidKeySize {
+                bits: self.key_bytes * 8,
+                spec: self.to_luks2_string(),
+                expected,
+            })
         }
     }
 
@@ -127,7 +168,12 @@ impl CipherSpec {
 
 impl fmt::Display for CipherSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({} bits)", self.to_luks2_string(), self.key_bytes * 8)
+        write!(
+            f,
+            "{} ({} bits)",
+            self.to_luks2_string(),
+            self.key_bytes * 8
+        )
     }
 }
 
@@ -147,11 +193,17 @@ mod tests {
 
     #[test]
     fn refuses_unsupported_with_name() {
-        let e = CipherSpec::parse("serpent", "xts-plain64", 64).unwrap_err().to_string();
+        let e = CipherSpec::parse("serpent", "xts-plain64", 64)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("serpent"), "{e}");
-        let e = CipherSpec::parse("aes", "lrw-benbi", 48).unwrap_err().to_string();
+        let e = CipherSpec::parse("aes", "lrw-benbi", 48)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("lrw-benbi"), "{e}");
-        let e = CipherSpec::parse("aes", "xts-plain64", 20).unwrap_err().to_string();
+        let e = CipherSpec::parse("aes", "xts-plain64", 20)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("160 bits"), "{e}");
     }
 }

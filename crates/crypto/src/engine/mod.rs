@@ -1,0 +1,28 @@
+//! The engines: a portable one on RustCrypto and a fast one on OpenSSL.
+
+pub(crate) mod openssl;
+pub(crate) mod rustcrypto;
+
+use crate::CryptoError;
+
+/// dm-crypt accepts encryption sector sizes from 512 to 4096 bytes, powers of two.
+pub(crate) fn check_sector_size(sector_size: usize) -> Result<(), CryptoError> {
+    if (512..=4096).contains(&sector_size) && sector_size.is_power_of_two() {
+        Ok(())
+    } else {
+        Err(CryptoError::InvalidLength(format!(
+            "sector size {sector_size} is not a power of two between 512 and 4096"
+        )))
+    }
+}
+
+/// A run must be whole sectors; an empty run is a no-op, not an error.
+pub(crate) fn check_run(sector_size: usize, len: usize) -> Result<(), CryptoError> {
+    if len % sector_size == 0 {
+        Ok(())
+    } else {
+        Err(CryptoError::InvalidLength(format!(
+            "{len} bytes is not a whole number of {sector_size}-byte sectors"
+        )))
+    }
+}

@@ -1,0 +1,263 @@
+//! Fast engine on OpenSSL 3 (vendored), which uses VAES/AVX-512 or AES-NI when the CPU has them.
+//!
+//! Cost model (measured, see ENGINES.md): keying an `EVP_CIPHER_CTX` costs several times more
+//! than encrypting a 4 KiB sector, so a cipher keeps keyed contexts and only resets the IV per
+//! sector. `crypt(&self)` runs on many threads at once, so the contexts live in a small array
+//! of slots owned by the cipher: a caller takes the first free slot with `try_lock`, starting
+//! from a per-thread position so that steady-state threads each keep "their" slot and never
+//! contend. We chose slots over a `thread_local!` cache because the key schedules then die with
+//! the cipher (OpenSSL cleanses them when a context is freed) instead of lingering in caches
+//! of threads that outlive it, and nothing grows when many ciphers are created and dropped
+//! (one per keyslot unlock attempt). If every slot is busy the call keys a temporary context.
+
+use super::rustcrypto::check_key_len;
+use super::{check_run, check_sector_size};
+use crate::iv::IvGen;
+use crate::{CipherSpec, CryptoError, Direction, Engine, Mode, SecretKey, SectorCipher};
+use openssl::cipher::{Cipher, CipherRef};
+use openssl::cipher_ctx::CipherCtx;
+use openssl::error::ErrorStack;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
+
+pub(crate) const NAME: &str = "openssl";
+
+/// Largest supported sector size; the CBC tail path needs scratch room for one sector.
+const MAX_SECTOR: usize = 4096;
+const BLOCK: usize = 16;
+
+pub(crate) struct OpensslEngine;
+
+fn evp_cipher(spec: &CipherSpec) -> Option<&'static CipherRef> {
+    match (spec.mode(), spec.key_bytes()) {
+        (Mode::Xts, 32) => Some(Cipher::aes_128_xts()),
+        (Mode::Xts, 64) => Some(Cipher::aes_256_xts()),
+        (Mode::Cbc, 16) => Some(Cipher::aes_128_cbc()),
+        (Mode::Cbc, 24) => Some(Cipher::aes_192_cbc()),
+        (Mode::Cbc, 32) => Some(Cipher::aes_256_cbc()),
+        // OpenSSL has no AES-192-XTS (384-bit XTS keys); the portable engine covers it.
+        _ => None,
+    }
+}
+
+impl Engine for OpensslEngine {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn supports(&self, spec: &CipherSpec) -> bool {
+        evp_cipher(spec).is_some() && crate::iv::check_supported(spec).is_ok()
+    }
+
+    fn new_cipher(
+        &self,
+        spec: &CipherSpec,
+        key: &SecretKey,
+        sector_size: usize,
+    ) -> Result<Arc<dyn SectorCipher>, CryptoError> {
+        check_sector_size(sector_size)?;
+        check_key_len(spec, key)?;
+        let cipher = evp_cipher(spec).ok_or_else(|| CryptoError::Unsupported {
+            what: "cipher for the openssl engine",
+            name: format!("{spec}"),
+        })?;
+        let iv = IvGen::new(spec, key)?;
+        let slots = (0..slot_count())
+            .map(|_| Mutex::new(Contexts::default()))
+            .collect();
+        let c = OpensslCipher {
+            cipher,
+            cbc: spec.mode() == Mode::Cbc,
+            key: key.clone(),
+            iv,
+            sector_size,
+            slots,
+        };
+        // Key one context now so that a key OpenSSL refuses fails here, not on first I/O.
+        c.with_contexts(|ctxs| ctxs.get(&c, Direction::Encrypt).map(|_| ()))?;
+        Ok(Arc::new(c))
+    }
+}
+
+/// Enough slots for every pool worker plus callers doing work inline.
+fn slot_count() -> usize {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    (cores * 2 + 2).min(64)
+}
+
+/// Per-thread starting slot, so threads spread over the slots instead of all racing for slot 0.
+fn thread_hint() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static HINT: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    HINT.with(|h| {
+        if h.get() == usize::MAX {
+            h.set(NEXT.fetch_add(1, Ordering::Relaxed));
+        }
+        h.get()
+    })
+}
+
+#[derive(Default)]
+struct Contexts {
+    enc: Option<CipherCtx>,
+    dec: Option<CipherCtx>,
+}
+
+impl Contexts {
+    /// The keyed context for `dir`, keying it on first use. Encryption and decryption need
+    /// separate contexts because the AES key schedule differs per direction.
+    fn get(&mut self, c: &OpensslCipher, dir: Direction) -> Result<&mut CipherCtx, CryptoError> {
+        let slot = match dir {
+            Direction::Encrypt => &mut self.enc,
+            Direction::Decrypt => &mut self.dec,
+        };
+        if slot.is_none() {
+            *slot = Some(c.keyed_ctx(dir).map_err(engine_err)?);
+        }
+        slot.as_mut()
+            .ok_or_else(|| engine_err_msg("context missing after keying"))
+    }
+}
+
+struct OpensslCipher {
+    cipher: &'static CipherRef,
+    cbc: bool,
+    key: SecretKey,
+    iv: IvGen,
+    sector_size: usize,
+    slots: Box<[Mutex<Contexts>]>,
+}
+
+fn engine_err(e: ErrorStack) -> CryptoError {
+    CryptoError::Engine {
+        engine: NAME,
+        message: e.to_string(),
+    }
+}
+
+fn engine_err_msg(m: &str) -> CryptoError {
+    CryptoError::Engine {
+        engine: NAME,
+        message: m.to_string(),
+    }
+}
+
+impl OpensslCipher {
+    fn keyed_ctx(&self, dir: Direction) -> Result<CipherCtx, ErrorStack> {
+        let mut ctx = CipherCtx::new()?;
+        match dir {
+            Direction::Encrypt => {
+                ctx.encrypt_init(Some(self.cipher), Some(self.key.as_bytes()), None)?
+            }
+            Direction::Decrypt => {
+                ctx.decrypt_init(Some(self.cipher), Some(self.key.as_bytes()), None)?
+            }
+        }
+        // Sectors are whole blocks; padding would add or hold back a block.
+        ctx.set_padding(false);
+        Ok(ctx)
+    }
+
+    fn with_contexts<R>(
+        &self,
+        f: impl FnOnce(&mut Contexts) -> Result<R, CryptoError>,
+    ) -> Result<R, CryptoError> {
+        let n = self.slots.len();
+        let start = thread_hint() % n;
+        for i in 0..n {
+            let slot = &self.slots[(start + i) % n];
+            match slot.try_lock() {
+                Ok(mut guard) => return f(&mut guard),
+                Err(TryLockError::Poisoned(p)) => {
+                    // A panic mid-update may have left a context half-way through a sector;
+                    // drop both and re-key rather than trust them.
+                    let mut guard = p.into_inner();
+                    *guard = Contexts::default();
+                    slot.clear_poison();
+                    return f(&mut guard);
+                }
+                Err(TryLockError::WouldBlock) => continue,
+            }
+        }
+        f(&mut Contexts::default())
+    }
+
+    fn crypt_sectors(
+        &self,
+        ctx: &mut CipherCtx,
+        dir: Direction,
+        first: u64,
+        data: &mut [u8],
+    ) -> Result<(), CryptoError> {
+        let ss = self.sector_size;
+        let count = data.len() / ss;
+        for i in 0..count {
+            let iv = self.iv.iv(first.wrapping_add(i as u64));
+            match dir {
+                Direction::Encrypt => ctx.encrypt_init(None, None, Some(&iv)),
+                Direction::Decrypt => ctx.decrypt_init(None, None, Some(&iv)),
+            }
+            .map_err(engine_err)?;
+            let start = i * ss;
+            let out = if !self.cbc {
+                // XTS reports a block size of 1, so the in-place update needs no slack.
+                let sector = data
+                    .get_mut(start..start + ss)
+                    .ok_or_else(|| engine_err_msg("sector out of range"))?;
+                ctx.cipher_update_inplace(sector, ss).map_err(engine_err)?
+            } else if start + ss + BLOCK <= data.len() {
+                // The openssl crate demands one block of slack after CBC input even though, with
+                // padding off, OpenSSL writes exactly the input length. The next sector provides
+                // that slack without being touched.
+                let window = data
+                    .get_mut(start..start + ss + BLOCK)
+                    .ok_or_else(|| engine_err_msg("sector out of range"))?;
+                ctx.cipher_update_inplace(window, ss).map_err(engine_err)?
+            } else {
+                // Last CBC sector: no slack after it, so go through a scratch copy.
+                let sector = data
+                    .get_mut(start..start + ss)
+                    .ok_or_else(|| engine_err_msg("sector out of range"))?;
+                let mut scratch = zeroize::Zeroizing::new([0u8; MAX_SECTOR + BLOCK]);
+                scratch[..ss].copy_from_slice(sector);
+                let n = ctx
+                    .cipher_update_inplace(&mut scratch[..ss + BLOCK], ss)
+                    .map_err(engine_err)?;
+                sector.copy_from_slice(&scratch[..ss]);
+                n
+            };
+            if out != ss {
+                return Err(engine_err_msg(&format!(
+                    "update produced {out} bytes for a {ss}-byte sector"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SectorCipher for OpensslCipher {
+    fn sector_size(&self) -> usize {
+        self.sector_size
+    }
+
+    fn engine_name(&self) -> &'static str {
+        NAME
+    }
+
+    fn crypt(&self, dir: Direction, first_sector: u64, data: &mut [u8]) -> Result<(), CryptoError> {
+        check_run(self.sector_size, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.with_contexts(|ctxs| {
+            let ctx = ctxs.get(self, dir)?;
+            self.crypt_sectors(ctx, dir, first_sector, data)
+        })
+    }
+}
