@@ -9,13 +9,21 @@ pub enum LuksError {
     #[error("no keyslot matches this passphrase (check the key file; trailing newlines count)")]
     WrongPassphrase,
     #[error("unsupported {what} '{name}' ({hint})")]
-    Unsupported { what: &'static str, name: String, hint: String },
+    Unsupported {
+        what: &'static str,
+        name: String,
+        hint: String,
+    },
     #[error("damaged LUKS header: {0}")]
     Corrupt(String),
     #[error("truncated image: {0}")]
     Truncated(String),
     #[error("keyslot {slot}: argon2 needs {needed_kib} KiB of memory, above the limit of {limit_kib} KiB (raise it with --max-pbkdf-memory if this machine has the RAM)")]
-    PbkdfMemoryLimit { slot: usize, needed_kib: u64, limit_kib: u64 },
+    PbkdfMemoryLimit {
+        slot: usize,
+        needed_kib: u64,
+        limit_kib: u64,
+    },
     #[error("{0}")]
     InvalidArgument(String),
     #[error("keyslot {0} is not usable: {1}")]

@@ -20,7 +20,9 @@ pub struct UnlockOptions {
 impl Default for UnlockOptions {
     fn default() -> Self {
         // cryptsetup's own ceiling for argon2 memory is 4 GiB.
-        UnlockOptions { max_pbkdf_memory_kib: 4 * 1024 * 1024 }
+        UnlockOptions {
+            max_pbkdf_memory_kib: 4 * 1024 * 1024,
+        }
     }
 }
 
@@ -50,7 +52,9 @@ pub struct PbkdfOptions {
 
 impl Default for PbkdfOptions {
     fn default() -> Self {
-        let cpus = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1);
         PbkdfOptions {
             kind: PbkdfKind::Argon2(Argon2Variant::Argon2id),
             hash: HashAlg::Sha256,
