@@ -62,6 +62,11 @@ impl Engine for OpensslEngine {
             what: "cipher for the openssl engine",
             name: format!("{spec}"),
         })?;
+        if spec.mode() == Mode::Xts && halves_equal(key.as_bytes()) {
+            // OpenSSL 3 refuses XTS keys with equal halves; dm-crypt and cryptsetup accept them
+            // outside FIPS mode, so such volumes are served by the portable engine instead.
+            return super::rustcrypto::RustCryptoEngine.new_cipher(spec, key, sector_size);
+        }
         let iv = IvGen::new(spec, key)?;
         let slots = (0..slot_count())
             .map(|_| Mutex::new(Contexts::default()))
@@ -78,6 +83,12 @@ impl Engine for OpensslEngine {
         c.with_contexts(|ctxs| ctxs.get(&c, Direction::Encrypt).map(|_| ()))?;
         Ok(Arc::new(c))
     }
+}
+
+/// Constant-time, because the halves are key material.
+fn halves_equal(key: &[u8]) -> bool {
+    let (a, b) = key.split_at(key.len() / 2);
+    openssl::memcmp::eq(a, b)
 }
 
 /// Enough slots for every pool worker plus callers doing work inline.
