@@ -1,2 +1,20 @@
 //! Block devices for cryptblk: the `BlockDevice` abstraction, raw and qcow2 backends, and the
 //! encrypted volume that sits between frontends and backends.
+//!
+//! Data flows one way: a frontend (convert, vhost-user, NBD) talks to a volume (`CryptDevice`),
+//! which talks to a backend (`RawFile`, `Qcow2`). Backends know nothing about LUKS and the
+//! volume knows nothing about the protocol in front of it.
+
+mod device;
+mod error;
+pub mod raw;
+
+pub use device::{BlockDevice, Extent, ExtentKind};
+pub use error::{BlockError, BlockErrorKind};
+pub use raw::{OpenOptions, RawFile};
+
+mod format;
+pub mod qcow2;
+
+pub use format::{open_image, probe_format, Format, MAX_BACKING_DEPTH};
+pub use qcow2::Qcow2;

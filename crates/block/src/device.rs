@@ -1,0 +1,68 @@
+//! The interface every layer (file backends, image formats, the encrypted volume) implements.
+
+use crate::BlockError;
+
+/// What a range of a device holds, as far as the device knows without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtentKind {
+    /// Allocated; must be read to know the contents.
+    Data,
+    /// Known to read as zeros (e.g. a qcow2 zero cluster).
+    Zero,
+    /// Not allocated at this layer and nothing beneath it: reads as zeros.
+    Unallocated,
+}
+
+/// The first run of same-kind bytes starting at the queried offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// Length in bytes; never more than was asked for, and non-zero for a non-empty query.
+    pub len: u64,
+    pub kind: ExtentKind,
+}
+
+/// A random-access block device shared by many threads: all methods take `&self` so that
+/// implementations can serve concurrent requests without a device-wide lock around I/O.
+pub trait BlockDevice: Send + Sync {
+    /// Size in bytes.
+    fn size(&self) -> u64;
+
+    /// The smallest I/O unit that needs no read-modify-write.
+    fn logical_block_size(&self) -> u32 {
+        512
+    }
+
+    fn read_only(&self) -> bool;
+
+    /// Fills all of `buf` from `offset`; a range reaching beyond `size()` is an error.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError>;
+
+    /// Writes all of `buf` at `offset`; a range reaching beyond `size()` is an error.
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError>;
+
+    /// Makes completed writes durable (fdatasync semantics).
+    fn flush(&self) -> Result<(), BlockError>;
+
+    /// The extent starting at `offset`, at most `len` bytes long. The default knows nothing
+    /// about allocation and reports the whole (clipped) range as data.
+    fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
+        check_range("block_status", offset, 0, self.size())?;
+        Ok(Extent {
+            len: len.min(self.size() - offset),
+            kind: ExtentKind::Data,
+        })
+    }
+}
+
+/// Checks that `len` bytes at `offset` lie within a device of `size` bytes.
+pub(crate) fn check_range(
+    op: &'static str,
+    offset: u64,
+    len: u64,
+    size: u64,
+) -> Result<(), BlockError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(BlockError::out_of_range(op, offset, len, size).at(offset)),
+    }
+}

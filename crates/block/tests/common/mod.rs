@@ -1,0 +1,88 @@
+//! Helpers shared by the integration tests: running the real QEMU tools and comparing what
+//! cryptblk reads with what QEMU reads.
+#![allow(dead_code)]
+
+use cryptblk_block::BlockDevice;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Path of a required external tool; fails the test (never skips) when it is missing.
+pub fn tool(name: &str) -> PathBuf {
+    for dir in ["/usr/bin", "/usr/local/bin", "/bin"] {
+        let p = Path::new(dir).join(name);
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("required tool '{name}' is not installed (install qemu-utils); this test cannot run without it");
+}
+
+/// Runs a tool and fails the test with its stderr if it does not succeed.
+pub fn run(name: &str, args: &[&str]) {
+    let out = Command::new(tool(name))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {name}: {e}"));
+    assert!(
+        out.status.success(),
+        "{name} {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+pub fn qemu_img(args: &[&str]) {
+    run("qemu-img", args);
+}
+
+/// `qemu-io -c <cmd>` on a qcow2 image, one invocation with all commands.
+pub fn qemu_io(image: &Path, cmds: &[&str]) {
+    let mut args: Vec<&str> = vec!["-f", "qcow2"];
+    for c in cmds {
+        args.push("-c");
+        args.push(c);
+    }
+    let img = image.to_str().unwrap();
+    args.push(img);
+    run("qemu-io", &args);
+}
+
+/// What QEMU says the guest sees: `qemu-img convert -O raw`.
+pub fn qemu_raw(image: &Path, dir: &Path) -> Vec<u8> {
+    let out = dir.join(format!(
+        "{}.expected.raw",
+        image.file_name().unwrap().to_str().unwrap()
+    ));
+    qemu_img(&[
+        "convert",
+        "-O",
+        "raw",
+        image.to_str().unwrap(),
+        out.to_str().unwrap(),
+    ]);
+    std::fs::read(out).unwrap()
+}
+
+/// Reads the whole device with reads of `chunk` bytes (the last one shorter).
+pub fn read_all(dev: &dyn BlockDevice, chunk: usize) -> Vec<u8> {
+    let size = dev.size() as usize;
+    let mut out = vec![0u8; size];
+    let mut off = 0;
+    while off < size {
+        let n = chunk.min(size - off);
+        dev.read_at(&mut out[off..off + n], off as u64).unwrap();
+        off += n;
+    }
+    out
+}
+
+/// Asserts equality with a short message instead of dumping megabytes.
+pub fn assert_same(ours: &[u8], theirs: &[u8], what: &str) {
+    assert_eq!(ours.len(), theirs.len(), "{what}: length differs");
+    if let Some(i) = ours.iter().zip(theirs).position(|(a, b)| a != b) {
+        panic!(
+            "{what}: first difference at byte {i}: cryptblk {:#04x}, qemu {:#04x}",
+            ours[i], theirs[i]
+        );
+    }
+}

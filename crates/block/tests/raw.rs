@@ -1,0 +1,136 @@
+mod common;
+
+use cryptblk_block::{BlockDevice, BlockErrorKind, ExtentKind, OpenOptions, RawFile};
+use rand::{Rng, SeedableRng};
+
+const RW: OpenOptions = OpenOptions {
+    writable: true,
+    lock: true,
+};
+
+#[test]
+fn read_write_round_trip_and_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("a.raw");
+    let dev = RawFile::create(&p, 1 << 20).unwrap();
+    assert_eq!(dev.size(), 1 << 20);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let data: Vec<u8> = (0..10_000).map(|_| rng.gen()).collect();
+    dev.write_at(&data, 12345).unwrap();
+    dev.flush().unwrap();
+    let mut back = vec![0u8; data.len()];
+    dev.read_at(&mut back, 12345).unwrap();
+    assert_eq!(back, data);
+
+    let err = dev.read_at(&mut [0u8; 2], (1 << 20) - 1).unwrap_err();
+    assert_eq!(err.kind(), BlockErrorKind::OutOfRange);
+    assert!(err.to_string().contains("a.raw"), "{err}");
+    let err = dev.write_at(&[0u8; 1], 1 << 20).unwrap_err();
+    assert_eq!(err.kind(), BlockErrorKind::OutOfRange);
+    let err = dev.read_at(&mut [0u8; 1], u64::MAX).unwrap_err();
+    assert_eq!(err.kind(), BlockErrorKind::OutOfRange);
+    // The file never grows.
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), 1 << 20);
+    drop(dev);
+
+    let ro = RawFile::open(&p, OpenOptions::default()).unwrap();
+    assert!(ro.read_only());
+    assert_eq!(
+        ro.write_at(&[1], 0).unwrap_err().kind(),
+        BlockErrorKind::ReadOnly
+    );
+    let mut back = vec![0u8; data.len()];
+    ro.read_at(&mut back, 12345).unwrap();
+    assert_eq!(back, data);
+}
+
+#[test]
+fn holes_are_reported_and_punched() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("sparse.raw");
+    let mib = 1u64 << 20;
+    let dev = RawFile::create(&p, 8 * mib).unwrap();
+    dev.write_at(&vec![0xabu8; mib as usize], 2 * mib).unwrap();
+    dev.write_at(&vec![0xcdu8; mib as usize], 6 * mib).unwrap();
+
+    let st = dev.block_status(0, 8 * mib).unwrap();
+    assert_eq!(st.kind, ExtentKind::Unallocated);
+    assert_eq!(st.len, 2 * mib);
+    let st = dev.block_status(2 * mib, 8 * mib).unwrap();
+    assert_eq!((st.kind, st.len), (ExtentKind::Data, mib));
+    let st = dev.block_status(3 * mib, 8 * mib).unwrap();
+    assert_eq!((st.kind, st.len), (ExtentKind::Unallocated, 3 * mib));
+    // Clipped to the request and to the device.
+    let st = dev.block_status(6 * mib, 4096).unwrap();
+    assert_eq!((st.kind, st.len), (ExtentKind::Data, 4096));
+    let st = dev.block_status(7 * mib, u64::MAX).unwrap();
+    assert_eq!((st.kind, st.len), (ExtentKind::Unallocated, mib));
+    assert_eq!(
+        dev.block_status(9 * mib, 1).unwrap_err().kind(),
+        BlockErrorKind::OutOfRange
+    );
+
+    dev.punch_hole(2 * mib, mib).unwrap();
+    let st = dev.block_status(0, 8 * mib).unwrap();
+    assert_eq!((st.kind, st.len), (ExtentKind::Unallocated, 6 * mib));
+    let mut back = vec![1u8; 4096];
+    dev.read_at(&mut back, 2 * mib).unwrap();
+    assert!(back.iter().all(|&b| b == 0));
+    assert_eq!(dev.size(), 8 * mib);
+}
+
+#[test]
+fn second_writer_is_refused_with_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("locked.raw");
+    let first = RawFile::create(&p, 4096).unwrap();
+    let err = RawFile::open(&p, RW).unwrap_err();
+    assert_eq!(err.kind(), BlockErrorKind::Locked);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("in use by another process") && msg.contains("locked.raw"),
+        "{msg}"
+    );
+    // A reader cannot share with a writer either.
+    assert_eq!(
+        RawFile::open(&p, OpenOptions::default())
+            .unwrap_err()
+            .kind(),
+        BlockErrorKind::Locked
+    );
+    drop(first);
+
+    // Readers share; a writer is refused while they hold the image.
+    let r1 = RawFile::open(&p, OpenOptions::default()).unwrap();
+    let r2 = RawFile::open(&p, OpenOptions::default()).unwrap();
+    assert_eq!(
+        RawFile::open(&p, RW).unwrap_err().kind(),
+        BlockErrorKind::Locked
+    );
+    drop((r1, r2));
+    RawFile::open(&p, RW).unwrap();
+    // Opting out of locking always works.
+    let _w = RawFile::open(&p, RW).unwrap();
+    RawFile::open(
+        &p,
+        OpenOptions {
+            writable: true,
+            lock: false,
+        },
+    )
+    .unwrap();
+}
+
+#[test]
+fn create_refuses_existing_and_open_reports_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("x.raw");
+    std::fs::write(&p, b"hello").unwrap();
+    assert_eq!(
+        RawFile::create(&p, 10).unwrap_err().kind(),
+        BlockErrorKind::Io
+    );
+    let err = RawFile::open(dir.path().join("missing.raw"), OpenOptions::default()).unwrap_err();
+    assert_eq!(err.kind(), BlockErrorKind::Io);
+    assert!(err.to_string().contains("missing.raw"), "{err}");
+}
