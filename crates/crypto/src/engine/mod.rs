@@ -18,7 +18,7 @@ pub(crate) fn check_sector_size(sector_size: usize) -> Result<(), CryptoError> {
 
 /// A run must be whole sectors; an empty run is a no-op, not an error.
 pub(crate) fn check_run(sector_size: usize, len: usize) -> Result<(), CryptoError> {
-    if len % sector_size == 0 {
+    if len.is_multiple_of(sector_size) {
         Ok(())
     } else {
         Err(CryptoError::InvalidLength(format!(

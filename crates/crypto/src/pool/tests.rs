@@ -1,0 +1,274 @@
+use super::*;
+use crate::{engines, CipherSpec, SecretKey};
+use rand::{Rng, RngCore, SeedableRng};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+fn ciphers(sector_size: usize) -> Vec<Arc<dyn SectorCipher>> {
+    let spec = CipherSpec::parse("aes", "xts-plain64", 64).unwrap();
+    let key = SecretKey::random(64);
+    engines()
+        .iter()
+        .map(|e| e.new_cipher(&spec, &key, sector_size).unwrap())
+        .collect()
+}
+
+#[test]
+fn split_equals_single_thread() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    for threads in [2, 3, 4] {
+        // A tiny threshold forces splitting even for a few sectors.
+        let pool = CryptoPool::new(threads).with_inline_threshold(0);
+        for ss in [512usize, 4096] {
+            for cipher in ciphers(ss) {
+                for sectors in [1usize, 2, 3, 7, 16, 33, 64, 129, 300] {
+                    let first = rng.gen::<u32>() as u64;
+                    let mut plain = vec![0u8; sectors * ss];
+                    rng.fill_bytes(&mut plain);
+                    let mut want = plain.clone();
+                    cipher.crypt(Direction::Encrypt, first, &mut want).unwrap();
+                    let mut got = plain.clone();
+                    pool.crypt(&cipher, Direction::Encrypt, first, &mut got)
+                        .unwrap();
+                    assert!(got == want, "threads={threads} ss={ss} sectors={sectors}");
+                    pool.crypt(&cipher, Direction::Decrypt, first, &mut got)
+                        .unwrap();
+                    assert!(got == plain);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn parts_respect_threshold_and_sectors() {
+    let pool = CryptoPool::new(4);
+    assert_eq!(pool.parts_for(4096, 4096), 1);
+    assert_eq!(pool.parts_for(DEFAULT_INLINE_THRESHOLD - 4096, 4096), 1);
+    assert_eq!(pool.parts_for(1 << 20, 4096), 4);
+    let tiny = CryptoPool::new(4).with_inline_threshold(0);
+    assert_eq!(
+        tiny.parts_for(2 * 512, 512),
+        2,
+        "never more parts than sectors"
+    );
+}
+
+#[test]
+fn bad_length_is_an_error() {
+    let pool = CryptoPool::new(2).with_inline_threshold(0);
+    for cipher in ciphers(512) {
+        let mut buf = vec![0u8; 4 * 512 + 1];
+        let err = pool
+            .crypt(&cipher, Direction::Encrypt, 0, &mut buf)
+            .unwrap_err();
+        assert!(matches!(err, CryptoError::InvalidLength(_)), "{err}");
+    }
+}
+
+#[test]
+fn async_many_small_jobs_complete_with_correct_data() {
+    let pool = CryptoPool::new(2);
+    for cipher in ciphers(512) {
+        let (tx, rx) = mpsc::channel();
+        let n = 500;
+        for i in 0..n {
+            let buf = vec![(i % 251) as u8; 4096];
+            let tx = tx.clone();
+            pool.submit(
+                cipher.clone(),
+                Direction::Encrypt,
+                i as u64 * 8,
+                buf,
+                move |r, b| {
+                    tx.send((i, r.is_ok(), b)).unwrap();
+                },
+            );
+        }
+        let mut seen = vec![false; n];
+        for _ in 0..n {
+            let (i, ok, buf) = rx
+                .recv_timeout(Duration::from_secs(20))
+                .expect("job never completed");
+            assert!(ok);
+            let mut want = vec![(i % 251) as u8; 4096];
+            cipher
+                .crypt(Direction::Encrypt, i as u64 * 8, &mut want)
+                .unwrap();
+            assert!(buf == want, "job {i}");
+            seen[i] = true;
+        }
+        assert!(seen.iter().all(|&s| s));
+    }
+}
+
+#[test]
+fn async_reports_errors_through_the_callback() {
+    let pool = CryptoPool::new(1);
+    let cipher = ciphers(512).remove(0);
+    let (tx, rx) = mpsc::channel();
+    pool.submit(
+        cipher,
+        Direction::Encrypt,
+        0,
+        vec![0u8; 100],
+        move |r, b| tx.send((r, b.len())).unwrap(),
+    );
+    let (r, len) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(matches!(r, Err(CryptoError::InvalidLength(_))));
+    assert_eq!(len, 100, "the buffer comes back even on error");
+}
+
+#[test]
+fn single_thread_pool_works_for_both_apis() {
+    let pool = CryptoPool::new(1).with_inline_threshold(0);
+    let cipher = ciphers(4096).remove(0);
+    let plain: Vec<u8> = (0..256 * 1024).map(|i| (i * 13) as u8).collect();
+    let mut want = plain.clone();
+    cipher.crypt(Direction::Encrypt, 5, &mut want).unwrap();
+    let mut got = plain.clone();
+    pool.crypt(&cipher, Direction::Encrypt, 5, &mut got)
+        .unwrap();
+    assert!(got == want);
+    let (tx, rx) = mpsc::channel();
+    pool.submit(cipher, Direction::Encrypt, 5, plain, move |r, b| {
+        tx.send((r.is_ok(), b)).unwrap()
+    });
+    let (ok, b) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(ok && b == want);
+}
+
+#[test]
+fn concurrent_callers_do_not_deadlock() {
+    let pool = Arc::new(CryptoPool::new(2).with_inline_threshold(0));
+    let cipher = ciphers(4096).remove(0);
+    let (tx, rx) = mpsc::channel();
+    for t in 0..8u64 {
+        let pool = pool.clone();
+        let cipher = cipher.clone();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let plain = vec![t as u8; 128 * 1024];
+            for i in 0..40 {
+                let mut buf = plain.clone();
+                pool.crypt(&cipher, Direction::Encrypt, t * 1000 + i, &mut buf)
+                    .unwrap();
+                pool.crypt(&cipher, Direction::Decrypt, t * 1000 + i, &mut buf)
+                    .unwrap();
+                assert!(buf == plain);
+            }
+            tx.send(t).unwrap();
+        });
+    }
+    for _ in 0..8 {
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("a caller is stuck");
+    }
+}
+
+#[test]
+fn crypt_from_a_completion_callback_runs_inline() {
+    let pool = Arc::new(CryptoPool::new(1).with_inline_threshold(0));
+    let cipher = ciphers(512).remove(0);
+    let (tx, rx) = mpsc::channel();
+    let inner_pool = pool.clone();
+    let inner_cipher = cipher.clone();
+    pool.submit(
+        cipher,
+        Direction::Encrypt,
+        0,
+        vec![0u8; 512],
+        move |_, _| {
+            let mut buf = vec![0u8; 64 * 512];
+            let r = inner_pool.crypt(&inner_cipher, Direction::Encrypt, 0, &mut buf);
+            tx.send(r.is_ok()).unwrap();
+        },
+    );
+    assert!(rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("deadlocked"));
+}
+
+/// A cipher that panics on one sector number, to exercise the worker's unwinding path.
+struct Panicky;
+
+impl SectorCipher for Panicky {
+    fn sector_size(&self) -> usize {
+        512
+    }
+    fn engine_name(&self) -> &'static str {
+        "panicky"
+    }
+    fn crypt(
+        &self,
+        _dir: Direction,
+        first_sector: u64,
+        data: &mut [u8],
+    ) -> Result<(), CryptoError> {
+        let n = data.len() as u64 / 512;
+        if (first_sector..first_sector + n).contains(&1000) {
+            panic!("boom");
+        }
+        data.fill(0xaa);
+        Ok(())
+    }
+}
+
+#[test]
+fn worker_panic_becomes_an_error_and_the_pool_survives() {
+    let pool = CryptoPool::new(2).with_inline_threshold(0);
+    let cipher: Arc<dyn SectorCipher> = Arc::new(Panicky);
+    // Sector 1000 is in the first chunk, which a worker gets; the caller does the second.
+    let mut buf = vec![0u8; 8 * 512];
+    let err = pool
+        .crypt(&cipher, Direction::Encrypt, 998, &mut buf)
+        .unwrap_err();
+    assert!(matches!(err, CryptoError::Worker(_)), "{err}");
+    // The same on the caller's own (last) chunk: an error, not an unwind.
+    let err = pool
+        .crypt(&cipher, Direction::Encrypt, 995, &mut buf)
+        .unwrap_err();
+    assert!(matches!(err, CryptoError::Worker(_)), "{err}");
+    // Both workers still serve.
+    let mut ok = vec![0u8; 64 * 512];
+    pool.crypt(&cipher, Direction::Encrypt, 0, &mut ok).unwrap();
+    assert!(ok.iter().all(|&b| b == 0xaa));
+    let (tx, rx) = mpsc::channel();
+    for _ in 0..4 {
+        let tx = tx.clone();
+        pool.submit(
+            cipher.clone(),
+            Direction::Encrypt,
+            1000,
+            vec![0u8; 512],
+            move |r, _| tx.send(r.is_err()).unwrap(),
+        );
+    }
+    for _ in 0..4 {
+        assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
+    }
+}
+
+#[test]
+fn drop_finishes_queued_jobs() {
+    let done = Arc::new(AtomicUsize::new(0));
+    {
+        let pool = CryptoPool::new(2);
+        let cipher = ciphers(512).remove(0);
+        for i in 0..100u64 {
+            let done = done.clone();
+            pool.submit(
+                cipher.clone(),
+                Direction::Decrypt,
+                i,
+                vec![1u8; 8192],
+                move |r, _| {
+                    assert!(r.is_ok());
+                    done.fetch_add(1, Ordering::SeqCst);
+                },
+            );
+        }
+    }
+    assert_eq!(done.load(Ordering::SeqCst), 100);
+}
