@@ -31,6 +31,20 @@ pub fn run(name: &str, args: &[&str]) {
     );
 }
 
+/// Runs a tool and returns its stdout.
+pub fn output(name: &str, args: &[&str]) -> String {
+    let out = Command::new(tool(name))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {name}: {e}"));
+    assert!(
+        out.status.success(),
+        "{name} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 pub fn qemu_img(args: &[&str]) {
     run("qemu-img", args);
 }
