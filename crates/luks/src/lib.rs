@@ -4,6 +4,7 @@ pub mod af;
 mod ct;
 mod error;
 mod hash;
+mod image;
 mod io;
 pub mod kdf;
 pub mod keyslot_area;
@@ -11,6 +12,7 @@ pub mod luks1;
 
 pub use error::{LuksError, Result};
 pub use hash::HashAlg;
+pub use image::LuksImage;
 mod options;
 pub use options::{FormatOptions, LuksVersion, PbkdfKind, PbkdfOptions, UnlockOptions};
 pub mod luks2;

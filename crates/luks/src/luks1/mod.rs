@@ -165,17 +165,23 @@ impl Luks1Header {
         decrypt_area(spec, &slot_key, &mut area)?;
         let material_len = key_len * ks.stripes as usize;
         let candidate = af_merge(&area[..material_len], key_len, ks.stripes, hash);
-        match self.verify_volume_key(&candidate) {
-            Ok(()) => Ok(Some(candidate)),
-            Err(LuksError::WrongPassphrase) => Ok(None),
-            Err(e) => Err(e),
+        Ok(self.key_matches(&candidate)?.then_some(candidate))
+    }
+
+    /// Check a volume key against the header's digest.
+    pub fn verify_volume_key(&self, key: &SecretKey) -> Result<()> {
+        if self.key_matches(key)? {
+            Ok(())
+        } else {
+            Err(LuksError::InvalidArgument(
+                "the volume key does not match the header's digest".into(),
+            ))
         }
     }
 
-    /// Check a volume key against the header's digest; a mismatch is `WrongPassphrase`.
-    pub fn verify_volume_key(&self, key: &SecretKey) -> Result<()> {
+    fn key_matches(&self, key: &SecretKey) -> Result<bool> {
         if key.len() != self.key_bytes() {
-            return Err(LuksError::WrongPassphrase);
+            return Ok(false);
         }
         let digest = mk_digest(
             self.hash()?,
@@ -183,11 +189,7 @@ impl Luks1Header {
             &self.phdr.mk_digest_salt,
             self.phdr.mk_digest_iter,
         )?;
-        if ct_eq(&digest, &self.phdr.mk_digest) {
-            Ok(())
-        } else {
-            Err(LuksError::WrongPassphrase)
-        }
+        Ok(ct_eq(&digest, &self.phdr.mk_digest))
     }
 
     pub fn dump(&self) -> serde_json::Value {
@@ -286,12 +288,7 @@ impl Luks1Header {
         pbkdf: &PbkdfOptions,
     ) -> Result<usize> {
         check_pbkdf2(pbkdf)?;
-        self.verify_volume_key(volume_key).map_err(|e| match e {
-            LuksError::WrongPassphrase => LuksError::InvalidArgument(
-                "the volume key does not match this header's digest".into(),
-            ),
-            other => other,
-        })?;
+        self.verify_volume_key(volume_key)?;
         let (spec, hash) = self.usable()?;
         let slot = match slot {
             Some(s) if s >= NUM_KEYSLOTS => {
