@@ -18,3 +18,8 @@ pub mod qcow2;
 
 pub use format::{open_image, probe_format, Format, MAX_BACKING_DEPTH};
 pub use qcow2::Qcow2;
+
+mod bounce;
+mod crypt;
+
+pub use crypt::{CryptDevice, CryptLayout};

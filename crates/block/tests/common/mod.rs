@@ -100,3 +100,52 @@ pub fn assert_same(ours: &[u8], theirs: &[u8], what: &str) {
         );
     }
 }
+
+/// An in-memory device, for tests of layers above the backend.
+pub struct MemDevice {
+    pub data: std::sync::RwLock<Vec<u8>>,
+}
+
+impl MemDevice {
+    pub fn new(size: usize) -> Self {
+        MemDevice {
+            data: std::sync::RwLock::new(vec![0u8; size]),
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.data.read().unwrap().clone()
+    }
+}
+
+impl BlockDevice for MemDevice {
+    fn size(&self) -> u64 {
+        self.data.read().unwrap().len() as u64
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), cryptblk_block::BlockError> {
+        let d = self.data.read().unwrap();
+        let o = offset as usize;
+        assert!(
+            o + buf.len() <= d.len(),
+            "layer above read beyond the backend"
+        );
+        buf.copy_from_slice(&d[o..o + buf.len()]);
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), cryptblk_block::BlockError> {
+        let mut d = self.data.write().unwrap();
+        let o = offset as usize;
+        assert!(
+            o + buf.len() <= d.len(),
+            "layer above wrote beyond the backend"
+        );
+        d[o..o + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), cryptblk_block::BlockError> {
+        Ok(())
+    }
+}
