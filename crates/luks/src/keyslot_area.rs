@@ -20,7 +20,7 @@ pub fn padded_len(material_len: usize) -> usize {
 }
 
 fn crypt(spec: &CipherSpec, key: &SecretKey, dir: Direction, data: &mut [u8]) -> Result<()> {
-    if data.len() % AREA_SECTOR != 0 {
+    if !data.len().is_multiple_of(AREA_SECTOR) {
         return Err(LuksError::InvalidArgument(format!(
             "keyslot area of {} bytes is not a whole number of {AREA_SECTOR}-byte sectors",
             data.len()

@@ -130,3 +130,21 @@ fn luks1_images_parse_unlock_or_refuse_by_name() {
         "aes xts-plain64 sha1/sha256 and cbc-essiv:sha256 with sha1 must unlock"
     );
 }
+
+#[test]
+fn truncated_image_reports_truncation_not_wrong_passphrase() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = unxz("compatimage.img", dir.path());
+    let f = open(&img);
+    f.set_len(4096).unwrap();
+    let (hdr, _) = Luks1Header::read(&f).unwrap();
+    let e = hdr
+        .unlock(&f, b"compatkey", &UnlockOptions::default())
+        .unwrap_err();
+    assert!(matches!(e, LuksError::Truncated(_)), "{e}");
+    f.set_len(300).unwrap();
+    assert!(matches!(
+        Luks1Header::read(&f),
+        Err(LuksError::Truncated(_))
+    ));
+}

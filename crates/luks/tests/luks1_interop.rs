@@ -222,6 +222,15 @@ fn our_images_are_accepted_by_cryptsetup() {
         let (again, _) = Luks1Header::read(&f).unwrap();
         assert_eq!(again.active_keyslots(), vec![3]);
         assert_eq!(again.dump(), hdr.dump());
+        let slot0 = &again.dump()["keyslots"][0];
+        let offset = slot0["key_material_offset_sectors"].as_u64().unwrap() * 512;
+        let area_len = (key_bytes * 4000) as u64;
+        let mut area = vec![1u8; area_len as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut area, offset).unwrap();
+        assert!(
+            area.iter().all(|&b| b == 0),
+            "removed keyslot material must be wiped"
+        );
     }
 }
 

@@ -208,6 +208,11 @@ impl Luks1Header {
         volume_key: &SecretKey,
         payload_size: Option<u64>,
     ) -> Result<Self> {
+        if opts.version != crate::LuksVersion::V1 {
+            return Err(LuksError::InvalidArgument(
+                "Luks1Header::format called for a LUKS2 image".into(),
+            ));
+        }
         if opts.sector_size != 512 {
             return Err(LuksError::InvalidArgument(format!(
                 "LUKS1 always encrypts 512-byte sectors (asked for {})",
