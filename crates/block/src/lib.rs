@@ -23,3 +23,7 @@ mod bounce;
 mod crypt;
 
 pub use crypt::{CryptDevice, CryptLayout};
+
+mod luks_volume;
+
+pub use luks_volume::{open_luks_volume, LuksVolume, VolumeError, VolumeOptions};

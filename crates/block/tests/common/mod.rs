@@ -8,13 +8,13 @@ use std::process::Command;
 
 /// Path of a required external tool; fails the test (never skips) when it is missing.
 pub fn tool(name: &str) -> PathBuf {
-    for dir in ["/usr/bin", "/usr/local/bin", "/bin"] {
+    for dir in ["/usr/bin", "/usr/sbin", "/usr/local/bin", "/sbin", "/bin"] {
         let p = Path::new(dir).join(name);
         if p.exists() {
             return p;
         }
     }
-    panic!("required tool '{name}' is not installed (install qemu-utils); this test cannot run without it");
+    panic!("required tool '{name}' is not installed (qemu-img/qemu-io come from qemu-utils, cryptsetup from cryptsetup-bin); this test cannot run without it");
 }
 
 /// Runs a tool and fails the test with its stderr if it does not succeed.

@@ -1,0 +1,197 @@
+//! Opening a LUKS1/LUKS2 image as a decrypted block device: lock the file, read and validate
+//! the header, unlock a keyslot, and put a `CryptDevice` over the payload.
+
+use crate::{BlockDevice, BlockError, CryptDevice, CryptLayout, Extent, OpenOptions, RawFile};
+use cryptblk_crypto::{default_engine_for, CryptoError, CryptoPool};
+use cryptblk_luks::{LuksError, LuksImage, UnlockOptions};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+/// How to open a LUKS volume.
+#[derive(Clone, Default)]
+pub struct VolumeOptions {
+    pub writable: bool,
+    pub unlock: UnlockOptions,
+    /// Crypto workers to use; `None` shares one process-wide pool sized to the machine.
+    pub pool: Option<Arc<CryptoPool>>,
+}
+
+impl std::fmt::Debug for VolumeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VolumeOptions")
+            .field("writable", &self.writable)
+            .field("unlock", &self.unlock)
+            .field("pool_threads", &self.pool.as_ref().map(|p| p.threads()))
+            .finish()
+    }
+}
+
+/// Why a LUKS volume could not be opened. The header and unlock errors keep the `LuksError`
+/// so that callers can tell a wrong passphrase from a damaged header.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VolumeError {
+    #[error(transparent)]
+    Block(#[from] BlockError),
+    #[error("{}: {source}", path.display())]
+    Luks {
+        path: PathBuf,
+        #[source]
+        source: LuksError,
+    },
+    #[error("{}: cannot open for writing: {reason}", path.display())]
+    ReadOnlyHeader { path: PathBuf, reason: String },
+    #[error("{}: cannot set up the {spec} cipher: {source}", path.display())]
+    Cipher {
+        path: PathBuf,
+        spec: String,
+        #[source]
+        source: CryptoError,
+    },
+}
+
+impl VolumeError {
+    /// True when the only problem is that no keyslot accepted the passphrase.
+    pub fn is_wrong_passphrase(&self) -> bool {
+        matches!(
+            self,
+            VolumeError::Luks {
+                source: LuksError::WrongPassphrase,
+                ..
+            }
+        )
+    }
+}
+
+/// An unlocked LUKS volume: the decrypted payload plus what the header said about it.
+#[derive(Debug)]
+pub struct LuksVolume {
+    device: CryptDevice,
+    file: Arc<RawFile>,
+    header: LuksImage,
+    keyslot: usize,
+    warnings: Vec<String>,
+}
+
+fn shared_pool() -> Arc<CryptoPool> {
+    static POOL: OnceLock<Arc<CryptoPool>> = OnceLock::new();
+    Arc::clone(POOL.get_or_init(|| Arc::new(CryptoPool::with_default_threads())))
+}
+
+/// Opens the LUKS image at `path` (locked: exclusively when writable, shared otherwise) and
+/// unlocks it with `passphrase`.
+pub fn open_luks_volume(
+    path: impl AsRef<Path>,
+    passphrase: &[u8],
+    opts: &VolumeOptions,
+) -> Result<LuksVolume, VolumeError> {
+    let path = path.as_ref();
+    let luks_err = |source| VolumeError::Luks {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = Arc::new(RawFile::open(
+        path,
+        OpenOptions {
+            writable: opts.writable,
+            lock: true,
+        },
+    )?);
+    let (header, warnings) = LuksImage::read(file.file()).map_err(luks_err)?;
+    for w in &warnings {
+        tracing::warn!(image = %path.display(), "{w}");
+    }
+    if opts.writable {
+        if let Some(reason) = header.read_only_reason() {
+            return Err(VolumeError::ReadOnlyHeader {
+                path: path.to_path_buf(),
+                reason,
+            });
+        }
+    }
+    let spec = header.cipher_spec().map_err(luks_err)?;
+    let data_offset = header.data_offset();
+    let payload_size = header.data_size(file.size()).map_err(luks_err)?;
+    let sector_size = header.sector_size() as usize;
+    let (keyslot, key) = header
+        .unlock(file.file(), passphrase, &opts.unlock)
+        .map_err(luks_err)?;
+    let cipher_err = |source| VolumeError::Cipher {
+        path: path.to_path_buf(),
+        spec: spec.to_string(),
+        source,
+    };
+    // `key` is zeroized when it goes out of scope at the end of this function.
+    let cipher = default_engine_for(&spec)
+        .and_then(|engine| engine.new_cipher(&spec, &key, sector_size))
+        .map_err(cipher_err)?;
+    let layout = CryptLayout {
+        data_offset,
+        payload_size,
+        iv_offset: 0,
+        read_only: !opts.writable,
+    };
+    let pool = opts.pool.clone().unwrap_or_else(shared_pool);
+    let backend: Arc<dyn BlockDevice> = file.clone();
+    let device = CryptDevice::new(backend, layout, cipher, pool).map_err(|e| e.with_path(path))?;
+    Ok(LuksVolume {
+        device,
+        file,
+        header,
+        keyslot,
+        warnings,
+    })
+}
+
+impl LuksVolume {
+    pub fn device(&self) -> &CryptDevice {
+        &self.device
+    }
+
+    pub fn into_device(self) -> CryptDevice {
+        self.device
+    }
+
+    pub fn header(&self) -> &LuksImage {
+        &self.header
+    }
+
+    /// The keyslot that accepted the passphrase.
+    pub fn keyslot(&self) -> usize {
+        self.keyslot
+    }
+
+    /// Non-fatal findings from reading the header (e.g. a damaged secondary LUKS2 copy).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// The container file, for header maintenance while the volume is open.
+    pub fn file(&self) -> &Arc<RawFile> {
+        &self.file
+    }
+}
+
+impl BlockDevice for LuksVolume {
+    fn size(&self) -> u64 {
+        self.device.size()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.device.logical_block_size()
+    }
+    fn read_only(&self) -> bool {
+        self.device.read_only()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
+        self.device.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
+        self.device.write_at(buf, offset)
+    }
+    fn flush(&self) -> Result<(), BlockError> {
+        self.device.flush()
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
+        self.device.block_status(offset, len)
+    }
+}

@@ -1,0 +1,238 @@
+//! LUKS volumes made and checked by the real tools: QEMU's luks driver (LUKS1) and cryptsetup
+//! (LUKS2 with 4096-byte sectors).
+mod common;
+
+use common::{assert_same, qemu_img, run, tool};
+use cryptblk_block::{open_luks_volume, BlockDevice, BlockErrorKind, VolumeError, VolumeOptions};
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+const PW: &[u8] = b"correct horse";
+
+fn rw() -> VolumeOptions {
+    VolumeOptions {
+        writable: true,
+        ..Default::default()
+    }
+}
+
+fn qemu_secret() -> String {
+    format!("secret,id=sec0,data={}", std::str::from_utf8(PW).unwrap())
+}
+
+fn qemu_opts(img: &Path) -> String {
+    format!(
+        "driver=luks,key-secret=sec0,file.filename={}",
+        img.display()
+    )
+}
+
+/// The plaintext as QEMU's luks driver decrypts it.
+fn qemu_plain(img: &Path, dir: &Path) -> Vec<u8> {
+    let out = dir.join("qemu-plain.raw");
+    let _ = std::fs::remove_file(&out);
+    let secret = qemu_secret();
+    let opts = qemu_opts(img);
+    qemu_img(&[
+        "convert",
+        "--object",
+        &secret,
+        "--image-opts",
+        &opts,
+        "-O",
+        "raw",
+        out.to_str().unwrap(),
+    ]);
+    std::fs::read(out).unwrap()
+}
+
+#[test]
+fn luks1_interop_with_qemu_both_directions() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("q.luks");
+    let secret = qemu_secret();
+    qemu_img(&[
+        "create",
+        "-f",
+        "luks",
+        "--object",
+        &secret,
+        "-o",
+        "key-secret=sec0,iter-time=10",
+        img.to_str().unwrap(),
+        "8M",
+    ]);
+    let opts = qemu_opts(&img);
+    run(
+        "qemu-io",
+        &[
+            "--object",
+            &secret,
+            "--image-opts",
+            &opts,
+            "-c",
+            "write -P 0xab 4096 64k",
+            "-c",
+            "write -P 0x3c 7000k 333k",
+        ],
+    );
+
+    // QEMU wrote, cryptblk reads.
+    let expected = qemu_plain(&img, dir.path());
+    {
+        let vol = open_luks_volume(&img, PW, &VolumeOptions::default()).unwrap();
+        assert_eq!(vol.size() as usize, expected.len());
+        assert_eq!(vol.logical_block_size(), 512);
+        assert!(vol.read_only());
+        assert_eq!(
+            vol.write_at(&[0u8; 512], 0).unwrap_err().kind(),
+            BlockErrorKind::ReadOnly
+        );
+        assert_same(
+            &common::read_all(&vol, 100_000),
+            &expected,
+            "cryptblk read of qemu-written LUKS1",
+        );
+    }
+
+    // cryptblk writes (aligned and unaligned), QEMU reads.
+    let mut model = expected;
+    {
+        let vol = open_luks_volume(&img, PW, &rw()).unwrap();
+        assert_eq!(vol.keyslot(), 0);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for _ in 0..60 {
+            let len = rng.gen_range(1..200_000usize);
+            let off = rng.gen_range(0..model.len() - len);
+            let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            vol.write_at(&data, off as u64).unwrap();
+            model[off..off + len].copy_from_slice(&data);
+        }
+        vol.flush().unwrap();
+    }
+    assert_same(
+        &qemu_plain(&img, dir.path()),
+        &model,
+        "qemu read of cryptblk-written LUKS1",
+    );
+}
+
+#[test]
+fn wrong_passphrase_and_locking_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("w.luks");
+    let secret = qemu_secret();
+    qemu_img(&[
+        "create",
+        "-f",
+        "luks",
+        "--object",
+        &secret,
+        "-o",
+        "key-secret=sec0,iter-time=10",
+        img.to_str().unwrap(),
+        "1M",
+    ]);
+
+    let err = open_luks_volume(&img, b"nope", &VolumeOptions::default()).unwrap_err();
+    assert!(err.is_wrong_passphrase(), "{err}");
+    assert!(err.to_string().contains("w.luks"), "{err}");
+
+    let writer = open_luks_volume(&img, PW, &rw()).unwrap();
+    for opts in [rw(), VolumeOptions::default()] {
+        match open_luks_volume(&img, PW, &opts).unwrap_err() {
+            VolumeError::Block(e) => assert_eq!(e.kind(), BlockErrorKind::Locked, "{e}"),
+            other => panic!("expected a lock error, got {other}"),
+        }
+    }
+    drop(writer);
+    let _r1 = open_luks_volume(&img, PW, &VolumeOptions::default()).unwrap();
+    let _r2 = open_luks_volume(&img, PW, &VolumeOptions::default()).unwrap();
+
+    // Not a LUKS image at all.
+    let plain = dir.path().join("plain.raw");
+    std::fs::write(&plain, vec![0u8; 1 << 20]).unwrap();
+    let err = open_luks_volume(&plain, PW, &VolumeOptions::default()).unwrap_err();
+    assert!(matches!(err, VolumeError::Luks { .. }), "{err}");
+}
+
+#[test]
+fn luks2_4k_sectors_from_cryptsetup_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("c.luks2");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(24 << 20)
+        .unwrap();
+    let mut child = Command::new(tool("cryptsetup"))
+        .args([
+            "luksFormat",
+            "--type",
+            "luks2",
+            "--sector-size",
+            "4096",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--batch-mode",
+            "--key-file",
+            "-",
+            img.to_str().unwrap(),
+        ])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("running cryptsetup");
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), PW).unwrap();
+    drop(child.stdin.take());
+    assert!(
+        child.wait().unwrap().success(),
+        "cryptsetup luksFormat failed"
+    );
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let size;
+    let mut model;
+    {
+        let vol = open_luks_volume(&img, PW, &rw()).unwrap();
+        assert_eq!(vol.logical_block_size(), 4096);
+        size = vol.size() as usize;
+        assert_eq!(
+            size,
+            8 << 20,
+            "24 MiB file minus cryptsetup's 16 MiB header"
+        );
+        model = vec![0u8; size];
+        vol.write_at(&model, 0).unwrap();
+        for _ in 0..80 {
+            let len = rng.gen_range(1..100_000usize);
+            let off = rng.gen_range(0..size - len);
+            let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            vol.write_at(&data, off as u64).unwrap();
+            model[off..off + len].copy_from_slice(&data);
+        }
+        vol.flush().unwrap();
+    }
+    // cryptsetup still accepts the header and passphrase after our writes.
+    let mut child = Command::new(tool("cryptsetup"))
+        .args([
+            "open",
+            "--test-passphrase",
+            "--key-file",
+            "-",
+            img.to_str().unwrap(),
+        ])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), PW).unwrap();
+    drop(child.stdin.take());
+    assert!(
+        child.wait().unwrap().success(),
+        "cryptsetup no longer opens the image"
+    );
+
+    let vol = open_luks_volume(&img, PW, &VolumeOptions::default()).unwrap();
+    assert_same(&common::read_all(&vol, 777_777), &model, "LUKS2 4K reopen");
+}
