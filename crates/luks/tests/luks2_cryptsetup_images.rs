@@ -261,3 +261,75 @@ fn dump_describes_the_header_without_key_material() {
     let vk_hex: String = vk.iter().map(|b| format!("{b:02x}")).collect();
     assert!(!text.contains(&vk_hex[..16]), "dump leaks the volume key");
 }
+
+#[test]
+fn larger_metadata_area_and_keyslot_priorities() {
+    let dir = tempfile::tempdir().unwrap();
+    let k0 = write_key(dir.path(), "k0", b"zero");
+    let k2 = write_key(dir.path(), "k2", b"two");
+    let cheap = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+    let mut extra = vec![
+        "--luks2-metadata-size",
+        "64k",
+        "--luks2-keyslots-size",
+        "2m",
+    ];
+    extra.extend_from_slice(&cheap);
+    let img = cs_format(dir.path(), SIZE, &k0, &extra);
+    let mut args = vec![
+        "luksAddKey",
+        "--batch-mode",
+        "--key-file",
+        s(&k0),
+        "--key-slot",
+        "2",
+    ];
+    args.extend_from_slice(&cheap);
+    args.extend_from_slice(&[s(&img), s(&k2)]);
+    run("cryptsetup", &args);
+    run(
+        "cryptsetup",
+        &["config", "--priority", "ignore", "--key-slot", "0", s(&img)],
+    );
+    run(
+        "cryptsetup",
+        &["config", "--priority", "prefer", "--key-slot", "2", s(&img)],
+    );
+    // cryptsetup itself skips "ignored" slots unless asked for one by number.
+    let expected = cs_volume_key(&img, &k2);
+
+    let (mut h, warnings) = read(&img);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(h.hdr_size(), 65536);
+    assert_eq!(h.data_offset(), 3 << 20);
+    assert_eq!(h.dump()["keyslots"][0]["priority"], "ignored");
+    assert_eq!(h.dump()["keyslots"][1]["priority"], "preferred");
+    // An "ignored" slot is still tried, last.
+    assert_eq!(
+        unlock(&img, b"zero").unwrap(),
+        (0, cryptblk_crypto::SecretKey::new(expected.clone()))
+    );
+    assert_eq!(unlock(&img, b"two").unwrap().0, 2);
+
+    // Modifying keeps the 64 KiB copies and the priorities; cryptsetup still agrees.
+    let file = open_rw(&img);
+    let vk = cryptblk_crypto::SecretKey::new(expected.clone());
+    let id = h
+        .add_keyslot(&file, &vk, b"new", None, &cheap_argon())
+        .unwrap();
+    assert_eq!(id, 1);
+    let dump = run("cryptsetup", &["luksDump", s(&img)]);
+    assert!(dump.contains("Metadata area: \t65536"), "{dump}");
+    assert!(dump.contains("Priority:   ignored"), "{dump}");
+    let k1 = write_key(dir.path(), "k1", b"new");
+    assert_eq!(cs_volume_key(&img, &k1), expected);
+
+    // With the primary destroyed the 64 KiB secondary is found by probing.
+    write_range(&img, 0, &[0u8; 4096]);
+    let (h2, warnings) = read(&img);
+    assert!(
+        warnings[0].contains("primary header damaged"),
+        "{warnings:?}"
+    );
+    assert_eq!(h2.active_keyslots(), vec![0, 1, 2]);
+}

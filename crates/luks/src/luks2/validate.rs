@@ -38,7 +38,7 @@ pub fn keyslots_range(hdr_size: u64, meta: &Metadata) -> Option<(u64, u64)> {
 }
 
 pub fn validate(meta: &Metadata, hdr_size: u64) -> Result<(), String> {
-    let json_size = hdr_size - BINARY_SIZE as u64;
+    let json_size = hdr_size.saturating_sub(BINARY_SIZE as u64);
     if meta.config.json_size != json_size {
         return Err(format!(
             "config.json_size {} does not match the header size {hdr_size}",
@@ -46,7 +46,7 @@ pub fn validate(meta: &Metadata, hdr_size: u64) -> Result<(), String> {
         ));
     }
     let ks = meta.config.keyslots_size;
-    if ks % 4096 != 0 || ks > MAX_KEYSLOTS_SIZE {
+    if !ks.is_multiple_of(4096) || ks > MAX_KEYSLOTS_SIZE {
         return Err(format!(
             "config.keyslots_size {ks} is not a multiple of 4096 up to {MAX_KEYSLOTS_SIZE}"
         ));
@@ -70,7 +70,7 @@ pub fn validate(meta: &Metadata, hdr_size: u64) -> Result<(), String> {
                 a.offset
             ));
         }
-        if a.offset % 512 != 0 || a.size % 512 != 0 {
+        if !a.offset.is_multiple_of(512) || !a.size.is_multiple_of(512) {
             return Err(format!(
                 "{}: offset {} or size {} is not 512-byte aligned",
                 f("area"),
@@ -190,7 +190,7 @@ pub fn validate(meta: &Metadata, hdr_size: u64) -> Result<(), String> {
                 f("sector_size")
             ));
         }
-        if seg.offset % u64::from(sector) != 0 {
+        if !seg.offset.is_multiple_of(u64::from(sector)) {
             return Err(format!(
                 "{}: {} is not a multiple of the sector size",
                 f("offset"),
@@ -198,7 +198,7 @@ pub fn validate(meta: &Metadata, hdr_size: u64) -> Result<(), String> {
             ));
         }
         if let SegmentSize::Fixed(n) = seg.size {
-            if n % u64::from(sector) != 0 || seg.offset.checked_add(n).is_none() {
+            if !n.is_multiple_of(u64::from(sector)) || seg.offset.checked_add(n).is_none() {
                 return Err(format!(
                     "{}: {n} is not a whole number of sectors",
                     f("size")

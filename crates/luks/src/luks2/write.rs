@@ -134,7 +134,7 @@ impl Luks2Header {
             )));
         }
         if let Some(size) = payload_size {
-            if size % u64::from(sector) != 0 {
+            if !size.is_multiple_of(u64::from(sector)) {
                 return Err(LuksError::InvalidArgument(format!(
                     "payload size {size} is not a multiple of the {sector} byte sector size"
                 )));
