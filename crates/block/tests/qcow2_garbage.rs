@@ -90,7 +90,8 @@ fn header_fields_are_validated() {
     let dir = tempfile::tempdir().unwrap();
     let (_, bytes) = sample(dir.path());
     let p = dir.path().join("bad.qcow2");
-    let cases: Vec<(&str, Box<dyn Fn(&mut Vec<u8>)>, BlockErrorKind, &str)> = vec![
+    type Mutation = Box<dyn Fn(&mut Vec<u8>)>;
+    let cases: Vec<(&str, Mutation, BlockErrorKind, &str)> = vec![
         (
             "magic",
             Box::new(|b| b[0] = b'X'),
@@ -219,7 +220,7 @@ fn table_entries_beyond_eof_are_errors() {
 
     // Unaligned data cluster offset.
     let mut b = bytes.clone();
-    put64(&mut b, l2_off + 2 * 8, (1 << 63) | 4096 * 3 + 512);
+    put64(&mut b, l2_off + 2 * 8, (1 << 63) | (4096 * 3 + 512));
     std::fs::write(&p, &b).unwrap();
     assert_eq!(
         Qcow2::open(&p)

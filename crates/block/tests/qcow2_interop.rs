@@ -82,7 +82,8 @@ fn check_block_status_consistent(dev: &dyn BlockDevice, expected: &[u8]) {
 fn v2_and_v3_converted_from_sparse_raw_all_cluster_sizes() {
     let dir = tempfile::tempdir().unwrap();
     let raw = dir.path().join("src.raw");
-    scattered_raw(&raw, 24 * MIB + 12345 - 12345 % 512, 1);
+    // Not a multiple of any cluster size: the last cluster is partial.
+    scattered_raw(&raw, 24 * MIB + 12288, 1);
     for (compat, cluster) in [
         ("0.10", "65536"),
         ("1.1", "4096"),
@@ -143,7 +144,7 @@ fn qemu_io_writes_and_zero_clusters_v3() {
     assert_eq!((st.kind, st.len), (ExtentKind::Zero, MIB));
     let st = dev.block_status(3 * MIB, MIB).unwrap();
     assert_eq!((st.kind, st.len), (ExtentKind::Zero, 256 * 1024));
-    let st = dev.block_status(1 * MIB, 2 * MIB).unwrap();
+    let st = dev.block_status(MIB, 2 * MIB).unwrap();
     assert_eq!((st.kind, st.len), (ExtentKind::Data, 64 * 1024));
     let st = dev.block_status(8 * MIB, 4 * MIB).unwrap();
     assert_eq!((st.kind, st.len), (ExtentKind::Unallocated, 4 * MIB));
@@ -355,4 +356,78 @@ fn encrypted_qcow2_is_unsupported_by_name() {
     let err = Qcow2::open(&img).unwrap_err();
     assert_eq!(err.kind(), BlockErrorKind::Unsupported);
     assert!(err.to_string().contains("encryption"), "{err}");
+}
+
+#[test]
+fn concurrent_readers_share_one_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = dir.path().join("src.raw");
+    scattered_raw(&raw, 16 * MIB, 4);
+    let img = dir.path().join("conc.qcow2");
+    // Small clusters and many L2 tables stress the shared L2 cache.
+    qemu_img(&[
+        "convert",
+        "-O",
+        "qcow2",
+        "-o",
+        "cluster_size=4096",
+        raw.to_str().unwrap(),
+        img.to_str().unwrap(),
+    ]);
+    let expected = qemu_raw(&img, dir.path());
+    let dev = std::sync::Arc::new(Qcow2::open(&img).unwrap());
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let dev = dev.clone();
+            let expected = &expected;
+            s.spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(100 + t);
+                for _ in 0..300 {
+                    let len = rng.gen_range(1..100_000usize);
+                    let off = rng.gen_range(0..expected.len() - len);
+                    let mut buf = vec![0u8; len];
+                    dev.read_at(&mut buf, off as u64).unwrap();
+                    assert!(
+                        buf == expected[off..off + len],
+                        "thread {t}: read {len}@{off}"
+                    );
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn probe_recognises_formats() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = dir.path().join("p.qcow2");
+    qemu_img(&["create", "-f", "qcow2", q.to_str().unwrap(), "1M"]);
+    assert_eq!(probe_format(&q).unwrap(), Format::Qcow2);
+    let l = dir.path().join("p.luks");
+    qemu_img(&[
+        "create",
+        "-f",
+        "luks",
+        "--object",
+        "secret,id=s,data=x",
+        "-o",
+        "key-secret=s,iter-time=10",
+        l.to_str().unwrap(),
+        "1M",
+    ]);
+    assert_eq!(probe_format(&l).unwrap(), Format::Luks);
+    let r = dir.path().join("p.raw");
+    std::fs::write(&r, b"QFI").unwrap(); // too short to be qcow2
+    assert_eq!(probe_format(&r).unwrap(), Format::Raw);
+    std::fs::write(&r, b"").unwrap();
+    assert_eq!(probe_format(&r).unwrap(), Format::Raw);
+    assert_eq!(
+        probe_format(dir.path().join("nope")).unwrap_err().kind(),
+        BlockErrorKind::Io
+    );
+    // A raw image opens writable through open_image.
+    std::fs::write(&r, vec![0u8; 4096]).unwrap();
+    let dev = open_image(&r, Format::Raw, true).unwrap();
+    dev.write_at(&[1, 2, 3], 100).unwrap();
+    assert_eq!(&std::fs::read(&r).unwrap()[100..103], &[1, 2, 3]);
 }

@@ -27,6 +27,9 @@ const INCOMPAT_DATA_FILE: u64 = 1 << 2;
 const INCOMPAT_COMPRESSION: u64 = 1 << 3;
 const INCOMPAT_EXTL2: u64 = 1 << 4;
 
+/// Reads bytes at an offset of the image file (already range-checked by the caller).
+pub(crate) type ReadAt<'a> = dyn Fn(u64, &mut [u8]) -> Result<(), BlockError> + 'a;
+
 /// The parts of a qcow2 header the reader needs, already validated.
 #[derive(Debug, Clone)]
 pub(crate) struct Header {
@@ -65,10 +68,7 @@ fn check_in_file(what: &str, off: u64, len: u64, file_len: u64) -> Result<(), Bl
 
 /// Parses and validates the header of a file of `file_len` bytes; `read` fetches byte ranges
 /// that are already known to lie within the file.
-pub(crate) fn parse(
-    file_len: u64,
-    read: &dyn Fn(u64, &mut [u8]) -> Result<(), BlockError>,
-) -> Result<Header, BlockError> {
+pub(crate) fn parse(file_len: u64, read: &ReadAt) -> Result<Header, BlockError> {
     if file_len < V2_HEADER_LEN {
         return Err(BlockError::corrupt(format!(
             "file of {file_len} bytes is too short for a qcow2 header"
@@ -119,7 +119,7 @@ pub(crate) fn parse(
         let header_length = u64::from(be32(&fixed, 100));
         if header_length < V3_MIN_HEADER_LEN
             || header_length > cluster_size
-            || header_length % 8 != 0
+            || !header_length.is_multiple_of(8)
         {
             return Err(BlockError::corrupt(format!(
                 "invalid v3 header_length {header_length}"
@@ -186,7 +186,7 @@ pub(crate) fn parse(
         )));
     }
     if l1_size > 0 {
-        if l1_table_offset % cluster_size != 0 {
+        if !l1_table_offset.is_multiple_of(cluster_size) {
             return Err(BlockError::corrupt(format!(
                 "L1 table offset {l1_table_offset} is not cluster aligned"
             )));
@@ -240,7 +240,7 @@ fn read_extensions(
     start: u64,
     cluster_size: u64,
     file_len: u64,
-    read: &dyn Fn(u64, &mut [u8]) -> Result<(), BlockError>,
+    read: &ReadAt,
 ) -> Result<Extensions, BlockError> {
     let mut out = Extensions {
         backing_format: None,

@@ -178,7 +178,7 @@ impl Qcow2 {
         if host == 0 {
             return Ok(Mapping::Unallocated);
         }
-        if host % self.cluster_size != 0 {
+        if !host.is_multiple_of(self.cluster_size) {
             return Err(BlockError::corrupt(format!(
                 "data cluster offset {host} is not cluster aligned"
             )));
@@ -196,7 +196,7 @@ impl Qcow2 {
         if let Some(t) = lock(&self.l2_cache).get(l2_off) {
             return Ok(t);
         }
-        if l2_off % self.cluster_size != 0 {
+        if !l2_off.is_multiple_of(self.cluster_size) {
             return Err(BlockError::corrupt(format!(
                 "L2 table offset {l2_off} is not cluster aligned"
             )));
@@ -294,7 +294,7 @@ fn read_l1(file: &RawFile, header: &Header) -> Result<Box<[u64]>, BlockError> {
     let l1: Box<[u64]> = raw.chunks_exact(8).map(be64).collect();
     for (i, e) in l1.iter().enumerate() {
         let off = e & OFFSET_MASK;
-        if off % cluster_size != 0 {
+        if !off.is_multiple_of(cluster_size) {
             return Err(BlockError::corrupt(format!(
                 "L1 entry {i} points to unaligned L2 table offset {off}"
             )));
