@@ -1,0 +1,393 @@
+//! Shared helpers for the `cryptblk` integration tests: run the real binary and the real
+//! interop tools (cryptsetup, qemu-img, qemu-io), make key files and data, compare images.
+//!
+//! Every passphrase written with [`key_file`] is remembered, and every `cryptblk` run checks
+//! that none of them appears in its stdout or stderr: a leak fails whichever test caused it.
+#![allow(dead_code)]
+
+use rand::{RngCore, SeedableRng};
+use std::ffi::OsStr;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+pub const MIB: u64 = 1 << 20;
+
+/// Exit statuses from the CLI contract (`crates/cli/src/exit.rs`).
+pub mod code {
+    pub const OK: i32 = 0;
+    pub const USAGE: i32 = 1;
+    pub const WRONG_PASSPHRASE: i32 = 2;
+    pub const UNSUPPORTED: i32 = 3;
+    pub const DAMAGED: i32 = 4;
+    pub const IO: i32 = 5;
+    pub const IN_USE: i32 = 6;
+    pub const RESOURCE_LIMIT: i32 = 7;
+    pub const OTHER: i32 = 8;
+}
+
+/// Cheap keyslots for cryptblk (KDF time must not dominate the suite).
+pub const CHEAP_PBKDF2: &[&str] = &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+pub const CHEAP_ARGON2ID: &[&str] = &[
+    "--pbkdf",
+    "argon2id",
+    "--pbkdf-memory",
+    "64",
+    "--pbkdf-force-iterations",
+    "4",
+];
+/// Cheap keyslots for cryptsetup.
+pub const CS_CHEAP_PBKDF2: &[&str] = &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+static SECRETS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+
+/// The result of one process run.
+#[derive(Debug)]
+pub struct Out {
+    pub what: String,
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Out {
+    /// Panics with the full output unless the exit status is `expected`.
+    #[track_caller]
+    pub fn expect_code(&self, expected: i32) -> &Self {
+        assert_eq!(
+            self.code, expected,
+            "`{}` exited {} (expected {expected})\n--- stdout\n{}\n--- stderr\n{}",
+            self.what, self.code, self.stdout, self.stderr
+        );
+        self
+    }
+
+    #[track_caller]
+    pub fn ok(&self) -> &Self {
+        self.expect_code(0)
+    }
+
+    /// For a failing cryptblk command: exactly one non-empty line of error on stderr, starting
+    /// `cryptblk: `, that contains every word of `needles` (case-insensitive); returns that line.
+    #[track_caller]
+    pub fn error_line(&self, needles: &[&str]) -> String {
+        let errors: Vec<&str> = self
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("cryptblk: ") && !is_note(l))
+            .collect();
+        assert_eq!(
+            errors.len(),
+            1,
+            "`{}`: expected exactly one `cryptblk: ` error line on stderr, got:\n{}",
+            self.what,
+            self.stderr
+        );
+        let line = errors[0].to_string();
+        let lower = line.to_lowercase();
+        for needle in needles {
+            assert!(
+                lower.contains(&needle.to_lowercase()),
+                "`{}`: the error line does not mention {needle:?}:\n{line}",
+                self.what
+            );
+        }
+        line
+    }
+}
+
+fn is_note(line: &str) -> bool {
+    line.starts_with("cryptblk: warning:") || line.starts_with("cryptblk: note:")
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cryptblk")
+}
+
+/// Runs `cryptblk ARGS` with stdin closed and checks that no known passphrase leaks.
+pub fn cryptblk<I, S>(args: I) -> Out
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut cmd = Command::new(bin());
+    cmd.args(args).stdin(Stdio::null()).env_remove("RUST_LOG");
+    let out = run_cmd(cmd);
+    assert_no_secret(&out);
+    out
+}
+
+/// Runs `cryptblk ARGS` with `input` on stdin.
+pub fn cryptblk_stdin<I, S>(args: I, input: &[u8]) -> Out
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    use std::io::Write;
+    let mut cmd = Command::new(bin());
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env_remove("RUST_LOG");
+    let what = describe(&cmd);
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run `{what}`: {e}"));
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    stdin.write_all(input).expect("writing the child's stdin");
+    drop(stdin);
+    let output = child.wait_with_output().expect("waiting for cryptblk");
+    let out = Out {
+        what,
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    };
+    assert_no_secret(&out);
+    out
+}
+
+/// The path of an external tool; panics with a clear message if it is not installed, because a
+/// missing interop tool must fail the suite, not skip it.
+pub fn tool_path(name: &str) -> PathBuf {
+    let mut dirs: Vec<PathBuf> = ["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    for dir in dirs {
+        let candidate = dir.join(name);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!(
+        "required interop tool `{name}` is not installed: install it (Debian/Ubuntu: apt-get install cryptsetup-bin qemu-utils openssl time) and run the tests again"
+    );
+}
+
+/// Runs an external tool.
+pub fn tool<I, S>(name: &str, args: I) -> Out
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut cmd = Command::new(tool_path(name));
+    cmd.args(args).stdin(Stdio::null());
+    run_cmd(cmd)
+}
+
+fn describe(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+fn run_cmd(mut cmd: Command) -> Out {
+    let what = describe(&cmd);
+    let output = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `{what}`: {e}"));
+    Out {
+        what,
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+#[track_caller]
+fn assert_no_secret(out: &Out) {
+    let secrets = SECRETS.lock().unwrap_or_else(|p| p.into_inner());
+    for secret in secrets.iter() {
+        let s = String::from_utf8_lossy(secret);
+        for (stream, text) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+            assert!(
+                !text.contains(s.as_ref()),
+                "`{}` printed a passphrase on {stream}:\n{text}",
+                out.what
+            );
+        }
+    }
+}
+
+/// Writes a key file holding exactly `passphrase` (no newline) and remembers the passphrase so
+/// that every later cryptblk run checks it never shows up in the output.
+pub fn key_file(dir: &Path, name: &str, passphrase: &str) -> PathBuf {
+    assert!(
+        passphrase.len() >= 12,
+        "test passphrases must be distinctive"
+    );
+    let path = dir.join(name);
+    std::fs::write(&path, passphrase).expect("writing a key file");
+    SECRETS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(passphrase.as_bytes().to_vec());
+    path
+}
+
+/// A distinctive passphrase that cannot appear in normal output by accident.
+pub fn passphrase(tag: &str) -> String {
+    format!("Xq9-{tag}-pW7z-correct-horse")
+}
+
+/// Writes `size` bytes of seeded pseudo-random data.
+pub fn random_file(path: &Path, size: u64, seed: u64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut data = vec![0u8; size as usize];
+    rng.fill_bytes(&mut data);
+    std::fs::write(path, &data).expect("writing a random file");
+}
+
+/// Random data with zeroed runs and holes (every 1 MiB: 512 KiB data, 256 KiB zeros, 256 KiB hole).
+pub fn mixed_file(path: &Path, size: u64, seed: u64) {
+    use std::os::unix::fs::FileExt;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let file = std::fs::File::create(path).expect("creating a mixed file");
+    file.set_len(size).unwrap();
+    let mut off = 0u64;
+    while off < size {
+        let n = (512 * 1024).min(size - off) as usize;
+        let mut buf = vec![0u8; n];
+        rng.fill_bytes(&mut buf);
+        file.write_all_at(&buf, off).unwrap();
+        let z = (256 * 1024).min(size.saturating_sub(off + n as u64)) as usize;
+        if z > 0 {
+            file.write_all_at(&vec![0u8; z], off + n as u64).unwrap();
+        }
+        off += MIB;
+    }
+}
+
+pub fn read(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// The first `len` bytes of a file.
+pub fn read_prefix(path: &Path, len: u64) -> Vec<u8> {
+    let mut f =
+        std::fs::File::open(path).unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+    let mut buf = vec![0u8; len as usize];
+    f.read_exact(&mut buf)
+        .unwrap_or_else(|e| panic!("reading {} bytes of {}: {e}", len, path.display()));
+    buf
+}
+
+/// Asserts two byte strings are equal, reporting sizes and the first differing offset.
+#[track_caller]
+pub fn assert_same_bytes(actual: &[u8], expected: &[u8], what: &str) {
+    if actual == expected {
+        return;
+    }
+    let first = actual.iter().zip(expected).position(|(a, b)| a != b);
+    panic!(
+        "{what}: contents differ (sizes {} vs {} expected; first differing byte at {:?})",
+        actual.len(),
+        expected.len(),
+        first
+    );
+}
+
+#[track_caller]
+pub fn assert_same_files(actual: &Path, expected: &Path) {
+    assert_same_bytes(
+        &read(actual),
+        &read(expected),
+        &format!("{} vs {}", actual.display(), expected.display()),
+    );
+}
+
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("cryptblk-cli-test")
+        .tempdir()
+        .expect("creating a temp dir")
+}
+
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 test path")
+}
+
+/// Decrypts a LUKS image with cryptblk into a raw file and returns its bytes.
+#[track_caller]
+pub fn cryptblk_decrypt(image: &Path, key: &Path, out: &Path) -> Vec<u8> {
+    let _ = std::fs::remove_file(out);
+    cryptblk([
+        "convert",
+        "-O",
+        "raw",
+        "--source-key-file",
+        s(key),
+        s(image),
+        s(out),
+    ])
+    .ok();
+    read(out)
+}
+
+/// `cryptblk dump --json` parsed.
+#[track_caller]
+pub fn dump_json(image: &Path) -> serde_json::Value {
+    let out = cryptblk(["dump", "--json", s(image)]);
+    out.ok();
+    serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("dump --json output is not JSON ({e}):\n{}", out.stdout))
+}
+
+/// Whether cryptsetup accepts a passphrase for an image (no root needed).
+pub fn cryptsetup_accepts(image: &Path, key: &Path) -> bool {
+    let out = tool(
+        "cryptsetup",
+        [
+            "luksOpen",
+            "--test-passphrase",
+            "--key-file",
+            s(key),
+            s(image),
+        ],
+    );
+    match out.code {
+        0 => true,
+        2 => false,
+        _ => panic!("cryptsetup --test-passphrase failed unexpectedly: {out:?}"),
+    }
+}
+
+/// Runs `cryptsetup reencrypt --encrypt` over a file holding `plain`, giving a LUKS2 image whose
+/// payload starts with `plain` (data offset 8 MiB). `extra` varies cipher, KDF, sector size.
+pub fn cryptsetup_encrypt_in_place(
+    dir: &Path,
+    name: &str,
+    plain: &[u8],
+    key: &Path,
+    extra: &[&str],
+) -> PathBuf {
+    let img = dir.join(name);
+    std::fs::write(&img, plain).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+    f.set_len(plain.len() as u64 + 16 * MIB).unwrap();
+    drop(f);
+    let mut args: Vec<&str> = vec![
+        "reencrypt",
+        "--encrypt",
+        "--type",
+        "luks2",
+        "--reduce-device-size",
+        "16M",
+        "--key-file",
+        s(key),
+        "--batch-mode",
+    ];
+    args.extend_from_slice(extra);
+    args.push(s(&img));
+    tool("cryptsetup", &args).ok();
+    img
+}

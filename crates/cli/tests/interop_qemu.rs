@@ -1,0 +1,335 @@
+//! Interoperability with QEMU 7.2's `luks` and `qcow2` drivers through the real qemu-img and
+//! qemu-io: LUKS1 both ways, and qcow2 sources (compressed, zero, backing) into LUKS2.
+mod common;
+
+use common::*;
+use std::path::Path;
+
+fn secret_arg(key: &Path) -> String {
+    format!("secret,id=s0,file={}", s(key))
+}
+
+fn luks_opts(img: &Path) -> String {
+    format!("driver=luks,key-secret=s0,file.filename={}", s(img))
+}
+
+/// An image made by `qemu-img create -f luks`, written by qemu-io: cryptblk's raw conversion is
+/// byte-identical to qemu-img's.
+fn check_qemu_made_luks1(name: &str, create_opts: &str) {
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", &passphrase(name));
+    let img = dir.path().join("img.luks");
+    let o = format!("key-secret=s0,{create_opts},iter-time=10");
+    tool(
+        "qemu-img",
+        [
+            "create",
+            "-q",
+            "-f",
+            "luks",
+            "--object",
+            &secret_arg(&key),
+            "-o",
+            &o,
+            s(&img),
+            "6M",
+        ],
+    )
+    .ok();
+    tool(
+        "qemu-io",
+        [
+            "--object",
+            &secret_arg(&key),
+            "--image-opts",
+            &luks_opts(&img),
+            "-c",
+            "write -P 0x5a 0 128k",
+            "-c",
+            "write -P 0xc3 3M 4k",
+            "-c",
+            "write -P 0x01 6143k 1k",
+        ],
+    )
+    .ok();
+    let by_qemu = dir.path().join("qemu.raw");
+    tool(
+        "qemu-img",
+        [
+            "convert",
+            "--object",
+            &secret_arg(&key),
+            "--image-opts",
+            &luks_opts(&img),
+            "-O",
+            "raw",
+            s(&by_qemu),
+        ],
+    )
+    .ok();
+    let expected = read(&by_qemu);
+    assert_eq!(expected.len() as u64, 6 * MIB);
+    let ours = cryptblk_decrypt(&img, &key, &dir.path().join("cryptblk.raw"));
+    assert_same_bytes(
+        &ours,
+        &expected,
+        &format!("{name}: cryptblk vs qemu-img decryption"),
+    );
+    assert!(
+        ours[..128 * 1024].iter().all(|&b| b == 0x5a),
+        "{name}: QEMU's pattern at 0"
+    );
+    assert!(
+        ours[3 * MIB as usize..3 * MIB as usize + 4096]
+            .iter()
+            .all(|&b| b == 0xc3),
+        "{name}: QEMU's pattern at 3M"
+    );
+    assert!(
+        ours[6143 * 1024..].iter().all(|&b| b == 0x01),
+        "{name}: QEMU's pattern in the last KiB"
+    );
+    let dump = dump_json(&img);
+    assert_eq!(dump["version"], 1, "{name}: {dump}");
+}
+
+#[test]
+fn qemu_luks1_aes256_xts_plain64_sha256() {
+    check_qemu_made_luks1(
+        "q-xts256",
+        "cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha256",
+    );
+}
+
+#[test]
+fn qemu_luks1_aes128_xts_plain64_sha1() {
+    check_qemu_made_luks1(
+        "q-xts128-sha1",
+        "cipher-alg=aes-128,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha1",
+    );
+}
+
+#[test]
+fn qemu_luks1_aes256_cbc_essiv_sha256() {
+    check_qemu_made_luks1(
+        "q-cbc-essiv",
+        "cipher-alg=aes-256,cipher-mode=cbc,ivgen-alg=essiv,ivgen-hash-alg=sha256,hash-alg=sha256",
+    );
+}
+
+/// cryptblk's LUKS1 output reads in QEMU equal to the source, and QEMU's writes into it read
+/// back in cryptblk.
+fn check_cryptblk_luks1_in_qemu(name: &str, size: u64, extra: &[&str]) {
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", &passphrase(name));
+    let src = dir.path().join("src.raw");
+    mixed_file(&src, size, 11);
+    let img = dir.path().join("img.luks");
+    let mut args = vec![
+        "convert",
+        "-O",
+        "luks1",
+        "--key-file",
+        s(&key),
+        "--pbkdf-force-iterations",
+        "1000",
+    ];
+    args.extend_from_slice(extra);
+    args.extend([s(&src), s(&img)]);
+    cryptblk(&args).ok();
+
+    let raw_opts = format!("driver=raw,file.filename={}", s(&src));
+    let cmp = tool(
+        "qemu-img",
+        [
+            "compare",
+            "--object",
+            &secret_arg(&key),
+            "--image-opts",
+            &luks_opts(&img),
+            &raw_opts,
+        ],
+    );
+    assert_eq!(
+        cmp.code, 0,
+        "{name}: qemu-img compare of cryptblk's LUKS1 and the source: {cmp:?}"
+    );
+
+    // QEMU writes into cryptblk's image; cryptblk reads QEMU's ciphertext.
+    tool(
+        "qemu-io",
+        [
+            "--object",
+            &secret_arg(&key),
+            "--image-opts",
+            &luks_opts(&img),
+            "-c",
+            "write -P 0x9e 512k 8k",
+        ],
+    )
+    .ok();
+    let mut expected = read(&src);
+    expected[512 * 1024..520 * 1024].fill(0x9e);
+    let ours = cryptblk_decrypt(&img, &key, &dir.path().join("back.raw"));
+    assert_same_bytes(
+        &ours[..size as usize],
+        &expected,
+        &format!("{name}: cryptblk reading QEMU's writes"),
+    );
+}
+
+#[test]
+fn cryptblk_luks1_xts_reads_in_qemu() {
+    check_cryptblk_luks1_in_qemu("cb-l1-xts", 5 * MIB, &[]);
+}
+
+#[test]
+fn cryptblk_luks1_odd_size_cbc_essiv_reads_in_qemu() {
+    // Not a multiple of 4096: exercises the partial last chunk.
+    check_cryptblk_luks1_in_qemu(
+        "cb-l1-cbc",
+        3 * MIB + 3 * 512,
+        &[
+            "--cipher",
+            "aes-cbc-essiv:sha256",
+            "--key-size",
+            "256",
+            "--hash",
+            "sha1",
+        ],
+    );
+}
+
+/// qcow2 with a backing file, zero clusters over backing data, and compressed clusters:
+/// cryptblk's qcow2 -> LUKS2 -> raw equals qemu-img's qcow2 -> raw.
+#[test]
+fn qcow2_backing_zero_and_compressed_clusters_to_luks2() {
+    let dir = tempdir();
+    let d = dir.path();
+    let key = key_file(d, "key", &passphrase("qcow2"));
+
+    // A base image with compressible and random data, compressed by qemu-img convert -c.
+    let base_raw = d.join("base.raw");
+    let mut base = Vec::with_capacity(8 * MIB as usize);
+    base.extend(
+        std::iter::repeat_n(
+            b"cryptblk compressible text 0123456789\n".iter().copied(),
+            60_000,
+        )
+        .flatten()
+        .take(2 * MIB as usize),
+    );
+    let mut random = vec![0u8; 2 * MIB as usize];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut random);
+    base.extend_from_slice(&random);
+    base.resize(6 * MIB as usize, 0);
+    base.extend(std::iter::repeat_n(0xabu8, 2 * MIB as usize));
+    std::fs::write(&base_raw, &base).unwrap();
+    let base_qcow2 = d.join("base.qcow2");
+    tool(
+        "qemu-img",
+        [
+            "convert",
+            "-q",
+            "-c",
+            "-f",
+            "raw",
+            "-O",
+            "qcow2",
+            s(&base_raw),
+            s(&base_qcow2),
+        ],
+    )
+    .ok();
+    let map = tool("qemu-img", ["map", "--output=json", s(&base_qcow2)]);
+    map.ok();
+    assert!(
+        map.stdout
+            .lines()
+            .any(|l| l.contains("\"data\": true") && !l.contains("\"offset\"")),
+        "the base image should hold compressed clusters (data without a host offset):\n{}",
+        map.stdout
+    );
+
+    // An overlay: new data, zero clusters masking backing data, untouched regions from the base.
+    let overlay = d.join("overlay.qcow2");
+    tool(
+        "qemu-img",
+        [
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-b",
+            s(&base_qcow2),
+            "-F",
+            "qcow2",
+            s(&overlay),
+        ],
+    )
+    .ok();
+    tool(
+        "qemu-io",
+        [
+            "-c",
+            "write -P 0x33 1M 64k",
+            "-c",
+            "write -z 2M 256k",
+            "-c",
+            "write -z 7M 128k",
+            "-c",
+            "write -P 0x44 5M 4k",
+            s(&overlay),
+        ],
+    )
+    .ok();
+
+    let by_qemu = d.join("qemu.raw");
+    tool(
+        "qemu-img",
+        ["convert", "-O", "raw", s(&overlay), s(&by_qemu)],
+    )
+    .ok();
+    let expected = read(&by_qemu);
+    assert_eq!(expected.len() as u64, 8 * MIB);
+    assert!(
+        expected[2 * MIB as usize..2 * MIB as usize + 256 * 1024]
+            .iter()
+            .all(|&b| b == 0),
+        "zero clusters read as zeros"
+    );
+
+    let enc = d.join("img.luks2");
+    let mut args = vec![
+        "convert",
+        "-f",
+        "qcow2",
+        "-O",
+        "luks2",
+        "--key-file",
+        s(&key),
+    ];
+    args.extend_from_slice(CHEAP_ARGON2ID);
+    args.extend([s(&overlay), s(&enc)]);
+    cryptblk(&args).ok();
+    let ours = cryptblk_decrypt(&enc, &key, &d.join("cryptblk.raw"));
+    assert_same_bytes(
+        &ours,
+        &expected,
+        "qcow2 -> LUKS2 -> raw vs qemu-img convert -O raw",
+    );
+
+    // Probing (no -f) takes the same path.
+    let enc2 = d.join("probed.luks2");
+    let mut args = vec!["convert", "-O", "luks2", "--key-file", s(&key)];
+    args.extend_from_slice(CHEAP_PBKDF2);
+    args.extend([s(&overlay), s(&enc2)]);
+    cryptblk(&args).ok();
+    let ours = cryptblk_decrypt(&enc2, &key, &d.join("cryptblk2.raw"));
+    assert_same_bytes(&ours, &expected, "probed qcow2 -> LUKS2 -> raw");
+
+    // qcow2 -> raw directly too.
+    let direct = d.join("direct.raw");
+    cryptblk(["convert", "-O", "raw", s(&overlay), s(&direct)]).ok();
+    assert_same_bytes(&read(&direct), &expected, "qcow2 -> raw vs qemu-img");
+}

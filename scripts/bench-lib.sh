@@ -1,0 +1,61 @@
+# shellcheck shell=bash
+# Helpers for cryptblk's benchmark scripts (sourced, not run). Requires bash 4+.
+
+log() { printf '%s\n' "$*" >&2; }
+die() { log "bench: $*"; exit 1; }
+
+# need TOOL [PACKAGE]: fail with an install hint unless TOOL is on PATH.
+need() {
+    command -v "$1" >/dev/null 2>&1 || die "'$1' is required but not installed (Debian: apt-get install ${2:-$1})"
+}
+
+# bytes SIZE: '4G', '512M', '1048576' -> bytes (binary suffixes, like qemu-img).
+bytes() {
+    numfmt --from=iec "${1%B}" 2>/dev/null || die "invalid size '$1'"
+}
+
+# Runs a command under /usr/bin/time; sets LAST_WALL (seconds) and LAST_RSS_KIB. The command
+# line is printed first so every figure can be reproduced by hand.
+LAST_WALL=
+LAST_RSS_KIB=
+timed() {
+    local tf
+    tf=$(mktemp "${BENCH_WORK:-/tmp}/time.XXXXXX")
+    log "+ $*"
+    if ! /usr/bin/time -f '%e %M' -o "$tf" "$@" >"$tf.out" 2>&1; then
+        cat "$tf.out" >&2
+        rm -f "$tf" "$tf.out"
+        die "command failed: $*"
+    fi
+    read -r LAST_WALL LAST_RSS_KIB < <(tail -n 1 "$tf")
+    rm -f "$tf" "$tf.out"
+}
+
+# bench_job NAME TARGET CMD...: run CMD twice (sync and remove TARGET before each run) and
+# keep the second, warm-cache run in WALL[NAME] / RSS[NAME].
+declare -A WALL RSS
+bench_job() {
+    local name=$1 target=$2
+    shift 2
+    local run
+    for run in 1 2; do
+        rm -f "$target"
+        sync
+        timed "$@"
+        log "  run $run: ${LAST_WALL} s, peak RSS ${LAST_RSS_KIB} KiB"
+    done
+    WALL[$name]=$LAST_WALL
+    RSS[$name]=$LAST_RSS_KIB
+    rm -f "$target"
+    sync
+}
+
+# ratio A B [DIGITS]: A / B as a decimal.
+ratio() {
+    awk -v a="$1" -v b="$2" -v d="${3:-2}" 'BEGIN { if (b == 0) print "n/a"; else printf "%.*f\n", d, a / b }'
+}
+
+# mibps BYTES SECONDS: throughput in MiB/s.
+mibps() {
+    awk -v n="$1" -v s="$2" 'BEGIN { if (s == 0) print "n/a"; else printf "%.0f\n", n / s / 1048576 }'
+}
