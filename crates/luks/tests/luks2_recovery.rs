@@ -211,3 +211,26 @@ fn single_copy_write_hook_matches_commit_order() {
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(h2.seqid(), h.seqid());
 }
+
+/// A secondary copy left over from another header must not override the primary even with a
+/// higher seqid.
+#[test]
+fn foreign_secondary_never_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _) = formatted(dir.path());
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let (b, vk_b) = formatted(&other);
+    // Give b a higher seqid, then plant b's secondary into a.
+    let (mut hb, _) = read(&b);
+    hb.add_keyslot(&open_rw(&b), &vk_b, b"x", None, &cheap_argon())
+        .unwrap();
+    write_range(&a, HDR, &read_range(&b, HDR, HDR as usize));
+    let (ha, warnings) = read(&a);
+    assert!(
+        warnings[0].contains("belongs to another header"),
+        "{warnings:?}"
+    );
+    assert_eq!(ha.active_keyslots(), vec![0]);
+    assert_ne!(ha.uuid(), hb.uuid());
+}

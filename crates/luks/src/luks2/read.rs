@@ -126,6 +126,15 @@ pub fn read_header(file: &File) -> Result<(ValidCopy, Vec<String>)> {
     };
     let mut warnings = Vec::new();
     match (primary, secondary) {
+        (Ok(p), Ok(s)) if s.bin.uuid != p.bin.uuid || s.bin.hdr_size != p.bin.hdr_size => {
+            // A leftover secondary from an earlier format must never override the primary,
+            // whatever its seqid.
+            warnings.push(format!(
+                "secondary header belongs to another header (uuid {}, size {}), using the primary copy",
+                s.bin.uuid, s.bin.hdr_size
+            ));
+            Ok((p, warnings))
+        }
         (Ok(p), Ok(s)) => {
             if s.bin.seqid > p.bin.seqid {
                 warnings.push(format!(
