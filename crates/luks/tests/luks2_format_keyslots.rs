@@ -2,8 +2,9 @@
 mod luks2_util;
 
 use cryptblk_crypto::SecretKey;
+use cryptblk_luks::kdf::Argon2Variant;
 use cryptblk_luks::luks2::Luks2Header;
-use cryptblk_luks::{HashAlg, LuksError};
+use cryptblk_luks::{HashAlg, LuksError, PbkdfKind, PbkdfOptions};
 use luks2_util::*;
 use std::fs::File;
 
@@ -70,6 +71,15 @@ fn formats_other_ciphers_and_kdfs() {
         ("aes-xts-plain64", 32, 512, cheap_pbkdf2(HashAlg::Sha512)),
         ("aes-cbc-essiv:sha256", 32, 512, cheap_pbkdf2(HashAlg::Sha1)),
         ("aes-xts-plain64", 64, 4096, cheap_argon()),
+        (
+            "aes-xts-plain64",
+            64,
+            4096,
+            PbkdfOptions {
+                kind: PbkdfKind::Argon2(Argon2Variant::Argon2i),
+                ..cheap_argon()
+            },
+        ),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("img");
@@ -252,4 +262,32 @@ fn open_rw_create(p: &std::path::Path) -> File {
         .truncate(true)
         .open(p)
         .unwrap()
+}
+
+/// Without forced costs the digest and keyslot iterations come from a benchmark; the result
+/// must still be at least cryptsetup's minimum and open in cryptsetup.
+#[test]
+fn benchmarked_costs_are_sane() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("img");
+    let key = write_key(dir.path(), "key", b"pw");
+    let file = open_rw_create(&img);
+    let vk = SecretKey::random(64);
+    let mut opts = format_opts("aes-xts-plain64", 64, 4096);
+    opts.pbkdf = PbkdfOptions {
+        iter_time_ms: 50,
+        force_iterations: None,
+        ..cheap_pbkdf2(HashAlg::Sha256)
+    };
+    let h = Luks2Header::format(&file, &opts, b"pw", &vk, Some(1 << 20)).unwrap();
+    let d = h.dump();
+    assert!(
+        d["digests"][0]["iterations"].as_u64().unwrap() >= 1000,
+        "{d}"
+    );
+    assert!(
+        d["keyslots"][0]["iterations"].as_u64().unwrap() >= 1000,
+        "{d}"
+    );
+    assert!(test_pass(&img, &key, None));
 }
