@@ -13,6 +13,7 @@
 
 use std::sync::Arc;
 
+pub mod bench;
 mod engine;
 mod error;
 mod iv;
@@ -57,4 +58,4 @@ pub trait Engine: Send + Sync {
 }
 
 mod pool;
-pub use pool::CryptoPool;
+pub use pool::{Completion, CryptoPool, DEFAULT_INLINE_THRESHOLD};

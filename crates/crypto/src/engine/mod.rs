@@ -2,6 +2,7 @@
 
 pub(crate) mod openssl;
 pub(crate) mod rustcrypto;
+mod xts;
 
 use crate::CryptoError;
 

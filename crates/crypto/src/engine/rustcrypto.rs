@@ -1,7 +1,8 @@
-//! Portable engine on RustCrypto `aes` (which itself picks AES-NI/VAES at run time),
-//! `xts-mode` and `cbc`. Supports every spec the parser accepts that AES can express,
+//! Portable engine on RustCrypto `aes` (which itself picks AES-NI/VAES at run time), our
+//! batched XTS (`xts.rs`) and `cbc`. Supports every spec the parser accepts that AES can express,
 //! including AES-192-XTS, which OpenSSL lacks.
 
+use super::xts::Xts;
 use super::{check_run, check_sector_size};
 use crate::iv::IvGen;
 use crate::{CipherSpec, CryptoError, Direction, Engine, Mode, SecretKey, SectorCipher};
@@ -12,7 +13,6 @@ use aes::cipher::{
 };
 use aes::{Aes128, Aes192, Aes256};
 use std::sync::Arc;
-use xts_mode::Xts128;
 
 pub(crate) const NAME: &str = "rustcrypto";
 
@@ -41,9 +41,9 @@ impl Engine for RustCryptoEngine {
             Mode::Xts => {
                 let (k1, k2) = k.split_at(k.len() / 2);
                 match k1.len() {
-                    16 => Core::Xts128(Xts128::new(aes_key(k1)?, aes_key(k2)?)),
-                    24 => Core::Xts192(Xts128::new(aes_key(k1)?, aes_key(k2)?)),
-                    _ => Core::Xts256(Xts128::new(aes_key(k1)?, aes_key(k2)?)),
+                    16 => Core::Xts128(Xts::new(aes_key(k1)?, aes_key(k2)?)),
+                    24 => Core::Xts192(Xts::new(aes_key(k1)?, aes_key(k2)?)),
+                    _ => Core::Xts256(Xts::new(aes_key(k1)?, aes_key(k2)?)),
                 }
             }
             Mode::Cbc => match k.len() {
@@ -82,9 +82,9 @@ fn aes_key<C: KeyInit>(k: &[u8]) -> Result<C, CryptoError> {
 
 /// One variant per key size keeps dispatch static inside the per-sector loops.
 enum Core {
-    Xts128(Xts128<Aes128>),
-    Xts192(Xts128<Aes192>),
-    Xts256(Xts128<Aes256>),
+    Xts128(Xts<Aes128>),
+    Xts192(Xts<Aes192>),
+    Xts256(Xts<Aes256>),
     Cbc128(Aes128),
     Cbc192(Aes192),
     Cbc256(Aes256),
@@ -119,25 +119,15 @@ impl SectorCipher for RustCryptoCipher {
     }
 }
 
-fn xts<C>(
-    x: &Xts128<C>,
-    iv: &IvGen,
-    dir: Direction,
-    first: u64,
-    data: &mut [u8],
-    sector_size: usize,
-) where
+fn xts<C>(x: &Xts<C>, iv: &IvGen, dir: Direction, first: u64, data: &mut [u8], sector_size: usize)
+where
     C: BlockCipherEncrypt
         + BlockCipherDecrypt
         + aes::cipher::BlockSizeUser<BlockSize = aes::cipher::consts::U16>,
 {
-    for (i, sector) in data.chunks_exact_mut(sector_size).enumerate() {
-        let tweak = Array(iv.iv(first.wrapping_add(i as u64)));
-        match dir {
-            Direction::Encrypt => x.encrypt_sector(sector, tweak),
-            Direction::Decrypt => x.decrypt_sector(sector, tweak),
-        }
-    }
+    x.crypt_sectors(dir, data, sector_size, |i| {
+        iv.iv(first.wrapping_add(i as u64))
+    });
 }
 
 fn cbc<C>(c: &C, iv: &IvGen, dir: Direction, first: u64, data: &mut [u8], sector_size: usize)
