@@ -155,3 +155,59 @@ fn dangling_references_and_bad_ids() {
 fn not_json_at_all() {
     expect_refused(&|_| "{\"keyslots\":".to_string(), "invalid JSON");
 }
+
+/// Segments whose sector layout we do not implement are readable (dump works) but refused
+/// when the data cipher is asked for, instead of silently decrypting garbage.
+#[test]
+fn integrity_and_iv_tweak_segments_are_refused_for_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = base_image(dir.path());
+    rewrite_json(&img, &|j| {
+        j.replace(
+            "\"sector_size\":4096",
+            "\"sector_size\":4096,\"integrity\":{\"type\":\"hmac(sha256)\",\"journal_encryption\":\"none\",\"journal_integrity\":\"none\"}",
+        )
+    });
+    let (h, _) = read(&img);
+    let e = h.cipher_spec().unwrap_err().to_string();
+    assert!(e.contains("integrity") && e.contains("hmac(sha256)"), "{e}");
+    // Unknown fields are kept when the header is rewritten.
+    let (mut h, _) = read(&img);
+    let seqid = h.seqid();
+    h.remove_keyslot(&open_rw(&img), 0).unwrap();
+    let (h, _) = read(&img);
+    assert_eq!(h.seqid(), seqid + 1);
+    assert!(h.metadata().segments["0"].extra.contains_key("integrity"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let img = base_image(dir.path());
+    rewrite_json(&img, &|j| {
+        j.replace("\"iv_tweak\":\"0\"", "\"iv_tweak\":\"8\"")
+    });
+    let (h, _) = read(&img);
+    assert!(h
+        .cipher_spec()
+        .unwrap_err()
+        .to_string()
+        .contains("iv_tweak"));
+}
+
+#[test]
+fn reencrypt_keyslot_without_area_is_read_only_not_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = base_image(dir.path());
+    rewrite_json(&img, &|j| {
+        j.replacen(
+            "\"keyslots\":{",
+            "\"keyslots\":{\"1\":{\"type\":\"reencrypt\",\"key_size\":1,\"area\":{\"type\":\"none\",\"offset\":\"0\",\"size\":\"0\"},\"mode\":\"reencrypt\",\"direction\":\"forward\"},",
+            1,
+        )
+        .replace("\"keyslots_size\":\"16744448\"", "\"keyslots_size\":\"16744448\",\"requirements\":{\"mandatory\":[\"online-reencrypt-v2\"]}")
+    });
+    let (h, _) = read(&img);
+    assert!(h
+        .read_only_reason()
+        .unwrap()
+        .contains("online-reencrypt-v2"));
+    assert_eq!(h.active_keyslots(), vec![0]);
+}

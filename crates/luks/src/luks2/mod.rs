@@ -113,6 +113,14 @@ impl Luks2Header {
     /// The data segment cipher.
     pub fn cipher_spec(&self) -> Result<CipherSpec> {
         let (id, seg) = self.segment()?;
+        if seg.extra.contains_key("integrity") {
+            // dm-integrity tags interleave with the data; plain sector decryption would be wrong.
+            return Err(LuksError::Unsupported {
+                what: "segment integrity",
+                name: seg.extra.get("integrity").map(|v| v.to_string()).unwrap_or_default(),
+                hint: format!("segment {id} uses authenticated encryption (dm-integrity), which cryptblk does not implement"),
+            });
+        }
         if seg.iv_tweak.unwrap_or(0) != 0 {
             return Err(LuksError::Unsupported {
                 what: "segment iv_tweak",

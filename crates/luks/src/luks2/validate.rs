@@ -63,6 +63,10 @@ pub fn validate(meta: &Metadata, hdr_size: u64) -> Result<(), String> {
             .offset
             .checked_add(a.size)
             .ok_or_else(|| format!("{}: offset + size overflows", f("area")))?;
+        if slot.kind != "luks2" && a.size == 0 {
+            // e.g. a reencrypt keyslot with area type "none": it occupies nothing.
+            continue;
+        }
         if a.offset < area_start || end > area_end || a.size == 0 {
             return Err(format!(
                 "{}: [{}, {end}) lies outside the keyslots area [{area_start}, {area_end})",
