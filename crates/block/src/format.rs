@@ -92,9 +92,20 @@ pub fn open_image(
 #[derive(Debug, Default)]
 pub(crate) struct BackingChain {
     seen: Vec<PathBuf>,
+    /// Backing files are refused outright (for untrusted images, whose backing file name
+    /// could make us read any host file into the guest-visible data).
+    refuse_backing: bool,
 }
 
 impl BackingChain {
+    /// A chain that refuses any backing file.
+    pub(crate) fn refusing() -> Self {
+        BackingChain {
+            seen: Vec::new(),
+            refuse_backing: true,
+        }
+    }
+
     pub(crate) fn enter(&mut self, path: &Path) -> Result<(), BlockError> {
         let canon = path
             .canonicalize()
@@ -126,6 +137,12 @@ pub(crate) fn open_backing(
     format: Option<&str>,
     chain: &mut BackingChain,
 ) -> Result<(Arc<dyn BlockDevice>, PathBuf), BlockError> {
+    if chain.refuse_backing {
+        return Err(BlockError::unsupported(format!(
+            "image has a backing file '{name}' and backing files are not allowed here"
+        ))
+        .with_path(image));
+    }
     if name.starts_with("json:") || (name.contains("://") && !name.starts_with('/')) {
         return Err(BlockError::unsupported(format!(
             "backing file '{name}' is a protocol or JSON specification, only local files are supported"

@@ -2,7 +2,7 @@
 //! (LUKS2 with 4096-byte sectors).
 mod common;
 
-use common::{assert_same, qemu_img, run, tool};
+use common::{assert_same, cryptsetup_format, qemu_img, run};
 use cryptblk_block::{open_luks_volume, BlockDevice, BlockErrorKind, VolumeError, VolumeOptions};
 use rand::{Rng, SeedableRng};
 use std::path::Path;
@@ -52,17 +52,8 @@ fn luks1_interop_with_qemu_both_directions() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("q.luks");
     let secret = qemu_secret();
-    qemu_img(&[
-        "create",
-        "-f",
-        "luks",
-        "--object",
-        &secret,
-        "-o",
-        "key-secret=sec0,iter-time=10",
-        img.to_str().unwrap(),
-        "8M",
-    ]);
+    // LUKS1 from cryptsetup (2 MiB header), then read and written by QEMU's luks driver.
+    cryptsetup_format(&img, "luks1", 512, (2 + 8) << 20, PW);
     let opts = qemu_opts(&img);
     run(
         "qemu-io",
@@ -122,18 +113,8 @@ fn luks1_interop_with_qemu_both_directions() {
 fn wrong_passphrase_and_locking_are_reported() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("w.luks");
-    let secret = qemu_secret();
-    qemu_img(&[
-        "create",
-        "-f",
-        "luks",
-        "--object",
-        &secret,
-        "-o",
-        "key-secret=sec0,iter-time=10",
-        img.to_str().unwrap(),
-        "1M",
-    ]);
+    // LUKS1 from cryptsetup (2 MiB header), then read and written by QEMU's luks driver.
+    cryptsetup_format(&img, "luks1", 512, (2 + 1) << 20, PW);
 
     let err = open_luks_volume(&img, b"nope", &VolumeOptions::default()).unwrap_err();
     assert!(err.is_wrong_passphrase(), "{err}");
@@ -161,35 +142,7 @@ fn wrong_passphrase_and_locking_are_reported() {
 fn luks2_4k_sectors_from_cryptsetup_round_trip() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("c.luks2");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(24 << 20)
-        .unwrap();
-    let mut child = Command::new(tool("cryptsetup"))
-        .args([
-            "luksFormat",
-            "--type",
-            "luks2",
-            "--sector-size",
-            "4096",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--batch-mode",
-            "--key-file",
-            "-",
-            img.to_str().unwrap(),
-        ])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("running cryptsetup");
-    std::io::Write::write_all(child.stdin.as_mut().unwrap(), PW).unwrap();
-    drop(child.stdin.take());
-    assert!(
-        child.wait().unwrap().success(),
-        "cryptsetup luksFormat failed"
-    );
+    cryptsetup_format(&img, "luks2", 4096, 24 << 20, PW);
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     let size;
@@ -215,7 +168,7 @@ fn luks2_4k_sectors_from_cryptsetup_round_trip() {
         vol.flush().unwrap();
     }
     // cryptsetup still accepts the header and passphrase after our writes.
-    let mut child = Command::new(tool("cryptsetup"))
+    let mut child = Command::new(common::tool("cryptsetup"))
         .args([
             "open",
             "--test-passphrase",

@@ -227,6 +227,11 @@ fn backing_chain_reads_through_and_block_status_follows_it() {
         ],
     );
 
+    let err = Qcow2::open_standalone(&top).unwrap_err();
+    assert_eq!(err.kind(), BlockErrorKind::Unsupported);
+    assert!(err.to_string().contains("mid.qcow2"), "{err}");
+    Qcow2::open_standalone(&base).unwrap();
+
     let dev = Qcow2::open(&top).unwrap();
     assert_eq!(dev.backing_path(), Some(mid.as_path()));
     check_against_qemu(&top, d);
@@ -255,10 +260,13 @@ fn backing_chain_reads_through_and_block_status_follows_it() {
     let rawbase = d.join("base.raw");
     scattered_raw(&rawbase, 8 * MIB, 3);
     let over = d.join("over-raw.qcow2");
+    // A version 2 image: it carries the backing format extension too.
     qemu_img(&[
         "create",
         "-f",
         "qcow2",
+        "-o",
+        "compat=0.10",
         "-b",
         "base.raw",
         "-F",
@@ -266,6 +274,7 @@ fn backing_chain_reads_through_and_block_status_follows_it() {
         over.to_str().unwrap(),
     ]);
     qemu_io(&over, &["write -P 0x07 2M 128k"]);
+    assert_eq!(Qcow2::open(&over).unwrap().version(), 2);
     check_against_qemu(&over, d);
 
     // open_image picks the qcow2 reader and refuses to write.
@@ -342,7 +351,7 @@ fn backing_loop_is_refused() {
 fn encrypted_qcow2_is_unsupported_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("enc.qcow2");
-    qemu_img(&[
+    common::qemu_img_kdf(&[
         "create",
         "-f",
         "qcow2",
@@ -404,17 +413,7 @@ fn probe_recognises_formats() {
     qemu_img(&["create", "-f", "qcow2", q.to_str().unwrap(), "1M"]);
     assert_eq!(probe_format(&q).unwrap(), Format::Qcow2);
     let l = dir.path().join("p.luks");
-    qemu_img(&[
-        "create",
-        "-f",
-        "luks",
-        "--object",
-        "secret,id=s,data=x",
-        "-o",
-        "key-secret=s,iter-time=10",
-        l.to_str().unwrap(),
-        "1M",
-    ]);
+    common::cryptsetup_format(&l, "luks1", 512, 3 << 20, b"x");
     assert_eq!(probe_format(&l).unwrap(), Format::Luks);
     let r = dir.path().join("p.raw");
     std::fs::write(&r, b"QFI").unwrap(); // too short to be qcow2

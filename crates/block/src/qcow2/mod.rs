@@ -20,6 +20,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 const OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
 const L2_COMPRESSED: u64 = 1 << 62;
 const L2_ZERO: u64 = 1;
+/// Most cluster lookups one `block_status` call makes; a shorter extent is a valid answer, and
+/// this keeps a query over a huge allocated image from taking unbounded time.
+const MAX_STATUS_LOOKUPS: usize = 65536;
 /// Memory budget of the L2 table cache.
 const L2_CACHE_BYTES: usize = 4 * 1024 * 1024;
 
@@ -71,6 +74,14 @@ impl Qcow2 {
     /// Opens `path` read-only (shared lock), together with its backing chain.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, BlockError> {
         Self::open_in_chain(path.as_ref(), &mut BackingChain::default())
+    }
+
+    /// Opens `path` read-only, refusing images that name a backing file. Use this for images
+    /// from untrusted sources: QEMU-style backing resolution would read whatever host file the
+    /// image names (e.g. an absolute path) and expose it as guest data.
+    pub fn open_standalone(path: impl AsRef<Path>) -> Result<Self, BlockError> {
+        let mut chain = BackingChain::refusing();
+        Self::open_in_chain(path.as_ref(), &mut chain)
     }
 
     pub(crate) fn open_in_chain(path: &Path, chain: &mut BackingChain) -> Result<Self, BlockError> {
@@ -386,7 +397,9 @@ impl BlockDevice for Qcow2 {
         let (first, span) = self.map(offset).map_err(|e| e.with_path(&self.path))?;
         let kind = kind_of(first);
         let mut run = span.min(len);
-        while run < len {
+        let mut lookups = 1;
+        while run < len && lookups < MAX_STATUS_LOOKUPS {
+            lookups += 1;
             let (m, span) = self
                 .map(offset + run)
                 .map_err(|e| e.with_path(&self.path))?;

@@ -45,6 +45,27 @@ pub fn output(name: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `qemu-img` for commands that benchmark a KDF (creating encrypted images). QEMU's benchmark
+/// intermittently fails on a loaded machine with "Unable to get accurate CPU usage"; only that
+/// failure is retried.
+pub fn qemu_img_kdf(args: &[&str]) {
+    for _ in 0..5 {
+        let out = Command::new(tool("qemu-img"))
+            .args(args)
+            .output()
+            .expect("running qemu-img");
+        if out.status.success() {
+            return;
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("accurate CPU usage"),
+            "qemu-img {args:?} failed: {err}"
+        );
+    }
+    panic!("qemu-img {args:?}: KDF benchmark kept failing");
+}
+
 pub fn qemu_img(args: &[&str]) {
     run("qemu-img", args);
 }
@@ -148,4 +169,56 @@ impl BlockDevice for MemDevice {
     fn flush(&self) -> Result<(), cryptblk_block::BlockError> {
         Ok(())
     }
+}
+
+/// Formats `path` (created with `payload` bytes after a 2 MiB header) as LUKS1 with
+/// cryptsetup. A fixed PBKDF2 iteration count avoids the KDF benchmark, which is slow and, in
+/// `qemu-img create -f luks`, fails intermittently on a loaded machine.
+pub fn cryptsetup_format(
+    path: &Path,
+    luks_type: &str,
+    sector: u32,
+    total_size: u64,
+    passphrase: &[u8],
+) {
+    std::fs::File::create(path)
+        .unwrap()
+        .set_len(total_size)
+        .unwrap();
+    let sector = sector.to_string();
+    let mut args = vec![
+        "luksFormat",
+        "--type",
+        luks_type,
+        "--cipher",
+        "aes-xts-plain64",
+        "--key-size",
+        "512",
+    ];
+    args.extend([
+        "--hash",
+        "sha256",
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+    ]);
+    if luks_type == "luks2" {
+        args.extend(["--sector-size", sector.as_str()]);
+    }
+    args.extend(["--batch-mode", "--key-file", "-", path.to_str().unwrap()]);
+    let mut child = Command::new(tool("cryptsetup"))
+        .args(&args)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running cryptsetup");
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), passphrase).unwrap();
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "cryptsetup luksFormat failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
