@@ -2,7 +2,7 @@
 //! the header, unlock a keyslot, and put a `CryptDevice` over the payload.
 
 use crate::{BlockDevice, BlockError, CryptDevice, CryptLayout, Extent, OpenOptions, RawFile};
-use cryptblk_crypto::{default_engine_for, CryptoError, CryptoPool};
+use cryptblk_crypto::{default_engine_for, CryptoError, CryptoPool, SecretKey};
 use cryptblk_luks::{LuksError, LuksImage, UnlockOptions};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -109,41 +109,60 @@ pub fn open_luks_volume(
             });
         }
     }
-    let spec = header.cipher_spec().map_err(luks_err)?;
-    let data_offset = header.data_offset();
-    let payload_size = header.data_size(file.size()).map_err(luks_err)?;
-    let sector_size = header.sector_size() as usize;
+    // Refuse a truncated image or an unusable cipher before spending seconds in the KDF.
+    header.data_size(file.size()).map_err(luks_err)?;
+    header.cipher_spec().map_err(luks_err)?;
     let (keyslot, key) = header
         .unlock(file.file(), passphrase, &opts.unlock)
         .map_err(luks_err)?;
-    let cipher_err = |source| VolumeError::Cipher {
-        path: path.to_path_buf(),
-        spec: spec.to_string(),
-        source,
-    };
-    // `key` is zeroized when it goes out of scope at the end of this function.
-    let cipher = default_engine_for(&spec)
-        .and_then(|engine| engine.new_cipher(&spec, &key, sector_size))
-        .map_err(cipher_err)?;
-    let layout = CryptLayout {
-        data_offset,
-        payload_size,
-        iv_offset: 0,
-        read_only: !opts.writable,
-    };
     let pool = opts.pool.clone().unwrap_or_else(shared_pool);
-    let backend: Arc<dyn BlockDevice> = file.clone();
-    let device = CryptDevice::new(backend, layout, cipher, pool).map_err(|e| e.with_path(path))?;
-    Ok(LuksVolume {
-        device,
-        file,
-        header,
-        keyslot,
-        warnings,
-    })
+    let mut volume = LuksVolume::from_unlocked(file, header, keyslot, &key, pool)?;
+    volume.warnings = warnings;
+    Ok(volume)
 }
 
 impl LuksVolume {
+    /// Puts the decrypted view over `file` once the volume key is known, e.g. right after
+    /// `LuksImage::format` returned it, without running the KDF again. Writable when `file` is.
+    pub fn from_unlocked(
+        file: Arc<RawFile>,
+        header: LuksImage,
+        keyslot: usize,
+        key: &SecretKey,
+        pool: Arc<CryptoPool>,
+    ) -> Result<LuksVolume, VolumeError> {
+        let path = file.path().to_path_buf();
+        let luks_err = |source| VolumeError::Luks {
+            path: path.clone(),
+            source,
+        };
+        let spec = header.cipher_spec().map_err(luks_err)?;
+        let payload_size = header.data_size(file.size()).map_err(luks_err)?;
+        let cipher = default_engine_for(&spec)
+            .and_then(|engine| engine.new_cipher(&spec, key, header.sector_size() as usize))
+            .map_err(|source| VolumeError::Cipher {
+                path: path.clone(),
+                spec: spec.to_string(),
+                source,
+            })?;
+        let layout = CryptLayout {
+            data_offset: header.data_offset(),
+            payload_size,
+            iv_offset: 0,
+            read_only: file.read_only(),
+        };
+        let backend: Arc<dyn BlockDevice> = file.clone();
+        let device =
+            CryptDevice::new(backend, layout, cipher, pool).map_err(|e| e.with_path(&path))?;
+        Ok(LuksVolume {
+            device,
+            file,
+            header,
+            keyslot,
+            warnings: Vec::new(),
+        })
+    }
+
     pub fn device(&self) -> &CryptDevice {
         &self.device
     }

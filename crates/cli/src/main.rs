@@ -1,4 +1,64 @@
+//! `cryptblk`: the command-line edge. Libraries return typed errors; here they become one clear
+//! line on stderr and a documented exit status.
+mod args;
+mod cmd;
+mod convert;
+mod exit;
+mod options;
+mod secrets;
+mod size;
+
+use args::{Cli, Command};
+use clap::Parser;
+
 fn main() {
-    eprintln!("cryptblk: not built yet");
-    std::process::exit(1);
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            let code = if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::SUCCESS
+            };
+            std::process::exit(code);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+
+    let result = match cli.command {
+        Command::Format(ref a) => cmd::format::run(&cli, a),
+        Command::Dump(ref a) => cmd::dump::run(a),
+        Command::Key(ref k) => cmd::key::run(&cli, k),
+        Command::Convert(ref a) => convert::run(&cli, a),
+        Command::Bench(ref a) => cmd::bench::run(&cli, a),
+        Command::Demo(ref a) => cmd::demo::run(&cli, a),
+    };
+    if let Err(err) = result {
+        eprintln!("cryptblk: {}", one_line(&err));
+        std::process::exit(exit::code_for(&err));
+    }
+}
+
+/// "context: cause: cause" on one line, skipping causes whose text the previous one already
+/// contains (typed errors often render their source themselves).
+fn one_line(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }

@@ -1,0 +1,261 @@
+//! The command-line contract. cryptsetup and qemu-img users should recognise every option.
+use crate::size::parse_size;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cryptblk",
+    version,
+    about = "Fast userspace encrypted block storage: LUKS1/LUKS2 images with parallel sector crypto",
+    after_help = crate::exit::HELP,
+    after_long_help = concat!(
+        "Passphrases are read from --key-file PATH (the whole file, as cryptsetup does; '-' reads stdin, ",
+        "/dev/fd/N works), or asked for without echo when stdin is a terminal. They are never taken from ",
+        "the command line.\n\nEnvironment: CRYPTBLK_ENGINE=openssl|rustcrypto forces a crypto engine; ",
+        "RUST_LOG=debug shows what cryptblk decides.\n\n"
+    )
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// Crypto worker threads (default: one per CPU).
+    #[arg(long, global = true, value_name = "N")]
+    pub threads: Option<usize>,
+
+    /// Refuse to unlock argon2 keyslots needing more memory than this many KiB.
+    #[arg(long, global = true, value_name = "KIB", default_value_t = 4 * 1024 * 1024)]
+    pub max_pbkdf_memory: u64,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create a LUKS2 (default) or LUKS1 image, or format an existing file in place.
+    Format(FormatArgs),
+    /// Show a LUKS header like `cryptsetup luksDump` (no secrets).
+    Dump(DumpArgs),
+    /// Add, remove or change keyslot passphrases.
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Copy an image between raw, qcow2 and LUKS, encrypting or decrypting on all cores.
+    #[command(after_help = crate::convert::HELP_MEMORY)]
+    Convert(ConvertArgs),
+    /// Measure sector-crypto throughput of every engine on this CPU.
+    Bench(BenchArgs),
+    /// Run the built-in example: make a sample disk, encrypt it into LUKS2, decrypt and verify.
+    Demo(DemoArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PbkdfArgs {
+    /// Key derivation for new keyslots (LUKS1 always uses pbkdf2).
+    #[arg(long, value_enum)]
+    pub pbkdf: Option<PbkdfChoice>,
+    /// Target unlock time in milliseconds; the KDF cost is benchmarked to reach it.
+    #[arg(long, short = 'i', value_name = "MS")]
+    pub iter_time: Option<u32>,
+    /// argon2 memory cost in KiB.
+    #[arg(long, value_name = "KIB")]
+    pub pbkdf_memory: Option<u32>,
+    /// argon2 parallel threads.
+    #[arg(long, value_name = "N")]
+    pub pbkdf_parallel: Option<u32>,
+    /// Fixed PBKDF2 iterations or argon2 time cost (skips the benchmark).
+    #[arg(long, value_name = "N")]
+    pub pbkdf_force_iterations: Option<u32>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PbkdfChoice {
+    Pbkdf2,
+    Argon2i,
+    Argon2id,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LuksType {
+    Luks1,
+    Luks2,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct LuksFormatArgs {
+    /// LUKS version to create.
+    #[arg(long = "type", value_enum, default_value = "luks2")]
+    pub luks_type: LuksType,
+    /// Cipher in cryptsetup notation: aes-xts-plain64, aes-cbc-essiv:sha256, aes-cbc-plain64, ...
+    #[arg(long, short = 'c', default_value = "aes-xts-plain64")]
+    pub cipher: String,
+    /// Volume key size in bits (default: 512 for XTS, 256 for CBC).
+    #[arg(long, short = 's', value_name = "BITS")]
+    pub key_size: Option<usize>,
+    /// Hash for the AF splitter, digest and PBKDF2.
+    #[arg(long, short = 'h', default_value = "sha256")]
+    pub hash: String,
+    /// Encryption sector size in bytes (LUKS2: 512 or 4096, default 4096; LUKS1: 512).
+    #[arg(long, value_name = "BYTES")]
+    pub sector_size: Option<u32>,
+    /// LUKS2 label.
+    #[arg(long)]
+    pub label: Option<String>,
+    #[command(flatten)]
+    pub pbkdf: PbkdfArgs,
+}
+
+#[derive(Args, Debug)]
+#[command(disable_help_flag = true)]
+pub struct FormatArgs {
+    /// Do not ask for confirmation before overwriting (only asked on a terminal).
+    #[arg(short = 'q', long = "batch-mode", visible_alias = "quiet")]
+    pub batch: bool,
+    #[command(flatten)]
+    pub luks: LuksFormatArgs,
+    /// File holding the passphrase for keyslot 0 ('-' for stdin).
+    #[arg(long, short = 'd', value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Image to create (with SIZE) or to format in place (without SIZE).
+    pub image: PathBuf,
+    /// Payload size to create, e.g. 10G (suffixes K, M, G, T).
+    #[arg(value_parser = parse_size)]
+    pub size: Option<u64>,
+    /// Print help.
+    #[arg(long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
+}
+
+#[derive(Args, Debug)]
+pub struct DumpArgs {
+    /// Machine-readable JSON.
+    #[arg(long)]
+    pub json: bool,
+    pub image: PathBuf,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum KeyCommand {
+    /// Add a keyslot with a new passphrase (an existing passphrase unlocks the volume key).
+    Add(KeyAddArgs),
+    /// Remove the keyslot that the given passphrase opens.
+    Remove(KeyRemoveArgs),
+    /// Change a passphrase: a new keyslot is written before the old one is removed.
+    Change(KeyChangeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct KeyAddArgs {
+    /// An existing passphrase ('-' for stdin).
+    #[arg(long, short = 'd', value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// The new passphrase ('-' for stdin).
+    #[arg(long, value_name = "FILE")]
+    pub new_key_file: Option<PathBuf>,
+    /// Keyslot number for the new passphrase (default: the first free one).
+    #[arg(long, short = 'S', value_name = "N")]
+    pub key_slot: Option<usize>,
+    #[command(flatten)]
+    pub pbkdf: PbkdfArgs,
+    pub image: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct KeyRemoveArgs {
+    /// The passphrase whose keyslot is removed ('-' for stdin).
+    #[arg(long, short = 'd', value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Allow removing the last keyslot (the data becomes unrecoverable).
+    #[arg(long)]
+    pub force: bool,
+    pub image: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct KeyChangeArgs {
+    /// The current passphrase ('-' for stdin).
+    #[arg(long, short = 'd', value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// The new passphrase ('-' for stdin).
+    #[arg(long, value_name = "FILE")]
+    pub new_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub pbkdf: PbkdfArgs,
+    pub image: PathBuf,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceFormat {
+    Raw,
+    Qcow2,
+    Luks,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetFormat {
+    Raw,
+    Luks1,
+    Luks2,
+    /// An existing LUKS image (with -n), either version.
+    Luks,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// A progress bar with throughput and ETA (on a terminal).
+    Bar,
+    /// One JSON object per line on stderr.
+    Json,
+}
+
+#[derive(Args, Debug)]
+#[command(disable_help_flag = true)]
+pub struct ConvertArgs {
+    /// Source format (probed when absent).
+    #[arg(short = 'f', value_enum)]
+    pub source_format: Option<SourceFormat>,
+    /// Target format.
+    #[arg(short = 'O', value_enum, default_value = "luks2")]
+    pub target_format: TargetFormat,
+    /// Write into an existing target (its LUKS header is kept), like qemu-img convert -n.
+    #[arg(short = 'n')]
+    pub existing_target: bool,
+    /// Show progress: -p for a bar, --progress=json for JSON lines.
+    #[arg(short = 'p', long = "progress", value_enum, num_args = 0..=1, require_equals = true,
+          default_missing_value = "bar", value_name = "MODE")]
+    pub progress: Option<ProgressMode>,
+    /// Passphrase of a LUKS source ('-' for stdin).
+    #[arg(long, value_name = "FILE")]
+    pub source_key_file: Option<PathBuf>,
+    /// Passphrase of the LUKS target ('-' for stdin).
+    #[arg(long, short = 'd', value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Bytes per pipeline chunk.
+    #[arg(long, value_parser = parse_size, default_value = "1M", value_name = "SIZE")]
+    pub chunk_size: u64,
+    #[command(flatten)]
+    pub luks: LuksFormatArgs,
+    pub source: PathBuf,
+    pub target: PathBuf,
+    /// Print help.
+    #[arg(long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Machine-readable JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds to measure each cell.
+    #[arg(long, default_value_t = 0.25)]
+    pub seconds: f64,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Working directory for the demo files (default: ./cryptblk-demo).
+    #[arg(long, default_value = "cryptblk-demo")]
+    pub dir: PathBuf,
+    /// Size of the generated sample disk.
+    #[arg(long, value_parser = parse_size, default_value = "256M")]
+    pub size: u64,
+}

@@ -1,0 +1,5 @@
+pub mod bench;
+pub mod demo;
+pub mod dump;
+pub mod format;
+pub mod key;

@@ -1,0 +1,203 @@
+//! The copy engine of `convert`: one reader, several writers, a fixed set of buffers.
+//!
+//! Reading, encryption (inside the target device's `write_at`, spread over the crypto pool) and
+//! writing overlap. Memory is bounded by the buffer count times the chunk size, whatever the
+//! image size, because a buffer only returns to the reader once a writer has finished with it.
+use anyhow::{Context, Result};
+use crossbeam_channel::{bounded, Receiver, Sender};
+use cryptblk_block::{BlockDevice, ExtentKind};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// How the pipeline treats regions the source reports as zero or unallocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holes {
+    /// Leave them unwritten: the target reads zeros there already (a fresh sparse raw file).
+    Skip,
+    /// Write zeros: a LUKS target's unwritten ciphertext would decrypt to garbage.
+    WriteZeros,
+}
+
+pub struct PipelineConfig {
+    pub chunk_size: usize,
+    pub writers: usize,
+    pub holes: Holes,
+}
+
+impl PipelineConfig {
+    /// Buffers in flight: enough for every writer to have one while the reader fills the next.
+    pub fn buffers(&self) -> usize {
+        self.writers * 2 + 1
+    }
+}
+
+/// Progress counters shared with whoever renders progress.
+#[derive(Default)]
+pub struct Progress {
+    pub done: AtomicU64,
+}
+
+enum Work {
+    Data {
+        offset: u64,
+        buf: Vec<u8>,
+        len: usize,
+    },
+    Zeros {
+        offset: u64,
+        len: usize,
+    },
+}
+
+/// Copies `len` bytes from `src` to `dst` (same offsets).
+pub fn copy(
+    src: &dyn BlockDevice,
+    dst: &dyn BlockDevice,
+    len: u64,
+    cfg: &PipelineConfig,
+    progress: &Progress,
+) -> Result<()> {
+    let chunk = cfg.chunk_size.max(4096);
+    let (free_tx, free_rx) = bounded::<Vec<u8>>(cfg.buffers());
+    for _ in 0..cfg.buffers() {
+        free_tx
+            .send(vec![0u8; chunk])
+            .expect("channel has room for every buffer");
+    }
+    let (work_tx, work_rx) = bounded::<Work>(cfg.buffers());
+    let failed = AtomicBool::new(false);
+    let first_error: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+    let fail = |e: anyhow::Error| {
+        failed.store(true, Ordering::SeqCst);
+        first_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(e);
+    };
+
+    std::thread::scope(|s| {
+        for _ in 0..cfg.writers.max(1) {
+            let work_rx = work_rx.clone();
+            let free_tx = free_tx.clone();
+            s.spawn(|| {
+                if let Err(e) =
+                    write_loop(dst, work_rx, free_tx, chunk, cfg.holes, &failed, progress)
+                {
+                    fail(e);
+                }
+            });
+        }
+        drop(work_rx);
+        if let Err(e) = read_loop(
+            src, len, chunk, cfg.holes, &free_rx, work_tx, &failed, progress,
+        ) {
+            fail(e);
+        }
+    });
+    match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn read_loop(
+    src: &dyn BlockDevice,
+    len: u64,
+    chunk: usize,
+    holes: Holes,
+    free_rx: &Receiver<Vec<u8>>,
+    work_tx: Sender<Work>,
+    failed: &AtomicBool,
+    progress: &Progress,
+) -> Result<()> {
+    let mut offset = 0u64;
+    while offset < len && !failed.load(Ordering::Relaxed) {
+        let want = (len - offset).min(chunk as u64);
+        let extent = src
+            .block_status(offset, want)
+            .with_context(|| format!("querying allocation at offset {offset}"))?;
+        // A device must report progress; guard against a zero-length answer looping forever.
+        let run = extent.len.clamp(1, want) as usize;
+        let reads_as_zero = matches!(extent.kind, ExtentKind::Zero | ExtentKind::Unallocated);
+        let item = if reads_as_zero {
+            Work::Zeros { offset, len: run }
+        } else {
+            let Ok(mut buf) = free_rx.recv() else { break };
+            src.read_at(&mut buf[..run], offset)
+                .with_context(|| format!("reading the source at offset {offset}"))?;
+            Work::Data {
+                offset,
+                buf,
+                len: run,
+            }
+        };
+        match (holes, item) {
+            (Holes::Skip, Work::Zeros { len, .. }) => {
+                progress.done.fetch_add(len as u64, Ordering::Relaxed);
+            }
+            (_, item) => {
+                if work_tx.send(item).is_err() {
+                    break; // every writer stopped: one of them recorded why
+                }
+            }
+        }
+        offset += run as u64;
+    }
+    Ok(())
+}
+
+fn write_loop(
+    dst: &dyn BlockDevice,
+    work_rx: Receiver<Work>,
+    free_tx: Sender<Vec<u8>>,
+    chunk: usize,
+    holes: Holes,
+    failed: &AtomicBool,
+    progress: &Progress,
+) -> Result<()> {
+    let zeros = vec![0u8; chunk];
+    for item in work_rx {
+        if failed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let len = match item {
+            Work::Zeros { offset, len } => {
+                dst.write_at(&zeros[..len], offset)
+                    .with_context(|| format!("writing the target at offset {offset}"))?;
+                len
+            }
+            Work::Data { offset, buf, len } => {
+                // Data that happens to be zero stays a hole in a sparse target, as with qemu-img.
+                let skip = holes == Holes::Skip && buf[..len].iter().all(|&b| b == 0);
+                let result = if skip {
+                    Ok(())
+                } else {
+                    dst.write_at(&buf[..len], offset)
+                };
+                let _ = free_tx.send(buf);
+                result.with_context(|| format!("writing the target at offset {offset}"))?;
+                len
+            }
+        };
+        progress.done.fetch_add(len as u64, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// Compare two devices over `len` bytes with bounded memory; the first differing offset.
+pub fn first_difference(a: &dyn BlockDevice, b: &dyn BlockDevice, len: u64) -> Result<Option<u64>> {
+    const STEP: usize = 1 << 20;
+    let (mut x, mut y) = (vec![0u8; STEP], vec![0u8; STEP]);
+    let mut offset = 0u64;
+    while offset < len {
+        let n = (len - offset).min(STEP as u64) as usize;
+        a.read_at(&mut x[..n], offset)?;
+        b.read_at(&mut y[..n], offset)?;
+        if let Some(i) = x[..n].iter().zip(&y[..n]).position(|(p, q)| p != q) {
+            return Ok(Some(offset + i as u64));
+        }
+        offset += n as u64;
+    }
+    Ok(None)
+}

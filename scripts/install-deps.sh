@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian packages cryptblk's tests and benchmarks drive (the real peers: qemu-img,
+# qemu-io, cryptsetup) plus what the vendored OpenSSL build needs. Idempotent; uses sudo when
+# not root.
+set -euo pipefail
+declare -A want=(
+  [qemu-img]=qemu-utils [qemu-io]=qemu-utils [cryptsetup]=cryptsetup-bin [xz]=xz-utils
+  [openssl]=openssl [perl]=perl [make]=make [cc]=gcc [/usr/bin/time]=time [tar]=tar
+)
+missing=()
+for tool in "${!want[@]}"; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("${want[$tool]}")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+echo "installing: ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
