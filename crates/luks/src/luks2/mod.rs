@@ -6,7 +6,9 @@
 
 pub mod binary;
 mod dump;
+mod format;
 pub mod json;
+mod keyslots;
 mod read;
 mod unlock;
 mod validate;
