@@ -169,8 +169,7 @@ fn lock_file(file: &File, exclusive: bool) -> Result<(), BlockError> {
             } else {
                 "image is in use by another process that has it open for writing"
             },
-        )
-        .with_op("lock")),
+        )),
         Err(TryLockError::Error(e)) => Err(BlockError::io("lock", e)),
     }
 }

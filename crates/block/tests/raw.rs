@@ -134,3 +134,42 @@ fn create_refuses_existing_and_open_reports_missing() {
     assert_eq!(err.kind(), BlockErrorKind::Io);
     assert!(err.to_string().contains("missing.raw"), "{err}");
 }
+
+#[test]
+fn error_messages_read_as_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.raw");
+    let dev = RawFile::create(&p, 4096).unwrap();
+    let locked = RawFile::open(&p, RW).unwrap_err().to_string();
+    let range = dev.read_at(&mut [0u8; 8], 4092).unwrap_err().to_string();
+    let ro = RawFile::open(
+        &p,
+        OpenOptions {
+            writable: false,
+            lock: false,
+        },
+    )
+    .unwrap()
+    .write_at(&[0], 0)
+    .unwrap_err()
+    .to_string();
+    let expect_locked = format!(
+        "{}: locked: image is in use by another process (could not get an exclusive lock for writing)",
+        p.display()
+    );
+    assert_eq!(locked, expect_locked);
+    assert_eq!(
+        range,
+        format!(
+            "{}: out of range during read at offset 4092: 8 bytes at offset 4092 extend beyond the device size of 4096 bytes",
+            p.display()
+        )
+    );
+    assert_eq!(
+        ro,
+        format!(
+            "{}: read-only during write at offset 0: device is read-only",
+            p.display()
+        )
+    );
+}
