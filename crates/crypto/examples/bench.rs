@@ -1,4 +1,4 @@
-//! `cargo run --release -p cryptblk-crypto --example bench [-- --json] [seconds-per-cell]`
+//! `cargo run --release -p cryptblk-crypto --example bench [-- [--json] [--engine NAME]... [seconds-per-cell]]`
 //! Prints the engine throughput table (or JSON) for this machine.
 
 use cryptblk_crypto::bench::{run_bench, BenchOptions};
@@ -6,13 +6,20 @@ use cryptblk_crypto::bench::{run_bench, BenchOptions};
 fn main() {
     let mut opts = BenchOptions::default();
     let mut json = false;
-    for arg in std::env::args().skip(1) {
-        if arg == "--json" {
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--engine" {
+            let Some(name) = args.next() else {
+                eprintln!("--engine needs a name (openssl, rustcrypto)");
+                std::process::exit(2);
+            };
+            opts.engines.get_or_insert_with(Vec::new).push(name);
+        } else if arg == "--json" {
             json = true;
         } else if let Ok(secs) = arg.parse::<f64>() {
             opts.seconds_per_cell = secs;
         } else {
-            eprintln!("usage: bench [--json] [seconds-per-cell]");
+            eprintln!("usage: bench [--json] [--engine NAME]... [seconds-per-cell]");
             std::process::exit(2);
         }
     }

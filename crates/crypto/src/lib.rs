@@ -9,7 +9,13 @@
 //! - `trait Engine` / `trait SectorCipher` / `Direction`.
 //! - `engines()`, `default_engine_for(&spec)` (measured choice, cached), `portable_engine()`.
 //! - `CryptoPool::new(threads)`, `CryptoPool::with_default_threads()`,
-//!   `pool.crypt(&cipher, dir, first_sector, &mut data)`.
+//!   `pool.crypt(&cipher, dir, first_sector, &mut data)`, and for pipelines
+//!   `pool.submit(cipher, dir, first_sector, buf, |result, buf| ..)`.
+//! - `bench::run_bench(&BenchOptions) -> BenchReport` for `cryptblk bench`.
+//!
+//! Engines: `openssl` (vendored OpenSSL 3, VAES/AES-NI; AES-128/256-XTS and AES-CBC) and
+//! `rustcrypto` (portable; everything incl. AES-192-XTS). `default_engine_for` measures them
+//! once per spec shape; `CRYPTBLK_ENGINE=openssl|rustcrypto` overrides. See ENGINES.md.
 
 use std::sync::Arc;
 
@@ -33,8 +39,9 @@ pub enum Direction {
     Decrypt,
 }
 
-/// A keyed sector cipher. Implementations keep per-thread cipher contexts internally so that
-/// `crypt` only re-initialises the IV per sector (never a key schedule per call).
+/// A keyed sector cipher. Implementations keep keyed cipher contexts internally so that
+/// `crypt` only re-initialises the IV per sector (never a key schedule per call), and may be
+/// called from many threads at once.
 pub trait SectorCipher: Send + Sync {
     /// Encryption sector size in bytes (512..=4096, power of two). IVs count in these units.
     fn sector_size(&self) -> usize;

@@ -14,9 +14,9 @@ use zeroize::Zeroize;
 
 use crate::Direction;
 
-/// Blocks per cipher call: 512 bytes, large enough for full pipelining, small enough that the
-/// tweak buffer stays in registers and L1.
-const BATCH: usize = 32;
+/// Blocks per cipher call: a whole 4 KiB sector. Each `encrypt_blocks` call re-broadcasts the
+/// round keys on VAES, so fewer, larger calls win (profiled); the 4 KiB tweak buffer stays in L1.
+const BATCH: usize = 256;
 
 pub(crate) struct Xts<C> {
     data: C,
