@@ -211,3 +211,78 @@ fn reencrypt_keyslot_without_area_is_read_only_not_corrupt() {
         .contains("online-reencrypt-v2"));
     assert_eq!(h.active_keyslots(), vec![0]);
 }
+
+/// Random edits of the JSON text with a correct checksum (so they reach the parser and the
+/// validator, unlike random byte flips): every result is an error or a header whose accessors
+/// all work without panicking.
+#[test]
+fn mutated_json_with_valid_checksum_never_panics() {
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let img = base_image(dir.path());
+    let pristine = read_range(&img, 0, 2 * HDR as usize);
+    let tokens = [
+        "0",
+        "9",
+        "\"",
+        "{",
+        "}",
+        "[",
+        "]",
+        ",",
+        ":",
+        "-1",
+        "null",
+        "18446744073709551615",
+        "\"dynamic\"",
+        "4294967296",
+        "\"\"",
+        "\"0\"",
+        "1e9",
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x1u64 << 40 | 2);
+    let (mut accepted, mut refused) = (0, 0);
+    for _ in 0..400 {
+        write_range(&img, 0, &pristine);
+        let pos_frac: f64 = rng.gen();
+        let tok = tokens[rng.gen_range(0..tokens.len())];
+        let cut = rng.gen_range(0..4usize);
+        rewrite_json(&img, &|j| {
+            let mut pos = (pos_frac * j.len() as f64) as usize;
+            while !j.is_char_boundary(pos) {
+                pos -= 1;
+            }
+            let end = (pos + cut).min(j.len());
+            let mut out = String::with_capacity(j.len() + tok.len());
+            out.push_str(&j[..pos]);
+            out.push_str(tok);
+            out.push_str(&j[end..]);
+            if out == j {
+                out.push(' ');
+            }
+            out
+        });
+        match Luks2Header::read(&File::open(&img).unwrap()) {
+            Ok((h, _)) => {
+                accepted += 1;
+                let _ = h.cipher_spec();
+                let _ = h.data_size(20 << 20);
+                let _ = h.data_size(0);
+                let _ = (
+                    h.sector_size(),
+                    h.data_offset(),
+                    h.active_keyslots(),
+                    h.read_only_reason(),
+                );
+                let _ = h.dump().to_string();
+            }
+            Err(LuksError::Corrupt(_)) => refused += 1,
+            Err(e) => panic!("unexpected error kind: {e:?}"),
+        }
+    }
+    // Both outcomes must occur or the mutation is not reaching the validator.
+    assert!(
+        accepted > 0 && refused > 0,
+        "accepted {accepted}, refused {refused}"
+    );
+}
