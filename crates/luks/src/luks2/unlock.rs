@@ -130,6 +130,8 @@ fn try_slot(
 }
 
 /// Try every keyslot bound to the data segment: high priority first, "ignore" (0) last.
+/// cryptsetup skips "ignore" slots unless one is named; callers here cannot name a slot, so
+/// such a slot is still tried rather than made unreachable.
 pub fn unlock(
     hdr: &Luks2Header,
     file: &File,
