@@ -1,9 +1,9 @@
 //! Worker pool for sector crypto.
 //!
 //! Two ways in:
-//! - `crypt` (blocking): a large run is cut into sector-aligned chunks; all but one go to the
-//!   workers and the caller does the last itself, then waits. Small runs are done inline,
-//!   because handing work to another core costs a few microseconds of wake-up latency.
+//! - `crypt` (blocking): a large run is cut into sector-aligned chunks that the caller and
+//!   woken workers claim one by one (`split.rs`); the caller returns when all are done. Small
+//!   runs are done inline, because waking another core costs more than it saves.
 //! - `submit` (asynchronous): an owned buffer is transformed on a worker and handed back to a
 //!   completion callback. A frontend keeps many requests in flight (e.g. 32 per virtqueue)
 //!   without a thread per request; a woken worker keeps taking queued jobs until the queue is
@@ -13,14 +13,22 @@
 
 use crate::{CryptoError, Direction, SectorCipher};
 use crossbeam_channel::{Receiver, Sender};
+use split::{Split, WaitOnDrop};
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
-/// Below this many bytes `crypt` stays on the caller's thread. At ~20 GB/s per core, 64 KiB
-/// takes ~3 µs, the same order as waking a sleeping worker, so splitting smaller runs loses.
-pub const DEFAULT_INLINE_THRESHOLD: usize = 64 * 1024;
+mod split;
+
+/// Below this many bytes `crypt` stays on the caller's thread. Measured with
+/// `examples/pool_threshold.rs` (2-vCPU KVM guest, AES-256-XTS at ~11 GB/s per core, busy
+/// host): splitting costs 0.5-3 µs of wake-up messages and starts to pay between 128 and
+/// 256 KiB; on idle or bare-metal hosts helpers wake sooner and it pays earlier.
+pub const DEFAULT_INLINE_THRESHOLD: usize = 128 * 1024;
+
+/// Upper bound of the smallest chunk a split hands out.
+const MAX_MIN_CHUNK: usize = 32 * 1024;
 
 /// Completion callback of an asynchronous job: the result and the buffer handed back.
 pub type Completion = Box<dyn FnOnce(Result<(), CryptoError>, Vec<u8>) + Send + 'static>;
@@ -40,27 +48,10 @@ pub struct CryptoPool {
 }
 
 enum Job {
-    Chunk(ChunkJob),
+    /// Help with a blocking `crypt` call.
+    Help(Arc<Split>),
     Owned(OwnedJob),
 }
-
-/// A slice of a caller's buffer, borrowed for the duration of one `crypt` call.
-struct ChunkJob {
-    cipher: Arc<dyn SectorCipher>,
-    dir: Direction,
-    first_sector: u64,
-    ptr: *mut u8,
-    len: usize,
-    /// Counts the latch down when the job is dropped, whether it ran, failed, panicked or was
-    /// never received, so the waiting caller can never be left hanging.
-    done: LatchToken,
-}
-
-// SAFETY: the raw pointer refers to a disjoint sub-slice of a `&mut [u8]` that the issuing
-// `crypt` call keeps borrowed, and `crypt` does not return (nor unwind past its frame) until
-// every `LatchToken` of its jobs has been dropped, which happens only after the worker is done
-// with the pointer. No other thread touches that sub-slice meanwhile.
-unsafe impl Send for ChunkJob {}
 
 struct OwnedJob {
     cipher: Arc<dyn SectorCipher>,
@@ -68,76 +59,6 @@ struct OwnedJob {
     first_sector: u64,
     buf: Vec<u8>,
     done: Completion,
-}
-
-struct Latch {
-    state: Mutex<LatchState>,
-    cv: Condvar,
-}
-
-struct LatchState {
-    pending: usize,
-    error: Option<CryptoError>,
-}
-
-impl Latch {
-    fn new(pending: usize) -> Arc<Self> {
-        Arc::new(Latch {
-            state: Mutex::new(LatchState {
-                pending,
-                error: None,
-            }),
-            cv: Condvar::new(),
-        })
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, LatchState> {
-        // The state is two plain fields updated under the lock; it stays consistent even if a
-        // holder panicked, and refusing to count down would hang the caller.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Blocks until every token is gone; returns the first error any chunk reported.
-    fn wait(&self) -> Option<CryptoError> {
-        let mut st = self.lock();
-        while st.pending > 0 {
-            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
-        }
-        st.error.take()
-    }
-}
-
-struct LatchToken {
-    latch: Arc<Latch>,
-    result: Option<Result<(), CryptoError>>,
-}
-
-impl Drop for LatchToken {
-    fn drop(&mut self) {
-        let result = self.result.take().unwrap_or_else(|| {
-            Err(CryptoError::Worker(
-                "chunk abandoned: worker panicked or the pool shut down".into(),
-            ))
-        });
-        let mut st = self.latch.lock();
-        if let Err(e) = result {
-            st.error.get_or_insert(e);
-        }
-        st.pending -= 1;
-        if st.pending == 0 {
-            self.latch.cv.notify_all();
-        }
-    }
-}
-
-/// Waits for the workers when dropped, so that an unwinding caller cannot release the borrowed
-/// buffer while workers still write into it.
-struct WaitOnDrop(Arc<Latch>);
-
-impl Drop for WaitOnDrop {
-    fn drop(&mut self) {
-        self.0.wait();
-    }
 }
 
 impl CryptoPool {
@@ -196,45 +117,22 @@ impl CryptoPool {
                 data.len()
             )));
         }
-        let parts = self.parts_for(data.len(), ss);
-        let tx = match &self.tx {
-            Some(tx) if parts > 1 && !IN_WORKER.with(Cell::get) => tx,
+        let tx = match (&self.tx, self.chunk_size(data.len(), ss)) {
+            (Some(tx), Some(chunk)) if !IN_WORKER.with(Cell::get) => (tx, chunk),
             _ => return cipher.crypt(dir, first_sector, data),
         };
-
-        let sectors = data.len() / ss;
-        let (base, extra) = (sectors / parts, sectors % parts);
-        let latch = Latch::new(parts - 1);
-        let wait_guard = WaitOnDrop(latch.clone());
-        let mut rest: &mut [u8] = data;
-        let mut sector = first_sector;
-        for i in 0..parts - 1 {
-            let n = base + usize::from(i < extra);
-            let (chunk, tail) = rest.split_at_mut(n * ss);
-            rest = tail;
-            let job = ChunkJob {
-                cipher: cipher.clone(),
-                dir,
-                first_sector: sector,
-                ptr: chunk.as_mut_ptr(),
-                len: chunk.len(),
-                done: LatchToken {
-                    latch: latch.clone(),
-                    result: None,
-                },
-            };
-            // A send can only fail once the pool is shut down; the returned job is dropped
-            // here, counting the latch down with an error.
-            let _ = tx.send(Job::Chunk(job));
-            sector = sector.wrapping_add(n as u64);
+        let (tx, chunk) = tx;
+        let split = Arc::new(Split::new(cipher.clone(), dir, first_sector, data, chunk));
+        let guard = WaitOnDrop(split.clone());
+        let helpers = (self.threads - 1).min(split.chunks() - 1);
+        for _ in 0..helpers {
+            // Fails only once the pool is shut down; the caller then does every chunk itself.
+            let _ = tx.send(Job::Help(split.clone()));
         }
-        // Caught so that a panicking cipher gives the same error here as on a worker.
-        let own = catch_unwind(AssertUnwindSafe(|| cipher.crypt(dir, sector, rest)))
-            .unwrap_or_else(|_| Err(CryptoError::Worker("sector cipher panicked".into())));
-        let workers = latch.wait();
-        drop(wait_guard);
-        own?;
-        workers.map_or(Ok(()), Err)
+        split.work();
+        let error = split.wait();
+        drop(guard);
+        error.map_or(Ok(()), Err)
     }
 
     /// Queue `buf` for transformation on a worker; `done` receives the result and the buffer.
@@ -274,13 +172,16 @@ impl CryptoPool {
         }
     }
 
-    fn parts_for(&self, len: usize, ss: usize) -> usize {
-        if len < self.inline_threshold.max(ss * 2) {
-            return 1;
+    /// The chunk size for splitting a run of `len` bytes, or `None` to run it inline.
+    fn chunk_size(&self, len: usize, ss: usize) -> Option<usize> {
+        if self.threads < 2 || len < self.inline_threshold.max(2 * ss) {
+            return None;
         }
-        // Chunks below half the threshold would cost more to hand over than they save.
-        let by_size = (len / (self.inline_threshold / 2).max(ss)).max(1);
-        self.threads.min(by_size).min(len / ss)
+        // About four chunks per thread evens out late helpers, but no chunk so small that
+        // claiming it costs a noticeable share of its work.
+        let floor = (self.inline_threshold / 4).clamp(ss, MAX_MIN_CHUNK);
+        let chunk = (len / (self.threads * 4)).max(floor) / ss * ss;
+        (chunk < len).then_some(chunk)
     }
 }
 
@@ -299,19 +200,7 @@ fn worker(rx: Receiver<Job>) {
     // `recv` only sleeps when the queue is empty, so a burst is drained in one wake-up.
     while let Ok(job) = rx.recv() {
         match job {
-            Job::Chunk(mut job) => {
-                let result = catch_unwind(AssertUnwindSafe(|| {
-                    // SAFETY: see `unsafe impl Send for ChunkJob`: the pointer and length
-                    // describe a live, exclusively lent sub-slice until `job.done` drops.
-                    let data = unsafe { std::slice::from_raw_parts_mut(job.ptr, job.len) };
-                    job.cipher.crypt(job.dir, job.first_sector, data)
-                }));
-                job.done.result =
-                    Some(result.unwrap_or_else(|_| {
-                        Err(CryptoError::Worker("sector cipher panicked".into()))
-                    }));
-                // `job` (and with it the token) drops here, after the last use of the pointer.
-            }
+            Job::Help(split) => split.work(),
             Job::Owned(job) => {
                 let OwnedJob {
                     cipher,

@@ -42,17 +42,30 @@ fn split_equals_single_thread() {
 }
 
 #[test]
-fn parts_respect_threshold_and_sectors() {
+fn chunking_respects_threshold_and_sectors() {
     let pool = CryptoPool::new(4);
-    assert_eq!(pool.parts_for(4096, 4096), 1);
-    assert_eq!(pool.parts_for(DEFAULT_INLINE_THRESHOLD - 4096, 4096), 1);
-    assert_eq!(pool.parts_for(1 << 20, 4096), 4);
+    assert_eq!(pool.chunk_size(4096, 4096), None);
+    assert_eq!(pool.chunk_size(DEFAULT_INLINE_THRESHOLD - 4096, 4096), None);
+    // 1 MiB over 4 threads: four chunks each.
+    assert_eq!(pool.chunk_size(1 << 20, 4096), Some(64 * 1024));
+    // Small splits are floored so that chunks stay worth claiming.
+    assert_eq!(
+        pool.chunk_size(DEFAULT_INLINE_THRESHOLD, 4096),
+        Some(32 * 1024)
+    );
     let tiny = CryptoPool::new(4).with_inline_threshold(0);
     assert_eq!(
-        tiny.parts_for(2 * 512, 512),
-        2,
-        "never more parts than sectors"
+        tiny.chunk_size(2 * 512, 512),
+        Some(512),
+        "splits down to single sectors"
     );
+    assert_eq!(
+        CryptoPool::new(1).chunk_size(1 << 20, 512),
+        None,
+        "one thread never splits"
+    );
+    // Chunks are whole sectors.
+    assert_eq!(pool.chunk_size(300 * 4096, 4096).map(|c| c % 4096), Some(0));
 }
 
 #[test]
