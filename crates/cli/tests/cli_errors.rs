@@ -214,10 +214,27 @@ fn zeroed_luks1_magic_exit_4() {
     cryptblk(["dump", s(&f.img)])
         .expect_code(code::DAMAGED)
         .error_line(&[s(&f.img)]);
-    cryptblk(f.decrypt_cmd(&f.key))
-        .expect_code(code::DAMAGED)
-        .error_line(&[]);
-    assert!(!f.path("out.raw").exists());
+    // Told it is LUKS (-f luks), convert reports the damage; probing alone sees a raw file.
+    let out = f.path("out.raw");
+    cryptblk([
+        "convert",
+        "-f",
+        "luks",
+        "-O",
+        "raw",
+        "--source-key-file",
+        s(&f.key),
+        s(&f.img),
+        s(&out),
+    ])
+    .expect_code(code::DAMAGED)
+    .error_line(&["not a LUKS"]);
+    assert!(!out.exists());
+    // Without -f, the magic-less file probes as raw: refused, because a key was given for it.
+    let probed = cryptblk(f.decrypt_cmd(&f.key));
+    assert_ne!(probed.code, 0, "{probed:?}");
+    probed.error_line(&["not LUKS"]);
+    assert!(!out.exists());
     assert!(
         read(&f.img) == bytes,
         "the damaged image must not be modified"

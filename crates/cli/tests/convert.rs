@@ -258,11 +258,10 @@ fn wrong_source_passphrase_leaves_nothing_behind() {
 
 /// A qcow2 whose data clusters lie past the end of the file fails mid-copy: exit non-zero, no
 /// target, no temp file, and an existing file of the target's name is left alone.
-#[test]
-fn truncated_qcow2_source_fails_cleanly() {
+fn check_truncated_qcow2(target: &str) {
     let dir = tempdir();
     let d = dir.path();
-    let key = key_file(d, "key", &passphrase("trunc-qcow2"));
+    let key = key_file(d, "key", &passphrase(&format!("trunc-qcow2-{target}")));
     let src = d.join("src.qcow2");
     tool("qemu-img", ["create", "-q", "-f", "qcow2", s(&src), "8M"]).ok();
     tool("qemu-io", ["-c", "write -P 0x61 0 8M", s(&src)]).ok();
@@ -275,22 +274,14 @@ fn truncated_qcow2_source_fails_cleanly() {
         .unwrap()
         .set_len(2 * MIB)
         .unwrap();
+    let keep = d.join("keep.img");
+    std::fs::write(&keep, b"existing target").unwrap();
     let before = files_in(d);
 
-    for target in ["luks2", "raw"] {
-        let out_path = d.join(format!("out.{target}"));
-        let mut args = vec![
-            "convert",
-            "-f",
-            "qcow2",
-            "-O",
-            target,
-            "--key-file",
-            s(&key),
-        ];
-        if target == "raw" {
-            args.truncate(5);
-        } else {
+    for out_path in [d.join("out.img"), keep.clone()] {
+        let mut args = vec!["convert", "-f", "qcow2", "-O", target];
+        if target != "raw" {
+            args.extend(["--key-file", s(&key)]);
             args.extend_from_slice(CHEAP_PBKDF2);
         }
         args.extend([s(&src), s(&out_path)]);
@@ -310,7 +301,22 @@ fn truncated_qcow2_source_fails_cleanly() {
             before,
             "a failed convert to {target} left files behind"
         );
+        assert_eq!(
+            read(&keep),
+            b"existing target",
+            "a failed convert replaced an existing file"
+        );
     }
+}
+
+#[test]
+fn truncated_qcow2_to_luks2_fails_cleanly() {
+    check_truncated_qcow2("luks2");
+}
+
+#[test]
+fn truncated_qcow2_to_raw_fails_cleanly() {
+    check_truncated_qcow2("raw");
 }
 
 #[test]
