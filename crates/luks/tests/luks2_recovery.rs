@@ -234,3 +234,46 @@ fn foreign_secondary_never_wins() {
     assert_eq!(ha.active_keyslots(), vec![0]);
     assert_ne!(ha.uuid(), hb.uuid());
 }
+
+/// Crash after a new keyslot's material was written but before the header named it: the image
+/// is unchanged for readers, and the area is simply reused by the next keyslot.
+#[test]
+fn crash_before_header_leaves_only_unreferenced_material() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, vk) = formatted(dir.path());
+    let (mut h, _) = read(&img);
+    let a0 = h.metadata().keyslots["0"].area.clone();
+    let next = a0.offset + a0.size;
+    write_range(&img, next, &vec![0xa5u8; 258048]);
+    let seqid = h.seqid();
+    let (h2, warnings) = read(&img);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!((h2.seqid(), h2.active_keyslots()), (seqid, vec![0]));
+    assert_eq!(
+        h.add_keyslot(&open_rw(&img), &vk, b"new", None, &cheap_argon())
+            .unwrap(),
+        1
+    );
+    assert_eq!(h.metadata().keyslots["1"].area.offset, next);
+    assert_eq!(unlock(&img, b"new").unwrap().0, 1);
+}
+
+/// Crash during removal after the header was committed but before the area was wiped: the
+/// removed passphrase no longer opens anything, because no header references the area.
+#[test]
+fn crash_before_wipe_still_removes_the_keyslot() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, vk) = formatted(dir.path());
+    let (mut h, _) = read(&img);
+    h.add_keyslot(&open_rw(&img), &vk, b"second", Some(2), &cheap_argon())
+        .unwrap();
+    let area = h.metadata().keyslots["2"].area.clone();
+    let material = read_range(&img, area.offset, area.size as usize);
+    h.remove_keyslot(&open_rw(&img), 2).unwrap();
+    write_range(&img, area.offset, &material);
+    assert!(matches!(
+        unlock(&img, b"second"),
+        Err(LuksError::WrongPassphrase)
+    ));
+    assert_eq!(unlock(&img, b"old").unwrap().0, 0);
+}
