@@ -591,19 +591,22 @@ fn cryptblk_data_in_cryptsetup_luks2_survives_rekey() {
 
 #[test]
 fn cryptblk_formatted_luks2_data_survives_cryptsetup_rekey() {
+    check_cryptblk_format_rekey("rekey-cb-512", &["--sector-size", "512"]);
+}
+
+/// The default LUKS2 format (4096-byte sectors): cryptsetup must decrypt every sector, not
+/// only the first (the IV numbering of large sectors must match dm-crypt's).
+#[test]
+fn cryptblk_default_luks2_4096_data_survives_cryptsetup_rekey() {
+    check_cryptblk_format_rekey("rekey-cb-4096", &[]);
+}
+
+fn check_cryptblk_format_rekey(name: &str, extra: &[&str]) {
     let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("rekey-cb"));
+    let key = key_file(dir.path(), "key", &passphrase(name));
     let img = dir.path().join("img");
-    let mut fmt = vec![
-        "format",
-        "-q",
-        "--type",
-        "luks2",
-        "--sector-size",
-        "512",
-        "--key-file",
-        s(&key),
-    ];
+    let mut fmt = vec!["format", "-q", "--type", "luks2", "--key-file", s(&key)];
+    fmt.extend_from_slice(extra);
     fmt.extend_from_slice(CHEAP_PBKDF2);
     fmt.extend([s(&img), "6M"]);
     cryptblk(&fmt).ok();
