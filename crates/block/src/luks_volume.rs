@@ -31,7 +31,9 @@ impl std::fmt::Debug for VolumeOptions {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum VolumeError {
-    #[error(transparent)]
+    // Not `transparent`: callers walking the error chain must find the `BlockError` itself
+    // (its kind says e.g. "locked"), not only its underlying OS error.
+    #[error("{0}")]
     Block(#[from] BlockError),
     #[error("{}: {source}", path.display())]
     Luks {
@@ -132,6 +134,11 @@ impl LuksVolume {
         pool: Arc<CryptoPool>,
     ) -> Result<LuksVolume, VolumeError> {
         let path = file.path().to_path_buf();
+        if !file.read_only() {
+            if let Some(reason) = header.read_only_reason() {
+                return Err(VolumeError::ReadOnlyHeader { path, reason });
+            }
+        }
         let luks_err = |source| VolumeError::Luks {
             path: path.clone(),
             source,

@@ -189,3 +189,77 @@ fn luks2_4k_sectors_from_cryptsetup_round_trip() {
     let vol = open_luks_volume(&img, PW, &VolumeOptions::default()).unwrap();
     assert_same(&common::read_all(&vol, 777_777), &model, "LUKS2 4K reopen");
 }
+
+#[test]
+fn from_unlocked_after_format_then_reopen_with_passphrase() {
+    use cryptblk_block::{LuksVolume, OpenOptions, RawFile};
+    use cryptblk_crypto::{CipherSpec, CryptoPool};
+    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, LuksVersion, PbkdfKind, PbkdfOptions};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("f.luks2");
+    let opts = FormatOptions {
+        version: LuksVersion::V2,
+        cipher: CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
+        hash: HashAlg::Sha256,
+        pbkdf: PbkdfOptions {
+            kind: PbkdfKind::Pbkdf2,
+            hash: HashAlg::Sha256,
+            iter_time_ms: 10,
+            memory_kib: 0,
+            parallel: 1,
+            force_iterations: Some(1000),
+        },
+        sector_size: 4096,
+        label: None,
+        uuid: None,
+    };
+    let payload = 2u64 << 20;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&img)
+        .unwrap();
+    let (header, key) = LuksImage::format(&file, &opts, PW, Some(payload)).unwrap();
+    drop(file);
+
+    let data: Vec<u8> = (0..payload).map(|i| (i * 31 % 253) as u8).collect();
+    {
+        let raw = Arc::new(
+            RawFile::open(
+                &img,
+                OpenOptions {
+                    writable: true,
+                    lock: true,
+                },
+            )
+            .unwrap(),
+        );
+        let vol =
+            LuksVolume::from_unlocked(raw, header, 0, &key, Arc::new(CryptoPool::new(2))).unwrap();
+        assert_eq!(vol.size(), payload);
+        assert!(!vol.read_only());
+        vol.write_at(&data, 0).unwrap();
+        vol.flush().unwrap();
+
+        // A second opener is refused, and the lock error is findable in the error chain.
+        let err = open_luks_volume(&img, PW, &VolumeOptions::default()).unwrap_err();
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&err);
+        let mut kinds = Vec::new();
+        while let Some(c) = cause {
+            if let Some(b) = c.downcast_ref::<cryptblk_block::BlockError>() {
+                kinds.push(b.kind());
+            }
+            cause = c.source();
+        }
+        assert_eq!(kinds, vec![BlockErrorKind::Locked], "{err}");
+    }
+    let vol = open_luks_volume(&img, PW, &VolumeOptions::default()).unwrap();
+    assert_same(
+        &common::read_all(&vol, 1 << 20),
+        &data,
+        "reopened after from_unlocked",
+    );
+}
