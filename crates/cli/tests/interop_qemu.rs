@@ -200,10 +200,13 @@ fn cryptblk_luks1_odd_size_cbc_essiv_reads_in_qemu() {
     );
 }
 
-/// qcow2 with a backing file, zero clusters over backing data, and compressed clusters:
-/// cryptblk's qcow2 -> LUKS2 -> raw equals qemu-img's qcow2 -> raw.
-#[test]
-fn qcow2_backing_zero_and_compressed_clusters_to_luks2() {
+/// Builds the qcow2 chain and returns (temp dir, key file, overlay, qemu-img's raw bytes).
+fn qcow2_fixture() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    Vec<u8>,
+) {
     let dir = tempdir();
     let d = dir.path();
     let key = key_file(d, "key", &passphrase("qcow2"));
@@ -299,6 +302,15 @@ fn qcow2_backing_zero_and_compressed_clusters_to_luks2() {
         "zero clusters read as zeros"
     );
 
+    (dir, key, overlay, expected)
+}
+
+/// qcow2 with a backing file, zero clusters over backing data, and compressed clusters:
+/// cryptblk's qcow2 -> LUKS2 -> raw equals qemu-img's qcow2 -> raw.
+#[test]
+fn qcow2_backing_zero_and_compressed_clusters_to_luks2() {
+    let (dir, key, overlay, expected) = qcow2_fixture();
+    let d = dir.path();
     let enc = d.join("img.luks2");
     let mut args = vec![
         "convert",
@@ -327,8 +339,13 @@ fn qcow2_backing_zero_and_compressed_clusters_to_luks2() {
     cryptblk(&args).ok();
     let ours = cryptblk_decrypt(&enc2, &key, &d.join("cryptblk2.raw"));
     assert_same_bytes(&ours, &expected, "probed qcow2 -> LUKS2 -> raw");
+}
 
-    // qcow2 -> raw directly too.
+/// The same qcow2 chain straight to raw, without any passphrase.
+#[test]
+fn qcow2_backing_zero_and_compressed_clusters_to_raw() {
+    let (dir, _key, overlay, expected) = qcow2_fixture();
+    let d = dir.path();
     let direct = d.join("direct.raw");
     cryptblk(["convert", "-O", "raw", s(&overlay), s(&direct)]).ok();
     assert_same_bytes(&read(&direct), &expected, "qcow2 -> raw vs qemu-img");
