@@ -28,8 +28,14 @@ fn best_gbps(mut f: impl FnMut(&mut [u8])) -> f64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let key = SecretKey::random(64);
     let spec = CipherSpec::parse_luks2("aes-xts-plain64", 64)?;
-    let engine = engines().into_iter().find(|e| e.name() == "openssl").ok_or("no openssl engine")?;
-    println!("{:>6} {:>12} {:>12} {:>7}", "sector", "direct GB/s", "engine GB/s", "ratio");
+    let engine = engines()
+        .into_iter()
+        .find(|e| e.name() == "openssl")
+        .ok_or("no openssl engine")?;
+    println!(
+        "{:>6} {:>12} {:>12} {:>7}",
+        "sector", "direct GB/s", "engine GB/s", "ratio"
+    );
     for ss in [512usize, 4096] {
         let mut ctx = CipherCtx::new()?;
         ctx.encrypt_init(Some(Cipher::aes_256_xts()), Some(key.as_bytes()), None)?;
@@ -43,7 +49,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         });
         let cipher = engine.new_cipher(&spec, &key, ss)?;
         let ours = best_gbps(|buf| cipher.crypt(Direction::Encrypt, 0, buf).expect("crypt"));
-        println!("{ss:>6} {direct:>12.2} {ours:>12.2} {:>6.0}%", 100.0 * ours / direct);
+        println!(
+            "{ss:>6} {direct:>12.2} {ours:>12.2} {:>6.0}%",
+            100.0 * ours / direct
+        );
     }
     Ok(())
 }

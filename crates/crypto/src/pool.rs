@@ -63,24 +63,38 @@ struct OwnedJob {
 
 impl CryptoPool {
     /// A pool with `threads` workers (at least one).
+    ///
+    /// # Panics
+    /// If the OS refuses to create a thread; use [`CryptoPool::try_new`] to handle that.
     pub fn new(threads: usize) -> Self {
+        match Self::try_new(threads) {
+            Ok(pool) => pool,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A pool with `threads` workers (at least one), or an error if a thread cannot be spawned.
+    pub fn try_new(threads: usize) -> Result<Self, CryptoError> {
         let threads = threads.max(1);
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
-        let workers = (0..threads)
-            .map(|i| {
-                let rx = rx.clone();
-                std::thread::Builder::new()
-                    .name(format!("cryptblk-crypto-{i}"))
-                    .spawn(move || worker(rx))
-                    .expect("failed to spawn a crypto worker thread")
-            })
-            .collect();
-        CryptoPool {
+        let mut pool = CryptoPool {
             threads,
             inline_threshold: DEFAULT_INLINE_THRESHOLD,
             tx: Some(tx),
-            workers,
+            workers: Vec::with_capacity(threads),
+        };
+        for i in 0..threads {
+            let rx = rx.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("cryptblk-crypto-{i}"))
+                .spawn(move || worker(rx))
+                // Dropping `pool` on this path stops and joins the workers already started.
+                .map_err(|e| {
+                    CryptoError::Worker(format!("cannot spawn crypto worker thread: {e}"))
+                })?;
+            pool.workers.push(handle);
         }
+        Ok(pool)
     }
 
     /// One worker per available core.
@@ -182,6 +196,16 @@ impl CryptoPool {
         let floor = (self.inline_threshold / 4).clamp(ss, MAX_MIN_CHUNK);
         let chunk = (len / (self.threads * 4)).max(floor) / ss * ss;
         (chunk < len).then_some(chunk)
+    }
+}
+
+impl std::fmt::Debug for CryptoPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CryptoPool")
+            .field("threads", &self.threads)
+            .field("inline_threshold", &self.inline_threshold)
+            .field("queued", &self.tx.as_ref().map_or(0, |tx| tx.len()))
+            .finish()
     }
 }
 
