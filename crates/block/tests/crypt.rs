@@ -251,3 +251,55 @@ fn bounds_read_only_and_layout_checks() {
     );
     dev.read_at(&mut [0u8; 1000], 3).unwrap();
 }
+
+/// A backend whose writes fail while `fail` is set.
+struct Flaky {
+    inner: MemDevice,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl BlockDevice for Flaky {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), cryptblk_block::BlockError> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), cryptblk_block::BlockError> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(cryptblk_block::BlockError::io(
+                "write",
+                std::io::Error::from_raw_os_error(5),
+            )
+            .at(offset));
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> Result<(), cryptblk_block::BlockError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn backend_errors_propagate_and_the_device_recovers() {
+    let backend = Arc::new(Flaky {
+        inner: MemDevice::new(1 << 20),
+        fail: true.into(),
+    });
+    let dev = CryptDevice::new(backend.clone(), layout(0, 1 << 20), cipher(512), pool()).unwrap();
+    for (len, off) in [(3 << 20 >> 2, 0u64), (100, 7)] {
+        let err = dev.write_at(&vec![9u8; len], off).unwrap_err();
+        assert_eq!(err.kind(), BlockErrorKind::Io, "{err}");
+    }
+    backend
+        .fail
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let data = vec![0x5au8; 5000];
+    dev.write_at(&data, 333).unwrap();
+    let mut back = vec![0u8; 5000];
+    dev.read_at(&mut back, 333).unwrap();
+    assert_eq!(back, data);
+}
