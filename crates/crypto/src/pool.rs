@@ -131,11 +131,10 @@ impl CryptoPool {
                 data.len()
             )));
         }
-        let tx = match (&self.tx, self.chunk_size(data.len(), ss)) {
+        let (tx, chunk) = match (&self.tx, self.chunk_size(data.len(), ss)) {
             (Some(tx), Some(chunk)) if !IN_WORKER.with(Cell::get) => (tx, chunk),
             _ => return cipher.crypt(dir, first_sector, data),
         };
-        let (tx, chunk) = tx;
         let split = Arc::new(Split::new(cipher.clone(), dir, first_sector, data, chunk));
         let guard = WaitOnDrop(split.clone());
         let helpers = (self.threads - 1).min(split.chunks() - 1);
@@ -151,7 +150,8 @@ impl CryptoPool {
 
     /// Queue `buf` for transformation on a worker; `done` receives the result and the buffer.
     /// `done` runs on a worker thread and should hand off quickly (e.g. complete a request),
-    /// not block. Jobs are started in submission order.
+    /// not block. Jobs start in submission order; with several workers they may finish out
+    /// of order.
     pub fn submit<F>(
         &self,
         cipher: Arc<dyn SectorCipher>,
