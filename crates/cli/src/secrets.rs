@@ -3,11 +3,22 @@
 use anyhow::{bail, Context, Result};
 use std::io::{IsTerminal, Read, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static STDIN_TAKEN: AtomicBool = AtomicBool::new(false);
 use zeroize::Zeroizing;
 
 /// Where a passphrase comes from: `--key-file PATH` (`-` = stdin) or, when absent, a prompt on
 /// the terminal (or one line of stdin when stdin is not a terminal).
 pub fn read_passphrase(key_file: Option<&Path>, prompt: &str) -> Result<Zeroizing<Vec<u8>>> {
+    let from_stdin = match key_file {
+        Some(path) => path == Path::new("-"),
+        None => !std::io::stdin().is_terminal(),
+    };
+    // A second secret read from stdin would silently get nothing (or the rest of the first).
+    if from_stdin && STDIN_TAKEN.swap(true, Ordering::SeqCst) {
+        bail!("stdin already supplied another passphrase: pass this one with a key file");
+    }
     let secret = match key_file {
         // Like cryptsetup's --key-file: the whole file is the key, newlines included.
         Some(path) if path == Path::new("-") => {
@@ -32,17 +43,6 @@ pub fn read_passphrase(key_file: Option<&Path>, prompt: &str) -> Result<Zeroizin
         bail!("the passphrase is empty: put the passphrase in the key file (cryptblk uses every byte of it)");
     }
     Ok(secret)
-}
-
-/// Reject two secrets that would both be read from stdin: the second read would see nothing.
-pub fn check_distinct_sources(a: Option<&Path>, b: Option<&Path>) -> Result<()> {
-    let stdin = |p: Option<&Path>| p.is_none_or(|p| p == Path::new("-"));
-    if stdin(a) && stdin(b) && !std::io::stdin().is_terminal() {
-        bail!(
-            "both passphrases would be read from stdin: pass at least one of them with a key file"
-        );
-    }
-    Ok(())
 }
 
 fn read_line_from_stdin() -> Result<Zeroizing<Vec<u8>>> {

@@ -1,6 +1,6 @@
 use crate::args::{Cli, KeyAddArgs, KeyChangeArgs, KeyCommand, KeyRemoveArgs};
 use crate::options::{pbkdf_options, unlock_options};
-use crate::secrets::{check_distinct_sources, read_passphrase};
+use crate::secrets::read_passphrase;
 use anyhow::{bail, Context, Result};
 use cryptblk_luks::{HashAlg, LuksImage};
 use std::fs::File;
@@ -43,7 +43,6 @@ fn open_for_update(path: &Path) -> Result<(File, LuksImage)> {
 }
 
 fn add(cli: &Cli, a: &KeyAddArgs) -> Result<()> {
-    check_distinct_sources(a.key_file.as_deref(), a.new_key_file.as_deref())?;
     let (file, mut image) = open_for_update(&a.image)?;
     let old = read_passphrase(a.key_file.as_deref(), "Enter any existing passphrase: ")?;
     let (_, volume_key) = image.unlock(&file, &old, &unlock_options(cli))?;
@@ -75,7 +74,6 @@ fn remove(cli: &Cli, a: &KeyRemoveArgs) -> Result<()> {
 }
 
 fn change(cli: &Cli, a: &KeyChangeArgs) -> Result<()> {
-    check_distinct_sources(a.key_file.as_deref(), a.new_key_file.as_deref())?;
     let (file, mut image) = open_for_update(&a.image)?;
     let old = read_passphrase(a.key_file.as_deref(), "Enter passphrase to be changed: ")?;
     let new = read_passphrase(a.new_key_file.as_deref(), "Enter new passphrase: ")?;

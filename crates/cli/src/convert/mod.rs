@@ -11,7 +11,7 @@ pub use pipeline::first_difference;
 use crate::args::{Cli, ConvertArgs, SourceFormat, TargetFormat};
 use crate::exit::UsageError;
 use crate::options::{crypto_pool, format_options, unlock_options};
-use crate::secrets::{check_distinct_sources, read_passphrase};
+use crate::secrets::read_passphrase;
 use anyhow::{bail, Context, Result};
 use cryptblk_block::{BlockDevice, Format, OpenOptions, RawFile};
 use cryptblk_crypto::CryptoPool;
@@ -40,7 +40,6 @@ pub struct Endpoint {
 }
 
 pub fn run(cli: &Cli, args: &ConvertArgs) -> Result<()> {
-    check_distinct_sources(args.source_key_file.as_deref(), args.key_file.as_deref())?;
     let pool = crypto_pool(cli);
     let report = convert(cli, args, &pool)?;
     if args.progress.is_none() {
