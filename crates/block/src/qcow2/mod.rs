@@ -4,6 +4,7 @@
 
 mod cache;
 mod header;
+mod l2;
 
 pub(crate) use header::MAGIC;
 
@@ -13,33 +14,15 @@ use crate::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind, OpenOpt
 use cache::L2Cache;
 use flate2::{Decompress, FlushDecompress};
 use header::Header;
+use l2::{decode_l2, Mapping, OFFSET_MASK};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Host offset bits of L1 and standard L2 entries (bits 9..=55).
-const OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
-const L2_COMPRESSED: u64 = 1 << 62;
-const L2_ZERO: u64 = 1;
 /// Most cluster lookups one `block_status` call makes; a shorter extent is a valid answer, and
 /// this keeps a query over a huge allocated image from taking unbounded time.
 const MAX_STATUS_LOOKUPS: usize = 65536;
 /// Memory budget of the L2 table cache.
 const L2_CACHE_BYTES: usize = 4 * 1024 * 1024;
-
-/// Where a guest cluster's data lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mapping {
-    /// Not allocated here: read from the backing image, or zeros without one.
-    Unallocated,
-    Zero,
-    /// Host offset of the (cluster-aligned) data cluster.
-    Data(u64),
-    /// Host byte offset and length of deflate-compressed cluster data.
-    Compressed {
-        host: u64,
-        len: u64,
-    },
-}
 
 /// A read-only qcow2 image.
 pub struct Qcow2 {
@@ -161,46 +144,18 @@ impl Qcow2 {
         let table = self.l2_table(l2_off).map_err(|e| e.at(off))?;
         let l2_idx = ((off >> cb) & (self.l2_entries - 1)) as usize;
         let entry = table.get(l2_idx).copied().unwrap_or(0);
-        Ok((self.decode_l2(entry).map_err(|e| e.at(off))?, in_cluster))
+        Ok((
+            decode_l2(entry, &self.geometry()).map_err(|e| e.at(off))?,
+            in_cluster,
+        ))
     }
 
-    fn decode_l2(&self, entry: u64) -> Result<Mapping, BlockError> {
-        let cb = self.header.cluster_bits;
-        if entry & L2_COMPRESSED != 0 {
-            // The split between offset and sector count moves with the cluster size.
-            let x = 62 - (cb - 8);
-            let host = entry & ((1u64 << x) - 1);
-            let extra_sectors = (entry >> x) & ((1u64 << (cb - 8)) - 1);
-            if host >= self.file_len {
-                return Err(BlockError::corrupt(format!(
-                    "compressed cluster at host offset {host} lies beyond the end of the file ({} bytes)",
-                    self.file_len
-                )));
-            }
-            // The count covers whole 512-byte sectors from the one holding `host`; QEMU may
-            // end the file inside the last of them, so clip at EOF.
-            let len = ((extra_sectors + 1) * 512 - (host & 511)).min(self.file_len - host);
-            return Ok(Mapping::Compressed { host, len });
+    fn geometry(&self) -> l2::Geometry {
+        l2::Geometry {
+            cluster_bits: self.header.cluster_bits,
+            version: self.header.version,
+            file_len: self.file_len,
         }
-        if self.header.version >= 3 && entry & L2_ZERO != 0 {
-            return Ok(Mapping::Zero);
-        }
-        let host = entry & OFFSET_MASK;
-        if host == 0 {
-            return Ok(Mapping::Unallocated);
-        }
-        if !host.is_multiple_of(self.cluster_size) {
-            return Err(BlockError::corrupt(format!(
-                "data cluster offset {host} is not cluster aligned"
-            )));
-        }
-        if host >= self.file_len {
-            return Err(BlockError::corrupt(format!(
-                "data cluster at host offset {host} lies beyond the end of the file ({} bytes)",
-                self.file_len
-            )));
-        }
-        Ok(Mapping::Data(host))
     }
 
     fn l2_table(&self, l2_off: u64) -> Result<Arc<[u64]>, BlockError> {
