@@ -430,3 +430,32 @@ fn probe_recognises_formats() {
     dev.write_at(&[1, 2, 3], 100).unwrap();
     assert_eq!(&std::fs::read(&r).unwrap()[100..103], &[1, 2, 3]);
 }
+
+#[test]
+fn backing_chain_depth_is_limited() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = |i: usize| dir.path().join(format!("l{i}.qcow2"));
+    qemu_img(&["create", "-f", "qcow2", name(0).to_str().unwrap(), "1M"]);
+    qemu_io(&name(0), &["write -P 0x61 0 4k"]);
+    for i in 1..=cryptblk_block::MAX_BACKING_DEPTH {
+        let backing = format!("l{}.qcow2", i - 1);
+        qemu_img(&[
+            "create",
+            "-f",
+            "qcow2",
+            "-b",
+            &backing,
+            "-F",
+            "qcow2",
+            name(i).to_str().unwrap(),
+        ]);
+    }
+    // MAX_BACKING_DEPTH images in all: still fine, and the base's data shows through.
+    let deepest_ok = Qcow2::open(name(cryptblk_block::MAX_BACKING_DEPTH - 1)).unwrap();
+    let mut buf = [0u8; 4];
+    deepest_ok.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, [0x61; 4]);
+    let err = Qcow2::open(name(cryptblk_block::MAX_BACKING_DEPTH)).unwrap_err();
+    assert_eq!(err.kind(), BlockErrorKind::Unsupported);
+    assert!(err.to_string().contains("deeper than"), "{err}");
+}
