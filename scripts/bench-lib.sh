@@ -21,8 +21,13 @@ LAST_RSS_KIB=
 timed() {
     local tf
     tf=$(mktemp "${BENCH_WORK:-/tmp}/time.XXXXXX")
-    log "+ $*"
-    if ! /usr/bin/time -f '%e %M' -o "$tf" "$@" >"$tf.out" 2>&1; then
+    log "+ $*${BENCH_SYNC:+ && sync}"
+    # With BENCH_SYNC set, the timing includes writing the target back to disk: qemu-img convert
+    # leaves it dirty in the page cache (its default target cache mode is 'unsafe'), cryptblk
+    # flushes it, so timing without a sync would compare different amounts of work.
+    local -a cmd=("$@")
+    [[ -n ${BENCH_SYNC:-} ]] && cmd=(bash -c '"$@"; rc=$?; sync; exit $rc' bench "$@")
+    if ! /usr/bin/time -f '%e %M' -o "$tf" "${cmd[@]}" >"$tf.out" 2>&1; then
         cat "$tf.out" >&2
         rm -f "$tf" "$tf.out"
         die "command failed: $*"
