@@ -1,29 +1,24 @@
 //! Block devices for cryptblk: the `BlockDevice` abstraction, raw and qcow2 backends, and the
 //! encrypted volume that sits between frontends and backends.
 //!
-//! Data flows one way: a frontend (convert, vhost-user, NBD) talks to a volume (`CryptDevice`),
-//! which talks to a backend (`RawFile`, `Qcow2`). Backends know nothing about LUKS and the
-//! volume knows nothing about the protocol in front of it.
-
-mod device;
-mod error;
-pub mod raw;
-
-pub use device::{BlockDevice, Extent, ExtentKind};
-pub use error::{BlockError, BlockErrorKind};
-pub use raw::{OpenOptions, RawFile};
-
-mod format;
-pub mod qcow2;
-
-pub use format::{open_image, probe_format, Format, MAX_BACKING_DEPTH};
-pub use qcow2::Qcow2;
+//! Data flows one way: a frontend (convert, vhost-user, NBD) talks to a volume (`CryptDevice`,
+//! usually opened with `open_luks_volume`), which talks to a backend (`RawFile`, `Qcow2`).
+//! Backends know nothing about LUKS and the volume knows nothing about the protocol in front
+//! of it.
 
 mod bounce;
 mod crypt;
+mod device;
+mod error;
+mod format;
+mod luks_volume;
+pub mod qcow2;
+pub mod raw;
 
 pub use crypt::{CryptDevice, CryptLayout};
-
-mod luks_volume;
-
+pub use device::{BlockDevice, Extent, ExtentKind};
+pub use error::{BlockError, BlockErrorKind};
+pub use format::{open_image, probe_format, Format, MAX_BACKING_DEPTH};
 pub use luks_volume::{open_luks_volume, LuksVolume, VolumeError, VolumeOptions};
+pub use qcow2::Qcow2;
+pub use raw::{OpenOptions, RawFile};
