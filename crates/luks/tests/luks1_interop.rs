@@ -70,6 +70,33 @@ fn cryptsetup_images_unlock_with_matching_volume_key() {
             &cryptsetup_volume_key(&img, &key)[..],
             "{cipher} {bits} {hash}"
         );
+        // Our own format of the same cipher must lay the header out exactly like cryptsetup.
+        let ours_path = dir.path().join("ours-layout.img");
+        let ours = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&ours_path)
+            .unwrap();
+        let opts = FormatOptions {
+            version: LuksVersion::V1,
+            cipher: hdr.cipher_spec().unwrap(),
+            hash: HashAlg::parse(hash).unwrap(),
+            pbkdf: pbkdf2_opts(),
+            sector_size: 512,
+            label: None,
+            uuid: None,
+        };
+        let mine = Luks1Header::format(&ours, &opts, b"x", &vk, None).unwrap();
+        assert_eq!(mine.data_offset(), hdr.data_offset(), "{cipher} {bits}");
+        for i in 0..8 {
+            assert_eq!(
+                mine.dump()["keyslots"][i]["key_material_offset_sectors"],
+                hdr.dump()["keyslots"][i]["key_material_offset_sectors"],
+                "{cipher} {bits} slot {i}"
+            );
+        }
         assert!(matches!(
             hdr.unlock(&f, b"first passphrasf", &UnlockOptions::default()),
             Err(LuksError::WrongPassphrase)

@@ -213,6 +213,11 @@ impl Luks1Header {
                 "Luks1Header::format called for a LUKS2 image".into(),
             ));
         }
+        if opts.label.is_some() {
+            return Err(LuksError::InvalidArgument(
+                "LUKS1 headers have no label (use LUKS2)".into(),
+            ));
+        }
         if opts.sector_size != 512 {
             return Err(LuksError::InvalidArgument(format!(
                 "LUKS1 always encrypts 512-byte sectors (asked for {})",
