@@ -813,3 +813,47 @@ fn passphrase_not_in_debug_output() {
         Some(2)
     );
 }
+
+/// An image locked by another process (e.g. a daemon serving it) is refused with exit 6, and
+/// the header is not touched.
+#[test]
+fn locked_image_exit_6() {
+    let f = luks2_fixture("err-locked");
+    let new = key_file(f.dir.path(), "new", &passphrase("err-locked-new"));
+    let holder = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&f.img)
+        .unwrap();
+    holder.try_lock().expect("taking the test's exclusive lock");
+    let before = read(&f.img);
+    let mut add = vec![
+        "key",
+        "add",
+        "--key-file",
+        s(&f.key),
+        "--new-key-file",
+        s(&new),
+    ];
+    add.extend_from_slice(CHEAP_PBKDF2);
+    add.push(s(&f.img));
+    cryptblk(&add)
+        .expect_code(code::IN_USE)
+        .error_line(&["in use"]);
+    let src = f.path("src.raw");
+    std::fs::write(&src, vec![1u8; 4096]).unwrap();
+    cryptblk([
+        "convert",
+        "-n",
+        "-O",
+        "luks",
+        "--key-file",
+        s(&f.key),
+        s(&src),
+        s(&f.img),
+    ])
+    .expect_code(code::IN_USE);
+    assert!(read(&f.img) == before, "a locked image was modified");
+    drop(holder);
+    cryptblk(&add).ok();
+}
