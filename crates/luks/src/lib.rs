@@ -1,4 +1,14 @@
 //! LUKS1 and LUKS2 on-disk formats, byte-compatible with cryptsetup and QEMU's luks driver.
+//!
+//! Most callers only need [`LuksImage`]: `probe`/`read` a file, `unlock` it with a passphrase
+//! to get the volume key, `format` a new image, and add, remove or change keyslots.
+//! The version modules (`luks1`, `luks2`) expose the same shape underneath; `af`, `kdf` and
+//! `keyslot_area` are the building blocks both share.
+//!
+//! Headers are untrusted input: parsing validates every size and offset and reports
+//! `LuksError::Corrupt`/`Truncated` instead of panicking (fuzzed, see `fuzz/`).
+//! Changes are ordered for crash safety: new key material is written and synced before the
+//! header that activates it; removal rewrites the header first and wipes the area after.
 
 pub mod af;
 mod ct;
