@@ -197,6 +197,8 @@ impl LuksVolume {
     }
 }
 
+/// Errors name the image: the crypto layer does not know it, and backend errors already do
+/// (`with_path` keeps the innermost path).
 impl BlockDevice for LuksVolume {
     fn size(&self) -> u64 {
         self.device.size()
@@ -208,15 +210,23 @@ impl BlockDevice for LuksVolume {
         self.device.read_only()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
-        self.device.read_at(buf, offset)
+        self.device
+            .read_at(buf, offset)
+            .map_err(|e| e.with_path(self.file.path()))
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
-        self.device.write_at(buf, offset)
+        self.device
+            .write_at(buf, offset)
+            .map_err(|e| e.with_path(self.file.path()))
     }
     fn flush(&self) -> Result<(), BlockError> {
-        self.device.flush()
+        self.device
+            .flush()
+            .map_err(|e| e.with_path(self.file.path()))
     }
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
-        self.device.block_status(offset, len)
+        self.device
+            .block_status(offset, len)
+            .map_err(|e| e.with_path(self.file.path()))
     }
 }

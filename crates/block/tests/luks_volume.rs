@@ -76,10 +76,9 @@ fn luks1_interop_with_qemu_both_directions() {
         assert_eq!(vol.size() as usize, expected.len());
         assert_eq!(vol.logical_block_size(), 512);
         assert!(vol.read_only());
-        assert_eq!(
-            vol.write_at(&[0u8; 512], 0).unwrap_err().kind(),
-            BlockErrorKind::ReadOnly
-        );
+        let err = vol.write_at(&[0u8; 512], 0).unwrap_err();
+        assert_eq!(err.kind(), BlockErrorKind::ReadOnly);
+        assert!(err.to_string().starts_with(img.to_str().unwrap()), "{err}");
         assert_same(
             &common::read_all(&vol, 100_000),
             &expected,
