@@ -455,8 +455,8 @@ fn convert_1gib_rss_is_bounded() {
     let text = std::fs::read_to_string(&rss_file).unwrap();
     let kib: u64 = text
         .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .last()
+        .rev()
+        .find_map(|l| l.trim().parse().ok())
         .unwrap_or_else(|| panic!("no RSS figure from /usr/bin/time: {text:?}"));
     assert!(
         kib < 128 * 1024,
