@@ -40,7 +40,7 @@ pub fn code_for(err: &anyhow::Error) -> i32 {
         }
         if let Some(e) = cause.downcast_ref::<LuksError>() {
             return match e {
-                LuksError::WrongPassphrase => WRONG_PASSPHRASE,
+                LuksError::WrongPassphrase | LuksError::NoKeyslots => WRONG_PASSPHRASE,
                 LuksError::Unsupported { .. }
                 | LuksError::Crypto(CryptoError::Unsupported { .. }) => UNSUPPORTED,
                 LuksError::NotLuks(_)

@@ -13,6 +13,10 @@ pub(crate) const IV_LEN: usize = 16;
 /// Derives the 16-byte IV (or XTS tweak) of a sector from its sector number.
 pub(crate) struct IvGen {
     kind: IvKind,
+    /// log2(sector size / 512): LUKS2 with 4096-byte sectors still numbers IVs in 512-byte
+    /// units (cryptsetup never sets dm-crypt's `iv_large_sectors` for LUKS), so encryption
+    /// sector N gets IV N * 8.
+    iv_shift: u32,
 }
 
 enum IvKind {
@@ -41,8 +45,14 @@ pub(crate) fn check_supported(spec: &CipherSpec) -> Result<(), CryptoError> {
 }
 
 impl IvGen {
-    pub(crate) fn new(spec: &CipherSpec, key: &SecretKey) -> Result<Self, CryptoError> {
+    /// `sector_size` must already be validated (a power of two from 512 up).
+    pub(crate) fn new(
+        spec: &CipherSpec,
+        key: &SecretKey,
+        sector_size: usize,
+    ) -> Result<Self, CryptoError> {
         check_supported(spec)?;
+        let iv_shift = (sector_size / 512).trailing_zeros();
         let kind = match spec.iv_mode() {
             IvMode::Plain => IvKind::Plain,
             IvMode::Plain64 => IvKind::Plain64,
@@ -57,12 +67,13 @@ impl IvGen {
                 IvKind::Essiv(Box::new(aes))
             }
         };
-        Ok(IvGen { kind })
+        Ok(IvGen { kind, iv_shift })
     }
 
     /// The IV of `sector`, counted in units of the cipher's sector size.
     #[inline]
     pub(crate) fn iv(&self, sector: u64) -> [u8; IV_LEN] {
+        let sector = sector << self.iv_shift;
         let mut iv = [0u8; IV_LEN];
         match &self.kind {
             IvKind::Plain => iv[..4].copy_from_slice(&(sector as u32).to_le_bytes()),
@@ -82,9 +93,20 @@ impl IvGen {
 mod tests {
     use super::*;
 
+    #[test]
+    fn large_sectors_number_ivs_in_512_byte_units() {
+        let spec = CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap();
+        let key = SecretKey::from_slice(&[7u8; 64]);
+        let small = IvGen::new(&spec, &key, 512).unwrap();
+        let large = IvGen::new(&spec, &key, 4096).unwrap();
+        assert_eq!(large.iv(1), small.iv(8));
+        assert_eq!(large.iv(3), small.iv(24));
+        assert_ne!(large.iv(1), small.iv(1));
+    }
+
     fn gen(mode: &str, key: &[u8]) -> IvGen {
         let spec = CipherSpec::parse("aes", mode, 32).unwrap();
-        IvGen::new(&spec, &SecretKey::from_slice(key)).unwrap()
+        IvGen::new(&spec, &SecretKey::from_slice(key), 512).unwrap()
     }
 
     #[test]
@@ -130,7 +152,7 @@ mod tests {
     fn essiv_with_non_aes_digest_is_refused_by_name() {
         for hash in ["sha1", "sha512"] {
             let spec = CipherSpec::parse("aes", &format!("cbc-essiv:{hash}"), 32).unwrap();
-            let err = IvGen::new(&spec, &SecretKey::from_slice(&[1u8; 32]))
+            let err = IvGen::new(&spec, &SecretKey::from_slice(&[1u8; 32]), 512)
                 .err()
                 .unwrap();
             assert!(matches!(err, CryptoError::Unsupported { .. }), "{err}");

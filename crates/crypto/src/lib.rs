@@ -43,12 +43,14 @@ pub enum Direction {
 /// `crypt` only re-initialises the IV per sector (never a key schedule per call), and may be
 /// called from many threads at once.
 pub trait SectorCipher: Send + Sync {
-    /// Encryption sector size in bytes (512..=4096, power of two). IVs count in these units.
+    /// Encryption sector size in bytes (512..=4096, power of two).
     fn sector_size(&self) -> usize;
     /// Name of the engine that made this cipher, e.g. "openssl" or "rustcrypto".
     fn engine_name(&self) -> &'static str;
     /// Transform `data` in place. `data.len()` must be a multiple of `sector_size()`;
-    /// `first_sector` is the IV sector number of `data[0..sector_size]`.
+    /// `first_sector` numbers `data[0..sector_size]` in units of `sector_size`. The IV itself
+    /// counts 512-byte units, as dm-crypt does for LUKS: sector N of a 4096-byte-sector
+    /// cipher is encrypted with IV N * 8.
     fn crypt(&self, dir: Direction, first_sector: u64, data: &mut [u8]) -> Result<(), CryptoError>;
 }
 

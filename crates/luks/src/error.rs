@@ -8,6 +8,8 @@ pub enum LuksError {
     NotLuks(String),
     #[error("no keyslot matches this passphrase (check the key file; trailing newlines count)")]
     WrongPassphrase,
+    #[error("the image has no active keyslot, so no passphrase can open it (only a header backup can restore access)")]
+    NoKeyslots,
     #[error("unsupported {what} '{name}' ({hint})")]
     Unsupported {
         what: &'static str,

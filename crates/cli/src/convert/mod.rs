@@ -169,8 +169,8 @@ pub fn open_luks(
         unlock: unlock_options(cli),
         pool: Some(pool.clone()),
     };
-    let volume = cryptblk_block::open_luks_volume(path, passphrase, &opts)
-        .with_context(|| format!("opening {}", path.display()))?;
+    // VolumeError already names the path.
+    let volume = cryptblk_block::open_luks_volume(path, passphrase, &opts)?;
     for warning in volume.warnings() {
         tracing::warn!("{}: {warning}", path.display());
         eprintln!("cryptblk: warning: {}: {warning}", path.display());

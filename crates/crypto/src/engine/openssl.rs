@@ -67,7 +67,7 @@ impl Engine for OpensslEngine {
             // outside FIPS mode, so such volumes are served by the portable engine instead.
             return super::rustcrypto::RustCryptoEngine.new_cipher(spec, key, sector_size);
         }
-        let iv = IvGen::new(spec, key)?;
+        let iv = IvGen::new(spec, key, sector_size)?;
         let slots = (0..slot_count())
             .map(|_| Mutex::new(Contexts::default()))
             .collect();

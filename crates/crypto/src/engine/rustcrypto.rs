@@ -35,7 +35,7 @@ impl Engine for RustCryptoEngine {
     ) -> Result<Arc<dyn SectorCipher>, CryptoError> {
         check_sector_size(sector_size)?;
         check_key_len(spec, key)?;
-        let iv = IvGen::new(spec, key)?;
+        let iv = IvGen::new(spec, key, sector_size)?;
         let k = key.as_bytes();
         let core = match spec.mode() {
             Mode::Xts => {

@@ -126,6 +126,9 @@ impl Luks1Header {
         // LUKS1 has only PBKDF2 keyslots, which need no memory limit.
         let _ = opts;
         let (spec, hash) = self.usable()?;
+        if self.active_keyslots().is_empty() {
+            return Err(LuksError::NoKeyslots);
+        }
         let mut first_error = None;
         let mut tried_cleanly = false;
         for slot in self.active_keyslots() {

@@ -159,10 +159,8 @@ pub fn unlock(
         .collect();
     candidates.sort_by_key(|&(rank, id, _, _)| (rank, id));
     if candidates.is_empty() {
-        return Err(LuksError::Keyslot(
-            0,
-            "no keyslot is bound to the data segment".to_string(),
-        ));
+        // Slots not bound to the data segment's digest cannot open the data either.
+        return Err(LuksError::NoKeyslots);
     }
     let mut first_error = None;
     let mut tried = 0usize;
