@@ -27,11 +27,18 @@ timed() {
     # flushes it, so timing without a sync would compare different amounts of work.
     local -a cmd=("$@")
     [[ -n ${BENCH_SYNC:-} ]] && cmd=(bash -c '"$@"; rc=$?; sync; exit $rc' bench "$@")
-    if ! /usr/bin/time -f '%e %M' -o "$tf" "${cmd[@]}" >"$tf.out" 2>&1; then
+    # qemu-img's PBKDF calibration can fail spuriously on a busy machine ("Unable to get
+    # accurate CPU usage"): retry a failed run twice before giving up.
+    local attempt
+    for attempt in 1 2 3; do
+        /usr/bin/time -f '%e %M' -o "$tf" "${cmd[@]}" >"$tf.out" 2>&1 && break
         cat "$tf.out" >&2
-        rm -f "$tf" "$tf.out"
-        die "command failed: $*"
-    fi
+        if (( attempt == 3 )); then
+            rm -f "$tf" "$tf.out"
+            die "command failed: $*"
+        fi
+        log "bench: attempt $attempt failed; retrying"
+    done
     read -r LAST_WALL LAST_RSS_KIB < <(tail -n 1 "$tf")
     rm -f "$tf" "$tf.out"
 }
