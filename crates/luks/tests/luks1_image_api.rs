@@ -204,3 +204,50 @@ fn cryptsetup_luks2_image_reads_through_the_generic_api() {
         "{text}"
     );
 }
+
+#[test]
+fn dumps_never_contain_the_volume_key() {
+    let dir = tempfile::tempdir().unwrap();
+    for version in [LuksVersion::V1, LuksVersion::V2] {
+        let p = dir.path().join(format!("dump-{version:?}.img"));
+        let (_f, img, vk) = format(&p, version);
+        let json = img.dump_json().to_string().to_lowercase();
+        let text = img.dump_text().to_lowercase();
+        let hex_key = hex::encode(vk.as_bytes());
+        let spaced: String = vk.as_bytes().iter().map(|b| format!("{b:02x} ")).collect();
+        for needle in [&hex_key[..16], spaced.trim_end().get(..24).unwrap()] {
+            assert!(
+                !json.contains(needle) && !text.contains(needle),
+                "{version:?} dump leaks key bytes"
+            );
+        }
+    }
+}
+
+#[test]
+fn failed_keyslot_write_leaves_header_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    for version in [LuksVersion::V1, LuksVersion::V2] {
+        let p = dir.path().join(format!("ro-{version:?}.img"));
+        let (_f, mut img, vk) = format(&p, version);
+        let read_only = std::fs::File::open(&p).unwrap();
+        assert!(img
+            .add_keyslot(&read_only, &vk, b"second", None, &cheap(version))
+            .is_err());
+        assert_eq!(
+            img.active_keyslots(),
+            vec![0],
+            "{version:?}: in-memory header changed"
+        );
+        let (on_disk, _) = LuksImage::read(&read_only).unwrap();
+        assert_eq!(on_disk.active_keyslots(), vec![0]);
+        assert!(img.remove_keyslot(&read_only, 0).is_err());
+        assert_eq!(img.active_keyslots(), vec![0]);
+        assert_eq!(
+            img.unlock(&read_only, b"old pass", &UnlockOptions::default())
+                .unwrap()
+                .1,
+            vk
+        );
+    }
+}
