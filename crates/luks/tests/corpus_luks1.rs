@@ -73,6 +73,12 @@ fn valid_header_file_parses() {
         hdr.data_size(1 << 20),
         Err(LuksError::Truncated(_))
     ));
+    // Every keyslot of this header is disabled: nothing to try, and that is not a typo.
+    assert!(hdr.active_keyslots().is_empty());
+    let e = hdr
+        .unlock(&open(&img), b"anything", &UnlockOptions::default())
+        .unwrap_err();
+    assert!(matches!(e, LuksError::NoKeyslots), "{e}");
 }
 
 #[test]
