@@ -85,7 +85,7 @@ pub fn format_options(args: &LuksFormatArgs) -> Result<FormatOptions> {
         .or_else(|_| CipherSpec::parse_luks2(&args.cipher, 64))?;
     let default_bits = if probe.mode() == Mode::Xts { 512 } else { 256 };
     let bits = args.key_size.unwrap_or(default_bits);
-    if bits % 8 != 0 {
+    if !bits.is_multiple_of(8) {
         return Err(UsageError(format!("--key-size {bits} is not a whole number of bytes")).into());
     }
     let cipher = CipherSpec::parse_luks2(&args.cipher, bits / 8)?;

@@ -14,7 +14,7 @@ use std::path::Path;
 const MIB: u64 = 1 << 20;
 
 pub fn run(cli: &Cli, args: &DemoArgs) -> Result<()> {
-    if args.size < 4 * MIB || args.size % MIB != 0 {
+    if args.size < 4 * MIB || !args.size.is_multiple_of(MIB) {
         bail!("--size must be a whole number of MiB, at least 4M");
     }
     let dir = &args.dir;

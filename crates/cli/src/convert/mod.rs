@@ -54,7 +54,7 @@ pub fn run(cli: &Cli, args: &ConvertArgs) -> Result<()> {
 }
 
 pub fn convert(cli: &Cli, args: &ConvertArgs, pool: &Arc<CryptoPool>) -> Result<ConvertReport> {
-    if args.chunk_size == 0 || args.chunk_size % 4096 != 0 || args.chunk_size > 64 << 20 {
+    if args.chunk_size == 0 || !args.chunk_size.is_multiple_of(4096) || args.chunk_size > 64 << 20 {
         return Err(UsageError(
             "--chunk-size must be a multiple of 4096 bytes, at most 64M".into(),
         )
@@ -298,10 +298,10 @@ fn create_target(
 /// stays byte-exact.
 fn fit_sector_size(opts: &mut FormatOptions, size: u64, explicit: bool) -> Result<()> {
     let sector = opts.sector_size as u64;
-    if size % sector == 0 {
+    if size.is_multiple_of(sector) {
         return Ok(());
     }
-    if !explicit && size % 512 == 0 {
+    if !explicit && size.is_multiple_of(512) {
         eprintln!("cryptblk: note: source size {size} is not a multiple of {sector}; using 512-byte encryption sectors");
         opts.sector_size = 512;
     } else {
