@@ -8,6 +8,6 @@ scripts/install-deps.sh
 cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 cargo fmt --all -- --check
-cargo test --workspace --locked "$@"
 # Lints include the workspace rule that every unsafe block carries a SAFETY comment.
 cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked "$@"
