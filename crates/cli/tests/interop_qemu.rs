@@ -20,21 +20,18 @@ fn check_qemu_made_luks1(name: &str, create_opts: &str) {
     let key = key_file(dir.path(), "key", &passphrase(name));
     let img = dir.path().join("img.luks");
     let o = format!("key-secret=s0,{create_opts},iter-time=10");
-    tool(
-        "qemu-img",
-        [
-            "create",
-            "-q",
-            "-f",
-            "luks",
-            "--object",
-            &secret_arg(&key),
-            "-o",
-            &o,
-            s(&img),
-            "6M",
-        ],
-    )
+    qemu_img_kdf([
+        "create",
+        "-q",
+        "-f",
+        "luks",
+        "--object",
+        &secret_arg(&key),
+        "-o",
+        &o,
+        s(&img),
+        "6M",
+    ])
     .ok();
     tool(
         "qemu-io",

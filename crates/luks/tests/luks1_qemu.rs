@@ -91,8 +91,7 @@ fn qemu_opens_our_luks1_images() {
 fn we_open_qemu_made_luks1_images() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("qemu.img");
-    run(
-        "qemu-img",
+    qemu_img_kdf(
         &[
             "create", "-f", "luks", "--object", "secret,id=s0,data=from-qemu", "-o",
             "key-secret=s0,iter-time=100,cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha256",

@@ -181,6 +181,25 @@ where
     run_cmd(cmd)
 }
 
+/// `qemu-img` for commands that calibrate a KDF (creating or converting to LUKS). QEMU 7.2's
+/// calibration times itself with thread CPU usage and, on a loaded machine, sometimes gives up
+/// with "Unable to get accurate CPU usage"; only that failure is retried.
+pub fn qemu_img_kdf<I, S>(args: I) -> Out
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+    let mut out = tool("qemu-img", &args);
+    for _ in 0..5 {
+        if out.code == 0 || !out.stderr.contains("accurate CPU usage") {
+            break;
+        }
+        out = tool("qemu-img", &args);
+    }
+    out
+}
+
 fn describe(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();
     for a in cmd.get_args() {

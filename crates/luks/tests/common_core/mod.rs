@@ -29,6 +29,29 @@ pub fn run(name: &str, args: &[&str]) -> Output {
     out
 }
 
+/// `qemu-img` for commands that calibrate a KDF. QEMU 7.2 times its calibration with thread
+/// CPU usage and on a loaded machine sometimes gives up with "Unable to get accurate CPU
+/// usage"; only that failure is retried.
+pub fn qemu_img_kdf(args: &[&str]) -> Output {
+    for _ in 0..5 {
+        let out = Command::new(tool("qemu-img"))
+            .args(args)
+            .output()
+            .expect("spawn qemu-img");
+        if out.status.success()
+            || !String::from_utf8_lossy(&out.stderr).contains("accurate CPU usage")
+        {
+            assert!(
+                out.status.success(),
+                "qemu-img {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return out;
+        }
+    }
+    panic!("qemu-img {args:?}: its KDF calibration kept failing");
+}
+
 /// Run a tool, returning whether it succeeded (for commands expected to fail).
 pub fn run_status(name: &str, args: &[&str]) -> bool {
     Command::new(tool(name))
