@@ -49,7 +49,11 @@ pub fn output(name: &str, args: &[&str]) -> String {
 /// intermittently fails on a loaded machine with "Unable to get accurate CPU usage"; only that
 /// failure is retried.
 pub fn qemu_img_kdf(args: &[&str]) {
-    for _ in 0..5 {
+    // Each try takes milliseconds; the failure comes in bursts while other tests load the CPU.
+    for attempt in 0..20 {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
         let out = Command::new(tool("qemu-img"))
             .args(args)
             .output()

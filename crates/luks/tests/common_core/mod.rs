@@ -33,7 +33,11 @@ pub fn run(name: &str, args: &[&str]) -> Output {
 /// CPU usage and on a loaded machine sometimes gives up with "Unable to get accurate CPU
 /// usage"; only that failure is retried.
 pub fn qemu_img_kdf(args: &[&str]) -> Output {
-    for _ in 0..5 {
+    // Each try takes milliseconds; the failure comes in bursts while other tests load the CPU.
+    for attempt in 0..20 {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
         let out = Command::new(tool("qemu-img"))
             .args(args)
             .output()
