@@ -43,23 +43,31 @@ timed() {
     rm -f "$tf" "$tf.out"
 }
 
-# bench_job NAME TARGET CMD...: run CMD twice (sync and remove TARGET before each run) and
-# keep the second, warm-cache run in WALL[NAME] / RSS[NAME].
-declare -A WALL RSS
+# bench_job NAME TARGET CMD...: run CMD once (sync and remove TARGET first) and append its wall
+# time and peak RSS to WALLS[NAME] / RSSES[NAME]. Callers interleave jobs over several rounds so
+# that this host's slowly drifting storage speed hits every tool alike, then report medians.
+declare -A WALLS RSSES
 bench_job() {
     local name=$1 target=$2
     shift 2
-    local run
-    for run in 1 2; do
-        rm -f "$target"
-        sync
-        timed "$@"
-        log "  run $run: ${LAST_WALL} s, peak RSS ${LAST_RSS_KIB} KiB"
-    done
-    WALL[$name]=$LAST_WALL
-    RSS[$name]=$LAST_RSS_KIB
     rm -f "$target"
     sync
+    timed "$@"
+    log "  $name: ${LAST_WALL} s, peak RSS ${LAST_RSS_KIB} KiB"
+    WALLS[$name]="${WALLS[$name]:-} $LAST_WALL"
+    RSSES[$name]="${RSSES[$name]:-} $LAST_RSS_KIB"
+    rm -f "$target"
+    sync
+}
+
+# median VALUES...: the median (lower middle for an even count).
+median() {
+    printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
+}
+
+# max VALUES...
+max() {
+    printf '%s\n' "$@" | sort -g | tail -n 1
 }
 
 # ratio A B [DIGITS]: A / B as a decimal.
