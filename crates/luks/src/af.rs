@@ -8,6 +8,9 @@ use crate::HashAlg;
 use cryptblk_crypto::SecretKey;
 use zeroize::Zeroizing;
 
+/// Stripes of every keyslot cryptblk writes, as cryptsetup and QEMU use for LUKS1 and LUKS2.
+pub const STRIPES: u32 = 4000;
+
 /// Split `key` into `stripes` stripes (returns key.len() * stripes bytes of key material).
 ///
 /// `stripes` of 0 is treated as 1 (the material is then the key itself); callers validate

@@ -204,6 +204,27 @@ fn bench_argon2(variant: Argon2Variant, opts: &PbkdfOptions, key_len: usize) -> 
     }
 }
 
+/// Iterations for the PBKDF2 digest that verifies a volume key. cryptsetup spends a fixed
+/// 125 ms on it for LUKS1 and LUKS2 alike, with 1000 as the floor; a forced keyslot cost means
+/// "no benchmark" (tests, scripted setups), so the floor.
+pub fn digest_iterations(hash: HashAlg, pbkdf: &PbkdfOptions, digest_len: usize) -> Result<u32> {
+    const DIGEST_ITER_TIME_MS: u32 = 125;
+    if pbkdf.force_iterations.is_some() {
+        return Ok(MIN_PBKDF2_ITERATIONS);
+    }
+    let bench = PbkdfOptions {
+        kind: PbkdfKind::Pbkdf2,
+        hash,
+        iter_time_ms: DIGEST_ITER_TIME_MS,
+        force_iterations: None,
+        ..pbkdf.clone()
+    };
+    Ok(match resolve(&bench, digest_len)? {
+        Kdf::Pbkdf2 { iterations, .. } => iterations.max(MIN_PBKDF2_ITERATIONS),
+        Kdf::Argon2 { .. } => MIN_PBKDF2_ITERATIONS,
+    })
+}
+
 /// `count` took `elapsed`; how many fit in `target_ms`?
 fn scale(count: u32, elapsed: Duration, target_ms: u32) -> u32 {
     let elapsed_us = elapsed.as_micros().max(1);

@@ -246,7 +246,7 @@ impl Luks1Header {
                 .to_string(),
             None => uuid::Uuid::new_v4().hyphenated().to_string(),
         };
-        let mk_digest_iter = mk_digest_iterations(opts.hash, &opts.pbkdf)?;
+        let mk_digest_iter = kdf::digest_iterations(opts.hash, &opts.pbkdf, DIGEST_LEN)?;
         let mk_digest_salt = random_salt();
         let mk_digest = mk_digest(opts.hash, volume_key, &mk_digest_salt, mk_digest_iter)?;
         let keyslots = std::array::from_fn(|i| Keyslot {
@@ -422,25 +422,6 @@ fn mk_digest(
     let mut out = [0u8; DIGEST_LEN];
     out.copy_from_slice(d.as_bytes());
     Ok(out)
-}
-
-/// cryptsetup spends 1/8 of the keyslot time (125 ms of the default 2 s) on the volume key
-/// digest, with 1000 as the floor; a forced keyslot cost means "no benchmark", so the floor.
-fn mk_digest_iterations(hash: HashAlg, pbkdf: &PbkdfOptions) -> Result<u32> {
-    if pbkdf.force_iterations.is_some() {
-        return Ok(kdf::MIN_PBKDF2_ITERATIONS);
-    }
-    let opts = PbkdfOptions {
-        kind: PbkdfKind::Pbkdf2,
-        hash,
-        iter_time_ms: (pbkdf.iter_time_ms / 8).max(1),
-        force_iterations: None,
-        ..pbkdf.clone()
-    };
-    match kdf::resolve(&opts, DIGEST_LEN)? {
-        Kdf::Pbkdf2 { iterations, .. } => Ok(iterations.max(kdf::MIN_PBKDF2_ITERATIONS)),
-        Kdf::Argon2 { .. } => Ok(kdf::MIN_PBKDF2_ITERATIONS),
-    }
 }
 
 fn random_salt() -> [u8; SALT_LEN] {

@@ -11,7 +11,7 @@ pub const NUM_KEYSLOTS: usize = 8;
 pub const SECTOR: u64 = 512;
 pub const DIGEST_LEN: usize = 20;
 pub const SALT_LEN: usize = 32;
-pub const STRIPES: u32 = 4000;
+pub use crate::af::STRIPES;
 const KEY_ACTIVE: u32 = 0x00AC_71F3;
 const KEY_DISABLED: u32 = 0x0000_DEAD;
 /// cryptsetup refuses volume keys above this size; so do we, which also bounds the keyslot

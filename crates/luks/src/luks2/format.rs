@@ -4,7 +4,7 @@ use super::json::{Config, Digest, Metadata, Segment, SegmentSize};
 use super::write::{b64, random_bytes, SALT_BYTES};
 use super::Luks2Header;
 use crate::kdf::{self, Kdf};
-use crate::{FormatOptions, LuksError, LuksVersion, PbkdfKind, PbkdfOptions, Result};
+use crate::{FormatOptions, LuksError, LuksVersion, Result};
 use cryptblk_crypto::SecretKey;
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -12,9 +12,6 @@ use std::os::unix::fs::FileExt;
 
 const HDR_SIZE: u64 = 16 * 1024;
 const DATA_OFFSET: u64 = 16 * 1024 * 1024;
-const DIGEST_MIN_ITERATIONS: u32 = 1000;
-/// cryptsetup spends 1/8 of a one-second budget on the volume-key digest.
-const DIGEST_ITER_TIME_MS: u32 = 125;
 
 impl Luks2Header {
     /// Create a LUKS2 header with the volume key in keyslot 0.
@@ -60,23 +57,7 @@ impl Luks2Header {
             None => uuid::Uuid::new_v4().hyphenated().to_string(),
         };
 
-        let digest_iterations = match opts.pbkdf.force_iterations {
-            // Forced costs are for tests and scripted setups: use the cheapest digest allowed.
-            Some(_) => DIGEST_MIN_ITERATIONS,
-            None => {
-                let bench = PbkdfOptions {
-                    kind: PbkdfKind::Pbkdf2,
-                    hash: opts.hash,
-                    iter_time_ms: DIGEST_ITER_TIME_MS,
-                    force_iterations: None,
-                    ..opts.pbkdf.clone()
-                };
-                match kdf::resolve(&bench, key_len)? {
-                    Kdf::Pbkdf2 { iterations, .. } => iterations.max(DIGEST_MIN_ITERATIONS),
-                    Kdf::Argon2 { .. } => DIGEST_MIN_ITERATIONS,
-                }
-            }
-        };
+        let digest_iterations = kdf::digest_iterations(opts.hash, &opts.pbkdf, key_len)?;
         let digest_salt = random_bytes(SALT_BYTES);
         let digest_value = kdf::derive(
             &Kdf::Pbkdf2 {

@@ -12,9 +12,6 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use zeroize::Zeroizing;
 
-/// Anti-forensic stripes per keyslot, as in every LUKS implementation.
-const STRIPES: u32 = 4000;
-
 impl Luks2Header {
     /// Add a keyslot holding `volume_key` under `passphrase`; returns its id.
     pub fn add_keyslot(
@@ -64,7 +61,7 @@ impl Luks2Header {
         let key_len = volume_key.len();
         let (_, seg) = self.segment()?;
         let spec = parse_cipher(seg.encryption.as_deref().unwrap_or_default(), key_len)?;
-        let material = material_len(key_len, STRIPES)
+        let material = material_len(key_len, af::STRIPES)
             .ok_or_else(|| LuksError::InvalidArgument("key too long".into()))?;
         let area_size = round_up(material as u64, 4096)
             .ok_or_else(|| LuksError::InvalidArgument("key too long".into()))?;
@@ -73,7 +70,7 @@ impl Luks2Header {
         let kdf = kdf::resolve(pbkdf, key_len)?;
         let salt = random_bytes(SALT_BYTES);
         let slot_key = kdf::derive(&kdf, passphrase, &salt, key_len)?;
-        let split = af::af_split(volume_key, STRIPES, af_hash);
+        let split = af::af_split(volume_key, af::STRIPES, af_hash);
         let mut buf = Zeroizing::new(vec![0u8; material]);
         let n = split.len().min(material);
         buf[..n].copy_from_slice(&split[..n]);
@@ -117,7 +114,7 @@ impl Luks2Header {
             key_size: key_len as u32,
             af: Some(Af {
                 kind: "luks1".into(),
-                stripes: STRIPES,
+                stripes: af::STRIPES,
                 hash: af_hash.name().into(),
                 extra: Default::default(),
             }),
