@@ -1,10 +1,12 @@
 //! Reusable bounce buffers for encrypted writes, so that the write path does not allocate per
 //! request. The free list's lock is held only to pop or push a buffer, never across I/O.
+//! Buffers are aligned so that a backend doing direct I/O can DMA straight from them.
 
+use crate::aligned::AlignedBuf;
 use std::sync::{Mutex, MutexGuard};
 
 pub(crate) struct BouncePool {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Vec<AlignedBuf>>,
     /// Buffers kept for reuse; more than this are freed when returned.
     max_free: usize,
     capacity: usize,
@@ -19,15 +21,21 @@ impl BouncePool {
         }
     }
 
-    /// A buffer holding a copy of `src` (at most `capacity` bytes).
+    /// A buffer holding a copy of `src` (callers pass at most `capacity` bytes; a larger `src`
+    /// gets a one-off buffer that is not kept).
     pub(crate) fn take_copy(&self, src: &[u8]) -> Bounce<'_> {
-        let mut buf = lock(&self.free)
-            .pop()
-            .unwrap_or_else(|| Vec::with_capacity(self.capacity));
-        buf.clear();
-        // Copying straight in avoids first zero-filling the buffer.
-        buf.extend_from_slice(src);
-        Bounce { pool: self, buf }
+        let pooled = if src.len() <= self.capacity {
+            lock(&self.free).pop()
+        } else {
+            None
+        };
+        let mut buf = pooled.unwrap_or_else(|| AlignedBuf::zeroed(self.capacity.max(src.len())));
+        buf[..src.len()].copy_from_slice(src);
+        Bounce {
+            pool: self,
+            buf: Some(buf),
+            len: src.len(),
+        }
     }
 
     #[cfg(test)]
@@ -44,31 +52,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// A buffer borrowed from a `BouncePool`; returned to it on drop (also on error paths).
 pub(crate) struct Bounce<'a> {
     pool: &'a BouncePool,
-    buf: Vec<u8>,
+    /// Always Some until drop hands it back.
+    buf: Option<AlignedBuf>,
+    len: usize,
 }
 
 impl std::ops::Deref for Bounce<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.buf
+        self.buf.as_deref().map_or(&[], |b| &b[..self.len])
     }
 }
 
 impl std::ops::DerefMut for Bounce<'_> {
     fn deref_mut(&mut self) -> &mut [u8] {
-        &mut self.buf
+        let len = self.len;
+        self.buf.as_deref_mut().map_or(&mut [], |b| &mut b[..len])
     }
 }
 
 impl Drop for Bounce<'_> {
     fn drop(&mut self) {
-        // Oversized buffers (not expected, but cheap to guard) are not kept.
-        if self.buf.capacity() > self.pool.capacity {
+        let Some(buf) = self.buf.take() else { return };
+        // One-off oversized buffers are not kept.
+        if buf.len() != self.pool.capacity {
             return;
         }
         let mut free = lock(&self.pool.free);
         if free.len() < self.pool.max_free {
-            free.push(std::mem::take(&mut self.buf));
+            free.push(buf);
         }
     }
 }

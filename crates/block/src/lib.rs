@@ -6,6 +6,7 @@
 //! Backends know nothing about LUKS and the volume knows nothing about the protocol in front
 //! of it.
 
+mod aligned;
 mod bounce;
 mod crypt;
 mod device;
@@ -15,6 +16,7 @@ mod luks_volume;
 pub mod qcow2;
 pub mod raw;
 
+pub use aligned::{is_direct_aligned, AlignedBuf, DIRECT_IO_ALIGN};
 pub use crypt::{CryptDevice, CryptLayout};
 pub use device::{BlockDevice, Extent, ExtentKind};
 pub use error::{BlockError, BlockErrorKind};

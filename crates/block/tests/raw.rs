@@ -173,3 +173,50 @@ fn error_messages_read_as_one_line() {
         )
     );
 }
+
+#[test]
+fn direct_writes_land_and_mix_with_buffered_ones() {
+    use cryptblk_block::AlignedBuf;
+    // Under the build directory, not /tmp: some CI machines mount /tmp as tmpfs, which may
+    // refuse O_DIRECT, and this test wants a filesystem that accepts it where it can.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let p = dir.path().join("direct.raw");
+    let mut dev = RawFile::create(&p, 1 << 20).unwrap();
+    let direct = dev.enable_direct_writes().unwrap();
+    let mut aligned = AlignedBuf::zeroed(64 * 1024);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    rng.fill(&mut aligned[..]);
+    let odd: Vec<u8> = (0..1000).map(|_| rng.gen()).collect();
+    // Aligned (direct when enabled), unaligned offset, unaligned buffer: all must land.
+    dev.write_at(&aligned, 4096 * 8).unwrap();
+    dev.write_at(&odd, 777).unwrap();
+    dev.write_at(&aligned[512..4608], 4096 * 40).unwrap();
+    dev.flush().unwrap();
+    let back = std::fs::read(&p).unwrap();
+    assert_eq!(&back[4096 * 8..4096 * 8 + aligned.len()], &aligned[..]);
+    assert_eq!(&back[777..1777], &odd[..]);
+    assert_eq!(&back[4096 * 40..4096 * 41], &aligned[512..4608]);
+    // Reads are buffered and must see the direct writes.
+    let mut r = vec![0u8; aligned.len()];
+    dev.read_at(&mut r, 4096 * 8).unwrap();
+    assert_eq!(&r[..], &aligned[..], "direct={direct}");
+}
+
+#[test]
+fn direct_writes_need_a_writable_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("ro.raw");
+    drop(RawFile::create(&p, 4096).unwrap());
+    let mut ro = RawFile::open(
+        &p,
+        OpenOptions {
+            writable: false,
+            lock: true,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        ro.enable_direct_writes().unwrap_err().kind(),
+        BlockErrorKind::ReadOnly
+    );
+}
