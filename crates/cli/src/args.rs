@@ -27,6 +27,18 @@ pub struct Cli {
     /// Refuse to unlock argon2 keyslots needing more memory than this many KiB.
     #[arg(long, global = true, value_name = "KIB", default_value_t = 4 * 1024 * 1024)]
     pub max_pbkdf_memory: u64,
+
+    /// Refuse to unlock PBKDF2 keyslots (and volume-key digests) with more iterations than
+    /// this: a damaged or hostile header can name billions, making one unlock run for hours.
+    #[arg(long, global = true, value_name = "N",
+          default_value_t = cryptblk_luks::DEFAULT_MAX_PBKDF2_ITERATIONS)]
+    pub max_pbkdf_iterations: u32,
+
+    /// Refuse to unlock argon2 keyslots whose time cost times memory cost (KiB) is above this
+    /// (default 128 GiB filled, a minute or two of CPU time).
+    #[arg(long, global = true, value_name = "KIB",
+          default_value_t = cryptblk_luks::DEFAULT_MAX_ARGON2_WORK_KIB)]
+    pub max_argon2_work: u64,
 }
 
 #[derive(Subcommand, Debug)]

@@ -24,7 +24,8 @@ Exit status:
   4  damaged, truncated or inconsistent image or header
   5  I/O error (the message names the path)
   6  image is in use (locked by another process)
-  7  resource limit (e.g. argon2 memory above --max-pbkdf-memory)
+  7  resource limit (argon2 memory above --max-pbkdf-memory, KDF cost above
+     --max-pbkdf-iterations or --max-argon2-work)
   8  any other failure (e.g. verification mismatch, interrupted)";
 
 /// A usage problem found after argument parsing (e.g. incompatible options).
@@ -47,7 +48,9 @@ pub fn code_for(err: &anyhow::Error) -> i32 {
                 | LuksError::Corrupt(_)
                 | LuksError::Truncated(_)
                 | LuksError::Keyslot(..) => DAMAGED,
-                LuksError::PbkdfMemoryLimit { .. } => RESOURCE_LIMIT,
+                LuksError::PbkdfMemoryLimit { .. } | LuksError::PbkdfCostLimit { .. } => {
+                    RESOURCE_LIMIT
+                }
                 LuksError::InvalidArgument(_) => USAGE,
                 LuksError::Io(_) => IO,
                 _ => OTHER,

@@ -120,6 +120,8 @@ pub fn format_options(args: &LuksFormatArgs) -> Result<FormatOptions> {
 pub fn unlock_options(cli: &Cli) -> UnlockOptions {
     UnlockOptions {
         max_pbkdf_memory_kib: cli.max_pbkdf_memory,
+        max_pbkdf2_iterations: cli.max_pbkdf_iterations,
+        max_argon2_work_kib: cli.max_argon2_work,
     }
 }
 

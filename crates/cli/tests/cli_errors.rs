@@ -354,6 +354,36 @@ fn argon2_memory_above_limit_exit_7() {
 }
 
 #[test]
+fn pbkdf_iterations_above_limit_exit_7() {
+    let f = fixture("err-iter", "luks1", &["--pbkdf-force-iterations", "2000"]);
+    let mut args = vec!["--max-pbkdf-iterations".to_string(), "1999".to_string()];
+    args.extend(f.decrypt_cmd(&f.key));
+    cryptblk(&args)
+        .expect_code(code::RESOURCE_LIMIT)
+        .error_line(&["keyslot 0", "2000", "1999", "--max-pbkdf-iterations"]);
+    assert!(!f.path("out.raw").exists());
+    f.assert_intact();
+
+    // A hostile header naming 2^32-1 iterations (hours of PBKDF2) is refused at once under
+    // the default limit. LUKS1 keyslot 0's iteration count is the big-endian u32 at 212.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f.img)
+        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &u32::MAX.to_be_bytes(), 212).unwrap();
+    let start = std::time::Instant::now();
+    cryptblk(f.decrypt_cmd(&f.key))
+        .expect_code(code::RESOURCE_LIMIT)
+        .error_line(&["keyslot 0", &u32::MAX.to_string(), "--max-pbkdf-iterations"]);
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(30),
+        "refusal took {:?}",
+        start.elapsed()
+    );
+    assert!(!f.path("out.raw").exists());
+}
+
+#[test]
 fn missing_file_exit_5_names_path() {
     let dir = tempdir();
     let key = key_file(dir.path(), "key", &passphrase("err-missing"));

@@ -26,6 +26,16 @@ pub enum LuksError {
         needed_kib: u64,
         limit_kib: u64,
     },
+    /// A KDF cost so high that unlocking would run for a very long time (a hostile or broken
+    /// header); refused before the KDF runs.
+    #[error("{place}: {what} {value} is above the limit of {limit}, so unlocking could take hours (raise it with {option} if you trust this image)")]
+    PbkdfCostLimit {
+        place: String,
+        what: &'static str,
+        value: u64,
+        limit: u64,
+        option: &'static str,
+    },
     #[error("{0}")]
     InvalidArgument(String),
     #[error("keyslot {0} is not usable: {1}")]

@@ -24,5 +24,8 @@ pub use error::{LuksError, Result};
 pub use hash::HashAlg;
 pub use image::LuksImage;
 mod options;
-pub use options::{FormatOptions, LuksVersion, PbkdfKind, PbkdfOptions, UnlockOptions};
+pub use options::{
+    FormatOptions, LuksVersion, PbkdfKind, PbkdfOptions, UnlockOptions,
+    DEFAULT_MAX_ARGON2_WORK_KIB, DEFAULT_MAX_PBKDF2_ITERATIONS,
+};
 pub mod luks2;

@@ -26,6 +26,7 @@ fn compatimage2_unlocks_with_cryptsetups_volume_key() {
     // Slot 1 is argon2id with 64 MiB: with slot 0 failing, the memory limit is what we report.
     let limit = UnlockOptions {
         max_pbkdf_memory_kib: 1024,
+        ..UnlockOptions::default()
     };
     match h.unlock(&File::open(&img).unwrap(), b"not it", &limit) {
         Err(LuksError::PbkdfMemoryLimit {

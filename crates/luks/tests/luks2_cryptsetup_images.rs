@@ -205,6 +205,7 @@ fn argon2_memory_limit_is_enforced_before_allocating() {
     let (h, _) = read(&img);
     let limit = UnlockOptions {
         max_pbkdf_memory_kib: 1024,
+        ..UnlockOptions::default()
     };
     match h.unlock(&File::open(&img).unwrap(), b"pw", &limit) {
         Err(LuksError::PbkdfMemoryLimit {

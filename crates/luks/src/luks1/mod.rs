@@ -123,16 +123,21 @@ impl Luks1Header {
         passphrase: &[u8],
         opts: &UnlockOptions,
     ) -> Result<(usize, SecretKey)> {
-        // LUKS1 has only PBKDF2 keyslots, which need no memory limit.
-        let _ = opts;
+        // LUKS1 has only PBKDF2 keyslots: no memory limit, but an iteration limit.
         let (spec, hash) = self.usable()?;
         if self.active_keyslots().is_empty() {
             return Err(LuksError::NoKeyslots);
         }
+        // Every candidate key is checked against the digest, so its cost applies to all slots.
+        opts.check_pbkdf2("volume-key digest", self.phdr.mk_digest_iter)?;
         let mut first_error = None;
         let mut tried_cleanly = false;
         for slot in self.active_keyslots() {
-            match self.try_slot(file, slot, &spec, hash, passphrase) {
+            let place = format!("keyslot {slot}");
+            let tried = opts
+                .check_pbkdf2(&place, self.phdr.keyslots[slot].iterations)
+                .and_then(|()| self.try_slot(file, slot, &spec, hash, passphrase));
+            match tried {
                 Ok(Some(key)) => return Ok((slot, key)),
                 Ok(None) => tried_cleanly = true,
                 Err(e) => {
@@ -142,7 +147,9 @@ impl Luks1Header {
             }
         }
         match first_error {
-            Some(e) if !tried_cleanly => Err(e),
+            // A slot refused for its cost might be the one this passphrase opens: say so
+            // rather than "wrong passphrase".
+            Some(e) if !tried_cleanly || matches!(e, LuksError::PbkdfCostLimit { .. }) => Err(e),
             _ => Err(LuksError::WrongPassphrase),
         }
     }

@@ -91,15 +91,24 @@ fn try_slot(
         .as_ref()
         .ok_or_else(|| LuksError::Keyslot(id, "no af".into()))?;
     let kdf = kdf_of(key, kdf_json)?;
-    if let Kdf::Argon2 { memory_kib, .. } = kdf {
-        if u64::from(memory_kib) > opts.max_pbkdf_memory_kib {
-            return Err(LuksError::PbkdfMemoryLimit {
-                slot: id,
-                needed_kib: memory_kib.into(),
-                limit_kib: opts.max_pbkdf_memory_kib,
-            });
+    let place = format!("keyslot {id}");
+    match kdf {
+        Kdf::Argon2 {
+            memory_kib, time, ..
+        } => {
+            if u64::from(memory_kib) > opts.max_pbkdf_memory_kib {
+                return Err(LuksError::PbkdfMemoryLimit {
+                    slot: id,
+                    needed_kib: memory_kib.into(),
+                    limit_kib: opts.max_pbkdf_memory_kib,
+                });
+            }
+            opts.check_argon2(&place, time, memory_kib)?;
         }
+        Kdf::Pbkdf2 { iterations, .. } => opts.check_pbkdf2(&place, iterations)?,
     }
+    // The digest check after a successful decrypt runs PBKDF2 too.
+    opts.check_pbkdf2(&format!("{place} digest"), digest.iterations)?;
     let area_key_bytes = slot.area.key_size.unwrap_or(0) as usize;
     let spec = parse_cipher(
         slot.area.encryption.as_deref().unwrap_or_default(),
@@ -177,7 +186,15 @@ pub fn unlock(
     }
     match first_error {
         // Some slot could not even be tried: report why rather than "wrong passphrase".
-        Some(e) if tried == 0 || matches!(e, LuksError::PbkdfMemoryLimit { .. }) => Err(e),
+        Some(e)
+            if tried == 0
+                || matches!(
+                    e,
+                    LuksError::PbkdfMemoryLimit { .. } | LuksError::PbkdfCostLimit { .. }
+                ) =>
+        {
+            Err(e)
+        }
         _ => Err(LuksError::WrongPassphrase),
     }
 }
