@@ -26,7 +26,7 @@ fn best_gbps(mut f: impl FnMut(&mut [u8])) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let key = SecretKey::random(64);
+    let key = SecretKey::random(64)?;
     let spec = CipherSpec::parse_luks2("aes-xts-plain64", 64)?;
     let engine = engines()
         .into_iter()

@@ -20,7 +20,7 @@ fn per_call(mut f: impl FnMut()) -> Duration {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let spec = CipherSpec::parse_luks2("aes-xts-plain64", 64)?;
-    let cipher = default_engine_for(&spec)?.new_cipher(&spec, &SecretKey::random(64), 4096)?;
+    let cipher = default_engine_for(&spec)?.new_cipher(&spec, &SecretKey::random(64)?, 4096)?;
     let pool = CryptoPool::with_default_threads().with_inline_threshold(0);
     println!(
         "engine {}, {} threads",

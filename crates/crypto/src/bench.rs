@@ -84,7 +84,13 @@ pub fn run_bench(opts: &BenchOptions) -> BenchReport {
             }
         };
         let default = default_engine_for(&spec).map(|e| e.name()).ok();
-        let key = SecretKey::random(key_bytes);
+        let key = match SecretKey::random(key_bytes) {
+            Ok(k) => k,
+            Err(e) => {
+                skipped.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
         for engine in engines() {
             let wanted = opts
                 .engines

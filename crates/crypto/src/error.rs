@@ -23,6 +23,9 @@ pub enum CryptoError {
         engine: &'static str,
         message: String,
     },
+    /// The OS random number generator could not produce bytes (keys, salts, AF stripes).
+    #[error("the random number generator failed: {0}")]
+    Rng(String),
     /// A pool worker died while processing this request.
     #[error("crypto worker failed: {0}")]
     Worker(String),

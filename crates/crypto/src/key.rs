@@ -1,3 +1,4 @@
+use crate::CryptoError;
 use std::fmt;
 use zeroize::{Zeroize, ZeroizeOnDrop};
 
@@ -15,11 +16,12 @@ impl SecretKey {
         SecretKey(bytes.to_vec())
     }
 
-    /// A fresh random key of `len` bytes from the OS RNG.
-    pub fn random(len: usize) -> Self {
-        let mut bytes = vec![0u8; len];
-        openssl::rand::rand_bytes(&mut bytes).expect("OS random number generator failed");
-        SecretKey(bytes)
+    /// A fresh random key of `len` bytes from the OS RNG (through OpenSSL's CSPRNG). Fails,
+    /// rather than returning predictable bytes, when the RNG cannot be seeded or read.
+    pub fn random(len: usize) -> Result<Self, CryptoError> {
+        let mut key = SecretKey(vec![0u8; len]);
+        openssl::rand::rand_bytes(&mut key.0).map_err(|e| CryptoError::Rng(e.to_string()))?;
+        Ok(key)
     }
 
     pub fn as_bytes(&self) -> &[u8] {
@@ -38,5 +40,20 @@ impl SecretKey {
 impl fmt::Debug for SecretKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "SecretKey({} bytes, redacted)", self.0.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_keys_have_the_length_asked_and_differ() {
+        let a = SecretKey::random(64).unwrap();
+        let b = SecretKey::random(64).unwrap();
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, b, "two 512-bit random keys collided");
+        assert!(a.as_bytes().iter().any(|&x| x != 0));
+        assert!(SecretKey::random(0).unwrap().is_empty());
     }
 }

@@ -77,7 +77,7 @@ pub fn default_engine_for(spec: &CipherSpec) -> Result<Arc<dyn Engine>, CryptoEr
 
 fn measure_best(spec: &CipherSpec, all: &[Arc<dyn Engine>]) -> Result<&'static str, CryptoError> {
     // A throwaway random key: measuring must never touch a real volume key.
-    let key = SecretKey::random(spec.key_bytes());
+    let key = SecretKey::random(spec.key_bytes())?;
     let mut buf = vec![0u8; PROBE_BYTES];
     let mut best: Option<(&'static str, Duration)> = None;
     for engine in all.iter().filter(|e| e.supports(spec)) {

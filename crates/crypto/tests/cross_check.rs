@@ -72,7 +72,7 @@ fn sector_runs_equal_sector_by_sector() {
     // A run of sectors must equal transforming each sector alone with its own number, which
     // pins down that IVs advance by one per sector of `sector_size` bytes.
     let spec = CipherSpec::parse("aes", "xts-plain64", 64).unwrap();
-    let key = SecretKey::random(64);
+    let key = SecretKey::random(64).unwrap();
     for engine in engines() {
         let cipher = engine.new_cipher(&spec, &key, 4096).unwrap();
         let plain: Vec<u8> = (0..4 * 4096).map(|i| (i * 7) as u8).collect();
@@ -96,7 +96,7 @@ fn sector_runs_equal_sector_by_sector() {
 #[test]
 fn bad_lengths_and_sizes_are_errors() {
     let spec = CipherSpec::parse("aes", "cbc-essiv:sha256", 32).unwrap();
-    let key = SecretKey::random(32);
+    let key = SecretKey::random(32).unwrap();
     for engine in engines() {
         for bad_ss in [0usize, 256, 520, 8192] {
             let err = engine
@@ -106,7 +106,7 @@ fn bad_lengths_and_sizes_are_errors() {
             assert!(matches!(err, CryptoError::InvalidLength(_)), "{err}");
         }
         let err = engine
-            .new_cipher(&spec, &SecretKey::random(16), 512)
+            .new_cipher(&spec, &SecretKey::random(16).unwrap(), 512)
             .err()
             .expect("short key accepted");
         assert!(matches!(err, CryptoError::InvalidKeySize { .. }), "{err}");
@@ -147,7 +147,7 @@ fn essiv_with_unusable_hash_is_a_named_error() {
     for engine in engines() {
         assert!(!engine.supports(&spec));
         assert!(engine
-            .new_cipher(&spec, &SecretKey::random(32), 512)
+            .new_cipher(&spec, &SecretKey::random(32).unwrap(), 512)
             .is_err());
     }
 }
@@ -158,7 +158,9 @@ fn default_engine_is_cached_and_works() {
     let a = default_engine_for(&spec).unwrap();
     let b = default_engine_for(&spec).unwrap();
     assert_eq!(a.name(), b.name());
-    let cipher = a.new_cipher(&spec, &SecretKey::random(64), 512).unwrap();
+    let cipher = a
+        .new_cipher(&spec, &SecretKey::random(64).unwrap(), 512)
+        .unwrap();
     let mut buf = vec![0u8; 1024];
     cipher.crypt(Direction::Encrypt, 0, &mut buf).unwrap();
     assert_ne!(buf, vec![0u8; 1024]);

@@ -19,7 +19,7 @@ fn idle_pool_uses_no_cpu() {
     // Wake every worker once so they are all parked on the queue afterwards.
     let spec = CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap();
     let cipher = engines()[0]
-        .new_cipher(&spec, &SecretKey::random(64), 512)
+        .new_cipher(&spec, &SecretKey::random(64).unwrap(), 512)
         .unwrap();
     let mut buf = vec![0u8; 1 << 20];
     pool.crypt(&cipher, Direction::Encrypt, 0, &mut buf)

@@ -4,7 +4,7 @@
 //! material makes the key unrecoverable. Blocks 0..stripes-1 are random; the running value
 //! `d = diffuse(d ^ block)` is folded over them, and the last block is `d ^ key`. Merging
 //! recomputes `d` from the first stripes-1 blocks and XORs it with the last one.
-use crate::HashAlg;
+use crate::{HashAlg, Result};
 use cryptblk_crypto::SecretKey;
 use zeroize::Zeroizing;
 
@@ -14,18 +14,18 @@ pub const STRIPES: u32 = 4000;
 /// Split `key` into `stripes` stripes (returns key.len() * stripes bytes of key material).
 ///
 /// `stripes` of 0 is treated as 1 (the material is then the key itself); callers validate
-/// stripe counts read from headers before getting here.
-pub fn af_split(key: &SecretKey, stripes: u32, hash: HashAlg) -> Zeroizing<Vec<u8>> {
+/// stripe counts read from headers before getting here. Fails only if the OS RNG does.
+pub fn af_split(key: &SecretKey, stripes: u32, hash: HashAlg) -> Result<Zeroizing<Vec<u8>>> {
     let key = key.as_bytes();
     let block_len = key.len();
     let stripes = stripes.max(1) as usize;
     let mut out = Zeroizing::new(vec![0u8; block_len * stripes]);
     if block_len == 0 {
-        return out;
+        return Ok(out);
     }
     let mut acc = Zeroizing::new(vec![0u8; block_len]);
     let (random_part, last) = out.split_at_mut(block_len * (stripes - 1));
-    fill_random(random_part);
+    fill_random(random_part)?;
     for block in random_part.chunks_exact(block_len) {
         xor_into(&mut acc, block);
         diffuse(&mut acc, hash);
@@ -33,7 +33,7 @@ pub fn af_split(key: &SecretKey, stripes: u32, hash: HashAlg) -> Zeroizing<Vec<u
     for ((o, a), k) in last.iter_mut().zip(acc.iter()).zip(key.iter()) {
         *o = a ^ k;
     }
-    out
+    Ok(out)
 }
 
 /// Merge `material` (key_len * stripes bytes) back into the key.
@@ -80,11 +80,12 @@ fn diffuse(buf: &mut [u8], hash: HashAlg) {
 
 /// The stripes only need to be unpredictable, the same requirement as a fresh volume key, so
 /// they come from the same OS RNG `SecretKey::random` uses.
-fn fill_random(buf: &mut [u8]) {
+fn fill_random(buf: &mut [u8]) -> Result<()> {
     for chunk in buf.chunks_mut(4096) {
-        let r = SecretKey::random(chunk.len());
+        let r = SecretKey::random(chunk.len())?;
         chunk.copy_from_slice(r.as_bytes());
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -95,8 +96,8 @@ mod tests {
     fn split_merge_round_trip_all_hashes() {
         for hash in [HashAlg::Sha1, HashAlg::Sha256, HashAlg::Sha512] {
             for len in [16usize, 32, 33, 64, 70] {
-                let key = SecretKey::random(len);
-                let m = af_split(&key, 4000, hash);
+                let key = SecretKey::random(len).unwrap();
+                let m = af_split(&key, 4000, hash).unwrap();
                 assert_eq!(m.len(), len * 4000);
                 assert_eq!(af_merge(&m, len, 4000, hash), key);
             }
@@ -105,8 +106,8 @@ mod tests {
 
     #[test]
     fn damaging_one_stripe_destroys_key() {
-        let key = SecretKey::random(32);
-        let mut m = af_split(&key, 10, HashAlg::Sha256);
+        let key = SecretKey::random(32).unwrap();
+        let mut m = af_split(&key, 10, HashAlg::Sha256).unwrap();
         m[40] ^= 1;
         assert_ne!(af_merge(&m, 32, 10, HashAlg::Sha256), key);
     }

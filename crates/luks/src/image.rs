@@ -125,7 +125,7 @@ impl LuksImage {
         passphrase: &[u8],
         payload_size: Option<u64>,
     ) -> Result<(LuksImage, SecretKey)> {
-        let volume_key = SecretKey::random(opts.cipher.key_bytes());
+        let volume_key = SecretKey::random(opts.cipher.key_bytes())?;
         let image = match opts.version {
             LuksVersion::V1 => LuksImage::V1(Luks1Header::format(
                 file,

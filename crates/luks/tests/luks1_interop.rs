@@ -185,7 +185,7 @@ fn our_images_are_accepted_by_cryptsetup() {
             label: None,
             uuid: None,
         };
-        let vk = SecretKey::random(key_bytes);
+        let vk = SecretKey::random(key_bytes).unwrap();
         let mut hdr = Luks1Header::format(&f, &opts, b"ours", &vk, Some(1 << 20)).unwrap();
         assert_eq!(f.metadata().unwrap().len(), hdr.data_offset() + (1 << 20));
         let k = write_key(dir.path(), "ours.key", b"ours");
@@ -301,7 +301,13 @@ fn refuses_argon2_and_wrong_volume_key() {
         .to_string();
     assert!(e.contains("PBKDF2"), "{e}");
     let e = hdr
-        .add_keyslot(&f, &SecretKey::random(32), b"x", None, &pbkdf2_opts())
+        .add_keyslot(
+            &f,
+            &SecretKey::random(32).unwrap(),
+            b"x",
+            None,
+            &pbkdf2_opts(),
+        )
         .unwrap_err();
     assert!(matches!(e, LuksError::InvalidArgument(_)), "{e}");
     assert!(

@@ -89,7 +89,7 @@ fn invalid_cipher_is_refused_by_name() {
     );
     // Adding a keyslot needs the segment cipher for the area and must fail the same way.
     let (mut h, _) = read(&img);
-    let vk = cryptblk_crypto::SecretKey::random(32);
+    let vk = cryptblk_crypto::SecretKey::random(32).unwrap();
     assert!(h
         .add_keyslot(&open_rw(&img), &vk, b"x", None, &cheap_argon())
         .is_err());
@@ -113,7 +113,7 @@ fn unknown_requirements_make_the_image_read_only() {
         .unlock(&file, b"anything", &UnlockOptions::default())
         .unwrap_err();
     assert!(unlock_err.to_string().contains("req0"), "{unlock_err}");
-    let vk = cryptblk_crypto::SecretKey::random(32);
+    let vk = cryptblk_crypto::SecretKey::random(32).unwrap();
     assert!(h
         .add_keyslot(&file, &vk, b"x", None, &cheap_argon())
         .unwrap_err()

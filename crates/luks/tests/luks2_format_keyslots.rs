@@ -38,7 +38,7 @@ fn formatted_image_opens_in_cryptsetup() {
     let img = dir.path().join("img");
     let key = write_key(dir.path(), "key", b"passphrase one");
     let file = open_rw_create(&img);
-    let vk = SecretKey::random(64);
+    let vk = SecretKey::random(64).unwrap();
     let opts = format_opts("aes-xts-plain64", 64, 4096);
     let h = Luks2Header::format(&file, &opts, b"passphrase one", &vk, Some(8 << 20)).unwrap();
     assert_eq!(file.metadata().unwrap().len(), (16 << 20) + (8 << 20));
@@ -85,7 +85,7 @@ fn formats_other_ciphers_and_kdfs() {
         let img = dir.path().join("img");
         let key = write_key(dir.path(), "key", b"pw");
         let file = open_rw_create(&img);
-        let vk = SecretKey::random(bytes);
+        let vk = SecretKey::random(bytes).unwrap();
         let mut opts = format_opts(cipher, bytes, sector);
         opts.pbkdf = pbkdf;
         Luks2Header::format(&file, &opts, b"pw", &vk, None).unwrap();
@@ -99,12 +99,12 @@ fn format_rejects_bad_arguments() {
     let dir = tempfile::tempdir().unwrap();
     let file = open_rw_create(&dir.path().join("img"));
     let opts = format_opts("aes-xts-plain64", 64, 4096);
-    let short_key = SecretKey::random(32);
+    let short_key = SecretKey::random(32).unwrap();
     assert!(matches!(
         Luks2Header::format(&file, &opts, b"p", &short_key, None),
         Err(LuksError::InvalidArgument(_))
     ));
-    let vk = SecretKey::random(64);
+    let vk = SecretKey::random(64).unwrap();
     let e = Luks2Header::format(&file, &opts, b"p", &vk, Some(4096 + 512)).unwrap_err();
     assert!(e.to_string().contains("sector size"), "{e}");
     let mut bad = opts.clone();
@@ -128,7 +128,7 @@ fn add_and_remove_keyslots_stay_cryptsetup_compatible() {
     let k3 = write_key(dir.path(), "k3", b"three");
     let k1 = write_key(dir.path(), "k1", b"one");
     let file = open_rw_create(&img);
-    let vk = SecretKey::random(64);
+    let vk = SecretKey::random(64).unwrap();
     let mut h = Luks2Header::format(
         &file,
         &format_opts("aes-xts-plain64", 64, 4096),
@@ -161,7 +161,7 @@ fn add_and_remove_keyslots_stay_cryptsetup_compatible() {
     assert!(test_pass(&img, &k1, Some("1")));
 
     // Wrong volume key, occupied or out-of-range slots are refused without changing the image.
-    let wrong = SecretKey::random(64);
+    let wrong = SecretKey::random(64).unwrap();
     assert!(h
         .add_keyslot(&file, &wrong, b"x", None, &cheap_argon())
         .is_err());
@@ -224,7 +224,7 @@ fn cryptsetup_added_keyslot_after_cryptblk_format() {
     let k0 = write_key(dir.path(), "k0", b"zero");
     let k6 = write_key(dir.path(), "k6", b"six");
     let file = open_rw_create(&img);
-    let vk = SecretKey::random(64);
+    let vk = SecretKey::random(64).unwrap();
     Luks2Header::format(
         &file,
         &format_opts("aes-xts-plain64", 64, 4096),
@@ -272,7 +272,7 @@ fn benchmarked_costs_are_sane() {
     let img = dir.path().join("img");
     let key = write_key(dir.path(), "key", b"pw");
     let file = open_rw_create(&img);
-    let vk = SecretKey::random(64);
+    let vk = SecretKey::random(64).unwrap();
     let mut opts = format_opts("aes-xts-plain64", 64, 4096);
     opts.pbkdf = PbkdfOptions {
         iter_time_ms: 50,

@@ -20,7 +20,7 @@ fn formatted(dir: &Path) -> (PathBuf, SecretKey) {
         .truncate(true)
         .open(&img)
         .unwrap();
-    let vk = SecretKey::random(64);
+    let vk = SecretKey::random(64).unwrap();
     Luks2Header::format(
         &file,
         &format_opts("aes-xts-plain64", 64, 4096),

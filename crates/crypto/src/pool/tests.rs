@@ -7,7 +7,7 @@ use std::time::Duration;
 
 fn ciphers(sector_size: usize) -> Vec<Arc<dyn SectorCipher>> {
     let spec = CipherSpec::parse("aes", "xts-plain64", 64).unwrap();
-    let key = SecretKey::random(64);
+    let key = SecretKey::random(64).unwrap();
     engines()
         .iter()
         .map(|e| e.new_cipher(&spec, &key, sector_size).unwrap())

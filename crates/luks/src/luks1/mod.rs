@@ -254,7 +254,7 @@ impl Luks1Header {
             None => uuid::Uuid::new_v4().hyphenated().to_string(),
         };
         let mk_digest_iter = kdf::digest_iterations(opts.hash, &opts.pbkdf, DIGEST_LEN)?;
-        let mk_digest_salt = random_salt();
+        let mk_digest_salt = random_salt()?;
         let mk_digest = mk_digest(opts.hash, volume_key, &mk_digest_salt, mk_digest_iter)?;
         let keyslots = std::array::from_fn(|i| Keyslot {
             active: false,
@@ -343,7 +343,7 @@ impl Luks1Header {
             let ks = &mut candidate.keyslots[slot];
             ks.active = true;
             ks.iterations = iterations;
-            ks.salt = random_salt();
+            ks.salt = random_salt()?;
             // Inactive slots of foreign headers may carry junk geometry; the checks in encode()
             // refuse anything that would overlap another slot, the header or the payload.
             if ks.stripes == 0 {
@@ -359,7 +359,7 @@ impl Luks1Header {
             &ks.salt,
             self.key_bytes(),
         )?;
-        let material = af_split(volume_key, ks.stripes, hash);
+        let material = af_split(volume_key, ks.stripes, hash)?;
         let mut area = Zeroizing::new(vec![0u8; len as usize]);
         area[..material.len()].copy_from_slice(&material);
         encrypt_area(&spec, &slot_key, &mut area)?;
@@ -431,8 +431,8 @@ fn mk_digest(
     Ok(out)
 }
 
-fn random_salt() -> [u8; SALT_LEN] {
+fn random_salt() -> Result<[u8; SALT_LEN]> {
     let mut salt = [0u8; SALT_LEN];
-    salt.copy_from_slice(SecretKey::random(SALT_LEN).as_bytes());
-    salt
+    salt.copy_from_slice(SecretKey::random(SALT_LEN)?.as_bytes());
+    Ok(salt)
 }

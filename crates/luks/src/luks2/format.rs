@@ -58,7 +58,7 @@ impl Luks2Header {
         };
 
         let digest_iterations = kdf::digest_iterations(opts.hash, &opts.pbkdf, key_len)?;
-        let digest_salt = random_bytes(SALT_BYTES);
+        let digest_salt = random_bytes(SALT_BYTES)?;
         let digest_value = kdf::derive(
             &Kdf::Pbkdf2 {
                 hash: opts.hash,
@@ -104,7 +104,7 @@ impl Luks2Header {
         };
         let mut salts = [[0u8; SALT_LEN]; 2];
         for s in &mut salts {
-            s.copy_from_slice(&random_bytes(SALT_LEN));
+            s.copy_from_slice(&random_bytes(SALT_LEN)?);
         }
         let mut hdr = Luks2Header {
             bin: BinaryHeader {

@@ -68,9 +68,9 @@ impl Luks2Header {
         let offset = self.allocate_area(area_size)?;
 
         let kdf = kdf::resolve(pbkdf, key_len)?;
-        let salt = random_bytes(SALT_BYTES);
+        let salt = random_bytes(SALT_BYTES)?;
         let slot_key = kdf::derive(&kdf, passphrase, &salt, key_len)?;
-        let split = af::af_split(volume_key, af::STRIPES, af_hash);
+        let split = af::af_split(volume_key, af::STRIPES, af_hash)?;
         let mut buf = Zeroizing::new(vec![0u8; material]);
         let n = split.len().min(material);
         buf[..n].copy_from_slice(&split[..n]);

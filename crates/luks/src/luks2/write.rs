@@ -13,9 +13,9 @@ use std::os::unix::fs::FileExt;
 /// Keyslot and digest salt length (cryptsetup's LUKS_SALTSIZE).
 pub(super) const SALT_BYTES: usize = 32;
 
-pub(super) fn random_bytes(n: usize) -> Vec<u8> {
+pub(super) fn random_bytes(n: usize) -> crate::Result<Vec<u8>> {
     // Salts are public; SecretKey is just the crate's handle on the OS RNG.
-    SecretKey::random(n).as_bytes().to_vec()
+    Ok(SecretKey::random(n)?.as_bytes().to_vec())
 }
 
 pub(super) fn b64(bytes: &[u8]) -> String {
