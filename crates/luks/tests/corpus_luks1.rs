@@ -7,8 +7,8 @@ use cryptblk_luks::{LuksError, UnlockOptions};
 #[test]
 fn compatimage_unlocks_and_key_verifies() {
     let dir = tempfile::tempdir().unwrap();
-    let img = unxz("compatimage.img", dir.path());
-    let f = open(&img);
+    let img = corpus(dir.path(), "compatimage.img.xz");
+    let f = open_rw(&img);
     let (hdr, warnings) = Luks1Header::read(&f).unwrap();
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(
@@ -39,8 +39,8 @@ fn compatimage_unlocks_and_key_verifies() {
 #[test]
 fn compatv10image_unlocks() {
     let dir = tempfile::tempdir().unwrap();
-    let img = unxz("compatv10image.img", dir.path());
-    let f = open(&img);
+    let img = corpus(dir.path(), "compatv10image.img.xz");
+    let f = open_rw(&img);
     let (hdr, _) = Luks1Header::read(&f).unwrap();
     assert_eq!(
         hdr.cipher_spec().unwrap().to_luks2_string(),
@@ -58,8 +58,8 @@ fn compatv10image_unlocks() {
 #[test]
 fn valid_header_file_parses() {
     let dir = tempfile::tempdir().unwrap();
-    let img = unxz("valid_header_file", dir.path());
-    let (hdr, _) = Luks1Header::read(&open(&img)).unwrap();
+    let img = corpus(dir.path(), "valid_header_file.xz");
+    let (hdr, _) = Luks1Header::read(&open_rw(&img)).unwrap();
     assert_eq!(hdr.uuid(), "14af2331-2046-46ea-ac0d-4453bb95e744");
     assert_eq!(
         hdr.cipher_spec().unwrap().to_luks2_string(),
@@ -76,7 +76,7 @@ fn valid_header_file_parses() {
     // Every keyslot of this header is disabled: nothing to try, and that is not a typo.
     assert!(hdr.active_keyslots().is_empty());
     let e = hdr
-        .unlock(&open(&img), b"anything", &UnlockOptions::default())
+        .unlock(&open_rw(&img), b"anything", &UnlockOptions::default())
         .unwrap_err();
     assert!(matches!(e, LuksError::NoKeyslots), "{e}");
 }
@@ -84,7 +84,7 @@ fn valid_header_file_parses() {
 #[test]
 fn luks1_images_parse_unlock_or_refuse_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    untar("luks1-images", dir.path());
+    corpus(dir.path(), "luks1-images.tar.xz");
     let base = dir.path().join("luks1-images");
     let keyfile = std::fs::read(base.join("keyfile1")).unwrap();
     let mut names: Vec<_> = std::fs::read_dir(&base)
@@ -97,7 +97,7 @@ fn luks1_images_parse_unlock_or_refuse_by_name() {
     let mut unlocked = 0;
     for name in names {
         let img = base.join(&name);
-        let f = open(&img);
+        let f = open_rw(&img);
         let (hdr, _) = Luks1Header::read(&f).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(!hdr.dump_text().is_empty());
         // What unlock must refuse, by the first name it cannot run (cipher before hash).
@@ -140,8 +140,8 @@ fn luks1_images_parse_unlock_or_refuse_by_name() {
 #[test]
 fn truncated_image_reports_truncation_not_wrong_passphrase() {
     let dir = tempfile::tempdir().unwrap();
-    let img = unxz("compatimage.img", dir.path());
-    let f = open(&img);
+    let img = corpus(dir.path(), "compatimage.img.xz");
+    let f = open_rw(&img);
     f.set_len(4096).unwrap();
     let (hdr, _) = Luks1Header::read(&f).unwrap();
     let e = hdr

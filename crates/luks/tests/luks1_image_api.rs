@@ -86,12 +86,12 @@ fn probe_and_read_dispatch_on_version() {
     }
     let plain = dir.path().join("plain");
     std::fs::write(&plain, vec![0u8; 64 << 10]).unwrap();
-    let f = open(&plain);
+    let f = open_rw(&plain);
     assert!(!LuksImage::probe(&f).unwrap());
     assert!(matches!(LuksImage::read(&f), Err(LuksError::NotLuks(_))));
     std::fs::write(&plain, b"LUK").unwrap();
-    assert!(!LuksImage::probe(&open(&plain)).unwrap());
-    assert!(LuksImage::read(&open(&plain)).is_err());
+    assert!(!LuksImage::probe(&open_rw(&plain)).unwrap());
+    assert!(LuksImage::read(&open_rw(&plain)).is_err());
 }
 
 #[test]
@@ -124,7 +124,7 @@ fn change_passphrase_both_versions_cryptsetup_agrees() {
         );
         let new_key = write_key(dir.path(), "new", b"new pass");
         let old_key = write_key(dir.path(), "old", b"old pass");
-        assert!(run_status(
+        assert!(succeeds(
             "cryptsetup",
             &[
                 "luksOpen",
@@ -134,7 +134,7 @@ fn change_passphrase_both_versions_cryptsetup_agrees() {
                 s(&p)
             ]
         ));
-        assert!(!run_status(
+        assert!(!succeeds(
             "cryptsetup",
             &[
                 "luksOpen",
@@ -190,7 +190,7 @@ fn cryptsetup_luks2_image_reads_through_the_generic_api() {
             s(&p),
         ],
     );
-    let f = open(&p);
+    let f = open_rw(&p);
     let (img, _) = LuksImage::read(&f).unwrap();
     assert_eq!(img.version(), LuksVersion::V2);
     assert_eq!(img.label(), Some("lbl"));

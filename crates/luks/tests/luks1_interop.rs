@@ -54,7 +54,7 @@ fn cryptsetup_images_unlock_with_matching_volume_key() {
         ("aes-cbc-plain64", "128", "sha1"),
     ] {
         let (img, key) = cs_format(dir.path(), cipher, bits, hash);
-        let f = open(&img);
+        let f = open_rw(&img);
         let (hdr, _) = Luks1Header::read(&f).unwrap();
         assert_eq!(hdr.cipher_spec().unwrap().to_luks2_string(), cipher);
         assert_eq!(
@@ -137,7 +137,7 @@ fn keyslot_gaps_from_cryptsetup() {
         "cryptsetup",
         &["luksKillSlot", "--batch-mode", s(&img), "0"],
     );
-    let f = open(&img);
+    let f = open_rw(&img);
     let (hdr, _) = Luks1Header::read(&f).unwrap();
     assert_eq!(hdr.active_keyslots(), vec![2, 5]);
     let o = UnlockOptions::default();
@@ -189,7 +189,7 @@ fn our_images_are_accepted_by_cryptsetup() {
         let mut hdr = Luks1Header::format(&f, &opts, b"ours", &vk, Some(1 << 20)).unwrap();
         assert_eq!(f.metadata().unwrap().len(), hdr.data_offset() + (1 << 20));
         let k = write_key(dir.path(), "ours.key", b"ours");
-        let dump = String::from_utf8(run("cryptsetup", &["luksDump", s(&img)]).stdout).unwrap();
+        let dump = run("cryptsetup", &["luksDump", s(&img)]);
         assert!(
             dump.contains(&format!("Hash spec:     \t{}", hash.name())),
             "{dump}"
@@ -198,7 +198,7 @@ fn our_images_are_accepted_by_cryptsetup() {
             dump.contains(&format!("UUID:          \t{}", hdr.uuid())),
             "{dump}"
         );
-        assert!(run_status(
+        assert!(succeeds(
             "cryptsetup",
             &[
                 "luksOpen",
@@ -218,7 +218,7 @@ fn our_images_are_accepted_by_cryptsetup() {
         );
         hdr.remove_keyslot(&f, 0).unwrap();
         let k2 = write_key(dir.path(), "second.key", b"second");
-        assert!(run_status(
+        assert!(succeeds(
             "cryptsetup",
             &[
                 "luksOpen",
@@ -230,7 +230,7 @@ fn our_images_are_accepted_by_cryptsetup() {
                 s(&img)
             ]
         ));
-        assert!(!run_status(
+        assert!(!succeeds(
             "cryptsetup",
             &[
                 "luksOpen",
@@ -240,7 +240,7 @@ fn our_images_are_accepted_by_cryptsetup() {
                 s(&img)
             ]
         ));
-        let dump = String::from_utf8(run("cryptsetup", &["luksDump", s(&img)]).stdout).unwrap();
+        let dump = run("cryptsetup", &["luksDump", s(&img)]);
         assert!(
             dump.contains("Key Slot 0: DISABLED") && dump.contains("Key Slot 3: ENABLED"),
             "{dump}"
@@ -265,9 +265,9 @@ fn our_images_are_accepted_by_cryptsetup() {
 fn our_dump_text_matches_cryptsetup_layout() {
     let dir = tempfile::tempdir().unwrap();
     let (img, _) = cs_format(dir.path(), "aes-xts-plain64", "512", "sha256");
-    let (hdr, _) = Luks1Header::read(&open(&img)).unwrap();
+    let (hdr, _) = Luks1Header::read(&open_rw(&img)).unwrap();
     let ours = hdr.dump_text();
-    let theirs = String::from_utf8(run("cryptsetup", &["luksDump", s(&img)]).stdout).unwrap();
+    let theirs = run("cryptsetup", &["luksDump", s(&img)]);
     // Everything after the first line (which names the file) is identical.
     let skip_first = |t: &str| {
         t.lines()
@@ -283,7 +283,7 @@ fn our_dump_text_matches_cryptsetup_layout() {
 fn refuses_argon2_and_wrong_volume_key() {
     let dir = tempfile::tempdir().unwrap();
     let (img, _) = cs_format(dir.path(), "aes-xts-plain64", "256", "sha256");
-    let f = open(&img);
+    let f = open_rw(&img);
     let (mut hdr, _) = Luks1Header::read(&f).unwrap();
     let argon = PbkdfOptions {
         force_iterations: Some(4),

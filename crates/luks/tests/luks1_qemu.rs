@@ -98,7 +98,7 @@ fn we_open_qemu_made_luks1_images() {
             s(&p), "4M",
         ],
     );
-    let f = open(&p);
+    let f = open_rw(&p);
     let (img, _) = LuksImage::read(&f).unwrap();
     assert_eq!(img.version(), LuksVersion::V1);
     assert_eq!(

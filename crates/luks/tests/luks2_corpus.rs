@@ -1,9 +1,9 @@
 //! cryptsetup's own LUKS2 test images: valid, odd and deliberately unsupported headers.
-mod luks2_util;
+mod common_core;
 
+use common_core::*;
 use cryptblk_luks::luks2::Luks2Header;
 use cryptblk_luks::{LuksError, UnlockOptions};
-use luks2_util::*;
 use std::fs::File;
 
 #[test]
@@ -11,7 +11,7 @@ fn compatimage2_unlocks_with_cryptsetups_volume_key() {
     let dir = tempfile::tempdir().unwrap();
     let img = corpus(dir.path(), "compatimage2.img.xz");
     let key = write_key(dir.path(), "key", b"compatkey");
-    let expected = cs_volume_key(&img, &key);
+    let expected = cryptsetup_volume_key(&img, &key);
     let (h, warnings) = read(&img);
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(

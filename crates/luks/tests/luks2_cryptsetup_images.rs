@@ -1,9 +1,9 @@
 //! Images made by the real `cryptsetup luksFormat --type luks2` unlock with cryptblk, giving
 //! the volume key cryptsetup itself reports.
-mod luks2_util;
+mod common_core;
 
+use common_core::*;
 use cryptblk_luks::{LuksError, UnlockOptions};
-use luks2_util::*;
 use std::fs::File;
 
 const SIZE: u64 = 32 << 20;
@@ -12,7 +12,7 @@ fn check(extra: &[&str], cipher: &str, key_bytes: usize, sector: u32) {
     let dir = tempfile::tempdir().unwrap();
     let key = write_key(dir.path(), "key", b"correct horse\n");
     let img = cs_format(dir.path(), SIZE, &key, extra);
-    let expected = cs_volume_key(&img, &key);
+    let expected = cryptsetup_volume_key(&img, &key);
 
     let (h, warnings) = read(&img);
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -170,7 +170,7 @@ fn keyslots_with_gaps_and_unbound_slot() {
     args.extend_from_slice(&[s(&img), s(&ku)]);
     run("cryptsetup", &args);
 
-    let expected = cs_volume_key(&img, &k1);
+    let expected = cryptsetup_volume_key(&img, &k1);
     let (h, _) = read(&img);
     assert_eq!(h.active_keyslots(), vec![0, 1, 5, 7]);
     for (pass, slot) in [(&b"first"[..], 0), (b"fifth", 5), (b"seventh", 7)] {
@@ -239,7 +239,7 @@ fn dump_describes_the_header_without_key_material() {
             "4096",
         ],
     );
-    let vk = cs_volume_key(&img, &key);
+    let vk = cryptsetup_volume_key(&img, &key);
     let (h, _) = read(&img);
     assert_eq!(h.label(), Some("mylabel"));
     let d = h.dump();
@@ -297,7 +297,7 @@ fn larger_metadata_area_and_keyslot_priorities() {
         &["config", "--priority", "prefer", "--key-slot", "2", s(&img)],
     );
     // cryptsetup itself skips "ignored" slots unless asked for one by number.
-    let expected = cs_volume_key(&img, &k2);
+    let expected = cryptsetup_volume_key(&img, &k2);
 
     let (mut h, warnings) = read(&img);
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -323,7 +323,7 @@ fn larger_metadata_area_and_keyslot_priorities() {
     assert!(dump.contains("Metadata area: \t65536"), "{dump}");
     assert!(dump.contains("Priority:   ignored"), "{dump}");
     let k1 = write_key(dir.path(), "k1", b"new");
-    assert_eq!(cs_volume_key(&img, &k1), expected);
+    assert_eq!(cryptsetup_volume_key(&img, &k1), expected);
 
     // With the primary destroyed the 64 KiB secondary is found by probing.
     write_range(&img, 0, &[0u8; 4096]);

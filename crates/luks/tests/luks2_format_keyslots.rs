@@ -1,11 +1,11 @@
 //! Images cryptblk formats and modifies are accepted by the real cryptsetup.
-mod luks2_util;
+mod common_core;
 
+use common_core::*;
 use cryptblk_crypto::SecretKey;
 use cryptblk_luks::kdf::Argon2Variant;
 use cryptblk_luks::luks2::Luks2Header;
 use cryptblk_luks::{HashAlg, LuksError, PbkdfKind, PbkdfOptions};
-use luks2_util::*;
 use std::fs::File;
 
 fn epoch(img: &std::path::Path) -> u64 {
@@ -52,7 +52,7 @@ fn formatted_image_opens_in_cryptsetup() {
         test_pass(&img, &key, None),
         "cryptsetup rejects the passphrase of a cryptblk image"
     );
-    assert_eq!(cs_volume_key(&img, &key), vk.as_bytes());
+    assert_eq!(cryptsetup_volume_key(&img, &key), vk.as_bytes());
     assert_eq!(run("cryptsetup", &["luksUUID", s(&img)]).trim(), h.uuid());
 
     let (again, warnings) = read(&img);
@@ -90,7 +90,7 @@ fn formats_other_ciphers_and_kdfs() {
         opts.pbkdf = pbkdf;
         Luks2Header::format(&file, &opts, b"pw", &vk, None).unwrap();
         assert!(test_pass(&img, &key, None), "{cipher}/{sector}");
-        assert_eq!(cs_volume_key(&img, &key), vk.as_bytes(), "{cipher}");
+        assert_eq!(cryptsetup_volume_key(&img, &key), vk.as_bytes(), "{cipher}");
     }
 }
 

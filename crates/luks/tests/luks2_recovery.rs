@@ -1,12 +1,12 @@
 //! Damaged header copies and interrupted updates: the image stays usable from the good copy,
 //! and the reader says which copy it used and why.
-mod luks2_util;
+mod common_core;
 
+use common_core::*;
 use cryptblk_crypto::SecretKey;
 use cryptblk_luks::luks2::binary::HeaderCopy;
 use cryptblk_luks::luks2::Luks2Header;
 use cryptblk_luks::LuksError;
-use luks2_util::*;
 use std::path::{Path, PathBuf};
 
 const HDR: u64 = 16384;

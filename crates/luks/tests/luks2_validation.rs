@@ -1,11 +1,11 @@
 //! Hostile metadata with a *valid* checksum: validation, not the checksum, must refuse it and
 //! name the field.
-mod luks2_util;
+mod common_core;
 
+use common_core::*;
 use cryptblk_luks::luks2::binary::compute_checksum;
 use cryptblk_luks::luks2::Luks2Header;
 use cryptblk_luks::{HashAlg, LuksError};
-use luks2_util::*;
 use std::fs::File;
 use std::path::Path;
 

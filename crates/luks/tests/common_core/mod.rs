@@ -1,10 +1,19 @@
-//! Helpers for the LUKS-core integration tests: real tools, corpus images, temp files.
+//! Helpers shared by the LUKS-core integration tests: real tools (cryptsetup, qemu-img, xz),
+//! corpus images, key files, raw file edits, and cheap LUKS2 format/unlock shortcuts.
 #![allow(dead_code)]
 
+use cryptblk_crypto::{CipherSpec, SecretKey};
+use cryptblk_luks::kdf::Argon2Variant;
+use cryptblk_luks::luks2::Luks2Header;
+use cryptblk_luks::{FormatOptions, HashAlg, LuksVersion, PbkdfKind, PbkdfOptions, UnlockOptions};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// Path of a required external tool; the test fails (not skips) when it is missing.
+// ---- external tools ----
+
+/// Path of a required external tool; the test fails (never skips) when it is missing.
 pub fn tool(name: &str) -> PathBuf {
     for dir in ["/usr/sbin", "/usr/bin", "/sbin", "/bin"] {
         let p = Path::new(dir).join(name);
@@ -12,21 +21,38 @@ pub fn tool(name: &str) -> PathBuf {
             return p;
         }
     }
-    panic!("required tool '{name}' is not installed (install it, e.g. apt-get install {name})");
+    panic!("required tool '{name}' is not installed; install it (e.g. apt-get install {name}) to run this test");
 }
 
-pub fn run(name: &str, args: &[&str]) -> Output {
+/// Run a tool, panic with its output unless it succeeds; returns its raw output.
+pub fn run_output(name: &str, args: &[&str]) -> Output {
     let out = Command::new(tool(name))
         .args(args)
         .output()
         .expect("spawn tool");
     assert!(
         out.status.success(),
-        "{name} {args:?} failed: {}\n{}",
+        "{name} {args:?} failed ({}):\n{}{}",
+        out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// Run a tool, panic with its output unless it succeeds; returns stdout as text.
+pub fn run(name: &str, args: &[&str]) -> String {
+    String::from_utf8_lossy(&run_output(name, args).stdout).into_owned()
+}
+
+/// Run a tool and only report whether it succeeded (for commands expected to fail).
+pub fn succeeds(name: &str, args: &[&str]) -> bool {
+    Command::new(tool(name))
+        .args(args)
+        .output()
+        .expect("spawn tool")
+        .status
+        .success()
 }
 
 /// `qemu-img` for commands that calibrate a KDF. QEMU 7.2 times its calibration with thread
@@ -56,38 +82,10 @@ pub fn qemu_img_kdf(args: &[&str]) -> Output {
     panic!("qemu-img {args:?}: its KDF calibration kept failing");
 }
 
-/// Run a tool, returning whether it succeeded (for commands expected to fail).
-pub fn run_status(name: &str, args: &[&str]) -> bool {
-    Command::new(tool(name))
-        .args(args)
-        .output()
-        .expect("spawn tool")
-        .status
-        .success()
-}
+// ---- files and keys ----
 
-pub fn corpus_dir() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/cryptsetup");
-    assert!(p.is_dir(), "corpus directory {} is missing", p.display());
-    p
-}
-
-/// Decompress corpus file `name.xz` into `dir`, returning the decompressed path.
-pub fn unxz(name: &str, dir: &Path) -> PathBuf {
-    let src = corpus_dir().join(format!("{name}.xz"));
-    let out = run("xz", &["-dc", src.to_str().unwrap()]);
-    let dst = dir.join(name);
-    std::fs::write(&dst, out.stdout).unwrap();
-    dst
-}
-
-/// Unpack corpus `name.tar.xz` into `dir`.
-pub fn untar(name: &str, dir: &Path) {
-    let src = corpus_dir().join(format!("{name}.tar.xz"));
-    run(
-        "tar",
-        &["-xJf", src.to_str().unwrap(), "-C", dir.to_str().unwrap()],
-    );
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
 }
 
 pub fn write_key(dir: &Path, name: &str, pass: &[u8]) -> PathBuf {
@@ -96,7 +94,76 @@ pub fn write_key(dir: &Path, name: &str, pass: &[u8]) -> PathBuf {
     p
 }
 
-/// The volume key as cryptsetup recovers it with `keyfile`.
+pub fn open_rw(p: &Path) -> File {
+    OpenOptions::new().read(true).write(true).open(p).unwrap()
+}
+
+/// Flip one byte of a file.
+pub fn flip(p: &Path, offset: u64) {
+    let f = open_rw(p);
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, offset).unwrap();
+    b[0] ^= 0x55;
+    f.write_all_at(&b, offset).unwrap();
+}
+
+pub fn read_range(p: &Path, offset: u64, len: usize) -> Vec<u8> {
+    let mut b = vec![0u8; len];
+    File::open(p)
+        .unwrap()
+        .read_exact_at(&mut b, offset)
+        .unwrap();
+    b
+}
+
+pub fn write_range(p: &Path, offset: u64, data: &[u8]) {
+    open_rw(p).write_all_at(data, offset).unwrap();
+}
+
+// ---- cryptsetup's test corpus ----
+
+pub fn corpus_dir() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/cryptsetup");
+    assert!(p.is_dir(), "corpus directory {} is missing", p.display());
+    p
+}
+
+/// Decompress corpus file `name` into `dir`: `x.xz` becomes `dir/x`; an `x.tar.xz` archive is
+/// unpacked into `dir` and `dir/x` returned.
+pub fn corpus(dir: &Path, name: &str) -> PathBuf {
+    let src = corpus_dir().join(name);
+    assert!(src.exists(), "corpus file {} missing", src.display());
+    if let Some(stem) = name.strip_suffix(".tar.xz") {
+        run("tar", &["-xJf", s(&src), "-C", s(dir)]);
+        return dir.join(stem);
+    }
+    let stem = name.strip_suffix(".xz").unwrap();
+    let p = dir.join(stem);
+    std::fs::write(&p, run_output("xz", &["-dc", s(&src)]).stdout).unwrap();
+    p
+}
+
+// ---- cryptsetup ----
+
+/// `truncate -s size` + `cryptsetup luksFormat --type luks2` with the given extra options.
+pub fn cs_format(dir: &Path, size: u64, key: &Path, extra: &[&str]) -> PathBuf {
+    let img = dir.join("img");
+    File::create(&img).unwrap().set_len(size).unwrap();
+    let mut args = vec![
+        "luksFormat",
+        "--type",
+        "luks2",
+        "--batch-mode",
+        "--key-file",
+        s(key),
+    ];
+    args.extend_from_slice(extra);
+    args.push(s(&img));
+    run("cryptsetup", &args);
+    img
+}
+
+/// The volume key as cryptsetup recovers it with `keyfile` (LUKS1 or LUKS2).
 pub fn cryptsetup_volume_key(img: &Path, keyfile: &Path) -> Vec<u8> {
     let out = run(
         "cryptsetup",
@@ -109,32 +176,62 @@ pub fn cryptsetup_volume_key(img: &Path, keyfile: &Path) -> Vec<u8> {
             s(img),
         ],
     );
-    let text = String::from_utf8(out.stdout).unwrap();
     let mut hexs = String::new();
     let mut in_dump = false;
-    for line in text.lines() {
+    for line in out.lines() {
         if let Some(rest) = line.strip_prefix("MK dump:") {
             in_dump = true;
             hexs.push_str(rest);
-        } else if in_dump && line.starts_with('\t') {
+        } else if in_dump && line.starts_with(char::is_whitespace) {
             hexs.push_str(line);
         } else if in_dump {
             break;
         }
     }
     let hexs: String = hexs.split_whitespace().collect();
-    assert!(!hexs.is_empty(), "no MK dump in cryptsetup output:\n{text}");
+    assert!(!hexs.is_empty(), "no MK dump in cryptsetup output:\n{out}");
     hex::decode(hexs).unwrap()
 }
 
-pub fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+// ---- LUKS2 through cryptblk ----
+
+pub fn read(p: &Path) -> (Luks2Header, Vec<String>) {
+    Luks2Header::read(&File::open(p).unwrap()).unwrap()
 }
 
-pub fn open(p: &Path) -> std::fs::File {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(p)
-        .unwrap()
+pub fn unlock(p: &Path, pass: &[u8]) -> cryptblk_luks::Result<(usize, SecretKey)> {
+    let (h, _) = read(p);
+    h.unlock(&File::open(p).unwrap(), pass, &UnlockOptions::default())
+}
+
+pub fn cheap_argon() -> PbkdfOptions {
+    PbkdfOptions {
+        kind: PbkdfKind::Argon2(Argon2Variant::Argon2id),
+        hash: HashAlg::Sha256,
+        iter_time_ms: 100,
+        memory_kib: 32,
+        parallel: 1,
+        force_iterations: Some(4),
+    }
+}
+
+pub fn cheap_pbkdf2(hash: HashAlg) -> PbkdfOptions {
+    PbkdfOptions {
+        kind: PbkdfKind::Pbkdf2,
+        hash,
+        force_iterations: Some(1000),
+        ..cheap_argon()
+    }
+}
+
+pub fn format_opts(cipher: &str, key_bytes: usize, sector: u32) -> FormatOptions {
+    FormatOptions {
+        version: LuksVersion::V2,
+        cipher: CipherSpec::parse_luks2(cipher, key_bytes).unwrap(),
+        hash: HashAlg::Sha256,
+        pbkdf: cheap_argon(),
+        sector_size: sector,
+        label: Some("cryptblk-test".into()),
+        uuid: None,
+    }
 }
