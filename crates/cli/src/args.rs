@@ -211,6 +211,14 @@ pub enum TargetFormat {
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheMode {
+    /// Write around the page cache with O_DIRECT (falls back where the filesystem refuses it).
+    None,
+    /// Write through the page cache.
+    Writeback,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProgressMode {
     /// A progress bar with throughput and ETA (on a terminal).
     Bar,
@@ -240,6 +248,9 @@ pub struct ConvertArgs {
     /// Passphrase of the LUKS target ('-' for stdin).
     #[arg(long, short = 'd', value_name = "FILE")]
     pub key_file: Option<PathBuf>,
+    /// Cache mode for writing a new target, like qemu-img's -t.
+    #[arg(short = 't', value_enum, default_value = "none", value_name = "CACHE")]
+    pub target_cache: CacheMode,
     /// Bytes per pipeline chunk.
     #[arg(long, value_parser = parse_size, default_value = "1M", value_name = "SIZE")]
     pub chunk_size: u64,

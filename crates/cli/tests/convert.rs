@@ -77,6 +77,18 @@ fn roundtrip_luks2_not_4096_multiple() {
 }
 
 #[test]
+fn roundtrip_luks2_through_the_page_cache() {
+    // The default writes new targets with O_DIRECT; -t writeback takes the buffered path.
+    roundtrip(
+        "rt-l2-wb",
+        "luks2",
+        4 * MIB + 4096,
+        CHEAP_PBKDF2,
+        &["-t", "writeback"],
+    );
+}
+
+#[test]
 fn roundtrip_luks2_cbc_essiv_sector512() {
     roundtrip(
         "rt-l2-cbc",

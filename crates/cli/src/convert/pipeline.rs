@@ -5,7 +5,7 @@
 //! image size, because a buffer only returns to the reader once a writer has finished with it.
 use anyhow::{Context, Result};
 use crossbeam_channel::{bounded, Receiver, Sender};
-use cryptblk_block::{BlockDevice, ExtentKind};
+use cryptblk_block::{AlignedBuf, BlockDevice, ExtentKind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -40,7 +40,7 @@ pub struct Progress {
 enum Work {
     Data {
         offset: u64,
-        buf: Vec<u8>,
+        buf: AlignedBuf,
         len: usize,
     },
     Zeros {
@@ -58,10 +58,11 @@ pub fn copy(
     progress: &Progress,
 ) -> Result<()> {
     let chunk = cfg.chunk_size.max(4096);
-    let (free_tx, free_rx) = bounded::<Vec<u8>>(cfg.buffers());
+    // Aligned, so that a target doing direct I/O can DMA straight from them.
+    let (free_tx, free_rx) = bounded::<AlignedBuf>(cfg.buffers());
     for _ in 0..cfg.buffers() {
         free_tx
-            .send(vec![0u8; chunk])
+            .send(AlignedBuf::zeroed(chunk))
             .expect("channel has room for every buffer");
     }
     let (work_tx, work_rx) = bounded::<Work>(cfg.buffers());
@@ -106,7 +107,7 @@ fn read_loop(
     len: u64,
     chunk: usize,
     holes: Holes,
-    free_rx: &Receiver<Vec<u8>>,
+    free_rx: &Receiver<AlignedBuf>,
     work_tx: Sender<Work>,
     failed: &AtomicBool,
     progress: &Progress,
@@ -150,13 +151,13 @@ fn read_loop(
 fn write_loop(
     dst: &dyn BlockDevice,
     work_rx: Receiver<Work>,
-    free_tx: Sender<Vec<u8>>,
+    free_tx: Sender<AlignedBuf>,
     chunk: usize,
     holes: Holes,
     failed: &AtomicBool,
     progress: &Progress,
 ) -> Result<()> {
-    let zeros = vec![0u8; chunk];
+    let zeros = AlignedBuf::zeroed(chunk);
     for item in work_rx {
         if failed.load(Ordering::Relaxed) {
             return Ok(());
