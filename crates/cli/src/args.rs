@@ -9,11 +9,12 @@ use std::path::PathBuf;
     version,
     about = "Fast userspace encrypted block storage: LUKS1/LUKS2 images with parallel sector crypto",
     after_help = crate::exit::HELP,
-    after_long_help = concat!(
+    long_about = concat!(
+        "Fast userspace encrypted block storage: LUKS1/LUKS2 images with parallel sector crypto.\n\n",
         "Passphrases are read from --key-file PATH (the whole file, as cryptsetup does; '-' reads stdin, ",
         "/dev/fd/N works), or asked for without echo when stdin is a terminal. They are never taken from ",
         "the command line.\n\nEnvironment: CRYPTBLK_ENGINE=openssl|rustcrypto forces a crypto engine; ",
-        "RUST_LOG=debug shows what cryptblk decides.\n\n"
+        "RUST_LOG=debug shows what cryptblk decides."
     )
 )]
 pub struct Cli {

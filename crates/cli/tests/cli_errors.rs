@@ -887,3 +887,31 @@ fn locked_image_exit_6() {
     drop(holder);
     cryptblk(&add).ok();
 }
+
+#[test]
+fn help_documents_exit_codes_and_convert_memory_bound() {
+    for flag in ["-h", "--help"] {
+        let out = cryptblk([flag]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        for needle in [
+            "Exit status:",
+            "2  wrong passphrase",
+            "4  damaged",
+            "7  resource limit",
+        ] {
+            assert!(
+                out.stdout.contains(needle),
+                "`cryptblk {flag}` lacks {needle:?}:\n{}",
+                out.stdout
+            );
+        }
+    }
+    let out = cryptblk(["convert", "--help"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("Memory:"),
+        "convert --help states no memory bound:\n{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("-t <CACHE>"), "{}", out.stdout);
+}
