@@ -508,3 +508,56 @@ fn convert_1gib_rss_is_bounded() {
     f.read_exact_at(&mut middle, size / 2).unwrap();
     assert!(middle.iter().all(|&b| b == 0), "holes round-trip as zeros");
 }
+
+#[test]
+fn interrupt_removes_the_partial_target() {
+    let dir = tempdir();
+    let d = dir.path();
+    let key = key_file(d, "key", &passphrase("sigint"));
+    let src = d.join("big.raw");
+    // Sparse, so it costs no disk; a LUKS target still has to encrypt and write every zero,
+    // and 4 KiB chunks make that slow enough to be caught mid-way.
+    std::fs::File::create(&src)
+        .unwrap()
+        .set_len(64 << 30)
+        .unwrap();
+    let dst = d.join("out.luks");
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "convert",
+            "-O",
+            "luks2",
+            "--chunk-size",
+            "4K",
+            "--key-file",
+            s(&key),
+        ])
+        .args(CHEAP_PBKDF2)
+        .args([s(&src), s(&dst)])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the copy is under way (the temporary target exists), then interrupt it.
+    let started = std::time::Instant::now();
+    while !files_in(d).iter().any(|f| f.ends_with(".cryptblk-partial")) {
+        assert!(
+            started.elapsed().as_secs() < 60,
+            "convert never created its temporary target"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // SAFETY: kill only sends a signal to the child we spawned and still own.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(8), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(stderr.contains("partial target was removed"), "{stderr}");
+    assert_eq!(
+        files_in(d),
+        ["big.raw", "key"],
+        "an interrupted convert left files behind"
+    );
+}

@@ -63,6 +63,9 @@ pub fn convert(cli: &Cli, args: &ConvertArgs, pool: &Arc<CryptoPool>) -> Result<
     if same_file(&args.source, &args.target) {
         return Err(UsageError("source and target are the same file".into()).into());
     }
+    // Registered before anything is created, so that Ctrl-C or SIGTERM stops the copy and the
+    // temporary target is removed on the way out instead of being left behind.
+    let interrupted = InterruptFlag::register()?;
     let source = open_source(cli, args, pool)?;
     let size = source.device.size();
     let started = Instant::now();
@@ -84,6 +87,7 @@ pub fn convert(cli: &Cli, args: &ConvertArgs, pool: &Arc<CryptoPool>) -> Result<
         chunk_size: args.chunk_size as usize,
         writers,
         holes,
+        interrupted: interrupted.flag.clone(),
     };
     let progress = Progress::default();
     let reporter = progress::Reporter::new(args.progress, size);
@@ -340,6 +344,38 @@ fn same_file(a: &Path, b: &Path) -> bool {
     match (std::fs::metadata(a), std::fs::metadata(b)) {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
         _ => false,
+    }
+}
+
+/// SIGINT, SIGTERM and SIGHUP set a flag the pipeline polls; a second signal exits at once.
+struct InterruptFlag {
+    flag: Arc<AtomicBool>,
+    ids: Vec<signal_hook::SigId>,
+}
+
+impl InterruptFlag {
+    fn register() -> Result<Self> {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let flag = Arc::new(AtomicBool::new(false));
+        let mut ids = Vec::new();
+        for sig in [SIGINT, SIGTERM, SIGHUP] {
+            // Order matters: the conditional exit only fires when the flag is already set.
+            ids.push(signal_hook::flag::register_conditional_shutdown(
+                sig,
+                130,
+                flag.clone(),
+            )?);
+            ids.push(signal_hook::flag::register(sig, flag.clone())?);
+        }
+        Ok(InterruptFlag { flag, ids })
+    }
+}
+
+impl Drop for InterruptFlag {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
     }
 }
 

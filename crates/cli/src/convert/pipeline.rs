@@ -3,11 +3,11 @@
 //! Reading, encryption (inside the target device's `write_at`, spread over the crypto pool) and
 //! writing overlap. Memory is bounded by the buffer count times the chunk size, whatever the
 //! image size, because a buffer only returns to the reader once a writer has finished with it.
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use cryptblk_block::{AlignedBuf, BlockDevice, ExtentKind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// How the pipeline treats regions the source reports as zero or unallocated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,6 +22,8 @@ pub struct PipelineConfig {
     pub chunk_size: usize,
     pub writers: usize,
     pub holes: Holes,
+    /// Set (by a signal handler) to stop the copy early with an error.
+    pub interrupted: Arc<AtomicBool>,
 }
 
 impl PipelineConfig {
@@ -89,9 +91,7 @@ pub fn copy(
             });
         }
         drop(work_rx);
-        if let Err(e) = read_loop(
-            src, len, chunk, cfg.holes, &free_rx, work_tx, &failed, progress,
-        ) {
+        if let Err(e) = read_loop(src, len, chunk, cfg, &free_rx, work_tx, &failed, progress) {
             fail(e);
         }
     });
@@ -106,7 +106,7 @@ fn read_loop(
     src: &dyn BlockDevice,
     len: u64,
     chunk: usize,
-    holes: Holes,
+    cfg: &PipelineConfig,
     free_rx: &Receiver<AlignedBuf>,
     work_tx: Sender<Work>,
     failed: &AtomicBool,
@@ -114,6 +114,9 @@ fn read_loop(
 ) -> Result<()> {
     let mut offset = 0u64;
     while offset < len && !failed.load(Ordering::Relaxed) {
+        if cfg.interrupted.load(Ordering::Relaxed) {
+            bail!("interrupted by a signal");
+        }
         let want = (len - offset).min(chunk as u64);
         let extent = src
             .block_status(offset, want)
@@ -133,7 +136,7 @@ fn read_loop(
                 len: run,
             }
         };
-        match (holes, item) {
+        match (cfg.holes, item) {
             (Holes::Skip, Work::Zeros { len, .. }) => {
                 progress.done.fetch_add(len as u64, Ordering::Relaxed);
             }
