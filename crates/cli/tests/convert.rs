@@ -522,7 +522,7 @@ fn interrupt_removes_the_partial_target() {
         .set_len(64 << 30)
         .unwrap();
     let dst = d.join("out.luks");
-    let mut child = std::process::Command::new(bin())
+    let child = std::process::Command::new(bin())
         .args([
             "convert",
             "-O",
