@@ -1,0 +1,70 @@
+#!/bin/busybox sh
+# /init of the cryptblk test guest (packed into the initramfs by build-initramfs.sh).
+# Kernel command line parameters:
+#   cryptblk.job=write-verify|read-verify   the fio job to run on the test disk
+#   cryptblk.size=BYTES                     how much of the disk the job covers (default 64M)
+#   cryptblk.bs=BYTES                       fio block size (default 64k)
+#   cryptblk.dev=NAME                       the test disk under /dev (default vda)
+# Prints exactly one "GUEST-RESULT: PASS" or "GUEST-RESULT: FAIL <why>" line on the console,
+# plus "GUEST-SHA256: <hex>" of the disk's first size bytes after a passing job, then powers off.
+/bin/busybox mkdir -p /proc /sys /dev /tmp /sbin /usr/bin /usr/sbin
+/bin/busybox --install -s
+mount -t devtmpfs devtmpfs /dev
+exec </dev/console >/dev/console 2>&1
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+
+finish() {
+	echo "GUEST-RESULT: $*"
+	sync
+	poweroff -f
+	sleep 5
+	exit 1
+}
+
+job=""
+size=64M
+bs=64k
+dev=vda
+for word in $(cat /proc/cmdline); do
+	case "$word" in
+	cryptblk.job=*) job="${word#*=}" ;;
+	cryptblk.size=*) size="${word#*=}" ;;
+	cryptblk.bs=*) bs="${word#*=}" ;;
+	cryptblk.dev=*) dev="${word#*=}" ;;
+	esac
+done
+echo "guest: up $(cut -d' ' -f1 /proc/uptime)s, kernel $(uname -r), job=${job:-none} size=$size bs=$bs dev=/dev/$dev"
+
+while read -r mod; do
+	[ -n "$mod" ] || continue
+	insmod "/lib/modules/$mod.ko" || finish "FAIL insmod $mod"
+done </lib/modules/load-order
+
+tries=0
+while [ ! -b "/dev/$dev" ]; do
+	tries=$((tries + 1))
+	[ "$tries" -le 200 ] || finish "FAIL no /dev/$dev after 10 s"
+	sleep 0.05
+done
+echo "guest: /dev/$dev is $(cat "/sys/block/$dev/size") sectors, $(ls "/sys/block/$dev/mq" | wc -l) queue(s)"
+
+export LD_LIBRARY_PATH="$(cat /etc/fio-library-path)"
+set -- fio --name=verify --filename="/dev/$dev" --rw=write --bs="$bs" --size="$size" \
+	--direct=1 --ioengine=psync --verify=crc32c --verify_fatal=1 --verify_state_save=0
+case "$job" in
+write-verify) set -- "$@" --do_verify=1 ;;
+read-verify) set -- "$@" --verify_only=1 ;;
+*) finish "FAIL unknown job '${job}' (cryptblk.job=write-verify|read-verify)" ;;
+esac
+echo "guest: $*"
+"$@" || finish "FAIL fio $job exited with status $?"
+
+# A digest of what the guest now reads from the disk (the first size bytes, read back through
+# the block layer), for the host to compare with the image's decrypted contents.
+case "$size" in
+*[!0-9]*) ;;
+*) echo "GUEST-SHA256: $(head -c "$size" "/dev/$dev" | sha256sum | cut -d' ' -f1)" ;;
+esac
+echo "guest: done at $(cut -d' ' -f1 /proc/uptime)s"
+finish PASS
