@@ -125,9 +125,15 @@ pub fn unlock_options(cli: &Cli) -> UnlockOptions {
     }
 }
 
-pub fn crypto_pool(cli: &Cli) -> Arc<CryptoPool> {
-    Arc::new(match cli.threads {
-        Some(n) => CryptoPool::new(n),
-        None => CryptoPool::with_default_threads(),
-    })
+/// Crypto worker threads: `--threads`, else one per CPU.
+pub fn pool_threads(cli: &Cli) -> Result<usize> {
+    match cli.threads {
+        Some(n) if (1..=1024).contains(&n) => Ok(n),
+        Some(n) => Err(UsageError(format!("--threads {n}: use 1 to 1024")).into()),
+        None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+    }
+}
+
+pub fn crypto_pool(cli: &Cli) -> Result<Arc<CryptoPool>> {
+    Ok(Arc::new(CryptoPool::try_new(pool_threads(cli)?)?))
 }

@@ -550,6 +550,8 @@ fn usage_errors_exit_1() {
     let cases: Vec<Vec<&str>> = vec![
         vec!["no-such-command"],
         vec!["convert"],
+        vec!["--threads", "0", "bench"],
+        vec!["--threads", "100000", "convert", "-O", "raw", k, i],
         vec!["format", "--key-file", k],
         vec![
             "format",

@@ -8,7 +8,7 @@ pub fn run(cli: &Cli, args: &BenchArgs) -> Result<()> {
     }
     let opts = BenchOptions {
         seconds_per_cell: args.seconds,
-        threads: cli.threads,
+        threads: Some(crate::options::pool_threads(cli)?),
         ..BenchOptions::default()
     };
     let report = run_bench(&opts);

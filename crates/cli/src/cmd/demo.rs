@@ -35,7 +35,7 @@ pub fn run(cli: &Cli, args: &DemoArgs) -> Result<()> {
     );
     write_sample(&sample, args.size)?;
 
-    let pool = crypto_pool(cli);
+    let pool = crypto_pool(cli)?;
     let threads = pool.threads().to_string();
     let key = key_file.to_string_lossy().into_owned();
     let (src, enc, dec) = (

@@ -40,7 +40,7 @@ pub struct Endpoint {
 }
 
 pub fn run(cli: &Cli, args: &ConvertArgs) -> Result<()> {
-    let pool = crypto_pool(cli);
+    let pool = crypto_pool(cli)?;
     let report = convert(cli, args, &pool)?;
     if args.progress.is_none() {
         eprintln!(
