@@ -1,0 +1,258 @@
+//! vhost-user-blk backend for cryptblk: exports one `BlockDevice` (a LUKS volume or a raw
+//! file) to a VM over a vhost-user socket.
+//!
+//! - `request`: parses a virtio-blk request out of a descriptor chain (untrusted input).
+//! - `device`: executes a parsed request against the `BlockDevice`.
+//! - `backend`: the `VhostUserBackend` impl (features, config space, one worker per queue).
+//! - this file: the listening loop (`Server`), reconnects and shutdown.
+
+pub mod backend;
+pub mod device;
+pub mod request;
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cryptblk_block::BlockDevice;
+use vhost::vhost_user::Listener;
+use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+pub use backend::BlkBackend;
+pub use device::Disk;
+
+/// Largest queue size accepted.
+pub const MAX_QUEUE_SIZE: u16 = 1024;
+/// Most queues accepted (one worker thread each).
+pub const MAX_QUEUES: u16 = 64;
+
+/// How to export the disk.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub num_queues: u16,
+    pub queue_size: u16,
+    pub read_only: bool,
+    /// GET_ID answer; cut to 20 bytes.
+    pub serial: String,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            num_queues: 1,
+            queue_size: 256,
+            read_only: false,
+            serial: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid options: {0}")]
+    Options(String),
+    #[error("cannot listen on {path}: {source}")]
+    Listen {
+        path: PathBuf,
+        source: vhost::vhost_user::Error,
+    },
+    #[error("vhost-user daemon: {0}")]
+    Daemon(String),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("flush at shutdown: {0}")]
+    Flush(cryptblk_block::BlockError),
+}
+
+/// Stops a running `Server` from another thread (a signal handler thread, a test).
+#[derive(Clone)]
+pub struct StopHandle {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    wake: EventFd,
+    connection: Mutex<Option<ShutdownHandle>>,
+}
+
+impl StopHandle {
+    /// Asks the server to stop: the current connection (if any) is closed after its in-flight
+    /// requests complete, the disk is flushed, and `Server::run` returns.
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = self.shared.wake.write(1);
+        if let Some(conn) = self
+            .shared
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            conn.shutdown();
+        }
+    }
+}
+
+/// A listening vhost-user-blk socket serving one disk, one frontend at a time; accepts a new
+/// connection after the previous frontend disconnects.
+pub struct Server {
+    listener: Listener,
+    path: PathBuf,
+    device: Arc<dyn BlockDevice>,
+    opts: ServeOptions,
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// Binds the socket (replacing a stale one at that path).
+    pub fn bind(
+        socket_path: impl AsRef<Path>,
+        device: Arc<dyn BlockDevice>,
+        opts: ServeOptions,
+    ) -> Result<Self, Error> {
+        if opts.num_queues == 0 || opts.num_queues > MAX_QUEUES {
+            return Err(Error::Options(format!(
+                "number of queues must be 1 to {MAX_QUEUES}, not {}",
+                opts.num_queues
+            )));
+        }
+        if !opts.queue_size.is_power_of_two() || opts.queue_size > MAX_QUEUE_SIZE {
+            return Err(Error::Options(format!(
+                "queue size must be a power of two up to {MAX_QUEUE_SIZE}, not {}",
+                opts.queue_size
+            )));
+        }
+        let path = socket_path.as_ref().to_path_buf();
+        let listener = Listener::new(&path, true).map_err(|source| Error::Listen {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Server {
+            listener,
+            path,
+            device,
+            opts,
+            shared: Arc::new(Shared {
+                stop: AtomicBool::new(false),
+                wake: EventFd::new(EFD_NONBLOCK)?,
+                connection: Mutex::new(None),
+            }),
+        })
+    }
+
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
+    pub fn socket_path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Serves frontends one after another until stopped; then flushes the disk.
+    pub fn run(mut self) -> Result<(), Error> {
+        while self.wait_for_connection()? {
+            self.serve_connection()?;
+        }
+        self.device.flush().map_err(Error::Flush)?;
+        let _ = std::fs::remove_file(&self.path);
+        Ok(())
+    }
+
+    /// Blocks until a frontend connects (true) or a stop is requested (false).
+    fn wait_for_connection(&self) -> Result<bool, Error> {
+        loop {
+            if self.shared.stop.load(Ordering::SeqCst) {
+                return Ok(false);
+            }
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.shared.wake.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: `fds` is a valid array of two initialised pollfd structs that lives
+            // across the call; the length passed matches it.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+            if n < 0 {
+                let err = io::Error::last_os_error();
+                if err.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(err.into());
+            }
+            if fds[1].revents != 0 {
+                let _ = self.shared.wake.read();
+                continue;
+            }
+            if fds[0].revents != 0 {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Runs one frontend connection to its end. Worker threads finish the requests they
+    /// have popped before they exit (the daemon joins them when dropped).
+    fn serve_connection(&mut self) -> Result<(), Error> {
+        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        let disk = Disk::new(self.device.clone(), self.opts.read_only, &self.opts.serial);
+        let backend = BlkBackend::new(
+            disk,
+            self.opts.num_queues,
+            self.opts.queue_size,
+            mem.clone(),
+        );
+        let mut daemon = VhostUserDaemon::new("cryptblk-vhost-user-blk".into(), backend, mem)
+            .map_err(|e| Error::Daemon(e.to_string()))?;
+        daemon
+            .start(&mut self.listener)
+            .map_err(|e| Error::Daemon(e.to_string()))?;
+        *self
+            .shared
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = daemon.shutdown_handle();
+        if self.shared.stop.load(Ordering::SeqCst) {
+            daemon.request_shutdown();
+        }
+        tracing::info!("vhost-user frontend connected on {}", self.path.display());
+        let result = daemon.wait();
+        *self
+            .shared
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        for handler in daemon.get_epoll_handlers() {
+            handler.send_exit_event();
+        }
+        drop(daemon);
+        match result {
+            Ok(()) => tracing::info!("vhost-user frontend disconnected"),
+            // A frontend that goes away mid-message (killed VM) is a normal disconnect.
+            Err(e) => tracing::info!("vhost-user connection ended: {e}"),
+        }
+        Ok(())
+    }
+}
+
+/// Serves `device` on `socket_path` until the process ends, accepting a new frontend after
+/// each disconnect. Use `Server` directly to be able to stop it.
+pub fn serve(
+    socket_path: impl AsRef<Path>,
+    device: Arc<dyn BlockDevice>,
+    opts: ServeOptions,
+) -> Result<(), Error> {
+    Server::bind(socket_path, device, opts)?.run()
+}
