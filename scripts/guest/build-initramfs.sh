@@ -33,16 +33,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The kernel package linux-image-amd64 currently points at, and its version.
-kernel_pkg() { apt-cache depends linux-image-amd64 2>/dev/null |
-  awk '$1 == "Depends:" && $2 ~ /^linux-image-6\.1\.[0-9.-]*-amd64$/ { print $2; exit }'; }
-kpkg="$(kernel_pkg)"
-if [ -z "$kpkg" ]; then
+# The kernel package linux-image-amd64 currently points at, and its version (its Depends line
+# reads "linux-image-6.1.0-N-amd64 (= VERSION)").
+kernel_dep() { apt-cache show --no-all-versions linux-image-amd64 2>/dev/null |
+  sed -n 's/^Depends:.*\(linux-image-6\.1\.[0-9.-]*-amd64\) *(= *\([^)]*\)).*/\1 \2/p' | head -1; }
+dep="$(kernel_dep)"
+if [ -z "$dep" ]; then
   apt_update
-  kpkg="$(kernel_pkg)"
+  dep="$(kernel_dep)"
 fi
-[ -n "$kpkg" ] || { echo "$0: no linux-image-6.1.*-amd64 behind linux-image-amd64" >&2; exit 1; }
-kver="$(apt-cache show --no-all-versions "$kpkg" | awk '$1 == "Version:" { print $2; exit }')"
+[ -n "$dep" ] || { echo "$0: no linux-image-6.1.*-amd64 (= version) behind linux-image-amd64" >&2; exit 1; }
+read -r kpkg kver <<<"$dep"
 
 busybox=/bin/busybox
 fio="$(command -v fio)"

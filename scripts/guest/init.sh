@@ -34,6 +34,8 @@ for word in $(cat /proc/cmdline); do
 	cryptblk.dev=*) dev="${word#*=}" ;;
 	esac
 done
+# A newline first: the firmware leaves terminal escapes at the start of the console line.
+echo
 echo "guest: up $(cut -d' ' -f1 /proc/uptime)s, kernel $(uname -r), job=${job:-none} size=$size bs=$bs dev=/dev/$dev"
 
 while read -r mod; do
