@@ -25,7 +25,7 @@
 # where kvm_pvm is absent and /dev/kvm is usable. CRYPTBLK_GUEST_ACCEL=tcg|kvm overrides.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-usage() { sed -n '4,7p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 1; }
+usage() { sed -n "4,7p" "$0" | sed "s/^# \{0,1\}//" >&2; exit "${1:-1}"; }
 
 disk_raw="" socket="" queues=1 job="" size="" bs=65536 log="" timeout_s=300
 artifacts="$here/../../target/guest"
@@ -40,7 +40,7 @@ while [ $# -gt 0 ]; do
   --log) log="$2"; shift 2 ;;
   --timeout) timeout_s="$2"; shift 2 ;;
   --artifacts) artifacts="$2"; shift 2 ;;
-  -h | --help) usage ;;
+  -h | --help) usage 0 ;;
   *) echo "$0: unknown argument $1" >&2; usage ;;
   esac
 done
