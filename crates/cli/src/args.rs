@@ -58,6 +58,9 @@ pub enum Command {
     Bench(BenchArgs),
     /// Run the built-in example: make a sample disk, encrypt it into LUKS2, decrypt and verify.
     Demo(DemoArgs),
+    /// Export an image (LUKS1, LUKS2 or raw) to a VM as a vhost-user-blk socket.
+    #[command(after_help = crate::cmd::serve::HELP)]
+    Serve(ServeArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -135,6 +138,28 @@ pub struct FormatArgs {
     /// Print help.
     #[arg(long, action = clap::ArgAction::Help)]
     pub help: Option<bool>,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Listen on this UNIX socket path (a stale socket there is replaced).
+    #[arg(long = "vhost-user-blk", value_name = "SOCKET")]
+    pub socket: PathBuf,
+    /// The image to export: LUKS1/LUKS2 (needs a passphrase) or raw.
+    #[arg(long, value_name = "PATH")]
+    pub image: PathBuf,
+    /// File holding the LUKS passphrase ('-' for stdin).
+    #[arg(long, short = 'd', value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Virtqueues offered to the guest; each gets its own worker thread.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub num_queues: u16,
+    /// Largest virtqueue size (a power of two up to 1024).
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub queue_size: u16,
+    /// Export read-only (the image is opened read-only, writes fail with IOERR).
+    #[arg(long)]
+    pub readonly: bool,
 }
 
 #[derive(Args, Debug)]

@@ -39,6 +39,7 @@ fn main() {
         Command::Convert(ref a) => convert::run(&cli, a),
         Command::Bench(ref a) => cmd::bench::run(&cli, a),
         Command::Demo(ref a) => cmd::demo::run(&cli, a),
+        Command::Serve(ref a) => cmd::serve::run(&cli, a),
     };
     if let Err(err) = result {
         eprintln!("cryptblk: {}", one_line(&err));

@@ -3,3 +3,4 @@ pub mod demo;
 pub mod dump;
 pub mod format;
 pub mod key;
+pub mod serve;
