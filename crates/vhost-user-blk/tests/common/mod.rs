@@ -91,8 +91,12 @@ struct TestQueue {
     avail_idx: u16,
     /// Used entries consumed so far (free-running).
     used_seen: u16,
-    /// Next free descriptor slot (wraps; the tests keep few requests in flight).
+    /// Next free descriptor slot (wraps around the table).
     next_desc: u16,
+    /// Descriptors of chains published and not yet seen in the used ring, and each chain's
+    /// length by head, so that a test cannot overwrite descriptors still in flight.
+    descs_in_flight: usize,
+    chain_len: Vec<u16>,
     /// Bump allocator for data buffers in this queue's data area.
     data_next: u64,
 }
@@ -172,6 +176,8 @@ impl Guest {
                 avail_idx: 0,
                 used_seen: 0,
                 next_desc: 0,
+                descs_in_flight: 0,
+                chain_len: vec![0; usize::from(queue_size)],
                 data_next: DATA_BASE + u64::from(q) * DATA_PER_QUEUE,
             };
             let qi = usize::from(q);
@@ -247,7 +253,11 @@ impl Guest {
     pub fn publish(&mut self, q: usize, descs: &[Desc]) -> u16 {
         let tq = &mut self.queues[q];
         let n = descs.len() as u16;
-        assert!(n <= tq.size);
+        assert!(
+            tq.descs_in_flight + usize::from(n) <= usize::from(tq.size),
+            "test bug: more descriptors in flight than the queue has"
+        );
+        tq.descs_in_flight += usize::from(n);
         let mut ids = Vec::new();
         for _ in 0..n {
             ids.push(tq.next_desc);
@@ -271,6 +281,7 @@ impl Guest {
             self.mem.write_slice(&raw, at).unwrap();
         }
         let head = ids[0];
+        tq.chain_len[usize::from(head)] = n;
         let slot = tq.avail_idx % tq.size;
         self.mem
             .write_obj(head, tq.avail.unchecked_add(4 + 2 * u64::from(slot)))
@@ -309,6 +320,8 @@ impl Guest {
                 let id: u32 = self.mem.read_obj(at).unwrap();
                 let len: u32 = self.mem.read_obj(at.unchecked_add(4)).unwrap();
                 out.push((id as u16, len));
+                let n = tq.chain_len.get(id as usize).copied().unwrap_or(0);
+                tq.descs_in_flight -= usize::from(n);
                 tq.used_seen = tq.used_seen.wrapping_add(1);
             }
             // Keep used_event current so the device signals the next completion.
