@@ -64,6 +64,10 @@ fn serve_raw_reconnect_and_sigterm() {
     let sock = dir.path().join("blk.sock");
     let mut child = spawn_serve(&["--vhost-user-blk", s(&sock), "--image", s(&img)]);
     wait_for_socket(&mut child, &sock);
+    // A second daemon on the same image is refused: the image is locked.
+    let other = dir.path().join("other.sock");
+    cryptblk(["serve", "--vhost-user-blk", s(&other), "--image", s(&img)])
+        .expect_code(code::IN_USE);
     let data = pattern(64 * 1024, 11);
     {
         let mut guest = Guest::connect(&sock, 1, 256);
