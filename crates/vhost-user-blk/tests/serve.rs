@@ -187,6 +187,15 @@ fn malformed_chains_get_errors_and_the_queue_keeps_working() {
     descs.last_mut().unwrap().addr = vm_memory::GuestAddress(1 << 40);
     assert_eq!(guest.run(0, &descs), 0);
 
+    // A chain whose last data descriptor links back to the header: a loop. The queue walks
+    // at most the queue size, the chain is too long, nothing is executed.
+    let (descs, s) = guest.out_chain(0, 0, &[1u8; 1024], 512);
+    let head = guest.publish_patched(0, &descs, &[(2, common::F_NEXT, 0)]);
+    guest.kick(0);
+    let used = guest.wait_used(0, 1);
+    assert_eq!(used, vec![(head, 0)]);
+    assert_eq!(guest.status(s), 0xff);
+
     // None of that wrote anything, and the next valid request works.
     assert!(std::fs::read(&img).unwrap()[..512].iter().all(|&b| b == 0));
     let data = pattern(8192, 3);

@@ -29,8 +29,8 @@ pub const S_OK: u8 = 0;
 pub const S_IOERR: u8 = 1;
 pub const S_UNSUPP: u8 = 2;
 
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
+pub const F_NEXT: u16 = 1;
+pub const F_WRITE: u16 = 2;
 const VIRTIO_RING_F_EVENT_IDX: u64 = 29;
 
 const MEM_SIZE: u64 = 32 << 20;
@@ -251,6 +251,17 @@ impl Guest {
 
     /// Writes a chain into the descriptor table and publishes it (no kick); returns its head.
     pub fn publish(&mut self, q: usize, descs: &[Desc]) -> u16 {
+        self.publish_patched(q, descs, &[])
+    }
+
+    /// Like `publish`, but descriptor `i` of the chain gets the raw `flags` and points `next`
+    /// at chain position `to`, for each `(i, flags, to)` in `patches` (loops, bad links).
+    pub fn publish_patched(
+        &mut self,
+        q: usize,
+        descs: &[Desc],
+        patches: &[(usize, u16, usize)],
+    ) -> u16 {
         let tq = &mut self.queues[q];
         let n = descs.len() as u16;
         assert!(
@@ -271,6 +282,10 @@ impl Guest {
                 ids[i + 1]
             } else {
                 0
+            };
+            let (flags, next) = match patches.iter().find(|p| p.0 == i) {
+                Some(&(_, f, to)) => (f, ids[to]),
+                None => (flags, next),
             };
             let at = tq.desc.unchecked_add(u64::from(id) * 16);
             let mut raw = [0u8; 16];
