@@ -431,3 +431,24 @@ fn a_stuck_request_on_one_queue_does_not_block_the_other() {
     drop(guest);
     daemon.stop();
 }
+
+#[test]
+fn without_event_idx_and_with_write_through_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = raw_image(dir.path(), MIB);
+    let daemon = Daemon::start(open_raw(&img, true), opts(1));
+    let mut guest = Guest::connect_without(&daemon.socket, 1, 64, 1 << 29);
+    assert!(!guest.event_idx());
+    // The guest turns the write cache off (CONFIG_WCE): writes are flushed as they complete.
+    guest.set_config(32, &[0]);
+    assert_eq!(guest.config(32, 1), vec![0]);
+    for i in 0..50u64 {
+        let data = pattern(4096, i);
+        assert_eq!(guest.write(0, i * 8, &data), S_OK);
+        assert_eq!(guest.read(0, i * 8, 4096), (S_OK, data));
+    }
+    guest.set_config(32, &[1]);
+    assert_eq!(guest.config(32, 1), vec![1]);
+    drop(guest);
+    daemon.stop();
+}

@@ -146,9 +146,14 @@ impl Guest {
     /// Connects, negotiates everything offered, shares memory and sets up `num_queues` queues
     /// of `queue_size` entries.
     pub fn connect(socket: &Path, num_queues: u16, queue_size: u16) -> Guest {
+        Self::connect_without(socket, num_queues, queue_size, 0)
+    }
+
+    /// Like `connect`, but does not acknowledge the feature bits in `refuse`.
+    pub fn connect_without(socket: &Path, num_queues: u16, queue_size: u16, refuse: u64) -> Guest {
         let mut frontend = connect_retry(socket, u64::from(num_queues));
         frontend.set_owner().unwrap();
-        let features = frontend.get_features().unwrap();
+        let features = frontend.get_features().unwrap() & !refuse;
         assert!(features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0);
         frontend.set_features(features).unwrap();
         let proto = frontend.get_protocol_features().unwrap();
@@ -222,6 +227,13 @@ impl Guest {
             .get_config(offset, len, VhostUserConfigFlags::WRITABLE, &buf)
             .unwrap();
         data
+    }
+
+    /// Writes `data` into the device config space.
+    pub fn set_config(&mut self, offset: u32, data: &[u8]) {
+        self.frontend
+            .set_config(offset, VhostUserConfigFlags::WRITABLE, data)
+            .unwrap();
     }
 
     /// Allocates a zeroed buffer in queue `q`'s data area.
