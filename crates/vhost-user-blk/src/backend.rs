@@ -12,7 +12,7 @@ use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatu
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_CONFIG_WCE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ,
-    VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
+    VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES,
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
@@ -23,14 +23,14 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::device::Disk;
+use crate::device::{Disk, MAX_WRITE_ZEROES_SECTORS};
 use crate::request::{self, Segment, SECTOR_SIZE};
 
 /// Offset of the `writeback` byte in `struct virtio_blk_config`.
 const CONFIG_WCE_OFFSET: usize = 32;
-/// Bytes of config space this device defines (up to and including `num_queues`); reads past
-/// it return zeros.
-const CONFIG_LEN: usize = 36;
+/// Bytes of config space this device defines (up to `write_zeroes_may_unmap` and its
+/// padding); reads past it return zeros.
+const CONFIG_LEN: usize = 60;
 /// Largest config read answered (the virtio-blk config struct is well below this).
 const CONFIG_MAX: usize = 256;
 
@@ -98,6 +98,10 @@ impl BlkBackend {
         c[20..24].copy_from_slice(&blk_size.to_le_bytes());
         c[CONFIG_WCE_OFFSET] = u8::from(inner.writeback.load(Ordering::Relaxed));
         c[34..36].copy_from_slice(&inner.num_queues.to_le_bytes());
+        // Discard fields (36..48) stay zero: DISCARD is not offered.
+        c[48..52].copy_from_slice(&MAX_WRITE_ZEROES_SECTORS.to_le_bytes());
+        c[52..56].copy_from_slice(&1u32.to_le_bytes()); // max_write_zeroes_seg
+        c[56] = 0; // write_zeroes_may_unmap: zeroes are always written
         c
     }
 
@@ -130,9 +134,11 @@ impl BlkBackend {
             ) {
                 Ok(req) => {
                     let n = inner.disk.execute(&*mem, &req, &worker.segments);
-                    if req.kind == request::RequestType::Out
-                        && !inner.writeback.load(Ordering::Relaxed)
-                    {
+                    let writes = matches!(
+                        req.kind,
+                        request::RequestType::Out | request::RequestType::WriteZeroes
+                    );
+                    if writes && !inner.writeback.load(Ordering::Relaxed) {
                         if let Err(e) = inner.disk.device().flush() {
                             tracing::warn!("write-through flush: {e}");
                         }
@@ -184,6 +190,8 @@ impl VhostUserBackend for BlkBackend {
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
         if self.inner.disk.read_only() {
             f |= 1 << VIRTIO_BLK_F_RO;
+        } else {
+            f |= 1 << VIRTIO_BLK_F_WRITE_ZEROES;
         }
         f
     }

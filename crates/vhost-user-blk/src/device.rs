@@ -12,7 +12,15 @@ use virtio_bindings::virtio_blk::{
 };
 use vm_memory::{Bytes, GuestMemoryBackend};
 
-use crate::request::{Error as ParseError, Rejected, Request, RequestType, Segment, SECTOR_SIZE};
+use crate::request::{
+    Error as ParseError, Rejected, Request, RequestType, Segment, WriteZeroesRange, SECTOR_SIZE,
+    WRITE_ZEROES_FLAG_UNMAP,
+};
+
+/// Largest WRITE_ZEROES range accepted, in sectors (advertised as max_write_zeroes_sectors).
+pub const MAX_WRITE_ZEROES_SECTORS: u32 = 64 * 1024;
+/// Zeroes written per `write_at` call of a WRITE_ZEROES request (static: no allocation).
+static ZEROES: [u8; 256 * 1024] = [0; 256 * 1024];
 
 /// Status byte values.
 pub const STATUS_OK: u8 = VIRTIO_BLK_S_OK as u8;
@@ -88,6 +96,7 @@ impl Disk {
                 Some(n) => (STATUS_OK, n),
                 None => (STATUS_IOERR, 0),
             },
+            RequestType::WriteZeroes => (self.write_zeroes(mem, segments), 0),
             RequestType::Unsupported(_) => (STATUS_UNSUPP, 0),
         };
         if mem.write_obj(status, req.status).is_err() {
@@ -163,6 +172,48 @@ impl Disk {
             offset += u64::from(seg.len);
         }
         Ok(())
+    }
+
+    /// Writes zeroes over the one range the request carries (encrypted zeroes on a LUKS
+    /// volume, so the range reads back as zeroes). Returns the status byte.
+    fn write_zeroes<M: GuestMemoryBackend>(&self, mem: &M, segments: &[Segment]) -> u8 {
+        let Some(seg) = segments.first() else {
+            return STATUS_IOERR;
+        };
+        let Ok(range) = mem.read_obj::<WriteZeroesRange>(seg.addr) else {
+            return STATUS_IOERR;
+        };
+        let (sector, num, flags) = (
+            u64::from_le(range.sector),
+            u32::from_le(range.num_sectors),
+            u32::from_le(range.flags),
+        );
+        if flags & !WRITE_ZEROES_FLAG_UNMAP != 0 {
+            return STATUS_UNSUPP;
+        }
+        if self.read_only || num > MAX_WRITE_ZEROES_SECTORS {
+            return STATUS_IOERR;
+        }
+        let len = u64::from(num) * SECTOR_SIZE;
+        let Some(start) = sector.checked_mul(SECTOR_SIZE) else {
+            return STATUS_IOERR;
+        };
+        if start
+            .checked_add(len)
+            .is_none_or(|end| end > self.capacity())
+        {
+            return STATUS_IOERR;
+        }
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(ZEROES.len() as u64) as usize;
+            if let Err(e) = self.device.write_at(&ZEROES[..n], start + done) {
+                tracing::debug!("write zeroes at sector {sector}: {e}");
+                return STATUS_IOERR;
+            }
+            done += n as u64;
+        }
+        STATUS_OK
     }
 
     /// Writes the serial into the first data segments; returns the bytes written.

@@ -7,6 +7,7 @@
 
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
+    VIRTIO_BLK_T_WRITE_ZEROES,
 };
 use virtio_queue::desc::split::Descriptor;
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend};
@@ -29,6 +30,24 @@ struct RawHeader {
 // every bit pattern is a valid value.
 unsafe impl ByteValued for RawHeader {}
 
+/// Size of one DISCARD / WRITE_ZEROES range (`struct virtio_blk_discard_write_zeroes`).
+pub const WRITE_ZEROES_RANGE_SIZE: u64 = 16;
+
+/// One WRITE_ZEROES range as the driver lays it out (little-endian).
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub struct WriteZeroesRange {
+    pub sector: u64,
+    pub num_sectors: u32,
+    pub flags: u32,
+}
+
+// SAFETY: `repr(C)`, integers only, no padding (8 + 4 + 4 bytes), every bit pattern valid.
+unsafe impl ByteValued for WriteZeroesRange {}
+
+/// The only defined flag of a range: the device may deallocate the zeroed blocks.
+pub const WRITE_ZEROES_FLAG_UNMAP: u32 = 1;
+
 /// What the request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestType {
@@ -36,6 +55,8 @@ pub enum RequestType {
     Out,
     Flush,
     GetId,
+    /// Zero a range: one 16-byte range descriptor in the data (see `WriteZeroesRange`).
+    WriteZeroes,
     /// A type this device does not implement; answered with UNSUPP.
     Unsupported(u32),
 }
@@ -47,6 +68,7 @@ impl RequestType {
             VIRTIO_BLK_T_OUT => RequestType::Out,
             VIRTIO_BLK_T_FLUSH => RequestType::Flush,
             VIRTIO_BLK_T_GET_ID => RequestType::GetId,
+            VIRTIO_BLK_T_WRITE_ZEROES => RequestType::WriteZeroes,
             other => RequestType::Unsupported(other),
         }
     }
@@ -96,6 +118,8 @@ pub enum Error {
         len: u64,
         capacity: u64,
     },
+    #[error("write-zeroes data is {0} bytes, not one 16-byte range in one descriptor")]
+    BadRangeList(u64),
     #[error("unsupported request type {0}")]
     Unsupported(u32),
 }
@@ -202,7 +226,7 @@ where
 {
     let want_writable = match req.kind {
         RequestType::In | RequestType::GetId => Some(true),
-        RequestType::Out => Some(false),
+        RequestType::Out | RequestType::WriteZeroes => Some(false),
         RequestType::Flush | RequestType::Unsupported(_) => None,
     };
     let mut total = 0u64;
@@ -234,6 +258,12 @@ where
                         capacity,
                     })
                 }
+            }
+        }
+        RequestType::WriteZeroes => {
+            // One range per request (max_write_zeroes_seg = 1), in one descriptor.
+            if segments.len() != 1 || total != WRITE_ZEROES_RANGE_SIZE {
+                return Err(Error::BadRangeList(total));
             }
         }
         RequestType::Flush | RequestType::GetId | RequestType::Unsupported(_) => {}

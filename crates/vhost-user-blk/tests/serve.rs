@@ -46,11 +46,16 @@ fn config_space_and_features() {
     let daemon = Daemon::start(open_raw(&img, true), opts(2));
     let mut guest = Guest::connect(&daemon.socket, 2, 256);
     let f = guest.features;
-    for bit in [32u32, 29, 2, 6, 9, 11, 12] {
+    for bit in [32u32, 29, 2, 6, 9, 11, 12, 14] {
         assert!(f & (1 << bit) != 0, "feature bit {bit} missing: {f:#x}");
     }
     assert!(f & (1 << 5) == 0, "RO offered for a writable disk");
-    let cfg = guest.config(0, 36);
+    let cfg = guest.config(0, 60);
+    assert_eq!(
+        u32::from_le_bytes(cfg[48..52].try_into().unwrap()),
+        64 * 1024
+    );
+    assert_eq!(u32::from_le_bytes(cfg[52..56].try_into().unwrap()), 1);
     assert_eq!(
         u64::from_le_bytes(cfg[0..8].try_into().unwrap()),
         8 * MIB / 512
@@ -86,9 +91,23 @@ fn raw_write_read_flush_get_id_unsupported() {
     assert_eq!(st, S_OK);
     assert_eq!(&id, b"cryptblk-test-serial");
     assert_eq!(guest.simple(0, 0x1234, 0), S_UNSUPP);
-    // DISCARD and WRITE_ZEROES are not implemented yet: UNSUPP.
+    // DISCARD is not implemented yet: UNSUPP.
     assert_eq!(guest.simple(0, 11, 0), S_UNSUPP);
-    assert_eq!(guest.simple(0, 13, 0), S_UNSUPP);
+    // WRITE_ZEROES without its range descriptor.
+    assert_eq!(guest.simple(0, 13, 0), S_IOERR);
+    // WRITE_ZEROES over sectors 110..118 of the data written at sector 100.
+    assert_eq!(guest.write_zeroes(0, 110, 8, 0), S_OK);
+    let mut data = data;
+    data[10 * 512..18 * 512].fill(0);
+    assert_eq!(guest.read(0, 100, data.len()), (S_OK, data.clone()));
+    // Unknown range flags are UNSUPP; the unmap flag is accepted (zeroes written anyway).
+    assert_eq!(guest.write_zeroes(0, 100, 1, 2), S_UNSUPP);
+    assert_eq!(guest.write_zeroes(0, 120, 1, 1), S_OK);
+    data[20 * 512..21 * 512].fill(0);
+    // Beyond the capacity, and above max_write_zeroes_sectors.
+    assert_eq!(guest.write_zeroes(0, 8 * MIB / 512 - 1, 2, 0), S_IOERR);
+    assert_eq!(guest.write_zeroes(0, 0, 64 * 1024 + 1, 0), S_IOERR);
+    assert_eq!(guest.write_zeroes(0, u64::MAX / 2, 1, 0), S_IOERR);
 
     drop(guest);
     daemon.stop();
@@ -120,6 +139,11 @@ fn out_of_range_and_read_only() {
     let mut guest = Guest::connect(&daemon.socket, 1, 256);
     assert!(guest.features & (1 << 5) != 0, "RO not offered");
     assert_eq!(guest.write(0, 0, &[9u8; 512]), S_IOERR);
+    assert!(
+        guest.features & (1 << 14) == 0,
+        "WRITE_ZEROES offered read-only"
+    );
+    assert_eq!(guest.write_zeroes(0, MIB / 512 - 1, 1, 0), S_IOERR);
     let (st, back) = guest.read(0, MIB / 512 - 1, 512);
     assert_eq!(st, S_OK);
     assert_eq!(back, vec![7u8; 512]);
@@ -323,6 +347,10 @@ fn luks2_image_round_trip() {
     assert_eq!(guest.write(0, 16 + 3, &small), S_OK);
     let mut want = data.clone();
     want[3 * 512..4 * 512].copy_from_slice(&small);
+    assert_eq!(guest.read(0, 16, data.len()), (S_OK, want.clone()));
+    // Encrypted zeroes over 512-byte sectors 40..57 (not aligned to the 4096-byte sectors).
+    assert_eq!(guest.write_zeroes(0, 40, 17, 0), S_OK);
+    want[24 * 512..41 * 512].fill(0);
     assert_eq!(guest.read(0, 16, data.len()), (S_OK, want.clone()));
     assert_eq!(guest.simple(0, common::VIRTIO_BLK_T_FLUSH, 0), S_OK);
     drop(guest);

@@ -25,6 +25,7 @@ pub const VIRTIO_BLK_T_IN: u32 = 0;
 pub const VIRTIO_BLK_T_OUT: u32 = 1;
 pub const VIRTIO_BLK_T_FLUSH: u32 = 4;
 pub const VIRTIO_BLK_T_GET_ID: u32 = 8;
+pub const VIRTIO_BLK_T_WRITE_ZEROES: u32 = 13;
 pub const S_OK: u8 = 0;
 pub const S_IOERR: u8 = 1;
 pub const S_UNSUPP: u8 = 2;
@@ -506,6 +507,40 @@ impl Guest {
                 },
             ],
         );
+        self.status(s)
+    }
+
+    /// A WRITE_ZEROES request with one range.
+    pub fn write_zeroes(&mut self, q: usize, sector: u64, num_sectors: u32, flags: u32) -> u8 {
+        let h = self.header(q, VIRTIO_BLK_T_WRITE_ZEROES, 0);
+        let r = self.alloc(q, 16);
+        let mut range = [0u8; 16];
+        range[0..8].copy_from_slice(&sector.to_le_bytes());
+        range[8..12].copy_from_slice(&num_sectors.to_le_bytes());
+        range[12..16].copy_from_slice(&flags.to_le_bytes());
+        self.mem.write_slice(&range, r).unwrap();
+        let s = self.status_buf(q);
+        let used = self.run(
+            q,
+            &[
+                Desc {
+                    addr: h,
+                    len: 16,
+                    write: false,
+                },
+                Desc {
+                    addr: r,
+                    len: 16,
+                    write: false,
+                },
+                Desc {
+                    addr: s,
+                    len: 1,
+                    write: true,
+                },
+            ],
+        );
+        assert_eq!(used, 1);
         self.status(s)
     }
 
