@@ -34,6 +34,9 @@ const CONFIG_LEN: usize = 60;
 /// Largest config read answered (the virtio-blk config struct is well below this).
 const CONFIG_MAX: usize = 256;
 
+/// Completions after which the guest is signalled even if more requests are waiting.
+const SIGNAL_BATCH: u32 = 16;
+
 /// Per-queue state, touched only by that queue's worker thread.
 struct QueueWorker {
     /// Data segments of the request being parsed; reused so requests do not allocate.
@@ -105,8 +108,8 @@ impl BlkBackend {
         c
     }
 
-    /// Pops and answers every available request of one queue; signals the guest once at the
-    /// end if it wants a notification.
+    /// Pops and answers every available request of one queue; signals the guest every
+    /// `SIGNAL_BATCH` completions and at the end, when it wants a notification.
     fn process_queue(&self, vring: &VringRwLock, worker: &mut QueueWorker) -> io::Result<()> {
         let inner = &self.inner;
         let atomic = inner
@@ -117,7 +120,7 @@ impl BlkBackend {
         let mem = atomic.memory();
         let max_descriptors = inner.seg_max as usize + 2;
         let capacity = inner.disk.capacity();
-        let mut used_any = false;
+        let mut unsignalled = 0u32;
         loop {
             let chain = vring
                 .get_mut()
@@ -153,12 +156,24 @@ impl BlkBackend {
             vring
                 .add_used(head, used_len)
                 .map_err(|e| io::Error::other(format!("add_used: {e}")))?;
-            used_any = true;
+            unsignalled += 1;
+            // Coalesce completions, but do not hold a long batch back from the guest.
+            if unsignalled >= SIGNAL_BATCH {
+                Self::signal(vring)?;
+                unsignalled = 0;
+            }
         }
-        if used_any
-            && vring
-                .needs_notification()
-                .map_err(|e| io::Error::other(format!("needs_notification: {e}")))?
+        if unsignalled > 0 {
+            Self::signal(vring)?;
+        }
+        Ok(())
+    }
+
+    /// Interrupts the guest if it wants to hear about the new used entries (EVENT_IDX).
+    fn signal(vring: &VringRwLock) -> io::Result<()> {
+        if vring
+            .needs_notification()
+            .map_err(|e| io::Error::other(format!("needs_notification: {e}")))?
         {
             vring.signal_used_queue()?;
         }
