@@ -145,3 +145,17 @@ pub struct FormatOptions {
     /// Fixed UUID (tests); a random one otherwise.
     pub uuid: Option<String>,
 }
+
+impl FormatOptions {
+    /// The UUID to write: the one asked for (validated, normalised to lower-case hyphenated
+    /// form), or a fresh random one.
+    pub fn resolve_uuid(&self) -> crate::Result<String> {
+        match &self.uuid {
+            Some(u) => Ok(uuid::Uuid::parse_str(u)
+                .map_err(|e| crate::LuksError::InvalidArgument(format!("UUID '{u}': {e}")))?
+                .hyphenated()
+                .to_string()),
+            None => Ok(uuid::Uuid::new_v4().hyphenated().to_string()),
+        }
+    }
+}

@@ -246,13 +246,7 @@ impl Luks1Header {
         let key_bytes = u32::try_from(volume_key.len())
             .map_err(|_| LuksError::InvalidArgument("volume key too long".into()))?;
         let lay = layout::Layout::new(key_bytes)?;
-        let uuid = match &opts.uuid {
-            Some(u) => uuid::Uuid::parse_str(u)
-                .map_err(|e| LuksError::InvalidArgument(format!("UUID '{u}': {e}")))?
-                .hyphenated()
-                .to_string(),
-            None => uuid::Uuid::new_v4().hyphenated().to_string(),
-        };
+        let uuid = opts.resolve_uuid()?;
         let mk_digest_iter = kdf::digest_iterations(opts.hash, &opts.pbkdf, DIGEST_LEN)?;
         let mk_digest_salt = random_salt()?;
         let mk_digest = mk_digest(opts.hash, volume_key, &mk_digest_salt, mk_digest_iter)?;

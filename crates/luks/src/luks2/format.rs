@@ -49,13 +49,7 @@ impl Luks2Header {
                 )));
             }
         }
-        let uuid = match &opts.uuid {
-            Some(u) => uuid::Uuid::parse_str(u)
-                .map_err(|e| LuksError::InvalidArgument(format!("uuid '{u}': {e}")))?
-                .hyphenated()
-                .to_string(),
-            None => uuid::Uuid::new_v4().hyphenated().to_string(),
-        };
+        let uuid = opts.resolve_uuid()?;
 
         let digest_iterations = kdf::digest_iterations(opts.hash, &opts.pbkdf, key_len)?;
         let digest_salt = random_bytes(SALT_BYTES)?;
