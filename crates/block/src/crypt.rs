@@ -238,6 +238,26 @@ impl BlockDevice for CryptDevice {
         self.backend.flush()
     }
 
+    /// Discards the whole encryption sectors inside the range on the backend (partial sectors
+    /// at either end are left alone: discarding them would destroy the neighbouring bytes).
+    ///
+    /// Like dm-crypt with `allow_discards`, a discarded range then reads back as garbage
+    /// plaintext (the decryption of whatever the backend returns, zeros for a punched hole),
+    /// not as zeros; and the backend's allocation map reveals which sectors were discarded.
+    fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        if self.read_only() {
+            return Err(BlockError::read_only("discard").at(offset));
+        }
+        check_range("discard", offset, len, self.size)?;
+        let start = offset.div_ceil(self.sector) * self.sector;
+        let end = (offset + len) / self.sector * self.sector;
+        if end <= start {
+            return Ok(());
+        }
+        self.backend
+            .discard(self.layout.data_offset + start, end - start)
+    }
+
     /// Always data: a hole in the ciphertext does not decrypt to zeros, so nothing below this
     /// layer can tell us which plaintext ranges are zero.
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {

@@ -43,6 +43,18 @@ pub trait BlockDevice: Send + Sync {
     /// Makes completed writes durable (fdatasync semantics).
     fn flush(&self) -> Result<(), BlockError>;
 
+    /// Tells the device that `len` bytes at `offset` are no longer needed, so that it may
+    /// deallocate them. What the range reads as afterwards depends on the device (zeros for a
+    /// raw file, garbage for an encrypted volume). The default does not support discard.
+    fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        let _ = len;
+        Err(
+            BlockError::unsupported("discard is not supported by this device")
+                .with_op("discard")
+                .at(offset),
+        )
+    }
+
     /// The extent starting at `offset`, at most `len` bytes long. The default knows nothing
     /// about allocation and reports the whole (clipped) range as data.
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {

@@ -224,6 +224,11 @@ impl BlockDevice for LuksVolume {
             .flush()
             .map_err(|e| e.with_path(self.file.path()))
     }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.device
+            .discard(offset, len)
+            .map_err(|e| e.with_path(self.file.path()))
+    }
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
         self.device
             .block_status(offset, len)

@@ -263,6 +263,11 @@ impl BlockDevice for RawFile {
             .map_err(|e| BlockError::io("flush", e).with_path(&self.path))
     }
 
+    /// Punches a hole: the range reads as zeros afterwards.
+    fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.punch_hole(offset, len)
+    }
+
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
         check_range("block_status", offset, 0, self.size).map_err(|e| e.with_path(&self.path))?;
         let len = len.min(self.size - offset);

@@ -303,3 +303,93 @@ fn backend_errors_propagate_and_the_device_recovers() {
     dev.read_at(&mut back, 333).unwrap();
     assert_eq!(back, data);
 }
+
+#[test]
+fn discard_punches_whole_sectors_only_and_keeps_the_rest() {
+    let sector = 4096u64;
+    let data_offset = 8192u64;
+    let payload = 1u64 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("discard.img");
+    drop(RawFile::create(&path, data_offset + payload).unwrap());
+    let rw = OpenOptions {
+        writable: true,
+        lock: true,
+    };
+    let backend = Arc::new(RawFile::open(&path, rw).unwrap());
+    let dev = CryptDevice::new(
+        backend.clone(),
+        layout(data_offset, payload),
+        cipher(sector as usize),
+        pool(),
+    )
+    .unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let model: Vec<u8> = (0..payload).map(|_| rng.gen()).collect();
+    dev.write_at(&model, 0).unwrap();
+    backend.write_at(&[0x77u8; 8192], 0).unwrap();
+
+    // Sectors 4..8 are whole inside the range; the partial sectors 3 and 8 are left alone.
+    let start = 3 * sector + 100;
+    let end = 8 * sector + 5;
+    dev.discard(start, end - start).unwrap();
+    let st = backend
+        .block_status(data_offset + 4 * sector, payload)
+        .unwrap();
+    assert_eq!((st.kind, st.len), (ExtentKind::Unallocated, 4 * sector));
+    let st = backend.block_status(0, payload).unwrap();
+    assert_eq!(
+        (st.kind, st.len),
+        (ExtentKind::Data, data_offset + 4 * sector)
+    );
+
+    let mut back = vec![0u8; payload as usize];
+    dev.read_at(&mut back, 0).unwrap();
+    let (a, b) = ((4 * sector) as usize, (8 * sector) as usize);
+    assert_eq!(back[..a], model[..a]);
+    assert_eq!(back[b..], model[b..]);
+    // Like dm-crypt allow_discards: the discarded range decrypts to garbage, not zeros.
+    assert_ne!(back[a..b], model[a..b]);
+    assert!(back[a..b].iter().any(|&x| x != 0));
+    // The header region before the payload is untouched.
+    let mut hdr = [0u8; 8192];
+    backend.read_at(&mut hdr, 0).unwrap();
+    assert!(hdr.iter().all(|&x| x == 0x77));
+
+    // A range inside one sector discards nothing.
+    dev.discard(10 * sector + 1, sector - 2).unwrap();
+    dev.read_at(&mut back[..sector as usize], 10 * sector)
+        .unwrap();
+    assert_eq!(
+        back[..sector as usize],
+        model[(10 * sector) as usize..(11 * sector) as usize]
+    );
+    assert_eq!(
+        dev.discard(payload - sector, 2 * sector)
+            .unwrap_err()
+            .kind(),
+        BlockErrorKind::OutOfRange
+    );
+
+    let ro = CryptDevice::new(
+        backend.clone(),
+        CryptLayout {
+            read_only: true,
+            ..layout(data_offset, payload)
+        },
+        cipher(sector as usize),
+        pool(),
+    )
+    .unwrap();
+    assert_eq!(
+        ro.discard(0, sector).unwrap_err().kind(),
+        BlockErrorKind::ReadOnly
+    );
+    // A backend without discard support reports Unsupported through the volume.
+    let mem = Arc::new(MemDevice::new((data_offset + payload) as usize));
+    let on_mem = CryptDevice::new(mem, layout(data_offset, payload), cipher(512), pool()).unwrap();
+    assert_eq!(
+        on_mem.discard(0, 4096).unwrap_err().kind(),
+        BlockErrorKind::Unsupported
+    );
+}

@@ -220,3 +220,42 @@ fn direct_writes_need_a_writable_file() {
         BlockErrorKind::ReadOnly
     );
 }
+
+#[test]
+fn discard_punches_a_hole_that_reads_as_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("discard.raw");
+    let mib = 1u64 << 20;
+    let dev = RawFile::create(&p, 4 * mib).unwrap();
+    dev.write_at(&vec![0x5au8; (4 * mib) as usize], 0).unwrap();
+    assert_eq!(dev.block_status(0, 4 * mib).unwrap().kind, ExtentKind::Data);
+
+    let dyn_dev: &dyn BlockDevice = &dev;
+    dyn_dev.discard(mib, 2 * mib).unwrap();
+    let st = dev.block_status(mib, 4 * mib).unwrap();
+    assert_eq!((st.kind, st.len), (ExtentKind::Unallocated, 2 * mib));
+    let st = dev.block_status(0, 4 * mib).unwrap();
+    assert_eq!((st.kind, st.len), (ExtentKind::Data, mib));
+    let mut back = vec![1u8; (4 * mib) as usize];
+    dev.read_at(&mut back, 0).unwrap();
+    assert!(back[..mib as usize].iter().all(|&b| b == 0x5a));
+    assert!(back[mib as usize..3 * mib as usize].iter().all(|&b| b == 0));
+    assert!(back[3 * mib as usize..].iter().all(|&b| b == 0x5a));
+    assert_eq!(dev.size(), 4 * mib);
+
+    assert_eq!(
+        dyn_dev.discard(3 * mib, 2 * mib).unwrap_err().kind(),
+        BlockErrorKind::OutOfRange
+    );
+    assert_eq!(
+        dyn_dev.discard(u64::MAX, 1).unwrap_err().kind(),
+        BlockErrorKind::OutOfRange
+    );
+    drop(dev);
+
+    let ro = RawFile::open(&p, OpenOptions::default()).unwrap();
+    assert_eq!(
+        ro.discard(0, 4096).unwrap_err().kind(),
+        BlockErrorKind::ReadOnly
+    );
+}
