@@ -160,6 +160,10 @@ pub struct ServeArgs {
     /// Export read-only (the image is opened read-only, writes fail with IOERR).
     #[arg(long)]
     pub readonly: bool,
+    /// Pass guest discards to the image as punched holes, like dm-crypt allow_discards; off
+    /// by default because discards on an encrypted disk reveal which blocks are unused.
+    #[arg(long)]
+    pub discard: bool,
 }
 
 #[derive(Args, Debug)]

@@ -71,6 +71,10 @@ fn serve_raw_reconnect_and_sigterm() {
     let data = pattern(64 * 1024, 11);
     {
         let mut guest = Guest::connect(&sock, 1, 256);
+        assert!(
+            guest.features & (1 << 13) == 0,
+            "DISCARD offered without --discard"
+        );
         assert_eq!(guest.write(0, 8, &data), S_OK);
         let (st, id) = guest.get_id(0);
         assert_eq!(st, S_OK);
@@ -210,4 +214,40 @@ fn serve_usage_and_passphrase_errors() {
     ])
     .expect_code(code::USAGE);
     assert!(!sock.exists());
+}
+
+#[test]
+fn serve_discard_punches_holes_in_a_raw_image() {
+    let help = Command::new(bin())
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("--discard"), "{help}");
+    assert!(help.contains("allow_discards"), "{help}");
+
+    let dir = tempdir();
+    let img = dir.path().join("disk.raw");
+    std::fs::write(&img, vec![0x5au8; (2 * MIB) as usize]).unwrap();
+    let sock = dir.path().join("blk.sock");
+    let mut child = spawn_serve(&[
+        "--vhost-user-blk",
+        s(&sock),
+        "--image",
+        s(&img),
+        "--discard",
+    ]);
+    wait_for_socket(&mut child, &sock);
+    {
+        let mut guest = Guest::connect(&sock, 1, 256);
+        assert!(guest.features & (1 << 13) != 0, "DISCARD not offered");
+        // 64 KiB at offset 64 KiB.
+        assert_eq!(guest.discard(0, 128, 128, 0), S_OK);
+        assert_eq!(guest.read(0, 128, 64 * 1024), (S_OK, vec![0u8; 64 * 1024]));
+        assert_eq!(guest.read(0, 0, 512), (S_OK, vec![0x5au8; 512]));
+    }
+    assert_eq!(terminate(child), code::OK);
+    let on_disk = read(&img);
+    assert!(on_disk[64 * 1024..128 * 1024].iter().all(|&b| b == 0));
+    assert!(on_disk[128 * 1024..].iter().all(|&b| b == 0x5a));
 }

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_blk::{
-    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_CONFIG_WCE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ,
-    VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES,
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_CONFIG_WCE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
+    VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES,
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
@@ -23,7 +23,7 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::device::{Disk, MAX_WRITE_ZEROES_SECTORS};
+use crate::device::{Disk, MAX_DISCARD_SECTORS, MAX_WRITE_ZEROES_SECTORS};
 use crate::request::{self, Segment, SECTOR_SIZE};
 
 /// Offset of the `writeback` byte in `struct virtio_blk_config`.
@@ -101,7 +101,12 @@ impl BlkBackend {
         c[20..24].copy_from_slice(&blk_size.to_le_bytes());
         c[CONFIG_WCE_OFFSET] = u8::from(inner.writeback.load(Ordering::Relaxed));
         c[34..36].copy_from_slice(&inner.num_queues.to_le_bytes());
-        // Discard fields (36..48) stay zero: DISCARD is not offered.
+        if inner.disk.discard() {
+            c[36..40].copy_from_slice(&MAX_DISCARD_SECTORS.to_le_bytes());
+            c[40..44].copy_from_slice(&1u32.to_le_bytes()); // max_discard_seg
+            let align = (blk_size / SECTOR_SIZE as u32).max(1); // discard_sector_alignment
+            c[44..48].copy_from_slice(&align.to_le_bytes());
+        }
         c[48..52].copy_from_slice(&MAX_WRITE_ZEROES_SECTORS.to_le_bytes());
         c[52..56].copy_from_slice(&1u32.to_le_bytes()); // max_write_zeroes_seg
         c[56] = 0; // write_zeroes_may_unmap: zeroes are always written
@@ -139,7 +144,9 @@ impl BlkBackend {
                     let n = inner.disk.execute(&*mem, &req, &worker.segments);
                     let writes = matches!(
                         req.kind,
-                        request::RequestType::Out | request::RequestType::WriteZeroes
+                        request::RequestType::Out
+                            | request::RequestType::WriteZeroes
+                            | request::RequestType::Discard
                     );
                     if writes && !inner.writeback.load(Ordering::Relaxed) {
                         if let Err(e) = inner.disk.device().flush() {
@@ -207,6 +214,9 @@ impl VhostUserBackend for BlkBackend {
             f |= 1 << VIRTIO_BLK_F_RO;
         } else {
             f |= 1 << VIRTIO_BLK_F_WRITE_ZEROES;
+            if self.inner.disk.discard() {
+                f |= 1 << VIRTIO_BLK_F_DISCARD;
+            }
         }
         f
     }

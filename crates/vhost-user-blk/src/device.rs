@@ -19,6 +19,9 @@ use crate::request::{
 
 /// Largest WRITE_ZEROES range accepted, in sectors (advertised as max_write_zeroes_sectors).
 pub const MAX_WRITE_ZEROES_SECTORS: u32 = 64 * 1024;
+/// Largest DISCARD range accepted, in sectors (advertised as max_discard_sectors); a multiple
+/// of every logical block size (up to 4096 bytes).
+pub const MAX_DISCARD_SECTORS: u32 = MAX_WRITE_ZEROES_SECTORS;
 /// Zeroes written per `write_at` call of a WRITE_ZEROES request (static: no allocation).
 static ZEROES: [u8; 256 * 1024] = [0; 256 * 1024];
 
@@ -33,6 +36,8 @@ pub const ID_BYTES: usize = VIRTIO_BLK_ID_BYTES as usize;
 pub struct Disk {
     device: Arc<dyn BlockDevice>,
     read_only: bool,
+    /// DISCARD is offered and executed (only on a writable disk).
+    discard: bool,
     serial: [u8; ID_BYTES],
 }
 
@@ -45,8 +50,21 @@ impl Disk {
         Disk {
             read_only: read_only || device.read_only(),
             device,
+            discard: false,
             serial: id,
         }
+    }
+
+    /// Passes guest discards to the device (like dm-crypt's `allow_discards`). Has no effect
+    /// on a read-only disk: DISCARD is then neither offered nor executed.
+    pub fn with_discard(mut self, enabled: bool) -> Self {
+        self.discard = enabled && !self.read_only;
+        self
+    }
+
+    /// True when DISCARD is offered to the guest.
+    pub fn discard(&self) -> bool {
+        self.discard
     }
 
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
@@ -97,6 +115,7 @@ impl Disk {
                 None => (STATUS_IOERR, 0),
             },
             RequestType::WriteZeroes => (self.write_zeroes(mem, segments), 0),
+            RequestType::Discard => (self.discard_range(mem, segments), 0),
             RequestType::Unsupported(_) => (STATUS_UNSUPP, 0),
         };
         if mem.write_obj(status, req.status).is_err() {
@@ -115,6 +134,8 @@ impl Disk {
         };
         let status = match rejected.error {
             ParseError::Unsupported(_) => STATUS_UNSUPP,
+            // A disk without discard answers every DISCARD with UNSUPP, well-formed or not.
+            ParseError::BadDiscardRangeList(_) if !self.discard => STATUS_UNSUPP,
             _ => STATUS_IOERR,
         };
         match mem.write_obj(status, status_addr) {
@@ -214,6 +235,59 @@ impl Disk {
             done += n as u64;
         }
         STATUS_OK
+    }
+
+    /// Discards the one range the request carries. Start and length must be multiples of
+    /// the logical block size (advertised as discard_sector_alignment); anything else, a
+    /// range beyond the capacity or larger than max_discard_sectors is an I/O error. Returns
+    /// the status byte; UNSUPP when discard is not enabled.
+    fn discard_range<M: GuestMemoryBackend>(&self, mem: &M, segments: &[Segment]) -> u8 {
+        if !self.discard {
+            return STATUS_UNSUPP;
+        }
+        let Some(seg) = segments.first() else {
+            return STATUS_IOERR;
+        };
+        let Ok(range) = mem.read_obj::<WriteZeroesRange>(seg.addr) else {
+            return STATUS_IOERR;
+        };
+        let (sector, num, flags) = (
+            u64::from_le(range.sector),
+            u32::from_le(range.num_sectors),
+            u32::from_le(range.flags),
+        );
+        // The spec defines no flag for discard (UNMAP is only for write zeroes).
+        if flags != 0 {
+            return STATUS_UNSUPP;
+        }
+        if num > MAX_DISCARD_SECTORS {
+            return STATUS_IOERR;
+        }
+        let len = u64::from(num) * SECTOR_SIZE;
+        let Some(start) = sector.checked_mul(SECTOR_SIZE) else {
+            return STATUS_IOERR;
+        };
+        if start
+            .checked_add(len)
+            .is_none_or(|end| end > self.capacity())
+        {
+            return STATUS_IOERR;
+        }
+        let block = u64::from(self.device.logical_block_size()).max(SECTOR_SIZE);
+        if !start.is_multiple_of(block) || !len.is_multiple_of(block) {
+            tracing::debug!("discard at sector {sector} (+{num}) not aligned to {block} bytes");
+            return STATUS_IOERR;
+        }
+        if len == 0 {
+            return STATUS_OK;
+        }
+        match self.device.discard(start, len) {
+            Ok(()) => STATUS_OK,
+            Err(e) => {
+                tracing::debug!("discard at sector {sector}: {e}");
+                STATUS_IOERR
+            }
+        }
     }
 
     /// Writes the serial into the first data segments; returns the bytes written.

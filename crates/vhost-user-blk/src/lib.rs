@@ -38,6 +38,10 @@ pub struct ServeOptions {
     pub read_only: bool,
     /// GET_ID answer; cut to 20 bytes.
     pub serial: String,
+    /// Offer VIRTIO_BLK_F_DISCARD and pass guest discards to the device (punched holes),
+    /// like dm-crypt's `allow_discards`. Off by default: on an encrypted disk, discards
+    /// reveal which blocks are unused. Ignored on a read-only export.
+    pub discard: bool,
 }
 
 impl Default for ServeOptions {
@@ -47,6 +51,7 @@ impl Default for ServeOptions {
             queue_size: 256,
             read_only: false,
             serial: String::new(),
+            discard: false,
         }
     }
 }
@@ -207,7 +212,8 @@ impl Server {
     /// have popped before they exit (the daemon joins them when dropped).
     fn serve_connection(&mut self) -> Result<(), Error> {
         let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        let disk = Disk::new(self.device.clone(), self.opts.read_only, &self.opts.serial);
+        let disk = Disk::new(self.device.clone(), self.opts.read_only, &self.opts.serial)
+            .with_discard(self.opts.discard);
         let backend = BlkBackend::new(
             disk,
             self.opts.num_queues,

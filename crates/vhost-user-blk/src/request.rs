@@ -6,8 +6,8 @@
 //! iterator and guest memory.
 
 use virtio_bindings::virtio_blk::{
-    VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
-    VIRTIO_BLK_T_WRITE_ZEROES,
+    VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN,
+    VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_WRITE_ZEROES,
 };
 use virtio_queue::desc::split::Descriptor;
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend};
@@ -33,7 +33,7 @@ unsafe impl ByteValued for RawHeader {}
 /// Size of one DISCARD / WRITE_ZEROES range (`struct virtio_blk_discard_write_zeroes`).
 pub const WRITE_ZEROES_RANGE_SIZE: u64 = 16;
 
-/// One WRITE_ZEROES range as the driver lays it out (little-endian).
+/// One DISCARD / WRITE_ZEROES range as the driver lays it out (little-endian).
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C)]
 pub struct WriteZeroesRange {
@@ -57,6 +57,8 @@ pub enum RequestType {
     GetId,
     /// Zero a range: one 16-byte range descriptor in the data (see `WriteZeroesRange`).
     WriteZeroes,
+    /// Discard a range: one 16-byte range descriptor in the data, like WRITE_ZEROES.
+    Discard,
     /// A type this device does not implement; answered with UNSUPP.
     Unsupported(u32),
 }
@@ -69,6 +71,7 @@ impl RequestType {
             VIRTIO_BLK_T_FLUSH => RequestType::Flush,
             VIRTIO_BLK_T_GET_ID => RequestType::GetId,
             VIRTIO_BLK_T_WRITE_ZEROES => RequestType::WriteZeroes,
+            VIRTIO_BLK_T_DISCARD => RequestType::Discard,
             other => RequestType::Unsupported(other),
         }
     }
@@ -120,6 +123,9 @@ pub enum Error {
     },
     #[error("write-zeroes data is {0} bytes, not one 16-byte range in one descriptor")]
     BadRangeList(u64),
+    /// Like `BadRangeList`, for a DISCARD (UNSUPP rather than IOERR when discard is off).
+    #[error("discard data is {0} bytes, not one 16-byte range in one descriptor")]
+    BadDiscardRangeList(u64),
     #[error("unsupported request type {0}")]
     Unsupported(u32),
 }
@@ -226,7 +232,7 @@ where
 {
     let want_writable = match req.kind {
         RequestType::In | RequestType::GetId => Some(true),
-        RequestType::Out | RequestType::WriteZeroes => Some(false),
+        RequestType::Out | RequestType::WriteZeroes | RequestType::Discard => Some(false),
         RequestType::Flush | RequestType::Unsupported(_) => None,
     };
     let mut total = 0u64;
@@ -260,9 +266,13 @@ where
                 }
             }
         }
-        RequestType::WriteZeroes => {
-            // One range per request (max_write_zeroes_seg = 1), in one descriptor.
+        RequestType::WriteZeroes | RequestType::Discard => {
+            // One range per request (max_write_zeroes_seg = max_discard_seg = 1), in one
+            // descriptor.
             if segments.len() != 1 || total != WRITE_ZEROES_RANGE_SIZE {
+                if req.kind == RequestType::Discard {
+                    return Err(Error::BadDiscardRangeList(total));
+                }
                 return Err(Error::BadRangeList(total));
             }
         }
@@ -437,5 +447,39 @@ mod tests {
         header(&m, 0x100, VIRTIO_BLK_T_FLUSH, 0);
         let r = parse_descs(&m, &[d(0x100, 16, NEXT), d(0x300, 1, WRITE)]).0;
         assert_eq!(r.unwrap().kind, RequestType::Flush);
+    }
+
+    #[test]
+    fn discard_carries_one_read_only_range() {
+        let m = mem();
+        header(&m, 0x100, VIRTIO_BLK_T_DISCARD, 0);
+        let ok = [d(0x100, 16, NEXT), d(0x1000, 16, NEXT), d(0x300, 1, WRITE)];
+        let (r, segs) = parse_descs(&m, &ok);
+        assert_eq!(r.unwrap().kind, RequestType::Discard);
+        assert_eq!(segs.len(), 1);
+        let short = [d(0x100, 16, NEXT), d(0x300, 1, WRITE)];
+        assert_eq!(
+            parse_descs(&m, &short).0.unwrap_err().error,
+            Error::BadDiscardRangeList(0)
+        );
+        let two = [
+            d(0x100, 16, NEXT),
+            d(0x1000, 16, NEXT),
+            d(0x2000, 16, NEXT),
+            d(0x300, 1, WRITE),
+        ];
+        assert_eq!(
+            parse_descs(&m, &two).0.unwrap_err().error,
+            Error::BadDiscardRangeList(32)
+        );
+        let writable = [
+            d(0x100, 16, NEXT),
+            d(0x1000, 16, NEXT | WRITE),
+            d(0x300, 1, WRITE),
+        ];
+        assert_eq!(
+            parse_descs(&m, &writable).0.unwrap_err().error,
+            Error::WrongDirection(RequestType::Discard)
+        );
     }
 }

@@ -79,6 +79,7 @@ fn report(name: &str, device: Arc<dyn BlockDevice>) {
             queue_size: 1024,
             read_only: false,
             serial: String::new(),
+            discard: false,
         },
     );
     let mut guest = Guest::connect(&daemon.socket, 1, 1024);

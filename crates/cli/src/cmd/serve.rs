@@ -16,7 +16,12 @@ QEMU connects with:
 
 The daemon serves one frontend at a time and accepts a new one after a disconnect.
 SIGTERM or SIGINT closes the connection after the requests being handled, flushes the
-image and exits 0. GET_ID answers the LUKS UUID (first 20 bytes) or the image file name.";
+image and exits 0. GET_ID answers the LUKS UUID (first 20 bytes) or the image file name.
+
+--discard offers DISCARD to the guest (not on a --readonly export). On a raw image the
+range becomes a hole and reads as zeros; on a LUKS image whole encryption sectors are
+punched and then read back as garbage, exactly as with dm-crypt allow_discards. Off by
+default: the holes show anyone with the image which blocks are unused.";
 
 pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
     if a.num_queues == 0 || a.num_queues > MAX_QUEUES {
@@ -94,6 +99,7 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
             queue_size: a.queue_size,
             read_only: a.readonly,
             serial,
+            discard: a.discard,
         },
     )?;
     let stop = server.stop_handle();

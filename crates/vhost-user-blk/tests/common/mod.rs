@@ -25,6 +25,7 @@ pub const VIRTIO_BLK_T_IN: u32 = 0;
 pub const VIRTIO_BLK_T_OUT: u32 = 1;
 pub const VIRTIO_BLK_T_FLUSH: u32 = 4;
 pub const VIRTIO_BLK_T_GET_ID: u32 = 8;
+pub const VIRTIO_BLK_T_DISCARD: u32 = 11;
 pub const VIRTIO_BLK_T_WRITE_ZEROES: u32 = 13;
 pub const S_OK: u8 = 0;
 pub const S_IOERR: u8 = 1;
@@ -512,7 +513,24 @@ impl Guest {
 
     /// A WRITE_ZEROES request with one range.
     pub fn write_zeroes(&mut self, q: usize, sector: u64, num_sectors: u32, flags: u32) -> u8 {
-        let h = self.header(q, VIRTIO_BLK_T_WRITE_ZEROES, 0);
+        self.range_request(q, VIRTIO_BLK_T_WRITE_ZEROES, sector, num_sectors, flags)
+    }
+
+    /// A DISCARD request with one range.
+    pub fn discard(&mut self, q: usize, sector: u64, num_sectors: u32, flags: u32) -> u8 {
+        self.range_request(q, VIRTIO_BLK_T_DISCARD, sector, num_sectors, flags)
+    }
+
+    /// A request of `kind` carrying one 16-byte range (WRITE_ZEROES, DISCARD).
+    pub fn range_request(
+        &mut self,
+        q: usize,
+        kind: u32,
+        sector: u64,
+        num_sectors: u32,
+        flags: u32,
+    ) -> u8 {
+        let h = self.header(q, kind, 0);
         let r = self.alloc(q, 16);
         let mut range = [0u8; 16];
         range[0..8].copy_from_slice(&sector.to_le_bytes());
