@@ -10,4 +10,14 @@ cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 cargo fmt --all -- --check
 # Lints include the workspace rule that every unsafe block carries a SAFETY comment.
 cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --locked "$@"
+# The last binaries cargo runs are doc-test harnesses with nothing in them; end with one line
+# that totals every test binary's result instead.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace --locked "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+awk '/^test result:/ { p += $4; f += $6; i += $8 }
+     END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' "$log"
+exit "$status"
