@@ -12,7 +12,8 @@ use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatu
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_CONFIG_WCE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
-    VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES,
+    VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX,
+    VIRTIO_BLK_F_TOPOLOGY, VIRTIO_BLK_F_WRITE_ZEROES,
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
@@ -33,6 +34,10 @@ const CONFIG_WCE_OFFSET: usize = 32;
 const CONFIG_LEN: usize = 60;
 /// Largest config read answered (the virtio-blk config struct is well below this).
 const CONFIG_MAX: usize = 256;
+
+/// Largest data descriptor accepted (`size_max`, VIRTIO_BLK_F_SIZE_MAX): 1 MiB. Longer ones
+/// get IOERR. Linux uses it as the queue's max_segment_size, so it never builds one larger.
+pub const SIZE_MAX: u32 = 1 << 20;
 
 /// Completions after which the guest is signalled even if more requests are waiting.
 const SIGNAL_BATCH: u32 = 16;
@@ -96,9 +101,19 @@ impl BlkBackend {
         let mut c = [0u8; CONFIG_LEN];
         let capacity = inner.disk.capacity() / SECTOR_SIZE;
         c[0..8].copy_from_slice(&capacity.to_le_bytes());
+        c[8..12].copy_from_slice(&SIZE_MAX.to_le_bytes());
         c[12..16].copy_from_slice(&inner.seg_max.to_le_bytes());
         let blk_size = inner.disk.device().logical_block_size();
         c[20..24].copy_from_slice(&blk_size.to_le_bytes());
+        // Topology, in units of logical blocks (Linux multiplies each field by blk_size):
+        // physical_block_exp = log2(physical / logical) = 0, as a BlockDevice's physical
+        // block is its logical block (a LUKS volume's encryption sector, or 512 for raw);
+        // alignment_offset 0; min_io_size 1 block, so guests never issue sub-block I/O;
+        // opt_io_size 0 (no preference: every request size costs the same per byte).
+        c[24] = 0; // physical_block_exp
+        c[25] = 0; // alignment_offset
+        c[26..28].copy_from_slice(&1u16.to_le_bytes()); // min_io_size
+        c[28..32].copy_from_slice(&0u32.to_le_bytes()); // opt_io_size
         c[CONFIG_WCE_OFFSET] = u8::from(inner.writeback.load(Ordering::Relaxed));
         c[34..36].copy_from_slice(&inner.num_queues.to_le_bytes());
         if inner.disk.discard() {
@@ -137,6 +152,7 @@ impl BlkBackend {
                 &*mem,
                 chain,
                 max_descriptors,
+                SIZE_MAX,
                 capacity,
                 &mut worker.segments,
             ) {
@@ -204,8 +220,10 @@ impl VhostUserBackend for BlkBackend {
         let mut f = (1u64 << VIRTIO_F_VERSION_1)
             | (1 << VIRTIO_RING_F_EVENT_IDX)
             | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+            | (1 << VIRTIO_BLK_F_SIZE_MAX)
             | (1 << VIRTIO_BLK_F_SEG_MAX)
             | (1 << VIRTIO_BLK_F_BLK_SIZE)
+            | (1 << VIRTIO_BLK_F_TOPOLOGY)
             | (1 << VIRTIO_BLK_F_FLUSH)
             | (1 << VIRTIO_BLK_F_CONFIG_WCE)
             | (1 << VIRTIO_BLK_F_MQ)

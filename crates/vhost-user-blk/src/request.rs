@@ -113,6 +113,8 @@ pub enum Error {
     WrongDirection(RequestType),
     #[error("descriptor at {0:#x} (+{1}) is not inside guest memory")]
     OutsideMemory(u64, u32),
+    #[error("data descriptor of {0} bytes is longer than size_max ({1})")]
+    SegmentTooLarge(u32, u32),
     #[error("data length {0} is not a multiple of 512")]
     Misaligned(u64),
     #[error("request at sector {sector} ({len} bytes) is beyond the capacity ({capacity} bytes)")]
@@ -139,11 +141,13 @@ pub struct Rejected {
 
 /// Parses the descriptors of one chain into a request, collecting its data segments into
 /// `segments` (cleared first; its capacity is reused). `max_descriptors` bounds the chain
-/// (SEG_MAX + 2); `capacity` is the disk size in bytes.
+/// (SEG_MAX + 2); `size_max` bounds each data descriptor (SIZE_MAX); `capacity` is the disk
+/// size in bytes.
 pub fn parse<M, I>(
     mem: &M,
     descriptors: I,
     max_descriptors: usize,
+    size_max: u32,
     capacity: u64,
     segments: &mut Vec<Segment>,
 ) -> Result<Request, Rejected>
@@ -217,14 +221,15 @@ where
         data_len: 0,
         status: status_addr,
     };
-    check_data(mem, req, segments, capacity).map_err(reject)
+    check_data(mem, req, segments, size_max, capacity).map_err(reject)
 }
 
-/// Checks the data segments: direction, memory bounds, alignment, capacity.
+/// Checks the data segments: direction, size_max, memory bounds, alignment, capacity.
 fn check_data<M>(
     mem: &M,
     mut req: Request,
     segments: &[Segment],
+    size_max: u32,
     capacity: u64,
 ) -> Result<Request, Error>
 where
@@ -239,6 +244,9 @@ where
     for seg in segments {
         if want_writable.is_some_and(|w| w != seg.device_writable) {
             return Err(Error::WrongDirection(req.kind));
+        }
+        if seg.len > size_max {
+            return Err(Error::SegmentTooLarge(seg.len, size_max));
         }
         if !in_memory(mem, seg.addr, seg.len) {
             return Err(Error::OutsideMemory(seg.addr.0, seg.len));
@@ -296,6 +304,7 @@ mod tests {
     const NEXT: u16 = VRING_DESC_F_NEXT as u16;
     const WRITE: u16 = VRING_DESC_F_WRITE as u16;
     const CAP: u64 = 1 << 20;
+    const SIZE_MAX: u32 = 4096;
 
     fn mem() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap()
@@ -319,7 +328,7 @@ mod tests {
         descs: &[Descriptor],
     ) -> (Result<Request, Rejected>, Vec<Segment>) {
         let mut segs = Vec::new();
-        let r = parse(mem, descs.iter().copied(), 8, CAP, &mut segs);
+        let r = parse(mem, descs.iter().copied(), 8, SIZE_MAX, CAP, &mut segs);
         (r, segs)
     }
 
@@ -398,6 +407,15 @@ mod tests {
                     d(0x300, 1, WRITE),
                 ],
                 Error::OutsideMemory(0xf_ff00, 512),
+                status,
+            ),
+            (
+                vec![
+                    d(0x100, 16, NEXT),
+                    d(0x1000, 4096 + 512, NEXT),
+                    d(0x300, 1, WRITE),
+                ],
+                Error::SegmentTooLarge(4096 + 512, SIZE_MAX),
                 status,
             ),
         ];

@@ -218,7 +218,14 @@ fn random_descriptor_chains_never_write_outside_their_buffers() {
             .map(|d| (d.addr().0, d.addr().0.saturating_add(u64::from(d.len()))))
             .collect();
         let head = chain.head_index();
-        let used_len = match request::parse(&mem, chain, 18, disk.capacity(), &mut segments) {
+        let used_len = match request::parse(
+            &mem,
+            chain,
+            18,
+            cryptblk_vhost_user_blk::backend::SIZE_MAX,
+            disk.capacity(),
+            &mut segments,
+        ) {
             Ok(req) => {
                 ok += 1;
                 disk.execute(&mem, &req, &segments)

@@ -54,7 +54,9 @@ fn config_space_and_features() {
     let daemon = Daemon::start(open_raw(&img, true), opts(2));
     let mut guest = Guest::connect(&daemon.socket, 2, 256);
     let f = guest.features;
-    for bit in [32u32, 29, 2, 6, 9, 11, 12, 14] {
+    // VERSION_1, EVENT_IDX, SIZE_MAX, SEG_MAX, BLK_SIZE, FLUSH, TOPOLOGY, CONFIG_WCE, MQ,
+    // WRITE_ZEROES.
+    for bit in [32u32, 29, 1, 2, 6, 9, 10, 11, 12, 14] {
         assert!(f & (1 << bit) != 0, "feature bit {bit} missing: {f:#x}");
     }
     assert!(f & (1 << 5) == 0, "RO offered for a writable disk");
@@ -70,8 +72,11 @@ fn config_space_and_features() {
         u64::from_le_bytes(cfg[0..8].try_into().unwrap()),
         8 * MIB / 512
     );
+    assert_eq!(u32::from_le_bytes(cfg[8..12].try_into().unwrap()), 1 << 20);
     assert_eq!(u32::from_le_bytes(cfg[12..16].try_into().unwrap()), 254);
     assert_eq!(u32::from_le_bytes(cfg[20..24].try_into().unwrap()), 512);
+    // Topology: physical_block_exp 0, alignment_offset 0, min_io_size 1 block, opt 0.
+    assert_eq!(cfg[24..32], [0, 0, 1, 0, 0, 0, 0, 0]);
     assert_eq!(cfg[32], 1, "writeback cache on by default");
     assert_eq!(u16::from_le_bytes(cfg[34..36].try_into().unwrap()), 2);
     drop(guest);
@@ -217,6 +222,20 @@ fn malformed_chains_get_errors_and_the_queue_keeps_working() {
     descs[1].addr = vm_memory::GuestAddress(1 << 40);
     guest.run(0, &descs);
     assert_eq!(guest.status(s), S_IOERR);
+    // A data descriptor longer than size_max (1 MiB): IOERR, nothing written.
+    let big = vec![7u8; (1 << 20) + 512];
+    let (descs, s) = guest.out_chain(0, 0, &big, big.len());
+    assert_eq!(descs.len(), 3);
+    guest.run(0, &descs);
+    assert_eq!(guest.status(s), S_IOERR);
+    // Exactly size_max is accepted (then overwritten with zeroes below).
+    let (descs, s) = guest.out_chain(0, 0, &big[..1 << 20], 1 << 20);
+    assert_eq!(descs.len(), 3);
+    guest.run(0, &descs);
+    assert_eq!(guest.status(s), S_OK);
+    let (descs, s) = guest.out_chain(0, 0, &vec![0u8; 1 << 20], 1 << 20);
+    guest.run(0, &descs);
+    assert_eq!(guest.status(s), S_OK);
     // A status byte outside guest memory.
     let (mut descs, _) = guest.out_chain(0, 0, &[1u8; 512], 512);
     descs.last_mut().unwrap().addr = vm_memory::GuestAddress(1 << 40);
@@ -350,12 +369,24 @@ fn luks2_image_round_trip() {
     let volume = open_luks_volume(&img, PW, &rw).unwrap();
     let daemon = Daemon::start(Arc::new(volume), opts(1));
     let mut guest = Guest::connect(&daemon.socket, 1, 256);
-    let cfg = guest.config(0, 24);
+    let f = guest.features;
+    assert!(
+        f & (1 << 1) != 0 && f & (1 << 10) != 0,
+        "SIZE_MAX/TOPOLOGY: {f:#x}"
+    );
+    let cfg = guest.config(0, 32);
     assert_eq!(
         u64::from_le_bytes(cfg[0..8].try_into().unwrap()),
         4 * MIB / 512
     );
+    assert_eq!(u32::from_le_bytes(cfg[8..12].try_into().unwrap()), 1 << 20);
     assert_eq!(u32::from_le_bytes(cfg[20..24].try_into().unwrap()), 4096);
+    // Topology in logical blocks: physical = logical (exp 0), min_io_size one 4 KiB block,
+    // so a guest computes io_min = 4096 and issues whole encryption sectors.
+    assert_eq!(cfg[24], 0, "physical_block_exp");
+    assert_eq!(cfg[25], 0, "alignment_offset");
+    assert_eq!(u16::from_le_bytes(cfg[26..28].try_into().unwrap()), 1);
+    assert_eq!(u32::from_le_bytes(cfg[28..32].try_into().unwrap()), 0);
 
     let data = pattern(128 * 1024, 5);
     assert_eq!(guest.write(0, 16, &data), S_OK);
