@@ -58,7 +58,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// Run the built-in example: make a sample disk, encrypt it into LUKS2, decrypt and verify.
     Demo(DemoArgs),
-    /// Export an image (LUKS1, LUKS2 or raw) to a VM as a vhost-user-blk socket.
+    /// Export an image (LUKS1, LUKS2 or raw) to a VM as a vhost-user-blk socket, or several
+    /// from a TOML config.
     #[command(after_help = crate::cmd::serve::HELP)]
     Serve(ServeArgs),
 }
@@ -142,12 +143,22 @@ pub struct FormatArgs {
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
+    /// Serve every [[disk]] of this TOML file (format below) instead of one image; not
+    /// combined with the single-disk options.
+    #[arg(long, value_name = "FILE", conflicts_with_all = [
+        "socket", "image", "key_file", "num_queues", "queue_size", "readonly", "discard",
+    ])]
+    pub config: Option<PathBuf>,
     /// Listen on this UNIX socket path (a stale socket there is replaced).
-    #[arg(long = "vhost-user-blk", value_name = "SOCKET")]
-    pub socket: PathBuf,
+    #[arg(
+        long = "vhost-user-blk",
+        value_name = "SOCKET",
+        required_unless_present = "config"
+    )]
+    pub socket: Option<PathBuf>,
     /// The image to export: LUKS1/LUKS2 (needs a passphrase) or raw.
-    #[arg(long, value_name = "PATH")]
-    pub image: PathBuf,
+    #[arg(long, value_name = "PATH", required_unless_present = "config")]
+    pub image: Option<PathBuf>,
     /// File holding the LUKS passphrase ('-' for stdin).
     #[arg(long, short = 'd', value_name = "FILE")]
     pub key_file: Option<PathBuf>,

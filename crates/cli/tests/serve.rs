@@ -251,3 +251,206 @@ fn serve_discard_punches_holes_in_a_raw_image() {
     assert!(on_disk[64 * 1024..128 * 1024].iter().all(|&b| b == 0));
     assert!(on_disk[128 * 1024..].iter().all(|&b| b == 0x5a));
 }
+
+/// A LUKS2 image of `size` with cheap keyslots, and its key file.
+fn luks_image(dir: &Path, name: &str, size: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let key = key_file(dir, &format!("{name}.key"), &passphrase(name));
+    let img = dir.join(format!("{name}.luks"));
+    let mut args = vec!["format", "-q", "--key-file", s(&key)];
+    args.extend_from_slice(CHEAP_PBKDF2);
+    args.extend([s(&img), size]);
+    cryptblk(&args).ok();
+    (img, key)
+}
+
+#[test]
+fn serve_config_two_disks_raw_and_luks() {
+    let dir = tempdir();
+    let raw = dir.path().join("data.raw");
+    std::fs::File::create(&raw)
+        .unwrap()
+        .set_len(4 * MIB)
+        .unwrap();
+    let (luks, key) = luks_image(dir.path(), "root", "4M");
+    let raw_sock = dir.path().join("data.sock");
+    let luks_sock = dir.path().join("root.sock");
+    // Relative paths (the raw disk) resolve against the config file's directory, not the
+    // daemon's working directory.
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"# two disks
+[[disk]]
+name = "vm1-data"
+image = "data.raw"
+vhost-user-blk = "data.sock"
+
+[[disk]]
+name = "vm1-root"
+image = "{}"
+key-file = "{}"
+vhost-user-blk = "{}"
+num-queues = 2
+queue-size = 128
+"#,
+            s(&luks),
+            s(&key),
+            s(&luks_sock)
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(bin())
+        .args(["serve", "--config", s(&config)])
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .env_remove("RUST_LOG")
+        .spawn()
+        .unwrap();
+    wait_for_socket(&mut child, &raw_sock);
+    wait_for_socket(&mut child, &luks_sock);
+
+    let raw_data = pattern(64 * 1024, 21);
+    let luks_data = pattern(96 * 1024, 22);
+    {
+        // Both frontends connected at once: each disk has its own server thread.
+        let mut data_guest = Guest::connect(&raw_sock, 1, 256);
+        let mut root_guest = Guest::connect(&luks_sock, 2, 128);
+        assert_eq!(data_guest.write(0, 16, &raw_data), S_OK);
+        assert_eq!(root_guest.write(1, 64, &luks_data), S_OK);
+        assert_eq!(
+            data_guest.read(0, 16, raw_data.len()),
+            (S_OK, raw_data.clone())
+        );
+        assert_eq!(
+            root_guest.read(0, 64, luks_data.len()),
+            (S_OK, luks_data.clone())
+        );
+        // GET_ID defaults to the disk's name.
+        let (st, id) = data_guest.get_id(0);
+        assert_eq!(st, S_OK);
+        assert_eq!(&id[..8], b"vm1-data");
+        assert!(id[8..].iter().all(|&b| b == 0));
+        let (st, id) = root_guest.get_id(1);
+        assert_eq!(st, S_OK);
+        assert_eq!(&id[..8], b"vm1-root");
+    }
+    assert_eq!(terminate(child), code::OK);
+    assert!(!raw_sock.exists(), "socket left behind");
+    assert!(!luks_sock.exists(), "socket left behind");
+    assert_same_bytes(
+        &read(&raw)[16 * 512..16 * 512 + raw_data.len()],
+        &raw_data,
+        "raw disk",
+    );
+    let plain = cryptblk_decrypt(&luks, &key, &dir.path().join("plain.raw"));
+    assert_same_bytes(
+        &plain[64 * 512..64 * 512 + luks_data.len()],
+        &luks_data,
+        "decrypted LUKS disk",
+    );
+}
+
+#[test]
+fn serve_config_errors() {
+    let dir = tempdir();
+    let raw = dir.path().join("a.raw");
+    std::fs::File::create(&raw).unwrap().set_len(MIB).unwrap();
+    let (luks, key) = luks_image(dir.path(), "b", "2M");
+    let wrong = key_file(dir.path(), "wrong", &passphrase("b-wrong"));
+    let sock_a = dir.path().join("a.sock");
+    let sock_b = dir.path().join("b.sock");
+    let config = dir.path().join("serve.toml");
+    let write_config = |second_extra: &str, key: &Path| {
+        std::fs::write(
+            &config,
+            format!(
+                "[[disk]]\nname = \"disk-a\"\nimage = \"a.raw\"\nvhost-user-blk = \"a.sock\"\n\n\
+                 [[disk]]\nname = \"disk-b\"\nimage = \"{}\"\nkey-file = \"{}\"\n\
+                 vhost-user-blk = \"b.sock\"\n{second_extra}",
+                s(&luks),
+                s(key)
+            ),
+        )
+        .unwrap();
+    };
+
+    // An unknown key: exit 1, the message names the key and the disk.
+    write_config("num-queue = 2\n", &key);
+    let out = cryptblk(["serve", "--config", s(&config)]);
+    out.expect_code(code::USAGE);
+    out.error_line(&["num-queue", "disk-b"]);
+    assert!(!sock_a.exists() && !sock_b.exists());
+
+    // A wrong key for the second disk: exit 2 naming it; the first disk was opened but its
+    // socket was never bound.
+    write_config("", &wrong);
+    let out = cryptblk(["serve", "--config", s(&config)]);
+    out.expect_code(code::WRONG_PASSPHRASE);
+    out.error_line(&["disk-b"]);
+    assert!(
+        !sock_a.exists(),
+        "first disk's socket bound before every disk was unlocked"
+    );
+    assert!(!sock_b.exists());
+
+    // A missing image fails the start the same way (exit 5, naming the disk).
+    std::fs::rename(&raw, dir.path().join("gone.raw")).unwrap();
+    write_config("", &key);
+    let out = cryptblk(["serve", "--config", s(&config)]);
+    out.expect_code(code::IO);
+    out.error_line(&["disk-a"]);
+    assert!(!sock_a.exists() && !sock_b.exists());
+    std::fs::rename(dir.path().join("gone.raw"), &raw).unwrap();
+
+    // Duplicate names and duplicate sockets are refused.
+    std::fs::write(
+        &config,
+        "[[disk]]\nname = \"x\"\nimage = \"a.raw\"\nvhost-user-blk = \"a.sock\"\n\
+         [[disk]]\nname = \"x\"\nimage = \"b.raw\"\nvhost-user-blk = \"b.sock\"\n",
+    )
+    .unwrap();
+    let out = cryptblk(["serve", "--config", s(&config)]);
+    out.expect_code(code::USAGE);
+    out.error_line(&["same name"]);
+    std::fs::write(
+        &config,
+        format!(
+            "[[disk]]\nname = \"x\"\nimage = \"a.raw\"\nvhost-user-blk = \"a.sock\"\n\
+             [[disk]]\nname = \"y\"\nimage = \"b.raw\"\nvhost-user-blk = \"{}\"\n",
+            s(&sock_a)
+        ),
+    )
+    .unwrap();
+    let out = cryptblk(["serve", "--config", s(&config)]);
+    out.expect_code(code::USAGE);
+    out.error_line(&["socket", "\"y\""]);
+
+    // --config is exclusive with the single-disk options, and one of the two forms is needed.
+    cryptblk(["serve", "--config", s(&config), "--image", s(&raw)]).expect_code(code::USAGE);
+    cryptblk(["serve", "--config", s(&config), "--num-queues", "2"]).expect_code(code::USAGE);
+    cryptblk(["serve"]).expect_code(code::USAGE);
+    cryptblk(["serve", "--image", s(&raw)]).expect_code(code::USAGE);
+    assert!(!sock_a.exists() && !sock_b.exists());
+
+    // The format is documented in --help.
+    let help = Command::new(bin())
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for needle in [
+        "--config",
+        "[[disk]]",
+        "key-file",
+        "vhost-user-blk =",
+        "num-queues =",
+    ] {
+        assert!(
+            help.contains(needle),
+            "{needle} missing from serve --help:\n{help}"
+        );
+    }
+}
