@@ -3,8 +3,10 @@
 //! A new target is written under a temporary name beside the destination and renamed into
 //! place only after everything was written and flushed, so an interrupted or failed convert
 //! never leaves a file that looks complete.
+mod interrupt;
 mod pipeline;
 mod progress;
+mod temp_target;
 
 pub use pipeline::first_difference;
 
@@ -16,11 +18,13 @@ use anyhow::{bail, Context, Result};
 use cryptblk_block::{BlockDevice, Format, OpenOptions, RawFile};
 use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::{FormatOptions, LuksImage, LuksVersion};
+use interrupt::InterruptFlag;
 use pipeline::{Holes, PipelineConfig, Progress};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+use temp_target::TempTarget;
 
 pub const HELP_MEMORY: &str = "\
 Memory: convert holds (2 x writers + 1) chunks in flight plus one bounce buffer per writer,
@@ -344,99 +348,6 @@ fn same_file(a: &Path, b: &Path) -> bool {
     match (std::fs::metadata(a), std::fs::metadata(b)) {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
         _ => false,
-    }
-}
-
-/// SIGINT, SIGTERM and SIGHUP set a flag the pipeline polls; a second signal exits at once.
-struct InterruptFlag {
-    flag: Arc<AtomicBool>,
-    ids: Vec<signal_hook::SigId>,
-}
-
-impl InterruptFlag {
-    fn register() -> Result<Self> {
-        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-        let flag = Arc::new(AtomicBool::new(false));
-        let mut ids = Vec::new();
-        for sig in [SIGINT, SIGTERM, SIGHUP] {
-            // Order matters: the conditional exit only fires when the flag is already set.
-            ids.push(signal_hook::flag::register_conditional_shutdown(
-                sig,
-                130,
-                flag.clone(),
-            )?);
-            ids.push(signal_hook::flag::register(sig, flag.clone())?);
-        }
-        Ok(InterruptFlag { flag, ids })
-    }
-}
-
-impl Drop for InterruptFlag {
-    fn drop(&mut self) {
-        for id in self.ids.drain(..) {
-            signal_hook::low_level::unregister(id);
-        }
-    }
-}
-
-/// A target written under `.NAME.cryptblk-partial` in the destination's directory; removed on
-/// drop unless committed by an atomic rename.
-struct TempTarget {
-    temp: PathBuf,
-    target: PathBuf,
-    committed: bool,
-}
-
-impl TempTarget {
-    fn new(target: &Path) -> Result<Self> {
-        let name = target
-            .file_name()
-            .context("the target path has no file name")?
-            .to_string_lossy();
-        let dir = target
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let temp = dir.join(format!(".{name}.cryptblk-partial"));
-        // A leftover from an earlier interrupted run is ours to replace.
-        let _ = std::fs::remove_file(&temp);
-        Ok(TempTarget {
-            temp,
-            target: target.to_path_buf(),
-            committed: false,
-        })
-    }
-
-    fn path(&self) -> &Path {
-        &self.temp
-    }
-
-    fn commit(mut self) -> Result<()> {
-        std::fs::rename(&self.temp, &self.target).with_context(|| {
-            format!(
-                "renaming {} to {}",
-                self.temp.display(),
-                self.target.display()
-            )
-        })?;
-        self.committed = true;
-        let dir = self
-            .target
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    }
-}
-
-impl Drop for TempTarget {
-    fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_file(&self.temp);
-        }
     }
 }
 
