@@ -15,6 +15,7 @@ mod format;
 mod luks_volume;
 pub mod qcow2;
 pub mod raw;
+pub mod stats;
 
 pub use aligned::{is_direct_aligned, AlignedBuf, DIRECT_IO_ALIGN};
 pub use crypt::{CryptDevice, CryptLayout};
@@ -24,3 +25,4 @@ pub use format::{open_image, probe_format, Format, MAX_BACKING_DEPTH};
 pub use luks_volume::{open_luks_volume, LuksVolume, VolumeError, VolumeOptions};
 pub use qcow2::Qcow2;
 pub use raw::{OpenOptions, RawFile};
+pub use stats::{IoKind, IoStats, IoStatsSnapshot};
