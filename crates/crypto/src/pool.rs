@@ -16,8 +16,10 @@ use crossbeam_channel::{Receiver, Sender};
 use split::{Split, WaitOnDrop};
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 mod split;
 
@@ -45,6 +47,9 @@ pub struct CryptoPool {
     inline_threshold: usize,
     tx: Option<Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
+    /// Nanoseconds the workers spent running jobs, summed over workers (for utilisation).
+    busy_ns: Arc<AtomicU64>,
+    started: Instant,
 }
 
 enum Job {
@@ -82,12 +87,15 @@ impl CryptoPool {
             inline_threshold: DEFAULT_INLINE_THRESHOLD,
             tx: Some(tx),
             workers: Vec::with_capacity(threads),
+            busy_ns: Arc::new(AtomicU64::new(0)),
+            started: Instant::now(),
         };
         for i in 0..threads {
             let rx = rx.clone();
+            let busy = pool.busy_ns.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("cryptblk-crypto-{i}"))
-                .spawn(move || worker(rx))
+                .spawn(move || worker(rx, &busy))
                 // Dropping `pool` on this path stops and joins the workers already started.
                 .map_err(|e| {
                     CryptoError::Worker(format!("cannot spawn crypto worker thread: {e}"))
@@ -114,6 +122,21 @@ impl CryptoPool {
 
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// Time the workers spent running jobs since the pool started, summed over workers
+    /// (work the calling threads do inline is not included).
+    pub fn busy_time(&self) -> Duration {
+        Duration::from_nanos(self.busy_ns.load(Ordering::Relaxed))
+    }
+
+    /// Average share of the workers' time spent working since the pool started (0.0..=1.0).
+    pub fn utilisation(&self) -> f64 {
+        let wall = self.started.elapsed().as_secs_f64() * self.threads as f64;
+        if wall <= 0.0 {
+            return 0.0;
+        }
+        (self.busy_time().as_secs_f64() / wall).min(1.0)
     }
 
     /// Transform `data` in place, split across the workers when it is large enough to gain.
@@ -219,10 +242,11 @@ impl Drop for CryptoPool {
     }
 }
 
-fn worker(rx: Receiver<Job>) {
+fn worker(rx: Receiver<Job>, busy_ns: &AtomicU64) {
     IN_WORKER.with(|w| w.set(true));
     // `recv` only sleeps when the queue is empty, so a burst is drained in one wake-up.
     while let Ok(job) = rx.recv() {
+        let start = Instant::now();
         match job {
             Job::Help(split) => split.work(),
             Job::Owned(job) => {
@@ -241,6 +265,8 @@ fn worker(rx: Receiver<Job>) {
                 let _ = catch_unwind(AssertUnwindSafe(move || done(result, buf)));
             }
         }
+        let spent = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        busy_ns.fetch_add(spent, Ordering::Relaxed);
     }
 }
 

@@ -88,6 +88,16 @@ impl Disk {
         req: &Request,
         segments: &[Segment],
     ) -> u32 {
+        self.execute_with_status(mem, req, segments).1
+    }
+
+    /// Like `execute`, also returning the status byte written.
+    pub fn execute_with_status<M: GuestMemoryBackend>(
+        &self,
+        mem: &M,
+        req: &Request,
+        segments: &[Segment],
+    ) -> (u8, u32) {
         let (status, data_written) = match req.kind {
             RequestType::In => match self.read(mem, req, segments) {
                 Ok(()) => (STATUS_OK, req.data_len),
@@ -121,9 +131,9 @@ impl Disk {
         if mem.write_obj(status, req.status).is_err() {
             // The parser checked the status byte lies in guest memory; a memory table change
             // in between is the only way here. Report nothing written.
-            return 0;
+            return (STATUS_IOERR, 0);
         }
-        u32::try_from(data_written + 1).unwrap_or(u32::MAX)
+        (status, u32::try_from(data_written + 1).unwrap_or(u32::MAX))
     }
 
     /// Answers a request the parser rejected: the right status when the status descriptor is

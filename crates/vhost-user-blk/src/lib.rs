@@ -4,10 +4,12 @@
 //! - `request`: parses a virtio-blk request out of a descriptor chain (untrusted input).
 //! - `device`: executes a parsed request against the `BlockDevice`.
 //! - `backend`: the `VhostUserBackend` impl (features, config space, one worker per queue).
+//! - `executor`: the submission pool that keeps many requests of a queue in flight.
 //! - this file: the listening loop (`Server`), reconnects and shutdown.
 
 pub mod backend;
 pub mod device;
+pub mod executor;
 pub mod request;
 
 use std::io;
@@ -16,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cryptblk_block::BlockDevice;
+use cryptblk_block::{BlockDevice, IoStats, IoStatsSnapshot};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
@@ -24,6 +26,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 pub use backend::BlkBackend;
 pub use device::Disk;
+use executor::Executor;
 
 /// Largest queue size accepted.
 pub const MAX_QUEUE_SIZE: u16 = 1024;
@@ -42,6 +45,8 @@ pub struct ServeOptions {
     /// like dm-crypt's `allow_discards`. Off by default: on an encrypted disk, discards
     /// reveal which blocks are unused. Ignored on a read-only export.
     pub discard: bool,
+    /// Threads of the submission pool shared by the queues (0: `Executor::default_threads`).
+    pub io_threads: usize,
 }
 
 impl Default for ServeOptions {
@@ -52,6 +57,7 @@ impl Default for ServeOptions {
             read_only: false,
             serial: String::new(),
             discard: false,
+            io_threads: 0,
         }
     }
 }
@@ -83,6 +89,10 @@ struct Shared {
     stop: AtomicBool,
     wake: EventFd,
     connection: Mutex<Option<ShutdownHandle>>,
+    /// A frontend is connected.
+    connected: AtomicBool,
+    /// One per queue; kept across connections.
+    queue_stats: Vec<Arc<IoStats>>,
 }
 
 impl StopHandle {
@@ -101,6 +111,16 @@ impl StopHandle {
             conn.shutdown();
         }
     }
+
+    /// True while a frontend (a VM) is connected.
+    pub fn is_connected(&self) -> bool {
+        self.shared.connected.load(Ordering::SeqCst)
+    }
+
+    /// Counters of each queue since the server started (all connections).
+    pub fn queue_stats(&self) -> Vec<IoStatsSnapshot> {
+        self.shared.queue_stats.iter().map(|s| s.snapshot()).collect()
+    }
 }
 
 /// A listening vhost-user-blk socket serving one disk, one frontend at a time; accepts a new
@@ -111,6 +131,7 @@ pub struct Server {
     device: Arc<dyn BlockDevice>,
     opts: ServeOptions,
     shared: Arc<Shared>,
+    executor: Arc<Executor>,
 }
 
 impl Server {
@@ -132,6 +153,11 @@ impl Server {
                 opts.queue_size
             )));
         }
+        let io_threads = match opts.io_threads {
+            0 => Executor::default_threads(),
+            n => n,
+        };
+        let executor = Arc::new(Executor::new(io_threads)?);
         let path = socket_path.as_ref().to_path_buf();
         let listener = Listener::new(&path, true).map_err(|source| Error::Listen {
             path: path.clone(),
@@ -141,12 +167,17 @@ impl Server {
             listener,
             path,
             device,
-            opts,
             shared: Arc::new(Shared {
                 stop: AtomicBool::new(false),
                 wake: EventFd::new(EFD_NONBLOCK)?,
                 connection: Mutex::new(None),
+                connected: AtomicBool::new(false),
+                queue_stats: (0..opts.num_queues)
+                    .map(|_| Arc::new(IoStats::default()))
+                    .collect(),
             }),
+            executor,
+            opts,
         })
     }
 
@@ -208,8 +239,8 @@ impl Server {
         }
     }
 
-    /// Runs one frontend connection to its end. Worker threads finish the requests they
-    /// have popped before they exit (the daemon joins them when dropped).
+    /// Runs one frontend connection to its end; every request popped from its queues is
+    /// answered before this returns.
     fn serve_connection(&mut self) -> Result<(), Error> {
         let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
         let disk = Disk::new(self.device.clone(), self.opts.read_only, &self.opts.serial)
@@ -219,8 +250,11 @@ impl Server {
             self.opts.num_queues,
             self.opts.queue_size,
             mem.clone(),
+            &self.shared.queue_stats,
+            self.executor.clone(),
         );
-        let mut daemon = VhostUserDaemon::new("cryptblk-vhost-user-blk".into(), backend, mem)
+        let mut daemon =
+            VhostUserDaemon::new("cryptblk-vhost-user-blk".into(), backend.clone(), mem)
             .map_err(|e| Error::Daemon(e.to_string()))?;
         daemon
             .start(&mut self.listener)
@@ -233,6 +267,7 @@ impl Server {
         if self.shared.stop.load(Ordering::SeqCst) {
             daemon.request_shutdown();
         }
+        self.shared.connected.store(true, Ordering::SeqCst);
         tracing::info!("vhost-user frontend connected on {}", self.path.display());
         let result = daemon.wait();
         *self
@@ -244,6 +279,10 @@ impl Server {
             handler.send_exit_event();
         }
         drop(daemon);
+        // Requests still running on the pool complete before the memory they point into is
+        // released and before a new frontend may connect.
+        backend.wait_idle();
+        self.shared.connected.store(false, Ordering::SeqCst);
         match result {
             Ok(()) => tracing::info!("vhost-user frontend disconnected"),
             // A frontend that goes away mid-message (killed VM) is a normal disconnect.

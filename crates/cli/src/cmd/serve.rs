@@ -148,6 +148,7 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
                 read_only: spec.readonly,
                 serial,
                 discard: spec.discard,
+                io_threads: 0,
             },
         )
         .with_context(|| in_disk(&spec, multi))?;
