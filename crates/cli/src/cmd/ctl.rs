@@ -1,0 +1,379 @@
+//! `cryptblk ctl`: drive a running daemon through its control socket
+//! (`cryptblk serve --control PATH`). Each verb is one JSON-RPC 2.0 call whose method has the
+//! verb's name; the result is printed as pretty JSON so scripts can pipe it to `jq`.
+//!
+//! Secrets never travel: key-file options send the file's absolute path and the daemon reads
+//! it, so no passphrase appears on the wire, in argv or in the daemon's request logs. All
+//! paths are made absolute here because the daemon's working directory is not ours.
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use cryptblk_control::{Client, ClientError};
+use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+
+/// After-help of `cryptblk ctl`: the protocol reference for orchestrators that talk to the
+/// socket directly.
+pub const HELP: &str = "\
+Protocol (for programs talking to the socket directly): JSON-RPC 2.0 over the UNIX socket,
+one JSON object per line each way, e.g.
+  {\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"disk-list\",\"params\":{}}
+Paths must be absolute (the daemon resolves nothing against its working directory).
+Key files are passed by path and read by the daemon; never send a passphrase.
+
+Methods and params (? = optional):
+  disk-add     {\"name\": str, \"image\": path, \"key-file\"?: path, \"vhost-user-blk\"?: path,
+                \"num-queues\"?: int, \"queue-size\"?: int, \"nbd-export\": bool,
+                \"readonly\": bool, \"discard\": bool}
+  disk-remove  {\"name\": str, \"force\": bool}
+  disk-list    {}
+  stats        {\"name\"?: str}          (all disks when absent)
+  key-add      {\"name\": str, \"key-file\": path, \"new-key-file\": path}
+  key-remove   {\"name\": str, \"key-file\": path}
+
+Errors: -32700 parse error, -32600 invalid request, -32601 unknown method,
+-32602 invalid params, -32603 internal error, -32000 server shutting down,
+-32001..-32099 application errors (\"data\" may hold details).
+`cryptblk ctl` prints the result as JSON on stdout; on an error it prints
+`error: MESSAGE` (and `data: JSON`) on stderr and exits non-zero.";
+
+#[derive(Args, Debug)]
+pub struct CtlArgs {
+    /// The daemon's control socket (`cryptblk serve --control PATH`).
+    #[arg(long, short = 's', value_name = "PATH")]
+    socket: PathBuf,
+    #[command(subcommand)]
+    verb: CtlVerb,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CtlVerb {
+    /// Start serving another image.
+    DiskAdd(DiskAddArgs),
+    /// Stop serving a disk.
+    DiskRemove {
+        name: String,
+        /// Remove it even if a client is connected.
+        #[arg(long)]
+        force: bool,
+    },
+    /// List the served disks.
+    DiskList,
+    /// I/O statistics of one disk, or of all.
+    Stats { name: Option<String> },
+    /// Add a keyslot to a served disk's LUKS image.
+    KeyAdd {
+        name: String,
+        /// File holding an existing passphrase (read by the daemon).
+        #[arg(long, value_name = "FILE")]
+        key_file: PathBuf,
+        /// File holding the new passphrase (read by the daemon).
+        #[arg(long, value_name = "FILE")]
+        new_key_file: PathBuf,
+    },
+    /// Remove the keyslot a passphrase opens from a served disk's LUKS image.
+    KeyRemove {
+        name: String,
+        /// File holding the passphrase to remove (read by the daemon).
+        #[arg(long, value_name = "FILE")]
+        key_file: PathBuf,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct DiskAddArgs {
+    /// Name of the disk in the daemon (logs, stats, later verbs).
+    name: String,
+    /// The image: LUKS1, LUKS2 or raw.
+    #[arg(long, value_name = "PATH")]
+    image: PathBuf,
+    /// File holding the LUKS passphrase (read by the daemon; stdin cannot be forwarded).
+    #[arg(long, value_name = "FILE")]
+    key_file: Option<PathBuf>,
+    /// Export it on this vhost-user-blk socket.
+    #[arg(long, value_name = "SOCKET")]
+    vhost_user_blk: Option<PathBuf>,
+    /// Virtqueues offered to the guest.
+    #[arg(long, value_name = "N")]
+    num_queues: Option<u16>,
+    /// Largest virtqueue size.
+    #[arg(long, value_name = "N")]
+    queue_size: Option<u16>,
+    /// Export it over NBD as well.
+    #[arg(long)]
+    nbd_export: bool,
+    /// Export read-only.
+    #[arg(long)]
+    readonly: bool,
+    /// Pass guest discards to the image (reveals which blocks are unused).
+    #[arg(long)]
+    discard: bool,
+}
+
+/// The daemon answered with a JSON-RPC error. Already reported on stderr (message and data);
+/// this is the summary the binary prints last, and lets it pick an exit status by `code`.
+#[derive(Debug, thiserror::Error)]
+#[error("the daemon refused `{method}` (JSON-RPC error {code})")]
+pub struct RemoteError {
+    pub method: &'static str,
+    pub code: i64,
+}
+
+pub fn run(a: &CtlArgs) -> Result<()> {
+    let result = execute(a)?;
+    println!("{}", serde_json::to_string_pretty(&result)?);
+    Ok(())
+}
+
+/// Sends the verb's request and returns the result, reporting an error response on stderr.
+fn execute(a: &CtlArgs) -> Result<Value> {
+    let (method, params) = request(&a.verb)?;
+    let mut client = Client::connect(&a.socket)?;
+    match client.call(method, params) {
+        Ok(result) => Ok(result),
+        Err(ClientError::Rpc(e)) => {
+            eprintln!("error: {}", e.message);
+            if let Some(data) = &e.data {
+                let data = serde_json::to_string_pretty(data).unwrap_or_else(|_| data.to_string());
+                eprintln!("data: {data}");
+            }
+            Err(RemoteError {
+                method,
+                code: e.code,
+            }
+            .into())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The JSON-RPC method and params for a verb.
+fn request(verb: &CtlVerb) -> Result<(&'static str, Value)> {
+    let mut p = Map::new();
+    let method = match verb {
+        CtlVerb::DiskAdd(d) => {
+            p.insert("name".into(), d.name.clone().into());
+            p.insert("image".into(), absolute(&d.image)?);
+            if let Some(key_file) = &d.key_file {
+                p.insert("key-file".into(), key_file_path(key_file, "--key-file")?);
+            }
+            if let Some(socket) = &d.vhost_user_blk {
+                p.insert("vhost-user-blk".into(), absolute(socket)?);
+            }
+            if let Some(n) = d.num_queues {
+                p.insert("num-queues".into(), n.into());
+            }
+            if let Some(n) = d.queue_size {
+                p.insert("queue-size".into(), n.into());
+            }
+            p.insert("nbd-export".into(), d.nbd_export.into());
+            p.insert("readonly".into(), d.readonly.into());
+            p.insert("discard".into(), d.discard.into());
+            "disk-add"
+        }
+        CtlVerb::DiskRemove { name, force } => {
+            p.insert("name".into(), name.clone().into());
+            p.insert("force".into(), (*force).into());
+            "disk-remove"
+        }
+        CtlVerb::DiskList => "disk-list",
+        CtlVerb::Stats { name } => {
+            if let Some(name) = name {
+                p.insert("name".into(), name.clone().into());
+            }
+            "stats"
+        }
+        CtlVerb::KeyAdd {
+            name,
+            key_file,
+            new_key_file,
+        } => {
+            p.insert("name".into(), name.clone().into());
+            p.insert("key-file".into(), key_file_path(key_file, "--key-file")?);
+            p.insert(
+                "new-key-file".into(),
+                key_file_path(new_key_file, "--new-key-file")?,
+            );
+            "key-add"
+        }
+        CtlVerb::KeyRemove { name, key_file } => {
+            p.insert("name".into(), name.clone().into());
+            p.insert("key-file".into(), key_file_path(key_file, "--key-file")?);
+            "key-remove"
+        }
+    };
+    Ok((method, Value::Object(p)))
+}
+
+/// Absolute (not canonicalised: the daemon should see the path the user named, and the file
+/// may legitimately not exist yet on our side of a mount namespace) and valid UTF-8, since
+/// JSON strings cannot carry arbitrary bytes.
+fn absolute(path: &Path) -> Result<Value> {
+    let absolute = std::path::absolute(path)?;
+    match absolute.to_str() {
+        Some(s) => Ok(s.into()),
+        None => bail!(
+            "{}: only UTF-8 paths can be sent to the daemon",
+            path.display()
+        ),
+    }
+}
+
+/// Key files are opened by the daemon, so our stdin and file descriptors mean nothing there.
+fn key_file_path(path: &Path, option: &str) -> Result<Value> {
+    let s = path.to_string_lossy();
+    let local_only = s == "-"
+        || s == "/dev/stdin"
+        || ["/dev/fd/", "/proc/self/fd/"]
+            .iter()
+            .any(|prefix| s.starts_with(prefix));
+    if local_only {
+        bail!(
+            "{option} {s}: the daemon reads key files itself, so stdin and file descriptors \
+             cannot be forwarded; pass the path of a file it can read"
+        );
+    }
+    absolute(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use cryptblk_control::{ControlServer, RpcError};
+    use serde_json::json;
+    use std::sync::Arc;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        ctl: CtlArgs,
+    }
+
+    fn parse(args: &[&str]) -> CtlArgs {
+        let mut argv = vec!["ctl"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).unwrap().ctl
+    }
+
+    fn abs(p: &str) -> String {
+        std::env::current_dir()
+            .unwrap()
+            .join(p)
+            .to_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    #[test]
+    fn verbs_map_to_methods_and_params() {
+        let a = parse(&[
+            "-s",
+            "c.sock",
+            "disk-add",
+            "vm1",
+            "--image",
+            "disk.luks",
+            "--key-file",
+            "pass.txt",
+            "--vhost-user-blk",
+            "/run/vm1.sock",
+            "--num-queues",
+            "4",
+            "--readonly",
+        ]);
+        assert_eq!(
+            request(&a.verb).unwrap(),
+            (
+                "disk-add",
+                json!({"name": "vm1", "image": abs("disk.luks"), "key-file": abs("pass.txt"),
+                       "vhost-user-blk": "/run/vm1.sock", "num-queues": 4,
+                       "nbd-export": false, "readonly": true, "discard": false})
+            )
+        );
+        let a = parse(&[
+            "--socket",
+            "c",
+            "disk-add",
+            "d",
+            "--image",
+            "/i",
+            "--nbd-export",
+        ]);
+        assert_eq!(
+            request(&a.verb).unwrap().1,
+            json!({"name": "d", "image": "/i", "nbd-export": true, "readonly": false,
+                   "discard": false})
+        );
+        let cases: [(&[&str], &str, Value); 6] = [
+            (
+                &["disk-remove", "d", "--force"],
+                "disk-remove",
+                json!({"name": "d", "force": true}),
+            ),
+            (
+                &["disk-remove", "d"],
+                "disk-remove",
+                json!({"name": "d", "force": false}),
+            ),
+            (&["disk-list"], "disk-list", json!({})),
+            (&["stats"], "stats", json!({})),
+            (&["stats", "d"], "stats", json!({"name": "d"})),
+            (
+                &["key-add", "d", "--key-file", "/a", "--new-key-file", "b"],
+                "key-add",
+                json!({"name": "d", "key-file": "/a", "new-key-file": abs("b")}),
+            ),
+        ];
+        for (args, method, params) in cases {
+            let mut argv = vec!["-s", "c"];
+            argv.extend_from_slice(args);
+            assert_eq!(request(&parse(&argv).verb).unwrap(), (method, params));
+        }
+        let a = parse(&["-s", "c", "key-remove", "d", "--key-file", "/k"]);
+        assert_eq!(
+            request(&a.verb).unwrap(),
+            ("key-remove", json!({"name": "d", "key-file": "/k"}))
+        );
+    }
+
+    #[test]
+    fn stdin_and_fd_key_files_are_refused() {
+        for key in ["-", "/dev/stdin", "/dev/fd/3", "/proc/self/fd/0"] {
+            let a = parse(&["-s", "c", "key-remove", "d", "--key-file", key]);
+            let err = request(&a.verb).unwrap_err().to_string();
+            assert!(err.contains("cannot be forwarded"), "{err}");
+        }
+    }
+
+    #[test]
+    fn calls_the_daemon_and_reports_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("ctl.sock");
+        let handler =
+            |method: &str, params: Value| match method {
+                "disk-list" => Ok(json!({"method": method, "params": params})),
+                "disk-remove" => Err(RpcError::application(-32010, "no disk named `x`")
+                    .with_data(json!({"name": "x"}))),
+                _ => Err(RpcError::method_not_found(method)),
+            };
+        let server = ControlServer::bind(&socket, Arc::new(handler)).unwrap();
+        let stop = server.stop_handle();
+        let thread = std::thread::spawn(move || server.run());
+        let sock = socket.to_str().unwrap();
+
+        let result = execute(&parse(&["-s", sock, "disk-list"])).unwrap();
+        assert_eq!(result, json!({"method": "disk-list", "params": {}}));
+
+        let err = execute(&parse(&["-s", sock, "disk-remove", "x"])).unwrap_err();
+        let remote = err.downcast_ref::<RemoteError>().unwrap();
+        assert_eq!((remote.method, remote.code), ("disk-remove", -32010));
+
+        stop.stop();
+        thread.join().unwrap().unwrap();
+        let err = execute(&parse(&["-s", sock, "disk-list"])).unwrap_err();
+        assert!(
+            err.to_string().contains("cryptblk serve --control"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,266 @@
+//! JSON-RPC 2.0 messages: error objects, the handler trait and turning one received line into
+//! the line to send back. Kept free of I/O so the rules are in one place.
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Malformed JSON. The connection stays usable: the next line is a new frame.
+pub const PARSE_ERROR: i64 = -32700;
+/// Valid JSON that is not a request (not an object, `jsonrpc` not "2.0", `method` not a
+/// string, `params` not structured, empty batch), or a line longer than [`MAX_LINE`].
+pub const INVALID_REQUEST: i64 = -32600;
+pub const METHOD_NOT_FOUND: i64 = -32601;
+pub const INVALID_PARAMS: i64 = -32602;
+pub const INTERNAL_ERROR: i64 = -32603;
+/// Lowest code for application errors ("server error" range of the specification).
+pub const APPLICATION_ERROR_MIN: i64 = -32099;
+/// Highest code for application errors.
+pub const APPLICATION_ERROR_MAX: i64 = -32000;
+/// Sent by the server itself for requests it reads after [`crate::StopHandle::stop`]; handlers
+/// should pick other application codes so clients can tell the two apart.
+pub const SERVER_SHUTTING_DOWN: i64 = -32000;
+
+/// Longest request (or response) line accepted, newline excluded. Far above any real
+/// request; it only bounds the memory one client can make the daemon buffer.
+pub const MAX_LINE: usize = 1 << 20;
+
+/// A JSON-RPC error object, as returned by a [`Handler`] and as received by a client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message} (JSON-RPC error {code})")]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    fn new(code: i64, message: impl Into<String>) -> RpcError {
+        RpcError {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    /// -32700: the line is not JSON.
+    pub fn parse_error(message: impl Into<String>) -> RpcError {
+        RpcError::new(PARSE_ERROR, message)
+    }
+
+    /// -32600: the JSON is not a valid request.
+    pub fn invalid_request(message: impl Into<String>) -> RpcError {
+        RpcError::new(INVALID_REQUEST, message)
+    }
+
+    /// -32601, naming the method so a client typo is obvious.
+    pub fn method_not_found(method: &str) -> RpcError {
+        RpcError::new(METHOD_NOT_FOUND, format!("unknown method `{method}`"))
+    }
+
+    /// -32602: the method exists but its params are wrong.
+    pub fn invalid_params(message: impl Into<String>) -> RpcError {
+        RpcError::new(INVALID_PARAMS, message)
+    }
+
+    /// -32603: the server failed in a way that is not the caller's fault.
+    pub fn internal(message: impl Into<String>) -> RpcError {
+        RpcError::new(INTERNAL_ERROR, message)
+    }
+
+    /// An application error; attach details with [`RpcError::with_data`].
+    ///
+    /// # Panics
+    /// If `code` is outside `-32099..=-32000`: the other codes have meanings fixed by the
+    /// specification, and a handler sending one would mislead clients.
+    pub fn application(code: i64, message: impl Into<String>) -> RpcError {
+        assert!(
+            (APPLICATION_ERROR_MIN..=APPLICATION_ERROR_MAX).contains(&code),
+            "JSON-RPC application error codes are -32099..=-32000, not {code}"
+        );
+        RpcError::new(code, message)
+    }
+
+    /// Attaches the optional `data` member (structured details for programs).
+    pub fn with_data(mut self, data: Value) -> RpcError {
+        self.data = Some(data);
+        self
+    }
+
+    pub(crate) fn shutting_down() -> RpcError {
+        RpcError::new(SERVER_SHUTTING_DOWN, "the server is shutting down")
+    }
+}
+
+/// Serves the methods. Called concurrently from one thread per client connection, hence
+/// `Send + Sync`; a call may block (it only delays its own connection).
+pub trait Handler: Send + Sync {
+    /// `params` is the request's `params` member (an object or an array), or `Value::Null`
+    /// when the request has none. Unknown methods should return
+    /// [`RpcError::method_not_found`]. A panic is caught and reported as an internal error.
+    fn call(&self, method: &str, params: Value) -> Result<Value, RpcError>;
+}
+
+/// Closures are handlers, which keeps small servers and tests short.
+impl<F> Handler for F
+where
+    F: Fn(&str, Value) -> Result<Value, RpcError> + Send + Sync,
+{
+    fn call(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+        self(method, params)
+    }
+}
+
+/// Handles one received line (without its newline) and returns the response line to send
+/// (without newline), or `None` when nothing must be sent (notifications only).
+pub(crate) fn process_line(handler: &dyn Handler, line: &[u8]) -> Option<String> {
+    let value: Value = match serde_json::from_slice(line) {
+        Ok(value) => value,
+        Err(e) => {
+            let error = RpcError::parse_error(format!("parse error: {e}"));
+            return Some(error_response(Value::Null, error).to_string());
+        }
+    };
+    match value {
+        Value::Array(items) => {
+            if items.is_empty() {
+                let error = RpcError::invalid_request("empty batch");
+                return Some(error_response(Value::Null, error).to_string());
+            }
+            // Batch members run in order on this connection's thread; the specification
+            // allows any order, and in-order keeps "one connection is sequential" true.
+            let responses: Vec<Value> = items
+                .into_iter()
+                .filter_map(|item| process_value(handler, item))
+                .collect();
+            // A batch of notifications gets no reply at all, not an empty array.
+            (!responses.is_empty()).then(|| Value::Array(responses).to_string())
+        }
+        other => process_value(handler, other).map(|response| response.to_string()),
+    }
+}
+
+/// One request object -> its response object, or `None` for a notification.
+fn process_value(handler: &dyn Handler, value: Value) -> Option<Value> {
+    let Value::Object(mut request) = value else {
+        let error = RpcError::invalid_request("a request must be a JSON object");
+        return Some(error_response(Value::Null, error));
+    };
+    // An absent `id` makes a notification; a present one (even null) asks for a response.
+    let id = request.remove("id");
+    let reply_id = match &id {
+        None => Value::Null,
+        Some(id @ (Value::Null | Value::String(_) | Value::Number(_))) => id.clone(),
+        Some(_) => {
+            let error = RpcError::invalid_request("`id` must be a string, a number or null");
+            return Some(error_response(Value::Null, error));
+        }
+    };
+    // Shape errors are answered even without an id: the specification does so, and the
+    // sender otherwise never learns its "notification" was dropped.
+    let (method, params) = match parse_call(&mut request) {
+        Ok(call) => call,
+        Err(error) => return Some(error_response(reply_id, error)),
+    };
+    let result = catch_unwind(AssertUnwindSafe(|| handler.call(&method, params)))
+        .unwrap_or_else(|_| Err(RpcError::internal(format!("method `{method}` panicked"))));
+    let id = id?;
+    Some(match result {
+        Ok(result) => {
+            let mut response = Map::new();
+            response.insert("jsonrpc".into(), "2.0".into());
+            response.insert("result".into(), result);
+            response.insert("id".into(), id);
+            Value::Object(response)
+        }
+        Err(error) => error_response(id, error),
+    })
+}
+
+fn parse_call(request: &mut Map<String, Value>) -> Result<(String, Value), RpcError> {
+    match request.get("jsonrpc") {
+        Some(Value::String(version)) if version == "2.0" => {}
+        _ => return Err(RpcError::invalid_request("`jsonrpc` must be \"2.0\"")),
+    }
+    let method = match request.remove("method") {
+        Some(Value::String(method)) => method,
+        Some(_) => return Err(RpcError::invalid_request("`method` must be a string")),
+        None => return Err(RpcError::invalid_request("missing `method`")),
+    };
+    let params = match request.remove("params") {
+        None => Value::Null,
+        Some(params @ (Value::Object(_) | Value::Array(_))) => params,
+        Some(_) => {
+            return Err(RpcError::invalid_request(
+                "`params` must be an object or an array",
+            ))
+        }
+    };
+    Ok((method, params))
+}
+
+pub(crate) fn error_response(id: Value, error: RpcError) -> Value {
+    let mut response = Map::new();
+    response.insert("jsonrpc".into(), "2.0".into());
+    // Serialising a struct of a String, an i64 and a Value cannot fail.
+    let error = serde_json::to_value(error).unwrap_or(Value::Null);
+    response.insert("error".into(), error);
+    response.insert("id".into(), id);
+    Value::Object(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn echo(method: &str, params: Value) -> Result<Value, RpcError> {
+        match method {
+            "echo" => Ok(params),
+            _ => Err(RpcError::method_not_found(method)),
+        }
+    }
+
+    fn run(line: &str) -> Option<Value> {
+        process_line(&echo, line.as_bytes()).map(|s| serde_json::from_str(&s).unwrap())
+    }
+
+    #[test]
+    fn request_and_notification() {
+        assert_eq!(
+            run(r#"{"jsonrpc":"2.0","method":"echo","params":[1],"id":"a"}"#),
+            Some(json!({"jsonrpc":"2.0","result":[1],"id":"a"}))
+        );
+        assert_eq!(run(r#"{"jsonrpc":"2.0","method":"echo"}"#), None);
+        assert_eq!(run(r#"{"jsonrpc":"2.0","method":"nope"}"#), None);
+        assert_eq!(
+            run(r#"{"jsonrpc":"2.0","method":"echo","id":null}"#),
+            Some(json!({"jsonrpc":"2.0","result":null,"id":null}))
+        );
+    }
+
+    #[test]
+    fn batch() {
+        assert_eq!(
+            run(
+                r#"[{"jsonrpc":"2.0","method":"echo","params":{"a":1},"id":1},
+                    {"jsonrpc":"2.0","method":"echo"},
+                    5,
+                    {"jsonrpc":"2.0","method":"nope","id":2}]"#
+            ),
+            Some(json!([
+                {"jsonrpc":"2.0","result":{"a":1},"id":1},
+                {"jsonrpc":"2.0","error":{"code":-32600,"message":"a request must be a JSON object"},"id":null},
+                {"jsonrpc":"2.0","error":{"code":-32601,"message":"unknown method `nope`"},"id":2},
+            ]))
+        );
+        assert_eq!(run(r#"[{"jsonrpc":"2.0","method":"echo"}]"#), None);
+        assert_eq!(run("[]").unwrap()["error"]["code"], json!(-32600));
+    }
+
+    #[test]
+    #[should_panic(expected = "application error codes")]
+    fn application_code_range_is_enforced() {
+        let _ = RpcError::application(-32603, "not an application code");
+    }
+}
