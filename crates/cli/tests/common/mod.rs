@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
+pub mod nbd_client;
+
 pub const MIB: u64 = 1 << 20;
 
 /// Exit statuses from the CLI contract (`crates/cli/src/exit.rs`).

@@ -1,0 +1,1179 @@
+//! Crash safety of `cryptblk serve`: the daemon is killed with SIGKILL in the middle of work
+//! and restarted on the same image.
+//!
+//! - Writes over NBD (raw and LUKS2 images): every write acknowledged as durable (a FUA write
+//!   that completed, or a write covered by a completed FLUSH sent after it completed) is still
+//!   there after the restart, and every block holds a complete record of some generation that
+//!   was actually sent.
+//! - Keyslot changes through the control socket (`key-add`, `key-remove`) killed at any point
+//!   never leave an image that the old passphrase cannot open, and an operation that reported
+//!   success is durable.
+//!
+//! Every test prints its seed and timings; `CRYPTBLK_CRASH_SEED=N` replays a run.
+//! The NBD test client is checked against `qemu-nbd` first.
+mod common;
+
+use common::nbd_client::{self, NbdClient, NbdError, REP_FLAG_ERROR};
+use common::*;
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+const BLOCK: usize = 4096;
+
+fn seed_for(test: &str) -> u64 {
+    let seed = match std::env::var("CRYPTBLK_CRASH_SEED") {
+        Ok(v) => v.parse().expect("CRYPTBLK_CRASH_SEED must be a u64"),
+        Err(_) => rand::thread_rng().next_u64(),
+    };
+    eprintln!("{test}: seed {seed} (replay with CRYPTBLK_CRASH_SEED={seed})");
+    seed
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+// ---------------------------------------------------------------------------------------------
+
+/// A `cryptblk serve` (or `qemu-nbd`) process; killed on drop.
+struct Proc {
+    child: Option<Child>,
+    what: String,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(program: &Path, args: &[&str], log: PathBuf) -> Proc {
+        let log_file = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file)
+            .env_remove("RUST_LOG");
+        let what = format!("{} {}", program.display(), args.join(" "));
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run `{what}`: {e}"));
+        Proc {
+            child: Some(child),
+            what,
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn pid(&self) -> libc::pid_t {
+        libc::pid_t::try_from(self.child.as_ref().unwrap().id()).unwrap()
+    }
+
+    /// Waits until `socket` accepts connections (a stale socket file left by a killed daemon
+    /// does not count). Panics if the process exits first.
+    fn wait_for_socket(&mut self, socket: &Path) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "`{}` exited early: {status}\n--- its output\n{}",
+                    self.what,
+                    self.log()
+                );
+            }
+            if UnixStream::connect(socket).is_ok() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "`{}`: nothing accepts on {} after 30 s\n--- its output\n{}",
+                self.what,
+                socket.display(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn signal_and_wait(mut self, signal: libc::c_int) -> std::process::ExitStatus {
+        let pid = self.pid();
+        // SAFETY: kill(2) on a child this test spawned and has not reaped yet.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        let mut child = self.child.take().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "`{}` did not exit on signal {signal}",
+                self.what
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// SIGKILL; the daemon gets no chance to flush or clean up.
+    fn kill9(self) {
+        use std::os::unix::process::ExitStatusExt;
+        let status = self.signal_and_wait(libc::SIGKILL);
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+    }
+
+    /// SIGTERM; returns the exit code.
+    fn terminate(self) -> i32 {
+        let what = self.what.clone();
+        let log = self.log.clone();
+        let status = self.signal_and_wait(libc::SIGTERM);
+        status.code().unwrap_or_else(|| {
+            panic!(
+                "`{what}` died on SIGTERM: {status}\n--- its output\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )
+        })
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+struct Served {
+    proc: Proc,
+    nbd: PathBuf,
+    control: Option<PathBuf>,
+}
+
+/// `cryptblk serve --image IMG [--key-file KEY] --name NAME --nbd unix:SOCK [--control CTL]`,
+/// ready for connections.
+fn serve(
+    dir: &Path,
+    img: &Path,
+    key: Option<&Path>,
+    name: &str,
+    control: bool,
+    tag: &str,
+) -> Served {
+    let nbd = dir.join("nbd.sock");
+    let ctl = dir.join("ctl.sock");
+    let nbd_arg = format!("unix:{}", s(&nbd));
+    let mut args = vec![
+        "serve",
+        "--image",
+        s(img),
+        "--name",
+        name,
+        "--nbd",
+        &nbd_arg,
+    ];
+    if let Some(key) = key {
+        args.extend(["--key-file", s(key)]);
+    }
+    if control {
+        args.extend(["--control", s(&ctl)]);
+    }
+    let mut proc = Proc::spawn(
+        Path::new(bin()),
+        &args,
+        dir.join(format!("serve-{tag}.log")),
+    );
+    proc.wait_for_socket(&nbd);
+    if control {
+        proc.wait_for_socket(&ctl);
+    }
+    Served {
+        proc,
+        nbd,
+        control: control.then_some(ctl),
+    }
+}
+
+#[track_caller]
+fn nbd_connect(socket: &Path, name: &str) -> NbdClient {
+    NbdClient::connect(socket, name)
+        .unwrap_or_else(|e| panic!("NBD connect to {} export {name:?}: {e}", socket.display()))
+}
+
+fn luks2_image(dir: &Path, name: &str, key: &Path, size: &str) -> PathBuf {
+    let img = dir.join(name);
+    let mut args = vec![
+        "format",
+        "-q",
+        "--key-file",
+        s(key),
+        "--sector-size",
+        "4096",
+    ];
+    args.extend_from_slice(CHEAP_PBKDF2);
+    args.extend([s(&img), size]);
+    cryptblk(&args).ok();
+    img
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block records
+// ---------------------------------------------------------------------------------------------
+
+const RECORD_MAGIC: &[u8; 8] = b"CBLKCRSH";
+
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn fnv1a(data: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for &b in data {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+fn fill(block: u64, generation: u64, out: &mut [u8]) {
+    let mut st = block.rotate_left(32) ^ generation ^ 0x5eed_c0de;
+    for chunk in out.chunks_mut(8) {
+        let v = splitmix(&mut st).to_le_bytes();
+        chunk.copy_from_slice(&v[..chunk.len()]);
+    }
+}
+
+/// The 4 KiB record of `generation` for `block`: magic, block, generation, pseudo-random fill
+/// derived from both, FNV-1a checksum of everything before it.
+fn record(block: u64, generation: u64) -> Vec<u8> {
+    let mut r = vec![0u8; BLOCK];
+    r[..8].copy_from_slice(RECORD_MAGIC);
+    r[8..16].copy_from_slice(&block.to_le_bytes());
+    r[16..24].copy_from_slice(&generation.to_le_bytes());
+    fill(block, generation, &mut r[24..BLOCK - 8]);
+    let sum = fnv1a(&r[..BLOCK - 8]);
+    r[BLOCK - 8..].copy_from_slice(&sum.to_le_bytes());
+    r
+}
+
+/// Decodes a record: Ok((block, generation)), or why it is not one.
+fn decode(r: &[u8]) -> Result<(u64, u64), String> {
+    if r.iter().all(|&b| b == 0) {
+        return Err("all zeros".into());
+    }
+    if &r[..8] != RECORD_MAGIC {
+        return Err(format!("no record magic (starts {:02x?})", &r[..16]));
+    }
+    let block = u64::from_le_bytes(r[8..16].try_into().unwrap());
+    let generation = u64::from_le_bytes(r[16..24].try_into().unwrap());
+    let sum = u64::from_le_bytes(r[BLOCK - 8..].try_into().unwrap());
+    if fnv1a(&r[..BLOCK - 8]) != sum {
+        let expected = record(block, generation);
+        let first_bad = r.iter().zip(&expected).position(|(a, b)| a != b);
+        return Err(format!(
+            "torn/corrupt record claiming block {block} generation {generation}: checksum \
+             mismatch, first byte differing from that record at {first_bad:?}"
+        ));
+    }
+    if r != record(block, generation).as_slice() {
+        return Err(format!(
+            "record block {block} gen {generation}: fill does not match"
+        ));
+    }
+    Ok((block, generation))
+}
+
+/// The checker itself: the failures the crash test looks for are recognised.
+#[test]
+fn block_checker_rejects_lost_torn_and_foreign_blocks() {
+    let r5 = record(9, 5);
+    assert_eq!(decode(&r5), Ok((9, 5)));
+    assert!(check_block(&r5, 9, Some(5), Some(6)).is_ok());
+    assert!(check_block(&r5, 9, Some(4), Some(5)).is_ok());
+    // An acknowledged write lost: the block holds an older generation.
+    let e = check_block(&r5, 9, Some(6), Some(7)).unwrap_err();
+    assert!(e.contains("acknowledged write was lost"), "{e}");
+    // A generation never sent.
+    assert!(check_block(&r5, 9, Some(3), Some(4)).is_err());
+    // Another block's record (misdirected write).
+    assert!(check_block(&record(10, 5), 9, Some(5), Some(5)).is_err());
+    // Torn: the first half of generation 6 over generation 5.
+    let mut torn = r5.clone();
+    torn[..BLOCK / 2].copy_from_slice(&record(9, 6)[..BLOCK / 2]);
+    assert!(check_block(&torn, 9, Some(5), Some(6))
+        .unwrap_err()
+        .contains("torn"));
+    // A flipped byte in the fill.
+    let mut flipped = r5.clone();
+    flipped[1000] ^= 1;
+    assert!(check_block(&flipped, 9, Some(5), Some(5)).is_err());
+    // Zeros: fine only while nothing was acknowledged.
+    let zeros = vec![0u8; BLOCK];
+    assert!(check_block(&zeros, 9, None, Some(3)).is_ok());
+    assert!(check_block(&zeros, 9, None, None).is_ok());
+    assert!(check_block(&zeros, 9, Some(1), Some(3)).is_err());
+    // Garbage (an unwritten LUKS block) is never a record.
+    let mut garbage = vec![0u8; BLOCK];
+    StdRng::seed_from_u64(1).fill_bytes(&mut garbage);
+    assert!(check_block(&garbage, 9, None, None).is_err());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The NBD client against qemu-nbd
+// ---------------------------------------------------------------------------------------------
+
+/// The test client speaks NBD correctly: checked against qemu-nbd, the reference server.
+#[test]
+fn nbd_client_against_qemu_nbd() {
+    let dir = tempdir();
+    let img = dir.path().join("q.raw");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(4 * MIB)
+        .unwrap();
+    let sock = dir.path().join("q.sock");
+    let sock_arg = format!("--socket={}", s(&sock));
+    let mut qemu = Proc::spawn(
+        &tool_path("qemu-nbd"),
+        &[
+            &sock_arg,
+            "-f",
+            "raw",
+            "-x",
+            "disk",
+            "--persistent",
+            "--shared=8",
+            s(&img),
+        ],
+        dir.path().join("qemu-nbd.log"),
+    );
+    qemu.wait_for_socket(&sock);
+
+    // An unknown export is refused with NBD_REP_ERR_UNKNOWN.
+    match NbdClient::connect(&sock, "nope") {
+        Err(NbdError::OptionRejected { option, reply, .. }) => {
+            assert_eq!(option, nbd_client::OPT_GO);
+            assert_eq!(
+                reply,
+                REP_FLAG_ERROR | 6,
+                "{}",
+                NbdError::rep_err_name(reply)
+            );
+        }
+        other => panic!("export \"nope\": expected NBD_REP_ERR_UNKNOWN, got {other:?}"),
+    }
+
+    let mut c = nbd_connect(&sock, "disk");
+    eprintln!("qemu-nbd export: {:?}", c.export);
+    assert_eq!(c.export.size, 4 * MIB);
+    for flag in [
+        nbd_client::TFLAG_SEND_FLUSH,
+        nbd_client::TFLAG_SEND_FUA,
+        nbd_client::TFLAG_CAN_MULTI_CONN,
+    ] {
+        assert!(c.export.has(flag), "flag {flag:#x} missing: {:?}", c.export);
+    }
+    assert!(!c.export.has(nbd_client::TFLAG_READ_ONLY));
+
+    // Pipelined writes (some FUA), a flush, pipelined reads; replies matched by handle.
+    let mut sent = HashMap::new();
+    for i in 0..32u64 {
+        let data = record(i, 7);
+        c.send_write(100 + i, i * BLOCK as u64 * 3, &data, i % 2 == 0)
+            .unwrap();
+        sent.insert(100 + i, data);
+    }
+    let mut acked = 0;
+    while c.in_flight() > 0 {
+        let (h, err, data) = c.recv_reply().unwrap();
+        assert!(sent.contains_key(&h), "reply to unknown handle {h}");
+        assert_eq!(err, 0);
+        assert!(data.is_none());
+        acked += 1;
+    }
+    assert_eq!(acked, 32);
+    c.flush().unwrap();
+    for i in 0..32u64 {
+        c.send_read(500 + i, i * BLOCK as u64 * 3, BLOCK as u32)
+            .unwrap();
+    }
+    let mut seen = 0;
+    while c.in_flight() > 0 {
+        let (h, err, data) = c.recv_reply().unwrap();
+        assert_eq!(err, 0);
+        let i = h - 500;
+        assert_eq!(decode(&data.expect("read data")).unwrap(), (i, 7));
+        seen += 1;
+    }
+    assert_eq!(seen, 32);
+    // A read reply of a different length than the next one: lengths are kept per handle.
+    c.send_read(1, 0, 512).unwrap();
+    c.send_read(2, 0, 8192).unwrap();
+    let (h1, _, d1) = c.recv_reply().unwrap();
+    let (h2, _, d2) = c.recv_reply().unwrap();
+    let lens: HashMap<u64, usize> = [(h1, d1.unwrap().len()), (h2, d2.unwrap().len())].into();
+    assert_eq!(lens, HashMap::from([(1, 512), (2, 8192)]));
+    // The client refuses what the export forbids instead of sending it.
+    assert!(matches!(
+        c.send_read(3, 4 * MIB, 512),
+        Err(NbdError::Protocol(_))
+    ));
+    assert!(matches!(c.send_read(4, 0, 0), Err(NbdError::Protocol(_))));
+    assert_eq!(c.in_flight(), 0);
+    let whole = c.read_range(0, 4 * MIB, 64 * 1024, 8).unwrap();
+    assert_same_bytes(&whole, &read(&img), "qemu-nbd export vs image file");
+    c.disconnect().unwrap();
+    // A second connection sees the same data (and qemu-nbd is still there: --persistent).
+    let mut c2 = nbd_connect(&sock, "disk");
+    assert_eq!(
+        decode(&c2.read(3 * 3 * BLOCK as u64, BLOCK as u32).unwrap()).unwrap(),
+        (3, 7)
+    );
+    c2.disconnect().unwrap();
+    let _ = qemu.terminate();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Acknowledged writes survive SIGKILL
+// ---------------------------------------------------------------------------------------------
+
+const CONNECTIONS: usize = 4;
+const DEPTH: usize = 8;
+const FLUSH_EVERY: usize = 16;
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Write { idx: usize, generation: u64 },
+    Flush,
+}
+
+/// What one writer connection did.
+#[derive(Debug, Default)]
+struct WriterReport {
+    conn: usize,
+    fua: bool,
+    /// Global block numbers of this connection's blocks.
+    blocks: Vec<u64>,
+    last_acked: Vec<Option<u64>>,
+    highest_sent: Vec<Option<u64>>,
+    writes_sent: u64,
+    writes_completed: u64,
+    writes_acked: u64,
+    flushes_completed: u64,
+    /// How the run ended (normally: the connection broke when the daemon was killed).
+    ended: String,
+    /// Time from the start barrier to the end.
+    ran_for: Duration,
+    failure: Option<String>,
+}
+
+fn writer(
+    mut client: NbdClient,
+    mut report: WriterReport,
+    seed: u64,
+    start: Arc<Barrier>,
+    acked_counter: Arc<AtomicU64>,
+) -> WriterReport {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let n = report.blocks.len();
+    let mut in_flight_block = vec![false; n];
+    let mut ops: HashMap<u64, Op> = HashMap::new();
+    let mut writes_in_flight = 0usize;
+    let mut flush_in_flight = false;
+    let mut since_flush = 0usize;
+    // Writes completed but not yet covered by a flush sent after their completion.
+    let mut unflushed: Vec<(usize, u64)> = Vec::new();
+    // The writes the flush in flight covers.
+    let mut flush_covers: Vec<(usize, u64)> = Vec::new();
+    let mut next_handle = (report.conn as u64) << 40;
+    start.wait();
+    let started = Instant::now();
+    let give_up = started + Duration::from_secs(20);
+    let end = |report: &mut WriterReport, why: String| {
+        report.ended = why;
+        report.ran_for = started.elapsed();
+    };
+    loop {
+        if Instant::now() > give_up {
+            report.failure = Some("the connection was still working 20 s after the start".into());
+            end(&mut report, "timeout".into());
+            return report;
+        }
+        // Fill the pipeline.
+        let mut send_error = None;
+        while writes_in_flight < DEPTH && send_error.is_none() {
+            if !report.fua && since_flush >= FLUSH_EVERY && !flush_in_flight {
+                next_handle += 1;
+                if let Err(e) = client.send_flush(next_handle) {
+                    send_error = Some(e);
+                    break;
+                }
+                ops.insert(next_handle, Op::Flush);
+                flush_in_flight = true;
+                flush_covers = std::mem::take(&mut unflushed);
+                since_flush = 0;
+            }
+            let mut idx = rng.gen_range(0..n);
+            while in_flight_block[idx] {
+                idx = (idx + 1) % n;
+            }
+            let generation = report.highest_sent[idx].map_or(1, |g| g + 1);
+            let data = record(report.blocks[idx], generation);
+            next_handle += 1;
+            let offset = report.blocks[idx] * BLOCK as u64;
+            if let Err(e) = client.send_write(next_handle, offset, &data, report.fua) {
+                send_error = Some(e);
+                break;
+            }
+            // Sent (possibly partly): from now on the block may hold this generation.
+            report.highest_sent[idx] = Some(generation);
+            report.writes_sent += 1;
+            ops.insert(next_handle, Op::Write { idx, generation });
+            in_flight_block[idx] = true;
+            writes_in_flight += 1;
+            since_flush += 1;
+        }
+        if let Some(e) = send_error {
+            if e.is_disconnect() {
+                end(&mut report, format!("send: {e}"));
+            } else {
+                report.failure = Some(format!("sending a request: {e}"));
+                end(&mut report, "send error".into());
+            }
+            return report;
+        }
+        let (handle, error, _) = match client.recv_reply() {
+            Ok(r) => r,
+            Err(e) => {
+                if e.is_disconnect() {
+                    end(&mut report, format!("receive: {e}"));
+                } else {
+                    report.failure = Some(format!("receiving a reply: {e}"));
+                    end(&mut report, "receive error".into());
+                }
+                return report;
+            }
+        };
+        let op = ops.remove(&handle).expect("the client checks handles");
+        if error != 0 {
+            report.failure = Some(format!("{op:?} failed with NBD error {error}"));
+            end(&mut report, "error reply".into());
+            return report;
+        }
+        match op {
+            Op::Write { idx, generation } => {
+                in_flight_block[idx] = false;
+                writes_in_flight -= 1;
+                report.writes_completed += 1;
+                if report.fua {
+                    let acked = &mut report.last_acked[idx];
+                    *acked = Some(acked.map_or(generation, |a| a.max(generation)));
+                    report.writes_acked += 1;
+                    acked_counter.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    unflushed.push((idx, generation));
+                }
+            }
+            Op::Flush => {
+                flush_in_flight = false;
+                report.flushes_completed += 1;
+                for (idx, generation) in std::mem::take(&mut flush_covers) {
+                    let acked = &mut report.last_acked[idx];
+                    *acked = Some(acked.map_or(generation, |a| a.max(generation)));
+                    report.writes_acked += 1;
+                    acked_counter.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+/// Checks one block read back after the restart against what its writer recorded.
+fn check_block(
+    data: &[u8],
+    block: u64,
+    last_acked: Option<u64>,
+    highest_sent: Option<u64>,
+) -> Result<(), String> {
+    match decode(data) {
+        Ok((b, g)) => {
+            if b != block {
+                return Err(format!("holds the record of block {b} (generation {g})"));
+            }
+            if last_acked.is_some_and(|a| g < a) {
+                return Err(format!(
+                    "generation {g} is older than the last acknowledged {} (highest sent {:?}): \
+                     an acknowledged write was lost",
+                    last_acked.unwrap(),
+                    highest_sent
+                ));
+            }
+            if highest_sent.is_none_or(|h| g > h) {
+                return Err(format!(
+                    "generation {g} was never sent (highest sent {highest_sent:?})"
+                ));
+            }
+            Ok(())
+        }
+        Err(why) if why == "all zeros" && last_acked.is_none() => Ok(()),
+        Err(why) => Err(format!(
+            "{why} (last acknowledged {last_acked:?}, highest sent {highest_sent:?})"
+        )),
+    }
+}
+
+fn crash_writes(kind: &str, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ fnv1a(kind.as_bytes()));
+    let dir = tempdir();
+    let (img, key) = if kind == "luks2" {
+        let key = key_file(dir.path(), "key", &passphrase("crash-luks"));
+        (luks2_image(dir.path(), "disk.luks", &key, "4M"), Some(key))
+    } else {
+        let img = dir.path().join("disk.raw");
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(4 * MIB)
+            .unwrap();
+        (img, None)
+    };
+    let name = "crashdisk";
+    let served = serve(dir.path(), &img, key.as_deref(), name, false, "first");
+
+    let mut first = nbd_connect(&served.nbd, name);
+    let export = first.export.clone();
+    eprintln!("[{kind}] export {export:?}");
+    assert!(
+        export.has(nbd_client::TFLAG_SEND_FLUSH),
+        "no FLUSH: {export:?}"
+    );
+    assert!(export.has(nbd_client::TFLAG_SEND_FUA), "no FUA: {export:?}");
+    assert!(!export.has(nbd_client::TFLAG_READ_ONLY));
+    assert_eq!(export.size % BLOCK as u64, 0);
+    assert!(
+        (BLOCK as u32).is_multiple_of(export.min_block()),
+        "{export:?}"
+    );
+    if kind == "luks2" {
+        assert_eq!(
+            export.min_block(),
+            4096,
+            "LUKS2 with 4096-byte sectors: {export:?}"
+        );
+    }
+    let blocks = export.size / BLOCK as u64;
+    let per_conn = blocks / CONNECTIONS as u64;
+    assert!(
+        per_conn >= 64,
+        "export of {} bytes is too small",
+        export.size
+    );
+
+    // LUKS: an unwritten block decrypts to garbage, so every block starts as a generation 0
+    // record, written and flushed through NBD.
+    let prefilled = kind == "luks2";
+    if prefilled {
+        let t = Instant::now();
+        let mut next = 0u64;
+        while next < blocks || first.in_flight() > 0 {
+            while next < blocks && first.in_flight() < 16 {
+                first
+                    .send_write(next, next * BLOCK as u64, &record(next, 0), false)
+                    .unwrap();
+                next += 1;
+            }
+            let (h, err, _) = first.recv_reply().unwrap();
+            assert_eq!(err, 0, "pre-fill write of block {h} failed");
+        }
+        first.flush().unwrap();
+        eprintln!("[{kind}] pre-filled {blocks} blocks in {:?}", t.elapsed());
+    }
+    first.disconnect().unwrap();
+
+    // The writers: connection c owns blocks [c*per_conn, (c+1)*per_conn); even ones use FUA,
+    // odd ones FLUSH every 16 writes.
+    let start = Arc::new(Barrier::new(CONNECTIONS + 1));
+    // Writes acknowledged so far, per connection.
+    let acked: Vec<Arc<AtomicU64>> = (0..CONNECTIONS)
+        .map(|_| Arc::new(AtomicU64::new(0)))
+        .collect();
+    let threads: Vec<_> = (0..CONNECTIONS)
+        .map(|c| {
+            let client = nbd_connect(&served.nbd, name);
+            let blocks: Vec<u64> = (c as u64 * per_conn..(c as u64 + 1) * per_conn).collect();
+            let initial = prefilled.then_some(0);
+            let report = WriterReport {
+                conn: c,
+                fua: c % 2 == 0,
+                last_acked: vec![initial; blocks.len()],
+                highest_sent: vec![initial; blocks.len()],
+                blocks,
+                ..Default::default()
+            };
+            let (start, wseed, counter) = (start.clone(), rng.next_u64(), acked[c].clone());
+            std::thread::spawn(move || writer(client, report, wseed, start, counter))
+        })
+        .collect();
+    let delay = Duration::from_millis(rng.gen_range(200..=1500));
+    start.wait();
+    let t0 = Instant::now();
+    std::thread::sleep(delay);
+    // Not vacuous even on a slow, loaded machine: every connection has had a write
+    // acknowledged before the kill (this only waits when the machine is very slow).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while acked.iter().any(|a| a.load(Ordering::Relaxed) == 0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let killed_at = t0.elapsed();
+    served.proc.kill9();
+    let reports: Vec<WriterReport> = threads
+        .into_iter()
+        .map(|t| t.join().expect("a writer thread panicked"))
+        .collect();
+    let summary: String = reports
+        .iter()
+        .map(|r| {
+            format!(
+                "  conn {} ({}): sent {} completed {} acknowledged {} flushes {} ran {:?}, ended: {}{}\n",
+                r.conn,
+                if r.fua { "FUA" } else { "FLUSH" },
+                r.writes_sent,
+                r.writes_completed,
+                r.writes_acked,
+                r.flushes_completed,
+                r.ran_for,
+                r.ended,
+                r.failure.as_deref().map(|f| format!(" FAILURE: {f}")).unwrap_or_default()
+            )
+        })
+        .collect();
+    let context = format!(
+        "[{kind}] seed {seed}: SIGKILL {killed_at:?} after the writers started (planned {delay:?})\n{summary}"
+    );
+    eprintln!("{context}");
+    for r in &reports {
+        assert!(
+            r.failure.is_none(),
+            "a writer failed before the kill\n{context}"
+        );
+    }
+    let fua_acked: u64 = reports
+        .iter()
+        .filter(|r| r.fua)
+        .map(|r| r.writes_acked)
+        .sum();
+    let flush_acked: u64 = reports
+        .iter()
+        .filter(|r| !r.fua)
+        .map(|r| r.writes_acked)
+        .sum();
+    assert!(
+        fua_acked > 0,
+        "no FUA write was acknowledged before the kill\n{context}"
+    );
+    assert!(
+        flush_acked > 0,
+        "no flushed write was acknowledged before the kill\n{context}"
+    );
+    for r in &reports {
+        assert!(
+            r.writes_acked > 0,
+            "connection {} had no write acknowledged before the kill\n{context}",
+            r.conn
+        );
+    }
+
+    // Restart on the same image and read every block back.
+    let served = serve(dir.path(), &img, key.as_deref(), name, false, "second");
+    let mut reader = nbd_connect(&served.nbd, name);
+    assert_eq!(reader.export.size, export.size);
+    let data = reader
+        .read_range(0, export.size, 64 * 1024, 8)
+        .unwrap_or_else(|e| panic!("reading back after the restart: {e}\n{context}"));
+    reader.disconnect().unwrap();
+    let mut bad = Vec::new();
+    let mut checked = 0u64;
+    let mut newer_than_acked = 0u64;
+    for r in &reports {
+        for (i, &block) in r.blocks.iter().enumerate() {
+            let at = block as usize * BLOCK;
+            let got = &data[at..at + BLOCK];
+            checked += 1;
+            if let Err(why) = check_block(got, block, r.last_acked[i], r.highest_sent[i]) {
+                bad.push(format!("  block {block} (conn {}): {why}", r.conn));
+            } else if let Ok((_, g)) = decode(got) {
+                if r.last_acked[i].is_none_or(|a| g > a) {
+                    newer_than_acked += 1;
+                }
+            }
+        }
+    }
+    // Blocks beyond the writers' ranges (when the size is not a multiple) are not checked.
+    assert_eq!(checked, per_conn * CONNECTIONS as u64);
+    assert!(
+        bad.is_empty(),
+        "{} of {checked} blocks are wrong after SIGKILL and restart:\n{}\n{context}\n--- first serve log\n{}",
+        bad.len(),
+        bad.iter().take(30).cloned().collect::<Vec<_>>().join("\n"),
+        std::fs::read_to_string(dir.path().join("serve-first.log")).unwrap_or_default()
+    );
+    eprintln!(
+        "[{kind}] all {checked} blocks hold a record at least as new as acknowledged \
+         ({newer_than_acked} newer than acknowledged)"
+    );
+    assert_eq!(served.proc.terminate(), code::OK);
+
+    // The same bytes through an independent path: the image file itself, or cryptblk convert.
+    match &key {
+        None => {
+            let file = read(&img);
+            assert_same_bytes(
+                &file[..data.len()],
+                &data,
+                "raw image file vs NBD read-back",
+            );
+        }
+        Some(key) => {
+            let plain = cryptblk_decrypt(&img, key, &dir.path().join("plain.raw"));
+            assert_same_bytes(
+                &plain[..data.len()],
+                &data,
+                "cryptblk convert vs NBD read-back",
+            );
+        }
+    }
+}
+
+/// Writes acknowledged over NBD (FUA, or completed before a FLUSH that completed) survive a
+/// SIGKILL of the daemon, for a raw and a LUKS2 image; no block is torn or from the future.
+#[test]
+fn acknowledged_writes_survive_kill_9() {
+    let seed = seed_for("acknowledged_writes_survive_kill_9");
+    for kind in ["raw", "luks2"] {
+        crash_writes(kind, seed);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keyslot changes survive SIGKILL
+// ---------------------------------------------------------------------------------------------
+
+/// `cryptblk ctl --socket CONTROL ARGS` started in the background. The thread returns
+/// Ok(result JSON) when it succeeded, Err(None) when it was cut off (the daemon died before
+/// answering, or before it could connect), Err(Some(stderr)) when the daemon refused it.
+fn ctl_in_background(
+    control: &Path,
+    args: Vec<String>,
+) -> (
+    Instant,
+    std::thread::JoinHandle<Result<Value, Option<String>>>,
+) {
+    let child = Command::new(bin())
+        .args(["ctl", "--socket", s(control)])
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env_remove("RUST_LOG")
+        .spawn()
+        .expect("running cryptblk ctl");
+    let started = Instant::now();
+    let handle = std::thread::spawn(move || {
+        let out = child.wait_with_output().expect("waiting for cryptblk ctl");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        if out.status.success() {
+            return Ok(serde_json::from_str(&stdout).unwrap_or_else(|e| {
+                panic!("cryptblk ctl {args:?}: output is not JSON ({e}): {stdout:?}")
+            }));
+        }
+        // The daemon's own refusals name the JSON-RPC error; anything else is the connection
+        // going away (or never being made) because the daemon was killed.
+        if stderr.contains("JSON-RPC error") {
+            Err(Some(stderr))
+        } else {
+            eprintln!("  (ctl cut off: {})", stderr.trim());
+            Err(None)
+        }
+    });
+    (started, handle)
+}
+
+/// Runs `cryptblk ctl ARGS` to completion (no kill); returns its duration.
+fn ctl_timed(control: &Path, args: Vec<String>) -> Duration {
+    let what = format!("{args:?}");
+    let (t, h) = ctl_in_background(control, args);
+    let r = h.join().unwrap();
+    let took = t.elapsed();
+    r.unwrap_or_else(|e| panic!("cryptblk ctl {what} failed: {e:?}"));
+    took
+}
+
+fn opens_with_cryptsetup(img: &Path, key: &Path) -> bool {
+    cryptsetup_accepts(img, key)
+}
+
+/// The state of the image after a kill: both parsers accept the header, the old passphrase
+/// opens it with cryptsetup and with cryptblk (which decrypts the payload we wrote), and the
+/// number of keyslots matches the passphrases that open it. Returns whether `other` opens it.
+#[track_caller]
+fn check_image(
+    dir: &Path,
+    img: &Path,
+    old: &Path,
+    other: &Path,
+    payload: &[u8],
+    context: &str,
+) -> bool {
+    let dump = tool("cryptsetup", ["luksDump", s(img)]);
+    assert_eq!(
+        dump.code, 0,
+        "cryptsetup luksDump fails {context}:\n{dump:?}"
+    );
+    let json = cryptblk(["dump", "--json", s(img)]);
+    assert_eq!(json.code, 0, "cryptblk dump fails {context}:\n{json:?}");
+    let json: Value = serde_json::from_str(&json.stdout).unwrap();
+    assert!(
+        opens_with_cryptsetup(img, old),
+        "the old passphrase no longer opens the image (cryptsetup) {context}\n{}",
+        dump.stdout
+    );
+    let out = dir.join("check.raw");
+    let _ = std::fs::remove_file(&out);
+    let conv = cryptblk([
+        "convert",
+        "-O",
+        "raw",
+        "--source-key-file",
+        s(old),
+        s(img),
+        s(&out),
+    ]);
+    assert_eq!(
+        conv.code, 0,
+        "cryptblk cannot open the image with the old passphrase {context}:\n{conv:?}"
+    );
+    assert_same_bytes(
+        &read(&out)[..payload.len()],
+        payload,
+        &format!("payload {context}"),
+    );
+    let other_opens = opens_with_cryptsetup(img, other);
+    let slots = json["keyslots"].as_array().unwrap().len();
+    assert_eq!(
+        slots,
+        1 + usize::from(other_opens),
+        "{slots} keyslots, but only {} passphrases open the image {context}\n{}",
+        1 + usize::from(other_opens),
+        dump.stdout
+    );
+    other_opens
+}
+
+/// Kill delays for an operation that takes about `t` uninterrupted: the first rounds spread
+/// over [0, 1.25 t]; later ones bisect between the latest kill that came before the operation
+/// took effect and the earliest one after it, so they land where the header is being written.
+struct KillDelays {
+    t: Duration,
+    before: Option<Duration>,
+    after: Option<Duration>,
+}
+
+impl KillDelays {
+    const SPREAD: [f64; 3] = [0.0, 0.6, 1.25];
+
+    fn new(t: Duration) -> KillDelays {
+        KillDelays {
+            t,
+            before: None,
+            after: None,
+        }
+    }
+
+    fn next(&self, round: usize, rng: &mut StdRng) -> Duration {
+        let jitter = |width: Duration, rng: &mut StdRng| {
+            Duration::from_micros(rng.gen_range(0..=width.as_micros() as u64 + 1))
+        };
+        if let Some(f) = Self::SPREAD.get(round) {
+            return self.t.mul_f64(*f) + jitter(self.t / 8, rng);
+        }
+        match (self.before, self.after) {
+            (Some(b), Some(a)) if b < a => {
+                let w = (a - b) / 4;
+                b + (a - b) / 2 - w / 2 + jitter(w, rng)
+            }
+            // Timing noise (a later kill before, an earlier one after): around both.
+            (Some(b), Some(a)) => {
+                let lo = a.saturating_sub(self.t / 10);
+                lo + jitter(b - a + self.t / 5, rng)
+            }
+            // Every kill so far came before the effect (the machine is slower than during
+            // calibration): go later.
+            (Some(b), None) => b.mul_f64(1.5) + jitter(self.t / 8, rng),
+            // Every kill so far came after it: go earlier.
+            (None, Some(a)) => jitter(a / 2, rng),
+            (None, None) => jitter(self.t.mul_f64(1.25), rng),
+        }
+    }
+
+    fn record(&mut self, killed_at: Duration, took_effect: bool) {
+        if took_effect {
+            self.after = Some(self.after.map_or(killed_at, |a| a.min(killed_at)));
+        } else {
+            self.before = Some(self.before.map_or(killed_at, |b| b.max(killed_at)));
+        }
+    }
+}
+
+/// `key-add` and `key-remove` on an attached LUKS2 disk, with the daemon SIGKILLed at delays
+/// spread over the time the operation takes, then converging on the moment it takes effect: the old passphrase always opens the image, both
+/// cryptsetup and cryptblk accept the header, and a reported success is durable.
+#[test]
+fn key_add_survives_kill_9_at_any_point() {
+    const ROUNDS: usize = 12;
+    let seed = seed_for("key_add_survives_kill_9_at_any_point");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempdir();
+    let d = dir.path();
+    let old = key_file(d, "old", &passphrase("crash-old"));
+    let img = luks2_image(d, "keys.luks", &old, "4M");
+    let name = "keys";
+
+    // A payload to recognise, and the durations of an uninterrupted key-add and key-remove.
+    let payload: Vec<u8> = (0..64u64).flat_map(|b| record(b, 1)).collect();
+    let cal_key = key_file(d, "cal", &passphrase("crash-cal"));
+    let served = serve(d, &img, Some(&old), name, true, "calibrate");
+    let mut c = nbd_connect(&served.nbd, name);
+    c.write(0, &payload, true).unwrap();
+    c.disconnect().unwrap();
+    let ctl = served.control.clone().unwrap();
+    // Cheap, but calibrated: the KDF benchmark runs inside the daemon like in production.
+    let add_args = |new: &Path| -> Vec<String> {
+        let a = [
+            "key-add",
+            name,
+            "--key-file",
+            s(&old),
+            "--new-key-file",
+            s(new),
+        ];
+        let cheap = ["--pbkdf", "pbkdf2", "--iter-time", "30"];
+        a.iter().chain(&cheap).map(|x| x.to_string()).collect()
+    };
+    let remove_args = |key: &Path| -> Vec<String> {
+        ["key-remove", name, "--key-file", s(key)]
+            .iter()
+            .map(|x| x.to_string())
+            .collect()
+    };
+    let t_add = ctl_timed(&ctl, add_args(&cal_key));
+    let t_remove = ctl_timed(&ctl, remove_args(&cal_key));
+    assert_eq!(served.proc.terminate(), code::OK);
+    eprintln!("uninterrupted: key-add {t_add:?}, key-remove {t_remove:?}");
+    check_image(d, &img, &old, &cal_key, &payload, "after calibration");
+    assert!(!opens_with_cryptsetup(&img, &cal_key));
+
+    let mut add_delays = KillDelays::new(t_add);
+    let mut remove_delays = KillDelays::new(t_remove);
+    let mut outcomes = Vec::new();
+    for round in 0..ROUNDS {
+        let new = key_file(
+            d,
+            &format!("new{round}"),
+            &passphrase(&format!("crash-new{round}")),
+        );
+        // key-add, killed.
+        let delay = add_delays.next(round, &mut rng);
+        let served = serve(d, &img, Some(&old), name, true, &format!("add{round}"));
+        let (t, h) = ctl_in_background(served.control.as_ref().unwrap(), add_args(&new));
+        std::thread::sleep(delay.saturating_sub(t.elapsed()));
+        let killed_at = t.elapsed();
+        served.proc.kill9();
+        let result = h.join().unwrap();
+        let context = format!(
+            "(seed {seed}, round {round}: key-add killed {killed_at:?} after starting `cryptblk ctl`, \
+             uninterrupted it takes {t_add:?}; reply {result:?})"
+        );
+        if let Err(Some(e)) = &result {
+            panic!("key-add failed instead of succeeding or being cut off: {e} {context}");
+        }
+        let new_opens = check_image(d, &img, &old, &new, &payload, &context);
+        if result.is_ok() {
+            assert!(
+                new_opens,
+                "key-add reported success but the new passphrase does not open the image {context}"
+            );
+        }
+        eprintln!("round {round}: key-add killed at {killed_at:?}: replied {}, new key opens: {new_opens}", result.is_ok());
+        add_delays.record(killed_at, new_opens);
+        outcomes.push(("add", killed_at, result.is_ok(), new_opens));
+
+        // Make sure there is a second keyslot to remove.
+        if !new_opens {
+            let mut args = vec![
+                "key",
+                "add",
+                "--key-file",
+                s(&old),
+                "--new-key-file",
+                s(&new),
+            ];
+            args.extend_from_slice(CHEAP_PBKDF2);
+            args.push(s(&img));
+            cryptblk(&args).ok();
+        }
+
+        // key-remove of that slot, killed.
+        let delay = remove_delays.next(round, &mut rng);
+        let served = serve(d, &img, Some(&old), name, true, &format!("remove{round}"));
+        let (t, h) = ctl_in_background(served.control.as_ref().unwrap(), remove_args(&new));
+        std::thread::sleep(delay.saturating_sub(t.elapsed()));
+        let killed_at = t.elapsed();
+        served.proc.kill9();
+        let result = h.join().unwrap();
+        let context = format!(
+            "(seed {seed}, round {round}: key-remove killed {killed_at:?} after starting `cryptblk ctl`, \
+             uninterrupted it takes {t_remove:?}; reply {result:?})"
+        );
+        if let Err(Some(e)) = &result {
+            panic!("key-remove failed instead of succeeding or being cut off: {e} {context}");
+        }
+        let new_opens = check_image(d, &img, &old, &new, &payload, &context);
+        if result.is_ok() {
+            assert!(!new_opens, "key-remove reported success but the removed passphrase still opens the image {context}");
+        }
+        eprintln!("round {round}: key-remove killed at {killed_at:?}: replied {}, removed key still opens: {new_opens}", result.is_ok());
+        remove_delays.record(killed_at, !new_opens);
+        outcomes.push(("remove", killed_at, result.is_ok(), new_opens));
+        if new_opens {
+            cryptblk(["key", "remove", "--key-file", s(&new), s(&img)]).ok();
+        }
+    }
+    // Not vacuous: some kills landed before the reply, and some operations completed.
+    let cut = outcomes.iter().filter(|o| !o.2).count();
+    let done = outcomes.iter().filter(|o| o.2).count();
+    let effect_without_reply = outcomes
+        .iter()
+        .filter(|o| !o.2 && (o.3 == (o.0 == "add")))
+        .count();
+    eprintln!(
+        "{cut} operations cut off ({effect_without_reply} of them had taken effect), {done} \
+         completed before the kill; add kills converged on {:?}..{:?}, remove kills on {:?}..{:?}",
+        add_delays.before, add_delays.after, remove_delays.before, remove_delays.after
+    );
+    assert!(cut > 0, "no kill interrupted an operation: {outcomes:?}");
+    assert!(
+        done > 0,
+        "no operation completed before its kill: {outcomes:?}"
+    );
+}
