@@ -1,0 +1,55 @@
+//! Serves one image over NBD until killed, for trying clients and benchmarking:
+//!
+//! ```sh
+//! cargo run --release -p cryptblk-nbd --example nbd_serve -- IMAGE SOCKET [KEY_FILE] [WORKERS]
+//! ```
+//!
+//! Without KEY_FILE the image is served raw; with it, IMAGE is opened as a LUKS volume whose
+//! passphrase is the key file's contents. The export is named "disk".
+
+use cryptblk_block::{open_luks_volume, BlockDevice, IoStats, OpenOptions, RawFile, VolumeOptions};
+use cryptblk_nbd::{Export, ExportRegistry, NbdAddress, NbdServer};
+use std::sync::Arc;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() < 2 {
+        return Err("usage: nbd_serve IMAGE SOCKET [KEY_FILE|-] [WORKERS]".into());
+    }
+    let image = &args[0];
+    let socket = &args[1];
+    let key_file = args.get(2).filter(|k| k.as_str() != "-");
+    let device: Arc<dyn BlockDevice> = match key_file {
+        Some(key_file) => {
+            let passphrase = std::fs::read(key_file)?;
+            let options = VolumeOptions {
+                writable: true,
+                ..Default::default()
+            };
+            Arc::new(open_luks_volume(image, &passphrase, &options)?)
+        }
+        None => Arc::new(RawFile::open(
+            image,
+            OpenOptions {
+                writable: true,
+                lock: true,
+            },
+        )?),
+    };
+    let registry = ExportRegistry::new();
+    registry.add(Export {
+        name: "disk".into(),
+        description: image.clone(),
+        device,
+        read_only: false,
+        stats: Arc::new(IoStats::default()),
+    })?;
+    let address: NbdAddress = format!("unix:{socket}").parse()?;
+    let mut server = NbdServer::bind(&address, registry, None)?;
+    if let Some(workers) = args.get(3) {
+        server = server.with_workers_per_connection(workers.parse()?);
+    }
+    println!("nbd+unix:///disk?socket={}", server.local_addr());
+    server.run()?;
+    Ok(())
+}

@@ -1,0 +1,306 @@
+//! The fixed-newstyle handshake and option haggling, up to the point where a client has chosen
+//! an export (NBD_OPT_GO / NBD_OPT_EXPORT_NAME) or gone away.
+
+use crate::export::{Attachment, Export, ExportRegistry};
+use crate::protocol::*;
+use crate::socket::{Socket, Transport};
+use crate::transmission::{block_size_limits, transmission_flags};
+use crate::Error;
+use std::io::{Read, Write};
+use std::sync::Arc;
+
+/// What the options phase settled for the transmission phase.
+pub(crate) struct Negotiated {
+    pub transport: Transport,
+    pub attachment: Attachment,
+    pub structured_replies: bool,
+    /// The client selected `base:allocation` for the export it went on to use.
+    pub base_allocation: bool,
+}
+
+/// Server-wide settings the handshake needs.
+pub(crate) struct HandshakeSettings {
+    pub registry: Arc<ExportRegistry>,
+    /// When set, TLS is mandatory: only STARTTLS and ABORT are accepted before it.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// Option state that STARTTLS discards: anything negotiated in plaintext could have been
+/// injected by an attacker, so the spec has the client start over.
+#[derive(Default)]
+struct OptionState {
+    structured_replies: bool,
+    /// The export (resolved name) a SET_META_CONTEXT applied to, and whether it selected
+    /// `base:allocation`.
+    meta_context: Option<(String, bool)>,
+}
+
+/// Runs the handshake on a fresh connection. `Ok(None)` when the client aborted politely.
+pub(crate) fn negotiate(
+    socket: Socket,
+    settings: &HandshakeSettings,
+) -> Result<Option<Negotiated>, Error> {
+    let mut transport = Transport::Plain(socket);
+    let mut greeting = Vec::with_capacity(18);
+    greeting.extend_from_slice(&NBD_MAGIC.to_be_bytes());
+    greeting.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    greeting.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    transport.write_all(&greeting)?;
+
+    let mut client_flags = [0u8; 4];
+    transport.read_exact(&mut client_flags)?;
+    let client_flags = u32::from_be_bytes(client_flags);
+    if client_flags & !KNOWN_CLIENT_FLAGS != 0 {
+        return Err(Error::Protocol(format!(
+            "client sent unknown handshake flags {client_flags:#x}"
+        )));
+    }
+    // Without fixed newstyle a client cannot cope with error replies to options; every
+    // client of the last decade sets it, so refuse rather than carry a second dialect.
+    if client_flags & CLIENT_FLAG_FIXED_NEWSTYLE == 0 {
+        return Err(Error::Protocol(
+            "client does not support fixed newstyle negotiation".into(),
+        ));
+    }
+    let no_zeroes = client_flags & CLIENT_FLAG_NO_ZEROES != 0;
+
+    let mut state = OptionState::default();
+    loop {
+        let mut header = [0u8; OPTION_HEADER_LEN];
+        transport.read_exact(&mut header)?;
+        let header = parse_option_header(&header).map_err(|e| Error::Protocol(e.to_string()))?;
+        if header.length > MAX_OPTION_LEN {
+            return Err(Error::Protocol(format!(
+                "option {} has a {}-byte payload, more than the {MAX_OPTION_LEN} allowed",
+                header.option, header.length
+            )));
+        }
+        let mut data = vec![0u8; header.length as usize];
+        transport.read_exact(&mut data)?;
+        let option = header.option;
+
+        let tls_pending = settings.tls.is_some() && !matches!(transport, Transport::Tls(_));
+        if tls_pending && option != OPT_STARTTLS && option != OPT_ABORT {
+            if option == OPT_EXPORT_NAME {
+                // This option has no error reply; closing is the only refusal.
+                return Err(Error::Protocol(
+                    "NBD_OPT_EXPORT_NAME before STARTTLS on a TLS-only server".into(),
+                ));
+            }
+            send_reply(&mut transport, option, REP_ERR_TLS_REQD, &[])?;
+            continue;
+        }
+
+        match option {
+            OPT_EXPORT_NAME => {
+                let name = String::from_utf8(data)
+                    .map_err(|_| Error::Protocol("export name is not UTF-8".into()))?;
+                let Some(attachment) = attach(settings, &transport, &name)? else {
+                    return Err(Error::Protocol(format!("no export named '{name}'")));
+                };
+                let export = attachment.export();
+                let mut reply = Vec::with_capacity(10 + 124);
+                reply.extend_from_slice(&export.device.size().to_be_bytes());
+                reply.extend_from_slice(
+                    &transmission_flags(export, state.structured_replies).to_be_bytes(),
+                );
+                if !no_zeroes {
+                    reply.resize(reply.len() + 124, 0);
+                }
+                transport.write_all(&reply)?;
+                transport.flush()?;
+                let base_allocation = base_allocation_for(&state, export);
+                return Ok(Some(Negotiated {
+                    transport,
+                    attachment,
+                    structured_replies: state.structured_replies,
+                    base_allocation,
+                }));
+            }
+            OPT_ABORT => {
+                // The client may already have closed; a failed ACK changes nothing.
+                let _ = send_reply(&mut transport, option, REP_ACK, &[]);
+                return Ok(None);
+            }
+            OPT_LIST => {
+                if !data.is_empty() {
+                    send_reply(&mut transport, option, REP_ERR_INVALID, &[])?;
+                    continue;
+                }
+                for export in settings.registry.list() {
+                    let mut payload = Vec::with_capacity(4 + export.name.len());
+                    payload.extend_from_slice(&(export.name.len() as u32).to_be_bytes());
+                    payload.extend_from_slice(export.name.as_bytes());
+                    payload.extend_from_slice(export.description.as_bytes());
+                    send_reply(&mut transport, option, REP_SERVER, &payload)?;
+                }
+                send_reply(&mut transport, option, REP_ACK, &[])?;
+            }
+            OPT_STARTTLS => {
+                let Some(config) = &settings.tls else {
+                    send_reply(&mut transport, option, REP_ERR_UNSUP, &[])?;
+                    continue;
+                };
+                if matches!(transport, Transport::Tls(_)) || !data.is_empty() {
+                    send_reply(&mut transport, option, REP_ERR_INVALID, &[])?;
+                    continue;
+                }
+                send_reply(&mut transport, option, REP_ACK, &[])?;
+                transport = start_tls(transport, config)?;
+                state = OptionState::default();
+            }
+            OPT_INFO | OPT_GO => {
+                let Some(request) = parse_info_request(&data) else {
+                    send_reply(&mut transport, option, REP_ERR_INVALID, &[])?;
+                    continue;
+                };
+                if option == OPT_INFO {
+                    match settings.registry.lookup(&request.name) {
+                        Some(export) => send_export_info(&mut transport, option, &export, &state)?,
+                        None => send_reply(&mut transport, option, REP_ERR_UNKNOWN, &[])?,
+                    }
+                    continue;
+                }
+                let Some(attachment) = attach(settings, &transport, &request.name)? else {
+                    send_reply(&mut transport, option, REP_ERR_UNKNOWN, &[])?;
+                    continue;
+                };
+                send_export_info(&mut transport, option, attachment.export(), &state)?;
+                let base_allocation = base_allocation_for(&state, attachment.export());
+                return Ok(Some(Negotiated {
+                    transport,
+                    attachment,
+                    structured_replies: state.structured_replies,
+                    base_allocation,
+                }));
+            }
+            OPT_STRUCTURED_REPLY => {
+                if !data.is_empty() {
+                    send_reply(&mut transport, option, REP_ERR_INVALID, &[])?;
+                    continue;
+                }
+                state.structured_replies = true;
+                send_reply(&mut transport, option, REP_ACK, &[])?;
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                handle_meta_context(&mut transport, settings, &mut state, option, &data)?;
+            }
+            _ => send_reply(&mut transport, option, REP_ERR_UNSUP, &[])?,
+        }
+    }
+}
+
+/// Registers the connection with the export, giving the registry a socket handle with which
+/// `remove` can stop the connection.
+fn attach(
+    settings: &HandshakeSettings,
+    transport: &Transport,
+    name: &str,
+) -> Result<Option<Attachment>, Error> {
+    let socket = transport.socket().try_clone()?;
+    Ok(settings.registry.attach(name, socket))
+}
+
+fn base_allocation_for(state: &OptionState, export: &Export) -> bool {
+    state.structured_replies
+        && matches!(&state.meta_context, Some((name, true)) if *name == export.name)
+}
+
+fn send_reply(
+    transport: &mut Transport,
+    option: u32,
+    reply_type: u32,
+    payload: &[u8],
+) -> Result<(), Error> {
+    // Payloads are built by this module and bounded by MAX_OPTION_LEN-sized inputs.
+    let len = u32::try_from(payload.len())
+        .map_err(|_| Error::Protocol("option reply too large".into()))?;
+    let mut message = Vec::with_capacity(20 + payload.len());
+    message.extend_from_slice(&encode_option_reply_header(option, reply_type, len));
+    message.extend_from_slice(payload);
+    transport.write_all(&message)?;
+    transport.flush()?;
+    Ok(())
+}
+
+/// Sends every NBD_INFO item whether or not it was requested (the spec allows unrequested
+/// items) and ends with NBD_REP_ACK. Block sizes are always sent because a 4096-byte-sector
+/// volume cannot serve smaller requests; a client that did not ask still learns the limit.
+fn send_export_info(
+    transport: &mut Transport,
+    option: u32,
+    export: &Export,
+    state: &OptionState,
+) -> Result<(), Error> {
+    let (minimum, preferred, maximum) = block_size_limits(export);
+    let infos = [
+        encode_info_export(
+            export.device.size(),
+            transmission_flags(export, state.structured_replies),
+        ),
+        encode_info_string(INFO_NAME, &export.name),
+        encode_info_string(INFO_DESCRIPTION, &export.description),
+        encode_info_block_size(minimum, preferred, maximum),
+    ];
+    for info in infos {
+        send_reply(transport, option, REP_INFO, &info)?;
+    }
+    send_reply(transport, option, REP_ACK, &[])
+}
+
+fn handle_meta_context(
+    transport: &mut Transport,
+    settings: &HandshakeSettings,
+    state: &mut OptionState,
+    option: u32,
+    data: &[u8],
+) -> Result<(), Error> {
+    // Metadata is only ever returned in structured replies; the spec has the server refuse
+    // these options until they are negotiated.
+    if !state.structured_replies {
+        return send_reply(transport, option, REP_ERR_INVALID, &[]);
+    }
+    let Some(request) = parse_meta_context_request(data) else {
+        return send_reply(transport, option, REP_ERR_INVALID, &[]);
+    };
+    let Some(export) = settings.registry.lookup(&request.export_name) else {
+        return send_reply(transport, option, REP_ERR_UNKNOWN, &[]);
+    };
+    let selects_base_allocation = if option == OPT_LIST_META_CONTEXT {
+        // An empty query list asks for everything; "base:" asks for the whole namespace.
+        request.queries.is_empty()
+            || request
+                .queries
+                .iter()
+                .any(|query| query == "base:" || query == BASE_ALLOCATION)
+    } else {
+        request.queries.iter().any(|query| query == BASE_ALLOCATION)
+    };
+    if selects_base_allocation {
+        let mut payload = Vec::with_capacity(4 + BASE_ALLOCATION.len());
+        payload.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
+        payload.extend_from_slice(BASE_ALLOCATION.as_bytes());
+        send_reply(transport, option, REP_META_CONTEXT, &payload)?;
+    }
+    if option == OPT_SET_META_CONTEXT {
+        state.meta_context = Some((export.name.clone(), selects_base_allocation));
+    }
+    send_reply(transport, option, REP_ACK, &[])
+}
+
+fn start_tls(transport: Transport, config: &Arc<rustls::ServerConfig>) -> Result<Transport, Error> {
+    let Transport::Plain(socket) = transport else {
+        return Err(Error::Protocol("STARTTLS on a TLS connection".into()));
+    };
+    let connection = rustls::ServerConnection::new(Arc::clone(config))?;
+    let mut stream = rustls::StreamOwned::new(connection, socket);
+    while stream.conn.is_handshaking() {
+        let (read, written) = stream.conn.complete_io(&mut stream.sock)?;
+        if read == 0 && written == 0 {
+            return Err(Error::Protocol(
+                "client closed during the TLS handshake".into(),
+            ));
+        }
+    }
+    Ok(Transport::Tls(Box::new(stream)))
+}

@@ -1,0 +1,196 @@
+//! TLS with certificates made by the openssl CLI, checked with QEMU's TLS client.
+mod common;
+
+use common::{export, pattern, raw_file, run, run_failing, TestServer};
+use cryptblk_nbd::protocol::*;
+use cryptblk_nbd::{ExportRegistry, NbdAddress, TlsCreds};
+use std::path::Path;
+
+/// A CA and a server certificate for localhost / 127.0.0.1 in QEMU's x509 layout.
+fn make_credentials(dir: &Path) {
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+    run(
+        "openssl",
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &path("ca-key.pem"),
+            "-out",
+            &path("ca-cert.pem"),
+            "-days",
+            "2",
+            "-subj",
+            "/CN=cryptblk test CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+    run(
+        "openssl",
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &path("server-key.pem"),
+            "-out",
+            &path("server.csr"),
+            "-subj",
+            "/CN=localhost",
+        ],
+    );
+    std::fs::write(
+        dir.join("server-ext.cnf"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+         keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(
+        "openssl",
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &path("server.csr"),
+            "-CA",
+            &path("ca-cert.pem"),
+            "-CAkey",
+            &path("ca-key.pem"),
+            "-CAcreateserial",
+            "-out",
+            &path("server-cert.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &path("server-ext.cnf"),
+        ],
+    );
+}
+
+#[test]
+fn qemu_connects_over_tls_and_plain_clients_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let creds_dir = dir.path().join("pki");
+    std::fs::create_dir(&creds_dir).unwrap();
+    make_credentials(&creds_dir);
+    let registry = ExportRegistry::new();
+    let size = 8u64 << 20;
+    let device = raw_file(&dir.path().join("disk.raw"), size, size as usize);
+    registry.add(export("secure", device)).unwrap();
+    let server = TestServer::start(
+        NbdAddress::Tcp("127.0.0.1:0".into()),
+        registry,
+        Some(TlsCreds::load(&creds_dir).unwrap()),
+        |server| server,
+    );
+    let port = server.address.rsplit_once(':').unwrap().1.to_owned();
+    let object = format!(
+        "tls-creds-x509,id=tls0,dir={},endpoint=client",
+        creds_dir.display()
+    );
+    let image = format!("driver=nbd,host=127.0.0.1,port={port},export=secure,tls-creds=tls0");
+    let info = run(
+        "qemu-img",
+        &["info", "--object", &object, "--image-opts", &image],
+    );
+    assert!(info.contains("virtual size: 8 MiB"), "{info}");
+
+    run(
+        "qemu-io",
+        &[
+            "--object",
+            &object,
+            "--image-opts",
+            &image,
+            "-c",
+            "write -P 0x3c 64k 64k",
+            "-c",
+            "read -P 0x3c 64k 64k",
+        ],
+    );
+    let copy = dir.path().join("copy.raw");
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "--object",
+            &object,
+            "--image-opts",
+            &image,
+            "-O",
+            "raw",
+            copy.to_str().unwrap(),
+        ],
+    );
+    let mut expected = pattern(size as usize, size);
+    expected[64 << 10..128 << 10].fill(0x3c);
+    assert!(std::fs::read(&copy).unwrap() == expected);
+
+    // Without TLS: qemu gives up, and raw options before STARTTLS get ERR_TLS_REQD.
+    let plain = format!("nbd://127.0.0.1:{port}/secure");
+    let error = run_failing("qemu-img", &["info", &plain]);
+    assert!(error.to_lowercase().contains("tls"), "{error}");
+
+    let mut stream = std::net::TcpStream::connect(&server.address).unwrap();
+    use std::io::{Read, Write};
+    let mut greeting = [0u8; 18];
+    stream.read_exact(&mut greeting).unwrap();
+    stream
+        .write_all(&CLIENT_FLAG_FIXED_NEWSTYLE.to_be_bytes())
+        .unwrap();
+    for option in [OPT_LIST, OPT_STRUCTURED_REPLY, OPT_GO] {
+        let mut message = Vec::new();
+        message.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        message.extend_from_slice(&option.to_be_bytes());
+        message.extend_from_slice(&0u32.to_be_bytes());
+        stream.write_all(&message).unwrap();
+        let mut reply = [0u8; 20];
+        stream.read_exact(&mut reply).unwrap();
+        assert_eq!(
+            u32::from_be_bytes(reply[12..16].try_into().unwrap()),
+            REP_ERR_TLS_REQD,
+            "option {option}"
+        );
+    }
+    // EXPORT_NAME cannot be refused with a reply: the server hangs up.
+    let mut message = Vec::new();
+    message.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    message.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
+    message.extend_from_slice(&6u32.to_be_bytes());
+    message.extend_from_slice(b"secure");
+    stream.write_all(&message).unwrap();
+    let mut byte = [0u8; 1];
+    assert!(matches!(stream.read(&mut byte), Ok(0) | Err(_)));
+}
+
+#[test]
+fn loading_credentials_names_the_missing_or_bad_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = TlsCreds::load(dir.path()).unwrap_err().to_string();
+    assert!(
+        error.contains("ca-cert.pem") && error.contains("missing"),
+        "{error}"
+    );
+
+    make_credentials(dir.path());
+    TlsCreds::load(dir.path()).unwrap();
+
+    std::fs::write(dir.path().join("server-key.pem"), "not a key\n").unwrap();
+    let error = TlsCreds::load(dir.path()).unwrap_err().to_string();
+    assert!(error.contains("server-key.pem"), "{error}");
+
+    std::fs::remove_file(dir.path().join("server-cert.pem")).unwrap();
+    let error = TlsCreds::load(dir.path()).unwrap_err().to_string();
+    assert!(error.contains("server-cert.pem"), "{error}");
+}
