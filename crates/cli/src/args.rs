@@ -62,6 +62,9 @@ pub enum Command {
     /// from a TOML config.
     #[command(after_help = crate::cmd::serve::HELP)]
     Serve(ServeArgs),
+    /// Drive a running daemon through its control socket (`cryptblk serve --control PATH`).
+    #[command(after_help = crate::cmd::ctl::HELP)]
+    Ctl(crate::cmd::ctl::CtlArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -146,19 +149,20 @@ pub struct ServeArgs {
     /// Serve every [[disk]] of this TOML file (format below) instead of one image; not
     /// combined with the single-disk options.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
-        "socket", "image", "key_file", "num_queues", "queue_size", "readonly", "discard",
+        "socket", "image", "key_file", "num_queues", "queue_size", "readonly", "discard", "name",
     ])]
     pub config: Option<PathBuf>,
-    /// Listen on this UNIX socket path (a stale socket there is replaced).
-    #[arg(
-        long = "vhost-user-blk",
-        value_name = "SOCKET",
-        required_unless_present = "config"
-    )]
+    /// Export the disk over vhost-user-blk on this UNIX socket path (a stale socket there is
+    /// replaced).
+    #[arg(long = "vhost-user-blk", value_name = "SOCKET")]
     pub socket: Option<PathBuf>,
     /// The image to export: LUKS1/LUKS2 (needs a passphrase) or raw.
-    #[arg(long, value_name = "PATH", required_unless_present = "config")]
+    #[arg(long, value_name = "PATH")]
     pub image: Option<PathBuf>,
+    /// The disk's name: its NBD export name and its name on the control socket (default:
+    /// the image's file name).
+    #[arg(long, value_name = "NAME", requires = "image")]
+    pub name: Option<String>,
     /// File holding the LUKS passphrase ('-' for stdin).
     #[arg(long, short = 'd', value_name = "FILE")]
     pub key_file: Option<PathBuf>,
@@ -175,6 +179,17 @@ pub struct ServeArgs {
     /// by default because discards on an encrypted disk reveal which blocks are unused.
     #[arg(long)]
     pub discard: bool,
+    /// Also serve every disk over NBD, export name = disk name: unix:PATH or tcp:HOST:PORT.
+    #[arg(long, value_name = "ADDR")]
+    pub nbd: Option<String>,
+    /// Require TLS on the NBD server, with x509 credentials in QEMU's layout: DIR holds
+    /// ca-cert.pem, server-cert.pem and server-key.pem.
+    #[arg(long, value_name = "DIR", requires = "nbd")]
+    pub tls_creds: Option<PathBuf>,
+    /// Listen for control requests (JSON-RPC 2.0, one per line; see `cryptblk ctl`) on this
+    /// UNIX socket, created with mode 0600. With it the daemon may start without disks.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

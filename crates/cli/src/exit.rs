@@ -39,6 +39,15 @@ pub fn code_for(err: &anyhow::Error) -> i32 {
         if cause.downcast_ref::<UsageError>().is_some() {
             return USAGE;
         }
+        if let Some(remote) = cause.downcast_ref::<crate::cmd::ctl::RemoteError>() {
+            // The daemon's application codes are -32000 minus the CLI's exit status.
+            return match remote.code {
+                -32602 | -32601 | -32600 => USAGE,
+                c @ -32008..=-32001 => i32::try_from(-32000 - c).unwrap_or(OTHER),
+                -32012 => IN_USE,
+                _ => OTHER,
+            };
+        }
         if let Some(e) = cause.downcast_ref::<LuksError>() {
             return match e {
                 LuksError::WrongPassphrase | LuksError::NoKeyslots => WRONG_PASSPHRASE,
@@ -76,4 +85,21 @@ pub fn code_for(err: &anyhow::Error) -> i32 {
         }
     }
     OTHER
+}
+
+/// "context: cause: cause" on one line, skipping causes whose text the previous one already
+/// contains (typed errors often render their source themselves).
+pub fn one_line(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }

@@ -3,6 +3,7 @@
 mod args;
 mod cmd;
 mod convert;
+mod daemon;
 mod exit;
 mod options;
 mod secrets;
@@ -40,26 +41,10 @@ fn main() {
         Command::Bench(ref a) => cmd::bench::run(&cli, a),
         Command::Demo(ref a) => cmd::demo::run(&cli, a),
         Command::Serve(ref a) => cmd::serve::run(&cli, a),
+        Command::Ctl(ref a) => cmd::ctl::run(a),
     };
     if let Err(err) = result {
-        eprintln!("cryptblk: {}", one_line(&err));
+        eprintln!("cryptblk: {}", exit::one_line(&err));
         std::process::exit(exit::code_for(&err));
     }
-}
-
-/// "context: cause: cause" on one line, skipping causes whose text the previous one already
-/// contains (typed errors often render their source themselves).
-fn one_line(err: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in err.chain() {
-        let text = cause.to_string();
-        if text.is_empty() || out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
 }

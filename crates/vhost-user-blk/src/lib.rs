@@ -159,6 +159,17 @@ impl Server {
         };
         let executor = Arc::new(Executor::new(io_threads)?);
         let path = socket_path.as_ref().to_path_buf();
+        // The listener unlinks whatever is at the path; only ever let that be a stale socket,
+        // never a file someone pointed us at by mistake (e.g. the image).
+        if let Ok(meta) = std::fs::symlink_metadata(&path) {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                return Err(Error::Options(format!(
+                    "{} exists and is not a socket; refusing to replace it",
+                    path.display()
+                )));
+            }
+        }
         let listener = Listener::new(&path, true).map_err(|source| Error::Listen {
             path: path.clone(),
             source,

@@ -27,12 +27,16 @@ Methods and params (? = optional):
   disk-remove  {\"name\": str, \"force\": bool}
   disk-list    {}
   stats        {\"name\"?: str}          (all disks when absent)
-  key-add      {\"name\": str, \"key-file\": path, \"new-key-file\": path}
+  key-add      {\"name\": str, \"key-file\": path, \"new-key-file\": path,
+                \"pbkdf\"?: \"pbkdf2\"|\"argon2i\"|\"argon2id\", \"iter-time\"?: ms}
   key-remove   {\"name\": str, \"key-file\": path}
 
 Errors: -32700 parse error, -32600 invalid request, -32601 unknown method,
 -32602 invalid params, -32603 internal error, -32000 server shutting down,
--32001..-32099 application errors (\"data\" may hold details).
+-32002 wrong passphrase, -32003 unsupported, -32004 damaged image, -32005 I/O error,
+-32006 image in use, -32007 resource limit, -32008 other failure (the CLI's exit
+statuses + 32000), -32010 no such disk, -32011 conflict (name or socket taken, last
+keyslot, nothing to export), -32012 busy (a VM is connected: pass force; or still adding).
 `cryptblk ctl` prints the result as JSON on stdout; on an error it prints
 `error: MESSAGE` (and `data: JSON`) on stderr and exits non-zero.";
 
@@ -69,6 +73,12 @@ pub enum CtlVerb {
         /// File holding the new passphrase (read by the daemon).
         #[arg(long, value_name = "FILE")]
         new_key_file: PathBuf,
+        /// Key derivation for the new keyslot (default: argon2id on LUKS2, pbkdf2 on LUKS1).
+        #[arg(long, value_name = "pbkdf2|argon2i|argon2id")]
+        pbkdf: Option<String>,
+        /// Target unlock time of the new keyslot in milliseconds (default 2000).
+        #[arg(long, value_name = "MS")]
+        iter_time: Option<u32>,
     },
     /// Remove the keyslot a passphrase opens from a served disk's LUKS image.
     KeyRemove {
@@ -109,13 +119,14 @@ pub struct DiskAddArgs {
     discard: bool,
 }
 
-/// The daemon answered with a JSON-RPC error. Already reported on stderr (message and data);
-/// this is the summary the binary prints last, and lets it pick an exit status by `code`.
+/// The daemon answered with a JSON-RPC error: printed as one line by the binary, which picks
+/// the exit status from `code` (the daemon's codes mirror the CLI's exit statuses).
 #[derive(Debug, thiserror::Error)]
-#[error("the daemon refused `{method}` (JSON-RPC error {code})")]
+#[error("{method}: {message} (JSON-RPC error {code})")]
 pub struct RemoteError {
     pub method: &'static str,
     pub code: i64,
+    pub message: String,
 }
 
 pub fn run(a: &CtlArgs) -> Result<()> {
@@ -131,14 +142,14 @@ fn execute(a: &CtlArgs) -> Result<Value> {
     match client.call(method, params) {
         Ok(result) => Ok(result),
         Err(ClientError::Rpc(e)) => {
-            eprintln!("error: {}", e.message);
             if let Some(data) = &e.data {
                 let data = serde_json::to_string_pretty(data).unwrap_or_else(|_| data.to_string());
-                eprintln!("data: {data}");
+                eprintln!("cryptblk: note: error data: {data}");
             }
             Err(RemoteError {
                 method,
                 code: e.code,
+                message: e.message,
             }
             .into())
         }
@@ -186,6 +197,8 @@ fn request(verb: &CtlVerb) -> Result<(&'static str, Value)> {
             name,
             key_file,
             new_key_file,
+            pbkdf,
+            iter_time,
         } => {
             p.insert("name".into(), name.clone().into());
             p.insert("key-file".into(), key_file_path(key_file, "--key-file")?);
@@ -193,6 +206,12 @@ fn request(verb: &CtlVerb) -> Result<(&'static str, Value)> {
                 "new-key-file".into(),
                 key_file_path(new_key_file, "--new-key-file")?,
             );
+            if let Some(pbkdf) = pbkdf {
+                p.insert("pbkdf".into(), pbkdf.clone().into());
+            }
+            if let Some(ms) = iter_time {
+                p.insert("iter-time".into(), (*ms).into());
+            }
             "key-add"
         }
         CtlVerb::KeyRemove { name, key_file } => {

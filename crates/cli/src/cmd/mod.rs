@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod ctl;
 pub mod demo;
 pub mod dump;
 pub mod format;

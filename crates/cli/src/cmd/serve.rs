@@ -1,17 +1,19 @@
-//! `cryptblk serve`: export one image (command-line options) or several (`--config FILE`) as
-//! vhost-user-blk sockets until SIGTERM/SIGINT.
+//! `cryptblk serve`: run the daemon. Disks come from the command line (one), a `--config`
+//! file (several) or later from the control socket; each is exported over vhost-user-blk
+//! and/or NBD until SIGTERM/SIGINT.
 //!
-//! Every disk is opened and unlocked before any socket is bound, so a bad key or a missing
-//! image fails the whole start and leaves no socket behind. Each disk then gets its own
-//! `Server` on its own thread; a signal stops all of them.
+//! Every disk named at start is opened and unlocked before any socket is bound, so a bad key
+//! or a missing image fails the whole start and leaves no socket behind.
 use crate::args::{Cli, ServeArgs};
+use crate::daemon::disk::DiskConfig;
+use crate::daemon::rpc::ControlHandler;
+use crate::daemon::{Daemon, Event};
 use crate::exit::UsageError;
-use crate::options::crypto_pool;
-use crate::secrets::read_passphrase;
+use crate::options::{crypto_pool, unlock_options};
 use anyhow::{Context, Result};
-use cryptblk_block::{BlockDevice, Format, OpenOptions, RawFile};
-use cryptblk_crypto::CryptoPool;
-use cryptblk_vhost_user_blk::{ServeOptions, Server, MAX_QUEUES, MAX_QUEUE_SIZE};
+use cryptblk_control::ControlServer;
+use cryptblk_nbd::{ExportRegistry, NbdAddress, NbdServer, TlsCreds};
+use cryptblk_vhost_user_blk::{MAX_QUEUES, MAX_QUEUE_SIZE};
 use serde::Deserialize;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -23,7 +25,8 @@ QEMU connects with:
   -chardev socket,id=disk0,path=SOCKET,reconnect=1
   -device vhost-user-blk-pci,chardev=disk0,num-queues=N
 
-The daemon serves one frontend at a time and accepts a new one after a disconnect.
+Each vhost-user-blk socket serves one frontend at a time and accepts a new one after a
+disconnect. Requests of one queue run in parallel on the disk's I/O threads.
 SIGTERM or SIGINT closes the connection after the requests being handled, flushes the
 image and exits 0. GET_ID answers the LUKS UUID (first 20 bytes) or the image file name.
 
@@ -38,7 +41,8 @@ default: the holes show anyone with the image which blocks are unused.
   name = \"vm1-root\"                   # in logs; the GET_ID serial unless `serial` is set
   image = \"/var/lib/vm1.luks\"
   key-file = \"/etc/cryptblk/vm1.key\"  # LUKS images only; never a passphrase in this file
-  vhost-user-blk = \"/run/cryptblk/vm1.sock\"
+  vhost-user-blk = \"/run/cryptblk/vm1.sock\"  # optional with --nbd
+  nbd = true                          # optional: export over --nbd (default true)
   num-queues = 2                      # optional, default 1
   queue-size = 256                    # optional, default 256
   readonly = false                    # optional
@@ -48,6 +52,16 @@ default: the holes show anyone with the image which blocks are unused.
   [[disk]]
   name = \"vm1-data\"
   ...
+
+--nbd unix:PATH or --nbd tcp:HOST:PORT also serves every disk over NBD (fixed newstyle,
+structured replies, base:allocation, multi-conn), export name = disk name:
+  qemu-img info 'nbd+unix:///NAME?socket=PATH'   nbdinfo 'nbd+unix:///NAME?socket=PATH'
+--tls-creds DIR makes TLS mandatory on it (QEMU's layout: ca-cert.pem, server-cert.pem,
+server-key.pem).
+
+--control PATH answers JSON-RPC 2.0 requests (one per line) on a 0600 UNIX socket:
+disk-add, disk-remove, disk-list, stats, key-add, key-remove; `cryptblk ctl --help` lists
+them with their parameters. With --control the daemon may start with no disk.
 
 Unknown keys are errors; names and socket paths must be unique; relative paths are
 resolved against the directory of the config file. Every disk is opened and unlocked
@@ -62,7 +76,9 @@ struct DiskEntry {
     name: String,
     image: PathBuf,
     key_file: Option<PathBuf>,
-    vhost_user_blk: PathBuf,
+    vhost_user_blk: Option<PathBuf>,
+    #[serde(default = "default_true")]
+    nbd: bool,
     #[serde(default = "default_num_queues")]
     num_queues: u16,
     #[serde(default = "default_queue_size")]
@@ -74,6 +90,10 @@ struct DiskEntry {
     serial: Option<String>,
 }
 
+fn default_true() -> bool {
+    true
+}
+
 fn default_num_queues() -> u16 {
     1
 }
@@ -82,199 +102,210 @@ fn default_queue_size() -> u16 {
     256
 }
 
-/// A disk to serve, from the command line or from a config entry (paths resolved).
-#[derive(Debug)]
-struct DiskSpec {
-    /// For messages: the config name, or the image path on the command line.
-    label: String,
-    image: PathBuf,
-    key_file: Option<PathBuf>,
-    /// A LUKS image without a key file prompts (command line) or is refused (config).
-    may_prompt: bool,
-    socket: PathBuf,
-    num_queues: u16,
-    queue_size: u16,
-    readonly: bool,
-    discard: bool,
-    /// GET_ID answer; `None` = the LUKS UUID or the image file name.
-    serial: Option<String>,
-}
-
-/// An opened disk, ready to bind.
-struct OpenDisk {
-    spec: DiskSpec,
-    device: Arc<dyn BlockDevice>,
-    format: Format,
-    serial: String,
-}
-
 pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
-    let specs = match &a.config {
-        Some(config) => load_config(config)?,
-        None => vec![single_disk(a)?],
+    let configs = match (&a.config, &a.image) {
+        (Some(config), _) => load_config(config)?,
+        (None, Some(_)) => vec![single_disk(a)?],
+        (None, None) if a.control.is_some() => Vec::new(),
+        (None, None) => {
+            return Err(UsageError(
+                "give --image PATH (with --vhost-user-blk SOCKET and/or --nbd ADDR), \
+                 --config FILE, or --control PATH to add disks later"
+                    .into(),
+            )
+            .into())
+        }
     };
-    let multi = a.config.is_some();
-
-    // Open and unlock everything first: nothing is bound until every disk is usable.
-    let mut pool: Option<Arc<CryptoPool>> = None;
-    let mut disks = Vec::with_capacity(specs.len());
-    for spec in specs {
-        let disk = open_disk(cli, &mut pool, spec, multi)?;
-        disks.push(disk);
+    let nbd_address = a
+        .nbd
+        .as_deref()
+        .map(|addr| {
+            addr.parse::<NbdAddress>()
+                .map_err(|e| UsageError(format!("--nbd {addr}: {e}")))
+        })
+        .transpose()?;
+    for c in &configs {
+        if c.vhost_user_blk.is_none() && !(c.nbd && nbd_address.is_some()) {
+            return Err(UsageError(format!(
+                "disk \"{}\" would not be exported: give it a vhost-user-blk socket, or serve --nbd ADDR",
+                c.name
+            ))
+            .into());
+        }
     }
+    let tls = a
+        .tls_creds
+        .as_deref()
+        .map(|dir| TlsCreds::load(dir).with_context(|| format!("--tls-creds {}", dir.display())))
+        .transpose()?;
 
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
     ])
     .context("installing signal handlers")?;
+    let (events_tx, events) = crossbeam_channel::unbounded();
+    let registry = nbd_address.as_ref().map(|_| ExportRegistry::new());
+    let daemon = Daemon::new(
+        crypto_pool(cli)?,
+        unlock_options(cli),
+        registry.clone(),
+        events_tx.clone(),
+    );
 
-    // Bind every socket; on a failure the servers already bound are dropped, which removes
-    // their sockets.
-    let mut servers = Vec::with_capacity(disks.len());
-    for disk in disks {
-        let OpenDisk {
-            spec,
-            device,
-            format,
-            serial,
-        } = disk;
-        let server = Server::bind(
-            &spec.socket,
-            device,
-            ServeOptions {
-                num_queues: spec.num_queues,
-                queue_size: spec.queue_size,
-                read_only: spec.readonly,
-                serial,
-                discard: spec.discard,
-                io_threads: 0,
-            },
-        )
-        .with_context(|| in_disk(&spec, multi))?;
-        servers.push((spec, format, server));
+    // Every disk of the command line or config is attached before the NBD and control
+    // sockets exist; one failure detaches the others again and fails the start.
+    let multi = a.config.is_some();
+    for config in configs {
+        let label = if multi {
+            format!("disk \"{}\" ({})", config.name, config.image.display())
+        } else {
+            config.image.display().to_string()
+        };
+        let info = match daemon.add_disk(config.clone()) {
+            Ok(info) => info,
+            Err(e) => {
+                let _ = daemon.shutdown();
+                return Err(e.context(label));
+            }
+        };
+        let exports: Vec<String> = config
+            .vhost_user_blk
+            .iter()
+            .map(|s| format!("vhost-user-blk {}", s.display()))
+            .chain(
+                (config.nbd && nbd_address.is_some())
+                    .then(|| format!("NBD export \"{}\"", config.name)),
+            )
+            .collect();
+        let format = info["format"].as_str().unwrap_or("?");
+        eprintln!(
+            "cryptblk: serving {label} ({format}) on {}",
+            exports.join(", ")
+        );
     }
 
-    let stops: Vec<_> = servers.iter().map(|(_, _, s)| s.stop_handle()).collect();
+    let mut nbd_thread = None;
+    if let (Some(addr), Some(registry)) = (&nbd_address, &registry) {
+        let server = match NbdServer::bind(addr, registry.clone(), tls) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = daemon.shutdown();
+                return Err(anyhow::Error::from(e)
+                    .context(format!("--nbd {}", a.nbd.as_deref().unwrap_or(""))));
+            }
+        };
+        eprintln!("cryptblk: NBD server on {}", server.local_addr());
+        let stop = server.stop_handle();
+        let events = events_tx.clone();
+        let thread = std::thread::Builder::new()
+            .name("nbd".into())
+            .spawn(move || {
+                let result = server.run();
+                if let Err(e) = &result {
+                    let _ = events.send(Event::ServerFailed {
+                        disk: "(NBD server)".into(),
+                        error: e.to_string(),
+                    });
+                }
+            })
+            .context("starting the NBD server thread")?;
+        nbd_thread = Some((stop, thread));
+    }
+
+    let mut control_thread = None;
+    if let Some(path) = &a.control {
+        let handler = Arc::new(ControlHandler {
+            daemon: daemon.clone(),
+        });
+        let server = match ControlServer::bind(path, handler) {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some((stop, thread)) = nbd_thread.take() {
+                    stop.stop();
+                    let _ = thread.join();
+                }
+                let _ = daemon.shutdown();
+                return Err(anyhow::Error::from(e).context(format!("--control {}", path.display())));
+            }
+        };
+        eprintln!("cryptblk: control socket {}", path.display());
+        let stop = server.stop_handle();
+        let thread = std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || {
+                if let Err(e) = server.run() {
+                    tracing::warn!("control socket: {e}");
+                }
+            })
+            .context("starting the control thread")?;
+        control_thread = Some((stop, thread));
+    }
+
     let signal_handle = signals.handle();
-    let signal_stops = stops.clone();
     let signal_thread = std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
-            tracing::info!("signal {sig}: stopping");
-            for stop in &signal_stops {
-                stop.stop();
-            }
+            let _ = events_tx.send(Event::Signal(sig));
         }
     });
 
-    let (done_tx, done_rx) = crossbeam_channel::unbounded();
-    let mut threads = Vec::with_capacity(servers.len());
-    let mut labels = Vec::with_capacity(servers.len());
-    for (index, (spec, format, server)) in servers.into_iter().enumerate() {
-        if multi {
-            eprintln!(
-                "cryptblk: serving disk \"{}\": {} ({}) on {}",
-                spec.label,
-                spec.image.display(),
-                format.name(),
-                spec.socket.display()
-            );
-        } else {
-            eprintln!(
-                "cryptblk: serving {} ({}) on {}",
-                spec.image.display(),
-                format.name(),
-                spec.socket.display()
-            );
-        }
-        let done = done_tx.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("serve-{index}"))
-            .spawn(move || {
-                let result = server.run();
-                let _ = done.send((index, result.is_err()));
-                result
-            });
-        match thread {
-            Ok(t) => {
-                threads.push(t);
-                labels.push(spec);
-            }
-            Err(e) => {
-                // The servers already running are stopped below; this one is dropped.
-                for stop in &stops {
-                    stop.stop();
-                }
-                return Err(anyhow::Error::from(e).context("starting a server thread"));
-            }
-        }
-    }
-    drop(done_tx);
-
-    // A server that fails (not one stopped by a signal) takes the others down with it, so
-    // the daemon never keeps running with some of its disks gone.
-    for (index, failed) in done_rx.iter() {
-        if failed {
-            tracing::warn!(
-                "disk {}: server failed: stopping every disk",
-                labels[index].label
-            );
-            for stop in &stops {
-                stop.stop();
+    // Run until a signal, or until a server fails: the daemon never keeps running with some
+    // of its disks gone.
+    let mut failure = None;
+    if let Ok(event) = events.recv() {
+        match event {
+            Event::Signal(sig) => tracing::info!("signal {sig}: stopping"),
+            Event::ServerFailed { disk, error } => {
+                eprintln!("cryptblk: disk {disk}: server failed: {error}; stopping every disk");
+                failure = Some(anyhow::anyhow!("serving disk {disk}: {error}"));
             }
         }
     }
 
-    let mut first_err: Option<anyhow::Error> = None;
-    for (thread, spec) in threads.into_iter().zip(&labels) {
-        let result = match thread.join() {
-            Ok(r) => r.map_err(anyhow::Error::from),
-            Err(_) => Err(anyhow::anyhow!("server thread panicked")),
-        };
-        if let Err(e) = result {
-            let e = e.context(if multi {
-                format!("serving disk \"{}\" ({})", spec.label, spec.image.display())
-            } else {
-                format!("serving {}", spec.image.display())
-            });
-            if first_err.is_none() {
-                first_err = Some(e);
-            } else {
-                eprintln!("cryptblk: {e:#}");
-            }
-        }
+    // Control first (no disk-add during shutdown), then every disk (in-flight requests
+    // finish, images are flushed), then the NBD listener.
+    if let Some((stop, thread)) = control_thread {
+        stop.stop();
+        let _ = thread.join();
+    }
+    let detached = daemon.shutdown();
+    if let Some((stop, thread)) = nbd_thread {
+        stop.stop();
+        let _ = thread.join();
     }
     signal_handle.close();
     let _ = signal_thread.join();
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok(()),
+    match (failure, detached) {
+        (Some(e), _) | (None, Err(e)) => Err(e),
+        (None, Ok(())) => Ok(()),
     }
 }
 
-/// "disk \"NAME\" (IMAGE)" for config disks, the image path for the single disk.
-fn in_disk(spec: &DiskSpec, multi: bool) -> String {
-    if multi {
-        format!("disk \"{}\" ({})", spec.label, spec.image.display())
-    } else {
-        spec.image.display().to_string()
-    }
-}
-
-fn single_disk(a: &ServeArgs) -> Result<DiskSpec> {
-    let (Some(socket), Some(image)) = (&a.socket, &a.image) else {
+fn single_disk(a: &ServeArgs) -> Result<DiskConfig> {
+    let Some(image) = &a.image else {
+        return Err(UsageError("--image PATH is missing".into()).into());
+    };
+    if a.socket.is_none() && a.nbd.is_none() {
         return Err(UsageError(
-            "give --config FILE, or --vhost-user-blk SOCKET and --image PATH".into(),
+            "give --vhost-user-blk SOCKET and/or --nbd ADDR to export the image".into(),
         )
         .into());
-    };
+    }
     check_queues(a.num_queues, a.queue_size, "--num-queues", "--queue-size")?;
-    Ok(DiskSpec {
-        label: image.display().to_string(),
+    let name = match &a.name {
+        Some(n) => n.clone(),
+        None => image
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| image.display().to_string()),
+    };
+    Ok(DiskConfig {
+        name,
         image: image.clone(),
         key_file: a.key_file.clone(),
         may_prompt: true,
-        socket: socket.clone(),
+        vhost_user_blk: a.socket.clone(),
+        nbd: true,
         num_queues: a.num_queues,
         queue_size: a.queue_size,
         readonly: a.readonly,
@@ -283,7 +314,7 @@ fn single_disk(a: &ServeArgs) -> Result<DiskSpec> {
     })
 }
 
-fn check_queues(num_queues: u16, queue_size: u16, nq: &str, qs: &str) -> Result<()> {
+pub fn check_queues(num_queues: u16, queue_size: u16, nq: &str, qs: &str) -> Result<()> {
     if num_queues == 0 || num_queues > MAX_QUEUES {
         return Err(UsageError(format!("{nq} {num_queues}: use 1 to {MAX_QUEUES}")).into());
     }
@@ -298,7 +329,7 @@ fn check_queues(num_queues: u16, queue_size: u16, nq: &str, qs: &str) -> Result<
 
 /// Reads and checks a `--config` file; every problem is a usage error naming the file (and
 /// the disk, where there is one).
-fn load_config(path: &Path) -> Result<Vec<DiskSpec>> {
+fn load_config(path: &Path) -> Result<Vec<DiskConfig>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading config {}", path.display()))?;
     let base = path.parent().unwrap_or(Path::new(""));
@@ -306,7 +337,7 @@ fn load_config(path: &Path) -> Result<Vec<DiskSpec>> {
 }
 
 /// Parses config text; relative paths are resolved against `base`.
-fn parse_config(text: &str, base: &Path) -> std::result::Result<Vec<DiskSpec>, String> {
+fn parse_config(text: &str, base: &Path) -> std::result::Result<Vec<DiskConfig>, String> {
     let table: toml::Table = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
     if let Some(key) = table.keys().find(|k| k.as_str() != "disk") {
         return Err(format!(
@@ -348,12 +379,14 @@ fn parse_config(text: &str, base: &Path) -> std::result::Result<Vec<DiskSpec>, S
         if !names.insert(entry.name.clone()) {
             return Err(format!("{what}: another disk has the same name"));
         }
-        let socket = resolve(base, &entry.vhost_user_blk);
-        if !sockets.insert(socket.clone()) {
-            return Err(format!(
-                "{what}: socket {} is already used by another disk",
-                socket.display()
-            ));
+        let socket = entry.vhost_user_blk.as_deref().map(|s| resolve(base, s));
+        if let Some(socket) = &socket {
+            if !sockets.insert(socket.clone()) {
+                return Err(format!(
+                    "{what}: socket {} is already used by another disk",
+                    socket.display()
+                ));
+            }
         }
         let key_file = entry.key_file.as_deref().map(|k| {
             if k == Path::new("-") {
@@ -362,13 +395,14 @@ fn parse_config(text: &str, base: &Path) -> std::result::Result<Vec<DiskSpec>, S
                 resolve(base, k)
             }
         });
-        specs.push(DiskSpec {
+        specs.push(DiskConfig {
             serial: Some(entry.serial.unwrap_or_else(|| entry.name.clone())),
-            label: entry.name,
+            name: entry.name,
             image: resolve(base, &entry.image),
             key_file,
             may_prompt: false,
-            socket,
+            vhost_user_blk: socket,
+            nbd: entry.nbd,
             num_queues: entry.num_queues,
             queue_size: entry.queue_size,
             readonly: entry.readonly,
@@ -400,93 +434,11 @@ fn toml_error(text: &str, e: &toml::de::Error) -> String {
     }
 }
 
-fn open_disk(
-    cli: &Cli,
-    pool: &mut Option<Arc<CryptoPool>>,
-    spec: DiskSpec,
-    multi: bool,
-) -> Result<OpenDisk> {
-    let (device, format, serial) =
-        open_device(cli, pool, &spec).with_context(|| in_disk(&spec, multi))?;
-    Ok(OpenDisk {
-        serial: spec.serial.clone().unwrap_or(serial),
-        spec,
-        device,
-        format,
-    })
-}
-
-fn open_device(
-    cli: &Cli,
-    pool: &mut Option<Arc<CryptoPool>>,
-    spec: &DiskSpec,
-) -> Result<(Arc<dyn BlockDevice>, Format, String)> {
-    let path = &spec.image;
-    let format = cryptblk_block::probe_format(path)
-        .with_context(|| format!("probing {}", path.display()))?;
-    let (device, serial): (Arc<dyn BlockDevice>, String) = match format {
-        Format::Luks => {
-            if spec.key_file.is_none() && !spec.may_prompt {
-                return Err(UsageError("a LUKS image needs a key-file".into()).into());
-            }
-            let passphrase = read_passphrase(spec.key_file.as_deref(), "Enter passphrase: ")?;
-            let pool = match pool {
-                Some(p) => p.clone(),
-                None => pool.insert(crypto_pool(cli)?).clone(),
-            };
-            let volume = cryptblk_block::open_luks_volume(
-                path,
-                &passphrase,
-                &cryptblk_block::VolumeOptions {
-                    writable: !spec.readonly,
-                    unlock: crate::options::unlock_options(cli),
-                    pool: Some(pool),
-                },
-            )?;
-            for warning in volume.warnings() {
-                eprintln!("cryptblk: warning: {}: {warning}", path.display());
-            }
-            let uuid = volume.header().uuid().to_string();
-            (Arc::new(volume), uuid)
-        }
-        Format::Raw => {
-            if spec.key_file.is_some() {
-                return Err(UsageError(format!(
-                    "a key file is given, but {} is raw, not LUKS",
-                    path.display()
-                ))
-                .into());
-            }
-            let raw = RawFile::open(
-                path,
-                OpenOptions {
-                    writable: !spec.readonly,
-                    lock: true,
-                },
-            )?;
-            let name = path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            (Arc::new(raw), name)
-        }
-        other => {
-            return Err(UsageError(format!(
-                "{} is {}: serve exports LUKS and raw images (convert it first)",
-                path.display(),
-                other.name()
-            ))
-            .into())
-        }
-    };
-    Ok((device, format, serial))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parse(text: &str) -> std::result::Result<Vec<DiskSpec>, String> {
+    fn parse(text: &str) -> std::result::Result<Vec<DiskConfig>, String> {
         parse_config(text, Path::new("/etc/cryptblk"))
     }
 
@@ -515,7 +467,8 @@ serial = "bee"
         assert_eq!(specs.len(), 2);
         let a = &specs[0];
         assert_eq!(a.image, Path::new("/etc/cryptblk/a.raw"));
-        assert_eq!(a.socket, Path::new("/run/a.sock"));
+        assert_eq!(a.vhost_user_blk.as_deref(), Some(Path::new("/run/a.sock")));
+        assert!(a.nbd);
         assert_eq!((a.num_queues, a.queue_size), (1, 256));
         assert!(!a.readonly && !a.discard && a.key_file.is_none());
         assert_eq!(a.serial.as_deref(), Some("a"));
@@ -524,7 +477,10 @@ serial = "bee"
             b.key_file.as_deref(),
             Some(Path::new("/etc/cryptblk/keys/b.key"))
         );
-        assert_eq!(b.socket, Path::new("/etc/cryptblk/b.sock"));
+        assert_eq!(
+            b.vhost_user_blk.as_deref(),
+            Some(Path::new("/etc/cryptblk/b.sock"))
+        );
         assert_eq!((b.num_queues, b.queue_size), (2, 128));
         assert!(b.readonly && b.discard);
         assert_eq!(b.serial.as_deref(), Some("bee"));

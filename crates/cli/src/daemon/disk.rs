@@ -1,0 +1,177 @@
+//! One attached disk: its image opened (and unlocked), and its exports running.
+
+use crate::exit::UsageError;
+use crate::secrets::read_passphrase;
+use anyhow::{Context, Result};
+use cryptblk_block::{BlockDevice, Format, IoStats, OpenOptions, RawFile};
+use cryptblk_crypto::CryptoPool;
+use cryptblk_luks::UnlockOptions;
+use cryptblk_vhost_user_blk::{ServeOptions, StopHandle};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// What to attach, from the command line, a `--config` entry or a `disk-add` request (paths
+/// already resolved).
+#[derive(Debug, Clone)]
+pub struct DiskConfig {
+    /// The disk's name: the NBD export name, in logs, stats and control requests.
+    pub name: String,
+    pub image: PathBuf,
+    pub key_file: Option<PathBuf>,
+    /// A LUKS image without a key file prompts on the terminal (command line only).
+    pub may_prompt: bool,
+    /// Serve over vhost-user-blk on this socket.
+    pub vhost_user_blk: Option<PathBuf>,
+    /// Export over the daemon's NBD server (when it has one).
+    pub nbd: bool,
+    pub num_queues: u16,
+    pub queue_size: u16,
+    pub readonly: bool,
+    pub discard: bool,
+    /// GET_ID answer; `None` = the LUKS UUID or the image file name.
+    pub serial: Option<String>,
+}
+
+/// An opened image.
+pub struct OpenedImage {
+    pub device: Arc<dyn BlockDevice>,
+    pub format: Format,
+    /// The LUKS UUID or the image file name.
+    pub serial: String,
+    /// The sector-crypto engine serving a LUKS image.
+    pub engine: Option<&'static str>,
+    /// The LUKS image file, for header updates (`key-add`, `key-remove`) while attached.
+    pub luks_file: Option<Arc<RawFile>>,
+}
+
+/// Opens (and for LUKS, unlocks) the image of `config` with an exclusive lock.
+pub fn open_image(
+    config: &DiskConfig,
+    pool: &Arc<CryptoPool>,
+    unlock: &UnlockOptions,
+) -> Result<OpenedImage> {
+    let path = &config.image;
+    let format = cryptblk_block::probe_format(path)
+        .with_context(|| format!("probing {}", path.display()))?;
+    match format {
+        Format::Luks => {
+            if config.key_file.is_none() && !config.may_prompt {
+                return Err(UsageError("a LUKS image needs a key-file".into()).into());
+            }
+            let passphrase = read_passphrase(config.key_file.as_deref(), "Enter passphrase: ")?;
+            let volume = cryptblk_block::open_luks_volume(
+                path,
+                &passphrase,
+                &cryptblk_block::VolumeOptions {
+                    writable: !config.readonly,
+                    unlock: unlock.clone(),
+                    pool: Some(pool.clone()),
+                },
+            )?;
+            for warning in volume.warnings() {
+                eprintln!("cryptblk: warning: {}: {warning}", path.display());
+            }
+            let serial = volume.header().uuid().to_string();
+            let engine = volume.device().cipher().engine_name();
+            let luks_file = volume.file().clone();
+            Ok(OpenedImage {
+                device: Arc::new(volume),
+                format,
+                serial,
+                engine: Some(engine),
+                luks_file: Some(luks_file),
+            })
+        }
+        Format::Raw => {
+            if config.key_file.is_some() {
+                return Err(UsageError(format!(
+                    "a key file is given, but {} is raw, not LUKS",
+                    path.display()
+                ))
+                .into());
+            }
+            let raw = RawFile::open(
+                path,
+                OpenOptions {
+                    writable: !config.readonly,
+                    lock: true,
+                },
+            )?;
+            let serial = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Ok(OpenedImage {
+                device: Arc::new(raw),
+                format,
+                serial,
+                engine: None,
+                luks_file: None,
+            })
+        }
+        other => Err(UsageError(format!(
+            "{} is {}: serve exports LUKS and raw images (convert it first)",
+            path.display(),
+            other.name()
+        ))
+        .into()),
+    }
+}
+
+impl DiskConfig {
+    pub fn serve_options(&self, serial: &str) -> ServeOptions {
+        ServeOptions {
+            num_queues: self.num_queues,
+            queue_size: self.queue_size,
+            read_only: self.readonly,
+            serial: self.serial.clone().unwrap_or_else(|| serial.to_string()),
+            discard: self.discard,
+            io_threads: 0,
+        }
+    }
+}
+
+/// A running vhost-user-blk server of one disk.
+pub struct VhostExport {
+    pub socket: PathBuf,
+    pub stop: StopHandle,
+    pub thread: Mutex<Option<JoinHandle<Result<(), cryptblk_vhost_user_blk::Error>>>>,
+}
+
+/// An attached disk.
+pub struct AttachedDisk {
+    pub config: DiskConfig,
+    pub image: OpenedImage,
+    pub vhost: Option<VhostExport>,
+    /// Counters of the disk's NBD export (all connections).
+    pub nbd_stats: Arc<IoStats>,
+    pub nbd_exported: bool,
+    /// Serialises header updates of this disk.
+    pub header_lock: Mutex<()>,
+}
+
+impl AttachedDisk {
+    /// Stops the vhost-user server (its in-flight requests finish, the disk is flushed) and
+    /// waits for its thread.
+    pub fn stop_vhost(&self) -> Result<()> {
+        let Some(vhost) = &self.vhost else {
+            return Ok(());
+        };
+        vhost.stop.stop();
+        let thread = vhost
+            .thread
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(thread) = thread {
+            match thread.join() {
+                Ok(result) => result.with_context(|| {
+                    format!("vhost-user-blk server on {}", vhost.socket.display())
+                })?,
+                Err(_) => anyhow::bail!("the vhost-user-blk server thread panicked"),
+            }
+        }
+        Ok(())
+    }
+}

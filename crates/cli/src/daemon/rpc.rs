@@ -1,0 +1,192 @@
+//! The control socket's methods (JSON-RPC 2.0): params are checked strictly (unknown fields
+//! are errors, paths must be absolute because the daemon's working directory is not the
+//! client's) and every failure becomes an error object with a stable code.
+
+use super::disk::DiskConfig;
+use super::{Daemon, DaemonError};
+use crate::args::PbkdfChoice;
+use clap::ValueEnum;
+use cryptblk_control::{Handler, RpcError};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Application error codes: -32000 minus the CLI's exit status for errors the CLI has one for
+/// (-32002 wrong passphrase, -32003 unsupported, -32004 damaged, -32005 I/O, -32006 in use,
+/// -32007 resource limit, -32008 other), and these for the daemon's own.
+pub const CODE_NO_SUCH_DISK: i64 = -32010;
+pub const CODE_CONFLICT: i64 = -32011;
+pub const CODE_BUSY: i64 = -32012;
+
+pub struct ControlHandler {
+    pub daemon: Arc<Daemon>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct DiskAddParams {
+    name: String,
+    image: PathBuf,
+    key_file: Option<PathBuf>,
+    vhost_user_blk: Option<PathBuf>,
+    num_queues: Option<u16>,
+    queue_size: Option<u16>,
+    /// Default: exported when the daemon has an NBD server.
+    nbd_export: Option<bool>,
+    #[serde(default)]
+    readonly: bool,
+    #[serde(default)]
+    discard: bool,
+    serial: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DiskRemoveParams {
+    name: String,
+    #[serde(default)]
+    force: bool,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct StatsParams {
+    name: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct KeyAddParams {
+    name: String,
+    key_file: PathBuf,
+    new_key_file: PathBuf,
+    pbkdf: Option<String>,
+    iter_time: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct KeyRemoveParams {
+    name: String,
+    key_file: PathBuf,
+}
+
+impl Handler for ControlHandler {
+    fn call(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+        let d = &self.daemon;
+        match method {
+            "disk-add" => {
+                let p: DiskAddParams = parse(params)?;
+                for path in [
+                    Some(&p.image),
+                    p.key_file.as_ref(),
+                    p.vhost_user_blk.as_ref(),
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    absolute(path)?;
+                }
+                let queues = p.num_queues.unwrap_or(1);
+                let queue_size = p.queue_size.unwrap_or(256);
+                crate::cmd::serve::check_queues(queues, queue_size, "num-queues", "queue-size")
+                    .map_err(|e| RpcError::invalid_params(format!("{e:#}")))?;
+                let config = DiskConfig {
+                    name: p.name,
+                    image: p.image,
+                    key_file: p.key_file,
+                    may_prompt: false,
+                    vhost_user_blk: p.vhost_user_blk,
+                    nbd: p.nbd_export.unwrap_or(d.has_nbd()),
+                    num_queues: queues,
+                    queue_size,
+                    readonly: p.readonly,
+                    discard: p.discard,
+                    serial: p.serial,
+                };
+                if config.nbd && !d.has_nbd() {
+                    return Err(RpcError::invalid_params(
+                        "nbd-export is set but this daemon was started without --nbd",
+                    ));
+                }
+                d.add_disk(config).map_err(to_rpc)
+            }
+            "disk-remove" => {
+                let p: DiskRemoveParams = parse(params)?;
+                d.remove_disk(&p.name, p.force).map_err(to_rpc)?;
+                Ok(json!({ "removed": p.name }))
+            }
+            "disk-list" => {
+                let _: StatsParams = parse_or_default(params)?;
+                Ok(d.list())
+            }
+            "stats" => {
+                let p: StatsParams = parse_or_default(params)?;
+                d.stats(p.name.as_deref()).map_err(to_rpc)
+            }
+            "key-add" => {
+                let p: KeyAddParams = parse(params)?;
+                absolute(&p.key_file)?;
+                absolute(&p.new_key_file)?;
+                let pbkdf = p
+                    .pbkdf
+                    .as_deref()
+                    .map(|s| {
+                        PbkdfChoice::from_str(s, true).map_err(|_| {
+                            RpcError::invalid_params(format!(
+                                "pbkdf \"{s}\": use pbkdf2, argon2i or argon2id"
+                            ))
+                        })
+                    })
+                    .transpose()?;
+                let slot = d
+                    .key_add(&p.name, &p.key_file, &p.new_key_file, pbkdf, p.iter_time)
+                    .map_err(to_rpc)?;
+                Ok(json!({ "name": p.name, "keyslot": slot }))
+            }
+            "key-remove" => {
+                let p: KeyRemoveParams = parse(params)?;
+                absolute(&p.key_file)?;
+                let slot = d.key_remove(&p.name, &p.key_file).map_err(to_rpc)?;
+                Ok(json!({ "name": p.name, "removed-keyslot": slot }))
+            }
+            other => Err(RpcError::method_not_found(other)),
+        }
+    }
+}
+
+fn parse<T: DeserializeOwned>(params: Value) -> Result<T, RpcError> {
+    serde_json::from_value(params).map_err(|e| RpcError::invalid_params(e.to_string()))
+}
+
+/// Like `parse`, with absent params meaning all defaults.
+fn parse_or_default<T: DeserializeOwned + Default>(params: Value) -> Result<T, RpcError> {
+    if params.is_null() {
+        return Ok(T::default());
+    }
+    parse(params)
+}
+
+fn absolute(path: &Path) -> Result<(), RpcError> {
+    if path.is_absolute() {
+        Ok(())
+    } else {
+        Err(RpcError::invalid_params(format!(
+            "{} is relative: the daemon needs absolute paths",
+            path.display()
+        )))
+    }
+}
+
+fn to_rpc(e: anyhow::Error) -> RpcError {
+    let message = crate::exit::one_line(&e);
+    let code = match e.downcast_ref::<DaemonError>() {
+        Some(DaemonError::NoSuchDisk(_)) => CODE_NO_SUCH_DISK,
+        Some(DaemonError::Conflict(_)) => CODE_CONFLICT,
+        Some(DaemonError::Busy(_)) => CODE_BUSY,
+        None => -32000 - i64::from(crate::exit::code_for(&e)),
+    };
+    RpcError::application(code, message)
+}

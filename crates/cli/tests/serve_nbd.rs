@@ -1,0 +1,207 @@
+//! `cryptblk serve --nbd`: the daemon's disks as NBD exports, driven by the real clients
+//! (qemu-img, qemu-io, nbdinfo, nbdcopy); disks added at run time get an export too.
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Kills the daemon if a test fails before stopping it.
+struct Serve(Option<Child>);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn spawn_serve(args: &[&str], wait_for: &Path) -> Serve {
+    let mut child = Command::new(bin())
+        .arg("serve")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .env_remove("RUST_LOG")
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !wait_for.exists() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("cryptblk serve exited early: {status}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no socket {}",
+            wait_for.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Serve(Some(child))
+}
+
+fn terminate(mut serve: Serve) -> i32 {
+    let mut child = serve.0.take().unwrap();
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) on a child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().unwrap_or(-1);
+        }
+        assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn uri(name: &str, socket: &Path) -> String {
+    format!("nbd+unix:///{name}?socket={}", socket.display())
+}
+
+fn luks2(dir: &Path, key: &Path, size: &str) -> PathBuf {
+    let img = dir.join("disk.luks");
+    let mut args = vec![
+        "format",
+        "-q",
+        "--key-file",
+        s(key),
+        "--sector-size",
+        "4096",
+    ];
+    args.extend_from_slice(CHEAP_PBKDF2);
+    args.extend([s(&img), size]);
+    cryptblk(&args).ok();
+    img
+}
+
+#[test]
+fn luks2_over_nbd_with_qemu_img_qemu_io_nbdinfo_and_nbdcopy() {
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", &passphrase("nbd"));
+    let img = luks2(dir.path(), &key, "16M");
+    let source = dir.path().join("source.raw");
+    mixed_file(&source, 16 * MIB, 11);
+    let sock = dir.path().join("nbd.sock");
+    let child = spawn_serve(
+        &[
+            "--image",
+            s(&img),
+            "--key-file",
+            s(&key),
+            "--name",
+            "vol",
+            "--nbd",
+            &format!("unix:{}", s(&sock)),
+        ],
+        &sock,
+    );
+    let vol = uri("vol", &sock);
+
+    // qemu-img writes the whole disk through the export, then compares it back.
+    tool(
+        "qemu-img",
+        ["convert", "-n", "-f", "raw", "-O", "raw", s(&source), &vol],
+    )
+    .ok();
+    tool(
+        "qemu-img",
+        ["compare", "-f", "raw", "-F", "raw", s(&source), &vol],
+    )
+    .ok();
+
+    // nbdinfo: size and the LUKS sector as the minimum block size.
+    let info = tool("nbdinfo", ["--json", &vol]);
+    info.ok();
+    let v: serde_json::Value = serde_json::from_str(&info.stdout).unwrap();
+    let export = &v["exports"][0];
+    assert_eq!(export["export-size"], 16 * MIB, "{}", info.stdout);
+    assert_eq!(export["block_size_minimum"], 4096, "{}", info.stdout);
+
+    // qemu-io: a pattern written with FUA reads back.
+    tool(
+        "qemu-io",
+        [
+            "-f",
+            "raw",
+            "-c",
+            "write -f -P 0x5a 1M 256k",
+            "-c",
+            "read -P 0x5a 1M 256k",
+            &vol,
+        ],
+    )
+    .ok();
+
+    // nbdcopy out with four connections equals what was written.
+    let copy = dir.path().join("copy.raw");
+    tool("nbdcopy", ["--connections=4", &vol, s(&copy)]).ok();
+    let mut expected = read(&source);
+    expected[MIB as usize..MIB as usize + 256 * 1024].fill(0x5a);
+    assert_same_bytes(&read(&copy), &expected, "nbdcopy of the export");
+
+    // After SIGTERM the image decrypts (by cryptblk convert) to the same bytes.
+    assert_eq!(terminate(child), code::OK);
+    assert!(!sock.exists(), "NBD socket left behind");
+    let plain = cryptblk_decrypt(&img, &key, &dir.path().join("plain.raw"));
+    assert_same_bytes(&plain, &expected, "decrypted image");
+}
+
+#[test]
+fn disks_added_at_run_time_are_listed_as_exports() {
+    let dir = tempdir();
+    let control = dir.path().join("ctl.sock");
+    let sock = dir.path().join("nbd.sock");
+    let child = spawn_serve(
+        &[
+            "--control",
+            s(&control),
+            "--nbd",
+            &format!("unix:{}", s(&sock)),
+        ],
+        &control,
+    );
+    let (a, b) = (dir.path().join("a.raw"), dir.path().join("b.raw"));
+    random_file(&a, 2 * MIB, 1);
+    std::fs::File::create(&b).unwrap().set_len(4 * MIB).unwrap();
+    for (name, img) in [("a", &a), ("b", &b)] {
+        cryptblk([
+            "ctl",
+            "-s",
+            s(&control),
+            "disk-add",
+            name,
+            "--image",
+            s(img),
+            "--nbd-export",
+        ])
+        .ok();
+    }
+    let list = tool("nbdinfo", ["--list", "--json", &uri("", &sock)]);
+    list.ok();
+    let v: serde_json::Value = serde_json::from_str(&list.stdout).unwrap();
+    let mut names: Vec<&str> = v["exports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["export-name"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["a", "b"], "{}", list.stdout);
+    // The sparse raw disk shows its hole to block-status clients.
+    let map = tool("nbdinfo", ["--map", &uri("b", &sock)]);
+    map.ok();
+    assert!(map.stdout.contains("hole"), "{}", map.stdout);
+
+    cryptblk(["ctl", "-s", s(&control), "disk-remove", "a"]).ok();
+    let out = tool("nbdinfo", ["--size", &uri("a", &sock)]);
+    assert_ne!(out.code, 0, "a removed disk is still exported");
+    let out = tool("nbdinfo", ["--size", &uri("b", &sock)]);
+    out.ok();
+    assert_eq!(out.stdout.trim(), (4 * MIB).to_string());
+    assert_eq!(terminate(child), code::OK);
+}
