@@ -186,9 +186,11 @@ impl NbdServer {
         self
     }
 
-    /// Threads doing device I/O for each connection. Default: twice the CPU count, 4 to 16.
+    /// Threads doing device I/O for each connection when the device is slow (see the
+    /// transmission module); 0 runs every request on the connection's reader thread.
+    /// Default: twice the CPU count, 4 to 16.
     pub fn with_workers_per_connection(mut self, workers: usize) -> Self {
-        self.config.workers = workers.max(1);
+        self.config.workers = workers;
         self
     }
 

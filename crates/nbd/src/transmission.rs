@@ -1,10 +1,16 @@
 //! The transmission phase: reading requests, running them against the device, replying.
 //!
-//! Plain connections are pipelined: the connection thread only reads and parses requests
-//! (and WRITE payloads, into pooled buffers) and hands them to a set of worker threads that
-//! do the synchronous device I/O and write each reply with a single `write` under a writer
-//! lock. NBD replies carry the request's cookie, so they may complete in any order, which
-//! lets one connection keep many requests (fio's iodepth) in flight on the device.
+//! Plain connections are served by a reader thread (the connection thread) plus a small set
+//! of worker threads. The reader parses requests and reads WRITE payloads into pooled
+//! buffers. While the device is fast (page cache, tmpfs: almost every request done in well
+//! under 100 µs) and no worker is busy, the reader runs each request itself and sends the
+//! replies of a burst of pipelined requests in one `write`: handing a 2 µs request to another
+//! thread would cost more than the request. Once the device is mostly slow, and always for
+//! FLUSH and FUA writes, requests go to the workers, which do the synchronous device I/O in
+//! parallel and write each reply with a single `write` under the writer lock. NBD replies
+//! carry the request's cookie, so they may complete in any order, which lets one connection
+//! keep many requests (fio's iodepth) in flight on the device. Payload bytes in flight are
+//! capped per connection by blocking the reader.
 //!
 //! TLS connections are served sequentially on the connection thread: a rustls stream is one
 //! state machine that cannot be split into independent read and write halves without a lock
@@ -19,14 +25,14 @@ use crossbeam_channel::{Receiver, Sender};
 use cryptblk_block::{BlockError, BlockErrorKind, ExtentKind, IoKind};
 use std::io::{self, BufReader, Read, Write};
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Tunables of the transmission phase.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ConnectionConfig {
-    /// Worker threads per (plain) connection.
+    /// Worker threads per (plain) connection; 0 runs every request on the reader.
     pub workers: usize,
     /// A client that stays silent this long in the middle of a request, or does not take
     /// replies for this long, is disconnected. Idle time between requests is unlimited.
@@ -57,6 +63,17 @@ const READ_BUFFER_LEN: usize = 256 << 10;
 /// pin 32 MiB per pooled buffer for the rest of the connection.
 const MAX_POOLED_BUFFER: usize = 1 << 20;
 const MAX_POOLED_BUFFERS: usize = 128;
+/// The reader runs requests itself while no worker is busy and at most `MAX_SLOW_FOR_INLINE`
+/// of the last 32 requests took longer than `SLOW_REQUEST`: for page-cached or tmpfs-backed
+/// images, handing a request to another thread costs more than the I/O itself. Devices that
+/// are mostly slow (cache misses on a real disk) get the workers' parallelism. Counting slow
+/// requests rather than averaging their times keeps an occasional preemption of the reader
+/// on a busy machine from flipping the mode.
+const SLOW_REQUEST: Duration = Duration::from_micros(100);
+const MAX_SLOW_FOR_INLINE: u32 = 8;
+/// Inline replies larger than this are written directly instead of being copied into the
+/// batch.
+const INLINE_BATCH_LIMIT: usize = 16 << 10;
 /// Requests queued for workers beyond those being worked on.
 const JOB_QUEUE_LEN: usize = 256;
 
@@ -622,9 +639,42 @@ struct Pipeline<'s, 'e> {
     broken: AtomicBool,
     budget: InFlightBudget,
     buffers: BufferPool,
+    /// Requests handed to workers and not yet answered.
+    outstanding: AtomicUsize,
+    /// One bit per recent request (FLUSH and FUA excluded), newest lowest: set when the
+    /// device took longer than `SLOW_REQUEST`. Racing updates only lose a sample.
+    slow_history: AtomicU32,
+    /// No workers: everything runs on the reader.
+    inline_only: bool,
 }
 
 impl Pipeline<'_, '_> {
+    /// Runs a request and folds its duration into the service-time average.
+    fn execute_timed(
+        &self,
+        request: &RequestHeader,
+        payload: Option<&[u8]>,
+        out: &mut ReplyBuffer,
+    ) -> bool {
+        let started = Instant::now();
+        let ok = execute(self.session, request, payload, out);
+        if !is_known_slow(request) {
+            let slow = u32::from(started.elapsed() > SLOW_REQUEST);
+            let history = self.slow_history.load(Ordering::Relaxed);
+            self.slow_history
+                .store((history << 1) | slow, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    /// Whether the reader should run this request itself instead of handing it to a worker.
+    fn run_inline(&self, request: &RequestHeader) -> bool {
+        self.inline_only
+            || (!is_known_slow(request)
+                && self.outstanding.load(Ordering::Acquire) == 0
+                && self.slow_history.load(Ordering::Relaxed).count_ones() <= MAX_SLOW_FOR_INLINE)
+    }
+
     fn send(&self, reply: &[u8]) {
         if self.broken.load(Ordering::Relaxed) {
             return;
@@ -655,10 +705,13 @@ fn serve_pipelined(
             freed: Condvar::new(),
         },
         buffers: BufferPool::default(),
+        outstanding: AtomicUsize::new(0),
+        slow_history: AtomicU32::new(0),
+        inline_only: config.workers == 0,
     };
     let (jobs, queue) = crossbeam_channel::bounded::<Job>(JOB_QUEUE_LEN);
     std::thread::scope(|scope| {
-        for _ in 0..config.workers.max(1) {
+        for _ in 0..config.workers {
             let queue = queue.clone();
             let pipeline = &pipeline;
             scope.spawn(move || work(pipeline, queue));
@@ -678,16 +731,23 @@ fn read_requests(
     let session = pipeline.session;
     let stats = &session.export.stats;
     let mut reader = BufReader::with_capacity(READ_BUFFER_LEN, socket);
-    loop {
+    let mut reply = ReplyBuffer::default();
+    // Replies of requests run inline, sent together once no further request is buffered:
+    // one `write` for a whole burst of queued requests.
+    let mut batch: Vec<u8> = Vec::new();
+    let result = loop {
         if pipeline.broken.load(Ordering::Relaxed) {
-            return Ok(());
+            break Ok(());
         }
-        let Some(request) = read_request_header(&mut reader)? else {
-            return Ok(());
+        if !batch.is_empty() && reader.buffer().is_empty() {
+            pipeline.send(&batch);
+            batch.clear();
+        }
+        let request = match read_request_header(&mut reader) {
+            Ok(Some(request)) if request.command != CMD_DISC => request,
+            Ok(_) => break Ok(()),
+            Err(e) => break Err(e),
         };
-        if request.command == CMD_DISC {
-            return Ok(());
-        }
         let started = stats.begin();
         let mut payload = None;
         let mut budget_bytes = 0;
@@ -695,11 +755,10 @@ fn read_requests(
             CMD_WRITE if request.length > MAX_PAYLOAD => {
                 // Reading the payload just to discard it would let a client make the server
                 // swallow 4 GiB; refuse and hang up instead.
-                let mut reply = ReplyBuffer::default();
                 reply_status(session, &request, Err(NbdErrno::Inval), &mut reply);
-                pipeline.send(reply.bytes());
+                batch.extend_from_slice(reply.bytes());
                 stats.complete(IoKind::Write, 0, started, false);
-                return Err(Error::Protocol(format!(
+                break Err(Error::Protocol(format!(
                     "WRITE of {} bytes exceeds the maximum; closing",
                     request.length
                 )));
@@ -713,7 +772,7 @@ fn read_requests(
                     // A partial payload is never written.
                     pipeline.budget.release(budget_bytes);
                     stats.complete(IoKind::Write, 0, started, false);
-                    return Err(e.into());
+                    break Err(e.into());
                 }
                 payload = Some(buffer);
             }
@@ -729,39 +788,70 @@ fn read_requests(
             started,
             budget_bytes,
         };
+        if pipeline.run_inline(&request) {
+            run_job(pipeline, job, &mut reply, |bytes| {
+                if bytes.len() > INLINE_BATCH_LIMIT {
+                    pipeline.send(&batch);
+                    batch.clear();
+                    pipeline.send(bytes);
+                } else {
+                    batch.extend_from_slice(bytes);
+                }
+            });
+            continue;
+        }
+        pipeline.outstanding.fetch_add(1, Ordering::AcqRel);
         if let Err(unsent) = jobs.send(job) {
             // Only possible when every worker is gone (a worker panicked).
+            pipeline.outstanding.fetch_sub(1, Ordering::AcqRel);
             pipeline.budget.release(unsent.0.budget_bytes);
             stats.complete(io_kind(request.command), 0, started, false);
-            return Err(Error::Protocol("connection workers exited".into()));
+            break Err(Error::Protocol("connection workers exited".into()));
         }
+    };
+    pipeline.send(&batch);
+    result
+}
+
+/// Requests whose cost says nothing about the device's speed for ordinary I/O (a FLUSH is
+/// an fdatasync); they always go to a worker so the reader keeps reading.
+fn is_known_slow(request: &RequestHeader) -> bool {
+    request.command == CMD_FLUSH || request.flags & CMD_FLAG_FUA != 0
+}
+
+/// Executes a job, hands the reply to `deliver`, records it and recycles its buffers.
+fn run_job(
+    pipeline: &Pipeline<'_, '_>,
+    job: Job,
+    reply: &mut ReplyBuffer,
+    deliver: impl FnOnce(&[u8]),
+) {
+    let request = job.request;
+    let payload = job
+        .payload
+        .as_deref()
+        .map(|buffer| &buffer[..request.length as usize]);
+    let ok = pipeline.execute_timed(&request, payload, reply);
+    deliver(reply.bytes());
+    pipeline.session.export.stats.complete(
+        io_kind(request.command),
+        u64::from(request.length),
+        job.started,
+        ok,
+    );
+    if let Some(buffer) = job.payload {
+        pipeline.buffers.put_payload(buffer);
+    }
+    pipeline.budget.release(job.budget_bytes);
+    if reply.data.len() > MAX_POOLED_BUFFER {
+        *reply = ReplyBuffer::default();
     }
 }
 
 fn work(pipeline: &Pipeline<'_, '_>, queue: Receiver<Job>) {
-    let session = pipeline.session;
-    let stats = &session.export.stats;
     let mut reply = ReplyBuffer::default();
     for job in queue {
-        let request = job.request;
-        let payload = job
-            .payload
-            .as_deref()
-            .map(|buffer| &buffer[..request.length as usize]);
-        let ok = execute(session, &request, payload, &mut reply);
-        pipeline.send(reply.bytes());
-        stats.complete(
-            io_kind(request.command),
-            u64::from(request.length),
-            job.started,
-            ok,
-        );
-        if let Some(buffer) = job.payload {
-            pipeline.buffers.put_payload(buffer);
-        }
-        pipeline.budget.release(job.budget_bytes);
-        if reply.data.len() > MAX_POOLED_BUFFER {
-            reply = ReplyBuffer::default();
-        }
+        run_job(pipeline, job, &mut reply, |bytes| pipeline.send(bytes));
+        pipeline.outstanding.fetch_sub(1, Ordering::AcqRel);
     }
 }
