@@ -58,8 +58,9 @@ pub enum Command {
     Bench(BenchArgs),
     /// Run the built-in example: make a sample disk, encrypt it into LUKS2, decrypt and verify.
     Demo(DemoArgs),
-    /// Export an image (LUKS1, LUKS2 or raw) to a VM as a vhost-user-blk socket, or several
-    /// from a TOML config.
+    /// Run the daemon: export images (LUKS1, LUKS2 or raw) to VMs over vhost-user-blk and to
+    /// tools over NBD; one from options, several from a TOML config, more at run time
+    /// through the control socket.
     #[command(after_help = crate::cmd::serve::HELP)]
     Serve(ServeArgs),
     /// Drive a running daemon through its control socket (`cryptblk serve --control PATH`).
