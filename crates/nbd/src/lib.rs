@@ -10,6 +10,18 @@
 //! Supported: fixed newstyle handshake, NBD_OPT_{EXPORT_NAME, ABORT, LIST, STARTTLS, INFO, GO,
 //! STRUCTURED_REPLY, LIST_META_CONTEXT, SET_META_CONTEXT} with `base:allocation`, and the
 //! commands READ, WRITE (FUA), FLUSH, TRIM, WRITE_ZEROES, BLOCK_STATUS and DISC.
+//!
+//! Policy decisions:
+//! - The empty export name selects the only export when exactly one exists (like qemu-nbd's
+//!   default export); with several it matches nothing.
+//! - With `TlsCreds`, TLS is mandatory: before STARTTLS only STARTTLS and ABORT are accepted
+//!   (other options get NBD_REP_ERR_TLS_REQD; NBD_OPT_EXPORT_NAME closes the connection).
+//!   Client certificates are verified against the CA when presented, not required.
+//! - Every export advertises CAN_MULTI_CONN, FLUSH and FUA; TRIM only when the device
+//!   implements discard; WRITE_ZEROES always writes zeroes (never punches holes), which is
+//!   what an encrypted volume needs.
+//! - Clients must use fixed newstyle negotiation; READ/WRITE are limited to 32 MiB and must
+//!   be aligned to the device's logical block size (advertised as the minimum block size).
 
 mod address;
 mod error;

@@ -74,6 +74,9 @@ const MAX_SLOW_FOR_INLINE: u32 = 8;
 /// Inline replies larger than this are written directly instead of being copied into the
 /// batch.
 const INLINE_BATCH_LIMIT: usize = 16 << 10;
+/// Batched inline replies are sent once they reach this size, so a client pipelining
+/// thousands of small reads cannot make the batch grow without bound.
+const INLINE_BATCH_MAX: usize = 256 << 10;
 /// Requests queued for workers beyond those being worked on.
 const JOB_QUEUE_LEN: usize = 256;
 
@@ -796,6 +799,10 @@ fn read_requests(
                     pipeline.send(bytes);
                 } else {
                     batch.extend_from_slice(bytes);
+                    if batch.len() >= INLINE_BATCH_MAX {
+                        pipeline.send(&batch);
+                        batch.clear();
+                    }
                 }
             });
             continue;
