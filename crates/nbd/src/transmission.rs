@@ -62,7 +62,8 @@ const READ_BUFFER_LEN: usize = 256 << 10;
 /// Pooled buffers above this size are freed instead of kept, so one 32 MiB request does not
 /// pin 32 MiB per pooled buffer for the rest of the connection.
 const MAX_POOLED_BUFFER: usize = 1 << 20;
-const MAX_POOLED_BUFFERS: usize = 128;
+/// What an idle connection keeps in pooled payload buffers at most.
+const MAX_POOLED_BYTES: usize = 8 << 20;
 /// The reader runs requests itself while no worker is busy and at most `MAX_SLOW_FOR_INLINE`
 /// of the last 32 requests took longer than `SLOW_REQUEST`: for page-cached or tmpfs-backed
 /// images, handing a request to another thread costs more than the I/O itself. Devices that
@@ -600,15 +601,25 @@ impl InFlightBudget {
     }
 }
 
-/// Buffers for payloads and replies, reused across requests.
+/// WRITE payload buffers, reused across requests.
 #[derive(Default)]
 struct BufferPool {
-    payloads: Mutex<Vec<Vec<u8>>>,
+    /// The buffers and their total size.
+    idle: Mutex<(Vec<Vec<u8>>, usize)>,
 }
 
 impl BufferPool {
     fn take_payload(&self, len: usize) -> Vec<u8> {
-        let mut buffer = lock(&self.payloads).pop().unwrap_or_default();
+        let mut buffer = {
+            let mut idle = lock(&self.idle);
+            match idle.0.pop() {
+                Some(buffer) => {
+                    idle.1 -= buffer.len();
+                    buffer
+                }
+                None => Vec::new(),
+            }
+        };
         if buffer.len() < len {
             buffer.resize(len, 0);
         }
@@ -616,11 +627,10 @@ impl BufferPool {
     }
 
     fn put_payload(&self, buffer: Vec<u8>) {
-        if buffer.len() <= MAX_POOLED_BUFFER {
-            let mut pool = lock(&self.payloads);
-            if pool.len() < MAX_POOLED_BUFFERS {
-                pool.push(buffer);
-            }
+        let mut idle = lock(&self.idle);
+        if buffer.len() <= MAX_POOLED_BUFFER && idle.1 + buffer.len() <= MAX_POOLED_BYTES {
+            idle.1 += buffer.len();
+            idle.0.push(buffer);
         }
     }
 }
@@ -821,9 +831,12 @@ fn read_requests(
 }
 
 /// Requests whose cost says nothing about the device's speed for ordinary I/O (a FLUSH is
-/// an fdatasync); they always go to a worker so the reader keeps reading.
+/// an fdatasync; zeroing or trimming gigabytes takes long on any device); they always go to
+/// a worker so the reader keeps reading.
 fn is_known_slow(request: &RequestHeader) -> bool {
-    request.command == CMD_FLUSH || request.flags & CMD_FLAG_FUA != 0
+    let large_without_payload = matches!(request.command, CMD_WRITE_ZEROES | CMD_TRIM)
+        && request.length as usize > ZERO_CHUNK_LEN;
+    request.command == CMD_FLUSH || request.flags & CMD_FLAG_FUA != 0 || large_without_payload
 }
 
 /// Executes a job, hands the reply to `deliver`, records it and recycles its buffers.

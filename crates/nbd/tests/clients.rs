@@ -239,3 +239,31 @@ fn nbdcopy_with_four_connections_in_and_out() {
     luks.read_at(&mut back, 0).unwrap();
     assert!(back == data);
 }
+
+/// fio's NBD engine (libnbd, 32 requests in flight) writes with checksums and verifies them,
+/// on the raw and the encrypted export.
+#[test]
+fn fio_verified_random_writes_at_queue_depth_32() {
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, _) = two_exports(dir.path());
+    let server = TestServer::unix(dir.path(), registry);
+    for (name, block_size) in [("raw", "4k"), ("luks", "4k"), ("luks", "64k")] {
+        let uri = server.uri(name);
+        let output = run(
+            "fio",
+            &[
+                "--name=verify",
+                "--ioengine=nbd",
+                &format!("--uri={uri}"),
+                "--rw=randwrite",
+                &format!("--bs={block_size}"),
+                "--iodepth=32",
+                "--size=8M",
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_fatal=1",
+            ],
+        );
+        assert!(output.contains("err= 0"), "{name} {block_size}: {output}");
+    }
+}
