@@ -33,10 +33,7 @@ impl LatencyHistogram {
 
     /// Number of recorded samples.
     pub fn count(&self) -> u64 {
-        self.buckets
-            .iter()
-            .map(|b| b.load(Ordering::Relaxed))
-            .sum()
+        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
     }
 
     /// The latency below which `q` (0.0..=1.0) of the samples fall, as the upper edge of
@@ -131,7 +128,8 @@ impl Tracker<'_> {
 impl Drop for Tracker<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.stats.complete(self.kind, self.bytes, self.start, false);
+            self.stats
+                .complete(self.kind, self.bytes, self.start, false);
         }
     }
 }

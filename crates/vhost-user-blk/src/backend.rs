@@ -6,9 +6,9 @@
 //! the used ring and signals the guest. Queues share nothing but the disk and the pool, so
 //! they never serialize on a backend-wide lock, and one queue keeps many requests in flight.
 
+use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Instant;
 
@@ -403,6 +403,9 @@ impl VhostUserBackend for BlkBackend {
         VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
+            // Memory shared region by region (ADD_MEM_REG/REM_MEM_REG), which libblkio
+            // requires and vhost-user-backend implements.
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
     }
 
     fn set_event_idx(&self, enabled: bool) {

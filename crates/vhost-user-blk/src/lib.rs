@@ -119,7 +119,11 @@ impl StopHandle {
 
     /// Counters of each queue since the server started (all connections).
     pub fn queue_stats(&self) -> Vec<IoStatsSnapshot> {
-        self.shared.queue_stats.iter().map(|s| s.snapshot()).collect()
+        self.shared
+            .queue_stats
+            .iter()
+            .map(|s| s.snapshot())
+            .collect()
     }
 }
 
@@ -266,7 +270,7 @@ impl Server {
         );
         let mut daemon =
             VhostUserDaemon::new("cryptblk-vhost-user-blk".into(), backend.clone(), mem)
-            .map_err(|e| Error::Daemon(e.to_string()))?;
+                .map_err(|e| Error::Daemon(e.to_string()))?;
         daemon
             .start(&mut self.listener)
             .map_err(|e| Error::Daemon(e.to_string()))?;
