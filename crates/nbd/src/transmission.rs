@@ -283,7 +283,7 @@ fn reply_status(
     }
 }
 
-/// Runs a checked or unchecked request and leaves its complete reply in `out`. Returns
+/// Checks and runs a request, leaving its complete reply in `out`. Returns
 /// whether it succeeded (for the statistics).
 pub(crate) fn execute(
     session: &Session<'_>,
