@@ -262,6 +262,8 @@ fn fio_verified_random_writes_at_queue_depth_32() {
                 "--verify=crc32c",
                 "--do_verify=1",
                 "--verify_fatal=1",
+                // fio would otherwise leave a state file in the working directory.
+                "--verify_state_save=0",
             ],
         );
         assert!(output.contains("err= 0"), "{name} {block_size}: {output}");
