@@ -168,19 +168,34 @@ fn disks_added_at_run_time_are_listed_as_exports() {
     let (a, b) = (dir.path().join("a.raw"), dir.path().join("b.raw"));
     random_file(&a, 2 * MIB, 1);
     std::fs::File::create(&b).unwrap().set_len(4 * MIB).unwrap();
-    for (name, img) in [("a", &a), ("b", &b)] {
-        cryptblk([
-            "ctl",
-            "-s",
-            s(&control),
-            "disk-add",
-            name,
-            "--image",
-            s(img),
-            "--nbd-export",
-        ])
-        .ok();
-    }
+    cryptblk([
+        "ctl",
+        "-s",
+        s(&control),
+        "disk-add",
+        "a",
+        "--image",
+        s(&a),
+        "--nbd-export",
+    ])
+    .ok();
+    cryptblk([
+        "ctl",
+        "-s",
+        s(&control),
+        "disk-add",
+        "b",
+        "--image",
+        s(&b),
+        "--nbd-export",
+        "--discard",
+    ])
+    .ok();
+    let trim = |name: &str| tool("nbdinfo", ["--can", "trim", &uri(name, &sock)]).code == 0;
+    assert!(
+        !trim("a") && trim("b"),
+        "TRIM must follow the disk's discard setting"
+    );
     let list = tool("nbdinfo", ["--list", "--json", &uri("", &sock)]);
     list.ok();
     let v: serde_json::Value = serde_json::from_str(&list.stdout).unwrap();

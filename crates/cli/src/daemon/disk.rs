@@ -175,3 +175,43 @@ impl AttachedDisk {
         Ok(())
     }
 }
+
+/// The device as NBD clients see it when the disk's discard is off: everything passes
+/// through except discard, which is refused, so the export does not offer TRIM. Discards on
+/// an encrypted image punch holes that show which blocks are unused; like the vhost-user
+/// export (and dm-crypt's allow_discards), NBD only passes them on when asked to.
+pub struct WithoutDiscard(pub Arc<dyn BlockDevice>);
+
+impl BlockDevice for WithoutDiscard {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+
+    fn logical_block_size(&self) -> u32 {
+        self.0.logical_block_size()
+    }
+
+    fn read_only(&self) -> bool {
+        self.0.read_only()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), cryptblk_block::BlockError> {
+        self.0.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), cryptblk_block::BlockError> {
+        self.0.write_at(buf, offset)
+    }
+
+    fn flush(&self) -> Result<(), cryptblk_block::BlockError> {
+        self.0.flush()
+    }
+
+    fn block_status(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Result<cryptblk_block::Extent, cryptblk_block::BlockError> {
+        self.0.block_status(offset, len)
+    }
+}

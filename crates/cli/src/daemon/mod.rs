@@ -19,7 +19,7 @@ use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::{HashAlg, LuksImage, UnlockOptions};
 use cryptblk_nbd::{Export, ExportRegistry};
 use cryptblk_vhost_user_blk::Server;
-use disk::{open_image, AttachedDisk, DiskConfig, VhostExport};
+use disk::{open_image, AttachedDisk, DiskConfig, VhostExport, WithoutDiscard};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -191,10 +191,15 @@ impl Daemon {
             header_lock: Mutex::new(()),
         });
         if let (true, Some(registry)) = (config.nbd, &self.nbd) {
+            let device: Arc<dyn cryptblk_block::BlockDevice> = if config.discard {
+                disk.image.device.clone()
+            } else {
+                Arc::new(WithoutDiscard(disk.image.device.clone()))
+            };
             let export = Export {
                 name: config.name.clone(),
                 description: config.image.display().to_string(),
-                device: disk.image.device.clone(),
+                device,
                 read_only: config.readonly || disk.image.device.read_only(),
                 stats: nbd_stats,
             };
