@@ -42,7 +42,7 @@ pub fn code_for(err: &anyhow::Error) -> i32 {
         if let Some(remote) = cause.downcast_ref::<crate::cmd::ctl::RemoteError>() {
             // The daemon's application codes are -32000 minus the CLI's exit status.
             return match remote.code {
-                -32602 | -32601 | -32600 => USAGE,
+                -32602..=-32600 => USAGE,
                 c @ -32008..=-32001 => i32::try_from(-32000 - c).unwrap_or(OTHER),
                 -32012 => IN_USE,
                 _ => OTHER,

@@ -121,6 +121,8 @@ fn luks2_over_nbd_with_qemu_img_qemu_io_nbdinfo_and_nbdcopy() {
     let export = &v["exports"][0];
     assert_eq!(export["export-size"], 16 * MIB, "{}", info.stdout);
     assert_eq!(export["block_size_minimum"], 4096, "{}", info.stdout);
+    // Discard is opt-in (holes in an encrypted image reveal unused blocks).
+    assert_eq!(export["can_trim"], false, "{}", info.stdout);
 
     // qemu-io: a pattern written with FUA reads back.
     tool(
