@@ -153,20 +153,40 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
         events_tx.clone(),
     );
 
-    // Every disk of the command line or config is attached before the NBD and control
-    // sockets exist; one failure detaches the others again and fails the start.
+    // Every disk of the command line or config is opened and unlocked before any socket is
+    // bound; then all are exported. One failure detaches the others again and fails the start.
     let multi = a.config.is_some();
-    for config in configs {
-        let label = if multi {
+    let label = |config: &DiskConfig| {
+        if multi {
             format!("disk \"{}\" ({})", config.name, config.image.display())
         } else {
             config.image.display().to_string()
-        };
-        let info = match daemon.add_disk(config.clone()) {
+        }
+    };
+    let mut prepared = Vec::with_capacity(configs.len());
+    for config in configs {
+        let what = label(&config);
+        match daemon.prepare(config) {
+            Ok(p) => prepared.push(p),
+            Err(e) => {
+                for p in prepared {
+                    daemon.abandon(p);
+                }
+                return Err(e.context(what));
+            }
+        }
+    }
+    let mut pending = prepared.into_iter();
+    while let Some(p) = pending.next() {
+        let config = p.config.clone();
+        let info = match daemon.publish(p) {
             Ok(info) => info,
             Err(e) => {
+                for rest in pending {
+                    daemon.abandon(rest);
+                }
                 let _ = daemon.shutdown();
-                return Err(e.context(label));
+                return Err(e.context(label(&config)));
             }
         };
         let exports: Vec<String> = config
@@ -180,7 +200,8 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
             .collect();
         let format = info["format"].as_str().unwrap_or("?");
         eprintln!(
-            "cryptblk: serving {label} ({format}) on {}",
+            "cryptblk: serving {} ({format}) on {}",
+            label(&config),
             exports.join(", ")
         );
     }

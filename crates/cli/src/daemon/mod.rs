@@ -58,6 +58,12 @@ pub struct Daemon {
     started: Instant,
 }
 
+/// A disk whose image is open and unlocked but not exported yet (see `Daemon::prepare`).
+pub struct PreparedDisk {
+    pub config: DiskConfig,
+    image: disk::OpenedImage,
+}
+
 /// Error with a JSON-RPC application code (see `rpc`).
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -96,7 +102,15 @@ impl Daemon {
 
     /// Opens, unlocks and exports a disk. On any failure nothing of it remains (no socket, no
     /// export, the image closed) and the other disks are untouched.
-    pub fn add_disk(&self, mut config: DiskConfig) -> Result<Value> {
+    pub fn add_disk(&self, config: DiskConfig) -> Result<Value> {
+        let prepared = self.prepare(config)?;
+        self.publish(prepared)
+    }
+
+    /// First half of `add_disk`: reserves the name (and socket) and opens and unlocks the
+    /// image, exporting nothing yet. At start-up every disk is prepared before any is
+    /// published, so one bad key fails the start before any socket exists.
+    pub fn prepare(&self, mut config: DiskConfig) -> Result<PreparedDisk> {
         if config.name.is_empty() || config.name.len() > 4096 {
             return Err(DaemonError::Conflict("a disk name must be 1 to 4096 bytes".into()).into());
         }
@@ -134,13 +148,8 @@ impl Daemon {
             }
             disks.insert(config.name.clone(), Slot::Adding(config.clone()));
         }
-        match self.attach(&config) {
-            Ok(disk) => {
-                let info = describe(&disk);
-                self.disks()
-                    .insert(config.name.clone(), Slot::Attached(disk));
-                Ok(info)
-            }
+        match open_image(&config, &self.pool, &self.unlock) {
+            Ok(image) => Ok(PreparedDisk { config, image }),
             Err(e) => {
                 self.disks().remove(&config.name);
                 Err(e)
@@ -148,8 +157,30 @@ impl Daemon {
         }
     }
 
-    fn attach(&self, config: &DiskConfig) -> Result<Arc<AttachedDisk>> {
-        let image = open_image(config, &self.pool, &self.unlock)?;
+    /// Second half of `add_disk`: binds the disk's exports and makes it visible.
+    pub fn publish(&self, prepared: PreparedDisk) -> Result<Value> {
+        let name = prepared.config.name.clone();
+        match self.attach(prepared) {
+            Ok(disk) => {
+                let info = describe(&disk);
+                self.disks().insert(name, Slot::Attached(disk));
+                Ok(info)
+            }
+            Err(e) => {
+                self.disks().remove(&name);
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives up a prepared disk (its image is closed when `prepared` drops).
+    pub fn abandon(&self, prepared: PreparedDisk) {
+        self.disks().remove(&prepared.config.name);
+    }
+
+    fn attach(&self, prepared: PreparedDisk) -> Result<Arc<AttachedDisk>> {
+        let PreparedDisk { config, image } = prepared;
+        let config = &config;
         let vhost = match &config.vhost_user_blk {
             Some(socket) => {
                 let server = Server::bind(
