@@ -79,3 +79,59 @@ ratio() {
 mibps() {
     awk -v n="$1" -v s="$2" 'BEGIN { if (s == 0) print "n/a"; else printf "%.0f\n", n / s / 1048576 }'
 }
+
+# proc_cpu_ticks PID: utime + stime of a whole process (all its threads, live and exited), in
+# clock ticks, from /proc/PID/stat (the comm field may hold spaces: cut after the last ')').
+proc_cpu_ticks() {
+    awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"
+}
+
+# now_s: wall clock in seconds with nanoseconds.
+now_s() { date +%s.%N; }
+
+# cpu_pct_of TICKS SECONDS: CPU time as a percentage of wall time (100% = one core).
+cpu_pct_of() {
+    awk -v t="$1" -v s="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN { if (s <= 0) print "n/a"; else printf "%.1f\n", t / hz / s * 100 }'
+}
+
+# elapsed T0 T1: T1 - T0 in seconds (from now_s).
+elapsed() {
+    awk -v a="$1" -v b="$2" 'BEGIN { printf "%.6f\n", b - a }'
+}
+
+# load1: the 1-minute load average.
+load1() { awk '{ print $1 }' /proc/loadavg; }
+
+# random_file PATH BYTES: BYTES of incompressible data (AES-CTR keystream, fast) into PATH.
+random_file() {
+    log "+ head -c $2 /dev/zero | openssl enc -aes-128-ctr -K <random> -iv <random> > $1"
+    head -c "$2" /dev/zero \
+        | openssl enc -aes-128-ctr -nosalt -K "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" \
+            -iv "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" >"$1"
+    [[ $(stat -c %s "$1") -eq $2 ]] || die "could not write $2 bytes to $1"
+}
+
+# wait_nbd URI PID LOG [SECONDS]: wait until the NBD server PID answers URI (nbdinfo --size);
+# on the server's death print LOG and fail.
+wait_nbd() {
+    local uri=$1 pid=$2 logf=$3 i
+    for ((i = 0; i < ${4:-30} * 10; i++)); do
+        nbdinfo --size "$uri" >/dev/null 2>&1 && return 0
+        kill -0 "$pid" 2>/dev/null || { cat "$logf" >&2; die "server (pid $pid) exited before serving $uri"; }
+        sleep 0.1
+    done
+    cat "$logf" >&2
+    die "no NBD export at $uri after ${4:-30} s"
+}
+
+# fio_nbd URI JSON FIO-ARGS...: one fio run with the nbd ioengine against URI, JSON output in
+# the file JSON; prints "IOPS BYTES_PER_S" (read + write, all jobs, group_reporting).
+fio_nbd() {
+    local uri=$1 json=$2
+    shift 2
+    log "+ fio --ioengine=nbd --uri='$uri' --group_reporting --output-format=json $*"
+    fio --ioengine=nbd --uri="$uri" --group_reporting --output-format=json --output="$json" "$@" \
+        >"$json.log" 2>&1 || { cat "$json.log" "$json" >&2; die "fio failed against $uri"; }
+    jq -e '.jobs[0].error == 0' "$json" >/dev/null || { cat "$json" >&2; die "fio reported an error against $uri"; }
+    jq -r '.jobs[0] | "\(.read.iops + .write.iops) \(.read.bw_bytes + .write.bw_bytes)"' "$json"
+}
