@@ -164,7 +164,7 @@ cpu_pct() { # TICKS SECONDS
     awk -v t="$1" -v s="$2" -v hz="$HZ" 'BEGIN { printf "%.1f\n", t / hz / s * 100 }'
 }
 
-declare -A IOPS MIBS LAT CPU IDLE_CPU RSS HWM
+declare -A IOPS MIBS LAT LMAX BAL CPU IDLE_CPU RSS HWM
 # workload NAME RW BS IODEPTH QUEUES SERVER
 workload() {
     local name=$1 rw=$2 bs=$3 depth=$4 q=$5 s=$6 pid=${DAEMON_PID[$6]} t0 c0 t1 c1 json
@@ -183,6 +183,8 @@ workload() {
     IOPS[$key]="${IOPS[$key]:-} $(jq -r .iops <<<"$json")"
     MIBS[$key]="${MIBS[$key]:-} $(jq -r .mib_s <<<"$json")"
     LAT[$key]="${LAT[$key]:-} $(jq -r .lat_avg_us <<<"$json")"
+    LMAX[$key]="${LMAX[$key]:-} $(jq -r .lat_max_us <<<"$json")"
+    BAL[$key]="${BAL[$key]:-} $(jq -r .queue_balance <<<"$json")"
     CPU[$key]="${CPU[$key]:-} $cpu"
 }
 
@@ -247,15 +249,17 @@ echo "  ROUNDS=$ROUNDS, RUNTIME=${RUNTIME}s per workload, medians shown; iodepth
 echo "- Client: vu_bench (libblkio virtio-blk-vhost-user), one thread per queue, blocking waits."
 echo "- Server CPU: utime+stime of the daemon over the run / wall, 100% = one core."
 echo
-echo "| workload | server | IOPS | MiB/s | lat avg us | server CPU % |"
-echo "|---|---|---:|---:|---:|---:|"
+# queue balance = least-served queue's I/Os / most-served queue's (target >= 0.8 with 2
+# queues); lat max = the worst single request (target < 20 ms with 2 queues); both medians.
+echo "| workload | server | IOPS | MiB/s | lat avg us | lat max us | queue balance | server CPU % |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|"
 declare -A M_IOPS M_CPU
 for w in "${WORKLOADS[@]}"; do
     for s in "${SERVERS[@]}"; do
         k=$s.$w
         M_IOPS[$k]=$(med "${IOPS[$k]:-}")
         M_CPU[$k]=$(med "${CPU[$k]:-}")
-        echo "| $w | ($s) ${SERVER_NAME[$s]} | $(fmt0 "${M_IOPS[$k]}") | $(fmt1 "$(med "${MIBS[$k]:-}")") | $(fmt1 "$(med "${LAT[$k]:-}")") | ${M_CPU[$k]} |"
+        echo "| $w | ($s) ${SERVER_NAME[$s]} | $(fmt0 "${M_IOPS[$k]}") | $(fmt1 "$(med "${MIBS[$k]:-}")") | $(fmt1 "$(med "${LAT[$k]:-}")") | $(fmt0 "$(med "${LMAX[$k]:-}")") | $(med "${BAL[$k]:-}") | ${M_CPU[$k]} |"
     done
 done
 echo

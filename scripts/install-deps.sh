@@ -7,7 +7,7 @@ declare -A want=(
   [qemu-img]=qemu-utils [qemu-io]=qemu-utils [cryptsetup]=cryptsetup-bin [xz]=xz-utils
   [openssl]=openssl [perl]=perl [make]=make [cc]=gcc [/usr/bin/time]=time [tar]=tar
   [qemu-system-x86_64]=qemu-system-x86 [busybox]=busybox-static [fio]=fio [cpio]=cpio
-  [nbdinfo]=libnbd-bin [nbdcopy]=libnbd-bin [qemu-storage-daemon]=qemu-system-common
+  [jq]=jq [nbdinfo]=libnbd-bin [nbdcopy]=libnbd-bin [qemu-storage-daemon]=qemu-system-common
 )
 missing=()
 for tool in "${!want[@]}"; do

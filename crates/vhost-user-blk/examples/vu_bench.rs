@@ -14,7 +14,9 @@
 //! sequential workloads start each queue at its own slice of that area and wrap around.
 //! `--once` makes one pass over the area instead of running for `--runtime` (use
 //! `--rw write --once` to fill a disk before timing reads). Prints one JSON line:
-//! `{"iops":..,"mib_s":..,"lat_avg_us":..,...}`; exits 1 on any failed request.
+//! `{"iops":..,"mib_s":..,"lat_avg_us":..,"lat_max_us":..,"queue_ios":[..],"queue_balance":..,...}`
+//! (`queue_balance` = least-served queue's I/O count / most-served queue's); exits 1 on any
+//! failed request.
 //!
 //! `--idle SECS` instead connects, starts the queues, maps its buffers and then sits idle for
 //! SECS seconds without a request (to measure a server's CPU use with an idle frontend).
@@ -173,6 +175,7 @@ fn check<T>(r: blkio::Result<T>, what: &str) -> T {
 struct QueueResult {
     ios: u64,
     lat_sum: Duration,
+    lat_max: Duration,
 }
 
 struct Job {
@@ -251,7 +254,9 @@ fn run_queue(mut q: Blkioq, job: Job) -> QueueResult {
                 ));
             }
             res.ios += 1;
-            res.lat_sum += now - submitted_at[c.user_data];
+            let lat = now - submitted_at[c.user_data];
+            res.lat_sum += lat;
+            res.lat_max = res.lat_max.max(lat);
             in_flight -= 1;
             if more(issued) {
                 submit(&mut q, c.user_data, &mut submitted_at);
@@ -363,10 +368,29 @@ fn main() {
     } else {
         lat.as_secs_f64() * 1e6 / ios as f64
     };
+    // Fairness between queues: the least-served queue's I/O count over the most-served one's
+    // (1.0 = perfectly even), and the worst single request latency of any queue.
+    let lat_max_us = results
+        .iter()
+        .map(|r| r.lat_max)
+        .max()
+        .unwrap_or_default()
+        .as_secs_f64()
+        * 1e6;
+    let per_queue: Vec<String> = results.iter().map(|r| r.ios.to_string()).collect();
+    let most = results.iter().map(|r| r.ios).max().unwrap_or(0);
+    let least = results.iter().map(|r| r.ios).min().unwrap_or(0);
+    let queue_balance = if most == 0 {
+        1.0
+    } else {
+        least as f64 / most as f64
+    };
     println!(
         "{{\"iops\":{iops:.1},\"mib_s\":{mib_s:.2},\"lat_avg_us\":{lat_avg_us:.1},\
+\"lat_max_us\":{lat_max_us:.1},\"queue_ios\":[{}],\"queue_balance\":{queue_balance:.3},\
 \"rw\":\"{}\",\"bs\":{},\"iodepth\":{},\"queues\":{},\"runtime_s\":{secs:.3},\"ios\":{ios},\
 \"area_bytes\":{area}}}",
+        per_queue.join(","),
         a.rw.name(),
         a.bs,
         a.iodepth,
