@@ -12,40 +12,22 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 struct Daemon {
-    child: Option<Child>,
+    process: ServeProcess,
     control: PathBuf,
 }
 
 impl Daemon {
     fn start(dir: &Path, extra: &[&str]) -> Daemon {
         let control = dir.join("ctl.sock");
-        let mut child = Command::new(bin())
-            .args(["serve", "--control", s(&control)])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .env_remove("RUST_LOG")
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !control.exists() {
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("cryptblk serve exited early: {status}");
-            }
-            assert!(Instant::now() < deadline, "no control socket");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Daemon {
-            child: Some(child),
-            control,
-        }
+        let mut args = vec!["--control", s(&control)];
+        args.extend_from_slice(extra);
+        let process = ServeProcess::start(&args, &control);
+        Daemon { process, control }
     }
 
     fn ctl(&self, args: &[&str]) -> Out {
@@ -62,28 +44,8 @@ impl Daemon {
     }
 
     /// SIGTERM; returns the exit code.
-    fn stop(mut self) -> i32 {
-        let mut child = self.child.take().unwrap();
-        let pid = libc::pid_t::try_from(child.id()).unwrap();
-        // SAFETY: kill(2) on a child this test spawned and has not reaped.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status.code().unwrap_or(-1);
-            }
-            assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+    fn stop(self) -> i32 {
+        self.process.terminate()
     }
 }
 

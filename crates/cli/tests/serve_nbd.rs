@@ -4,59 +4,13 @@ mod common;
 
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
-/// Kills the daemon if a test fails before stopping it.
-struct Serve(Option<Child>);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+fn spawn_serve(args: &[&str], ready: &Path) -> ServeProcess {
+    ServeProcess::start(args, ready)
 }
 
-fn spawn_serve(args: &[&str], wait_for: &Path) -> Serve {
-    let mut child = Command::new(bin())
-        .arg("serve")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .env_remove("RUST_LOG")
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !wait_for.exists() {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("cryptblk serve exited early: {status}");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no socket {}",
-            wait_for.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Serve(Some(child))
-}
-
-fn terminate(mut serve: Serve) -> i32 {
-    let mut child = serve.0.take().unwrap();
-    let pid = libc::pid_t::try_from(child.id()).unwrap();
-    // SAFETY: kill(2) on a child this test spawned and has not reaped.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code().unwrap_or(-1);
-        }
-        assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn terminate(serve: ServeProcess) -> i32 {
+    serve.terminate()
 }
 
 fn uri(name: &str, socket: &Path) -> String {

@@ -414,3 +414,65 @@ pub fn cryptsetup_encrypt_in_place(
     tool("cryptsetup", &args).ok();
     img
 }
+
+/// A `cryptblk serve` process for a test: started with `args`, ready once `ready` exists;
+/// killed when dropped (a failing test leaves no daemon behind), stopped with SIGTERM by
+/// `terminate`.
+#[allow(dead_code)]
+pub struct ServeProcess(Option<std::process::Child>);
+
+#[allow(dead_code)]
+impl ServeProcess {
+    pub fn start(args: &[&str], ready: &Path) -> ServeProcess {
+        let mut child = Command::new(bin())
+            .arg("serve")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .env_remove("RUST_LOG")
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !ready.exists() {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("cryptblk serve exited early: {status}");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {} after 30 s",
+                ready.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        ServeProcess(Some(child))
+    }
+
+    /// SIGTERM; returns the exit code.
+    pub fn terminate(mut self) -> i32 {
+        let mut child = self.0.take().unwrap();
+        let pid = libc::pid_t::try_from(child.id()).unwrap();
+        // SAFETY: kill(2) on a child this test spawned and has not reaped.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "serve did not stop on SIGTERM"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
