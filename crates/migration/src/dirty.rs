@@ -1,0 +1,436 @@
+//! Dirty tracking: which blocks of a disk changed since they were last sent.
+//!
+//! The bitmap is written by every guest I/O thread and drained by the migration sender at the
+//! same time, so it is a plain array of atomic words: setting bits is one `fetch_or` per word
+//! and taking them is one `fetch_and` per word, with no lock that could stall guest I/O.
+
+use crate::MigrationError;
+use cryptblk_block::{BlockDevice, BlockError, Extent};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+const WORD_BITS: u64 = 64;
+
+/// A lock-free bitset over `size` bytes in blocks of `granularity` bytes (the last block may be
+/// short). Any number of threads may set and take bits concurrently.
+#[derive(Debug)]
+pub struct DirtyBitmap {
+    words: Box<[AtomicU64]>,
+    granularity: u64,
+    shift: u32,
+    size: u64,
+    blocks: u64,
+    /// Number of set bits. Signed because a drainer may clear (and subtract) a bit before the
+    /// setter that raised it has added it; readers clamp the transient negative to zero.
+    count: AtomicI64,
+}
+
+impl DirtyBitmap {
+    /// An all-clear bitmap. `granularity` must be a power of two (at least 1).
+    pub fn new(size: u64, granularity: u64) -> Result<Self, MigrationError> {
+        if granularity == 0 || !granularity.is_power_of_two() {
+            return Err(MigrationError::InvalidOptions(format!(
+                "dirty granularity {granularity} is not a power of two"
+            )));
+        }
+        let blocks = size.div_ceil(granularity);
+        let nwords = usize::try_from(blocks.div_ceil(WORD_BITS)).map_err(|_| {
+            MigrationError::InvalidOptions(format!("disk of {size} bytes is too large to track"))
+        })?;
+        let words = (0..nwords).map(|_| AtomicU64::new(0)).collect();
+        Ok(DirtyBitmap {
+            words,
+            granularity,
+            shift: granularity.trailing_zeros(),
+            size,
+            blocks,
+            count: AtomicI64::new(0),
+        })
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub fn granularity(&self) -> u64 {
+        self.granularity
+    }
+
+    /// Number of blocks (bits).
+    pub fn blocks(&self) -> u64 {
+        self.blocks
+    }
+
+    /// Number of dirty blocks.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Acquire).max(0) as u64
+    }
+
+    /// Bytes covered by the dirty blocks (the short last block counts as a full one; this is
+    /// an estimate for convergence decisions, not an exact byte count).
+    pub fn dirty_bytes(&self) -> u64 {
+        self.count().saturating_mul(self.granularity).min(self.size)
+    }
+
+    pub fn is_set(&self, block: u64) -> bool {
+        if block >= self.blocks {
+            return false;
+        }
+        let w = &self.words[(block / WORD_BITS) as usize];
+        w.load(Ordering::Acquire) & (1 << (block % WORD_BITS)) != 0
+    }
+
+    /// Marks every block that `len` bytes at `offset` touch (rounded outwards to the
+    /// granularity, clipped to the size: a partial write dirties its whole block).
+    pub fn set_range(&self, offset: u64, len: u64) {
+        if len == 0 || offset >= self.size {
+            return;
+        }
+        let end = offset.saturating_add(len).min(self.size);
+        let first = offset >> self.shift;
+        let last = (end - 1) >> self.shift; // inclusive
+        self.set_blocks(first, last + 1);
+    }
+
+    /// Marks every block.
+    pub fn set_all(&self) {
+        self.set_blocks(0, self.blocks);
+    }
+
+    /// Clears every block (e.g. when a full pass is about to read everything anyway).
+    pub fn clear_all(&self) {
+        for w in self.words.iter() {
+            let old = w.swap(0, Ordering::AcqRel);
+            self.count
+                .fetch_sub(i64::from(old.count_ones()), Ordering::AcqRel);
+        }
+    }
+
+    fn set_blocks(&self, start: u64, end: u64) {
+        let mut b = start;
+        while b < end {
+            let bit = b % WORD_BITS;
+            let n = (WORD_BITS - bit).min(end - b);
+            let mask = low_mask(n) << bit;
+            let old = self.words[(b / WORD_BITS) as usize].fetch_or(mask, Ordering::AcqRel);
+            let newly = (mask & !old).count_ones();
+            if newly != 0 {
+                self.count.fetch_add(i64::from(newly), Ordering::AcqRel);
+            }
+            b += n;
+        }
+    }
+
+    /// Finds the first dirty block at or after `start_block` and atomically takes (clears) the
+    /// contiguous run of dirty blocks beginning there, at most `max_blocks` long. Returns
+    /// `(first_block, block_count)`. A block set again after it was taken stays dirty for the
+    /// next call, which is what makes resending correct: the caller reads the data only after
+    /// taking the bits, so it sees every write that set them.
+    pub fn take_next_run(&self, start_block: u64, max_blocks: u64) -> Option<(u64, u64)> {
+        if max_blocks == 0 {
+            return None;
+        }
+        let first = self.find_next_set(start_block)?;
+        let mut taken = 0u64;
+        let mut b = first;
+        while taken < max_blocks && b < self.blocks {
+            let bit = b % WORD_BITS;
+            let word = &self.words[(b / WORD_BITS) as usize];
+            let cur = word.load(Ordering::Acquire);
+            let ones = u64::from((cur >> bit).trailing_ones()).min(max_blocks - taken);
+            let ones = ones.min(self.blocks - b);
+            if ones == 0 {
+                break;
+            }
+            let mask = low_mask(ones) << bit;
+            let old = word.fetch_and(!mask, Ordering::AcqRel);
+            let got = old & mask;
+            // Only a concurrent drainer can clear bits; the contiguous prefix of what we really
+            // took is ours to return, and anything we cleared beyond a gap must be put back so
+            // no dirty block is ever lost.
+            let prefix = u64::from((got >> bit).trailing_ones());
+            let ours = low_mask(prefix) << bit;
+            let give_back = got & !ours;
+            if give_back != 0 {
+                word.fetch_or(give_back, Ordering::AcqRel);
+            }
+            if prefix != 0 {
+                self.count.fetch_sub(prefix as i64, Ordering::AcqRel);
+            }
+            if prefix == 0 && taken == 0 {
+                // Raced with another drainer for the very first bit: look further on.
+                return self.take_next_run(b + 1, max_blocks);
+            }
+            taken += prefix;
+            b += prefix;
+            if prefix < ones || (b % WORD_BITS) != 0 {
+                break;
+            }
+        }
+        if taken == 0 {
+            None
+        } else {
+            Some((first, taken))
+        }
+    }
+
+    fn find_next_set(&self, start_block: u64) -> Option<u64> {
+        if start_block >= self.blocks {
+            return None;
+        }
+        let mut wi = (start_block / WORD_BITS) as usize;
+        let mut v = self.words[wi].load(Ordering::Acquire) & !low_mask(start_block % WORD_BITS);
+        loop {
+            if v != 0 {
+                let b = wi as u64 * WORD_BITS + u64::from(v.trailing_zeros());
+                return (b < self.blocks).then_some(b);
+            }
+            wi += 1;
+            if wi >= self.words.len() {
+                return None;
+            }
+            v = self.words[wi].load(Ordering::Acquire);
+        }
+    }
+
+    /// One sweep from the start of the disk to its end that takes dirty runs as byte ranges
+    /// `(offset, len)`, each at most `max_run_bytes` long (at least one block). Blocks dirtied
+    /// behind the sweep's position stay set for the next sweep, so a sweep always ends even
+    /// while writes continue.
+    pub fn drain(&self, max_run_bytes: u64) -> Drain<'_> {
+        Drain {
+            bitmap: self,
+            next: 0,
+            max_blocks: (max_run_bytes >> self.shift).max(1),
+        }
+    }
+
+    fn block_range(&self, first: u64, count: u64) -> (u64, u64) {
+        let off = first << self.shift;
+        let end = ((first + count) << self.shift).min(self.size);
+        (off, end - off)
+    }
+}
+
+/// `n` low bits set (n <= 64).
+fn low_mask(n: u64) -> u64 {
+    if n >= WORD_BITS {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
+/// Iterator returned by [`DirtyBitmap::drain`].
+#[derive(Debug)]
+pub struct Drain<'a> {
+    bitmap: &'a DirtyBitmap,
+    next: u64,
+    max_blocks: u64,
+}
+
+impl Iterator for Drain<'_> {
+    type Item = (u64, u64);
+    fn next(&mut self) -> Option<(u64, u64)> {
+        let (first, count) = self.bitmap.take_next_run(self.next, self.max_blocks)?;
+        self.next = first + count;
+        Some(self.bitmap.block_range(first, count))
+    }
+}
+
+/// A `BlockDevice` wrapper that records, while tracking is on, every range written or
+/// discarded through it, so the migration sender can resend what changed after it was sent.
+///
+/// The bitmap covers the wrapped (plaintext) device; [`DirtyTracker::file_range`] maps a range
+/// to the image file that is actually migrated, by adding `payload_offset` (the LUKS data
+/// offset; 0 for a raw image). Encryption is sector-local, so plaintext sector N is exactly the
+/// ciphertext at `payload_offset + N * sector` and the mapping needs nothing else.
+pub struct DirtyTracker {
+    inner: Arc<dyn BlockDevice>,
+    bitmap: DirtyBitmap,
+    payload_offset: u64,
+    tracking: AtomicBool,
+}
+
+impl std::fmt::Debug for DirtyTracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirtyTracker")
+            .field("size", &self.inner.size())
+            .field("granularity", &self.bitmap.granularity())
+            .field("payload_offset", &self.payload_offset)
+            .field("tracking", &self.is_tracking())
+            .field("dirty_blocks", &self.bitmap.count())
+            .finish()
+    }
+}
+
+impl DirtyTracker {
+    /// Wraps `inner` with a bitmap of `granularity`-byte blocks (a power of two; use the
+    /// encryption sector size, or a multiple of it to save memory at the cost of resending
+    /// more). Tracking starts off.
+    pub fn new(
+        inner: Arc<dyn BlockDevice>,
+        payload_offset: u64,
+        granularity: u64,
+    ) -> Result<Self, MigrationError> {
+        let bitmap = DirtyBitmap::new(inner.size(), granularity)?;
+        Ok(DirtyTracker {
+            inner,
+            bitmap,
+            payload_offset,
+            tracking: AtomicBool::new(false),
+        })
+    }
+
+    pub fn inner(&self) -> &Arc<dyn BlockDevice> {
+        &self.inner
+    }
+
+    pub fn bitmap(&self) -> &DirtyBitmap {
+        &self.bitmap
+    }
+
+    pub fn payload_offset(&self) -> u64 {
+        self.payload_offset
+    }
+
+    /// Clears the bitmap and turns tracking on. Call it before the first full pass starts
+    /// reading: a write that completes before this is read by that pass, one that completes
+    /// after it is marked.
+    pub fn start_tracking(&self) {
+        self.bitmap.clear_all();
+        self.tracking.store(true, Ordering::SeqCst);
+    }
+
+    /// Turns tracking off (the bitmap keeps what it has), e.g. when a migration is cancelled.
+    pub fn stop_tracking(&self) {
+        self.tracking.store(false, Ordering::SeqCst);
+    }
+
+    pub fn is_tracking(&self) -> bool {
+        self.tracking.load(Ordering::SeqCst)
+    }
+
+    /// The image-file range holding the ciphertext of `len` plaintext bytes at `offset`.
+    pub fn file_range(&self, offset: u64, len: u64) -> (u64, u64) {
+        (offset + self.payload_offset, len)
+    }
+
+    /// Marks after the inner operation finished (successfully or not: a failed write may
+    /// have changed part of the range). Marking *before* would be wrong: the sender could take
+    /// the bit and read the old data before the write landed, and then nothing would be left
+    /// to say the block changed. Marking after, before returning to the guest, means an
+    /// acknowledged write is either seen by a read that starts after it, or still dirty.
+    fn mark(&self, offset: u64, len: u64) {
+        if self.tracking.load(Ordering::SeqCst) {
+            self.bitmap.set_range(offset, len);
+        }
+    }
+}
+
+impl BlockDevice for DirtyTracker {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.inner.logical_block_size()
+    }
+    fn read_only(&self) -> bool {
+        self.inner.read_only()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
+        let res = self.inner.write_at(buf, offset);
+        self.mark(offset, buf.len() as u64);
+        res
+    }
+    fn flush(&self) -> Result<(), BlockError> {
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        let res = self.inner.discard(offset, len);
+        self.mark(offset, len);
+        res
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
+        self.inner.block_status(offset, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_and_drain_runs() {
+        let bm = DirtyBitmap::new(1000 * 512 + 100, 512).unwrap();
+        assert_eq!(bm.blocks(), 1001);
+        bm.set_range(10, 1); // block 0
+        bm.set_range(512 * 60, 512 * 10); // blocks 60..70, crosses a word boundary
+        bm.set_range(1000 * 512, 50); // last, short block
+        assert_eq!(bm.count(), 12);
+        let runs: Vec<_> = bm.drain(1 << 20).collect();
+        assert_eq!(
+            runs,
+            vec![(0, 512), (60 * 512, 10 * 512), (1000 * 512, 100)]
+        );
+        assert_eq!(bm.count(), 0);
+        assert_eq!(bm.drain(1 << 20).next(), None);
+    }
+
+    #[test]
+    fn runs_are_capped_and_rounded_outwards() {
+        let bm = DirtyBitmap::new(1 << 20, 4096).unwrap();
+        bm.set_range(4095, 2); // touches blocks 0 and 1
+        assert!(bm.is_set(0) && bm.is_set(1) && !bm.is_set(2));
+        bm.set_all();
+        assert_eq!(bm.count(), 256);
+        let runs: Vec<_> = bm.drain(64 * 4096).collect();
+        assert_eq!(runs.len(), 4);
+        assert!(runs.iter().all(|&(_, l)| l == 64 * 4096));
+        assert_eq!(bm.count(), 0);
+    }
+
+    #[test]
+    fn concurrent_set_and_take_lose_nothing() {
+        let bm = Arc::new(DirtyBitmap::new(64 * 4096 * 8, 4096).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let setters: Vec<_> = (0..4)
+            .map(|t| {
+                let bm = bm.clone();
+                std::thread::spawn(move || {
+                    for i in 0..20_000u64 {
+                        let block = (i * 7 + t * 13) % bm.blocks();
+                        bm.set_range(block * 4096, 4096);
+                    }
+                })
+            })
+            .collect();
+        let drainer = {
+            let (bm, stop) = (bm.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    n += bm.drain(1 << 20).count() as u64;
+                }
+                n
+            })
+        };
+        for s in setters {
+            s.join().unwrap();
+        }
+        stop.store(true, Ordering::SeqCst);
+        drainer.join().unwrap();
+        // Whatever the drainer did not take is still set, and the count agrees with the bits.
+        let set = (0..bm.blocks()).filter(|&b| bm.is_set(b)).count() as u64;
+        assert_eq!(set, bm.count());
+    }
+
+    #[test]
+    fn rejects_bad_granularity() {
+        assert!(DirtyBitmap::new(100, 0).is_err());
+        assert!(DirtyBitmap::new(100, 3000).is_err());
+    }
+}
