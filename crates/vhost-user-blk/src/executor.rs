@@ -19,7 +19,6 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 pub struct Executor {
     tx: Option<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
-    count: usize,
 }
 
 impl Executor {
@@ -29,7 +28,6 @@ impl Executor {
         let mut executor = Executor {
             tx: Some(tx),
             threads: Vec::new(),
-            count: threads.max(1),
         };
         for i in 0..threads.max(1) {
             let rx: Receiver<Job> = rx.clone();
@@ -46,7 +44,7 @@ impl Executor {
     }
 
     pub fn threads(&self) -> usize {
-        self.count
+        self.threads.len()
     }
 
     /// Queues `job`; runs it on the caller's thread if the pool is shut down.
