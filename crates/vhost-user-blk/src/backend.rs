@@ -15,6 +15,7 @@ use std::time::Instant;
 use cryptblk_block::{IoKind, IoStats};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_CONFIG_WCE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
@@ -24,7 +25,7 @@ use virtio_bindings::virtio_blk::{
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -32,7 +33,12 @@ use vmm_sys_util::event::{
 
 use crate::device::{Disk, MAX_DISCARD_SECTORS, MAX_WRITE_ZEROES_SECTORS};
 use crate::executor::{Executor, InFlight};
+use crate::frontend::{FrontendState, TrackedVring};
 use crate::request::{self, Request, RequestType, SECTOR_SIZE};
+use crate::GuestMem;
+
+/// A ring as the workers use it.
+type Vring = VringRwLock<GuestMemoryAtomic<GuestMem>>;
 
 /// Offset of the `writeback` byte in `struct virtio_blk_config`.
 const CONFIG_WCE_OFFSET: usize = 32;
@@ -71,9 +77,11 @@ struct Inner {
     queue_size: u16,
     seg_max: u32,
     event_idx: AtomicBool,
-    mem: RwLock<GuestMemoryAtomic<GuestMemoryMmap>>,
+    mem: RwLock<GuestMemoryAtomic<GuestMem>>,
     queues: Vec<Arc<QueueState>>,
     executor: Arc<Executor>,
+    /// Where queue starts and stops and the acked LOG_ALL feature are reported.
+    frontend: Arc<FrontendState>,
 }
 
 /// A parsed request on its way to execution.
@@ -97,9 +105,29 @@ impl BlkBackend {
         disk: Disk,
         num_queues: u16,
         queue_size: u16,
-        mem: GuestMemoryAtomic<GuestMemoryMmap>,
+        mem: GuestMemoryAtomic<GuestMem>,
         queue_stats: &[Arc<IoStats>],
         executor: Arc<Executor>,
+    ) -> Self {
+        Self::with_frontend(
+            disk,
+            num_queues,
+            queue_size,
+            mem,
+            queue_stats,
+            executor,
+            Arc::default(),
+        )
+    }
+
+    pub(crate) fn with_frontend(
+        disk: Disk,
+        num_queues: u16,
+        queue_size: u16,
+        mem: GuestMemoryAtomic<GuestMem>,
+        queue_stats: &[Arc<IoStats>],
+        executor: Arc<Executor>,
+        frontend: Arc<FrontendState>,
     ) -> Self {
         let seg_max = u32::from(queue_size.saturating_sub(2)).max(1);
         let queues = (0..usize::from(num_queues))
@@ -124,6 +152,7 @@ impl BlkBackend {
                 mem: RwLock::new(mem),
                 queues,
                 executor,
+                frontend,
             }),
         }
     }
@@ -173,7 +202,7 @@ impl BlkBackend {
     /// woken to help (`helpers_for`), so a deep queue spreads over the cores while a lone
     /// request pays no hand-off. This thread does not wait for the helpers: it goes back to
     /// the queue as soon as the batch is empty.
-    fn process_queue(&self, vring: &VringRwLock, queue: &Arc<QueueState>) -> io::Result<()> {
+    fn process_queue(&self, vring: &Vring, queue: &Arc<QueueState>) -> io::Result<()> {
         let inner = &self.inner;
         let atomic = inner
             .mem
@@ -267,8 +296,8 @@ fn helpers_for(requests: &VecDeque<Pending>, queue: &QueueState, threads: usize)
 /// Requests popped together, claimed one by one by the queue thread and its helpers.
 struct Batch {
     ctx: Arc<RequestContext>,
-    mem: Arc<GuestMemoryMmap>,
-    vring: VringRwLock,
+    mem: Arc<GuestMem>,
+    vring: Vring,
     queue: Arc<QueueState>,
     requests: Mutex<VecDeque<Pending>>,
 }
@@ -308,8 +337,8 @@ impl Batch {
 /// Executes one request and puts it on the used ring (the caller signals the guest).
 fn run_request(
     ctx: &RequestContext,
-    mem: &GuestMemoryMmap,
-    vring: &VringRwLock,
+    mem: &GuestMem,
+    vring: &Vring,
     queue: &QueueState,
     pending: Pending,
 ) {
@@ -354,7 +383,7 @@ fn run_request(
 }
 
 /// Interrupts the guest if it wants to hear about the new used entries (EVENT_IDX).
-fn signal(vring: &VringRwLock) -> io::Result<()> {
+fn signal(vring: &Vring) -> io::Result<()> {
     if vring
         .needs_notification()
         .map_err(|e| io::Error::other(format!("needs_notification: {e}")))?
@@ -365,8 +394,8 @@ fn signal(vring: &VringRwLock) -> io::Result<()> {
 }
 
 impl VhostUserBackend for BlkBackend {
-    type Bitmap = ();
-    type Vring = VringRwLock;
+    type Bitmap = BitmapMmapRegion;
+    type Vring = TrackedVring;
 
     fn num_queues(&self) -> usize {
         usize::from(self.inner.num_queues)
@@ -387,6 +416,9 @@ impl VhostUserBackend for BlkBackend {
             | (1 << VIRTIO_BLK_F_FLUSH)
             | (1 << VIRTIO_BLK_F_CONFIG_WCE)
             | (1 << VIRTIO_BLK_F_MQ)
+            // Dirty page logging for live migration: every guest page the device writes
+            // is marked in the frontend's log once SET_LOG_BASE shared it (see `GuestMem`).
+            | VhostUserVirtioFeatures::LOG_ALL.bits()
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
         if self.inner.ctx.disk.read_only() {
             f |= 1 << VIRTIO_BLK_F_RO;
@@ -406,6 +438,15 @@ impl VhostUserBackend for BlkBackend {
             // Memory shared region by region (ADD_MEM_REG/REM_MEM_REG), which libblkio
             // requires and vhost-user-backend implements.
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            // The dirty log comes as a shared memory fd (SET_LOG_BASE), as QEMU requires
+            // with LOG_ALL.
+            | VhostUserProtocolFeatures::LOG_SHMFD
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.inner
+            .frontend
+            .set_log_all(features & VhostUserVirtioFeatures::LOG_ALL.bits() != 0);
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -447,7 +488,7 @@ impl VhostUserBackend for BlkBackend {
         Ok(())
     }
 
-    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap>) -> io::Result<()> {
+    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMem>) -> io::Result<()> {
         *self
             .inner
             .mem
@@ -458,11 +499,13 @@ impl VhostUserBackend for BlkBackend {
 
     /// GET_VRING_BASE stops a ring: answer every request popped from it first, so the index
     /// handed back to the frontend covers only finished requests and nothing writes to the
-    /// ring after the frontend took it back.
+    /// ring after the frontend took it back. When it was the last running ring, reports
+    /// `FrontendEvent::Stopped`.
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
         if let Some(q) = self.inner.queues.get(queue_index as usize) {
             q.in_flight.wait_idle();
         }
+        self.inner.frontend.queue_stopped(queue_index as usize);
         Ok(())
     }
 
@@ -478,7 +521,7 @@ impl VhostUserBackend for BlkBackend {
         &self,
         device_event: u16,
         evset: EventSet,
-        vrings: &[VringRwLock],
+        vrings: &[TrackedVring],
         thread_id: usize,
     ) -> io::Result<()> {
         if evset != EventSet::IN {
@@ -486,6 +529,7 @@ impl VhostUserBackend for BlkBackend {
         }
         let vring = vrings
             .get(usize::from(device_event))
+            .map(TrackedVring::vring)
             .ok_or_else(|| io::Error::other(format!("no vring for event {device_event}")))?;
         // One queue per thread: the thread index is the queue index.
         let queue = self

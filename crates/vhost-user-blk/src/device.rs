@@ -3,6 +3,9 @@
 //! Reads land directly in the guest's buffers; writes are handed to the device straight from
 //! guest memory (an encrypting device copies into its own bounce buffer, never encrypting in
 //! place in guest memory). Knows nothing about vhost-user.
+//!
+//! Every guest byte written is marked in the memory's dirty bitmap (live migration): the
+//! status byte and GET_ID through vm-memory's `Bytes` (which marks), read data explicitly.
 
 use std::sync::Arc;
 
@@ -10,6 +13,7 @@ use cryptblk_block::BlockDevice;
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
 };
+use vm_memory::bitmap::Bitmap;
 use vm_memory::{Bytes, GuestMemoryBackend};
 
 use crate::request::{
@@ -170,9 +174,12 @@ impl Disk {
             // memory table) is alive. The guest may touch the buffer concurrently, as with any
             // DMA; the bytes written are plain data and this slice does not outlive the call.
             let buf = unsafe { std::slice::from_raw_parts_mut(guard.as_ptr(), len) };
-            self.device
-                .read_at(buf, offset)
-                .map_err(|e| e.to_string())?;
+            let result = self.device.read_at(buf, offset);
+            // Writing through the raw pointer bypasses vm-memory's dirty tracking: mark the
+            // pages for live migration (one call per segment; a no-op without a dirty log).
+            // Also on error, as the device may have written part of the buffer.
+            slice.bitmap().mark_dirty(0, len);
+            result.map_err(|e| e.to_string())?;
             offset += u64::from(seg.len);
         }
         Ok(())

@@ -5,11 +5,20 @@
 //! - `device`: executes a parsed request against the `BlockDevice`.
 //! - `backend`: the `VhostUserBackend` impl (features, config space, one worker per queue).
 //! - `executor`: the submission pool that keeps many requests of a queue in flight.
+//! - `frontend`: queue start/stop events for the daemon (`FrontendEvent`).
+//!
+//! Live migration: the backend offers VHOST_F_LOG_ALL and the LOG_SHMFD protocol feature,
+//! so QEMU can migrate a VM using it. Guest memory is `GuestMem`, whose per-region dirty
+//! bitmap starts empty and is replaced by the frontend's shared log on SET_LOG_BASE; from
+//! then on every guest page the device writes (read data, status bytes, GET_ID, used ring)
+//! is marked in the log. The daemon learns that the VM was stopped for migration through
+//! `Server::set_event_listener` (`FrontendEvent::Stopped { dirty_logging: true }`).
 //! - this file: the listening loop (`Server`), reconnects and shutdown.
 
 pub mod backend;
 pub mod device;
 pub mod executor;
+pub mod frontend;
 pub mod request;
 
 use std::io;
@@ -20,6 +29,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use cryptblk_block::{BlockDevice, IoStats, IoStatsSnapshot};
 use vhost::vhost_user::Listener;
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -27,6 +37,12 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 pub use backend::BlkBackend;
 pub use device::Disk;
 use executor::Executor;
+use frontend::FrontendState;
+pub use frontend::{EventListener, FrontendEvent};
+
+/// Guest memory as the backend maps it: each region carries a dirty bitmap that is empty
+/// (marking is a no-op) until the frontend shares its dirty log with SET_LOG_BASE.
+pub type GuestMem = GuestMemoryMmap<BitmapMmapRegion>;
 
 /// Largest queue size accepted.
 pub const MAX_QUEUE_SIZE: u16 = 1024;
@@ -93,6 +109,8 @@ struct Shared {
     connected: AtomicBool,
     /// One per queue; kept across connections.
     queue_stats: Vec<Arc<IoStats>>,
+    /// Queue starts/stops and LOG_ALL of the current connection, and the event listener.
+    frontend: Arc<FrontendState>,
 }
 
 impl StopHandle {
@@ -115,6 +133,12 @@ impl StopHandle {
     /// True while a frontend (a VM) is connected.
     pub fn is_connected(&self) -> bool {
         self.shared.connected.load(Ordering::SeqCst)
+    }
+
+    /// True while the connected frontend has VHOST_F_LOG_ALL negotiated, i.e. asks for
+    /// dirty page logging: QEMU sets it while it live-migrates the VM.
+    pub fn dirty_logging(&self) -> bool {
+        self.shared.connected.load(Ordering::SeqCst) && self.shared.frontend.log_all()
     }
 
     /// Counters of each queue since the server started (all connections).
@@ -190,6 +214,7 @@ impl Server {
                 queue_stats: (0..opts.num_queues)
                     .map(|_| Arc::new(IoStats::default()))
                     .collect(),
+                frontend: Arc::default(),
             }),
             executor,
             opts,
@@ -200,6 +225,17 @@ impl Server {
         StopHandle {
             shared: self.shared.clone(),
         }
+    }
+
+    /// Registers the callback told what the frontend does with the device's queues
+    /// (`FrontendEvent`): `Started` when it starts them, `Stopped { dirty_logging }` once it
+    /// has stopped them all and their requests are answered. With `dirty_logging: true` the
+    /// VM was stopped by a live migration (VHOST_F_LOG_ALL negotiated); the device then
+    /// touches neither guest memory nor the disk until the next `Started` (on this
+    /// connection) or a new connection. The callback runs on the connection's vhost-user
+    /// message thread (the frontend waits for it): keep it short. Replaces any earlier one.
+    pub fn set_event_listener(&mut self, listener: EventListener) {
+        self.shared.frontend.set_listener(Some(listener));
     }
 
     pub fn socket_path(&self) -> &Path {
@@ -257,20 +293,24 @@ impl Server {
     /// Runs one frontend connection to its end; every request popped from its queues is
     /// answered before this returns.
     fn serve_connection(&mut self) -> Result<(), Error> {
-        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        let mem = GuestMemoryAtomic::new(GuestMem::new());
         let disk = Disk::new(self.device.clone(), self.opts.read_only, &self.opts.serial)
             .with_discard(self.opts.discard);
-        let backend = BlkBackend::new(
+        self.shared.frontend.reset();
+        let backend = BlkBackend::with_frontend(
             disk,
             self.opts.num_queues,
             self.opts.queue_size,
             mem.clone(),
             &self.shared.queue_stats,
             self.executor.clone(),
+            self.shared.frontend.clone(),
         );
-        let mut daemon =
-            VhostUserDaemon::new("cryptblk-vhost-user-blk".into(), backend.clone(), mem)
-                .map_err(|e| Error::Daemon(e.to_string()))?;
+        // The daemon creates the rings on this thread; they report starts to `frontend`.
+        frontend::begin_tracking(self.shared.frontend.clone());
+        let daemon = VhostUserDaemon::new("cryptblk-vhost-user-blk".into(), backend.clone(), mem);
+        frontend::end_tracking();
+        let mut daemon = daemon.map_err(|e| Error::Daemon(e.to_string()))?;
         daemon
             .start(&mut self.listener)
             .map_err(|e| Error::Daemon(e.to_string()))?;

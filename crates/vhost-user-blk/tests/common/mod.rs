@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use cryptblk_block::BlockDevice;
-use cryptblk_vhost_user_blk::{ServeOptions, Server, StopHandle};
+use cryptblk_vhost_user_blk::{EventListener, ServeOptions, Server, StopHandle};
 use vhost::vhost_user::message::{
     VhostUserConfigFlags, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
@@ -35,7 +35,7 @@ pub const F_NEXT: u16 = 1;
 pub const F_WRITE: u16 = 2;
 const VIRTIO_RING_F_EVENT_IDX: u64 = 29;
 
-const MEM_SIZE: u64 = 32 << 20;
+pub const MEM_SIZE: u64 = 32 << 20;
 const RINGS_BASE: u64 = 0x10_0000;
 const RING_STRIDE: u64 = 0x1_0000;
 const DATA_BASE: u64 = 0x40_0000;
@@ -52,9 +52,21 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(device: Arc<dyn BlockDevice>, opts: ServeOptions) -> Daemon {
+        Self::start_with(device, opts, None)
+    }
+
+    /// Like `start`, with a `FrontendEvent` listener registered before the server runs.
+    pub fn start_with(
+        device: Arc<dyn BlockDevice>,
+        opts: ServeOptions,
+        listener: Option<EventListener>,
+    ) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("blk.sock");
-        let server = Server::bind(&socket, device, opts).unwrap();
+        let mut server = Server::bind(&socket, device, opts).unwrap();
+        if let Some(listener) = listener {
+            server.set_event_listener(listener);
+        }
         let stop = server.stop_handle();
         let thread = std::thread::spawn(move || server.run());
         Daemon {
@@ -63,6 +75,10 @@ impl Daemon {
             stop,
             thread: Some(thread),
         }
+    }
+
+    pub fn stop_handle(&self) -> &StopHandle {
+        &self.stop
     }
 
     /// Stops the server and waits for it (it flushes the device on the way out).
@@ -215,6 +231,29 @@ impl Guest {
             queues,
             features,
         }
+    }
+
+    /// Restarts queue `q` after GET_VRING_BASE returned `base`, as a frontend resuming a VM
+    /// does: SET_VRING_BASE, then the call and kick descriptors.
+    pub fn restart_queue(&mut self, q: usize, base: u32) {
+        self.frontend.set_vring_base(q, base as u16).unwrap();
+        self.frontend
+            .set_vring_call(q, &self.queues[q].call)
+            .unwrap();
+        self.frontend
+            .set_vring_kick(q, &self.queues[q].kick)
+            .unwrap();
+        self.frontend.set_vring_enable(q, true).unwrap();
+    }
+
+    /// Guest address of queue `q`'s used ring.
+    pub fn used_ring(&self, q: usize) -> GuestAddress {
+        self.queues[q].used
+    }
+
+    /// Guest address of queue `q`'s descriptor table.
+    pub fn desc_table(&self, q: usize) -> GuestAddress {
+        self.queues[q].desc
     }
 
     pub fn event_idx(&self) -> bool {
