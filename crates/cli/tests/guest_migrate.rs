@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ServeProcess, MIB};
+use common::MIB;
 use serde_json::{json, Value};
 
 /// Bytes of the disk the guest reads (and hashes) on every tick.
@@ -140,6 +140,73 @@ fn host_digest(data: &[u8]) -> String {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     String::from_utf8(out.stdout).unwrap()[..64].to_string()
+}
+
+/// A `cryptblk serve` exporting `image` on `socket` with 2 queues, logging the vhost-user
+/// frontend's events (`RUST_LOG=cryptblk_vhost_user_blk=info`) to `log`; killed when dropped.
+struct Serve {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Serve {
+    fn start(image: &Path, key: &Path, socket: &Path, log: PathBuf) -> Serve {
+        let child = Command::new(common::bin())
+            .arg("serve")
+            .arg("--vhost-user-blk")
+            .arg(socket)
+            .arg("--image")
+            .arg(image)
+            .arg("--key-file")
+            .arg(key)
+            .args(["--num-queues", "2"])
+            .env("RUST_LOG", "warn,cryptblk_vhost_user_blk=info")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start cryptblk serve");
+        let mut serve = Serve { child, log };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !socket.exists() {
+            if let Some(status) = serve.child.try_wait().unwrap() {
+                panic!("cryptblk serve exited {status}: {}", serve.output());
+            }
+            assert!(Instant::now() < deadline, "no socket: {}", serve.output());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        serve
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM; the exit status (the daemon flushes and exits 0).
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
+        // SAFETY: kill(2) on a child this test spawned and has not reaped.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cryptblk serve ignored SIGTERM: {}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// A QEMU process, killed when dropped.
@@ -383,24 +450,9 @@ fn guest_live_migrates_between_two_vhost_user_blk_daemons() {
     let content = std::fs::read(&raw).unwrap();
     let digest = host_digest(&content[..READ_LEN as usize]);
 
-    let serve = |img: &Path, socket: &Path| {
-        ServeProcess::start(
-            &[
-                "--vhost-user-blk",
-                common::s(socket),
-                "--image",
-                common::s(img),
-                "--key-file",
-                common::s(&key),
-                "--num-queues",
-                "2",
-            ],
-            socket,
-        )
-    };
     let (src_sock, dst_sock) = (path("src.sock"), path("dst.sock"));
-    let src_daemon = serve(&src_img, &src_sock);
-    let dst_daemon = serve(&dst_img, &dst_sock);
+    let src_daemon = Serve::start(&src_img, &key, &src_sock, path("src.serve.log"));
+    let dst_daemon = Serve::start(&dst_img, &key, &dst_sock, path("dst.serve.log"));
 
     let port = free_port();
     let uri = format!("tcp:127.0.0.1:{port}");
@@ -465,7 +517,22 @@ fn guest_live_migrates_between_two_vhost_user_blk_daemons() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let last_src_tick = ticks(&src.console()).last().map_or(0, |t| t.0);
+    // The source daemon's event hook saw the VM stopped with dirty logging on (QEMU set
+    // VHOST_F_LOG_ALL for the migration, then stopped the queues).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !src_daemon
+        .output()
+        .contains("Stopped { dirty_logging: true }")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the source daemon did not report the stop for migration:\n{}",
+            src_daemon.output()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
+    eprintln!("--- source daemon ---\n{}", src_daemon.output());
     // From here on only the destination QEMU and daemon exist.
     drop(src_qmp);
     drop(src);
@@ -491,5 +558,15 @@ fn guest_live_migrates_between_two_vhost_user_blk_daemons() {
     assert_eq!(status["status"], "running", "{status}");
     drop(dst_qmp);
     drop(dst);
-    assert_eq!(dst_daemon.terminate(), 0, "destination cryptblk serve");
+    let output = dst_daemon.output();
+    eprintln!("--- destination daemon ---\n{output}");
+    assert!(
+        output.contains("Started") && !output.contains("dirty_logging: true"),
+        "destination daemon events:\n{output}"
+    );
+    let status = dst_daemon.terminate();
+    assert!(
+        status.success(),
+        "destination cryptblk serve: {status}\n{output}"
+    );
 }
