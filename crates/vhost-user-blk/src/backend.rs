@@ -15,7 +15,6 @@ use std::time::Instant;
 use cryptblk_block::{IoKind, IoStats};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_CONFIG_WCE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
@@ -394,7 +393,7 @@ fn signal(vring: &Vring) -> io::Result<()> {
 }
 
 impl VhostUserBackend for BlkBackend {
-    type Bitmap = BitmapMmapRegion;
+    type Bitmap = crate::LogBitmap;
     type Vring = TrackedVring;
 
     fn num_queues(&self) -> usize {

@@ -17,6 +17,7 @@
 
 pub mod backend;
 pub mod device;
+pub mod dirty;
 pub mod executor;
 pub mod frontend;
 pub mod request;
@@ -29,20 +30,21 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use cryptblk_block::{BlockDevice, IoStats, IoStatsSnapshot};
 use vhost::vhost_user::Listener;
-use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 pub use backend::BlkBackend;
 pub use device::Disk;
+pub use dirty::LogBitmap;
 use executor::Executor;
 use frontend::FrontendState;
 pub use frontend::{EventListener, FrontendEvent};
 
-/// Guest memory as the backend maps it: each region carries a dirty bitmap that is empty
-/// (marking is a no-op) until the frontend shares its dirty log with SET_LOG_BASE.
-pub type GuestMem = GuestMemoryMmap<BitmapMmapRegion>;
+/// Guest memory as the backend maps it: each region carries a dirty bitmap (`LogBitmap`)
+/// that is empty (marking costs one atomic load) until the frontend shares its dirty log with
+/// SET_LOG_BASE.
+pub type GuestMem = GuestMemoryMmap<LogBitmap>;
 
 /// Largest queue size accepted.
 pub const MAX_QUEUE_SIZE: u16 = 1024;
