@@ -213,6 +213,11 @@ impl BlkBackend {
         let capacity = inner.ctx.disk.capacity();
         let mut requests = VecDeque::new();
         let mut rejected_unsignalled = false;
+        // Counts as in flight while popping: a chain popped but not yet counted would
+        // otherwise let GET_VRING_BASE (`stop_vring`) hand the ring back, and report
+        // `FrontendEvent::Stopped`, before that request is answered. Pops fail once the
+        // frontend stopped the ring, so this only waits for a pop already under way.
+        let popping = Popping::new(&queue.in_flight);
         loop {
             let chain = vring
                 .get_mut()
@@ -251,6 +256,7 @@ impl BlkBackend {
         if rejected_unsignalled {
             signal(vring)?;
         }
+        drop(popping);
         if requests.is_empty() {
             return Ok(());
         }
@@ -268,6 +274,22 @@ impl BlkBackend {
         }
         batch.work();
         Ok(())
+    }
+}
+
+/// A queue thread popping requests, counted in the queue's `InFlight` until dropped.
+struct Popping<'a>(&'a InFlight);
+
+impl<'a> Popping<'a> {
+    fn new(in_flight: &'a InFlight) -> Self {
+        in_flight.inc();
+        Popping(in_flight)
+    }
+}
+
+impl Drop for Popping<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
