@@ -87,11 +87,6 @@ pub fn open_luks_volume(
     passphrase: &[u8],
     opts: &VolumeOptions,
 ) -> Result<LuksVolume, VolumeError> {
-    let path = path.as_ref();
-    let luks_err = |source| VolumeError::Luks {
-        path: path.to_path_buf(),
-        source,
-    };
     let file = Arc::new(RawFile::open(
         path,
         OpenOptions {
@@ -99,6 +94,23 @@ pub fn open_luks_volume(
             lock: true,
         },
     )?);
+    open_luks_volume_on(file, passphrase, opts)
+}
+
+/// Unlocks the LUKS image in an already open `file` (e.g. one a migration is writing into).
+/// The volume is writable when `file` is; `opts.writable` only adds the check that the header
+/// allows writing.
+pub fn open_luks_volume_on(
+    file: Arc<RawFile>,
+    passphrase: &[u8],
+    opts: &VolumeOptions,
+) -> Result<LuksVolume, VolumeError> {
+    let path = file.path().to_path_buf();
+    let path = path.as_path();
+    let luks_err = |source| VolumeError::Luks {
+        path: path.to_path_buf(),
+        source,
+    };
     let (header, warnings) = LuksImage::read(file.file()).map_err(luks_err)?;
     for w in &warnings {
         tracing::warn!(image = %path.display(), "{w}");

@@ -5,9 +5,9 @@
 //! and taking them is one `fetch_and` per word, with no lock that could stall guest I/O.
 
 use crate::MigrationError;
-use cryptblk_block::{BlockDevice, BlockError, Extent};
+use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind, Extent};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 const WORD_BITS: u64 = 64;
 
@@ -205,7 +205,88 @@ impl DirtyBitmap {
         }
     }
 
-    fn block_range(&self, first: u64, count: u64) -> (u64, u64) {
+    /// Clears every block that `len` bytes at `offset` touch.
+    pub fn clear_range(&self, offset: u64, len: u64) {
+        if len == 0 || offset >= self.size {
+            return;
+        }
+        let end = offset.saturating_add(len).min(self.size);
+        let (start, end) = (offset >> self.shift, ((end - 1) >> self.shift) + 1);
+        let mut b = start;
+        while b < end {
+            let bit = b % WORD_BITS;
+            let n = (WORD_BITS - bit).min(end - b);
+            let mask = low_mask(n) << bit;
+            let old = self.words[(b / WORD_BITS) as usize].fetch_and(!mask, Ordering::AcqRel);
+            let cleared = (mask & old).count_ones();
+            if cleared != 0 {
+                self.count.fetch_sub(i64::from(cleared), Ordering::AcqRel);
+            }
+            b += n;
+        }
+    }
+
+    /// Whether every block that `len` bytes at `offset` touch is set (true for an empty range).
+    pub fn all_set(&self, offset: u64, len: u64) -> bool {
+        if len == 0 {
+            return true;
+        }
+        let end = offset.saturating_add(len).min(self.size);
+        if offset >= end {
+            return true;
+        }
+        let (first, last) = (offset >> self.shift, (end - 1) >> self.shift);
+        self.next_run(first, false).is_none_or(|(b, _)| b > last)
+    }
+
+    /// The next run of blocks at or after `start_block` whose bit equals `value`, without
+    /// changing anything: `(first_block, block_count)`. For walking a bitmap that is not being
+    /// drained concurrently (a snapshot's worth of accuracy is all it gives otherwise).
+    pub fn next_run(&self, start_block: u64, value: bool) -> Option<(u64, u64)> {
+        let word_of = |b: u64| {
+            let w = self.words[(b / WORD_BITS) as usize].load(Ordering::Acquire);
+            if value {
+                w
+            } else {
+                !w
+            }
+        };
+        let mut b = start_block;
+        // Find the first block with the value.
+        loop {
+            if b >= self.blocks {
+                return None;
+            }
+            let w = word_of(b) >> (b % WORD_BITS);
+            if w != 0 {
+                b += u64::from(w.trailing_zeros());
+                break;
+            }
+            b = (b / WORD_BITS + 1) * WORD_BITS;
+        }
+        if b >= self.blocks {
+            return None;
+        }
+        let first = b;
+        // Extend while the value holds.
+        loop {
+            let w = word_of(b) >> (b % WORD_BITS);
+            let ones = u64::from(w.trailing_ones()).min(WORD_BITS - b % WORD_BITS);
+            b += ones;
+            if b >= self.blocks {
+                return Some((first, self.blocks - first));
+            }
+            if ones == 0 {
+                return Some((first, b - first));
+            }
+            if !b.is_multiple_of(WORD_BITS) {
+                return Some((first, b - first));
+            }
+        }
+    }
+
+    /// Byte range `(offset, len)` of `count` blocks from `first` (the last block may be short).
+    pub fn block_range(&self, first: u64, count: u64) -> (u64, u64) {
         let off = first << self.shift;
         let end = ((first + count) << self.shift).min(self.size);
         (off, end - off)
@@ -239,33 +320,53 @@ impl Iterator for Drain<'_> {
 }
 
 /// A `BlockDevice` wrapper that records, while tracking is on, every range written or
-/// discarded through it, so the migration sender can resend what changed after it was sent.
+/// discarded through it, so the migration sender can resend what changed after it was sent;
+/// and that can be *fenced* at switchover, so that nothing changes the disk any more while
+/// the last of it is sent.
 ///
 /// The bitmap covers the wrapped (plaintext) device; [`DirtyTracker::file_range`] maps a range
 /// to the image file that is actually migrated, by adding `payload_offset` (the LUKS data
 /// offset; 0 for a raw image). Encryption is sector-local, so plaintext sector N is exactly the
 /// ciphertext at `payload_offset + N * sector` and the mapping needs nothing else.
+///
+/// The bitmap (one bit per `granularity` bytes) is allocated by the first
+/// [`start_tracking`](DirtyTracker::start_tracking), so a disk that never migrates never pays
+/// for it.
 pub struct DirtyTracker {
     inner: Arc<dyn BlockDevice>,
-    bitmap: DirtyBitmap,
+    bitmap: OnceLock<DirtyBitmap>,
+    granularity: u64,
     payload_offset: u64,
     tracking: AtomicBool,
+    fenced: AtomicBool,
+    /// Operations between their fence check and their completion.
+    in_flight: AtomicU64,
 }
 
 impl std::fmt::Debug for DirtyTracker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirtyTracker")
             .field("size", &self.inner.size())
-            .field("granularity", &self.bitmap.granularity())
+            .field("granularity", &self.granularity)
             .field("payload_offset", &self.payload_offset)
             .field("tracking", &self.is_tracking())
-            .field("dirty_blocks", &self.bitmap.count())
+            .field("fenced", &self.is_fenced())
+            .field("dirty_blocks", &self.bitmap.get().map(DirtyBitmap::count))
             .finish()
     }
 }
 
+/// Ends an operation's stay in `in_flight`, also when it fails.
+struct InFlight<'a>(&'a AtomicU64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl DirtyTracker {
-    /// Wraps `inner` with a bitmap of `granularity`-byte blocks (a power of two; use the
+    /// Wraps `inner`; dirty blocks will be `granularity` bytes (a power of two; use the
     /// encryption sector size, or a multiple of it to save memory at the cost of resending
     /// more). Tracking starts off.
     pub fn new(
@@ -273,12 +374,25 @@ impl DirtyTracker {
         payload_offset: u64,
         granularity: u64,
     ) -> Result<Self, MigrationError> {
-        let bitmap = DirtyBitmap::new(inner.size(), granularity)?;
+        if granularity == 0 || !granularity.is_power_of_two() {
+            return Err(MigrationError::InvalidOptions(format!(
+                "dirty granularity {granularity} is not a power of two"
+            )));
+        }
+        if !payload_offset.is_multiple_of(granularity) {
+            return Err(MigrationError::InvalidOptions(format!(
+                "the payload offset {payload_offset} is not a multiple of the {granularity}-byte \
+                 dirty granularity"
+            )));
+        }
         Ok(DirtyTracker {
             inner,
-            bitmap,
+            bitmap: OnceLock::new(),
+            granularity,
             payload_offset,
             tracking: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
+            in_flight: AtomicU64::new(0),
         })
     }
 
@@ -286,20 +400,34 @@ impl DirtyTracker {
         &self.inner
     }
 
-    pub fn bitmap(&self) -> &DirtyBitmap {
-        &self.bitmap
+    /// The bitmap, once tracking was started at least once.
+    pub fn bitmap(&self) -> Option<&DirtyBitmap> {
+        self.bitmap.get()
+    }
+
+    pub fn granularity(&self) -> u64 {
+        self.granularity
     }
 
     pub fn payload_offset(&self) -> u64 {
         self.payload_offset
     }
 
-    /// Clears the bitmap and turns tracking on. Call it before the first full pass starts
-    /// reading: a write that completes before this is read by that pass, one that completes
-    /// after it is marked.
-    pub fn start_tracking(&self) {
-        self.bitmap.clear_all();
+    /// Marks every block dirty (the first pass has to send everything) and turns tracking on.
+    /// Call it before the first pass starts reading: a write that completes before this is
+    /// read by that pass, one that completes after it is marked again.
+    pub fn start_tracking(&self) -> Result<&DirtyBitmap, MigrationError> {
+        let bitmap = match self.bitmap.get() {
+            Some(b) => b,
+            None => {
+                let b = DirtyBitmap::new(self.inner.size(), self.granularity)?;
+                let _ = self.bitmap.set(b);
+                self.bitmap.get().expect("just set")
+            }
+        };
+        bitmap.set_all();
         self.tracking.store(true, Ordering::SeqCst);
+        Ok(bitmap)
     }
 
     /// Turns tracking off (the bitmap keeps what it has), e.g. when a migration is cancelled.
@@ -311,9 +439,43 @@ impl DirtyTracker {
         self.tracking.load(Ordering::SeqCst)
     }
 
+    /// Makes every later operation fail, then waits until the operations already under way
+    /// have finished (and marked what they wrote). After it returns the disk does not change
+    /// any more: what the bitmap says is dirty is all that is left to send.
+    pub fn fence(&self) {
+        self.fenced.store(true, Ordering::SeqCst);
+        while self.in_flight.load(Ordering::SeqCst) != 0 {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+
+    /// Lets operations through again (a migration that failed before the destination took
+    /// over: the source carries on).
+    pub fn unfence(&self) {
+        self.fenced.store(false, Ordering::SeqCst);
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
+    }
+
     /// The image-file range holding the ciphertext of `len` plaintext bytes at `offset`.
     pub fn file_range(&self, offset: u64, len: u64) -> (u64, u64) {
         (offset + self.payload_offset, len)
+    }
+
+    fn enter(&self, op: &'static str) -> Result<InFlight<'_>, BlockError> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let guard = InFlight(&self.in_flight);
+        if self.fenced.load(Ordering::SeqCst) {
+            return Err(BlockError::new(
+                BlockErrorKind::Io,
+                "the disk is being handed over to a migration destination (or already was); \
+                 it serves no more I/O here",
+            )
+            .with_op(op));
+        }
+        Ok(guard)
     }
 
     /// Marks after the inner operation finished (successfully or not: a failed write may
@@ -323,7 +485,9 @@ impl DirtyTracker {
     /// acknowledged write is either seen by a read that starts after it, or still dirty.
     fn mark(&self, offset: u64, len: u64) {
         if self.tracking.load(Ordering::SeqCst) {
-            self.bitmap.set_range(offset, len);
+            if let Some(bitmap) = self.bitmap.get() {
+                bitmap.set_range(offset, len);
+            }
         }
     }
 }
@@ -339,17 +503,21 @@ impl BlockDevice for DirtyTracker {
         self.inner.read_only()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
+        let _op = self.enter("read")?;
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
+        let _op = self.enter("write")?;
         let res = self.inner.write_at(buf, offset);
         self.mark(offset, buf.len() as u64);
         res
     }
     fn flush(&self) -> Result<(), BlockError> {
+        let _op = self.enter("flush")?;
         self.inner.flush()
     }
     fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        let _op = self.enter("discard")?;
         let res = self.inner.discard(offset, len);
         self.mark(offset, len);
         res
@@ -426,6 +594,22 @@ mod tests {
         // Whatever the drainer did not take is still set, and the count agrees with the bits.
         let set = (0..bm.blocks()).filter(|&b| bm.is_set(b)).count() as u64;
         assert_eq!(set, bm.count());
+    }
+
+    #[test]
+    fn next_run_finds_runs_of_either_value_across_words() {
+        let bm = DirtyBitmap::new(300 * 512, 512).unwrap();
+        bm.set_range(10 * 512, 118 * 512); // blocks 10..128: ends exactly on a word boundary
+        bm.set_range(200 * 512, 100 * 512); // 200..300: the end of the bitmap
+        assert_eq!(bm.next_run(0, true), Some((10, 118)));
+        assert_eq!(bm.next_run(0, false), Some((0, 10)));
+        assert_eq!(bm.next_run(128, false), Some((128, 72)));
+        assert_eq!(bm.next_run(128, true), Some((200, 100)));
+        assert_eq!(bm.next_run(300, true), None);
+        assert!(bm.all_set(10 * 512, 118 * 512) && !bm.all_set(9 * 512, 2));
+        bm.clear_range(250 * 512, 1);
+        assert_eq!(bm.next_run(200, true), Some((200, 50)));
+        assert_eq!(bm.count(), 118 + 99);
     }
 
     #[test]

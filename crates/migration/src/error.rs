@@ -2,6 +2,7 @@
 //! from "the stream broke" from "our own disk failed".
 
 use crate::wire::WireError;
+use crate::Phase;
 use cryptblk_block::BlockError;
 
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +36,12 @@ pub enum MigrationError {
     },
     #[error("invalid migration options: {0}")]
     InvalidOptions(String),
-    /// Guest writes kept arriving during the final pass: the frontend was not stopped.
-    #[error("the disk was still being written during the final pass ({dirty_bytes} bytes dirty after {sweeps} sweeps); stop the frontend before switchover")]
-    StillDirty { dirty_bytes: u64, sweeps: u32 },
+    #[error("cannot connect to the migration destination {to}: {reason}")]
+    Connect { to: String, reason: String },
+    #[error("cannot {action}: the migration is in phase {phase}")]
+    WrongPhase { phase: Phase, action: &'static str },
+    #[error("migration listener: {0}")]
+    Listen(std::io::Error),
+    #[error("the destination image {path} already exists; migration never overwrites a file")]
+    DestinationExists { path: std::path::PathBuf },
 }

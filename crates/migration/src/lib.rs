@@ -1,23 +1,75 @@
-//! Live migration of cryptblk disks: the building blocks a daemon strings together.
+//! Live migration of cryptblk disks between two daemons.
 //!
 //! Migration moves **ciphertext only**. The source reads the image file *below* the encryption
 //! layer (for LUKS: the header and the encrypted payload, byte for byte) and the destination
 //! writes the same bytes into its own image file, so no key ever crosses the wire and the
-//! destination needs the passphrase only when it later opens the volume.
+//! destination needs the passphrase only to open the volume it received.
 //!
-//! - [`dirty`]: a lock-free dirty bitmap and [`DirtyTracker`], a `BlockDevice` wrapper that
-//!   records every guest write or discard while a migration runs.
+//! - [`dirty`]: a lock-free dirty bitmap and [`DirtyTracker`], the `BlockDevice` wrapper that
+//!   records guest writes while a migration runs and fences the disk at switchover.
 //! - [`wire`]: the versioned, framed, checksummed protocol, with pure parsers for untrusted
 //!   input.
-//! - [`precopy`]: the sender (a full pass, then passes over the dirty set until it converges,
-//!   then a final pass at switchover) and the receiver.
+//! - [`channel`]: TCP/Unix connections, optionally mutually authenticated TLS, split into
+//!   reader and writer halves.
+//! - [`source`]: the sender (precopy sweeps, switchover, postcopy with urgent requests first,
+//!   preempt channel, pause and recover).
+//! - [`destination`]: the receiver and [`IncomingDisk`], the `BlockDevice` the destination
+//!   serves while blocks are still arriving (reads of missing blocks fetch them first).
 
+pub mod channel;
+pub mod destination;
 pub mod dirty;
 mod error;
-pub mod precopy;
+mod latency;
+mod link;
+pub mod source;
 pub mod wire;
 
+pub use channel::MigrationAddress;
+pub use destination::{IncomingDisk, IncomingMigration, IncomingStatus};
 pub use dirty::{DirtyBitmap, DirtyTracker};
 pub use error::MigrationError;
-pub use precopy::{final_pass, receive, send_precopy, PrecopyOptions, ReceiveStats, SendStats};
+pub use latency::{LatencyHistogram, LatencySummary};
+pub use source::{SourceMigration, SourceOptions, SourceStatus};
 pub use wire::{Frame, WireError, PROTOCOL_VERSION};
+
+/// Where a migration is, on either side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Destination: listening, no source connected yet. Source: connecting.
+    Setup,
+    /// Bulk copy while the source serves the disk.
+    Precopy,
+    /// The destination serves the disk and fetches what it lacks on demand.
+    Postcopy,
+    /// Postcopy with its channels broken: reads of missing blocks wait for `recover`.
+    PostcopyPaused,
+    Completed,
+    /// Failed before the destination went live; the source carries on.
+    Failed,
+    Cancelled,
+}
+
+impl Phase {
+    pub fn is_final(self) -> bool {
+        matches!(self, Phase::Completed | Phase::Failed | Phase::Cancelled)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Setup => "setup",
+            Phase::Precopy => "precopy",
+            Phase::Postcopy => "postcopy",
+            Phase::PostcopyPaused => "postcopy-paused",
+            Phase::Completed => "completed",
+            Phase::Failed => "failed",
+            Phase::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

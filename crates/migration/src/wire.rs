@@ -9,12 +9,17 @@
 //!
 //! | kind | frame     | payload                                                             |
 //! |------|-----------|---------------------------------------------------------------------|
-//! | 1    | Hello     | version u32, disk size u64, granularity u32, header length u64      |
+//! | 1    | Hello     | version u32, disk size u64, granularity u32, header length u64,     |
+//! |      |           | role u8, flags u8, reserved 0 0, session id (16 bytes)              |
 //! | 2    | Chunk     | offset u64, SHA-256 of (offset as u64 LE ‖ data) (32 bytes), data   |
 //! | 3    | Zero      | offset u64, length u64 (the range is a hole / reads as zeros)       |
 //! | 4    | PassDone  | pass u32, dirty bytes left u64                                      |
 //! | 5    | Complete  | (empty)                                                             |
 //! | 6    | Error     | UTF-8 message                                                       |
+//! | 7    | Request   | offset u64, length u64: destination asks for a range it lacks       |
+//! | 8    | Missing   | offset u64, length u64: a range the destination does not have       |
+//! | 9    | Postcopy  | (empty) source: every Missing range is sent, the destination is live |
+//! | 10   | MissingEnd| (empty) destination, on resume: every Missing range is sent         |
 //!
 //! Everything read from the stream is untrusted: the header is checked (magic, kind, a length
 //! cap per kind) before any payload buffer is allocated, and a chunk's checksum is verified by
@@ -32,7 +37,7 @@ use std::io::{Read, Write};
 
 /// Bumped on any incompatible change. The header and the first field of `Hello` never change,
 /// so that two different versions can always tell each other so.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 pub const MAGIC: [u8; 4] = *b"CBMG";
 pub const HEADER_LEN: usize = 12;
 /// Largest chunk of data one frame may carry.
@@ -41,7 +46,10 @@ pub const MAX_CHUNK_LEN: usize = 64 << 20;
 pub const MAX_ERROR_LEN: usize = 64 << 10;
 pub const CHECKSUM_LEN: usize = 32;
 
-const HELLO_LEN: usize = 24;
+const HELLO_LEN: usize = 44;
+/// The part of Hello every version has: enough to tell versions apart.
+const HELLO_V1_LEN: usize = 24;
+pub const SESSION_ID_LEN: usize = 16;
 const CHUNK_PREFIX: usize = 8 + CHECKSUM_LEN;
 
 const KIND_HELLO: u8 = 1;
@@ -50,6 +58,38 @@ const KIND_ZERO: u8 = 3;
 const KIND_PASS_DONE: u8 = 4;
 const KIND_COMPLETE: u8 = 5;
 const KIND_ERROR: u8 = 6;
+const KIND_REQUEST: u8 = 7;
+const KIND_MISSING: u8 = 8;
+const KIND_POSTCOPY: u8 = 9;
+const KIND_MISSING_END: u8 = 10;
+
+/// What a connection is for; the first Hello on it says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The main channel: the bulk stream, switchover, and (without preempt) urgent requests.
+    Bulk = 1,
+    /// The preempt channel: urgent requests and their answers only.
+    Urgent = 2,
+    /// A new main channel replacing a broken one, after which the destination says what it
+    /// still lacks.
+    Resume = 3,
+}
+
+impl Role {
+    fn from_u8(v: u8) -> Option<Role> {
+        Some(match v {
+            1 => Role::Bulk,
+            2 => Role::Urgent,
+            3 => Role::Resume,
+            _ => return None,
+        })
+    }
+}
+
+/// Hello flag: the source may switch over in postcopy mode.
+pub const FLAG_POSTCOPY: u8 = 1;
+/// Hello flag: urgent requests use their own connection.
+pub const FLAG_PREEMPT: u8 = 2;
 
 /// The handshake each side sends first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +101,12 @@ pub struct Hello {
     pub granularity: u32,
     /// Bytes of format header at the start of the file (the LUKS data offset; 0 for raw).
     pub header_len: u64,
+    pub role: Role,
+    /// `FLAG_*` bits.
+    pub flags: u8,
+    /// Chosen at random by the source for one migration; every later connection of the same
+    /// migration (preempt channel, resume) must present it.
+    pub session: [u8; SESSION_ID_LEN],
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +135,21 @@ pub enum Frame {
     Error {
         message: String,
     },
+    /// Destination to source: send `len` bytes at `offset` now (a read is waiting for them).
+    Request {
+        offset: u64,
+        len: u64,
+    },
+    /// `len` bytes at `offset` are not valid on the destination: at postcopy switchover (from
+    /// the source), or when resuming a broken postcopy (from the destination).
+    Missing {
+        offset: u64,
+        len: u64,
+    },
+    /// Source: every `Missing` range has been sent; the destination serves from now on.
+    Postcopy,
+    /// Destination, on resume: every `Missing` range has been sent.
+    MissingEnd,
 }
 
 /// Why bytes from the stream were not a valid frame.
@@ -120,6 +181,8 @@ pub enum WireError {
     BadRange { offset: u64, len: u64 },
     #[error("error message from the peer is not valid UTF-8")]
     BadUtf8,
+    #[error("unknown channel role {0} in Hello")]
+    BadRole(u8),
 }
 
 /// A validated frame header.
@@ -141,12 +204,14 @@ fn length_bounds(kind: u8) -> Option<(usize, usize)> {
     Some(match kind {
         // Longer Hellos are allowed so a future version can append fields and still be told
         // apart by its version number; the current version's length is checked on decode.
-        KIND_HELLO => (HELLO_LEN, 4096),
+        KIND_HELLO => (HELLO_V1_LEN, 4096),
         KIND_CHUNK => (CHUNK_PREFIX + 1, CHUNK_PREFIX + MAX_CHUNK_LEN),
         KIND_ZERO => (16, 16),
         KIND_PASS_DONE => (12, 12),
         KIND_COMPLETE => (0, 0),
         KIND_ERROR => (0, MAX_ERROR_LEN),
+        KIND_REQUEST | KIND_MISSING => (16, 16),
+        KIND_POSTCOPY | KIND_MISSING_END => (0, 0),
         _ => return None,
     })
 }
@@ -225,12 +290,25 @@ pub fn decode_payload(header: FrameHeader, payload: &[u8]) -> Result<Frame, Wire
                     max: HELLO_LEN,
                 });
             }
-            Ok(Frame::Hello(Hello {
+            let mut hello = Hello {
                 version,
                 disk_size_bytes: u64_at(p, 4),
                 granularity: u32_at(p, 12),
                 header_len: u64_at(p, 16),
-            }))
+                role: Role::Bulk,
+                flags: 0,
+                session: [0; SESSION_ID_LEN],
+            };
+            // Another version's Hello is only read far enough to report the mismatch.
+            if version == PROTOCOL_VERSION {
+                hello.role = Role::from_u8(p[24]).ok_or(WireError::BadRole(p[24]))?;
+                hello.flags = p[25];
+                if p[26..28] != [0, 0] {
+                    return Err(WireError::Reserved);
+                }
+                hello.session.copy_from_slice(&p[28..HELLO_LEN]);
+            }
+            Ok(Frame::Hello(hello))
         }
         KIND_CHUNK => {
             let offset = u64_at(p, 0);
@@ -267,6 +345,19 @@ pub fn decode_payload(header: FrameHeader, payload: &[u8]) -> Result<Frame, Wire
             dirty_left: u64_at(p, 4),
         }),
         KIND_COMPLETE => Ok(Frame::Complete),
+        KIND_REQUEST | KIND_MISSING => {
+            let (offset, rlen) = (u64_at(p, 0), u64_at(p, 8));
+            if rlen == 0 || offset.checked_add(rlen).is_none() {
+                return Err(WireError::BadRange { offset, len: rlen });
+            }
+            Ok(if kind == KIND_REQUEST {
+                Frame::Request { offset, len: rlen }
+            } else {
+                Frame::Missing { offset, len: rlen }
+            })
+        }
+        KIND_POSTCOPY => Ok(Frame::Postcopy),
+        KIND_MISSING_END => Ok(Frame::MissingEnd),
         KIND_ERROR => match std::str::from_utf8(p) {
             Ok(m) => Ok(Frame::Error {
                 message: m.to_owned(),
@@ -317,6 +408,8 @@ impl Frame {
                 out.extend_from_slice(&h.disk_size_bytes.to_le_bytes());
                 out.extend_from_slice(&h.granularity.to_le_bytes());
                 out.extend_from_slice(&h.header_len.to_le_bytes());
+                out.extend_from_slice(&[h.role as u8, h.flags, 0, 0]);
+                out.extend_from_slice(&h.session);
             }
             Frame::Chunk {
                 offset,
@@ -339,6 +432,18 @@ impl Frame {
                 out.extend_from_slice(&dirty_left.to_le_bytes());
             }
             Frame::Complete => push_header(out, KIND_COMPLETE, 0),
+            Frame::Request { offset, len } | Frame::Missing { offset, len } => {
+                let kind = if matches!(self, Frame::Request { .. }) {
+                    KIND_REQUEST
+                } else {
+                    KIND_MISSING
+                };
+                push_header(out, kind, 16);
+                out.extend_from_slice(&offset.to_le_bytes());
+                out.extend_from_slice(&len.to_le_bytes());
+            }
+            Frame::Postcopy => push_header(out, KIND_POSTCOPY, 0),
+            Frame::MissingEnd => push_header(out, KIND_MISSING_END, 0),
             Frame::Error { message } => {
                 let mut end = message.len().min(MAX_ERROR_LEN);
                 while !message.is_char_boundary(end) {
@@ -347,6 +452,22 @@ impl Frame {
                 push_header(out, KIND_ERROR, end);
                 out.extend_from_slice(&message.as_bytes()[..end]);
             }
+        }
+    }
+
+    /// The frame's kind, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Frame::Hello(_) => "Hello",
+            Frame::Chunk { .. } => "Chunk",
+            Frame::Zero { .. } => "Zero",
+            Frame::PassDone { .. } => "PassDone",
+            Frame::Complete => "Complete",
+            Frame::Error { .. } => "Error",
+            Frame::Request { .. } => "Request",
+            Frame::Missing { .. } => "Missing",
+            Frame::Postcopy => "Postcopy",
+            Frame::MissingEnd => "MissingEnd",
         }
     }
 
@@ -396,17 +517,23 @@ pub fn write_frame<W: Write + ?Sized>(w: &mut W, frame: &Frame) -> Result<(), Wi
     Ok(())
 }
 
-/// Writes a chunk frame for `data` without copying the data into a frame buffer.
+/// The header and checksum of a chunk frame for `data`: write these, then `data` itself (in
+/// as many pieces as the caller likes), without copying the data into a frame buffer.
+pub fn chunk_prefix(offset: u64, data: &[u8]) -> Vec<u8> {
+    let mut prefix = Vec::with_capacity(HEADER_LEN + CHUNK_PREFIX);
+    push_header(&mut prefix, KIND_CHUNK, CHUNK_PREFIX + data.len());
+    prefix.extend_from_slice(&offset.to_le_bytes());
+    prefix.extend_from_slice(&checksum(offset, data));
+    prefix
+}
+
+/// Writes a whole chunk frame for `data`.
 pub fn write_chunk<W: Write + ?Sized>(
     w: &mut W,
     offset: u64,
     data: &[u8],
 ) -> Result<(), WireError> {
-    let mut prefix = Vec::with_capacity(HEADER_LEN + CHUNK_PREFIX);
-    push_header(&mut prefix, KIND_CHUNK, CHUNK_PREFIX + data.len());
-    prefix.extend_from_slice(&offset.to_le_bytes());
-    prefix.extend_from_slice(&checksum(offset, data));
-    w.write_all(&prefix)?;
+    w.write_all(&chunk_prefix(offset, data))?;
     w.write_all(data)?;
     Ok(())
 }
@@ -423,8 +550,21 @@ mod tests {
                 disk_size_bytes: 1 << 30,
                 granularity: 4096,
                 header_len: 16 << 20,
+                role: Role::Urgent,
+                flags: FLAG_POSTCOPY | FLAG_PREEMPT,
+                session: [9; SESSION_ID_LEN],
             }),
             Frame::chunk(4096, vec![7u8; 1000]),
+            Frame::Request {
+                offset: 8192,
+                len: 4096,
+            },
+            Frame::Missing {
+                offset: 1 << 20,
+                len: 1 << 16,
+            },
+            Frame::Postcopy,
+            Frame::MissingEnd,
             Frame::Zero {
                 offset: 0,
                 len: 1 << 20,
@@ -453,6 +593,24 @@ mod tests {
         let mut v = Vec::new();
         write_chunk(&mut v, 99, b"abc").unwrap();
         assert_eq!(decode(&v).unwrap().0, Frame::chunk(99, b"abc".to_vec()));
+    }
+
+    #[test]
+    fn an_old_hello_is_read_as_far_as_its_version() {
+        let mut v1 = Vec::new();
+        push_header(&mut v1, KIND_HELLO, HELLO_V1_LEN);
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        v1.extend_from_slice(&[0u8; HELLO_V1_LEN - 4]);
+        match decode(&v1).unwrap().0 {
+            Frame::Hello(h) => assert_eq!(h.version, 1),
+            other => panic!("{other:?}"),
+        }
+        // The current version must carry the whole Hello.
+        let mut short = Vec::new();
+        push_header(&mut short, KIND_HELLO, HELLO_V1_LEN);
+        short.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        short.extend_from_slice(&[0u8; HELLO_V1_LEN - 4]);
+        assert!(matches!(decode(&short), Err(WireError::BadLength { .. })));
     }
 
     #[test]
