@@ -85,7 +85,10 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// A server configuration from `ca-cert.pem`, `server-cert.pem` and `server-key.pem` in
 /// `dir`; an error names the file that is missing or unusable.
-pub fn server_config(dir: &Path, client_auth: ClientAuth) -> Result<ServerConfig, CredentialsError> {
+pub fn server_config(
+    dir: &Path,
+    client_auth: ClientAuth,
+) -> Result<ServerConfig, CredentialsError> {
     let ca_path = dir.join(CA_CERT_FILE);
     let cert_path = dir.join(SERVER_CERT_FILE);
     let roots = read_roots(dir)?;

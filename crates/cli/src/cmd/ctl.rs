@@ -30,6 +30,16 @@ Methods and params (? = optional):
   key-add      {\"name\": str, \"key-file\": path, \"new-key-file\": path,
                 \"pbkdf\"?: \"pbkdf2\"|\"argon2i\"|\"argon2id\", \"iter-time\"?: ms}
   key-remove   {\"name\": str, \"key-file\": path}
+  migrate-incoming {\"name\": str, \"image\": new path, \"listen\": addr, \"key-file\"?: path,
+                \"tls-creds\"?: dir, \"vhost-user-blk\"?: path, \"num-queues\"?: int,
+                \"queue-size\"?: int, \"nbd-export\"?: bool, \"discard\"?: bool}
+  migrate-start {\"name\": str, \"to\": addr, \"postcopy\"?: bool, \"preempt\"?: bool,
+                \"chunk-size\"?: bytes, \"max-bandwidth\"?: bytes/s, \"break-chunks\"?: bool,
+                \"tls-creds\"?: dir}
+  migrate-switchover {\"name\": str, \"postcopy\"?: bool}
+  migrate-postcopy / migrate-status / migrate-cancel {\"name\": str}
+  migrate-recover {\"name\": str, \"to\": addr}
+  (addr: tcp:HOST:PORT or unix:PATH; tls-creds: QEMU x509 layout, both ends verified)
 
 Errors: -32700 parse error, -32600 invalid request, -32601 unknown method,
 -32602 invalid params, -32603 internal error, -32000 server shutting down,
@@ -87,6 +97,88 @@ pub enum CtlVerb {
         #[arg(long, value_name = "FILE")]
         key_file: PathBuf,
     },
+    /// Destination: receive a disk from another daemon into a new image.
+    MigrateIncoming(MigrateIncomingArgs),
+    /// Source: start migrating a disk to a destination (precopy while it keeps serving).
+    MigrateStart(MigrateStartArgs),
+    /// Source: hand the disk over now (it stops serving here); postcopy if started so.
+    MigrateSwitchover {
+        name: String,
+        /// Switch over in postcopy mode (only what is missing is listed; fetched on demand).
+        #[arg(long)]
+        postcopy: bool,
+    },
+    /// Source: switch over in postcopy mode now.
+    MigratePostcopy { name: String },
+    /// Progress of a disk's migration (either side).
+    MigrateStatus { name: String },
+    /// Stop a migration that has not handed the disk over yet.
+    MigrateCancel { name: String },
+    /// Source: resume a paused postcopy over a new connection.
+    MigrateRecover {
+        name: String,
+        /// The destination's address (the same or a new route to it).
+        #[arg(long, value_name = "ADDR")]
+        to: String,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct MigrateIncomingArgs {
+    /// Name of the disk on this daemon.
+    name: String,
+    /// The new image file to receive into (must not exist).
+    #[arg(long, value_name = "PATH")]
+    image: PathBuf,
+    /// Where the source connects: tcp:HOST:PORT (port 0 picks one) or unix:PATH.
+    #[arg(long, value_name = "ADDR")]
+    listen: String,
+    /// File holding the LUKS passphrase, to open the received volume (read by the daemon).
+    #[arg(long, value_name = "FILE")]
+    key_file: Option<PathBuf>,
+    /// TLS credentials directory (QEMU x509 layout); the source must present a client
+    /// certificate signed by its CA.
+    #[arg(long, value_name = "DIR")]
+    tls_creds: Option<PathBuf>,
+    /// Export the disk on this vhost-user-blk socket (bound when the header has arrived).
+    #[arg(long, value_name = "SOCKET")]
+    vhost_user_blk: Option<PathBuf>,
+    #[arg(long, value_name = "N")]
+    num_queues: Option<u16>,
+    #[arg(long, value_name = "N")]
+    queue_size: Option<u16>,
+    /// Export it over NBD as well.
+    #[arg(long)]
+    nbd_export: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct MigrateStartArgs {
+    /// The attached disk to migrate.
+    name: String,
+    /// The destination's migrate-incoming address.
+    #[arg(long, value_name = "ADDR")]
+    to: String,
+    /// Allow switching over before everything is copied; the destination fetches the rest
+    /// on demand.
+    #[arg(long)]
+    postcopy: bool,
+    /// With --postcopy: urgent requests on their own connection, ahead of the bulk stream.
+    #[arg(long)]
+    preempt: bool,
+    /// Bulk chunk size, e.g. 2M (default 2 MiB).
+    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
+    chunk_size: Option<u64>,
+    /// Cap on bytes per second over all channels, e.g. 125M for 1 Gbit/s.
+    #[arg(long, value_name = "BYTES", value_parser = crate::size::parse_size)]
+    max_bandwidth: Option<u64>,
+    /// With --preempt: do not interrupt a bulk chunk for urgent requests (for comparisons).
+    #[arg(long)]
+    no_break_chunks: bool,
+    /// TLS credentials directory (QEMU x509 layout): ca-cert.pem, client-cert.pem,
+    /// client-key.pem.
+    #[arg(long, value_name = "DIR")]
+    tls_creds: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -218,6 +310,69 @@ fn request(verb: &CtlVerb) -> Result<(&'static str, Value)> {
             p.insert("name".into(), name.clone().into());
             p.insert("key-file".into(), key_file_path(key_file, "--key-file")?);
             "key-remove"
+        }
+        CtlVerb::MigrateIncoming(m) => {
+            p.insert("name".into(), m.name.clone().into());
+            p.insert("image".into(), absolute(&m.image)?);
+            p.insert("listen".into(), m.listen.clone().into());
+            if let Some(k) = &m.key_file {
+                p.insert("key-file".into(), key_file_path(k, "--key-file")?);
+            }
+            if let Some(d) = &m.tls_creds {
+                p.insert("tls-creds".into(), absolute(d)?);
+            }
+            if let Some(v) = &m.vhost_user_blk {
+                p.insert("vhost-user-blk".into(), absolute(v)?);
+            }
+            if let Some(n) = m.num_queues {
+                p.insert("num-queues".into(), n.into());
+            }
+            if let Some(n) = m.queue_size {
+                p.insert("queue-size".into(), n.into());
+            }
+            p.insert("nbd-export".into(), m.nbd_export.into());
+            "migrate-incoming"
+        }
+        CtlVerb::MigrateStart(m) => {
+            p.insert("name".into(), m.name.clone().into());
+            p.insert("to".into(), m.to.clone().into());
+            p.insert("postcopy".into(), m.postcopy.into());
+            p.insert("preempt".into(), m.preempt.into());
+            if let Some(c) = m.chunk_size {
+                p.insert("chunk-size".into(), c.into());
+            }
+            if let Some(b) = m.max_bandwidth {
+                p.insert("max-bandwidth".into(), b.into());
+            }
+            p.insert("break-chunks".into(), (!m.no_break_chunks).into());
+            if let Some(d) = &m.tls_creds {
+                p.insert("tls-creds".into(), absolute(d)?);
+            }
+            "migrate-start"
+        }
+        CtlVerb::MigrateSwitchover { name, postcopy } => {
+            p.insert("name".into(), name.clone().into());
+            if *postcopy {
+                p.insert("postcopy".into(), true.into());
+            }
+            "migrate-switchover"
+        }
+        CtlVerb::MigratePostcopy { name } => {
+            p.insert("name".into(), name.clone().into());
+            "migrate-postcopy"
+        }
+        CtlVerb::MigrateStatus { name } => {
+            p.insert("name".into(), name.clone().into());
+            "migrate-status"
+        }
+        CtlVerb::MigrateCancel { name } => {
+            p.insert("name".into(), name.clone().into());
+            "migrate-cancel"
+        }
+        CtlVerb::MigrateRecover { name, to } => {
+            p.insert("name".into(), name.clone().into());
+            p.insert("to".into(), to.clone().into());
+            "migrate-recover"
         }
     };
     Ok((method, Value::Object(p)))

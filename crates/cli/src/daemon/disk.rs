@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use cryptblk_block::{BlockDevice, Format, IoStats, OpenOptions, RawFile};
 use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::UnlockOptions;
+use cryptblk_migration::{DirtyTracker, SourceMigration};
 use cryptblk_vhost_user_blk::{ServeOptions, StopHandle};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -33,9 +34,16 @@ pub struct DiskConfig {
     pub serial: Option<String>,
 }
 
+/// Dirty tracking granularity of a raw image (a LUKS image tracks its encryption sectors).
+const RAW_TRACKING_GRANULARITY: u64 = 4096;
+
 /// An opened image.
 pub struct OpenedImage {
+    /// What the exports serve: the disk behind its dirty tracker (idle until a migration).
     pub device: Arc<dyn BlockDevice>,
+    pub tracker: Arc<DirtyTracker>,
+    /// The image file under the encryption, which a migration copies.
+    pub file: Arc<RawFile>,
     pub format: Format,
     /// The LUKS UUID or the image file name.
     pub serial: String,
@@ -72,16 +80,7 @@ pub fn open_image(
             for warning in volume.warnings() {
                 eprintln!("cryptblk: warning: {}: {warning}", path.display());
             }
-            let serial = volume.header().uuid().to_string();
-            let engine = volume.device().cipher().engine_name();
-            let luks_file = volume.file().clone();
-            Ok(OpenedImage {
-                device: Arc::new(volume),
-                format,
-                serial,
-                engine: Some(engine),
-                luks_file: Some(luks_file),
-            })
+            Ok(luks_image(volume)?)
         }
         Format::Raw => {
             if config.key_file.is_some() {
@@ -98,17 +97,7 @@ pub fn open_image(
                     lock: true,
                 },
             )?;
-            let serial = path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            Ok(OpenedImage {
-                device: Arc::new(raw),
-                format,
-                serial,
-                engine: None,
-                luks_file: None,
-            })
+            raw_image(Arc::new(raw))
         }
         other => Err(UsageError(format!(
             "{} is {}: serve exports LUKS and raw images (convert it first)",
@@ -117,6 +106,93 @@ pub fn open_image(
         ))
         .into()),
     }
+}
+
+fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
+    let serial = volume.header().uuid().to_string();
+    let engine = volume.device().cipher().engine_name();
+    let file = volume.file().clone();
+    let payload_offset = volume.header().data_offset();
+    let granularity = u64::from(volume.header().sector_size());
+    let tracker = Arc::new(DirtyTracker::new(
+        Arc::new(volume),
+        payload_offset,
+        granularity,
+    )?);
+    Ok(OpenedImage {
+        device: tracker.clone(),
+        tracker,
+        file: file.clone(),
+        format: Format::Luks,
+        serial,
+        engine: Some(engine),
+        luks_file: Some(file),
+    })
+}
+
+fn raw_image(raw: Arc<RawFile>) -> Result<OpenedImage> {
+    let serial = raw
+        .path()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tracker = Arc::new(DirtyTracker::new(raw.clone(), 0, RAW_TRACKING_GRANULARITY)?);
+    Ok(OpenedImage {
+        device: tracker.clone(),
+        tracker,
+        file: raw,
+        format: Format::Raw,
+        serial,
+        engine: None,
+        luks_file: None,
+    })
+}
+
+/// Opens an image a migration is bringing in, from the file the migration writes: `gate`
+/// turns the opened disk into the one to serve (reads of blocks not here yet fetch them).
+pub fn open_received(
+    config: &DiskConfig,
+    file: Arc<RawFile>,
+    pool: &Arc<CryptoPool>,
+    unlock: &UnlockOptions,
+    gate: impl FnOnce(Arc<dyn BlockDevice>) -> Result<Arc<dyn BlockDevice>>,
+) -> Result<OpenedImage> {
+    let mut magic = [0u8; 6];
+    file.read_at(&mut magic, 0)?;
+    let mut image = if magic == *b"LUKS\xba\xbe" {
+        let Some(key_file) = config.key_file.as_deref() else {
+            return Err(UsageError("the incoming image is LUKS: give a key-file".into()).into());
+        };
+        let passphrase = read_passphrase(Some(key_file), "")?;
+        let volume = cryptblk_block::open_luks_volume_on(
+            file,
+            &passphrase,
+            &cryptblk_block::VolumeOptions {
+                writable: true,
+                unlock: unlock.clone(),
+                pool: Some(pool.clone()),
+            },
+        )?;
+        luks_image(volume)?
+    } else {
+        if config.key_file.is_some() {
+            return Err(
+                UsageError("a key file is given, but the incoming image is raw".into()).into(),
+            );
+        }
+        raw_image(file)?
+    };
+    // Serve through the gate, and keep a tracker on top so the disk can migrate on later.
+    let inner = image.tracker.inner().clone();
+    let gated = gate(inner)?;
+    let tracker = Arc::new(DirtyTracker::new(
+        gated,
+        image.tracker.payload_offset(),
+        image.tracker.granularity(),
+    )?);
+    image.device = tracker.clone();
+    image.tracker = tracker;
+    Ok(image)
 }
 
 impl DiskConfig {
@@ -149,6 +225,8 @@ pub struct AttachedDisk {
     pub nbd_exported: bool,
     /// Serialises header updates of this disk.
     pub header_lock: Mutex<()>,
+    /// The disk's outgoing migration (the latest one).
+    pub migration: Arc<Mutex<Option<Arc<SourceMigration>>>>,
 }
 
 impl AttachedDisk {

@@ -7,6 +7,7 @@
 //! slow control request (argon2 unlock, draining a busy disk) never blocks another one.
 
 pub mod disk;
+pub mod migrate;
 pub mod rpc;
 
 use crate::args::{PbkdfArgs, PbkdfChoice};
@@ -17,8 +18,9 @@ use crossbeam_channel::Sender;
 use cryptblk_block::{IoStats, IoStatsSnapshot};
 use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::{HashAlg, LuksImage, UnlockOptions};
+use cryptblk_migration::{IncomingMigration, Phase};
 use cryptblk_nbd::{Export, ExportRegistry};
-use cryptblk_vhost_user_blk::Server;
+use cryptblk_vhost_user_blk::{FrontendEvent, Server};
 use disk::{open_image, AttachedDisk, DiskConfig, VhostExport, WithoutDiscard};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -51,6 +53,8 @@ impl Slot {
 
 pub struct Daemon {
     disks: Mutex<BTreeMap<String, Slot>>,
+    /// Migrations coming in, by disk name (the disk appears in `disks` once its header is here).
+    incoming: Mutex<BTreeMap<String, Arc<IncomingMigration>>>,
     nbd: Option<Arc<ExportRegistry>>,
     pool: Arc<CryptoPool>,
     unlock: UnlockOptions,
@@ -84,6 +88,7 @@ impl Daemon {
     ) -> Arc<Self> {
         Arc::new(Daemon {
             disks: Mutex::new(BTreeMap::new()),
+            incoming: Mutex::new(BTreeMap::new()),
             nbd,
             pool,
             unlock,
@@ -110,11 +115,11 @@ impl Daemon {
     /// First half of `add_disk`: reserves the name (and socket) and opens and unlocks the
     /// image, exporting nothing yet. At start-up every disk is prepared before any is
     /// published, so one bad key fails the start before any socket exists.
-    pub fn prepare(&self, mut config: DiskConfig) -> Result<PreparedDisk> {
+    /// Takes the disk's name (and socket) for `config`, checking it will have an export.
+    fn reserve(&self, config: &DiskConfig) -> Result<()> {
         if config.name.is_empty() || config.name.len() > 4096 {
             return Err(DaemonError::Conflict("a disk name must be 1 to 4096 bytes".into()).into());
         }
-        config.nbd &= self.nbd.is_some();
         if config.vhost_user_blk.is_none() && !config.nbd {
             let hint = if self.nbd.is_some() {
                 "give a vhost-user-blk socket or enable the NBD export"
@@ -148,6 +153,12 @@ impl Daemon {
             }
             disks.insert(config.name.clone(), Slot::Adding(config.clone()));
         }
+        Ok(())
+    }
+
+    pub fn prepare(&self, mut config: DiskConfig) -> Result<PreparedDisk> {
+        config.nbd &= self.nbd.is_some();
+        self.reserve(&config)?;
         match open_image(&config, &self.pool, &self.unlock) {
             Ok(image) => Ok(PreparedDisk { config, image }),
             Err(e) => {
@@ -181,13 +192,19 @@ impl Daemon {
     fn attach(&self, prepared: PreparedDisk) -> Result<Arc<AttachedDisk>> {
         let PreparedDisk { config, image } = prepared;
         let config = &config;
+        let migration: Arc<Mutex<Option<Arc<cryptblk_migration::SourceMigration>>>> =
+            Arc::default();
         let vhost = match &config.vhost_user_blk {
             Some(socket) => {
-                let server = Server::bind(
+                let mut server = Server::bind(
                     socket,
                     image.device.clone(),
                     config.serve_options(&image.serial),
                 )?;
+                server.set_event_listener(switchover_on_vm_stop(
+                    config.name.clone(),
+                    migration.clone(),
+                ));
                 let stop = server.stop_handle();
                 let events = self.events.clone();
                 let name = config.name.clone();
@@ -220,6 +237,7 @@ impl Daemon {
             nbd_stats: nbd_stats.clone(),
             nbd_exported: config.nbd,
             header_lock: Mutex::new(()),
+            migration,
         });
         if let (true, Some(registry)) = (config.nbd, &self.nbd) {
             let device: Arc<dyn cryptblk_block::BlockDevice> = if config.discard {
@@ -266,6 +284,26 @@ impl Daemon {
             disks.remove(name);
             disk
         };
+        // A migration that has not handed the disk over yet stops; one that has is over for
+        // this side anyway.
+        let outgoing = disk
+            .migration
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(m) = outgoing {
+            if m.cancel().is_ok() {
+                m.wait(std::time::Duration::from_secs(30));
+            }
+        }
+        let incoming = self
+            .incoming
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
+        if let Some(m) = incoming {
+            let _ = m.cancel();
+        }
         let mut first_error = None;
         if disk.nbd_exported {
             if let Some(registry) = &self.nbd {
@@ -373,6 +411,7 @@ impl Daemon {
     ) -> Result<usize> {
         let disk = self.attached(name)?;
         let file = luks_file(&disk)?;
+        self.refuse_header_change_while_migrating(name)?;
         let _header = disk
             .header_lock
             .lock()
@@ -396,6 +435,7 @@ impl Daemon {
     pub fn key_remove(&self, name: &str, key_file: &std::path::Path) -> Result<usize> {
         let disk = self.attached(name)?;
         let file = luks_file(&disk)?;
+        self.refuse_header_change_while_migrating(name)?;
         let _header = disk
             .header_lock
             .lock()
@@ -411,6 +451,17 @@ impl Daemon {
         }
         image.remove_keyslot(file.file(), slot)?;
         Ok(slot)
+    }
+
+    /// The header travels once, at the start of a migration: a keyslot change after that
+    /// would be lost on the destination.
+    fn refuse_header_change_while_migrating(&self, name: &str) -> Result<()> {
+        if self.migration_in_progress(name) {
+            bail!(DaemonError::Busy(format!(
+                "disk \"{name}\" is being migrated: change its keyslots before or after"
+            )));
+        }
+        Ok(())
     }
 
     fn attached(&self, name: &str) -> Result<Arc<AttachedDisk>> {
@@ -435,6 +486,37 @@ impl Daemon {
         }
         first_error.map_or(Ok(()), Err)
     }
+}
+
+/// The vhost-user event hook of a disk: when its VM is stopped for a live migration (the
+/// frontend stops the queues with dirty-page logging on), a disk migration in precopy
+/// switches over, in the mode it was started with.
+fn switchover_on_vm_stop(
+    name: String,
+    migration: Arc<Mutex<Option<Arc<cryptblk_migration::SourceMigration>>>>,
+) -> cryptblk_vhost_user_blk::EventListener {
+    Arc::new(move |event| {
+        tracing::info!(disk = %name, ?event, "vhost-user frontend");
+        if event
+            != (FrontendEvent::Stopped {
+                dirty_logging: true,
+            })
+        {
+            return;
+        }
+        let m = migration
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(m) = m {
+            if m.status().phase == Phase::Precopy {
+                match m.switchover_default() {
+                    Ok(()) => eprintln!("cryptblk: disk \"{name}\": VM stopped, switching over"),
+                    Err(e) => eprintln!("cryptblk: disk \"{name}\": switchover failed: {e}"),
+                }
+            }
+        }
+    })
 }
 
 fn luks_file(disk: &AttachedDisk) -> Result<Arc<cryptblk_block::RawFile>> {

@@ -73,6 +73,65 @@ struct KeyRemoveParams {
     key_file: PathBuf,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct MigrateIncomingParams {
+    name: String,
+    /// The new image file the disk is received into (must not exist).
+    image: PathBuf,
+    key_file: Option<PathBuf>,
+    /// Where the source connects: tcp:HOST:PORT or unix:PATH.
+    listen: String,
+    tls_creds: Option<PathBuf>,
+    vhost_user_blk: Option<PathBuf>,
+    num_queues: Option<u16>,
+    queue_size: Option<u16>,
+    nbd_export: Option<bool>,
+    #[serde(default)]
+    discard: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct MigrateStartParams {
+    name: String,
+    to: String,
+    #[serde(default)]
+    postcopy: bool,
+    #[serde(default)]
+    preempt: bool,
+    chunk_size: Option<usize>,
+    /// Bytes per second over all channels.
+    max_bandwidth: Option<u64>,
+    /// With preempt: interrupt bulk chunks for urgent requests (default true).
+    break_chunks: Option<bool>,
+    tls_creds: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MigrateSwitchoverParams {
+    name: String,
+    postcopy: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NameParams {
+    name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MigrateRecoverParams {
+    name: String,
+    to: String,
+}
+
+fn address(s: &str) -> Result<cryptblk_migration::MigrationAddress, RpcError> {
+    s.parse().map_err(RpcError::invalid_params)
+}
+
 impl Handler for ControlHandler {
     fn call(&self, method: &str, params: Value) -> Result<Value, RpcError> {
         let d = &self.daemon;
@@ -151,6 +210,82 @@ impl Handler for ControlHandler {
                 absolute(&p.key_file)?;
                 let slot = d.key_remove(&p.name, &p.key_file).map_err(to_rpc)?;
                 Ok(json!({ "name": p.name, "removed-keyslot": slot }))
+            }
+            "migrate-incoming" => {
+                let p: MigrateIncomingParams = parse(params)?;
+                for path in [
+                    Some(&p.image),
+                    p.key_file.as_ref(),
+                    p.vhost_user_blk.as_ref(),
+                    p.tls_creds.as_ref(),
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    absolute(path)?;
+                }
+                let listen = address(&p.listen)?;
+                let queues = p.num_queues.unwrap_or(1);
+                let queue_size = p.queue_size.unwrap_or(256);
+                crate::cmd::serve::check_queues(queues, queue_size, "num-queues", "queue-size")
+                    .map_err(|e| RpcError::invalid_params(format!("{e:#}")))?;
+                let nbd = p.nbd_export.unwrap_or(d.has_nbd());
+                if nbd && !d.has_nbd() {
+                    return Err(RpcError::invalid_params(
+                        "nbd-export is set but this daemon was started without --nbd",
+                    ));
+                }
+                let config = DiskConfig {
+                    name: p.name,
+                    image: p.image,
+                    key_file: p.key_file,
+                    may_prompt: false,
+                    vhost_user_blk: p.vhost_user_blk,
+                    nbd,
+                    num_queues: queues,
+                    queue_size,
+                    readonly: false,
+                    discard: p.discard,
+                    serial: None,
+                };
+                d.migrate_incoming(config, &listen, p.tls_creds.as_deref())
+                    .map_err(to_rpc)
+            }
+            "migrate-start" => {
+                let p: MigrateStartParams = parse(params)?;
+                if let Some(dir) = &p.tls_creds {
+                    absolute(dir)?;
+                }
+                let req = super::migrate::StartRequest {
+                    to: address(&p.to)?,
+                    postcopy: p.postcopy,
+                    preempt: p.preempt,
+                    chunk_size: p.chunk_size,
+                    max_bandwidth: p.max_bandwidth,
+                    break_chunks: p.break_chunks.unwrap_or(true),
+                    tls_creds: p.tls_creds,
+                };
+                d.migrate_start(&p.name, req).map_err(to_rpc)
+            }
+            "migrate-switchover" => {
+                let p: MigrateSwitchoverParams = parse(params)?;
+                d.migrate_switchover(&p.name, p.postcopy).map_err(to_rpc)
+            }
+            "migrate-postcopy" => {
+                let p: NameParams = parse(params)?;
+                d.migrate_switchover(&p.name, Some(true)).map_err(to_rpc)
+            }
+            "migrate-status" => {
+                let p: NameParams = parse(params)?;
+                d.migrate_status(&p.name).map_err(to_rpc)
+            }
+            "migrate-cancel" => {
+                let p: NameParams = parse(params)?;
+                d.migrate_cancel(&p.name).map_err(to_rpc)
+            }
+            "migrate-recover" => {
+                let p: MigrateRecoverParams = parse(params)?;
+                d.migrate_recover(&p.name, &address(&p.to)?).map_err(to_rpc)
             }
             other => Err(RpcError::method_not_found(other)),
         }
