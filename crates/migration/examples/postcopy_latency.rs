@@ -1,0 +1,636 @@
+//! Benchmark (not a test): on-demand read latency on the destination during postcopy, the disk
+//! version of the table in QEMU's postcopy-preempt series, plus total time and downtime of a
+//! precopy migration of a larger disk.
+//!
+//! ```text
+//! cargo run --release -p cryptblk-migration --example postcopy_latency -- \
+//!     [--size BYTES] [--duration-secs N] [--interval-ms N] [--big-size BYTES] \
+//!     [--big-max-bandwidth BYTES_PER_SEC|none] [--skip-big] [--dir DIR] [--json] \
+//!     [--json-file PATH]
+//! ```
+//!
+//! Latency part, for bulk chunk sizes 64 KiB, 2 MiB and 64 MiB and three modes:
+//!
+//! - (a) postcopy without preempt: urgent answers share the bulk channel (behind the chunk);
+//! - (b) preempt, chunks not broken: urgent answers on their own channel, but only between
+//!   bulk chunks;
+//! - (c) full preempt: urgent answers between the 64 KiB slices of a bulk chunk.
+//!
+//! Each configuration runs in a child process of this example (the example re-executes itself),
+//! so that the migration threads left behind when the measurement stops die with it. The child
+//! migrates a raw image of `--size` bytes (non-zero data, so every chunk travels as data) over
+//! loopback TCP with the link limited to 1 Gbit/s (`max_bandwidth = 125_000_000`, one link for
+//! both channels), switches over to postcopy at once, and then reads random 4 KiB blocks on the
+//! destination, one at a time every `--interval-ms`, for `--duration-secs`, while the bulk
+//! stream is still running. The figures are the destination's own histogram
+//! (`IncomingStatus.latency`): only reads that had to wait for a block count.
+//!
+//! Big part: precopy migration of a `--big-size` raw image (default 4 GiB) with a light writer
+//! on the source (one random 4 KiB write per ms) during precopy; once the first sweep is done
+//! and less than 8 MiB is dirty the writer stops and `switchover(false)` hands over. Reports
+//! total time, downtime (`SourceStatus.downtime`: fence to destination complete), bytes sent
+//! and passes.
+//!
+//! Images go to `--dir` (default: the temp directory). Avoid tmpfs (/dev/shm): there
+//! lseek(SEEK_HOLE) costs about 10 ms per GiB after the offset, paid by the sender once per
+//! bulk chunk (`RawFile::block_status`), which throttles the bulk stream and delays urgent
+//! answers. On a disk filesystem the images still live in the page cache.
+//!
+//! With `--json`, one JSON object per configuration goes to stdout (the table to stderr);
+//! `--json-file PATH` writes them to PATH instead and keeps the table on stdout.
+
+use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
+use cryptblk_migration::{
+    DirtyTracker, IncomingMigration, MigrationAddress, Phase, SourceMigration, SourceOptions,
+};
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+const CHILD_ENV: &str = "CRYPTBLK_POSTCOPY_LATENCY_CHILD";
+const LINK: u64 = 125_000_000;
+const BLOCK: u64 = 4096;
+const CHUNKS: [usize; 3] = [64 << 10, 2 << 20, 64 << 20];
+const MODES: [(&str, &str); 3] = [
+    ("a", "postcopy, no preempt"),
+    ("b", "preempt, no chunk break"),
+    ("c", "preempt + chunk break"),
+];
+
+struct Args {
+    size: u64,
+    duration: Duration,
+    interval: Duration,
+    big_size: u64,
+    big_bandwidth: Option<u64>,
+    skip_big: bool,
+    json: bool,
+    json_file: Option<PathBuf>,
+    /// Child only: what to run.
+    chunk: usize,
+    mode: String,
+    source: Option<PathBuf>,
+    workdir: Option<PathBuf>,
+    /// Where the images go (default: the temp directory).
+    dir: Option<PathBuf>,
+}
+
+fn parse_size(s: &str) -> Res<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    Ok(num.parse::<u64>()? * mult)
+}
+
+fn parse_args() -> Res<Args> {
+    let mut a = Args {
+        size: 2 << 30,
+        duration: Duration::from_secs(8),
+        interval: Duration::from_millis(5),
+        big_size: 4 << 30,
+        big_bandwidth: Some(LINK),
+        skip_big: false,
+        json: false,
+        json_file: None,
+        chunk: 2 << 20,
+        mode: "c".into(),
+        source: None,
+        workdir: None,
+        dir: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut val = || it.next().ok_or_else(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--size" => a.size = parse_size(&val()?)?,
+            "--duration-secs" => a.duration = Duration::from_secs_f64(val()?.parse()?),
+            "--interval-ms" => a.interval = Duration::from_secs_f64(val()?.parse::<f64>()? / 1e3),
+            "--big-size" => a.big_size = parse_size(&val()?)?,
+            "--big-max-bandwidth" => {
+                let v = val()?;
+                a.big_bandwidth = if v == "none" { None } else { Some(v.parse()?) };
+            }
+            "--skip-big" => a.skip_big = true,
+            "--json" => a.json = true,
+            "--json-file" => a.json_file = Some(PathBuf::from(val()?)),
+            "--chunk" => a.chunk = parse_size(&val()?)? as usize,
+            "--mode" => a.mode = val()?,
+            "--source" => a.source = Some(PathBuf::from(val()?)),
+            "--workdir" => a.workdir = Some(PathBuf::from(val()?)),
+            "--dir" => a.dir = Some(PathBuf::from(val()?)),
+            "-h" | "--help" => {
+                eprintln!(
+                    "usage: postcopy_latency [--size BYTES] [--duration-secs N] [--interval-ms N] \
+                     [--big-size BYTES] [--big-max-bandwidth BYTES_PER_SEC|none] [--skip-big] \
+                     [--dir DIR] [--json] [--json-file PATH]"
+                );
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    if a.size % BLOCK != 0 || a.big_size % BLOCK != 0 || a.size == 0 || a.big_size == 0 {
+        return Err("sizes must be positive multiples of 4096".into());
+    }
+    Ok(a)
+}
+
+fn log(msg: impl AsRef<str>) {
+    eprintln!("postcopy_latency: {}", msg.as_ref());
+}
+
+/// Creates a raw image of `size` bytes of non-zero data (every 4 KiB block distinct).
+fn make_source(path: &Path, size: u64) -> Res<()> {
+    let t = Instant::now();
+    let f = RawFile::create(path, size)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut buf = vec![0u8; 8 << 20];
+    rng.fill(&mut buf[..]);
+    let mut off = 0;
+    while off < size {
+        let n = (buf.len() as u64).min(size - off) as usize;
+        for (i, block) in buf[..n].chunks_mut(BLOCK as usize).enumerate() {
+            let tag = (off / BLOCK + i as u64) | (1 << 63);
+            block[..8].copy_from_slice(&tag.to_le_bytes());
+        }
+        f.write_at(&buf[..n], off)?;
+        off += n as u64;
+    }
+    f.flush()?;
+    log(format!(
+        "source image {} ({} MiB) written in {:.1} s",
+        path.display(),
+        size >> 20,
+        t.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+fn open_rw(path: &Path) -> Res<Arc<RawFile>> {
+    Ok(Arc::new(RawFile::open(
+        path,
+        OpenOptions {
+            writable: true,
+            lock: true,
+        },
+    )?))
+}
+
+fn localhost() -> MigrationAddress {
+    "tcp:127.0.0.1:0".parse().expect("valid address")
+}
+
+fn options(chunk: usize, mode: &str) -> Res<SourceOptions> {
+    let (preempt, break_chunks) = match mode {
+        "a" => (false, false),
+        "b" => (true, false),
+        "c" => (true, true),
+        other => return Err(format!("unknown mode {other}").into()),
+    };
+    Ok(SourceOptions {
+        chunk_size: chunk,
+        max_bandwidth: Some(LINK),
+        postcopy: true,
+        preempt,
+        break_chunks,
+        ..Default::default()
+    })
+}
+
+/// Child: one latency configuration. Prints `RESULT key=value ...` and exits without tearing
+/// the migration down (postcopy cannot be cancelled; the process exit ends its threads).
+fn child_latency(a: &Args) -> Res<()> {
+    let src_path = a.source.as_ref().ok_or("--source missing")?;
+    let workdir = a.workdir.as_ref().ok_or("--workdir missing")?;
+    let src = open_rw(src_path)?;
+    let tracker = Arc::new(DirtyTracker::new(src.clone(), 0, BLOCK)?);
+    let dst_path = workdir.join(format!("dst-{}.raw", std::process::id()));
+    let incoming = IncomingMigration::listen(&localhost(), &dst_path, None)?;
+    let mig = SourceMigration::start(
+        src.clone(),
+        tracker,
+        incoming.address(),
+        options(a.chunk, &a.mode)?,
+    )?;
+    let ready = incoming.wait_header(Duration::from_secs(30))?;
+    let disk = incoming.disk(ready.file.clone())?;
+    mig.switchover(true)?;
+    let phase = incoming.wait_for(Phase::Postcopy, Duration::from_secs(60));
+    if phase != Phase::Postcopy {
+        return Err(format!("destination did not go live: {:?}", incoming.status()).into());
+    }
+    let before = incoming.status();
+    let missing_at_start = before.missing_blocks;
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let blocks = disk.size() / BLOCK;
+    let mut buf = vec![0u8; BLOCK as usize];
+    let mut reads = 0u64;
+    let mut client_waited_us: Vec<u64> = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < a.duration {
+        let off = rng.gen_range(0..blocks) * BLOCK;
+        let waited_before = incoming.status().urgent_requests;
+        let t = Instant::now();
+        disk.read_at(&mut buf, off)?;
+        let us = t.elapsed().as_micros() as u64;
+        let tag = u64::from_le_bytes(buf[..8].try_into().expect("8 bytes"));
+        if tag != (off / BLOCK) | (1 << 63) {
+            return Err(format!("read at {off} returned wrong data").into());
+        }
+        if incoming.status().urgent_requests > waited_before {
+            client_waited_us.push(us);
+        }
+        reads += 1;
+        std::thread::sleep(a.interval);
+    }
+    let st = incoming.status();
+    let sst = mig.status();
+    let measured = start.elapsed().as_secs_f64();
+    client_waited_us.sort_unstable();
+    let client_p99 = client_waited_us
+        .get(((client_waited_us.len() as f64 * 0.99).ceil() as usize).saturating_sub(1))
+        .copied()
+        .unwrap_or(0);
+    let l = st.latency;
+    println!(
+        "RESULT count={} avg_us={:.1} p50_us={} p99_us={} max_us={} reads={} \
+         client_p99_us={} missing_start={} missing_end={} phase={} urgent_served={} \
+         bytes_sent={} measured_s={:.2} throughput_mbps={:.1}",
+        l.count,
+        l.avg_us,
+        l.p50_us,
+        l.p99_us,
+        l.max_us,
+        reads,
+        client_p99,
+        missing_at_start,
+        st.missing_blocks,
+        st.phase,
+        sst.urgent_served,
+        sst.bytes_sent,
+        measured,
+        sst.throughput_bytes_per_sec * 8.0 / 1e6,
+    );
+    let _ = std::fs::remove_file(&dst_path);
+    Ok(())
+}
+
+/// Child: the precopy migration of a big disk with a light writer.
+fn child_big(a: &Args) -> Res<()> {
+    let workdir = a.workdir.as_ref().ok_or("--workdir missing")?;
+    let src_path = workdir.join("big-src.raw");
+    let dst_path = workdir.join("big-dst.raw");
+    let _ = std::fs::remove_file(&src_path);
+    make_source(&src_path, a.big_size)?;
+    let result = (|| -> Res<()> {
+        let src = open_rw(&src_path)?;
+        let tracker = Arc::new(DirtyTracker::new(src.clone(), 0, BLOCK)?);
+        let incoming = IncomingMigration::listen(&localhost(), &dst_path, None)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let writes = Arc::new(AtomicU64::new(0));
+        let writer = {
+            let (dev, stop, writes) = (tracker.clone(), stop.clone(), writes.clone());
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+                let blocks = dev.size() / BLOCK;
+                let mut buf = vec![0u8; BLOCK as usize];
+                while !stop.load(Ordering::SeqCst) {
+                    let b = rng.gen_range(0..blocks);
+                    rng.fill(&mut buf[8..]);
+                    buf[..8].copy_from_slice(&(b | (1 << 63)).to_le_bytes());
+                    if dev.write_at(&buf, b * BLOCK).is_err() {
+                        break;
+                    }
+                    writes.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            })
+        };
+        let t0 = Instant::now();
+        let mig = SourceMigration::start(
+            src.clone(),
+            tracker.clone(),
+            incoming.address(),
+            SourceOptions {
+                chunk_size: 2 << 20,
+                max_bandwidth: a.big_bandwidth,
+                ..Default::default()
+            },
+        )?;
+        // Converge: first sweep done and little left dirty (or give up waiting after 10 min).
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let st = mig.status();
+            if st.phase != Phase::Precopy {
+                return Err(format!("precopy ended early: {st:?}").into());
+            }
+            if (st.passes >= 1 && st.dirty_bytes < (8 << 20)) || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stop.store(true, Ordering::SeqCst);
+        writer.join().map_err(|_| "writer panicked")?;
+        let dirty_at_switchover = mig.status().dirty_bytes;
+        mig.switchover(false)?;
+        let phase = mig.wait(Duration::from_secs(600));
+        let total = t0.elapsed();
+        let st = mig.status();
+        if phase != Phase::Completed {
+            return Err(format!("migration did not complete: {st:?}").into());
+        }
+        incoming.wait_for(Phase::Completed, Duration::from_secs(60));
+        println!(
+            "RESULT total_s={:.3} elapsed_s={:.3} downtime_ms={:.2} bytes_sent={} passes={} \
+             writes={} dirty_at_switchover={} throughput_mbps={:.1}",
+            total.as_secs_f64(),
+            st.elapsed.as_secs_f64(),
+            st.downtime.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3),
+            st.bytes_sent,
+            st.passes,
+            writes.load(Ordering::Relaxed),
+            dirty_at_switchover,
+            st.throughput_bytes_per_sec * 8.0 / 1e6,
+        );
+        drop(mig);
+        drop(incoming);
+        Ok(())
+    })();
+    let _ = std::fs::remove_file(&src_path);
+    let _ = std::fs::remove_file(&dst_path);
+    result
+}
+
+/// Runs this example again as a child; returns the `key=value` pairs of its RESULT line.
+fn run_child(kind: &str, args: &[String]) -> Res<BTreeMap<String, String>> {
+    let exe = std::env::current_exe()?;
+    let out = Command::new(exe)
+        .env(CHILD_ENV, kind)
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!("child {kind} {args:?} failed ({}): {stdout}", out.status).into());
+    }
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("RESULT "))
+        .ok_or_else(|| format!("child {kind} printed no result: {stdout}"))?;
+    Ok(line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect())
+}
+
+fn num(m: &BTreeMap<String, String>, k: &str) -> f64 {
+    m.get(k).and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+}
+
+fn json_object(fields: &[(&str, String)], m: &BTreeMap<String, String>) -> String {
+    let mut s = String::from("{");
+    for (k, v) in fields {
+        let _ = write!(s, "\"{k}\":{v},");
+    }
+    for (k, v) in m {
+        if v.parse::<f64>().is_ok_and(f64::is_finite) {
+            let _ = write!(s, "\"{k}\":{v},");
+        } else {
+            let _ = write!(s, "\"{k}\":\"{v}\",");
+        }
+    }
+    s.pop();
+    s.push('}');
+    s
+}
+
+fn human(bytes: usize) -> String {
+    if bytes >= 1 << 20 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{} KiB", bytes >> 10)
+    }
+}
+
+fn fmt_us(us: f64) -> String {
+    if us >= 10_000.0 {
+        format!("{:.1} ms", us / 1e3)
+    } else {
+        format!("{us:.0} µs")
+    }
+}
+
+fn parent(a: &Args) -> Res<()> {
+    // Not /dev/shm by default: on tmpfs, lseek(SEEK_HOLE) walks every page up to the next
+    // hole (about 10 ms per GiB), and the sender's block_status does one per chunk, which caps
+    // the bulk stream far below the link and stalls urgent answers (see the report).
+    let base = a.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let dir = tempfile::Builder::new()
+        .prefix("cryptblk-postcopy-latency.")
+        .tempdir_in(&base)?;
+    let src = dir.path().join("src.raw");
+    make_source(&src, a.size)?;
+    let common = |chunk: usize, mode: &str| -> Vec<String> {
+        vec![
+            "--chunk".into(),
+            chunk.to_string(),
+            "--mode".into(),
+            mode.into(),
+            "--source".into(),
+            src.display().to_string(),
+            "--workdir".into(),
+            dir.path().display().to_string(),
+            "--duration-secs".into(),
+            a.duration.as_secs_f64().to_string(),
+            "--interval-ms".into(),
+            (a.interval.as_secs_f64() * 1e3).to_string(),
+        ]
+    };
+    let mut results: Vec<(usize, &str, BTreeMap<String, String>)> = Vec::new();
+    let mut json = Vec::new();
+    for chunk in CHUNKS {
+        for (mode, desc) in MODES {
+            log(format!("chunk {}, ({mode}) {desc} ...", human(chunk)));
+            let m = run_child("latency", &common(chunk, mode))?;
+            log(format!(
+                "  {} waiting reads: avg {} p99 {} (bulk still running at the end: {} blocks \
+                 missing)",
+                m["count"],
+                fmt_us(num(&m, "avg_us")),
+                fmt_us(num(&m, "p99_us")),
+                m["missing_end"]
+            ));
+            json.push(json_object(
+                &[
+                    ("kind", "\"latency\"".into()),
+                    ("chunk_size", chunk.to_string()),
+                    ("mode", format!("\"{mode}\"")),
+                    ("preempt", (mode != "a").to_string()),
+                    ("break_chunks", (mode == "c").to_string()),
+                    ("max_bandwidth", LINK.to_string()),
+                    ("disk_size", a.size.to_string()),
+                ],
+                &m,
+            ));
+            results.push((chunk, mode, m));
+        }
+    }
+    let big = if a.skip_big {
+        None
+    } else {
+        log(format!(
+            "big run: precopy of {} MiB, link {} ...",
+            a.big_size >> 20,
+            a.big_bandwidth
+                .map_or("uncapped".into(), |b| format!("{b} B/s"))
+        ));
+        let m = run_child(
+            "big",
+            &[
+                "--big-size".into(),
+                a.big_size.to_string(),
+                "--big-max-bandwidth".into(),
+                a.big_bandwidth.map_or("none".into(), |b| b.to_string()),
+                "--workdir".into(),
+                dir.path().display().to_string(),
+            ],
+        )?;
+        json.push(json_object(
+            &[
+                ("kind", "\"precopy_total\"".into()),
+                ("disk_size", a.big_size.to_string()),
+                (
+                    "max_bandwidth",
+                    a.big_bandwidth.map_or("null".into(), |b| b.to_string()),
+                ),
+                ("chunk_size", (2u64 << 20).to_string()),
+            ],
+            &m,
+        ));
+        Some(m)
+    };
+
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "\nOn-demand 4 KiB read latency on the destination during postcopy ({} MiB raw disk, \
+         link 1 Gbit/s, slices 64 KiB, {:.0} s of reads every {:.0} ms; only reads that \
+         waited for a block count)\n",
+        a.size >> 20,
+        a.duration.as_secs_f64(),
+        a.interval.as_secs_f64() * 1e3
+    );
+    let _ = writeln!(
+        t,
+        "| chunk | mode | waited reads | avg | p50 | p99 | max |\n|---|---|---:|---:|---:|---:|---:|"
+    );
+    for (chunk, mode, m) in &results {
+        let desc = MODES.iter().find(|(k, _)| k == mode).map_or("", |d| d.1);
+        let _ = writeln!(
+            t,
+            "| {} | ({mode}) {desc} | {} | {} | {} | {} | {} |",
+            human(*chunk),
+            m["count"],
+            fmt_us(num(m, "avg_us")),
+            fmt_us(num(m, "p50_us")),
+            fmt_us(num(m, "p99_us")),
+            fmt_us(num(m, "max_us")),
+        );
+    }
+    let _ = writeln!(
+        t,
+        "\n| chunk | avg a/c | avg b/c | p99 a/c | c avg ≥10x lower than a | c p99 < 2 ms |\n\
+         |---|---:|---:|---:|:---:|:---:|"
+    );
+    for chunk in CHUNKS {
+        let get = |mode: &str| {
+            results
+                .iter()
+                .find(|(c, m, _)| *c == chunk && *m == mode)
+                .map(|r| &r.2)
+                .expect("ran")
+        };
+        let (ma, mb, mc) = (get("a"), get("b"), get("c"));
+        let ratio = |x: f64, y: f64| if y > 0.0 { x / y } else { f64::NAN };
+        let avg_ac = ratio(num(ma, "avg_us"), num(mc, "avg_us"));
+        let _ = writeln!(
+            t,
+            "| {} | {:.1}x | {:.1}x | {:.1}x | {} | {} |",
+            human(chunk),
+            avg_ac,
+            ratio(num(mb, "avg_us"), num(mc, "avg_us")),
+            ratio(num(ma, "p99_us"), num(mc, "p99_us")),
+            if avg_ac >= 10.0 { "yes" } else { "no" },
+            if num(mc, "p99_us") < 2000.0 {
+                "yes"
+            } else {
+                "no"
+            },
+        );
+    }
+    if let Some(m) = &big {
+        let _ = writeln!(
+            t,
+            "\nPrecopy migration of a {} MiB raw disk (chunks 2 MiB, link {}, a 4 KiB random \
+             write per ms on the source until switchover)\n\n\
+             | total time | downtime | bytes sent | passes | writes during precopy | dirty at \
+             switchover |\n|---:|---:|---:|---:|---:|---:|\n| {:.2} s | {:.1} ms | {} MiB | {} \
+             | {} | {} KiB |",
+            a.big_size >> 20,
+            a.big_bandwidth
+                .map_or("uncapped (loopback)".into(), |b| format!(
+                    "{:.2} Gbit/s",
+                    b as f64 * 8.0 / 1e9
+                )),
+            num(m, "total_s"),
+            num(m, "downtime_ms"),
+            num(m, "bytes_sent") as u64 >> 20,
+            m["passes"],
+            m["writes"],
+            num(m, "dirty_at_switchover") as u64 >> 10,
+        );
+    }
+    let json_text: String = json.iter().map(|j| format!("{j}\n")).collect();
+    if let Some(p) = &a.json_file {
+        std::fs::write(p, &json_text)?;
+    }
+    if a.json {
+        eprint!("{t}");
+        print!("{json_text}");
+    } else {
+        print!("{t}");
+    }
+    Ok(())
+}
+
+fn main() {
+    let res = parse_args().and_then(|a| match std::env::var(CHILD_ENV).as_deref() {
+        Ok("latency") => child_latency(&a),
+        Ok("big") => child_big(&a),
+        _ => parent(&a),
+    });
+    match res {
+        Ok(()) => {
+            // A latency child leaves the postcopy threads running: exit now.
+            std::process::exit(0)
+        }
+        Err(e) => {
+            eprintln!("postcopy_latency: {e}");
+            std::process::exit(1)
+        }
+    }
+}
