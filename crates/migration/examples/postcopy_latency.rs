@@ -140,7 +140,11 @@ fn parse_args() -> Res<Args> {
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
-    if a.size % BLOCK != 0 || a.big_size % BLOCK != 0 || a.size == 0 || a.big_size == 0 {
+    if !a.size.is_multiple_of(BLOCK)
+        || !a.big_size.is_multiple_of(BLOCK)
+        || a.size == 0
+        || a.big_size == 0
+    {
         return Err("sizes must be positive multiples of 4096".into());
     }
     Ok(a)
