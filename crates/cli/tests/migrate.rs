@@ -327,3 +327,122 @@ fn precopy_between_two_daemons() {
 fn postcopy_preempt_between_two_daemons_over_tls() {
     two_daemon_migration(true, true);
 }
+
+/// Refusals that protect data: the destination never overwrites an existing file, a
+/// keyslot change is refused while the header is already on its way, and a cancelled
+/// migration leaves the source serving and the destination without a disk or image.
+#[test]
+fn migration_refusals_and_cancel() {
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", &passphrase("refuse"));
+    let new_key = key_file(dir.path(), "new", &passphrase("refuse-new"));
+    let src_img = dir.path().join("src.luks");
+    let mut args = vec![
+        "format",
+        "-q",
+        "--key-file",
+        s(&key),
+        "--sector-size",
+        "4096",
+    ];
+    args.extend_from_slice(CHEAP_PBKDF2);
+    args.extend([s(&src_img), "32M"]);
+    cryptblk(&args).ok();
+    let src = Daemon::start(
+        dir.path(),
+        "src",
+        &[
+            "--image",
+            s(&src_img),
+            "--key-file",
+            s(&key),
+            "--name",
+            "vol",
+        ],
+    );
+    let dst = Daemon::start(dir.path(), "dst", &[]);
+    let ctl = |d: &Daemon, args: &[&str]| {
+        let mut all = vec!["ctl", "--socket", s(&d.control)];
+        all.extend_from_slice(args);
+        cryptblk(all)
+    };
+
+    // An existing file is never the target of a migration.
+    let existing = dir.path().join("existing.img");
+    std::fs::write(&existing, b"precious").unwrap();
+    let out = ctl(
+        &dst,
+        &[
+            "migrate-incoming",
+            "vol",
+            "--image",
+            s(&existing),
+            "--listen",
+            "tcp:127.0.0.1:0",
+            "--nbd-export",
+        ],
+    );
+    assert_ne!(out.code, 0);
+    out.error_line(&["already exists"]);
+    assert_eq!(std::fs::read(&existing).unwrap(), b"precious");
+
+    let dst_img = dir.path().join("dst.luks");
+    let listen = dst.ctl(&[
+        "migrate-incoming",
+        "vol",
+        "--image",
+        s(&dst_img),
+        "--key-file",
+        s(&key),
+        "--listen",
+        "tcp:127.0.0.1:0",
+        "--nbd-export",
+    ])["listen"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    src.ctl(&[
+        "migrate-start",
+        "vol",
+        "--to",
+        &listen,
+        "--max-bandwidth",
+        "2M",
+    ]);
+    let out = ctl(
+        &src,
+        &[
+            "key-add",
+            "vol",
+            "--key-file",
+            s(&key),
+            "--new-key-file",
+            s(&new_key),
+        ],
+    );
+    assert_ne!(out.code, 0);
+    out.error_line(&["migrated"]);
+
+    src.ctl(&["migrate-cancel", "vol"]);
+    src.wait_phase("cancelled");
+    // The source serves on, writable.
+    qemu_io(
+        &src.uri(),
+        &["write -P 0x42 0 4096".into(), "read -P 0x42 0 4096".into()],
+    );
+    // The destination dropped the disk and its partial image.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while dst_img.exists() || dst.ctl(&["disk-list"])["disks"].as_array().unwrap().len() != 0 {
+        assert!(Instant::now() < deadline, "{:#}", dst.ctl(&["disk-list"]));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // And after the migration, keyslot changes work again.
+    src.ctl(&[
+        "key-add",
+        "vol",
+        "--key-file",
+        s(&key),
+        "--new-key-file",
+        s(&new_key),
+    ]);
+}

@@ -242,7 +242,20 @@ impl Daemon {
                 return Err(e);
             }
         };
+        let name = config.name.clone();
         self.publish(PreparedDisk { config, image })?;
+        // A migration that fails before the destination went live leaves nothing usable:
+        // the disk goes away again (its partial image was removed by the migration).
+        let phase = loop {
+            let phase = incoming.wait_for(Phase::Completed, Duration::from_secs(3600));
+            if phase.is_final() {
+                break phase;
+            }
+        };
+        if phase != Phase::Completed {
+            eprintln!("cryptblk: incoming migration of disk \"{name}\" {phase}; detaching it");
+            self.remove_disk(&name, true)?;
+        }
         Ok(())
     }
 }
