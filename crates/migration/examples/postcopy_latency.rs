@@ -14,7 +14,7 @@
 //! - (a) postcopy without preempt: urgent answers share the bulk channel (behind the chunk);
 //! - (b) preempt, chunks not broken: urgent answers on their own channel, but only between
 //!   bulk chunks;
-//! - (c) full preempt: urgent answers between the 64 KiB slices of a bulk chunk.
+//! - (c) full preempt: urgent answers between the slices (16 KiB) of a bulk chunk.
 //!
 //! Each configuration runs in a child process of this example (the example re-executes itself),
 //! so that the migration threads left behind when the measurement stops die with it. The child
@@ -532,9 +532,10 @@ fn parent(a: &Args) -> Res<()> {
     let _ = writeln!(
         t,
         "\nOn-demand 4 KiB read latency on the destination during postcopy ({} MiB raw disk, \
-         link 1 Gbit/s, slices 64 KiB, {:.0} s of reads every {:.0} ms; only reads that \
+         link 1 Gbit/s, slices {} KiB, {:.0} s of reads every {:.0} ms; only reads that \
          waited for a block count)\n",
         a.size >> 20,
+        SourceOptions::default().slice_size >> 10,
         a.duration.as_secs_f64(),
         a.interval.as_secs_f64() * 1e3
     );

@@ -64,7 +64,7 @@ impl Default for SourceOptions {
             postcopy: false,
             preempt: false,
             break_chunks: true,
-            slice_size: 64 << 10,
+            slice_size: 16 << 10,
             tls: None,
         }
     }
@@ -678,6 +678,10 @@ struct Sender {
     cursor: u64,
     /// Whether the current sweep took anything.
     sweep_sent: bool,
+    /// The image file is known to hold data up to here (data never turns into a hole behind
+    /// our back except by a discard, and reading a hole as data is still correct). Holes are
+    /// not cached: a guest write can fill one at any time.
+    data_until: u64,
 }
 
 fn run_sender(shared: Arc<Shared>, ch: Channels) {
@@ -689,6 +693,7 @@ fn run_sender(shared: Arc<Shared>, ch: Channels) {
         urgent_buf: Vec::new(),
         cursor: 0,
         sweep_sent: false,
+        data_until: 0,
     };
     let outcome = s.precopy();
     let postcopy = match outcome {
@@ -982,11 +987,14 @@ impl Sender {
         }
     }
 
-    /// Waits until the link is free (with no cap, at once).
+    /// Waits until the link is nearly free (with no cap, at once). Up to `LINK_QUEUE` of
+    /// queued transmission is allowed, as in a NIC queue: sleeping for every few microseconds
+    /// would cost more than the wait itself (a sleep overshoots by tens of microseconds).
     fn wait_link(&self) {
+        const LINK_QUEUE: Duration = Duration::from_micros(200);
         let busy = self.link.busy_for();
-        if !busy.is_zero() {
-            std::thread::sleep(busy);
+        if busy > LINK_QUEUE {
+            std::thread::sleep(busy - LINK_QUEUE / 2);
         }
     }
 
@@ -1008,13 +1016,25 @@ impl Sender {
         let end = offset + len;
         let mut pos = offset;
         while pos < end {
-            let ext = self
-                .shared
-                .file
-                .block_status(pos, end - pos)
-                .map_err(|e| Stop::Broken(e.to_string()))?;
-            let n = ext.len.clamp(1, end - pos);
-            match ext.kind {
+            let (kind, n) = if pos < self.data_until {
+                (ExtentKind::Data, self.data_until.min(end) - pos)
+            } else {
+                // Ask about the rest of the file, not just this range: finding the next hole
+                // costs the same (on tmpfs, a walk to it), and one answer then covers many
+                // chunks.
+                let size = self.shared.file.size();
+                let ext = self
+                    .shared
+                    .file
+                    .block_status(pos, size - pos)
+                    .map_err(|e| Stop::Broken(e.to_string()))?;
+                let ext_len = ext.len.max(1);
+                if ext.kind == ExtentKind::Data {
+                    self.data_until = pos + ext_len;
+                }
+                (ext.kind, ext_len.min(end - pos))
+            };
+            match kind {
                 ExtentKind::Data => self.send_chunk(pos, n, urgent_between_slices)?,
                 ExtentKind::Zero | ExtentKind::Unallocated => {
                     self.frame_bulk(&Frame::Zero {
@@ -1037,35 +1057,51 @@ impl Sender {
     ) -> Result<(), Stop> {
         let mut data = std::mem::take(&mut self.buf);
         data.resize(len as usize, 0);
-        self.shared
-            .file
-            .read_at(&mut data, offset)
-            .map_err(|e| Stop::Broken(e.to_string()))?;
-        let prefix = wire::chunk_prefix(offset, &data);
-        self.wait_link();
-        self.ch.bulk.write_all(&prefix)?;
-        self.link.sent(prefix.len());
-        let slice = self.shared.opts.slice_size;
-        let mut res = Ok(());
-        for piece in data.chunks(slice) {
-            if urgent_between_slices {
-                if let Err(e) = self.serve_urgent() {
-                    res = Err(e);
-                    break;
-                }
-            }
-            self.wait_link();
-            if let Err(e) = self.ch.bulk.write_all(piece) {
-                res = Err(e.into());
-                break;
-            }
-            self.link.sent(piece.len());
-        }
+        let res = self.send_chunk_data(&mut data, offset, urgent_between_slices);
         self.buf = data;
         res?;
         let mut s = self.shared.lock();
         s.bytes_sent += len;
         s.chunks += 1;
+        Ok(())
+    }
+
+    /// Reads, checksums and sends one chunk slice by slice; with `urgent_between_slices`,
+    /// urgent requests are answered between slices of the reading as well as of the sending,
+    /// so that a large chunk never holds one up for more than a slice.
+    fn send_chunk_data(
+        &mut self,
+        data: &mut [u8],
+        offset: u64,
+        urgent_between_slices: bool,
+    ) -> Result<(), Stop> {
+        let slice = self.shared.opts.slice_size;
+        let mut hasher = wire::ChunkHasher::new(offset);
+        let mut pos = 0;
+        while pos < data.len() {
+            if urgent_between_slices {
+                self.serve_urgent()?;
+            }
+            let n = slice.max(256 << 10).min(data.len() - pos);
+            self.shared
+                .file
+                .read_at(&mut data[pos..pos + n], offset + pos as u64)
+                .map_err(|e| Stop::Broken(e.to_string()))?;
+            hasher.update(&data[pos..pos + n]);
+            pos += n;
+        }
+        let prefix = wire::chunk_prefix_with(offset, data.len(), &hasher.finish());
+        self.wait_link();
+        self.ch.bulk.write_all(&prefix)?;
+        self.link.sent(prefix.len());
+        for piece in data.chunks(slice) {
+            if urgent_between_slices {
+                self.serve_urgent()?;
+            }
+            self.wait_link();
+            self.ch.bulk.write_all(piece)?;
+            self.link.sent(piece.len());
+        }
         Ok(())
     }
 }
