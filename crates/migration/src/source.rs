@@ -53,6 +53,9 @@ pub struct SourceOptions {
     pub break_chunks: bool,
     /// Bulk data goes to the socket in slices of this many bytes.
     pub slice_size: usize,
+    /// Precopy passes (the first, full one included) before resending stops until the
+    /// switchover; 0 for no limit.
+    pub max_passes: u32,
     pub tls: Option<Arc<ClientConfig>>,
 }
 
@@ -65,6 +68,7 @@ impl Default for SourceOptions {
             preempt: false,
             break_chunks: true,
             slice_size: 16 << 10,
+            max_passes: 30,
             tls: None,
         }
     }
@@ -802,11 +806,17 @@ impl Sender {
             self.send_file_range(off, len, false)?;
             off += len;
         }
+        let max_passes = self.shared.opts.max_passes;
         loop {
             if let Some(postcopy) = self.check()? {
                 return self.switch_over(postcopy);
             }
-            if !self.send_next_run(false)? {
+            // After the pass limit, what the guest dirties waits for the switchover instead
+            // of being sent again and again.
+            let passes_done = self.shared.lock().passes;
+            if (max_passes != 0 && passes_done >= max_passes && self.cursor == 0)
+                || !self.send_next_run(false)?
+            {
                 self.idle(Duration::from_millis(20));
             }
         }

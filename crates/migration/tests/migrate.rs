@@ -468,3 +468,52 @@ fn unaligned_chunk_is_refused() {
 fn garbage_is_refused() {
     hostile(b"GET / HTTP/1.1\r\n\r\n".to_vec(), "magic");
 }
+
+/// After the pass limit, dirty blocks wait for the switchover instead of being resent, and the
+/// switchover still sends them all.
+#[test]
+fn pass_limit_holds_resends_until_switchover() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = luks2_source(&dir.path().join("src.luks"), 8 << 20, 11);
+    let incoming = listen(dir.path());
+    let mig = SourceMigration::start(
+        src.raw.clone(),
+        src.tracker.clone(),
+        incoming.address(),
+        SourceOptions {
+            max_passes: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    while mig.status().passes < 1 {
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let ops = Arc::new(AtomicU64::new(0));
+    let writer = spawn_io(
+        src.tracker.clone(),
+        src.model.clone(),
+        stop.clone(),
+        12,
+        true,
+        ops.clone(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    writer.join().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let st = mig.status();
+    assert_eq!(st.passes, 1, "{st:?}");
+    assert!(
+        st.dirty_blocks > 0,
+        "writes after the limit stay dirty: {st:?}"
+    );
+    mig.switchover(false).unwrap();
+    assert_eq!(mig.wait(WAIT), Phase::Completed, "{:?}", mig.status());
+    assert_eq!(incoming.wait_for(Phase::Completed, WAIT), Phase::Completed);
+    drop(incoming);
+    assert_destination_image(dir.path(), &src.model.lock().unwrap());
+}

@@ -35,6 +35,7 @@ Methods and params (? = optional):
                 \"queue-size\"?: int, \"nbd-export\"?: bool, \"discard\"?: bool}
   migrate-start {\"name\": str, \"to\": addr, \"postcopy\"?: bool, \"preempt\"?: bool,
                 \"chunk-size\"?: bytes, \"max-bandwidth\"?: bytes/s, \"break-chunks\"?: bool,
+                \"max-passes\"?: int,
                 \"tls-creds\"?: dir}
   migrate-switchover {\"name\": str, \"postcopy\"?: bool}
   migrate-postcopy / migrate-status / migrate-cancel {\"name\": str}
@@ -175,6 +176,9 @@ pub struct MigrateStartArgs {
     /// With --preempt: do not interrupt a bulk chunk for urgent requests (for comparisons).
     #[arg(long)]
     no_break_chunks: bool,
+    /// Precopy passes before resending waits for the switchover (default 30; 0: no limit).
+    #[arg(long, value_name = "N")]
+    max_passes: Option<u32>,
     /// TLS credentials directory (QEMU x509 layout): ca-cert.pem, client-cert.pem,
     /// client-key.pem.
     #[arg(long, value_name = "DIR")]
@@ -345,6 +349,9 @@ fn request(verb: &CtlVerb) -> Result<(&'static str, Value)> {
                 p.insert("max-bandwidth".into(), b.into());
             }
             p.insert("break-chunks".into(), (!m.no_break_chunks).into());
+            if let Some(n) = m.max_passes {
+                p.insert("max-passes".into(), n.into());
+            }
             if let Some(d) = &m.tls_creds {
                 p.insert("tls-creds".into(), absolute(d)?);
             }

@@ -29,6 +29,7 @@ pub struct StartRequest {
     pub chunk_size: Option<usize>,
     pub max_bandwidth: Option<u64>,
     pub break_chunks: bool,
+    pub max_passes: Option<u32>,
     pub tls_creds: Option<std::path::PathBuf>,
 }
 
@@ -111,6 +112,9 @@ impl Daemon {
         };
         if let Some(c) = req.chunk_size {
             opts.chunk_size = c;
+        }
+        if let Some(p) = req.max_passes {
+            opts.max_passes = p;
         }
         let _header = disk
             .header_lock

@@ -105,6 +105,8 @@ struct MigrateStartParams {
     max_bandwidth: Option<u64>,
     /// With preempt: interrupt bulk chunks for urgent requests (default true).
     break_chunks: Option<bool>,
+    /// Precopy passes before resending waits for the switchover (0: no limit).
+    max_passes: Option<u32>,
     tls_creds: Option<PathBuf>,
 }
 
@@ -263,6 +265,7 @@ impl Handler for ControlHandler {
                     chunk_size: p.chunk_size,
                     max_bandwidth: p.max_bandwidth,
                     break_chunks: p.break_chunks.unwrap_or(true),
+                    max_passes: p.max_passes,
                     tls_creds: p.tls_creds,
                 };
                 d.migrate_start(&p.name, req).map_err(to_rpc)
