@@ -432,7 +432,12 @@ fn migration_refusals_and_cancel() {
     );
     // The destination dropped the disk and its partial image.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while dst_img.exists() || dst.ctl(&["disk-list"])["disks"].as_array().unwrap().len() != 0 {
+    while dst_img.exists()
+        || !dst.ctl(&["disk-list"])["disks"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    {
         assert!(Instant::now() < deadline, "{:#}", dst.ctl(&["disk-list"]));
         std::thread::sleep(Duration::from_millis(100));
     }
