@@ -15,8 +15,8 @@
 #   (a) postcopy without preempt: the answer to an urgent request shares the bulk channel and
 #       goes out after the chunk being sent;
 #   (b) preempt without breaking chunks: own channel, but still after the whole chunk;
-#   (c) full preempt: own channel, between two 16 KiB slices of the chunk (and between
-#       256 KiB pieces of reading and checksumming it).
+#   (c) full preempt: own channel, between two 16 KiB slices (frames) of the chunk (and
+#       between the 256 KiB pieces it is read in).
 #
 # Reading the ratio: "avg a/c" is how many times faster an on-demand read is with full preempt
 # than without; the target is >= 10x at every chunk size with (c)'s p99 under 2 ms. At 64 KiB

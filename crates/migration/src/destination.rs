@@ -798,19 +798,22 @@ fn apply(
 ) -> Result<(), MigrationError> {
     let len = payload.len();
     check_range(c, offset, len)?;
-    let phase = shared.lock().phase;
-    match phase {
-        Phase::Precopy => {
-            write_payload(&c.file, &payload, offset, 0, len)?;
-            c.received.set_range(offset, len);
-        }
-        Phase::Postcopy | Phase::PostcopyPaused => {
-            let g = u64::from(c.hello.granularity);
-            let mut piece = offset;
-            let end = offset + len;
-            while piece < end {
-                let piece_end = (piece + APPLY_PIECE).min(end);
-                let _order = shared.apply.lock().unwrap_or_else(PoisonError::into_inner);
+    let g = u64::from(c.hello.granularity);
+    let mut piece = offset;
+    let end = offset + len;
+    while piece < end {
+        let piece_end = (piece + APPLY_PIECE).min(end);
+        // The phase is read under the ordering lock: a piece that started as precopy data
+        // (written whatever the bitmap says) must not land after a guest write that the
+        // switchover to postcopy allowed.
+        let _order = shared.apply.lock().unwrap_or_else(PoisonError::into_inner);
+        let phase = shared.lock().phase;
+        match phase {
+            Phase::Precopy => {
+                write_payload(&c.file, &payload, offset, piece - offset, piece_end - piece)?;
+                c.received.set_range(piece, piece_end - piece);
+            }
+            Phase::Postcopy | Phase::PostcopyPaused => {
                 let mut block = piece / g;
                 let last = (piece_end - 1) / g;
                 while let Some((first, count)) = c.received.next_run(block, false) {
@@ -823,12 +826,12 @@ fn apply(
                     c.received.set_range(run_off, run_len);
                     block = first + count;
                 }
-                piece = piece_end;
+            }
+            phase => {
+                return Err(MigrationError::Protocol(format!("data in phase {phase}")));
             }
         }
-        phase => {
-            return Err(MigrationError::Protocol(format!("data in phase {phase}")));
-        }
+        piece = piece_end;
     }
     let mut s = shared.lock();
     match payload {

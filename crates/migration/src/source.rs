@@ -686,6 +686,8 @@ struct Sender {
     /// our back except by a discard, and reading a hole as data is still correct). Holes are
     /// not cached: a guest write can fill one at any time.
     data_until: u64,
+    /// The switchover's own sending is under way (it must not break itself off).
+    switching: bool,
 }
 
 fn run_sender(shared: Arc<Shared>, ch: Channels) {
@@ -698,6 +700,7 @@ fn run_sender(shared: Arc<Shared>, ch: Channels) {
         cursor: 0,
         sweep_sent: false,
         data_until: 0,
+        switching: false,
     };
     let outcome = s.precopy();
     let postcopy = match outcome {
@@ -868,6 +871,7 @@ impl Sender {
     }
 
     fn switch_over(&mut self, postcopy: bool) -> Result<bool, Stop> {
+        self.switching = true;
         if !postcopy {
             // Fenced: one more sweep takes everything, and nothing gets dirty again.
             while self.bitmap().count() > 0 {
@@ -1069,49 +1073,58 @@ impl Sender {
         data.resize(len as usize, 0);
         let res = self.send_chunk_data(&mut data, offset, urgent_between_slices);
         self.buf = data;
-        res?;
+        let sent = res?;
         let mut s = self.shared.lock();
-        s.bytes_sent += len;
+        s.bytes_sent += sent;
         s.chunks += 1;
         Ok(())
     }
 
-    /// Reads, checksums and sends one chunk slice by slice; with `urgent_between_slices`,
-    /// urgent requests are answered between slices of the reading as well as of the sending,
-    /// so that a large chunk never holds one up for more than a slice.
+    /// Whether a switchover waits for the bulk stream (and this is not the switchover's own
+    /// sending).
+    fn switchover_waiting(&self) -> bool {
+        !self.switching && self.shared.lock().switchover.is_some()
+    }
+
+    /// Reads one bulk chunk in pieces and sends it as one frame per slice (each with its own
+    /// checksum). With `urgent_between_slices`, urgent requests are answered between slices,
+    /// so a large chunk never holds one up for more than a slice. A switchover asked for
+    /// meanwhile breaks the chunk off: what was not sent is marked dirty again, so the
+    /// switchover waits for one slice, not for a chunk at the bandwidth cap. Returns the bytes
+    /// sent.
     fn send_chunk_data(
         &mut self,
         data: &mut [u8],
         offset: u64,
         urgent_between_slices: bool,
-    ) -> Result<(), Stop> {
+    ) -> Result<u64, Stop> {
+        const READ_PIECE: usize = 256 << 10;
         let slice = self.shared.opts.slice_size;
-        let mut hasher = wire::ChunkHasher::new(offset);
+        let payload = self.shared.tracker.payload_offset();
         let mut pos = 0;
         while pos < data.len() {
-            if urgent_between_slices {
-                self.serve_urgent()?;
-            }
-            let n = slice.max(256 << 10).min(data.len() - pos);
+            let piece_end = (pos + READ_PIECE.max(slice)).min(data.len());
             self.shared
                 .file
-                .read_at(&mut data[pos..pos + n], offset + pos as u64)
+                .read_at(&mut data[pos..piece_end], offset + pos as u64)
                 .map_err(|e| Stop::Broken(e.to_string()))?;
-            hasher.update(&data[pos..pos + n]);
-            pos += n;
-        }
-        let prefix = wire::chunk_prefix_with(offset, data.len(), &hasher.finish());
-        self.wait_link();
-        self.ch.bulk.write_all(&prefix)?;
-        self.link.sent(prefix.len());
-        for piece in data.chunks(slice) {
-            if urgent_between_slices {
-                self.serve_urgent()?;
+            while pos < piece_end {
+                if urgent_between_slices {
+                    self.serve_urgent()?;
+                }
+                let at = offset + pos as u64;
+                if at >= payload && self.switchover_waiting() {
+                    let unsent = data.len() as u64 - pos as u64;
+                    self.bitmap().set_range(at - payload, unsent);
+                    return Ok(pos as u64);
+                }
+                let end = (pos + slice).min(piece_end);
+                self.wait_link();
+                wire::write_chunk(&mut self.ch.bulk, at, &data[pos..end])?;
+                self.link.sent(end - pos + wire::CHUNK_OVERHEAD);
+                pos = end;
             }
-            self.wait_link();
-            self.ch.bulk.write_all(piece)?;
-            self.link.sent(piece.len());
         }
-        Ok(())
+        Ok(data.len() as u64)
     }
 }

@@ -51,6 +51,8 @@ const HELLO_LEN: usize = 44;
 const HELLO_V1_LEN: usize = 24;
 pub const SESSION_ID_LEN: usize = 16;
 const CHUNK_PREFIX: usize = 8 + CHECKSUM_LEN;
+/// Bytes a chunk frame adds to its data on the wire.
+pub const CHUNK_OVERHEAD: usize = HEADER_LEN + CHUNK_PREFIX;
 
 const KIND_HELLO: u8 = 1;
 const KIND_CHUNK: u8 = 2;
@@ -520,35 +522,11 @@ pub fn write_frame<W: Write + ?Sized>(w: &mut W, frame: &Frame) -> Result<(), Wi
 /// The header and checksum of a chunk frame for `data`: write these, then `data` itself (in
 /// as many pieces as the caller likes), without copying the data into a frame buffer.
 pub fn chunk_prefix(offset: u64, data: &[u8]) -> Vec<u8> {
-    chunk_prefix_with(offset, data.len(), &checksum(offset, data))
-}
-
-/// `chunk_prefix` for `len` bytes whose checksum was computed piecewise ([`ChunkHasher`]).
-pub fn chunk_prefix_with(offset: u64, len: usize, sum: &[u8; CHECKSUM_LEN]) -> Vec<u8> {
     let mut prefix = Vec::with_capacity(HEADER_LEN + CHUNK_PREFIX);
-    push_header(&mut prefix, KIND_CHUNK, CHUNK_PREFIX + len);
+    push_header(&mut prefix, KIND_CHUNK, CHUNK_PREFIX + data.len());
     prefix.extend_from_slice(&offset.to_le_bytes());
-    prefix.extend_from_slice(sum);
+    prefix.extend_from_slice(&checksum(offset, data));
     prefix
-}
-
-/// A chunk's checksum computed over its data piece by piece.
-pub struct ChunkHasher(Sha256);
-
-impl ChunkHasher {
-    pub fn new(offset: u64) -> Self {
-        let mut h = Sha256::new();
-        h.update(offset.to_le_bytes());
-        ChunkHasher(h)
-    }
-
-    pub fn update(&mut self, data: &[u8]) {
-        self.0.update(data);
-    }
-
-    pub fn finish(self) -> [u8; CHECKSUM_LEN] {
-        self.0.finalize().into()
-    }
 }
 
 /// Writes a whole chunk frame for `data`.
@@ -614,13 +592,6 @@ mod tests {
             let mut cur = std::io::Cursor::new(&bytes);
             assert_eq!(read_frame(&mut cur).unwrap(), f);
         }
-        let mut h = ChunkHasher::new(99);
-        h.update(b"a");
-        h.update(b"bc");
-        assert_eq!(
-            chunk_prefix_with(99, 3, &h.finish()),
-            chunk_prefix(99, b"abc")
-        );
         let mut v = Vec::new();
         write_chunk(&mut v, 99, b"abc").unwrap();
         assert_eq!(decode(&v).unwrap().0, Frame::chunk(99, b"abc".to_vec()));
