@@ -392,9 +392,14 @@ fn accept_loop(shared: Arc<DShared>) {
     }
 }
 
-fn refuse(ch: &mut Channel, ours: Hello, message: String) {
+/// Tells a peer why it is refused and hangs up. Only a version mismatch is answered with our
+/// Hello first (so the peer can report both versions); otherwise the Error comes instead of
+/// the Hello, and the source reports it as the answer to its connection attempt.
+fn refuse(ch: &mut Channel, ours: Option<Hello>, message: String) {
     tracing::warn!(peer = %ch.peer, "refusing a migration connection: {message}");
-    let _ = wire::write_frame(&mut ch.writer, &Frame::Hello(ours));
+    if let Some(hello) = ours {
+        let _ = wire::write_frame(&mut ch.writer, &Frame::Hello(hello));
+    }
     let _ = wire::write_frame(&mut ch.writer, &Frame::Error { message });
     ch.closer.close();
 }
@@ -457,23 +462,23 @@ fn handle_connection(shared: Arc<DShared>, incoming: Incoming) {
              source version {}",
             theirs.version
         );
-        return refuse(&mut ch, ours, msg);
+        return refuse(&mut ch, Some(ours), msg);
     }
     let generation = match theirs.role {
         Role::Bulk => match start_session(&shared, &theirs) {
             Ok(g) => g,
-            Err(msg) => return refuse(&mut ch, ours, msg),
+            Err(msg) => return refuse(&mut ch, None, msg),
         },
         Role::Urgent | Role::Resume => {
             let mut s = shared.lock();
             if s.session != Some(theirs.session) {
                 drop(s);
-                return refuse(&mut ch, ours, "no migration with this session".into());
+                return refuse(&mut ch, None, "no migration with this session".into());
             }
             let c = shared.created.get().expect("session implies created");
             if c.hello.disk_size_bytes != theirs.disk_size_bytes {
                 drop(s);
-                return refuse(&mut ch, ours, "disk size differs from the session's".into());
+                return refuse(&mut ch, None, "disk size differs from the session's".into());
             }
             match (theirs.role, s.phase) {
                 (Role::Urgent, Phase::Precopy | Phase::Postcopy | Phase::PostcopyPaused) => {}
@@ -491,7 +496,7 @@ fn handle_connection(shared: Arc<DShared>, incoming: Incoming) {
                     drop(s);
                     return refuse(
                         &mut ch,
-                        ours,
+                        None,
                         format!("cannot join a migration in phase {phase}"),
                     );
                 }

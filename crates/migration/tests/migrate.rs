@@ -68,6 +68,16 @@ fn precopy_under_concurrent_writes_then_switchover() {
         },
     )
     .unwrap();
+    // A second source is refused at once, with the reason.
+    let other = luks2_source(&dir.path().join("other.luks"), 4 << 20, 13);
+    let err = SourceMigration::start(
+        other.raw.clone(),
+        other.tracker.clone(),
+        incoming.address(),
+        SourceOptions::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("already receives"), "{err}");
     std::thread::sleep(Duration::from_millis(1500));
     stop.store(true, Ordering::SeqCst);
     writer.join().unwrap();
