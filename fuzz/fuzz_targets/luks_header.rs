@@ -7,7 +7,9 @@ use libfuzzer_sys::fuzz_target;
 use std::io::Write;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(mut file) = tempfile::tempfile() else { return };
+    let Ok(mut file) = tempfile::tempfile() else {
+        return;
+    };
     if file.write_all(data).is_err() {
         return;
     }

@@ -22,7 +22,9 @@ pub use crypt::{CryptDevice, CryptLayout};
 pub use device::{BlockDevice, Extent, ExtentKind};
 pub use error::{BlockError, BlockErrorKind};
 pub use format::{open_image, probe_format, Format, MAX_BACKING_DEPTH};
-pub use luks_volume::{open_luks_volume, open_luks_volume_on, LuksVolume, VolumeError, VolumeOptions};
+pub use luks_volume::{
+    open_luks_volume, open_luks_volume_on, LuksVolume, VolumeError, VolumeOptions,
+};
 pub use qcow2::Qcow2;
 pub use raw::{OpenOptions, RawFile};
 pub use stats::{IoKind, IoStats, IoStatsSnapshot};

@@ -23,5 +23,8 @@ fn fuzz_corpus_parses_without_panicking() {
         while wire::read_frame(&mut stream).is_ok() {}
     }
     assert!(inputs >= 4, "the seed corpus is missing");
-    assert!(frames > 0, "no input held a valid frame: the seeds are broken");
+    assert!(
+        frames > 0,
+        "no input held a valid frame: the seeds are broken"
+    );
 }
