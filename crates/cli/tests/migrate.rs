@@ -451,3 +451,173 @@ fn migration_refusals_and_cancel() {
         s(&new_key),
     ]);
 }
+
+/// A TCP forwarder the test can cut, standing for the network between the daemons.
+struct Proxy {
+    addr: String,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(target: String) -> Proxy {
+        use std::io::{Read, Write};
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let conns: std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>> = Default::default();
+        let held = conns.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let server = TcpStream::connect(&target).unwrap();
+                held.lock().unwrap().push(client.try_clone().unwrap());
+                held.lock().unwrap().push(server.try_clone().unwrap());
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let mut buf = vec![0u8; 64 << 10];
+                        while let Ok(n) = from.read(&mut buf) {
+                            if n == 0 || to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Proxy { addr, conns }
+    }
+
+    fn cut(&self) {
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// The network between two daemons breaks during postcopy: both pause, a read of a block the
+/// destination lacks waits (it is not served wrongly), and `migrate-recover` over a new
+/// connection finishes the migration with every write intact.
+#[test]
+fn postcopy_cut_between_daemons_pauses_and_recovers() {
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", &passphrase("recover"));
+    let src_img = dir.path().join("src.luks");
+    let dst_img = dir.path().join("dst.luks");
+    let size = 32 * MIB;
+    let mut args = vec![
+        "format",
+        "-q",
+        "--key-file",
+        s(&key),
+        "--sector-size",
+        "4096",
+    ];
+    args.extend_from_slice(CHEAP_PBKDF2);
+    args.extend([s(&src_img), "32M"]);
+    cryptblk(&args).ok();
+    let src = Daemon::start(
+        dir.path(),
+        "src",
+        &[
+            "--image",
+            s(&src_img),
+            "--key-file",
+            s(&key),
+            "--name",
+            "vol",
+        ],
+    );
+    let dst = Daemon::start(dir.path(), "dst", &[]);
+    let initial = dir.path().join("initial.raw");
+    random_file(&initial, size, 31);
+    let mut expected = read(&initial);
+    tool(
+        "qemu-img",
+        [
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            s(&initial),
+            &src.uri(),
+        ],
+    )
+    .ok();
+    let listen = dst.ctl(&[
+        "migrate-incoming",
+        "vol",
+        "--image",
+        s(&dst_img),
+        "--key-file",
+        s(&key),
+        "--listen",
+        "tcp:127.0.0.1:0",
+        "--nbd-export",
+    ])["listen"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let proxy = Proxy::start(listen.trim_start_matches("tcp:").to_string());
+    let via_proxy = format!("tcp:{}", proxy.addr);
+    src.ctl(&[
+        "migrate-start",
+        "vol",
+        "--to",
+        &via_proxy,
+        "--postcopy",
+        "--preempt",
+        "--max-bandwidth",
+        "4M",
+    ]);
+    write(&src.uri(), &mut expected, 0x21, 3 * MIB, 64 * 1024);
+    src.ctl(&["migrate-postcopy", "vol"]);
+    dst.wait_phase("postcopy");
+    write(&dst.uri(), &mut expected, 0x22, 9 * MIB, 64 * 1024);
+
+    proxy.cut();
+    src.wait_phase("postcopy-paused");
+    dst.wait_phase("postcopy-paused");
+    // The end of the disk is sent last: reading it now has to wait for the recovery.
+    let reader = {
+        let uri = dst.uri();
+        std::thread::spawn(move || {
+            let out = tool(
+                "qemu-io",
+                [
+                    "-f",
+                    "raw",
+                    "-c",
+                    &format!("read -v {} 4096", size - 4096),
+                    &uri,
+                ],
+            );
+            out.ok();
+            out.stdout
+        })
+    };
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(
+        !reader.is_finished(),
+        "a read of a missing block returned while paused"
+    );
+    src.ctl(&["migrate-recover", "vol", "--to", &listen]);
+    let dump = reader.join().unwrap();
+    // `read -v` prints the bytes; their first 16 must be what the source had there.
+    let tail = &expected[(size - 4096) as usize..(size - 4096 + 16) as usize];
+    let hex: Vec<String> = tail.iter().map(|b| format!("{b:02x}")).collect();
+    assert!(
+        dump.contains(&hex.join(" ")),
+        "the waiting read got other data:\n{dump}"
+    );
+    src.wait_phase("completed");
+    dst.wait_phase("completed");
+    dst.ctl(&["disk-remove", "vol"]);
+    let got = cryptblk_decrypt(&dst_img, &key, &dir.path().join("dst.raw"));
+    assert_same_bytes(&got, &expected, "destination image after recovery");
+}
