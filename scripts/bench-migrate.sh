@@ -31,7 +31,9 @@
 #
 # Usage: scripts/bench-migrate.sh [JSON_OUT]   (table on stdout; one JSON object per
 # configuration in JSON_OUT if given)
-# Environment: SIZE (default 2G), DURATION (8), INTERVAL (5), BIG_SIZE (4G),
+# LINK=proxy models the link with a shaping proxy instead (fair queueing between the two
+# connections; the sender's socket buffers fill as on a real network).
+# Environment: LINK (pacer), SIZE (default 2G), DURATION (8), INTERVAL (5), BIG_SIZE (4G),
 # BIG_BANDWIDTH (125000000), BENCH_DIR (default ${TMPDIR:-/tmp}; avoid tmpfs such as /dev/shm:
 # lseek(SEEK_HOLE) there scans every page up to the next hole, ~10 ms per GiB, once per bulk
 # chunk), POSTCOPY_LATENCY (prebuilt example binary; default: cargo build --release).
@@ -71,7 +73,8 @@ NEED_KIB=$(( (SIZE_BYTES + 2 * BIG_BYTES + (256 << 20)) / 1024 ))
     && log "bench: warning: $BENCH_DIR is tmpfs; its slow SEEK_HOLE throttles the sender"
 
 args=(--size "$SIZE_BYTES" --duration-secs "$DURATION" --interval-ms "$INTERVAL"
-      --big-size "$BIG_BYTES" --big-max-bandwidth "$BIG_BANDWIDTH" --dir "$BENCH_DIR")
+      --big-size "$BIG_BYTES" --big-max-bandwidth "$BIG_BANDWIDTH" --dir "$BENCH_DIR"
+      --link "${LINK:-pacer}")
 [[ -n $JSON_OUT ]] && args+=(--json-file "$JSON_OUT")
 log "+ $BIN ${args[*]}"
 echo "# cryptblk migration benchmark, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs, $(uname -r)"

@@ -80,6 +80,9 @@ struct Args {
     workdir: Option<PathBuf>,
     /// Where the images go (default: the temp directory).
     dir: Option<PathBuf>,
+    /// How the 1 Gbit/s link is modelled: "pacer" (the sender's --max-bandwidth) or "proxy"
+    /// (a shaping proxy between the daemons; socket buffers fill as on a real link).
+    link: String,
 }
 
 fn parse_size(s: &str) -> Res<u64> {
@@ -108,6 +111,7 @@ fn parse_args() -> Res<Args> {
         source: None,
         workdir: None,
         dir: None,
+        link: "pacer".into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -129,6 +133,12 @@ fn parse_args() -> Res<Args> {
             "--source" => a.source = Some(PathBuf::from(val()?)),
             "--workdir" => a.workdir = Some(PathBuf::from(val()?)),
             "--dir" => a.dir = Some(PathBuf::from(val()?)),
+            "--link" => {
+                a.link = val()?;
+                if a.link != "pacer" && a.link != "proxy" {
+                    return Err("--link is pacer or proxy".into());
+                }
+            }
             "-h" | "--help" => {
                 eprintln!(
                     "usage: postcopy_latency [--size BYTES] [--duration-secs N] [--interval-ms N] \
@@ -191,11 +201,100 @@ fn open_rw(path: &Path) -> Res<Arc<RawFile>> {
     )?))
 }
 
+/// A userspace model of a 1 Gbit/s link with per-flow fair queueing (like fq_codel on a
+/// shaped NIC): every connection through it is read only as fast as the link drains, so the
+/// sender's socket buffer fills up as it would on a real network, and the link takes 16 KiB
+/// from each backlogged connection in turn. Returns the address to connect to.
+fn shaping_proxy(target: String, bytes_per_sec: u64) -> Res<MigrationAddress> {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::mpsc::{sync_channel, Receiver, TryRecvError};
+    use std::sync::Mutex;
+    const PACKET: usize = 16 << 10;
+    type Flow = (Receiver<Vec<u8>>, TcpStream);
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?.to_string();
+    let flows: Arc<Mutex<Vec<Flow>>> = Arc::default();
+    let accepted = flows.clone();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = TcpStream::connect(&target) else {
+                return;
+            };
+            let _ = client.set_nodelay(true);
+            let _ = server.set_nodelay(true);
+            // Destination to source (requests, acknowledgements): small, not shaped.
+            let (mut back_from, mut back_to) =
+                (server.try_clone().unwrap(), client.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                while let Ok(n) = back_from.read(&mut buf) {
+                    if n == 0 || back_to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+            // Source to destination: one small queue per flow; the rest waits in the kernel.
+            let (tx, rx) = sync_channel::<Vec<u8>>(2);
+            let mut from = client;
+            std::thread::spawn(move || loop {
+                let mut buf = vec![0u8; PACKET];
+                match from.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        buf.truncate(n);
+                        if tx.send(buf).is_err() {
+                            break;
+                        }
+                    }
+                }
+            });
+            accepted.lock().unwrap().push((rx, server));
+        }
+    });
+    std::thread::spawn(move || {
+        let mut free_at = Instant::now();
+        let mut next = 0usize;
+        loop {
+            let packet = {
+                let f = flows.lock().unwrap();
+                let n = f.len();
+                let mut found = None;
+                for i in 0..n {
+                    let idx = (next + i) % n;
+                    match f[idx].0.try_recv() {
+                        Ok(p) => {
+                            found = Some((idx, p, f[idx].1.try_clone().unwrap()));
+                            next = idx + 1;
+                            break;
+                        }
+                        Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => {}
+                    }
+                }
+                found
+            };
+            let Some((_, packet, mut out)) = packet else {
+                std::thread::sleep(Duration::from_micros(20));
+                continue;
+            };
+            let now = Instant::now();
+            if free_at > now + Duration::from_micros(100) {
+                std::thread::sleep(free_at - now);
+            }
+            let start = free_at.max(Instant::now());
+            free_at = start + Duration::from_secs_f64(packet.len() as f64 / bytes_per_sec as f64);
+            let _ = out.write_all(&packet);
+        }
+    });
+    Ok(format!("tcp:{addr}").parse()?)
+}
+
 fn localhost() -> MigrationAddress {
     "tcp:127.0.0.1:0".parse().expect("valid address")
 }
 
-fn options(chunk: usize, mode: &str) -> Res<SourceOptions> {
+fn options(chunk: usize, mode: &str, link: &str) -> Res<SourceOptions> {
     let (preempt, break_chunks) = match mode {
         "a" => (false, false),
         "b" => (true, false),
@@ -204,7 +303,7 @@ fn options(chunk: usize, mode: &str) -> Res<SourceOptions> {
     };
     Ok(SourceOptions {
         chunk_size: chunk,
-        max_bandwidth: Some(LINK),
+        max_bandwidth: (link == "pacer").then_some(LINK),
         postcopy: true,
         preempt,
         break_chunks,
@@ -221,11 +320,19 @@ fn child_latency(a: &Args) -> Res<()> {
     let tracker = Arc::new(DirtyTracker::new(src.clone(), 0, BLOCK)?);
     let dst_path = workdir.join(format!("dst-{}.raw", std::process::id()));
     let incoming = IncomingMigration::listen(&localhost(), &dst_path, None)?;
+    let to = if a.link == "proxy" {
+        let MigrationAddress::Tcp(target) = incoming.address() else {
+            return Err("the proxy needs a TCP destination".into());
+        };
+        shaping_proxy(target.clone(), LINK)?
+    } else {
+        incoming.address().clone()
+    };
     let mig = SourceMigration::start(
         src.clone(),
         tracker,
-        incoming.address(),
-        options(a.chunk, &a.mode)?,
+        &to,
+        options(a.chunk, &a.mode, &a.link)?,
     )?;
     let ready = incoming.wait_header(Duration::from_secs(30))?;
     let disk = incoming.disk(ready.file.clone())?;
@@ -462,6 +569,8 @@ fn parent(a: &Args) -> Res<()> {
             a.duration.as_secs_f64().to_string(),
             "--interval-ms".into(),
             (a.interval.as_secs_f64() * 1e3).to_string(),
+            "--link".into(),
+            a.link.clone(),
         ]
     };
     let mut results: Vec<(usize, &str, BTreeMap<String, String>)> = Vec::new();
@@ -532,9 +641,14 @@ fn parent(a: &Args) -> Res<()> {
     let _ = writeln!(
         t,
         "\nOn-demand 4 KiB read latency on the destination during postcopy ({} MiB raw disk, \
-         link 1 Gbit/s, slices {} KiB, {:.0} s of reads every {:.0} ms; only reads that \
+         link 1 Gbit/s ({}), slices {} KiB, {:.0} s of reads every {:.0} ms; only reads that \
          waited for a block count)\n",
         a.size >> 20,
+        if a.link == "proxy" {
+            "shaping proxy, fair queueing, socket buffers fill"
+        } else {
+            "the sender's pacer"
+        },
         SourceOptions::default().slice_size >> 10,
         a.duration.as_secs_f64(),
         a.interval.as_secs_f64() * 1e3
