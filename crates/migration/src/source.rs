@@ -148,6 +148,8 @@ struct State {
     /// New channels from `recover`, for the sender to take.
     recovered: Option<Channels>,
     finished_at: Option<Instant>,
+    /// The bulk sender is inside a chunk (without break-chunks, urgent answers wait for it).
+    bulk_in_chunk: bool,
 }
 
 struct Shared {
@@ -320,6 +322,7 @@ impl SourceMigration {
                 generation: 0,
                 recovered: None,
                 finished_at: None,
+                bulk_in_chunk: false,
             }),
             cond: Condvar::new(),
             file,
@@ -675,7 +678,7 @@ impl From<std::io::Error> for Stop {
 struct Sender {
     shared: Arc<Shared>,
     ch: Channels,
-    link: Link,
+    link: Arc<Mutex<Link>>,
     buf: Vec<u8>,
     urgent_buf: Vec<u8>,
     /// Next block of the current sweep.
@@ -691,8 +694,13 @@ struct Sender {
 }
 
 fn run_sender(shared: Arc<Shared>, ch: Channels) {
+    let link = Arc::new(Mutex::new(Link::new(shared.opts.max_bandwidth)));
+    let mut ch = ch;
+    if let Some(w) = ch.urgent.take() {
+        spawn_urgent_answerer(shared.clone(), link.clone(), w, 0);
+    }
     let mut s = Sender {
-        link: Link::new(shared.opts.max_bandwidth),
+        link,
         shared,
         ch,
         buf: Vec::new(),
@@ -740,7 +748,15 @@ fn run_sender(shared: Arc<Shared>, ch: Channels) {
                 st.error = Some(format!("{e}; resume with migrate-recover"));
                 s.shared.cond.notify_all();
                 loop {
-                    if let Some(ch) = st.recovered.take() {
+                    if let Some(mut ch) = st.recovered.take() {
+                        if let Some(w) = ch.urgent.take() {
+                            spawn_urgent_answerer(
+                                s.shared.clone(),
+                                s.link.clone(),
+                                w,
+                                st.generation,
+                            );
+                        }
                         s.ch = ch;
                         st.phase = Phase::Postcopy;
                         st.urgent.clear();
@@ -933,7 +949,7 @@ impl Sender {
                 if let Some(e) = &s.broken {
                     return Err(Stop::Broken(e.clone()));
                 }
-                if s.urgent.is_empty() || !serve {
+                if s.urgent.is_empty() || !serve || self.shared.opts.preempt {
                     let _ = self
                         .shared
                         .cond
@@ -946,7 +962,8 @@ impl Sender {
         }
     }
 
-    /// Answers every queued urgent request.
+    /// Without preempt: answers every queued urgent request on the bulk channel. With
+    /// preempt the urgent-answer thread does that; this only reports a broken channel.
     fn serve_urgent(&mut self) -> Result<(), Stop> {
         loop {
             let next = {
@@ -954,50 +971,22 @@ impl Sender {
                 if let Some(e) = &s.broken {
                     return Err(Stop::Broken(e.clone()));
                 }
+                if self.shared.opts.preempt {
+                    return Ok(());
+                }
                 s.urgent.pop_front()
             };
             let Some((offset, len)) = next else {
                 return Ok(());
             };
-            let size = self.shared.file.size();
-            let payload = self.shared.tracker.payload_offset();
-            if offset < payload
-                || len > MAX_CHUNK_LEN as u64
-                || offset.checked_add(len).is_none_or(|e| e > size)
-            {
-                let message = format!(
-                    "request for {len} bytes at {offset} is outside the {size}-byte disk's payload"
-                );
-                let _ = wire::write_frame(
-                    &mut self.ch.bulk,
-                    &Frame::Error {
-                        message: message.clone(),
-                    },
-                );
-                return Err(Stop::Broken(message));
-            }
-            self.wait_link();
-            let mut data = std::mem::take(&mut self.urgent_buf);
-            data.resize(len as usize, 0);
-            self.shared
-                .file
-                .read_at(&mut data, offset)
-                .map_err(|e| Stop::Broken(e.to_string()))?;
-            let prefix = wire::chunk_prefix(offset, &data);
-            let w: &mut dyn Write = match self.ch.urgent.as_mut() {
-                Some(w) => w,
-                None => &mut self.ch.bulk,
-            };
-            w.write_all(&prefix)?;
-            w.write_all(&data)?;
-            self.link.sent(prefix.len() + data.len());
-            // Sent: the bulk stream need not send it again.
-            self.bitmap().clear_range(offset - payload, len);
-            self.urgent_buf = data;
-            let mut s = self.shared.lock();
-            s.urgent_served += 1;
-            s.bytes_sent += len;
-            s.chunks += 1;
+            answer_urgent(
+                &self.shared,
+                &self.link,
+                &mut self.ch.bulk,
+                &mut self.urgent_buf,
+                offset,
+                len,
+            )?;
         }
     }
 
@@ -1005,18 +994,14 @@ impl Sender {
     /// queued transmission is allowed, as in a NIC queue: sleeping for every few microseconds
     /// would cost more than the wait itself (a sleep overshoots by tens of microseconds).
     fn wait_link(&self) {
-        const LINK_QUEUE: Duration = Duration::from_micros(200);
-        let busy = self.link.busy_for();
-        if busy > LINK_QUEUE {
-            std::thread::sleep(busy - LINK_QUEUE / 2);
-        }
+        wait_link(&self.link);
     }
 
     fn frame_bulk(&mut self, frame: &Frame) -> Result<(), Stop> {
         let bytes = frame.encode();
         self.wait_link();
         self.ch.bulk.write_all(&bytes)?;
-        self.link.sent(bytes.len());
+        link_sent(&self.link, bytes.len());
         Ok(())
     }
 
@@ -1071,7 +1056,13 @@ impl Sender {
     ) -> Result<(), Stop> {
         let mut data = std::mem::take(&mut self.buf);
         data.resize(len as usize, 0);
+        self.shared.lock().bulk_in_chunk = true;
         let res = self.send_chunk_data(&mut data, offset, urgent_between_slices);
+        {
+            let mut s = self.shared.lock();
+            s.bulk_in_chunk = false;
+            self.shared.cond.notify_all();
+        }
         self.buf = data;
         let sent = res?;
         let mut s = self.shared.lock();
@@ -1121,10 +1112,122 @@ impl Sender {
                 let end = (pos + slice).min(piece_end);
                 self.wait_link();
                 wire::write_chunk(&mut self.ch.bulk, at, &data[pos..end])?;
-                self.link.sent(end - pos + wire::CHUNK_OVERHEAD);
+                link_sent(&self.link, end - pos + wire::CHUNK_OVERHEAD);
                 pos = end;
             }
         }
         Ok(data.len() as u64)
     }
+}
+
+/// Waits until the link is nearly free (with no cap, at once). Up to `LINK_QUEUE` of queued
+/// transmission is allowed, as in a NIC queue: sleeping for every few microseconds would cost
+/// more than the wait itself (a sleep overshoots by tens of microseconds).
+fn wait_link(link: &Mutex<Link>) {
+    const LINK_QUEUE: Duration = Duration::from_micros(200);
+    let busy = link
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .busy_for();
+    if busy > LINK_QUEUE {
+        std::thread::sleep(busy - LINK_QUEUE / 2);
+    }
+}
+
+fn link_sent(link: &Mutex<Link>, bytes: usize) {
+    link.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .sent(bytes);
+}
+
+/// Sends the `len` bytes at `offset` the destination asked for, on `w`.
+fn answer_urgent(
+    shared: &Shared,
+    link: &Mutex<Link>,
+    w: &mut dyn Write,
+    buf: &mut Vec<u8>,
+    offset: u64,
+    len: u64,
+) -> Result<(), Stop> {
+    let size = shared.file.size();
+    let payload = shared.tracker.payload_offset();
+    if offset < payload
+        || len > MAX_CHUNK_LEN as u64
+        || offset.checked_add(len).is_none_or(|e| e > size)
+    {
+        return Err(Stop::Broken(format!(
+            "the destination asked for {len} bytes at {offset}, outside the {size}-byte disk's \
+             payload"
+        )));
+    }
+    buf.resize(len as usize, 0);
+    shared
+        .file
+        .read_at(buf, offset)
+        .map_err(|e| Stop::Broken(e.to_string()))?;
+    let prefix = wire::chunk_prefix(offset, buf);
+    wait_link(link);
+    w.write_all(&prefix)?;
+    w.write_all(buf)?;
+    link_sent(link, prefix.len() + buf.len());
+    // Sent: the bulk stream need not send it again.
+    shared
+        .tracker
+        .bitmap()
+        .expect("tracking started")
+        .clear_range(offset - payload, len);
+    let mut s = shared.lock();
+    s.urgent_served += 1;
+    s.bytes_sent += len;
+    s.chunks += 1;
+    Ok(())
+}
+
+/// With preempt, urgent requests are answered by a thread of their own, on the preempt
+/// connection: the bulk sender may sit in a write to a full socket for milliseconds (Linux
+/// wakes a writer only once a third of the buffer has drained), and an urgent answer must not
+/// wait for that. Without break-chunks it still waits until the bulk sender is between chunks.
+fn spawn_urgent_answerer(
+    shared: Arc<Shared>,
+    link: Arc<Mutex<Link>>,
+    mut w: Box<dyn Write + Send>,
+    generation: u64,
+) {
+    let _ = std::thread::Builder::new()
+        .name("migrate-urgent".into())
+        .spawn(move || {
+            let mut buf = Vec::new();
+            loop {
+                let (offset, len) = {
+                    let mut s = shared.lock();
+                    loop {
+                        if s.generation != generation || s.phase.is_final() || s.broken.is_some() {
+                            return;
+                        }
+                        if shared.opts.break_chunks || !s.bulk_in_chunk {
+                            if let Some(r) = s.urgent.pop_front() {
+                                break r;
+                            }
+                        }
+                        s = shared
+                            .cond
+                            .wait_timeout(s, Duration::from_millis(100))
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                    }
+                };
+                if let Err(stop) = answer_urgent(&shared, &link, &mut *w, &mut buf, offset, len) {
+                    let e = match stop {
+                        Stop::Broken(e) => e,
+                        Stop::Cancelled => "cancelled".into(),
+                    };
+                    let mut s = shared.lock();
+                    if s.generation == generation && s.broken.is_none() {
+                        s.broken = Some(format!("urgent channel: {e}"));
+                        shared.cond.notify_all();
+                    }
+                    return;
+                }
+            }
+        });
 }
