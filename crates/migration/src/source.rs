@@ -1062,6 +1062,18 @@ impl Sender {
             let mut s = self.shared.lock();
             s.bulk_in_chunk = false;
             self.shared.cond.notify_all();
+            // Preempt without break-chunks: urgent answers go between chunks, so let the
+            // answering thread empty its queue before the next chunk starts.
+            if self.shared.opts.preempt && !self.shared.opts.break_chunks {
+                while !s.urgent.is_empty() && s.broken.is_none() {
+                    s = self
+                        .shared
+                        .cond
+                        .wait_timeout(s, Duration::from_millis(10))
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+            }
         }
         self.buf = data;
         let sent = res?;
@@ -1180,6 +1192,7 @@ fn answer_urgent(
     s.urgent_served += 1;
     s.bytes_sent += len;
     s.chunks += 1;
+    shared.cond.notify_all();
     Ok(())
 }
 
