@@ -170,9 +170,22 @@ fn openssl_credentials(dir: &Path) {
     }
 }
 
-fn two_daemon_migration(postcopy: bool, tls: bool) {
+/// Two daemons: the source serving "vol", a 32 MiB LUKS2 disk whose contents (written
+/// through its NBD export from random data when `fill`) the test knows, and a destination with
+/// no disk yet.
+struct TwoDaemons {
+    dir: tempfile::TempDir,
+    key: PathBuf,
+    dst_img: PathBuf,
+    size: u64,
+    src: Daemon,
+    dst: Daemon,
+    expected: Vec<u8>,
+}
+
+fn two_daemons(tag: &str, seed: u64, fill: bool) -> TwoDaemons {
     let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("migrate"));
+    let key = key_file(dir.path(), "key", &passphrase(tag));
     let src_img = dir.path().join("src.luks");
     let dst_img = dir.path().join("dst.luks");
     let size = 32 * MIB;
@@ -187,6 +200,49 @@ fn two_daemon_migration(postcopy: bool, tls: bool) {
     args.extend_from_slice(CHEAP_PBKDF2);
     args.extend([s(&src_img), "32M"]);
     cryptblk(&args).ok();
+    let disk = [
+        "--image",
+        s(&src_img),
+        "--key-file",
+        s(&key),
+        "--name",
+        "vol",
+    ];
+    let src = Daemon::start(dir.path(), "src", &disk);
+    let dst = Daemon::start(dir.path(), "dst", &[]);
+    let mut expected = Vec::new();
+    if fill {
+        let initial = dir.path().join("initial.raw");
+        random_file(&initial, size, seed);
+        expected = read(&initial);
+        let uri = src.uri();
+        tool(
+            "qemu-img",
+            ["convert", "-n", "-f", "raw", "-O", "raw", s(&initial), &uri],
+        )
+        .ok();
+    }
+    TwoDaemons {
+        dir,
+        key,
+        dst_img,
+        size,
+        src,
+        dst,
+        expected,
+    }
+}
+
+fn two_daemon_migration(postcopy: bool, tls: bool) {
+    let TwoDaemons {
+        dir,
+        key,
+        dst_img,
+        src,
+        dst,
+        mut expected,
+        ..
+    } = two_daemons("migrate", 21, true);
     let creds = dir.path().join("creds");
     let mut tls_args: Vec<&str> = Vec::new();
     if tls {
@@ -194,39 +250,6 @@ fn two_daemon_migration(postcopy: bool, tls: bool) {
         openssl_credentials(&creds);
         tls_args = vec!["--tls-creds", s(&creds)];
     }
-
-    let src = Daemon::start(
-        dir.path(),
-        "src",
-        &[
-            "--image",
-            s(&src_img),
-            "--key-file",
-            s(&key),
-            "--name",
-            "vol",
-        ],
-    );
-    let dst = Daemon::start(dir.path(), "dst", &[]);
-
-    // Known contents, written through the source's NBD export.
-    let initial = dir.path().join("initial.raw");
-    random_file(&initial, size, 21);
-    let mut expected = read(&initial);
-    tool(
-        "qemu-img",
-        [
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            s(&initial),
-            &src.uri(),
-        ],
-    )
-    .ok();
 
     let mut incoming = vec![
         "migrate-incoming",
@@ -333,34 +356,15 @@ fn postcopy_preempt_between_two_daemons_over_tls() {
 /// migration leaves the source serving and the destination without a disk or image.
 #[test]
 fn migration_refusals_and_cancel() {
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("refuse"));
+    let TwoDaemons {
+        dir,
+        key,
+        dst_img,
+        src,
+        dst,
+        ..
+    } = two_daemons("refuse", 0, false);
     let new_key = key_file(dir.path(), "new", &passphrase("refuse-new"));
-    let src_img = dir.path().join("src.luks");
-    let mut args = vec![
-        "format",
-        "-q",
-        "--key-file",
-        s(&key),
-        "--sector-size",
-        "4096",
-    ];
-    args.extend_from_slice(CHEAP_PBKDF2);
-    args.extend([s(&src_img), "32M"]);
-    cryptblk(&args).ok();
-    let src = Daemon::start(
-        dir.path(),
-        "src",
-        &[
-            "--image",
-            s(&src_img),
-            "--key-file",
-            s(&key),
-            "--name",
-            "vol",
-        ],
-    );
-    let dst = Daemon::start(dir.path(), "dst", &[]);
     let ctl = |d: &Daemon, args: &[&str]| {
         let mut all = vec!["ctl", "--socket", s(&d.control)];
         all.extend_from_slice(args);
@@ -386,7 +390,6 @@ fn migration_refusals_and_cancel() {
     out.error_line(&["already exists"]);
     assert_eq!(std::fs::read(&existing).unwrap(), b"precious");
 
-    let dst_img = dir.path().join("dst.luks");
     let listen = dst.ctl(&[
         "migrate-incoming",
         "vol",
@@ -503,52 +506,16 @@ impl Proxy {
 /// connection finishes the migration with every write intact.
 #[test]
 fn postcopy_cut_between_daemons_pauses_and_recovers() {
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("recover"));
-    let src_img = dir.path().join("src.luks");
-    let dst_img = dir.path().join("dst.luks");
-    let size = 32 * MIB;
-    let mut args = vec![
-        "format",
-        "-q",
-        "--key-file",
-        s(&key),
-        "--sector-size",
-        "4096",
-    ];
-    args.extend_from_slice(CHEAP_PBKDF2);
-    args.extend([s(&src_img), "32M"]);
-    cryptblk(&args).ok();
-    let src = Daemon::start(
-        dir.path(),
-        "src",
-        &[
-            "--image",
-            s(&src_img),
-            "--key-file",
-            s(&key),
-            "--name",
-            "vol",
-        ],
-    );
-    let dst = Daemon::start(dir.path(), "dst", &[]);
-    let initial = dir.path().join("initial.raw");
-    random_file(&initial, size, 31);
-    let mut expected = read(&initial);
-    tool(
-        "qemu-img",
-        [
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            s(&initial),
-            &src.uri(),
-        ],
-    )
-    .ok();
+    let TwoDaemons {
+        dir,
+        key,
+        dst_img,
+        size,
+        src,
+        dst,
+        mut expected,
+        ..
+    } = two_daemons("recover", 31, true);
     let listen = dst.ctl(&[
         "migrate-incoming",
         "vol",

@@ -68,6 +68,28 @@ impl Phase {
     }
 }
 
+/// Waits on `cond` until `done` holds for the guarded state or `timeout` has passed; returns
+/// the guard either way (the caller looks at the state again).
+pub(crate) fn wait_until<'a, T>(
+    cond: &std::sync::Condvar,
+    mut guard: std::sync::MutexGuard<'a, T>,
+    timeout: std::time::Duration,
+    done: impl Fn(&T) -> bool,
+) -> std::sync::MutexGuard<'a, T> {
+    let deadline = std::time::Instant::now() + timeout;
+    while !done(&guard) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        guard = cond
+            .wait_timeout(guard, left)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0;
+    }
+    guard
+}
+
 impl std::fmt::Display for Phase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())

@@ -457,40 +457,17 @@ impl SourceMigration {
     /// Waits until the migration completed, failed or was cancelled, or `timeout` passed;
     /// returns the phase it is in.
     pub fn wait(&self, timeout: Duration) -> Phase {
-        let deadline = Instant::now() + timeout;
-        let mut s = self.shared.lock();
-        while !s.phase.is_final() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            s = self
-                .shared
-                .cond
-                .wait_timeout(s, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-        s.phase
+        let s = self.shared.lock();
+        crate::wait_until(&self.shared.cond, s, timeout, |s| s.phase.is_final()).phase
     }
 
     /// Waits until the phase is `phase` or final (or `timeout` passed).
     pub fn wait_for(&self, phase: Phase, timeout: Duration) -> Phase {
-        let deadline = Instant::now() + timeout;
-        let mut s = self.shared.lock();
-        while s.phase != phase && !s.phase.is_final() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            s = self
-                .shared
-                .cond
-                .wait_timeout(s, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-        s.phase
+        let s = self.shared.lock();
+        crate::wait_until(&self.shared.cond, s, timeout, |s| {
+            s.phase == phase || s.phase.is_final()
+        })
+        .phase
     }
 }
 

@@ -78,7 +78,14 @@ fn precopy_under_concurrent_writes_then_switchover() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("already receives"), "{err}");
-    std::thread::sleep(Duration::from_millis(1500));
+    // Keep writing until the first full pass is over, so that writes behind its cursor need a
+    // second one.
+    let deadline = std::time::Instant::now() + WAIT;
+    while mig.status().passes < 1 {
+        assert!(std::time::Instant::now() < deadline, "{:?}", mig.status());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
     stop.store(true, Ordering::SeqCst);
     writer.join().unwrap();
     assert!(ops.load(Ordering::SeqCst) > 10, "the writer hardly ran");
