@@ -411,11 +411,12 @@ impl Daemon {
     ) -> Result<usize> {
         let disk = self.attached(name)?;
         let file = luks_file(&disk)?;
-        self.refuse_header_change_while_migrating(name)?;
         let _header = disk
             .header_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        // Checked under the header lock, which migrate-start holds while it starts sending.
+        self.refuse_header_change_while_migrating(name)?;
         let (mut image, _) = LuksImage::read(file.file()).context("reading the LUKS header")?;
         let old = read_passphrase(Some(key_file), "")?;
         let (_, volume_key) = image.unlock(file.file(), &old, &self.unlock)?;
@@ -435,11 +436,12 @@ impl Daemon {
     pub fn key_remove(&self, name: &str, key_file: &std::path::Path) -> Result<usize> {
         let disk = self.attached(name)?;
         let file = luks_file(&disk)?;
-        self.refuse_header_change_while_migrating(name)?;
         let _header = disk
             .header_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        // Checked under the header lock, which migrate-start holds while it starts sending.
+        self.refuse_header_change_while_migrating(name)?;
         let (mut image, _) = LuksImage::read(file.file()).context("reading the LUKS header")?;
         let passphrase = read_passphrase(Some(key_file), "")?;
         let (slot, _) = image.unlock(file.file(), &passphrase, &self.unlock)?;
