@@ -193,18 +193,6 @@ impl DirtyBitmap {
         }
     }
 
-    /// One sweep from the start of the disk to its end that takes dirty runs as byte ranges
-    /// `(offset, len)`, each at most `max_run_bytes` long (at least one block). Blocks dirtied
-    /// behind the sweep's position stay set for the next sweep, so a sweep always ends even
-    /// while writes continue.
-    pub fn drain(&self, max_run_bytes: u64) -> Drain<'_> {
-        Drain {
-            bitmap: self,
-            next: 0,
-            max_blocks: (max_run_bytes >> self.shift).max(1),
-        }
-    }
-
     /// Clears every block that `len` bytes at `offset` touch.
     pub fn clear_range(&self, offset: u64, len: u64) {
         if len == 0 || offset >= self.size {
@@ -299,23 +287,6 @@ fn low_mask(n: u64) -> u64 {
         u64::MAX
     } else {
         (1u64 << n) - 1
-    }
-}
-
-/// Iterator returned by [`DirtyBitmap::drain`].
-#[derive(Debug)]
-pub struct Drain<'a> {
-    bitmap: &'a DirtyBitmap,
-    next: u64,
-    max_blocks: u64,
-}
-
-impl Iterator for Drain<'_> {
-    type Item = (u64, u64);
-    fn next(&mut self) -> Option<(u64, u64)> {
-        let (first, count) = self.bitmap.take_next_run(self.next, self.max_blocks)?;
-        self.next = first + count;
-        Some(self.bitmap.block_range(first, count))
     }
 }
 
@@ -531,6 +502,18 @@ impl BlockDevice for DirtyTracker {
 mod tests {
     use super::*;
 
+    /// One sweep taking every dirty run as byte ranges of at most `max_run_bytes`, as the
+    /// sender does.
+    fn drain(bm: &DirtyBitmap, max_run_bytes: u64) -> Vec<(u64, u64)> {
+        let mut runs = Vec::new();
+        let mut next = 0;
+        while let Some((first, count)) = bm.take_next_run(next, max_run_bytes / bm.granularity()) {
+            runs.push(bm.block_range(first, count));
+            next = first + count;
+        }
+        runs
+    }
+
     #[test]
     fn set_and_drain_runs() {
         let bm = DirtyBitmap::new(1000 * 512 + 100, 512).unwrap();
@@ -539,13 +522,13 @@ mod tests {
         bm.set_range(512 * 60, 512 * 10); // blocks 60..70, crosses a word boundary
         bm.set_range(1000 * 512, 50); // last, short block
         assert_eq!(bm.count(), 12);
-        let runs: Vec<_> = bm.drain(1 << 20).collect();
+        let runs = drain(&bm, 1 << 20);
         assert_eq!(
             runs,
             vec![(0, 512), (60 * 512, 10 * 512), (1000 * 512, 100)]
         );
         assert_eq!(bm.count(), 0);
-        assert_eq!(bm.drain(1 << 20).next(), None);
+        assert!(drain(&bm, 1 << 20).is_empty());
     }
 
     #[test]
@@ -555,7 +538,7 @@ mod tests {
         assert!(bm.is_set(0) && bm.is_set(1) && !bm.is_set(2));
         bm.set_all();
         assert_eq!(bm.count(), 256);
-        let runs: Vec<_> = bm.drain(64 * 4096).collect();
+        let runs = drain(&bm, 64 * 4096);
         assert_eq!(runs.len(), 4);
         assert!(runs.iter().all(|&(_, l)| l == 64 * 4096));
         assert_eq!(bm.count(), 0);
@@ -581,7 +564,7 @@ mod tests {
             std::thread::spawn(move || {
                 let mut n = 0u64;
                 while !stop.load(Ordering::SeqCst) {
-                    n += bm.drain(1 << 20).count() as u64;
+                    n += drain(&bm, 1 << 20).len() as u64;
                 }
                 n
             })
