@@ -91,84 +91,8 @@ fn write(uri: &str, expected: &mut [u8], pattern: u8, off: u64, len: u64) {
     expected[off as usize..(off + len) as usize].fill(pattern);
 }
 
-fn openssl_credentials(dir: &Path) {
-    let p = |n: &str| dir.join(n).to_str().unwrap().to_owned();
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        &p("ca-key.pem"),
-        "-out",
-        &p("ca-cert.pem"),
-        "-days",
-        "2",
-        "-subj",
-        "/CN=cryptblk migration test CA",
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-        "-addext",
-        "keyUsage=critical,keyCertSign,cRLSign",
-    ]);
-    for (who, ext) in [
-        (
-            "server",
-            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-        ),
-        (
-            "client",
-            "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
-        ),
-    ] {
-        run(&[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &p(&format!("{who}-key.pem")),
-            "-out",
-            &p(&format!("{who}.csr")),
-            "-subj",
-            &format!("/CN={who}"),
-        ]);
-        std::fs::write(dir.join(format!("{who}.cnf")), ext).unwrap();
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            &p(&format!("{who}.csr")),
-            "-CA",
-            &p("ca-cert.pem"),
-            "-CAkey",
-            &p("ca-key.pem"),
-            "-CAcreateserial",
-            "-out",
-            &p(&format!("{who}-cert.pem")),
-            "-days",
-            "2",
-            "-extfile",
-            &p(&format!("{who}.cnf")),
-        ]);
-    }
-}
+#[path = "../../tls/tests/support/x509.rs"]
+mod x509;
 
 /// Two daemons: the source serving "vol", a 32 MiB LUKS2 disk whose contents (written
 /// through its NBD export from random data when `fill`) the test knows, and a destination with
@@ -247,7 +171,7 @@ fn two_daemon_migration(postcopy: bool, tls: bool) {
     let mut tls_args: Vec<&str> = Vec::new();
     if tls {
         std::fs::create_dir(&creds).unwrap();
-        openssl_credentials(&creds);
+        x509::make_credentials(&creds, "cryptblk migration test CA");
         tls_args = vec!["--tls-creds", s(&creds)];
     }
 

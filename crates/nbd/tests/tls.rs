@@ -6,76 +6,11 @@ use cryptblk_nbd::protocol::*;
 use cryptblk_nbd::{ExportRegistry, NbdAddress, TlsCreds};
 use std::path::Path;
 
-/// A CA and a server certificate for localhost / 127.0.0.1 in QEMU's x509 layout.
+#[path = "../../tls/tests/support/x509.rs"]
+mod x509;
+
 fn make_credentials(dir: &Path) {
-    let path = |name: &str| dir.join(name).to_str().unwrap().to_owned();
-    run(
-        "openssl",
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &path("ca-key.pem"),
-            "-out",
-            &path("ca-cert.pem"),
-            "-days",
-            "2",
-            "-subj",
-            "/CN=cryptblk test CA",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-    );
-    run(
-        "openssl",
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &path("server-key.pem"),
-            "-out",
-            &path("server.csr"),
-            "-subj",
-            "/CN=localhost",
-        ],
-    );
-    std::fs::write(
-        dir.join("server-ext.cnf"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-         keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    run(
-        "openssl",
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &path("server.csr"),
-            "-CA",
-            &path("ca-cert.pem"),
-            "-CAkey",
-            &path("ca-key.pem"),
-            "-CAcreateserial",
-            "-out",
-            &path("server-cert.pem"),
-            "-days",
-            "2",
-            "-extfile",
-            &path("server-ext.cnf"),
-        ],
-    );
+    x509::make_credentials(dir, "cryptblk test CA");
 }
 
 #[test]
