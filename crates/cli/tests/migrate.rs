@@ -107,6 +107,24 @@ struct TwoDaemons {
     expected: Vec<u8>,
 }
 
+/// `migrate-incoming` of "vol" into `dst_img` (NBD export on, `extra` added); returns the
+/// address the destination listens on.
+fn incoming(dst: &Daemon, dst_img: &Path, key: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "migrate-incoming",
+        "vol",
+        "--image",
+        s(dst_img),
+        "--key-file",
+        s(key),
+        "--listen",
+        "tcp:127.0.0.1:0",
+        "--nbd-export",
+    ];
+    args.extend_from_slice(extra);
+    dst.ctl(&args)["listen"].as_str().unwrap().to_string()
+}
+
 fn two_daemons(tag: &str, seed: u64, fill: bool) -> TwoDaemons {
     let dir = tempdir();
     let key = key_file(dir.path(), "key", &passphrase(tag));
@@ -175,19 +193,7 @@ fn two_daemon_migration(postcopy: bool, tls: bool) {
         tls_args = vec!["--tls-creds", s(&creds)];
     }
 
-    let mut incoming = vec![
-        "migrate-incoming",
-        "vol",
-        "--image",
-        s(&dst_img),
-        "--key-file",
-        s(&key),
-        "--listen",
-        "tcp:127.0.0.1:0",
-        "--nbd-export",
-    ];
-    incoming.extend_from_slice(&tls_args);
-    let listen = dst.ctl(&incoming)["listen"].as_str().unwrap().to_string();
+    let listen = incoming(&dst, &dst_img, &key, &tls_args);
 
     let mut start = vec![
         "migrate-start",
@@ -314,20 +320,7 @@ fn migration_refusals_and_cancel() {
     out.error_line(&["already exists"]);
     assert_eq!(std::fs::read(&existing).unwrap(), b"precious");
 
-    let listen = dst.ctl(&[
-        "migrate-incoming",
-        "vol",
-        "--image",
-        s(&dst_img),
-        "--key-file",
-        s(&key),
-        "--listen",
-        "tcp:127.0.0.1:0",
-        "--nbd-export",
-    ])["listen"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let listen = incoming(&dst, &dst_img, &key, &[]);
     src.ctl(&[
         "migrate-start",
         "vol",
@@ -440,20 +433,7 @@ fn postcopy_cut_between_daemons_pauses_and_recovers() {
         mut expected,
         ..
     } = two_daemons("recover", 31, true);
-    let listen = dst.ctl(&[
-        "migrate-incoming",
-        "vol",
-        "--image",
-        s(&dst_img),
-        "--key-file",
-        s(&key),
-        "--listen",
-        "tcp:127.0.0.1:0",
-        "--nbd-export",
-    ])["listen"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let listen = incoming(&dst, &dst_img, &key, &[]);
     let proxy = Proxy::start(listen.trim_start_matches("tcp:").to_string());
     let via_proxy = format!("tcp:{}", proxy.addr);
     src.ctl(&[
