@@ -46,15 +46,7 @@ need jq
 need awk gawk
 fio --enghelp=nbd >/dev/null 2>&1 || die "this fio has no nbd ioengine (Debian's fio 3.33 has it)"
 
-if [[ -n ${CRYPTBLK:-} ]]; then
-    BIN=$CRYPTBLK
-else
-    need cargo
-    log "+ cargo build --release -p cryptblk"
-    cargo build --release -p cryptblk
-    BIN=${CARGO_TARGET_DIR:-target}/release/cryptblk
-fi
-[[ -x $BIN ]] || die "cryptblk binary not found at $BIN"
+cryptblk_bin
 BIN_ORIG=$BIN
 
 NEED_KIB=$(( (SIZE_BYTES + SMALL_BYTES * N + (64 << 20)) / 1024 ))

@@ -36,15 +36,7 @@ if [[ ! -x /usr/bin/time ]]; then
 fi
 [[ -x /usr/bin/time ]] || die "/usr/bin/time is required (apt-get install time)"
 
-if [[ -n ${CRYPTBLK:-} ]]; then
-    BIN=$CRYPTBLK
-else
-    need cargo
-    log "+ cargo build --release -p cryptblk"
-    cargo build --release -p cryptblk
-    BIN=${CARGO_TARGET_DIR:-target}/release/cryptblk
-fi
-[[ -x $BIN ]] || die "cryptblk binary not found at $BIN"
+cryptblk_bin
 THREAD_ARGS=()
 [[ -n ${THREADS:-} ]] && THREAD_ARGS=(--threads "$THREADS")
 

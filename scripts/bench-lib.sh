@@ -135,3 +135,34 @@ fio_nbd() {
     jq -e '.jobs[0].error == 0' "$json" >/dev/null || { cat "$json" >&2; die "fio reported an error against $uri"; }
     jq -r '.jobs[0] | "\(.read.iops + .write.iops) \(.read.bw_bytes + .write.bw_bytes)"' "$json"
 }
+
+# The cryptblk binary to measure: $CRYPTBLK if set, else a fresh release build. Sets BIN.
+cryptblk_bin() {
+    if [[ -n ${CRYPTBLK:-} ]]; then
+        BIN=$CRYPTBLK
+    else
+        need cargo
+        log "+ cargo build --release -p cryptblk"
+        cargo build --release -p cryptblk
+        BIN=${CARGO_TARGET_DIR:-target}/release/cryptblk
+    fi
+    [[ -x $BIN ]] || die "cryptblk binary not found at $BIN"
+}
+
+# qemu_luks1_create PATH BYTES KEYFILE: a LUKS1 aes-xts-plain64 image made by qemu-img (QEMU's
+# own encryption, the peer to compare with). Its KDF calibration sometimes fails with "Unable
+# to get accurate CPU usage" on a busy machine: that error only is retried.
+qemu_luks1_create() {
+    local path=$1 size=$2 key=$3 attempt err
+    log "+ qemu-img create -f luks -o cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha256,iter-time=10 $path $size"
+    for attempt in $(seq 20); do
+        if err=$(qemu-img create -q -f luks --object "secret,id=sec0,file=$key" \
+            -o key-secret=sec0,cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha256,iter-time=10 \
+            "$path" "$size" 2>&1); then
+            return 0
+        fi
+        [[ $err == *"accurate CPU usage"* && $attempt -lt 20 ]] || die "qemu-img create failed: $err"
+        rm -f "$path"
+        sleep 0.2
+    done
+}

@@ -45,15 +45,7 @@ need jq
 need awk gawk
 fio --enghelp=nbd >/dev/null 2>&1 || die "this fio has no nbd ioengine (Debian's fio 3.33 has it)"
 
-if [[ -n ${CRYPTBLK:-} ]]; then
-    BIN=$CRYPTBLK
-else
-    need cargo
-    log "+ cargo build --release -p cryptblk"
-    cargo build --release -p cryptblk
-    BIN=${CARGO_TARGET_DIR:-target}/release/cryptblk
-fi
-[[ -x $BIN ]] || die "cryptblk binary not found at $BIN"
+cryptblk_bin
 BIN_ORIG=$BIN
 
 # Source, raw, LUKS2 and LUKS1 images of SIZE, plus headers and slack.
@@ -101,19 +93,7 @@ cp "$SRC" "$RAW"
 log "+ $BIN format --type luks2 --sector-size 4096 -c aes-xts-plain64 -s 512 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 $LUKS2 $SIZE_BYTES"
 "$BIN" format -q --type luks2 --sector-size 4096 -c aes-xts-plain64 -s 512 \
     --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file "$KEY" "$LUKS2" "$SIZE_BYTES" >/dev/null
-# qemu-img's KDF calibration sometimes fails with "Unable to get accurate CPU usage" on a busy
-# machine: retry that error only.
-log "+ qemu-img create -f luks -o cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha256,iter-time=10 $LUKS1 $SIZE_BYTES"
-for attempt in $(seq 20); do
-    if err=$(qemu-img create -q -f luks --object "secret,id=sec0,file=$KEY" \
-        -o key-secret=sec0,cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha256,iter-time=10 \
-        "$LUKS1" "$SIZE_BYTES" 2>&1); then
-        break
-    fi
-    [[ $err == *"accurate CPU usage"* && $attempt -lt 20 ]] || die "qemu-img create failed: $err"
-    rm -f "$LUKS1"
-    sleep 0.2
-done
+qemu_luks1_create "$LUKS1" "$SIZE_BYTES" "$KEY"
 
 SERVERS=(a b c d)
 declare -A SERVER_NAME=(

@@ -94,19 +94,7 @@ head -c "$SIZE_BYTES" /dev/zero \
 log "+ $BIN format --type luks2 --sector-size 4096 (aes-xts-plain64, 512-bit key, pbkdf2 1000) $LUKS2 $SIZE_BYTES"
 "$BIN" format -q --type luks2 --cipher aes-xts-plain64 --key-size 512 --sector-size 4096 \
     --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file "$KEY" "$LUKS2" "$SIZE_BYTES" >/dev/null
-# qemu-img's KDF calibration sometimes fails with "Unable to get accurate CPU usage" on a busy
-# machine: retry that error only.
-log "+ qemu-img create -f luks -o cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,iter-time=10 $LUKS1 $SIZE_BYTES"
-for attempt in $(seq 20); do
-    if err=$(qemu-img create -q -f luks --object "secret,id=sec0,file=$KEY" \
-        -o key-secret=sec0,cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha256,iter-time=10 \
-        "$LUKS1" "$SIZE_BYTES" 2>&1); then
-        break
-    fi
-    [[ $err == *"accurate CPU usage"* && $attempt -lt 20 ]] || die "qemu-img create failed: $err"
-    rm -f "$LUKS1"
-    sleep 0.2
-done
+qemu_luks1_create "$LUKS1" "$SIZE_BYTES" "$KEY"
 for img in "$LUKS2" "$LUKS1"; do
     log "+ $BIN convert -n -O luks --key-file KEY $RAW $img"
     "$BIN" convert -n -f raw -O luks --key-file "$KEY" "$RAW" "$img" >/dev/null
