@@ -312,29 +312,7 @@ pub fn decode_payload(header: FrameHeader, payload: &[u8]) -> Result<Frame, Wire
             }
             Ok(Frame::Hello(hello))
         }
-        KIND_CHUNK => {
-            let offset = u64_at(p, 0);
-            let mut sum = [0u8; CHECKSUM_LEN];
-            sum.copy_from_slice(&p[8..CHUNK_PREFIX]);
-            let data = &p[CHUNK_PREFIX..];
-            if offset.checked_add(data.len() as u64).is_none() {
-                return Err(WireError::BadRange {
-                    offset,
-                    len: data.len() as u64,
-                });
-            }
-            if checksum(offset, data) != sum {
-                return Err(WireError::ChecksumMismatch {
-                    offset,
-                    len: data.len(),
-                });
-            }
-            Ok(Frame::Chunk {
-                offset,
-                data: data.to_vec(),
-                checksum: sum,
-            })
-        }
+        KIND_CHUNK => verified_chunk(&p[..CHUNK_PREFIX], p[CHUNK_PREFIX..].to_vec()),
         KIND_ZERO => {
             let (offset, zlen) = (u64_at(p, 0), u64_at(p, 8));
             if zlen == 0 || offset.checked_add(zlen).is_none() {
@@ -368,6 +346,31 @@ pub fn decode_payload(header: FrameHeader, payload: &[u8]) -> Result<Frame, Wire
         },
         other => Err(WireError::UnknownKind(other)),
     }
+}
+
+/// A chunk frame from its prefix (offset, checksum) and data, once the checksum (which covers
+/// the offset too) and the range are verified.
+fn verified_chunk(prefix: &[u8], data: Vec<u8>) -> Result<Frame, WireError> {
+    let offset = u64_at(prefix, 0);
+    let mut sum = [0u8; CHECKSUM_LEN];
+    sum.copy_from_slice(&prefix[8..CHUNK_PREFIX]);
+    if offset.checked_add(data.len() as u64).is_none() {
+        return Err(WireError::BadRange {
+            offset,
+            len: data.len() as u64,
+        });
+    }
+    if checksum(offset, &data) != sum {
+        return Err(WireError::ChecksumMismatch {
+            offset,
+            len: data.len(),
+        });
+    }
+    Ok(Frame::Chunk {
+        offset,
+        data,
+        checksum: sum,
+    })
 }
 
 /// Decodes one complete frame from the start of `buf`; returns it and the bytes it used.
@@ -499,18 +502,30 @@ pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<Frame, WireError> {
         }
     }
     let header = parse_header(&hbuf)?;
+    let read_exact = |r: &mut R, buf: &mut [u8]| {
+        r.read_exact(buf).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                WireError::Truncated {
+                    needed: header.len,
+                    got: 0,
+                }
+            } else {
+                WireError::Io(e)
+            }
+        })
+    };
+    if header.kind == KIND_CHUNK {
+        // Chunk data is read straight into the buffer the frame keeps: no copy of the bulk
+        // of the stream. The checksum is checked before anyone sees the data.
+        let mut prefix = [0u8; CHUNK_PREFIX];
+        read_exact(r, &mut prefix)?;
+        let mut data = vec![0u8; header.len - CHUNK_PREFIX];
+        read_exact(r, &mut data)?;
+        return verified_chunk(&prefix, data);
+    }
     // Bounded by parse_header's per-kind cap.
     let mut payload = vec![0u8; header.len];
-    r.read_exact(&mut payload).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            WireError::Truncated {
-                needed: header.len,
-                got: 0,
-            }
-        } else {
-            WireError::Io(e)
-        }
-    })?;
+    read_exact(r, &mut payload)?;
     decode_payload(header, &payload)
 }
 
