@@ -1,46 +1,80 @@
 //! Reusable bounce buffers for encrypted writes, so that the write path does not allocate per
-//! request. The free list's lock is held only to pop or push a buffer, never across I/O.
+//! request. The free lists' locks are held only to pop or push a buffer, never across I/O.
 //! Buffers are aligned so that a backend doing direct I/O can DMA straight from them.
+//!
+//! Two size classes: small writes (the common 4-128 KiB) are many at once and each would
+//! otherwise fault in and clear a large buffer, so many small buffers are kept; a few large
+//! ones serve the rare big writes. A request never allocates while a kept buffer of its
+//! class is free, and what is kept is bounded (`SMALL * SMALL_KEPT + large * large_kept`).
 
 use crate::aligned::AlignedBuf;
 use std::sync::{Mutex, MutexGuard};
 
+/// Capacity of a small buffer.
+const SMALL: usize = 128 * 1024;
+/// Small buffers kept for reuse: above the number of writers a frontend runs at once (a
+/// submission pool of up to 32 threads plus the queue threads).
+const SMALL_KEPT: usize = 64;
+
 pub(crate) struct BouncePool {
-    free: Mutex<Vec<AlignedBuf>>,
+    small: SizeClass,
+    large: SizeClass,
+}
+
+struct SizeClass {
+    capacity: usize,
     /// Buffers kept for reuse; more than this are freed when returned.
     max_free: usize,
-    capacity: usize,
+    free: Mutex<Vec<AlignedBuf>>,
+}
+
+impl SizeClass {
+    fn new(capacity: usize, max_free: usize) -> Self {
+        SizeClass {
+            capacity,
+            max_free,
+            free: Mutex::new(Vec::new()),
+        }
+    }
 }
 
 impl BouncePool {
-    pub(crate) fn new(capacity: usize, max_free: usize) -> Self {
+    /// Large buffers hold `large` bytes (the most a caller asks for at once); `large_kept` of
+    /// them are kept for reuse.
+    pub(crate) fn new(large: usize, large_kept: usize) -> Self {
         BouncePool {
-            free: Mutex::new(Vec::new()),
-            max_free,
-            capacity,
+            small: SizeClass::new(SMALL.min(large), SMALL_KEPT),
+            large: SizeClass::new(large, large_kept),
         }
     }
 
-    /// A buffer holding a copy of `src` (callers pass at most `capacity` bytes; a larger `src`
-    /// gets a one-off buffer that is not kept).
-    pub(crate) fn take_copy(&self, src: &[u8]) -> Bounce<'_> {
-        let pooled = if src.len() <= self.capacity {
-            lock(&self.free).pop()
+    fn class_for(&self, len: usize) -> Option<&SizeClass> {
+        if len <= self.small.capacity {
+            Some(&self.small)
+        } else if len <= self.large.capacity {
+            Some(&self.large)
         } else {
             None
-        };
-        let mut buf = pooled.unwrap_or_else(|| AlignedBuf::zeroed(self.capacity.max(src.len())));
-        buf[..src.len()].copy_from_slice(src);
+        }
+    }
+
+    /// A buffer of `len` bytes whose contents are unspecified (whatever a previous user left:
+    /// callers overwrite all of it). A `len` above the large capacity gets a one-off buffer.
+    pub(crate) fn take(&self, len: usize) -> Bounce<'_> {
+        let class = self.class_for(len);
+        let buf = class
+            .and_then(|c| lock(&c.free).pop())
+            .unwrap_or_else(|| AlignedBuf::zeroed(class.map_or(len, |c| c.capacity)));
         Bounce {
             pool: self,
             buf: Some(buf),
-            len: src.len(),
+            len,
         }
     }
 
     #[cfg(test)]
-    fn free_len(&self) -> usize {
-        lock(&self.free).len()
+    fn free_len(&self) -> (usize, usize) {
+        (lock(&self.small.free).len(), lock(&self.large.free).len())
     }
 }
 
@@ -75,12 +109,14 @@ impl Drop for Bounce<'_> {
     fn drop(&mut self) {
         let Some(buf) = self.buf.take() else { return };
         // One-off oversized buffers are not kept.
-        if buf.len() != self.pool.capacity {
-            return;
-        }
-        let mut free = lock(&self.pool.free);
-        if free.len() < self.pool.max_free {
-            free.push(buf);
+        let class = [&self.pool.small, &self.pool.large]
+            .into_iter()
+            .find(|c| c.capacity == buf.len());
+        if let Some(class) = class {
+            let mut free = lock(&class.free);
+            if free.len() < class.max_free {
+                free.push(buf);
+            }
         }
     }
 }
@@ -90,20 +126,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buffers_are_reused_and_bounded() {
-        let pool = BouncePool::new(64, 2);
+    fn buffers_are_reused_per_class_and_bounded() {
+        let pool = BouncePool::new(1 << 20, 1);
         {
-            let a = pool.take_copy(&[1; 10]);
-            let b = pool.take_copy(&[2; 64]);
-            let c = pool.take_copy(&[3; 5]);
+            let mut a = pool.take(10);
+            a.fill(1);
+            let b = pool.take(SMALL);
+            let c = pool.take(SMALL + 1);
+            let d = pool.take(1 << 20);
+            let e = pool.take((1 << 20) + 1);
             assert_eq!(
-                (&a[..], b.len(), &c[..]),
-                (&[1u8; 10][..], 64, &[3u8; 5][..])
+                (&a[..], b.len(), c.len(), d.len(), e.len()),
+                (&[1u8; 10][..], SMALL, SMALL + 1, 1 << 20, (1 << 20) + 1)
             );
         }
-        assert_eq!(pool.free_len(), 2);
-        let d = pool.take_copy(&[4; 3]);
-        assert_eq!(&d[..], &[4, 4, 4]);
-        assert_eq!(pool.free_len(), 1);
+        // Both small buffers kept; one large kept (limit 1); the oversized one freed.
+        assert_eq!(pool.free_len(), (2, 1));
+        let f = pool.take(3);
+        assert_eq!(f.len(), 3);
+        assert_eq!(pool.free_len(), (1, 1));
+    }
+
+    #[test]
+    fn small_class_is_capped() {
+        let pool = BouncePool::new(1 << 20, 1);
+        let held: Vec<_> = (0..SMALL_KEPT + 5).map(|_| pool.take(4096)).collect();
+        drop(held);
+        assert_eq!(pool.free_len(), (SMALL_KEPT, 0));
     }
 }

@@ -2,7 +2,8 @@
 //! with a `SectorCipher` on the crypto worker pool.
 //!
 //! Aligned I/O is the fast path: reads decrypt in place in the caller's buffer, writes encrypt
-//! into a reused bounce buffer (the caller's data is never modified). I/O that is not aligned to
+//! from the caller's buffer into a reused bounce buffer in one pass (the caller's data is never
+//! modified). I/O that is not aligned to
 //! the encryption sector is served by read-modify-write of the edge sectors; that is correct
 //! but slow, and concurrent RMW of one sector is serialised by a striped lock so that two
 //! unaligned writes to different bytes of the same sector cannot lose either update.
@@ -119,16 +120,15 @@ impl CryptDevice {
     fn crypt(&self, dir: Direction, off: u64, data: &mut [u8]) -> Result<(), BlockError> {
         self.pool
             .crypt(&self.cipher, dir, self.iv_sector(off), data)
-            .map_err(|e: CryptoError| {
-                let op = match dir {
-                    Direction::Encrypt => "encrypt",
-                    Direction::Decrypt => "decrypt",
-                };
-                BlockError::new(BlockErrorKind::Crypto, "sector transform failed")
-                    .with_op(op)
-                    .at(off)
-                    .with_source(e)
-            })
+            .map_err(|e| crypto_error(dir, off, e))
+    }
+
+    /// Encrypts the plaintext `src` for payload offset `off` into `dst` in one pass.
+    fn encrypt_into(&self, off: u64, src: &[u8], dst: &mut [u8]) -> Result<(), BlockError> {
+        let dir = Direction::Encrypt;
+        self.pool
+            .crypt_into(&self.cipher, dir, self.iv_sector(off), src, dst)
+            .map_err(|e| crypto_error(dir, off, e))
     }
 
     fn rmw_lock(&self, sector_off: u64) -> MutexGuard<'_, ()> {
@@ -159,6 +159,17 @@ impl CryptDevice {
         self.backend
             .write_at(s, self.layout.data_offset + sector_off)
     }
+}
+
+fn crypto_error(dir: Direction, off: u64, e: CryptoError) -> BlockError {
+    let op = match dir {
+        Direction::Encrypt => "encrypt",
+        Direction::Decrypt => "decrypt",
+    };
+    BlockError::new(BlockErrorKind::Crypto, "sector transform failed")
+        .with_op(op)
+        .at(off)
+        .with_source(e)
 }
 
 impl BlockDevice for CryptDevice {
@@ -222,8 +233,8 @@ impl BlockDevice for CryptDevice {
         while done < end {
             let n = chunk_max.min(end - done);
             let off = offset + done as u64;
-            let mut bounce = self.bounce.take_copy(&buf[done..done + n]);
-            self.crypt(Direction::Encrypt, off, &mut bounce)?;
+            let mut bounce = self.bounce.take(n);
+            self.encrypt_into(off, &buf[done..done + n], &mut bounce)?;
             self.backend
                 .write_at(&bounce, self.layout.data_offset + off)?;
             done += n;

@@ -52,6 +52,34 @@ pub trait SectorCipher: Send + Sync {
     /// counts 512-byte units, as dm-crypt does for LUKS: sector N of a 4096-byte-sector
     /// cipher is encrypted with IV N * 8.
     fn crypt(&self, dir: Direction, first_sector: u64, data: &mut [u8]) -> Result<(), CryptoError>;
+
+    /// Transform `src` into `dst` (the same length), leaving `src` untouched: one pass over
+    /// the data where a copy followed by `crypt` would make two. The default does exactly that
+    /// copy; engines that read and write separate buffers natively override it.
+    fn crypt_into(
+        &self,
+        dir: Direction,
+        first_sector: u64,
+        src: &[u8],
+        dst: &mut [u8],
+    ) -> Result<(), CryptoError> {
+        check_same_len(src, dst)?;
+        dst.copy_from_slice(src);
+        self.crypt(dir, first_sector, dst)
+    }
+}
+
+/// `crypt_into` needs a destination exactly as long as its source.
+pub(crate) fn check_same_len(src: &[u8], dst: &[u8]) -> Result<(), CryptoError> {
+    if src.len() == dst.len() {
+        Ok(())
+    } else {
+        Err(CryptoError::InvalidLength(format!(
+            "source of {} bytes but destination of {} bytes",
+            src.len(),
+            dst.len()
+        )))
+    }
 }
 
 /// A provider of sector ciphers.

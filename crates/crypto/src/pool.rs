@@ -147,6 +147,31 @@ impl CryptoPool {
         first_sector: u64,
         data: &mut [u8],
     ) -> Result<(), CryptoError> {
+        self.crypt_split(cipher, dir, first_sector, None, data)
+    }
+
+    /// Transform `src` into `dst` (the same length) without modifying `src`, split across the
+    /// workers like `crypt`: one pass over the data instead of a copy plus an in-place pass.
+    pub fn crypt_into(
+        &self,
+        cipher: &Arc<dyn SectorCipher>,
+        dir: Direction,
+        first_sector: u64,
+        src: &[u8],
+        dst: &mut [u8],
+    ) -> Result<(), CryptoError> {
+        crate::check_same_len(src, dst)?;
+        self.crypt_split(cipher, dir, first_sector, Some(src), dst)
+    }
+
+    fn crypt_split(
+        &self,
+        cipher: &Arc<dyn SectorCipher>,
+        dir: Direction,
+        first_sector: u64,
+        src: Option<&[u8]>,
+        data: &mut [u8],
+    ) -> Result<(), CryptoError> {
         let ss = cipher.sector_size();
         if ss == 0 || !data.len().is_multiple_of(ss) {
             return Err(CryptoError::InvalidLength(format!(
@@ -156,9 +181,21 @@ impl CryptoPool {
         }
         let (tx, chunk) = match (&self.tx, self.chunk_size(data.len(), ss)) {
             (Some(tx), Some(chunk)) if !IN_WORKER.with(Cell::get) => (tx, chunk),
-            _ => return cipher.crypt(dir, first_sector, data),
+            _ => {
+                return match src {
+                    Some(src) => cipher.crypt_into(dir, first_sector, src, data),
+                    None => cipher.crypt(dir, first_sector, data),
+                }
+            }
         };
-        let split = Arc::new(Split::new(cipher.clone(), dir, first_sector, data, chunk));
+        let split = Arc::new(Split::new(
+            cipher.clone(),
+            dir,
+            first_sector,
+            src,
+            data,
+            chunk,
+        ));
         let guard = WaitOnDrop(split.clone());
         let helpers = (self.threads - 1).min(split.chunks() - 1);
         for _ in 0..helpers {

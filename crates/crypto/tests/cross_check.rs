@@ -55,6 +55,23 @@ fn engines_agree_on_random_data_at_random_sectors() {
                         engine.name()
                     );
                     assert_ne!(got, plain, "encryption changed nothing");
+                    let mut out_of_place = vec![0u8; got.len()];
+                    cipher
+                        .crypt_into(Direction::Decrypt, first, &got, &mut out_of_place)
+                        .unwrap();
+                    assert!(
+                        out_of_place == plain,
+                        "{} crypt_into decrypt: {spec} ss={sector_size} first={first}",
+                        engine.name()
+                    );
+                    cipher
+                        .crypt_into(Direction::Encrypt, first, &plain, &mut out_of_place)
+                        .unwrap();
+                    assert!(
+                        out_of_place == got,
+                        "{} crypt_into encrypt: {spec} ss={sector_size} first={first}",
+                        engine.name()
+                    );
                     cipher.crypt(Direction::Decrypt, first, &mut got).unwrap();
                     assert!(
                         got == plain,

@@ -16,6 +16,8 @@ pub(super) struct Split {
     dir: Direction,
     first_sector: u64,
     sector_size: usize,
+    /// Where chunks are read from when the transform is out of place; null when in place.
+    src: *const u8,
     base: *mut u8,
     len: usize,
     chunk: usize,
@@ -30,8 +32,9 @@ struct Progress {
     error: Option<CryptoError>,
 }
 
-// SAFETY: `base..base+len` is a `&mut [u8]` that the `crypt` call owning this `Split` keeps
-// borrowed and does not touch while helpers may run. Each chunk index is claimed by exactly one
+// SAFETY: `base..base+len` is a `&mut [u8]` (and `src..src+len`, when not null, a `&[u8]`)
+// that the `crypt` call owning this `Split` keeps borrowed and does not touch while helpers
+// may run. Each chunk index is claimed by exactly one
 // thread (atomic `fetch_add`), so no two threads ever access the same bytes, and the caller does
 // not return before every chunk has been processed (`wait`, also on unwind via `WaitOnDrop`).
 // Helpers that arrive afterwards claim an index past the end and never dereference `base`.
@@ -40,14 +43,18 @@ unsafe impl Send for Split {}
 unsafe impl Sync for Split {}
 
 impl Split {
-    /// Splits `data` into `chunk`-byte pieces (a multiple of the sector size).
+    /// Splits `data` into `chunk`-byte pieces (a multiple of the sector size). With `src`
+    /// (as long as `data`), each piece is transformed from `src` into `data`; otherwise in
+    /// place.
     pub(super) fn new(
         cipher: Arc<dyn SectorCipher>,
         dir: Direction,
         first_sector: u64,
+        src: Option<&[u8]>,
         data: &mut [u8],
         chunk: usize,
     ) -> Self {
+        debug_assert!(src.is_none_or(|s| s.len() == data.len()));
         let sector_size = cipher.sector_size();
         let chunk = chunk.max(sector_size);
         Split {
@@ -55,6 +62,7 @@ impl Split {
             dir,
             first_sector,
             sector_size,
+            src: src.map_or(std::ptr::null(), <[u8]>::as_ptr),
             base: data.as_mut_ptr(),
             len: data.len(),
             chunk,
@@ -93,7 +101,13 @@ impl Split {
                 // SAFETY: chunk `i` was claimed by this thread alone and lies inside the lent
                 // buffer (`start < len` because `i < chunks`); see `unsafe impl Send`.
                 let data = unsafe { std::slice::from_raw_parts_mut(self.base.add(start), len) };
-                self.cipher.crypt(self.dir, sector, data)
+                if self.src.is_null() {
+                    return self.cipher.crypt(self.dir, sector, data);
+                }
+                // SAFETY: as above, for the same chunk of the lent source, which nobody
+                // writes while the call runs.
+                let src = unsafe { std::slice::from_raw_parts(self.src.add(start), len) };
+                self.cipher.crypt_into(self.dir, sector, src, data)
             }))
             .unwrap_or_else(|_| Err(CryptoError::Worker("sector cipher panicked".into())));
             // The mutex orders this chunk's writes before the caller's return from `wait`.

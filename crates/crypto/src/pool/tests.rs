@@ -42,6 +42,38 @@ fn split_equals_single_thread() {
 }
 
 #[test]
+fn crypt_into_equals_in_place_and_leaves_the_source_alone() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+    for threads in [1, 2, 3] {
+        let pool = CryptoPool::new(threads).with_inline_threshold(0);
+        for ss in [512usize, 4096] {
+            for cipher in ciphers(ss) {
+                for sectors in [1usize, 3, 16, 129] {
+                    let first = rng.gen::<u32>() as u64;
+                    let mut plain = vec![0u8; sectors * ss];
+                    rng.fill_bytes(&mut plain);
+                    let mut want = plain.clone();
+                    cipher.crypt(Direction::Encrypt, first, &mut want).unwrap();
+                    let mut got = vec![0u8; plain.len()];
+                    pool.crypt_into(&cipher, Direction::Encrypt, first, &plain, &mut got)
+                        .unwrap();
+                    assert!(got == want, "threads={threads} ss={ss} sectors={sectors}");
+                    let mut back = vec![0u8; plain.len()];
+                    pool.crypt_into(&cipher, Direction::Decrypt, first, &got, &mut back)
+                        .unwrap();
+                    assert!(back == plain && got == want);
+                }
+            }
+        }
+        let cipher = ciphers(512).remove(0);
+        let err = pool
+            .crypt_into(&cipher, Direction::Encrypt, 0, &[0; 1024], &mut [0; 512])
+            .unwrap_err();
+        assert!(matches!(err, CryptoError::InvalidLength(_)), "{err}");
+    }
+}
+
+#[test]
 fn chunking_respects_threshold_and_sectors() {
     let pool = CryptoPool::new(4);
     assert_eq!(pool.chunk_size(4096, 4096), None);
