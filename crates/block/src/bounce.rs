@@ -5,16 +5,21 @@
 //! Two size classes: small writes (the common 4-128 KiB) are many at once and each would
 //! otherwise fault in and clear a large buffer, so many small buffers are kept; a few large
 //! ones serve the rare big writes. A request never allocates while a kept buffer of its
-//! class is free, and what is kept is bounded (`SMALL * SMALL_KEPT + large * large_kept`).
+//! class is free, and what is kept is bounded (`SMALL * small_kept() + large * large_kept`).
 
 use crate::aligned::AlignedBuf;
 use std::sync::{Mutex, MutexGuard};
 
 /// Capacity of a small buffer.
 const SMALL: usize = 128 * 1024;
-/// Small buffers kept for reuse: above the number of writers a frontend runs at once (a
-/// submission pool of up to 32 threads plus the queue threads).
-const SMALL_KEPT: usize = 64;
+
+/// Small buffers kept for reuse: about the number of threads that write at once (frontends
+/// run two to four per core: submission pools, queue threads, NBD connection workers), so
+/// that a burst of concurrent writes does not allocate. At most 8 MiB per disk.
+fn small_kept() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (4 * cores).clamp(16, 64)
+}
 
 pub(crate) struct BouncePool {
     small: SizeClass,
@@ -43,7 +48,7 @@ impl BouncePool {
     /// them are kept for reuse.
     pub(crate) fn new(large: usize, large_kept: usize) -> Self {
         BouncePool {
-            small: SizeClass::new(SMALL.min(large), SMALL_KEPT),
+            small: SizeClass::new(SMALL.min(large), small_kept()),
             large: SizeClass::new(large, large_kept),
         }
     }
@@ -150,8 +155,8 @@ mod tests {
     #[test]
     fn small_class_is_capped() {
         let pool = BouncePool::new(1 << 20, 1);
-        let held: Vec<_> = (0..SMALL_KEPT + 5).map(|_| pool.take(4096)).collect();
+        let held: Vec<_> = (0..small_kept() + 5).map(|_| pool.take(4096)).collect();
         drop(held);
-        assert_eq!(pool.free_len(), (SMALL_KEPT, 0));
+        assert_eq!(pool.free_len(), (small_kept(), 0));
     }
 }
