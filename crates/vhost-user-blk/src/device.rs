@@ -1,7 +1,7 @@
 //! Executing a parsed virtio-blk request against a `BlockDevice`.
 //!
 //! Reads land directly in the guest's buffers; writes are handed to the device straight from
-//! guest memory (an encrypting device copies into its own bounce buffer, never encrypting in
+//! guest memory (an encrypting device encrypts from there into its own bounce buffer, never in
 //! place in guest memory). Knows nothing about vhost-user.
 //!
 //! Every guest byte written is marked in the memory's dirty bitmap (live migration): the
@@ -200,8 +200,8 @@ impl Disk {
             let slice = mem.get_slice(seg.addr, len).map_err(|e| e.to_string())?;
             let guard = slice.ptr_guard();
             // SAFETY: as in `read`: the range lies inside one mapped region kept alive by
-            // `mem`. The device only reads it (an encrypting device copies it into a bounce
-            // buffer before encrypting), so a concurrent guest write can only change the data
+            // `mem`. The device only reads it (an encrypting device reads it once, encrypting
+            // into its own bounce buffer), so a concurrent guest write can only change the data
             // written, never memory safety of this process.
             let buf = unsafe { std::slice::from_raw_parts(guard.as_ptr(), len) };
             self.device
