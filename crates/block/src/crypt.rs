@@ -3,10 +3,10 @@
 //!
 //! Aligned I/O is the fast path: reads decrypt in place in the caller's buffer, writes encrypt
 //! from the caller's buffer into a reused bounce buffer in one pass (the caller's data is never
-//! modified). I/O that is not aligned to
-//! the encryption sector is served by read-modify-write of the edge sectors; that is correct
-//! but slow, and concurrent RMW of one sector is serialised by a striped lock so that two
-//! unaligned writes to different bytes of the same sector cannot lose either update.
+//! modified). I/O that is not aligned to the encryption sector is served by read-modify-write
+//! of the edge sectors; that is correct but slow, and concurrent RMW of one sector is
+//! serialised by a striped lock so that two unaligned writes to different bytes of the same
+//! sector cannot lose either update.
 
 use crate::bounce::BouncePool;
 use crate::device::check_range;

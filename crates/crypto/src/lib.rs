@@ -9,7 +9,8 @@
 //! - `trait Engine` / `trait SectorCipher` / `Direction`.
 //! - `engines()`, `default_engine_for(&spec)` (measured choice, cached), `portable_engine()`.
 //! - `CryptoPool::new(threads)`, `CryptoPool::with_default_threads()`,
-//!   `pool.crypt(&cipher, dir, first_sector, &mut data)`, and for pipelines
+//!   `pool.crypt(&cipher, dir, first_sector, &mut data)`, out of place
+//!   `pool.crypt_into(&cipher, dir, first_sector, &src, &mut dst)`, and for pipelines
 //!   `pool.submit(cipher, dir, first_sector, buf, |result, buf| ..)`.
 //! - `bench::run_bench(&BenchOptions) -> BenchReport` for `cryptblk bench`.
 //!

@@ -54,7 +54,9 @@ impl Split {
         data: &mut [u8],
         chunk: usize,
     ) -> Self {
-        debug_assert!(src.is_none_or(|s| s.len() == data.len()));
+        // Chunks read `src` at the offsets they write `data`: a shorter source would be read
+        // out of bounds.
+        assert!(src.is_none_or(|s| s.len() == data.len()));
         let sector_size = cipher.sector_size();
         let chunk = chunk.max(sector_size);
         Split {
