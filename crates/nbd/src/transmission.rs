@@ -5,12 +5,13 @@
 //! buffers. While the device is fast (page cache, tmpfs: almost every request done in well
 //! under 100 µs) and no worker is busy, the reader runs each request itself and sends the
 //! replies of a burst of pipelined requests in one `write`: handing a 2 µs request to another
-//! thread would cost more than the request. Once the device is mostly slow, and always for
-//! FLUSH and FUA writes, requests go to the workers, which do the synchronous device I/O in
-//! parallel and write each reply with a single `write` under the writer lock. NBD replies
-//! carry the request's cookie, so they may complete in any order, which lets one connection
-//! keep many requests (fio's iodepth) in flight on the device. Payload bytes in flight are
-//! capped per connection by blocking the reader.
+//! thread would cost more than the request. Such a write whose payload already sits whole in
+//! the reader's buffer runs from there, without copying it into a payload buffer. Once the
+//! device is mostly slow, and always for FLUSH and FUA writes, requests go to the workers,
+//! which do the synchronous device I/O in parallel and write each reply with a single `write`
+//! under the writer lock. NBD replies carry the request's cookie, so they may complete in any
+//! order, which lets one connection keep many requests (fio's iodepth) in flight on the
+//! device. Payload bytes in flight are capped per connection by blocking the reader.
 //!
 //! TLS connections are served sequentially on the connection thread: a rustls stream is one
 //! state machine that cannot be split into independent read and write halves without a lock
@@ -23,7 +24,7 @@ use crate::socket::{Socket, Transport};
 use crate::Error;
 use crossbeam_channel::{Receiver, Sender};
 use cryptblk_block::{BlockError, BlockErrorKind, ExtentKind, IoKind};
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -780,8 +781,24 @@ fn read_requests(
                 budget_bytes = u64::from(request.length);
                 pipeline.budget.acquire(budget_bytes);
                 let len = request.length as usize;
+                if reader.buffer().len() >= len && pipeline.run_inline(&request) {
+                    // The whole payload already sits in the read buffer: run the write from
+                    // there instead of copying it into a payload buffer first.
+                    let payload = &reader.buffer()[..len];
+                    run_request(
+                        pipeline,
+                        &request,
+                        Some(payload),
+                        started,
+                        &mut reply,
+                        |bytes| queue_inline_reply(pipeline, &mut batch, bytes),
+                    );
+                    reader.consume(len);
+                    pipeline.budget.release(budget_bytes);
+                    continue;
+                }
                 let mut buffer = pipeline.buffers.take_payload(len);
-                if let Err(e) = reader.read_exact(&mut buffer[..len]) {
+                if let Err(e) = read_payload(&mut reader, &mut buffer[..len]) {
                     // A partial payload is never written.
                     pipeline.budget.release(budget_bytes);
                     stats.complete(IoKind::Write, 0, started, false);
@@ -803,17 +820,7 @@ fn read_requests(
         };
         if pipeline.run_inline(&request) {
             run_job(pipeline, job, &mut reply, |bytes| {
-                if bytes.len() > INLINE_BATCH_LIMIT {
-                    pipeline.send(&batch);
-                    batch.clear();
-                    pipeline.send(bytes);
-                } else {
-                    batch.extend_from_slice(bytes);
-                    if batch.len() >= INLINE_BATCH_MAX {
-                        pipeline.send(&batch);
-                        batch.clear();
-                    }
-                }
+                queue_inline_reply(pipeline, &mut batch, bytes)
             });
             continue;
         }
@@ -839,6 +846,31 @@ fn is_known_slow(request: &RequestHeader) -> bool {
     request.command == CMD_FLUSH || request.flags & CMD_FLAG_FUA != 0 || large_without_payload
 }
 
+/// Fills `payload` with what the read buffer holds and the rest straight from the socket:
+/// refilling the buffer would copy the rest twice.
+fn read_payload(reader: &mut BufReader<&Socket>, payload: &mut [u8]) -> io::Result<()> {
+    let buffered = reader.buffer().len().min(payload.len());
+    payload[..buffered].copy_from_slice(&reader.buffer()[..buffered]);
+    reader.consume(buffered);
+    reader.get_mut().read_exact(&mut payload[buffered..])
+}
+
+/// Adds the reply of a request the reader ran to the batch sent once the reader runs out of
+/// buffered requests; large replies go out at once rather than being copied.
+fn queue_inline_reply(pipeline: &Pipeline<'_, '_>, batch: &mut Vec<u8>, reply: &[u8]) {
+    if reply.len() > INLINE_BATCH_LIMIT {
+        pipeline.send(batch);
+        batch.clear();
+        pipeline.send(reply);
+    } else {
+        batch.extend_from_slice(reply);
+        if batch.len() >= INLINE_BATCH_MAX {
+            pipeline.send(batch);
+            batch.clear();
+        }
+    }
+}
+
 /// Executes a job, hands the reply to `deliver`, records it and recycles its buffers.
 fn run_job(
     pipeline: &Pipeline<'_, '_>,
@@ -851,18 +883,30 @@ fn run_job(
         .payload
         .as_deref()
         .map(|buffer| &buffer[..request.length as usize]);
-    let ok = pipeline.execute_timed(&request, payload, reply);
-    deliver(reply.bytes());
-    pipeline.session.export.stats.complete(
-        io_kind(request.command),
-        u64::from(request.length),
-        job.started,
-        ok,
-    );
+    run_request(pipeline, &request, payload, job.started, reply, deliver);
     if let Some(buffer) = job.payload {
         pipeline.buffers.put_payload(buffer);
     }
     pipeline.budget.release(job.budget_bytes);
+}
+
+/// Executes a request, hands the reply to `deliver` and records it.
+fn run_request(
+    pipeline: &Pipeline<'_, '_>,
+    request: &RequestHeader,
+    payload: Option<&[u8]>,
+    started: Instant,
+    reply: &mut ReplyBuffer,
+    deliver: impl FnOnce(&[u8]),
+) {
+    let ok = pipeline.execute_timed(request, payload, reply);
+    deliver(reply.bytes());
+    pipeline.session.export.stats.complete(
+        io_kind(request.command),
+        u64::from(request.length),
+        started,
+        ok,
+    );
     if reply.data.len() > MAX_POOLED_BUFFER {
         *reply = ReplyBuffer::default();
     }
