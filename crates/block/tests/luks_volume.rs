@@ -193,26 +193,17 @@ fn luks2_4k_sectors_from_cryptsetup_round_trip() {
 fn from_unlocked_after_format_then_reopen_with_passphrase() {
     use cryptblk_block::{LuksVolume, OpenOptions, RawFile};
     use cryptblk_crypto::{CipherSpec, CryptoPool};
-    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, LuksVersion, PbkdfKind, PbkdfOptions};
+    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, PbkdfOptions};
     use std::sync::Arc;
 
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("f.luks2");
     let opts = FormatOptions {
-        version: LuksVersion::V2,
-        cipher: CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
-        hash: HashAlg::Sha256,
-        pbkdf: PbkdfOptions {
-            kind: PbkdfKind::Pbkdf2,
-            hash: HashAlg::Sha256,
-            iter_time_ms: 10,
-            memory_kib: 0,
-            parallel: 1,
-            force_iterations: Some(1000),
-        },
-        sector_size: 4096,
-        label: None,
-        uuid: None,
+        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
+        ..FormatOptions::luks2(
+            CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
+            4096,
+        )
     };
     let payload = 2u64 << 20;
     let file = std::fs::OpenOptions::new()

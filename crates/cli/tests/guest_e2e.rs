@@ -19,39 +19,15 @@
 
 mod common;
 
-use std::io::Write;
+use common::guest::{build_guest, host_digest, scripts};
+use common::MIB;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const MIB: u64 = 1 << 20;
 /// fio's block size for the jobs (run-guest.sh's default).
 const BS: u64 = 64 * 1024;
 /// The start of fio's verify header (fio 3.33, `struct verify_header`): magic, type, len.
 const FIO_VERIFY_MAGIC: u16 = 0xacca;
-
-fn scripts() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/guest")
-}
-
-/// Where the kernel and initramfs are built and cached.
-fn artifacts() -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("guest")
-}
-
-/// Builds (or finds cached) the guest kernel and initramfs.
-fn build_guest() -> PathBuf {
-    let dir = artifacts();
-    let status = Command::new(scripts().join("build-initramfs.sh"))
-        .arg(&dir)
-        .status()
-        .expect("run scripts/guest/build-initramfs.sh");
-    assert!(status.success(), "build-initramfs.sh failed: {status}");
-    for file in ["vmlinuz", "initramfs.cpio.gz"] {
-        assert!(dir.join(file).is_file(), "no {file} in {}", dir.display());
-    }
-    dir
-}
 
 /// Boots the guest on `disk` (run-guest.sh's disk arguments) with `job` over the first `size`
 /// bytes; returns the console. Panics with the console's tail unless the guest passed.
@@ -92,19 +68,6 @@ fn guest_digest(console: &str) -> String {
         .find_map(|l| l.strip_prefix("GUEST-SHA256: "))
         .map(|d| d.trim().to_string())
         .unwrap_or_else(|| panic!("no GUEST-SHA256 line in the console:\n{console}"))
-}
-
-/// sha256 of `data` in hex, by the host's sha256sum (coreutils).
-fn host_digest(data: &[u8]) -> String {
-    let mut child = Command::new("sha256sum")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("run sha256sum");
-    child.stdin.take().unwrap().write_all(data).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap()[..64].to_string()
 }
 
 /// Every `BS` block of `data` starts with fio's verify header for its own offset.

@@ -31,6 +31,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::guest::{build_guest, host_digest};
 use common::MIB;
 use serde_json::{json, Value};
 
@@ -46,24 +47,6 @@ const FIO_RATE: u64 = MIB;
 
 /// The guest tests run one at a time: two QEMUs under TCG already fill a 2-core machine.
 static GUEST: Mutex<()> = Mutex::new(());
-
-fn scripts() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/guest")
-}
-
-/// Builds (or finds cached) the guest kernel and initramfs, as guest_e2e.rs does.
-fn build_guest() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("guest");
-    let status = Command::new(scripts().join("build-initramfs.sh"))
-        .arg(&dir)
-        .status()
-        .expect("run scripts/guest/build-initramfs.sh");
-    assert!(status.success(), "build-initramfs.sh failed: {status}");
-    for file in ["vmlinuz", "initramfs.cpio.gz"] {
-        assert!(dir.join(file).is_file(), "no {file} in {}", dir.display());
-    }
-    dir
-}
 
 /// The guest's /init for this test: the modules and devices of scripts/guest/init.sh, a
 /// ticker in the background, then the fio job.
@@ -150,19 +133,6 @@ fn migrate_initramfs(artifacts: &Path, out: &Path) {
     cpio_entry(&mut extra, "TRAILER!!!", 0, &[]);
     data.extend_from_slice(&extra);
     std::fs::write(out, data).unwrap();
-}
-
-/// sha256 of `data` in hex, by the host's sha256sum.
-fn host_digest(data: &[u8]) -> String {
-    let mut child = Command::new("sha256sum")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("run sha256sum");
-    child.stdin.take().unwrap().write_all(data).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap()[..64].to_string()
 }
 
 /// A `cryptblk serve` with `args`, logging the vhost-user frontend's events

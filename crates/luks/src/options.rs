@@ -130,6 +130,19 @@ impl Default for PbkdfOptions {
     }
 }
 
+impl PbkdfOptions {
+    /// PBKDF2 with a pinned iteration count and no benchmark, like cryptsetup's
+    /// `--pbkdf pbkdf2 --pbkdf-force-iterations N`: a fixed, machine-independent cost.
+    pub fn pbkdf2_iterations(hash: HashAlg, iterations: u32) -> Self {
+        PbkdfOptions {
+            kind: PbkdfKind::Pbkdf2,
+            hash,
+            force_iterations: Some(iterations),
+            ..PbkdfOptions::default()
+        }
+    }
+}
+
 /// Everything needed to create a new LUKS header.
 #[derive(Debug, Clone)]
 pub struct FormatOptions {
@@ -147,6 +160,20 @@ pub struct FormatOptions {
 }
 
 impl FormatOptions {
+    /// A LUKS2 header for `cipher` with `sector_size`-byte sectors and cryptsetup's defaults
+    /// otherwise: SHA-256, an argon2id keyslot, no label, a random UUID.
+    pub fn luks2(cipher: CipherSpec, sector_size: u32) -> Self {
+        FormatOptions {
+            version: LuksVersion::V2,
+            cipher,
+            hash: HashAlg::Sha256,
+            pbkdf: PbkdfOptions::default(),
+            sector_size,
+            label: None,
+            uuid: None,
+        }
+    }
+
     /// The UUID to write: the one asked for (validated, normalised to lower-case hyphenated
     /// form), or a fresh random one.
     pub fn resolve_uuid(&self) -> crate::Result<String> {

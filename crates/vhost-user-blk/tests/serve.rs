@@ -329,24 +329,15 @@ const PW: &[u8] = b"vhost passphrase";
 /// A 4 MiB LUKS2 image with 4096-byte encryption sectors, passphrase `PW`.
 fn luks2_image(dir: &std::path::Path) -> std::path::PathBuf {
     use cryptblk_crypto::CipherSpec;
-    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, LuksVersion, PbkdfKind, PbkdfOptions};
+    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, PbkdfOptions};
 
     let img = dir.join("disk.luks2");
     let fopts = FormatOptions {
-        version: LuksVersion::V2,
-        cipher: CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
-        hash: HashAlg::Sha256,
-        pbkdf: PbkdfOptions {
-            kind: PbkdfKind::Pbkdf2,
-            hash: HashAlg::Sha256,
-            iter_time_ms: 10,
-            memory_kib: 0,
-            parallel: 1,
-            force_iterations: Some(1000),
-        },
-        sector_size: 4096,
-        label: None,
-        uuid: None,
+        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
+        ..FormatOptions::luks2(
+            CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
+            4096,
+        )
     };
     let file = std::fs::OpenOptions::new()
         .read(true)

@@ -106,7 +106,7 @@ fn report(name: &str, device: Arc<dyn BlockDevice>) {
 #[ignore]
 fn throughput() {
     use cryptblk_crypto::CipherSpec;
-    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, LuksVersion, PbkdfKind, PbkdfOptions};
+    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, PbkdfOptions};
     let dir = scratch_dir();
 
     let raw_path = dir.path().join("disk.raw");
@@ -132,20 +132,11 @@ fn throughput() {
         .open(&luks_path)
         .unwrap();
     let fopts = FormatOptions {
-        version: LuksVersion::V2,
-        cipher: CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
-        hash: HashAlg::Sha256,
-        pbkdf: PbkdfOptions {
-            kind: PbkdfKind::Pbkdf2,
-            hash: HashAlg::Sha256,
-            iter_time_ms: 10,
-            memory_kib: 0,
-            parallel: 1,
-            force_iterations: Some(1000),
-        },
-        sector_size: 4096,
-        label: None,
-        uuid: None,
+        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
+        ..FormatOptions::luks2(
+            CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
+            4096,
+        )
     };
     LuksImage::format(&file, &fopts, b"throughput pass", Some(SIZE)).unwrap();
     drop(file);

@@ -39,22 +39,13 @@ pub struct SourceDisk {
 
 pub fn luks2_source(path: &Path, payload: u64, seed: u64) -> SourceDisk {
     use cryptblk_crypto::CipherSpec;
-    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, LuksVersion, PbkdfKind, PbkdfOptions};
+    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, PbkdfOptions};
     let opts = FormatOptions {
-        version: LuksVersion::V2,
-        cipher: CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
-        hash: HashAlg::Sha256,
-        pbkdf: PbkdfOptions {
-            kind: PbkdfKind::Pbkdf2,
-            hash: HashAlg::Sha256,
-            iter_time_ms: 10,
-            memory_kib: 0,
-            parallel: 1,
-            force_iterations: Some(1000),
-        },
-        sector_size: SECTOR as u32,
-        label: None,
-        uuid: None,
+        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
+        ..FormatOptions::luks2(
+            CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
+            SECTOR as u32,
+        )
     };
     let (header, key) = {
         let file = std::fs::OpenOptions::new()

@@ -4,7 +4,7 @@
 
 use cryptblk_block::{open_luks_volume, BlockDevice, IoStats, OpenOptions, RawFile, VolumeOptions};
 use cryptblk_crypto::CipherSpec;
-use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, LuksVersion, PbkdfKind, PbkdfOptions};
+use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, PbkdfOptions};
 use cryptblk_nbd::protocol::*;
 use cryptblk_nbd::{Export, ExportRegistry, NbdAddress, NbdServer, StopHandle, TlsCreds};
 use std::io::{Read, Write};
@@ -101,20 +101,11 @@ pub fn luks2_volume(path: &Path, payload_size: u64, sector_size: u32) -> Arc<dyn
         .open(path)
         .unwrap();
     let options = FormatOptions {
-        version: LuksVersion::V2,
-        cipher: CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
-        hash: HashAlg::Sha256,
-        pbkdf: PbkdfOptions {
-            kind: PbkdfKind::Pbkdf2,
-            hash: HashAlg::Sha256,
-            iter_time_ms: 10,
-            memory_kib: 0,
-            parallel: 1,
-            force_iterations: Some(1000),
-        },
-        sector_size,
-        label: None,
-        uuid: None,
+        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
+        ..FormatOptions::luks2(
+            CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
+            sector_size,
+        )
     };
     LuksImage::format(&file, &options, PASSPHRASE, Some(payload_size)).unwrap();
     drop(file);
