@@ -31,16 +31,12 @@ impl Daemon {
     }
 
     fn ctl(&self, args: &[&str]) -> Out {
-        let mut all = vec!["ctl", "--socket", s(&self.control)];
-        all.extend_from_slice(args);
-        cryptblk(all)
+        ctl(&self.control, args)
     }
 
     /// `ctl` that must succeed; returns its JSON result.
     fn ctl_ok(&self, args: &[&str]) -> Value {
-        let out = self.ctl(args);
-        out.ok();
-        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
+        ctl_json(&self.control, args)
     }
 
     /// SIGTERM; returns the exit code.

@@ -189,13 +189,11 @@ impl Serve {
 
     /// `cryptblk ctl` on this daemon; its JSON answer.
     fn ctl(&self, args: &[&str]) -> Value {
-        let mut all = vec!["ctl", "--socket", common::s(&self.control)];
-        all.extend_from_slice(args);
-        let out = common::cryptblk(&all);
+        let out = common::ctl(&self.control, args);
         assert_eq!(
             out.code,
             0,
-            "cryptblk {all:?}: {}{}\n--- daemon ---\n{}",
+            "cryptblk ctl {args:?}: {}{}\n--- daemon ---\n{}",
             out.stdout,
             out.stderr,
             self.output()
@@ -205,20 +203,11 @@ impl Serve {
 
     /// Polls `migrate-status vol` until `phase`; panics on failed/cancelled or after 2 minutes.
     fn wait_phase(&self, phase: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let st = self.ctl(&["migrate-status", "vol"]);
-            let now = st["phase"].as_str().unwrap_or_default().to_string();
-            if now == phase {
-                return st;
-            }
-            assert!(
-                !matches!(now.as_str(), "failed" | "cancelled") && Instant::now() < deadline,
-                "waiting for {phase}: {st:#}\n--- daemon ---\n{}",
-                self.output()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        common::wait_migrate_phase(
+            |args| self.ctl(args),
+            phase,
+            || format!("\n--- daemon ---\n{}", self.output()),
+        )
     }
 
     /// SIGTERM; the exit status (the daemon flushes and exits 0).

@@ -32,32 +32,15 @@ impl Daemon {
     }
 
     fn ctl(&self, args: &[&str]) -> Value {
-        let mut all = vec!["ctl", "--socket", s(&self.control)];
-        all.extend_from_slice(args);
-        let out = cryptblk(all);
-        out.ok();
-        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
+        ctl_json(&self.control, args)
     }
 
     fn uri(&self) -> String {
         format!("nbd+unix:///vol?socket={}", self.nbd.display())
     }
 
-    /// Polls migrate-status until `phase` (panics on failed/cancelled or after 2 minutes).
     fn wait_phase(&self, phase: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let st = self.ctl(&["migrate-status", "vol"]);
-            let now = st["phase"].as_str().unwrap_or_default().to_string();
-            if now == phase {
-                return st;
-            }
-            assert!(
-                !matches!(now.as_str(), "failed" | "cancelled") && Instant::now() < deadline,
-                "waiting for {phase}: {st:#}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_migrate_phase(|args| self.ctl(args), phase, String::new)
     }
 }
 
@@ -295,11 +278,7 @@ fn migration_refusals_and_cancel() {
         ..
     } = two_daemons("refuse", 0, false);
     let new_key = key_file(dir.path(), "new", &passphrase("refuse-new"));
-    let ctl = |d: &Daemon, args: &[&str]| {
-        let mut all = vec!["ctl", "--socket", s(&d.control)];
-        all.extend_from_slice(args);
-        cryptblk(all)
-    };
+    let ctl = |d: &Daemon, args: &[&str]| ctl(&d.control, args);
 
     // An existing file is never the target of a migration.
     let existing = dir.path().join("existing.img");

@@ -121,6 +121,43 @@ where
     out
 }
 
+/// `cryptblk ctl --socket CONTROL ARGS`.
+pub fn ctl(control: &Path, args: &[&str]) -> Out {
+    let mut all = vec!["ctl", "--socket", s(control)];
+    all.extend_from_slice(args);
+    cryptblk(all)
+}
+
+/// `ctl` that must succeed; its JSON answer.
+pub fn ctl_json(control: &Path, args: &[&str]) -> serde_json::Value {
+    let out = ctl(control, args);
+    out.ok();
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
+}
+
+/// Polls `migrate-status vol` through `ctl` until it reports `phase`; panics on a failed or
+/// cancelled migration or after 2 minutes, with `context()` (e.g. the daemon's log) appended.
+pub fn wait_migrate_phase(
+    ctl: impl Fn(&[&str]) -> serde_json::Value,
+    phase: &str,
+    context: impl Fn() -> String,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let st = ctl(&["migrate-status", "vol"]);
+        let now = st["phase"].as_str().unwrap_or_default().to_string();
+        if now == phase {
+            return st;
+        }
+        assert!(
+            !matches!(now.as_str(), "failed" | "cancelled") && std::time::Instant::now() < deadline,
+            "waiting for {phase}: {st:#}{}",
+            context()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// Runs `cryptblk ARGS` with `input` on stdin.
 pub fn cryptblk_stdin<I, S>(args: I, input: &[u8]) -> Out
 where
