@@ -238,11 +238,14 @@ mod tests {
 
     #[test]
     fn resolve_forced_and_minimums() {
-        let mut o = PbkdfOptions {
-            kind: PbkdfKind::Pbkdf2,
-            force_iterations: Some(1000),
-            ..PbkdfOptions::default()
-        };
+        assert_eq!(
+            resolve(&PbkdfOptions::pbkdf2_iterations(HashAlg::Sha512, 1500), 64).unwrap(),
+            Kdf::Pbkdf2 {
+                hash: HashAlg::Sha512,
+                iterations: 1500
+            }
+        );
+        let mut o = PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000);
         assert_eq!(
             resolve(&o, 32).unwrap(),
             Kdf::Pbkdf2 {

@@ -46,15 +46,6 @@ fn format(path: &Path, version: LuksVersion, pbkdf: PbkdfOptions) -> LuksImage {
         .0
 }
 
-fn pbkdf2_1000() -> PbkdfOptions {
-    PbkdfOptions {
-        kind: PbkdfKind::Pbkdf2,
-        hash: HashAlg::Sha256,
-        force_iterations: Some(1000),
-        ..PbkdfOptions::default()
-    }
-}
-
 fn argon2_4x32() -> PbkdfOptions {
     PbkdfOptions {
         kind: PbkdfKind::Argon2(Argon2Variant::Argon2id),
@@ -138,7 +129,11 @@ fn expect_cost_limit(path: &Path, opts: &UnlockOptions, place: &str, what: &str)
 fn luks1_huge_keyslot_iterations_are_refused_quickly() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("v1.img");
-    format(&img, LuksVersion::V1, pbkdf2_1000());
+    format(
+        &img,
+        LuksVersion::V1,
+        PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
+    );
     put_be32(&img, luks1_slot_iterations(0), u32::MAX);
     let (value, limit) = expect_cost_limit(&img, &UnlockOptions::default(), "keyslot 0", "PBKDF2");
     assert_eq!(value, u64::from(u32::MAX));
@@ -154,15 +149,21 @@ fn luks1_limit_is_inclusive_and_other_keyslots_still_open() {
         LuksVersion::V1,
         PbkdfOptions {
             force_iterations: Some(2000),
-            ..pbkdf2_1000()
+            ..PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000)
         },
     );
     let f = open_rw(&img);
     let (_, vk) = h.unlock(&f, b"pw", &UnlockOptions::default()).unwrap();
     // Slot 1 (and the digest, with forced costs) need 1000 iterations, slot 0 needs 2000.
     assert_eq!(
-        h.add_keyslot(&f, &vk, b"other", Some(1), &pbkdf2_1000())
-            .unwrap(),
+        h.add_keyslot(
+            &f,
+            &vk,
+            b"other",
+            Some(1),
+            &PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000)
+        )
+        .unwrap(),
         1
     );
 
@@ -181,7 +182,11 @@ fn luks1_limit_is_inclusive_and_other_keyslots_still_open() {
 fn luks1_huge_digest_iterations_are_refused_quickly() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("v1.img");
-    format(&img, LuksVersion::V1, pbkdf2_1000());
+    format(
+        &img,
+        LuksVersion::V1,
+        PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
+    );
     put_be32(&img, LUKS1_MK_DIGEST_ITER, u32::MAX);
     expect_cost_limit(
         &img,
@@ -195,7 +200,11 @@ fn luks1_huge_digest_iterations_are_refused_quickly() {
 fn luks2_huge_pbkdf2_iterations_are_refused_quickly() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("v2.img");
-    format(&img, LuksVersion::V2, pbkdf2_1000());
+    format(
+        &img,
+        LuksVersion::V2,
+        PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
+    );
     edit_luks2_json(&img, &|j| {
         j["keyslots"]["0"]["kdf"]["iterations"] = u32::MAX.into();
     });
@@ -213,7 +222,11 @@ fn luks2_huge_pbkdf2_iterations_are_refused_quickly() {
 fn luks2_huge_digest_iterations_are_refused_quickly() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("v2.img");
-    format(&img, LuksVersion::V2, pbkdf2_1000());
+    format(
+        &img,
+        LuksVersion::V2,
+        PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
+    );
     edit_luks2_json(&img, &|j| {
         j["digests"]["0"]["iterations"] = u32::MAX.into();
     });

@@ -11,12 +11,7 @@ use std::path::Path;
 
 fn cheap(version: LuksVersion) -> PbkdfOptions {
     match version {
-        LuksVersion::V1 => PbkdfOptions {
-            kind: PbkdfKind::Pbkdf2,
-            hash: HashAlg::Sha256,
-            force_iterations: Some(1000),
-            ..PbkdfOptions::default()
-        },
+        LuksVersion::V1 => PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
         LuksVersion::V2 => PbkdfOptions {
             kind: PbkdfKind::Argon2(Argon2Variant::Argon2id),
             hash: HashAlg::Sha256,

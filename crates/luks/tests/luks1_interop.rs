@@ -4,9 +4,7 @@ mod common_core;
 use common_core::*;
 use cryptblk_crypto::{CipherSpec, SecretKey};
 use cryptblk_luks::luks1::Luks1Header;
-use cryptblk_luks::{
-    FormatOptions, HashAlg, LuksError, LuksVersion, PbkdfKind, PbkdfOptions, UnlockOptions,
-};
+use cryptblk_luks::{FormatOptions, HashAlg, LuksError, LuksVersion, PbkdfOptions, UnlockOptions};
 
 fn cs_format(
     dir: &std::path::Path,
@@ -83,7 +81,7 @@ fn cryptsetup_images_unlock_with_matching_volume_key() {
             version: LuksVersion::V1,
             cipher: hdr.cipher_spec().unwrap(),
             hash: HashAlg::parse(hash).unwrap(),
-            pbkdf: pbkdf2_opts(),
+            pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
             sector_size: 512,
             label: None,
             uuid: None,
@@ -151,15 +149,6 @@ fn keyslot_gaps_from_cryptsetup() {
     assert_eq!(vk.as_bytes(), &cryptsetup_volume_key(&img, &k5)[..]);
 }
 
-fn pbkdf2_opts() -> PbkdfOptions {
-    PbkdfOptions {
-        kind: PbkdfKind::Pbkdf2,
-        hash: HashAlg::Sha256,
-        force_iterations: Some(1000),
-        ..PbkdfOptions::default()
-    }
-}
-
 #[test]
 fn our_images_are_accepted_by_cryptsetup() {
     let dir = tempfile::tempdir().unwrap();
@@ -180,7 +169,7 @@ fn our_images_are_accepted_by_cryptsetup() {
             version: LuksVersion::V1,
             cipher: CipherSpec::parse_luks2(cipher, key_bytes).unwrap(),
             hash,
-            pbkdf: pbkdf2_opts(),
+            pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
             sector_size: 512,
             label: None,
             uuid: None,
@@ -212,8 +201,14 @@ fn our_images_are_accepted_by_cryptsetup() {
 
         // A second slot in a gap, then remove the first: cryptsetup must follow both changes.
         assert_eq!(
-            hdr.add_keyslot(&f, &vk, b"second", Some(3), &pbkdf2_opts())
-                .unwrap(),
+            hdr.add_keyslot(
+                &f,
+                &vk,
+                b"second",
+                Some(3),
+                &PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000)
+            )
+            .unwrap(),
             3
         );
         hdr.remove_keyslot(&f, 0).unwrap();
@@ -306,17 +301,29 @@ fn refuses_argon2_and_wrong_volume_key() {
             &SecretKey::random(32).unwrap(),
             b"x",
             None,
-            &pbkdf2_opts(),
+            &PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
         )
         .unwrap_err();
     assert!(matches!(e, LuksError::InvalidArgument(_)), "{e}");
     assert!(
-        hdr.add_keyslot(&f, &vk, b"x", Some(0), &pbkdf2_opts())
-            .is_err(),
+        hdr.add_keyslot(
+            &f,
+            &vk,
+            b"x",
+            Some(0),
+            &PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000)
+        )
+        .is_err(),
         "slot 0 is in use"
     );
     assert!(hdr
-        .add_keyslot(&f, &vk, b"x", Some(8), &pbkdf2_opts())
+        .add_keyslot(
+            &f,
+            &vk,
+            b"x",
+            Some(8),
+            &PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000)
+        )
         .is_err());
     assert_eq!(hdr.active_keyslots(), vec![0]);
 }

@@ -2,9 +2,7 @@
 mod common_core;
 use common_core::*;
 use cryptblk_crypto::CipherSpec;
-use cryptblk_luks::{
-    FormatOptions, HashAlg, LuksImage, LuksVersion, PbkdfKind, PbkdfOptions, UnlockOptions,
-};
+use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, LuksVersion, PbkdfOptions, UnlockOptions};
 
 fn qemu_info(img: &std::path::Path, pass: &str) -> std::process::Output {
     std::process::Command::new(tool("qemu-img"))
@@ -52,11 +50,7 @@ fn qemu_opens_our_luks1_images() {
             version: LuksVersion::V1,
             cipher: CipherSpec::parse_luks2(cipher, key_bytes).unwrap(),
             hash: HashAlg::Sha256,
-            pbkdf: PbkdfOptions {
-                kind: PbkdfKind::Pbkdf2,
-                force_iterations: Some(1000),
-                ..PbkdfOptions::default()
-            },
+            pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
             sector_size: 512,
             label: None,
             uuid: None,

@@ -216,12 +216,7 @@ pub fn cheap_argon() -> PbkdfOptions {
 }
 
 pub fn cheap_pbkdf2(hash: HashAlg) -> PbkdfOptions {
-    PbkdfOptions {
-        kind: PbkdfKind::Pbkdf2,
-        hash,
-        force_iterations: Some(1000),
-        ..cheap_argon()
-    }
+    PbkdfOptions::pbkdf2_iterations(hash, 1000)
 }
 
 pub fn format_opts(cipher: &str, key_bytes: usize, sector: u32) -> FormatOptions {
