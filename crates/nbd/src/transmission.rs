@@ -778,12 +778,11 @@ fn read_requests(
                 )));
             }
             CMD_WRITE => {
-                budget_bytes = u64::from(request.length);
-                pipeline.budget.acquire(budget_bytes);
                 let len = request.length as usize;
                 if reader.buffer().len() >= len && pipeline.run_inline(&request) {
                     // The whole payload already sits in the read buffer: run the write from
-                    // there instead of copying it into a payload buffer first.
+                    // there instead of copying it into a payload buffer first. It holds no
+                    // memory of its own, so it takes nothing from the in-flight budget.
                     let payload = &reader.buffer()[..len];
                     run_request(
                         pipeline,
@@ -794,9 +793,10 @@ fn read_requests(
                         |bytes| queue_inline_reply(pipeline, &mut batch, bytes),
                     );
                     reader.consume(len);
-                    pipeline.budget.release(budget_bytes);
                     continue;
                 }
+                budget_bytes = u64::from(request.length);
+                pipeline.budget.acquire(budget_bytes);
                 let mut buffer = pipeline.buffers.take_payload(len);
                 if let Err(e) = read_payload(&mut reader, &mut buffer[..len]) {
                     // A partial payload is never written.
