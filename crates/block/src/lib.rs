@@ -12,6 +12,7 @@ mod crypt;
 mod device;
 mod error;
 mod format;
+mod io_options;
 mod luks_volume;
 pub mod qcow2;
 pub mod raw;
@@ -22,6 +23,7 @@ pub use crypt::{CryptDevice, CryptLayout};
 pub use device::{BlockDevice, Extent, ExtentKind};
 pub use error::{BlockError, BlockErrorKind};
 pub use format::{open_image, probe_format, Format, MAX_BACKING_DEPTH};
+pub use io_options::{AioEngine, CacheMode, UnknownName};
 pub use luks_volume::{
     open_luks_volume, open_luks_volume_on, LuksVolume, VolumeError, VolumeOptions,
 };
