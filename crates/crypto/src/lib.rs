@@ -10,7 +10,9 @@
 //! - `engines()`, `default_engine_for(&spec)` (measured choice, cached), `portable_engine()`.
 //! - `CryptoPool::new(threads)`, `CryptoPool::with_default_threads()`,
 //!   `pool.crypt(&cipher, dir, first_sector, &mut data)`, out of place
-//!   `pool.crypt_into(&cipher, dir, first_sector, &src, &mut dst)`, and for pipelines
+//!   `pool.crypt_into(&cipher, dir, first_sector, &src, &mut dst)`, for memory that must not
+//!   become a Rust reference (guest RAM) `unsafe pool.crypt_raw(&cipher, dir, first, src_ptr,
+//!   dst_ptr, len)` (and `SectorCipher::crypt_raw`), and for pipelines
 //!   `pool.submit(cipher, dir, first_sector, buf, |result, buf| ..)`.
 //! - `bench::run_bench(&BenchOptions) -> BenchReport` for `cryptblk bench`.
 //!
@@ -68,7 +70,52 @@ pub trait SectorCipher: Send + Sync {
         dst.copy_from_slice(src);
         self.crypt(dir, first_sector, dst)
     }
+
+    /// Transform `len` bytes read at `src` into `dst` (in place when the two are equal),
+    /// through raw pointers: for memory that must never become a Rust reference because
+    /// another party may write it at any moment, such as a guest's RAM under a virtio
+    /// request. The engine treats the input as untrusted bytes, reads each of them once per
+    /// sector it produces and never reads back what it wrote, so a concurrent writer can
+    /// only change which bytes come out: it corrupts its own data, nothing of this process.
+    ///
+    /// The default copies each sector into a scratch buffer on the stack, transforms it there
+    /// with `crypt` and copies it out; engines that can read and write the memory natively
+    /// override it.
+    ///
+    /// # Safety
+    /// For the whole call `src` must be valid for reads and `dst` valid for writes of `len`
+    /// bytes (mapped and not freed; no alignment needed), and the two ranges must be either
+    /// the same or disjoint. No Rust reference to either range may be alive in this process
+    /// during the call except through `src`/`dst` themselves.
+    unsafe fn crypt_raw(
+        &self,
+        dir: Direction,
+        first_sector: u64,
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
+    ) -> Result<(), CryptoError> {
+        let ss = self.sector_size();
+        if ss == 0 || ss > MAX_SECTOR_SIZE || !len.is_multiple_of(ss) {
+            return Err(CryptoError::InvalidLength(format!(
+                "{len} bytes is not a whole number of {ss}-byte sectors"
+            )));
+        }
+        let mut scratch = [0u8; MAX_SECTOR_SIZE];
+        for (i, at) in (0..len).step_by(ss).enumerate() {
+            // SAFETY: `at + ss <= len`, so both copies stay inside the ranges the caller
+            // vouched for; the scratch buffer is our own and cannot overlap them.
+            unsafe { std::ptr::copy_nonoverlapping(src.add(at), scratch.as_mut_ptr(), ss) };
+            self.crypt(dir, first_sector.wrapping_add(i as u64), &mut scratch[..ss])?;
+            // SAFETY: as above.
+            unsafe { std::ptr::copy_nonoverlapping(scratch.as_ptr(), dst.add(at), ss) };
+        }
+        Ok(())
+    }
 }
+
+/// Largest encryption sector LUKS allows.
+pub const MAX_SECTOR_SIZE: usize = 4096;
 
 /// `crypt_into` needs a destination exactly as long as its source.
 pub(crate) fn check_same_len(src: &[u8], dst: &[u8]) -> Result<(), CryptoError> {

@@ -147,7 +147,9 @@ impl CryptoPool {
         first_sector: u64,
         data: &mut [u8],
     ) -> Result<(), CryptoError> {
-        self.crypt_split(cipher, dir, first_sector, None, data)
+        let p = data.as_mut_ptr();
+        // SAFETY: `data` is an exclusive borrow for the whole call, used only through `p`.
+        unsafe { self.crypt_raw(cipher, dir, first_sector, p, p, data.len()) }
     }
 
     /// Transform `src` into `dst` (the same length) without modifying `src`, split across the
@@ -161,41 +163,51 @@ impl CryptoPool {
         dst: &mut [u8],
     ) -> Result<(), CryptoError> {
         crate::check_same_len(src, dst)?;
-        self.crypt_split(cipher, dir, first_sector, Some(src), dst)
+        // SAFETY: two borrows of the same length, alive for the whole call; a shared and an
+        // exclusive borrow never overlap.
+        unsafe {
+            self.crypt_raw(
+                cipher,
+                dir,
+                first_sector,
+                src.as_ptr(),
+                dst.as_mut_ptr(),
+                src.len(),
+            )
+        }
     }
 
-    fn crypt_split(
+    /// `SectorCipher::crypt_raw` split across the workers like `crypt`: for memory that must
+    /// not become a Rust reference (guest RAM).
+    ///
+    /// # Safety
+    /// As `SectorCipher::crypt_raw`: for the whole call `src` readable and `dst` writable for
+    /// `len` bytes, the same range or disjoint ones.
+    pub unsafe fn crypt_raw(
         &self,
         cipher: &Arc<dyn SectorCipher>,
         dir: Direction,
         first_sector: u64,
-        src: Option<&[u8]>,
-        data: &mut [u8],
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
     ) -> Result<(), CryptoError> {
         let ss = cipher.sector_size();
-        if ss == 0 || !data.len().is_multiple_of(ss) {
+        if ss == 0 || !len.is_multiple_of(ss) {
             return Err(CryptoError::InvalidLength(format!(
-                "{} bytes is not a whole number of {ss}-byte sectors",
-                data.len()
+                "{len} bytes is not a whole number of {ss}-byte sectors"
             )));
         }
-        let (tx, chunk) = match (&self.tx, self.chunk_size(data.len(), ss)) {
+        let (tx, chunk) = match (&self.tx, self.chunk_size(len, ss)) {
             (Some(tx), Some(chunk)) if !IN_WORKER.with(Cell::get) => (tx, chunk),
-            _ => {
-                return match src {
-                    Some(src) => cipher.crypt_into(dir, first_sector, src, data),
-                    None => cipher.crypt(dir, first_sector, data),
-                }
-            }
+            // SAFETY: forwarded from this function's contract.
+            _ => return unsafe { cipher.crypt_raw(dir, first_sector, src, dst, len) },
         };
-        let split = Arc::new(Split::new(
-            cipher.clone(),
-            dir,
-            first_sector,
-            src,
-            data,
-            chunk,
-        ));
+        // SAFETY: forwarded; `WaitOnDrop` keeps this call from returning (or unwinding) while
+        // a helper may still use the ranges.
+        let split = Arc::new(unsafe {
+            Split::new(cipher.clone(), dir, first_sector, src, dst, len, chunk)
+        });
         let guard = WaitOnDrop(split.clone());
         let helpers = (self.threads - 1).min(split.chunks() - 1);
         for _ in 0..helpers {

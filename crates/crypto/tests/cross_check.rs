@@ -72,6 +72,34 @@ fn engines_agree_on_random_data_at_random_sectors() {
                         "{} crypt_into encrypt: {spec} ss={sector_size} first={first}",
                         engine.name()
                     );
+                    // The raw-pointer path (guest memory), out of place and in place, at an
+                    // address that is not even 2-byte aligned.
+                    let mut unaligned = vec![0u8; plain.len() + 1];
+                    let len = plain.len();
+                    let dst = unaligned[1..].as_mut_ptr();
+                    // SAFETY: `plain` is readable and `unaligned[1..]` writable for `len`
+                    // bytes during the call; they are disjoint.
+                    unsafe {
+                        cipher
+                            .crypt_raw(Direction::Encrypt, first, plain.as_ptr(), dst, len)
+                            .unwrap()
+                    };
+                    assert!(
+                        unaligned[1..] == got[..],
+                        "{} crypt_raw encrypt: {spec} ss={sector_size} first={first}",
+                        engine.name()
+                    );
+                    // SAFETY: in place on `unaligned[1..]`, valid for `len` bytes.
+                    unsafe {
+                        cipher
+                            .crypt_raw(Direction::Decrypt, first, dst, dst, len)
+                            .unwrap()
+                    };
+                    assert!(
+                        unaligned[1..] == plain[..],
+                        "{} crypt_raw decrypt in place: {spec} ss={sector_size} first={first}",
+                        engine.name()
+                    );
                     cipher.crypt(Direction::Decrypt, first, &mut got).unwrap();
                     assert!(
                         got == plain,

@@ -14,6 +14,7 @@ use super::rustcrypto::check_key_len;
 use super::{check_run, check_sector_size};
 use crate::iv::IvGen;
 use crate::{CipherSpec, CryptoError, Direction, Engine, Mode, SecretKey, SectorCipher};
+use foreign_types::ForeignTypeRef;
 use openssl::cipher::{Cipher, CipherRef};
 use openssl::cipher_ctx::CipherCtx;
 use openssl::error::ErrorStack;
@@ -198,49 +199,46 @@ impl OpensslCipher {
         f(&mut Contexts::default())
     }
 
-    fn crypt_sectors(
+    /// Transforms the sectors at `src` into `dst` with `ctx` keyed for `dir`.
+    ///
+    /// # Safety
+    /// As for `SectorCipher::crypt_raw`; `len` is a multiple of the sector size.
+    unsafe fn crypt_sectors_raw(
         &self,
         ctx: &mut CipherCtx,
         dir: Direction,
         first: u64,
-        data: &mut [u8],
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
     ) -> Result<(), CryptoError> {
         let ss = self.sector_size;
-        let count = data.len() / ss;
-        for i in 0..count {
+        // CBC only: OpenSSL is told the output may be one block longer than the input (it
+        // writes exactly the input length with padding off), so CBC output goes through a
+        // buffer with that slack.
+        let mut scratch = zeroize::Zeroizing::new([0u8; MAX_SECTOR + BLOCK]);
+        for (i, at) in (0..len).step_by(ss).enumerate() {
             let iv = self.iv.iv(first.wrapping_add(i as u64));
             match dir {
                 Direction::Encrypt => ctx.encrypt_init(None, None, Some(&iv)),
                 Direction::Decrypt => ctx.decrypt_init(None, None, Some(&iv)),
             }
             .map_err(engine_err)?;
-            let start = i * ss;
-            let out = if !self.cbc {
-                // XTS reports a block size of 1, so the in-place update needs no slack.
-                let sector = data
-                    .get_mut(start..start + ss)
-                    .ok_or_else(|| engine_err_msg("sector out of range"))?;
-                ctx.cipher_update_inplace(sector, ss).map_err(engine_err)?
-            } else if start + ss + BLOCK <= data.len() {
-                // The openssl crate demands one block of slack after CBC input even though, with
-                // padding off, OpenSSL writes exactly the input length. The next sector provides
-                // that slack without being touched.
-                let window = data
-                    .get_mut(start..start + ss + BLOCK)
-                    .ok_or_else(|| engine_err_msg("sector out of range"))?;
-                ctx.cipher_update_inplace(window, ss).map_err(engine_err)?
-            } else {
-                // Last CBC sector: no slack after it, so go through a scratch copy.
-                let sector = data
-                    .get_mut(start..start + ss)
-                    .ok_or_else(|| engine_err_msg("sector out of range"))?;
-                let mut scratch = zeroize::Zeroizing::new([0u8; MAX_SECTOR + BLOCK]);
-                scratch[..ss].copy_from_slice(sector);
-                let n = ctx
-                    .cipher_update_inplace(&mut scratch[..ss + BLOCK], ss)
-                    .map_err(engine_err)?;
-                sector.copy_from_slice(&scratch[..ss]);
+            // SAFETY: `at + ss <= len`: inside the ranges the caller vouched for.
+            let (from, to) = unsafe { (src.add(at), dst.add(at)) };
+            let out = if self.cbc {
+                // SAFETY: `from` is readable for `ss` bytes; the scratch buffer is ours and
+                // has `ss + BLOCK` bytes of room.
+                let n = unsafe { cipher_update_raw(ctx, from, scratch.as_mut_ptr(), ss)? };
+                if n == ss {
+                    // SAFETY: `to` is writable for `ss` bytes and cannot overlap the scratch.
+                    unsafe { std::ptr::copy_nonoverlapping(scratch.as_ptr(), to, ss) };
+                }
                 n
+            } else {
+                // SAFETY: XTS reports a block size of 1, so OpenSSL is told (and writes) at
+                // most `ss` bytes at `to`; `from`/`to` are the same or disjoint sectors.
+                unsafe { cipher_update_raw(ctx, from, to, ss)? }
             };
             if out != ss {
                 return Err(engine_err_msg(&format!(
@@ -252,34 +250,27 @@ impl OpensslCipher {
     }
 }
 
-impl OpensslCipher {
-    /// XTS only (block size 1: OpenSSL writes exactly the input length, so the output needs
-    /// no slack).
-    fn xts_sectors_into(
-        &self,
-        ctx: &mut CipherCtx,
-        dir: Direction,
-        first: u64,
-        src: &[u8],
-        dst: &mut [u8],
-    ) -> Result<(), CryptoError> {
-        let ss = self.sector_size;
-        for (i, (from, to)) in src.chunks(ss).zip(dst.chunks_mut(ss)).enumerate() {
-            let iv = self.iv.iv(first.wrapping_add(i as u64));
-            match dir {
-                Direction::Encrypt => ctx.encrypt_init(None, None, Some(&iv)),
-                Direction::Decrypt => ctx.decrypt_init(None, None, Some(&iv)),
-            }
-            .map_err(engine_err)?;
-            let out = ctx.cipher_update(from, Some(to)).map_err(engine_err)?;
-            if out != ss {
-                return Err(engine_err_msg(&format!(
-                    "update produced {out} bytes for a {ss}-byte sector"
-                )));
-            }
-        }
-        Ok(())
+/// `EVP_CipherUpdate` on raw pointers; returns the number of bytes written.
+///
+/// # Safety
+/// `src` readable for `len` bytes; `dst` writable for as many bytes as OpenSSL may write for
+/// this cipher (`len` for XTS, `len + 16` for CBC); the ranges are the same or disjoint.
+unsafe fn cipher_update_raw(
+    ctx: &mut CipherCtx,
+    src: *const u8,
+    dst: *mut u8,
+    len: usize,
+) -> Result<usize, CryptoError> {
+    let inl = std::ffi::c_int::try_from(len)
+        .map_err(|_| engine_err_msg("sector run too long for OpenSSL"))?;
+    let mut outl: std::ffi::c_int = 0;
+    // SAFETY: `ctx` is a live, keyed context borrowed mutably for the call; the buffers are
+    // valid as the caller promised; `outl` is a valid place for the output length.
+    let rc = unsafe { openssl_sys::EVP_CipherUpdate(ctx.as_ptr(), dst, &mut outl, src, inl) };
+    if rc != 1 {
+        return Err(engine_err(ErrorStack::get()));
     }
+    usize::try_from(outl).map_err(|_| engine_err_msg("negative output length from OpenSSL"))
 }
 
 impl SectorCipher for OpensslCipher {
@@ -292,14 +283,10 @@ impl SectorCipher for OpensslCipher {
     }
 
     fn crypt(&self, dir: Direction, first_sector: u64, data: &mut [u8]) -> Result<(), CryptoError> {
-        check_run(self.sector_size, data.len())?;
-        if data.is_empty() {
-            return Ok(());
-        }
-        self.with_contexts(|ctxs| {
-            let ctx = ctxs.get(self, dir)?;
-            self.crypt_sectors(ctx, dir, first_sector, data)
-        })
+        let p = data.as_mut_ptr();
+        // SAFETY: `data` is an exclusive borrow of `data.len()` bytes for the whole call,
+        // used only through `p`.
+        unsafe { self.crypt_raw(dir, first_sector, p, p, data.len()) }
     }
 
     fn crypt_into(
@@ -310,18 +297,27 @@ impl SectorCipher for OpensslCipher {
         dst: &mut [u8],
     ) -> Result<(), CryptoError> {
         crate::check_same_len(src, dst)?;
-        check_run(self.sector_size, src.len())?;
-        if self.cbc {
-            // The openssl crate wants a block of output slack for CBC; in place avoids it.
-            dst.copy_from_slice(src);
-            return self.crypt(dir, first_sector, dst);
-        }
-        if src.is_empty() {
+        // SAFETY: `src` and `dst` are borrows of the same length for the whole call; a shared
+        // and an exclusive borrow never overlap.
+        unsafe { self.crypt_raw(dir, first_sector, src.as_ptr(), dst.as_mut_ptr(), src.len()) }
+    }
+
+    unsafe fn crypt_raw(
+        &self,
+        dir: Direction,
+        first_sector: u64,
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
+    ) -> Result<(), CryptoError> {
+        check_run(self.sector_size, len)?;
+        if len == 0 {
             return Ok(());
         }
         self.with_contexts(|ctxs| {
             let ctx = ctxs.get(self, dir)?;
-            self.xts_sectors_into(ctx, dir, first_sector, src, dst)
+            // SAFETY: forwarded from this function's contract.
+            unsafe { self.crypt_sectors_raw(ctx, dir, first_sector, src, dst, len) }
         })
     }
 }

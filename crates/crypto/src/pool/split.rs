@@ -32,9 +32,9 @@ struct Progress {
     error: Option<CryptoError>,
 }
 
-// SAFETY: `base..base+len` is a `&mut [u8]` (and `src..src+len`, when not null, a `&[u8]`)
-// that the `crypt` call owning this `Split` keeps borrowed and does not touch while helpers
-// may run. Each chunk index is claimed by exactly one
+// SAFETY: `base..base+len` (and `src..src+len`, when not null) are ranges that the caller of
+// the `crypt_raw` call owning this `Split` vouched for until it returns, and that call does
+// not touch them while helpers may run. Each chunk index is claimed by exactly one
 // thread (atomic `fetch_add`), so no two threads ever access the same bytes, and the caller does
 // not return before every chunk has been processed (`wait`, also on unwind via `WaitOnDrop`).
 // Helpers that arrive afterwards claim an index past the end and never dereference `base`.
@@ -43,20 +43,21 @@ unsafe impl Send for Split {}
 unsafe impl Sync for Split {}
 
 impl Split {
-    /// Splits `data` into `chunk`-byte pieces (a multiple of the sector size). With `src`
-    /// (as long as `data`), each piece is transformed from `src` into `data`; otherwise in
-    /// place.
-    pub(super) fn new(
+    /// Splits the `len` bytes at `dst` into `chunk`-byte pieces (a multiple of the sector
+    /// size). With a non-null `src` (also `len` bytes), each piece is transformed from `src`
+    /// into `dst`; otherwise in place.
+    ///
+    /// # Safety
+    /// As `SectorCipher::crypt_raw` for `src`/`dst`/`len`, until `wait` has returned.
+    pub(super) unsafe fn new(
         cipher: Arc<dyn SectorCipher>,
         dir: Direction,
         first_sector: u64,
-        src: Option<&[u8]>,
-        data: &mut [u8],
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
         chunk: usize,
     ) -> Self {
-        // Chunks read `src` at the offsets they write `data`: a shorter source would be read
-        // out of bounds.
-        assert!(src.is_none_or(|s| s.len() == data.len()));
         let sector_size = cipher.sector_size();
         let chunk = chunk.max(sector_size);
         Split {
@@ -64,11 +65,11 @@ impl Split {
             dir,
             first_sector,
             sector_size,
-            src: src.map_or(std::ptr::null(), <[u8]>::as_ptr),
-            base: data.as_mut_ptr(),
-            len: data.len(),
+            src,
+            base: dst,
+            len,
             chunk,
-            chunks: data.len().div_ceil(chunk),
+            chunks: len.div_ceil(chunk),
             next: AtomicUsize::new(0),
             progress: Mutex::new(Progress {
                 done: 0,
@@ -101,15 +102,17 @@ impl Split {
                 .wrapping_add((start / self.sector_size) as u64);
             let result = catch_unwind(AssertUnwindSafe(|| {
                 // SAFETY: chunk `i` was claimed by this thread alone and lies inside the lent
-                // buffer (`start < len` because `i < chunks`); see `unsafe impl Send`.
-                let data = unsafe { std::slice::from_raw_parts_mut(self.base.add(start), len) };
-                if self.src.is_null() {
-                    return self.cipher.crypt(self.dir, sector, data);
+                // ranges (`start + len <= self.len` because `i < chunks`); see `unsafe impl
+                // Send`. In place, the source is the destination chunk itself.
+                unsafe {
+                    let dst = self.base.add(start);
+                    let src = if self.src.is_null() {
+                        dst.cast_const()
+                    } else {
+                        self.src.add(start)
+                    };
+                    self.cipher.crypt_raw(self.dir, sector, src, dst, len)
                 }
-                // SAFETY: as above, for the same chunk of the lent source, which nobody
-                // writes while the call runs.
-                let src = unsafe { std::slice::from_raw_parts(self.src.add(start), len) };
-                self.cipher.crypt_into(self.dir, sector, src, data)
             }))
             .unwrap_or_else(|_| Err(CryptoError::Worker("sector cipher panicked".into())));
             // The mutex orders this chunk's writes before the caller's return from `wait`.
