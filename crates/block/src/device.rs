@@ -55,6 +55,31 @@ pub trait BlockDevice: Send + Sync {
         )
     }
 
+    /// Makes `len` bytes at `offset` read as zeros. The default writes zeros (on an encrypted
+    /// volume: encrypted zeros, so the plaintext reads as zeros).
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        static ZEROES: [u8; 256 * 1024] = [0; 256 * 1024];
+        check_range("write zeroes", offset, len, self.size())?;
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(ZEROES.len() as u64) as usize;
+            self.write_at(&ZEROES[..n], offset + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
+    /// This device's own asynchronous engine, if it has one (io_uring for a raw file, a
+    /// volume layered over its backend's queue). `None` (the default) means
+    /// `aio::open_queue` serves it with a `SyncQueue` on the I/O thread pool.
+    fn native_queue(
+        &self,
+        opts: &crate::aio::QueueOptions,
+    ) -> Option<Result<Box<dyn crate::aio::IoQueue>, BlockError>> {
+        let _ = opts;
+        None
+    }
+
     /// The extent starting at `offset`, at most `len` bytes long. The default knows nothing
     /// about allocation and reports the whole (clipped) range as data.
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {

@@ -6,6 +6,7 @@
 //! Backends know nothing about LUKS and the volume knows nothing about the protocol in front
 //! of it.
 
+pub mod aio;
 mod aligned;
 mod bounce;
 mod crypt;
@@ -28,5 +29,5 @@ pub use luks_volume::{
     open_luks_volume, open_luks_volume_on, LuksVolume, VolumeError, VolumeOptions,
 };
 pub use qcow2::Qcow2;
-pub use raw::{OpenOptions, RawFile};
+pub use raw::{IoSettings, OpenOptions, RawFile};
 pub use stats::{IoKind, IoStats, IoStatsSnapshot};

@@ -1,0 +1,282 @@
+//! Asynchronous I/O: the request interface every frontend uses to keep many requests of one
+//! device in flight without a thread per request.
+//!
+//! A frontend thread (a vhost-user queue thread, an NBD connection, the convert pipeline)
+//! opens an [`IoQueue`] on its device with [`open_queue`], pushes requests whose buffers are a
+//! scatter-gather list ([`IoVec`]: guest memory or owned buffers, never a Rust reference to
+//! guest memory), sends them with one [`IoQueue::submit`] per batch, and collects completions
+//! with [`IoQueue::drain`] when the queue's eventfd ([`IoQueue::notifier`]) becomes readable,
+//! from the event loop it already waits in. Nobody polls: a thread with nothing to do sleeps.
+//!
+//! Engines: a raw file runs on io_uring (`raw::uring`) or on a pool of threads doing
+//! positioned vectored I/O (`raw::threads`); the encrypted volume layers crypto over its
+//! backend's queue (`crypt::queue`); any other `BlockDevice` (qcow2, a migration's incoming
+//! disk, test devices) is served by [`SyncQueue`], which runs its synchronous methods on the
+//! thread pool through bounce buffers. So every device fits the same event loop.
+
+pub(crate) mod copy;
+mod notifier;
+mod sync_queue;
+pub(crate) mod thread_pool;
+pub(crate) mod threaded;
+
+pub use notifier::Notifier;
+pub use sync_queue::SyncQueue;
+pub use thread_pool::io_thread_count;
+
+use crate::{BlockDevice, BlockError};
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+/// One piece of a request's buffer: `len` bytes at `base`, laid out as the kernel's `iovec` so
+/// that a list of them goes to `preadv`/io_uring as it is.
+///
+/// Making one is safe; handing it to [`IoQueue::push`] is where the caller vouches for the
+/// memory.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct IoVec(libc::iovec);
+
+// SAFETY: an IoVec is an address and a length; it grants nothing by itself. Whoever pushes it
+// into a queue promises (in `IoQueue::push`'s contract) that the memory stays valid until the
+// request completes, whichever thread completes it.
+unsafe impl Send for IoVec {}
+// SAFETY: as for Send: shared references only read the address and length.
+unsafe impl Sync for IoVec {}
+
+impl IoVec {
+    /// `len` bytes at `base`.
+    pub fn from_raw(base: *mut u8, len: usize) -> Self {
+        IoVec(libc::iovec {
+            iov_base: base.cast(),
+            iov_len: len,
+        })
+    }
+
+    /// The bytes of `buf` (an owned buffer of the caller's).
+    pub fn from_slice(buf: &mut [u8]) -> Self {
+        IoVec::from_raw(buf.as_mut_ptr(), buf.len())
+    }
+
+    pub fn base(&self) -> *mut u8 {
+        self.0.iov_base.cast()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.iov_len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iov_len == 0
+    }
+
+    pub(crate) fn as_iovec_ptr(list: &[IoVec]) -> *const libc::iovec {
+        list.as_ptr().cast()
+    }
+}
+
+impl std::fmt::Debug for IoVec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "IoVec({:p}+{})", self.base(), self.len())
+    }
+}
+
+/// Total length of a scatter-gather list.
+pub fn iov_len(iov: &[IoVec]) -> u64 {
+    iov.iter().map(|v| v.len() as u64).sum()
+}
+
+/// What a request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoOp {
+    /// Fill the buffers from `offset`.
+    Read,
+    /// Write the buffers at `offset`.
+    Write,
+    /// Make every write completed before this request was pushed durable.
+    Flush,
+    /// Deallocate `len` bytes at `offset` (see `BlockDevice::discard`).
+    Discard,
+    /// Make `len` bytes at `offset` read as zeros.
+    WriteZeroes,
+}
+
+impl IoOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            IoOp::Read => "read",
+            IoOp::Write => "write",
+            IoOp::Flush => "flush",
+            IoOp::Discard => "discard",
+            IoOp::WriteZeroes => "write zeroes",
+        }
+    }
+
+    /// Changes the device's contents.
+    pub fn modifies(self) -> bool {
+        matches!(self, IoOp::Write | IoOp::Discard | IoOp::WriteZeroes)
+    }
+}
+
+/// One request as pushed into a queue.
+#[derive(Debug, Clone, Copy)]
+pub struct IoRequest<'a> {
+    pub op: IoOp,
+    /// Byte offset on the device (ignored by `Flush`).
+    pub offset: u64,
+    /// Bytes to discard or zero; for `Read`/`Write` the buffers' total length.
+    pub len: u64,
+    /// The buffers of a `Read` or `Write`; empty otherwise.
+    pub iov: &'a [IoVec],
+    /// `Write`: complete only once the data is durable (NBD's FUA, a guest without a write
+    /// cache).
+    pub fua: bool,
+    /// The caller's name for the request, handed back with its completion.
+    pub tag: u64,
+}
+
+impl<'a> IoRequest<'a> {
+    pub fn read(offset: u64, iov: &'a [IoVec], tag: u64) -> Self {
+        IoRequest {
+            op: IoOp::Read,
+            offset,
+            len: iov_len(iov),
+            iov,
+            fua: false,
+            tag,
+        }
+    }
+
+    pub fn write(offset: u64, iov: &'a [IoVec], fua: bool, tag: u64) -> Self {
+        IoRequest {
+            op: IoOp::Write,
+            offset,
+            len: iov_len(iov),
+            iov,
+            fua,
+            tag,
+        }
+    }
+
+    pub fn flush(tag: u64) -> Self {
+        IoRequest {
+            op: IoOp::Flush,
+            offset: 0,
+            len: 0,
+            iov: &[],
+            fua: false,
+            tag,
+        }
+    }
+
+    /// `Discard` or `WriteZeroes` of a range.
+    pub fn range(op: IoOp, offset: u64, len: u64, tag: u64) -> Self {
+        IoRequest {
+            op,
+            offset,
+            len,
+            iov: &[],
+            fua: false,
+            tag,
+        }
+    }
+}
+
+/// A finished request.
+#[derive(Debug)]
+pub struct Completion {
+    pub tag: u64,
+    pub result: Result<(), BlockError>,
+}
+
+/// The queue already holds `capacity()` requests: drain completions first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("I/O queue full ({0} requests in flight)")]
+pub struct QueueFull(pub usize);
+
+/// How to open a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueOptions {
+    /// Requests in flight at most (a virtqueue's size, an NBD connection's window).
+    pub depth: usize,
+}
+
+impl Default for QueueOptions {
+    fn default() -> Self {
+        QueueOptions { depth: 128 }
+    }
+}
+
+/// A device's asynchronous request queue, owned by one thread at a time (it may move between
+/// threads, and `drain`/`wait` may run on another thread than `push` if the owner serialises
+/// the calls, e.g. with a mutex).
+pub trait IoQueue: Send {
+    /// An eventfd that becomes readable when `drain` has something to hand out. Wait for it
+    /// with poll/epoll; `drain` clears it.
+    fn notifier(&self) -> RawFd;
+
+    /// Most requests in flight at once.
+    fn capacity(&self) -> usize;
+
+    /// Requests pushed and not yet handed out by `drain`.
+    fn in_flight(&self) -> usize;
+
+    /// Queues a request; nothing reaches the device before `submit`. A request the device
+    /// refuses (out of range, read-only, unsupported) is accepted and completes with the
+    /// error.
+    ///
+    /// # Safety
+    /// Every buffer in `req.iov` must stay valid (mapped, not freed or reused) for reads —
+    /// and, for `Read`, for writes — until the request's completion has been handed out by
+    /// `drain` (or the queue is dropped, which waits for the kernel to let go of them). No
+    /// Rust reference to the buffers may be used meanwhile. Other parties (a guest) may write
+    /// them concurrently: that only changes the data transferred.
+    unsafe fn push(&mut self, req: &IoRequest<'_>) -> Result<(), QueueFull>;
+
+    /// Sends every request pushed since the last call to the device (one system call for the
+    /// batch where the engine allows).
+    fn submit(&mut self) -> Result<(), BlockError>;
+
+    /// Hands every finished request to `out`, without blocking, and clears the notifier.
+    fn drain(&mut self, out: &mut dyn FnMut(Completion));
+
+    /// Blocks until `drain` has something to hand out (or nothing is in flight).
+    fn wait(&mut self);
+}
+
+/// Opens a queue on `device`: its own asynchronous engine when it has one
+/// (`BlockDevice::native_queue`), else a `SyncQueue` running its synchronous methods on the
+/// I/O thread pool.
+pub fn open_queue(
+    device: &Arc<dyn BlockDevice>,
+    opts: &QueueOptions,
+) -> Result<Box<dyn IoQueue>, BlockError> {
+    match device.native_queue(opts) {
+        Some(queue) => queue,
+        None => Ok(Box::new(SyncQueue::new(device.clone(), opts)?)),
+    }
+}
+
+/// Runs one request to its end on a queue of its own: for callers (tests, one-off tools) that
+/// want the asynchronous path with synchronous ergonomics.
+///
+/// # Safety
+/// As `IoQueue::push`, until this returns.
+pub unsafe fn run_one(queue: &mut dyn IoQueue, req: &IoRequest<'_>) -> Result<(), BlockError> {
+    // SAFETY: forwarded; this function waits for the completion before returning.
+    unsafe { queue.push(req) }
+        .map_err(|e| BlockError::new(crate::BlockErrorKind::Io, e.to_string()))?;
+    queue.submit()?;
+    let mut result = None;
+    while result.is_none() {
+        queue.drain(&mut |c| {
+            if c.tag == req.tag {
+                result = Some(c.result);
+            }
+        });
+        if result.is_none() {
+            queue.wait();
+        }
+    }
+    result.unwrap_or(Ok(()))
+}

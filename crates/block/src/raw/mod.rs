@@ -1,0 +1,534 @@
+//! A plain file (or block device node) as a `BlockDevice`: positioned I/O, advisory locking,
+//! hole detection so copies can skip sparse regions, the host cache modes (`CacheMode`:
+//! O_DIRECT, write-through, ignored flushes) and the asynchronous engines (`uring`: io_uring;
+//! `threads`: the I/O thread pool).
+//!
+//! With O_DIRECT, data moves between the device and the caller's memory without a copy when
+//! the memory, offset and length meet the file's direct-I/O alignment (`direct::DioAlign`,
+//! from statx). Memory that is not aligned goes through an aligned bounce buffer. An offset or
+//! length that is not aligned (only a client ignoring the advertised logical block size sends
+//! one) goes through the page cache instead, which the kernel keeps coherent with direct I/O.
+
+mod direct;
+mod threads;
+mod uring;
+
+use crate::aio::{IoQueue, QueueOptions};
+use crate::device::check_range;
+use crate::{
+    AioEngine, AlignedBuf, BlockDevice, BlockError, BlockErrorKind, CacheMode, Extent, ExtentKind,
+};
+use direct::{DioAlign, Route};
+use std::fs::{File, TryLockError};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// How to open a raw file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenOptions {
+    pub writable: bool,
+    /// Take an advisory lock: exclusive for writers, shared for readers, so that two writers
+    /// (or a writer and a reader) of one image refuse to run at once.
+    pub lock: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            writable: false,
+            lock: true,
+        }
+    }
+}
+
+/// How a raw file does its I/O once open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoSettings {
+    pub cache: CacheMode,
+    pub aio: AioEngine,
+}
+
+impl Default for IoSettings {
+    /// What library callers get from `RawFile::open`: the page cache (`writeback`), io_uring
+    /// for asynchronous queues.
+    fn default() -> Self {
+        IoSettings {
+            cache: CacheMode::Writeback,
+            aio: AioEngine::IoUring,
+        }
+    }
+}
+
+/// The open descriptors, shared with the asynchronous queues of the file.
+#[derive(Debug)]
+pub(crate) struct Files {
+    /// Buffered descriptor: headers, unaligned requests, everything when not direct.
+    buffered: File,
+    /// O_DIRECT descriptor (cache modes `none`, `directsync`).
+    direct: Option<File>,
+    dio: DioAlign,
+    path: PathBuf,
+    size: u64,
+    writable: bool,
+    cache: CacheMode,
+}
+
+impl Files {
+    fn route(&self, addr: usize, len: usize, offset: u64) -> Route {
+        match &self.direct {
+            Some(_) => self.dio.route(addr, len, offset),
+            None => Route::Buffered,
+        }
+    }
+
+    fn fd_for(&self, route: Route) -> &File {
+        match (route, &self.direct) {
+            (Route::Direct | Route::Bounce, Some(direct)) => direct,
+            _ => &self.buffered,
+        }
+    }
+
+    fn err(&self, op: &'static str, e: std::io::Error, offset: u64) -> BlockError {
+        BlockError::io(op, e).at(offset).with_path(&self.path)
+    }
+}
+
+/// The synchronous I/O of a raw file, shared by `RawFile` and the threads engine.
+impl Files {
+    pub(crate) fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
+        let f = self;
+        check_range("read", offset, buf.len() as u64, f.size).map_err(|e| e.with_path(&f.path))?;
+        let route = f.route(buf.as_ptr() as usize, buf.len(), offset);
+        let fd = f.fd_for(route);
+        let result = if route == Route::Bounce {
+            let mut bounce = AlignedBuf::zeroed(buf.len());
+            read_full(fd, &mut bounce, offset).map(|()| buf.copy_from_slice(&bounce))
+        } else {
+            read_full(fd, buf, offset)
+        };
+        result.map_err(|e| f.err("read", e, offset))
+    }
+
+    pub(crate) fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
+        let f = self;
+        if !f.writable {
+            return Err(BlockError::read_only("write").at(offset).with_path(&f.path));
+        }
+        check_range("write", offset, buf.len() as u64, f.size).map_err(|e| e.with_path(&f.path))?;
+        let route = f.route(buf.as_ptr() as usize, buf.len(), offset);
+        let fd = f.fd_for(route);
+        let result = if route == Route::Bounce {
+            let mut bounce = AlignedBuf::zeroed(buf.len());
+            bounce.copy_from_slice(buf);
+            fd.write_all_at(&bounce, offset)
+        } else {
+            fd.write_all_at(buf, offset)
+        };
+        result.map_err(|e| f.err("write", e, offset))
+    }
+
+    pub(crate) fn flush(&self) -> Result<(), BlockError> {
+        let f = self;
+        if !f.writable || f.cache.ignore_flush() {
+            return Ok(());
+        }
+        f.buffered
+            .sync_data()
+            .map_err(|e| BlockError::io("flush", e).with_path(&f.path))
+    }
+
+    pub(crate) fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        let f = self;
+        if !f.writable {
+            return Err(BlockError::read_only("write zeroes")
+                .at(offset)
+                .with_path(&f.path));
+        }
+        check_range("write zeroes", offset, len, f.size).map_err(|e| e.with_path(&f.path))?;
+        match fallocate(
+            &f.buffered,
+            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        ) {
+            Ok(()) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                static ZEROES: [u8; 256 * 1024] = [0; 256 * 1024];
+                let mut done = 0u64;
+                while done < len {
+                    let n = (len - done).min(ZEROES.len() as u64) as usize;
+                    self.write_at(&ZEROES[..n], offset + done)?;
+                    done += n as u64;
+                }
+                Ok(())
+            }
+            Err(e) => Err(f.err("write zeroes", e, offset)),
+        }
+    }
+
+    pub(crate) fn punch_hole(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        if !self.writable {
+            return Err(BlockError::read_only("punch_hole").with_path(&self.path));
+        }
+        check_range("punch_hole", offset, len, self.size).map_err(|e| e.with_path(&self.path))?;
+        if len == 0 {
+            return Ok(());
+        }
+        fallocate(
+            &self.buffered,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        )
+        .map_err(|e| self.err("punch_hole", e, offset))
+    }
+}
+
+/// A raw image file. The size is fixed at open time; writes never grow the file.
+#[derive(Debug)]
+pub struct RawFile {
+    files: Arc<Files>,
+    aio: AioEngine,
+}
+
+impl RawFile {
+    /// Opens through the page cache (`IoSettings::default`).
+    pub fn open(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Self, BlockError> {
+        Self::open_with(path, opts, IoSettings::default())
+    }
+
+    /// Opens with a cache mode and aio engine. Where the filesystem refuses O_DIRECT (tmpfs)
+    /// the cache mode falls back to its page-cache twin (`CacheMode::without_direct`) with a
+    /// notice in the log; `cache()` tells the mode in effect.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        opts: OpenOptions,
+        settings: IoSettings,
+    ) -> Result<Self, BlockError> {
+        let path = path.as_ref();
+        let file = open_fd(path, opts.writable, false, settings.cache.write_through())
+            .map_err(|e| BlockError::io("open", e).with_path(path))?;
+        if opts.lock {
+            lock_file(&file, opts.writable).map_err(|e| e.with_path(path))?;
+        }
+        let size = file_size(&file).map_err(|e| e.with_path(path))?;
+        let mut raw = RawFile {
+            files: Arc::new(Files {
+                buffered: file,
+                direct: None,
+                dio: DioAlign::default(),
+                path: path.to_path_buf(),
+                size,
+                writable: opts.writable,
+                cache: settings.cache.without_direct(),
+            }),
+            aio: settings.aio,
+        };
+        if settings.cache.direct() && !raw.try_direct(settings.cache)? {
+            tracing::warn!(
+                image = %path.display(),
+                "the filesystem refuses O_DIRECT: cache={} instead of cache={}",
+                settings.cache.without_direct(),
+                settings.cache
+            );
+        }
+        Ok(raw)
+    }
+
+    /// Creates a new sparse file of `size` bytes (refusing to overwrite an existing one) and
+    /// opens it writable and locked, through the page cache.
+    pub fn create(path: impl AsRef<Path>, size: u64) -> Result<Self, BlockError> {
+        let path = path.as_ref();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| BlockError::io("create", e).with_path(path))?;
+        lock_file(&file, true).map_err(|e| e.with_path(path))?;
+        file.set_len(size)
+            .map_err(|e| BlockError::io("set_len", e).with_path(path))?;
+        Ok(RawFile {
+            files: Arc::new(Files {
+                buffered: file,
+                direct: None,
+                dio: DioAlign::default(),
+                path: path.to_path_buf(),
+                size,
+                writable: true,
+                cache: CacheMode::Writeback,
+            }),
+            aio: AioEngine::IoUring,
+        })
+    }
+
+    /// Adds an O_DIRECT descriptor and switches to `cache` (a direct mode). False, changing
+    /// nothing, where the filesystem refuses O_DIRECT.
+    fn try_direct(&mut self, cache: CacheMode) -> Result<bool, BlockError> {
+        let files = Arc::get_mut(&mut self.files).ok_or_else(|| {
+            BlockError::new(
+                BlockErrorKind::Io,
+                "cannot change the cache mode while asynchronous queues are open",
+            )
+        })?;
+        let direct = match open_fd(&files.path, files.writable, true, cache.write_through()) {
+            Ok(direct) => direct,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(false),
+            Err(e) => return Err(BlockError::io("open O_DIRECT", e).with_path(&files.path)),
+        };
+        let Some(dio) = DioAlign::probe(&direct) else {
+            return Ok(false);
+        };
+        files.direct = Some(direct);
+        files.dio = dio;
+        files.cache = cache;
+        Ok(true)
+    }
+
+    /// Bypasses the page cache from now on (`cache=none`): for bulk copies that would
+    /// otherwise pay a second memory copy and stall on writeback of gigabytes of dirty pages.
+    /// `flush` still syncs, because O_DIRECT alone does not make data or allocations durable.
+    /// Returns false, changing nothing, where the filesystem refuses O_DIRECT (e.g. tmpfs).
+    pub fn enable_direct_writes(&mut self) -> Result<bool, BlockError> {
+        if !self.files.writable {
+            return Err(BlockError::read_only("enable direct I/O").with_path(&self.files.path));
+        }
+        self.try_direct(CacheMode::None)
+    }
+
+    /// The cache mode in effect.
+    pub fn cache(&self) -> CacheMode {
+        self.files.cache
+    }
+
+    /// The asynchronous engine asked for (io_uring falls back to threads where refused).
+    pub fn aio(&self) -> AioEngine {
+        self.aio
+    }
+
+    /// The underlying file, for code (such as the LUKS header reader) that works on `&File`.
+    /// It is the buffered descriptor, whatever the cache mode.
+    pub fn file(&self) -> &File {
+        &self.files.buffered
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.files.path
+    }
+
+    /// The direct-I/O alignment in effect: memory address and file offset/length (1 when the
+    /// file is not opened with O_DIRECT).
+    pub fn direct_alignment(&self) -> (usize, usize) {
+        match self.files.direct {
+            Some(_) => (self.files.dio.mem, self.files.dio.offset),
+            None => (1, 1),
+        }
+    }
+
+    /// Deallocates `len` bytes at `offset` (they then read as zeros) without changing the size.
+    pub fn punch_hole(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.files.punch_hole(offset, len)
+    }
+
+    /// `lseek` with SEEK_DATA / SEEK_HOLE. `Ok(None)` means ENXIO: no such region at or after
+    /// `offset` (for SEEK_DATA: the rest of the file is a hole).
+    fn seek(&self, offset: u64, whence: libc::c_int) -> std::io::Result<Option<u64>> {
+        let off =
+            i64::try_from(offset).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: lseek only reads its integer arguments. Moving the shared file position is
+        // harmless because every data access in this type uses pread/pwrite, never the position.
+        let rc = unsafe { libc::lseek(self.files.buffered.as_raw_fd(), off, whence) };
+        if rc < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ENXIO) {
+                return Ok(None);
+            }
+            return Err(err);
+        }
+        Ok(Some(rc as u64))
+    }
+}
+
+fn file_size(file: &File) -> Result<u64, BlockError> {
+    let meta = file.metadata().map_err(|e| BlockError::io("stat", e))?;
+    if meta.file_type().is_file() {
+        return Ok(meta.len());
+    }
+    // Block device nodes report length 0 in metadata; ask the device itself.
+    let mut f = file;
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)).map_err(|e| BlockError::io("seek", e))
+}
+
+fn lock_file(file: &File, exclusive: bool) -> Result<(), BlockError> {
+    let res = if exclusive {
+        file.try_lock()
+    } else {
+        file.try_lock_shared()
+    };
+    match res {
+        Ok(()) => Ok(()),
+        Err(TryLockError::WouldBlock) => Err(BlockError::new(
+            BlockErrorKind::Locked,
+            if exclusive {
+                "image is in use by another process (could not get an exclusive lock for writing)"
+            } else {
+                "image is in use by another process that has it open for writing"
+            },
+        )),
+        Err(TryLockError::Error(e)) => Err(BlockError::io("lock", e)),
+    }
+}
+
+/// `fallocate(2)` with `mode` over `len` bytes at `offset`.
+fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> std::io::Result<()> {
+    let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    // SAFETY: fallocate only reads its integer arguments; the descriptor is owned by `file`,
+    // which stays open for the duration of the call.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, off, l) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Opens `path` for reading (and writing), optionally with O_DIRECT and O_DSYNC.
+fn open_fd(path: &Path, writable: bool, direct: bool, dsync: bool) -> std::io::Result<File> {
+    let mut flags = 0;
+    if direct {
+        flags |= libc::O_DIRECT;
+    }
+    if dsync {
+        flags |= libc::O_DSYNC;
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .custom_flags(flags)
+        .open(path)
+}
+
+/// Reads all of `buf` at `offset`; the part past the end of the file reads as zeros (the file
+/// shrank under us, or a device node is shorter than it said), as it would in QEMU.
+fn read_full(fd: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        match fd.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => {
+                buf[done..].fill(0);
+                break;
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Whether the once-per-process notice about io_uring being unavailable was logged.
+static URING_NOTICE: AtomicBool = AtomicBool::new(false);
+
+impl BlockDevice for RawFile {
+    fn size(&self) -> u64 {
+        self.files.size
+    }
+
+    /// 512, or the direct-I/O offset alignment when the file bypasses the page cache (a 4 KiB
+    /// device), so that clients send only requests the device can take without a copy.
+    fn logical_block_size(&self) -> u32 {
+        match self.files.direct {
+            Some(_) => u32::try_from(self.files.dio.offset.max(512)).unwrap_or(4096),
+            None => 512,
+        }
+    }
+
+    fn read_only(&self) -> bool {
+        !self.files.writable
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
+        self.files.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
+        self.files.write_at(buf, offset)
+    }
+
+    fn flush(&self) -> Result<(), BlockError> {
+        self.files.flush()
+    }
+
+    /// Punches a hole: the range reads as zeros afterwards.
+    fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.punch_hole(offset, len)
+    }
+
+    /// `FALLOC_FL_ZERO_RANGE` where the filesystem has it (the range stays allocated), zeros
+    /// written otherwise.
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.files.write_zeroes(offset, len)
+    }
+
+    fn native_queue(&self, opts: &QueueOptions) -> Option<Result<Box<dyn IoQueue>, BlockError>> {
+        if self.aio == AioEngine::IoUring {
+            match uring::UringQueue::new(self.files.clone(), opts) {
+                Ok(queue) => return Some(Ok(Box::new(queue))),
+                Err(e) => {
+                    if !URING_NOTICE.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            "io_uring is not available ({e}): using the threads aio engine"
+                        );
+                    }
+                }
+            }
+        }
+        Some(threads::queue(self.files.clone(), opts))
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
+        check_range("block_status", offset, 0, self.files.size)
+            .map_err(|e| e.with_path(&self.files.path))?;
+        let len = len.min(self.files.size - offset);
+        if len == 0 {
+            return Ok(Extent {
+                len: 0,
+                kind: ExtentKind::Data,
+            });
+        }
+        let data = match self.seek(offset, libc::SEEK_DATA) {
+            Ok(d) => d,
+            // Filesystems or devices without hole support: everything is data.
+            Err(_) => {
+                return Ok(Extent {
+                    len,
+                    kind: ExtentKind::Data,
+                })
+            }
+        };
+        match data {
+            None => Ok(Extent {
+                len,
+                kind: ExtentKind::Unallocated,
+            }),
+            Some(d) if d > offset => Ok(Extent {
+                len: (d - offset).min(len),
+                kind: ExtentKind::Unallocated,
+            }),
+            Some(_) => {
+                let hole = match self.seek(offset, libc::SEEK_HOLE) {
+                    Ok(Some(h)) if h > offset => h,
+                    _ => offset + len,
+                };
+                Ok(Extent {
+                    len: (hole - offset).min(len),
+                    kind: ExtentKind::Data,
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! The `threads` aio engine for raw files: each request is one positioned vectored system call
+//! (`preadv2`/`pwritev2`, `fdatasync`, `fallocate`) on an I/O pool thread, straight from and
+//! into the request's buffers when they meet the direct-I/O alignment.
+
+use super::direct::Route;
+use super::Files;
+use crate::aio::threaded::{BlockingIo, JobRequest, Scratch, ThreadedQueue};
+use crate::aio::{copy, IoOp, IoQueue, IoVec, QueueOptions};
+use crate::device::check_range;
+use crate::BlockError;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+pub(super) fn queue(
+    files: Arc<Files>,
+    opts: &QueueOptions,
+) -> Result<Box<dyn IoQueue>, BlockError> {
+    Ok(Box::new(ThreadedQueue::new(
+        Arc::new(RawIo { files }),
+        opts.depth,
+    )?))
+}
+
+struct RawIo {
+    files: Arc<Files>,
+}
+
+impl Files {
+    /// The route of a scatter-gather transfer at `offset`.
+    pub(super) fn route_iov(&self, iov: &[IoVec], offset: u64) -> Route {
+        match &self.direct {
+            Some(_) => self.dio.route_iov(iov, offset),
+            None => Route::Buffered,
+        }
+    }
+
+    /// Checks a read or write of `len` bytes at `offset` before it reaches the kernel.
+    pub(super) fn check_rw(&self, op: IoOp, offset: u64, len: u64) -> Result<(), BlockError> {
+        if op == IoOp::Write && !self.writable {
+            return Err(BlockError::read_only("write")
+                .at(offset)
+                .with_path(&self.path));
+        }
+        check_range(op.name(), offset, len, self.size).map_err(|e| e.with_path(&self.path))
+    }
+}
+
+impl BlockingIo for RawIo {
+    unsafe fn run(&self, req: &JobRequest, scratch: &mut Scratch) -> Result<(), BlockError> {
+        let f = &*self.files;
+        match req.op {
+            IoOp::Read | IoOp::Write => {
+                f.check_rw(req.op, req.offset, req.len)?;
+                let route = f.route_iov(&req.iov, req.offset);
+                let fd = f.fd_for(route);
+                let flags = if req.op == IoOp::Write && req.fua {
+                    libc::RWF_DSYNC
+                } else {
+                    0
+                };
+                let result = if route == Route::Bounce {
+                    let buf = scratch.take(req.len as usize);
+                    let one = [IoVec::from_slice(buf)];
+                    if req.op == IoOp::Write {
+                        // SAFETY: the request's buffers are readable (push contract).
+                        unsafe { copy::gather(&req.iov, 0, buf) };
+                    }
+                    // SAFETY: `one` is our own bounce buffer.
+                    let r = unsafe { transfer(fd, req.op, &one, req.offset, flags) };
+                    if r.is_ok() && req.op == IoOp::Read {
+                        // SAFETY: the request's buffers are writable (push contract).
+                        unsafe { copy::scatter(buf, &req.iov, 0) };
+                    }
+                    r
+                } else {
+                    // SAFETY: the request's buffers are valid as `push` was promised.
+                    unsafe { transfer(fd, req.op, &req.iov, req.offset, flags) }
+                };
+                result.map_err(|e| f.err(req.op.name(), e, req.offset))
+            }
+            IoOp::Flush => f.flush(),
+            IoOp::Discard => f.punch_hole(req.offset, req.len),
+            IoOp::WriteZeroes => f.write_zeroes(req.offset, req.len),
+        }
+    }
+}
+
+/// Reads or writes the whole list at `offset` with `preadv2`/`pwritev2`, continuing after
+/// short transfers. A read past the end of the file fills the rest with zeros (the file
+/// shrank under us), as `RawFile::read_at` does.
+///
+/// # Safety
+/// The list's buffers are valid for the transfer's direction.
+unsafe fn transfer(
+    fd: &File,
+    op: IoOp,
+    iov: &[IoVec],
+    offset: u64,
+    flags: libc::c_int,
+) -> std::io::Result<()> {
+    let total = crate::aio::iov_len(iov) as usize;
+    let mut done = 0usize;
+    let mut rest = Vec::new();
+    while done < total {
+        let list = if done == 0 {
+            iov
+        } else {
+            copy::advance(iov, done, &mut rest);
+            &rest
+        };
+        let count = libc::c_int::try_from(list.len())
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        let at = i64::try_from(offset + done as u64)
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        let ptr = IoVec::as_iovec_ptr(list);
+        // SAFETY: `ptr` points at `count` iovecs describing memory the caller vouched for;
+        // the descriptor is open for the duration of the call.
+        let n = unsafe {
+            if op == IoOp::Read {
+                libc::preadv2(fd.as_raw_fd(), ptr, count, at, flags)
+            } else {
+                libc::pwritev2(fd.as_raw_fd(), ptr, count, at, flags)
+            }
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            if op == IoOp::Read {
+                // SAFETY: as promised for the read buffers.
+                unsafe { copy::zero_fill(iov, done) };
+                return Ok(());
+            }
+            return Err(std::io::Error::from(std::io::ErrorKind::WriteZero));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}

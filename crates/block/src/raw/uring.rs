@@ -1,0 +1,440 @@
+//! The `io_uring` aio engine for raw files: one ring per queue (so per frontend thread),
+//! requests of a batch sent with one `io_uring_enter`, the file's descriptors registered with
+//! the ring, completions signalled on an eventfd registered with it.
+//!
+//! Buffers the device can use as they are (direct-I/O aligned, or any buffer without
+//! O_DIRECT) go to the kernel as the request's own iovecs; misaligned memory goes through an
+//! aligned bounce buffer of the slot's. A short transfer is continued from where it stopped
+//! (a read past the end of the file reads zeros, as the synchronous path does).
+
+use super::direct::Route;
+use super::Files;
+use crate::aio::{
+    copy, Completion, IoOp, IoQueue, IoRequest, IoVec, Notifier, QueueFull, QueueOptions,
+};
+use crate::{AlignedBuf, BlockError};
+use io_uring::{opcode, squeue, types, IoUring};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, OnceLock};
+
+/// Index of the buffered descriptor among the ring's registered files.
+const BUFFERED: u32 = 0;
+/// Index of the O_DIRECT descriptor (registered only when the file has one).
+const DIRECT: u32 = 1;
+/// Bounce buffers up to this size stay with their slot.
+const KEEP_BOUNCE: usize = 1 << 20;
+/// Zeros written per request where the filesystem cannot zero a range (tmpfs).
+const ZERO_CHUNK: usize = 1 << 20;
+
+fn zero_chunk() -> &'static AlignedBuf {
+    static ZEROS: OnceLock<AlignedBuf> = OnceLock::new();
+    ZEROS.get_or_init(|| AlignedBuf::zeroed(ZERO_CHUNK))
+}
+
+#[derive(Default)]
+struct Slot {
+    tag: u64,
+    op: Option<IoOp>,
+    offset: u64,
+    len: u64,
+    fua: bool,
+    file: u32,
+    /// The request's buffers (reads, writes).
+    iov: Vec<IoVec>,
+    /// What the current submission transfers: `iov` after `done` bytes, or the bounce.
+    work: Vec<IoVec>,
+    /// Bytes transferred so far.
+    done: u64,
+    bounce: Option<AlignedBuf>,
+    bounced: bool,
+    /// WriteZeroes fell back to writing zeros.
+    writing_zeros: bool,
+}
+
+pub(super) struct UringQueue {
+    ring: IoUring,
+    files: Arc<Files>,
+    notifier: Notifier,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    in_flight: usize,
+    /// SQEs queued since the last `submit`.
+    unsubmitted: usize,
+    /// Requests finished without the kernel (refused at push, flushes that are no-ops).
+    ready: Vec<Completion>,
+    /// Completion entries copied out of the ring before they are handled.
+    cqes: Vec<(u64, i32)>,
+}
+
+impl UringQueue {
+    pub(super) fn new(files: Arc<Files>, opts: &QueueOptions) -> Result<Self, BlockError> {
+        let capacity = opts.depth.clamp(1, 4096);
+        let entries = u32::try_from(capacity.next_power_of_two()).unwrap_or(4096);
+        let ring = IoUring::builder()
+            .build(entries)
+            .map_err(|e| BlockError::io("io_uring_setup", e))?;
+        let mut fds: Vec<RawFd> = vec![files.buffered.as_raw_fd()];
+        if let Some(direct) = &files.direct {
+            fds.push(direct.as_raw_fd());
+        }
+        ring.submitter()
+            .register_files(&fds)
+            .map_err(|e| BlockError::io("io_uring register files", e))?;
+        let notifier = Notifier::new().map_err(|e| BlockError::io("eventfd", e))?;
+        ring.submitter()
+            .register_eventfd(notifier.as_raw_fd())
+            .map_err(|e| BlockError::io("io_uring register eventfd", e))?;
+        Ok(UringQueue {
+            ring,
+            files,
+            notifier,
+            slots: (0..capacity).map(|_| Slot::default()).collect(),
+            free: (0..capacity as u32).rev().collect(),
+            in_flight: 0,
+            unsubmitted: 0,
+            ready: Vec::new(),
+            cqes: Vec::with_capacity(capacity),
+        })
+    }
+
+    /// Finishes a request at once, without the kernel.
+    fn finish_now(&mut self, tag: u64, result: Result<(), BlockError>) {
+        self.in_flight += 1;
+        self.ready.push(Completion { tag, result });
+        self.notifier.notify();
+    }
+
+    /// Queues the slot's next SQE (its first one, or the continuation of a short transfer).
+    fn queue_sqe(&mut self, index: u32) {
+        let slot = &mut self.slots[index as usize];
+        let Some(op) = slot.op else { return };
+        let file = types::Fixed(slot.file);
+        let at = slot.offset + slot.done;
+        let entry = match op {
+            IoOp::Read | IoOp::Write => {
+                let list = if slot.bounced {
+                    // The bounce holds the whole transfer; continue inside it.
+                    let b = slot.work[0];
+                    let skip = slot.done as usize;
+                    slot.work.truncate(1);
+                    slot.work
+                        .push(IoVec::from_raw(b.base().wrapping_add(skip), b.len() - skip));
+                    &slot.work[1..]
+                } else {
+                    copy::advance(&slot.iov, slot.done as usize, &mut slot.work);
+                    &slot.work[..]
+                };
+                let count = list.len() as u32;
+                let ptr = IoVec::as_iovec_ptr(list);
+                let flags = if op == IoOp::Write && slot.fua {
+                    libc::RWF_DSYNC
+                } else {
+                    0
+                };
+                if op == IoOp::Read {
+                    opcode::Readv::new(file, ptr, count).offset(at).build()
+                } else {
+                    opcode::Writev::new(file, ptr, count)
+                        .offset(at)
+                        .rw_flags(flags)
+                        .build()
+                }
+            }
+            IoOp::Flush => opcode::Fsync::new(file)
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+            IoOp::Discard => opcode::Fallocate::new(file, slot.len)
+                .offset(slot.offset)
+                .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+                .build(),
+            IoOp::WriteZeroes if slot.writing_zeros => {
+                let n = (slot.len - slot.done).min(ZERO_CHUNK as u64) as u32;
+                opcode::Write::new(file, zero_chunk().as_ptr(), n)
+                    .offset(at)
+                    .build()
+            }
+            IoOp::WriteZeroes => opcode::Fallocate::new(file, slot.len)
+                .offset(slot.offset)
+                .mode(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE)
+                .build(),
+        };
+        let entry: squeue::Entry = entry.user_data(u64::from(index));
+        // SAFETY: the SQE points at the slot's iovec list (kept until the slot is freed, which
+        // happens only after its completion), at the request's buffers (valid until its
+        // completion is handed out, as `push` was promised), or at the static zero chunk. The
+        // ring has room: requests in flight never exceed its size, and each has one SQE at a
+        // time.
+        let pushed = unsafe { self.ring.submission().push(&entry) };
+        debug_assert!(pushed.is_ok(), "submission queue overflow");
+        self.unsubmitted += 1;
+    }
+
+    fn enter(&mut self, wait_for: usize) -> Result<(), BlockError> {
+        loop {
+            let result = if wait_for > 0 {
+                self.ring.submit_and_wait(wait_for)
+            } else {
+                self.ring.submit()
+            };
+            match result {
+                Ok(_) => {
+                    self.unsubmitted = 0;
+                    return Ok(());
+                }
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                    ) =>
+                {
+                    std::thread::yield_now();
+                }
+                Err(e) => return Err(BlockError::io("io_uring_enter", e)),
+            }
+        }
+    }
+
+    /// Handles one completion entry; returns the request's result once it is finished, or
+    /// `None` when it continues (a continuation SQE was queued) or the entry is stray.
+    fn complete_entry(&mut self, index: u32, res: i32) -> Option<Result<(), BlockError>> {
+        let files = &*self.files;
+        let slot = &mut self.slots[index as usize];
+        let op = slot.op?;
+        let failed = |errno: i32, slot: &Slot| {
+            let e = std::io::Error::from_raw_os_error(errno);
+            Err(files.err(op.name(), e, slot.offset + slot.done))
+        };
+        let result = match op {
+            IoOp::Read | IoOp::Write => {
+                if res < 0 {
+                    Some(failed(-res, slot))
+                } else if res == 0 && slot.done < slot.len {
+                    if op == IoOp::Write {
+                        Some(failed(libc::EIO, slot))
+                    } else {
+                        // Past the end of the file (it shrank under us): the rest reads as
+                        // zeros, as it does on the synchronous path.
+                        match (&mut slot.bounce, slot.bounced) {
+                            (Some(b), true) => b[slot.done as usize..slot.len as usize].fill(0),
+                            // SAFETY: the request's buffers are writable until its completion
+                            // is handed out (push contract).
+                            _ => unsafe { copy::zero_fill(&slot.iov, slot.done as usize) },
+                        }
+                        slot.done = slot.len;
+                        Some(Ok(()))
+                    }
+                } else {
+                    slot.done += res as u64;
+                    (slot.done >= slot.len).then_some(Ok(()))
+                }
+            }
+            IoOp::WriteZeroes if !slot.writing_zeros && res == -libc::EOPNOTSUPP => {
+                // tmpfs and others cannot zero a range in place: write zeros instead.
+                slot.writing_zeros = true;
+                slot.done = 0;
+                slot.file = if files.direct.is_some() {
+                    DIRECT
+                } else {
+                    BUFFERED
+                };
+                None
+            }
+            IoOp::WriteZeroes if slot.writing_zeros => {
+                if res <= 0 {
+                    Some(failed(if res < 0 { -res } else { libc::EIO }, slot))
+                } else {
+                    slot.done += res as u64;
+                    (slot.done >= slot.len).then_some(Ok(()))
+                }
+            }
+            _ if res < 0 => Some(failed(-res, slot)),
+            _ => Some(Ok(())),
+        };
+        match result {
+            None => {
+                self.queue_sqe(index);
+                None
+            }
+            Some(Ok(())) if op == IoOp::Read && slot.bounced => {
+                if let Some(bounce) = &slot.bounce {
+                    // SAFETY: the request's buffers are writable until its completion is
+                    // handed out (push contract); the bounce is ours.
+                    unsafe { copy::scatter(&bounce[..slot.len as usize], &slot.iov, 0) };
+                }
+                Some(Ok(()))
+            }
+            done => done,
+        }
+    }
+
+    fn release(&mut self, index: u32) -> u64 {
+        let slot = &mut self.slots[index as usize];
+        slot.op = None;
+        slot.iov.clear();
+        slot.work.clear();
+        if slot.bounce.as_ref().is_some_and(|b| b.len() > KEEP_BOUNCE) {
+            slot.bounce = None;
+        }
+        self.free.push(index);
+        slot.tag
+    }
+}
+
+impl IoQueue for UringQueue {
+    fn notifier(&self) -> RawFd {
+        self.notifier.as_raw_fd()
+    }
+
+    fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    unsafe fn push(&mut self, req: &IoRequest<'_>) -> Result<(), QueueFull> {
+        if self.in_flight >= self.slots.len() {
+            return Err(QueueFull(self.in_flight));
+        }
+        let f = &*self.files;
+        // Refusals and no-ops complete without the kernel.
+        let refused = match req.op {
+            IoOp::Read | IoOp::Write => f.check_rw(req.op, req.offset, req.len).err(),
+            IoOp::Discard | IoOp::WriteZeroes => {
+                if !f.writable {
+                    Some(BlockError::read_only(req.op.name()).with_path(&f.path))
+                } else {
+                    crate::device::check_range(req.op.name(), req.offset, req.len, f.size)
+                        .err()
+                        .map(|e| e.with_path(&f.path))
+                }
+            }
+            IoOp::Flush => None,
+        };
+        let no_op = match req.op {
+            IoOp::Flush => !f.writable || f.cache.ignore_flush(),
+            IoOp::Read | IoOp::Write | IoOp::Discard | IoOp::WriteZeroes => req.len == 0,
+        };
+        if let Some(e) = refused {
+            self.finish_now(req.tag, Err(e));
+            return Ok(());
+        }
+        if no_op {
+            self.finish_now(req.tag, Ok(()));
+            return Ok(());
+        }
+        let route = match req.op {
+            IoOp::Read | IoOp::Write => f.route_iov(req.iov, req.offset),
+            _ => Route::Buffered,
+        };
+        let has_direct = f.direct.is_some();
+        let Some(index) = self.free.pop() else {
+            return Err(QueueFull(self.in_flight));
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.tag = req.tag;
+        slot.op = Some(req.op);
+        slot.offset = req.offset;
+        slot.len = req.len;
+        slot.fua = req.fua;
+        slot.done = 0;
+        slot.writing_zeros = false;
+        slot.bounced = route == Route::Bounce;
+        slot.file = match route {
+            Route::Direct | Route::Bounce if has_direct => DIRECT,
+            _ => BUFFERED,
+        };
+        slot.iov.clear();
+        slot.iov.extend_from_slice(req.iov);
+        slot.work.clear();
+        if slot.bounced {
+            let len = req.len as usize;
+            if slot.bounce.as_ref().is_none_or(|b| b.len() < len) {
+                slot.bounce = Some(AlignedBuf::zeroed(len));
+            }
+            if let Some(bounce) = slot.bounce.as_mut() {
+                if req.op == IoOp::Write {
+                    // SAFETY: the request's buffers are readable (this function's contract).
+                    unsafe { copy::gather(req.iov, 0, &mut bounce[..len]) };
+                }
+                slot.work.push(IoVec::from_raw(bounce.as_mut_ptr(), len));
+            }
+        }
+        self.in_flight += 1;
+        self.queue_sqe(index);
+        Ok(())
+    }
+
+    fn submit(&mut self) -> Result<(), BlockError> {
+        if self.unsubmitted == 0 {
+            return Ok(());
+        }
+        self.enter(0)
+    }
+
+    fn drain(&mut self, out: &mut dyn FnMut(Completion)) {
+        self.notifier.clear();
+        for c in self.ready.drain(..) {
+            self.in_flight -= 1;
+            out(c);
+        }
+        self.cqes.clear();
+        self.cqes
+            .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        let mut cqes = std::mem::take(&mut self.cqes);
+        for &(index, res) in &cqes {
+            let Ok(index) = u32::try_from(index) else {
+                continue;
+            };
+            if index as usize >= self.slots.len() {
+                continue;
+            }
+            if let Some(result) = self.complete_entry(index, res) {
+                let tag = self.release(index);
+                self.in_flight -= 1;
+                out(Completion { tag, result });
+            }
+        }
+        cqes.clear();
+        self.cqes = cqes;
+        if self.unsubmitted > 0 {
+            if let Err(e) = self.enter(0) {
+                // The continuations stay queued in the ring; the next submit sends them.
+                tracing::error!("resubmitting short transfers: {e}");
+            }
+        }
+    }
+
+    fn wait(&mut self) {
+        if !self.ready.is_empty() || self.in_flight == 0 {
+            return;
+        }
+        if !self.ring.completion().is_empty() {
+            return;
+        }
+        if let Err(e) = self.enter(1) {
+            tracing::error!("waiting for I/O completions: {e}");
+            // Do not spin at full speed on a broken ring.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+impl Drop for UringQueue {
+    /// The kernel may still read or write the buffers of requests in flight (and this
+    /// queue's own iovec lists and bounce buffers): wait for every one of them.
+    fn drop(&mut self) {
+        while self.in_flight > 0 {
+            if self.unsubmitted > 0 && self.enter(0).is_err() {
+                break;
+            }
+            self.wait();
+            self.drain(&mut |_| {});
+        }
+        // The ring's own teardown runs later in a kernel worker and only then lets go of the
+        // registered files; the image's lock lives as long as they do. Unregistering drops
+        // them now, so the image is free for its next user when the queue is gone.
+        let _ = self.ring.submitter().unregister_files();
+    }
+}
