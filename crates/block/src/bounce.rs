@@ -66,14 +66,32 @@ impl BouncePool {
     /// A buffer of `len` bytes whose contents are unspecified (whatever a previous user left:
     /// callers overwrite all of it). A `len` above the large capacity gets a one-off buffer.
     pub(crate) fn take(&self, len: usize) -> Bounce<'_> {
-        let class = self.class_for(len);
-        let buf = class
-            .and_then(|c| lock(&c.free).pop())
-            .unwrap_or_else(|| AlignedBuf::zeroed(class.map_or(len, |c| c.capacity)));
         Bounce {
             pool: self,
-            buf: Some(buf),
+            buf: Some(self.take_owned(len)),
             len,
+        }
+    }
+
+    /// Like `take`, for a holder that cannot borrow the pool (a request in flight on an
+    /// asynchronous queue): the buffer (at least `len` bytes) goes back with `put_back`.
+    pub(crate) fn take_owned(&self, len: usize) -> AlignedBuf {
+        let class = self.class_for(len);
+        class
+            .and_then(|c| lock(&c.free).pop())
+            .unwrap_or_else(|| AlignedBuf::zeroed(class.map_or(len, |c| c.capacity)))
+    }
+
+    /// Returns a buffer from `take_owned`; one-off oversized buffers are freed.
+    pub(crate) fn put_back(&self, buf: AlignedBuf) {
+        let class = [&self.small, &self.large]
+            .into_iter()
+            .find(|c| c.capacity == buf.len());
+        if let Some(class) = class {
+            let mut free = lock(&class.free);
+            if free.len() < class.max_free {
+                free.push(buf);
+            }
         }
     }
 
@@ -112,16 +130,8 @@ impl std::ops::DerefMut for Bounce<'_> {
 
 impl Drop for Bounce<'_> {
     fn drop(&mut self) {
-        let Some(buf) = self.buf.take() else { return };
-        // One-off oversized buffers are not kept.
-        let class = [&self.pool.small, &self.pool.large]
-            .into_iter()
-            .find(|c| c.capacity == buf.len());
-        if let Some(class) = class {
-            let mut free = lock(&class.free);
-            if free.len() < class.max_free {
-                free.push(buf);
-            }
+        if let Some(buf) = self.buf.take() {
+            self.pool.put_back(buf);
         }
     }
 }

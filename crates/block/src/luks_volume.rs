@@ -1,7 +1,9 @@
 //! Opening a LUKS1/LUKS2 image as a decrypted block device: lock the file, read and validate
 //! the header, unlock a keyslot, and put a `CryptDevice` over the payload.
 
-use crate::{BlockDevice, BlockError, CryptDevice, CryptLayout, Extent, OpenOptions, RawFile};
+use crate::{
+    BlockDevice, BlockError, CryptDevice, CryptLayout, Extent, IoSettings, OpenOptions, RawFile,
+};
 use cryptblk_crypto::{default_engine_for, CryptoError, CryptoPool, SecretKey};
 use cryptblk_luks::{LuksError, LuksImage, UnlockOptions};
 use std::path::{Path, PathBuf};
@@ -14,6 +16,8 @@ pub struct VolumeOptions {
     pub unlock: UnlockOptions,
     /// Crypto workers to use; `None` shares one process-wide pool sized to the machine.
     pub pool: Option<Arc<CryptoPool>>,
+    /// Cache mode and aio engine of the image file.
+    pub io: IoSettings,
 }
 
 impl std::fmt::Debug for VolumeOptions {
@@ -22,6 +26,7 @@ impl std::fmt::Debug for VolumeOptions {
             .field("writable", &self.writable)
             .field("unlock", &self.unlock)
             .field("pool_threads", &self.pool.as_ref().map(|p| p.threads()))
+            .field("io", &self.io)
             .finish()
     }
 }
@@ -87,12 +92,13 @@ pub fn open_luks_volume(
     passphrase: &[u8],
     opts: &VolumeOptions,
 ) -> Result<LuksVolume, VolumeError> {
-    let file = Arc::new(RawFile::open(
+    let file = Arc::new(RawFile::open_with(
         path,
         OpenOptions {
             writable: opts.writable,
             lock: true,
         },
+        opts.io,
     )?);
     open_luks_volume_on(file, passphrase, opts)
 }

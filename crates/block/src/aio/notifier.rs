@@ -31,6 +31,19 @@ impl Notifier {
         })
     }
 
+    /// A handle on the eventfd `fd` belongs to (another queue's notifier), so that a layered
+    /// queue can signal and clear it.
+    pub fn dup_of(fd: RawFd) -> io::Result<Self> {
+        // SAFETY: dup only reads its integer argument; a bad descriptor is reported as EBADF.
+        let new = unsafe { libc::dup(fd) };
+        if new < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `new` was just created and is owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(new) };
+        Ok(Notifier { fd })
+    }
+
     /// Makes the eventfd readable.
     pub fn notify(&self) {
         let one = 1u64.to_ne_bytes();

@@ -103,6 +103,9 @@ pub(crate) struct ThreadedQueue<E: BlockingIo> {
     shared: Arc<Shared<E>>,
     capacity: usize,
     in_flight: usize,
+    /// Jobs handed to pool threads and not yet taken back from the done list: what `Drop`
+    /// waits for.
+    in_pool: usize,
     /// Pushed, not yet submitted.
     pending: Vec<Box<ThreadJob<E>>>,
     spare: Vec<Box<ThreadJob<E>>>,
@@ -127,6 +130,7 @@ impl<E: BlockingIo> ThreadedQueue<E> {
             }),
             capacity,
             in_flight: 0,
+            in_pool: 0,
             pending: Vec::with_capacity(capacity),
             spare: Vec::new(),
             finished: Vec::with_capacity(capacity),
@@ -185,6 +189,7 @@ impl<E: BlockingIo> IoQueue for ThreadedQueue<E> {
 
     fn submit(&mut self) -> Result<(), BlockError> {
         for job in self.pending.drain(..) {
+            self.in_pool += 1;
             thread_pool::spawn(job);
         }
         Ok(())
@@ -193,6 +198,7 @@ impl<E: BlockingIo> IoQueue for ThreadedQueue<E> {
     fn drain(&mut self, out: &mut dyn FnMut(Completion)) {
         self.shared.notifier.clear();
         std::mem::swap(&mut *self.shared.done(), &mut self.finished);
+        self.in_pool -= self.finished.len();
         for mut job in self.finished.drain(..) {
             self.in_flight -= 1;
             let result = std::mem::replace(&mut job.result, Ok(()));
@@ -216,14 +222,16 @@ impl<E: BlockingIo> IoQueue for ThreadedQueue<E> {
 }
 
 impl<E: BlockingIo> Drop for ThreadedQueue<E> {
-    /// Pool threads may still use the buffers of jobs in flight: wait for them.
+    /// Pool threads may still use the buffers of jobs handed to them: wait until every one
+    /// is back. Their completions are not handed out.
     fn drop(&mut self) {
-        // Never submitted: no thread has them.
-        self.in_flight -= self.pending.len();
-        self.pending.clear();
-        while self.in_flight > 0 {
-            self.wait();
-            self.drain(&mut |_| {});
+        while self.in_pool > 0 {
+            let back = std::mem::take(&mut *self.shared.done());
+            self.in_pool -= back.len();
+            if back.is_empty() {
+                self.shared.notifier.wait();
+                self.shared.notifier.clear();
+            }
         }
     }
 }

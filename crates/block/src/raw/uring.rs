@@ -60,6 +60,10 @@ pub(super) struct UringQueue {
     in_flight: usize,
     /// SQEs queued since the last `submit`.
     unsubmitted: usize,
+    /// SQEs queued whose CQE has not been taken off the ring: the kernel may be using their
+    /// buffers. What `Drop` waits for (not `in_flight`, which a panicking completion callback
+    /// could leave too high).
+    in_kernel: usize,
     /// Requests finished without the kernel (refused at push, flushes that are no-ops).
     ready: Vec<Completion>,
     /// Completion entries copied out of the ring before they are handled.
@@ -92,6 +96,7 @@ impl UringQueue {
             free: (0..capacity as u32).rev().collect(),
             in_flight: 0,
             unsubmitted: 0,
+            in_kernel: 0,
             ready: Vec::new(),
             cqes: Vec::with_capacity(capacity),
         })
@@ -167,6 +172,7 @@ impl UringQueue {
         let pushed = unsafe { self.ring.submission().push(&entry) };
         debug_assert!(pushed.is_ok(), "submission queue overflow");
         self.unsubmitted += 1;
+        self.in_kernel += 1;
     }
 
     fn enter(&mut self, wait_for: usize) -> Result<(), BlockError> {
@@ -382,6 +388,7 @@ impl IoQueue for UringQueue {
         self.cqes.clear();
         self.cqes
             .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        self.in_kernel -= self.cqes.len();
         let mut cqes = std::mem::take(&mut self.cqes);
         for &(index, res) in &cqes {
             let Ok(index) = u32::try_from(index) else {
@@ -423,14 +430,15 @@ impl IoQueue for UringQueue {
 
 impl Drop for UringQueue {
     /// The kernel may still read or write the buffers of requests in flight (and this
-    /// queue's own iovec lists and bounce buffers): wait for every one of them.
+    /// queue's own iovec lists and bounce buffers): wait until it has let go of every one.
+    /// Their completions are not handed out.
     fn drop(&mut self) {
-        while self.in_flight > 0 {
-            if self.unsubmitted > 0 && self.enter(0).is_err() {
+        while self.in_kernel > 0 {
+            if self.enter(1).is_err() {
                 break;
             }
-            self.wait();
-            self.drain(&mut |_| {});
+            let n = self.ring.completion().count();
+            self.in_kernel -= n;
         }
         // The ring's own teardown runs later in a kernel worker and only then lets go of the
         // registered files; the image's lock lives as long as they do. Unregistering drops

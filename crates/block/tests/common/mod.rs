@@ -2,6 +2,8 @@
 //! cryptblk reads with what QEMU reads.
 #![allow(dead_code)]
 
+pub mod aio;
+
 use cryptblk_block::BlockDevice;
 use std::path::{Path, PathBuf};
 use std::process::Command;

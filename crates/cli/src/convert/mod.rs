@@ -176,6 +176,7 @@ pub fn open_luks(
         writable,
         unlock: unlock_options(cli),
         pool: Some(pool.clone()),
+        ..Default::default()
     };
     // VolumeError already names the path.
     let volume = cryptblk_block::open_luks_volume(path, passphrase, &opts)?;

@@ -75,6 +75,7 @@ pub fn open_image(
                     writable: !config.readonly,
                     unlock: unlock.clone(),
                     pool: Some(pool.clone()),
+                    ..Default::default()
                 },
             )?;
             for warning in volume.warnings() {
@@ -171,6 +172,7 @@ pub fn open_received(
                 writable: true,
                 unlock: unlock.clone(),
                 pool: Some(pool.clone()),
+                ..Default::default()
             },
         )?;
         luks_image(volume)?

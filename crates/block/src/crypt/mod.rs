@@ -8,6 +8,9 @@
 //! serialised by a striped lock so that two unaligned writes to different bytes of the same
 //! sector cannot lose either update.
 
+mod queue;
+
+use crate::aio::{IoQueue, QueueOptions};
 use crate::bounce::BouncePool;
 use crate::device::check_range;
 use crate::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind};
@@ -20,6 +23,30 @@ const MAX_SECTOR: usize = 4096;
 const WRITE_CHUNK: usize = 1024 * 1024;
 /// Number of RMW lock stripes; a power of two well above the number of concurrent requests.
 const RMW_STRIPES: usize = 64;
+
+/// One encryption sector on the stack, aligned so that a direct-I/O backend can transfer it
+/// without a bounce buffer (read-modify-write of partial sectors).
+#[repr(C, align(4096))]
+struct SectorBuf([u8; MAX_SECTOR]);
+
+impl SectorBuf {
+    fn new() -> Self {
+        SectorBuf([0; MAX_SECTOR])
+    }
+}
+
+impl std::ops::Deref for SectorBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for SectorBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
 
 /// Where the encrypted payload lives on the backend and how its IVs are numbered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,8 +61,14 @@ pub struct CryptLayout {
     pub read_only: bool,
 }
 
-/// A decrypted view of an encrypted payload.
+/// A decrypted view of an encrypted payload. Cheap to share: queues opened on it
+/// (`native_queue`) hold the same state.
 pub struct CryptDevice {
+    core: Arc<CryptCore>,
+}
+
+/// The state of a volume, shared by the device and its asynchronous queues.
+pub(crate) struct CryptCore {
     backend: Arc<dyn BlockDevice>,
     cipher: Arc<dyn SectorCipher>,
     pool: Arc<CryptoPool>,
@@ -47,6 +80,12 @@ pub struct CryptDevice {
 }
 
 impl std::fmt::Debug for CryptDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.core.fmt(f)
+    }
+}
+
+impl std::fmt::Debug for CryptCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the cipher itself: it holds key material.
         f.debug_struct("CryptDevice")
@@ -87,7 +126,7 @@ impl CryptDevice {
             }
         }
         let threads = pool.threads();
-        Ok(CryptDevice {
+        let core = CryptCore {
             backend,
             cipher,
             pool,
@@ -97,21 +136,26 @@ impl CryptDevice {
             // One spare buffer per worker-sized burst of concurrent writers is plenty.
             bounce: BouncePool::new(WRITE_CHUNK, threads.clamp(2, 16)),
             rmw_locks: (0..RMW_STRIPES).map(|_| Mutex::new(())).collect(),
+        };
+        Ok(CryptDevice {
+            core: Arc::new(core),
         })
     }
 
     pub fn layout(&self) -> &CryptLayout {
-        &self.layout
+        &self.core.layout
     }
 
     pub fn backend(&self) -> &Arc<dyn BlockDevice> {
-        &self.backend
+        &self.core.backend
     }
 
     pub fn cipher(&self) -> &Arc<dyn SectorCipher> {
-        &self.cipher
+        &self.core.cipher
     }
+}
 
+impl CryptCore {
     /// IV sector number of the sector starting at payload offset `off` (sector aligned).
     fn iv_sector(&self, off: u64) -> u64 {
         self.layout.iv_offset.wrapping_add(off / self.sector)
@@ -150,7 +194,7 @@ impl CryptDevice {
     /// Replaces `data.len()` bytes at `within` inside the sector at `sector_off`.
     fn rmw(&self, sector_off: u64, within: usize, data: &[u8]) -> Result<(), BlockError> {
         let ss = self.sector as usize;
-        let mut tmp = [0u8; MAX_SECTOR];
+        let mut tmp = SectorBuf::new();
         let _guard = self.rmw_lock(sector_off);
         self.read_sector(sector_off, &mut tmp)?;
         let s = &mut tmp[..ss];
@@ -172,13 +216,15 @@ fn crypto_error(dir: Direction, off: u64, e: CryptoError) -> BlockError {
         .with_source(e)
 }
 
-impl BlockDevice for CryptDevice {
+impl BlockDevice for CryptCore {
     fn size(&self) -> u64 {
         self.size
     }
 
+    /// The encryption sector, or the backend's block when that is larger (a direct-I/O file
+    /// on a 4 KiB device under 512-byte sectors), so clients send only whole blocks of both.
     fn logical_block_size(&self) -> u32 {
-        self.sector as u32
+        (self.sector as u32).max(self.backend.logical_block_size())
     }
 
     fn read_only(&self) -> bool {
@@ -192,7 +238,7 @@ impl BlockDevice for CryptDevice {
         let head = (offset % self.sector) as usize;
         if head != 0 && !buf.is_empty() {
             let n = (ss - head).min(buf.len());
-            let mut tmp = [0u8; MAX_SECTOR];
+            let mut tmp = SectorBuf::new();
             self.read_sector(offset - head as u64, &mut tmp)?;
             buf[..n].copy_from_slice(&tmp[head..head + n]);
             done = n;
@@ -206,7 +252,7 @@ impl BlockDevice for CryptDevice {
             done += aligned;
         }
         if done < buf.len() {
-            let mut tmp = [0u8; MAX_SECTOR];
+            let mut tmp = SectorBuf::new();
             self.read_sector(offset + done as u64, &mut tmp)?;
             let n = buf.len() - done;
             buf[done..].copy_from_slice(&tmp[..n]);
@@ -277,5 +323,38 @@ impl BlockDevice for CryptDevice {
             len: len.min(self.size - offset),
             kind: ExtentKind::Data,
         })
+    }
+}
+
+impl BlockDevice for CryptDevice {
+    fn size(&self) -> u64 {
+        self.core.size()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.core.logical_block_size()
+    }
+    fn read_only(&self) -> bool {
+        self.core.read_only()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
+        self.core.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
+        self.core.write_at(buf, offset)
+    }
+    fn flush(&self) -> Result<(), BlockError> {
+        self.core.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.core.discard(offset, len)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
+        self.core.block_status(offset, len)
+    }
+    fn native_queue(&self, opts: &QueueOptions) -> Option<Result<Box<dyn IoQueue>, BlockError>> {
+        Some(
+            queue::CryptQueue::open(self.core.clone(), opts)
+                .map(|q| Box::new(q) as Box<dyn IoQueue>),
+        )
     }
 }
