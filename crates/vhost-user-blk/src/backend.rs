@@ -1,17 +1,20 @@
-//! The `VhostUserBackend` implementation: features, config space and the per-queue workers.
+//! The `VhostUserBackend` implementation: features, config space and the per-queue event loop.
 //!
 //! vhost-user-backend runs one epoll thread per queue (`queues_per_thread`). That thread pops
-//! and parses its queue's requests and hands them to the disk's submission pool (`executor`),
-//! running the last one of each batch itself; whichever thread finishes a request puts it on
-//! the used ring and signals the guest. Queues share nothing but the disk and the pool, so
-//! they never serialize on a backend-wide lock, and one queue keeps many requests in flight.
+//! and parses its queue's requests, pushes them into the queue's asynchronous I/O queue (an
+//! io_uring ring of its own on a raw file or a LUKS volume over one) and sends the batch with
+//! one system call; the I/O queue's eventfd is registered in the same epoll, and when it fires
+//! the thread collects the completions (a LUKS volume decrypts reads in place here), writes
+//! the status bytes, puts the requests on the used ring and signals the guest once per batch.
+//! So one queue keeps up to its whole size in flight on the device while the thread sleeps,
+//! queues share nothing but the disk, and nothing polls unless `ServeOptions::poll_us` asks.
 
-use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
+use cryptblk_block::aio::{Completion, IoQueue, IoVec};
 use cryptblk_block::{IoKind, IoStats};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
@@ -30,13 +33,12 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::device::{Disk, MAX_DISCARD_SECTORS, MAX_WRITE_ZEROES_SECTORS};
-use crate::executor::{Executor, InFlight};
+use crate::device::{Disk, Start, MAX_DISCARD_SECTORS, MAX_WRITE_ZEROES_SECTORS, STATUS_IOERR};
 use crate::frontend::{FrontendState, TrackedVring};
-use crate::request::{self, Request, RequestType, SECTOR_SIZE};
+use crate::request::{self, Request, RequestType, Segment, SECTOR_SIZE};
 use crate::GuestMem;
 
-/// A ring as the workers use it.
+/// A ring as the queue threads use it.
 type Vring = VringRwLock<GuestMemoryAtomic<GuestMem>>;
 
 /// Offset of the `writeback` byte in `struct virtio_blk_config`.
@@ -51,23 +53,88 @@ const CONFIG_MAX: usize = 256;
 /// get IOERR. Linux uses it as the queue's max_segment_size, so it never builds one larger.
 pub const SIZE_MAX: u32 = 1 << 20;
 
-/// Completions after which the guest is signalled even if more requests are waiting.
-const SIGNAL_BATCH: u32 = 16;
+/// Counts one queue's requests between pop and used-ring entry, so that stopping the queue
+/// (GET_VRING_BASE, disconnect, shutdown) can wait until every popped request is answered.
+#[derive(Default)]
+pub(crate) struct InFlight {
+    count: Mutex<usize>,
+    idle: std::sync::Condvar,
+}
 
-/// Per-queue state shared by the queue's epoll thread and the pool threads completing its
-/// requests.
+impl InFlight {
+    fn inc(&self) {
+        *self.count.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+    }
+
+    fn sub(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+        *count = count.saturating_sub(n);
+        if *count == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    /// Blocks until no request is in flight.
+    pub(crate) fn wait_idle(&self) {
+        let mut n = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+        while *n > 0 {
+            n = self.idle.wait(n).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// A request between pop and completion.
+struct Pending {
+    head: u16,
+    req: Request,
+    segments: Vec<Segment>,
+    start: Instant,
+    /// The memory table the request's buffers point into, kept mapped until it completes
+    /// (a SET_MEM_TABLE meanwhile must not unmap what the kernel is writing into).
+    mem: Arc<GuestMem>,
+}
+
+/// What one queue thread owns: its I/O queue, its requests by tag, its ring.
+struct QueueIo {
+    io: Option<Box<dyn IoQueue>>,
+    /// Requests in flight by tag; a virtqueue of size N holds at most N.
+    requests: Vec<Option<Pending>>,
+    free: Vec<u16>,
+    /// Spare segment lists, so popping allocates nothing in steady state.
+    spare_segments: Vec<Vec<Segment>>,
+    iov: Vec<IoVec>,
+    /// The ring completions go to (set on the first kick).
+    vring: Option<Vring>,
+    completions: Vec<Completion>,
+}
+
+/// Per-queue state: the queue thread's, plus what other threads look at.
 pub struct QueueState {
     in_flight: InFlight,
     stats: Arc<IoStats>,
-    /// Moving average of the time one request takes to execute, in nanoseconds.
-    avg_service_ns: AtomicU64,
+    io: Mutex<QueueIo>,
 }
 
-/// What a request needs once it has left the queue thread.
+impl QueueState {
+    fn io(&self) -> MutexGuard<'_, QueueIo> {
+        // Plain bookkeeping: consistent whatever a panicking holder did.
+        self.io.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// What requests need, shared by the queues.
 struct RequestContext {
     disk: Disk,
-    /// Guest write cache enabled (CONFIG_WCE); when off, every write is followed by a flush.
+    /// Guest write cache enabled (CONFIG_WCE); when off, every write is durable before it
+    /// completes (FUA).
     writeback: AtomicBool,
+    /// Name for log lines.
+    name: String,
+    /// Busy-poll for completions this long before sleeping (0: never).
+    poll: Duration,
 }
 
 struct Inner {
@@ -78,17 +145,8 @@ struct Inner {
     event_idx: AtomicBool,
     mem: RwLock<GuestMemoryAtomic<GuestMem>>,
     queues: Vec<Arc<QueueState>>,
-    executor: Arc<Executor>,
     /// Where queue starts and stops and the acked LOG_ALL feature are reported.
     frontend: Arc<FrontendState>,
-}
-
-/// A parsed request on its way to execution.
-struct Pending {
-    head: u16,
-    req: Request,
-    segments: Vec<request::Segment>,
-    start: Instant,
 }
 
 /// The backend handed to `VhostUserDaemon`; cheap to clone (one per worker thread).
@@ -97,16 +155,25 @@ pub struct BlkBackend {
     inner: Arc<Inner>,
 }
 
+/// How a backend serves its disk.
+#[derive(Clone, Debug, Default)]
+pub struct BackendOptions {
+    /// Name of the disk in log lines.
+    pub name: String,
+    /// Busy-poll each queue's completions this long before sleeping (QEMU's aio-poll);
+    /// zero sleeps at once.
+    pub poll: Duration,
+}
+
 impl BlkBackend {
-    /// `queue_stats` has one entry per queue (kept by the caller across connections);
-    /// `executor` runs the requests of every queue.
+    /// `queue_stats` has one entry per queue (kept by the caller across connections).
     pub fn new(
         disk: Disk,
         num_queues: u16,
         queue_size: u16,
         mem: GuestMemoryAtomic<GuestMem>,
         queue_stats: &[Arc<IoStats>],
-        executor: Arc<Executor>,
+        opts: BackendOptions,
     ) -> Self {
         Self::with_frontend(
             disk,
@@ -114,7 +181,7 @@ impl BlkBackend {
             queue_size,
             mem,
             queue_stats,
-            executor,
+            opts,
             Arc::default(),
         )
     }
@@ -125,7 +192,7 @@ impl BlkBackend {
         queue_size: u16,
         mem: GuestMemoryAtomic<GuestMem>,
         queue_stats: &[Arc<IoStats>],
-        executor: Arc<Executor>,
+        opts: BackendOptions,
         frontend: Arc<FrontendState>,
     ) -> Self {
         let seg_max = u32::from(queue_size.saturating_sub(2)).max(1);
@@ -134,7 +201,15 @@ impl BlkBackend {
                 Arc::new(QueueState {
                     in_flight: InFlight::default(),
                     stats: queue_stats.get(q).cloned().unwrap_or_default(),
-                    avg_service_ns: AtomicU64::new(u64::MAX / 1024),
+                    io: Mutex::new(QueueIo {
+                        io: None,
+                        requests: (0..queue_size).map(|_| None).collect(),
+                        free: (0..queue_size).rev().collect(),
+                        spare_segments: Vec::new(),
+                        iov: Vec::new(),
+                        vring: None,
+                        completions: Vec::new(),
+                    }),
                 })
             })
             .collect();
@@ -143,6 +218,8 @@ impl BlkBackend {
                 ctx: Arc::new(RequestContext {
                     disk,
                     writeback: AtomicBool::new(true),
+                    name: opts.name,
+                    poll: opts.poll,
                 }),
                 num_queues,
                 queue_size,
@@ -150,16 +227,61 @@ impl BlkBackend {
                 event_idx: AtomicBool::new(false),
                 mem: RwLock::new(mem),
                 queues,
-                executor,
                 frontend,
             }),
         }
     }
 
-    /// Blocks until every request popped from any queue has been answered.
+    /// Opens one asynchronous I/O queue per virtqueue and returns their eventfds, to be
+    /// registered with each queue thread's epoll under `completion_event`.
+    pub fn open_io_queues(&self) -> Result<Vec<std::os::fd::RawFd>, cryptblk_block::BlockError> {
+        let mut fds = Vec::new();
+        for q in &self.inner.queues {
+            let io = self
+                .inner
+                .ctx
+                .disk
+                .open_queue(usize::from(self.inner.queue_size))?;
+            fds.push(io.notifier());
+            q.io().io = Some(io);
+        }
+        Ok(fds)
+    }
+
+    /// The epoll event id under which a queue thread hears of completions (ids up to
+    /// `num_queues` belong to vhost-user-backend).
+    pub fn completion_event(&self) -> u64 {
+        u64::from(self.inner.num_queues) + 1
+    }
+
+    /// Blocks until every request popped from any queue has been answered, collecting
+    /// completions here: for when the queue threads are gone (disconnect, shutdown).
     pub fn wait_idle(&self) {
         for q in &self.inner.queues {
+            let mut io = q.io();
+            while io.io.as_ref().is_some_and(|io| io.in_flight() > 0) {
+                if let Some(queue) = io.io.as_mut() {
+                    queue.wait();
+                }
+                let vring = io.vring.clone();
+                if let Some(vring) = vring {
+                    self.complete(&vring, q, &mut io);
+                } else {
+                    break;
+                }
+            }
+            drop(io);
             q.in_flight.wait_idle();
+        }
+    }
+
+    /// Closes the I/O queues (after `wait_idle`): their rings and eventfds go away with the
+    /// connection.
+    pub fn close_io_queues(&self) {
+        for q in &self.inner.queues {
+            let mut io = q.io();
+            io.io = None;
+            io.vring = None;
         }
     }
 
@@ -196,13 +318,17 @@ impl BlkBackend {
         c
     }
 
-    /// Pops every available request of one queue. Rejected chains are answered at once; the
-    /// valid ones form a batch that this thread works through together with pool threads
-    /// woken to help (`helpers_for`), so a deep queue spreads over the cores while a lone
-    /// request pays no hand-off. This thread does not wait for the helpers: it goes back to
-    /// the queue as soon as the batch is empty.
-    fn process_queue(&self, vring: &Vring, queue: &Arc<QueueState>) -> io::Result<()> {
+    /// Pops every available request of one queue and pushes it into the queue's I/O queue
+    /// (rejected chains and requests needing no I/O are answered at once). Returns whether
+    /// anything was answered (the caller signals the guest).
+    fn pop_requests(
+        &self,
+        vring: &Vring,
+        queue: &QueueState,
+        io: &mut QueueIo,
+    ) -> io::Result<bool> {
         let inner = &self.inner;
+        let ctx = &*inner.ctx;
         let atomic = inner
             .mem
             .read()
@@ -210,9 +336,9 @@ impl BlkBackend {
             .clone();
         let mem = atomic.memory().into_inner();
         let max_descriptors = inner.seg_max as usize + 2;
-        let capacity = inner.ctx.disk.capacity();
-        let mut requests = VecDeque::new();
-        let mut rejected_unsignalled = false;
+        let capacity = ctx.disk.capacity();
+        let fua = !ctx.writeback.load(Ordering::Relaxed);
+        let mut answered = false;
         // Counts as in flight while popping: a chain popped but not yet counted would
         // otherwise let GET_VRING_BASE (`stop_vring`) hand the ring back, and report
         // `FrontendEvent::Stopped`, before that request is answered. Pops fail once the
@@ -225,8 +351,8 @@ impl BlkBackend {
                 .pop_descriptor_chain(atomic.memory());
             let Some(chain) = chain else { break };
             let head = chain.head_index();
-            let mut segments = Vec::new();
-            match request::parse(
+            let mut segments = io.spare_segments.pop().unwrap_or_default();
+            let req = match request::parse(
                 &*mem,
                 chain,
                 max_descriptors,
@@ -234,46 +360,162 @@ impl BlkBackend {
                 capacity,
                 &mut segments,
             ) {
-                Ok(req) => {
-                    queue.in_flight.inc();
-                    requests.push_back(Pending {
-                        head,
-                        req,
-                        segments,
-                        start: queue.stats.begin(),
-                    });
-                }
+                Ok(req) => req,
                 Err(rejected) => {
-                    tracing::debug!("rejected request: {}", rejected.error);
-                    let used_len = inner.ctx.disk.reject(&*mem, &rejected);
-                    vring
-                        .add_used(head, used_len)
-                        .map_err(|e| io::Error::other(format!("add_used: {e}")))?;
-                    rejected_unsignalled = true;
+                    tracing::debug!(disk = %ctx.name, "rejected request: {}", rejected.error);
+                    let used_len = ctx.disk.reject(&*mem, &rejected);
+                    add_used(vring, head, used_len);
+                    io.spare_segments.push(segments);
+                    answered = true;
+                    continue;
                 }
+            };
+            let start = queue.stats.begin();
+            let planned = match ctx.disk.start(&*mem, &req, &segments, &mut io.iov) {
+                Start::Io(planned) => planned,
+                Start::Done(status, data_len) => {
+                    let (status, used_len) = ctx.disk.answer(&*mem, &req, status, data_len);
+                    queue.stats.complete(
+                        io_kind(&req),
+                        0,
+                        start,
+                        status == crate::device::STATUS_OK,
+                    );
+                    add_used(vring, head, used_len);
+                    io.spare_segments.push(segments);
+                    answered = true;
+                    continue;
+                }
+            };
+            let Some(tag) = io.free.pop() else {
+                // More requests than the ring holds: only a frontend breaking the protocol.
+                let (_, used_len) = ctx.disk.answer(&*mem, &req, STATUS_IOERR, 0);
+                add_used(vring, head, used_len);
+                io.spare_segments.push(segments);
+                answered = true;
+                continue;
+            };
+            let request = planned.request(&io.iov, fua, u64::from(tag));
+            let pushed = match io.io.as_mut() {
+                // SAFETY: the buffers are guest memory checked by `Disk::start` to lie in
+                // mapped regions of `mem`; `Pending` keeps `mem` (and so the mappings) alive
+                // until the completion is collected, and nothing in this process makes a
+                // reference to them. The guest writing them meanwhile only changes its data.
+                Some(q) => unsafe { q.push(&request) }.is_ok(),
+                None => false,
+            };
+            if !pushed {
+                io.free.push(tag);
+                let (_, used_len) = ctx.disk.answer(&*mem, &req, STATUS_IOERR, 0);
+                add_used(vring, head, used_len);
+                io.spare_segments.push(segments);
+                answered = true;
+                continue;
             }
-        }
-        if rejected_unsignalled {
-            signal(vring)?;
+            queue.in_flight.inc();
+            io.requests[usize::from(tag)] = Some(Pending {
+                head,
+                req,
+                segments,
+                start,
+                mem: mem.clone(),
+            });
         }
         drop(popping);
-        if requests.is_empty() {
-            return Ok(());
+        Ok(answered)
+    }
+
+    /// Collects the finished requests of a queue: status byte, used ring, statistics.
+    /// Returns how many were answered.
+    fn complete(&self, vring: &Vring, queue: &QueueState, io: &mut QueueIo) -> usize {
+        let ctx = &*self.inner.ctx;
+        let QueueIo {
+            io: ioq,
+            requests,
+            free,
+            spare_segments,
+            completions,
+            ..
+        } = io;
+        let Some(ioq) = ioq.as_mut() else { return 0 };
+        completions.clear();
+        ioq.drain(&mut |c| completions.push(c));
+        let n = completions.len();
+        for c in completions.drain(..) {
+            let Some(pending) = usize::try_from(c.tag)
+                .ok()
+                .and_then(|t| requests.get_mut(t))
+                .and_then(Option::take)
+            else {
+                continue;
+            };
+            if let Err(e) = &c.result {
+                tracing::warn!(
+                    disk = %ctx.name,
+                    "{} of {} bytes at sector {} failed: {e}",
+                    pending.req.kind.name(),
+                    pending.req.data_len,
+                    pending.req.sector
+                );
+            }
+            let (status, used_len) =
+                ctx.disk
+                    .finish(&*pending.mem, &pending.req, &pending.segments, &c.result);
+            let bytes = match pending.req.kind {
+                RequestType::In | RequestType::Out => pending.req.data_len,
+                _ => 0,
+            };
+            queue.stats.complete(
+                io_kind(&pending.req),
+                bytes,
+                pending.start,
+                status == crate::device::STATUS_OK,
+            );
+            add_used(vring, pending.head, used_len);
+            free.push(c.tag as u16);
+            spare_segments.push(pending.segments);
         }
-        let helpers = helpers_for(&requests, queue, inner.executor.threads());
-        let batch = Arc::new(Batch {
-            ctx: inner.ctx.clone(),
-            mem,
-            vring: vring.clone(),
-            queue: queue.clone(),
-            requests: Mutex::new(requests),
-        });
-        for _ in 0..helpers {
-            let batch = batch.clone();
-            inner.executor.spawn(Box::new(move || batch.work()));
+        queue.in_flight.sub(n);
+        n
+    }
+
+    /// Submits what was pushed and answers what already completed (page-cache hits finish
+    /// inside the submission), optionally polling for more before the thread goes back to
+    /// sleep in epoll.
+    fn submit_and_complete(&self, vring: &Vring, queue: &QueueState, io: &mut QueueIo) -> usize {
+        if let Some(q) = io.io.as_mut() {
+            if let Err(e) = q.submit() {
+                tracing::error!(disk = %self.inner.ctx.name, "submitting I/O: {e}");
+            }
         }
-        batch.work();
-        Ok(())
+        let mut done = self.complete(vring, queue, io);
+        let poll = self.inner.ctx.poll;
+        if done == 0 && !poll.is_zero() && io.io.as_ref().is_some_and(|q| q.in_flight() > 0) {
+            let deadline = Instant::now() + poll;
+            while done == 0 && Instant::now() < deadline {
+                std::hint::spin_loop();
+                done = self.complete(vring, queue, io);
+            }
+        }
+        done
+    }
+}
+
+fn add_used(vring: &Vring, head: u16, used_len: u32) {
+    if let Err(e) = vring.add_used(head, used_len) {
+        // The ring is unusable (e.g. the frontend reset it); the connection's next message
+        // or disconnect handles that.
+        tracing::warn!("completing request: {e}");
+    }
+}
+
+fn io_kind(req: &Request) -> IoKind {
+    match req.kind {
+        RequestType::In => IoKind::Read,
+        RequestType::Out => IoKind::Write,
+        RequestType::Flush => IoKind::Flush,
+        RequestType::Discard => IoKind::Discard,
+        _ => IoKind::Other,
     }
 }
 
@@ -289,118 +531,8 @@ impl<'a> Popping<'a> {
 
 impl Drop for Popping<'_> {
     fn drop(&mut self) {
-        self.0.dec();
+        self.0.sub(1);
     }
-}
-
-/// Expected work per woken helper. Waking a thread costs a few microseconds and, on a busy
-/// machine, takes a core from someone else; a helper pays off when it takes over tens of
-/// microseconds of work. Chosen with `tests/throughput.rs` on 2 vCPUs (4k and 64k requests,
-/// depth 32): waking one helper per two requests halved 4k IOPS compared with this rule.
-const WORK_PER_HELPER_NS: u64 = 32_000;
-
-/// How many pool threads to wake for a batch: enough that each thread gets about
-/// `WORK_PER_HELPER_NS` of work, judged by the queue's recent request service time, so
-/// page-cache hits stay on few threads while slow device reads or large crypto get many.
-fn helpers_for(requests: &VecDeque<Pending>, queue: &QueueState, threads: usize) -> usize {
-    let n = requests.len();
-    if n < 2 {
-        return 0;
-    }
-    // Before any measurement, assume the requests are slow enough to spread.
-    let avg = queue.avg_service_ns.load(Ordering::Relaxed).max(1);
-    let work = (n as u64).saturating_mul(avg);
-    let wanted = usize::try_from(work / WORK_PER_HELPER_NS).unwrap_or(usize::MAX);
-    wanted.min(n - 1).min(threads)
-}
-
-/// Requests popped together, claimed one by one by the queue thread and its helpers.
-struct Batch {
-    ctx: Arc<RequestContext>,
-    mem: Arc<GuestMem>,
-    vring: Vring,
-    queue: Arc<QueueState>,
-    requests: Mutex<VecDeque<Pending>>,
-}
-
-impl Batch {
-    fn next(&self) -> Option<Pending> {
-        self.requests
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop_front()
-    }
-
-    /// Runs requests until the batch is empty. The guest is signalled every `SIGNAL_BATCH`
-    /// completions and when this thread runs out of work, not after each request.
-    fn work(&self) {
-        let mut unsignalled = 0u32;
-        while let Some(pending) = self.next() {
-            run_request(&self.ctx, &self.mem, &self.vring, &self.queue, pending);
-            unsignalled += 1;
-            if unsignalled >= SIGNAL_BATCH {
-                self.signal();
-                unsignalled = 0;
-            }
-        }
-        if unsignalled > 0 {
-            self.signal();
-        }
-    }
-
-    fn signal(&self) {
-        if let Err(e) = signal(&self.vring) {
-            tracing::warn!("signalling the guest: {e}");
-        }
-    }
-}
-
-/// Executes one request and puts it on the used ring (the caller signals the guest).
-fn run_request(
-    ctx: &RequestContext,
-    mem: &GuestMem,
-    vring: &Vring,
-    queue: &QueueState,
-    pending: Pending,
-) {
-    let Pending {
-        head,
-        req,
-        segments,
-        start,
-    } = pending;
-    let began = Instant::now();
-    let (status, used_len) = ctx.disk.execute_with_status(mem, &req, &segments);
-    let writes = matches!(
-        req.kind,
-        RequestType::Out | RequestType::WriteZeroes | RequestType::Discard
-    );
-    if writes && !ctx.writeback.load(Ordering::Relaxed) {
-        if let Err(e) = ctx.disk.device().flush() {
-            tracing::warn!("write-through flush: {e}");
-        }
-    }
-    let (kind, bytes) = match req.kind {
-        RequestType::In => (IoKind::Read, req.data_len),
-        RequestType::Out => (IoKind::Write, req.data_len),
-        RequestType::Flush => (IoKind::Flush, 0),
-        RequestType::Discard => (IoKind::Discard, 0),
-        _ => (IoKind::Other, 0),
-    };
-    queue
-        .stats
-        .complete(kind, bytes, start, status == crate::device::STATUS_OK);
-    // EWMA with weight 1/8; a lost update between threads only delays adaptation.
-    let took = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX / 1024);
-    let avg = queue.avg_service_ns.load(Ordering::Relaxed);
-    let next = avg - avg / 8 + took.min(u64::MAX / 1024) / 8;
-    queue.avg_service_ns.store(next, Ordering::Relaxed);
-    if let Err(e) = vring.add_used(head, used_len) {
-        // The ring is unusable (e.g. the frontend reset it); the connection's next message
-        // or disconnect handles that. The request is still no longer in flight.
-        tracing::warn!("completing request: {e}");
-    }
-    queue.in_flight.dec();
 }
 
 /// Interrupts the guest if it wants to hear about the new used entries (EVENT_IDX).
@@ -548,16 +680,31 @@ impl VhostUserBackend for BlkBackend {
         if evset != EventSet::IN {
             return Err(io::Error::other(format!("unexpected event set {evset:?}")));
         }
-        let vring = vrings
-            .get(usize::from(device_event))
-            .map(TrackedVring::vring)
-            .ok_or_else(|| io::Error::other(format!("no vring for event {device_event}")))?;
         // One queue per thread: the thread index is the queue index.
         let queue = self
             .inner
             .queues
             .get(thread_id)
             .ok_or_else(|| io::Error::other(format!("no queue for thread {thread_id}")))?;
+        let mut io = queue.io();
+        if u64::from(device_event) == self.completion_event() {
+            // The I/O queue's eventfd: completions to collect.
+            let Some(vring) = io.vring.clone() else {
+                return Ok(());
+            };
+            if self.complete(&vring, queue, &mut io) > 0 {
+                signal(&vring)?;
+            }
+            return Ok(());
+        }
+        let vring = vrings
+            .get(usize::from(device_event))
+            .map(TrackedVring::vring)
+            .ok_or_else(|| io::Error::other(format!("no vring for event {device_event}")))?;
+        if io.vring.is_none() {
+            io.vring = Some(vring.clone());
+        }
+        let mut answered = false;
         if self.inner.event_idx.load(Ordering::Relaxed) {
             // Keep draining until the guest added nothing between the last pop and re-enabling
             // notifications (virtio's EVENT_IDX protocol), so no kick is lost.
@@ -565,7 +712,7 @@ impl VhostUserBackend for BlkBackend {
                 vring
                     .disable_notification()
                     .map_err(|e| io::Error::other(format!("disable_notification: {e}")))?;
-                self.process_queue(vring, queue)?;
+                answered |= self.pop_requests(vring, queue, &mut io)?;
                 if !vring
                     .enable_notification()
                     .map_err(|e| io::Error::other(format!("enable_notification: {e}")))?
@@ -574,7 +721,10 @@ impl VhostUserBackend for BlkBackend {
                 }
             }
         } else {
-            self.process_queue(vring, queue)?;
+            answered |= self.pop_requests(vring, queue, &mut io)?;
+        }
+        if self.submit_and_complete(vring, queue, &mut io) > 0 || answered {
+            signal(vring)?;
         }
         Ok(())
     }

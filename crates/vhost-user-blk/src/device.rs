@@ -1,15 +1,19 @@
-//! Executing a parsed virtio-blk request against a `BlockDevice`.
+//! Executing a parsed virtio-blk request against a `BlockDevice`, asynchronously: `start` turns
+//! it into device I/O whose buffers are the guest's own (as raw pointers, never Rust
+//! references), `finish` writes the status once the I/O completed.
 //!
-//! Reads land directly in the guest's buffers; writes are handed to the device straight from
-//! guest memory (an encrypting device encrypts from there into its own bounce buffer, never in
-//! place in guest memory). Knows nothing about vhost-user.
+//! Reads land directly in the guest's buffers (and are decrypted there by an encrypting
+//! device); writes go to the device straight from guest memory (an encrypting device encrypts
+//! from there into its own bounce buffer, never in place in guest memory). Knows nothing about
+//! vhost-user.
 //!
 //! Every guest byte written is marked in the memory's dirty bitmap (live migration): the
 //! status byte and GET_ID through vm-memory's `Bytes` (which marks), read data explicitly.
 
 use std::sync::Arc;
 
-use cryptblk_block::BlockDevice;
+use cryptblk_block::aio::{open_queue, IoOp, IoQueue, IoRequest, IoVec, QueueOptions};
+use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind};
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
 };
@@ -26,8 +30,6 @@ pub const MAX_WRITE_ZEROES_SECTORS: u32 = 64 * 1024;
 /// Largest DISCARD range accepted, in sectors (advertised as max_discard_sectors); a multiple
 /// of every logical block size (up to 4096 bytes).
 pub const MAX_DISCARD_SECTORS: u32 = MAX_WRITE_ZEROES_SECTORS;
-/// Zeroes written per `write_at` call of a WRITE_ZEROES request (static: no allocation).
-static ZEROES: [u8; 256 * 1024] = [0; 256 * 1024];
 
 /// Status byte values.
 pub const STATUS_OK: u8 = VIRTIO_BLK_S_OK as u8;
@@ -35,6 +37,41 @@ pub const STATUS_IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;
 pub const STATUS_UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;
 /// Length of the GET_ID serial.
 pub const ID_BYTES: usize = VIRTIO_BLK_ID_BYTES as usize;
+
+/// What to do with a parsed request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Answered without I/O: status byte and bytes written into guest buffers.
+    Done(u8, u32),
+    /// Submit this I/O (buffers in the `iov` passed to `Disk::start`).
+    Io(Planned),
+}
+
+/// Device I/O planned for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Planned {
+    pub op: IoOp,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl Planned {
+    fn new(op: IoOp, offset: u64, len: u64) -> Self {
+        Planned { op, offset, len }
+    }
+
+    /// The request for an `IoQueue`; `fua` for writes of a guest without a write cache.
+    pub fn request<'a>(&self, iov: &'a [IoVec], fua: bool, tag: u64) -> IoRequest<'a> {
+        IoRequest {
+            op: self.op,
+            offset: self.offset,
+            len: self.len,
+            iov,
+            fua: fua && self.op == IoOp::Write,
+            tag,
+        }
+    }
+}
 
 /// The disk as the request executor sees it.
 pub struct Disk {
@@ -84,60 +121,103 @@ impl Disk {
         self.device.size() / SECTOR_SIZE * SECTOR_SIZE
     }
 
-    /// Runs one request and writes its status byte. Returns the number of bytes written into
-    /// the guest's buffers (data + status), for the used ring.
-    pub fn execute<M: GuestMemoryBackend>(
-        &self,
-        mem: &M,
-        req: &Request,
-        segments: &[Segment],
-    ) -> u32 {
-        self.execute_with_status(mem, req, segments).1
+    /// Opens the asynchronous queue the requests of one virtqueue run on (one per queue
+    /// thread), deep enough for every request the virtqueue can hold.
+    pub fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>, BlockError> {
+        open_queue(&self.device, &QueueOptions { depth })
     }
 
-    /// Like `execute`, also returning the status byte written.
-    pub fn execute_with_status<M: GuestMemoryBackend>(
+    /// Turns a parsed request into device I/O, or answers it at once. For I/O, `iov` receives
+    /// the request's buffers as pointers into guest memory (checked by `get_slice` to lie in
+    /// one mapped region each); they stay valid while `mem` (a snapshot of the memory table)
+    /// is alive, so the caller keeps `mem` until `finish`.
+    pub fn start<M: GuestMemoryBackend>(
         &self,
         mem: &M,
         req: &Request,
         segments: &[Segment],
-    ) -> (u8, u32) {
-        let (status, data_written) = match req.kind {
-            RequestType::In => match self.read(mem, req, segments) {
-                Ok(()) => (STATUS_OK, req.data_len),
-                Err(e) => {
-                    tracing::debug!("read at sector {}: {e}", req.sector);
-                    (STATUS_IOERR, 0)
+        iov: &mut Vec<IoVec>,
+    ) -> Start {
+        iov.clear();
+        match req.kind {
+            RequestType::In | RequestType::Out => {
+                if req.kind == RequestType::Out && self.read_only {
+                    return Start::Done(STATUS_IOERR, 0);
                 }
-            },
-            RequestType::Out => match self.write(mem, req, segments) {
-                Ok(()) => (STATUS_OK, 0),
-                Err(e) => {
-                    tracing::debug!("write at sector {}: {e}", req.sector);
-                    (STATUS_IOERR, 0)
+                for seg in segments {
+                    let Ok(slice) = mem.get_slice(seg.addr, seg.len as usize) else {
+                        // The parser checked every segment; only a memory table change in
+                        // between gets here.
+                        return Start::Done(STATUS_IOERR, 0);
+                    };
+                    // Never a reference: the address goes to the kernel (and to the crypto
+                    // engine) as a raw pointer.
+                    iov.push(IoVec::from_raw(
+                        slice.ptr_guard_mut().as_ptr(),
+                        seg.len as usize,
+                    ));
                 }
-            },
-            RequestType::Flush => match self.device.flush() {
-                Ok(()) => (STATUS_OK, 0),
-                Err(e) => {
-                    tracing::warn!("flush: {e}");
-                    (STATUS_IOERR, 0)
-                }
-            },
+                let offset = req.sector * SECTOR_SIZE;
+                Start::Io(if req.kind == RequestType::In {
+                    Planned::new(IoOp::Read, offset, req.data_len)
+                } else {
+                    Planned::new(IoOp::Write, offset, req.data_len)
+                })
+            }
+            RequestType::Flush => Start::Io(Planned::new(IoOp::Flush, 0, 0)),
             RequestType::GetId => match self.get_id(mem, segments) {
-                Some(n) => (STATUS_OK, n),
-                None => (STATUS_IOERR, 0),
+                Some(n) => Start::Done(STATUS_OK, n as u32),
+                None => Start::Done(STATUS_IOERR, 0),
             },
-            RequestType::WriteZeroes => (self.write_zeroes(mem, segments), 0),
-            RequestType::Discard => (self.discard_range(mem, segments), 0),
-            RequestType::Unsupported(_) => (STATUS_UNSUPP, 0),
+            RequestType::WriteZeroes => self.range(mem, segments, IoOp::WriteZeroes),
+            RequestType::Discard => self.range(mem, segments, IoOp::Discard),
+            RequestType::Unsupported(_) => Start::Done(STATUS_UNSUPP, 0),
+        }
+    }
+
+    /// Completes a request whose I/O finished: marks the guest pages a read filled (live
+    /// migration's dirty log) and writes the status byte. Returns the status and the used
+    /// length (data written into guest buffers + the status byte).
+    pub fn finish<M: GuestMemoryBackend>(
+        &self,
+        mem: &M,
+        req: &Request,
+        segments: &[Segment],
+        result: &Result<(), BlockError>,
+    ) -> (u8, u32) {
+        let (status, data_len) = match (req.kind, result) {
+            (RequestType::In, Ok(())) => (STATUS_OK, req.data_len),
+            (_, Ok(())) => (STATUS_OK, 0),
+            (_, Err(e)) if e.kind() == BlockErrorKind::Unsupported => (STATUS_UNSUPP, 0),
+            (_, Err(_)) => (STATUS_IOERR, 0),
         };
+        if req.kind == RequestType::In {
+            // The kernel and the crypto engine wrote through raw pointers, past vm-memory's
+            // dirty tracking: mark the pages (a no-op without a dirty log). Also on error,
+            // as part of the buffer may have been written.
+            for seg in segments {
+                if let Ok(slice) = mem.get_slice(seg.addr, seg.len as usize) {
+                    slice.bitmap().mark_dirty(0, seg.len as usize);
+                }
+            }
+        }
+        self.answer(mem, req, status, data_len as u32)
+    }
+
+    /// Writes the status byte of a request answered without I/O (`Start::Done`).
+    pub fn answer<M: GuestMemoryBackend>(
+        &self,
+        mem: &M,
+        req: &Request,
+        status: u8,
+        data_len: u32,
+    ) -> (u8, u32) {
         if mem.write_obj(status, req.status).is_err() {
             // The parser checked the status byte lies in guest memory; a memory table change
             // in between is the only way here. Report nothing written.
             return (STATUS_IOERR, 0);
         }
-        (status, u32::try_from(data_written + 1).unwrap_or(u32::MAX))
+        (status, data_len.saturating_add(1))
     }
 
     /// Answers a request the parser rejected: the right status when the status descriptor is
@@ -158,153 +238,57 @@ impl Disk {
         }
     }
 
-    fn read<M: GuestMemoryBackend>(
-        &self,
-        mem: &M,
-        req: &Request,
-        segments: &[Segment],
-    ) -> Result<(), String> {
-        let mut offset = req.sector * SECTOR_SIZE;
-        for seg in segments {
-            let len = seg.len as usize;
-            let slice = mem.get_slice(seg.addr, len).map_err(|e| e.to_string())?;
-            let guard = slice.ptr_guard_mut();
-            // SAFETY: `get_slice` checked that `len` bytes at this address lie inside one
-            // mapped guest memory region, which stays mapped while `mem` (a snapshot of the
-            // memory table) is alive. The guest may touch the buffer concurrently, as with any
-            // DMA; the bytes written are plain data and this slice does not outlive the call.
-            let buf = unsafe { std::slice::from_raw_parts_mut(guard.as_ptr(), len) };
-            let result = self.device.read_at(buf, offset);
-            // Writing through the raw pointer bypasses vm-memory's dirty tracking: mark the
-            // pages for live migration (one call per segment; a no-op without a dirty log).
-            // Also on error, as the device may have written part of the buffer.
-            slice.bitmap().mark_dirty(0, len);
-            result.map_err(|e| e.to_string())?;
-            offset += u64::from(seg.len);
+    /// Plans the one WRITE_ZEROES or DISCARD range the request carries. Anything but one
+    /// range inside the disk (DISCARD: aligned to the logical block, advertised as
+    /// discard_sector_alignment; both: within the advertised maximum) is an I/O error; flags
+    /// other than UNMAP (write zeroes only) are unsupported, as is DISCARD when not enabled.
+    fn range<M: GuestMemoryBackend>(&self, mem: &M, segments: &[Segment], op: IoOp) -> Start {
+        if op == IoOp::Discard && !self.discard {
+            return Start::Done(STATUS_UNSUPP, 0);
         }
-        Ok(())
-    }
-
-    fn write<M: GuestMemoryBackend>(
-        &self,
-        mem: &M,
-        req: &Request,
-        segments: &[Segment],
-    ) -> Result<(), String> {
-        if self.read_only {
-            return Err("write to a read-only disk".into());
-        }
-        let mut offset = req.sector * SECTOR_SIZE;
-        for seg in segments {
-            let len = seg.len as usize;
-            let slice = mem.get_slice(seg.addr, len).map_err(|e| e.to_string())?;
-            let guard = slice.ptr_guard();
-            // SAFETY: as in `read`: the range lies inside one mapped region kept alive by
-            // `mem`. The device only reads it (an encrypting device reads it once, encrypting
-            // into its own bounce buffer), so a concurrent guest write can only change the data
-            // written, never memory safety of this process.
-            let buf = unsafe { std::slice::from_raw_parts(guard.as_ptr(), len) };
-            self.device
-                .write_at(buf, offset)
-                .map_err(|e| e.to_string())?;
-            offset += u64::from(seg.len);
-        }
-        Ok(())
-    }
-
-    /// Writes zeroes over the one range the request carries (encrypted zeroes on a LUKS
-    /// volume, so the range reads back as zeroes). Returns the status byte.
-    fn write_zeroes<M: GuestMemoryBackend>(&self, mem: &M, segments: &[Segment]) -> u8 {
         let Some(seg) = segments.first() else {
-            return STATUS_IOERR;
+            return Start::Done(STATUS_IOERR, 0);
         };
         let Ok(range) = mem.read_obj::<WriteZeroesRange>(seg.addr) else {
-            return STATUS_IOERR;
+            return Start::Done(STATUS_IOERR, 0);
         };
         let (sector, num, flags) = (
             u64::from_le(range.sector),
             u32::from_le(range.num_sectors),
             u32::from_le(range.flags),
         );
-        if flags & !WRITE_ZEROES_FLAG_UNMAP != 0 {
-            return STATUS_UNSUPP;
+        let (allowed_flags, max) = match op {
+            IoOp::WriteZeroes => (WRITE_ZEROES_FLAG_UNMAP, MAX_WRITE_ZEROES_SECTORS),
+            // The spec defines no flag for discard (UNMAP is only for write zeroes).
+            _ => (0, MAX_DISCARD_SECTORS),
+        };
+        if flags & !allowed_flags != 0 {
+            return Start::Done(STATUS_UNSUPP, 0);
         }
-        if self.read_only || num > MAX_WRITE_ZEROES_SECTORS {
-            return STATUS_IOERR;
+        if self.read_only || num > max {
+            return Start::Done(STATUS_IOERR, 0);
         }
         let len = u64::from(num) * SECTOR_SIZE;
         let Some(start) = sector.checked_mul(SECTOR_SIZE) else {
-            return STATUS_IOERR;
+            return Start::Done(STATUS_IOERR, 0);
         };
         if start
             .checked_add(len)
             .is_none_or(|end| end > self.capacity())
         {
-            return STATUS_IOERR;
+            return Start::Done(STATUS_IOERR, 0);
         }
-        let mut done = 0u64;
-        while done < len {
-            let n = (len - done).min(ZEROES.len() as u64) as usize;
-            if let Err(e) = self.device.write_at(&ZEROES[..n], start + done) {
-                tracing::debug!("write zeroes at sector {sector}: {e}");
-                return STATUS_IOERR;
+        if op == IoOp::Discard {
+            let block = u64::from(self.device.logical_block_size()).max(SECTOR_SIZE);
+            if !start.is_multiple_of(block) || !len.is_multiple_of(block) {
+                tracing::debug!("discard at sector {sector} (+{num}) not aligned to {block} bytes");
+                return Start::Done(STATUS_IOERR, 0);
             }
-            done += n as u64;
-        }
-        STATUS_OK
-    }
-
-    /// Discards the one range the request carries. Start and length must be multiples of
-    /// the logical block size (advertised as discard_sector_alignment); anything else, a
-    /// range beyond the capacity or larger than max_discard_sectors is an I/O error. Returns
-    /// the status byte; UNSUPP when discard is not enabled.
-    fn discard_range<M: GuestMemoryBackend>(&self, mem: &M, segments: &[Segment]) -> u8 {
-        if !self.discard {
-            return STATUS_UNSUPP;
-        }
-        let Some(seg) = segments.first() else {
-            return STATUS_IOERR;
-        };
-        let Ok(range) = mem.read_obj::<WriteZeroesRange>(seg.addr) else {
-            return STATUS_IOERR;
-        };
-        let (sector, num, flags) = (
-            u64::from_le(range.sector),
-            u32::from_le(range.num_sectors),
-            u32::from_le(range.flags),
-        );
-        // The spec defines no flag for discard (UNMAP is only for write zeroes).
-        if flags != 0 {
-            return STATUS_UNSUPP;
-        }
-        if num > MAX_DISCARD_SECTORS {
-            return STATUS_IOERR;
-        }
-        let len = u64::from(num) * SECTOR_SIZE;
-        let Some(start) = sector.checked_mul(SECTOR_SIZE) else {
-            return STATUS_IOERR;
-        };
-        if start
-            .checked_add(len)
-            .is_none_or(|end| end > self.capacity())
-        {
-            return STATUS_IOERR;
-        }
-        let block = u64::from(self.device.logical_block_size()).max(SECTOR_SIZE);
-        if !start.is_multiple_of(block) || !len.is_multiple_of(block) {
-            tracing::debug!("discard at sector {sector} (+{num}) not aligned to {block} bytes");
-            return STATUS_IOERR;
         }
         if len == 0 {
-            return STATUS_OK;
+            return Start::Done(STATUS_OK, 0);
         }
-        match self.device.discard(start, len) {
-            Ok(()) => STATUS_OK,
-            Err(e) => {
-                tracing::debug!("discard at sector {sector}: {e}");
-                STATUS_IOERR
-            }
-        }
+        Start::Io(Planned::new(op, start, len))
     }
 
     /// Writes the serial into the first data segments; returns the bytes written.

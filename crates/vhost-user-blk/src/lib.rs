@@ -3,8 +3,8 @@
 //!
 //! - `request`: parses a virtio-blk request out of a descriptor chain (untrusted input).
 //! - `device`: executes a parsed request against the `BlockDevice`.
-//! - `backend`: the `VhostUserBackend` impl (features, config space, one worker per queue).
-//! - `executor`: the submission pool that keeps many requests of a queue in flight.
+//! - `backend`: the `VhostUserBackend` impl (features, config space, one event loop per
+//!   queue thread over an asynchronous I/O queue of the disk's).
 //! - `frontend`: queue start/stop events for the daemon (`FrontendEvent`).
 //!
 //! Live migration: the backend offers VHOST_F_LOG_ALL and the LOG_SHMFD protocol feature,
@@ -18,7 +18,6 @@
 pub mod backend;
 pub mod device;
 pub mod dirty;
-pub mod executor;
 pub mod frontend;
 pub mod request;
 
@@ -32,12 +31,12 @@ use cryptblk_block::{BlockDevice, IoStats, IoStatsSnapshot};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-pub use backend::BlkBackend;
+pub use backend::{BackendOptions, BlkBackend};
 pub use device::Disk;
 pub use dirty::LogBitmap;
-use executor::Executor;
 use frontend::FrontendState;
 pub use frontend::{EventListener, FrontendEvent};
 
@@ -63,8 +62,11 @@ pub struct ServeOptions {
     /// like dm-crypt's `allow_discards`. Off by default: on an encrypted disk, discards
     /// reveal which blocks are unused. Ignored on a read-only export.
     pub discard: bool,
-    /// Threads of the submission pool shared by the queues (0: `Executor::default_threads`).
-    pub io_threads: usize,
+    /// Name of the disk in log lines.
+    pub name: String,
+    /// Busy-poll each queue's completions this long before sleeping, like QEMU's
+    /// `aio-poll`: lower latency for a core spent spinning. Zero (the default) never polls.
+    pub poll: std::time::Duration,
 }
 
 impl Default for ServeOptions {
@@ -75,7 +77,8 @@ impl Default for ServeOptions {
             read_only: false,
             serial: String::new(),
             discard: false,
-            io_threads: 0,
+            name: String::new(),
+            poll: std::time::Duration::ZERO,
         }
     }
 }
@@ -95,6 +98,8 @@ pub enum Error {
     Io(#[from] io::Error),
     #[error("flush at shutdown: {0}")]
     Flush(cryptblk_block::BlockError),
+    #[error("opening the disk's I/O queues: {0}")]
+    Queues(cryptblk_block::BlockError),
 }
 
 /// Stops a running `Server` from another thread (a signal handler thread, a test).
@@ -161,7 +166,6 @@ pub struct Server {
     device: Arc<dyn BlockDevice>,
     opts: ServeOptions,
     shared: Arc<Shared>,
-    executor: Arc<Executor>,
 }
 
 impl Server {
@@ -183,11 +187,6 @@ impl Server {
                 opts.queue_size
             )));
         }
-        let io_threads = match opts.io_threads {
-            0 => Executor::default_threads(),
-            n => n,
-        };
-        let executor = Arc::new(Executor::new(io_threads)?);
         let path = socket_path.as_ref().to_path_buf();
         // The listener unlinks whatever is at the path; only ever let that be a stale socket,
         // never a file someone pointed us at by mistake (e.g. the image).
@@ -218,7 +217,6 @@ impl Server {
                     .collect(),
                 frontend: Arc::default(),
             }),
-            executor,
             opts,
         })
     }
@@ -305,7 +303,10 @@ impl Server {
             self.opts.queue_size,
             mem.clone(),
             &self.shared.queue_stats,
-            self.executor.clone(),
+            BackendOptions {
+                name: self.opts.name.clone(),
+                poll: self.opts.poll,
+            },
             self.shared.frontend.clone(),
         );
         // The daemon creates the rings on this thread; they report starts to `frontend`.
@@ -313,6 +314,13 @@ impl Server {
         let daemon = VhostUserDaemon::new("cryptblk-vhost-user-blk".into(), backend.clone(), mem);
         frontend::end_tracking();
         let mut daemon = daemon.map_err(|e| Error::Daemon(e.to_string()))?;
+        // One asynchronous I/O queue per virtqueue, its eventfd in that queue thread's epoll.
+        let fds = backend.open_io_queues().map_err(Error::Queues)?;
+        for (handler, fd) in daemon.get_epoll_handlers().iter().zip(fds) {
+            handler
+                .register_listener(fd, EventSet::IN, backend.completion_event())
+                .map_err(|e| Error::Daemon(format!("registering the I/O queue's eventfd: {e}")))?;
+        }
         daemon
             .start(&mut self.listener)
             .map_err(|e| Error::Daemon(e.to_string()))?;
@@ -336,9 +344,10 @@ impl Server {
             handler.send_exit_event();
         }
         drop(daemon);
-        // Requests still running on the pool complete before the memory they point into is
-        // released and before a new frontend may connect.
+        // Requests still in flight complete before the memory they point into is released
+        // and before a new frontend may connect.
         backend.wait_idle();
+        backend.close_io_queues();
         self.shared.connected.store(false, Ordering::SeqCst);
         match result {
             Ok(()) => tracing::info!("vhost-user frontend disconnected"),

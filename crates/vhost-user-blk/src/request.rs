@@ -64,6 +64,19 @@ pub enum RequestType {
 }
 
 impl RequestType {
+    /// For log lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            RequestType::In => "read",
+            RequestType::Out => "write",
+            RequestType::Flush => "flush",
+            RequestType::GetId => "get-id",
+            RequestType::WriteZeroes => "write-zeroes",
+            RequestType::Discard => "discard",
+            RequestType::Unsupported(_) => "unsupported request",
+        }
+    }
+
     fn from_raw(kind: u32) -> Self {
         match kind {
             VIRTIO_BLK_T_IN => RequestType::In,

@@ -26,7 +26,7 @@ fn opts(num_queues: u16) -> ServeOptions {
         read_only: false,
         serial: "blkio".into(),
         discard: false,
-        io_threads: 0,
+        ..Default::default()
     }
 }
 

@@ -37,7 +37,7 @@ fn opts(num_queues: u16) -> ServeOptions {
         read_only: false,
         serial: "cryptblk-test-serial-too-long".into(),
         discard: false,
-        io_threads: 0,
+        ..Default::default()
     }
 }
 

@@ -80,7 +80,7 @@ fn report(name: &str, device: Arc<dyn BlockDevice>) {
             read_only: false,
             serial: String::new(),
             discard: false,
-            io_threads: 0,
+            ..Default::default()
         },
     );
     let mut guest = Guest::connect(&daemon.socket, 1, 1024);

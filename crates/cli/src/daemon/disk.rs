@@ -205,7 +205,7 @@ impl DiskConfig {
             read_only: self.readonly,
             serial: self.serial.clone().unwrap_or_else(|| serial.to_string()),
             discard: self.discard,
-            io_threads: 0,
+            ..Default::default()
         }
     }
 }
