@@ -252,4 +252,15 @@ impl BlockDevice for LuksVolume {
             .block_status(offset, len)
             .map_err(|e| e.with_path(self.file.path()))
     }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.device
+            .write_zeroes(offset, len)
+            .map_err(|e| e.with_path(self.file.path()))
+    }
+    fn native_queue(
+        &self,
+        opts: &crate::aio::QueueOptions,
+    ) -> Option<Result<Box<dyn crate::aio::IoQueue>, BlockError>> {
+        self.device.native_queue(opts)
+    }
 }

@@ -151,6 +151,7 @@ pub struct ServeArgs {
     /// combined with the single-disk options.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "socket", "image", "key_file", "num_queues", "queue_size", "readonly", "discard", "name",
+        "cache", "aio", "poll_us",
     ])]
     pub config: Option<PathBuf>,
     /// Export the disk over vhost-user-blk on this UNIX socket path (a stale socket there is
@@ -180,6 +181,20 @@ pub struct ServeArgs {
     /// by default because discards on an encrypted disk reveal which blocks are unused.
     #[arg(long)]
     pub discard: bool,
+    /// Host cache mode, as QEMU names them: none (O_DIRECT, the page cache bypassed; falls
+    /// back to writeback with a notice where the filesystem refuses O_DIRECT), writeback,
+    /// writethrough and directsync (every write durable before it completes), unsafe
+    /// (flushes ignored).
+    #[arg(long, value_name = "MODE", default_value_t = cryptblk_block::CacheMode::None)]
+    pub cache: cryptblk_block::CacheMode,
+    /// Asynchronous I/O engine: io_uring (one ring per queue; falls back to threads with a
+    /// notice where the kernel refuses it) or threads.
+    #[arg(long, value_name = "ENGINE", default_value_t = cryptblk_block::AioEngine::IoUring)]
+    pub aio: cryptblk_block::AioEngine,
+    /// Busy-poll each queue's completions this many microseconds before sleeping, like
+    /// QEMU's aio-poll: lower latency for CPU time. 0 (the default) never polls.
+    #[arg(long, value_name = "US", default_value_t = 0)]
+    pub poll_us: u32,
     /// Also serve every disk over NBD, export name = disk name: unix:PATH or tcp:HOST:PORT.
     #[arg(long, value_name = "ADDR")]
     pub nbd: Option<String>,

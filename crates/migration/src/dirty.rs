@@ -4,7 +4,9 @@
 //! same time, so it is a plain array of atomic words: setting bits is one `fetch_or` per word
 //! and taking them is one `fetch_and` per word, with no lock that could stall guest I/O.
 
+use crate::tracking_queue::TrackingQueue;
 use crate::MigrationError;
+use cryptblk_block::aio::{open_queue, IoQueue, QueueOptions};
 use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind, Extent};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -305,6 +307,11 @@ fn low_mask(n: u64) -> u64 {
 /// for it.
 pub struct DirtyTracker {
     inner: Arc<dyn BlockDevice>,
+    state: Arc<TrackState>,
+}
+
+/// The tracker's state, shared with the asynchronous queues opened through it.
+pub(crate) struct TrackState {
     bitmap: OnceLock<DirtyBitmap>,
     granularity: u64,
     payload_offset: u64,
@@ -318,11 +325,14 @@ impl std::fmt::Debug for DirtyTracker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirtyTracker")
             .field("size", &self.inner.size())
-            .field("granularity", &self.granularity)
-            .field("payload_offset", &self.payload_offset)
+            .field("granularity", &self.state.granularity)
+            .field("payload_offset", &self.state.payload_offset)
             .field("tracking", &self.is_tracking())
             .field("fenced", &self.is_fenced())
-            .field("dirty_blocks", &self.bitmap.get().map(DirtyBitmap::count))
+            .field(
+                "dirty_blocks",
+                &self.state.bitmap.get().map(DirtyBitmap::count),
+            )
             .finish()
     }
 }
@@ -358,12 +368,14 @@ impl DirtyTracker {
         }
         Ok(DirtyTracker {
             inner,
-            bitmap: OnceLock::new(),
-            granularity,
-            payload_offset,
-            tracking: AtomicBool::new(false),
-            fenced: AtomicBool::new(false),
-            in_flight: AtomicU64::new(0),
+            state: Arc::new(TrackState {
+                bitmap: OnceLock::new(),
+                granularity,
+                payload_offset,
+                tracking: AtomicBool::new(false),
+                fenced: AtomicBool::new(false),
+                in_flight: AtomicU64::new(0),
+            }),
         })
     }
 
@@ -373,49 +385,49 @@ impl DirtyTracker {
 
     /// The bitmap, once tracking was started at least once.
     pub fn bitmap(&self) -> Option<&DirtyBitmap> {
-        self.bitmap.get()
+        self.state.bitmap.get()
     }
 
     pub fn granularity(&self) -> u64 {
-        self.granularity
+        self.state.granularity
     }
 
     pub fn payload_offset(&self) -> u64 {
-        self.payload_offset
+        self.state.payload_offset
     }
 
     /// Marks every block dirty (the first pass has to send everything) and turns tracking on.
     /// Call it before the first pass starts reading: a write that completes before this is
     /// read by that pass, one that completes after it is marked again.
     pub fn start_tracking(&self) -> Result<&DirtyBitmap, MigrationError> {
-        let bitmap = match self.bitmap.get() {
+        let bitmap = match self.state.bitmap.get() {
             Some(b) => b,
             None => {
-                let b = DirtyBitmap::new(self.inner.size(), self.granularity)?;
-                let _ = self.bitmap.set(b);
-                self.bitmap.get().expect("just set")
+                let b = DirtyBitmap::new(self.inner.size(), self.state.granularity)?;
+                let _ = self.state.bitmap.set(b);
+                self.state.bitmap.get().expect("just set")
             }
         };
         bitmap.set_all();
-        self.tracking.store(true, Ordering::SeqCst);
+        self.state.tracking.store(true, Ordering::SeqCst);
         Ok(bitmap)
     }
 
     /// Turns tracking off (the bitmap keeps what it has), e.g. when a migration is cancelled.
     pub fn stop_tracking(&self) {
-        self.tracking.store(false, Ordering::SeqCst);
+        self.state.tracking.store(false, Ordering::SeqCst);
     }
 
     pub fn is_tracking(&self) -> bool {
-        self.tracking.load(Ordering::SeqCst)
+        self.state.tracking.load(Ordering::SeqCst)
     }
 
     /// Makes every later operation fail, then waits until the operations already under way
     /// have finished (and marked what they wrote). After it returns the disk does not change
     /// any more: what the bitmap says is dirty is all that is left to send.
     pub fn fence(&self) {
-        self.fenced.store(true, Ordering::SeqCst);
-        while self.in_flight.load(Ordering::SeqCst) != 0 {
+        self.state.fenced.store(true, Ordering::SeqCst);
+        while self.state.in_flight.load(Ordering::SeqCst) != 0 {
             std::thread::sleep(std::time::Duration::from_micros(100));
         }
     }
@@ -423,16 +435,30 @@ impl DirtyTracker {
     /// Lets operations through again (a migration that failed before the destination took
     /// over: the source carries on).
     pub fn unfence(&self) {
-        self.fenced.store(false, Ordering::SeqCst);
+        self.state.fenced.store(false, Ordering::SeqCst);
     }
 
     pub fn is_fenced(&self) -> bool {
-        self.fenced.load(Ordering::SeqCst)
+        self.state.fenced.load(Ordering::SeqCst)
     }
 
     /// The image-file range holding the ciphertext of `len` plaintext bytes at `offset`.
     pub fn file_range(&self, offset: u64, len: u64) -> (u64, u64) {
-        (offset + self.payload_offset, len)
+        (offset + self.state.payload_offset, len)
+    }
+}
+
+impl TrackState {
+    /// Counts an asynchronous operation in (until `leave`), or refuses it when fenced.
+    pub(crate) fn enter_async(&self, op: &'static str) -> Result<(), BlockError> {
+        let guard = self.enter(op)?;
+        std::mem::forget(guard);
+        Ok(())
+    }
+
+    /// Ends an operation counted in by `enter_async`.
+    pub(crate) fn leave(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 
     fn enter(&self, op: &'static str) -> Result<InFlight<'_>, BlockError> {
@@ -454,7 +480,7 @@ impl DirtyTracker {
     /// the bit and read the old data before the write landed, and then nothing would be left
     /// to say the block changed. Marking after, before returning to the guest, means an
     /// acknowledged write is either seen by a read that starts after it, or still dirty.
-    fn mark(&self, offset: u64, len: u64) {
+    pub(crate) fn mark(&self, offset: u64, len: u64) {
         if self.tracking.load(Ordering::SeqCst) {
             if let Some(bitmap) = self.bitmap.get() {
                 bitmap.set_range(offset, len);
@@ -474,27 +500,42 @@ impl BlockDevice for DirtyTracker {
         self.inner.read_only()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
-        let _op = self.enter("read")?;
+        let _op = self.state.enter("read")?;
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
-        let _op = self.enter("write")?;
+        let _op = self.state.enter("write")?;
         let res = self.inner.write_at(buf, offset);
-        self.mark(offset, buf.len() as u64);
+        self.state.mark(offset, buf.len() as u64);
         res
     }
     fn flush(&self) -> Result<(), BlockError> {
-        let _op = self.enter("flush")?;
+        let _op = self.state.enter("flush")?;
         self.inner.flush()
     }
     fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        let _op = self.enter("discard")?;
+        let _op = self.state.enter("discard")?;
         let res = self.inner.discard(offset, len);
-        self.mark(offset, len);
+        self.state.mark(offset, len);
         res
     }
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
         self.inner.block_status(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        let _op = self.state.enter("write zeroes")?;
+        let res = self.inner.write_zeroes(offset, len);
+        self.state.mark(offset, len);
+        res
+    }
+    /// The wrapped device's queue behind a `TrackingQueue`: the same fence and dirty
+    /// marking, on the asynchronous path.
+    fn native_queue(&self, opts: &QueueOptions) -> Option<Result<Box<dyn IoQueue>, BlockError>> {
+        Some(
+            open_queue(&self.inner, opts)
+                .and_then(|inner| TrackingQueue::new(inner, self.state.clone()))
+                .map(|queue| Box::new(queue) as Box<dyn IoQueue>),
+        )
     }
 }
 

@@ -23,6 +23,7 @@ mod error;
 mod latency;
 mod link;
 pub mod source;
+mod tracking_queue;
 pub mod wire;
 
 pub use channel::MigrationAddress;

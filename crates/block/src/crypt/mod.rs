@@ -351,6 +351,9 @@ impl BlockDevice for CryptDevice {
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
         self.core.block_status(offset, len)
     }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.core.write_zeroes(offset, len)
+    }
     fn native_queue(&self, opts: &QueueOptions) -> Option<Result<Box<dyn IoQueue>, BlockError>> {
         Some(
             queue::CryptQueue::open(self.core.clone(), opts)

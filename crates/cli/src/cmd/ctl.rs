@@ -23,7 +23,9 @@ Key files are passed by path and read by the daemon; never send a passphrase.
 Methods and params (? = optional):
   disk-add     {\"name\": str, \"image\": path, \"key-file\"?: path, \"vhost-user-blk\"?: path,
                 \"num-queues\"?: int, \"queue-size\"?: int, \"nbd-export\": bool,
-                \"readonly\": bool, \"discard\": bool}
+                \"readonly\": bool, \"discard\": bool, \"cache\"?: \"none\"|\"writeback\"|
+                \"writethrough\"|\"directsync\"|\"unsafe\", \"aio\"?: \"io_uring\"|\"threads\",
+                \"poll-us\"?: int}
   disk-remove  {\"name\": str, \"force\": bool}
   disk-list    {}
   stats        {\"name\"?: str}          (all disks when absent)
@@ -32,7 +34,8 @@ Methods and params (? = optional):
   key-remove   {\"name\": str, \"key-file\": path}
   migrate-incoming {\"name\": str, \"image\": new path, \"listen\": addr, \"key-file\"?: path,
                 \"tls-creds\"?: dir, \"vhost-user-blk\"?: path, \"num-queues\"?: int,
-                \"queue-size\"?: int, \"nbd-export\"?: bool, \"discard\"?: bool}
+                \"queue-size\"?: int, \"nbd-export\"?: bool, \"discard\"?: bool,
+                \"cache\"?: mode, \"aio\"?: engine}
   migrate-start {\"name\": str, \"to\": addr, \"postcopy\"?: bool, \"preempt\"?: bool,
                 \"chunk-size\"?: bytes, \"max-bandwidth\"?: bytes/s, \"break-chunks\"?: bool,
                 \"max-passes\"?: int,
@@ -213,6 +216,15 @@ pub struct DiskAddArgs {
     /// Pass guest discards to the image (reveals which blocks are unused).
     #[arg(long)]
     discard: bool,
+    /// Host cache mode: none (O_DIRECT), writeback, writethrough, directsync, unsafe.
+    #[arg(long, value_name = "MODE", default_value_t = cryptblk_block::CacheMode::None)]
+    cache: cryptblk_block::CacheMode,
+    /// Asynchronous I/O engine: io_uring or threads.
+    #[arg(long, value_name = "ENGINE", default_value_t = cryptblk_block::AioEngine::IoUring)]
+    aio: cryptblk_block::AioEngine,
+    /// Busy-poll completions this many microseconds before sleeping (0: never).
+    #[arg(long, value_name = "US", default_value_t = 0)]
+    poll_us: u32,
 }
 
 /// The daemon answered with a JSON-RPC error: printed as one line by the binary, which picks
@@ -275,6 +287,9 @@ fn request(verb: &CtlVerb) -> Result<(&'static str, Value)> {
             p.insert("nbd-export".into(), d.nbd_export.into());
             p.insert("readonly".into(), d.readonly.into());
             p.insert("discard".into(), d.discard.into());
+            p.insert("cache".into(), d.cache.name().into());
+            p.insert("aio".into(), d.aio.name().into());
+            p.insert("poll-us".into(), d.poll_us.into());
             "disk-add"
         }
         CtlVerb::DiskRemove { name, force } => {

@@ -88,6 +88,12 @@ struct DiskEntry {
     #[serde(default)]
     discard: bool,
     serial: Option<String>,
+    #[serde(default)]
+    cache: cryptblk_block::CacheMode,
+    #[serde(default)]
+    aio: cryptblk_block::AioEngine,
+    #[serde(default)]
+    poll_us: u32,
 }
 
 fn default_true() -> bool {
@@ -332,6 +338,9 @@ fn single_disk(a: &ServeArgs) -> Result<DiskConfig> {
         readonly: a.readonly,
         discard: a.discard,
         serial: None,
+        cache: a.cache,
+        aio: a.aio,
+        poll_us: a.poll_us,
     })
 }
 
@@ -428,6 +437,9 @@ fn parse_config(text: &str, base: &Path) -> std::result::Result<Vec<DiskConfig>,
             queue_size: entry.queue_size,
             readonly: entry.readonly,
             discard: entry.discard,
+            cache: entry.cache,
+            aio: entry.aio,
+            poll_us: entry.poll_us,
         });
     }
     Ok(specs)

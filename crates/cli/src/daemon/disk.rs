@@ -32,6 +32,12 @@ pub struct DiskConfig {
     pub discard: bool,
     /// GET_ID answer; `None` = the LUKS UUID or the image file name.
     pub serial: Option<String>,
+    /// Host cache mode of the image file (QEMU's `cache=`).
+    pub cache: cryptblk_block::CacheMode,
+    /// Engine of the asynchronous I/O.
+    pub aio: cryptblk_block::AioEngine,
+    /// Busy-poll completions this many microseconds before sleeping (0: never).
+    pub poll_us: u32,
 }
 
 /// Dirty tracking granularity of a raw image (a LUKS image tracks its encryption sectors).
@@ -75,7 +81,7 @@ pub fn open_image(
                     writable: !config.readonly,
                     unlock: unlock.clone(),
                     pool: Some(pool.clone()),
-                    ..Default::default()
+                    io: config.io_settings(),
                 },
             )?;
             for warning in volume.warnings() {
@@ -91,12 +97,13 @@ pub fn open_image(
                 ))
                 .into());
             }
-            let raw = RawFile::open(
+            let raw = RawFile::open_with(
                 path,
                 OpenOptions {
                     writable: !config.readonly,
                     lock: true,
                 },
+                config.io_settings(),
             )?;
             raw_image(Arc::new(raw))
         }
@@ -205,7 +212,15 @@ impl DiskConfig {
             read_only: self.readonly,
             serial: self.serial.clone().unwrap_or_else(|| serial.to_string()),
             discard: self.discard,
-            ..Default::default()
+            name: self.name.clone(),
+            poll: std::time::Duration::from_micros(u64::from(self.poll_us)),
+        }
+    }
+
+    pub fn io_settings(&self) -> cryptblk_block::IoSettings {
+        cryptblk_block::IoSettings {
+            cache: self.cache,
+            aio: self.aio,
         }
     }
 }
@@ -293,5 +308,17 @@ impl BlockDevice for WithoutDiscard {
         len: u64,
     ) -> Result<cryptblk_block::Extent, cryptblk_block::BlockError> {
         self.0.block_status(offset, len)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), cryptblk_block::BlockError> {
+        self.0.write_zeroes(offset, len)
+    }
+
+    /// The wrapped device's queue: NBD sends no TRIM to an export that does not offer it.
+    fn native_queue(
+        &self,
+        opts: &cryptblk_block::aio::QueueOptions,
+    ) -> Option<Result<Box<dyn cryptblk_block::aio::IoQueue>, cryptblk_block::BlockError>> {
+        Some(cryptblk_block::aio::open_queue(&self.0, opts))
     }
 }

@@ -40,6 +40,12 @@ struct DiskAddParams {
     #[serde(default)]
     discard: bool,
     serial: Option<String>,
+    #[serde(default)]
+    cache: cryptblk_block::CacheMode,
+    #[serde(default)]
+    aio: cryptblk_block::AioEngine,
+    #[serde(default)]
+    poll_us: u32,
 }
 
 #[derive(Deserialize)]
@@ -89,6 +95,10 @@ struct MigrateIncomingParams {
     nbd_export: Option<bool>,
     #[serde(default)]
     discard: bool,
+    #[serde(default)]
+    cache: cryptblk_block::CacheMode,
+    #[serde(default)]
+    aio: cryptblk_block::AioEngine,
 }
 
 #[derive(Deserialize)]
@@ -166,6 +176,9 @@ impl Handler for ControlHandler {
                     readonly: p.readonly,
                     discard: p.discard,
                     serial: p.serial,
+                    cache: p.cache,
+                    aio: p.aio,
+                    poll_us: p.poll_us,
                 };
                 if config.nbd && !d.has_nbd() {
                     return Err(RpcError::invalid_params(
@@ -249,6 +262,9 @@ impl Handler for ControlHandler {
                     readonly: false,
                     discard: p.discard,
                     serial: None,
+                    cache: p.cache,
+                    aio: p.aio,
+                    poll_us: 0,
                 };
                 d.migrate_incoming(config, &listen, p.tls_creds.as_deref())
                     .map_err(to_rpc)
