@@ -1,7 +1,7 @@
 //! Serves one image over NBD until killed, for trying clients and benchmarking:
 //!
 //! ```sh
-//! cargo run --release -p cryptblk-nbd --example nbd_serve -- IMAGE SOCKET [KEY_FILE] [WORKERS]
+//! cargo run --release -p cryptblk-nbd --example nbd_serve -- IMAGE SOCKET [KEY_FILE] [QUEUE_DEPTH]
 //! ```
 //!
 //! Without KEY_FILE the image is served raw; with it, IMAGE is opened as a LUKS volume whose
@@ -46,8 +46,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let address: NbdAddress = format!("unix:{socket}").parse()?;
     let mut server = NbdServer::bind(&address, registry, None)?;
-    if let Some(workers) = args.get(3) {
-        server = server.with_workers_per_connection(workers.parse()?);
+    if let Some(depth) = args.get(3) {
+        server = server.with_queue_depth(depth.parse()?);
     }
     println!("nbd+unix:///disk?socket={}", server.local_addr());
     server.run()?;

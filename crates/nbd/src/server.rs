@@ -186,11 +186,10 @@ impl NbdServer {
         self
     }
 
-    /// Threads doing device I/O for each connection when the device is slow (see the
-    /// transmission module); 0 runs every request on the connection's reader thread.
-    /// Default: twice the CPU count, 4 to 16.
-    pub fn with_workers_per_connection(mut self, workers: usize) -> Self {
-        self.config.workers = workers;
+    /// Requests one connection keeps in flight on the device at most (its I/O queue's
+    /// depth). Default 128.
+    pub fn with_queue_depth(mut self, depth: usize) -> Self {
+        self.config.queue_depth = depth.max(1);
         self
     }
 

@@ -70,9 +70,7 @@ fn a_slow_device_is_served_in_parallel_and_every_reply_arrives() {
     registry
         .add(export("slow", Arc::new(SlowDevice(raw))))
         .unwrap();
-    let server = TestServer::unix_with(dir.path(), registry, |server| {
-        server.with_workers_per_connection(8)
-    });
+    let server = TestServer::unix_with(dir.path(), registry, |server| server.with_queue_depth(32));
     let (mut client, _, _) = RawClient::open(server.socket_path(), "slow", false);
     let expected = pattern(1 << 20, 1 << 20);
 
@@ -93,9 +91,7 @@ fn inline_only_connections_serve_pipelined_requests() {
     let registry = ExportRegistry::new();
     let raw = raw_file(&dir.path().join("a.raw"), 1 << 20, 1 << 20);
     registry.add(export("fast", raw)).unwrap();
-    let server = TestServer::unix_with(dir.path(), registry, |server| {
-        server.with_workers_per_connection(0)
-    });
+    let server = TestServer::unix_with(dir.path(), registry, |server| server.with_queue_depth(1));
     let (mut client, _, _) = RawClient::open(server.socket_path(), "fast", false);
     // Writes and reads mixed in one burst, answered in order on the reader thread.
     let mut burst = Vec::new();
