@@ -14,7 +14,7 @@ use std::sync::Arc;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 2 {
-        return Err("usage: nbd_serve IMAGE SOCKET [KEY_FILE|-] [WORKERS]".into());
+        return Err("usage: nbd_serve IMAGE SOCKET [KEY_FILE|-] [QUEUE_DEPTH]".into());
     }
     let image = &args[0];
     let socket = &args[1];
