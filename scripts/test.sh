@@ -18,6 +18,10 @@ set +e
 cargo test --workspace --locked "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+# A test that cannot run here (cryptsetup's corpus absent) prints `SKIPPED <binary>::<test>:
+# <why>` and returns, which libtest counts as passed: count it as skipped instead (anywhere on
+# a line: with --test-threads=1 libtest's "test NAME ... " comes first).
 awk '/^test result:/ { p += $4; f += $6; i += $8 }
-     END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' "$log"
+     /SKIPPED [^ ]+::[^ ]+: / { s++ }
+     END { printf "%d passed, %d failed, %d skipped\n", p - s, f, i + s }' "$log"
 exit "$status"
