@@ -1,7 +1,8 @@
 //! [`IncomingDisk`]: the `BlockDevice` a destination serves while the migration is still
 //! bringing its blocks in.
 
-use super::{phase_code, send_requests, Created, DShared};
+use super::requests::send_requests;
+use super::state::{phase_code, Created, DShared};
 use crate::Phase;
 use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind};
 use std::sync::atomic::Ordering;
