@@ -250,11 +250,7 @@ mod tests {
         // that statfs fills in.
         let rc = unsafe { libc::statfs(path.as_ptr(), &mut fs) };
         assert_eq!(rc, 0, "statfs {}", dir.path().display());
-        assert_eq!(
-            fs.f_type as i64,
-            libc::TMPFS_MAGIC as i64,
-            "/dev/shm is not a tmpfs here"
-        );
+        assert_eq!(fs.f_type, libc::TMPFS_MAGIC, "/dev/shm is not a tmpfs here");
         dir
     }
 
