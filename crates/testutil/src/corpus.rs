@@ -22,8 +22,12 @@ pub const ENV: &str = "CRYPTBLK_CORPUS";
 
 /// Where the corpus is looked up when `$CRYPTBLK_CORPUS` is not set.
 pub fn default_dir() -> PathBuf {
-    // crates/testutil -> the workspace root -> its parent.
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/cryptsetup")
+    // crates/testutil -> crates -> the workspace root -> the directory holding it.
+    let beside_workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(3)
+        .expect("crates/testutil lies three levels below some directory");
+    beside_workspace.join("shared/corpus/cryptsetup")
 }
 
 /// A directory of cryptsetup's test images (`*.xz`, `*.tar.xz`).
