@@ -7,7 +7,6 @@
 //! never overwrites a block the destination already has (the guest may have written it since),
 //! which is why writes of arriving data and guest writes are ordered by one lock, and why a
 //! block counts as received before a guest write to it lands.
-
 //!
 //! - `state`: what the threads share (session, phase, counters).
 //! - `session`: accepting connections, the handshake, refusals, broken channels.

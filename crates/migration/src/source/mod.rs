@@ -20,7 +20,6 @@
 //! unfenced. In postcopy the destination holds the newest data, so a broken channel *pauses*
 //! the migration until [`SourceMigration::recover`] reconnects and the destination says what it
 //! still lacks.
-
 //!
 //! - `options`: [`SourceOptions`] and [`SourceStatus`].
 //! - `state`: what the threads share.
