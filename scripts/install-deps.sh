@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages cryptblk's tests and benchmarks drive (the real peers: qemu-img,
-# qemu-io, cryptsetup) plus what the vendored OpenSSL build needs. Idempotent; uses sudo when
-# not root.
+# qemu-io, cryptsetup) plus what the vendored OpenSSL build and the fuzz targets' libFuzzer
+# (C++) need. Idempotent; uses sudo when not root.
 set -euo pipefail
 declare -A want=(
   [qemu-img]=qemu-utils [qemu-io]=qemu-utils [cryptsetup]=cryptsetup-bin [xz]=xz-utils
-  [openssl]=openssl [perl]=perl [make]=make [cc]=gcc [/usr/bin/time]=time [tar]=tar
+  [openssl]=openssl [perl]=perl [make]=make [cc]=gcc [g++]=g++ [/usr/bin/time]=time [tar]=tar
   [qemu-system-x86_64]=qemu-system-x86 [busybox]=busybox-static [fio]=fio [cpio]=cpio
   [jq]=jq [nbdinfo]=libnbd-bin [nbdcopy]=libnbd-bin [qemu-storage-daemon]=qemu-system-common
 )

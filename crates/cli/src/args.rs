@@ -147,6 +147,8 @@ pub struct FormatArgs {
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
+    // The doc comment is `--help` text, where `[[disk]]` is TOML, not a rustdoc link.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// Serve every [[disk]] of this TOML file (format below) instead of one image; not
     /// combined with the single-disk options.
     #[arg(long, value_name = "FILE", conflicts_with_all = [

@@ -168,18 +168,12 @@ fn unsupported_cipher_at_format_exit_3() {
 
 #[test]
 fn unsupported_cipher_in_corpus_image_exit_3() {
+    // cryptsetup's own images with ciphers and hashes no installed tool can make here.
+    let Some(corpus) = cryptblk_testutil::corpus::Corpus::find_or_skip() else {
+        return;
+    };
     let dir = tempdir();
-    tool(
-        "tar",
-        [
-            "-xJf",
-            "/work/shared/corpus/cryptsetup/luks1-images.tar.xz",
-            "-C",
-            s(dir.path()),
-        ],
-    )
-    .ok();
-    let d = dir.path().join("luks1-images");
+    let d = corpus.unpack(dir.path(), "luks1-images.tar.xz");
     let keyfile = d.join("keyfile1");
     for (image, name) in [
         ("luks1_serpent-xts-plain64-sha256.img", "serpent"),

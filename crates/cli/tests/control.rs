@@ -2,8 +2,7 @@
 //! statistics, keyslot changes on an attached disk, concurrent clients, malformed requests;
 //! through `cryptblk ctl` and raw JSON-RPC lines.
 mod common;
-#[path = "../../vhost-user-blk/tests/common/mod.rs"]
-mod frontend;
+use cryptblk_testutil::vhost_user as frontend;
 
 use common::*;
 use frontend::{pattern, Guest, S_OK};

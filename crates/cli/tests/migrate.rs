@@ -74,9 +74,6 @@ fn write(uri: &str, expected: &mut [u8], pattern: u8, off: u64, len: u64) {
     expected[off as usize..(off + len) as usize].fill(pattern);
 }
 
-#[path = "../../tls/tests/support/x509.rs"]
-mod x509;
-
 /// Two daemons: the source serving "vol", a 32 MiB LUKS2 disk whose contents (written
 /// through its NBD export from random data when `fill`) the test knows, and a destination with
 /// no disk yet.
@@ -172,7 +169,7 @@ fn two_daemon_migration(postcopy: bool, tls: bool) {
     let mut tls_args: Vec<&str> = Vec::new();
     if tls {
         std::fs::create_dir(&creds).unwrap();
-        x509::make_credentials(&creds, "cryptblk migration test CA");
+        cryptblk_testutil::x509::make_credentials(&creds, "cryptblk migration test CA");
         tls_args = vec!["--tls-creds", s(&creds)];
     }
 

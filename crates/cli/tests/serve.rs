@@ -2,8 +2,7 @@
 //! vhost-user-blk crate's tests) connects, does I/O, disconnects; SIGTERM stops the daemon with
 //! exit 0 and everything acknowledged is in the image.
 mod common;
-#[path = "../../vhost-user-blk/tests/common/mod.rs"]
-mod frontend;
+use cryptblk_testutil::vhost_user as frontend;
 
 use common::*;
 use frontend::{pattern, Guest, S_OK};

@@ -3,11 +3,15 @@ mod common_core;
 use common_core::*;
 use cryptblk_luks::luks1::Luks1Header;
 use cryptblk_luks::{LuksError, UnlockOptions};
+use cryptblk_testutil::corpus::Corpus;
 
 #[test]
 fn compatimage_unlocks_and_key_verifies() {
+    let Some(corpus) = Corpus::find_or_skip() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
-    let img = corpus(dir.path(), "compatimage.img.xz");
+    let img = corpus.unpack(dir.path(), "compatimage.img.xz");
     let f = open_rw(&img);
     let (hdr, warnings) = Luks1Header::read(&f).unwrap();
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -38,8 +42,11 @@ fn compatimage_unlocks_and_key_verifies() {
 
 #[test]
 fn compatv10image_unlocks() {
+    let Some(corpus) = Corpus::find_or_skip() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
-    let img = corpus(dir.path(), "compatv10image.img.xz");
+    let img = corpus.unpack(dir.path(), "compatv10image.img.xz");
     let f = open_rw(&img);
     let (hdr, _) = Luks1Header::read(&f).unwrap();
     assert_eq!(
@@ -57,8 +64,11 @@ fn compatv10image_unlocks() {
 
 #[test]
 fn valid_header_file_parses() {
+    let Some(corpus) = Corpus::find_or_skip() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
-    let img = corpus(dir.path(), "valid_header_file.xz");
+    let img = corpus.unpack(dir.path(), "valid_header_file.xz");
     let (hdr, _) = Luks1Header::read(&open_rw(&img)).unwrap();
     assert_eq!(hdr.uuid(), "14af2331-2046-46ea-ac0d-4453bb95e744");
     assert_eq!(
@@ -83,8 +93,11 @@ fn valid_header_file_parses() {
 
 #[test]
 fn luks1_images_parse_unlock_or_refuse_by_name() {
+    let Some(corpus) = Corpus::find_or_skip() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
-    corpus(dir.path(), "luks1-images.tar.xz");
+    corpus.unpack(dir.path(), "luks1-images.tar.xz");
     let base = dir.path().join("luks1-images");
     let keyfile = std::fs::read(base.join("keyfile1")).unwrap();
     let mut names: Vec<_> = std::fs::read_dir(&base)
@@ -135,22 +148,4 @@ fn luks1_images_parse_unlock_or_refuse_by_name() {
         unlocked, 3,
         "aes xts-plain64 sha1/sha256 and cbc-essiv:sha256 with sha1 must unlock"
     );
-}
-
-#[test]
-fn truncated_image_reports_truncation_not_wrong_passphrase() {
-    let dir = tempfile::tempdir().unwrap();
-    let img = corpus(dir.path(), "compatimage.img.xz");
-    let f = open_rw(&img);
-    f.set_len(4096).unwrap();
-    let (hdr, _) = Luks1Header::read(&f).unwrap();
-    let e = hdr
-        .unlock(&f, b"compatkey", &UnlockOptions::default())
-        .unwrap_err();
-    assert!(matches!(e, LuksError::Truncated(_)), "{e}");
-    f.set_len(300).unwrap();
-    assert!(matches!(
-        Luks1Header::read(&f),
-        Err(LuksError::Truncated(_))
-    ));
 }

@@ -327,3 +327,23 @@ fn refuses_argon2_and_wrong_volume_key() {
         .is_err());
     assert_eq!(hdr.active_keyslots(), vec![0]);
 }
+
+#[test]
+fn truncated_image_reports_truncation_not_wrong_passphrase() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, key) = cs_format(dir.path(), "aes-xts-plain64", "256", "sha256");
+    let passphrase = std::fs::read(&key).unwrap();
+    let f = open_rw(&img);
+    // The header stays whole; the keyslot material it points at is cut off.
+    f.set_len(4096).unwrap();
+    let (hdr, _) = Luks1Header::read(&f).unwrap();
+    let e = hdr
+        .unlock(&f, &passphrase, &UnlockOptions::default())
+        .unwrap_err();
+    assert!(matches!(e, LuksError::Truncated(_)), "{e}");
+    f.set_len(300).unwrap();
+    assert!(matches!(
+        Luks1Header::read(&f),
+        Err(LuksError::Truncated(_))
+    ));
+}

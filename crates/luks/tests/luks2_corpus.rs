@@ -2,14 +2,17 @@
 mod common_core;
 
 use common_core::*;
-use cryptblk_luks::luks2::Luks2Header;
 use cryptblk_luks::{LuksError, UnlockOptions};
+use cryptblk_testutil::corpus::Corpus;
 use std::fs::File;
 
 #[test]
 fn compatimage2_unlocks_with_cryptsetups_volume_key() {
+    let Some(corpus) = Corpus::find_or_skip() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
-    let img = corpus(dir.path(), "compatimage2.img.xz");
+    let img = corpus.unpack(dir.path(), "compatimage2.img.xz");
     let key = write_key(dir.path(), "key", b"compatkey");
     let expected = cryptsetup_volume_key(&img, &key);
     let (h, warnings) = read(&img);
@@ -40,8 +43,11 @@ fn compatimage2_unlocks_with_cryptsetups_volume_key() {
 
 #[test]
 fn valid_hdr_parses_with_eight_keyslots() {
+    let Some(corpus) = Corpus::find_or_skip() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
-    let img = corpus(dir.path(), "luks2_valid_hdr.img.xz");
+    let img = corpus.unpack(dir.path(), "luks2_valid_hdr.img.xz");
     let (h, warnings) = read(&img);
     assert!(warnings.is_empty(), "{warnings:?}");
     assert_eq!(h.active_keyslots(), (0..8).collect::<Vec<_>>());
@@ -62,8 +68,11 @@ fn valid_hdr_parses_with_eight_keyslots() {
 
 #[test]
 fn unassigned_keyslot_cannot_unlock_the_segment() {
+    let Some(corpus) = Corpus::find_or_skip() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
-    let img = corpus(dir.path(), "luks2_keyslot_unassigned.img.xz");
+    let img = corpus.unpack(dir.path(), "luks2_keyslot_unassigned.img.xz");
     let (h, _) = read(&img);
     assert_eq!(h.active_keyslots(), vec![0, 1]);
     let d = h.dump();
@@ -78,8 +87,11 @@ fn unassigned_keyslot_cannot_unlock_the_segment() {
 
 #[test]
 fn invalid_cipher_is_refused_by_name() {
+    let Some(corpus) = Corpus::find_or_skip() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
-    let img = corpus(dir.path(), "luks2_invalid_cipher.img.xz");
+    let img = corpus.unpack(dir.path(), "luks2_invalid_cipher.img.xz");
     let (h, _) = read(&img);
     let e = h.cipher_spec().unwrap_err();
     assert!(matches!(e, LuksError::Unsupported { .. }), "{e:?}");
@@ -97,8 +109,11 @@ fn invalid_cipher_is_refused_by_name() {
 
 #[test]
 fn unknown_requirements_make_the_image_read_only() {
+    let Some(corpus) = Corpus::find_or_skip() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
-    let img = corpus(dir.path(), "luks2_header_requirements.tar.xz");
+    let img = corpus.unpack(dir.path(), "luks2_header_requirements.tar.xz");
     let (mut h, _) = read(&img);
     let reason = h.read_only_reason().expect("requirements must be reported");
     assert!(
@@ -139,8 +154,11 @@ fn unknown_requirements_make_the_image_read_only() {
 
 #[test]
 fn tokens_and_unknown_fields_survive_a_rewrite() {
+    let Some(corpus) = Corpus::find_or_skip() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
-    corpus(dir.path(), "luks2_header_requirements.tar.xz");
+    corpus.unpack(dir.path(), "luks2_header_requirements.tar.xz");
     let free = dir.path().join("luks2_header_requirements_free");
     let (before, _) = read(&free);
     assert_eq!(before.metadata().tokens.len(), 3);
@@ -156,39 +174,4 @@ fn tokens_and_unknown_fields_survive_a_rewrite() {
     assert_eq!(toks["1"]["keyslots"].as_array().unwrap().len(), 0);
     assert!(after.active_keyslots().is_empty());
     run("cryptsetup", &["luksDump", s(&free)]);
-}
-
-#[test]
-fn truncated_and_fuzzed_headers_never_panic() {
-    let dir = tempfile::tempdir().unwrap();
-    let img = corpus(dir.path(), "luks2_valid_hdr.img.xz");
-    let orig = read_range(&img, 0, 32768);
-    let f = dir.path().join("f");
-    // Flip every 97th byte of the header area (one at a time): each read must be Ok or Err.
-    for off in (0..32768).step_by(97) {
-        let mut b = orig.clone();
-        b[off] ^= 0xff;
-        std::fs::write(&f, &b).unwrap();
-        let _ = Luks2Header::read(&File::open(&f).unwrap());
-    }
-    for len in [0usize, 10, 4096, 10000] {
-        std::fs::write(&f, &orig[..len]).unwrap();
-        assert!(
-            Luks2Header::read(&File::open(&f).unwrap()).is_err(),
-            "len {len}"
-        );
-    }
-    // The primary alone is enough to read the header, but not to use the data.
-    for len in [16384usize, 20000] {
-        std::fs::write(&f, &orig[..len]).unwrap();
-        let (h, warnings) = Luks2Header::read(&File::open(&f).unwrap()).unwrap();
-        assert!(
-            warnings[0].starts_with("secondary header damaged"),
-            "{warnings:?}"
-        );
-        assert!(matches!(
-            h.data_size(len as u64),
-            Err(LuksError::Truncated(_))
-        ));
-    }
 }

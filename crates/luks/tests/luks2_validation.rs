@@ -286,3 +286,39 @@ fn mutated_json_with_valid_checksum_never_panics() {
         "accepted {accepted}, refused {refused}"
     );
 }
+
+#[test]
+fn truncated_and_fuzzed_headers_never_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    // cryptsetup's LUKS2 header: both copies in the first 32 KiB (16 KiB metadata areas).
+    let img = base_image(dir.path());
+    let orig = read_range(&img, 0, 32768);
+    let f = dir.path().join("f");
+    // Flip every 97th byte of the header area (one at a time): each read must be Ok or Err.
+    for off in (0..32768).step_by(97) {
+        let mut b = orig.clone();
+        b[off] ^= 0xff;
+        std::fs::write(&f, &b).unwrap();
+        let _ = Luks2Header::read(&File::open(&f).unwrap());
+    }
+    for len in [0usize, 10, 4096, 10000] {
+        std::fs::write(&f, &orig[..len]).unwrap();
+        assert!(
+            Luks2Header::read(&File::open(&f).unwrap()).is_err(),
+            "len {len}"
+        );
+    }
+    // The primary alone is enough to read the header, but not to use the data.
+    for len in [16384usize, 20000] {
+        std::fs::write(&f, &orig[..len]).unwrap();
+        let (h, warnings) = Luks2Header::read(&File::open(&f).unwrap()).unwrap();
+        assert!(
+            warnings[0].starts_with("secondary header damaged"),
+            "{warnings:?}"
+        );
+        assert!(matches!(
+            h.data_size(len as u64),
+            Err(LuksError::Truncated(_))
+        ));
+    }
+}

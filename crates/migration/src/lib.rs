@@ -21,7 +21,6 @@ pub mod destination;
 pub mod dirty;
 mod error;
 mod latency;
-mod link;
 pub mod source;
 mod tracking_queue;
 pub mod wire;

@@ -6,8 +6,7 @@ use cryptblk_nbd::protocol::*;
 use cryptblk_nbd::{ExportRegistry, NbdAddress, TlsCreds};
 use std::path::Path;
 
-#[path = "../../tls/tests/support/x509.rs"]
-mod x509;
+use cryptblk_testutil::x509;
 
 fn make_credentials(dir: &Path) {
     x509::make_credentials(dir, "cryptblk test CA");

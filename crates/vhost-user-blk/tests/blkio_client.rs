@@ -4,7 +4,7 @@
 //! alignment, limits), many requests in flight on two queues at once with every byte
 //! verified, FLUSH, WRITE_ZEROES, reconnects, a read-only export, and that a LUKS2 image
 //! written this way decrypts to the same data when opened afresh.
-mod common;
+use cryptblk_testutil::vhost_user as common;
 
 use std::mem::MaybeUninit;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! the dirty page log (VHOST_F_LOG_ALL, LOG_SHMFD, SET_LOG_BASE) gets exactly the guest pages
 //! the device writes, and the `FrontendEvent` listener reports queue starts and stops with
 //! whether dirty logging was on.
-mod common;
+use cryptblk_testutil::vhost_user as common;
 
 use std::collections::BTreeSet;
 use std::fs::File;

@@ -1,6 +1,6 @@
 //! Drives `Server` over a real vhost-user socket with the in-repo frontend in `common`:
 //! every request type, the status byte, bad chains, LUKS images and reconnects.
-mod common;
+use cryptblk_testutil::vhost_user as common;
 
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! Rough throughput of the daemon through the in-repo frontend (not a timed test: ignored by
 //! default; run with `cargo test --release -p cryptblk-vhost-user-blk --test throughput --
 //! --ignored --nocapture`). The frontend's own cost is included, so these are lower bounds.
-mod common;
+use cryptblk_testutil::vhost_user as common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

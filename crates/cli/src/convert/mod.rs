@@ -3,6 +3,7 @@
 //! A new target is written under a temporary name beside the destination and renamed into
 //! place only after everything was written and flushed, so an interrupted or failed convert
 //! never leaves a file that looks complete.
+mod extents;
 mod interrupt;
 mod pipeline;
 mod progress;
@@ -105,7 +106,10 @@ pub fn convert(cli: &Cli, args: &ConvertArgs, pool: &Arc<CryptoPool>) -> Result<
             &cfg,
             &progress,
         )
-        .and_then(|()| target.device.flush().context("flushing the target"));
+        .and_then(|stats| {
+            tracing::debug!(extent_queries = stats.extent_queries, "copied");
+            target.device.flush().context("flushing the target")
+        });
         finished.store(true, Ordering::Relaxed);
         r
     });

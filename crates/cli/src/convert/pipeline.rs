@@ -3,6 +3,7 @@
 //! Reading, encryption (inside the target device's `write_at`, spread over the crypto pool) and
 //! writing overlap. Memory is bounded by the buffer count times the chunk size, whatever the
 //! image size, because a buffer only returns to the reader once a writer has finished with it.
+use super::extents::ExtentWalker;
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use cryptblk_block::{AlignedBuf, BlockDevice, ExtentKind};
@@ -51,6 +52,13 @@ enum Work {
     },
 }
 
+/// What a copy cost beyond the bytes it moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyStats {
+    /// Allocation queries made to the source (`block_status`: one per extent).
+    pub extent_queries: u64,
+}
+
 /// Copies `len` bytes from `src` to `dst` (same offsets).
 pub fn copy(
     src: &dyn BlockDevice,
@@ -58,7 +66,7 @@ pub fn copy(
     len: u64,
     cfg: &PipelineConfig,
     progress: &Progress,
-) -> Result<()> {
+) -> Result<CopyStats> {
     let chunk = cfg.chunk_size.max(4096);
     // Aligned, so that a target doing direct I/O can DMA straight from them.
     let (free_tx, free_rx) = bounded::<AlignedBuf>(cfg.buffers());
@@ -70,6 +78,7 @@ pub fn copy(
     let (work_tx, work_rx) = bounded::<Work>(cfg.buffers());
     let failed = AtomicBool::new(false);
     let first_error: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+    let mut stats = CopyStats { extent_queries: 0 };
     let fail = |e: anyhow::Error| {
         failed.store(true, Ordering::SeqCst);
         first_error
@@ -91,19 +100,33 @@ pub fn copy(
             });
         }
         drop(work_rx);
-        if let Err(e) = read_loop(src, len, chunk, cfg, &free_rx, work_tx, &failed, progress) {
+        let mut walker = ExtentWalker::new(src);
+        let read = read_loop(
+            src,
+            &mut walker,
+            len,
+            chunk,
+            cfg,
+            &free_rx,
+            work_tx,
+            &failed,
+            progress,
+        );
+        stats.extent_queries = walker.queries();
+        if let Err(e) = read {
             fail(e);
         }
     });
     match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some(e) => Err(e),
-        None => Ok(()),
+        None => Ok(stats),
     }
 }
 
 #[allow(clippy::too_many_arguments)]
 fn read_loop(
     src: &dyn BlockDevice,
+    walker: &mut ExtentWalker<'_>,
     len: u64,
     chunk: usize,
     cfg: &PipelineConfig,
@@ -118,12 +141,11 @@ fn read_loop(
             bail!("interrupted by a signal");
         }
         let want = (len - offset).min(chunk as u64);
-        let extent = src
-            .block_status(offset, want)
+        let (kind, run) = walker
+            .run_at(offset, want)
             .with_context(|| format!("querying allocation at offset {offset}"))?;
-        // A device must report progress; guard against a zero-length answer looping forever.
-        let run = extent.len.clamp(1, want) as usize;
-        let reads_as_zero = matches!(extent.kind, ExtentKind::Zero | ExtentKind::Unallocated);
+        let run = run as usize;
+        let reads_as_zero = matches!(kind, ExtentKind::Zero | ExtentKind::Unallocated);
         let item = if reads_as_zero {
             Work::Zeros { offset, len: run }
         } else {
@@ -204,4 +226,73 @@ pub fn first_difference(a: &dyn BlockDevice, b: &dyn BlockDevice, len: u64) -> R
         offset += n as u64;
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cryptblk_block::{OpenOptions, RawFile};
+    use std::os::unix::fs::FileExt;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A directory on tmpfs, where `SEEK_HOLE` walks a dense file's pages to its end: the
+    /// filesystem where asking per chunk cost the most.
+    fn tmpfs_dir() -> tempfile::TempDir {
+        let dir = tempfile::Builder::new()
+            .prefix("cryptblk-extents-")
+            .tempdir_in("/dev/shm")
+            .expect("/dev/shm must exist and be writable (a tmpfs on Debian)");
+        let path = std::ffi::CString::new(dir.path().to_str().unwrap()).unwrap();
+        // SAFETY: an all-zero `statfs` is a valid value of that plain C struct.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `path` is a valid NUL-terminated string and `fs` a properly sized struct
+        // that statfs fills in.
+        let rc = unsafe { libc::statfs(path.as_ptr(), &mut fs) };
+        assert_eq!(rc, 0, "statfs {}", dir.path().display());
+        assert_eq!(fs.f_type, libc::TMPFS_MAGIC, "/dev/shm is not a tmpfs here");
+        dir
+    }
+
+    #[test]
+    fn a_gibibyte_on_tmpfs_costs_one_allocation_query_per_extent() {
+        let dir = tmpfs_dir();
+        let (src_path, dst_path) = (dir.path().join("src.raw"), dir.path().join("dst.raw"));
+        let size = 1024 * MIB;
+        // Data, hole, data, hole, data: five extents, 192 MiB of it data.
+        let data = [(0, 64 * MIB), (448 * MIB, 64 * MIB), (960 * MIB, 64 * MIB)];
+        {
+            let f = std::fs::File::create(&src_path).unwrap();
+            f.set_len(size).unwrap();
+            let mut piece = vec![0u8; MIB as usize];
+            for &(start, len) in &data {
+                for off in (start..start + len).step_by(MIB as usize) {
+                    piece.fill((off / MIB) as u8 | 1);
+                    f.write_all_at(&piece, off).unwrap();
+                }
+            }
+        }
+        let src = RawFile::open(&src_path, OpenOptions::default()).unwrap();
+        let dst = RawFile::create(&dst_path, size).unwrap();
+        let cfg = PipelineConfig {
+            chunk_size: MIB as usize,
+            writers: 2,
+            holes: Holes::Skip,
+            interrupted: Arc::new(AtomicBool::new(false)),
+        };
+        let progress = Progress::default();
+        let stats = copy(&src, &dst, size, &cfg, &progress).unwrap();
+        // One block_status (at most one SEEK_DATA and one SEEK_HOLE) per extent: at most 10
+        // lseeks for the gibibyte, where asking per 1 MiB chunk made 1024 queries.
+        assert_eq!(stats.extent_queries, 5);
+        assert_eq!(progress.done.load(Ordering::Relaxed), size);
+        assert_eq!(first_difference(&src, &dst, size).unwrap(), None);
+        // The holes stayed holes in the target.
+        let blocks = std::fs::metadata(&dst_path).unwrap();
+        assert!(
+            std::os::unix::fs::MetadataExt::blocks(&blocks) * 512 <= 192 * MIB,
+            "the target allocated {} bytes",
+            std::os::unix::fs::MetadataExt::blocks(&blocks) * 512
+        );
+    }
 }

@@ -1,5 +1,5 @@
-//! Helpers shared by the LUKS-core integration tests: real tools (cryptsetup, qemu-img, xz),
-//! corpus images, key files, raw file edits, and cheap LUKS2 format/unlock shortcuts.
+//! Helpers shared by the LUKS-core integration tests: real tools (cryptsetup, qemu-img), key
+//! files, raw file edits, and cheap LUKS2 format/unlock shortcuts.
 #![allow(dead_code)]
 
 use cryptblk_crypto::{CipherSpec, SecretKey};
@@ -118,29 +118,6 @@ pub fn read_range(p: &Path, offset: u64, len: usize) -> Vec<u8> {
 
 pub fn write_range(p: &Path, offset: u64, data: &[u8]) {
     open_rw(p).write_all_at(data, offset).unwrap();
-}
-
-// ---- cryptsetup's test corpus ----
-
-pub fn corpus_dir() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/cryptsetup");
-    assert!(p.is_dir(), "corpus directory {} is missing", p.display());
-    p
-}
-
-/// Decompress corpus file `name` into `dir`: `x.xz` becomes `dir/x`; an `x.tar.xz` archive is
-/// unpacked into `dir` and `dir/x` returned.
-pub fn corpus(dir: &Path, name: &str) -> PathBuf {
-    let src = corpus_dir().join(name);
-    assert!(src.exists(), "corpus file {} missing", src.display());
-    if let Some(stem) = name.strip_suffix(".tar.xz") {
-        run("tar", &["-xJf", s(&src), "-C", s(dir)]);
-        return dir.join(stem);
-    }
-    let stem = name.strip_suffix(".xz").unwrap();
-    let p = dir.join(stem);
-    std::fs::write(&p, run_output("xz", &["-dc", s(&src)]).stdout).unwrap();
-    p
 }
 
 // ---- cryptsetup ----

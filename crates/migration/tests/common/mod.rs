@@ -213,6 +213,4 @@ fn pump(mut from: TcpStream, mut to: TcpStream) {
     });
 }
 
-#[path = "../../../tls/tests/support/x509.rs"]
-mod x509;
-pub use x509::make_credentials;
+pub use cryptblk_testutil::x509::make_credentials;

@@ -1,6 +1,6 @@
 //! Test credentials in QEMU's `tls-creds-x509` layout, made with the openssl CLI: a CA, a
 //! server certificate for localhost / 127.0.0.1 and a client certificate. Shared by the test
-//! suites of every crate that speaks TLS (`#[path]`-included, so no test-only crate is needed).
+//! suites of every crate that speaks TLS.
 
 use std::path::Path;
 use std::process::Command;

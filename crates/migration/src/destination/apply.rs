@@ -1,0 +1,266 @@
+//! Applying what the source sends: every frame checked (range, alignment, phase) before it has
+//! any effect; data written, in postcopy only into blocks not received yet.
+
+use super::state::{Created, DShared, SharedWriter};
+use crate::wire::{self, Frame, Hello, Role};
+use crate::{MigrationError, Phase};
+use cryptblk_block::{BlockDevice, RawFile};
+use std::io::Read;
+use std::sync::PoisonError;
+
+/// Pieces in which arriving data is written in postcopy, so guest writes never wait long for
+/// the ordering lock.
+const APPLY_PIECE: u64 = 1 << 20;
+
+pub(super) fn read_frames(
+    shared: &DShared,
+    reader: &mut dyn Read,
+    writer: &SharedWriter,
+    role: Role,
+    generation: u64,
+) -> Result<(), MigrationError> {
+    let c = shared.created()?;
+    loop {
+        let frame = wire::read_frame(reader)?;
+        if shared.lock().generation != generation {
+            return Ok(()); // superseded by a resume
+        }
+        match (role, frame) {
+            (_, Frame::Chunk { offset, data, .. }) => {
+                apply(shared, c, offset, Payload::Data(&data))?
+            }
+            (Role::Urgent, other) => {
+                return Err(MigrationError::Protocol(format!(
+                    "{} on the urgent channel",
+                    other.name()
+                )))
+            }
+            (_, Frame::Zero { offset, len }) => apply(shared, c, offset, Payload::Zero(len))?,
+            (_, Frame::PassDone { pass, .. }) => shared.lock().passes = pass,
+            (_, Frame::Missing { offset, len }) => {
+                let mut s = shared.lock();
+                if s.phase != Phase::Precopy {
+                    return Err(MigrationError::Protocol(format!(
+                        "Missing in phase {}",
+                        s.phase
+                    )));
+                }
+                check_range(&c.hello, offset, len)?;
+                if offset < c.hello.header_len {
+                    return Err(MigrationError::Protocol(
+                        "the header cannot be missing".into(),
+                    ));
+                }
+                if !s.missing_listed {
+                    s.missing_listed = true;
+                    c.received.set_all();
+                }
+                c.received.clear_range(offset, len);
+            }
+            (_, Frame::Postcopy) => {
+                let mut s = shared.lock();
+                if s.phase != Phase::Precopy {
+                    return Err(MigrationError::Protocol(format!(
+                        "Postcopy in phase {}",
+                        s.phase
+                    )));
+                }
+                if !c.received.all_set(0, c.hello.header_len) && !s.missing_listed {
+                    return Err(MigrationError::Protocol(
+                        "postcopy before the header was sent".into(),
+                    ));
+                }
+                if !s.missing_listed {
+                    s.missing_listed = true;
+                    c.received.set_all();
+                }
+                shared.set_phase(&mut s, Phase::Postcopy);
+            }
+            (_, Frame::Complete) => {
+                let missing = c.received.blocks() - c.received.count();
+                if missing != 0 {
+                    return Err(MigrationError::Protocol(format!(
+                        "the source completed with {missing} blocks never sent"
+                    )));
+                }
+                c.file.flush()?;
+                {
+                    let mut w = writer.lock().unwrap_or_else(PoisonError::into_inner);
+                    wire::write_frame(&mut *w, &Frame::Complete)?;
+                }
+                let mut s = shared.lock();
+                shared.set_phase(&mut s, Phase::Completed);
+                return Ok(());
+            }
+            (_, Frame::Error { message }) => return Err(MigrationError::Refused(message)),
+            (_, other) => {
+                return Err(MigrationError::Protocol(format!(
+                    "unexpected {} from the source",
+                    other.name()
+                )))
+            }
+        }
+    }
+}
+
+enum Payload<'a> {
+    Data(&'a [u8]),
+    Zero(u64),
+}
+
+impl Payload<'_> {
+    fn len(&self) -> u64 {
+        match self {
+            Payload::Data(d) => d.len() as u64,
+            Payload::Zero(n) => *n,
+        }
+    }
+}
+
+fn check_range(hello: &Hello, offset: u64, len: u64) -> Result<(), MigrationError> {
+    let size = hello.disk_size_bytes;
+    let end = offset.checked_add(len).filter(|&e| e <= size);
+    let g = u64::from(hello.granularity);
+    match end {
+        None => Err(MigrationError::OutOfRange {
+            offset,
+            len,
+            disk_size: size,
+        }),
+        Some(end) if !offset.is_multiple_of(g) || (end % g != 0 && end != size) => {
+            Err(MigrationError::Protocol(format!(
+                "range of {len} bytes at {offset} is not aligned to the {g}-byte blocks"
+            )))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// Writes arriving data (or zeros). Before postcopy everything is written (later passes
+/// replace earlier ones); from postcopy on, only blocks not received yet.
+fn apply(
+    shared: &DShared,
+    c: &Created,
+    offset: u64,
+    payload: Payload<'_>,
+) -> Result<(), MigrationError> {
+    let len = payload.len();
+    check_range(&c.hello, offset, len)?;
+    let g = u64::from(c.hello.granularity);
+    let mut piece = offset;
+    let end = offset + len;
+    while piece < end {
+        let piece_end = (piece + APPLY_PIECE).min(end);
+        // The phase is read under the ordering lock: a piece that started as precopy data
+        // (written whatever the bitmap says) must not land after a guest write that the
+        // switchover to postcopy allowed.
+        let _order = shared.apply.lock().unwrap_or_else(PoisonError::into_inner);
+        let phase = shared.lock().phase;
+        match phase {
+            Phase::Precopy => {
+                write_payload(&c.file, &payload, offset, piece - offset, piece_end - piece)?;
+                c.received.set_range(piece, piece_end - piece);
+            }
+            Phase::Postcopy | Phase::PostcopyPaused => {
+                let mut block = piece / g;
+                let last = (piece_end - 1) / g;
+                while let Some((first, count)) = c.received.next_run(block, false) {
+                    if first > last {
+                        break;
+                    }
+                    let count = count.min(last + 1 - first);
+                    let (run_off, run_len) = c.received.block_range(first, count);
+                    write_payload(&c.file, &payload, offset, run_off - offset, run_len)?;
+                    c.received.set_range(run_off, run_len);
+                    block = first + count;
+                }
+            }
+            phase => {
+                return Err(MigrationError::Protocol(format!("data in phase {phase}")));
+            }
+        }
+        piece = piece_end;
+    }
+    let mut s = shared.lock();
+    match payload {
+        Payload::Data(_) => {
+            s.bytes_received += len;
+            s.chunks += 1;
+        }
+        Payload::Zero(_) => s.zero_bytes += len,
+    }
+    shared.cond.notify_all();
+    Ok(())
+}
+
+/// Writes `len` bytes of `payload` starting `skip` bytes into it, at `base + skip`.
+fn write_payload(
+    file: &RawFile,
+    payload: &Payload<'_>,
+    base: u64,
+    skip: u64,
+    len: u64,
+) -> Result<(), MigrationError> {
+    let at = base + skip;
+    match payload {
+        Payload::Data(d) => file.write_at(&d[skip as usize..(skip + len) as usize], at)?,
+        Payload::Zero(_) => {
+            if file.punch_hole(at, len).is_err() {
+                let zeros = vec![0u8; len.min(1 << 20) as usize];
+                let mut pos = at;
+                while pos < at + len {
+                    let n = (at + len - pos).min(zeros.len() as u64) as usize;
+                    file.write_at(&zeros[..n], pos)?;
+                    pos += n as u64;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{Role, PROTOCOL_VERSION, SESSION_ID_LEN};
+
+    /// A 1 MiB + 512-byte disk in 4 KiB blocks (the last one short).
+    fn hello() -> Hello {
+        Hello {
+            version: PROTOCOL_VERSION,
+            disk_size_bytes: (1 << 20) + 512,
+            granularity: 4096,
+            header_len: 0,
+            role: Role::Bulk,
+            flags: 0,
+            session: [0; SESSION_ID_LEN],
+        }
+    }
+
+    #[test]
+    fn whole_blocks_and_the_short_last_block_are_in_range() {
+        let h = hello();
+        assert!(check_range(&h, 0, 4096).is_ok());
+        assert!(check_range(&h, 8192, 64 << 10).is_ok());
+        assert!(check_range(&h, 1 << 20, 512).is_ok());
+        assert!(check_range(&h, 0, (1 << 20) + 512).is_ok());
+    }
+
+    #[test]
+    fn ranges_past_the_end_or_off_the_blocks_are_refused() {
+        let h = hello();
+        for (offset, len) in [(1 << 20, 4096), (u64::MAX - 10, 100), ((2 << 20), 0)] {
+            assert!(
+                matches!(
+                    check_range(&h, offset, len),
+                    Err(MigrationError::OutOfRange { .. })
+                ),
+                "{len} bytes at {offset}"
+            );
+        }
+        for (offset, len) in [(512, 4096), (0, 1000), (4096, 4097)] {
+            let e = check_range(&h, offset, len).unwrap_err();
+            assert!(e.to_string().contains("not aligned"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! What the destination's threads share: the session (once a source said Hello), its phase and
+//! counters, and the writers on which on-demand requests go out.
+
+use crate::channel::{Closer, MigrationListener};
+use crate::latency::LatencyHistogram;
+use crate::wire::{Hello, SESSION_ID_LEN};
+use crate::{DirtyBitmap, MigrationError, Phase};
+use cryptblk_block::RawFile;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Instant;
+
+pub(super) type SharedWriter = Arc<Mutex<Box<dyn Write + Send>>>;
+
+/// What the destination knows once a source said Hello.
+pub(super) struct Created {
+    pub(super) file: Arc<RawFile>,
+    /// Blocks (file offsets) whose current contents are here. Before postcopy: written at
+    /// least once; at postcopy: everything but what the source listed as missing.
+    pub(super) received: DirtyBitmap,
+    /// Blocks asked for on demand (and maybe not received yet).
+    pub(super) requested: DirtyBitmap,
+    pub(super) hello: Hello,
+}
+
+pub(super) struct DState {
+    pub(super) phase: Phase,
+    pub(super) error: Option<String>,
+    pub(super) session: Option<[u8; SESSION_ID_LEN]>,
+    pub(super) bulk_writer: Option<SharedWriter>,
+    pub(super) urgent_writer: Option<SharedWriter>,
+    pub(super) closers: Vec<Closer>,
+    pub(super) generation: u64,
+    pub(super) missing_listed: bool,
+    pub(super) bytes_received: u64,
+    pub(super) zero_bytes: u64,
+    pub(super) chunks: u64,
+    pub(super) passes: u32,
+    pub(super) urgent_requests: u64,
+    pub(super) latency: LatencyHistogram,
+    pub(super) live_at: Option<Instant>,
+    pub(super) finished_at: Option<Instant>,
+}
+
+pub(super) struct DShared {
+    pub(super) state: Mutex<DState>,
+    pub(super) cond: Condvar,
+    /// Orders writes of arriving data against guest writes (postcopy).
+    pub(super) apply: Mutex<()>,
+    /// `phase` as a number, for the I/O fast path.
+    pub(super) phase_fast: AtomicU8,
+    pub(super) created: OnceLock<Created>,
+    pub(super) image_path: PathBuf,
+    pub(super) listener: MigrationListener,
+    pub(super) started: Instant,
+}
+
+pub(super) fn phase_code(p: Phase) -> u8 {
+    p as u8
+}
+
+impl DShared {
+    pub(super) fn lock(&self) -> MutexGuard<'_, DState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn set_phase(&self, s: &mut DState, phase: Phase) {
+        s.phase = phase;
+        self.phase_fast.store(phase_code(phase), Ordering::Release);
+        if phase == Phase::Postcopy && s.live_at.is_none() {
+            s.live_at = Some(Instant::now());
+        }
+        if phase.is_final() {
+            s.finished_at = Some(Instant::now());
+            // After Complete the source hangs up once it has read our answer; closing first
+            // could let it see a broken channel before that answer.
+            if phase != Phase::Completed {
+                for c in s.closers.drain(..) {
+                    c.close();
+                }
+            }
+            self.listener.shutdown();
+        }
+        self.cond.notify_all();
+    }
+
+    pub(super) fn created(&self) -> Result<&Created, MigrationError> {
+        self.created
+            .get()
+            .ok_or_else(|| MigrationError::Protocol("data before Hello".into()))
+    }
+
+    /// Ends the migration before the destination went live: the half-written image is
+    /// removed (it was created by this migration and holds nothing usable).
+    pub(super) fn fail(&self, s: &mut DState, phase: Phase, error: String) {
+        tracing::warn!("incoming migration {phase}: {error}");
+        s.error = Some(error);
+        self.set_phase(s, phase);
+        if self.created.get().is_some() {
+            let _ = std::fs::remove_file(&self.image_path);
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! Test support shared by cryptblk's crates. Never published; a dev-dependency only.
+//!
+//! - [`corpus`]: cryptsetup's own test images, looked up beside the workspace, and the honest
+//!   way to skip a test when they are absent ([`skip`]).
+//! - [`x509`]: TLS credentials in QEMU's `tls-creds-x509` layout, made with the openssl CLI.
+//! - `vhost_user` (feature `vhost-user`): an in-process vhost-user-blk frontend.
+
+pub mod corpus;
+#[cfg(feature = "vhost-user")]
+pub mod vhost_user;
+pub mod x509;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Reports that the running test is skipped, and why, as one line on the process's stderr:
+/// `SKIPPED <test binary>::<test name>: <reason>`. The caller then returns without asserting
+/// anything. libtest counts such a test as passed, so the line is written past its output
+/// capture (it shows in every run, not only for failures) and `scripts/test.sh` counts these
+/// lines as skipped in its closing summary.
+pub fn skip(reason: &str) {
+    let line = format!("SKIPPED {}: {reason}\n", current_test());
+    // `eprintln!` would be captured by libtest and shown only if the test failed.
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// `<test binary>::<test name>`, as `cargo test` names them.
+fn current_test() -> String {
+    let exe = std::env::current_exe().ok();
+    let binary = exe
+        .as_deref()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .map(binary_name)
+        .unwrap_or("?");
+    let thread = std::thread::current();
+    format!("{binary}::{}", thread.name().unwrap_or("?"))
+}
+
+/// Cargo names a test binary `<target>-<16 hex digits>`; the target is what a user knows.
+fn binary_name(file: &str) -> &str {
+    match file.rsplit_once('-') {
+        Some((target, hash)) if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            target
+        }
+        _ => file,
+    }
+}
+
+/// Runs `program args`; panics with its output unless it succeeds, so that a fixture that
+/// cannot be prepared fails its test loudly.
+pub fn run_tool(program: &str, args: &[&std::ffi::OsStr]) -> Output {
+    let out = Command::new(program).args(args).output().unwrap_or_else(|e| {
+        panic!("cannot run `{program}` ({e}): install it (scripts/install-deps.sh) and run the tests again")
+    });
+    assert!(
+        out.status.success(),
+        "`{program} {args:?}` failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::binary_name;
+
+    #[test]
+    fn binary_name_drops_cargos_hash() {
+        assert_eq!(binary_name("corpus_luks1-0123456789abcdef"), "corpus_luks1");
+        assert_eq!(binary_name("cli_errors-a1b2c3d4e5f60718"), "cli_errors");
+        // Not a cargo hash: kept whole.
+        assert_eq!(binary_name("my-test"), "my-test");
+        assert_eq!(binary_name("plain"), "plain");
+    }
+}
