@@ -216,15 +216,16 @@ pub struct DiskAddArgs {
     /// Pass guest discards to the image (reveals which blocks are unused).
     #[arg(long)]
     discard: bool,
-    /// Host cache mode: none (O_DIRECT), writeback, writethrough, directsync, unsafe.
-    #[arg(long, value_name = "MODE", default_value_t = cryptblk_block::CacheMode::None)]
-    cache: cryptblk_block::CacheMode,
-    /// Asynchronous I/O engine: io_uring or threads.
-    #[arg(long, value_name = "ENGINE", default_value_t = cryptblk_block::AioEngine::IoUring)]
-    aio: cryptblk_block::AioEngine,
-    /// Busy-poll completions this many microseconds before sleeping (0: never).
-    #[arg(long, value_name = "US", default_value_t = 0)]
-    poll_us: u32,
+    /// Host cache mode: none (O_DIRECT; the default), writeback, writethrough, directsync,
+    /// unsafe.
+    #[arg(long, value_name = "MODE")]
+    cache: Option<cryptblk_block::CacheMode>,
+    /// Asynchronous I/O engine: io_uring (the default) or threads.
+    #[arg(long, value_name = "ENGINE")]
+    aio: Option<cryptblk_block::AioEngine>,
+    /// Busy-poll completions this many microseconds before sleeping (default 0: never).
+    #[arg(long, value_name = "US")]
+    poll_us: Option<u32>,
 }
 
 /// The daemon answered with a JSON-RPC error: printed as one line by the binary, which picks
@@ -287,9 +288,15 @@ fn request(verb: &CtlVerb) -> Result<(&'static str, Value)> {
             p.insert("nbd-export".into(), d.nbd_export.into());
             p.insert("readonly".into(), d.readonly.into());
             p.insert("discard".into(), d.discard.into());
-            p.insert("cache".into(), d.cache.name().into());
-            p.insert("aio".into(), d.aio.name().into());
-            p.insert("poll-us".into(), d.poll_us.into());
+            if let Some(cache) = d.cache {
+                p.insert("cache".into(), cache.name().into());
+            }
+            if let Some(aio) = d.aio {
+                p.insert("aio".into(), aio.name().into());
+            }
+            if let Some(us) = d.poll_us {
+                p.insert("poll-us".into(), us.into());
+            }
             "disk-add"
         }
         CtlVerb::DiskRemove { name, force } => {
