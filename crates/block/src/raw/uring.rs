@@ -53,6 +53,8 @@ struct Slot {
 
 pub(super) struct UringQueue {
     ring: IoUring,
+    /// The buffered descriptor registered with the ring (not the locked one).
+    _buffered: std::fs::File,
     files: Arc<Files>,
     notifier: Notifier,
     slots: Vec<Slot>,
@@ -77,7 +79,13 @@ impl UringQueue {
         let ring = IoUring::builder()
             .build(entries)
             .map_err(|e| BlockError::io("io_uring_setup", e))?;
-        let mut fds: Vec<RawFd> = vec![files.buffered.as_raw_fd()];
+        // The ring gets descriptions of the file of its own. Registered files live as long as
+        // the ring, whose teardown the kernel finishes in a worker after the process is gone:
+        // were the image's locked description among them, a daemon killed with SIGKILL would
+        // keep its image locked for a while after it died, and its restart would fail.
+        let buffered = reopen(&files.buffered)
+            .map_err(|e| BlockError::io("reopen for io_uring", e).with_path(&files.path))?;
+        let mut fds: Vec<RawFd> = vec![buffered.as_raw_fd()];
         if let Some(direct) = &files.direct {
             fds.push(direct.as_raw_fd());
         }
@@ -90,6 +98,7 @@ impl UringQueue {
             .map_err(|e| BlockError::io("io_uring register eventfd", e))?;
         Ok(UringQueue {
             ring,
+            _buffered: buffered,
             files,
             notifier,
             slots: (0..capacity).map(|_| Slot::default()).collect(),
@@ -445,4 +454,21 @@ impl Drop for UringQueue {
         // them now, so the image is free for its next user when the queue is gone.
         let _ = self.ring.submitter().unregister_files();
     }
+}
+
+/// A new open file description of the file behind `file` (same access mode and flags), not
+/// sharing its locks.
+fn reopen(file: &std::fs::File) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // SAFETY: F_GETFL only reads the descriptor's flags.
+    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let writable = flags & libc::O_ACCMODE == libc::O_RDWR;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .custom_flags(flags & libc::O_DSYNC)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
