@@ -237,7 +237,9 @@ pub trait IoQueue: Send {
     /// batch where the engine allows).
     fn submit(&mut self) -> Result<(), BlockError>;
 
-    /// Hands every finished request to `out`, without blocking, and clears the notifier.
+    /// Hands every finished request to `out`, without blocking, and clears the notifier
+    /// first (so a completion arriving meanwhile leaves it set). A queue layered over others
+    /// that share its eventfd clears it once, before draining them all.
     fn drain(&mut self, out: &mut dyn FnMut(Completion));
 
     /// Blocks until `drain` has something to hand out (or nothing is in flight).

@@ -66,6 +66,8 @@ impl SyncQueue {
 
     /// A queue whose completions signal `notifier` (a clone of a parent queue's), so that a
     /// layered queue can send some requests here and wait on one eventfd for all of them.
+    /// The parent clears the notifier before it drains this queue; this queue never clears
+    /// it (that could swallow the wake-up of a completion the parent has yet to collect).
     pub fn with_notifier(
         device: Arc<dyn BlockDevice>,
         opts: &QueueOptions,

@@ -58,6 +58,10 @@ impl Scratch {
 struct Shared<E> {
     done: Mutex<Vec<Box<ThreadJob<E>>>>,
     notifier: Notifier,
+    /// The notifier is a parent queue's: the parent clears it before it drains this queue,
+    /// and this queue must not, or it could swallow the wake-up of a completion the parent
+    /// has not collected yet.
+    parent_clears: bool,
 }
 
 impl<E> Shared<E> {
@@ -116,17 +120,23 @@ pub(crate) struct ThreadedQueue<E: BlockingIo> {
 impl<E: BlockingIo> ThreadedQueue<E> {
     pub(crate) fn new(engine: Arc<E>, capacity: usize) -> Result<Self, BlockError> {
         let notifier = Notifier::new().map_err(|e| BlockError::io("eventfd", e))?;
-        Ok(Self::with_notifier(engine, capacity, notifier))
+        Ok(Self::build(engine, capacity, notifier, false))
     }
 
-    /// A queue that signals `notifier` (e.g. a clone of a parent queue's).
+    /// A queue that signals a parent queue's `notifier` (a clone of it). The parent clears it
+    /// (before draining this queue); this queue never does.
     pub(crate) fn with_notifier(engine: Arc<E>, capacity: usize, notifier: Notifier) -> Self {
+        Self::build(engine, capacity, notifier, true)
+    }
+
+    fn build(engine: Arc<E>, capacity: usize, notifier: Notifier, parent_clears: bool) -> Self {
         let capacity = capacity.max(1);
         ThreadedQueue {
             engine,
             shared: Arc::new(Shared {
                 done: Mutex::new(Vec::with_capacity(capacity)),
                 notifier,
+                parent_clears,
             }),
             capacity,
             in_flight: 0,
@@ -196,7 +206,9 @@ impl<E: BlockingIo> IoQueue for ThreadedQueue<E> {
     }
 
     fn drain(&mut self, out: &mut dyn FnMut(Completion)) {
-        self.shared.notifier.clear();
+        if !self.shared.parent_clears {
+            self.shared.notifier.clear();
+        }
         std::mem::swap(&mut *self.shared.done(), &mut self.finished);
         self.in_pool -= self.finished.len();
         for mut job in self.finished.drain(..) {
@@ -213,9 +225,14 @@ impl<E: BlockingIo> IoQueue for ThreadedQueue<E> {
     fn wait(&mut self) {
         while self.in_flight > self.pending.len() && self.shared.done().is_empty() {
             self.shared.notifier.wait();
-            // The counter stays set until `drain` clears it; avoid spinning on it.
+            // The counter stays set until `drain` clears it; avoid spinning on it (a
+            // parent's notifier is the parent's to clear: poll it briefly instead).
             if self.shared.done().is_empty() {
-                self.shared.notifier.clear();
+                if self.shared.parent_clears {
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                } else {
+                    self.shared.notifier.clear();
+                }
             }
         }
     }
@@ -230,7 +247,11 @@ impl<E: BlockingIo> Drop for ThreadedQueue<E> {
             self.in_pool -= back.len();
             if back.is_empty() {
                 self.shared.notifier.wait();
-                self.shared.notifier.clear();
+                if self.shared.parent_clears {
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                } else {
+                    self.shared.notifier.clear();
+                }
             }
         }
     }
