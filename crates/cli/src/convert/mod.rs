@@ -28,9 +28,10 @@ use std::time::Instant;
 use temp_target::TempTarget;
 
 pub const HELP_MEMORY: &str = "\
-Memory: convert holds (2 x writers + 1) chunks in flight plus one bounce buffer per writer,
-where writers = crypto threads (at least 2); with the default 1 MiB chunk on a 2-core machine
-that is about 8 MiB of buffers and well under 64 MiB of RSS, whatever the image size.";
+Memory: convert keeps (2 x threads + 1) chunks in flight, where threads = crypto threads (at
+least 2), and an encrypted target one bounce buffer per chunk being written: with the default
+1 MiB chunk on a 2-core machine about 10 MiB of buffers and well under 64 MiB of RSS,
+whatever the image size.";
 
 /// What a finished convert reports (the demo prints it).
 pub struct ConvertReport {
@@ -99,17 +100,12 @@ pub fn convert(cli: &Cli, args: &ConvertArgs, pool: &Arc<CryptoPool>) -> Result<
     let finished = AtomicBool::new(false);
     let result = std::thread::scope(|s| {
         s.spawn(|| reporter.run_until(&progress, || finished.load(Ordering::Relaxed)));
-        let r = pipeline::copy(
-            source.device.as_ref(),
-            target.device.as_ref(),
-            size,
-            &cfg,
-            &progress,
-        )
-        .and_then(|stats| {
-            tracing::debug!(extent_queries = stats.extent_queries, "copied");
-            target.device.flush().context("flushing the target")
-        });
+        let r = pipeline::copy(&source.device, &target.device, size, &cfg, &progress).and_then(
+            |stats| {
+                tracing::debug!(extent_queries = stats.extent_queries, "copied");
+                target.device.flush().context("flushing the target")
+            },
+        );
         finished.store(true, Ordering::Relaxed);
         r
     });

@@ -1,14 +1,18 @@
-//! The copy engine of `convert`: one reader, several writers, a fixed set of buffers.
+//! The copy engine of `convert`: one thread driving the source's and the target's
+//! asynchronous I/O queues over a fixed set of chunk buffers.
 //!
-//! Reading, encryption (inside the target device's `write_at`, spread over the crypto pool) and
-//! writing overlap. Memory is bounded by the buffer count times the chunk size, whatever the
-//! image size, because a buffer only returns to the reader once a writer has finished with it.
+//! Up to `PipelineConfig::depth()` chunks are in flight at once: read ahead from the source,
+//! written to the target (O_DIRECT on a new target; an encrypted target encrypts each chunk
+//! into its bounce buffer as it is queued, spread over the crypto pool; an encrypted source
+//! decrypts each chunk as it completes). The thread sleeps on the two queues' eventfds. Memory
+//! is bounded by the buffer count times the chunk size, whatever the image size, because a
+//! buffer is only read into again once its write has completed.
 use super::extents::ExtentWalker;
-use anyhow::{bail, Context, Result};
-use crossbeam_channel::{bounded, Receiver, Sender};
+use anyhow::{anyhow, bail, Context, Result};
+use cryptblk_block::aio::{open_queue, IoRequest, IoVec, QueueOptions};
 use cryptblk_block::{AlignedBuf, BlockDevice, ExtentKind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// How the pipeline treats regions the source reports as zero or unallocated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +25,7 @@ pub enum Holes {
 
 pub struct PipelineConfig {
     pub chunk_size: usize,
+    /// Sizes the pipeline: the crypto threads (at least 2).
     pub writers: usize,
     pub holes: Holes,
     /// Set (by a signal handler) to stop the copy early with an error.
@@ -28,8 +33,9 @@ pub struct PipelineConfig {
 }
 
 impl PipelineConfig {
-    /// Buffers in flight: enough for every writer to have one while the reader fills the next.
-    pub fn buffers(&self) -> usize {
+    /// Chunks in flight: two per crypto thread (one being encrypted or written while the
+    /// next is read) and one more.
+    pub fn depth(&self) -> usize {
         self.writers * 2 + 1
     }
 }
@@ -40,18 +46,6 @@ pub struct Progress {
     pub done: AtomicU64,
 }
 
-enum Work {
-    Data {
-        offset: u64,
-        buf: AlignedBuf,
-        len: usize,
-    },
-    Zeros {
-        offset: u64,
-        len: usize,
-    },
-}
-
 /// What a copy cost beyond the bytes it moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CopyStats {
@@ -59,156 +53,149 @@ pub struct CopyStats {
     pub extent_queries: u64,
 }
 
+/// A chunk buffer and what it holds.
+struct Chunk {
+    buf: AlignedBuf,
+    offset: u64,
+    len: usize,
+}
+
+/// Writes of zeros (holes of the source on an encrypted target) carry tags from here up;
+/// data chunks are tagged with their buffer's index.
+const ZERO_TAG: u64 = 1 << 32;
+
 /// Copies `len` bytes from `src` to `dst` (same offsets).
 pub fn copy(
-    src: &dyn BlockDevice,
-    dst: &dyn BlockDevice,
+    src: &Arc<dyn BlockDevice>,
+    dst: &Arc<dyn BlockDevice>,
     len: u64,
     cfg: &PipelineConfig,
     progress: &Progress,
 ) -> Result<CopyStats> {
     let chunk = cfg.chunk_size.max(4096);
+    let depth = cfg.depth();
+    let mut reads = open_queue(src, &QueueOptions { depth }).context("opening the source")?;
+    // Room for every data chunk plus as many zero writes.
+    let mut writes =
+        open_queue(dst, &QueueOptions { depth: 2 * depth }).context("opening the target")?;
     // Aligned, so that a target doing direct I/O can DMA straight from them.
-    let (free_tx, free_rx) = bounded::<AlignedBuf>(cfg.buffers());
-    for _ in 0..cfg.buffers() {
-        free_tx
-            .send(AlignedBuf::zeroed(chunk))
-            .expect("channel has room for every buffer");
-    }
-    let (work_tx, work_rx) = bounded::<Work>(cfg.buffers());
-    let failed = AtomicBool::new(false);
-    let first_error: Mutex<Option<anyhow::Error>> = Mutex::new(None);
-    let mut stats = CopyStats { extent_queries: 0 };
-    let fail = |e: anyhow::Error| {
-        failed.store(true, Ordering::SeqCst);
-        first_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_or_insert(e);
-    };
-
-    std::thread::scope(|s| {
-        for _ in 0..cfg.writers.max(1) {
-            let work_rx = work_rx.clone();
-            let free_tx = free_tx.clone();
-            s.spawn(|| {
-                if let Err(e) =
-                    write_loop(dst, work_rx, free_tx, chunk, cfg.holes, &failed, progress)
-                {
-                    fail(e);
-                }
-            });
-        }
-        drop(work_rx);
-        let mut walker = ExtentWalker::new(src);
-        let read = read_loop(
-            src,
-            &mut walker,
-            len,
-            chunk,
-            cfg,
-            &free_rx,
-            work_tx,
-            &failed,
-            progress,
-        );
-        stats.extent_queries = walker.queries();
-        if let Err(e) = read {
-            fail(e);
-        }
-    });
-    match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(stats),
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn read_loop(
-    src: &dyn BlockDevice,
-    walker: &mut ExtentWalker<'_>,
-    len: u64,
-    chunk: usize,
-    cfg: &PipelineConfig,
-    free_rx: &Receiver<AlignedBuf>,
-    work_tx: Sender<Work>,
-    failed: &AtomicBool,
-    progress: &Progress,
-) -> Result<()> {
-    let mut offset = 0u64;
-    while offset < len && !failed.load(Ordering::Relaxed) {
-        if cfg.interrupted.load(Ordering::Relaxed) {
-            bail!("interrupted by a signal");
-        }
-        let want = (len - offset).min(chunk as u64);
-        let (kind, run) = walker
-            .run_at(offset, want)
-            .with_context(|| format!("querying allocation at offset {offset}"))?;
-        let run = run as usize;
-        let reads_as_zero = matches!(kind, ExtentKind::Zero | ExtentKind::Unallocated);
-        let item = if reads_as_zero {
-            Work::Zeros { offset, len: run }
-        } else {
-            let Ok(mut buf) = free_rx.recv() else { break };
-            src.read_at(&mut buf[..run], offset)
-                .with_context(|| format!("reading the source at offset {offset}"))?;
-            Work::Data {
-                offset,
-                buf,
-                len: run,
-            }
-        };
-        match (cfg.holes, item) {
-            (Holes::Skip, Work::Zeros { len, .. }) => {
-                progress.done.fetch_add(len as u64, Ordering::Relaxed);
-            }
-            (_, item) => {
-                if work_tx.send(item).is_err() {
-                    break; // every writer stopped: one of them recorded why
-                }
-            }
-        }
-        offset += run as u64;
-    }
-    Ok(())
-}
-
-fn write_loop(
-    dst: &dyn BlockDevice,
-    work_rx: Receiver<Work>,
-    free_tx: Sender<AlignedBuf>,
-    chunk: usize,
-    holes: Holes,
-    failed: &AtomicBool,
-    progress: &Progress,
-) -> Result<()> {
+    let mut chunks: Vec<Chunk> = (0..depth)
+        .map(|_| Chunk {
+            buf: AlignedBuf::zeroed(chunk),
+            offset: 0,
+            len: 0,
+        })
+        .collect();
+    let mut free: Vec<usize> = (0..depth).rev().collect();
+    // Written wherever the source has a hole and the target needs zeros: read-only, so every
+    // zero write in flight shares it.
     let zeros = AlignedBuf::zeroed(chunk);
-    for item in work_rx {
-        if failed.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        let len = match item {
-            Work::Zeros { offset, len } => {
-                dst.write_at(&zeros[..len], offset)
-                    .with_context(|| format!("writing the target at offset {offset}"))?;
-                len
+    // Zero writes in flight, by slot: (offset, length).
+    let mut zero_runs: Vec<Option<(u64, u64)>> = vec![None; depth];
+    let mut walker = ExtentWalker::new(src.as_ref());
+    let mut offset = 0u64;
+    let mut read_done = Vec::new();
+    let mut write_done = Vec::new();
+    let result = (|| -> Result<()> {
+        loop {
+            if cfg.interrupted.load(Ordering::Relaxed) {
+                bail!("interrupted by a signal");
             }
-            Work::Data { offset, buf, len } => {
-                // Data that happens to be zero stays a hole in a sparse target, as with qemu-img.
-                let skip = holes == Holes::Skip && buf[..len].iter().all(|&b| b == 0);
-                let result = if skip {
-                    Ok(())
+            // Read ahead into every free buffer; queue zeros for holes.
+            while offset < len {
+                let want = (len - offset).min(chunk as u64);
+                let (kind, run) = walker
+                    .run_at(offset, want)
+                    .with_context(|| format!("querying allocation at offset {offset}"))?;
+                let run_len = run as usize;
+                if matches!(kind, ExtentKind::Zero | ExtentKind::Unallocated) {
+                    match cfg.holes {
+                        Holes::Skip => progress.done.fetch_add(run, Ordering::Relaxed),
+                        Holes::WriteZeros => {
+                            let Some(z) = zero_runs.iter().position(Option::is_none) else {
+                                break;
+                            };
+                            let iov = [IoVec::from_raw(zeros.as_ptr().cast_mut(), run_len)];
+                            let req = IoRequest::write(offset, &iov, false, ZERO_TAG + z as u64);
+                            // SAFETY: `zeros` outlives the queue's requests (the loop waits for
+                            // all of them before returning) and is never written.
+                            unsafe { writes.push(&req) }.map_err(|e| anyhow!(e))?;
+                            zero_runs[z] = Some((offset, run));
+                            0
+                        }
+                    };
+                    offset += run;
+                    continue;
+                }
+                let Some(i) = free.pop() else { break };
+                let c = &mut chunks[i];
+                c.offset = offset;
+                c.len = run_len;
+                let iov = [IoVec::from_slice(&mut c.buf[..run_len])];
+                // SAFETY: the chunk is not touched until its read and write complete.
+                unsafe { reads.push(&IoRequest::read(offset, &iov, i as u64)) }
+                    .map_err(|e| anyhow!(e))?;
+                offset += run;
+            }
+            reads.submit().context("reading the source")?;
+            writes.submit().context("writing the target")?;
+            if offset >= len && reads.in_flight() == 0 && writes.in_flight() == 0 {
+                return Ok(());
+            }
+            wait_any([reads.notifier(), writes.notifier()]);
+            reads.drain(&mut |c| read_done.push(c));
+            for c in read_done.drain(..) {
+                let i = c.tag as usize;
+                let chunk = &mut chunks[i];
+                c.result
+                    .with_context(|| format!("reading the source at offset {}", chunk.offset))?;
+                // Data that happens to be zero stays a hole in a sparse target, as with
+                // qemu-img.
+                if cfg.holes == Holes::Skip && chunk.buf[..chunk.len].iter().all(|&b| b == 0) {
+                    progress.done.fetch_add(chunk.len as u64, Ordering::Relaxed);
+                    free.push(i);
+                    continue;
+                }
+                let iov = [IoVec::from_slice(&mut chunk.buf[..chunk.len])];
+                let req = IoRequest::write(chunk.offset, &iov, false, c.tag);
+                // SAFETY: the chunk is not touched until its write completes.
+                unsafe { writes.push(&req) }.map_err(|e| anyhow!(e))?;
+            }
+            writes.drain(&mut |c| write_done.push(c));
+            for c in write_done.drain(..) {
+                let (at, n) = if c.tag >= ZERO_TAG {
+                    zero_runs[(c.tag - ZERO_TAG) as usize]
+                        .take()
+                        .unwrap_or_default()
                 } else {
-                    dst.write_at(&buf[..len], offset)
+                    let chunk = &chunks[c.tag as usize];
+                    free.push(c.tag as usize);
+                    (chunk.offset, chunk.len as u64)
                 };
-                let _ = free_tx.send(buf);
-                result.with_context(|| format!("writing the target at offset {offset}"))?;
-                len
+                c.result
+                    .with_context(|| format!("writing the target at offset {at}"))?;
+                progress.done.fetch_add(n, Ordering::Relaxed);
             }
-        };
-        progress.done.fetch_add(len as u64, Ordering::Relaxed);
-    }
-    Ok(())
+        }
+    })();
+    // Dropping the queues waits for whatever is still in flight (after an error), so the
+    // buffers outlive every request that points at them.
+    drop(reads);
+    drop(writes);
+    result.map(|()| CopyStats {
+        extent_queries: walker.queries(),
+    })
+}
+
+/// Blocks until one of the eventfds is readable.
+fn wait_any(fds: [std::os::fd::RawFd; 2]) {
+    let mut pfds = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    // SAFETY: `pfds` is a valid array of initialised pollfd structs of the given length.
+    unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, -1) };
 }
 
 /// Compare two devices over `len` bytes with bounded memory; the first differing offset.
@@ -272,8 +259,9 @@ mod tests {
                 }
             }
         }
-        let src = RawFile::open(&src_path, OpenOptions::default()).unwrap();
-        let dst = RawFile::create(&dst_path, size).unwrap();
+        let src: Arc<dyn BlockDevice> =
+            Arc::new(RawFile::open(&src_path, OpenOptions::default()).unwrap());
+        let dst: Arc<dyn BlockDevice> = Arc::new(RawFile::create(&dst_path, size).unwrap());
         let cfg = PipelineConfig {
             chunk_size: MIB as usize,
             writers: 2,
@@ -286,7 +274,7 @@ mod tests {
         // lseeks for the gibibyte, where asking per 1 MiB chunk made 1024 queries.
         assert_eq!(stats.extent_queries, 5);
         assert_eq!(progress.done.load(Ordering::Relaxed), size);
-        assert_eq!(first_difference(&src, &dst, size).unwrap(), None);
+        assert_eq!(first_difference(&*src, &*dst, size).unwrap(), None);
         // The holes stayed holes in the target.
         let blocks = std::fs::metadata(&dst_path).unwrap();
         assert!(
