@@ -33,6 +33,7 @@
 mod handshake;
 mod options;
 mod pacing;
+mod read_ahead;
 mod reader;
 mod sender;
 mod state;

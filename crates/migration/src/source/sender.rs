@@ -3,6 +3,7 @@
 //! switchover, postcopy (urgent requests first), and pausing for a recover.
 
 use super::pacing::{link_sent, wait_link, Link};
+use super::read_ahead::ReadAhead;
 use super::state::{Channels, Shared};
 use super::urgent::{answer_urgent, spawn_urgent_answerer};
 use crate::wire::{self, Frame, WireError};
@@ -40,7 +41,8 @@ struct Sender {
     shared: Arc<Shared>,
     ch: Channels,
     link: Arc<Mutex<Link>>,
-    buf: Vec<u8>,
+    /// Reads the image for bulk chunks (opened on the first chunk).
+    read_ahead: Option<ReadAhead>,
     urgent_buf: Vec<u8>,
     /// Next block of the current sweep.
     cursor: u64,
@@ -54,6 +56,9 @@ struct Sender {
     switching: bool,
 }
 
+/// Bytes of the image read at once for the bulk stream (at least one slice).
+const READ_PIECE: usize = 256 << 10;
+
 pub(super) fn run_sender(shared: Arc<Shared>, ch: Channels) {
     let link = Arc::new(Mutex::new(Link::new(shared.opts.max_bandwidth)));
     let mut ch = ch;
@@ -64,7 +69,7 @@ pub(super) fn run_sender(shared: Arc<Shared>, ch: Channels) {
         link,
         shared,
         ch,
-        buf: Vec::new(),
+        read_ahead: None,
         urgent_buf: Vec::new(),
         cursor: 0,
         sweep_sent: false,
@@ -415,10 +420,19 @@ impl Sender {
         len: u64,
         urgent_between_slices: bool,
     ) -> Result<(), Stop> {
-        let mut data = std::mem::take(&mut self.buf);
-        data.resize(len as usize, 0);
+        let mut read_ahead = match self.read_ahead.take() {
+            Some(r) => r,
+            None => ReadAhead::open(
+                &self.shared.file,
+                READ_PIECE.max(self.shared.opts.slice_size),
+            )
+            .map_err(|e| Stop::Broken(format!("reading the image: {e}")))?,
+        };
         self.shared.lock().bulk_in_chunk = true;
-        let res = self.send_chunk_data(&mut data, offset, urgent_between_slices);
+        let res = self.send_chunk_data(&mut read_ahead, offset, len, urgent_between_slices);
+        // A chunk broken off (or failed) may leave the next piece's read in flight.
+        read_ahead.settle();
+        self.read_ahead = Some(read_ahead);
         {
             let mut s = self.shared.lock();
             s.bulk_in_chunk = false;
@@ -436,7 +450,6 @@ impl Sender {
                 }
             }
         }
-        self.buf = data;
         let sent = res?;
         let mut s = self.shared.lock();
         s.bytes_sent += sent;
@@ -450,45 +463,60 @@ impl Sender {
         !self.switching && self.shared.lock().switchover.is_some()
     }
 
-    /// Reads one bulk chunk in pieces and sends it as one frame per slice (each with its own
-    /// checksum). With `urgent_between_slices`, urgent requests are answered between slices,
-    /// so a large chunk never holds one up for more than a slice. A switchover asked for
-    /// meanwhile breaks the chunk off: what was not sent is marked dirty again, so the
-    /// switchover waits for one slice, not for a chunk at the bandwidth cap. Returns the bytes
-    /// sent.
+    /// Reads one bulk chunk in pieces (the next piece read while this one is sent) and sends
+    /// it as one frame per slice (each with its own checksum). With `urgent_between_slices`,
+    /// urgent requests are answered between slices, so a large chunk never holds one up for
+    /// more than a slice. A switchover asked for meanwhile breaks the chunk off: what was not
+    /// sent is marked dirty again, so the switchover waits for one slice, not for a chunk at
+    /// the bandwidth cap. Returns the bytes sent.
     fn send_chunk_data(
         &mut self,
-        data: &mut [u8],
+        read_ahead: &mut ReadAhead,
         offset: u64,
+        len: u64,
         urgent_between_slices: bool,
     ) -> Result<u64, Stop> {
-        const READ_PIECE: usize = 256 << 10;
+        let read_failed = |e: cryptblk_block::BlockError| Stop::Broken(e.to_string());
         let slice = self.shared.opts.slice_size;
         let payload = self.shared.tracker.payload_offset();
-        let mut pos = 0;
-        while pos < data.len() {
-            let piece_end = (pos + READ_PIECE.max(slice)).min(data.len());
-            self.shared
-                .file
-                .read_at(&mut data[pos..piece_end], offset + pos as u64)
-                .map_err(|e| Stop::Broken(e.to_string()))?;
+        let piece = read_ahead.piece_size() as u64;
+        let mut which = 0;
+        read_ahead
+            .start(which, offset, piece.min(len) as usize)
+            .map_err(read_failed)?;
+        let mut pos = 0u64;
+        while pos < len {
+            let piece_end = (pos + piece).min(len);
+            // The piece at `pos` is in buffer `which`; start reading the next one into the
+            // other buffer before sending this one.
+            read_ahead.finish().map_err(read_failed)?;
+            if piece_end < len {
+                let next = (piece.min(len - piece_end)) as usize;
+                read_ahead
+                    .start(which ^ 1, offset + piece_end, next)
+                    .map_err(read_failed)?;
+            }
+            let mut at_in_piece = 0u64;
             while pos < piece_end {
                 if urgent_between_slices {
                     self.serve_urgent()?;
                 }
-                let at = offset + pos as u64;
+                let at = offset + pos;
                 if at >= payload && self.switchover_waiting() {
-                    let unsent = data.len() as u64 - pos as u64;
-                    self.bitmap().set_range(at - payload, unsent);
-                    return Ok(pos as u64);
+                    self.bitmap().set_range(at - payload, len - pos);
+                    return Ok(pos);
                 }
-                let end = (pos + slice).min(piece_end);
+                let end = (pos + slice as u64).min(piece_end);
                 self.wait_link();
-                wire::write_chunk(&mut self.ch.bulk, at, &data[pos..end])?;
-                link_sent(&self.link, end - pos + wire::CHUNK_OVERHEAD);
+                let bytes = read_ahead.buffer(which);
+                let s = at_in_piece as usize;
+                wire::write_chunk(&mut self.ch.bulk, at, &bytes[s..s + (end - pos) as usize])?;
+                link_sent(&self.link, (end - pos) as usize + wire::CHUNK_OVERHEAD);
+                at_in_piece += end - pos;
                 pos = end;
             }
+            which ^= 1;
         }
-        Ok(data.len() as u64)
+        Ok(len)
     }
 }
