@@ -2,28 +2,23 @@
 //! request. The free lists' locks are held only to pop or push a buffer, never across I/O.
 //! Buffers are aligned so that a backend doing direct I/O can DMA straight from them.
 //!
-//! Two size classes: small writes (the common 4-128 KiB) are many at once and each would
-//! otherwise fault in and clear a large buffer, so many small buffers are kept; a few large
-//! ones serve the rare big writes. A request never allocates while a kept buffer of its
-//! class is free, and what is kept is bounded (`SMALL * small_kept() + large * large_kept`).
+//! Size classes from 4 KiB to the largest write chunk, each power of four: an asynchronous
+//! queue keeps as many writes in flight as the guest queues (up to a virtqueue's size), so a
+//! 4 KiB write must not take a 128 KiB buffer, and a class keeps as many buffers as a budget of
+//! `CLASS_BUDGET` bytes allows (512 of 4 KiB, 2 of 1 MiB). A request never allocates while a
+//! kept buffer of its class is free, and what is kept is bounded (`CLASS_BUDGET` per class).
 
 use crate::aligned::AlignedBuf;
 use std::sync::{Mutex, MutexGuard};
 
-/// Capacity of a small buffer.
-const SMALL: usize = 128 * 1024;
-
-/// Small buffers kept for reuse: about the number of threads that write at once (frontends
-/// run two to four per core: submission pools, queue threads, NBD connection workers), so
-/// that a burst of concurrent writes does not allocate. At most 8 MiB per disk.
-fn small_kept() -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (4 * cores).clamp(16, 64)
-}
+/// Smallest class.
+const MIN_CLASS: usize = 4096;
+/// Bytes of free buffers each class keeps at most.
+const CLASS_BUDGET: usize = 2 << 20;
 
 pub(crate) struct BouncePool {
-    small: SizeClass,
-    large: SizeClass,
+    /// Capacities MIN_CLASS, 4 x MIN_CLASS, ... up to the largest (the write chunk).
+    classes: Vec<SizeClass>,
 }
 
 struct SizeClass {
@@ -33,38 +28,35 @@ struct SizeClass {
     free: Mutex<Vec<AlignedBuf>>,
 }
 
-impl SizeClass {
-    fn new(capacity: usize, max_free: usize) -> Self {
-        SizeClass {
-            capacity,
-            max_free,
-            free: Mutex::new(Vec::new()),
-        }
-    }
-}
-
 impl BouncePool {
-    /// Large buffers hold `large` bytes (the most a caller asks for at once); `large_kept` of
-    /// them are kept for reuse.
-    pub(crate) fn new(large: usize, large_kept: usize) -> Self {
-        BouncePool {
-            small: SizeClass::new(SMALL.min(large), small_kept()),
-            large: SizeClass::new(large, large_kept),
+    /// Buffers up to `largest` bytes (the most a caller asks for at once); of that largest
+    /// class at least `largest_kept` are kept.
+    pub(crate) fn new(largest: usize, largest_kept: usize) -> Self {
+        let mut classes = Vec::new();
+        let mut capacity = MIN_CLASS.min(largest);
+        loop {
+            let last = capacity >= largest;
+            let capacity_here = if last { largest } else { capacity };
+            let kept = (CLASS_BUDGET / capacity_here).max(if last { largest_kept } else { 1 });
+            classes.push(SizeClass {
+                capacity: capacity_here,
+                max_free: kept,
+                free: Mutex::new(Vec::new()),
+            });
+            if last {
+                break;
+            }
+            capacity *= 4;
         }
+        BouncePool { classes }
     }
 
     fn class_for(&self, len: usize) -> Option<&SizeClass> {
-        if len <= self.small.capacity {
-            Some(&self.small)
-        } else if len <= self.large.capacity {
-            Some(&self.large)
-        } else {
-            None
-        }
+        self.classes.iter().find(|c| len <= c.capacity)
     }
 
     /// A buffer of `len` bytes whose contents are unspecified (whatever a previous user left:
-    /// callers overwrite all of it). A `len` above the large capacity gets a one-off buffer.
+    /// callers overwrite all of it). A `len` above the largest class gets a one-off buffer.
     pub(crate) fn take(&self, len: usize) -> Bounce<'_> {
         Bounce {
             pool: self,
@@ -84,10 +76,7 @@ impl BouncePool {
 
     /// Returns a buffer from `take_owned`; one-off oversized buffers are freed.
     pub(crate) fn put_back(&self, buf: AlignedBuf) {
-        let class = [&self.small, &self.large]
-            .into_iter()
-            .find(|c| c.capacity == buf.len());
-        if let Some(class) = class {
+        if let Some(class) = self.classes.iter().find(|c| c.capacity == buf.len()) {
             let mut free = lock(&class.free);
             if free.len() < class.max_free {
                 free.push(buf);
@@ -96,8 +85,11 @@ impl BouncePool {
     }
 
     #[cfg(test)]
-    fn free_len(&self) -> (usize, usize) {
-        (lock(&self.small.free).len(), lock(&self.large.free).len())
+    fn free_len(&self, capacity: usize) -> usize {
+        self.classes
+            .iter()
+            .find(|c| c.capacity == capacity)
+            .map_or(0, |c| lock(&c.free).len())
     }
 }
 
@@ -146,27 +138,32 @@ mod tests {
         {
             let mut a = pool.take(10);
             a.fill(1);
-            let b = pool.take(SMALL);
-            let c = pool.take(SMALL + 1);
+            let b = pool.take(4096);
+            let c = pool.take(4097);
             let d = pool.take(1 << 20);
             let e = pool.take((1 << 20) + 1);
             assert_eq!(
                 (&a[..], b.len(), c.len(), d.len(), e.len()),
-                (&[1u8; 10][..], SMALL, SMALL + 1, 1 << 20, (1 << 20) + 1)
+                (&[1u8; 10][..], 4096, 4097, 1 << 20, (1 << 20) + 1)
             );
         }
-        // Both small buffers kept; one large kept (limit 1); the oversized one freed.
-        assert_eq!(pool.free_len(), (2, 1));
+        // Both 4 KiB buffers kept, the 16 KiB one and the 1 MiB one; the oversized one freed.
+        assert_eq!(pool.free_len(4096), 2);
+        assert_eq!(pool.free_len(16384), 1);
+        assert_eq!(pool.free_len(1 << 20), 1);
         let f = pool.take(3);
         assert_eq!(f.len(), 3);
-        assert_eq!(pool.free_len(), (1, 1));
+        assert_eq!(pool.free_len(4096), 1);
     }
 
     #[test]
-    fn small_class_is_capped() {
+    fn each_class_keeps_what_its_budget_allows() {
         let pool = BouncePool::new(1 << 20, 1);
-        let held: Vec<_> = (0..small_kept() + 5).map(|_| pool.take(4096)).collect();
+        let held: Vec<_> = (0..600).map(|_| pool.take(4096)).collect();
         drop(held);
-        assert_eq!(pool.free_len(), (small_kept(), 0));
+        assert_eq!(pool.free_len(4096), CLASS_BUDGET / 4096);
+        let held: Vec<_> = (0..5).map(|_| pool.take(1 << 20)).collect();
+        drop(held);
+        assert_eq!(pool.free_len(1 << 20), 2);
     }
 }
