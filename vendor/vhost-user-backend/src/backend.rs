@@ -24,8 +24,8 @@ use std::ops::Deref;
 use std::sync::{Arc, Mutex, RwLock};
 
 use vhost::vhost_user::message::{
-    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
-    VhostUserShMemConfig, VhostUserSharedMsg,
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserInflight,
+    VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserSharedMsg,
 };
 use vhost::vhost_user::Backend;
 use vm_memory::bitmap::Bitmap;
@@ -144,6 +144,28 @@ pub trait VhostUserBackend: Send + Sync {
     /// have completed. Wrapper implementations may hold their backend lock during this call.
     fn stop_vring(&self, _queue_index: u32) -> Result<()> {
         Ok(())
+    }
+
+    /// Create the shared buffer for inflight I/O tracking (`GET_INFLIGHT_FD`).
+    ///
+    /// Only called when the backend offers `VhostUserProtocolFeatures::INFLIGHT_SHMFD`. The
+    /// frontend keeps the returned buffer across reconnects of the backend and hands it back
+    /// with `SET_INFLIGHT_FD`, so that a restarted backend can resubmit the requests it had
+    /// taken from the rings but not completed.
+    fn get_inflight_fd(&self, _inflight: &VhostUserInflight) -> Result<(VhostUserInflight, File)> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "back end does not support inflight I/O tracking",
+        ))
+    }
+
+    /// Set the shared buffer for inflight I/O tracking (`SET_INFLIGHT_FD`), before the rings
+    /// start.
+    fn set_inflight_fd(&self, _inflight: &VhostUserInflight, _file: File) -> Result<()> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "back end does not support inflight I/O tracking",
+        ))
     }
 
     /// Handle IO events for backend registered file descriptors.
@@ -306,6 +328,31 @@ pub trait VhostUserBackendMut: Send + Sync {
         Ok(())
     }
 
+    /// Create the shared buffer for inflight I/O tracking (`GET_INFLIGHT_FD`).
+    ///
+    /// Only called when the backend offers `VhostUserProtocolFeatures::INFLIGHT_SHMFD`. The
+    /// frontend keeps the returned buffer across reconnects of the backend and hands it back
+    /// with `SET_INFLIGHT_FD`, so that a restarted backend can resubmit the requests it had
+    /// taken from the rings but not completed.
+    fn get_inflight_fd(
+        &mut self,
+        _inflight: &VhostUserInflight,
+    ) -> Result<(VhostUserInflight, File)> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "back end does not support inflight I/O tracking",
+        ))
+    }
+
+    /// Set the shared buffer for inflight I/O tracking (`SET_INFLIGHT_FD`), before the rings
+    /// start.
+    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> Result<()> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "back end does not support inflight I/O tracking",
+        ))
+    }
+
     /// Handle IO events for backend registered file descriptors.
     ///
     /// This function gets called if the backend registered some additional listeners onto specific
@@ -424,6 +471,14 @@ impl<T: VhostUserBackend> VhostUserBackend for Arc<T> {
         self.deref().stop_vring(queue_index)
     }
 
+    fn get_inflight_fd(&self, inflight: &VhostUserInflight) -> Result<(VhostUserInflight, File)> {
+        self.deref().get_inflight_fd(inflight)
+    }
+
+    fn set_inflight_fd(&self, inflight: &VhostUserInflight, file: File) -> Result<()> {
+        self.deref().set_inflight_fd(inflight, file)
+    }
+
     fn handle_event(
         &self,
         device_event: u16,
@@ -519,6 +574,14 @@ impl<T: VhostUserBackendMut> VhostUserBackend for Mutex<T> {
 
     fn stop_vring(&self, queue_index: u32) -> Result<()> {
         self.lock().unwrap().stop_vring(queue_index)
+    }
+
+    fn get_inflight_fd(&self, inflight: &VhostUserInflight) -> Result<(VhostUserInflight, File)> {
+        self.lock().unwrap().get_inflight_fd(inflight)
+    }
+
+    fn set_inflight_fd(&self, inflight: &VhostUserInflight, file: File) -> Result<()> {
+        self.lock().unwrap().set_inflight_fd(inflight, file)
     }
 
     fn handle_event(
@@ -621,6 +684,14 @@ impl<T: VhostUserBackendMut> VhostUserBackend for RwLock<T> {
         self.write().unwrap().stop_vring(queue_index)
     }
 
+    fn get_inflight_fd(&self, inflight: &VhostUserInflight) -> Result<(VhostUserInflight, File)> {
+        self.write().unwrap().get_inflight_fd(inflight)
+    }
+
+    fn set_inflight_fd(&self, inflight: &VhostUserInflight, file: File) -> Result<()> {
+        self.write().unwrap().set_inflight_fd(inflight, file)
+    }
+
     fn handle_event(
         &self,
         device_event: u16,
@@ -668,6 +739,7 @@ pub mod tests {
         acked_features: u64,
         exit_event_fds: Vec<(EventConsumer, EventNotifier)>,
         stop_calls: usize,
+        inflight_size: Option<u64>,
     }
 
     impl MockVhostBackend {
@@ -678,6 +750,7 @@ pub mod tests {
                 acked_features: 0,
                 exit_event_fds: vec![],
                 stop_calls: 0,
+                inflight_size: None,
             };
 
             // Create a event_fd for each thread. We make it NONBLOCKing in
@@ -699,6 +772,10 @@ pub mod tests {
 
         pub fn stop_calls(&self) -> usize {
             self.stop_calls
+        }
+
+        pub fn inflight_size(&self) -> Option<u64> {
+            self.inflight_size
         }
     }
 
@@ -777,6 +854,22 @@ pub mod tests {
 
         fn stop_vring(&mut self, _queue_index: u32) -> Result<()> {
             self.stop_calls += 1;
+            Ok(())
+        }
+
+        fn get_inflight_fd(
+            &mut self,
+            inflight: &VhostUserInflight,
+        ) -> Result<(VhostUserInflight, File)> {
+            let size = u64::from(inflight.num_queues) * u64::from(inflight.queue_size) * 16;
+            let file = tempfile::tempfile()?;
+            file.set_len(size)?;
+            let reply = VhostUserInflight::new(size, 0, inflight.num_queues, inflight.queue_size);
+            Ok((reply, file))
+        }
+
+        fn set_inflight_fd(&mut self, inflight: &VhostUserInflight, _file: File) -> Result<()> {
+            self.inflight_size = Some(inflight.mmap_size);
             Ok(())
         }
 

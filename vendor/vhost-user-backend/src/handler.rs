@@ -665,20 +665,21 @@ where
 
     fn get_inflight_fd(
         &mut self,
-        _inflight: &vhost::vhost_user::message::VhostUserInflight,
+        inflight: &vhost::vhost_user::message::VhostUserInflight,
     ) -> VhostUserResult<(vhost::vhost_user::message::VhostUserInflight, File)> {
-        // Assume the backend hasn't negotiated the inflight feature; it
-        // wouldn't be correct for the backend to do so, as we don't (yet)
-        // provide a way for it to handle such requests.
-        Err(VhostUserError::InvalidOperation("not supported"))
+        self.backend
+            .get_inflight_fd(inflight)
+            .map_err(VhostUserError::ReqHandlerError)
     }
 
     fn set_inflight_fd(
         &mut self,
-        _inflight: &vhost::vhost_user::message::VhostUserInflight,
-        _file: File,
+        inflight: &vhost::vhost_user::message::VhostUserInflight,
+        file: File,
     ) -> VhostUserResult<()> {
-        Err(VhostUserError::InvalidOperation("not supported"))
+        self.backend
+            .set_inflight_fd(inflight, file)
+            .map_err(VhostUserError::ReqHandlerError)
     }
 
     fn get_max_mem_slots(&mut self) -> VhostUserResult<u64> {
@@ -965,6 +966,24 @@ mod tests {
         assert_eq!(index, 0);
         assert_eq!(num, 0);
         assert_eq!(backend.lock().unwrap().stop_calls(), 1);
+    }
+
+    #[test]
+    fn test_inflight_fd_reaches_backend() {
+        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::<()>::new());
+        let backend = Arc::new(Mutex::new(MockVhostBackend::new()));
+        let mut handler = VhostUserHandler::new(backend.clone(), mem).unwrap();
+
+        let request = vhost::vhost_user::message::VhostUserInflight::new(0, 0, 2, 256);
+        let (reply, file) = handler.get_inflight_fd(&request).unwrap();
+        assert_eq!(reply.mmap_size, file.metadata().unwrap().len());
+        assert_eq!((reply.num_queues, reply.queue_size), (2, 256));
+
+        handler.set_inflight_fd(&reply, file).unwrap();
+        assert_eq!(
+            backend.lock().unwrap().inflight_size(),
+            Some(reply.mmap_size)
+        );
     }
 
     #[test]
