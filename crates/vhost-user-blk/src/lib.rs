@@ -2,6 +2,7 @@
 //! file) to a VM over a vhost-user socket.
 //!
 //! - `request`: parses a virtio-blk request out of a descriptor chain (untrusted input).
+//! - `chain`: walks a chain from its head index (requests resubmitted after a restart).
 //! - `device`: executes a parsed request against the `BlockDevice`.
 //! - `backend`: the `VhostUserBackend` impl (features, config space, one worker per queue).
 //! - `executor`: the submission pool that keeps many requests of a queue in flight.
@@ -16,6 +17,7 @@
 //! - this file: the listening loop (`Server`), reconnects and shutdown.
 
 pub mod backend;
+pub mod chain;
 pub mod device;
 pub mod dirty;
 pub mod executor;
