@@ -5,8 +5,15 @@
 //! running the last one of each batch itself; whichever thread finishes a request puts it on
 //! the used ring and signals the guest. Queues share nothing but the disk and the pool, so
 //! they never serialize on a backend-wide lock, and one queue keeps many requests in flight.
+//!
+//! Restarts (`inflight`): every head taken from a ring is marked in the inflight region
+//! (`QueuePart::popped`) and every completion goes through `inflight::add_used`, under the
+//! ring's lock; when a ring starts, its worker first resubmits what a predecessor daemon left
+//! in flight and signals the guest even with nothing to do. `drain` (a stop) takes no more
+//! requests, waits for those taken and signals every ring.
 
 use std::collections::VecDeque;
+use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -14,7 +21,9 @@ use std::time::Instant;
 
 use cryptblk_block::{IoKind, IoStats};
 
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::message::{
+    VhostUserInflight, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_CONFIG_WCE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
@@ -23,16 +32,20 @@ use virtio_bindings::virtio_blk::{
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::desc::split::Descriptor;
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
+use crate::chain::Chain;
 use crate::device::{Disk, MAX_DISCARD_SECTORS, MAX_WRITE_ZEROES_SECTORS};
 use crate::executor::{Executor, InFlight};
+use crate::fault::{self, Point};
 use crate::frontend::{FrontendState, TrackedVring};
+use crate::inflight::{self, QueuePart, Rings};
 use crate::request::{self, Request, RequestType, SECTOR_SIZE};
 use crate::GuestMem;
 
@@ -57,6 +70,8 @@ const SIGNAL_BATCH: u32 = 16;
 /// Per-queue state shared by the queue's epoll thread and the pool threads completing its
 /// requests.
 pub struct QueueState {
+    /// The queue's index (= its worker thread's).
+    index: usize,
     in_flight: InFlight,
     stats: Arc<IoStats>,
     /// Moving average of the time one request takes to execute, in nanoseconds.
@@ -81,6 +96,10 @@ struct Inner {
     executor: Arc<Executor>,
     /// Where queue starts and stops and the acked LOG_ALL feature are reported.
     frontend: Arc<FrontendState>,
+    /// The running rings and the inflight region (restarts).
+    rings: Arc<Rings>,
+    /// Stopping: take no more requests from the rings (`drain`).
+    draining: AtomicBool,
 }
 
 /// A parsed request on its way to execution.
@@ -132,6 +151,7 @@ impl BlkBackend {
         let queues = (0..usize::from(num_queues))
             .map(|q| {
                 Arc::new(QueueState {
+                    index: q,
                     in_flight: InFlight::default(),
                     stats: queue_stats.get(q).cloned().unwrap_or_default(),
                     avg_service_ns: AtomicU64::new(u64::MAX / 1024),
@@ -152,8 +172,24 @@ impl BlkBackend {
                 queues,
                 executor,
                 frontend,
+                rings: Arc::new(Rings::new(num_queues, queue_size)),
+                draining: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// The connection's rings and inflight region, for the rings to report their starts to.
+    pub(crate) fn rings(&self) -> Arc<Rings> {
+        self.inner.rings.clone()
+    }
+
+    /// Stops taking requests from the rings, waits until every request taken is answered,
+    /// then signals the guest on every ring: a frontend that disconnects after this sees every
+    /// completion, and a QEMU that restarts its rings at used->idx loses and repeats nothing.
+    pub fn drain(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
+        self.wait_idle();
+        self.inner.rings.signal_all();
     }
 
     /// Blocks until every request popped from any queue has been answered.
@@ -196,12 +232,19 @@ impl BlkBackend {
         c
     }
 
-    /// Pops every available request of one queue. Rejected chains are answered at once; the
+    /// Pops every available request of one queue (when `pop`), after the heads in
+    /// `resubmit`. Rejected chains are answered at once; the
     /// valid ones form a batch that this thread works through together with pool threads
     /// woken to help (`helpers_for`), so a deep queue spreads over the cores while a lone
     /// request pays no hand-off. This thread does not wait for the helpers: it goes back to
     /// the queue as soon as the batch is empty.
-    fn process_queue(&self, vring: &Vring, queue: &Arc<QueueState>) -> io::Result<()> {
+    fn process_queue(
+        &self,
+        vring: &Vring,
+        queue: &Arc<QueueState>,
+        resubmit: &[u16],
+        pop: bool,
+    ) -> io::Result<()> {
         let inner = &self.inner;
         let atomic = inner
             .mem
@@ -209,8 +252,7 @@ impl BlkBackend {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let mem = atomic.memory().into_inner();
-        let max_descriptors = inner.seg_max as usize + 2;
-        let capacity = inner.ctx.disk.capacity();
+        let part = inner.rings.part(queue.index);
         let mut requests = VecDeque::new();
         let mut rejected_unsignalled = false;
         // Counts as in flight while popping: a chain popped but not yet counted would
@@ -218,40 +260,49 @@ impl BlkBackend {
         // `FrontendEvent::Stopped`, before that request is answered. Pops fail once the
         // frontend stopped the ring, so this only waits for a pop already under way.
         let popping = Popping::new(&queue.in_flight);
-        loop {
+        // inflight: requests a predecessor daemon took from the ring and did not complete,
+        // oldest first. Still marked in flight; parsed and run like new ones.
+        if !resubmit.is_empty() {
+            let (table, size) = {
+                let state = vring.get_ref();
+                (state.get_queue().desc_table(), state.get_queue().size())
+            };
+            for &head in resubmit {
+                let chain = Chain::new(&*mem, GuestAddress(table), size, head);
+                rejected_unsignalled |= self.take_request(
+                    &mem,
+                    vring,
+                    part.as_deref(),
+                    queue,
+                    head,
+                    chain,
+                    &mut requests,
+                )?;
+            }
+        }
+        // A stopping daemon takes nothing new (`drain`).
+        while pop && !inner.draining.load(Ordering::SeqCst) {
             let chain = vring
                 .get_mut()
                 .get_queue_mut()
                 .pop_descriptor_chain(atomic.memory());
             let Some(chain) = chain else { break };
             let head = chain.head_index();
-            let mut segments = Vec::new();
-            match request::parse(
-                &*mem,
-                chain,
-                max_descriptors,
-                SIZE_MAX,
-                capacity,
-                &mut segments,
-            ) {
-                Ok(req) => {
-                    queue.in_flight.inc();
-                    requests.push_back(Pending {
-                        head,
-                        req,
-                        segments,
-                        start: queue.stats.begin(),
-                    });
-                }
-                Err(rejected) => {
-                    tracing::debug!("rejected request: {}", rejected.error);
-                    let used_len = inner.ctx.disk.reject(&*mem, &rejected);
-                    vring
-                        .add_used(head, used_len)
-                        .map_err(|e| io::Error::other(format!("add_used: {e}")))?;
-                    rejected_unsignalled = true;
-                }
+            fault::hit(Point::Popped);
+            // inflight: mark the head taken before anything else happens to it.
+            if let Some(part) = &part {
+                part.popped(head);
             }
+            fault::hit(Point::Marked);
+            rejected_unsignalled |= self.take_request(
+                &mem,
+                vring,
+                part.as_deref(),
+                queue,
+                head,
+                chain,
+                &mut requests,
+            )?;
         }
         if rejected_unsignalled {
             signal(vring)?;
@@ -265,6 +316,7 @@ impl BlkBackend {
             ctx: inner.ctx.clone(),
             mem,
             vring: vring.clone(),
+            part,
             queue: queue.clone(),
             requests: Mutex::new(requests),
         });
@@ -274,6 +326,49 @@ impl BlkBackend {
         }
         batch.work();
         Ok(())
+    }
+
+    /// Parses the chain of `head`: a valid request joins `requests` (and counts as in
+    /// flight), a rejected one is answered at once. Returns whether it was rejected.
+    #[allow(clippy::too_many_arguments)]
+    fn take_request(
+        &self,
+        mem: &GuestMem,
+        vring: &Vring,
+        part: Option<&QueuePart>,
+        queue: &QueueState,
+        head: u16,
+        descriptors: impl IntoIterator<Item = Descriptor>,
+        requests: &mut VecDeque<Pending>,
+    ) -> io::Result<bool> {
+        let inner = &self.inner;
+        let mut segments = Vec::new();
+        match request::parse(
+            mem,
+            descriptors,
+            inner.seg_max as usize + 2,
+            SIZE_MAX,
+            inner.ctx.disk.capacity(),
+            &mut segments,
+        ) {
+            Ok(req) => {
+                queue.in_flight.inc();
+                requests.push_back(Pending {
+                    head,
+                    req,
+                    segments,
+                    start: queue.stats.begin(),
+                });
+                Ok(false)
+            }
+            Err(rejected) => {
+                tracing::debug!("rejected request: {}", rejected.error);
+                let used_len = inner.ctx.disk.reject(mem, &rejected);
+                inflight::add_used(vring, part, head, used_len)
+                    .map_err(|e| io::Error::other(format!("add_used: {e}")))?;
+                Ok(true)
+            }
+        }
     }
 }
 
@@ -319,6 +414,8 @@ struct Batch {
     ctx: Arc<RequestContext>,
     mem: Arc<GuestMem>,
     vring: Vring,
+    /// The ring's inflight part, if tracked.
+    part: Option<Arc<QueuePart>>,
     queue: Arc<QueueState>,
     requests: Mutex<VecDeque<Pending>>,
 }
@@ -336,7 +433,14 @@ impl Batch {
     fn work(&self) {
         let mut unsignalled = 0u32;
         while let Some(pending) = self.next() {
-            run_request(&self.ctx, &self.mem, &self.vring, &self.queue, pending);
+            run_request(
+                &self.ctx,
+                &self.mem,
+                &self.vring,
+                self.part.as_deref(),
+                &self.queue,
+                pending,
+            );
             unsignalled += 1;
             if unsignalled >= SIGNAL_BATCH {
                 self.signal();
@@ -360,6 +464,7 @@ fn run_request(
     ctx: &RequestContext,
     mem: &GuestMem,
     vring: &Vring,
+    part: Option<&QueuePart>,
     queue: &QueueState,
     pending: Pending,
 ) {
@@ -395,7 +500,8 @@ fn run_request(
     let avg = queue.avg_service_ns.load(Ordering::Relaxed);
     let next = avg - avg / 8 + took.min(u64::MAX / 1024) / 8;
     queue.avg_service_ns.store(next, Ordering::Relaxed);
-    if let Err(e) = vring.add_used(head, used_len) {
+    // inflight: recorded around the used ring update, under the ring's lock.
+    if let Err(e) = inflight::add_used(vring, part, head, used_len) {
         // The ring is unusable (e.g. the frontend reset it); the connection's next message
         // or disconnect handles that. The request is still no longer in flight.
         tracing::warn!("completing request: {e}");
@@ -405,6 +511,7 @@ fn run_request(
 
 /// Interrupts the guest if it wants to hear about the new used entries (EVENT_IDX).
 fn signal(vring: &Vring) -> io::Result<()> {
+    fault::hit(Point::BeforeSignal);
     if vring
         .needs_notification()
         .map_err(|e| io::Error::other(format!("needs_notification: {e}")))?
@@ -462,6 +569,9 @@ impl VhostUserBackend for BlkBackend {
             // The dirty log comes as a shared memory fd (SET_LOG_BASE), as QEMU requires
             // with LOG_ALL.
             | VhostUserProtocolFeatures::LOG_SHMFD
+            // Requests in flight are recorded in a region the frontend keeps, so that a
+            // restarted daemon resubmits them (`inflight`).
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD
     }
 
     fn acked_features(&self, features: u64) {
@@ -523,11 +633,27 @@ impl VhostUserBackend for BlkBackend {
     /// ring after the frontend took it back. When it was the last running ring, reports
     /// `FrontendEvent::Stopped`.
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
-        if let Some(q) = self.inner.queues.get(queue_index as usize) {
+        let index = queue_index as usize;
+        if let Some(q) = self.inner.queues.get(index) {
+            // inflight: a ring stopped before its worker saw it start still owes the requests
+            // a predecessor left in flight; run them here (the ring takes no new ones now).
+            let resubmit = self.inner.rings.take_resubmits(index);
+            if let (false, Some(vring)) = (resubmit.is_empty(), self.inner.rings.vring(index)) {
+                self.process_queue(&vring, q, &resubmit, false)?;
+            }
             q.in_flight.wait_idle();
         }
-        self.inner.frontend.queue_stopped(queue_index as usize);
+        self.inner.rings.ring_stopped(index);
+        self.inner.frontend.queue_stopped(index);
         Ok(())
+    }
+
+    fn get_inflight_fd(&self, msg: &VhostUserInflight) -> io::Result<(VhostUserInflight, File)> {
+        self.inner.rings.get_fd(msg)
+    }
+
+    fn set_inflight_fd(&self, msg: &VhostUserInflight, file: File) -> io::Result<()> {
+        self.inner.rings.set_fd(msg, file)
     }
 
     fn queues_per_thread(&self) -> Vec<u64> {
@@ -558,23 +684,37 @@ impl VhostUserBackend for BlkBackend {
             .queues
             .get(thread_id)
             .ok_or_else(|| io::Error::other(format!("no queue for thread {thread_id}")))?;
+        // inflight: a ring just started (or enabled) first resubmits what a predecessor daemon
+        // left in flight, and signals the guest even with nothing to do: completions a killed
+        // predecessor put on the used ring may never have been signalled.
+        let started = self.inner.frontend.take_start(thread_id);
+        let resubmit = if started {
+            self.inner.rings.take_resubmits(thread_id)
+        } else {
+            Vec::new()
+        };
         if self.inner.event_idx.load(Ordering::Relaxed) {
             // Keep draining until the guest added nothing between the last pop and re-enabling
             // notifications (virtio's EVENT_IDX protocol), so no kick is lost.
+            let mut resubmit = resubmit.as_slice();
             loop {
                 vring
                     .disable_notification()
                     .map_err(|e| io::Error::other(format!("disable_notification: {e}")))?;
-                self.process_queue(vring, queue)?;
-                if !vring
-                    .enable_notification()
-                    .map_err(|e| io::Error::other(format!("enable_notification: {e}")))?
+                self.process_queue(vring, queue, std::mem::take(&mut resubmit), true)?;
+                if self.inner.draining.load(Ordering::SeqCst)
+                    || !vring
+                        .enable_notification()
+                        .map_err(|e| io::Error::other(format!("enable_notification: {e}")))?
                 {
                     break;
                 }
             }
         } else {
-            self.process_queue(vring, queue)?;
+            self.process_queue(vring, queue, &resubmit, true)?;
+        }
+        if started {
+            vring.signal_used_queue()?;
         }
         Ok(())
     }

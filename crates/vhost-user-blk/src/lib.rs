@@ -7,6 +7,9 @@
 //! - `backend`: the `VhostUserBackend` impl (features, config space, one worker per queue).
 //! - `executor`: the submission pool that keeps many requests of a queue in flight.
 //! - `frontend`: queue start/stop events for the daemon (`FrontendEvent`).
+//! - `inflight`: vhost-user inflight I/O tracking, so that a restarted daemon resubmits what
+//!   its predecessor had taken from the rings and not completed.
+//! - `fault`: crash points for the restart tests (only with the `fault-injection` feature).
 //!
 //! Live migration: the backend offers VHOST_F_LOG_ALL and the LOG_SHMFD protocol feature,
 //! so QEMU can migrate a VM using it. Guest memory is `GuestMem`, whose per-region dirty
@@ -21,7 +24,9 @@ pub mod chain;
 pub mod device;
 pub mod dirty;
 pub mod executor;
+pub mod fault;
 pub mod frontend;
+pub mod inflight;
 pub mod request;
 
 use std::io;
@@ -311,7 +316,7 @@ impl Server {
             self.shared.frontend.clone(),
         );
         // The daemon creates the rings on this thread; they report starts to `frontend`.
-        frontend::begin_tracking(self.shared.frontend.clone());
+        frontend::begin_tracking(self.shared.frontend.clone(), backend.rings());
         let daemon = VhostUserDaemon::new("cryptblk-vhost-user-blk".into(), backend.clone(), mem);
         frontend::end_tracking();
         let mut daemon = daemon.map_err(|e| Error::Daemon(e.to_string()))?;
