@@ -113,7 +113,7 @@ pub struct StopHandle {
 struct Shared {
     stop: AtomicBool,
     wake: EventFd,
-    connection: Mutex<Option<ShutdownHandle>>,
+    connection: Mutex<Option<Connection>>,
     /// A frontend is connected.
     connected: AtomicBool,
     /// One per queue; kept across connections.
@@ -122,20 +122,39 @@ struct Shared {
     frontend: Arc<FrontendState>,
 }
 
+/// The connection being served: its backend, to drain, and the handle that closes it.
+#[derive(Clone)]
+struct Connection {
+    backend: BlkBackend,
+    shutdown: ShutdownHandle,
+}
+
+impl Connection {
+    /// Takes no more requests from the guest, answers and signals every one taken, then closes
+    /// the socket. The frontend never sees the connection end while completions are still
+    /// landing on its used rings, so a QEMU that restarts them at used->idx (what it does
+    /// when its backend goes away) repeats and loses nothing.
+    fn close(&self) {
+        self.backend.drain();
+        self.shutdown.shutdown();
+    }
+}
+
 impl StopHandle {
-    /// Asks the server to stop: the current connection (if any) is closed after its in-flight
-    /// requests complete, the disk is flushed, and `Server::run` returns.
+    /// Asks the server to stop: the current connection (if any) stops taking requests, its
+    /// in-flight requests complete and are signalled to the guest, then it is closed; the disk
+    /// is flushed, and `Server::run` returns. Blocks until the connection is closed.
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         let _ = self.shared.wake.write(1);
-        if let Some(conn) = self
+        let connection = self
             .shared
             .connection
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
-            conn.shutdown();
+            .clone();
+        if let Some(connection) = connection {
+            connection.close();
         }
     }
 
@@ -323,13 +342,20 @@ impl Server {
         daemon
             .start(&mut self.listener)
             .map_err(|e| Error::Daemon(e.to_string()))?;
+        let connection = daemon.shutdown_handle().map(|shutdown| Connection {
+            backend: backend.clone(),
+            shutdown,
+        });
         *self
             .shared
             .connection
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = daemon.shutdown_handle();
+            .unwrap_or_else(PoisonError::into_inner) = connection.clone();
         if self.shared.stop.load(Ordering::SeqCst) {
-            daemon.request_shutdown();
+            match &connection {
+                Some(connection) => connection.close(),
+                None => daemon.request_shutdown(),
+            }
         }
         self.shared.connected.store(true, Ordering::SeqCst);
         tracing::info!("vhost-user frontend connected on {}", self.path.display());
