@@ -48,7 +48,7 @@ impl<'a, M: GuestMemory> Chain<'a, M> {
     /// Continues in the indirect table `desc` points at; false when that is not allowed.
     fn enter_indirect(&mut self, desc: &Descriptor) -> bool {
         // One level only (virtio 1.2, 2.7.5.3.1), and a whole number of descriptors.
-        if self.indirect || desc.len() % VRING_DESC_ALIGN_SIZE != 0 {
+        if self.indirect || !desc.len().is_multiple_of(VRING_DESC_ALIGN_SIZE) {
             return false;
         }
         let Ok(len) = u16::try_from(desc.len() / VRING_DESC_ALIGN_SIZE) else {

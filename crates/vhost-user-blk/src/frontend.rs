@@ -170,13 +170,18 @@ struct RingTracker {
 thread_local! {
     /// What the rings created on this thread report to, with the index of the next ring; set
     /// by `Server` around `VhostUserDaemon::new`, which creates the rings in order.
-    static PENDING: RefCell<Option<(Arc<FrontendState>, Arc<Rings>, usize)>> =
-        const { RefCell::new(None) };
+    static PENDING: RefCell<Option<RingTracker>> = const { RefCell::new(None) };
 }
 
 /// Makes the rings created on this thread until `end_tracking` report to `state` and `rings`.
 pub(crate) fn begin_tracking(state: Arc<FrontendState>, rings: Arc<Rings>) {
-    PENDING.with(|p| *p.borrow_mut() = Some((state, rings, 0)));
+    PENDING.with(|p| {
+        *p.borrow_mut() = Some(RingTracker {
+            state,
+            rings,
+            index: 0,
+        })
+    });
 }
 
 pub(crate) fn end_tracking() {
@@ -208,14 +213,10 @@ impl<'a> VringStateMutGuard<'a, Mem> for TrackedVring {
 impl VringT<Mem> for TrackedVring {
     fn new(mem: Mem, max_queue_size: u16) -> Result<Self, VirtQueError> {
         let tracker = PENDING.with(|p| {
-            p.borrow_mut().as_mut().map(|(state, rings, next)| {
-                let index = *next;
-                *next += 1;
-                RingTracker {
-                    state: state.clone(),
-                    rings: rings.clone(),
-                    index,
-                }
+            p.borrow_mut().as_mut().map(|next| {
+                let tracker = next.clone();
+                next.index += 1;
+                tracker
             })
         });
         Ok(TrackedVring {
