@@ -2,7 +2,9 @@
 //! the head index and the guest memory the descriptors point into. The chain goes through
 //! virtio-queue, `request::parse` and `Disk::execute` / `Disk::reject`, as in the daemon's
 //! worker. Nothing may panic, and no guest byte outside the chain's device-writable
-//! descriptors (and the used ring) may change.
+//! descriptors (and the used ring) may change. `chain::Chain`, which walks the chains of
+//! requests resubmitted after a daemon restart, must yield exactly the descriptors
+//! virtio-queue yields for the same head.
 //!
 //! Input layout (missing bytes read as zero):
 //! - bytes 0..256: the 16-entry descriptor table (addr u64, len u32, flags u16, next u16, LE);
@@ -14,6 +16,7 @@
 use std::sync::{Arc, Mutex};
 
 use cryptblk_block::{BlockDevice, BlockError};
+use cryptblk_vhost_user_blk::chain::Chain;
 use cryptblk_vhost_user_blk::{request, Disk};
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::{Queue, QueueT};
@@ -106,6 +109,16 @@ fuzz_target!(|data: &[u8]| {
         .map(|d| (d.addr().0, d.addr().0.saturating_add(u64::from(d.len()))))
         .collect();
     let head = chain.head_index();
+    let fields =
+        |d: virtio_queue::desc::split::Descriptor| (d.addr().0, d.len(), d.flags(), d.next());
+    let walked: Vec<_> = Chain::new(&mem, GuestAddress(DESC), QSIZE, head)
+        .map(fields)
+        .collect();
+    let popped: Vec<_> = chain.clone().map(fields).collect();
+    assert_eq!(
+        walked, popped,
+        "chain::Chain and virtio-queue differ for head {head}"
+    );
 
     let mut before = vec![0u8; MEM];
     mem.read_slice(&mut before, GuestAddress(0)).unwrap();

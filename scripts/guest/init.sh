@@ -1,12 +1,15 @@
 #!/bin/busybox sh
 # /init of the cryptblk test guest (packed into the initramfs by build-initramfs.sh).
 # Kernel command line parameters:
-#   cryptblk.job=write-verify|read-verify   the fio job to run on the test disk
+#   cryptblk.job=write-verify|read-verify|restart-verify   the fio job to run on the test disk
 #   cryptblk.size=BYTES                     how much of the disk the job covers (default 64M)
 #   cryptblk.bs=BYTES                       fio block size (default 64k)
 #   cryptblk.dev=NAME                       the test disk under /dev (default vda)
 # Prints exactly one "GUEST-RESULT: PASS" or "GUEST-RESULT: FAIL <why>" line on the console,
-# plus "GUEST-SHA256: <hex>" of the disk's first size bytes after a passing job, then powers off.
+# plus "GUEST-SHA256: <hex>" of the disk's first size bytes after a passing write-verify or
+# read-verify, then powers off. restart-verify runs rounds of a mixed verified fio job until the
+# console reads the line "stop" (the host restarts the disk's server meanwhile), printing each
+# round's fio JSON report between "FIO-JSON-BEGIN <n>" and "FIO-JSON-END <n>".
 /bin/busybox mkdir -p /proc /sys /dev /tmp /sbin /usr/bin /usr/sbin
 /bin/busybox --install -s
 mount -t devtmpfs devtmpfs /dev
@@ -52,6 +55,32 @@ done
 echo "guest: /dev/$dev is $(cat "/sys/block/$dev/size") sectors, $(ls "/sys/block/$dev/mq" | wc -l) queue(s)"
 
 export LD_LIBRARY_PATH="$(cat /etc/fio-library-path)"
+
+# Rounds of 1 MiB writes at depth 8 (the first 3/4 of size) and 4 KiB writes at depth 24 (the
+# last 1/4), fsync every 8 writes, each block read back and crc32c-verified after its round.
+if [ "$job" = restart-verify ]; then
+	case "$size" in *[!0-9]*) finish "FAIL restart-verify needs cryptblk.size in bytes" ;; esac
+	big=$((size / 4 * 3 / 1048576 * 1048576))
+	small=$((size - big))
+	round=0
+	while :; do
+		round=$((round + 1))
+		echo "FIO-JSON-BEGIN $round"
+		fio --output-format=json --eta=never --filename="/dev/$dev" --direct=1 \
+			--ioengine=libaio --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
+			--randseed="$round" --fsync=8 --rw=randwrite \
+			--name=big --bs=1M --iodepth=8 --offset=0 --size="$big" \
+			--name=small --bs=4k --iodepth=24 --offset="$big" --size="$small" ||
+			finish "FAIL fio restart-verify round $round exited with status $?"
+		echo "FIO-JSON-END $round"
+		echo "guest: round $round passed at $(cut -d' ' -f1 /proc/uptime)s"
+		if read -t 1 line && [ "$line" = stop ]; then
+			break
+		fi
+		[ "$round" -lt 500 ] || finish "FAIL no stop from the host after $round rounds"
+	done
+	finish PASS
+fi
 set -- fio --name=verify --filename="/dev/$dev" --rw=write --bs="$bs" --size="$size" \
 	--direct=1 --ioengine=psync --verify=crc32c --verify_fatal=1 --verify_state_save=0
 case "$job" in

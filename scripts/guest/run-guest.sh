@@ -2,21 +2,27 @@
 # Boots the cryptblk test guest (scripts/guest/build-initramfs.sh) under qemu-system-x86_64 with
 # one test disk, runs a fio job on it and reports the guest's verdict.
 #
-# Usage: scripts/guest/run-guest.sh (--disk-raw FILE | --vhost-user-blk SOCKET [--queues N])
-#            --job write-verify|read-verify --size BYTES
-#            [--bs BYTES] [--log FILE] [--timeout SECS] [--artifacts DIR]
+# Usage: scripts/guest/run-guest.sh (--disk-raw FILE | --vhost-user-blk SOCKET [--queues N]
+#            [--reconnect SECS]) --job write-verify|read-verify|restart-verify --size BYTES
+#            [--bs BYTES] [--log FILE] [--timeout SECS] [--artifacts DIR] [--stdin]
 #
 #   --disk-raw FILE         a raw image as a plain virtio-blk disk (cache=none)
 #   --vhost-user-blk SOCKET a vhost-user-blk server's socket (guest RAM is a shared memfd)
 #   --queues N              virtqueues of the vhost-user-blk device (default 1)
+#   --reconnect SECS        QEMU reconnects to the vhost-user-blk socket every SECS seconds
+#                           after the server goes away (QEMU 7.2's chardev reconnect=SECS)
 #   --job                   write-verify: fio writes a crc32c-verified pattern over the first
 #                           --size bytes and reads it back; read-verify: fio only verifies a
-#                           pattern an earlier write-verify left there
+#                           pattern an earlier write-verify left there; restart-verify: rounds
+#                           of a mixed fio job (1 MiB writes at depth 8 and 4 KiB writes at
+#                           depth 24, fsync every 8, crc32c verify) over the first --size
+#                           bytes until the line "stop" arrives on the console (--stdin)
 #   --size BYTES            bytes of the disk the job covers (a multiple of --bs)
 #   --bs BYTES              fio block size (default 65536)
 #   --log FILE              the guest console (default: a temporary file, removed on success)
 #   --timeout SECS          kill QEMU after this long (default 300)
 #   --artifacts DIR         where the kernel and initramfs are built/cached (default target/guest)
+#   --stdin                 the guest console reads this script's stdin (default: nothing)
 #
 # The console is also echoed to stdout. Exits 0 only if the guest printed "GUEST-RESULT: PASS";
 # after a pass the console also holds "GUEST-SHA256: <hex>", the digest of the first --size
@@ -27,13 +33,16 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 usage() { sed -n "4,7p" "$0" | sed "s/^# \{0,1\}//" >&2; exit "${1:-1}"; }
 
-disk_raw="" socket="" queues=1 job="" size="" bs=65536 log="" timeout_s=300
+disk_raw="" socket="" queues=1 reconnect="" job="" size="" bs=65536 log="" timeout_s=300
+console_in=/dev/null
 artifacts="$here/../../target/guest"
 while [ $# -gt 0 ]; do
   case "$1" in
   --disk-raw) disk_raw="$2"; shift 2 ;;
   --vhost-user-blk) socket="$2"; shift 2 ;;
   --queues) queues="$2"; shift 2 ;;
+  --reconnect) reconnect="$2"; shift 2 ;;
+  --stdin) console_in=/dev/stdin; shift ;;
   --job) job="$2"; shift 2 ;;
   --size) size="$2"; shift 2 ;;
   --bs) bs="$2"; shift 2 ;;
@@ -48,10 +57,13 @@ if { [ -n "$disk_raw" ] && [ -n "$socket" ]; } || { [ -z "$disk_raw" ] && [ -z "
   echo "$0: give exactly one of --disk-raw and --vhost-user-blk" >&2
   usage
 fi
-case "$job" in write-verify | read-verify) ;; *) echo "$0: --job write-verify|read-verify" >&2; usage ;; esac
+case "$job" in write-verify | read-verify | restart-verify) ;;
+*) echo "$0: --job write-verify|read-verify|restart-verify" >&2; usage ;;
+esac
 [[ "$size" =~ ^[0-9]+$ ]] && [ "$size" -gt 0 ] || { echo "$0: --size BYTES (a positive integer)" >&2; usage; }
 [[ "$bs" =~ ^[0-9]+$ ]] && [ $((size % bs)) -eq 0 ] || { echo "$0: --size must be a multiple of --bs" >&2; exit 1; }
 [[ "$queues" =~ ^[1-9][0-9]*$ ]] || { echo "$0: --queues N (N >= 1)" >&2; exit 1; }
+[ -z "$reconnect" ] || [[ "$reconnect" =~ ^[1-9][0-9]*$ ]] || { echo "$0: --reconnect SECS (SECS >= 1)" >&2; exit 1; }
 
 command -v qemu-system-x86_64 >/dev/null 2>&1 || {
   sudo=""
@@ -83,7 +95,8 @@ if [ -n "$disk_raw" ]; then
 else
   [ -S "$socket" ] || { echo "$0: not a socket: $socket" >&2; exit 1; }
   disk_args=(-object "memory-backend-memfd,id=mem,size=$mem,share=on" -numa node,memdev=mem
-    -chardev "socket,id=c0,path=$socket" -device "vhost-user-blk-pci,chardev=c0,num-queues=$queues")
+    -chardev "socket,id=c0,path=$socket${reconnect:+,reconnect=$reconnect}"
+    -device "vhost-user-blk-pci,chardev=c0,num-queues=$queues")
 fi
 
 keep_log=1
@@ -97,7 +110,7 @@ timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 "${accel_args[@]}" -m "$
   -nographic -nodefaults -no-user-config -serial stdio -no-reboot \
   -kernel "$artifacts/vmlinuz" -initrd "$artifacts/initramfs.cpio.gz" \
   -append "console=ttyS0 quiet panic=-1 cryptblk.job=$job cryptblk.size=$size cryptblk.bs=$bs" \
-  "${disk_args[@]}" </dev/null 2>&1 | tr -d '\r' | tee "$log"
+  "${disk_args[@]}" <"$console_in" 2>&1 | tr -d '\r' | tee "$log"
 status=("${PIPESTATUS[@]}")
 set -e
 elapsed=$(awk -v ns=$(($(date +%s%N) - start)) 'BEGIN { printf "%.1f", ns / 1e9 }')

@@ -14,7 +14,7 @@ use std::time::Duration;
 use cryptblk_block::BlockDevice;
 use cryptblk_vhost_user_blk::{EventListener, ServeOptions, Server, StopHandle};
 use vhost::vhost_user::message::{
-    VhostUserConfigFlags, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+    VhostUserConfigFlags, VhostUserInflight, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
@@ -142,6 +142,8 @@ pub struct Guest {
     pub frontend: Frontend,
     queues: Vec<TestQueue>,
     pub features: u64,
+    /// The inflight region GET_INFLIGHT_FD returned, kept across reconnects as QEMU keeps it.
+    inflight: Option<(VhostUserInflight, File)>,
 }
 
 pub fn memfd_memory() -> GuestMemoryMmap {
@@ -169,6 +171,23 @@ impl Guest {
 
     /// Like `connect`, but does not acknowledge the feature bits in `refuse`.
     pub fn connect_without(socket: &Path, num_queues: u16, queue_size: u16, refuse: u64) -> Guest {
+        Self::connect_full(socket, num_queues, queue_size, refuse, false)
+    }
+
+    /// Like `connect`, and shares an inflight region the way QEMU does: GET_INFLIGHT_FD for a
+    /// new region, SET_INFLIGHT_FD before the rings start. `reconnect` hands the same region
+    /// to the next daemon.
+    pub fn connect_inflight(socket: &Path, num_queues: u16, queue_size: u16) -> Guest {
+        Self::connect_full(socket, num_queues, queue_size, 0, true)
+    }
+
+    fn connect_full(
+        socket: &Path,
+        num_queues: u16,
+        queue_size: u16,
+        refuse: u64,
+        inflight: bool,
+    ) -> Guest {
         let mut frontend = connect_retry(socket, u64::from(num_queues));
         frontend.set_owner().unwrap();
         let features = frontend.get_features().unwrap() & !refuse;
@@ -179,6 +198,13 @@ impl Guest {
         assert!(proto.contains(VhostUserProtocolFeatures::MQ));
         frontend.set_protocol_features(proto).unwrap();
         assert!(frontend.get_queue_num().unwrap() >= u64::from(num_queues));
+        let inflight = inflight.then(|| {
+            assert!(proto.contains(VhostUserProtocolFeatures::INFLIGHT_SHMFD));
+            let ask = VhostUserInflight::new(0, 0, num_queues, queue_size);
+            let (info, file) = frontend.get_inflight_fd(&ask).unwrap();
+            frontend.set_inflight_fd(&info, file.as_raw_fd()).unwrap();
+            (info, file)
+        });
 
         let mem = memfd_memory();
         let region = mem.find_region(GuestAddress(0)).unwrap();
@@ -230,6 +256,86 @@ impl Guest {
             frontend,
             queues,
             features,
+            inflight,
+        }
+    }
+
+    /// Connects to a new daemon on `socket` (its predecessor is gone) and resumes every queue
+    /// the way QEMU 7.2 reconnects a vhost-user-blk device: the features and memory of before,
+    /// the inflight region it kept (SET_INFLIGHT_FD), and each ring restarted at
+    /// SET_VRING_BASE = used->idx, which is what QEMU falls back to when GET_VRING_BASE fails
+    /// on the dead connection. Message order as QEMU's vhost_dev_start: call, num, base,
+    /// addr, kick, then enable.
+    pub fn reconnect(&mut self, socket: &Path) {
+        let mut frontend = connect_retry(socket, self.queues.len() as u64);
+        frontend.set_owner().unwrap();
+        let offered = frontend.get_features().unwrap();
+        assert_eq!(offered & self.features, self.features, "features changed");
+        frontend.set_features(self.features).unwrap();
+        let proto = frontend.get_protocol_features().unwrap();
+        frontend.set_protocol_features(proto).unwrap();
+        if let Some((info, file)) = &self.inflight {
+            frontend.set_inflight_fd(info, file.as_raw_fd()).unwrap();
+        }
+        let region = self.mem.find_region(GuestAddress(0)).unwrap();
+        let info = VhostUserMemoryRegionInfo::from_guest_region(region).unwrap();
+        frontend.set_mem_table(&[info]).unwrap();
+        let host = self.mem.get_host_address(GuestAddress(0)).unwrap() as u64;
+        for (qi, tq) in self.queues.iter().enumerate() {
+            let used_idx: u16 = self.mem.read_obj(tq.used.unchecked_add(2)).unwrap();
+            frontend.set_vring_call(qi, &tq.call).unwrap();
+            frontend.set_vring_num(qi, tq.size).unwrap();
+            frontend.set_vring_base(qi, used_idx).unwrap();
+            frontend
+                .set_vring_addr(
+                    qi,
+                    &VringConfigData {
+                        queue_max_size: tq.size,
+                        queue_size: tq.size,
+                        flags: 0,
+                        desc_table_addr: host + tq.desc.0,
+                        used_ring_addr: host + tq.used.0,
+                        avail_ring_addr: host + tq.avail.0,
+                        log_addr: None,
+                    },
+                )
+                .unwrap();
+            frontend.set_vring_kick(qi, &tq.kick).unwrap();
+        }
+        for qi in 0..self.queues.len() {
+            frontend.set_vring_enable(qi, true).unwrap();
+        }
+        self.frontend = frontend;
+    }
+
+    /// Used entries queue `q` has that were not seen yet, without waiting.
+    pub fn take_used(&mut self, q: usize) -> Vec<(u16, u32)> {
+        let tq = &self.queues[q];
+        let used_idx: u16 = self.mem.read_obj(tq.used.unchecked_add(2)).unwrap();
+        let n = usize::from(used_idx.wrapping_sub(tq.used_seen));
+        self.wait_used(q, n)
+    }
+
+    /// Empties queue `q`'s call eventfd (forgets signals received so far).
+    pub fn clear_call(&self, q: usize) {
+        let _ = self.queues[q].call.read();
+    }
+
+    /// Waits up to `timeout` for the device to signal queue `q`'s call eventfd; true if it did.
+    pub fn wait_call(&self, q: usize, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if self.queues[q].call.read().is_ok() {
+                return true;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            wait_readable(
+                &self.queues[q].call,
+                (deadline - now).min(Duration::from_millis(100)),
+            );
         }
     }
 

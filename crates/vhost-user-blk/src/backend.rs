@@ -7,8 +7,15 @@
 //! the thread collects the completions (a LUKS volume decrypts reads in place here), writes
 //! the status bytes, puts the requests on the used ring and signals the guest once per batch.
 //! So one queue keeps up to its whole size in flight on the device while the thread sleeps,
-//! queues share nothing but the disk, and nothing polls unless `ServeOptions::poll_us` asks.
+//! queues share nothing but the disk, and nothing polls unless `ServeOptions::poll` asks.
+//!
+//! Restarts (`inflight`): every head taken from a ring is marked in the inflight region
+//! (`QueuePart::popped`) and every completion goes through `inflight::add_used`, under the
+//! ring's lock; when a ring starts, its thread first resubmits what a predecessor daemon left
+//! in flight and signals the guest even with nothing to do. `drain` (a stop) takes no more
+//! requests, waits for those taken and signals every ring.
 
+use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
@@ -17,7 +24,9 @@ use std::time::{Duration, Instant};
 use cryptblk_block::aio::{Completion, IoQueue, IoVec};
 use cryptblk_block::{IoKind, IoStats};
 
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::message::{
+    VhostUserInflight, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_CONFIG_WCE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
@@ -26,15 +35,19 @@ use virtio_bindings::virtio_blk::{
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::desc::split::Descriptor;
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
+use crate::chain::Chain;
 use crate::device::{Disk, Start, MAX_DISCARD_SECTORS, MAX_WRITE_ZEROES_SECTORS, STATUS_IOERR};
+use crate::fault::{self, Point};
 use crate::frontend::{FrontendState, TrackedVring};
+use crate::inflight::{self, QueuePart, Rings};
 use crate::request::{self, Request, RequestType, Segment, SECTOR_SIZE};
 use crate::GuestMem;
 
@@ -113,6 +126,8 @@ struct QueueIo {
 
 /// Per-queue state: the queue thread's, plus what other threads look at.
 pub struct QueueState {
+    /// The queue's index (= its thread's).
+    index: usize,
     in_flight: InFlight,
     stats: Arc<IoStats>,
     io: Mutex<QueueIo>,
@@ -147,6 +162,10 @@ struct Inner {
     queues: Vec<Arc<QueueState>>,
     /// Where queue starts and stops and the acked LOG_ALL feature are reported.
     frontend: Arc<FrontendState>,
+    /// The running rings and the inflight region (restarts).
+    rings: Arc<Rings>,
+    /// Stopping: take no more requests from the rings (`drain`).
+    draining: AtomicBool,
 }
 
 /// The backend handed to `VhostUserDaemon`; cheap to clone (one per worker thread).
@@ -199,6 +218,7 @@ impl BlkBackend {
         let queues = (0..usize::from(num_queues))
             .map(|q| {
                 Arc::new(QueueState {
+                    index: q,
                     in_flight: InFlight::default(),
                     stats: queue_stats.get(q).cloned().unwrap_or_default(),
                     io: Mutex::new(QueueIo {
@@ -228,8 +248,27 @@ impl BlkBackend {
                 mem: RwLock::new(mem),
                 queues,
                 frontend,
+                rings: Arc::new(Rings::new(num_queues, queue_size)),
+                draining: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// The connection's rings and inflight region, for the rings to report their starts to.
+    pub(crate) fn rings(&self) -> Arc<Rings> {
+        self.inner.rings.clone()
+    }
+
+    /// Stops taking requests from the rings, waits until every request taken is answered
+    /// (the queue threads collect the completions), then signals the guest on every ring: a
+    /// frontend that disconnects after this sees every completion, and a QEMU that restarts
+    /// its rings at used->idx loses and repeats nothing.
+    pub fn drain(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
+        for q in &self.inner.queues {
+            q.in_flight.wait_idle();
+        }
+        self.inner.rings.signal_all();
     }
 
     /// Opens one asynchronous I/O queue per virtqueue and returns their eventfds, to be
@@ -318,14 +357,17 @@ impl BlkBackend {
         c
     }
 
-    /// Pops every available request of one queue and pushes it into the queue's I/O queue
-    /// (rejected chains and requests needing no I/O are answered at once). Returns whether
+    /// Pushes the heads in `resubmit` (taken by a predecessor daemon, still marked in flight)
+    /// and then, with `pop`, every available request of one queue into the queue's I/O queue;
+    /// rejected chains and requests needing no I/O are answered at once. Returns whether
     /// anything was answered (the caller signals the guest).
     fn pop_requests(
         &self,
         vring: &Vring,
         queue: &QueueState,
         io: &mut QueueIo,
+        resubmit: &[u16],
+        pop: bool,
     ) -> io::Result<bool> {
         let inner = &self.inner;
         let ctx = &*inner.ctx;
@@ -335,8 +377,6 @@ impl BlkBackend {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let mem = atomic.memory().into_inner();
-        let max_descriptors = inner.seg_max as usize + 2;
-        let capacity = ctx.disk.capacity();
         let fua = !ctx.writeback.load(Ordering::Relaxed);
         let mut answered = false;
         // Counts as in flight while popping: a chain popped but not yet counted would
@@ -344,85 +384,119 @@ impl BlkBackend {
         // `FrontendEvent::Stopped`, before that request is answered. Pops fail once the
         // frontend stopped the ring, so this only waits for a pop already under way.
         let popping = Popping::new(&queue.in_flight);
-        loop {
+        if io.vring.is_none() {
+            io.vring = Some(vring.clone());
+        }
+        let part = inner.rings.part(queue.index);
+        // inflight: requests a predecessor daemon took from the ring and did not complete,
+        // oldest first. Still marked in flight; parsed and run like new ones.
+        if !resubmit.is_empty() {
+            let (table, size) = {
+                let state = vring.get_ref();
+                (state.get_queue().desc_table(), state.get_queue().size())
+            };
+            for &head in resubmit {
+                let chain = Chain::new(&*mem, GuestAddress(table), size, head);
+                answered |=
+                    self.take_request(&mem, vring, part.as_deref(), queue, io, head, chain, fua);
+            }
+        }
+        // A stopping daemon takes nothing new (`drain`).
+        while pop && !inner.draining.load(Ordering::SeqCst) {
             let chain = vring
                 .get_mut()
                 .get_queue_mut()
                 .pop_descriptor_chain(atomic.memory());
             let Some(chain) = chain else { break };
             let head = chain.head_index();
-            let mut segments = io.spare_segments.pop().unwrap_or_default();
-            let req = match request::parse(
-                &*mem,
-                chain,
-                max_descriptors,
-                SIZE_MAX,
-                capacity,
-                &mut segments,
-            ) {
-                Ok(req) => req,
-                Err(rejected) => {
-                    tracing::debug!(disk = %ctx.name, "rejected request: {}", rejected.error);
-                    let used_len = ctx.disk.reject(&*mem, &rejected);
-                    add_used(vring, head, used_len);
-                    io.spare_segments.push(segments);
-                    answered = true;
-                    continue;
-                }
-            };
-            let start = queue.stats.begin();
-            let planned = match ctx.disk.start(&*mem, &req, &segments, &mut io.iov) {
-                Start::Io(planned) => planned,
-                Start::Done(status, data_len) => {
-                    let (status, used_len) = ctx.disk.answer(&*mem, &req, status, data_len);
-                    queue.stats.complete(
-                        io_kind(&req),
-                        0,
-                        start,
-                        status == crate::device::STATUS_OK,
-                    );
-                    add_used(vring, head, used_len);
-                    io.spare_segments.push(segments);
-                    answered = true;
-                    continue;
-                }
-            };
-            let Some(tag) = io.free.pop() else {
-                // More requests than the ring holds: only a frontend breaking the protocol.
-                let (_, used_len) = ctx.disk.answer(&*mem, &req, STATUS_IOERR, 0);
-                add_used(vring, head, used_len);
-                io.spare_segments.push(segments);
-                answered = true;
-                continue;
-            };
-            let request = planned.request(&io.iov, fua, u64::from(tag));
-            let pushed = match io.io.as_mut() {
-                // SAFETY: the buffers are guest memory checked by `Disk::start` to lie in
-                // mapped regions of `mem`; `Pending` keeps `mem` (and so the mappings) alive
-                // until the completion is collected, and nothing in this process makes a
-                // reference to them. The guest writing them meanwhile only changes its data.
-                Some(q) => unsafe { q.push(&request) }.is_ok(),
-                None => false,
-            };
-            if !pushed {
-                io.free.push(tag);
-                let (_, used_len) = ctx.disk.answer(&*mem, &req, STATUS_IOERR, 0);
-                add_used(vring, head, used_len);
-                io.spare_segments.push(segments);
-                answered = true;
-                continue;
+            fault::hit(Point::Popped);
+            // inflight: mark the head taken before anything else happens to it.
+            if let Some(part) = &part {
+                part.popped(head);
             }
-            queue.in_flight.inc();
-            io.requests[usize::from(tag)] = Some(Pending {
-                head,
-                req,
-                segments,
-                start,
-                mem: mem.clone(),
-            });
+            fault::hit(Point::Marked);
+            answered |=
+                self.take_request(&mem, vring, part.as_deref(), queue, io, head, chain, fua);
         }
         drop(popping);
         Ok(answered)
+    }
+
+    /// Parses the chain of `head` and pushes its I/O, or answers it at once (rejected, or no
+    /// I/O needed). Returns whether it was answered.
+    #[allow(clippy::too_many_arguments)]
+    fn take_request(
+        &self,
+        mem: &Arc<GuestMem>,
+        vring: &Vring,
+        part: Option<&QueuePart>,
+        queue: &QueueState,
+        io: &mut QueueIo,
+        head: u16,
+        descriptors: impl IntoIterator<Item = Descriptor>,
+        fua: bool,
+    ) -> bool {
+        let inner = &self.inner;
+        let ctx = &*inner.ctx;
+        let mut segments = io.spare_segments.pop().unwrap_or_default();
+        let answer = |io: &mut QueueIo, segments, used_len| {
+            add_used(vring, part, head, used_len);
+            io.spare_segments.push(segments);
+            true
+        };
+        let req = match request::parse(
+            &**mem,
+            descriptors,
+            inner.seg_max as usize + 2,
+            SIZE_MAX,
+            ctx.disk.capacity(),
+            &mut segments,
+        ) {
+            Ok(req) => req,
+            Err(rejected) => {
+                tracing::debug!(disk = %ctx.name, "rejected request: {}", rejected.error);
+                let used_len = ctx.disk.reject(&**mem, &rejected);
+                return answer(io, segments, used_len);
+            }
+        };
+        let start = queue.stats.begin();
+        let planned = match ctx.disk.start(&**mem, &req, &segments, &mut io.iov) {
+            Start::Io(planned) => planned,
+            Start::Done(status, data_len) => {
+                let (status, used_len) = ctx.disk.answer(&**mem, &req, status, data_len);
+                let ok = status == crate::device::STATUS_OK;
+                queue.stats.complete(io_kind(&req), 0, start, ok);
+                return answer(io, segments, used_len);
+            }
+        };
+        let Some(tag) = io.free.pop() else {
+            // More requests than the ring holds: only a frontend breaking the protocol.
+            let (_, used_len) = ctx.disk.answer(&**mem, &req, STATUS_IOERR, 0);
+            return answer(io, segments, used_len);
+        };
+        let request = planned.request(&io.iov, fua, u64::from(tag));
+        let pushed = match io.io.as_mut() {
+            // SAFETY: the buffers are guest memory checked by `Disk::start` to lie in
+            // mapped regions of `mem`; `Pending` keeps `mem` (and so the mappings) alive
+            // until the completion is collected, and nothing in this process makes a
+            // reference to them. The guest writing them meanwhile only changes its data.
+            Some(q) => unsafe { q.push(&request) }.is_ok(),
+            None => false,
+        };
+        if !pushed {
+            io.free.push(tag);
+            let (_, used_len) = ctx.disk.answer(&**mem, &req, STATUS_IOERR, 0);
+            return answer(io, segments, used_len);
+        }
+        queue.in_flight.inc();
+        io.requests[usize::from(tag)] = Some(Pending {
+            head,
+            req,
+            segments,
+            start,
+            mem: mem.clone(),
+        });
+        false
     }
 
     /// Collects the finished requests of a queue: status byte, used ring, statistics.
@@ -438,6 +512,7 @@ impl BlkBackend {
             ..
         } = io;
         let Some(ioq) = ioq.as_mut() else { return 0 };
+        let part = self.inner.rings.part(queue.index);
         completions.clear();
         ioq.drain(&mut |c| completions.push(c));
         let n = completions.len();
@@ -471,7 +546,7 @@ impl BlkBackend {
                 pending.start,
                 status == crate::device::STATUS_OK,
             );
-            add_used(vring, pending.head, used_len);
+            add_used(vring, part.as_deref(), pending.head, used_len);
             free.push(c.tag as u16);
             spare_segments.push(pending.segments);
         }
@@ -501,8 +576,10 @@ impl BlkBackend {
     }
 }
 
-fn add_used(vring: &Vring, head: u16, used_len: u32) {
-    if let Err(e) = vring.add_used(head, used_len) {
+/// Puts a request on the used ring; inflight: recorded around the used ring update, under the
+/// ring's lock.
+fn add_used(vring: &Vring, part: Option<&QueuePart>, head: u16, used_len: u32) {
+    if let Err(e) = inflight::add_used(vring, part, head, used_len) {
         // The ring is unusable (e.g. the frontend reset it); the connection's next message
         // or disconnect handles that.
         tracing::warn!("completing request: {e}");
@@ -537,6 +614,7 @@ impl Drop for Popping<'_> {
 
 /// Interrupts the guest if it wants to hear about the new used entries (EVENT_IDX).
 fn signal(vring: &Vring) -> io::Result<()> {
+    fault::hit(Point::BeforeSignal);
     if vring
         .needs_notification()
         .map_err(|e| io::Error::other(format!("needs_notification: {e}")))?
@@ -594,6 +672,9 @@ impl VhostUserBackend for BlkBackend {
             // The dirty log comes as a shared memory fd (SET_LOG_BASE), as QEMU requires
             // with LOG_ALL.
             | VhostUserProtocolFeatures::LOG_SHMFD
+            // Requests in flight are recorded in a region the frontend keeps, so that a
+            // restarted daemon resubmits them (`inflight`).
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD
     }
 
     fn acked_features(&self, features: u64) {
@@ -655,11 +736,32 @@ impl VhostUserBackend for BlkBackend {
     /// ring after the frontend took it back. When it was the last running ring, reports
     /// `FrontendEvent::Stopped`.
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
-        if let Some(q) = self.inner.queues.get(queue_index as usize) {
+        let index = queue_index as usize;
+        if let Some(q) = self.inner.queues.get(index) {
+            // inflight: a ring stopped before its thread saw it start still owes the requests
+            // a predecessor left in flight; push them here (the ring takes no new ones now);
+            // the queue thread collects their completions.
+            let resubmit = self.inner.rings.take_resubmits(index);
+            if let (false, Some(vring)) = (resubmit.is_empty(), self.inner.rings.vring(index)) {
+                let mut io = q.io();
+                let answered = self.pop_requests(&vring, q, &mut io, &resubmit, false)?;
+                if self.submit_and_complete(&vring, q, &mut io) > 0 || answered {
+                    signal(&vring)?;
+                }
+            }
             q.in_flight.wait_idle();
         }
-        self.inner.frontend.queue_stopped(queue_index as usize);
+        self.inner.rings.ring_stopped(index);
+        self.inner.frontend.queue_stopped(index);
         Ok(())
+    }
+
+    fn get_inflight_fd(&self, msg: &VhostUserInflight) -> io::Result<(VhostUserInflight, File)> {
+        self.inner.rings.get_fd(msg)
+    }
+
+    fn set_inflight_fd(&self, msg: &VhostUserInflight, file: File) -> io::Result<()> {
+        self.inner.rings.set_fd(msg, file)
     }
 
     fn queues_per_thread(&self) -> Vec<u64> {
@@ -688,12 +790,14 @@ impl VhostUserBackend for BlkBackend {
             .ok_or_else(|| io::Error::other(format!("no queue for thread {thread_id}")))?;
         let mut io = queue.io();
         if u64::from(device_event) == self.completion_event() {
-            // The I/O queue's eventfd: completions to collect.
-            let Some(vring) = io.vring.clone() else {
-                return Ok(());
-            };
-            if self.complete(&vring, queue, &mut io) > 0 {
-                signal(&vring)?;
+            // The I/O queue's eventfd: completions to collect into the thread's one ring
+            // (`vrings` holds this thread's rings only).
+            let vring = vrings
+                .first()
+                .map(TrackedVring::vring)
+                .ok_or_else(|| io::Error::other(format!("no vring for thread {thread_id}")))?;
+            if self.complete(vring, queue, &mut io) > 0 {
+                signal(vring)?;
             }
             return Ok(());
         }
@@ -701,30 +805,42 @@ impl VhostUserBackend for BlkBackend {
             .get(usize::from(device_event))
             .map(TrackedVring::vring)
             .ok_or_else(|| io::Error::other(format!("no vring for event {device_event}")))?;
-        if io.vring.is_none() {
-            io.vring = Some(vring.clone());
-        }
+        // inflight: a ring just started (or enabled) first resubmits what a predecessor daemon
+        // left in flight, and signals the guest even with nothing to do: completions a killed
+        // predecessor put on the used ring may never have been signalled.
+        let started = self.inner.frontend.take_start(thread_id);
+        let resubmit = if started {
+            self.inner.rings.take_resubmits(thread_id)
+        } else {
+            Vec::new()
+        };
         let mut answered = false;
         if self.inner.event_idx.load(Ordering::Relaxed) {
             // Keep draining until the guest added nothing between the last pop and re-enabling
             // notifications (virtio's EVENT_IDX protocol), so no kick is lost.
+            let mut resubmit = resubmit.as_slice();
             loop {
                 vring
                     .disable_notification()
                     .map_err(|e| io::Error::other(format!("disable_notification: {e}")))?;
-                answered |= self.pop_requests(vring, queue, &mut io)?;
-                if !vring
-                    .enable_notification()
-                    .map_err(|e| io::Error::other(format!("enable_notification: {e}")))?
+                answered |=
+                    self.pop_requests(vring, queue, &mut io, std::mem::take(&mut resubmit), true)?;
+                if self.inner.draining.load(Ordering::SeqCst)
+                    || !vring
+                        .enable_notification()
+                        .map_err(|e| io::Error::other(format!("enable_notification: {e}")))?
                 {
                     break;
                 }
             }
         } else {
-            answered |= self.pop_requests(vring, queue, &mut io)?;
+            answered |= self.pop_requests(vring, queue, &mut io, &resubmit, true)?;
         }
         if self.submit_and_complete(vring, queue, &mut io) > 0 || answered {
             signal(vring)?;
+        }
+        if started {
+            vring.signal_used_queue()?;
         }
         Ok(())
     }

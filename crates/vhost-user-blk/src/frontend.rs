@@ -5,7 +5,10 @@
 //! vhost-user-backend tells a backend when a ring stops (GET_VRING_BASE, `stop_vring`) but
 //! not when one starts, so the rings are wrapped (`TrackedVring`): the handler marks a ring
 //! ready once its kick and call descriptors are set (the frontend started it) and not ready
-//! on GET_VRING_BASE, and the wrapper reports both transitions to `FrontendState`.
+//! on GET_VRING_BASE, and the wrapper reports both transitions to `FrontendState`. A start
+//! (and an enable) also hands the ring to the connection's `inflight::Rings`, which takes over
+//! what a predecessor daemon left in flight, and is noted for the ring's worker
+//! (`FrontendState::take_start`), which then resubmits that and signals the guest.
 
 use std::cell::RefCell;
 use std::fs::File;
@@ -17,6 +20,7 @@ use vhost_user_backend::{VringRwLock, VringState, VringStateGuard, VringStateMut
 use virtio_queue::Error as VirtQueError;
 use vm_memory::GuestMemoryAtomic;
 
+use crate::inflight::Rings;
 use crate::GuestMem;
 
 /// What the frontend did with the device, reported to the listener registered with
@@ -55,6 +59,8 @@ pub(crate) struct FrontendState {
 struct QueueBits {
     /// One bit per ready (started) queue.
     ready: u64,
+    /// One bit per queue started or enabled since its worker last looked (`take_start`).
+    unseen_starts: u64,
     /// Queues were started and have not all been stopped since.
     running: bool,
 }
@@ -99,6 +105,7 @@ impl FrontendState {
             let mut q = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
             if ready {
                 q.ready |= bit;
+                q.unseen_starts |= bit;
                 !std::mem::replace(&mut q.running, true)
             } else {
                 q.ready &= !bit;
@@ -108,6 +115,28 @@ impl FrontendState {
         if started {
             self.emit(FrontendEvent::Started);
         }
+    }
+
+    /// Ring `index` was enabled (SET_VRING_ENABLE 1): its worker treats that as a start.
+    fn queue_enabled(&self, index: usize) {
+        if let Some(bit) = 1u64.checked_shl(index as u32) {
+            self.queues
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .unseen_starts |= bit;
+        }
+    }
+
+    /// True once after ring `index` was started or enabled: its worker then resubmits what a
+    /// predecessor left in flight and signals the guest even with nothing new to complete.
+    pub(crate) fn take_start(&self, index: usize) -> bool {
+        let Some(bit) = 1u64.checked_shl(index as u32) else {
+            return false;
+        };
+        let mut q = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
+        let started = q.unseen_starts & bit != 0;
+        q.unseen_starts &= !bit;
+        started
     }
 
     /// Called from `stop_vring` once ring `index` has no request in flight: reports
@@ -130,15 +159,29 @@ impl FrontendState {
 
 type Mem = GuestMemoryAtomic<GuestMem>;
 
-thread_local! {
-    /// The state the rings created on this thread report to, with the index of the next
-    /// ring; set by `Server` around `VhostUserDaemon::new`, which creates the rings in order.
-    static PENDING: RefCell<Option<(Arc<FrontendState>, usize)>> = const { RefCell::new(None) };
+/// Where a ring reports: the server's `FrontendState`, the connection's `Rings`, its index.
+#[derive(Clone)]
+struct RingTracker {
+    state: Arc<FrontendState>,
+    rings: Arc<Rings>,
+    index: usize,
 }
 
-/// Makes the rings created on this thread until `end_tracking` report to `state`.
-pub(crate) fn begin_tracking(state: Arc<FrontendState>) {
-    PENDING.with(|p| *p.borrow_mut() = Some((state, 0)));
+thread_local! {
+    /// What the rings created on this thread report to, with the index of the next ring; set
+    /// by `Server` around `VhostUserDaemon::new`, which creates the rings in order.
+    static PENDING: RefCell<Option<RingTracker>> = const { RefCell::new(None) };
+}
+
+/// Makes the rings created on this thread until `end_tracking` report to `state` and `rings`.
+pub(crate) fn begin_tracking(state: Arc<FrontendState>, rings: Arc<Rings>) {
+    PENDING.with(|p| {
+        *p.borrow_mut() = Some(RingTracker {
+            state,
+            rings,
+            index: 0,
+        })
+    });
 }
 
 pub(crate) fn end_tracking() {
@@ -149,7 +192,7 @@ pub(crate) fn end_tracking() {
 #[derive(Clone)]
 pub struct TrackedVring {
     inner: VringRwLock<Mem>,
-    tracker: Option<(Arc<FrontendState>, usize)>,
+    tracker: Option<RingTracker>,
 }
 
 impl TrackedVring {
@@ -170,10 +213,10 @@ impl<'a> VringStateMutGuard<'a, Mem> for TrackedVring {
 impl VringT<Mem> for TrackedVring {
     fn new(mem: Mem, max_queue_size: u16) -> Result<Self, VirtQueError> {
         let tracker = PENDING.with(|p| {
-            p.borrow_mut().as_mut().map(|(state, next)| {
-                let index = *next;
-                *next += 1;
-                (state.clone(), index)
+            p.borrow_mut().as_mut().map(|next| {
+                let tracker = next.clone();
+                next.index += 1;
+                tracker
             })
         });
         Ok(TrackedVring {
@@ -211,7 +254,10 @@ impl VringT<Mem> for TrackedVring {
     }
 
     fn set_enabled(&self, enabled: bool) {
-        self.inner.set_enabled(enabled)
+        self.inner.set_enabled(enabled);
+        if let (true, Some(t)) = (enabled, &self.tracker) {
+            t.state.queue_enabled(t.index);
+        }
     }
 
     fn set_queue_info(
@@ -249,8 +295,12 @@ impl VringT<Mem> for TrackedVring {
 
     fn set_queue_ready(&self, ready: bool) {
         self.inner.set_queue_ready(ready);
-        if let Some((state, index)) = &self.tracker {
-            state.queue_ready(*index, ready);
+        if let Some(t) = &self.tracker {
+            if ready {
+                // Before the ring is registered with its worker (the handler does that next).
+                t.rings.ring_started(t.index, &self.inner);
+            }
+            t.state.queue_ready(t.index, ready);
         }
     }
 

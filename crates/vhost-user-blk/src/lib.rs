@@ -2,10 +2,14 @@
 //! file) to a VM over a vhost-user socket.
 //!
 //! - `request`: parses a virtio-blk request out of a descriptor chain (untrusted input).
+//! - `chain`: walks a chain from its head index (requests resubmitted after a restart).
 //! - `device`: executes a parsed request against the `BlockDevice`.
 //! - `backend`: the `VhostUserBackend` impl (features, config space, one event loop per
 //!   queue thread over an asynchronous I/O queue of the disk's).
 //! - `frontend`: queue start/stop events for the daemon (`FrontendEvent`).
+//! - `inflight`: vhost-user inflight I/O tracking, so that a restarted daemon resubmits what
+//!   its predecessor had taken from the rings and not completed.
+//! - `fault`: crash points for the restart tests (only with the `fault-injection` feature).
 //!
 //! Live migration: the backend offers VHOST_F_LOG_ALL and the LOG_SHMFD protocol feature,
 //! so QEMU can migrate a VM using it. Guest memory is `GuestMem`, whose per-region dirty
@@ -16,9 +20,12 @@
 //! - this file: the listening loop (`Server`), reconnects and shutdown.
 
 pub mod backend;
+pub mod chain;
 pub mod device;
 pub mod dirty;
+pub mod fault;
 pub mod frontend;
+pub mod inflight;
 pub mod request;
 
 use std::io;
@@ -111,7 +118,7 @@ pub struct StopHandle {
 struct Shared {
     stop: AtomicBool,
     wake: EventFd,
-    connection: Mutex<Option<ShutdownHandle>>,
+    connection: Mutex<Option<Connection>>,
     /// A frontend is connected.
     connected: AtomicBool,
     /// One per queue; kept across connections.
@@ -120,20 +127,39 @@ struct Shared {
     frontend: Arc<FrontendState>,
 }
 
+/// The connection being served: its backend, to drain, and the handle that closes it.
+#[derive(Clone)]
+struct Connection {
+    backend: BlkBackend,
+    shutdown: ShutdownHandle,
+}
+
+impl Connection {
+    /// Takes no more requests from the guest, answers and signals every one taken, then closes
+    /// the socket. The frontend never sees the connection end while completions are still
+    /// landing on its used rings, so a QEMU that restarts them at used->idx (what it does
+    /// when its backend goes away) repeats and loses nothing.
+    fn close(&self) {
+        self.backend.drain();
+        self.shutdown.shutdown();
+    }
+}
+
 impl StopHandle {
-    /// Asks the server to stop: the current connection (if any) is closed after its in-flight
-    /// requests complete, the disk is flushed, and `Server::run` returns.
+    /// Asks the server to stop: the current connection (if any) stops taking requests, its
+    /// in-flight requests complete and are signalled to the guest, then it is closed; the disk
+    /// is flushed, and `Server::run` returns. Blocks until the connection is closed.
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         let _ = self.shared.wake.write(1);
-        if let Some(conn) = self
+        let connection = self
             .shared
             .connection
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
-            conn.shutdown();
+            .clone();
+        if let Some(connection) = connection {
+            connection.close();
         }
     }
 
@@ -310,7 +336,7 @@ impl Server {
             self.shared.frontend.clone(),
         );
         // The daemon creates the rings on this thread; they report starts to `frontend`.
-        frontend::begin_tracking(self.shared.frontend.clone());
+        frontend::begin_tracking(self.shared.frontend.clone(), backend.rings());
         let daemon = VhostUserDaemon::new("cryptblk-vhost-user-blk".into(), backend.clone(), mem);
         frontend::end_tracking();
         let mut daemon = daemon.map_err(|e| Error::Daemon(e.to_string()))?;
@@ -324,13 +350,20 @@ impl Server {
         daemon
             .start(&mut self.listener)
             .map_err(|e| Error::Daemon(e.to_string()))?;
+        let connection = daemon.shutdown_handle().map(|shutdown| Connection {
+            backend: backend.clone(),
+            shutdown,
+        });
         *self
             .shared
             .connection
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = daemon.shutdown_handle();
+            .unwrap_or_else(PoisonError::into_inner) = connection.clone();
         if self.shared.stop.load(Ordering::SeqCst) {
-            daemon.request_shutdown();
+            match &connection {
+                Some(connection) => connection.close(),
+                None => daemon.request_shutdown(),
+            }
         }
         self.shared.connected.store(true, Ordering::SeqCst);
         tracing::info!("vhost-user frontend connected on {}", self.path.display());

@@ -1,0 +1,324 @@
+//! Guest end-to-end: restarting `cryptblk serve` under a running VM. The test guest (see
+//! guest_e2e.rs) runs rounds of a mixed fio job on a LUKS2 vhost-user-blk disk with 2 queues
+//! (1 MiB writes at depth 8 and 4 KiB writes at depth 24, fsync every 8 writes, every block
+//! read back and crc32c-verified, `verify_fatal`) while the test kills the daemon with
+//! `kill -9` and starts a new one, 8 times, then restarts it once with SIGTERM. QEMU 7.2
+//! reconnects by itself (`-chardev socket,...,reconnect=1`). Every fio round must pass, and
+//! nothing may hang: a restarted daemon the VM does not come back to, or a guest that does not
+//! finish, fails the test after a bounded wait.
+//!
+//! The pause each restart costs the guest is printed: from the kill to the restarted daemon
+//! logging that the VM started its queues again (polled every 10 ms), and the longest latency
+//! fio saw on any read or write in each round.
+
+mod common;
+
+use common::guest::{build_guest, scripts};
+use common::MIB;
+use std::ffi::OsStr;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// kill -9 restarts, then one SIGTERM restart.
+const KILLS: usize = 8;
+/// How long the guest's I/O runs between restarts: a random time in this range (ms), so that
+/// kills land anywhere in fio's rounds (writes, fsyncs, verify reads, between rounds).
+const RUNNING_MS: std::ops::Range<u64> = 300..1300;
+/// Bound on every wait: the VM coming back to a new daemon, the guest finishing.
+const BOUND: Duration = Duration::from_secs(60);
+/// What the daemon logs (RUST_LOG=info) when the VM has started its queues.
+const STARTED: &str = "vhost-user frontend: Started";
+
+/// One `cryptblk serve` process, killed if still running when dropped.
+struct Serve {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Serve {
+    fn start(args: &[&OsStr], socket: &Path, log: PathBuf) -> Serve {
+        let _ = std::fs::remove_file(socket);
+        let child = Command::new(env!("CARGO_BIN_EXE_cryptblk"))
+            .arg("serve")
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start cryptblk serve");
+        let mut serve = Serve { child, log };
+        let deadline = Instant::now() + BOUND;
+        while !socket.exists() {
+            if let Some(status) = serve.child.try_wait().unwrap() {
+                panic!("cryptblk serve exited {status}: {}", serve.output());
+            }
+            assert!(Instant::now() < deadline, "no socket: {}", serve.output());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        serve
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the VM has started the disk's queues on this daemon.
+    fn wait_started(&mut self) -> Instant {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            if self.output().contains(STARTED) {
+                return Instant::now();
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("cryptblk serve exited {status}: {}", self.output());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the VM did not come back to the restarted daemon within {BOUND:?}: {}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// kill -9, and waits until the process is gone (its image lock with it).
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, and the exit status.
+    fn terminate(mut self) -> ExitStatus {
+        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
+        // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let deadline = Instant::now() + BOUND;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cryptblk serve ignored SIGTERM: {}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The booted guest: run-guest.sh with its console input, killed if still running.
+struct Guest {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    console: PathBuf,
+}
+
+impl Guest {
+    fn console(&self) -> String {
+        std::fs::read_to_string(&self.console).unwrap_or_default()
+    }
+
+    fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!(
+                "the guest ended early ({status}):\n{}",
+                tail(&self.console(), 40)
+            );
+        }
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The longest latency (ms) fio reports for any read or write of each round whose JSON report
+/// parses (QEMU's own messages share the console and may cut into one). fio's fsync latencies
+/// are left out: with libaio they count from long before the fsync is issued.
+fn round_max_latencies(console: &str) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut json: Option<String> = None;
+    for line in console.lines() {
+        if line.starts_with("FIO-JSON-BEGIN") {
+            json = Some(String::new());
+        } else if line.starts_with("FIO-JSON-END") {
+            let Some(text) = json.take() else { continue };
+            let Ok(report) = serde_json::from_str::<serde_json::Value>(&text) else {
+                continue;
+            };
+            let mut max_ns = 0u64;
+            for job in report["jobs"].as_array().into_iter().flatten() {
+                for dir in ["read", "write"] {
+                    max_ns = max_ns.max(job[dir]["lat_ns"]["max"].as_u64().unwrap_or(0));
+                }
+            }
+            out.push(max_ns as f64 / 1e6);
+        } else if let Some(text) = json.as_mut() {
+            if !line.starts_with("qemu-system") {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn guest_fio_verify_survives_daemon_kills_and_restarts() {
+    let artifacts = build_guest();
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name);
+    let (key, img, socket) = (path("key"), path("img.luks"), path("vub.sock"));
+    std::fs::write(&key, b"guest restart passphrase").unwrap();
+    let os = OsStr::new;
+    common::cryptblk([
+        os("format"),
+        os("--type"),
+        os("luks2"),
+        os("--pbkdf"),
+        os("pbkdf2"),
+        os("--pbkdf-force-iterations"),
+        os("1000"),
+        os("--key-file"),
+        key.as_os_str(),
+        img.as_os_str(),
+        os("64M"),
+    ])
+    .ok();
+    let args = [
+        os("--vhost-user-blk"),
+        socket.as_os_str(),
+        os("--image"),
+        img.as_os_str(),
+        os("--key-file"),
+        key.as_os_str(),
+        os("--num-queues"),
+        os("2"),
+    ];
+    let mut serve = Serve::start(&args, &socket, path("serve-0.log"));
+
+    let console = path("console.log");
+    let mut child = Command::new(scripts().join("run-guest.sh"))
+        .args(["--vhost-user-blk", socket.to_str().unwrap()])
+        .args(["--queues", "2", "--reconnect", "1", "--stdin"])
+        .args(["--job", "restart-verify", "--size", &(32 * MIB).to_string()])
+        .args(["--timeout", "600", "--artifacts"])
+        .arg(&artifacts)
+        .arg("--log")
+        .arg(&console)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(path("run-guest.err")).unwrap())
+        .spawn()
+        .expect("run scripts/guest/run-guest.sh");
+    let stdin = child.stdin.take();
+    let mut guest = Guest {
+        child,
+        stdin,
+        console,
+    };
+
+    // The guest booted and fio runs.
+    serve.wait_started();
+    let deadline = Instant::now() + BOUND;
+    while !guest.console().contains("FIO-JSON-BEGIN 1") {
+        guest.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "fio never started:\n{}",
+            guest.console()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let mut rng = rand::thread_rng();
+    let mut running = || Duration::from_millis(rand::Rng::gen_range(&mut rng, RUNNING_MS));
+    let mut pauses = Vec::new();
+    for restart in 1..=KILLS + 1 {
+        std::thread::sleep(running());
+        guest.assert_running();
+        let killed = Instant::now();
+        if restart <= KILLS {
+            serve.kill();
+        } else {
+            let output = serve.output();
+            let status = serve.terminate();
+            assert!(
+                status.success(),
+                "cryptblk serve on SIGTERM: {status}\n{output}"
+            );
+        }
+        serve = Serve::start(&args, &socket, path(&format!("serve-{restart}.log")));
+        let started = serve.wait_started();
+        pauses.push(started - killed);
+    }
+    std::thread::sleep(running());
+
+    // The guest finishes its round and must have passed every one.
+    let mut stdin = guest.stdin.take().unwrap();
+    stdin.write_all(b"stop\n").unwrap();
+    drop(stdin);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(status) = guest.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the guest did not finish (hung I/O?):\n{}",
+            tail(&guest.console(), 40)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let console = guest.console();
+    assert!(
+        status.success() && console.lines().any(|l| l == "GUEST-RESULT: PASS"),
+        "guest failed ({status}):\n{}\n{}",
+        tail(&console, 60),
+        std::fs::read_to_string(path("run-guest.err")).unwrap_or_default()
+    );
+    let output = serve.output();
+    let status = serve.terminate();
+    assert!(status.success(), "cryptblk serve: {status}\n{output}");
+
+    let ms = |d: &Duration| format!("{:.0}", d.as_secs_f64() * 1000.0);
+    let kills: Vec<String> = pauses[..KILLS].iter().map(ms).collect();
+    let rounds = round_max_latencies(&console);
+    eprintln!(
+        "restart pause (kill to queues restarted, ms): kill -9 {}; SIGTERM {}",
+        kills.join(" "),
+        ms(&pauses[KILLS])
+    );
+    eprintln!(
+        "fio rounds: {}, longest read/write latency per round (ms): {}",
+        console.matches("FIO-JSON-END").count(),
+        rounds
+            .iter()
+            .map(|m| format!("{m:.0}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+}
