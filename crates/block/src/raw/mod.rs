@@ -227,13 +227,35 @@ impl RawFile {
             }),
             aio: settings.aio,
         };
-        if settings.cache.direct() && !raw.try_direct(settings.cache)? {
+        if settings.cache.direct() {
+            if is_tmpfs(&raw.files.buffered) {
+                // tmpfs takes O_DIRECT since Linux 6.6, but its files live in the page cache:
+                // there is nothing to bypass, and the direct path only costs more.
+                tracing::warn!(
+                    image = %path.display(),
+                    "tmpfs keeps files in memory, there is no page cache to bypass: cache={} \
+                     instead of cache={}",
+                    settings.cache.without_direct(),
+                    settings.cache
+                );
+            } else if !raw.try_direct(settings.cache)? {
+                tracing::warn!(
+                    image = %path.display(),
+                    "the filesystem refuses O_DIRECT: cache={} instead of cache={}",
+                    settings.cache.without_direct(),
+                    settings.cache
+                );
+            }
+        }
+        if raw.aio == AioEngine::IoUring && !supports_nowait(&raw.files.buffered) {
+            // io_uring would hand every request to one of its kernel worker threads: the
+            // threads engine does the same with less overhead.
             tracing::warn!(
                 image = %path.display(),
-                "the filesystem refuses O_DIRECT: cache={} instead of cache={}",
-                settings.cache.without_direct(),
-                settings.cache
+                "the filesystem cannot do non-blocking I/O (e.g. tmpfs): aio=threads instead \
+                 of aio=io_uring"
             );
+            raw.aio = AioEngine::Threads;
         }
         Ok(raw)
     }
@@ -394,6 +416,29 @@ fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> std::io::
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Whether `file` lives on tmpfs.
+fn is_tmpfs(file: &File) -> bool {
+    // SAFETY: an all-zero statfs is a valid value of that plain C struct.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs fills `fs`, a properly sized struct, for an open descriptor.
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) };
+    rc == 0 && fs.f_type == libc::TMPFS_MAGIC
+}
+
+/// Whether reads of `file` can be tried without blocking (RWF_NOWAIT): what io_uring needs to
+/// complete a request in place instead of in a kernel worker thread. Filesystems without it
+/// (tmpfs) answer EOPNOTSUPP; EAGAIN (data not cached) still means yes.
+fn supports_nowait(file: &File) -> bool {
+    let mut byte = [0u8; 1];
+    let iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: one iovec describing our 1-byte local buffer; the descriptor is open.
+    let rc = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, 0, libc::RWF_NOWAIT) };
+    rc >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EOPNOTSUPP)
 }
 
 /// Opens `path` for reading (and writing), optionally with O_DIRECT and O_DSYNC.
