@@ -1,6 +1,8 @@
 //! The command-line contract. cryptsetup and qemu-img users should recognise every option.
 use crate::size::parse_size;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use cryptblk_block::{AioEngine, CacheMode as ImageCacheMode};
+use cryptblk_control::api::DiskConfig;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -64,7 +66,6 @@ pub enum Command {
     #[command(after_help = crate::cmd::serve::HELP)]
     Serve(ServeArgs),
     /// Drive a running daemon through its control socket (`cryptblk serve --control PATH`).
-    #[command(after_help = crate::cmd::ctl::HELP)]
     Ctl(crate::cmd::ctl::CtlArgs),
 }
 
@@ -151,6 +152,7 @@ pub struct ServeArgs {
     /// combined with the single-disk options.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "socket", "image", "key_file", "num_queues", "queue_size", "readonly", "discard", "name",
+        "cache", "aio",
     ])]
     pub config: Option<PathBuf>,
     /// Export the disk over vhost-user-blk on this UNIX socket path (a stale socket there is
@@ -168,10 +170,10 @@ pub struct ServeArgs {
     #[arg(long, short = 'd', value_name = "FILE")]
     pub key_file: Option<PathBuf>,
     /// Virtqueues offered to the guest; each gets its own worker thread.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = DiskConfig::DEFAULT_NUM_QUEUES)]
     pub num_queues: u16,
     /// Largest virtqueue size (a power of two up to 1024).
-    #[arg(long, value_name = "N", default_value_t = 256)]
+    #[arg(long, value_name = "N", default_value_t = DiskConfig::DEFAULT_QUEUE_SIZE)]
     pub queue_size: u16,
     /// Export read-only (the image is opened read-only, writes fail with IOERR).
     #[arg(long)]
@@ -180,6 +182,13 @@ pub struct ServeArgs {
     /// by default because discards on an encrypted disk reveal which blocks are unused.
     #[arg(long)]
     pub discard: bool,
+    /// Host cache mode of the image, as QEMU's cache=: none (O_DIRECT), writeback,
+    /// writethrough, directsync or unsafe (flushes ignored).
+    #[arg(long, value_name = "MODE", default_value = "none", value_parser = parse_cache_mode)]
+    pub cache: ImageCacheMode,
+    /// Asynchronous I/O engine: io_uring or threads.
+    #[arg(long, value_name = "ENGINE", default_value = "io_uring", value_parser = parse_aio_engine)]
+    pub aio: AioEngine,
     /// Also serve every disk over NBD, export name = disk name: unix:PATH or tcp:HOST:PORT.
     #[arg(long, value_name = "ADDR")]
     pub nbd: Option<String>,
@@ -191,6 +200,23 @@ pub struct ServeArgs {
     /// UNIX socket, created with mode 0600. With it the daemon may start without disks.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Log lines as plain text or as one JSON object each (for log shippers).
+    #[arg(long, value_enum, default_value = "text", value_name = "FORMAT")]
+    pub log_format: LogFormat,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+fn parse_cache_mode(s: &str) -> Result<ImageCacheMode, cryptblk_block::UnknownName> {
+    s.parse()
+}
+
+fn parse_aio_engine(s: &str) -> Result<AioEngine, cryptblk_block::UnknownName> {
+    s.parse()
 }
 
 #[derive(Args, Debug)]

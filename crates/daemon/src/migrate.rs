@@ -4,15 +4,16 @@
 //! The switchover happens when asked (`migrate-switchover`, `migrate-postcopy`) or when the
 //! disk's VM is stopped for migration (vhost-user frontend stops the queues with dirty-page
 //! logging on, which QEMU does at the end of a live migration).
-
-use super::disk::{open_received, DiskConfig};
-use super::{Daemon, DaemonError, PreparedDisk};
-use anyhow::{anyhow, bail, Context, Result};
+use crate::error::{chain, Context, Error, Result};
+use crate::image::open_received;
+use crate::registry::{Daemon, PreparedDisk};
+use cryptblk_control::api::{
+    DestinationStatus, DiskConfig, IncomingCancelled, LatencySummary, Listening,
+    MigrateIncomingParams, MigrateStartParams, MigrationStatus, OnDemand, SourceStatus,
+};
 use cryptblk_migration::{
     IncomingMigration, IncomingStatus, MigrationAddress, Phase, SourceMigration, SourceOptions,
-    SourceStatus,
 };
-use serde_json::{json, Value};
 use std::path::Path;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
@@ -20,17 +21,9 @@ use std::time::Duration;
 /// How long a destination waits for the source to send the image header.
 const HEADER_WAIT: Duration = Duration::from_secs(24 * 3600);
 
-/// What `migrate-start` asks for.
-#[derive(Debug, Clone)]
-pub struct StartRequest {
-    pub to: MigrationAddress,
-    pub postcopy: bool,
-    pub preempt: bool,
-    pub chunk_size: Option<usize>,
-    pub max_bandwidth: Option<u64>,
-    pub break_chunks: bool,
-    pub max_passes: Option<u32>,
-    pub tls_creds: Option<std::path::PathBuf>,
+/// An address from a request.
+pub(crate) fn parse_address(text: &str) -> Result<MigrationAddress> {
+    text.parse().map_err(Error::invalid_params)
 }
 
 fn client_tls(dir: Option<&Path>) -> Result<Option<Arc<cryptblk_tls::rustls::ClientConfig>>> {
@@ -42,6 +35,12 @@ fn client_tls(dir: Option<&Path>) -> Result<Option<Arc<cryptblk_tls::rustls::Cli
     .transpose()
 }
 
+/// The answer of `migrate-cancel`.
+pub enum Cancelled {
+    Incoming(IncomingCancelled),
+    Outgoing(SourceStatus),
+}
+
 impl Daemon {
     fn outgoing(&self, name: &str) -> Result<Arc<SourceMigration>> {
         let disk = self.attached(name)?;
@@ -50,11 +49,7 @@ impl Daemon {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        m.ok_or_else(|| {
-            anyhow!(DaemonError::Conflict(format!(
-                "disk \"{name}\" has no outgoing migration"
-            )))
-        })
+        m.ok_or_else(|| Error::conflict(format!("disk \"{name}\" has no outgoing migration")))
     }
 
     fn incoming_of(&self, name: &str) -> Option<Arc<IncomingMigration>> {
@@ -66,7 +61,7 @@ impl Daemon {
     }
 
     /// Whether the disk's header must not change now (a migration copies it or brought it).
-    pub(super) fn migration_in_progress(&self, name: &str) -> bool {
+    pub(crate) fn migration_in_progress(&self, name: &str) -> bool {
         let outgoing = self.attached(name).ok().and_then(|d| {
             d.migration
                 .lock()
@@ -80,13 +75,15 @@ impl Daemon {
         out_busy || in_busy
     }
 
-    pub fn migrate_start(&self, name: &str, req: StartRequest) -> Result<Value> {
+    pub fn migrate_start(&self, p: &MigrateStartParams) -> Result<SourceStatus> {
+        let name = p.name.as_str();
+        let to = parse_address(&p.to)?;
         let disk = self.attached(name)?;
         if self
             .incoming_of(name)
             .is_some_and(|m| m.phase() != Phase::Completed)
         {
-            bail!(DaemonError::Busy(format!(
+            return Err(Error::busy(format!(
                 "disk \"{name}\" is still being migrated in"
             )));
         }
@@ -97,24 +94,24 @@ impl Daemon {
         if let Some(m) = slot.as_ref() {
             let phase = m.status().phase;
             if !matches!(phase, Phase::Failed | Phase::Cancelled) {
-                bail!(DaemonError::Busy(format!(
+                return Err(Error::busy(format!(
                     "disk \"{name}\" already has a migration in phase {phase}"
                 )));
             }
         }
         let mut opts = SourceOptions {
-            postcopy: req.postcopy,
-            preempt: req.preempt,
-            max_bandwidth: req.max_bandwidth,
-            break_chunks: req.break_chunks,
-            tls: client_tls(req.tls_creds.as_deref())?,
+            postcopy: p.postcopy,
+            preempt: p.preempt,
+            max_bandwidth: p.max_bandwidth,
+            break_chunks: p.break_chunks.unwrap_or(true),
+            tls: client_tls(p.tls_creds.as_deref())?,
             ..Default::default()
         };
-        if let Some(c) = req.chunk_size {
-            opts.chunk_size = c;
+        if let Some(c) = p.chunk_size {
+            opts.chunk_size = usize::try_from(c).unwrap_or(usize::MAX);
         }
-        if let Some(p) = req.max_passes {
-            opts.max_passes = p;
+        if let Some(n) = p.max_passes {
+            opts.max_passes = n;
         }
         let _header = disk
             .header_lock
@@ -123,44 +120,48 @@ impl Daemon {
         let m = SourceMigration::start(
             disk.image.file.clone(),
             disk.image.tracker.clone(),
-            &req.to,
+            &to,
             opts,
         )
         .with_context(|| format!("starting the migration of disk \"{name}\""))?;
         *slot = Some(m.clone());
-        Ok(source_json(&m.status()))
+        Ok(source_status(&m))
     }
 
-    pub fn migrate_switchover(&self, name: &str, postcopy: Option<bool>) -> Result<Value> {
+    pub fn migrate_switchover(&self, name: &str, postcopy: Option<bool>) -> Result<SourceStatus> {
         let m = self.outgoing(name)?;
         match postcopy {
             Some(p) => m.switchover(p),
             None => m.switchover_default(),
         }
         .with_context(|| format!("switching disk \"{name}\" over"))?;
-        Ok(source_json(&m.status()))
+        Ok(source_status(&m))
     }
 
-    pub fn migrate_cancel(&self, name: &str) -> Result<Value> {
+    pub fn migrate_cancel(&self, name: &str) -> Result<Cancelled> {
         if let Some(m) = self.incoming_of(name) {
             if !m.phase().is_final() {
                 m.cancel().context("cancelling the incoming migration")?;
-                return Ok(json!({ "name": name, "cancelled": "incoming" }));
+                return Ok(Cancelled::Incoming(IncomingCancelled {
+                    name: name.to_string(),
+                    cancelled: "incoming".into(),
+                }));
             }
         }
         let m = self.outgoing(name)?;
         m.cancel().context("cancelling the migration")?;
         m.wait(Duration::from_secs(30));
-        Ok(source_json(&m.status()))
+        Ok(Cancelled::Outgoing(source_status(&m)))
     }
 
-    pub fn migrate_recover(&self, name: &str, to: &MigrationAddress) -> Result<Value> {
+    pub fn migrate_recover(&self, name: &str, to: &str) -> Result<SourceStatus> {
+        let to = parse_address(to)?;
         let m = self.outgoing(name)?;
-        m.recover(to).context("recovering the migration")?;
-        Ok(source_json(&m.status()))
+        m.recover(&to).context("recovering the migration")?;
+        Ok(source_status(&m))
     }
 
-    pub fn migrate_status(&self, name: &str) -> Result<Value> {
+    pub fn migrate_status(&self, name: &str) -> Result<MigrationStatus> {
         let incoming = self.incoming_of(name);
         let outgoing = match self.attached(name) {
             Ok(d) => d
@@ -172,41 +173,49 @@ impl Daemon {
             Err(e) => return Err(e),
         };
         if incoming.is_none() && outgoing.is_none() {
-            bail!(DaemonError::Conflict(format!(
-                "disk \"{name}\" has no migration"
-            )));
+            return Err(Error::conflict(format!("disk \"{name}\" has no migration")));
         }
-        let out = outgoing.map(|m| source_json(&m.status()));
-        let inc = incoming.map(|m| destination_json(&m.status()));
-        let phase = out
+        let outgoing = outgoing.map(|m| source_status(&m));
+        let incoming = incoming.map(|m| destination_status(&m.status()));
+        let phase = outgoing
             .as_ref()
-            .or(inc.as_ref())
-            .map(|v| v["phase"].clone())
-            .unwrap_or(Value::Null);
-        Ok(json!({ "name": name, "phase": phase, "outgoing": out, "incoming": inc }))
+            .map(|s| s.phase.clone())
+            .or_else(|| incoming.as_ref().map(|s| s.phase.clone()))
+            .unwrap_or_default();
+        Ok(MigrationStatus {
+            name: name.to_string(),
+            phase,
+            outgoing,
+            incoming,
+        })
     }
 
-    /// Destination: listens for a migration of the disk `config` describes into the new image
-    /// `config.image`; attaches the disk once its header has arrived.
-    pub fn migrate_incoming(
-        self: &Arc<Self>,
-        config: DiskConfig,
-        listen: &MigrationAddress,
-        tls_creds: Option<&Path>,
-    ) -> Result<Value> {
-        let tls = tls_creds
+    /// Destination: listens for a migration of the disk `p` describes into the new image
+    /// `p.image`; attaches the disk once its header has arrived.
+    pub fn migrate_incoming(self: &Arc<Self>, p: MigrateIncomingParams) -> Result<Listening> {
+        let listen = parse_address(&p.listen)?;
+        let tls = p
+            .tls_creds
+            .as_deref()
             .map(|d| {
                 cryptblk_tls::server_config(d, cryptblk_tls::ClientAuth::Required)
                     .map(Arc::new)
                     .context("loading the migration TLS credentials")
             })
             .transpose()?;
+        let mut config = DiskConfig::new(p.name, p.image);
+        config.key_file = p.key_file;
+        config.vhost_user_blk = p.vhost_user_blk;
+        config.nbd_export = p.nbd_export;
+        config.num_queues = p.num_queues.unwrap_or(DiskConfig::DEFAULT_NUM_QUEUES);
+        config.queue_size = p.queue_size.unwrap_or(DiskConfig::DEFAULT_QUEUE_SIZE);
+        config.discard = p.discard;
         self.reserve(&config)?;
-        let incoming = match IncomingMigration::listen(listen, &config.image, tls) {
+        let incoming = match IncomingMigration::listen(&listen, config.image.path(), tls) {
             Ok(m) => m,
             Err(e) => {
-                self.disks().remove(&config.name);
-                return Err(anyhow!(e).context("listening for the migration"));
+                self.unreserve(&config.name);
+                return Err(Error::caused("listening for the migration", e));
             }
         };
         let address = incoming.address().to_string();
@@ -221,28 +230,34 @@ impl Daemon {
             .name(format!("incoming-{name}"))
             .spawn(move || {
                 if let Err(e) = daemon.attach_incoming(config, &incoming) {
-                    eprintln!("cryptblk: incoming migration of disk \"{name}\": {e:#}");
+                    tracing::error!(disk = %name, "incoming migration: {}", chain(&e));
                     let _ = incoming.cancel();
                 }
             })
             .context("starting the incoming migration thread")?;
-        Ok(json!({ "name": reported_name, "listen": address }))
+        Ok(Listening {
+            name: reported_name,
+            listen: address,
+        })
     }
 
     fn attach_incoming(&self, config: DiskConfig, incoming: &Arc<IncomingMigration>) -> Result<()> {
         let ready = match incoming.wait_header(HEADER_WAIT) {
             Ok(r) => r,
             Err(e) => {
-                self.disks().remove(&config.name);
-                return Err(e.into());
+                self.unreserve(&config.name);
+                return Err(Error::caused("waiting for the image header", e));
             }
         };
-        let gate =
-            |inner| -> Result<Arc<dyn cryptblk_block::BlockDevice>> { Ok(incoming.disk(inner)?) };
-        let image = match open_received(&config, ready.file, &self.pool, &self.unlock, gate) {
+        let gate = |inner| -> Result<Arc<dyn cryptblk_block::BlockDevice>> {
+            let disk: Arc<dyn cryptblk_block::BlockDevice> =
+                incoming.disk(inner).context("gating the received disk")?;
+            Ok(disk)
+        };
+        let image = match open_received(&config, ready.file, &self.open_context(), gate) {
             Ok(i) => i,
             Err(e) => {
-                self.disks().remove(&config.name);
+                self.unreserve(&config.name);
                 return Err(e);
             }
         };
@@ -257,62 +272,62 @@ impl Daemon {
             }
         };
         if phase != Phase::Completed {
-            eprintln!("cryptblk: incoming migration of disk \"{name}\" {phase}; detaching it");
+            tracing::warn!(disk = %name, "incoming migration {phase}; detaching the disk");
             self.remove_disk(&name, true)?;
         }
         Ok(())
     }
 }
 
-fn ms(d: Option<Duration>) -> Value {
-    d.map(|d| json!(d.as_secs_f64() * 1000.0))
-        .unwrap_or(Value::Null)
+fn ms(d: Option<Duration>) -> Option<f64> {
+    d.map(|d| d.as_secs_f64() * 1000.0)
 }
 
-fn source_json(s: &SourceStatus) -> Value {
-    json!({
-        "role": "source",
-        "phase": s.phase.name(),
-        "error": s.error,
-        "postcopy": s.postcopy,
-        "preempt": s.preempt,
-        "bytes-sent": s.bytes_sent,
-        "zero-bytes": s.zero_bytes,
-        "chunks": s.chunks,
-        "passes": s.passes,
-        "dirty-blocks": s.dirty_blocks,
-        "dirty-bytes": s.dirty_bytes,
-        "granularity": s.granularity,
-        "elapsed-seconds": s.elapsed.as_secs_f64(),
-        "throughput-bytes-per-sec": s.throughput_bytes_per_sec,
-        "urgent-requests-served": s.urgent_served,
-        "downtime-ms": ms(s.downtime),
-    })
+fn source_status(m: &SourceMigration) -> SourceStatus {
+    let s = m.status();
+    SourceStatus {
+        role: "source".into(),
+        phase: s.phase.name().to_string(),
+        error: s.error,
+        postcopy: s.postcopy,
+        preempt: s.preempt,
+        bytes_sent: s.bytes_sent,
+        zero_bytes: s.zero_bytes,
+        chunks: s.chunks,
+        passes: s.passes,
+        dirty_blocks: s.dirty_blocks,
+        dirty_bytes: s.dirty_bytes,
+        granularity: s.granularity,
+        elapsed_seconds: s.elapsed.as_secs_f64(),
+        throughput_bytes_per_sec: s.throughput_bytes_per_sec,
+        urgent_requests_served: s.urgent_served,
+        downtime_ms: ms(s.downtime),
+    }
 }
 
-fn destination_json(s: &IncomingStatus) -> Value {
-    json!({
-        "role": "destination",
-        "phase": s.phase.name(),
-        "error": s.error,
-        "listen": s.address,
-        "disk-size": s.disk_size,
-        "bytes-received": s.bytes_received,
-        "zero-bytes": s.zero_bytes,
-        "chunks": s.chunks,
-        "passes": s.passes,
-        "missing-blocks": s.missing_blocks,
-        "granularity": s.granularity,
-        "elapsed-seconds": s.elapsed.as_secs_f64(),
-        "on-demand": {
-            "requests": s.urgent_requests,
-            "latency-us": {
-                "count": s.latency.count,
-                "avg": s.latency.avg_us,
-                "p50": s.latency.p50_us,
-                "p99": s.latency.p99_us,
-                "max": s.latency.max_us,
+fn destination_status(s: &IncomingStatus) -> DestinationStatus {
+    DestinationStatus {
+        role: "destination".into(),
+        phase: s.phase.name().to_string(),
+        error: s.error.clone(),
+        listen: s.address.clone(),
+        disk_size: s.disk_size,
+        bytes_received: s.bytes_received,
+        zero_bytes: s.zero_bytes,
+        chunks: s.chunks,
+        passes: s.passes,
+        missing_blocks: s.missing_blocks,
+        granularity: s.granularity,
+        elapsed_seconds: s.elapsed.as_secs_f64(),
+        on_demand: OnDemand {
+            requests: s.urgent_requests,
+            latency_us: LatencySummary {
+                count: s.latency.count,
+                avg: s.latency.avg_us,
+                p50: s.latency.p50_us,
+                p99: s.latency.p99_us,
+                max: s.latency.max_us,
             },
         },
-    })
+    }
 }
