@@ -55,6 +55,7 @@ fn init_logging(command: &Command) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false);
     if json {
         builder.json().flatten_event(true).init();

@@ -1,9 +1,9 @@
 //! One attached disk: its image open (and unlocked) and its exports running.
+use crate::activity::DiskActivity;
 use crate::error::{Context, Error, Result};
 use crate::image::OpenedImage;
 use cryptblk_block::{BlockDevice, IoStats};
 use cryptblk_control::api::DiskConfig;
-use cryptblk_migration::SourceMigration;
 use cryptblk_vhost_user_blk::{ServeOptions, StopHandle};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -24,10 +24,8 @@ pub struct AttachedDisk {
     /// Counters of the disk's NBD export (all connections).
     pub nbd_stats: Arc<IoStats>,
     pub nbd_exported: bool,
-    /// Serialises header updates of this disk.
-    pub header_lock: Mutex<()>,
-    /// The disk's outgoing migration (the latest one).
-    pub migration: Arc<Mutex<Option<Arc<SourceMigration>>>>,
+    /// Keyslot changes and the outgoing migration (see `activity` for the locking rules).
+    pub(crate) activity: Arc<DiskActivity>,
 }
 
 /// The vhost-user options of a disk; `serial` is the image's default GET_ID answer.

@@ -1,5 +1,6 @@
 //! `key-add` and `key-remove` on an attached LUKS disk: the header is rewritten in place
 //! (crash-safe, see cryptblk-luks) while the disk keeps serving.
+use crate::activity::HeaderChange;
 use crate::disk::AttachedDisk;
 use crate::error::{Context, Error, Result};
 use crate::key_file::read_key_file;
@@ -7,7 +8,7 @@ use crate::registry::Daemon;
 use cryptblk_control::api::{KeyAddParams, KeyRemoveParams, Pbkdf};
 use cryptblk_luks::kdf::Argon2Variant;
 use cryptblk_luks::{HashAlg, LuksImage, LuksVersion, PbkdfKind, PbkdfOptions};
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 impl Daemon {
     /// Adds a keyslot to an attached LUKS disk; returns the new slot.
@@ -15,12 +16,7 @@ impl Daemon {
         let name = p.name.as_str();
         let disk = self.attached(name)?;
         let file = luks_file(&disk)?;
-        let _header = disk
-            .header_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        // Checked under the header lock, which migrate-start holds while it starts sending.
-        self.refuse_header_change_while_migrating(name)?;
+        let _change = self.begin_header_change(&disk)?;
         let (mut image, _) = LuksImage::read(file.file()).context("reading the LUKS header")?;
         let old = read_key_file(&p.key_file)?;
         let (_, volume_key) = image
@@ -38,12 +34,7 @@ impl Daemon {
         let name = p.name.as_str();
         let disk = self.attached(name)?;
         let file = luks_file(&disk)?;
-        let _header = disk
-            .header_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        // Checked under the header lock, which migrate-start holds while it starts sending.
-        self.refuse_header_change_while_migrating(name)?;
+        let _change = self.begin_header_change(&disk)?;
         let (mut image, _) = LuksImage::read(file.file()).context("reading the LUKS header")?;
         let passphrase = read_key_file(&p.key_file)?;
         let (slot, _) = image
@@ -61,15 +52,18 @@ impl Daemon {
         Ok(slot)
     }
 
-    /// The header travels once, at the start of a migration: a keyslot change after that
-    /// would be lost on the destination.
-    fn refuse_header_change_while_migrating(&self, name: &str) -> Result<()> {
-        if self.migration_in_progress(name) {
+    /// Marks the disk's header as changing (no migration can start meanwhile). The header
+    /// travels once, at the start of a migration: a keyslot change while one is under way
+    /// (or while one is bringing the disk in) would be lost on the other side, so it is
+    /// refused.
+    fn begin_header_change(&self, disk: &AttachedDisk) -> Result<HeaderChange> {
+        let name = disk.name();
+        if self.incoming_in_progress(name) {
             return Err(Error::busy(format!(
                 "disk \"{name}\" is being migrated: change its keyslots before or after"
             )));
         }
-        Ok(())
+        disk.activity.begin_header_change(name)
     }
 }
 

@@ -3,8 +3,9 @@
 //! the control socket's methods and the `serve` loop with its signal handling. `cryptblk
 //! serve` is a thin binary over [`serve`]; other programs can embed [`Daemon`].
 //!
-//! Locks: the registry lock guards only the name -> disk map; see `registry` for why it is
-//! never held across I/O.
+//! Locks: no code holds two of the daemon's locks at once, and none is held across I/O, a
+//! key derivation, a connect or a handshake; `activity` has the details.
+mod activity;
 pub mod config;
 mod disk;
 pub mod error;

@@ -4,12 +4,14 @@
 //! The switchover happens when asked (`migrate-switchover`, `migrate-postcopy`) or when the
 //! disk's VM is stopped for migration (vhost-user frontend stops the queues with dirty-page
 //! logging on, which QEMU does at the end of a live migration).
+use crate::activity::CancelTarget;
 use crate::error::{chain, Context, Error, Result};
 use crate::image::open_received;
 use crate::registry::{Daemon, PreparedDisk};
 use cryptblk_control::api::{
-    DestinationStatus, DiskConfig, IncomingCancelled, LatencySummary, Listening,
+    CancelRequested, DestinationStatus, DiskConfig, LatencySummary, Listening,
     MigrateIncomingParams, MigrateStartParams, MigrationStatus, OnDemand, SourceStatus,
+    DEFAULT_CONNECT_TIMEOUT_MS,
 };
 use cryptblk_migration::{
     IncomingMigration, IncomingStatus, MigrationAddress, Phase, SourceMigration, SourceOptions,
@@ -37,19 +39,26 @@ fn client_tls(dir: Option<&Path>) -> Result<Option<Arc<cryptblk_tls::rustls::Cli
 
 /// The answer of `migrate-cancel`.
 pub enum Cancelled {
-    Incoming(IncomingCancelled),
+    /// An incoming migration, or an outgoing one still connecting, was told to stop.
+    Requested(CancelRequested),
     Outgoing(SourceStatus),
 }
 
 impl Daemon {
+    /// The disk's latest outgoing migration that has started.
     fn outgoing(&self, name: &str) -> Result<Arc<SourceMigration>> {
         let disk = self.attached(name)?;
-        let m = disk
-            .migration
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        m.ok_or_else(|| Error::conflict(format!("disk \"{name}\" has no outgoing migration")))
+        if let Some(m) = disk.activity.migration() {
+            return Ok(m);
+        }
+        if disk.activity.is_starting() {
+            return Err(Error::busy(format!(
+                "disk \"{name}\" is still connecting to its destination"
+            )));
+        }
+        Err(Error::conflict(format!(
+            "disk \"{name}\" has no outgoing migration"
+        )))
     }
 
     fn incoming_of(&self, name: &str) -> Option<Arc<IncomingMigration>> {
@@ -60,44 +69,29 @@ impl Daemon {
             .cloned()
     }
 
-    /// Whether the disk's header must not change now (a migration copies it or brought it).
-    pub(crate) fn migration_in_progress(&self, name: &str) -> bool {
-        let outgoing = self.attached(name).ok().and_then(|d| {
-            d.migration
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone()
-        });
-        let out_busy = outgoing.is_some_and(|m| !m.status().phase.is_final());
-        let in_busy = self
-            .incoming_of(name)
-            .is_some_and(|m| m.phase() != Phase::Completed);
-        out_busy || in_busy
+    /// Whether a migration is bringing the disk in (its header must not change).
+    pub(crate) fn incoming_in_progress(&self, name: &str) -> bool {
+        self.incoming_of(name)
+            .is_some_and(|m| m.phase() != Phase::Completed)
     }
 
+    /// Source: connects to the destination (each connect, TLS handshake and hello bounded by
+    /// the request's connect timeout) and starts sending. No lock is held while connecting:
+    /// meanwhile keyslot changes are refused as busy, and `migrate-cancel` or `disk-remove`
+    /// make the start stop what it started.
     pub fn migrate_start(&self, p: &MigrateStartParams) -> Result<SourceStatus> {
         let name = p.name.as_str();
         let to = parse_address(&p.to)?;
+        if p.connect_timeout == Some(0) {
+            return Err(Error::invalid_params(
+                "connect-timeout must be at least 1 ms",
+            ));
+        }
         let disk = self.attached(name)?;
-        if self
-            .incoming_of(name)
-            .is_some_and(|m| m.phase() != Phase::Completed)
-        {
+        if self.incoming_in_progress(name) {
             return Err(Error::busy(format!(
                 "disk \"{name}\" is still being migrated in"
             )));
-        }
-        let mut slot = disk
-            .migration
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(m) = slot.as_ref() {
-            let phase = m.status().phase;
-            if !matches!(phase, Phase::Failed | Phase::Cancelled) {
-                return Err(Error::busy(format!(
-                    "disk \"{name}\" already has a migration in phase {phase}"
-                )));
-            }
         }
         let mut opts = SourceOptions {
             postcopy: p.postcopy,
@@ -105,6 +99,9 @@ impl Daemon {
             max_bandwidth: p.max_bandwidth,
             break_chunks: p.break_chunks.unwrap_or(true),
             tls: client_tls(p.tls_creds.as_deref())?,
+            connect_timeout: Duration::from_millis(
+                p.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT_MS),
+            ),
             ..Default::default()
         };
         if let Some(c) = p.chunk_size {
@@ -113,18 +110,21 @@ impl Daemon {
         if let Some(n) = p.max_passes {
             opts.max_passes = n;
         }
-        let _header = disk
-            .header_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let m = SourceMigration::start(
+        let ticket = disk.activity.begin_start(name)?;
+        let started = SourceMigration::start(
             disk.image.file.clone(),
             disk.image.tracker.clone(),
             &to,
             opts,
-        )
-        .with_context(|| format!("starting the migration of disk \"{name}\""))?;
-        *slot = Some(m.clone());
+        );
+        let cancelled = ticket.finish(started.as_ref().ok().cloned());
+        let m = started.with_context(|| format!("starting the migration of disk \"{name}\""))?;
+        if cancelled {
+            tracing::info!(disk = %name, "migration cancelled while it was connecting");
+            if m.cancel().is_ok() {
+                m.wait(Duration::from_secs(30));
+            }
+        }
         Ok(source_status(&m))
     }
 
@@ -142,16 +142,27 @@ impl Daemon {
         if let Some(m) = self.incoming_of(name) {
             if !m.phase().is_final() {
                 m.cancel().context("cancelling the incoming migration")?;
-                return Ok(Cancelled::Incoming(IncomingCancelled {
+                return Ok(Cancelled::Requested(CancelRequested {
                     name: name.to_string(),
                     cancelled: "incoming".into(),
                 }));
             }
         }
-        let m = self.outgoing(name)?;
-        m.cancel().context("cancelling the migration")?;
-        m.wait(Duration::from_secs(30));
-        Ok(Cancelled::Outgoing(source_status(&m)))
+        let disk = self.attached(name)?;
+        match disk.activity.cancel_target() {
+            CancelTarget::Starting => Ok(Cancelled::Requested(CancelRequested {
+                name: name.to_string(),
+                cancelled: "starting".into(),
+            })),
+            CancelTarget::Started(m) => {
+                m.cancel().context("cancelling the migration")?;
+                m.wait(Duration::from_secs(30));
+                Ok(Cancelled::Outgoing(source_status(&m)))
+            }
+            CancelTarget::Nothing => Err(Error::conflict(format!(
+                "disk \"{name}\" has no outgoing migration"
+            ))),
+        }
     }
 
     pub fn migrate_recover(&self, name: &str, to: &str) -> Result<SourceStatus> {
@@ -164,11 +175,12 @@ impl Daemon {
     pub fn migrate_status(&self, name: &str) -> Result<MigrationStatus> {
         let incoming = self.incoming_of(name);
         let outgoing = match self.attached(name) {
-            Ok(d) => d
-                .migration
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
+            Ok(d) if d.activity.is_starting() && d.activity.migration().is_none() => {
+                return Err(Error::busy(format!(
+                    "disk \"{name}\" is still connecting to its destination"
+                )))
+            }
+            Ok(d) => d.activity.migration(),
             Err(_) if incoming.is_some() => None,
             Err(e) => return Err(e),
         };

@@ -4,6 +4,7 @@
 //! derivation or a drain: `disk-add` reserves the name, unlocks the image without the lock and
 //! then publishes the disk; `disk-remove` unpublishes it first and drains it afterwards. So a
 //! slow control request (argon2 unlock, draining a busy disk) never blocks another one.
+use crate::activity::DiskActivity;
 use crate::disk::{serve_options, AttachedDisk, VhostExport, WithoutDiscard};
 use crate::error::{chain, Context, Error, Result};
 use crate::image::{open_image, OpenContext, OpenedImage};
@@ -19,7 +20,12 @@ use cryptblk_nbd::{Export, ExportRegistry};
 use cryptblk_vhost_user_blk::{FrontendEvent, Server};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long `disk-remove` waits for a migration start under way to give up (the start is
+/// bounded by its connect timeout; past this the removal goes on and the start, finding
+/// itself cancelled, stops the migration it made).
+const START_WAIT: Duration = Duration::from_secs(60);
 
 enum Slot {
     /// `disk-add` is opening it; the name and socket are taken.
@@ -170,7 +176,8 @@ impl Daemon {
         match self.attach(prepared) {
             Ok(disk) => {
                 let info = describe(&disk);
-                self.disks().insert(name, Slot::Attached(disk));
+                self.disks().insert(name.clone(), Slot::Attached(disk));
+                tracing::info!(disk = %name, "attached");
                 Ok(info)
             }
             Err(e) => {
@@ -187,8 +194,7 @@ impl Daemon {
 
     fn attach(&self, prepared: PreparedDisk) -> Result<Arc<AttachedDisk>> {
         let PreparedDisk { config, image } = prepared;
-        let migration: Arc<Mutex<Option<Arc<cryptblk_migration::SourceMigration>>>> =
-            Arc::default();
+        let activity = DiskActivity::new();
         let vhost = match &config.vhost_user_blk {
             Some(socket) => {
                 let mut server = Server::bind(
@@ -199,7 +205,7 @@ impl Daemon {
                 .context("starting the vhost-user-blk server")?;
                 server.set_event_listener(switchover_on_vm_stop(
                     config.name.clone(),
-                    migration.clone(),
+                    activity.clone(),
                 ));
                 let stop = server.stop_handle();
                 let events = self.events.clone();
@@ -232,8 +238,7 @@ impl Daemon {
             vhost,
             nbd_stats: Arc::new(IoStats::default()),
             nbd_exported,
-            header_lock: Mutex::new(()),
-            migration,
+            activity,
         });
         if let (true, Some(registry)) = (nbd_exported, &self.nbd) {
             let device: Arc<dyn cryptblk_block::BlockDevice> = if disk.config.discard {
@@ -282,14 +287,9 @@ impl Daemon {
             disks.remove(name);
             disk
         };
-        // A migration that has not handed the disk over yet stops; one that has is over for
-        // this side anyway.
-        let outgoing = disk
-            .migration
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        if let Some(m) = outgoing {
+        // A migration that has not handed the disk over yet stops (one still connecting is
+        // told to, and waited for); one that has is over for this side anyway.
+        if let Some(m) = disk.activity.stop_starting(START_WAIT) {
             if m.cancel().is_ok() {
                 m.wait(std::time::Duration::from_secs(30));
             }
@@ -318,7 +318,10 @@ impl Daemon {
         }
         match first_error {
             Some(e) => Err(e.context(format!("detaching disk \"{name}\""))),
-            None => Ok(()),
+            None => {
+                tracing::info!(disk = %name, "detached");
+                Ok(())
+            }
         }
     }
 
@@ -380,7 +383,7 @@ impl Daemon {
 /// switches over, in the mode it was started with.
 fn switchover_on_vm_stop(
     name: String,
-    migration: Arc<Mutex<Option<Arc<cryptblk_migration::SourceMigration>>>>,
+    activity: Arc<DiskActivity>,
 ) -> cryptblk_vhost_user_blk::EventListener {
     Arc::new(move |event| {
         tracing::info!(disk = %name, ?event, "vhost-user frontend");
@@ -391,11 +394,7 @@ fn switchover_on_vm_stop(
         {
             return;
         }
-        let m = migration
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        if let Some(m) = m {
+        if let Some(m) = activity.migration() {
             if m.status().phase == Phase::Precopy {
                 match m.switchover_default() {
                     Ok(()) => tracing::info!(disk = %name, "VM stopped, switching over"),

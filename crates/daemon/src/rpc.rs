@@ -93,7 +93,7 @@ impl ControlHandler {
             Request::MigratePostcopy(p) => json(d.migrate_switchover(&p.name, Some(true))?),
             Request::MigrateStatus(p) => json(d.migrate_status(&p.name)?),
             Request::MigrateCancel(p) => match d.migrate_cancel(&p.name)? {
-                Cancelled::Incoming(c) => json(c),
+                Cancelled::Requested(c) => json(c),
                 Cancelled::Outgoing(s) => json(s),
             },
             Request::MigrateRecover(p) => json(d.migrate_recover(&p.name, &p.to)?),

@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-/// How long a peer may take to complete the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connecting peer may take to complete the TLS handshake and send its Hello
+/// (the destination's side; the source's is `SourceOptions::connect_timeout`).
+pub const ACCEPT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a migration destination listens: `tcp:HOST:PORT` (or just `HOST:PORT`) or
 /// `unix:PATH`.
@@ -96,10 +97,17 @@ impl Socket {
         };
     }
 
-    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+    /// Read and write timeouts of the socket (shared by every clone of it).
+    fn set_timeouts(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
-            Socket::Tcp(s) => s.set_read_timeout(t),
-            Socket::Unix(s) => s.set_read_timeout(t),
+            Socket::Tcp(s) => {
+                s.set_read_timeout(t)?;
+                s.set_write_timeout(t)
+            }
+            Socket::Unix(s) => {
+                s.set_read_timeout(t)?;
+                s.set_write_timeout(t)
+            }
         }
     }
 }
@@ -135,6 +143,14 @@ impl Closer {
     }
 }
 
+/// Whether an I/O error is a socket timeout firing.
+pub fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
 /// One established connection, split.
 pub struct Channel {
     pub reader: Box<dyn Read + Send>,
@@ -142,6 +158,14 @@ pub struct Channel {
     pub closer: Closer,
     /// Who is on the other end, for messages.
     pub peer: String,
+}
+
+impl Channel {
+    /// Bounds every read and write of the connection (`None`: no bound). Set while the
+    /// connection is being set up (handshakes), cleared once it carries the migration.
+    pub fn set_timeouts(&self, t: Option<Duration>) -> io::Result<()> {
+        self.closer.0.set_timeouts(t)
+    }
 }
 
 impl std::fmt::Debug for Channel {
@@ -272,18 +296,25 @@ impl Write for TlsWriter {
     }
 }
 
+/// Runs the TLS handshake on `socket`, whose timeouts bound it, and splits the connection.
 fn split_tls(mut socket: Socket, conn: impl Into<Connection>, peer: String) -> io::Result<Channel> {
     let mut conn: Connection = conn.into();
-    socket.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     while conn.is_handshaking() {
         conn.complete_io(&mut socket).map_err(|e| {
-            io::Error::new(e.kind(), format!("TLS handshake with {peer} failed: {e}"))
+            let what = if is_timeout(&e) {
+                "timed out".to_string()
+            } else {
+                e.to_string()
+            };
+            io::Error::new(
+                e.kind(),
+                format!("TLS handshake with {peer} failed: {what}"),
+            )
         })?;
     }
     while conn.wants_write() {
         conn.write_tls(&mut socket)?;
     }
-    socket.set_read_timeout(None)?;
     let closer = Closer(Arc::new(socket.try_clone()?));
     let reader_socket = socket.try_clone()?;
     let shared = Arc::new(TlsShared {
@@ -305,14 +336,20 @@ fn split_tls(mut socket: Socket, conn: impl Into<Connection>, peer: String) -> i
 }
 
 /// Connects to a destination, with TLS when `tls` is given (verifying the destination's
-/// certificate against the address's host and presenting ours).
-pub fn connect(addr: &MigrationAddress, tls: Option<&Arc<ClientConfig>>) -> io::Result<Channel> {
+/// certificate against the address's host and presenting ours). `timeout` bounds the TCP
+/// connect and every read and write of the connection, the TLS handshake included, until
+/// [`Channel::set_timeouts`] changes it.
+pub fn connect(
+    addr: &MigrationAddress,
+    tls: Option<&Arc<ClientConfig>>,
+    timeout: Duration,
+) -> io::Result<Channel> {
     let socket = match addr {
         MigrationAddress::Tcp(hp) => {
             let mut last = None;
             let mut found = None;
             for a in hp.to_socket_addrs()? {
-                match TcpStream::connect_timeout(&a, Duration::from_secs(10)) {
+                match TcpStream::connect_timeout(&a, timeout) {
                     Ok(s) => {
                         found = Some(s);
                         break;
@@ -328,6 +365,7 @@ pub fn connect(addr: &MigrationAddress, tls: Option<&Arc<ClientConfig>>) -> io::
         }
         MigrationAddress::Unix(p) => Socket::Unix(UnixStream::connect(p)?),
     };
+    socket.set_timeouts(Some(timeout))?;
     let peer = addr.to_string();
     match tls {
         None => split_plain(socket, peer),
@@ -362,7 +400,11 @@ pub struct Incoming {
 }
 
 impl Incoming {
+    /// Runs the TLS handshake (if any). Reads and writes stay bounded by [`ACCEPT_TIMEOUT`]
+    /// until [`Channel::set_timeouts`] lifts it, so that a peer that connects and stays silent
+    /// cannot hold the connection's thread.
     pub fn establish(self) -> io::Result<Channel> {
+        self.socket.set_timeouts(Some(ACCEPT_TIMEOUT))?;
         match self.tls {
             None => split_plain(self.socket, self.peer),
             Some(config) => {

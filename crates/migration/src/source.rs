@@ -57,6 +57,9 @@ pub struct SourceOptions {
     /// switchover; 0 for no limit.
     pub max_passes: u32,
     pub tls: Option<Arc<ClientConfig>>,
+    /// Bound on each connect, TLS handshake and Hello exchange with the destination (a peer
+    /// that accepts and never answers fails the start or recovery after this long).
+    pub connect_timeout: Duration,
 }
 
 impl Default for SourceOptions {
@@ -70,6 +73,7 @@ impl Default for SourceOptions {
             slice_size: 16 << 10,
             max_passes: 30,
             tls: None,
+            connect_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -90,6 +94,11 @@ impl SourceOptions {
         if self.max_bandwidth == Some(0) {
             return Err(MigrationError::InvalidOptions(
                 "max bandwidth must be positive".into(),
+            ));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(MigrationError::InvalidOptions(
+                "connect timeout must be positive".into(),
             ));
         }
         if self.preempt && !self.postcopy {
@@ -243,18 +252,48 @@ fn getrandom(buf: &mut [u8]) {
     }
 }
 
-/// Connects one channel and exchanges Hellos; returns the channel's halves.
+/// Connects one channel and exchanges Hellos, each step bounded by `timeout`; returns the
+/// channel's halves, without a time limit from then on.
 fn open_channel(
     to: &MigrationAddress,
     hello: Hello,
     tls: Option<&Arc<ClientConfig>>,
+    timeout: Duration,
 ) -> Result<Channel, MigrationError> {
-    let mut ch = channel::connect(to, tls).map_err(|e| MigrationError::Connect {
+    let connect_error = |e: std::io::Error| MigrationError::Connect {
         to: to.to_string(),
-        reason: e.to_string(),
-    })?;
-    wire::write_frame(&mut ch.writer, &Frame::Hello(hello))?;
-    match wire::read_frame(&mut ch.reader)? {
+        reason: if channel::is_timeout(&e) {
+            format!(
+                "no answer within {} ms (the connect timeout)",
+                timeout.as_millis()
+            )
+        } else {
+            e.to_string()
+        },
+    };
+    let mut ch = channel::connect(to, tls, timeout).map_err(connect_error)?;
+    let answer = wire::write_frame(&mut ch.writer, &Frame::Hello(hello))
+        .and_then(|()| wire::read_frame(&mut ch.reader));
+    let answer = match answer {
+        Err(WireError::Io(e)) if channel::is_timeout(&e) => {
+            ch.closer.close();
+            return Err(MigrationError::Connect {
+                to: to.to_string(),
+                reason: format!(
+                    "connected, but no Hello came back within {} ms (the connect timeout): \
+                     is this a migrate-incoming address?",
+                    timeout.as_millis()
+                ),
+            });
+        }
+        Err(e) => {
+            ch.closer.close();
+            return Err(e.into());
+        }
+        Ok(frame) => frame,
+    };
+    ch.set_timeouts(None).map_err(connect_error)?;
+    match answer {
         Frame::Hello(theirs) => {
             if theirs.version != PROTOCOL_VERSION {
                 return Err(MigrationError::VersionMismatch {
@@ -504,7 +543,8 @@ fn connect_all(
     generation: u64,
 ) -> Result<Channels, MigrationError> {
     let tls = shared.opts.tls.as_ref();
-    let mut bulk = open_channel(to, shared.hello(role), tls)?;
+    let timeout = shared.opts.connect_timeout;
+    let mut bulk = open_channel(to, shared.hello(role), tls, timeout)?;
     if role == Role::Resume {
         let missing = read_missing(shared, &mut bulk.reader);
         if let Err(e) = missing {
@@ -514,7 +554,7 @@ fn connect_all(
     }
     let mut closers = vec![bulk.closer.clone()];
     let urgent = if shared.opts.preempt {
-        match open_channel(to, shared.hello(Role::Urgent), tls) {
+        match open_channel(to, shared.hello(Role::Urgent), tls, timeout) {
             Ok(ch) => Some(ch),
             Err(e) => {
                 bulk.closer.close();

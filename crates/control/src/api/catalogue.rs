@@ -92,11 +92,6 @@ use ParamKind::*;
 const NAME: ParamSpec = req("name", Name, "The disk's name in the daemon.");
 const CACHE_MODES: &[&str] = &["none", "writeback", "writethrough", "directsync", "unsafe"];
 const AIO_ENGINES: &[&str] = &["io_uring", "threads"];
-const CONNECT_TIMEOUT: ParamSpec = opt(
-    "connect-timeout",
-    Millis,
-    "Milliseconds each connect, TLS handshake and hello exchange with the destination may take (default 10000).",
-);
 
 /// Every method, in the order the reference lists them.
 pub const METHODS: &[MethodSpec] = &[
@@ -184,7 +179,7 @@ pub const METHODS: &[MethodSpec] = &[
             opt("break-chunks", FlagDefaultOn, "With preempt: interrupt a bulk chunk for urgent requests (default on; off only for comparisons)."),
             opt("max-passes", Count, "Precopy passes before resending waits for the switchover (default 30; 0: no limit)."),
             opt("tls-creds", Path, "TLS credentials directory (QEMU x509 layout): ca-cert.pem, client-cert.pem, client-key.pem."),
-            CONNECT_TIMEOUT,
+            opt("connect-timeout", Millis, "Milliseconds each connect, TLS handshake and hello exchange with the destination may take, also when recovering (default 10000)."),
         ],
     },
     MethodSpec {
@@ -215,8 +210,7 @@ pub const METHODS: &[MethodSpec] = &[
         summary: "Source: resume a paused postcopy over a new connection.",
         params: &[
             NAME,
-            req("to", Address, "The destination's address (the same or a new route to it)."),
-            CONNECT_TIMEOUT,
+            req("to", Address, "The destination's address (the same or a new route to it); the start's connect-timeout applies."),
         ],
     },
 ];

@@ -140,9 +140,8 @@ pub struct NameParams {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct MigrateRecoverParams {
     pub name: String,
+    /// The connections are bounded by the connect timeout the migration was started with.
     pub to: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub connect_timeout: Option<u64>,
 }
 
 /// A request the daemon understands, its params checked.

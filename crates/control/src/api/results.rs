@@ -210,10 +210,11 @@ pub struct MigrationStatus {
     pub incoming: Option<DestinationStatus>,
 }
 
-/// `migrate-cancel` of an incoming migration.
+/// `migrate-cancel` of an incoming migration, or of an outgoing one still connecting (which
+/// then stops as soon as it is connected, or fails to).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct IncomingCancelled {
+pub struct CancelRequested {
     pub name: String,
-    /// Always `incoming`.
+    /// `incoming` or `starting`.
     pub cancelled: String,
 }
