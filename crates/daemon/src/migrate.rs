@@ -14,8 +14,9 @@ use cryptblk_control::api::{
     DEFAULT_CONNECT_TIMEOUT_MS,
 };
 use cryptblk_migration::{
-    IncomingMigration, IncomingStatus, MigrationAddress, Phase, SourceMigration, SourceOptions,
+    IncomingMigration, IncomingStatus, Phase, SourceMigration, SourceOptions,
 };
+use cryptblk_net::Address;
 use std::path::Path;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
@@ -24,13 +25,14 @@ use std::time::Duration;
 const HEADER_WAIT: Duration = Duration::from_secs(24 * 3600);
 
 /// An address from a request.
-pub(crate) fn parse_address(text: &str) -> Result<MigrationAddress> {
-    text.parse().map_err(Error::invalid_params)
+pub(crate) fn parse_address(text: &str) -> Result<Address> {
+    text.parse()
+        .map_err(|e: cryptblk_net::AddressError| Error::invalid_params(e.to_string()))
 }
 
-fn client_tls(dir: Option<&Path>) -> Result<Option<Arc<cryptblk_tls::rustls::ClientConfig>>> {
+fn client_tls(dir: Option<&Path>) -> Result<Option<Arc<cryptblk_net::tls::rustls::ClientConfig>>> {
     dir.map(|d| {
-        cryptblk_tls::client_config(d)
+        cryptblk_net::tls::client_config(d)
             .map(Arc::new)
             .context("loading the migration TLS credentials")
     })
@@ -210,7 +212,7 @@ impl Daemon {
             .tls_creds
             .as_deref()
             .map(|d| {
-                cryptblk_tls::server_config(d, cryptblk_tls::ClientAuth::Required)
+                cryptblk_net::tls::server_config(d, cryptblk_net::tls::ClientAuth::Required)
                     .map(Arc::new)
                     .context("loading the migration TLS credentials")
             })
