@@ -81,14 +81,18 @@ pub fn load_config_file(path: &Path) -> Result<Vec<DiskConfig>, ConfigFileError>
         source,
     })?;
     let base = path.parent().unwrap_or(Path::new(""));
-    parse_config(&text, base).map_err(|message| ConfigFileError::Invalid {
+    parse_config(&text, base).map_err(|e| ConfigFileError::Invalid {
         path: path.to_path_buf(),
-        message,
+        message: e.0,
     })
 }
 
 /// Parses config text; relative paths are resolved against `base`.
-pub fn parse_config(text: &str, base: &Path) -> Result<Vec<DiskConfig>, String> {
+pub fn parse_config(text: &str, base: &Path) -> Result<Vec<DiskConfig>, InvalidConfig> {
+    parse_disks(text, base).map_err(InvalidConfig)
+}
+
+fn parse_disks(text: &str, base: &Path) -> Result<Vec<DiskConfig>, String> {
     let table: toml::Table = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
     if let Some(key) = table.keys().find(|k| k.as_str() != "disk") {
         return Err(format!(
@@ -155,7 +159,7 @@ mod tests {
     use cryptblk_block::{AioEngine, CacheMode};
 
     fn parse(text: &str) -> Result<Vec<DiskConfig>, String> {
-        parse_config(text, Path::new("/etc/cryptblk"))
+        parse_config(text, Path::new("/etc/cryptblk")).map_err(|e| e.0)
     }
 
     #[test]
