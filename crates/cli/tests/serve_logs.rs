@@ -38,11 +38,10 @@ fn json_log_lines_name_the_disk() {
         assert!(Instant::now() < deadline, "serve did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
     // SAFETY: kill(2) on the child this test spawned and has not reaped.
-    assert_eq!(
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
-        0
-    );
+    let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert_eq!(sent, 0);
     assert_eq!(child.wait().unwrap().code(), Some(0));
 
     let text = std::fs::read_to_string(&log).unwrap();
