@@ -95,14 +95,25 @@ pub fn serve(config: ServeConfig) -> Result<()> {
                 return Err(e.context(label(&disk, name_disks)));
             }
         };
+        // One line a person reads ("serving vm1.luks (luks) on vhost-user-blk /run/vm1.sock"),
+        // with the disk as a field for log shippers.
         let format = info.attached.as_ref().map_or("?", |a| a.format.as_str());
+        let exports: Vec<String> = disk
+            .vhost_user_blk
+            .iter()
+            .map(|s| format!("vhost-user-blk {}", s.display()))
+            .chain(
+                info.attached
+                    .as_ref()
+                    .is_some_and(|a| a.nbd_export)
+                    .then(|| format!("NBD export \"{}\"", disk.name)),
+            )
+            .collect();
         tracing::info!(
             disk = %disk.name,
-            image = %disk.image,
-            format,
-            vhost_user_blk = disk.vhost_user_blk.as_ref().map(|s| s.display().to_string()),
-            nbd_export = info.attached.as_ref().is_some_and(|a| a.nbd_export),
-            "serving"
+            "serving {} ({format}) on {}",
+            label(&disk, name_disks),
+            exports.join(", ")
         );
     }
 
