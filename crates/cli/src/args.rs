@@ -1,6 +1,8 @@
 //! The command-line contract. cryptsetup and qemu-img users should recognise every option.
 use crate::size::parse_size;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use cryptblk_block::{AioEngine, CacheMode as ImageCacheMode};
+use cryptblk_control::api::DiskConfig;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -64,7 +66,6 @@ pub enum Command {
     #[command(after_help = crate::cmd::serve::HELP)]
     Serve(ServeArgs),
     /// Drive a running daemon through its control socket (`cryptblk serve --control PATH`).
-    #[command(after_help = crate::cmd::ctl::HELP)]
     Ctl(crate::cmd::ctl::CtlArgs),
 }
 
@@ -147,8 +148,6 @@ pub struct FormatArgs {
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    // The doc comment is `--help` text, where `[[disk]]` is TOML, not a rustdoc link.
-    #[allow(rustdoc::broken_intra_doc_links)]
     /// Serve every [[disk]] of this TOML file (format below) instead of one image; not
     /// combined with the single-disk options.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
@@ -171,10 +170,10 @@ pub struct ServeArgs {
     #[arg(long, short = 'd', value_name = "FILE")]
     pub key_file: Option<PathBuf>,
     /// Virtqueues offered to the guest; each gets its own worker thread.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = DiskConfig::DEFAULT_NUM_QUEUES)]
     pub num_queues: u16,
     /// Largest virtqueue size (a power of two up to 1024).
-    #[arg(long, value_name = "N", default_value_t = 256)]
+    #[arg(long, value_name = "N", default_value_t = DiskConfig::DEFAULT_QUEUE_SIZE)]
     pub queue_size: u16,
     /// Export read-only (the image is opened read-only, writes fail with IOERR).
     #[arg(long)]
@@ -183,16 +182,13 @@ pub struct ServeArgs {
     /// by default because discards on an encrypted disk reveal which blocks are unused.
     #[arg(long)]
     pub discard: bool,
-    /// Host cache mode, as QEMU names them: none (O_DIRECT, the page cache bypassed; falls
-    /// back to writeback with a notice where the filesystem refuses O_DIRECT), writeback,
-    /// writethrough and directsync (every write durable before it completes), unsafe
-    /// (flushes ignored).
-    #[arg(long, value_name = "MODE", default_value_t = cryptblk_block::CacheMode::None)]
-    pub cache: cryptblk_block::CacheMode,
-    /// Asynchronous I/O engine: io_uring (one ring per queue; falls back to threads with a
-    /// notice where the kernel refuses it) or threads.
-    #[arg(long, value_name = "ENGINE", default_value_t = cryptblk_block::AioEngine::IoUring)]
-    pub aio: cryptblk_block::AioEngine,
+    /// Host cache mode of the image, as QEMU's cache=: none (O_DIRECT), writeback,
+    /// writethrough, directsync or unsafe (flushes ignored).
+    #[arg(long, value_name = "MODE", default_value = "none", value_parser = parse_cache_mode)]
+    pub cache: ImageCacheMode,
+    /// Asynchronous I/O engine: io_uring or threads.
+    #[arg(long, value_name = "ENGINE", default_value = "io_uring", value_parser = parse_aio_engine)]
+    pub aio: AioEngine,
     /// Busy-poll each queue's completions this many microseconds before sleeping, like
     /// QEMU's aio-poll: lower latency for CPU time. 0 (the default) never polls.
     #[arg(long, value_name = "US", default_value_t = 0)]
@@ -208,6 +204,23 @@ pub struct ServeArgs {
     /// UNIX socket, created with mode 0600. With it the daemon may start without disks.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Log lines as plain text or as one JSON object each (for log shippers).
+    #[arg(long, value_enum, default_value = "text", value_name = "FORMAT")]
+    pub log_format: LogFormat,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+fn parse_cache_mode(s: &str) -> Result<ImageCacheMode, cryptblk_block::UnknownName> {
+    s.parse()
+}
+
+fn parse_aio_engine(s: &str) -> Result<AioEngine, cryptblk_block::UnknownName> {
+    s.parse()
 }
 
 #[derive(Args, Debug)]

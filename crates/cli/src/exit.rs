@@ -1,8 +1,9 @@
 //! Exit statuses are part of the command-line contract (documented in `--help`): scripts tell
-//! a wrong passphrase from a damaged image without parsing messages.
-use cryptblk_block::{BlockError, BlockErrorKind};
-use cryptblk_crypto::CryptoError;
-use cryptblk_luks::LuksError;
+//! a wrong passphrase from a damaged image without parsing messages. They come from the
+//! failure's kind (the same kinds the daemon answers with on its control socket), never from
+//! its text.
+use cryptblk_control::api::ErrorKind;
+use cryptblk_control::ClientError;
 
 pub const SUCCESS: i32 = 0;
 pub const USAGE: i32 = 1;
@@ -33,73 +34,61 @@ Exit status:
 #[error("{0}")]
 pub struct UsageError(pub String);
 
+/// The exit status of a failure of this kind.
+pub fn status(kind: ErrorKind) -> i32 {
+    match kind {
+        ErrorKind::InvalidParams | ErrorKind::Usage => USAGE,
+        ErrorKind::WrongPassphrase => WRONG_PASSPHRASE,
+        ErrorKind::Unsupported => UNSUPPORTED,
+        ErrorKind::Damaged => DAMAGED,
+        ErrorKind::Io => IO,
+        // A busy disk (a VM connected, a migration under way) is "in use" to a script.
+        ErrorKind::InUse | ErrorKind::Busy => IN_USE,
+        ErrorKind::ResourceLimit => RESOURCE_LIMIT,
+        _ => OTHER,
+    }
+}
+
 /// The exit status for an error, from the most specific typed cause in its chain.
 pub fn code_for(err: &anyhow::Error) -> i32 {
     for cause in err.chain() {
-        if cause.downcast_ref::<UsageError>().is_some() {
+        if cause.is::<UsageError>() {
             return USAGE;
         }
-        if let Some(remote) = cause.downcast_ref::<crate::cmd::ctl::RemoteError>() {
-            // The daemon's application codes are -32000 minus the CLI's exit status.
-            return match remote.code {
-                -32602..=-32600 => USAGE,
-                c @ -32008..=-32001 => i32::try_from(-32000 - c).unwrap_or(OTHER),
-                -32012 => IN_USE,
-                _ => OTHER,
-            };
+        if let Some(ClientError::Rpc(e)) = cause.downcast_ref::<ClientError>() {
+            return status(ErrorKind::from_code(e.code));
         }
-        if let Some(e) = cause.downcast_ref::<LuksError>() {
-            return match e {
-                LuksError::WrongPassphrase | LuksError::NoKeyslots => WRONG_PASSPHRASE,
-                LuksError::Unsupported { .. }
-                | LuksError::Crypto(CryptoError::Unsupported { .. }) => UNSUPPORTED,
-                LuksError::NotLuks(_)
-                | LuksError::Corrupt(_)
-                | LuksError::Truncated(_)
-                | LuksError::Keyslot(..) => DAMAGED,
-                LuksError::PbkdfMemoryLimit { .. } | LuksError::PbkdfCostLimit { .. } => {
-                    RESOURCE_LIMIT
-                }
-                LuksError::InvalidArgument(_) => USAGE,
-                LuksError::Io(_) => IO,
-                _ => OTHER,
-            };
-        }
-        if let Some(e) = cause.downcast_ref::<BlockError>() {
-            match e.kind() {
-                BlockErrorKind::Unsupported => return UNSUPPORTED,
-                BlockErrorKind::Corrupt => return DAMAGED,
-                BlockErrorKind::Locked => return IN_USE,
-                BlockErrorKind::Io => return IO,
-                // The cause (e.g. a LuksError) may be more specific: keep walking.
-                _ => continue,
-            }
-        }
-        if let Some(CryptoError::Unsupported { .. } | CryptoError::InvalidKeySize { .. }) =
-            cause.downcast_ref::<CryptoError>()
-        {
-            return UNSUPPORTED;
-        }
-        if cause.downcast_ref::<std::io::Error>().is_some() {
-            return IO;
+        if let Some(kind) = cryptblk_daemon::error::own_kind(cause) {
+            return status(kind);
         }
     }
     OTHER
 }
 
-/// "context: cause: cause" on one line, skipping causes whose text the previous one already
-/// contains (typed errors often render their source themselves).
+/// "context: cause: cause" on one line, each cause said once.
 pub fn one_line(err: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in err.chain() {
-        let text = cause.to_string();
-        if text.is_empty() || out.contains(&text) {
-            continue;
+    cryptblk_daemon::chain(err.as_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_the_documented_status() {
+        let statuses: Vec<i32> = ErrorKind::ALL.iter().map(|k| status(*k)).collect();
+        // invalid params, usage, passphrase, unsupported, damaged, io, in use, limit, other,
+        // no such disk, conflict, busy
+        assert_eq!(statuses, [1, 1, 2, 3, 4, 5, 6, 7, 8, 8, 8, 6]);
+        // The daemon's answers map through the same kinds.
+        for kind in ErrorKind::ALL {
+            let remote = cryptblk_control::RpcError {
+                code: kind.code(),
+                message: "m".into(),
+                data: None,
+            };
+            let err = anyhow::Error::from(ClientError::Rpc(remote)).context("disk-add");
+            assert_eq!(code_for(&err), status(kind), "{kind:?}");
         }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
     }
-    out
 }

@@ -3,7 +3,6 @@
 mod args;
 mod cmd;
 mod convert;
-mod daemon;
 mod exit;
 mod options;
 mod secrets;
@@ -25,13 +24,7 @@ fn main() {
             std::process::exit(code);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    init_logging(&cli.command);
 
     let result = match cli.command {
         Command::Format(ref a) => cmd::format::run(&cli, a),
@@ -46,5 +39,27 @@ fn main() {
     if let Err(err) = result {
         eprintln!("cryptblk: {}", exit::one_line(&err));
         std::process::exit(exit::code_for(&err));
+    }
+}
+
+/// Log lines go to stderr. The daemon (`serve`) reports what it serves at `info`; the other
+/// commands only warn. `RUST_LOG` overrides either; `serve --log-format json` writes one JSON
+/// object per line for log shippers.
+fn init_logging(command: &Command) {
+    let (default_level, json) = match command {
+        Command::Serve(a) => ("info", a.log_format == args::LogFormat::Json),
+        _ => ("warn", false),
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| default_level.into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false);
+    if json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
     }
 }

@@ -44,7 +44,7 @@ pub fn pbkdf_options(
         }
         opts.memory_kib = kib;
     } else {
-        opts.memory_kib = default_argon2_memory_kib();
+        opts.memory_kib = PbkdfOptions::default_argon2_memory_kib();
     }
     if let Some(p) = args.pbkdf_parallel {
         if !(1..=16).contains(&p) {
@@ -59,20 +59,6 @@ pub fn pbkdf_options(
         opts.force_iterations = Some(n);
     }
     Ok(opts)
-}
-
-/// cryptsetup's default: 1 GiB, but never more than half of the machine's RAM.
-fn default_argon2_memory_kib() -> u32 {
-    let half_ram_kib = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map(|kib| kib / 2)
-        .unwrap_or(u64::MAX);
-    half_ram_kib.min(1024 * 1024) as u32
 }
 
 pub fn format_options(args: &LuksFormatArgs) -> Result<FormatOptions> {

@@ -3,9 +3,6 @@
 use anyhow::{bail, Context, Result};
 use std::io::{IsTerminal, Read, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-static STDIN_TAKEN: AtomicBool = AtomicBool::new(false);
 use zeroize::Zeroizing;
 
 /// Where a passphrase comes from: `--key-file PATH` (`-` = stdin) or, when absent, a prompt on
@@ -15,9 +12,10 @@ pub fn read_passphrase(key_file: Option<&Path>, prompt: &str) -> Result<Zeroizin
         Some(path) => path == Path::new("-"),
         None => !std::io::stdin().is_terminal(),
     };
-    // A second secret read from stdin would silently get nothing (or the rest of the first).
-    if from_stdin && STDIN_TAKEN.swap(true, Ordering::SeqCst) {
-        bail!("stdin already supplied another passphrase: pass this one with a key file");
+    // A second secret read from stdin would silently get nothing (or the rest of the first);
+    // the daemon library reads key files `-` too, so the claim is its.
+    if from_stdin {
+        cryptblk_daemon::key_file::claim_stdin()?;
     }
     let secret = match key_file {
         // Like cryptsetup's --key-file: the whole file is the key, newlines included.

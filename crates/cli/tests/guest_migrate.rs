@@ -135,8 +135,9 @@ fn migrate_initramfs(artifacts: &Path, out: &Path) {
     std::fs::write(out, data).unwrap();
 }
 
-/// A `cryptblk serve` with `args`, logging the vhost-user frontend's events
-/// (`RUST_LOG=cryptblk_vhost_user_blk=info`) to `log`, driven through its control socket;
+/// A `cryptblk serve` with `args`, logging the vhost-user frontend's events and the daemon's
+/// (`RUST_LOG=cryptblk_vhost_user_blk=info,cryptblk_daemon=info`) to `log`, driven through its
+/// control socket;
 /// killed when dropped.
 struct Serve {
     child: Child,
@@ -151,7 +152,10 @@ impl Serve {
             .arg("--control")
             .arg(&control)
             .args(args)
-            .env("RUST_LOG", "warn,cryptblk_vhost_user_blk=info")
+            .env(
+                "RUST_LOG",
+                "warn,cryptblk_vhost_user_blk=info,cryptblk_daemon=info",
+            )
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).unwrap())
             .stderr(std::fs::File::create(&log).unwrap())

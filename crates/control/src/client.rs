@@ -11,7 +11,7 @@ use std::time::Duration;
 pub enum ClientError {
     /// Nothing is listening: the socket file is missing or stale.
     #[error(
-        "cannot connect to the control socket {}: {source} (is `cryptblk serve --control PATH` running?)",
+        "cannot connect to the control socket {} (is `cryptblk serve --control PATH` running?)",
         path.display()
     )]
     NotRunning {
@@ -20,14 +20,14 @@ pub enum ClientError {
         source: io::Error,
     },
     /// Connecting failed for another reason (e.g. permission denied).
-    #[error("cannot connect to the control socket {}: {source}", path.display())]
+    #[error("cannot connect to the control socket {}", path.display())]
     Connect {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
     /// Sending or receiving failed (including a timeout set with [`Client::set_timeout`]).
-    #[error("control socket {}: {source}", path.display())]
+    #[error("control socket {}", path.display())]
     Io {
         path: PathBuf,
         #[source]

@@ -13,11 +13,16 @@
 //!   the specification reserves, and [`RpcError::application`] makes codes in
 //!   `-32099..=-32000` for handler-specific failures.
 //!
+//! - [`api`] is the daemon's side of the contract: every method's params and answer as
+//!   types, the method table `cryptblk ctl` is built from, and the error kinds with their
+//!   codes.
+//!
 //! Protocol details beyond the specification: blank lines are ignored; a line longer than
 //! [`MAX_LINE`] bytes gets an invalid-request error and the connection is closed (the server
 //! cannot find the next frame boundary without reading an unbounded line); batches are
 //! supported and answered as one line; requests received after the server was told to stop
 //! get [`SERVER_SHUTTING_DOWN`].
+pub mod api;
 mod client;
 mod protocol;
 mod server;

@@ -36,7 +36,7 @@ pub enum Error {
         path.display()
     )]
     PathTooLong { path: PathBuf, max: usize },
-    #[error("{what} {}: {source}", path.display())]
+    #[error("{what} {}", path.display())]
     Io {
         what: &'static str,
         path: PathBuf,

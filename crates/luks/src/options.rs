@@ -131,6 +131,21 @@ impl Default for PbkdfOptions {
 }
 
 impl PbkdfOptions {
+    /// cryptsetup's argon2 memory cost for new keyslots: 1 GiB, but never more than half of
+    /// the machine's RAM.
+    pub fn default_argon2_memory_kib() -> u32 {
+        let half_ram_kib = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            })
+            .map(|kib| kib / 2)
+            .unwrap_or(u64::MAX);
+        half_ram_kib.min(1024 * 1024) as u32
+    }
+
     /// PBKDF2 with a pinned iteration count and no benchmark, like cryptsetup's
     /// `--pbkdf pbkdf2 --pbkdf-force-iterations N`: a fixed, machine-independent cost.
     pub fn pbkdf2_iterations(hash: HashAlg, iterations: u32) -> Self {

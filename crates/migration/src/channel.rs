@@ -2,128 +2,23 @@
 //! authenticated TLS, each split into a reader and a writer that two threads use at once (one
 //! thread waits for the peer's frames while another sends).
 
-use rustls::pki_types::ServerName;
+use cryptblk_net::tls::complete_handshake;
+use cryptblk_net::{Listener, ListenerWaker, Stream};
 use rustls::{ClientConfig, ClientConnection, Connection, ServerConfig, ServerConnection};
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::net::Shutdown;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-/// How long a peer may take to complete the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connecting peer may take to complete the TLS handshake and send its Hello
+/// (the destination's side; the source's is `SourceOptions::connect_timeout`).
+pub const ACCEPT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a migration destination listens: `tcp:HOST:PORT` (or just `HOST:PORT`) or
-/// `unix:PATH`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MigrationAddress {
-    Tcp(String),
-    Unix(PathBuf),
-}
+/// `unix:PATH` — the address type every cryptblk socket uses.
+pub use cryptblk_net::Address as MigrationAddress;
 
-impl std::str::FromStr for MigrationAddress {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if let Some(path) = s.strip_prefix("unix:") {
-            if path.is_empty() {
-                return Err("unix: needs a socket path".into());
-            }
-            return Ok(MigrationAddress::Unix(PathBuf::from(path)));
-        }
-        let hostport = s.strip_prefix("tcp:").unwrap_or(s);
-        match hostport.rsplit_once(':') {
-            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
-                Ok(MigrationAddress::Tcp(hostport.to_string()))
-            }
-            _ => Err(format!(
-                "'{s}' is not a migration address: use tcp:HOST:PORT or unix:PATH"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for MigrationAddress {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            MigrationAddress::Tcp(hp) => write!(f, "tcp:{hp}"),
-            MigrationAddress::Unix(p) => write!(f, "unix:{}", p.display()),
-        }
-    }
-}
-
-impl MigrationAddress {
-    /// The name a TLS client expects in the server's certificate: the host (an IP address or
-    /// a DNS name), or `localhost` for a Unix socket.
-    fn server_name(&self) -> io::Result<ServerName<'static>> {
-        let host = match self {
-            MigrationAddress::Tcp(hp) => {
-                let host = hp.rsplit_once(':').map_or(hp.as_str(), |(h, _)| h);
-                host.trim_start_matches('[')
-                    .trim_end_matches(']')
-                    .to_string()
-            }
-            MigrationAddress::Unix(_) => "localhost".to_string(),
-        };
-        ServerName::try_from(host.clone()).map_err(|e| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("'{host}' cannot be checked against a certificate: {e}"),
-            )
-        })
-    }
-}
-
-/// A connected socket of either family.
-#[derive(Debug)]
-enum Socket {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
-
-impl Socket {
-    fn try_clone(&self) -> io::Result<Socket> {
-        Ok(match self {
-            Socket::Tcp(s) => Socket::Tcp(s.try_clone()?),
-            Socket::Unix(s) => Socket::Unix(s.try_clone()?),
-        })
-    }
-
-    fn shutdown(&self) {
-        let _ = match self {
-            Socket::Tcp(s) => s.shutdown(Shutdown::Both),
-            Socket::Unix(s) => s.shutdown(Shutdown::Both),
-        };
-    }
-
-    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        match self {
-            Socket::Tcp(s) => s.set_read_timeout(t),
-            Socket::Unix(s) => s.set_read_timeout(t),
-        }
-    }
-}
-
-impl Read for Socket {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Socket::Tcp(s) => s.read(buf),
-            Socket::Unix(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Socket {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Socket::Tcp(s) => s.write(buf),
-            Socket::Unix(s) => s.write(buf),
-        }
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
+type Socket = Stream;
 
 /// Closes a channel from any thread: a reader blocked on it returns at once.
 #[derive(Debug, Clone)]
@@ -131,8 +26,16 @@ pub struct Closer(Arc<Socket>);
 
 impl Closer {
     pub fn close(&self) {
-        self.0.shutdown();
+        self.0.shutdown(Shutdown::Both);
     }
+}
+
+/// Whether an I/O error is a socket timeout firing.
+pub fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 /// One established connection, split.
@@ -142,6 +45,14 @@ pub struct Channel {
     pub closer: Closer,
     /// Who is on the other end, for messages.
     pub peer: String,
+}
+
+impl Channel {
+    /// Bounds every read and write of the connection (`None`: no bound). Set while the
+    /// connection is being set up (handshakes), cleared once it carries the migration.
+    pub fn set_timeouts(&self, t: Option<Duration>) -> io::Result<()> {
+        self.closer.0.set_timeouts(t)
+    }
 }
 
 impl std::fmt::Debug for Channel {
@@ -272,18 +183,12 @@ impl Write for TlsWriter {
     }
 }
 
+/// Splits a TLS connection whose handshake is done (see `complete_handshake`).
 fn split_tls(mut socket: Socket, conn: impl Into<Connection>, peer: String) -> io::Result<Channel> {
     let mut conn: Connection = conn.into();
-    socket.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    while conn.is_handshaking() {
-        conn.complete_io(&mut socket).map_err(|e| {
-            io::Error::new(e.kind(), format!("TLS handshake with {peer} failed: {e}"))
-        })?;
-    }
     while conn.wants_write() {
         conn.write_tls(&mut socket)?;
     }
-    socket.set_read_timeout(None)?;
     let closer = Closer(Arc::new(socket.try_clone()?));
     let reader_socket = socket.try_clone()?;
     let shared = Arc::new(TlsShared {
@@ -305,35 +210,24 @@ fn split_tls(mut socket: Socket, conn: impl Into<Connection>, peer: String) -> i
 }
 
 /// Connects to a destination, with TLS when `tls` is given (verifying the destination's
-/// certificate against the address's host and presenting ours).
-pub fn connect(addr: &MigrationAddress, tls: Option<&Arc<ClientConfig>>) -> io::Result<Channel> {
-    let socket = match addr {
-        MigrationAddress::Tcp(hp) => {
-            let mut last = None;
-            let mut found = None;
-            for a in hp.to_socket_addrs()? {
-                match TcpStream::connect_timeout(&a, Duration::from_secs(10)) {
-                    Ok(s) => {
-                        found = Some(s);
-                        break;
-                    }
-                    Err(e) => last = Some(e),
-                }
-            }
-            let s = found.ok_or_else(|| {
-                last.unwrap_or_else(|| io::Error::other(format!("{hp} resolves to nothing")))
-            })?;
-            s.set_nodelay(true)?;
-            Socket::Tcp(s)
-        }
-        MigrationAddress::Unix(p) => Socket::Unix(UnixStream::connect(p)?),
-    };
+/// certificate against the address's host and presenting ours). `timeout` bounds the TCP
+/// connect and every read and write of the connection, the TLS handshake included, until
+/// [`Channel::set_timeouts`] changes it.
+pub fn connect(
+    addr: &MigrationAddress,
+    tls: Option<&Arc<ClientConfig>>,
+    timeout: Duration,
+) -> io::Result<Channel> {
+    let mut socket = cryptblk_net::connect(addr, timeout)?;
+    socket.set_timeouts(Some(timeout))?;
     let peer = addr.to_string();
     match tls {
         None => split_plain(socket, peer),
         Some(config) => {
-            let conn = ClientConnection::new(config.clone(), addr.server_name()?)
-                .map_err(io::Error::other)?;
+            let mut conn =
+                ClientConnection::new(config.clone(), cryptblk_net::tls::server_name(addr)?)
+                    .map_err(io::Error::other)?;
+            complete_handshake(&mut conn, &mut socket, &peer)?;
             split_tls(socket, conn, peer)
         }
     }
@@ -342,14 +236,9 @@ pub fn connect(addr: &MigrationAddress, tls: Option<&Arc<ClientConfig>>) -> io::
 /// A destination's listening socket.
 #[derive(Debug)]
 pub struct MigrationListener {
-    inner: ListenerKind,
+    listener: Listener,
+    waker: ListenerWaker,
     tls: Option<Arc<ServerConfig>>,
-}
-
-#[derive(Debug)]
-enum ListenerKind {
-    Tcp(TcpListener),
-    Unix(UnixListener, PathBuf),
 }
 
 /// An accepted connection whose TLS handshake (if any) has not run yet; `establish` it on
@@ -362,7 +251,11 @@ pub struct Incoming {
 }
 
 impl Incoming {
-    pub fn establish(self) -> io::Result<Channel> {
+    /// Runs the TLS handshake (if any). Reads and writes stay bounded by [`ACCEPT_TIMEOUT`]
+    /// until [`Channel::set_timeouts`] lifts it, so that a peer that connects and stays silent
+    /// cannot hold the connection's thread.
+    pub fn establish(mut self) -> io::Result<Channel> {
+        self.socket.set_timeouts(Some(ACCEPT_TIMEOUT))?;
         match self.tls {
             None => split_plain(self.socket, self.peer),
             Some(config) => {
@@ -370,7 +263,8 @@ impl Incoming {
                 // Tickets are for resuming sessions, which migration channels never do; not
                 // sending them keeps the connection quiet after the handshake.
                 config.send_tls13_tickets = 0;
-                let conn = ServerConnection::new(Arc::new(config)).map_err(io::Error::other)?;
+                let mut conn = ServerConnection::new(Arc::new(config)).map_err(io::Error::other)?;
+                complete_handshake(&mut conn, &mut self.socket, &self.peer)?;
                 split_tls(self.socket, conn, self.peer)
             }
         }
@@ -382,39 +276,31 @@ impl Incoming {
 
     /// Drops the connection without a handshake.
     pub fn refuse(self) {
-        self.socket.shutdown();
+        self.socket.shutdown(Shutdown::Both);
     }
 }
 
 impl MigrationListener {
+    /// Binds `addr` (a stale Unix socket there is replaced; a live one or another file is
+    /// refused).
     pub fn bind(addr: &MigrationAddress, tls: Option<Arc<ServerConfig>>) -> io::Result<Self> {
-        let inner = match addr {
-            MigrationAddress::Tcp(hp) => ListenerKind::Tcp(TcpListener::bind(hp.as_str())?),
-            MigrationAddress::Unix(p) => ListenerKind::Unix(bind_unix(p)?, p.clone()),
-        };
-        Ok(MigrationListener { inner, tls })
+        let listener = Listener::bind(addr, None)
+            .map_err(|e| io::Error::new(e.source.kind(), format!("{e}: {}", e.source)))?;
+        let waker = listener.waker()?;
+        Ok(MigrationListener {
+            listener,
+            waker,
+            tls,
+        })
     }
 
     /// The address actually bound (a TCP port of 0 resolved).
     pub fn local_addr(&self) -> io::Result<MigrationAddress> {
-        Ok(match &self.inner {
-            ListenerKind::Tcp(l) => MigrationAddress::Tcp(l.local_addr()?.to_string()),
-            ListenerKind::Unix(_, p) => MigrationAddress::Unix(p.clone()),
-        })
+        self.listener.local_addr()
     }
 
     pub fn accept(&self) -> io::Result<Incoming> {
-        let (socket, peer) = match &self.inner {
-            ListenerKind::Tcp(l) => {
-                let (s, a) = l.accept()?;
-                s.set_nodelay(true)?;
-                (Socket::Tcp(s), a.to_string())
-            }
-            ListenerKind::Unix(l, p) => {
-                let (s, _) = l.accept()?;
-                (Socket::Unix(s), format!("unix:{}", p.display()))
-            }
-        };
+        let (socket, peer) = self.listener.accept()?;
         Ok(Incoming {
             socket,
             tls: self.tls.clone(),
@@ -425,40 +311,6 @@ impl MigrationListener {
     /// Wakes a thread blocked in `accept` (it gets an error or a dead connection) so that it
     /// can see it should stop. The listener is unusable afterwards.
     pub fn shutdown(&self) {
-        // SAFETY: shutdown(2) on a descriptor we own; it only changes the socket's state.
-        unsafe {
-            libc::shutdown(self.raw_fd(), libc::SHUT_RDWR);
-        }
+        self.waker.wake();
     }
-
-    fn raw_fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd;
-        match &self.inner {
-            ListenerKind::Tcp(l) => l.as_raw_fd(),
-            ListenerKind::Unix(l, _) => l.as_raw_fd(),
-        }
-    }
-}
-
-impl Drop for MigrationListener {
-    fn drop(&mut self) {
-        if let ListenerKind::Unix(_, p) = &self.inner {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
-
-/// Binds a Unix socket, replacing a stale socket file but never any other kind of file.
-fn bind_unix(path: &Path) -> io::Result<UnixListener> {
-    use std::os::unix::fs::FileTypeExt;
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket", path.display()),
-            ));
-        }
-        std::fs::remove_file(path)?;
-    }
-    UnixListener::bind(path)
 }

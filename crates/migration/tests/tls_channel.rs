@@ -24,7 +24,7 @@ fn tls_channel_carries_data_both_ways() {
         let big = vec![0xabu8; 4 << 20];
         ch.writer.write_all(&big).unwrap();
     });
-    let mut ch = connect(&addr, Some(&client)).unwrap();
+    let mut ch = connect(&addr, Some(&client), std::time::Duration::from_secs(10)).unwrap();
     ch.writer.write_all(b"hello").unwrap();
     let mut big = vec![0u8; 4 << 20];
     ch.reader.read_exact(&mut big).unwrap();

@@ -9,8 +9,6 @@ pub enum Error {
     ExportExists(String),
     #[error("no export named '{0}'")]
     NoSuchExport(String),
-    #[error("invalid NBD address '{address}': {reason}")]
-    InvalidAddress { address: String, reason: String },
     #[error("cannot listen on {address}: {source}")]
     Bind {
         address: String,

@@ -289,18 +289,20 @@ fn handle_meta_context(
 }
 
 fn start_tls(transport: Transport, config: &Arc<rustls::ServerConfig>) -> Result<Transport, Error> {
-    let Transport::Plain(socket) = transport else {
+    let Transport::Plain(mut socket) = transport else {
         return Err(Error::Protocol("STARTTLS on a TLS connection".into()));
     };
-    let connection = rustls::ServerConnection::new(Arc::clone(config))?;
-    let mut stream = rustls::StreamOwned::new(connection, socket);
-    while stream.conn.is_handshaking() {
-        let (read, written) = stream.conn.complete_io(&mut stream.sock)?;
-        if read == 0 && written == 0 {
-            return Err(Error::Protocol(
-                "client closed during the TLS handshake".into(),
-            ));
-        }
-    }
-    Ok(Transport::Tls(Box::new(stream)))
+    let mut connection = rustls::ServerConnection::new(Arc::clone(config))?;
+    // Bounded by the socket's I/O timeout, like the rest of the handshake.
+    cryptblk_net::tls::complete_handshake(&mut connection, &mut socket, "the NBD client").map_err(
+        |e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => {
+                Error::Protocol("client closed during the TLS handshake".into())
+            }
+            _ => Error::Io(e),
+        },
+    )?;
+    Ok(Transport::Tls(Box::new(rustls::StreamOwned::new(
+        connection, socket,
+    ))))
 }

@@ -23,7 +23,6 @@
 //! - Clients must use fixed newstyle negotiation; READ/WRITE are limited to 32 MiB and must
 //!   be aligned to the device's logical block size (advertised as the minimum block size).
 
-mod address;
 mod error;
 mod export;
 mod handshake;
@@ -33,7 +32,9 @@ mod socket;
 mod tls;
 mod transmission;
 
-pub use address::NbdAddress;
+/// Where the server listens: `unix:PATH` or `tcp:HOST:PORT`, the address type every cryptblk
+/// socket uses.
+pub use cryptblk_net::Address as NbdAddress;
 pub use error::Error;
 pub use export::{Export, ExportRegistry};
 pub use server::{NbdServer, StopHandle};

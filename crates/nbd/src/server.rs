@@ -6,13 +6,9 @@ use crate::handshake::{negotiate, HandshakeSettings};
 use crate::socket::Socket;
 use crate::transmission::{serve, ConnectionConfig};
 use crate::{Error, NbdAddress, TlsCreds};
+use cryptblk_net::{Listener, ListenerWaker};
 use std::collections::HashMap;
-use std::io;
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -30,24 +26,6 @@ pub struct NbdServer {
     stop: StopHandle,
 }
 
-enum Listener {
-    Unix {
-        listener: UnixListener,
-        /// Held only for its `Drop`.
-        _socket_file: SocketFileGuard,
-    },
-    Tcp(TcpListener),
-}
-
-/// Removes the Unix socket file when the server goes away, however it does.
-struct SocketFileGuard(PathBuf);
-
-impl Drop for SocketFileGuard {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// Stops a running server from another thread (or a signal handler thread).
 #[derive(Clone)]
 pub struct StopHandle {
@@ -56,10 +34,8 @@ pub struct StopHandle {
 
 struct StopState {
     stopped: AtomicBool,
-    /// A duplicate of the listening socket's descriptor. Shutting it down makes a blocked
-    /// `accept()` fail at once (Linux), which works even when the socket file is gone;
-    /// wrapped as a stream only because that is the std type exposing `shutdown(2)`.
-    listener: Socket,
+    /// Wakes a blocked `accept()`, even when the socket file is gone.
+    waker: ListenerWaker,
 }
 
 impl StopHandle {
@@ -67,7 +43,7 @@ impl StopHandle {
     /// requests are finished and answered) and returns. Idempotent.
     pub fn stop(&self) {
         if !self.state.stopped.swap(true, Ordering::SeqCst) {
-            self.state.listener.shutdown(Shutdown::Both);
+            self.state.waker.wake();
         }
     }
 
@@ -82,40 +58,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn bind_error(address: &NbdAddress, source: io::Error) -> Error {
-    Error::Bind {
-        address: address.to_string(),
-        source,
-    }
-}
-
-/// Clears the way for binding `path`: a socket file nobody listens on (left by a crashed
-/// server) is removed; a live socket or any other kind of file is left alone and refused.
-fn remove_stale_socket(address: &NbdAddress, path: &Path) -> Result<(), Error> {
-    let Ok(metadata) = std::fs::symlink_metadata(path) else {
-        return Ok(());
-    };
-    if !metadata.file_type().is_socket() {
-        return Err(bind_error(
-            address,
-            io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                "the path exists and is not a socket",
-            ),
-        ));
-    }
-    if UnixStream::connect(path).is_ok() {
-        return Err(bind_error(
-            address,
-            io::Error::new(
-                io::ErrorKind::AddrInUse,
-                "another server is listening on this socket",
-            ),
-        ));
-    }
-    std::fs::remove_file(path).map_err(|e| bind_error(address, e))
-}
-
 impl NbdServer {
     /// Binds `addr`. With `tls`, every client must upgrade with NBD_OPT_STARTTLS before it
     /// can do anything but abort.
@@ -124,34 +66,17 @@ impl NbdServer {
         exports: Arc<ExportRegistry>,
         tls: Option<TlsCreds>,
     ) -> Result<Self, Error> {
-        let (listener, local_addr, stop_handle) = match addr {
-            NbdAddress::Unix(path) => {
-                remove_stale_socket(addr, path)?;
-                let listener = UnixListener::bind(path).map_err(|e| bind_error(addr, e))?;
-                let guard = SocketFileGuard(path.clone());
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(UNIX_SOCKET_MODE))
-                    .map_err(|e| bind_error(addr, e))?;
-                let handle = Socket::Unix(UnixStream::from(OwnedFd::from(
-                    listener.try_clone().map_err(|e| bind_error(addr, e))?,
-                )));
-                (
-                    Listener::Unix {
-                        listener,
-                        _socket_file: guard,
-                    },
-                    path.display().to_string(),
-                    handle,
-                )
-            }
-            NbdAddress::Tcp(host_port) => {
-                let listener = TcpListener::bind(host_port).map_err(|e| bind_error(addr, e))?;
-                let bound = listener.local_addr().map_err(|e| bind_error(addr, e))?;
-                let handle = Socket::Tcp(TcpStream::from(OwnedFd::from(
-                    listener.try_clone().map_err(|e| bind_error(addr, e))?,
-                )));
-                (Listener::Tcp(listener), bound.to_string(), handle)
-            }
+        let bind_error = |source| Error::Bind {
+            address: addr.to_string(),
+            source,
         };
+        let listener =
+            Listener::bind(addr, Some(UNIX_SOCKET_MODE)).map_err(|e| bind_error(e.source))?;
+        let local_addr = match listener.local_addr().map_err(bind_error)? {
+            NbdAddress::Unix(path) => path.display().to_string(),
+            NbdAddress::Tcp(host_port) => host_port,
+        };
+        let waker = listener.waker().map_err(bind_error)?;
         Ok(NbdServer {
             listener,
             local_addr,
@@ -163,7 +88,7 @@ impl NbdServer {
             stop: StopHandle {
                 state: Arc::new(StopState {
                     stopped: AtomicBool::new(false),
-                    listener: stop_handle,
+                    waker,
                 }),
             },
         })
@@ -208,14 +133,8 @@ impl NbdServer {
         let next_id = AtomicU64::new(0);
         let mut threads: Vec<JoinHandle<()>> = Vec::new();
         while !self.stop.is_stopped() {
-            let accepted = match &self.listener {
-                Listener::Unix { listener, .. } => listener.accept().map(|(s, _)| Socket::Unix(s)),
-                Listener::Tcp(listener) => listener.accept().map(|(s, _)| {
-                    // Replies are single writes already; Nagle would only add latency.
-                    let _ = s.set_nodelay(true);
-                    Socket::Tcp(s)
-                }),
-            };
+            // TCP connections come with Nagle off: replies are single writes already.
+            let accepted = self.listener.accept().map(|(socket, _)| socket);
             if self.stop.is_stopped() {
                 break;
             }
@@ -268,7 +187,7 @@ impl NbdServer {
 }
 
 fn handle_connection(socket: Socket, settings: &HandshakeSettings, config: &ConnectionConfig) {
-    if let Err(e) = socket.set_timeouts(config.io_timeout) {
+    if let Err(e) = socket.set_timeouts(Some(config.io_timeout)) {
         tracing::warn!("cannot set socket timeouts: {e}");
         return;
     }

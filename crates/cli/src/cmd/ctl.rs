@@ -2,240 +2,173 @@
 //! (`cryptblk serve --control PATH`). Each verb is one JSON-RPC 2.0 call whose method has the
 //! verb's name; the result is printed as pretty JSON so scripts can pipe it to `jq`.
 //!
+//! The verbs, their flags and their help are made from the daemon's method table
+//! (`cryptblk_control::api::METHODS`), and the params are checked with the same types the
+//! daemon parses them with, so `ctl` offers exactly what the daemon accepts.
+//!
 //! Secrets never travel: key-file options send the file's absolute path and the daemon reads
 //! it, so no passphrase appears on the wire, in argv or in the daemon's request logs. All
 //! paths are made absolute here because the daemon's working directory is not ours.
-use anyhow::{bail, Result};
-use clap::{Args, Subcommand};
-use cryptblk_control::{Client, ClientError};
+use crate::exit::UsageError;
+use anyhow::{bail, Context, Result};
+use clap::{Arg, ArgAction, ArgMatches, Command};
+use cryptblk_control::api::{MethodSpec, ParamKind, ParamSpec, Request, METHODS};
+use cryptblk_control::Client;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
 /// After-help of `cryptblk ctl`: the protocol reference for orchestrators that talk to the
 /// socket directly.
-pub const HELP: &str = "\
+pub fn help() -> String {
+    format!(
+        "\
 Protocol (for programs talking to the socket directly): JSON-RPC 2.0 over the UNIX socket,
 one JSON object per line each way, e.g.
-  {\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"disk-list\",\"params\":{}}
+  {{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"disk-list\",\"params\":{{}}}}
 Paths must be absolute (the daemon resolves nothing against its working directory).
 Key files are passed by path and read by the daemon; never send a passphrase.
 
 Methods and params (? = optional):
-  disk-add     {\"name\": str, \"image\": path, \"key-file\"?: path, \"vhost-user-blk\"?: path,
-                \"num-queues\"?: int, \"queue-size\"?: int, \"nbd-export\": bool,
-                \"readonly\": bool, \"discard\": bool, \"cache\"?: \"none\"|\"writeback\"|
-                \"writethrough\"|\"directsync\"|\"unsafe\", \"aio\"?: \"io_uring\"|\"threads\",
-                \"poll-us\"?: int}
-  disk-remove  {\"name\": str, \"force\": bool}
-  disk-list    {}
-  stats        {\"name\"?: str}          (all disks when absent)
-  key-add      {\"name\": str, \"key-file\": path, \"new-key-file\": path,
-                \"pbkdf\"?: \"pbkdf2\"|\"argon2i\"|\"argon2id\", \"iter-time\"?: ms}
-  key-remove   {\"name\": str, \"key-file\": path}
-  migrate-incoming {\"name\": str, \"image\": new path, \"listen\": addr, \"key-file\"?: path,
-                \"tls-creds\"?: dir, \"vhost-user-blk\"?: path, \"num-queues\"?: int,
-                \"queue-size\"?: int, \"nbd-export\"?: bool, \"discard\"?: bool,
-                \"cache\"?: mode, \"aio\"?: engine}
-  migrate-start {\"name\": str, \"to\": addr, \"postcopy\"?: bool, \"preempt\"?: bool,
-                \"chunk-size\"?: bytes, \"max-bandwidth\"?: bytes/s, \"break-chunks\"?: bool,
-                \"max-passes\"?: int,
-                \"tls-creds\"?: dir}
-  migrate-switchover {\"name\": str, \"postcopy\"?: bool}
-  migrate-postcopy / migrate-status / migrate-cancel {\"name\": str}
-  migrate-recover {\"name\": str, \"to\": addr}
-  (addr: tcp:HOST:PORT or unix:PATH; tls-creds: QEMU x509 layout, both ends verified)
+{}  (addr: tcp:HOST:PORT or unix:PATH; tls-creds: QEMU x509 layout, both ends verified;
+   ms: milliseconds; bytes: a number, ctl also takes K, M, G suffixes)
 
-Errors: -32700 parse error, -32600 invalid request, -32601 unknown method,
--32602 invalid params, -32603 internal error, -32000 server shutting down,
--32002 wrong passphrase, -32003 unsupported, -32004 damaged image, -32005 I/O error,
--32006 image in use, -32007 resource limit, -32008 other failure (the CLI's exit
-statuses + 32000), -32010 no such disk, -32011 conflict (name or socket taken, last
-keyslot, nothing to export), -32012 busy (a VM is connected: pass force; or still adding).
-`cryptblk ctl` prints the result as JSON on stdout; on an error it prints
-`error: MESSAGE` (and `data: JSON`) on stderr and exits non-zero.";
+Errors:
+{}`cryptblk ctl` prints the result as JSON on stdout; on an error it prints the message on
+stderr and exits with the status of the error's kind (see `cryptblk --help`).",
+        cryptblk_control::api::methods_reference(),
+        cryptblk_control::api::errors_reference()
+    )
+}
 
-#[derive(Args, Debug)]
+/// A verb with its arguments, as given.
+#[derive(Debug)]
 pub struct CtlArgs {
-    /// The daemon's control socket (`cryptblk serve --control PATH`).
-    #[arg(long, short = 's', value_name = "PATH")]
     socket: PathBuf,
-    #[command(subcommand)]
-    verb: CtlVerb,
+    method: &'static MethodSpec,
+    values: Vec<(ParamSpec, Given)>,
 }
 
-#[derive(Subcommand, Debug)]
-pub enum CtlVerb {
-    /// Start serving another image.
-    DiskAdd(DiskAddArgs),
-    /// Stop serving a disk.
-    DiskRemove {
-        name: String,
-        /// Remove it even if a client is connected.
-        #[arg(long)]
-        force: bool,
-    },
-    /// List the served disks.
-    DiskList,
-    /// I/O statistics of one disk, or of all.
-    Stats { name: Option<String> },
-    /// Add a keyslot to a served disk's LUKS image.
-    KeyAdd {
-        name: String,
-        /// File holding an existing passphrase (read by the daemon).
-        #[arg(long, value_name = "FILE")]
-        key_file: PathBuf,
-        /// File holding the new passphrase (read by the daemon).
-        #[arg(long, value_name = "FILE")]
-        new_key_file: PathBuf,
-        /// Key derivation for the new keyslot (default: argon2id on LUKS2, pbkdf2 on LUKS1).
-        #[arg(long, value_name = "pbkdf2|argon2i|argon2id")]
-        pbkdf: Option<String>,
-        /// Target unlock time of the new keyslot in milliseconds (default 2000).
-        #[arg(long, value_name = "MS")]
-        iter_time: Option<u32>,
-    },
-    /// Remove the keyslot a passphrase opens from a served disk's LUKS image.
-    KeyRemove {
-        name: String,
-        /// File holding the passphrase to remove (read by the daemon).
-        #[arg(long, value_name = "FILE")]
-        key_file: PathBuf,
-    },
-    /// Destination: receive a disk from another daemon into a new image.
-    MigrateIncoming(MigrateIncomingArgs),
-    /// Source: start migrating a disk to a destination (precopy while it keeps serving).
-    MigrateStart(MigrateStartArgs),
-    /// Source: hand the disk over now (it stops serving here); postcopy if started so.
-    MigrateSwitchover {
-        name: String,
-        /// Switch over in postcopy mode (only what is missing is listed; fetched on demand).
-        #[arg(long)]
-        postcopy: bool,
-    },
-    /// Source: switch over in postcopy mode now.
-    MigratePostcopy { name: String },
-    /// Progress of a disk's migration (either side).
-    MigrateStatus { name: String },
-    /// Stop a migration that has not handed the disk over yet.
-    MigrateCancel { name: String },
-    /// Source: resume a paused postcopy over a new connection.
-    MigrateRecover {
-        name: String,
-        /// The destination's address (the same or a new route to it).
-        #[arg(long, value_name = "ADDR")]
-        to: String,
-    },
+/// One param's value from the command line, before it becomes JSON.
+#[derive(Debug)]
+enum Given {
+    Text(String),
+    Path(PathBuf),
+    Bool(bool),
+    Number(u64),
 }
 
-#[derive(Args, Debug)]
-pub struct MigrateIncomingArgs {
-    /// Name of the disk on this daemon.
-    name: String,
-    /// The new image file to receive into (must not exist).
-    #[arg(long, value_name = "PATH")]
-    image: PathBuf,
-    /// Where the source connects: tcp:HOST:PORT (port 0 picks one) or unix:PATH.
-    #[arg(long, value_name = "ADDR")]
-    listen: String,
-    /// File holding the LUKS passphrase, to open the received volume (read by the daemon).
-    #[arg(long, value_name = "FILE")]
-    key_file: Option<PathBuf>,
-    /// TLS credentials directory (QEMU x509 layout); the source must present a client
-    /// certificate signed by its CA.
-    #[arg(long, value_name = "DIR")]
-    tls_creds: Option<PathBuf>,
-    /// Export the disk on this vhost-user-blk socket (bound when the header has arrived).
-    #[arg(long, value_name = "SOCKET")]
-    vhost_user_blk: Option<PathBuf>,
-    #[arg(long, value_name = "N")]
-    num_queues: Option<u16>,
-    #[arg(long, value_name = "N")]
-    queue_size: Option<u16>,
-    /// Export it over NBD as well.
-    #[arg(long)]
-    nbd_export: bool,
+/// The flag (or positional) id of a param.
+fn arg_id(p: &ParamSpec) -> String {
+    match p.kind {
+        ParamKind::FlagDefaultOn => format!("no-{}", p.name),
+        _ => p.name.to_string(),
+    }
 }
 
-#[derive(Args, Debug)]
-pub struct MigrateStartArgs {
-    /// The attached disk to migrate.
-    name: String,
-    /// The destination's migrate-incoming address.
-    #[arg(long, value_name = "ADDR")]
-    to: String,
-    /// Allow switching over before everything is copied; the destination fetches the rest
-    /// on demand.
-    #[arg(long)]
-    postcopy: bool,
-    /// With --postcopy: urgent requests on their own connection, ahead of the bulk stream.
-    #[arg(long)]
-    preempt: bool,
-    /// Bulk chunk size, e.g. 2M (default 2 MiB).
-    #[arg(long, value_name = "SIZE", value_parser = crate::size::parse_size)]
-    chunk_size: Option<u64>,
-    /// Cap on bytes per second over all channels, e.g. 125M for 1 Gbit/s.
-    #[arg(long, value_name = "BYTES", value_parser = crate::size::parse_size)]
-    max_bandwidth: Option<u64>,
-    /// With --preempt: do not interrupt a bulk chunk for urgent requests (for comparisons).
-    #[arg(long)]
-    no_break_chunks: bool,
-    /// Precopy passes before resending waits for the switchover (default 30; 0: no limit).
-    #[arg(long, value_name = "N")]
-    max_passes: Option<u32>,
-    /// TLS credentials directory (QEMU x509 layout): ca-cert.pem, client-cert.pem,
-    /// client-key.pem.
-    #[arg(long, value_name = "DIR")]
-    tls_creds: Option<PathBuf>,
+fn param_arg(p: &ParamSpec) -> Arg {
+    let id = arg_id(p);
+    let arg = Arg::new(id.clone()).help(p.help);
+    match p.kind {
+        ParamKind::Name => arg.value_name("NAME").required(p.required),
+        ParamKind::Flag | ParamKind::FlagIfGiven | ParamKind::FlagDefaultOn => {
+            arg.long(id).action(ArgAction::SetTrue)
+        }
+        kind => {
+            let arg = arg.long(id).required(p.required);
+            match kind {
+                ParamKind::Text => arg.value_name("TEXT"),
+                ParamKind::Path => arg
+                    .value_name("PATH")
+                    .value_parser(clap::value_parser!(PathBuf)),
+                ParamKind::KeyFile => arg
+                    .value_name("FILE")
+                    .value_parser(clap::value_parser!(PathBuf)),
+                ParamKind::Address => arg.value_name("ADDR"),
+                ParamKind::Count => arg.value_name("N").value_parser(clap::value_parser!(u64)),
+                ParamKind::Millis => arg.value_name("MS").value_parser(clap::value_parser!(u64)),
+                ParamKind::Bytes => arg.value_name("SIZE").value_parser(crate::size::parse_size),
+                ParamKind::Choice(names) => arg
+                    .value_name(names.join("|"))
+                    .value_parser(clap::builder::PossibleValuesParser::new(names)),
+                _ => unreachable!("handled above"),
+            }
+        }
+    }
 }
 
-#[derive(Args, Debug)]
-pub struct DiskAddArgs {
-    /// Name of the disk in the daemon (logs, stats, later verbs).
-    name: String,
-    /// The image: LUKS1, LUKS2 or raw.
-    #[arg(long, value_name = "PATH")]
-    image: PathBuf,
-    /// File holding the LUKS passphrase (read by the daemon; stdin cannot be forwarded).
-    #[arg(long, value_name = "FILE")]
-    key_file: Option<PathBuf>,
-    /// Export it on this vhost-user-blk socket.
-    #[arg(long, value_name = "SOCKET")]
-    vhost_user_blk: Option<PathBuf>,
-    /// Virtqueues offered to the guest.
-    #[arg(long, value_name = "N")]
-    num_queues: Option<u16>,
-    /// Largest virtqueue size.
-    #[arg(long, value_name = "N")]
-    queue_size: Option<u16>,
-    /// Export it over NBD as well.
-    #[arg(long)]
-    nbd_export: bool,
-    /// Export read-only.
-    #[arg(long)]
-    readonly: bool,
-    /// Pass guest discards to the image (reveals which blocks are unused).
-    #[arg(long)]
-    discard: bool,
-    /// Host cache mode: none (O_DIRECT; the default), writeback, writethrough, directsync,
-    /// unsafe.
-    #[arg(long, value_name = "MODE")]
-    cache: Option<cryptblk_block::CacheMode>,
-    /// Asynchronous I/O engine: io_uring (the default) or threads.
-    #[arg(long, value_name = "ENGINE")]
-    aio: Option<cryptblk_block::AioEngine>,
-    /// Busy-poll completions this many microseconds before sleeping (default 0: never).
-    #[arg(long, value_name = "US")]
-    poll_us: Option<u32>,
+impl clap::Args for CtlArgs {
+    fn augment_args(cmd: Command) -> Command {
+        let cmd = cmd
+            .arg(
+                Arg::new("socket")
+                    .long("socket")
+                    .short('s')
+                    .value_name("PATH")
+                    .required(true)
+                    .value_parser(clap::value_parser!(PathBuf))
+                    .help("The daemon's control socket (`cryptblk serve --control PATH`)."),
+            )
+            .subcommand_required(true)
+            .after_help(help());
+        METHODS.iter().fold(cmd, |cmd, m| {
+            let verb = m
+                .params
+                .iter()
+                .fold(Command::new(m.name).about(m.summary), |verb, p| {
+                    verb.arg(param_arg(p))
+                });
+            cmd.subcommand(verb)
+        })
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        Self::augment_args(cmd)
+    }
 }
 
-/// The daemon answered with a JSON-RPC error: printed as one line by the binary, which picks
-/// the exit status from `code` (the daemon's codes mirror the CLI's exit statuses).
-#[derive(Debug, thiserror::Error)]
-#[error("{method}: {message} (JSON-RPC error {code})")]
-pub struct RemoteError {
-    pub method: &'static str,
-    pub code: i64,
-    pub message: String,
+impl clap::FromArgMatches for CtlArgs {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        let socket = m
+            .get_one::<PathBuf>("socket")
+            .cloned()
+            .ok_or_else(|| clap::Error::new(clap::error::ErrorKind::MissingRequiredArgument))?;
+        let (verb, vm) = m
+            .subcommand()
+            .ok_or_else(|| clap::Error::new(clap::error::ErrorKind::MissingSubcommand))?;
+        let method = cryptblk_control::api::method(verb)
+            .ok_or_else(|| clap::Error::new(clap::error::ErrorKind::InvalidSubcommand))?;
+        let mut values = Vec::new();
+        for p in method.params {
+            let id = arg_id(p);
+            let given = match p.kind {
+                ParamKind::Flag | ParamKind::FlagIfGiven | ParamKind::FlagDefaultOn => {
+                    Some(Given::Bool(vm.get_flag(&id)))
+                }
+                ParamKind::Path | ParamKind::KeyFile => {
+                    vm.get_one::<PathBuf>(&id).cloned().map(Given::Path)
+                }
+                ParamKind::Count | ParamKind::Millis | ParamKind::Bytes => {
+                    vm.get_one::<u64>(&id).copied().map(Given::Number)
+                }
+                ParamKind::Name | ParamKind::Text | ParamKind::Address | ParamKind::Choice(_) => {
+                    vm.get_one::<String>(&id).cloned().map(Given::Text)
+                }
+            };
+            if let Some(given) = given {
+                values.push((*p, given));
+            }
+        }
+        Ok(CtlArgs {
+            socket,
+            method,
+            values,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
 }
 
 pub fn run(a: &CtlArgs) -> Result<()> {
@@ -244,174 +177,53 @@ pub fn run(a: &CtlArgs) -> Result<()> {
     Ok(())
 }
 
-/// Sends the verb's request and returns the result, reporting an error response on stderr.
+/// Sends the verb's request and returns the result, reporting an error response's data on
+/// stderr; the error itself carries the daemon's code, which decides the exit status.
 fn execute(a: &CtlArgs) -> Result<Value> {
-    let (method, params) = request(&a.verb)?;
+    let (method, params) = request(a)?;
     let mut client = Client::connect(&a.socket)?;
     match client.call(method, params) {
         Ok(result) => Ok(result),
-        Err(ClientError::Rpc(e)) => {
-            if let Some(data) = &e.data {
-                let data = serde_json::to_string_pretty(data).unwrap_or_else(|_| data.to_string());
-                eprintln!("cryptblk: note: error data: {data}");
+        Err(e) => {
+            if let cryptblk_control::ClientError::Rpc(rpc) = &e {
+                if let Some(data) = &rpc.data {
+                    let data =
+                        serde_json::to_string_pretty(data).unwrap_or_else(|_| data.to_string());
+                    eprintln!("cryptblk: note: error data: {data}");
+                }
             }
-            Err(RemoteError {
-                method,
-                code: e.code,
-                message: e.message,
-            }
-            .into())
+            Err(anyhow::Error::from(e).context(method))
         }
-        Err(e) => Err(e.into()),
     }
 }
 
-/// The JSON-RPC method and params for a verb.
-fn request(verb: &CtlVerb) -> Result<(&'static str, Value)> {
-    let mut p = Map::new();
-    let method = match verb {
-        CtlVerb::DiskAdd(d) => {
-            p.insert("name".into(), d.name.clone().into());
-            p.insert("image".into(), absolute(&d.image)?);
-            if let Some(key_file) = &d.key_file {
-                p.insert("key-file".into(), key_file_path(key_file, "--key-file")?);
-            }
-            if let Some(socket) = &d.vhost_user_blk {
-                p.insert("vhost-user-blk".into(), absolute(socket)?);
-            }
-            if let Some(n) = d.num_queues {
-                p.insert("num-queues".into(), n.into());
-            }
-            if let Some(n) = d.queue_size {
-                p.insert("queue-size".into(), n.into());
-            }
-            p.insert("nbd-export".into(), d.nbd_export.into());
-            p.insert("readonly".into(), d.readonly.into());
-            p.insert("discard".into(), d.discard.into());
-            if let Some(cache) = d.cache {
-                p.insert("cache".into(), cache.name().into());
-            }
-            if let Some(aio) = d.aio {
-                p.insert("aio".into(), aio.name().into());
-            }
-            if let Some(us) = d.poll_us {
-                p.insert("poll-us".into(), us.into());
-            }
-            "disk-add"
-        }
-        CtlVerb::DiskRemove { name, force } => {
-            p.insert("name".into(), name.clone().into());
-            p.insert("force".into(), (*force).into());
-            "disk-remove"
-        }
-        CtlVerb::DiskList => "disk-list",
-        CtlVerb::Stats { name } => {
-            if let Some(name) = name {
-                p.insert("name".into(), name.clone().into());
-            }
-            "stats"
-        }
-        CtlVerb::KeyAdd {
-            name,
-            key_file,
-            new_key_file,
-            pbkdf,
-            iter_time,
-        } => {
-            p.insert("name".into(), name.clone().into());
-            p.insert("key-file".into(), key_file_path(key_file, "--key-file")?);
-            p.insert(
-                "new-key-file".into(),
-                key_file_path(new_key_file, "--new-key-file")?,
-            );
-            if let Some(pbkdf) = pbkdf {
-                p.insert("pbkdf".into(), pbkdf.clone().into());
-            }
-            if let Some(ms) = iter_time {
-                p.insert("iter-time".into(), (*ms).into());
-            }
-            "key-add"
-        }
-        CtlVerb::KeyRemove { name, key_file } => {
-            p.insert("name".into(), name.clone().into());
-            p.insert("key-file".into(), key_file_path(key_file, "--key-file")?);
-            "key-remove"
-        }
-        CtlVerb::MigrateIncoming(m) => {
-            p.insert("name".into(), m.name.clone().into());
-            p.insert("image".into(), absolute(&m.image)?);
-            p.insert("listen".into(), m.listen.clone().into());
-            if let Some(k) = &m.key_file {
-                p.insert("key-file".into(), key_file_path(k, "--key-file")?);
-            }
-            if let Some(d) = &m.tls_creds {
-                p.insert("tls-creds".into(), absolute(d)?);
-            }
-            if let Some(v) = &m.vhost_user_blk {
-                p.insert("vhost-user-blk".into(), absolute(v)?);
-            }
-            if let Some(n) = m.num_queues {
-                p.insert("num-queues".into(), n.into());
-            }
-            if let Some(n) = m.queue_size {
-                p.insert("queue-size".into(), n.into());
-            }
-            p.insert("nbd-export".into(), m.nbd_export.into());
-            "migrate-incoming"
-        }
-        CtlVerb::MigrateStart(m) => {
-            p.insert("name".into(), m.name.clone().into());
-            p.insert("to".into(), m.to.clone().into());
-            p.insert("postcopy".into(), m.postcopy.into());
-            p.insert("preempt".into(), m.preempt.into());
-            if let Some(c) = m.chunk_size {
-                p.insert("chunk-size".into(), c.into());
-            }
-            if let Some(b) = m.max_bandwidth {
-                p.insert("max-bandwidth".into(), b.into());
-            }
-            p.insert("break-chunks".into(), (!m.no_break_chunks).into());
-            if let Some(n) = m.max_passes {
-                p.insert("max-passes".into(), n.into());
-            }
-            if let Some(d) = &m.tls_creds {
-                p.insert("tls-creds".into(), absolute(d)?);
-            }
-            "migrate-start"
-        }
-        CtlVerb::MigrateSwitchover { name, postcopy } => {
-            p.insert("name".into(), name.clone().into());
-            if *postcopy {
-                p.insert("postcopy".into(), true.into());
-            }
-            "migrate-switchover"
-        }
-        CtlVerb::MigratePostcopy { name } => {
-            p.insert("name".into(), name.clone().into());
-            "migrate-postcopy"
-        }
-        CtlVerb::MigrateStatus { name } => {
-            p.insert("name".into(), name.clone().into());
-            "migrate-status"
-        }
-        CtlVerb::MigrateCancel { name } => {
-            p.insert("name".into(), name.clone().into());
-            "migrate-cancel"
-        }
-        CtlVerb::MigrateRecover { name, to } => {
-            p.insert("name".into(), name.clone().into());
-            p.insert("to".into(), to.clone().into());
-            "migrate-recover"
-        }
-    };
-    Ok((method, Value::Object(p)))
+/// The JSON-RPC method and params for a verb, checked with the daemon's own param types.
+fn request(a: &CtlArgs) -> Result<(&'static str, Value)> {
+    let mut params = Map::new();
+    for (p, given) in &a.values {
+        let value = match (p.kind, given) {
+            (ParamKind::KeyFile, Given::Path(path)) => key_file_path(path, p.name)?,
+            (_, Given::Path(path)) => absolute(path)?,
+            (ParamKind::FlagIfGiven, Given::Bool(false)) => continue,
+            (ParamKind::FlagDefaultOn, Given::Bool(no)) => Value::Bool(!no),
+            (_, Given::Bool(b)) => Value::Bool(*b),
+            (_, Given::Number(n)) => Value::from(*n),
+            (_, Given::Text(s)) => Value::String(s.clone()),
+        };
+        params.insert(p.name.to_string(), value);
+    }
+    let params = Value::Object(params);
+    Request::parse(a.method.name, params.clone())
+        .map_err(|e| UsageError(format!("{}: {}", a.method.name, e.message)))?;
+    Ok((a.method.name, params))
 }
 
 /// Absolute (not canonicalised: the daemon should see the path the user named, and the file
 /// may legitimately not exist yet on our side of a mount namespace) and valid UTF-8, since
 /// JSON strings cannot carry arbitrary bytes.
 fn absolute(path: &Path) -> Result<Value> {
-    let absolute = std::path::absolute(path)?;
+    let absolute =
+        std::path::absolute(path).with_context(|| format!("making {} absolute", path.display()))?;
     match absolute.to_str() {
         Some(s) => Ok(s.into()),
         None => bail!(
@@ -430,10 +242,11 @@ fn key_file_path(path: &Path, option: &str) -> Result<Value> {
             .iter()
             .any(|prefix| s.starts_with(prefix));
     if local_only {
-        bail!(
-            "{option} {s}: the daemon reads key files itself, so stdin and file descriptors \
+        return Err(UsageError(format!(
+            "--{option} {s}: the daemon reads key files itself, so stdin and file descriptors \
              cannot be forwarded; pass the path of a file it can read"
-        );
+        ))
+        .into());
     }
     absolute(path)
 }
@@ -441,7 +254,7 @@ fn key_file_path(path: &Path, option: &str) -> Result<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+    use clap::{CommandFactory, Parser};
     use cryptblk_control::{ControlServer, RpcError};
     use serde_json::json;
     use std::sync::Arc;
@@ -485,7 +298,7 @@ mod tests {
             "--readonly",
         ]);
         assert_eq!(
-            request(&a.verb).unwrap(),
+            request(&a).unwrap(),
             (
                 "disk-add",
                 json!({"name": "vm1", "image": abs("disk.luks"), "key-file": abs("pass.txt"),
@@ -501,13 +314,17 @@ mod tests {
             "--image",
             "/i",
             "--nbd-export",
+            "--cache",
+            "writeback",
+            "--serial",
+            "s1",
         ]);
         assert_eq!(
-            request(&a.verb).unwrap().1,
+            request(&a).unwrap().1,
             json!({"name": "d", "image": "/i", "nbd-export": true, "readonly": false,
-                   "discard": false})
+                   "discard": false, "serial": "s1", "cache": "writeback"})
         );
-        let cases: [(&[&str], &str, Value); 6] = [
+        let cases: [(&[&str], &str, Value); 9] = [
             (
                 &["disk-remove", "d", "--force"],
                 "disk-remove",
@@ -526,25 +343,103 @@ mod tests {
                 "key-add",
                 json!({"name": "d", "key-file": "/a", "new-key-file": abs("b")}),
             ),
+            (
+                &[
+                    "migrate-start",
+                    "d",
+                    "--to",
+                    "tcp:h:1",
+                    "--no-break-chunks",
+                    "--chunk-size",
+                    "1M",
+                    "--connect-timeout",
+                    "500",
+                ],
+                "migrate-start",
+                json!({"name": "d", "to": "tcp:h:1", "postcopy": false, "preempt": false,
+                       "chunk-size": 1 << 20, "break-chunks": false, "connect-timeout": 500}),
+            ),
+            (
+                &["migrate-switchover", "d"],
+                "migrate-switchover",
+                json!({"name": "d"}),
+            ),
+            (
+                &["migrate-switchover", "d", "--postcopy"],
+                "migrate-switchover",
+                json!({"name": "d", "postcopy": true}),
+            ),
         ];
         for (args, method, params) in cases {
             let mut argv = vec!["-s", "c"];
             argv.extend_from_slice(args);
-            assert_eq!(request(&parse(&argv).verb).unwrap(), (method, params));
+            assert_eq!(
+                request(&parse(&argv)).unwrap(),
+                (method, params),
+                "{args:?}"
+            );
         }
         let a = parse(&["-s", "c", "key-remove", "d", "--key-file", "/k"]);
         assert_eq!(
-            request(&a.verb).unwrap(),
+            request(&a).unwrap(),
             ("key-remove", json!({"name": "d", "key-file": "/k"}))
         );
+    }
+
+    #[test]
+    fn params_the_daemon_would_refuse_are_refused_here() {
+        let a = parse(&[
+            "-s",
+            "c",
+            "disk-add",
+            "d",
+            "--image",
+            "/i",
+            "--num-queues",
+            "70000",
+        ]);
+        let err = request(&a).unwrap_err();
+        assert!(err.is::<UsageError>(), "{err}");
+        assert!(err.to_string().contains("70000"), "{err}");
+        let bad = Cli::try_parse_from([
+            "ctl", "-s", "c", "disk-add", "d", "--image", "/i", "--cache", "fast",
+        ]);
+        assert!(bad.is_err());
     }
 
     #[test]
     fn stdin_and_fd_key_files_are_refused() {
         for key in ["-", "/dev/stdin", "/dev/fd/3", "/proc/self/fd/0"] {
             let a = parse(&["-s", "c", "key-remove", "d", "--key-file", key]);
-            let err = request(&a.verb).unwrap_err().to_string();
+            let err = request(&a).unwrap_err().to_string();
             assert!(err.contains("cannot be forwarded"), "{err}");
+        }
+    }
+
+    #[test]
+    fn every_method_is_a_verb_with_a_flag_per_param() {
+        let cmd = Cli::command();
+        let verbs: Vec<&str> = cmd.get_subcommands().map(|c| c.get_name()).collect();
+        let methods: Vec<&str> = METHODS.iter().map(|m| m.name).collect();
+        assert_eq!(verbs, methods);
+        for m in METHODS {
+            let verb = cmd.find_subcommand(m.name).unwrap();
+            let mut flags: Vec<String> = verb
+                .get_arguments()
+                .filter(|a| a.get_id() != "help")
+                .map(|a| match a.get_long() {
+                    Some(long) => long.strip_prefix("no-").unwrap_or(long).to_string(),
+                    None => a.get_id().to_string(),
+                })
+                .collect();
+            let mut accepted: Vec<String> = cryptblk_control::api::accepted_params(m.name)
+                .unwrap()
+                .into_iter()
+                .map(str::to_string)
+                .collect();
+            flags.sort();
+            accepted.sort();
+            assert_eq!(flags, accepted, "ctl {}", m.name);
         }
     }
 
@@ -568,14 +463,17 @@ mod tests {
         assert_eq!(result, json!({"method": "disk-list", "params": {}}));
 
         let err = execute(&parse(&["-s", sock, "disk-remove", "x"])).unwrap_err();
-        let remote = err.downcast_ref::<RemoteError>().unwrap();
-        assert_eq!((remote.method, remote.code), ("disk-remove", -32010));
+        assert_eq!(
+            crate::exit::one_line(&err),
+            "disk-remove: no disk named `x` (JSON-RPC error -32010)"
+        );
+        assert_eq!(crate::exit::code_for(&err), crate::exit::OTHER);
 
         stop.stop();
         thread.join().unwrap().unwrap();
         let err = execute(&parse(&["-s", sock, "disk-list"])).unwrap_err();
         assert!(
-            err.to_string().contains("cryptblk serve --control"),
+            crate::exit::one_line(&err).contains("cryptblk serve --control"),
             "{err}"
         );
     }

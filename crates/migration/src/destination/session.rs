@@ -96,7 +96,15 @@ fn handle_connection(shared: Arc<DShared>, incoming: Incoming) {
         }
     };
     let theirs = match wire::read_frame(&mut ch.reader) {
-        Ok(Frame::Hello(h)) => h,
+        // Set up: the connection now carries the migration, with no time limit.
+        Ok(Frame::Hello(h)) => match ch.set_timeouts(None) {
+            Ok(()) => h,
+            Err(e) => {
+                tracing::warn!(%peer, "migration connection: {e}");
+                ch.closer.close();
+                return;
+            }
+        },
         Ok(other) => {
             tracing::warn!(%peer, "migration connection sent {} before Hello", other.name());
             ch.closer.close();

@@ -5,12 +5,12 @@
 use super::reader::spawn_reader;
 use super::state::{Channels, Shared};
 use crate::channel::{self, Channel, MigrationAddress};
-use crate::wire::{self, Frame, Hello, Role, PROTOCOL_VERSION, SESSION_ID_LEN};
+use crate::wire::{self, Frame, Hello, Role, WireError, PROTOCOL_VERSION, SESSION_ID_LEN};
 use crate::MigrationError;
 use rustls::ClientConfig;
 use std::io::Read;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub(super) fn random_session() -> [u8; SESSION_ID_LEN] {
     let mut s = [0u8; SESSION_ID_LEN];
@@ -38,13 +38,42 @@ fn open_channel(
     to: &MigrationAddress,
     hello: Hello,
     tls: Option<&Arc<ClientConfig>>,
+    timeout: Duration,
 ) -> Result<Channel, MigrationError> {
-    let mut ch = channel::connect(to, tls).map_err(|e| MigrationError::Connect {
+    let connect_error = |e: std::io::Error| MigrationError::Connect {
         to: to.to_string(),
-        reason: e.to_string(),
-    })?;
-    wire::write_frame(&mut ch.writer, &Frame::Hello(hello))?;
-    check_answer(&hello, wire::read_frame(&mut ch.reader)?)?;
+        reason: if channel::is_timeout(&e) {
+            format!(
+                "no answer within {} ms (the connect timeout)",
+                timeout.as_millis()
+            )
+        } else {
+            e.to_string()
+        },
+    };
+    let mut ch = channel::connect(to, tls, timeout).map_err(connect_error)?;
+    let answer = wire::write_frame(&mut ch.writer, &Frame::Hello(hello))
+        .and_then(|()| wire::read_frame(&mut ch.reader));
+    let answer = match answer {
+        Err(WireError::Io(e)) if channel::is_timeout(&e) => {
+            ch.closer.close();
+            return Err(MigrationError::Connect {
+                to: to.to_string(),
+                reason: format!(
+                    "connected, but no Hello came back within {} ms (the connect timeout): \
+                     is this a migrate-incoming address?",
+                    timeout.as_millis()
+                ),
+            });
+        }
+        Err(e) => {
+            ch.closer.close();
+            return Err(e.into());
+        }
+        Ok(frame) => frame,
+    };
+    ch.set_timeouts(None).map_err(connect_error)?;
+    check_answer(&hello, answer)?;
     Ok(ch)
 }
 
@@ -85,7 +114,8 @@ pub(super) fn connect_all(
     generation: u64,
 ) -> Result<Channels, MigrationError> {
     let tls = shared.opts.tls.as_ref();
-    let mut bulk = open_channel(to, shared.hello(role), tls)?;
+    let timeout = shared.opts.connect_timeout;
+    let mut bulk = open_channel(to, shared.hello(role), tls, timeout)?;
     if role == Role::Resume {
         let missing = read_missing(shared, &mut bulk.reader);
         if let Err(e) = missing {
@@ -95,7 +125,7 @@ pub(super) fn connect_all(
     }
     let mut closers = vec![bulk.closer.clone()];
     let urgent = if shared.opts.preempt {
-        match open_channel(to, shared.hello(Role::Urgent), tls) {
+        match open_channel(to, shared.hello(Role::Urgent), tls, timeout) {
             Ok(ch) => Some(ch),
             Err(e) => {
                 bulk.closer.close();

@@ -27,6 +27,9 @@ pub struct SourceOptions {
     /// switchover; 0 for no limit.
     pub max_passes: u32,
     pub tls: Option<Arc<ClientConfig>>,
+    /// Bound on each connect, TLS handshake and Hello exchange with the destination (a peer
+    /// that accepts and never answers fails the start or recovery after this long).
+    pub connect_timeout: Duration,
 }
 
 impl Default for SourceOptions {
@@ -40,6 +43,7 @@ impl Default for SourceOptions {
             slice_size: 16 << 10,
             max_passes: 30,
             tls: None,
+            connect_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -60,6 +64,11 @@ impl SourceOptions {
         if self.max_bandwidth == Some(0) {
             return Err(MigrationError::InvalidOptions(
                 "max bandwidth must be positive".into(),
+            ));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(MigrationError::InvalidOptions(
+                "connect timeout must be positive".into(),
             ));
         }
         if self.preempt && !self.postcopy {

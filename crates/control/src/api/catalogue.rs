@@ -1,0 +1,270 @@
+//! The methods as a table: names, what each param is and what it means. `cryptblk ctl` builds
+//! its verbs, flags and help from it, and the protocol reference (`ctl --help`, the README) is
+//! generated from it; a test checks it against the param types of [`super::methods`].
+
+/// What a param holds, which decides how `ctl` takes it and how the reference writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamKind {
+    /// The disk's name; `ctl`'s positional argument.
+    Name,
+    /// Free text.
+    Text,
+    /// A path the daemon opens (sent absolute: its working directory is not the client's).
+    Path,
+    /// A file holding a passphrase, read by the daemon (never the passphrase itself).
+    KeyFile,
+    /// `tcp:HOST:PORT` or `unix:PATH`.
+    Address,
+    /// A boolean, false unless given; `ctl --NAME` sends true, otherwise false.
+    Flag,
+    /// A boolean sent only when given (`ctl --NAME` sends true); absent keeps a mode chosen
+    /// earlier.
+    FlagIfGiven,
+    /// A boolean, true unless given false; `ctl --no-NAME` sends false.
+    FlagDefaultOn,
+    /// A count.
+    Count,
+    /// Bytes (`ctl` accepts K, M, G, T suffixes).
+    Bytes,
+    /// Milliseconds.
+    Millis,
+    /// One of these names.
+    Choice(&'static [&'static str]),
+}
+
+impl ParamKind {
+    /// How the protocol reference writes the value.
+    pub fn json_type(self) -> String {
+        match self {
+            ParamKind::Name | ParamKind::Text => "str".into(),
+            ParamKind::Path | ParamKind::KeyFile => "path".into(),
+            ParamKind::Address => "addr".into(),
+            ParamKind::Flag | ParamKind::FlagIfGiven | ParamKind::FlagDefaultOn => "bool".into(),
+            ParamKind::Count => "int".into(),
+            ParamKind::Bytes => "bytes".into(),
+            ParamKind::Millis => "ms".into(),
+            ParamKind::Choice(names) => names
+                .iter()
+                .map(|n| format!("\"{n}\""))
+                .collect::<Vec<_>>()
+                .join("|"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ParamSpec {
+    /// The JSON key (and `ctl`'s flag without `--`).
+    pub name: &'static str,
+    pub kind: ParamKind,
+    pub required: bool,
+    pub help: &'static str,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct MethodSpec {
+    pub name: &'static str,
+    /// One line: what the method does (`ctl VERB`'s about text).
+    pub summary: &'static str,
+    pub params: &'static [ParamSpec],
+}
+
+const fn req(name: &'static str, kind: ParamKind, help: &'static str) -> ParamSpec {
+    ParamSpec {
+        name,
+        kind,
+        required: true,
+        help,
+    }
+}
+
+const fn opt(name: &'static str, kind: ParamKind, help: &'static str) -> ParamSpec {
+    ParamSpec {
+        name,
+        kind,
+        required: false,
+        help,
+    }
+}
+
+use ParamKind::*;
+
+const NAME: ParamSpec = req("name", Name, "The disk's name in the daemon.");
+const CACHE_MODES: &[&str] = &["none", "writeback", "writethrough", "directsync", "unsafe"];
+const AIO_ENGINES: &[&str] = &["io_uring", "threads"];
+
+/// Every method, in the order the reference lists them.
+pub const METHODS: &[MethodSpec] = &[
+    MethodSpec {
+        name: "disk-add",
+        summary: "Start serving another image.",
+        params: &[
+            NAME,
+            req("image", Path, "The image: LUKS1, LUKS2 or raw."),
+            opt("key-file", KeyFile, "File holding the LUKS passphrase (read by the daemon; stdin cannot be forwarded)."),
+            opt("vhost-user-blk", Path, "Export it on this vhost-user-blk socket."),
+            opt("num-queues", Count, "Virtqueues offered to the guest (default 1)."),
+            opt("queue-size", Count, "Largest virtqueue size, a power of two up to 1024 (default 256)."),
+            opt("nbd-export", Flag, "Export it over the daemon's NBD server as well."),
+            opt("readonly", Flag, "Export read-only."),
+            opt("discard", Flag, "Pass guest discards to the image (reveals which blocks are unused)."),
+            opt("serial", Text, "The vhost-user GET_ID answer (default: the LUKS UUID or the image's file name)."),
+            opt("cache", Choice(CACHE_MODES), "Host cache mode, as QEMU's cache= (default none)."),
+            opt("aio", Choice(AIO_ENGINES), "Asynchronous I/O engine (default io_uring)."),
+            opt("poll-us", Count, "Busy-poll completions this many microseconds before sleeping (default 0: never)."),
+        ],
+    },
+    MethodSpec {
+        name: "disk-remove",
+        summary: "Stop serving a disk (drains, flushes, closes).",
+        params: &[
+            NAME,
+            opt("force", Flag, "Remove it even if a VM is connected over vhost-user."),
+        ],
+    },
+    MethodSpec {
+        name: "disk-list",
+        summary: "List the served disks.",
+        params: &[],
+    },
+    MethodSpec {
+        name: "stats",
+        summary: "I/O statistics of one disk, or of all.",
+        params: &[opt("name", Name, "The disk (all disks when absent).")],
+    },
+    MethodSpec {
+        name: "key-add",
+        summary: "Add a keyslot to a served disk's LUKS image.",
+        params: &[
+            NAME,
+            req("key-file", KeyFile, "File holding an existing passphrase (read by the daemon)."),
+            req("new-key-file", KeyFile, "File holding the new passphrase (read by the daemon)."),
+            opt("pbkdf", Choice(&["pbkdf2", "argon2i", "argon2id"]), "Key derivation for the new keyslot (default: argon2id on LUKS2, pbkdf2 on LUKS1)."),
+            opt("iter-time", Millis, "Target unlock time of the new keyslot in milliseconds (default 2000)."),
+        ],
+    },
+    MethodSpec {
+        name: "key-remove",
+        summary: "Remove the keyslot a passphrase opens from a served disk's LUKS image.",
+        params: &[
+            NAME,
+            req("key-file", KeyFile, "File holding the passphrase to remove (read by the daemon)."),
+        ],
+    },
+    MethodSpec {
+        name: "migrate-incoming",
+        summary: "Destination: receive a disk from another daemon into a new image.",
+        params: &[
+            NAME,
+            req("image", Path, "The new image file to receive into (must not exist)."),
+            req("listen", Address, "Where the source connects: tcp:HOST:PORT (port 0 picks one) or unix:PATH."),
+            opt("key-file", KeyFile, "File holding the LUKS passphrase, to open the received volume (read by the daemon)."),
+            opt("tls-creds", Path, "TLS credentials directory (QEMU x509 layout); the source must present a client certificate signed by its CA."),
+            opt("vhost-user-blk", Path, "Export the disk on this vhost-user-blk socket (bound when the header has arrived)."),
+            opt("num-queues", Count, "Virtqueues offered to the guest (default 1)."),
+            opt("queue-size", Count, "Largest virtqueue size (default 256)."),
+            opt("nbd-export", Flag, "Export it over NBD as well."),
+            opt("discard", Flag, "Pass guest discards to the image."),
+        ],
+    },
+    MethodSpec {
+        name: "migrate-start",
+        summary: "Source: start migrating a disk to a destination (precopy while it keeps serving).",
+        params: &[
+            NAME,
+            req("to", Address, "The destination's migrate-incoming address."),
+            opt("postcopy", Flag, "Allow switching over before everything is copied; the destination fetches the rest on demand."),
+            opt("preempt", Flag, "With postcopy: urgent requests on their own connection, ahead of the bulk stream."),
+            opt("chunk-size", Bytes, "Bulk chunk size (default 2 MiB)."),
+            opt("max-bandwidth", Bytes, "Cap on bytes per second over all channels, e.g. 125M for 1 Gbit/s."),
+            opt("break-chunks", FlagDefaultOn, "With preempt: interrupt a bulk chunk for urgent requests (default on; off only for comparisons)."),
+            opt("max-passes", Count, "Precopy passes before resending waits for the switchover (default 30; 0: no limit)."),
+            opt("tls-creds", Path, "TLS credentials directory (QEMU x509 layout): ca-cert.pem, client-cert.pem, client-key.pem."),
+            opt("connect-timeout", Millis, "Milliseconds each connect, TLS handshake and hello exchange with the destination may take, also when recovering (default 10000)."),
+        ],
+    },
+    MethodSpec {
+        name: "migrate-switchover",
+        summary: "Source: hand the disk over now (it stops serving here); postcopy if started so.",
+        params: &[
+            NAME,
+            opt("postcopy", FlagIfGiven, "Switch over in postcopy mode (only what is missing is listed; fetched on demand)."),
+        ],
+    },
+    MethodSpec {
+        name: "migrate-postcopy",
+        summary: "Source: switch over in postcopy mode now.",
+        params: &[NAME],
+    },
+    MethodSpec {
+        name: "migrate-status",
+        summary: "Progress of a disk's migration (either side).",
+        params: &[NAME],
+    },
+    MethodSpec {
+        name: "migrate-cancel",
+        summary: "Stop a migration that has not handed the disk over yet.",
+        params: &[NAME],
+    },
+    MethodSpec {
+        name: "migrate-recover",
+        summary: "Source: resume a paused postcopy over a new connection.",
+        params: &[
+            NAME,
+            req("to", Address, "The destination's address (the same or a new route to it); the start's connect-timeout applies."),
+        ],
+    },
+];
+
+/// Keys a config file may spell differently from the method's param (file key, param).
+pub const CONFIG_FILE_ALIASES: &[(&str, &str)] = &[("nbd", "nbd-export")];
+
+pub fn method(name: &str) -> Option<&'static MethodSpec> {
+    METHODS.iter().find(|m| m.name == name)
+}
+
+/// The methods and their params, one method per line group, for `ctl --help` and the
+/// README: `disk-add {"name": str, "image": path, "key-file"?: path, ...}`.
+pub fn methods_reference() -> String {
+    let mut out = String::new();
+    for m in METHODS {
+        let params: Vec<String> = m
+            .params
+            .iter()
+            .map(|p| {
+                let optional = if p.required { "" } else { "?" };
+                format!("\"{}\"{optional}: {}", p.name, p.kind.json_type())
+            })
+            .collect();
+        let mut line = format!("  {} {{", m.name);
+        let indent = " ".repeat(line.len());
+        let mut first = true;
+        for p in &params {
+            let piece = if first { p.clone() } else { format!(", {p}") };
+            if !first && line.len() + piece.len() > 92 {
+                out.push_str(&line);
+                out.push_str(",\n");
+                line = format!("{indent}{p}");
+            } else {
+                line.push_str(&piece);
+            }
+            first = false;
+        }
+        line.push('}');
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// The error codes, for `ctl --help`.
+pub fn errors_reference() -> String {
+    let mut out = String::from(
+        "  -32700 parse error, -32600 invalid request, -32601 unknown method,\n  \
+         -32603 internal error, -32000 server shutting down,\n",
+    );
+    for k in super::ErrorKind::ALL {
+        out.push_str(&format!("  {} {}\n", k.code(), k.describe()));
+    }
+    out
+}

@@ -1,0 +1,214 @@
+//! The daemon's methods: each one's params as a type (what the server accepts, checked
+//! strictly) and as a table entry (what `cryptblk ctl` offers and documents). A test keeps
+//! the two equal, so a param the server takes is never missing from `ctl` or its help.
+use super::disk::{DiskConfig, ImageName};
+use crate::RpcError;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::path::PathBuf;
+
+/// `disk-remove`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct DiskRemoveParams {
+    pub name: String,
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// `disk-list`: no params.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoParams {}
+
+/// `stats`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatsParams {
+    /// One disk; all when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// Key derivation of a new keyslot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pbkdf {
+    Pbkdf2,
+    Argon2i,
+    Argon2id,
+}
+
+/// `key-add`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct KeyAddParams {
+    pub name: String,
+    pub key_file: PathBuf,
+    pub new_key_file: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pbkdf: Option<Pbkdf>,
+    /// Milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iter_time: Option<u32>,
+}
+
+/// `key-remove`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct KeyRemoveParams {
+    pub name: String,
+    pub key_file: PathBuf,
+}
+
+/// `migrate-incoming`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct MigrateIncomingParams {
+    pub name: String,
+    /// The new image file the disk is received into (must not exist).
+    pub image: ImageName,
+    /// Where the source connects: `tcp:HOST:PORT` or `unix:PATH`.
+    pub listen: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_creds: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost_user_blk: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_queues: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_size: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbd_export: Option<bool>,
+    #[serde(default)]
+    pub discard: bool,
+}
+
+/// `migrate-start`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct MigrateStartParams {
+    pub name: String,
+    pub to: String,
+    #[serde(default)]
+    pub postcopy: bool,
+    #[serde(default)]
+    pub preempt: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_size: Option<u64>,
+    /// Bytes per second over all channels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bandwidth: Option<u64>,
+    /// With preempt: interrupt bulk chunks for urgent requests (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub break_chunks: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_passes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_creds: Option<PathBuf>,
+    /// Milliseconds for each connect and handshake (default [`DEFAULT_CONNECT_TIMEOUT_MS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout: Option<u64>,
+}
+
+/// How long a migration connect, TLS handshake or Hello exchange may take unless the
+/// request says otherwise.
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 10_000;
+
+/// `migrate-switchover`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateSwitchoverParams {
+    pub name: String,
+    /// Absent: the mode the migration was started with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postcopy: Option<bool>,
+}
+
+/// `migrate-postcopy`, `migrate-status`, `migrate-cancel`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NameParams {
+    pub name: String,
+}
+
+/// `migrate-recover`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct MigrateRecoverParams {
+    pub name: String,
+    /// The connections are bounded by the connect timeout the migration was started with.
+    pub to: String,
+}
+
+/// A request the daemon understands, its params checked.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Request {
+    DiskAdd(DiskConfig),
+    DiskRemove(DiskRemoveParams),
+    DiskList(NoParams),
+    Stats(StatsParams),
+    KeyAdd(KeyAddParams),
+    KeyRemove(KeyRemoveParams),
+    MigrateIncoming(MigrateIncomingParams),
+    MigrateStart(MigrateStartParams),
+    MigrateSwitchover(MigrateSwitchoverParams),
+    MigratePostcopy(NameParams),
+    MigrateStatus(NameParams),
+    MigrateCancel(NameParams),
+    MigrateRecover(MigrateRecoverParams),
+}
+
+impl Request {
+    /// Checks `params` of `method` (absent params are `{}`). An unknown method is
+    /// "method not found"; params of the wrong shape, unknown keys included, are "invalid
+    /// params" naming the problem.
+    pub fn parse(method: &str, params: Value) -> Result<Request, RpcError> {
+        let params = if params.is_null() {
+            Value::Object(Default::default())
+        } else {
+            params
+        };
+        Ok(match method {
+            "disk-add" => Request::DiskAdd(from(params)?),
+            "disk-remove" => Request::DiskRemove(from(params)?),
+            "disk-list" => Request::DiskList(from(params)?),
+            "stats" => Request::Stats(from(params)?),
+            "key-add" => Request::KeyAdd(from(params)?),
+            "key-remove" => Request::KeyRemove(from(params)?),
+            "migrate-incoming" => Request::MigrateIncoming(from(params)?),
+            "migrate-start" => Request::MigrateStart(from(params)?),
+            "migrate-switchover" => Request::MigrateSwitchover(from(params)?),
+            "migrate-postcopy" => Request::MigratePostcopy(from(params)?),
+            "migrate-status" => Request::MigrateStatus(from(params)?),
+            "migrate-cancel" => Request::MigrateCancel(from(params)?),
+            "migrate-recover" => Request::MigrateRecover(from(params)?),
+            other => return Err(RpcError::method_not_found(other)),
+        })
+    }
+
+    pub fn method(&self) -> &'static str {
+        match self {
+            Request::DiskAdd(_) => "disk-add",
+            Request::DiskRemove(_) => "disk-remove",
+            Request::DiskList(_) => "disk-list",
+            Request::Stats(_) => "stats",
+            Request::KeyAdd(_) => "key-add",
+            Request::KeyRemove(_) => "key-remove",
+            Request::MigrateIncoming(_) => "migrate-incoming",
+            Request::MigrateStart(_) => "migrate-start",
+            Request::MigrateSwitchover(_) => "migrate-switchover",
+            Request::MigratePostcopy(_) => "migrate-postcopy",
+            Request::MigrateStatus(_) => "migrate-status",
+            Request::MigrateCancel(_) => "migrate-cancel",
+            Request::MigrateRecover(_) => "migrate-recover",
+        }
+    }
+}
+
+fn from<T: DeserializeOwned>(params: Value) -> Result<T, RpcError> {
+    serde_json::from_value(params).map_err(|e| RpcError::invalid_params(e.to_string()))
+}

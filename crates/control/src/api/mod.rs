@@ -1,0 +1,23 @@
+//! The daemon's control API: the methods, their params and answers, and the error kinds. The
+//! server (`cryptblk-daemon`) and the client (`cryptblk ctl`) both use these types, so the two
+//! cannot drift apart.
+mod catalogue;
+mod disk;
+mod error_kind;
+mod field_names;
+mod methods;
+mod results;
+
+pub use catalogue::{
+    errors_reference, method, methods_reference, MethodSpec, ParamKind, ParamSpec,
+    CONFIG_FILE_ALIASES, METHODS,
+};
+pub use disk::{resolve, DiskConfig, ImageName};
+pub use error_kind::ErrorKind;
+pub use field_names::accepted_params;
+pub use methods::{
+    DiskRemoveParams, KeyAddParams, KeyRemoveParams, MigrateIncomingParams, MigrateRecoverParams,
+    MigrateStartParams, MigrateSwitchoverParams, NameParams, NoParams, Pbkdf, Request, StatsParams,
+    DEFAULT_CONNECT_TIMEOUT_MS,
+};
+pub use results::*;

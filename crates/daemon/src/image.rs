@@ -1,0 +1,193 @@
+//! Opening a disk's image: probed, locked, and for LUKS unlocked, behind the dirty tracker a
+//! migration uses.
+use crate::error::{Context, Error, Result};
+use crate::key_file::{read_key_file, Passphrase};
+use cryptblk_block::{BlockDevice, Format, OpenOptions, RawFile};
+use cryptblk_control::api::DiskConfig;
+use cryptblk_crypto::CryptoPool;
+use cryptblk_luks::UnlockOptions;
+use cryptblk_migration::DirtyTracker;
+use std::sync::Arc;
+
+/// Dirty tracking granularity of a raw image (a LUKS image tracks its encryption sectors).
+const RAW_TRACKING_GRANULARITY: u64 = 4096;
+
+/// An opened image.
+pub struct OpenedImage {
+    /// What the exports serve: the disk behind its dirty tracker (idle until a migration).
+    pub device: Arc<dyn BlockDevice>,
+    pub tracker: Arc<DirtyTracker>,
+    /// The image file under the encryption, which a migration copies.
+    pub file: Arc<RawFile>,
+    pub format: Format,
+    /// The LUKS UUID or the image file name.
+    pub serial: String,
+    /// The sector-crypto engine serving a LUKS image.
+    pub engine: Option<&'static str>,
+    /// The LUKS image file, for header updates (`key-add`, `key-remove`) while attached.
+    pub luks_file: Option<Arc<RawFile>>,
+}
+
+/// What opening needs besides the disk's configuration.
+pub struct OpenContext<'a> {
+    pub pool: &'a Arc<CryptoPool>,
+    pub unlock: &'a UnlockOptions,
+}
+
+/// Opens (and for LUKS, unlocks) the image of `config` with an exclusive lock. The
+/// passphrase is `passphrase` when the caller has one (asked on a terminal), else the
+/// configured key file's.
+pub fn open_image(
+    config: &DiskConfig,
+    passphrase: Option<Passphrase>,
+    cx: &OpenContext<'_>,
+) -> Result<OpenedImage> {
+    let path = config.image.path();
+    let io = cryptblk_block::IoSettings {
+        cache: config.cache,
+        aio: config.aio,
+    };
+    let format = cryptblk_block::probe_format(path)
+        .with_context(|| format!("probing {}", path.display()))?;
+    match format {
+        Format::Luks => {
+            let passphrase = match (passphrase, &config.key_file) {
+                (Some(p), _) => p,
+                (None, Some(key_file)) => read_key_file(key_file)?,
+                (None, None) => return Err(Error::usage("a LUKS image needs a key-file")),
+            };
+            let volume = cryptblk_block::open_luks_volume(
+                path,
+                &passphrase,
+                &cryptblk_block::VolumeOptions {
+                    writable: !config.readonly,
+                    unlock: cx.unlock.clone(),
+                    pool: Some(cx.pool.clone()),
+                    io,
+                },
+            )
+            .context("opening the LUKS volume")?;
+            for warning in volume.warnings() {
+                tracing::warn!(disk = %config.name, image = %path.display(), "{warning}");
+            }
+            luks_image(volume)
+        }
+        Format::Raw => {
+            if config.key_file.is_some() || passphrase.is_some() {
+                return Err(Error::usage(format!(
+                    "a key file is given, but {} is raw, not LUKS",
+                    path.display()
+                )));
+            }
+            let raw = RawFile::open_with(
+                path,
+                OpenOptions {
+                    writable: !config.readonly,
+                    lock: true,
+                },
+                io,
+            )
+            .context("opening the raw image")?;
+            raw_image(Arc::new(raw))
+        }
+        other => Err(Error::usage(format!(
+            "{} is {}: serve exports LUKS and raw images (convert it first)",
+            path.display(),
+            other.name()
+        ))),
+    }
+}
+
+fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
+    let serial = volume.header().uuid().to_string();
+    let engine = volume.device().cipher().engine_name();
+    let file = volume.file().clone();
+    let payload_offset = volume.header().data_offset();
+    let granularity = u64::from(volume.header().sector_size());
+    let tracker = Arc::new(
+        DirtyTracker::new(Arc::new(volume), payload_offset, granularity)
+            .context("setting up dirty tracking")?,
+    );
+    Ok(OpenedImage {
+        device: tracker.clone(),
+        tracker,
+        file: file.clone(),
+        format: Format::Luks,
+        serial,
+        engine: Some(engine),
+        luks_file: Some(file),
+    })
+}
+
+fn raw_image(raw: Arc<RawFile>) -> Result<OpenedImage> {
+    let serial = raw
+        .path()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tracker = Arc::new(
+        DirtyTracker::new(raw.clone(), 0, RAW_TRACKING_GRANULARITY)
+            .context("setting up dirty tracking")?,
+    );
+    Ok(OpenedImage {
+        device: tracker.clone(),
+        tracker,
+        file: raw,
+        format: Format::Raw,
+        serial,
+        engine: None,
+        luks_file: None,
+    })
+}
+
+/// Opens an image a migration is bringing in, from the file the migration writes: `gate`
+/// turns the opened disk into the one to serve (reads of blocks not here yet fetch them).
+pub fn open_received(
+    config: &DiskConfig,
+    file: Arc<RawFile>,
+    cx: &OpenContext<'_>,
+    gate: impl FnOnce(Arc<dyn BlockDevice>) -> Result<Arc<dyn BlockDevice>>,
+) -> Result<OpenedImage> {
+    let mut magic = [0u8; 6];
+    file.read_at(&mut magic, 0)
+        .context("reading the received header")?;
+    let mut image = if magic == *b"LUKS\xba\xbe" {
+        let Some(key_file) = config.key_file.as_deref() else {
+            return Err(Error::usage("the incoming image is LUKS: give a key-file"));
+        };
+        let passphrase = read_key_file(key_file)?;
+        let volume = cryptblk_block::open_luks_volume_on(
+            file,
+            &passphrase,
+            &cryptblk_block::VolumeOptions {
+                writable: true,
+                unlock: cx.unlock.clone(),
+                pool: Some(cx.pool.clone()),
+                ..Default::default()
+            },
+        )
+        .context("opening the received LUKS volume")?;
+        luks_image(volume)?
+    } else {
+        if config.key_file.is_some() {
+            return Err(Error::usage(
+                "a key file is given, but the incoming image is raw",
+            ));
+        }
+        raw_image(file)?
+    };
+    // Serve through the gate, and keep a tracker on top so the disk can migrate on later.
+    let inner = image.tracker.inner().clone();
+    let gated = gate(inner)?;
+    let tracker = Arc::new(
+        DirtyTracker::new(
+            gated,
+            image.tracker.payload_offset(),
+            image.tracker.granularity(),
+        )
+        .context("setting up dirty tracking")?,
+    );
+    image.device = tracker.clone();
+    image.tracker = tracker;
+    Ok(image)
+}

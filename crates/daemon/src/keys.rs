@@ -1,0 +1,133 @@
+//! `key-add` and `key-remove` on an attached LUKS disk: the header is rewritten in place
+//! (crash-safe, see cryptblk-luks) while the disk keeps serving.
+use crate::activity::HeaderChange;
+use crate::disk::AttachedDisk;
+use crate::error::{Context, Error, Result};
+use crate::key_file::read_key_file;
+use crate::registry::Daemon;
+use cryptblk_control::api::{KeyAddParams, KeyRemoveParams, Pbkdf};
+use cryptblk_luks::kdf::Argon2Variant;
+use cryptblk_luks::{HashAlg, LuksImage, LuksVersion, PbkdfKind, PbkdfOptions};
+use std::sync::Arc;
+
+impl Daemon {
+    /// Adds a keyslot to an attached LUKS disk; returns the new slot.
+    pub fn key_add(&self, p: &KeyAddParams) -> Result<usize> {
+        let name = p.name.as_str();
+        let disk = self.attached(name)?;
+        let file = luks_file(&disk)?;
+        let _change = self.begin_header_change(&disk)?;
+        let (mut image, _) = LuksImage::read(file.file()).context("reading the LUKS header")?;
+        let old = read_key_file(&p.key_file)?;
+        let (_, volume_key) = image
+            .unlock(file.file(), &old, &self.unlock)
+            .context("unlocking with key-file")?;
+        let new = read_key_file(&p.new_key_file)?;
+        let pbkdf = pbkdf_options(p.pbkdf, p.iter_time, image.version())?;
+        image
+            .add_keyslot(file.file(), &volume_key, &new, None, &pbkdf)
+            .context("adding the keyslot")
+    }
+
+    /// Removes the keyslot `key_file` opens; refuses to remove the last one.
+    pub fn key_remove(&self, p: &KeyRemoveParams) -> Result<usize> {
+        let name = p.name.as_str();
+        let disk = self.attached(name)?;
+        let file = luks_file(&disk)?;
+        let _change = self.begin_header_change(&disk)?;
+        let (mut image, _) = LuksImage::read(file.file()).context("reading the LUKS header")?;
+        let passphrase = read_key_file(&p.key_file)?;
+        let (slot, _) = image
+            .unlock(file.file(), &passphrase, &self.unlock)
+            .context("unlocking with key-file")?;
+        if image.active_keyslots().len() == 1 {
+            return Err(Error::conflict(format!(
+                "keyslot {slot} is the last one of disk \"{name}\": removing it would make the \
+                 data unrecoverable; add another key first"
+            )));
+        }
+        image
+            .remove_keyslot(file.file(), slot)
+            .context("removing the keyslot")?;
+        Ok(slot)
+    }
+
+    /// Marks the disk's header as changing (no migration can start meanwhile). The header
+    /// travels once, at the start of a migration: a keyslot change while one is under way
+    /// (or while one is bringing the disk in) would be lost on the other side, so it is
+    /// refused.
+    fn begin_header_change(&self, disk: &AttachedDisk) -> Result<HeaderChange> {
+        let name = disk.name();
+        if self.incoming_in_progress(name) {
+            return Err(Error::busy(format!(
+                "disk \"{name}\" is being migrated: change its keyslots before or after"
+            )));
+        }
+        disk.activity.begin_header_change(name)
+    }
+}
+
+fn luks_file(disk: &AttachedDisk) -> Result<Arc<cryptblk_block::RawFile>> {
+    disk.image.luks_file.clone().ok_or_else(|| {
+        Error::conflict(format!(
+            "disk \"{}\" is {}, not LUKS: it has no keyslots",
+            disk.name(),
+            disk.image.format.name()
+        ))
+    })
+}
+
+/// The key derivation of a new keyslot: `pbkdf` (default argon2id on LUKS2, pbkdf2 on LUKS1),
+/// benchmarked to `iter_time_ms` (default 2000), cryptsetup's memory cost.
+pub fn pbkdf_options(
+    pbkdf: Option<Pbkdf>,
+    iter_time_ms: Option<u32>,
+    version: LuksVersion,
+) -> Result<PbkdfOptions> {
+    let kind = match (version, pbkdf) {
+        (LuksVersion::V1, None | Some(Pbkdf::Pbkdf2)) => PbkdfKind::Pbkdf2,
+        (LuksVersion::V1, Some(other)) => {
+            return Err(Error::usage(format!(
+                "LUKS1 keyslots only support pbkdf2, not {}",
+                format!("{other:?}").to_lowercase()
+            )))
+        }
+        (LuksVersion::V2, None | Some(Pbkdf::Argon2id)) => {
+            PbkdfKind::Argon2(Argon2Variant::Argon2id)
+        }
+        (LuksVersion::V2, Some(Pbkdf::Argon2i)) => PbkdfKind::Argon2(Argon2Variant::Argon2i),
+        (LuksVersion::V2, Some(Pbkdf::Pbkdf2)) => PbkdfKind::Pbkdf2,
+    };
+    let mut opts = PbkdfOptions {
+        kind,
+        hash: HashAlg::Sha256,
+        memory_kib: PbkdfOptions::default_argon2_memory_kib(),
+        ..PbkdfOptions::default()
+    };
+    if let Some(ms) = iter_time_ms {
+        if ms == 0 {
+            return Err(Error::usage("iter-time must be at least 1 ms"));
+        }
+        opts.iter_time_ms = ms;
+    }
+    Ok(opts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cryptblk_control::api::ErrorKind;
+
+    #[test]
+    fn pbkdf_defaults_follow_the_luks_version() {
+        let v2 = pbkdf_options(None, None, LuksVersion::V2).unwrap();
+        assert_eq!(v2.kind, PbkdfKind::Argon2(Argon2Variant::Argon2id));
+        assert_eq!(v2.iter_time_ms, 2000);
+        let v1 = pbkdf_options(None, Some(50), LuksVersion::V1).unwrap();
+        assert_eq!((v1.kind, v1.iter_time_ms), (PbkdfKind::Pbkdf2, 50));
+        let e = pbkdf_options(Some(Pbkdf::Argon2i), None, LuksVersion::V1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Usage);
+        assert!(e.to_string().contains("not argon2i"), "{e}");
+        assert!(pbkdf_options(None, Some(0), LuksVersion::V2).is_err());
+    }
+}

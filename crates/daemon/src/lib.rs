@@ -1,0 +1,34 @@
+//! The cryptblk daemon as a library: the disk registry (attach and detach at run time, with
+//! rollback of a failed attach), keyslot changes on served disks, statistics, live migration,
+//! the control socket's methods and the `serve` loop with its signal handling. `cryptblk
+//! serve` is a thin binary over [`serve`]; other programs can embed [`Daemon`].
+//!
+//! Locks: no code holds two of the daemon's locks at once, and none is held across I/O, a
+//! key derivation, a connect or a handshake; `activity` has the details.
+mod activity;
+pub mod config;
+mod disk;
+pub mod error;
+mod image;
+pub mod key_file;
+mod keys;
+mod migrate;
+mod registry;
+mod rpc;
+mod serve;
+mod stats;
+
+pub use error::{chain, kind_of, Error, Result};
+pub use keys::pbkdf_options;
+pub use registry::{Daemon, DaemonOptions, PreparedDisk};
+pub use rpc::ControlHandler;
+pub use serve::{serve, ServeConfig, StartDisk};
+
+/// Something the serve loop must react to.
+#[derive(Debug)]
+pub enum Event {
+    /// SIGTERM or SIGINT.
+    Signal(i32),
+    /// A disk's server stopped with an error (not by a stop request).
+    ServerFailed { disk: String, error: String },
+}

@@ -1,0 +1,428 @@
+//! The disk registry: disks attached and detached at run time while the others keep serving.
+//!
+//! The registry lock guards only the name -> disk map and is never held across I/O, a key
+//! derivation or a drain: `disk-add` reserves the name, unlocks the image without the lock and
+//! then publishes the disk; `disk-remove` unpublishes it first and drains it afterwards. So a
+//! slow control request (argon2 unlock, draining a busy disk) never blocks another one.
+use crate::activity::DiskActivity;
+use crate::disk::{serve_options, AttachedDisk, VhostExport, WithoutDiscard};
+use crate::error::{chain, Context, Error, Result};
+use crate::image::{open_image, OpenContext, OpenedImage};
+use crate::key_file::Passphrase;
+use crate::Event;
+use crossbeam_channel::Sender;
+use cryptblk_block::IoStats;
+use cryptblk_control::api::{AttachedInfo, DiskConfig, DiskInfo, DiskList, DiskState};
+use cryptblk_crypto::CryptoPool;
+use cryptblk_luks::UnlockOptions;
+use cryptblk_migration::{IncomingMigration, Phase};
+use cryptblk_nbd::{Export, ExportRegistry};
+use cryptblk_vhost_user_blk::{FrontendEvent, Server};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// How long `disk-remove` waits for a migration start under way to give up (the start is
+/// bounded by its connect timeout; past this the removal goes on and the start, finding
+/// itself cancelled, stops the migration it made).
+const START_WAIT: Duration = Duration::from_secs(60);
+
+enum Slot {
+    /// `disk-add` is opening it; the name and socket are taken.
+    Adding(DiskConfig),
+    Attached(Arc<AttachedDisk>),
+}
+
+impl Slot {
+    fn config(&self) -> &DiskConfig {
+        match self {
+            Slot::Adding(c) => c,
+            Slot::Attached(d) => &d.config,
+        }
+    }
+}
+
+/// What the daemon needs from its start: the crypto pool, the unlock limits, the NBD server's
+/// export registry (when it has one) and where to report events.
+pub struct DaemonOptions {
+    pub pool: Arc<CryptoPool>,
+    pub unlock: UnlockOptions,
+    pub nbd: Option<Arc<ExportRegistry>>,
+    pub events: Sender<Event>,
+}
+
+pub struct Daemon {
+    disks: Mutex<BTreeMap<String, Slot>>,
+    /// Migrations coming in, by disk name (the disk appears in `disks` once its header is here).
+    pub(crate) incoming: Mutex<BTreeMap<String, Arc<IncomingMigration>>>,
+    pub(crate) nbd: Option<Arc<ExportRegistry>>,
+    pub(crate) pool: Arc<CryptoPool>,
+    pub(crate) unlock: UnlockOptions,
+    events: Sender<Event>,
+    pub(crate) started: Instant,
+}
+
+/// A disk whose image is open and unlocked but not exported yet (see `Daemon::prepare`).
+pub struct PreparedDisk {
+    pub config: DiskConfig,
+    pub(crate) image: OpenedImage,
+}
+
+impl Daemon {
+    pub fn new(options: DaemonOptions) -> Arc<Self> {
+        Arc::new(Daemon {
+            disks: Mutex::new(BTreeMap::new()),
+            incoming: Mutex::new(BTreeMap::new()),
+            nbd: options.nbd,
+            pool: options.pool,
+            unlock: options.unlock,
+            events: options.events,
+            started: Instant::now(),
+        })
+    }
+
+    fn disks(&self) -> MutexGuard<'_, BTreeMap<String, Slot>> {
+        self.disks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn has_nbd(&self) -> bool {
+        self.nbd.is_some()
+    }
+
+    pub(crate) fn open_context(&self) -> OpenContext<'_> {
+        OpenContext {
+            pool: &self.pool,
+            unlock: &self.unlock,
+        }
+    }
+
+    /// Opens, unlocks and exports a disk. On any failure nothing of it remains (no socket, no
+    /// export, the image closed) and the other disks are untouched.
+    pub fn add_disk(&self, config: DiskConfig) -> Result<DiskInfo> {
+        let prepared = self.prepare(config, None)?;
+        self.publish(prepared)
+    }
+
+    /// Takes the disk's name (and socket) for `config`, checking it will have an export.
+    pub(crate) fn reserve(&self, config: &DiskConfig) -> Result<()> {
+        crate::config::validate(config).map_err(|e| Error::conflict(e.0))?;
+        if config.vhost_user_blk.is_none() && !self.exports_nbd(config) {
+            let hint = if self.nbd.is_some() {
+                "give a vhost-user-blk socket or enable the NBD export"
+            } else {
+                "give a vhost-user-blk socket (this daemon has no --nbd server)"
+            };
+            return Err(Error::conflict(format!(
+                "disk \"{}\" would have no export: {hint}",
+                config.name
+            )));
+        }
+        let mut disks = self.disks();
+        if disks.contains_key(&config.name) {
+            return Err(Error::conflict(format!(
+                "a disk named \"{}\" is already attached",
+                config.name
+            )));
+        }
+        if let Some(socket) = &config.vhost_user_blk {
+            if let Some(other) = disks
+                .values()
+                .find(|s| s.config().vhost_user_blk.as_ref() == Some(socket))
+            {
+                return Err(Error::conflict(format!(
+                    "socket {} is already used by disk \"{}\"",
+                    socket.display(),
+                    other.config().name
+                )));
+            }
+        }
+        disks.insert(config.name.clone(), Slot::Adding(config.clone()));
+        Ok(())
+    }
+
+    /// Gives the name back after a failed add.
+    pub(crate) fn unreserve(&self, name: &str) {
+        self.disks().remove(name);
+    }
+
+    /// Whether the disk gets an NBD export: asked for (or not refused) and the daemon has an
+    /// NBD server.
+    pub(crate) fn exports_nbd(&self, config: &DiskConfig) -> bool {
+        config.nbd_export.unwrap_or(true) && self.nbd.is_some()
+    }
+
+    /// First half of `add_disk`: reserves the name (and socket) and opens and unlocks the
+    /// image, exporting nothing yet. At start-up every disk is prepared before any is
+    /// published, so one bad key fails the start before any socket exists. `passphrase`, when
+    /// given, is used instead of the configured key file (asked on a terminal).
+    pub fn prepare(
+        &self,
+        config: DiskConfig,
+        passphrase: Option<Passphrase>,
+    ) -> Result<PreparedDisk> {
+        self.reserve(&config)?;
+        match open_image(&config, passphrase, &self.open_context()) {
+            Ok(image) => Ok(PreparedDisk { config, image }),
+            Err(e) => {
+                self.unreserve(&config.name);
+                Err(e)
+            }
+        }
+    }
+
+    /// Second half of `add_disk`: binds the disk's exports and makes it visible.
+    pub fn publish(&self, prepared: PreparedDisk) -> Result<DiskInfo> {
+        let name = prepared.config.name.clone();
+        match self.attach(prepared) {
+            Ok(disk) => {
+                let info = describe(&disk);
+                self.disks().insert(name.clone(), Slot::Attached(disk));
+                tracing::info!(disk = %name, "attached");
+                Ok(info)
+            }
+            Err(e) => {
+                self.unreserve(&name);
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives up a prepared disk (its image is closed when `prepared` drops).
+    pub fn abandon(&self, prepared: PreparedDisk) {
+        self.unreserve(&prepared.config.name);
+    }
+
+    fn attach(&self, prepared: PreparedDisk) -> Result<Arc<AttachedDisk>> {
+        let PreparedDisk { config, image } = prepared;
+        let activity = DiskActivity::new();
+        let vhost = match &config.vhost_user_blk {
+            Some(socket) => {
+                let mut server = Server::bind(
+                    socket,
+                    image.device.clone(),
+                    serve_options(&config, &image.serial),
+                )
+                .context("starting the vhost-user-blk server")?;
+                server.set_event_listener(switchover_on_vm_stop(
+                    config.name.clone(),
+                    activity.clone(),
+                ));
+                let stop = server.stop_handle();
+                let events = self.events.clone();
+                let name = config.name.clone();
+                let thread = std::thread::Builder::new()
+                    .name(format!("vhost-{name}"))
+                    .spawn(move || {
+                        let result = server.run();
+                        if let Err(e) = &result {
+                            let _ = events.send(Event::ServerFailed {
+                                disk: name,
+                                error: chain(e),
+                            });
+                        }
+                        result
+                    })
+                    .context("starting the vhost-user-blk server thread")?;
+                Some(VhostExport {
+                    socket: socket.clone(),
+                    stop,
+                    thread: Mutex::new(Some(thread)),
+                })
+            }
+            None => None,
+        };
+        let nbd_exported = self.exports_nbd(&config);
+        let disk = Arc::new(AttachedDisk {
+            config,
+            image,
+            vhost,
+            nbd_stats: Arc::new(IoStats::default()),
+            nbd_exported,
+            activity,
+        });
+        if let (true, Some(registry)) = (nbd_exported, &self.nbd) {
+            let device: Arc<dyn cryptblk_block::BlockDevice> = if disk.config.discard {
+                disk.image.device.clone()
+            } else {
+                Arc::new(WithoutDiscard(disk.image.device.clone()))
+            };
+            let export = Export {
+                name: disk.config.name.clone(),
+                description: disk.config.image.to_string(),
+                device,
+                read_only: disk.read_only(),
+                stats: disk.nbd_stats.clone(),
+            };
+            if let Err(e) = registry.add(export) {
+                let _ = disk.stop_vhost();
+                return Err(Error::caused("adding the NBD export", e));
+            }
+        }
+        Ok(disk)
+    }
+
+    /// Detaches a disk: no new client can open it, in-flight requests finish, the image is
+    /// flushed and closed. Refused while a VM is connected over vhost-user unless `force`.
+    pub fn remove_disk(&self, name: &str, force: bool) -> Result<()> {
+        let disk = {
+            let mut disks = self.disks();
+            let disk = match disks.get(name) {
+                None => return Err(Error::no_such_disk(name)),
+                Some(Slot::Adding(_)) => {
+                    return Err(Error::busy(format!(
+                        "disk \"{name}\" is still being added; retry when disk-add has returned"
+                    )))
+                }
+                Some(Slot::Attached(d)) => d.clone(),
+            };
+            if let Some(vhost) = &disk.vhost {
+                if vhost.stop.is_connected() && !force {
+                    return Err(Error::busy(format!(
+                        "disk \"{name}\" has a vhost-user frontend (a VM) connected on {}; \
+                         detach it from the VM first, or pass force to cut it off",
+                        vhost.socket.display()
+                    )));
+                }
+            }
+            disks.remove(name);
+            disk
+        };
+        // A migration that has not handed the disk over yet stops (one still connecting is
+        // told to, and waited for); one that has is over for this side anyway.
+        if let Some(m) = disk.activity.stop_starting(START_WAIT) {
+            if m.cancel().is_ok() {
+                m.wait(std::time::Duration::from_secs(30));
+            }
+        }
+        let incoming = self
+            .incoming
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
+        if let Some(m) = incoming {
+            let _ = m.cancel();
+        }
+        let mut first_error = None;
+        if disk.nbd_exported {
+            if let Some(registry) = &self.nbd {
+                if let Err(e) = registry.remove(name) {
+                    first_error.get_or_insert(Error::caused("closing the NBD export", e));
+                }
+            }
+        }
+        if let Err(e) = disk.stop_vhost() {
+            first_error.get_or_insert(e);
+        }
+        if let Err(e) = disk.image.device.flush() {
+            first_error.get_or_insert(Error::caused("flushing the image", e));
+        }
+        match first_error {
+            Some(e) => Err(e.context(format!("detaching disk \"{name}\""))),
+            None => {
+                tracing::info!(disk = %name, "detached");
+                Ok(())
+            }
+        }
+    }
+
+    pub fn list(&self) -> DiskList {
+        let disks = self.disks();
+        let disks = disks
+            .iter()
+            .map(|(name, slot)| match slot {
+                Slot::Adding(c) => DiskInfo {
+                    name: name.clone(),
+                    image: c.image.path().to_path_buf(),
+                    state: DiskState::Adding,
+                    attached: None,
+                },
+                Slot::Attached(d) => describe(d),
+            })
+            .collect();
+        DiskList { disks }
+    }
+
+    /// The attached disk `name` (an error for one being added or absent).
+    pub(crate) fn attached(&self, name: &str) -> Result<Arc<AttachedDisk>> {
+        match self.disks().get(name) {
+            Some(Slot::Attached(d)) => Ok(d.clone()),
+            Some(Slot::Adding(_)) => {
+                Err(Error::busy(format!("disk \"{name}\" is still being added")))
+            }
+            None => Err(Error::no_such_disk(name)),
+        }
+    }
+
+    /// Every attached disk.
+    pub(crate) fn attached_disks(&self) -> Vec<Arc<AttachedDisk>> {
+        self.disks()
+            .values()
+            .filter_map(|s| match s {
+                Slot::Attached(d) => Some(d.clone()),
+                Slot::Adding(_) => None,
+            })
+            .collect()
+    }
+
+    /// Detaches every disk (VMs are cut off); returns the first error.
+    pub fn shutdown(&self) -> Result<()> {
+        let names: Vec<String> = self.disks().keys().cloned().collect();
+        let mut first_error = None;
+        for name in names {
+            if let Err(e) = self.remove_disk(&name, true) {
+                tracing::error!(disk = %name, "{}", chain(&e));
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// The vhost-user event hook of a disk: when its VM is stopped for a live migration (the
+/// frontend stops the queues with dirty-page logging on), a disk migration in precopy
+/// switches over, in the mode it was started with.
+fn switchover_on_vm_stop(
+    name: String,
+    activity: Arc<DiskActivity>,
+) -> cryptblk_vhost_user_blk::EventListener {
+    Arc::new(move |event| {
+        tracing::info!(disk = %name, ?event, "vhost-user frontend");
+        if event
+            != (FrontendEvent::Stopped {
+                dirty_logging: true,
+            })
+        {
+            return;
+        }
+        if let Some(m) = activity.migration() {
+            if m.status().phase == Phase::Precopy {
+                match m.switchover_default() {
+                    Ok(()) => tracing::info!(disk = %name, "VM stopped, switching over"),
+                    Err(e) => tracing::error!(disk = %name, "switchover failed: {}", chain(&e)),
+                }
+            }
+        }
+    })
+}
+
+fn describe(disk: &AttachedDisk) -> DiskInfo {
+    let c = &disk.config;
+    DiskInfo {
+        name: c.name.clone(),
+        image: c.image.path().to_path_buf(),
+        state: DiskState::Attached,
+        attached: Some(AttachedInfo {
+            format: disk.image.format.name().to_string(),
+            size: disk.image.device.size(),
+            block_size: disk.image.device.logical_block_size(),
+            readonly: disk.read_only(),
+            vhost_user_blk: c.vhost_user_blk.clone(),
+            num_queues: c.num_queues,
+            nbd_export: disk.nbd_exported,
+            discard: c.discard,
+            engine: disk.image.engine.map(str::to_string),
+            cache: c.cache,
+            aio: c.aio,
+        }),
+    }
+}

@@ -1,0 +1,140 @@
+//! The control socket's methods: each request's params are checked by their type
+//! (`cryptblk_control::api`), paths must be absolute (the daemon's working directory is not the
+//! client's), and every failure becomes an error object whose code is its kind's.
+use crate::config::{absolute, require_absolute_paths, validate};
+use crate::error::{chain, Error, Result};
+use crate::migrate::Cancelled;
+use crate::registry::Daemon;
+use cryptblk_control::api::{DiskRemoved, KeyAdded, KeyRemoved, Request};
+use cryptblk_control::{Handler, RpcError};
+use serde::Serialize;
+use serde_json::Value;
+use std::sync::Arc;
+
+pub struct ControlHandler {
+    pub daemon: Arc<Daemon>,
+}
+
+impl Handler for ControlHandler {
+    fn call(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+        let request = Request::parse(method, params)?;
+        let name = request_disk(&request).map(str::to_string);
+        let result = self.dispatch(request);
+        if let Err(e) = &result {
+            tracing::info!(disk = name.as_deref(), method, "refused: {}", chain(e));
+        }
+        result.map_err(|e| to_rpc(&e))
+    }
+}
+
+impl ControlHandler {
+    fn dispatch(&self, request: Request) -> Result<Value> {
+        let d = &self.daemon;
+        match request {
+            Request::DiskAdd(config) => {
+                require_absolute_paths(&config).map_err(|e| Error::invalid_params(e.0))?;
+                validate(&config).map_err(|e| Error::invalid_params(e.0))?;
+                if config.nbd_export == Some(true) && !d.has_nbd() {
+                    return Err(Error::invalid_params(
+                        "nbd-export is set but this daemon was started without --nbd",
+                    ));
+                }
+                json(d.add_disk(config)?)
+            }
+            Request::DiskRemove(p) => {
+                d.remove_disk(&p.name, p.force)?;
+                json(DiskRemoved { removed: p.name })
+            }
+            Request::DiskList(_) => json(d.list()),
+            Request::Stats(p) => json(d.stats(p.name.as_deref())?),
+            Request::KeyAdd(p) => {
+                check_absolute(&p.key_file)?;
+                check_absolute(&p.new_key_file)?;
+                let keyslot = d.key_add(&p)?;
+                json(KeyAdded {
+                    name: p.name,
+                    keyslot,
+                })
+            }
+            Request::KeyRemove(p) => {
+                check_absolute(&p.key_file)?;
+                let removed_keyslot = d.key_remove(&p)?;
+                json(KeyRemoved {
+                    name: p.name,
+                    removed_keyslot,
+                })
+            }
+            Request::MigrateIncoming(p) => {
+                for path in [
+                    Some(p.image.path()),
+                    p.key_file.as_deref(),
+                    p.vhost_user_blk.as_deref(),
+                    p.tls_creds.as_deref(),
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    check_absolute(path)?;
+                }
+                if p.nbd_export == Some(true) && !d.has_nbd() {
+                    return Err(Error::invalid_params(
+                        "nbd-export is set but this daemon was started without --nbd",
+                    ));
+                }
+                json(d.migrate_incoming(p)?)
+            }
+            Request::MigrateStart(p) => {
+                if let Some(dir) = &p.tls_creds {
+                    check_absolute(dir)?;
+                }
+                json(d.migrate_start(&p)?)
+            }
+            Request::MigrateSwitchover(p) => json(d.migrate_switchover(&p.name, p.postcopy)?),
+            Request::MigratePostcopy(p) => json(d.migrate_switchover(&p.name, Some(true))?),
+            Request::MigrateStatus(p) => json(d.migrate_status(&p.name)?),
+            Request::MigrateCancel(p) => match d.migrate_cancel(&p.name)? {
+                Cancelled::Requested(c) => json(c),
+                Cancelled::Outgoing(s) => json(s),
+            },
+            Request::MigrateRecover(p) => json(d.migrate_recover(&p.name, &p.to)?),
+        }
+    }
+}
+
+/// The disk a request concerns, for its log line.
+fn request_disk(r: &Request) -> Option<&str> {
+    match r {
+        Request::DiskAdd(c) => Some(&c.name),
+        Request::DiskRemove(p) => Some(&p.name),
+        Request::DiskList(_) => None,
+        Request::Stats(p) => p.name.as_deref(),
+        Request::KeyAdd(p) => Some(&p.name),
+        Request::KeyRemove(p) => Some(&p.name),
+        Request::MigrateIncoming(p) => Some(&p.name),
+        Request::MigrateStart(p) => Some(&p.name),
+        Request::MigrateSwitchover(p) => Some(&p.name),
+        Request::MigratePostcopy(p) | Request::MigrateStatus(p) | Request::MigrateCancel(p) => {
+            Some(&p.name)
+        }
+        Request::MigrateRecover(p) => Some(&p.name),
+    }
+}
+
+fn check_absolute(path: &std::path::Path) -> Result<()> {
+    absolute(path).map_err(|e| Error::invalid_params(e.0))
+}
+
+fn json(value: impl Serialize) -> Result<Value> {
+    serde_json::to_value(value).map_err(|e| Error::caused("encoding the answer", e))
+}
+
+/// The error object of a failed request: the kind's code, the whole chain as the message.
+fn to_rpc(e: &Error) -> RpcError {
+    let code = e.kind().code();
+    let message = chain(e);
+    if code == cryptblk_control::INVALID_PARAMS {
+        RpcError::invalid_params(message)
+    } else {
+        RpcError::application(code, message)
+    }
+}

@@ -1,0 +1,91 @@
+//! The disk registry: names and sockets are unique, a failed attach leaves nothing behind
+//! (no name, no export, no lock on the image) and the other disks untouched.
+mod common;
+
+use common::*;
+use cryptblk_control::api::{DiskState, ErrorKind};
+
+#[test]
+fn attach_list_stats_and_detach() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon();
+    let info = d
+        .add_disk(disk("a", &raw_image(dir.path(), "a.raw", 1 << 20)))
+        .unwrap();
+    let attached = info.attached.unwrap();
+    assert_eq!((attached.format.as_str(), attached.size), ("raw", 1 << 20));
+    assert!(attached.nbd_export);
+    let err = d
+        .add_disk(disk("a", &raw_image(dir.path(), "b.raw", 1 << 20)))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict);
+    let list = d.list();
+    assert_eq!(list.disks.len(), 1);
+    assert_eq!(list.disks[0].state, DiskState::Attached);
+    assert_eq!(d.stats(Some("a")).unwrap().disks.len(), 1);
+    assert_eq!(
+        d.stats(Some("x")).unwrap_err().kind(),
+        ErrorKind::NoSuchDisk
+    );
+    d.remove_disk("a", false).unwrap();
+    assert_eq!(
+        d.remove_disk("a", false).unwrap_err().kind(),
+        ErrorKind::NoSuchDisk
+    );
+    assert!(d.list().disks.is_empty());
+}
+
+#[test]
+fn a_failed_attach_rolls_back_and_leaves_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon();
+    d.add_disk(disk("keep", &raw_image(dir.path(), "keep.raw", 1 << 20)))
+        .unwrap();
+
+    // Unlock fails: the name is free again and the image is not left locked.
+    let image = luks_image(dir.path(), "v.luks");
+    let mut wrong = disk("v", &image);
+    wrong.key_file = Some(key_file(dir.path(), "wrong", b"not it"));
+    let err = d.add_disk(wrong).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::WrongPassphrase);
+    assert_eq!(d.list().disks.len(), 1);
+
+    // The export fails after the unlock (the socket path is a regular file): rolled back too.
+    let mut bad_socket = disk("v", &image);
+    bad_socket.key_file = Some(key_file(dir.path(), "right", PASSPHRASE));
+    let not_a_socket = dir.path().join("not-a-socket");
+    std::fs::write(&not_a_socket, b"x").unwrap();
+    bad_socket.vhost_user_blk = Some(not_a_socket.clone());
+    let err = d.add_disk(bad_socket.clone()).unwrap_err();
+    assert!(
+        cryptblk_daemon::chain(&err).contains("not a socket"),
+        "{}",
+        cryptblk_daemon::chain(&err)
+    );
+    assert_eq!(std::fs::read(&not_a_socket).unwrap(), b"x");
+    assert_eq!(d.list().disks.len(), 1);
+
+    // Nothing of either attempt remains: the same disk attaches now.
+    bad_socket.vhost_user_blk = None;
+    let info = d.add_disk(bad_socket).unwrap();
+    assert_eq!(info.attached.unwrap().format, "luks");
+    assert_eq!(d.list().disks.len(), 2);
+    d.shutdown().unwrap();
+    assert!(d.list().disks.is_empty());
+}
+
+#[test]
+fn configuration_is_checked_before_anything_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon();
+    let mut c = disk("q", &raw_image(dir.path(), "q.raw", 1 << 20));
+    c.queue_size = 100;
+    let err = d.add_disk(c).unwrap_err();
+    assert!(err.to_string().contains("queue-size 100"), "{err}");
+    let mut c = disk("n", &raw_image(dir.path(), "n.raw", 1 << 20));
+    c.nbd_export = Some(false);
+    let err = d.add_disk(c).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict);
+    assert!(err.to_string().contains("no export"), "{err}");
+    assert!(d.list().disks.is_empty());
+}

@@ -1,0 +1,18 @@
+//! Where cryptblk listens and connects, written once for the NBD server and live migration:
+//!
+//! - [`Address`]: `unix:PATH` or `tcp:HOST:PORT`, as users write it (one parser).
+//! - [`Listener`]: binds an address (replacing only a stale Unix socket, never another file),
+//!   accepts [`Stream`]s, can be woken from another thread, removes its socket file when
+//!   dropped.
+//! - [`connect`]: a [`Stream`] to an address within a timeout.
+//! - [`tls`]: x509 credentials in QEMU's layout (re-exported from `cryptblk-tls`), the name a
+//!   client checks the server's certificate against, and a handshake bounded by the stream's
+//!   timeouts.
+mod address;
+mod listener;
+mod stream;
+pub mod tls;
+
+pub use address::{Address, AddressError};
+pub use listener::{BindError, Listener, ListenerWaker};
+pub use stream::{connect, Stream};
