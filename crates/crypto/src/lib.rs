@@ -143,4 +143,4 @@ pub trait Engine: Send + Sync {
 }
 
 mod pool;
-pub use pool::{Completion, CryptoPool, DEFAULT_INLINE_THRESHOLD};
+pub use pool::{Completion, CryptoPool, RawRun, DEFAULT_INLINE_THRESHOLD};

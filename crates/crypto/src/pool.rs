@@ -13,6 +13,7 @@
 
 use crate::{CryptoError, Direction, SectorCipher};
 use crossbeam_channel::{Receiver, Sender};
+pub use split::RawRun;
 use split::{Split, WaitOnDrop};
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -203,21 +204,80 @@ impl CryptoPool {
             // SAFETY: forwarded from this function's contract.
             _ => return unsafe { cipher.crypt_raw(dir, first_sector, src, dst, len) },
         };
-        // SAFETY: forwarded; `WaitOnDrop` keeps this call from returning (or unwinding) while
-        // a helper may still use the ranges.
-        let split = Arc::new(unsafe {
-            Split::new(cipher.clone(), dir, first_sector, src, dst, len, chunk)
-        });
+        let run = RawRun {
+            first_sector,
+            src,
+            dst,
+            len,
+        };
+        // SAFETY: forwarded.
+        let errors = unsafe { self.run_split(tx, cipher, dir, &[run], chunk) };
+        errors.into_iter().flatten().next().map_or(Ok(()), Err)
+    }
+
+    /// Transforms a batch of runs (e.g. every read a queue just completed), spread over the
+    /// workers like `crypt` when the batch holds enough bytes to gain, even if each run alone
+    /// is small. `results` receives each run's result, in order.
+    ///
+    /// # Safety
+    /// As `SectorCipher::crypt_raw` for every run, for the whole call; runs do not overlap.
+    pub unsafe fn crypt_raw_batch(
+        &self,
+        cipher: &Arc<dyn SectorCipher>,
+        dir: Direction,
+        runs: &[RawRun],
+        results: &mut Vec<Result<(), CryptoError>>,
+    ) {
+        results.clear();
+        let ss = cipher.sector_size();
+        let total: usize = runs.iter().map(|r| r.len).sum();
+        // A batch of small runs costs more to share out than one long run (a piece per run at
+        // least): it splits from twice the single-run threshold.
+        let split = match (&self.tx, self.chunk_size(total / 2, ss)) {
+            (Some(tx), Some(chunk)) if runs.len() > 1 && !IN_WORKER.with(Cell::get) => {
+                Some((tx, chunk))
+            }
+            _ => None,
+        };
+        let Some((tx, chunk)) = split else {
+            for r in runs {
+                // SAFETY: forwarded; a single run may still split on its own.
+                results.push(unsafe {
+                    self.crypt_raw(cipher, dir, r.first_sector, r.src, r.dst, r.len)
+                });
+            }
+            return;
+        };
+        // SAFETY: forwarded.
+        let errors = unsafe { self.run_split(tx, cipher, dir, runs, chunk) };
+        results.extend(errors.into_iter().map(|e| e.map_or(Ok(()), Err)));
+    }
+
+    /// Shares `runs` out in `chunk`-byte pieces between this thread and woken workers.
+    ///
+    /// # Safety
+    /// As `crypt_raw_batch`.
+    unsafe fn run_split(
+        &self,
+        tx: &Sender<Job>,
+        cipher: &Arc<dyn SectorCipher>,
+        dir: Direction,
+        runs: &[RawRun],
+        chunk: usize,
+    ) -> Vec<Option<CryptoError>> {
+        // SAFETY: forwarded; `WaitOnDrop` keeps this call from returning (or unwinding)
+        // while a helper may still use the runs.
+        let split = Arc::new(unsafe { Split::new(cipher.clone(), dir, runs, chunk) });
         let guard = WaitOnDrop(split.clone());
-        let helpers = (self.threads - 1).min(split.chunks() - 1);
+        let helpers = (self.threads - 1).min(split.pieces().saturating_sub(1));
         for _ in 0..helpers {
-            // Fails only once the pool is shut down; the caller then does every chunk itself.
+            // Fails only once the pool is shut down; the caller then does every piece itself.
             let _ = tx.send(Job::Help(split.clone()));
         }
         split.work();
-        let error = split.wait();
+        let errors = split.wait();
         drop(guard);
-        error.map_or(Ok(()), Err)
+        errors
     }
 
     /// Queue `buf` for transformation on a worker; `done` receives the result and the buffer.

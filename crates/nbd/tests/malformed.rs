@@ -3,7 +3,7 @@
 mod common;
 
 use common::{export, luks2_volume, pattern, raw_file, RawClient, TestServer};
-use cryptblk_block::BlockDevice;
+use cryptblk_block::{BlockDevice, IoStats};
 use cryptblk_nbd::protocol::*;
 use cryptblk_nbd::ExportRegistry;
 use std::io::Write;
@@ -19,6 +19,7 @@ const EPERM: u32 = NbdErrno::Perm as u32;
 struct Fixture {
     server: TestServer,
     raw: Arc<dyn BlockDevice>,
+    raw_stats: Arc<IoStats>,
     _dir: tempfile::TempDir,
 }
 
@@ -27,7 +28,9 @@ fn fixture_with(io_timeout: Duration) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let registry = ExportRegistry::new();
     let raw: Arc<dyn BlockDevice> = raw_file(&dir.path().join("a.raw"), SIZE, SIZE as usize);
-    registry.add(export("raw", Arc::clone(&raw))).unwrap();
+    let raw_export = export("raw", Arc::clone(&raw));
+    let raw_stats = Arc::clone(&raw_export.stats);
+    registry.add(raw_export).unwrap();
     registry
         .add(export(
             "luks",
@@ -43,6 +46,7 @@ fn fixture_with(io_timeout: Duration) -> Fixture {
     Fixture {
         _dir: dir,
         raw,
+        raw_stats,
         server,
     }
 }
@@ -258,6 +262,39 @@ fn a_write_cut_off_mid_payload_changes_nothing() {
     let mut after = vec![0u8; 64 << 10];
     f.raw.read_at(&mut after, 0).unwrap();
     assert!(after == before);
+    // The unanswered request is no longer counted as in flight (the metrics gauge).
+    assert_eq!(f.raw_stats.in_flight(), 0);
+}
+
+#[test]
+fn a_client_that_closes_its_side_after_a_burst_gets_every_reply() {
+    // More requests than the connection takes at once, all sent before any reply is read,
+    // then shutdown(SHUT_WR) (what `nc -N` does): the requests already sent are still served
+    // and answered. Small enough (300 x 540 bytes) to sit in the socket buffers.
+    const WRITES: u64 = 300;
+    const LEN: usize = 512;
+    let f = fixture();
+    let (mut client, _, _) = RawClient::open(f.server.socket_path(), "raw", false);
+    for i in 0..WRITES {
+        client.send_request(CMD_WRITE, 0, i, i * LEN as u64, LEN as u32);
+        client.stream.write_all(&pattern(LEN, 1000 + i)).unwrap();
+    }
+    client.stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answered = std::collections::HashSet::new();
+    for _ in 0..WRITES {
+        let (error, cookie, _) = client.read_simple_reply(0);
+        assert_eq!(error, 0, "write {cookie} failed");
+        answered.insert(cookie);
+    }
+    assert_eq!(answered.len() as u64, WRITES);
+    assert!(client.is_closed_by_server());
+    for i in 0..WRITES {
+        let mut data = vec![0u8; LEN];
+        f.raw.read_at(&mut data, i * LEN as u64).unwrap();
+        assert!(data == pattern(LEN, 1000 + i), "block {i}");
+    }
+    wait_for_no_connections(&f.server, "raw");
+    assert_eq!(f.raw_stats.in_flight(), 0);
 }
 
 #[test]

@@ -34,6 +34,15 @@ impl Stream {
         }
     }
 
+    /// Switches the socket between blocking and non-blocking mode (for an event loop that
+    /// polls it). The socket's setting, so it holds for every clone.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_nonblocking(nonblocking),
+            Stream::Tcp(s) => s.set_nonblocking(nonblocking),
+        }
+    }
+
     /// Ends the connection in `how` direction(s). Errors (already closed) do not matter to any
     /// caller, which only wants the peer or a blocked reader to notice.
     pub fn shutdown(&self, how: Shutdown) {
@@ -112,5 +121,14 @@ impl Write for Stream {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+impl std::os::fd::AsRawFd for Stream {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Tcp(s) => s.as_raw_fd(),
+        }
     }
 }

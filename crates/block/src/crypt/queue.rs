@@ -4,7 +4,10 @@
 //!   place when it completes: with O_DIRECT that is one DMA plus one pass of decryption.
 //! - A write is encrypted from the caller's buffers into a pooled bounce buffer (never in
 //!   place: the caller's data must not change), which is then submitted.
-//! - Large runs are split across the crypto pool (`CryptoPool::crypt_raw`).
+//! - Crypto runs per batch, spread over the crypto pool (`CryptoPool::crypt_raw_batch`): the
+//!   writes pushed since the last submit are encrypted together at `submit`, the reads that
+//!   completed together are decrypted together in `drain`. So a queue of 64 KiB requests uses
+//!   every core even though one thread drives it, while a lone 4 KiB request stays on it.
 //! - What the fast path cannot do — requests not aligned to the encryption sector (read-
 //!   modify-write of the edge sectors, serialised per sector), buffers whose segments split a
 //!   sector, write-zeroes — runs on the volume's synchronous path on the I/O thread pool
@@ -13,12 +16,12 @@
 
 use super::{crypto_error, CryptCore};
 use crate::aio::{
-    iov_len, open_queue, Completion, IoOp, IoQueue, IoRequest, IoVec, Notifier, QueueFull,
-    QueueOptions, SyncQueue,
+    open_queue, Completion, IoOp, IoQueue, IoRequest, IoVec, Notifier, QueueFull, QueueOptions,
+    SyncQueue,
 };
 use crate::device::check_range;
 use crate::{AlignedBuf, BlockDevice, BlockError};
-use cryptblk_crypto::Direction;
+use cryptblk_crypto::{CryptoError, Direction, RawRun};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
@@ -27,9 +30,12 @@ use std::sync::Arc;
 struct Slot {
     tag: u64,
     op: Option<IoOp>,
-    /// Payload offset of a read (for its IVs).
+    /// Payload offset (for the IVs).
     offset: u64,
-    /// A read's buffers, decrypted in place when it completes.
+    len: u64,
+    fua: bool,
+    /// A read's buffers (decrypted in place when it completes), a write's plaintext (until
+    /// it is encrypted at submit).
     iov: Vec<IoVec>,
     /// A write's ciphertext.
     bounce: Option<AlignedBuf>,
@@ -39,13 +45,22 @@ pub(crate) struct CryptQueue {
     core: Arc<CryptCore>,
     inner: Box<dyn IoQueue>,
     fallback: SyncQueue,
-    /// Signals the shared eventfd for requests finished at push.
+    /// Signals the shared eventfd for requests finished at push or submit.
     signal: Notifier,
     slots: Vec<Slot>,
     free: Vec<u32>,
     ready: Vec<Completion>,
     capacity: usize,
     in_flight: usize,
+    /// Writes pushed since the last submit, to encrypt together.
+    to_encrypt: Vec<u32>,
+    /// Scratch lists for a batch of crypto (kept: no allocation per batch).
+    runs: Vec<RawRun>,
+    run_slot: Vec<u32>,
+    results: Vec<Result<(), CryptoError>>,
+    /// The first crypto error of each slot in the current batch.
+    slot_errors: Vec<Option<CryptoError>>,
+    completed: Vec<(u32, Result<(), BlockError>)>,
 }
 
 impl CryptQueue {
@@ -69,6 +84,12 @@ impl CryptQueue {
             ready: Vec::new(),
             capacity,
             in_flight: 0,
+            to_encrypt: Vec::new(),
+            runs: Vec::new(),
+            run_slot: Vec::new(),
+            results: Vec::new(),
+            slot_errors: (0..capacity).map(|_| None).collect(),
+            completed: Vec::new(),
         })
     }
 
@@ -85,38 +106,6 @@ impl CryptQueue {
         req.offset.is_multiple_of(ss) && req.iov.iter().all(|v| (v.len() as u64).is_multiple_of(ss))
     }
 
-    /// Encrypts the request's buffers into `bounce`.
-    ///
-    /// # Safety
-    /// The buffers are readable for their lengths.
-    unsafe fn encrypt_into(
-        &self,
-        offset: u64,
-        iov: &[IoVec],
-        bounce: &mut AlignedBuf,
-    ) -> Result<(), BlockError> {
-        let core = &*self.core;
-        let mut pos = 0usize;
-        for v in iov {
-            let off = offset + pos as u64;
-            // SAFETY: the segment is readable (caller), the bounce range `pos..pos + len` is
-            // ours and inside it (the bounce holds the whole request), and they are disjoint.
-            unsafe {
-                core.pool.crypt_raw(
-                    &core.cipher,
-                    Direction::Encrypt,
-                    core.iv_sector(off),
-                    v.base(),
-                    bounce.as_mut_ptr().add(pos),
-                    v.len(),
-                )
-            }
-            .map_err(|e| crypto_error(Direction::Encrypt, off, e))?;
-            pos += v.len();
-        }
-        Ok(())
-    }
-
     /// Hands a request to the synchronous path.
     ///
     /// # Safety
@@ -127,31 +116,107 @@ impl CryptQueue {
         self.in_flight += 1;
         Ok(())
     }
-}
 
-/// Decrypts a completed read in place.
-///
-/// # Safety
-/// The buffers are readable and writable for their lengths.
-unsafe fn decrypt_in_place(core: &CryptCore, offset: u64, iov: &[IoVec]) -> Result<(), BlockError> {
-    let mut pos = 0u64;
-    for v in iov {
-        let off = offset + pos;
-        // SAFETY: in place on a segment the caller vouched for.
-        unsafe {
-            core.pool.crypt_raw(
-                &core.cipher,
-                Direction::Decrypt,
-                core.iv_sector(off),
-                v.base(),
-                v.base(),
-                v.len(),
-            )
+    /// Moves the batch's crypto errors to their slots (`slot_errors`).
+    fn collect_errors(&mut self) {
+        for (&slot, result) in self.run_slot.iter().zip(self.results.drain(..)) {
+            if let (Err(e), Some(err)) = (result, self.slot_errors.get_mut(slot as usize)) {
+                err.get_or_insert(e);
+            }
         }
-        .map_err(|e| crypto_error(Direction::Decrypt, off, e))?;
-        pos += v.len() as u64;
     }
-    Ok(())
+
+    /// Gives a slot back (its bounce buffer to the pool).
+    fn release(&mut self, index: u32) {
+        let slot = &mut self.slots[index as usize];
+        slot.op = None;
+        slot.iov.clear();
+        if let Some(buf) = slot.bounce.take() {
+            self.core.bounce.put_back(buf);
+        }
+        self.free.push(index);
+    }
+
+    /// Encrypts every write pushed since the last submit, as one batch over the crypto pool,
+    /// and passes them to the backend's queue.
+    fn encrypt_pending(&mut self) {
+        if self.to_encrypt.is_empty() {
+            return;
+        }
+        let core = self.core.clone();
+        self.runs.clear();
+        self.run_slot.clear();
+        for &index in &self.to_encrypt {
+            let slot = &mut self.slots[index as usize];
+            let Some(bounce) = slot.bounce.as_mut() else {
+                continue;
+            };
+            let mut pos = 0usize;
+            for v in &slot.iov {
+                self.runs.push(RawRun {
+                    first_sector: core.iv_sector(slot.offset + pos as u64),
+                    src: v.base(),
+                    dst: bounce.as_mut_ptr().wrapping_add(pos),
+                    len: v.len(),
+                });
+                self.run_slot.push(index);
+                pos += v.len();
+            }
+        }
+        // SAFETY: each run reads a segment of a pushed write (readable until its completion
+        // is handed out, per `push`'s contract) and writes the slot's own bounce buffer, at
+        // the segment's position inside the request (the bounce holds the whole request);
+        // bounce buffers of different slots are different allocations.
+        unsafe {
+            core.pool.crypt_raw_batch(
+                &core.cipher,
+                Direction::Encrypt,
+                &self.runs,
+                &mut self.results,
+            )
+        };
+        self.collect_errors();
+        let to_encrypt = std::mem::take(&mut self.to_encrypt);
+        for &index in &to_encrypt {
+            let failed = self.slot_errors[index as usize].take();
+            let slot = &self.slots[index as usize];
+            if let Some(e) = failed {
+                let tag = slot.tag;
+                let off = slot.offset;
+                self.release(index);
+                self.in_flight -= 1;
+                self.finish_now(tag, Err(crypto_error(Direction::Encrypt, off, e)));
+                continue;
+            }
+            let one = slot
+                .bounce
+                .as_ref()
+                .map(|b| [IoVec::from_raw(b.as_ptr().cast_mut(), slot.len as usize)]);
+            let Some(one) = one else { continue };
+            let req = IoRequest::write(
+                core.layout.data_offset + slot.offset,
+                &one,
+                slot.fua,
+                u64::from(index),
+            );
+            // SAFETY: the ciphertext lives in the slot's bounce buffer until the completion
+            // is drained. The backend queue has room: it is as deep as this one.
+            if unsafe { self.inner.push(&req) }.is_err() {
+                let tag = slot.tag;
+                self.release(index);
+                self.in_flight -= 1;
+                self.finish_now(
+                    tag,
+                    Err(BlockError::new(
+                        crate::BlockErrorKind::Io,
+                        "the backend's I/O queue is full",
+                    )),
+                );
+            }
+        }
+        self.to_encrypt = to_encrypt;
+        self.to_encrypt.clear();
+    }
 }
 
 impl IoQueue for CryptQueue {
@@ -186,9 +251,7 @@ impl IoQueue for CryptQueue {
             }
         }
         let data_offset = core.layout.data_offset;
-        let inner_req;
-        let mut bounce = None;
-        match req.op {
+        let inner_req = match req.op {
             IoOp::Read | IoOp::Write if !self.sector_aligned(req) => {
                 // SAFETY: forwarded.
                 return unsafe { self.push_fallback(req) };
@@ -197,19 +260,10 @@ impl IoQueue for CryptQueue {
                 // SAFETY: forwarded (no buffers).
                 return unsafe { self.push_fallback(req) };
             }
-            IoOp::Read => inner_req = IoRequest::read(data_offset + req.offset, req.iov, 0),
-            IoOp::Write => {
-                let mut buf = core.bounce.take_owned(req.len as usize);
-                // SAFETY: the request's buffers are readable (this function's contract).
-                if let Err(e) = unsafe { self.encrypt_into(req.offset, req.iov, &mut buf) } {
-                    self.core.bounce.put_back(buf);
-                    self.finish_now(req.tag, Err(e));
-                    return Ok(());
-                }
-                bounce = Some(buf);
-                inner_req = IoRequest::write(data_offset + req.offset, &[], req.fua, 0);
-            }
-            IoOp::Flush => inner_req = IoRequest::flush(0),
+            IoOp::Read => Some(IoRequest::read(data_offset + req.offset, req.iov, 0)),
+            // Encrypted (with the others of the batch) and passed on at submit.
+            IoOp::Write => None,
+            IoOp::Flush => Some(IoRequest::flush(0)),
             IoOp::Discard => {
                 // Only whole sectors: discarding a partial one would destroy its neighbours.
                 let ss = core.sector;
@@ -219,101 +273,125 @@ impl IoQueue for CryptQueue {
                     self.finish_now(req.tag, Ok(()));
                     return Ok(());
                 }
-                inner_req = IoRequest::range(IoOp::Discard, data_offset + start, end - start, 0);
+                Some(IoRequest::range(
+                    IoOp::Discard,
+                    data_offset + start,
+                    end - start,
+                    0,
+                ))
             }
-        }
+        };
         let Some(index) = self.free.pop() else {
-            if let Some(buf) = bounce {
-                self.core.bounce.put_back(buf);
-            }
             return Err(QueueFull(self.in_flight));
         };
+        let bounce = (req.op == IoOp::Write).then(|| core.bounce.take_owned(req.len as usize));
         let slot = &mut self.slots[index as usize];
         slot.tag = req.tag;
         slot.op = Some(req.op);
         slot.offset = req.offset;
+        slot.len = req.len;
+        slot.fua = req.fua;
         slot.iov.clear();
-        if req.op == IoOp::Read {
-            slot.iov.extend_from_slice(req.iov);
-        }
+        slot.iov.extend_from_slice(req.iov);
         slot.bounce = bounce;
-        let one;
-        let mut inner_req = IoRequest {
+        let Some(inner_req) = inner_req else {
+            self.to_encrypt.push(index);
+            self.in_flight += 1;
+            return Ok(());
+        };
+        let inner_req = IoRequest {
             tag: u64::from(index),
             ..inner_req
         };
-        if let Some(buf) = slot.bounce.as_mut() {
-            one = [IoVec::from_raw(buf.as_mut_ptr(), req.len as usize)];
-            inner_req.iov = &one;
-            inner_req.len = iov_len(&one);
-        }
-        // SAFETY: reads go into the caller's buffers, valid as this function was promised;
-        // writes come from the slot's bounce buffer, kept until the completion is drained.
+        // SAFETY: reads go into the caller's buffers, valid as this function was promised.
         match unsafe { self.inner.push(&inner_req) } {
             Ok(()) => {
                 self.in_flight += 1;
                 Ok(())
             }
             Err(full) => {
-                let slot = &mut self.slots[index as usize];
-                slot.op = None;
-                if let Some(buf) = slot.bounce.take() {
-                    self.core.bounce.put_back(buf);
-                }
-                self.free.push(index);
+                self.release(index);
                 Err(full)
             }
         }
     }
 
     fn submit(&mut self) -> Result<(), BlockError> {
+        self.encrypt_pending();
         self.fallback.submit()?;
         self.inner.submit()
     }
 
     fn drain(&mut self, out: &mut dyn FnMut(Completion)) {
         self.signal.clear();
-        let CryptQueue {
-            core,
-            inner,
-            fallback,
-            slots,
-            free,
-            ready,
-            in_flight,
-            ..
-        } = self;
-        inner.drain(&mut |c| {
-            let Ok(index) = u32::try_from(c.tag) else {
-                return;
-            };
-            let Some(slot) = slots.get_mut(index as usize) else {
-                return;
-            };
-            let Some(op) = slot.op.take() else { return };
-            let mut result = c.result;
-            if op == IoOp::Read && result.is_ok() {
-                // SAFETY: the read's buffers are valid until its completion is handed out,
-                // which happens just below.
-                result = unsafe { decrypt_in_place(core, slot.offset, &slot.iov) };
+        let mut completed = std::mem::take(&mut self.completed);
+        completed.clear();
+        self.inner.drain(&mut |c| {
+            if let Ok(index) = u32::try_from(c.tag) {
+                completed.push((index, c.result));
             }
-            if let Some(buf) = slot.bounce.take() {
-                core.bounce.put_back(buf);
-            }
-            slot.iov.clear();
-            free.push(index);
-            *in_flight -= 1;
-            out(Completion {
-                tag: slot.tag,
-                result,
-            });
         });
-        fallback.drain(&mut |c| {
+        // Every read that completed is decrypted in place, as one batch over the pool.
+        let core = self.core.clone();
+        self.runs.clear();
+        self.run_slot.clear();
+        for (index, result) in &completed {
+            let Some(slot) = self.slots.get(*index as usize) else {
+                continue;
+            };
+            if slot.op != Some(IoOp::Read) || result.is_err() {
+                continue;
+            }
+            let mut pos = 0u64;
+            for v in &slot.iov {
+                self.runs.push(RawRun {
+                    first_sector: core.iv_sector(slot.offset + pos),
+                    src: v.base(),
+                    dst: v.base(),
+                    len: v.len(),
+                });
+                self.run_slot.push(*index);
+                pos += v.len() as u64;
+            }
+        }
+        if !self.runs.is_empty() {
+            // SAFETY: each run is a segment of a completed read, in place: the buffers are
+            // valid until its completion is handed out, just below.
+            unsafe {
+                core.pool.crypt_raw_batch(
+                    &core.cipher,
+                    Direction::Decrypt,
+                    &self.runs,
+                    &mut self.results,
+                )
+            };
+            self.collect_errors();
+        }
+        for (index, mut result) in completed.drain(..) {
+            let Some(slot) = self.slots.get(index as usize) else {
+                continue;
+            };
+            if slot.op.is_none() {
+                continue;
+            }
+            if let Some(e) = self.slot_errors[index as usize].take() {
+                if result.is_ok() {
+                    result = Err(crypto_error(Direction::Decrypt, slot.offset, e));
+                }
+            }
+            let tag = slot.tag;
+            self.release(index);
+            self.in_flight -= 1;
+            out(Completion { tag, result });
+        }
+        self.completed = completed;
+        let in_flight = &mut self.in_flight;
+        self.fallback.drain(&mut |c| {
             *in_flight -= 1;
             out(c);
         });
-        for c in ready.drain(..) {
-            *in_flight -= 1;
+        for c in self.ready.drain(..) {
+            self.in_flight -= 1;
             out(c);
         }
     }

@@ -26,7 +26,6 @@ use cryptblk_block::{BlockError, BlockErrorKind, IoKind};
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 /// Tunables of the transmission phase.
@@ -234,12 +233,6 @@ fn read_request_header(reader: &mut impl Read) -> Result<Option<RequestHeader>, 
     parse_request_header(&bytes)
         .map(Some)
         .map_err(|e| Error::Protocol(e.to_string()))
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Serves a negotiated connection until the client disconnects, the connection fails, or it is

@@ -1,262 +1,156 @@
-//! Plain connections: requests go through an asynchronous I/O queue of the export's device.
+//! Plain connections: one thread per connection running an event loop over a non-blocking
+//! socket and an asynchronous I/O queue of the export's device.
 //!
-//! The connection thread reads requests, pushes them into the queue (READ into a pooled
-//! aligned buffer that becomes the reply's data, WRITE from a pooled buffer the payload was
-//! read into) and submits each burst — everything the read buffer holds — with one system
-//! call. A completion thread sleeps on the queue's eventfd, collects finished requests and
-//! sends their replies, several in one `writev`. The queue sits behind a mutex the two
-//! threads take briefly (push/submit, drain); socket writes are serialised by another.
-//! BLOCK_STATUS (a metadata lookup) and refusals are answered by the connection thread.
+//! The loop parses every complete request its read buffer holds and pushes it into the queue
+//! (READ into a pooled aligned buffer that becomes the reply's data, WRITE from a pooled
+//! buffer the payload was copied or read into), submits the burst with one system call,
+//! collects what completed, and writes the queued replies with `writev` as far as the socket
+//! takes them; then it sleeps in `poll` on the socket and the queue's eventfd. Nothing is
+//! shared between threads, so nothing is locked, and no request costs a thread wake-up. A
+//! client that does not read its replies cannot block the loop: unsent replies wait in a
+//! queue and the loop stops reading new requests while the queue or the in-flight budget is
+//! full. NBD replies carry the request's cookie, so they may go out in any order.
 //!
 //! Back-pressure: at most `queue_depth` requests and `max_in_flight_bytes` payload bytes are
-//! in flight; the connection thread submits what it pushed and then waits for completions.
+//! in flight (from parsing to the end of their reply). A client silent in the middle of a
+//! request, or not taking replies, for `io_timeout` is disconnected.
 
 use super::reply::{
     block_status, read_reply_header, refuse_oversized_write, reply_status, ReplyBuffer,
     READ_REPLY_HEADER_MAX,
 };
-use super::{
-    check_request, errno_of, io_kind, lock, read_request_header, ConnectionConfig, Session,
-};
+use super::{check_request, errno_of, io_kind, ConnectionConfig, Session};
 use crate::protocol::*;
 use crate::socket::Socket;
 use crate::Error;
 use cryptblk_block::aio::{open_queue, Completion, IoOp, IoQueue, IoRequest, IoVec, QueueOptions};
-use cryptblk_block::{AlignedBuf, IoKind};
-use std::io::{self, BufRead, BufReader, IoSlice, Read, Write};
-use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex};
+use cryptblk_block::{AlignedBuf, BlockError};
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Read, Write};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-/// Reader buffer: large enough to take a burst of queued 4 KiB writes in one `read`.
+/// Read buffer: large enough to take a burst of queued 4 KiB writes in one `read`.
 const READ_BUFFER_LEN: usize = 256 << 10;
 /// Pooled buffers above this size are freed instead of kept, so one 32 MiB request does not
 /// pin 32 MiB for the rest of the connection.
 const MAX_POOLED_BUFFER: usize = 1 << 20;
 /// What an idle connection keeps in pooled buffers at most.
 const MAX_POOLED_BYTES: usize = 8 << 20;
-/// Replies sent per `writev` at most (two iovecs each; IOV_MAX is 1024).
+/// Replies written per `writev` at most (two iovecs each; IOV_MAX is 1024).
 const REPLIES_PER_WRITE: usize = 256;
 
-/// A request between push and reply.
+/// A request between parsing and the end of its reply.
 struct Job {
     request: RequestHeader,
     started: Instant,
     /// READ: the data read; WRITE: the payload.
     buf: Option<AlignedBuf>,
-    budget_bytes: u64,
     /// TRIM / WRITE_ZEROES with FUA: a flush follows before the reply.
     flush_after: bool,
 }
 
-/// What the two threads share under the queue mutex.
-struct IoSide {
-    queue: Box<dyn IoQueue>,
-    /// Jobs in flight by tag.
-    jobs: Vec<Option<Job>>,
-    free: Vec<u32>,
-    /// Pushed but not yet submitted.
-    unsubmitted: bool,
+/// A reply waiting for the socket.
+struct Reply {
+    /// The whole reply when short (a status, a READ's header), else the start of it.
+    header: [u8; READ_REPLY_HEADER_MAX],
+    header_len: usize,
+    /// A long reply's bytes (BLOCK_STATUS), sent instead of `header`.
+    long: Vec<u8>,
+    /// READ data sent after the header (the job's buffer).
+    job: Job,
+    with_data: bool,
+    /// Bytes already written.
+    sent: usize,
+    ok: bool,
 }
 
-/// Requests and payload bytes in flight.
-#[derive(Default)]
-struct Budget {
-    requests: usize,
-    bytes: u64,
-}
+impl Reply {
+    fn head(&self) -> &[u8] {
+        if self.long.is_empty() {
+            &self.header[..self.header_len]
+        } else {
+            &self.long
+        }
+    }
 
-struct Pipeline<'s, 'e> {
-    session: &'s Session<'e>,
-    socket: &'s Socket,
-    io: Mutex<IoSide>,
-    /// Serialises writes to the socket.
-    writer: Mutex<()>,
-    budget: Mutex<Budget>,
-    freed: Condvar,
-    max_requests: usize,
-    max_bytes: u64,
-    buffers: BufferPool,
-    /// Replies can no longer be delivered; the reader stops.
-    broken: AtomicBool,
-    /// The reader has stopped taking requests: the completion thread ends once every
-    /// request in flight is answered.
-    reader_done: AtomicBool,
-    /// A second handle on the queue's eventfd: the completion thread sleeps on it, the
-    /// reader pokes it when it stops.
-    wake: cryptblk_block::aio::Notifier,
+    fn data(&self) -> &[u8] {
+        match (&self.job.buf, self.with_data) {
+            (Some(buf), true) => &buf[..self.job.request.length as usize],
+            _ => &[],
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.head().len() + self.data().len()
+    }
 }
 
 /// Aligned buffers for READ data and WRITE payloads, reused across requests.
 #[derive(Default)]
 struct BufferPool {
-    idle: Mutex<(Vec<AlignedBuf>, usize)>,
+    idle: Vec<AlignedBuf>,
+    bytes: usize,
 }
 
 impl BufferPool {
     /// A buffer of at least `len` bytes (contents unspecified).
-    fn take(&self, len: usize) -> AlignedBuf {
-        let mut idle = lock(&self.idle);
-        if let Some(i) = idle.0.iter().position(|b| b.len() >= len) {
-            let buf = idle.0.swap_remove(i);
-            idle.1 -= buf.len();
+    fn take(&mut self, len: usize) -> AlignedBuf {
+        if let Some(i) = self.idle.iter().position(|b| b.len() >= len) {
+            let buf = self.idle.swap_remove(i);
+            self.bytes -= buf.len();
             return buf;
         }
-        drop(idle);
         // Whole 4 KiB units, so a buffer serves the next request of a similar size.
         AlignedBuf::zeroed(len.max(1).next_multiple_of(4096))
     }
 
-    fn put(&self, buf: AlignedBuf) {
-        let mut idle = lock(&self.idle);
-        if buf.len() <= MAX_POOLED_BUFFER && idle.1 + buf.len() <= MAX_POOLED_BYTES {
-            idle.1 += buf.len();
-            idle.0.push(buf);
+    fn put(&mut self, buf: AlignedBuf) {
+        if buf.len() <= MAX_POOLED_BUFFER && self.bytes + buf.len() <= MAX_POOLED_BYTES {
+            self.bytes += buf.len();
+            self.idle.push(buf);
         }
     }
 }
 
-/// Writes all of `slices`, continuing after short writes.
-fn write_all_vectored(mut out: &Socket, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
-    IoSlice::advance_slices(&mut slices, 0);
-    while !slices.is_empty() {
-        match out.write_vectored(slices) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+/// A WRITE whose payload is still arriving.
+struct PartialWrite {
+    job: Job,
+    filled: usize,
 }
 
-impl Pipeline<'_, '_> {
-    fn send(&self, slices: &mut [IoSlice<'_>]) {
-        if self.broken.load(Ordering::Relaxed) {
-            return;
-        }
-        let _writer = lock(&self.writer);
-        if let Err(e) = write_all_vectored(self.socket, slices) {
-            tracing::debug!(export = %self.session.export.name, "cannot send reply: {e}");
-            self.broken.store(true, Ordering::Relaxed);
-            // Wake the reader so the connection winds down.
-            self.socket.shutdown(Shutdown::Read);
-        }
-    }
-
-    fn send_one(&self, reply: &[u8]) {
-        self.send(&mut [IoSlice::new(reply)]);
-    }
-
-    /// Sends what was pushed to the device.
-    fn submit(&self, io: &mut IoSide) {
-        if !io.unsubmitted {
-            return;
-        }
-        io.unsubmitted = false;
-        if let Err(e) = io.queue.submit() {
-            tracing::error!(export = %self.session.export.name, "submitting I/O: {e}");
-        }
-    }
-
-    /// Waits until one more request of `bytes` payload fits in the budget. Submits first,
-    /// so that what the reader pushed can complete and free the budget.
-    fn acquire(&self, bytes: u64) {
-        let mut budget = lock(&self.budget);
-        let fits = |b: &Budget| {
-            b.requests < self.max_requests && (b.bytes == 0 || b.bytes + bytes <= self.max_bytes)
-        };
-        if !fits(&budget) {
-            drop(budget);
-            self.submit(&mut lock(&self.io));
-            budget = lock(&self.budget);
-            while !fits(&budget) {
-                budget = self
-                    .freed
-                    .wait(budget)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-            }
-        }
-        budget.requests += 1;
-        budget.bytes += bytes;
-    }
-
-    fn release(&self, requests: usize, bytes: u64) {
-        let mut budget = lock(&self.budget);
-        budget.requests -= requests;
-        budget.bytes -= bytes;
-        self.freed.notify_one();
-    }
-
-    /// Pushes a job's I/O; on a refusal by the queue (never expected: the budget keeps it
-    /// below capacity) answers it with EIO.
-    fn push(&self, job: Job, op: IoOp) {
-        let mut io = lock(&self.io);
-        let Some(tag) = io.free.pop() else {
-            drop(io);
-            self.fail_now(job, NbdErrno::Io);
-            return;
-        };
-        let request = job.request;
-        let mut iov = [IoVec::from_raw(std::ptr::null_mut(), 0)];
-        let mut job = job;
-        let req = match op {
-            IoOp::Read | IoOp::Write => {
-                let buf = job
-                    .buf
-                    .as_mut()
-                    .map_or(std::ptr::null_mut(), |b| b.as_mut_ptr());
-                iov[0] = IoVec::from_raw(buf, request.length as usize);
-                let fua = request.flags & CMD_FLAG_FUA != 0;
-                if op == IoOp::Read {
-                    IoRequest::read(request.offset, &iov, u64::from(tag))
-                } else {
-                    IoRequest::write(request.offset, &iov, fua, u64::from(tag))
-                }
-            }
-            IoOp::Flush => IoRequest::flush(u64::from(tag)),
-            IoOp::Discard | IoOp::WriteZeroes => IoRequest::range(
-                op,
-                request.offset,
-                u64::from(request.length),
-                u64::from(tag),
-            ),
-        };
-        // SAFETY: the buffer belongs to the job, which is parked in `jobs` (and not touched)
-        // until its completion has been drained.
-        let pushed = unsafe { io.queue.push(&req) };
-        if pushed.is_err() {
-            io.free.push(tag);
-            drop(io);
-            self.fail_now(job, NbdErrno::Io);
-            return;
-        }
-        io.jobs[tag as usize] = Some(job);
-        io.unsubmitted = true;
-    }
-
-    /// Answers a job that never reached the device.
-    fn fail_now(&self, job: Job, errno: NbdErrno) {
-        let mut reply = ReplyBuffer::default();
-        reply_status(self.session, &job.request, Err(errno), &mut reply);
-        self.send_one(reply.bytes());
-        self.finish_job(job, false);
-    }
-
-    /// Records a finished job and gives back its buffer and budget.
-    fn finish_job(&self, job: Job, ok: bool) {
-        self.session.export.stats.complete(
-            io_kind(job.request.command),
-            u64::from(job.request.length),
-            job.started,
-            ok,
-        );
-        if let Some(buf) = job.buf {
-            self.buffers.put(buf);
-        }
-        self.release(1, job.budget_bytes);
-    }
+struct Connection<'s, 'e> {
+    session: &'s Session<'e>,
+    socket: &'s Socket,
+    config: &'s ConnectionConfig,
+    queue: Box<dyn IoQueue>,
+    /// Jobs in the queue, by tag.
+    jobs: Vec<Option<Job>>,
+    free: Vec<u32>,
+    /// Pushed and not yet submitted.
+    unsubmitted: bool,
+    rbuf: Box<[u8]>,
+    /// Unparsed bytes are `rbuf[start..end]`.
+    start: usize,
+    end: usize,
+    partial: Option<PartialWrite>,
+    replies: VecDeque<Reply>,
+    /// Requests and payload bytes from parsing to the end of their reply.
+    requests: usize,
+    bytes: u64,
+    max_requests: usize,
+    buffers: BufferPool,
+    completions: Vec<Completion>,
+    /// The client sent DISC: no more requests.
+    eof: bool,
+    /// The client closed its side: the requests already read are still served.
+    peer_closed: bool,
+    /// A protocol error ends the connection once what was accepted is answered.
+    error: Option<Error>,
+    /// When the connection last moved (bytes in or out); a client stuck mid-request or not
+    /// taking replies for `io_timeout` is cut off.
+    last_progress: Instant,
 }
 
 /// Serves a plain connection until the client disconnects, the connection fails, or it is
@@ -269,113 +163,226 @@ pub(super) fn serve(
     let depth = config.queue_depth.max(1);
     let queue = open_queue(&session.export.device, &QueueOptions { depth })
         .map_err(|e| Error::Protocol(format!("opening the export's I/O queue: {e}")))?;
-    let notifier = queue.notifier();
-    let wake = cryptblk_block::aio::Notifier::dup_of(notifier)?;
     let capacity = queue.capacity();
-    let pipeline = Pipeline {
+    socket.set_nonblocking(true)?;
+    let mut conn = Connection {
         session,
         socket,
-        io: Mutex::new(IoSide {
-            queue,
-            jobs: (0..capacity).map(|_| None).collect(),
-            free: (0..capacity as u32).rev().collect(),
-            unsubmitted: false,
-        }),
-        writer: Mutex::new(()),
-        budget: Mutex::new(Budget::default()),
-        freed: Condvar::new(),
+        config,
+        queue,
+        jobs: (0..capacity).map(|_| None).collect(),
+        free: (0..capacity as u32).rev().collect(),
+        unsubmitted: false,
+        rbuf: vec![0u8; READ_BUFFER_LEN].into_boxed_slice(),
+        start: 0,
+        end: 0,
+        partial: None,
+        replies: VecDeque::new(),
+        requests: 0,
+        bytes: 0,
         max_requests: capacity,
-        max_bytes: config.max_in_flight_bytes,
         buffers: BufferPool::default(),
-        broken: AtomicBool::new(false),
-        reader_done: AtomicBool::new(false),
-        wake,
+        completions: Vec::new(),
+        eof: false,
+        peer_closed: false,
+        error: None,
+        last_progress: Instant::now(),
     };
-    std::thread::scope(|scope| {
-        let completer = std::thread::Builder::new()
-            .name("nbd-completions".into())
-            .spawn_scoped(scope, || complete_requests(&pipeline))?;
-        let result = read_requests(&pipeline, socket);
-        // Everything pushed goes out; the completion thread answers it and then ends.
-        pipeline.submit(&mut lock(&pipeline.io));
-        pipeline.reader_done.store(true, Ordering::SeqCst);
-        pipeline.wake.notify();
-        let _ = completer.join();
-        result
-    })
+    let result = conn.run();
+    // Whatever happened, nothing the kernel still holds may outlive its buffers: dropping the
+    // queue waits for it; the jobs (and their buffers) go after, each counted as a request
+    // that failed (its client got no reply).
+    let Connection {
+        queue,
+        jobs,
+        partial,
+        replies,
+        ..
+    } = conn;
+    drop(queue);
+    let unanswered = jobs
+        .into_iter()
+        .flatten()
+        .chain(partial.map(|p| p.job))
+        .chain(replies.into_iter().map(|r| r.job));
+    for job in unanswered {
+        let request = job.request;
+        let stats = &session.export.stats;
+        stats.complete(
+            io_kind(request.command),
+            u64::from(request.length),
+            job.started,
+            false,
+        );
+    }
+    let _ = socket.set_nonblocking(false);
+    result
 }
 
-fn read_requests(pipeline: &Pipeline<'_, '_>, socket: &Socket) -> Result<(), Error> {
-    let session = pipeline.session;
-    let stats = &session.export.stats;
-    let mut reader = BufReader::with_capacity(READ_BUFFER_LEN, socket);
-    let mut reply = ReplyBuffer::default();
-    loop {
-        if pipeline.broken.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        // A burst ends when the read buffer holds no further request: send it to the device
-        // before blocking for more.
-        if reader.buffer().is_empty() {
-            pipeline.submit(&mut lock(&pipeline.io));
-        }
-        let request = match read_request_header(&mut reader)? {
-            Some(request) if request.command != CMD_DISC => request,
-            _ => return Ok(()),
-        };
-        let started = stats.begin();
-        if request.command == CMD_WRITE && request.length > MAX_PAYLOAD {
-            let error = refuse_oversized_write(session, &request, &mut reply);
-            pipeline.send_one(reply.bytes());
-            stats.complete(IoKind::Write, 0, started, false);
-            return Err(error);
-        }
-        let op = match request.command {
-            CMD_READ => Some(IoOp::Read),
-            CMD_WRITE => Some(IoOp::Write),
-            CMD_FLUSH => Some(IoOp::Flush),
-            CMD_TRIM => Some(IoOp::Discard),
-            CMD_WRITE_ZEROES => Some(IoOp::WriteZeroes),
-            _ => None,
-        };
-        let budget_bytes = match request.command {
-            CMD_READ | CMD_WRITE => u64::from(request.length),
-            _ => 0,
-        };
-        pipeline.acquire(budget_bytes);
-        let mut job = Job {
-            request,
-            started,
-            buf: None,
-            budget_bytes,
-            flush_after: matches!(request.command, CMD_TRIM | CMD_WRITE_ZEROES)
-                && request.flags & CMD_FLAG_FUA != 0,
-        };
-        if request.command == CMD_WRITE {
-            let mut buf = pipeline.buffers.take(request.length as usize);
-            if let Err(e) = read_payload(&mut reader, &mut buf[..request.length as usize]) {
-                // A partial payload is never written.
-                pipeline.buffers.put(buf);
-                pipeline.release(1, budget_bytes);
-                stats.complete(IoKind::Write, 0, started, false);
-                return Err(e.into());
+impl Connection<'_, '_> {
+    fn run(&mut self) -> Result<(), Error> {
+        loop {
+            self.parse_requests();
+            if self.peer_closed && !self.eof && self.error.is_none() {
+                self.end_of_requests();
             }
-            job.buf = Some(buf);
+            self.submit();
+            self.collect();
+            self.submit();
+            self.send()?;
+            if let Some(e) = self.error.take() {
+                if self.queue.in_flight() == 0 {
+                    let _ = self.send();
+                    return Err(e);
+                }
+                self.error = Some(e);
+            }
+            let quiet = self.queue.in_flight() == 0 && self.replies.is_empty();
+            if (self.eof || self.error.is_some()) && quiet && self.partial.is_none() {
+                return Ok(());
+            }
+            // Replies sent may have made room for requests already in the read buffer.
+            if !self.next_request_fits() {
+                self.wait()?;
+            }
         }
+    }
+
+    /// After the client closed its side: once the read buffer holds no complete request,
+    /// there are no more; bytes of an incomplete one are an error.
+    fn end_of_requests(&mut self) {
+        let unparsed = self.end - self.start;
+        if self.partial.is_some() || (unparsed > 0 && unparsed < REQUEST_HEADER_LEN) {
+            self.error = Some(Error::Protocol(
+                "client closed the connection inside a request".into(),
+            ));
+        } else if unparsed == 0 {
+            self.eof = true;
+        }
+    }
+
+    /// Whether a complete request header waits in the read buffer and the budget takes it.
+    fn next_request_fits(&self) -> bool {
+        if self.eof || self.error.is_some() || self.partial.is_some() {
+            return false;
+        }
+        let Some(header) = self.rbuf.get(self.start..self.start + REQUEST_HEADER_LEN) else {
+            return false;
+        };
+        if self.start + REQUEST_HEADER_LEN > self.end {
+            return false;
+        }
+        match parse_request_header(header) {
+            Ok(r) if matches!(r.command, CMD_READ | CMD_WRITE) => {
+                !self.budget_full(u64::from(r.length))
+            }
+            // Anything else (a malformed header included) is handled by parsing.
+            _ => !self.budget_full(0),
+        }
+    }
+
+    fn budget_full(&self, bytes: u64) -> bool {
+        self.requests >= self.max_requests
+            || (self.bytes > 0 && self.bytes + bytes > self.config.max_in_flight_bytes)
+    }
+
+    /// Turns every complete request of the read buffer into queue I/O (or a reply), as far
+    /// as the budget allows.
+    fn parse_requests(&mut self) {
+        if self.error.is_some() {
+            return;
+        }
+        loop {
+            if let Some(partial) = &mut self.partial {
+                // Payload bytes already read go into the payload buffer.
+                let want = partial.job.request.length as usize - partial.filled;
+                let n = want.min(self.end - self.start);
+                if let Some(buf) = partial.job.buf.as_mut() {
+                    buf[partial.filled..partial.filled + n]
+                        .copy_from_slice(&self.rbuf[self.start..self.start + n]);
+                }
+                partial.filled += n;
+                self.start += n;
+                if partial.filled < partial.job.request.length as usize {
+                    return;
+                }
+                if let Some(partial) = self.partial.take() {
+                    self.dispatch(partial.job);
+                }
+                continue;
+            }
+            if self.eof || self.end - self.start < REQUEST_HEADER_LEN {
+                return;
+            }
+            let header = &self.rbuf[self.start..self.start + REQUEST_HEADER_LEN];
+            let request = match parse_request_header(header) {
+                Ok(request) => request,
+                Err(e) => {
+                    self.error = Some(Error::Protocol(e.to_string()));
+                    return;
+                }
+            };
+            if request.command == CMD_DISC {
+                self.start += REQUEST_HEADER_LEN;
+                self.eof = true;
+                return;
+            }
+            let payload = match request.command {
+                CMD_READ | CMD_WRITE => u64::from(request.length),
+                _ => 0,
+            };
+            if self.budget_full(payload) {
+                return;
+            }
+            self.start += REQUEST_HEADER_LEN;
+            let stats = &self.session.export.stats;
+            let started = stats.begin();
+            self.requests += 1;
+            self.bytes += payload;
+            let mut job = Job {
+                request,
+                started,
+                buf: None,
+                flush_after: matches!(request.command, CMD_TRIM | CMD_WRITE_ZEROES)
+                    && request.flags & CMD_FLAG_FUA != 0,
+            };
+            if request.command == CMD_WRITE && request.length > MAX_PAYLOAD {
+                // The payload is not read (that would let a client make the server swallow
+                // 4 GiB): the refusal is answered and the connection closed. Its budget is
+                // given back with the reply, like every other request's.
+                let mut reply = ReplyBuffer::default();
+                self.error = Some(refuse_oversized_write(self.session, &request, &mut reply));
+                self.queue_reply(job, reply.bytes().to_vec(), false);
+                return;
+            }
+            if request.command == CMD_WRITE {
+                job.buf = Some(self.buffers.take(request.length as usize));
+                self.partial = Some(PartialWrite { job, filled: 0 });
+                continue;
+            }
+            self.dispatch(job);
+        }
+    }
+
+    /// Checks a complete request and pushes its I/O (or answers it).
+    fn dispatch(&mut self, mut job: Job) {
+        let session = self.session;
+        let request = job.request;
         if let Err(errno) = check_request(session, &request) {
-            pipeline.fail_now(job, errno);
-            continue;
+            self.reply_error(job, errno);
+            return;
         }
         if matches!(request.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES) {
             session.wrote.store(true, Ordering::Relaxed);
         }
-        match op {
-            Some(IoOp::Read) => {
-                job.buf = Some(pipeline.buffers.take(request.length as usize));
-                pipeline.push(job, IoOp::Read);
-            }
-            Some(op) => pipeline.push(job, op),
-            None if request.command == CMD_BLOCK_STATUS => {
+        let op = match request.command {
+            CMD_READ => IoOp::Read,
+            CMD_WRITE => IoOp::Write,
+            CMD_FLUSH => IoOp::Flush,
+            CMD_TRIM => IoOp::Discard,
+            CMD_WRITE_ZEROES => IoOp::WriteZeroes,
+            CMD_BLOCK_STATUS => {
+                let mut reply = ReplyBuffer::default();
                 let ok = match block_status(session, &request, &mut reply) {
                     Ok(()) => true,
                     Err(e) => {
@@ -384,128 +391,326 @@ fn read_requests(pipeline: &Pipeline<'_, '_>, socket: &Socket) -> Result<(), Err
                         false
                     }
                 };
-                pipeline.send_one(reply.bytes());
-                pipeline.finish_job(job, ok);
+                self.queue_reply(job, reply.bytes().to_vec(), ok);
+                return;
             }
-            None => pipeline.fail_now(job, NbdErrno::Inval),
+            _ => {
+                self.reply_error(job, NbdErrno::Inval);
+                return;
+            }
+        };
+        if op == IoOp::Read {
+            job.buf = Some(self.buffers.take(request.length as usize));
         }
+        self.push(job, op);
     }
-}
 
-/// Fills `payload` with what the read buffer holds and the rest straight from the socket:
-/// refilling the buffer would copy the rest twice.
-fn read_payload(reader: &mut BufReader<&Socket>, payload: &mut [u8]) -> io::Result<()> {
-    let buffered = reader.buffer().len().min(payload.len());
-    payload[..buffered].copy_from_slice(&reader.buffer()[..buffered]);
-    reader.consume(buffered);
-    reader.get_mut().read_exact(&mut payload[buffered..])
-}
-
-/// A finished job and its reply header.
-struct Done {
-    job: Job,
-    header: [u8; READ_REPLY_HEADER_MAX],
-    header_len: usize,
-    ok: bool,
-}
-
-fn complete_requests(pipeline: &Pipeline<'_, '_>) {
-    let session = pipeline.session;
-    let mut finished: Vec<Completion> = Vec::new();
-    let mut done: Vec<Done> = Vec::new();
-    loop {
-        pipeline.wake.wait();
-        {
-            let mut io = lock(&pipeline.io);
-            io.queue.drain(&mut |c| finished.push(c));
-            for c in finished.drain(..) {
-                let Some(mut job) = io.jobs.get_mut(c.tag as usize).and_then(Option::take) else {
-                    continue;
-                };
-                if c.result.is_ok() && job.flush_after {
-                    // TRIM / WRITE_ZEROES with FUA: durable before the reply.
-                    job.flush_after = false;
-                    let req = IoRequest::flush(c.tag);
-                    // SAFETY: a flush carries no buffers.
-                    if unsafe { io.queue.push(&req) }.is_ok() {
-                        io.jobs[c.tag as usize] = Some(job);
-                        io.unsubmitted = true;
-                        continue;
-                    }
-                }
-                io.free.push(c.tag as u32);
-                done.push(reply_for(session, job, c.result));
-            }
-            pipeline.submit(&mut io);
-        }
-        for batch in done.chunks(REPLIES_PER_WRITE) {
-            // On the stack: sending a batch allocates nothing.
-            let mut slices = [IoSlice::new(&[]); 2 * REPLIES_PER_WRITE];
-            let mut n = 0;
-            for d in batch {
-                slices[n] = IoSlice::new(&d.header[..d.header_len]);
-                n += 1;
-                if d.ok && d.job.request.command == CMD_READ {
-                    if let Some(buf) = &d.job.buf {
-                        slices[n] = IoSlice::new(&buf[..d.job.request.length as usize]);
-                        n += 1;
-                    }
-                }
-            }
-            pipeline.send(&mut slices[..n]);
-        }
-        for d in done.drain(..) {
-            pipeline.finish_job(d.job, d.ok);
-        }
-        let in_flight = lock(&pipeline.io).queue.in_flight();
-        if pipeline.reader_done.load(Ordering::SeqCst) && in_flight == 0 {
+    /// Pushes a job's I/O; a refusal by the queue (never expected: the budget keeps it below
+    /// capacity) is answered with EIO.
+    fn push(&mut self, mut job: Job, op: IoOp) {
+        let Some(tag) = self.free.pop() else {
+            self.reply_error(job, NbdErrno::Io);
+            return;
+        };
+        let request = job.request;
+        let buf = job
+            .buf
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |b| b.as_mut_ptr());
+        let iov = [IoVec::from_raw(buf, request.length as usize)];
+        let fua = request.flags & CMD_FLAG_FUA != 0;
+        let req = match op {
+            IoOp::Read => IoRequest::read(request.offset, &iov, u64::from(tag)),
+            IoOp::Write => IoRequest::write(request.offset, &iov, fua, u64::from(tag)),
+            IoOp::Flush => IoRequest::flush(u64::from(tag)),
+            IoOp::Discard | IoOp::WriteZeroes => IoRequest::range(
+                op,
+                request.offset,
+                u64::from(request.length),
+                u64::from(tag),
+            ),
+        };
+        // SAFETY: the buffer belongs to the job, which is parked in `jobs` (and not touched)
+        // until its completion has been collected.
+        if unsafe { self.queue.push(&req) }.is_err() {
+            self.free.push(tag);
+            self.reply_error(job, NbdErrno::Io);
             return;
         }
+        self.jobs[tag as usize] = Some(job);
+        self.unsubmitted = true;
     }
-}
 
-/// The reply header of a finished job (READ data follows it from the job's buffer).
-fn reply_for(
-    session: &Session<'_>,
-    job: Job,
-    result: Result<(), cryptblk_block::BlockError>,
-) -> Done {
-    let mut header = [0u8; READ_REPLY_HEADER_MAX];
-    let request = &job.request;
-    match result {
-        Ok(()) if request.command == CMD_READ => {
-            let header_len = read_reply_header(session, request, &mut header);
-            Done {
-                job,
-                header,
-                header_len,
-                ok: true,
+    fn submit(&mut self) {
+        if std::mem::take(&mut self.unsubmitted) {
+            if let Err(e) = self.queue.submit() {
+                tracing::error!(export = %self.session.export.name, "submitting I/O: {e}");
             }
         }
-        Ok(()) => {
-            header[..SIMPLE_REPLY_HEADER_LEN]
-                .copy_from_slice(&encode_simple_reply(0, request.cookie));
-            Done {
-                job,
-                header,
-                header_len: SIMPLE_REPLY_HEADER_LEN,
-                ok: true,
+    }
+
+    /// Collects finished requests and queues their replies.
+    fn collect(&mut self) {
+        let mut completions = std::mem::take(&mut self.completions);
+        self.queue.drain(&mut |c| completions.push(c));
+        for c in completions.drain(..) {
+            let Some(mut job) = self.jobs.get_mut(c.tag as usize).and_then(Option::take) else {
+                continue;
+            };
+            if c.result.is_ok() && job.flush_after {
+                // TRIM / WRITE_ZEROES with FUA: durable before the reply.
+                job.flush_after = false;
+                // SAFETY: a flush carries no buffers.
+                if unsafe { self.queue.push(&IoRequest::flush(c.tag)) }.is_ok() {
+                    self.jobs[c.tag as usize] = Some(job);
+                    self.unsubmitted = true;
+                    continue;
+                }
+            }
+            self.free.push(c.tag as u32);
+            self.reply(job, c.result);
+        }
+        self.completions = completions;
+    }
+
+    /// Queues the reply of a finished job.
+    fn reply(&mut self, job: Job, result: Result<(), BlockError>) {
+        let session = self.session;
+        let request = job.request;
+        let mut header = [0u8; READ_REPLY_HEADER_MAX];
+        let (header_len, with_data, ok) = match result {
+            Ok(()) if request.command == CMD_READ => (
+                read_reply_header(session, &request, &mut header),
+                true,
+                true,
+            ),
+            Ok(()) => {
+                header[..SIMPLE_REPLY_HEADER_LEN]
+                    .copy_from_slice(&encode_simple_reply(0, request.cookie));
+                (SIMPLE_REPLY_HEADER_LEN, false, true)
+            }
+            Err(e) => {
+                tracing::warn!(export = %session.export.name, "request failed: {e}");
+                let modifies = matches!(request.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+                let mut reply = ReplyBuffer::default();
+                reply_status(session, &request, Err(errno_of(&e, modifies)), &mut reply);
+                let bytes = reply.bytes();
+                let n = bytes.len().min(READ_REPLY_HEADER_MAX);
+                header[..n].copy_from_slice(&bytes[..n]);
+                (n, false, false)
+            }
+        };
+        self.replies.push_back(Reply {
+            header,
+            header_len,
+            long: Vec::new(),
+            job,
+            with_data,
+            sent: 0,
+            ok,
+        });
+    }
+
+    /// Queues a reply built elsewhere (rare: refusals, BLOCK_STATUS).
+    fn queue_reply(&mut self, job: Job, bytes: Vec<u8>, ok: bool) {
+        self.replies.push_back(Reply {
+            header: [0; READ_REPLY_HEADER_MAX],
+            header_len: 0,
+            long: bytes,
+            job,
+            with_data: false,
+            sent: 0,
+            ok,
+        });
+    }
+
+    /// Answers a request that never reached the device.
+    fn reply_error(&mut self, job: Job, errno: NbdErrno) {
+        let mut reply = ReplyBuffer::default();
+        reply_status(self.session, &job.request, Err(errno), &mut reply);
+        self.queue_reply(job, reply.bytes().to_vec(), false);
+    }
+
+    /// Records a job whose reply is gone and gives back its buffer and budget.
+    fn finish(&mut self, job: Job, ok: bool) {
+        let request = job.request;
+        self.session.export.stats.complete(
+            io_kind(request.command),
+            u64::from(request.length),
+            job.started,
+            ok,
+        );
+        self.requests -= 1;
+        if matches!(request.command, CMD_READ | CMD_WRITE) {
+            self.bytes -= u64::from(request.length);
+        }
+        if let Some(buf) = job.buf {
+            self.buffers.put(buf);
+        }
+    }
+
+    /// Writes queued replies as far as the socket takes them, several per `writev`.
+    fn send(&mut self) -> Result<(), Error> {
+        while !self.replies.is_empty() {
+            let mut slices = [IoSlice::new(&[]); 2 * REPLIES_PER_WRITE];
+            let mut n = 0;
+            for r in self.replies.iter().take(REPLIES_PER_WRITE) {
+                let (head, data) = (r.head(), r.data());
+                if r.sent < head.len() {
+                    slices[n] = IoSlice::new(&head[r.sent..]);
+                    n += 1;
+                    if !data.is_empty() {
+                        slices[n] = IoSlice::new(data);
+                        n += 1;
+                    }
+                } else {
+                    slices[n] = IoSlice::new(&data[r.sent - head.len()..]);
+                    n += 1;
+                }
+            }
+            let written = match (&*self.socket).write_vectored(&slices[..n]) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
+                Ok(w) => w,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::debug!(export = %self.session.export.name, "cannot send reply: {e}");
+                    return Err(e.into());
+                }
+            };
+            self.last_progress = Instant::now();
+            let mut left = written;
+            while left > 0 {
+                let Some(front) = self.replies.front_mut() else {
+                    break;
+                };
+                let rest = front.len() - front.sent;
+                if left < rest {
+                    front.sent += left;
+                    break;
+                }
+                left -= rest;
+                if let Some(done) = self.replies.pop_front() {
+                    self.finish(done.job, done.ok);
+                }
             }
         }
-        Err(e) => {
-            tracing::warn!(export = %session.export.name, "request failed: {e}");
-            let modifies = matches!(request.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
-            let mut reply = ReplyBuffer::default();
-            reply_status(session, request, Err(errno_of(&e, modifies)), &mut reply);
-            let bytes = reply.bytes();
-            let header_len = bytes.len().min(READ_REPLY_HEADER_MAX);
-            header[..header_len].copy_from_slice(&bytes[..header_len]);
-            Done {
-                job,
-                header,
-                header_len,
-                ok: false,
-            }
+        Ok(())
+    }
+
+    /// Sleeps until the socket or the queue has something for the loop, then reads what the
+    /// socket has.
+    fn wait(&mut self) -> Result<(), Error> {
+        let want_read = !self.eof
+            && !self.peer_closed
+            && self.error.is_none()
+            && (self.partial.is_some() || !self.budget_full(0))
+            && self.end - self.start < self.rbuf.len();
+        let want_write = !self.replies.is_empty();
+        let mut events = 0;
+        if want_read {
+            events |= libc::POLLIN;
         }
+        if want_write {
+            events |= libc::POLLOUT;
+        }
+        let mut fds = [
+            libc::pollfd {
+                fd: self.socket.as_raw_fd(),
+                events,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.queue.notifier(),
+                events: if self.queue.in_flight() > 0 {
+                    libc::POLLIN
+                } else {
+                    0
+                },
+                revents: 0,
+            },
+        ];
+        // Between requests with nothing in flight the client may stay silent forever; in the
+        // middle of one, or with replies it does not take, only for `io_timeout`.
+        let stuck =
+            self.partial.is_some() || (self.end > self.start && !self.budget_full(0)) || want_write;
+        let timeout_ms = if stuck {
+            let left = self
+                .config
+                .io_timeout
+                .saturating_sub(self.last_progress.elapsed());
+            i32::try_from(left.as_millis()).unwrap_or(i32::MAX)
+        } else {
+            -1
+        };
+        // SAFETY: two valid pollfd structs, length 2.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(());
+            }
+            return Err(e.into());
+        }
+        if n == 0 && stuck {
+            return Err(Error::Protocol(format!(
+                "the client stalled for {} s in the middle of a request or without taking \
+                 replies; closing",
+                self.config.io_timeout.as_secs()
+            )));
+        }
+        if want_read && fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+            self.read_socket()?;
+        }
+        Ok(())
+    }
+
+    /// Reads what the socket has: into the payload buffer of a WRITE in progress when the
+    /// read buffer holds none of it (large payloads skip the copy), else into the read
+    /// buffer.
+    fn read_socket(&mut self) -> Result<(), Error> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.start > 0
+            && (self.start > self.rbuf.len() / 2 || self.end == self.rbuf.len())
+        {
+            self.rbuf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let direct = match &mut self.partial {
+            Some(p) if self.start == self.end => {
+                let len = p.job.request.length as usize;
+                p.job.buf.as_mut().map(|b| &mut b[p.filled..len])
+            }
+            _ => None,
+        };
+        let result = match direct {
+            Some(target) => (&*self.socket).read(target).map(|n| (n, true)),
+            None => (&*self.socket)
+                .read(&mut self.rbuf[self.end..])
+                .map(|n| (n, false)),
+        };
+        match result {
+            Ok((0, _)) => self.peer_closed = true,
+            Ok((n, true)) => {
+                if let Some(p) = &mut self.partial {
+                    p.filled += n;
+                }
+                self.last_progress = Instant::now();
+            }
+            Ok((n, false)) => {
+                self.end += n;
+                self.last_progress = Instant::now();
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
     }
 }
