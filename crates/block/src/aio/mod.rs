@@ -16,11 +16,13 @@
 
 pub(crate) mod copy;
 mod notifier;
+mod offload;
 mod sync_queue;
 pub(crate) mod thread_pool;
 pub(crate) mod threaded;
 
 pub use notifier::Notifier;
+pub use offload::Offload;
 pub use sync_queue::SyncQueue;
 pub use thread_pool::io_thread_count;
 
@@ -244,6 +246,15 @@ pub trait IoQueue: Send {
 
     /// Blocks until `drain` has something to hand out (or nothing is in flight).
     fn wait(&mut self);
+
+    /// Asks the queue to run `work` on every read and write from now on, on the thread that
+    /// runs the request, before its completion is handed out (see [`Offload`]). Returns
+    /// false, and changes nothing, where the engine cannot (its transfers complete in the
+    /// kernel) or requests are already in flight: the caller then does the work itself.
+    fn offload(&mut self, work: std::sync::Arc<dyn Offload>) -> bool {
+        let _ = work;
+        false
+    }
 }
 
 /// Opens a queue on `device`: its own asynchronous engine when it has one

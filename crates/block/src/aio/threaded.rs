@@ -9,12 +9,12 @@
 //! submitter returns to its event loop at once.
 
 use super::thread_pool::{self, Job};
-use super::{Completion, IoOp, IoQueue, IoRequest, IoVec, Notifier, QueueFull};
+use super::{Completion, IoOp, IoQueue, IoRequest, IoVec, Notifier, Offload, QueueFull};
 use crate::{BlockError, BlockErrorKind};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Instant;
 
 /// Requests that take at most this long on average run on the submitting thread.
@@ -85,6 +85,8 @@ struct Shared<E> {
     parent_clears: bool,
     /// Moving average of a request's run time, in nanoseconds.
     avg_ns: AtomicU64,
+    /// A layer's data work, run with each read and write (`IoQueue::offload`).
+    offload: OnceLock<Arc<dyn Offload>>,
 }
 
 impl<E: BlockingIo> Shared<E> {
@@ -108,13 +110,54 @@ impl<E: BlockingIo> Shared<E> {
         }
     }
 
+    /// Runs a job's request, with the offloaded data work around it.
+    ///
+    /// # Safety
+    /// The job's buffers are valid as promised to `IoQueue::push`.
+    unsafe fn execute(&self, job: &mut ThreadJob) -> Result<(), BlockError> {
+        let ThreadJob {
+            req,
+            scratch,
+            transformed,
+            transformed_iov,
+            ..
+        } = job;
+        match (self.offload.get(), req.op) {
+            (Some(work), IoOp::Read) => {
+                // SAFETY: forwarded; then the read's buffers, valid for reads and writes.
+                unsafe {
+                    self.engine.run(req, scratch)?;
+                    work.after_read(req.offset, &req.iov)
+                }
+            }
+            (Some(work), IoOp::Write) => {
+                // The transformed data goes through the job's own buffer, which is what is
+                // written; the request's buffers are only read.
+                let len = req.len as usize;
+                let out = transformed.take(len).as_mut_ptr();
+                // SAFETY: the request's buffers are readable (push contract); `out` is the
+                // job's own buffer of `len` bytes.
+                unsafe { work.before_write(req.offset, &req.iov, out) }?;
+                transformed_iov.clear();
+                transformed_iov.push(IoVec::from_raw(out, len));
+                std::mem::swap(&mut req.iov, transformed_iov);
+                // SAFETY: the list now names the job's own buffer, alive for the call.
+                let result = unsafe { self.engine.run(req, scratch) };
+                std::mem::swap(&mut req.iov, transformed_iov);
+                result
+            }
+            // SAFETY: forwarded.
+            _ => unsafe { self.engine.run(req, scratch) },
+        }
+    }
+
     fn run(&self, mut job: Box<ThreadJob>) {
         let began = Instant::now();
         let job_ref = &mut *job;
         // SAFETY: the job was pushed under `IoQueue::push`'s contract, which keeps the buffers
         // valid until its completion is handed out, and that happens only after this returns.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-            self.engine.run(&job_ref.req, &mut job_ref.scratch)
+            self.execute(job_ref)
         }));
         job.result = result.unwrap_or_else(|_| {
             Err(BlockError::new(BlockErrorKind::Io, "I/O engine panicked")
@@ -156,6 +199,9 @@ struct ThreadJob {
     tag: u64,
     result: Result<(), BlockError>,
     scratch: Scratch,
+    /// A write's data after the offloaded work, and the one-entry list naming it.
+    transformed: Scratch,
+    transformed_iov: Vec<IoVec>,
 }
 
 /// How many pool threads to wake for a batch of `n` requests of `avg_ns` each, given that the
@@ -208,6 +254,7 @@ impl<E: BlockingIo> ThreadedQueue<E> {
                 notifier,
                 parent_clears,
                 avg_ns: AtomicU64::new(UNMEASURED_NS),
+                offload: OnceLock::new(),
             }),
             capacity,
             in_flight: 0,
@@ -231,6 +278,8 @@ impl<E: BlockingIo> ThreadedQueue<E> {
                 tag: 0,
                 result: Ok(()),
                 scratch: Scratch::default(),
+                transformed: Scratch::default(),
+                transformed_iov: Vec::with_capacity(1),
             })
         })
     }
@@ -300,9 +349,14 @@ impl<E: BlockingIo> IoQueue for ThreadedQueue<E> {
             let tag = job.tag;
             job.req.iov.clear();
             job.scratch.trim();
+            job.transformed.trim();
             self.spare.push(job);
             out(Completion { tag, result });
         }
+    }
+
+    fn offload(&mut self, work: Arc<dyn Offload>) -> bool {
+        self.in_flight == 0 && self.shared.offload.set(work).is_ok()
     }
 
     fn wait(&mut self) {

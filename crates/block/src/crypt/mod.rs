@@ -8,6 +8,7 @@
 //! serialised by a striped lock so that two unaligned writes to different bytes of the same
 //! sector cannot lose either update.
 
+mod offload;
 mod queue;
 
 use crate::aio::{IoQueue, QueueOptions};

@@ -8,6 +8,10 @@
 //!   writes pushed since the last submit are encrypted together at `submit`, the reads that
 //!   completed together are decrypted together in `drain`. So a queue of 64 KiB requests uses
 //!   every core even though one thread drives it, while a lone 4 KiB request stays on it.
+//! - On an engine that runs each transfer on a pool thread (`threads`), the crypto is handed
+//!   to those threads instead (`IoQueue::offload`, `super::offload`): each request is
+//!   decrypted or encrypted by the thread that transfers it, right before or after, so a
+//!   batch's crypto is spread as widely as its transfers, and nothing waits for a batch.
 //! - What the fast path cannot do — requests not aligned to the encryption sector (read-
 //!   modify-write of the edge sectors, serialised per sector), buffers whose segments split a
 //!   sector, write-zeroes — runs on the volume's synchronous path on the I/O thread pool
@@ -45,6 +49,8 @@ pub(crate) struct CryptQueue {
     core: Arc<CryptCore>,
     inner: Box<dyn IoQueue>,
     fallback: SyncQueue,
+    /// The backend's queue runs the crypto itself (`IoQueue::offload`).
+    offloaded: bool,
     /// Signals the shared eventfd for requests finished at push or submit.
     signal: Notifier,
     slots: Vec<Slot>,
@@ -65,7 +71,8 @@ pub(crate) struct CryptQueue {
 
 impl CryptQueue {
     pub(crate) fn open(core: Arc<CryptCore>, opts: &QueueOptions) -> Result<Self, BlockError> {
-        let inner = open_queue(&core.backend, opts)?;
+        let mut inner = open_queue(&core.backend, opts)?;
+        let offloaded = inner.offload(Arc::new(super::offload::VolumeCrypto(core.clone())));
         let signal =
             Notifier::dup_of(inner.notifier()).map_err(|e| BlockError::io("dup eventfd", e))?;
         let fallback_signal = signal
@@ -78,6 +85,7 @@ impl CryptQueue {
             core,
             inner,
             fallback,
+            offloaded,
             signal,
             slots: (0..capacity).map(|_| Slot::default()).collect(),
             free: (0..capacity as u32).rev().collect(),
@@ -261,6 +269,13 @@ impl IoQueue for CryptQueue {
                 return unsafe { self.push_fallback(req) };
             }
             IoOp::Read => Some(IoRequest::read(data_offset + req.offset, req.iov, 0)),
+            // Encrypted by the backend's thread that writes it.
+            IoOp::Write if self.offloaded => Some(IoRequest::write(
+                data_offset + req.offset,
+                req.iov,
+                req.fua,
+                0,
+            )),
             // Encrypted (with the others of the batch) and passed on at submit.
             IoOp::Write => None,
             IoOp::Flush => Some(IoRequest::flush(0)),
@@ -284,7 +299,8 @@ impl IoQueue for CryptQueue {
         let Some(index) = self.free.pop() else {
             return Err(QueueFull(self.in_flight));
         };
-        let bounce = (req.op == IoOp::Write).then(|| core.bounce.take_owned(req.len as usize));
+        let bounce = (req.op == IoOp::Write && inner_req.is_none())
+            .then(|| core.bounce.take_owned(req.len as usize));
         let slot = &mut self.slots[index as usize];
         slot.tag = req.tag;
         slot.op = Some(req.op);
@@ -303,7 +319,8 @@ impl IoQueue for CryptQueue {
             tag: u64::from(index),
             ..inner_req
         };
-        // SAFETY: reads go into the caller's buffers, valid as this function was promised.
+        // SAFETY: reads go into the caller's buffers, offloaded writes come from them: valid
+        // as this function was promised.
         match unsafe { self.inner.push(&inner_req) } {
             Ok(()) => {
                 self.in_flight += 1;
@@ -331,11 +348,12 @@ impl IoQueue for CryptQueue {
                 completed.push((index, c.result));
             }
         });
-        // Every read that completed is decrypted in place, as one batch over the pool.
+        // Every read that completed is decrypted in place, as one batch over the pool (unless
+        // the backend's threads did it).
         let core = self.core.clone();
         self.runs.clear();
         self.run_slot.clear();
-        for (index, result) in &completed {
+        for (index, result) in completed.iter().filter(|_| !self.offloaded) {
             let Some(slot) = self.slots.get(*index as usize) else {
                 continue;
             };
