@@ -148,7 +148,7 @@ pub struct FormatArgs {
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Serve every [[disk]] of this TOML file (format below) instead of one image; not
+    /// Serve every disk table of this TOML file (format below) instead of one image; not
     /// combined with the single-disk options.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "socket", "image", "key_file", "num_queues", "queue_size", "readonly", "discard", "name",
