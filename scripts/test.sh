@@ -19,6 +19,20 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 # that totals every test binary's result instead.
 log=$(mktemp)
 trap 'rm -f "$log" "$log.fuzz"' EXIT
+# Tests write images of up to 1 GiB each into $TMPDIR, several binaries' worth at once. On a
+# machine whose disk the build has nearly filled they would fail with ENOSPC in ways that say
+# nothing about cryptblk, so their temporary files go to RAM (/dev/shm) instead when the disk
+# is short. Tests that need O_DIRECT use the target directory, not $TMPDIR.
+free_kib() { df -Pk "$1" 2>/dev/null | awk 'NR == 2 { print $4 }'; }
+tmp_free=$(free_kib "${TMPDIR:-/tmp}")
+shm_free=$(free_kib /dev/shm)
+echo "free space: ${TMPDIR:-/tmp} $((${tmp_free:-0} / 1048576)) GiB, /dev/shm $((${shm_free:-0} / 1048576)) GiB"
+if [ "${tmp_free:-0}" -lt $((4 << 20)) ] && [ "${shm_free:-0}" -gt $((8 << 20)) ]; then
+  TMPDIR=$(mktemp -d /dev/shm/cryptblk-test.XXXXXX)
+  export TMPDIR
+  echo "less than 4 GiB free for temporary files: tests use $TMPDIR"
+  trap 'rm -f "$log" "$log.fuzz"; rm -rf "$TMPDIR"' EXIT
+fi
 set +e
 cargo test --workspace --locked "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
