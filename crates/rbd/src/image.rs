@@ -75,7 +75,9 @@ impl Pool {
             })?;
         }
         // SAFETY: a configured handle; connecting is bounded by client_mount_timeout.
-        call("connect to the cluster of", unsafe { (api.rados_connect)(rados) })?;
+        call("connect to the cluster of", unsafe {
+            (api.rados_connect)(rados)
+        })?;
         let pool_name = cstring(&spec.pool)?;
         // SAFETY: a connected handle, a NUL-terminated pool name and a valid out-pointer.
         call("open the pool of", unsafe {
@@ -184,7 +186,8 @@ impl Image {
         let image_name = cstring(&spec.image)?;
         let mut order: c_int = 0;
         // SAFETY: a live pool context, a NUL-terminated name; order 0 = librbd's default.
-        let rc = unsafe { (pool.api.rbd_create)(pool.ioctx, image_name.as_ptr(), size, &mut order) };
+        let rc =
+            unsafe { (pool.api.rbd_create)(pool.ioctx, image_name.as_ptr(), size, &mut order) };
         if rc < 0 {
             return Err(RbdError::Call {
                 op: "create",
@@ -270,16 +273,16 @@ impl Image {
     /// Reads all of `buf` at `offset`.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), RbdError> {
         // SAFETY: `buf` is writable for its whole length during the call.
-        let n = unsafe {
-            (self.api.rbd_read)(self.handle, offset, buf.len(), buf.as_mut_ptr().cast())
-        };
+        let n =
+            unsafe { (self.api.rbd_read)(self.handle, offset, buf.len(), buf.as_mut_ptr().cast()) };
         self.check_len("read", n, buf.len())
     }
 
     /// Writes all of `buf` at `offset`.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), RbdError> {
         // SAFETY: `buf` is readable for its whole length during the call.
-        let n = unsafe { (self.api.rbd_write)(self.handle, offset, buf.len(), buf.as_ptr().cast()) };
+        let n =
+            unsafe { (self.api.rbd_write)(self.handle, offset, buf.len(), buf.as_ptr().cast()) };
         self.check_len("write", n, buf.len())
     }
 
@@ -345,6 +348,16 @@ impl Image {
         };
         self.check("list the allocation of", rc)?;
         Ok(runs)
+    }
+}
+
+impl std::fmt::Debug for Image {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Image")
+            .field("name", &self.name)
+            .field("size", &self.size)
+            .field("read_only", &self.read_only)
+            .finish()
     }
 }
 

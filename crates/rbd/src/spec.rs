@@ -64,8 +64,8 @@ impl RbdSpec {
                 Some(("keyring", v)) if !v.is_empty() => spec.keyring = Some(v.into()),
                 _ => {
                     return Err(bad(&format!(
-                        "unknown or empty option {option:?} (known: conf=PATH, id=USER, keyring=PATH)"
-                    )))
+                    "unknown or empty option {option:?} (known: conf=PATH, id=USER, keyring=PATH)"
+                )))
                 }
             }
         }
@@ -87,8 +87,8 @@ mod tests {
 
     #[test]
     fn full_name_parses() {
-        let spec = RbdSpec::parse("rbd:vms/disk1@snap:conf=/etc/c.conf:id=cinder:keyring=/k")
-            .unwrap();
+        let spec =
+            RbdSpec::parse("rbd:vms/disk1@snap:conf=/etc/c.conf:id=cinder:keyring=/k").unwrap();
         assert_eq!(spec.pool, "vms");
         assert_eq!(spec.image, "disk1");
         assert_eq!(spec.snapshot.as_deref(), Some("snap"));
@@ -100,7 +100,14 @@ mod tests {
 
     #[test]
     fn bad_names_say_why() {
-        for name in ["rbd:nopool", "rbd:/img", "rbd:p/", "rbd:p/i@", "rbd:p/i:x=1", "disk.img"] {
+        for name in [
+            "rbd:nopool",
+            "rbd:/img",
+            "rbd:p/",
+            "rbd:p/i@",
+            "rbd:p/i:x=1",
+            "disk.img",
+        ] {
             let err = RbdSpec::parse(name).unwrap_err().to_string();
             assert!(err.contains(name), "{err}");
         }
