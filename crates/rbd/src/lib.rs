@@ -2,11 +2,13 @@
 //! built with this crate runs on machines without Ceph and only needs librbd1 when an `rbd:`
 //! image is actually named.
 
+mod device;
 mod error;
 mod ffi;
 mod image;
 mod spec;
 
+pub use device::{block_error, RbdDevice};
 pub use error::RbdError;
 pub use image::{Allocation, Image, OpenMode};
 pub use spec::RbdSpec;
