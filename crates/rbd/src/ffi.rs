@@ -54,17 +54,17 @@ static API: OnceLock<Result<Api, String>> = OnceLock::new();
 
 /// The loaded API, or why librbd could not be loaded.
 pub fn api() -> Result<&'static Api, RbdError> {
-    API.get_or_init(load)
+    API.get_or_init(|| load("librados.so.2", "librbd.so.1"))
         .as_ref()
         .map_err(|why| RbdError::LibraryMissing(why.clone()))
 }
 
-fn load() -> Result<Api, String> {
+fn load(rados: &str, rbd: &str) -> Result<Api, String> {
     // SAFETY: loading librados/librbd runs their static initialisers, which are ordinary C++
     // constructors with no preconditions on the loading process.
-    let rados = unsafe { libloading::Library::new("librados.so.2") }.map_err(|e| e.to_string())?;
+    let rados = unsafe { libloading::Library::new(rados) }.map_err(|e| e.to_string())?;
     // SAFETY: as above.
-    let rbd = unsafe { libloading::Library::new("librbd.so.1") }.map_err(|e| e.to_string())?;
+    let rbd = unsafe { libloading::Library::new(rbd) }.map_err(|e| e.to_string())?;
     macro_rules! sym {
         ($lib:expr, $name:ident) => {
             // SAFETY: the symbol's type is the prototype from librados.h/librbd.h; the
@@ -97,4 +97,25 @@ fn load() -> Result<Api, String> {
         _rados: rados,
         _rbd: rbd,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_says_what_to_install() {
+        let Err(why) = load("libcryptblk-no-such-rados.so.2", "librbd.so.1") else {
+            panic!("a library that does not exist loaded");
+        };
+        let message = RbdError::LibraryMissing(why).to_string();
+        assert!(
+            message.starts_with("rbd: images need librbd1 (apt install librbd1)"),
+            "{message}"
+        );
+        assert!(
+            message.contains("libcryptblk-no-such-rados.so.2"),
+            "{message}"
+        );
+    }
 }
