@@ -8,10 +8,12 @@ declare -A want=(
   [openssl]=openssl [perl]=perl [make]=make [cc]=gcc [g++]=g++ [/usr/bin/time]=time [tar]=tar
   [qemu-system-x86_64]=qemu-system-x86 [busybox]=busybox-static [fio]=fio [cpio]=cpio
   [jq]=jq [nbdinfo]=libnbd-bin [nbdcopy]=libnbd-bin [qemu-storage-daemon]=qemu-system-common
+  [ceph-mon]=ceph-mon [ceph-osd]=ceph-osd [rbd]=ceph-common [/usr/lib/x86_64-linux-gnu/librbd.so.1]=librbd1
+  [/usr/lib/x86_64-linux-gnu/qemu/block-rbd.so]=qemu-block-extra [uuidgen]=uuid-runtime
 )
 missing=()
 for tool in "${!want[@]}"; do
-  command -v "$tool" >/dev/null 2>&1 || missing+=("${want[$tool]}")
+  command -v "$tool" >/dev/null 2>&1 || [[ $tool == /* && -e $tool ]] || missing+=("${want[$tool]}")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 sudo=""
