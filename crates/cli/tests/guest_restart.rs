@@ -2,10 +2,11 @@
 //! guest_e2e.rs) runs rounds of a mixed fio job on a LUKS2 vhost-user-blk disk with 2 queues
 //! (1 MiB writes at depth 8 and 4 KiB writes at depth 24, fsync every 8 writes, every block
 //! read back and crc32c-verified, `verify_fatal`) while the test kills the daemon with
-//! `kill -9` and starts a new one, 8 times, then restarts it once with SIGTERM. QEMU 7.2
-//! reconnects by itself (`-chardev socket,...,reconnect=1`). Every fio round must pass, and
-//! nothing may hang: a restarted daemon the VM does not come back to, or a guest that does not
-//! finish, fails the test after a bounded wait.
+//! `kill -9` and starts a new one, 8 times, then upgrades it once: SIGTERM, and the new daemon
+//! started from another binary file once the old one has drained and exited (README:
+//! "Upgrading"). QEMU 7.2 reconnects by itself (`-chardev socket,...,reconnect=1`). Every fio
+//! round must pass, and nothing may hang: a restarted daemon the VM does not come back to, or a
+//! guest that does not finish, fails the test after a bounded wait.
 //!
 //! The pause each restart costs the guest is printed: from the kill to the restarted daemon
 //! logging that the VM started its queues again (polled every 10 ms), and the longest latency
@@ -21,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// kill -9 restarts, then one SIGTERM restart.
+/// kill -9 restarts, then one SIGTERM restart onto another binary (an upgrade).
 const KILLS: usize = 8;
 /// How long the guest's I/O runs between restarts: a random time in this range (ms), so that
 /// kills land anywhere in fio's rounds (writes, fsyncs, verify reads, between rounds).
@@ -38,9 +39,9 @@ struct Serve {
 }
 
 impl Serve {
-    fn start(args: &[&OsStr], socket: &Path, log: PathBuf) -> Serve {
+    fn start(binary: &Path, args: &[&OsStr], socket: &Path, log: PathBuf) -> Serve {
         let _ = std::fs::remove_file(socket);
-        let child = Command::new(env!("CARGO_BIN_EXE_cryptblk"))
+        let child = Command::new(binary)
             .arg("serve")
             .args(args)
             .env("RUST_LOG", "info")
@@ -218,7 +219,12 @@ fn guest_fio_verify_survives_daemon_kills_and_restarts() {
         os("--num-queues"),
         os("2"),
     ];
-    let mut serve = Serve::start(&args, &socket, path("serve-0.log"));
+    let installed = Path::new(env!("CARGO_BIN_EXE_cryptblk"));
+    // The upgrade installs a new binary file (a copy: a test has one version of cryptblk) that
+    // the next start runs; the running daemon keeps its own, as after `apt upgrade`.
+    let upgraded = path("cryptblk-upgraded");
+    std::fs::copy(installed, &upgraded).unwrap();
+    let mut serve = Serve::start(installed, &args, &socket, path("serve-0.log"));
 
     let console = path("console.log");
     let mut child = Command::new(scripts().join("run-guest.sh"))
@@ -271,7 +277,17 @@ fn guest_fio_verify_survives_daemon_kills_and_restarts() {
                 "cryptblk serve on SIGTERM: {status}\n{output}"
             );
         }
-        serve = Serve::start(&args, &socket, path(&format!("serve-{restart}.log")));
+        let binary = if restart <= KILLS {
+            installed
+        } else {
+            &upgraded
+        };
+        serve = Serve::start(
+            binary,
+            &args,
+            &socket,
+            path(&format!("serve-{restart}.log")),
+        );
         let started = serve.wait_started();
         pauses.push(started - killed);
     }
@@ -308,7 +324,7 @@ fn guest_fio_verify_survives_daemon_kills_and_restarts() {
     let kills: Vec<String> = pauses[..KILLS].iter().map(ms).collect();
     let rounds = round_max_latencies(&console);
     eprintln!(
-        "restart pause (kill to queues restarted, ms): kill -9 {}; SIGTERM {}",
+        "restart pause (kill to queues restarted, ms): kill -9 {}; SIGTERM upgrade {}",
         kills.join(" "),
         ms(&pauses[KILLS])
     );
