@@ -58,7 +58,8 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Measure sector-crypto throughput of every engine on this CPU.
     Bench(BenchArgs),
-    /// Run the built-in example: make a sample disk, encrypt it into LUKS2, decrypt and verify.
+    /// Run the built-in example: make a sample disk, encrypt it into LUKS2, decrypt and verify,
+    /// then serve it to a vhost-user-blk client next to its plaintext and compare.
     Demo(DemoArgs),
     /// Run the daemon: export images (LUKS1, LUKS2 or raw) to VMs over vhost-user-blk and to
     /// tools over NBD; one from options, several from a TOML config, more at run time
@@ -67,6 +68,26 @@ pub enum Command {
     Serve(ServeArgs),
     /// Drive a running daemon through its control socket (`cryptblk serve --control PATH`).
     Ctl(crate::cmd::ctl::CtlArgs),
+    /// Print a shell completion script, e.g. `cryptblk completions bash >
+    /// /usr/share/bash-completion/completions/cryptblk`.
+    Completions(CompletionsArgs),
+    /// Write the man pages: cryptblk(1) and one per command (cryptblk-serve(1), ...); without
+    /// --dir, cryptblk(1) on stdout.
+    Man(ManArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Args, Debug)]
+pub struct ManArgs {
+    /// Write every page into this directory (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -35,6 +35,8 @@ fn main() {
         Command::Demo(ref a) => cmd::demo::run(&cli, a),
         Command::Serve(ref a) => cmd::serve::run(&cli, a),
         Command::Ctl(ref a) => cmd::ctl::run(a),
+        Command::Completions(ref a) => cmd::completions::run(a),
+        Command::Man(ref a) => cmd::man::run(a),
     };
     if let Err(err) = result {
         eprintln!("cryptblk: {}", exit::one_line(&err));

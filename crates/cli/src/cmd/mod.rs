@@ -1,7 +1,9 @@
 pub mod bench;
+pub mod completions;
 pub mod ctl;
 pub mod demo;
 pub mod dump;
 pub mod format;
 pub mod key;
+pub mod man;
 pub mod serve;

@@ -1,6 +1,11 @@
 //! `cryptblk demo`: the main job on a built-in example. Generates a sample disk (data, zeroed
 //! regions and holes), encrypts it into a new LUKS2 image, decrypts it back, and verifies the
-//! round trip byte for byte, printing throughput and the header.
+//! round trip byte for byte, printing throughput and the header; then serves the encrypted
+//! image and its plaintext twin to a vhost-user-blk client and compares their speed
+//! (`serve.rs`).
+mod client;
+mod serve;
+
 use crate::args::{Cli, Command, DemoArgs};
 use crate::convert::{self, first_difference, human_bytes};
 use crate::options::crypto_pool;
@@ -148,6 +153,16 @@ pub fn run(cli: &Cli, args: &DemoArgs) -> Result<()> {
     crate::cmd::dump::run(&crate::args::DumpArgs {
         json: false,
         image: encrypted.clone(),
+    })?;
+    println!();
+    // The daemon takes the images' locks: this process lets go of them first.
+    drop((a, b));
+    serve::run(&serve::Images {
+        dir,
+        encrypted: &encrypted,
+        plain: &sample,
+        key_file: &key_file,
+        threads: pool.threads(),
     })?;
     println!(
         "\nDemo OK. Files are in {}/ (passphrase in {}).",
