@@ -1,7 +1,7 @@
 //! Guest-controlled virtqueue contents as a virtio-blk request: the input is a descriptor table,
 //! the head index and the guest memory the descriptors point into. The chain goes through
-//! virtio-queue, `request::parse`, then `Disk::start`, the disk's asynchronous queue and
-//! `Disk::finish` (or `Disk::reject`), as in the daemon's queue thread. Nothing may panic, and no guest byte outside the chain's device-writable
+//! virtio-queue, `request::parse`, then `Disk::execute_one` on the disk's asynchronous queue
+//! (or `Disk::reject`), as in the daemon's queue thread. Nothing may panic, and no guest byte outside the chain's device-writable
 //! descriptors (and the used ring) may change. `chain::Chain`, which walks the chains of
 //! requests resubmitted after a daemon restart, must yield exactly the descriptors
 //! virtio-queue yields for the same head.
@@ -15,10 +15,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use cryptblk_block::aio::IoQueue;
 use cryptblk_block::{BlockDevice, BlockError};
 use cryptblk_vhost_user_blk::chain::Chain;
-use cryptblk_vhost_user_blk::device::Start;
 use cryptblk_vhost_user_blk::{request, Disk};
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::{Queue, QueueT};
@@ -62,28 +60,6 @@ impl BlockDevice for MemDisk {
     }
     fn flush(&self) -> Result<(), BlockError> {
         Ok(())
-    }
-}
-
-/// Runs one request through the disk's asynchronous queue, as a queue thread does; returns the
-/// used length.
-fn execute(
-    disk: &Disk,
-    queue: &mut dyn IoQueue,
-    mem: &GuestMemoryMmap,
-    req: &request::Request,
-    segments: &[request::Segment],
-) -> u32 {
-    let mut iov = Vec::new();
-    match disk.start(mem, req, segments, &mut iov) {
-        Start::Done(status, len) => disk.answer(mem, req, status, len).1,
-        Start::Io(planned) => {
-            // SAFETY: the buffers are in `mem`, alive and otherwise untouched until the
-            // completion is collected here.
-            let result =
-                unsafe { cryptblk_block::aio::run_one(queue, &planned.request(&iov, false, 7)) };
-            disk.finish(mem, req, segments, &result).1
-        }
     }
 }
 
@@ -159,7 +135,7 @@ fuzz_target!(|data: &[u8]| {
         Ok(req) => {
             assert!(segments.iter().all(|s| s.len <= SIZE_MAX));
             assert!(segments.len() + 2 <= MAX_DESCRIPTORS);
-            execute(&disk, &mut *io_queue, &mem, &req, &segments)
+            disk.execute_one(&mut *io_queue, &mem, &req, &segments)
         }
         Err(rejected) => disk.reject(&mem, &rejected),
     };

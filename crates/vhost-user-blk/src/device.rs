@@ -220,6 +220,30 @@ impl Disk {
         (status, data_len.saturating_add(1))
     }
 
+    /// Runs one request to completion on `queue` and answers it; returns the used length. A
+    /// queue thread overlaps many requests with `start`/`finish`; the fuzz target and the
+    /// randomized chain test run one at a time through this.
+    pub fn execute_one<M: GuestMemoryBackend>(
+        &self,
+        queue: &mut dyn IoQueue,
+        mem: &M,
+        req: &Request,
+        segments: &[Segment],
+    ) -> u32 {
+        let mut iov = Vec::new();
+        match self.start(mem, req, segments, &mut iov) {
+            Start::Done(status, len) => self.answer(mem, req, status, len).1,
+            Start::Io(planned) => {
+                // SAFETY: the buffers lie in `mem`, which the caller keeps alive, and nothing
+                // else touches the request before its completion is collected here.
+                let result = unsafe {
+                    cryptblk_block::aio::run_one(queue, &planned.request(&iov, false, 0))
+                };
+                self.finish(mem, req, segments, &result).1
+            }
+        }
+    }
+
     /// Answers a request the parser rejected: the right status when the status descriptor is
     /// usable, otherwise nothing. Returns the used length.
     pub fn reject<M: GuestMemoryBackend>(&self, mem: &M, rejected: &Rejected) -> u32 {

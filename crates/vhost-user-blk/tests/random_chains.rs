@@ -6,9 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use cryptblk_block::aio::IoQueue;
 use cryptblk_block::{BlockDevice, BlockError};
-use cryptblk_vhost_user_blk::device::Start;
 use cryptblk_vhost_user_blk::request;
 use cryptblk_vhost_user_blk::Disk;
 use virtio_queue::{Queue, QueueT};
@@ -46,28 +44,6 @@ impl BlockDevice for MemDisk {
     }
     fn flush(&self) -> Result<(), BlockError> {
         Ok(())
-    }
-}
-
-/// Runs one request through the disk's asynchronous queue, as a queue thread does; returns the
-/// used length.
-fn execute(
-    disk: &Disk,
-    queue: &mut dyn IoQueue,
-    mem: &GuestMemoryMmap,
-    req: &request::Request,
-    segments: &[request::Segment],
-) -> u32 {
-    let mut iov = Vec::new();
-    match disk.start(mem, req, segments, &mut iov) {
-        Start::Done(status, len) => disk.answer(mem, req, status, len).1,
-        Start::Io(planned) => {
-            // SAFETY: the buffers are in `mem`, alive and otherwise untouched until the
-            // completion is collected below.
-            let result =
-                unsafe { cryptblk_block::aio::run_one(queue, &planned.request(&iov, false, 7)) };
-            disk.finish(mem, req, segments, &result).1
-        }
     }
 }
 
@@ -253,7 +229,7 @@ fn random_descriptor_chains_never_write_outside_their_buffers() {
         ) {
             Ok(req) => {
                 ok += 1;
-                execute(&disk, &mut *io_queue, &mem, &req, &segments)
+                disk.execute_one(&mut *io_queue, &mem, &req, &segments)
             }
             Err(r) => {
                 rejected += 1;
