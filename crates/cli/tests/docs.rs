@@ -4,17 +4,8 @@
 use std::process::Command;
 
 fn cryptblk(args: &[&str]) -> std::process::Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_cryptblk"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cryptblk {args:?}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    cryptblk_testutil::run_tool(env!("CARGO_BIN_EXE_cryptblk"), &args)
 }
 
 #[test]
