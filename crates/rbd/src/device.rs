@@ -1,19 +1,24 @@
 //! An RBD image as a [`BlockDevice`], so every layer above (the LUKS volume, the frontends,
-//! convert) runs on it unchanged. I/O uses librbd's synchronous calls, served asynchronously by
-//! the block crate's `SyncQueue` on the I/O thread pool.
+//! convert) runs on it unchanged. Its queues are librbd's own asynchronous calls
+//! ([`RbdQueue`](crate::RbdQueue)); the synchronous methods serve one-off callers.
 
-use crate::{Image, RbdError};
+use crate::{Image, RbdError, RbdQueue};
+use cryptblk_block::aio::{IoQueue, QueueOptions};
 use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind};
+use std::sync::Arc;
 
 /// A block device over an open RBD image.
 #[derive(Debug)]
 pub struct RbdDevice {
-    image: Image,
+    // Shared with the device's queues, which may outlive a reference to the device.
+    image: Arc<Image>,
 }
 
 impl RbdDevice {
     pub fn new(image: Image) -> RbdDevice {
-        RbdDevice { image }
+        RbdDevice {
+            image: Arc::new(image),
+        }
     }
 
     pub fn image(&self) -> &Image {
@@ -86,6 +91,10 @@ impl BlockDevice for RbdDevice {
         self.image
             .discard(offset, len)
             .map_err(|e| block_error("discard", offset, e))
+    }
+
+    fn native_queue(&self, opts: &QueueOptions) -> Option<Result<Box<dyn IoQueue>, BlockError>> {
+        Some(RbdQueue::new(self.image.clone(), opts.depth).map(|q| Box::new(q) as Box<dyn IoQueue>))
     }
 
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {

@@ -8,6 +8,9 @@ pub type Rados = *mut c_void;
 pub type IoCtx = *mut c_void;
 pub type RbdImage = *mut c_void;
 pub type DiffCallback = extern "C" fn(u64, size_t, c_int, *mut c_void) -> c_int;
+pub type AioCompletion = *mut c_void;
+/// `rbd_callback_t`: runs on one of librbd's own threads when a request completes.
+pub type AioCallback = extern "C" fn(AioCompletion, *mut c_void);
 
 /// `RBD_LOCK_MODE_EXCLUSIVE` from librbd.h.
 pub const LOCK_MODE_EXCLUSIVE: c_int = 0;
@@ -46,6 +49,18 @@ pub struct Api {
         DiffCallback,
         *mut c_void,
     ) -> c_int,
+    pub rbd_aio_create_completion:
+        unsafe extern "C" fn(*mut c_void, AioCallback, *mut AioCompletion) -> c_int,
+    pub rbd_aio_get_return_value: unsafe extern "C" fn(AioCompletion) -> ssize_t,
+    pub rbd_aio_release: unsafe extern "C" fn(AioCompletion),
+    pub rbd_aio_readv:
+        unsafe extern "C" fn(RbdImage, *const libc::iovec, c_int, u64, AioCompletion) -> c_int,
+    pub rbd_aio_writev:
+        unsafe extern "C" fn(RbdImage, *const libc::iovec, c_int, u64, AioCompletion) -> c_int,
+    pub rbd_aio_flush: unsafe extern "C" fn(RbdImage, AioCompletion) -> c_int,
+    pub rbd_aio_discard: unsafe extern "C" fn(RbdImage, u64, u64, AioCompletion) -> c_int,
+    pub rbd_aio_write_zeroes:
+        unsafe extern "C" fn(RbdImage, u64, size_t, AioCompletion, c_int, c_int) -> c_int,
     _rados: libloading::Library,
     _rbd: libloading::Library,
 }
@@ -94,6 +109,14 @@ fn load(rados: &str, rbd: &str) -> Result<Api, String> {
         rbd_flush: sym!(rbd, rbd_flush),
         rbd_discard: sym!(rbd, rbd_discard),
         rbd_diff_iterate2: sym!(rbd, rbd_diff_iterate2),
+        rbd_aio_create_completion: sym!(rbd, rbd_aio_create_completion),
+        rbd_aio_get_return_value: sym!(rbd, rbd_aio_get_return_value),
+        rbd_aio_release: sym!(rbd, rbd_aio_release),
+        rbd_aio_readv: sym!(rbd, rbd_aio_readv),
+        rbd_aio_writev: sym!(rbd, rbd_aio_writev),
+        rbd_aio_flush: sym!(rbd, rbd_aio_flush),
+        rbd_aio_discard: sym!(rbd, rbd_aio_discard),
+        rbd_aio_write_zeroes: sym!(rbd, rbd_aio_write_zeroes),
         _rados: rados,
         _rbd: rbd,
     })

@@ -2,12 +2,14 @@
 //! built with this crate runs on machines without Ceph and only needs librbd1 when an `rbd:`
 //! image is actually named.
 
+mod aio;
 mod device;
 mod error;
 mod ffi;
 mod image;
 mod spec;
 
+pub use aio::RbdQueue;
 pub use device::{block_error, RbdDevice};
 pub use error::RbdError;
 pub use image::{Allocation, Image, OpenMode};
