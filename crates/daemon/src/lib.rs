@@ -13,6 +13,7 @@ mod image;
 pub mod key_file;
 mod keys;
 mod migrate;
+pub mod notify;
 mod registry;
 mod rpc;
 mod serve;

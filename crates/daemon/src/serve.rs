@@ -1,9 +1,12 @@
 //! Running the daemon: every disk named at start is opened and unlocked before any socket is
 //! bound (one missing image or wrong key fails the whole start and leaves no socket behind),
 //! then the exports, the NBD server and the control socket start, and the daemon serves until
-//! SIGTERM or SIGINT, or until a server fails, and then stops every disk cleanly.
+//! SIGTERM or SIGINT, or until a server fails, and then stops every disk cleanly. Under
+//! systemd (`Type=notify`) it reports `READY=1` once every disk is unlocked and every socket
+//! bound, `STOPPING=1` when it begins to stop, and `STATUS=` lines along the way.
 use crate::error::{chain, Context, Error, Result};
 use crate::key_file::Passphrase;
+use crate::notify::ServiceManager;
 use crate::registry::{Daemon, DaemonOptions};
 use crate::rpc::ControlHandler;
 use crate::Event;
@@ -51,6 +54,13 @@ pub fn serve(config: ServeConfig) -> Result<()> {
                 d.config.name
             )));
         }
+    }
+    let manager = ServiceManager::from_env();
+    if let Some(m) = &manager {
+        m.status(&format!(
+            "opening and unlocking {} disk(s)",
+            config.disks.len()
+        ));
     }
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
@@ -175,6 +185,15 @@ pub fn serve(config: ServeConfig) -> Result<()> {
         control_thread = Some((stop, thread));
     }
 
+    if let Some(m) = &manager {
+        let names: Vec<String> = daemon.list().disks.into_iter().map(|d| d.name).collect();
+        m.send(&format!(
+            "READY=1\nSTATUS=serving {} disk(s){}{}",
+            names.len(),
+            if names.is_empty() { "" } else { ": " },
+            names.join(", ")
+        ));
+    }
     let signal_handle = signals.handle();
     let signal_thread = std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
@@ -198,6 +217,9 @@ pub fn serve(config: ServeConfig) -> Result<()> {
         }
     }
 
+    if let Some(m) = &manager {
+        m.send("STOPPING=1\nSTATUS=stopping: draining requests in flight, flushing every disk");
+    }
     // Control first (no disk-add during shutdown), then every disk (in-flight requests
     // finish, images are flushed), then the NBD listener.
     if let Some((stop, thread)) = control_thread {

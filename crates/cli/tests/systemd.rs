@@ -1,0 +1,137 @@
+//! Running under systemd: `cryptblk serve` speaks the `Type=notify` protocol to the datagram
+//! socket `$NOTIFY_SOCKET` names (READY=1 only once the LUKS disk is unlocked and every socket
+//! is bound, STOPPING=1 when SIGTERM arrives, STATUS= lines), and the unit file in
+//! contrib/systemd passes `systemd-analyze verify`.
+use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn run(args: &[&std::ffi::OsStr]) {
+    cryptblk_testutil::run_tool(env!("CARGO_BIN_EXE_cryptblk"), args);
+}
+
+fn receive(socket: &UnixDatagram) -> String {
+    let mut buf = [0u8; 4096];
+    let n = socket
+        .recv(&mut buf)
+        .expect("a notification within the timeout");
+    String::from_utf8(buf[..n].to_vec()).unwrap()
+}
+
+#[test]
+fn serve_notifies_ready_after_unlock_and_bind_then_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name);
+    let key = path("key");
+    std::fs::write(&key, b"notify-test-passphrase").unwrap();
+    let image = path("disk.luks");
+    let os = |s: &Path| s.as_os_str().to_owned();
+    run(&[
+        "format".as_ref(),
+        "--key-file".as_ref(),
+        &os(&key),
+        "--pbkdf".as_ref(),
+        "pbkdf2".as_ref(),
+        "--pbkdf-force-iterations".as_ref(),
+        "1000".as_ref(),
+        &os(&image),
+        "16M".as_ref(),
+    ]);
+    let notify = UnixDatagram::bind(path("notify")).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let (vhost, control) = (path("vm1.sock"), path("control.sock"));
+    let serve = Command::new(env!("CARGO_BIN_EXE_cryptblk"))
+        .arg("serve")
+        .arg("--image")
+        .arg(&image)
+        .arg("--key-file")
+        .arg(&key)
+        .arg("--vhost-user-blk")
+        .arg(&vhost)
+        .arg("--control")
+        .arg(&control)
+        .env("NOTIFY_SOCKET", path("notify"))
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    let first = receive(&notify);
+    assert_eq!(first, "STATUS=opening and unlocking 1 disk(s)");
+    let ready = receive(&notify);
+    assert_eq!(ready, "READY=1\nSTATUS=serving 1 disk(s): disk.luks");
+    // Ready means usable: the disk's socket and the control socket accept connections now.
+    UnixStream::connect(&vhost).expect("vhost-user-blk socket accepts after READY=1");
+    UnixStream::connect(&control).expect("control socket accepts after READY=1");
+
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    assert_eq!(unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) }, 0);
+    let stopping = receive(&notify);
+    assert!(
+        stopping.starts_with("STOPPING=1\nSTATUS=stopping"),
+        "{stopping}"
+    );
+    let out = serve.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Nothing after STOPPING=1.
+    notify.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 64];
+    assert!(notify.recv(&mut buf).is_err());
+
+    // A wrong key never reports READY=1: the start fails first.
+    std::fs::write(&key, b"not the passphrase").unwrap();
+    let failed = Command::new(env!("CARGO_BIN_EXE_cryptblk"))
+        .arg("serve")
+        .arg("--image")
+        .arg(&image)
+        .arg("--key-file")
+        .arg(&key)
+        .arg("--vhost-user-blk")
+        .arg(&vhost)
+        .env("NOTIFY_SOCKET", path("notify"))
+        .output()
+        .unwrap();
+    assert_eq!(failed.status.code(), Some(2));
+    notify.set_nonblocking(false).unwrap();
+    assert_eq!(receive(&notify), "STATUS=opening and unlocking 1 disk(s)");
+    notify.set_nonblocking(true).unwrap();
+    assert!(notify.recv(&mut buf).is_err(), "a failed start sent more");
+}
+
+#[test]
+fn unit_file_passes_systemd_analyze_verify() {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        cryptblk_testutil::skip("systemd-analyze is not installed (apt install systemd)");
+        return;
+    }
+    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/systemd/cryptblk.service");
+    let text = std::fs::read_to_string(&unit).unwrap();
+    // verify checks that ExecStart's program exists: point it at the binary under test.
+    let text = text.replace("/usr/bin/cryptblk", env!("CARGO_BIN_EXE_cryptblk"));
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("cryptblk.service");
+    std::fs::write(&copy, text).unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&copy)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
