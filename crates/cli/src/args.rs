@@ -173,7 +173,7 @@ pub struct ServeArgs {
     /// combined with the single-disk options.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "socket", "image", "key_file", "num_queues", "queue_size", "readonly", "discard", "name",
-        "cache", "aio", "poll_us",
+        "cache", "aio", "poll_us", "socket_owner", "socket_mode",
     ])]
     pub config: Option<PathBuf>,
     /// Export the disk over vhost-user-blk on this UNIX socket path (a stale socket there is
@@ -214,6 +214,14 @@ pub struct ServeArgs {
     /// QEMU's aio-poll: lower latency for CPU time. 0 (the default) never polls.
     #[arg(long, value_name = "US", default_value_t = 0)]
     pub poll_us: u32,
+    /// Owner of the vhost-user-blk socket: USER, USER:GROUP or :GROUP, names or ids (e.g.
+    /// libvirt-qemu, the user libvirt runs QEMU as); set before any connection is accepted.
+    #[arg(long, value_name = "USER[:GROUP]", requires = "socket")]
+    pub socket_owner: Option<String>,
+    /// Permission bits of the vhost-user-blk socket in octal, e.g. 0660 (a client needs
+    /// write permission to connect).
+    #[arg(long, value_name = "MODE", requires = "socket")]
+    pub socket_mode: Option<String>,
     /// Also serve every disk over NBD, export name = disk name: unix:PATH or tcp:HOST:PORT.
     #[arg(long, value_name = "ADDR")]
     pub nbd: Option<String>,

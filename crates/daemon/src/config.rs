@@ -36,6 +36,15 @@ pub fn validate(config: &DiskConfig) -> Result<(), InvalidConfig> {
             config.queue_size
         ));
     }
+    let access = crate::socket_access::SocketAccess::parse(
+        config.socket_owner.as_deref(),
+        config.socket_mode.as_deref(),
+    )?;
+    if !access.is_default() && config.vhost_user_blk.is_none() {
+        return invalid(
+            "socket-owner and socket-mode apply to the vhost-user-blk socket: give one".into(),
+        );
+    }
     Ok(())
 }
 

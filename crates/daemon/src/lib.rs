@@ -17,6 +17,7 @@ pub mod notify;
 mod registry;
 mod rpc;
 mod serve;
+pub mod socket_access;
 mod stats;
 
 pub use error::{chain, kind_of, Error, Result};

@@ -203,6 +203,19 @@ impl Daemon {
                     serve_options(&config, &image.serial),
                 )
                 .context("starting the vhost-user-blk server")?;
+                // Before the server thread accepts anything.
+                crate::socket_access::SocketAccess::parse(
+                    config.socket_owner.as_deref(),
+                    config.socket_mode.as_deref(),
+                )
+                .map_err(|e| Error::usage(e.0))?
+                .apply(socket)
+                .map_err(|e| {
+                    Error::caused(
+                        format!("setting the owner and mode of {}", socket.display()),
+                        e,
+                    )
+                })?;
                 server.set_event_listener(switchover_on_vm_stop(
                     config.name.clone(),
                     activity.clone(),

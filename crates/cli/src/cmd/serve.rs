@@ -42,6 +42,8 @@ default: the holes show anyone with the image which blocks are unused.
   cache = \"none\"                      # optional: none|writeback|writethrough|directsync|unsafe
   aio = \"io_uring\"                    # optional: io_uring|threads
   poll-us = 0                         # optional: busy-poll completions (microseconds)
+  socket-owner = \"libvirt-qemu\"      # optional: USER[:GROUP] of the vhost-user-blk socket
+  socket-mode = \"0660\"               # optional: its permission bits (octal)
 
   [[disk]]
   name = \"vm1-data\"
@@ -142,6 +144,8 @@ fn single_disk(a: &ServeArgs) -> Result<StartDisk> {
     config.cache = a.cache;
     config.aio = a.aio;
     config.poll_us = a.poll_us;
+    config.socket_owner = a.socket_owner.clone();
+    config.socket_mode = a.socket_mode.clone();
     cryptblk_daemon::config::validate(&config).map_err(|e| UsageError(e.0))?;
     let is_luks = matches!(
         cryptblk_block::probe_format(config.image.path()),

@@ -112,6 +112,8 @@ pub const METHODS: &[MethodSpec] = &[
             opt("cache", Choice(CACHE_MODES), "Host cache mode, as QEMU's cache= (default none)."),
             opt("aio", Choice(AIO_ENGINES), "Asynchronous I/O engine (default io_uring)."),
             opt("poll-us", Count, "Busy-poll completions this many microseconds before sleeping (default 0: never)."),
+            opt("socket-owner", Text, "Owner of the vhost-user-blk socket: USER, USER:GROUP or :GROUP (e.g. libvirt-qemu for libvirt's QEMU)."),
+            opt("socket-mode", Text, "Permission bits of the vhost-user-blk socket in octal, e.g. 0660."),
         ],
     },
     MethodSpec {

@@ -96,6 +96,14 @@ pub struct DiskConfig {
     /// QEMU's aio-poll; 0 never polls.
     #[serde(default)]
     pub poll_us: u32,
+    /// Owner of the vhost-user-blk socket: `USER`, `USER:GROUP` or `:GROUP` (e.g.
+    /// `libvirt-qemu:kvm`); absent: the daemon's user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_owner: Option<String>,
+    /// Permission bits of the vhost-user-blk socket in octal (e.g. `0660`); absent: as
+    /// created (the daemon's umask).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_mode: Option<String>,
 }
 
 impl DiskConfig {
@@ -126,6 +134,8 @@ impl DiskConfig {
             cache: CacheMode::default(),
             aio: AioEngine::default(),
             poll_us: 0,
+            socket_owner: None,
+            socket_mode: None,
         }
     }
 
