@@ -11,7 +11,7 @@ declare -A want=(
   [ceph-mon]=ceph-mon [ceph-osd]=ceph-osd [rbd]=ceph-common [/usr/lib/x86_64-linux-gnu/librbd.so.1]=librbd1
   [/usr/lib/x86_64-linux-gnu/qemu/block-rbd.so]=qemu-block-extra [uuidgen]=uuid-runtime
   [groff]=groff-base [systemd-analyze]=systemd
-  [virt-xml-validate]=libvirt-clients [xmllint]=libxml2-utils
+  [virt-xml-validate]=libvirt-clients [xmllint]=libxml2-utils [libvirtd]=libvirt-daemon-system
 )
 missing=()
 for tool in "${!want[@]}"; do
