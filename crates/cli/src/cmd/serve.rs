@@ -104,6 +104,14 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
                 .map_err(|e| UsageError(format!("--nbd {addr}: {e}")))
         })
         .transpose()?;
+    let metrics = a
+        .metrics
+        .as_deref()
+        .map(|addr| {
+            addr.parse::<cryptblk_daemon::MetricsAddress>()
+                .map_err(|e| UsageError(format!("--metrics {addr}: {e}")))
+        })
+        .transpose()?;
     let nbd_tls = a
         .tls_creds
         .as_deref()
@@ -114,6 +122,7 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
         nbd,
         nbd_tls,
         control: a.control.clone(),
+        metrics,
         pool: crypto_pool(cli)?,
         unlock: unlock_options(cli),
         name_disks: a.config.is_some(),
