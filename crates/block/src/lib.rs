@@ -30,6 +30,4 @@ pub use luks_volume::{
 };
 pub use qcow2::Qcow2;
 pub use raw::{IoSettings, OpenOptions, RawFile};
-pub use stats::{
-    exported_bound_ns, ExportedHistogram, IoKind, IoStats, IoStatsSnapshot, EXPORTED_BOUNDS,
-};
+pub use stats::{IoKind, IoStats, IoStatsSnapshot};

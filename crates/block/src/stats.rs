@@ -15,47 +15,13 @@ const BUCKETS: usize = (MAX_EXP + 1) * SUBS;
 /// A log-linear latency histogram (like HdrHistogram with two significant bits).
 pub struct LatencyHistogram {
     buckets: [AtomicU64; BUCKETS],
-    /// Sum of every sample, for Prometheus' `_sum`.
-    sum_ns: AtomicU64,
 }
 
 impl Default for LatencyHistogram {
     fn default() -> Self {
         LatencyHistogram {
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            sum_ns: AtomicU64::new(0),
         }
-    }
-}
-
-/// Upper bounds of the exported histogram's buckets: every power of two from 2^13 ns (8.2 µs)
-/// to 2^34 ns (17.2 s). Powers of two are edges of the internal buckets, so the exported
-/// counts are exact.
-pub const EXPORTED_BOUNDS: usize = 22;
-const FIRST_BOUND_EXP: u32 = 13;
-
-/// The bucket bound `i` of [`ExportedHistogram`] in nanoseconds: samples counted there took
-/// less than this.
-pub fn exported_bound_ns(i: usize) -> u64 {
-    1u64 << (FIRST_BOUND_EXP + i as u32)
-}
-
-/// A latency histogram as Prometheus wants it: cumulative counts below fixed bounds
-/// ([`exported_bound_ns`]), the total count and the sum. Histograms of several queues add up.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ExportedHistogram {
-    pub below: [u64; EXPORTED_BOUNDS],
-    pub count: u64,
-    pub sum_ns: u64,
-}
-
-impl ExportedHistogram {
-    pub fn merge(&mut self, other: &ExportedHistogram) {
-        for (a, b) in self.below.iter_mut().zip(other.below) {
-            *a += b;
-        }
-        self.count += other.count;
-        self.sum_ns += other.sum_ns;
     }
 }
 
@@ -63,30 +29,6 @@ impl LatencyHistogram {
     pub fn record(&self, latency: Duration) {
         let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
         self.buckets[bucket_of(ns)].fetch_add(1, Ordering::Relaxed);
-        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
-    }
-
-    /// Cumulative counts at the exported bounds. Read without a lock while requests complete,
-    /// so a sample landing meanwhile may be in `count` and not yet in a bucket (or the sum):
-    /// counts are made monotonic, as Prometheus requires.
-    pub fn exported(&self) -> ExportedHistogram {
-        let mut out = ExportedHistogram::default();
-        let mut running = 0u64;
-        let mut next = 0usize;
-        for (i, b) in self.buckets.iter().enumerate() {
-            // Every sample of internal bucket i is below bound k iff its upper edge is.
-            while next < EXPORTED_BOUNDS && bucket_upper(i) >= exported_bound_ns(next) {
-                out.below[next] = running;
-                next += 1;
-            }
-            running += b.load(Ordering::Relaxed);
-        }
-        for slot in &mut out.below[next..] {
-            *slot = running;
-        }
-        out.count = running;
-        out.sum_ns = self.sum_ns.load(Ordering::Relaxed);
-        out
     }
 
     /// Number of recorded samples.
@@ -259,8 +201,6 @@ impl IoStats {
             read_p99_us: us(self.read_latency.quantile(0.99)),
             write_p50_us: us(self.write_latency.quantile(0.5)),
             write_p99_us: us(self.write_latency.quantile(0.99)),
-            read_latency: self.read_latency.exported(),
-            write_latency: self.write_latency.exported(),
         }
     }
 }
@@ -280,9 +220,6 @@ pub struct IoStatsSnapshot {
     pub read_p99_us: Option<f64>,
     pub write_p50_us: Option<f64>,
     pub write_p99_us: Option<f64>,
-    /// Latency histograms for Prometheus (they add up across queues, unlike quantiles).
-    pub read_latency: ExportedHistogram,
-    pub write_latency: ExportedHistogram,
 }
 
 impl IoStatsSnapshot {
@@ -305,36 +242,12 @@ impl IoStatsSnapshot {
         self.read_p99_us = max(self.read_p99_us, other.read_p99_us);
         self.write_p50_us = max(self.write_p50_us, other.write_p50_us);
         self.write_p99_us = max(self.write_p99_us, other.write_p99_us);
-        self.read_latency.merge(&other.read_latency);
-        self.write_latency.merge(&other.write_latency);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exported_buckets_are_exact_at_powers_of_two() {
-        let h = LatencyHistogram::default();
-        for ns in [100, 8191, 8192, 20_000, 1 << 20, (1 << 34) - 1, 1 << 40] {
-            h.record(Duration::from_nanos(ns));
-        }
-        let e = h.exported();
-        assert_eq!(e.count, 7);
-        assert_eq!(
-            e.sum_ns,
-            100 + 8191 + 8192 + 20_000 + (1 << 20) + (1 << 34) - 1 + (1 << 40)
-        );
-        for (k, below) in e.below.iter().enumerate() {
-            let bound = exported_bound_ns(k);
-            let expected = [100u64, 8191, 8192, 20_000, 1 << 20, (1 << 34) - 1, 1 << 40]
-                .iter()
-                .filter(|&&ns| ns < bound)
-                .count() as u64;
-            assert_eq!(*below, expected, "bound {bound} ns");
-        }
-    }
 
     #[test]
     fn buckets_are_monotonic_and_cover_their_values() {

@@ -233,10 +233,6 @@ pub struct ServeArgs {
     /// UNIX socket, created with mode 0600. With it the daemon may start without disks.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
-    /// Answer Prometheus scrapes (GET /metrics, text format) here: tcp:HOST:PORT or
-    /// unix:PATH. Off by default; counters, latency histograms and names only, never keys.
-    #[arg(long, value_name = "ADDR")]
-    pub metrics: Option<String>,
     /// Log lines as plain text or as one JSON object each (for log shippers).
     #[arg(long, value_enum, default_value = "text", value_name = "FORMAT")]
     pub log_format: LogFormat,

@@ -33,8 +33,6 @@ pub struct ServeConfig {
     pub nbd_tls: Option<TlsCreds>,
     /// The control socket.
     pub control: Option<PathBuf>,
-    /// Answer Prometheus scrapes here.
-    pub metrics: Option<cryptblk_net::Address>,
     pub pool: Arc<CryptoPool>,
     pub unlock: UnlockOptions,
     /// Name disks in messages by name and image (several disks from a config file) rather
@@ -187,36 +185,6 @@ pub fn serve(config: ServeConfig) -> Result<()> {
         control_thread = Some((stop, thread));
     }
 
-    let mut metrics_thread = None;
-    if let Some(address) = &config.metrics {
-        let started = crate::metrics_server::MetricsServer::bind(address, daemon.clone())
-            .and_then(|server| Ok((server.stop_handle()?, server)));
-        let (stop, server) = match started {
-            Ok(s) => s,
-            Err(e) => {
-                if let Some((stop, thread)) = control_thread.take() {
-                    stop.stop();
-                    let _ = thread.join();
-                }
-                if let Some((stop, thread)) = nbd_thread.take() {
-                    stop.stop();
-                    let _ = thread.join();
-                }
-                let _ = daemon.shutdown();
-                return Err(Error::caused(format!("metrics on {address}"), e));
-            }
-        };
-        let bound = server
-            .local_addr()
-            .map_or_else(|_| address.to_string(), |a| a.to_string());
-        tracing::info!(address = %bound, "metrics listening (GET /metrics)");
-        let thread = std::thread::Builder::new()
-            .name("metrics".into())
-            .spawn(move || server.run())
-            .context("starting the metrics thread")?;
-        metrics_thread = Some((stop, thread));
-    }
-
     if let Some(m) = &manager {
         let names: Vec<String> = daemon.list().disks.into_iter().map(|d| d.name).collect();
         m.send(&format!(
@@ -255,10 +223,6 @@ pub fn serve(config: ServeConfig) -> Result<()> {
     // Control first (no disk-add during shutdown), then every disk (in-flight requests
     // finish, images are flushed), then the NBD listener.
     if let Some((stop, thread)) = control_thread {
-        stop.stop();
-        let _ = thread.join();
-    }
-    if let Some((stop, thread)) = metrics_thread {
         stop.stop();
         let _ = thread.join();
     }

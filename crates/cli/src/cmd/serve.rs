@@ -104,14 +104,6 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
                 .map_err(|e| UsageError(format!("--nbd {addr}: {e}")))
         })
         .transpose()?;
-    let metrics = a
-        .metrics
-        .as_deref()
-        .map(|addr| {
-            addr.parse::<cryptblk_daemon::MetricsAddress>()
-                .map_err(|e| UsageError(format!("--metrics {addr}: {e}")))
-        })
-        .transpose()?;
     let nbd_tls = a
         .tls_creds
         .as_deref()
@@ -122,7 +114,6 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
         nbd,
         nbd_tls,
         control: a.control.clone(),
-        metrics,
         pool: crypto_pool(cli)?,
         unlock: unlock_options(cli),
         name_disks: a.config.is_some(),
