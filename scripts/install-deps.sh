@@ -10,6 +10,7 @@ declare -A want=(
   [jq]=jq [nbdinfo]=libnbd-bin [nbdcopy]=libnbd-bin [qemu-storage-daemon]=qemu-system-common
   [ceph-mon]=ceph-mon [ceph-osd]=ceph-osd [rbd]=ceph-common [/usr/lib/x86_64-linux-gnu/librbd.so.1]=librbd1
   [/usr/lib/x86_64-linux-gnu/qemu/block-rbd.so]=qemu-block-extra [uuidgen]=uuid-runtime
+  [/usr/lib/python3/dist-packages/prometheus_client/parser.py]=python3-prometheus-client
 )
 missing=()
 for tool in "${!want[@]}"; do

@@ -12,12 +12,14 @@ pub mod error;
 mod image;
 pub mod key_file;
 mod keys;
+pub mod metrics;
 mod migrate;
 mod registry;
 mod rpc;
 mod serve;
 mod stats;
 
+pub use cryptblk_net::Address;
 pub use error::{chain, kind_of, Error, Result};
 pub use keys::pbkdf_options;
 pub use registry::{Daemon, DaemonOptions, PreparedDisk};
