@@ -1,12 +1,14 @@
 //! `cryptblk serve --metrics`: a LUKS2 disk served over NBD takes a known number of reads,
 //! writes and flushes; the scrape is parsed by the Prometheus project's own Python parser
-//! (Debian's python3-prometheus-client) and must count exactly that I/O, with histograms
+//! (Debian's python3-prometheus-client) and must count exactly that I/O (and the reads a
+//! vhost-user frontend sends on one of two queues, on that queue only), with histograms
 //! whose counts equal the request counts, and no trace of the passphrase. The endpoint's
 //! HTTP answers to wrong paths, methods and garbage are checked too.
 mod common;
 
 use common::nbd_client::NbdClient;
 use common::*;
+use cryptblk_testutil::vhost_user::{Guest, S_OK};
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -88,6 +90,7 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
     // A name with characters the format must escape in label values.
     let name = "vm \"one\" \\ data";
     let nbd = dir.path().join("nbd.sock");
+    let vhost = dir.path().join("vhost.sock");
     let control = dir.path().join("ctl.sock");
     let metrics = dir.path().join("metrics.sock");
     let serve = ServeProcess::start(
@@ -100,6 +103,10 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
             name,
             "--nbd",
             &format!("unix:{}", s(&nbd)),
+            "--vhost-user-blk",
+            s(&vhost),
+            "--num-queues",
+            "2",
             "--control",
             s(&control),
             "--metrics",
@@ -122,6 +129,13 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
         client.read((i * 7 % 4096) * 4096, 4096).unwrap();
     }
     client.disconnect().unwrap();
+    const VHOST_READS: u64 = 5;
+    let mut guest = Guest::connect(&vhost, 2, 256);
+    for i in 0..VHOST_READS {
+        let (status, _) = guest.read(1, i * 8, 4096);
+        assert_eq!(status, S_OK);
+    }
+    drop(guest);
 
     let (status, head, body) = http(
         &metrics,
@@ -189,6 +203,31 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
         value(&samples, "cryptblk_io_in_flight_requests", &export),
         0.0
     );
+
+    for (queue, reads) in [("0", 0), ("1", VHOST_READS)] {
+        let labels = [
+            ("disk", name),
+            ("export", "vhost-user-blk"),
+            ("queue", queue),
+            ("op", "read"),
+        ];
+        assert_eq!(
+            value(&samples, "cryptblk_io_requests_total", &labels),
+            reads as f64
+        );
+        assert_eq!(
+            value(&samples, "cryptblk_io_bytes_total", &labels),
+            (reads * 4096) as f64
+        );
+        assert_eq!(
+            value(
+                &samples,
+                "cryptblk_io_request_duration_seconds_count",
+                &labels
+            ),
+            reads as f64
+        );
+    }
 
     // Every histogram: cumulative buckets ending in +Inf = _count = the request count.
     for op in ["read", "write", "flush", "discard"] {
