@@ -309,6 +309,24 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
     let (status, _, _) = http(&metrics, &[b'A'; 9000]);
     assert_eq!(status, "HTTP/1.1 431 Request Header Fields Too Large");
 
+    // Four clients that send nothing hold every connection slot (each for 10 s at most): a
+    // fifth is turned away at once.
+    // (The threads of the requests above end once their clients have closed.)
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let idle: Vec<UnixStream> = (0..4)
+        .map(|_| UnixStream::connect(&metrics).unwrap())
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // (It is answered without being read: a request sent would race with the close.)
+    let mut turned_away = UnixStream::connect(&metrics).unwrap();
+    let mut answer = String::new();
+    turned_away.read_to_string(&mut answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{answer}"
+    );
+    drop(idle);
+
     assert_eq!(serve.terminate(), 0);
     assert!(!metrics.exists(), "the metrics socket is removed at exit");
 }

@@ -84,6 +84,7 @@ impl MetricsServer {
                 let mut stream = stream;
                 let _ = stream.set_timeouts(Some(Duration::from_millis(100)));
                 let _ = stream.write_all(&error_response("503 Service Unavailable", ""));
+                stream.shutdown(std::net::Shutdown::Write);
                 continue;
             }
             let daemon = self.daemon.clone();
