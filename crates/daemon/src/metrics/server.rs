@@ -92,7 +92,7 @@ impl MetricsServer {
             let spawned = std::thread::Builder::new()
                 .name("metrics-conn".into())
                 .spawn(move || {
-                    let _ = answer(stream, &daemon);
+                    let _ = answer(stream, REQUEST_TIMEOUT, || daemon.render_metrics());
                     active.fetch_sub(1, Ordering::SeqCst);
                 });
             if spawned.is_err() {
@@ -102,9 +102,14 @@ impl MetricsServer {
     }
 }
 
-/// Reads one request head within the deadline and answers it.
-fn answer(mut stream: Stream, daemon: &Daemon) -> io::Result<()> {
-    let deadline = Instant::now() + REQUEST_TIMEOUT;
+/// Reads one request head within `timeout` (in all, however slowly it trickles in) and
+/// answers it, with `render()` for the metrics page.
+fn answer(
+    mut stream: Stream,
+    timeout: Duration,
+    render: impl FnOnce() -> String,
+) -> io::Result<()> {
+    let deadline = Instant::now() + timeout;
     let mut buf = vec![0u8; MAX_HEAD];
     let mut len = 0;
     let head = loop {
@@ -139,7 +144,7 @@ fn answer(mut stream: Stream, daemon: &Daemon) -> io::Result<()> {
     };
     let out = match route(&buf[..head]) {
         Route::Metrics { head_only } => {
-            let body = daemon.render_metrics();
+            let body = render();
             response(
                 "200 OK",
                 "",
@@ -174,4 +179,60 @@ fn reply(stream: &mut Stream, bytes: &[u8]) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    fn serve_one(timeout: Duration) -> (UnixStream, std::thread::JoinHandle<io::Result<()>>) {
+        let (client, server) = UnixStream::pair().unwrap();
+        let thread = std::thread::spawn(move || {
+            answer(Stream::Unix(server), timeout, || "m 1\n".to_string())
+        });
+        (client, thread)
+    }
+
+    fn response_of(mut client: UnixStream) -> String {
+        let mut text = String::new();
+        client.read_to_string(&mut text).unwrap();
+        text
+    }
+
+    #[test]
+    fn a_trickling_client_is_cut_off_at_the_deadline() {
+        let (mut client, thread) = serve_one(Duration::from_millis(300));
+        let start = Instant::now();
+        // One byte every 50 ms never completes a head; each read alone would be in time.
+        for b in b"GET /metrics HTTP/1.1\r\nHost: x\r\n" {
+            if client.write_all(&[*b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            if start.elapsed() > Duration::from_millis(600) {
+                break;
+            }
+        }
+        client.shutdown(std::net::Shutdown::Write).unwrap();
+        thread.join().unwrap().unwrap();
+        assert!(start.elapsed() < Duration::from_millis(1500));
+        assert!(response_of(client).starts_with("HTTP/1.1 408 Request Timeout\r\n"));
+    }
+
+    #[test]
+    fn a_complete_request_is_answered_and_closed() {
+        let (mut client, thread) = serve_one(Duration::from_secs(5));
+        client
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        client.shutdown(std::net::Shutdown::Write).unwrap();
+        let text = response_of(client);
+        thread.join().unwrap().unwrap();
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(
+            text.contains("Content-Length: 4\r\n") && text.ends_with("\r\n\r\nm 1\n"),
+            "{text}"
+        );
+    }
 }
