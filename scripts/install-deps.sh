@@ -12,6 +12,7 @@ declare -A want=(
   [/usr/lib/x86_64-linux-gnu/qemu/block-rbd.so]=qemu-block-extra [uuidgen]=uuid-runtime
   [groff]=groff-base [systemd-analyze]=systemd
   [virt-xml-validate]=libvirt-clients [xmllint]=libxml2-utils [libvirtd]=libvirt-daemon-system
+  [/usr/lib/python3/dist-packages/prometheus_client/parser.py]=python3-prometheus-client
 )
 missing=()
 for tool in "${!want[@]}"; do

@@ -14,6 +14,7 @@ mod device;
 mod error;
 mod format;
 mod io_options;
+mod latency_buckets;
 mod luks_volume;
 pub mod qcow2;
 pub mod raw;
@@ -25,6 +26,7 @@ pub use device::{BlockDevice, Extent, ExtentKind};
 pub use error::{BlockError, BlockErrorKind};
 pub use format::{open_image, probe_format, Format, MAX_BACKING_DEPTH};
 pub use io_options::{AioEngine, CacheMode, UnknownName};
+pub use latency_buckets::{BucketCounts, LatencyBuckets, LATENCY_BOUNDS_NS, LATENCY_BUCKETS};
 pub use luks_volume::{
     open_luks_volume, open_luks_volume_on, LuksVolume, VolumeError, VolumeOptions,
 };

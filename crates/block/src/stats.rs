@@ -1,7 +1,12 @@
 //! I/O statistics a frontend keeps per export or per queue: operation and byte counters,
 //! requests in flight, and latency histograms. Lock-free (relaxed atomics), so recording costs
 //! a few uncontended atomic adds per request and a reader never stalls the data path.
+//!
+//! Each latency is recorded twice: into a fine log-linear histogram (quantiles for `ctl
+//! stats`) and into fixed decimal buckets with a sum (`latency_buckets`, what `/metrics`
+//! exposes as Prometheus histograms), so both always count the same requests.
 
+use crate::latency_buckets::{BucketCounts, LatencyBuckets};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -90,10 +95,13 @@ pub struct IoStats {
     write_bytes: AtomicU64,
     flushes: AtomicU64,
     discards: AtomicU64,
-    errors: AtomicU64,
+    /// Failed requests per [`IoKind`] (in its order).
+    errors: [AtomicU64; IoKind::COUNT],
     in_flight: AtomicI64,
     read_latency: LatencyHistogram,
     write_latency: LatencyHistogram,
+    /// Latency of successful requests per [`IoKind`] (`Other` is not timed).
+    buckets: [LatencyBuckets; IoKind::COUNT - 1],
 }
 
 /// What kind of request a `Tracker` records.
@@ -103,8 +111,32 @@ pub enum IoKind {
     Write,
     Flush,
     Discard,
-    /// Anything else (GET_ID, WRITE_ZEROES is counted as a write): counted in flight only.
+    /// Anything else (GET_ID, WRITE_ZEROES is counted as a write): counted in flight and
+    /// in errors only.
     Other,
+}
+
+impl IoKind {
+    pub const COUNT: usize = 5;
+    /// Every kind, in the order of the per-kind arrays of [`IoStatsSnapshot`].
+    pub const ALL: [IoKind; IoKind::COUNT] = [
+        IoKind::Read,
+        IoKind::Write,
+        IoKind::Flush,
+        IoKind::Discard,
+        IoKind::Other,
+    ];
+
+    /// Lower-case name, as metrics label it.
+    pub fn name(self) -> &'static str {
+        match self {
+            IoKind::Read => "read",
+            IoKind::Write => "write",
+            IoKind::Flush => "flush",
+            IoKind::Discard => "discard",
+            IoKind::Other => "other",
+        }
+    }
 }
 
 /// A request in flight: created when it starts, `finish`ed when it completes. Dropping an
@@ -157,10 +189,13 @@ impl IoStats {
     pub fn complete(&self, kind: IoKind, bytes: u64, start: Instant, ok: bool) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
         if !ok {
-            self.errors.fetch_add(1, Ordering::Relaxed);
+            self.errors[kind as usize].fetch_add(1, Ordering::Relaxed);
             return;
         }
         let latency = start.elapsed();
+        if let Some(buckets) = self.buckets.get(kind as usize) {
+            buckets.record(latency);
+        }
         match kind {
             IoKind::Read => {
                 self.reads.fetch_add(1, Ordering::Relaxed);
@@ -195,12 +230,14 @@ impl IoStats {
             write_bytes: self.write_bytes.load(Ordering::Relaxed),
             flushes: self.flushes.load(Ordering::Relaxed),
             discards: self.discards.load(Ordering::Relaxed),
-            errors: self.errors.load(Ordering::Relaxed),
+            errors: self.errors.iter().map(|e| e.load(Ordering::Relaxed)).sum(),
+            errors_by_kind: std::array::from_fn(|i| self.errors[i].load(Ordering::Relaxed)),
             in_flight: self.in_flight(),
             read_p50_us: us(self.read_latency.quantile(0.5)),
             read_p99_us: us(self.read_latency.quantile(0.99)),
             write_p50_us: us(self.write_latency.quantile(0.5)),
             write_p99_us: us(self.write_latency.quantile(0.99)),
+            latency: std::array::from_fn(|i| self.buckets[i].snapshot()),
         }
     }
 }
@@ -214,12 +251,18 @@ pub struct IoStatsSnapshot {
     pub write_bytes: u64,
     pub flushes: u64,
     pub discards: u64,
+    /// Failed requests of every kind.
     pub errors: u64,
+    /// Failed requests per [`IoKind`], in the order of [`IoKind::ALL`].
+    pub errors_by_kind: [u64; IoKind::COUNT],
     pub in_flight: u64,
     pub read_p50_us: Option<f64>,
     pub read_p99_us: Option<f64>,
     pub write_p50_us: Option<f64>,
     pub write_p99_us: Option<f64>,
+    /// Latency buckets of successful reads, writes, flushes and discards (the first four of
+    /// [`IoKind::ALL`]).
+    pub latency: [BucketCounts; IoKind::COUNT - 1],
 }
 
 impl IoStatsSnapshot {
@@ -233,6 +276,12 @@ impl IoStatsSnapshot {
         self.flushes += other.flushes;
         self.discards += other.discards;
         self.errors += other.errors;
+        for (a, b) in self.errors_by_kind.iter_mut().zip(other.errors_by_kind) {
+            *a += b;
+        }
+        for (a, b) in self.latency.iter_mut().zip(&other.latency) {
+            a.merge(b);
+        }
         self.in_flight += other.in_flight;
         let max = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) => Some(a.max(b)),
@@ -293,5 +342,16 @@ mod tests {
         assert_eq!((snap.reads, snap.read_bytes, snap.writes), (1, 4096, 0));
         assert_eq!((snap.errors, snap.in_flight), (1, 0));
         assert!(snap.read_p50_us.is_some() && snap.write_p50_us.is_none());
+        assert_eq!(snap.errors_by_kind, [0, 1, 0, 0, 0]);
+        // The buckets count exactly the successful requests the counters count.
+        assert_eq!(snap.latency[IoKind::Read as usize].count(), 1);
+        assert_eq!(snap.latency[IoKind::Write as usize].count(), 0);
+        let f = s.start(IoKind::Flush, 0);
+        f.finish(true);
+        let snap = s.snapshot();
+        assert_eq!(
+            (snap.flushes, snap.latency[IoKind::Flush as usize].count()),
+            (1, 1)
+        );
     }
 }

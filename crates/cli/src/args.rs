@@ -233,6 +233,10 @@ pub struct ServeArgs {
     /// UNIX socket, created with mode 0600. With it the daemon may start without disks.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Answer Prometheus scrapes (HTTP GET /metrics) on unix:PATH or tcp:HOST:PORT; the
+    /// address bound is logged (tcp:127.0.0.1:0 picks a free port). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
     /// Log lines as plain text or as one JSON object each (for log shippers).
     #[arg(long, value_enum, default_value = "text", value_name = "FORMAT")]
     pub log_format: LogFormat,

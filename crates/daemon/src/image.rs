@@ -24,6 +24,9 @@ pub struct OpenedImage {
     pub serial: String,
     /// The sector-crypto engine serving a LUKS image.
     pub engine: Option<&'static str>,
+    /// A LUKS image's cipher as LUKS2 names it (`aes-xts-plain64`) and its key size in bits
+    /// (what the metrics show; never the key).
+    pub cipher: Option<(String, usize)>,
     /// The LUKS image file, for header updates (`key-add`, `key-remove`) while attached.
     pub luks_file: Option<Arc<RawFile>>,
 }
@@ -101,6 +104,11 @@ pub fn open_image(
 fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
     let serial = volume.header().uuid().to_string();
     let engine = volume.device().cipher().engine_name();
+    let cipher = volume
+        .header()
+        .cipher_spec()
+        .ok()
+        .map(|spec| (spec.to_luks2_string(), spec.key_bytes() * 8));
     let file = volume.file().clone();
     let payload_offset = volume.header().data_offset();
     let granularity = u64::from(volume.header().sector_size());
@@ -115,6 +123,7 @@ fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
         format: Format::Luks,
         serial,
         engine: Some(engine),
+        cipher,
         luks_file: Some(file),
     })
 }
@@ -136,6 +145,7 @@ fn raw_image(raw: Arc<RawFile>) -> Result<OpenedImage> {
         format: Format::Raw,
         serial,
         engine: None,
+        cipher: None,
         luks_file: None,
     })
 }

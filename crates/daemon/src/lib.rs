@@ -12,6 +12,7 @@ pub mod error;
 mod image;
 pub mod key_file;
 mod keys;
+pub mod metrics;
 mod migrate;
 pub mod notify;
 mod registry;
@@ -20,6 +21,7 @@ mod serve;
 pub mod socket_access;
 mod stats;
 
+pub use cryptblk_net::Address;
 pub use error::{chain, kind_of, Error, Result};
 pub use keys::pbkdf_options;
 pub use registry::{Daemon, DaemonOptions, PreparedDisk};

@@ -297,7 +297,7 @@ fn ms(d: Option<Duration>) -> Option<f64> {
     d.map(|d| d.as_secs_f64() * 1000.0)
 }
 
-fn source_status(m: &SourceMigration) -> SourceStatus {
+pub(crate) fn source_status(m: &SourceMigration) -> SourceStatus {
     let s = m.status();
     SourceStatus {
         role: "source".into(),
@@ -319,7 +319,7 @@ fn source_status(m: &SourceMigration) -> SourceStatus {
     }
 }
 
-fn destination_status(s: &IncomingStatus) -> DestinationStatus {
+pub(crate) fn destination_status(s: &IncomingStatus) -> DestinationStatus {
     DestinationStatus {
         role: "destination".into(),
         phase: s.phase.name().to_string(),

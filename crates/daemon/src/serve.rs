@@ -33,6 +33,8 @@ pub struct ServeConfig {
     pub nbd_tls: Option<TlsCreds>,
     /// The control socket.
     pub control: Option<PathBuf>,
+    /// Answer Prometheus scrapes (`GET /metrics`) here; bound after every other socket.
+    pub metrics: Option<cryptblk_net::Address>,
     pub pool: Arc<CryptoPool>,
     pub unlock: UnlockOptions,
     /// Name disks in messages by name and image (several disks from a config file) rather
@@ -185,6 +187,25 @@ pub fn serve(config: ServeConfig) -> Result<()> {
         control_thread = Some((stop, thread));
     }
 
+    let metrics_thread = match &config.metrics {
+        Some(address) => match crate::metrics::start(address, daemon.clone()) {
+            Ok(started) => Some(started),
+            Err(e) => {
+                if let Some((stop, thread)) = control_thread.take() {
+                    stop.stop();
+                    let _ = thread.join();
+                }
+                if let Some((stop, thread)) = nbd_thread.take() {
+                    stop.stop();
+                    let _ = thread.join();
+                }
+                let _ = daemon.shutdown();
+                return Err(e);
+            }
+        },
+        None => None,
+    };
+
     if let Some(m) = &manager {
         let names: Vec<String> = daemon.list().disks.into_iter().map(|d| d.name).collect();
         m.send(&format!(
@@ -219,6 +240,10 @@ pub fn serve(config: ServeConfig) -> Result<()> {
 
     if let Some(m) = &manager {
         m.send("STOPPING=1\nSTATUS=stopping: draining requests in flight, flushing every disk");
+    }
+    if let Some((stop, thread)) = metrics_thread {
+        stop.stop();
+        let _ = thread.join();
     }
     // Control first (no disk-add during shutdown), then every disk (in-flight requests
     // finish, images are flushed), then the NBD listener.

@@ -63,6 +63,10 @@ disk-add, disk-remove, disk-list, stats, key-add, key-remove and the migrate-* m
 `cryptblk ctl --help` lists them with their parameters. With --control the daemon may
 start with no disk.
 
+--metrics unix:PATH or tcp:HOST:PORT answers HTTP GET /metrics in Prometheus's text
+format: per disk and queue request counts, bytes, errors, requests in flight and latency
+histograms, the crypto pool and engine, migrations. No key material is ever shown.
+
 Logging: one line per event on stderr (--log-format json for log shippers), the disk's
 name as a field; RUST_LOG=debug shows more, RUST_LOG=warn less.
 
@@ -104,6 +108,14 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
                 .map_err(|e| UsageError(format!("--nbd {addr}: {e}")))
         })
         .transpose()?;
+    let metrics = a
+        .metrics
+        .as_deref()
+        .map(|addr| {
+            addr.parse::<cryptblk_daemon::Address>()
+                .map_err(|e| UsageError(format!("--metrics {addr}: {e}")))
+        })
+        .transpose()?;
     let nbd_tls = a
         .tls_creds
         .as_deref()
@@ -114,6 +126,7 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
         nbd,
         nbd_tls,
         control: a.control.clone(),
+        metrics,
         pool: crypto_pool(cli)?,
         unlock: unlock_options(cli),
         name_disks: a.config.is_some(),
