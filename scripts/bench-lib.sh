@@ -28,7 +28,7 @@ timed() {
     local -a cmd=("$@")
     [[ -n ${BENCH_SYNC:-} ]] && cmd=(bash -c '"$@"; rc=$?; sync; exit $rc' bench "$@")
     # qemu-img's PBKDF calibration can fail spuriously on a busy machine ("Unable to get
-    # accurate CPU usage", about one run in four here): retry a failed run before giving up.
+    # accurate CPU usage", up to one run in two here): retry a failed run before giving up.
     local attempt
     for attempt in 1 2 3 4 5 6 7 8 9 10; do
         /usr/bin/time -f '%e %M' -o "$tf" "${cmd[@]}" >"$tf.out" 2>&1 && break
@@ -155,14 +155,15 @@ cryptblk_bin() {
 qemu_luks1_create() {
     local path=$1 size=$2 key=$3 attempt err
     log "+ qemu-img create -f luks -o cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha256,iter-time=10 $path $size"
-    for attempt in $(seq 20); do
+    # A failed calibration ends in milliseconds and each try is independent (about one in two
+    # fails here), so many quick tries (crates/testutil/src/lib.rs says why it fails).
+    for attempt in $(seq 400); do
         if err=$(qemu-img create -q -f luks --object "secret,id=sec0,file=$key" \
             -o key-secret=sec0,cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha256,iter-time=10 \
             "$path" "$size" 2>&1); then
             return 0
         fi
-        [[ $err == *"accurate CPU usage"* && $attempt -lt 20 ]] || die "qemu-img create failed: $err"
+        [[ $err == *"accurate CPU usage"* && $attempt -lt 400 ]] || die "qemu-img create failed: $err"
         rm -f "$path"
-        sleep 0.2
     done
 }

@@ -47,29 +47,18 @@ pub fn output(name: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// `qemu-img` for commands that benchmark a KDF (creating encrypted images). QEMU's benchmark
-/// intermittently fails on a loaded machine with "Unable to get accurate CPU usage"; only that
-/// failure is retried.
+/// `qemu-img` for commands that calibrate a KDF (creating encrypted images); panics unless it
+/// succeeds. QEMU's calibration fails at random with "Unable to get accurate CPU usage": see
+/// [`cryptblk_testutil::qemu_img_kdf`], which retries only that failure.
 pub fn qemu_img_kdf(args: &[&str]) {
-    // Each try takes milliseconds; the failure comes in bursts while other tests load the CPU.
-    for attempt in 0..20 {
-        if attempt > 0 {
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-        let out = Command::new(tool("qemu-img"))
-            .args(args)
-            .output()
-            .expect("running qemu-img");
-        if out.status.success() {
-            return;
-        }
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains("accurate CPU usage"),
-            "qemu-img {args:?} failed: {err}"
-        );
-    }
-    panic!("qemu-img {args:?}: KDF benchmark kept failing");
+    let program = tool("qemu-img");
+    let refs: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    let out = cryptblk_testutil::qemu_img_kdf(program.as_os_str(), &refs);
+    assert!(
+        out.status.success(),
+        "qemu-img {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 pub fn qemu_img(args: &[&str]) {

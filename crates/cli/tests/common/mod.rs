@@ -221,25 +221,29 @@ where
     run_cmd(cmd)
 }
 
-/// `qemu-img` for commands that calibrate a KDF (creating or converting to LUKS). QEMU 7.2's
-/// calibration times itself with thread CPU usage and, on a loaded machine, sometimes gives up
-/// with "Unable to get accurate CPU usage"; only that failure is retried.
+/// `qemu-img` for commands that calibrate a KDF (creating or converting to LUKS): QEMU's
+/// calibration fails at random with "Unable to get accurate CPU usage"; see
+/// [`cryptblk_testutil::qemu_img_kdf`], which retries only that failure.
 pub fn qemu_img_kdf<I, S>(args: I) -> Out
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
     let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
-    let mut out = tool("qemu-img", &args);
-    // Each try takes milliseconds; the failure comes in bursts while other tests load the CPU.
-    for _ in 0..20 {
-        if out.code == 0 || !out.stderr.contains("accurate CPU usage") {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        out = tool("qemu-img", &args);
+    let program = tool_path("qemu-img");
+    let mut what = program.display().to_string();
+    for a in &args {
+        what.push(' ');
+        what.push_str(&a.to_string_lossy());
     }
-    out
+    let refs: Vec<&OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let output = cryptblk_testutil::qemu_img_kdf(program.as_os_str(), &refs);
+    Out {
+        what,
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
 }
 
 fn describe(cmd: &Command) -> String {

@@ -55,31 +55,19 @@ pub fn succeeds(name: &str, args: &[&str]) -> bool {
         .success()
 }
 
-/// `qemu-img` for commands that calibrate a KDF. QEMU 7.2 times its calibration with thread
-/// CPU usage and on a loaded machine sometimes gives up with "Unable to get accurate CPU
-/// usage"; only that failure is retried.
+/// `qemu-img` for commands that calibrate a KDF; panics unless it succeeds. QEMU's calibration
+/// fails at random with "Unable to get accurate CPU usage": see
+/// [`cryptblk_testutil::qemu_img_kdf`], which retries only that failure.
 pub fn qemu_img_kdf(args: &[&str]) -> Output {
-    // Each try takes milliseconds; the failure comes in bursts while other tests load the CPU.
-    for attempt in 0..20 {
-        if attempt > 0 {
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-        let out = Command::new(tool("qemu-img"))
-            .args(args)
-            .output()
-            .expect("spawn qemu-img");
-        if out.status.success()
-            || !String::from_utf8_lossy(&out.stderr).contains("accurate CPU usage")
-        {
-            assert!(
-                out.status.success(),
-                "qemu-img {args:?} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            return out;
-        }
-    }
-    panic!("qemu-img {args:?}: its KDF calibration kept failing");
+    let program = tool("qemu-img");
+    let refs: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    let out = cryptblk_testutil::qemu_img_kdf(program.as_os_str(), &refs);
+    assert!(
+        out.status.success(),
+        "qemu-img {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 // ---- files and keys ----
