@@ -9,6 +9,7 @@
 pub mod aio;
 mod aligned;
 mod bounce;
+mod container;
 mod crypt;
 mod device;
 mod error;
@@ -21,6 +22,7 @@ pub mod raw;
 pub mod stats;
 
 pub use aligned::{is_direct_aligned, AlignedBuf, DIRECT_IO_ALIGN};
+pub use container::Container;
 pub use crypt::{CryptDevice, CryptLayout};
 pub use device::{BlockDevice, Extent, ExtentKind};
 pub use error::{BlockError, BlockErrorKind};

@@ -2,7 +2,8 @@
 //! the header, unlock a keyslot, and put a `CryptDevice` over the payload.
 
 use crate::{
-    BlockDevice, BlockError, CryptDevice, CryptLayout, Extent, IoSettings, OpenOptions, RawFile,
+    BlockDevice, BlockError, Container, CryptDevice, CryptLayout, Extent, IoSettings, OpenOptions,
+    RawFile,
 };
 use cryptblk_crypto::{default_engine_for, CryptoError, CryptoPool, SecretKey};
 use cryptblk_luks::{LuksError, LuksImage, UnlockOptions};
@@ -71,13 +72,23 @@ impl VolumeError {
 }
 
 /// An unlocked LUKS volume: the decrypted payload plus what the header said about it.
-#[derive(Debug)]
 pub struct LuksVolume {
     device: CryptDevice,
-    file: Arc<RawFile>,
+    container: Arc<dyn Container>,
     header: LuksImage,
     keyslot: usize,
     warnings: Vec<String>,
+}
+
+impl std::fmt::Debug for LuksVolume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LuksVolume")
+            .field("container", &self.container.name())
+            .field("device", &self.device)
+            .field("header", &self.header)
+            .field("keyslot", &self.keyslot)
+            .finish_non_exhaustive()
+    }
 }
 
 fn shared_pool() -> Arc<CryptoPool> {
@@ -103,21 +114,21 @@ pub fn open_luks_volume(
     open_luks_volume_on(file, passphrase, opts)
 }
 
-/// Unlocks the LUKS image in an already open `file` (e.g. one a migration is writing into).
-/// The volume is writable when `file` is; `opts.writable` only adds the check that the header
-/// allows writing.
+/// Unlocks the LUKS image in an already open container (e.g. a file a migration is writing
+/// into, or an RBD image). The volume is writable when the container is; `opts.writable` only
+/// adds the check that the header allows writing. `opts.io` is the container's business.
 pub fn open_luks_volume_on(
-    file: Arc<RawFile>,
+    file: Arc<dyn Container>,
     passphrase: &[u8],
     opts: &VolumeOptions,
 ) -> Result<LuksVolume, VolumeError> {
-    let path = file.path().to_path_buf();
+    let path = file.name().to_path_buf();
     let path = path.as_path();
     let luks_err = |source| VolumeError::Luks {
         path: path.to_path_buf(),
         source,
     };
-    let (header, warnings) = LuksImage::read(file.file()).map_err(luks_err)?;
+    let (header, warnings) = LuksImage::read(file.header_io()).map_err(luks_err)?;
     for w in &warnings {
         tracing::warn!(image = %path.display(), "{w}");
     }
@@ -132,7 +143,7 @@ pub fn open_luks_volume_on(
     // Refuse a truncated image before spending seconds in the KDF.
     header.data_size(file.size()).map_err(luks_err)?;
     let (keyslot, key) = header
-        .unlock(file.file(), passphrase, &opts.unlock)
+        .unlock(file.header_io(), passphrase, &opts.unlock)
         .map_err(luks_err)?;
     let pool = opts.pool.clone().unwrap_or_else(shared_pool);
     let mut volume = LuksVolume::from_unlocked(file, header, keyslot, &key, pool)?;
@@ -144,13 +155,13 @@ impl LuksVolume {
     /// Puts the decrypted view over `file` once the volume key is known, e.g. right after
     /// `LuksImage::format` returned it, without running the KDF again. Writable when `file` is.
     pub fn from_unlocked(
-        file: Arc<RawFile>,
+        file: Arc<dyn Container>,
         header: LuksImage,
         keyslot: usize,
         key: &SecretKey,
         pool: Arc<CryptoPool>,
     ) -> Result<LuksVolume, VolumeError> {
-        let path = file.path().to_path_buf();
+        let path = file.name().to_path_buf();
         if !file.read_only() {
             if let Some(reason) = header.read_only_reason() {
                 return Err(VolumeError::ReadOnlyHeader { path, reason });
@@ -169,6 +180,11 @@ impl LuksVolume {
                 spec: spec.to_string(),
                 source,
             })?;
+        let cipher = if file.unwritten_reads_as_zeros() {
+            crate::crypt::ZeroHolesCipher::wrap(cipher)
+        } else {
+            cipher
+        };
         let layout = CryptLayout {
             data_offset: header.data_offset(),
             payload_size,
@@ -180,7 +196,7 @@ impl LuksVolume {
             CryptDevice::new(backend, layout, cipher, pool).map_err(|e| e.with_path(&path))?;
         Ok(LuksVolume {
             device,
-            file,
+            container: file,
             header,
             keyslot,
             warnings: Vec::new(),
@@ -209,9 +225,10 @@ impl LuksVolume {
         &self.warnings
     }
 
-    /// The container file, for header maintenance while the volume is open.
-    pub fn file(&self) -> &Arc<RawFile> {
-        &self.file
+    /// The container (image file or RBD image), for header maintenance while the volume is
+    /// open and for copying its ciphertext in a migration.
+    pub fn container(&self) -> &Arc<dyn Container> {
+        &self.container
     }
 }
 
@@ -230,32 +247,32 @@ impl BlockDevice for LuksVolume {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
         self.device
             .read_at(buf, offset)
-            .map_err(|e| e.with_path(self.file.path()))
+            .map_err(|e| e.with_path(self.container.name()))
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
         self.device
             .write_at(buf, offset)
-            .map_err(|e| e.with_path(self.file.path()))
+            .map_err(|e| e.with_path(self.container.name()))
     }
     fn flush(&self) -> Result<(), BlockError> {
         self.device
             .flush()
-            .map_err(|e| e.with_path(self.file.path()))
+            .map_err(|e| e.with_path(self.container.name()))
     }
     fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         self.device
             .discard(offset, len)
-            .map_err(|e| e.with_path(self.file.path()))
+            .map_err(|e| e.with_path(self.container.name()))
     }
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
         self.device
             .block_status(offset, len)
-            .map_err(|e| e.with_path(self.file.path()))
+            .map_err(|e| e.with_path(self.container.name()))
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         self.device
             .write_zeroes(offset, len)
-            .map_err(|e| e.with_path(self.file.path()))
+            .map_err(|e| e.with_path(self.container.name()))
     }
     fn native_queue(
         &self,

@@ -5,6 +5,7 @@ mod cmd;
 mod convert;
 mod exit;
 mod options;
+mod rbd;
 mod secrets;
 mod size;
 

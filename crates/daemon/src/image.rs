@@ -2,7 +2,7 @@
 //! migration uses.
 use crate::error::{Context, Error, Result};
 use crate::key_file::{read_key_file, Passphrase};
-use cryptblk_block::{BlockDevice, Format, OpenOptions, RawFile};
+use cryptblk_block::{BlockDevice, Container, Format, OpenOptions, RawFile};
 use cryptblk_control::api::DiskConfig;
 use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::UnlockOptions;
@@ -17,8 +17,8 @@ pub struct OpenedImage {
     /// What the exports serve: the disk behind its dirty tracker (idle until a migration).
     pub device: Arc<dyn BlockDevice>,
     pub tracker: Arc<DirtyTracker>,
-    /// The image file under the encryption, which a migration copies.
-    pub file: Arc<RawFile>,
+    /// The image (file or RBD image) under the encryption, which a migration copies.
+    pub file: Arc<dyn Container>,
     pub format: Format,
     /// The LUKS UUID or the image file name.
     pub serial: String,
@@ -27,8 +27,9 @@ pub struct OpenedImage {
     /// A LUKS image's cipher as LUKS2 names it (`aes-xts-plain64`) and its key size in bits
     /// (what the metrics show; never the key).
     pub cipher: Option<(String, usize)>,
-    /// The LUKS image file, for header updates (`key-add`, `key-remove`) while attached.
-    pub luks_file: Option<Arc<RawFile>>,
+    /// The LUKS image's container, for header updates (`key-add`, `key-remove`) while
+    /// attached.
+    pub luks_file: Option<Arc<dyn Container>>,
 }
 
 /// What opening needs besides the disk's configuration.
@@ -37,21 +38,16 @@ pub struct OpenContext<'a> {
     pub unlock: &'a UnlockOptions,
 }
 
-/// Opens (and for LUKS, unlocks) the image of `config` with an exclusive lock. The
-/// passphrase is `passphrase` when the caller has one (asked on a terminal), else the
-/// configured key file's.
+/// Opens (and for LUKS, unlocks) the image of `config` with an exclusive lock (a file's
+/// `flock`, an RBD image's exclusive lock). The passphrase is `passphrase` when the caller has
+/// one (asked on a terminal), else the configured key file's.
 pub fn open_image(
     config: &DiskConfig,
     passphrase: Option<Passphrase>,
     cx: &OpenContext<'_>,
 ) -> Result<OpenedImage> {
-    let path = config.image.path();
-    let io = cryptblk_block::IoSettings {
-        cache: config.cache,
-        aio: config.aio,
-    };
-    let format = cryptblk_block::probe_format(path)
-        .with_context(|| format!("probing {}", path.display()))?;
+    let name = config.image.path();
+    let (container, format) = open_container(config)?;
     match format {
         Format::Luks => {
             let passphrase = match (passphrase, &config.key_file) {
@@ -59,19 +55,19 @@ pub fn open_image(
                 (None, Some(key_file)) => read_key_file(key_file)?,
                 (None, None) => return Err(Error::usage("a LUKS image needs a key-file")),
             };
-            let volume = cryptblk_block::open_luks_volume(
-                path,
+            let volume = cryptblk_block::open_luks_volume_on(
+                container,
                 &passphrase,
                 &cryptblk_block::VolumeOptions {
                     writable: !config.readonly,
                     unlock: cx.unlock.clone(),
                     pool: Some(cx.pool.clone()),
-                    io,
+                    ..Default::default()
                 },
             )
             .context("opening the LUKS volume")?;
             for warning in volume.warnings() {
-                tracing::warn!(disk = %config.name, image = %path.display(), "{warning}");
+                tracing::warn!(disk = %config.name, image = %name.display(), "{warning}");
             }
             luks_image(volume)
         }
@@ -79,26 +75,57 @@ pub fn open_image(
             if config.key_file.is_some() || passphrase.is_some() {
                 return Err(Error::usage(format!(
                     "a key file is given, but {} is raw, not LUKS",
-                    path.display()
+                    name.display()
                 )));
             }
-            let raw = RawFile::open_with(
-                path,
-                OpenOptions {
-                    writable: !config.readonly,
-                    lock: true,
-                },
-                io,
-            )
-            .context("opening the raw image")?;
-            raw_image(Arc::new(raw))
+            raw_image(container)
         }
-        other => Err(Error::usage(format!(
-            "{} is {}: serve exports LUKS and raw images (convert it first)",
-            path.display(),
-            other.name()
-        ))),
+        other => Err(unservable(name, other)),
     }
+}
+
+fn unservable(name: &std::path::Path, format: Format) -> Error {
+    Error::usage(format!(
+        "{} is {}: serve exports LUKS and raw images (convert it first)",
+        name.display(),
+        format.name()
+    ))
+}
+
+/// Opens what holds the image, locked, and says what format it is in. A file is probed (and
+/// opened only when it is LUKS or raw); an RBD image is LUKS when it starts with the LUKS
+/// magic (as `rbd encryption format` and QEMU's `encrypt.format=` write it), else raw.
+fn open_container(config: &DiskConfig) -> Result<(Arc<dyn Container>, Format)> {
+    let writable = !config.readonly;
+    if let Some(name) = config.image.rbd() {
+        let device = crate::rbd::open(name, writable)?;
+        let format = if crate::rbd::starts_with_luks_magic(&device)? {
+            Format::Luks
+        } else {
+            Format::Raw
+        };
+        return Ok((Arc::new(device), format));
+    }
+    let path = config.image.path();
+    let format = cryptblk_block::probe_format(path)
+        .with_context(|| format!("probing {}", path.display()))?;
+    if !matches!(format, Format::Luks | Format::Raw) {
+        return Err(unservable(path, format));
+    }
+    let io = cryptblk_block::IoSettings {
+        cache: config.cache,
+        aio: config.aio,
+    };
+    let file = RawFile::open_with(
+        path,
+        OpenOptions {
+            writable,
+            lock: true,
+        },
+        io,
+    )
+    .context("opening the image")?;
+    Ok((Arc::new(file), format))
 }
 
 fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
@@ -109,7 +136,7 @@ fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
         .cipher_spec()
         .ok()
         .map(|spec| (spec.to_luks2_string(), spec.key_bytes() * 8));
-    let file = volume.file().clone();
+    let file = volume.container().clone();
     let payload_offset = volume.header().data_offset();
     let granularity = u64::from(volume.header().sector_size());
     let tracker = Arc::new(
@@ -128,9 +155,9 @@ fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
     })
 }
 
-fn raw_image(raw: Arc<RawFile>) -> Result<OpenedImage> {
+fn raw_image(raw: Arc<dyn Container>) -> Result<OpenedImage> {
     let serial = raw
-        .path()
+        .name()
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();

@@ -17,15 +17,16 @@ impl Daemon {
         let disk = self.attached(name)?;
         let file = luks_file(&disk)?;
         let _change = self.begin_header_change(&disk)?;
-        let (mut image, _) = LuksImage::read(file.file()).context("reading the LUKS header")?;
+        let (mut image, _) =
+            LuksImage::read(file.header_io()).context("reading the LUKS header")?;
         let old = read_key_file(&p.key_file)?;
         let (_, volume_key) = image
-            .unlock(file.file(), &old, &self.unlock)
+            .unlock(file.header_io(), &old, &self.unlock)
             .context("unlocking with key-file")?;
         let new = read_key_file(&p.new_key_file)?;
         let pbkdf = pbkdf_options(p.pbkdf, p.iter_time, image.version())?;
         image
-            .add_keyslot(file.file(), &volume_key, &new, None, &pbkdf)
+            .add_keyslot(file.header_io(), &volume_key, &new, None, &pbkdf)
             .context("adding the keyslot")
     }
 
@@ -35,10 +36,11 @@ impl Daemon {
         let disk = self.attached(name)?;
         let file = luks_file(&disk)?;
         let _change = self.begin_header_change(&disk)?;
-        let (mut image, _) = LuksImage::read(file.file()).context("reading the LUKS header")?;
+        let (mut image, _) =
+            LuksImage::read(file.header_io()).context("reading the LUKS header")?;
         let passphrase = read_key_file(&p.key_file)?;
         let (slot, _) = image
-            .unlock(file.file(), &passphrase, &self.unlock)
+            .unlock(file.header_io(), &passphrase, &self.unlock)
             .context("unlocking with key-file")?;
         if image.active_keyslots().len() == 1 {
             return Err(Error::conflict(format!(
@@ -47,7 +49,7 @@ impl Daemon {
             )));
         }
         image
-            .remove_keyslot(file.file(), slot)
+            .remove_keyslot(file.header_io(), slot)
             .context("removing the keyslot")?;
         Ok(slot)
     }
@@ -67,7 +69,7 @@ impl Daemon {
     }
 }
 
-fn luks_file(disk: &AttachedDisk) -> Result<Arc<cryptblk_block::RawFile>> {
+fn luks_file(disk: &AttachedDisk) -> Result<Arc<dyn cryptblk_block::Container>> {
     disk.image.luks_file.clone().ok_or_else(|| {
         Error::conflict(format!(
             "disk \"{}\" is {}, not LUKS: it has no keyslots",

@@ -15,6 +15,7 @@ mod keys;
 pub mod metrics;
 mod migrate;
 pub mod notify;
+mod rbd;
 mod registry;
 mod rpc;
 mod serve;

@@ -65,6 +65,13 @@ impl ControlHandler {
                 })
             }
             Request::MigrateIncoming(p) => {
+                if p.image.rbd().is_some() {
+                    return Err(Error::invalid_params(format!(
+                        "{}: receiving a migration into an RBD image is not supported yet; \
+                         receive into a file, then `cryptblk convert` it into the image",
+                        p.image
+                    )));
+                }
                 for path in [
                     Some(p.image.path()),
                     p.key_file.as_deref(),

@@ -1,12 +1,11 @@
 //! The version-independent API: probe, read, unlock, format and manage keyslots of a LUKS1 or
 //! LUKS2 image without caring which one it is.
 use crate::io::read_at;
+use crate::io::HeaderIo;
 use crate::luks1::{is_luks1, Luks1Header};
 use crate::luks2::Luks2Header;
 use crate::{FormatOptions, LuksError, LuksVersion, PbkdfOptions, Result, UnlockOptions};
 use cryptblk_crypto::{CipherSpec, SecretKey};
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 
 mod dump_text;
 
@@ -32,7 +31,7 @@ macro_rules! both {
 impl LuksImage {
     /// True if the file starts with the LUKS magic (either version). Only the magic is
     /// checked; `read` does the validation.
-    pub fn probe(file: &File) -> Result<bool> {
+    pub fn probe(file: &dyn HeaderIo) -> Result<bool> {
         let mut buf = [0u8; 6];
         match file.read_exact_at(&mut buf, 0) {
             Ok(()) => Ok(buf == MAGIC),
@@ -41,7 +40,7 @@ impl LuksImage {
         }
     }
 
-    pub fn read(file: &File) -> Result<(LuksImage, Vec<String>)> {
+    pub fn read(file: &dyn HeaderIo) -> Result<(LuksImage, Vec<String>)> {
         let mut buf = [0u8; 8];
         let head = read_at(file, 0, &mut buf, "LUKS magic");
         if head.is_ok() && is_luks1(&buf) {
@@ -107,7 +106,7 @@ impl LuksImage {
 
     pub fn unlock(
         &self,
-        file: &File,
+        file: &dyn HeaderIo,
         passphrase: &[u8],
         opts: &UnlockOptions,
     ) -> Result<(usize, SecretKey)> {
@@ -120,7 +119,7 @@ impl LuksImage {
 
     /// Create a header with a fresh random volume key in keyslot 0; returns the key too.
     pub fn format(
-        file: &File,
+        file: &dyn HeaderIo,
         opts: &FormatOptions,
         passphrase: &[u8],
         payload_size: Option<u64>,
@@ -147,7 +146,7 @@ impl LuksImage {
 
     pub fn add_keyslot(
         &mut self,
-        file: &File,
+        file: &dyn HeaderIo,
         volume_key: &SecretKey,
         new_passphrase: &[u8],
         slot: Option<usize>,
@@ -157,7 +156,7 @@ impl LuksImage {
         both!(self, h => h.add_keyslot(file, volume_key, new_passphrase, slot, pbkdf))
     }
 
-    pub fn remove_keyslot(&mut self, file: &File, slot: usize) -> Result<()> {
+    pub fn remove_keyslot(&mut self, file: &dyn HeaderIo, slot: usize) -> Result<()> {
         self.ensure_writable()?;
         both!(self, h => h.remove_keyslot(file, slot))
     }
@@ -167,7 +166,7 @@ impl LuksImage {
     /// Returns the new slot id.
     pub fn change_passphrase(
         &mut self,
-        file: &File,
+        file: &dyn HeaderIo,
         old: &[u8],
         new: &[u8],
         pbkdf: &PbkdfOptions,

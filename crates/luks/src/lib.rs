@@ -23,6 +23,7 @@ pub mod luks1;
 pub use error::{LuksError, Result};
 pub use hash::HashAlg;
 pub use image::LuksImage;
+pub use io::HeaderIo;
 mod options;
 pub use options::{
     FormatOptions, LuksVersion, PbkdfKind, PbkdfOptions, UnlockOptions,

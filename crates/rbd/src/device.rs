@@ -2,9 +2,11 @@
 //! convert) runs on it unchanged. Its queues are librbd's own asynchronous calls
 //! ([`RbdQueue`](crate::RbdQueue)); the synchronous methods serve one-off callers.
 
-use crate::{Image, RbdError, RbdQueue};
+use crate::{Image, OpenMode, RbdError, RbdQueue, RbdSpec};
 use cryptblk_block::aio::{IoQueue, QueueOptions};
-use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind};
+use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind, Container, Extent, ExtentKind};
+use cryptblk_luks::HeaderIo;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// A block device over an open RBD image.
@@ -12,13 +14,29 @@ use std::sync::Arc;
 pub struct RbdDevice {
     // Shared with the device's queues, which may outlive a reference to the device.
     image: Arc<Image>,
+    /// `rbd:POOL/IMAGE[@SNAP]`, how messages name it (never the conf or keyring options).
+    name: PathBuf,
 }
 
 impl RbdDevice {
     pub fn new(image: Image) -> RbdDevice {
+        let name = PathBuf::from(format!("rbd:{}", image.name()));
         RbdDevice {
             image: Arc::new(image),
+            name,
         }
+    }
+
+    /// Opens the image an `rbd:...` name names: writable under the exclusive lock, or
+    /// read-only (always, for a snapshot).
+    pub fn open(name: &str, writable: bool) -> Result<RbdDevice, RbdError> {
+        let spec = RbdSpec::parse(name)?;
+        let mode = if writable {
+            OpenMode::ReadWrite
+        } else {
+            OpenMode::ReadOnly
+        };
+        Ok(RbdDevice::new(Image::open(&spec, mode)?))
     }
 
     pub fn image(&self) -> &Image {
@@ -124,5 +142,73 @@ impl BlockDevice for RbdDevice {
                 kind: ExtentKind::Unallocated,
             },
         })
+    }
+}
+
+/// A LUKS header on an RBD image is read and written through librbd like any data (librbd's
+/// own encryption keeps it at the same place: the image's first bytes).
+impl Container for RbdDevice {
+    fn name(&self) -> &Path {
+        &self.name
+    }
+    fn header_io(&self) -> &dyn HeaderIo {
+        self
+    }
+    /// librbd's encryption reads unwritten areas as zeros; images it shares must match.
+    fn unwritten_reads_as_zeros(&self) -> bool {
+        true
+    }
+}
+
+impl HeaderIo for RbdDevice {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.image.read_exact_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.image.write_all_at(buf, offset)
+    }
+    fn size(&self) -> std::io::Result<u64> {
+        HeaderIo::size(&*self.image)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.image.set_len(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.image.sync_data()
+    }
+}
+
+impl HeaderIo for Image {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if offset
+            .checked_add(buf.len() as u64)
+            .is_none_or(|end| end > self.size())
+        {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        self.read_at(buf, offset).map_err(std::io::Error::other)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        // librbd refuses writes past the end; a file would grow, so grow the image alike.
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .ok_or(std::io::ErrorKind::InvalidInput)?;
+        if end > Image::size(self) {
+            self.resize(end).map_err(std::io::Error::other)?;
+        }
+        self.write_at(buf, offset).map_err(std::io::Error::other)
+    }
+    fn size(&self) -> std::io::Result<u64> {
+        Ok(Image::size(self))
+    }
+    /// Formatting a new image sizes it to hold the header and the payload.
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        if len == Image::size(self) {
+            return Ok(());
+        }
+        self.resize(len).map_err(std::io::Error::other)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.flush().map_err(std::io::Error::other)
     }
 }

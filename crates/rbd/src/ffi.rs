@@ -31,6 +31,8 @@ pub struct Api {
     pub rbd_close: unsafe extern "C" fn(RbdImage) -> c_int,
     pub rbd_create: unsafe extern "C" fn(IoCtx, *const c_char, u64, *mut c_int) -> c_int,
     pub rbd_get_size: unsafe extern "C" fn(RbdImage, *mut u64) -> c_int,
+    pub rbd_resize: unsafe extern "C" fn(RbdImage, u64) -> c_int,
+    pub rbd_remove: unsafe extern "C" fn(IoCtx, *const c_char) -> c_int,
     pub rbd_lock_acquire: unsafe extern "C" fn(RbdImage, c_int) -> c_int,
     pub rbd_lock_get_owners:
         unsafe extern "C" fn(RbdImage, *mut c_int, *mut *mut c_char, *mut size_t) -> c_int,
@@ -101,6 +103,8 @@ fn load(rados: &str, rbd: &str) -> Result<Api, String> {
         rbd_close: sym!(rbd, rbd_close),
         rbd_create: sym!(rbd, rbd_create),
         rbd_get_size: sym!(rbd, rbd_get_size),
+        rbd_resize: sym!(rbd, rbd_resize),
+        rbd_remove: sym!(rbd, rbd_remove),
         rbd_lock_acquire: sym!(rbd, rbd_lock_acquire),
         rbd_lock_get_owners: sym!(rbd, rbd_lock_get_owners),
         rbd_lock_get_owners_cleanup: sym!(rbd, rbd_lock_get_owners_cleanup),

@@ -6,6 +6,7 @@ use crate::{RbdError, RbdSpec, CLUSTER_TIMEOUT_SECS};
 use libc::{c_char, c_int, c_void, size_t};
 use std::ffi::{CStr, CString};
 use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Whether the image is opened for writing (taking its exclusive lock) or read-only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +105,8 @@ pub struct Image {
     api: &'static Api,
     handle: RbdImage,
     name: String,
-    size: u64,
+    // Changes only through `resize` (formatting a new image to its size).
+    size: AtomicU64,
     read_only: bool,
     // Dropped after `handle` is closed (see Drop).
     _pool: Pool,
@@ -157,7 +159,7 @@ impl Image {
             api,
             handle,
             name,
-            size: 0,
+            size: AtomicU64::new(0),
             read_only,
             _pool: pool,
         };
@@ -169,7 +171,7 @@ impl Image {
         image.check("get the size of", unsafe {
             (api.rbd_get_size)(image.handle, &mut size)
         })?;
-        image.size = size;
+        image.size = AtomicU64::new(size);
         Ok(image)
     }
 
@@ -253,7 +255,33 @@ impl Image {
     }
 
     pub fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
+    }
+
+    /// Grows or shrinks the image to `size` bytes (shrinking discards the data past it).
+    pub fn resize(&self, size: u64) -> Result<(), RbdError> {
+        // SAFETY: an open image.
+        self.check("resize", unsafe {
+            (self.api.rbd_resize)(self.handle, size)
+        })?;
+        self.size.store(size, Ordering::Release);
+        Ok(())
+    }
+
+    /// Deletes the image (it must not be open anywhere, this process included).
+    pub fn remove(spec: &RbdSpec) -> Result<(), RbdError> {
+        let pool = Pool::connect(spec)?;
+        let image_name = cstring(&spec.image)?;
+        // SAFETY: a live pool context and a NUL-terminated name.
+        let rc = unsafe { (pool.api.rbd_remove)(pool.ioctx, image_name.as_ptr()) };
+        if rc < 0 {
+            return Err(RbdError::Call {
+                op: "remove",
+                image: spec.display_name(),
+                errno: -rc,
+            });
+        }
+        Ok(())
     }
 
     pub fn read_only(&self) -> bool {
@@ -355,7 +383,7 @@ impl std::fmt::Debug for Image {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Image")
             .field("name", &self.name)
-            .field("size", &self.size)
+            .field("size", &self.size())
             .field("read_only", &self.read_only)
             .finish()
     }

@@ -1,7 +1,7 @@
 //! The RBD client against a real single-node cluster: I/O, the exclusive lock naming its
 //! owner, allocation map, snapshots read-only, create refusing an existing image.
 
-mod support;
+use cryptblk_testutil::ceph as support;
 
 use cryptblk_block::aio::{open_queue, Completion, IoOp, IoRequest, IoVec, QueueOptions};
 use cryptblk_block::{BlockDevice, BlockErrorKind, ExtentKind};

@@ -4,7 +4,10 @@
 //!   way to skip a test when they are absent ([`skip`]).
 //! - [`x509`]: TLS credentials in QEMU's `tls-creds-x509` layout, made with the openssl CLI.
 //! - `vhost_user` (feature `vhost-user`): an in-process vhost-user-blk frontend.
+//! - `ceph` (feature `ceph`): a throwaway single-node Ceph cluster for RBD tests.
 
+#[cfg(feature = "ceph")]
+pub mod ceph;
 pub mod corpus;
 #[cfg(feature = "vhost-user")]
 pub mod vhost_user;

@@ -10,6 +10,9 @@
 
 mod offload;
 mod queue;
+mod zero_holes;
+
+pub(crate) use zero_holes::ZeroHolesCipher;
 
 use crate::aio::{IoQueue, QueueOptions};
 use crate::bounce::BouncePool;

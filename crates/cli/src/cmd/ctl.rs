@@ -222,6 +222,10 @@ fn request(a: &CtlArgs) -> Result<(&'static str, Value)> {
 /// may legitimately not exist yet on our side of a mount namespace) and valid UTF-8, since
 /// JSON strings cannot carry arbitrary bytes.
 fn absolute(path: &Path) -> Result<Value> {
+    // An RBD image name is not a path: the daemon opens it as it is.
+    if let Some(rbd) = cryptblk_control::api::rbd_name(path) {
+        return Ok(rbd.into());
+    }
     let absolute =
         std::path::absolute(path).with_context(|| format!("making {} absolute", path.display()))?;
     match absolute.to_str() {

@@ -1,11 +1,16 @@
 use crate::args::DumpArgs;
 use anyhow::{Context, Result};
-use cryptblk_luks::LuksImage;
+use cryptblk_luks::{HeaderIo, LuksImage};
 
 pub fn run(args: &DumpArgs) -> Result<()> {
     let path = &args.image;
-    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let (image, warnings) = LuksImage::read(&file)
+    let header: Box<dyn HeaderIo> = match crate::rbd::rbd_name(path) {
+        Some(name) => Box::new(crate::rbd::open(name, false)?),
+        None => Box::new(
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
+        ),
+    };
+    let (image, warnings) = LuksImage::read(&*header)
         .with_context(|| format!("reading the LUKS header of {}", path.display()))?;
     for warning in &warnings {
         eprintln!("cryptblk: warning: {}: {warning}", path.display());

@@ -3,7 +3,7 @@ use crate::exit::UsageError;
 use crate::options::format_options;
 use crate::secrets::read_passphrase;
 use anyhow::{bail, Context, Result};
-use cryptblk_luks::LuksImage;
+use cryptblk_luks::{HeaderIo, LuksImage};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, IsTerminal, Write};
 
@@ -18,6 +18,11 @@ pub fn run(_cli: &Cli, args: &FormatArgs) -> Result<()> {
             ))
             .into());
         }
+    }
+    if let Some(name) = crate::rbd::rbd_name(path) {
+        let image = format_rbd(name, args, &opts)?;
+        report(args, &opts, &image);
+        return Ok(());
     }
     let (file, created) = match args.size {
         Some(_) => {
@@ -58,6 +63,12 @@ pub fn run(_cli: &Cli, args: &FormatArgs) -> Result<()> {
         let _ = std::fs::remove_file(path);
     }
     let (image, _volume_key) = result?;
+    report(args, &opts, &image);
+    Ok(())
+}
+
+fn report(args: &FormatArgs, opts: &cryptblk_luks::FormatOptions, image: &LuksImage) {
+    let path = &args.image;
     println!(
         "Formatted {} as LUKS{}: {} {} bits, {}-byte sectors, data at offset {}, uuid {}",
         path.display(),
@@ -72,7 +83,45 @@ pub fn run(_cli: &Cli, args: &FormatArgs) -> Result<()> {
         image.data_offset(),
         image.uuid()
     );
-    Ok(())
+}
+
+/// Formats an RBD image: a new one of SIZE (payload) bytes plus the header when SIZE is
+/// given, else an existing one in place, as `rbd encryption format` does (payload = the image
+/// minus the header). The header sits at the image's start, where librbd's encryption and
+/// QEMU's `encrypt.format=` look for it.
+fn format_rbd(
+    name: &str,
+    args: &FormatArgs,
+    opts: &cryptblk_luks::FormatOptions,
+) -> Result<LuksImage> {
+    let (created, device) = match args.size {
+        Some(_) => {
+            let (created, device) = crate::rbd::NewImage::create(name)?;
+            (Some(created), device)
+        }
+        None => {
+            let device = crate::rbd::open(name, true)?;
+            confirm_overwrite(args)?;
+            if device.image().size() == 0 {
+                bail!("{name} is empty: give a SIZE to create the payload");
+            }
+            (None, device)
+        }
+    };
+    let passphrase = read_passphrase(
+        args.key_file.as_deref(),
+        "Enter passphrase for the new image: ",
+    )?;
+    let result = LuksImage::format(&device, opts, &passphrase, args.size)
+        .and_then(|formatted| Ok(device.sync_data().map(|()| formatted)?))
+        .with_context(|| format!("formatting {name}"));
+    // Closed before a failed new image is removed (librbd refuses to remove an open one).
+    drop(device);
+    let (image, _volume_key) = result?;
+    if let Some(created) = created {
+        created.keep();
+    }
+    Ok(image)
 }
 
 fn format_file(

@@ -16,7 +16,7 @@ use crate::exit::UsageError;
 use crate::options::{crypto_pool, format_options, unlock_options};
 use crate::secrets::read_passphrase;
 use anyhow::{bail, Context, Result};
-use cryptblk_block::{BlockDevice, Format, OpenOptions, RawFile};
+use cryptblk_block::{BlockDevice, Container, Format, OpenOptions, RawFile};
 use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::{FormatOptions, LuksImage, LuksVersion};
 use interrupt::InterruptFlag;
@@ -79,12 +79,15 @@ pub fn convert(cli: &Cli, args: &ConvertArgs, pool: &Arc<CryptoPool>) -> Result<
     let (target, temp) = if args.existing_target {
         (open_existing_target(cli, args, pool, size)?, None)
     } else {
-        let temp = TempTarget::new(&args.target)?;
-        (create_target(args, pool, size, temp.path())?, Some(temp))
+        let (target, pending) = create_target(args, pool, size)?;
+        (target, Some(pending))
     };
     tracing::info!(source = %source.description, target = %target.description, "converting");
 
     let writers = pool.threads().max(2);
+    // Only a new raw target (file or RBD image) reads as zeros where nothing is written. A new
+    // LUKS image on RBD would through cryptblk, but librbd's encryption decrypts the zeros of
+    // a never-written range inside a written RADOS object into garbage, so zeros are written.
     let holes = match (args.existing_target, args.target_format) {
         (false, TargetFormat::Raw) => Holes::Skip,
         _ => Holes::WriteZeros,
@@ -110,9 +113,10 @@ pub fn convert(cli: &Cli, args: &ConvertArgs, pool: &Arc<CryptoPool>) -> Result<
         r
     });
 
+    // Closed first: a new RBD image that failed is removed, and librbd removes no open image.
+    drop(target);
     match (result, temp) {
         (Ok(()), Some(temp)) => {
-            drop(target);
             temp.commit()?;
         }
         (Ok(()), None) => {}
@@ -135,6 +139,9 @@ pub fn convert(cli: &Cli, args: &ConvertArgs, pool: &Arc<CryptoPool>) -> Result<
 
 fn open_source(cli: &Cli, args: &ConvertArgs, pool: &Arc<CryptoPool>) -> Result<Endpoint> {
     let path = &args.source;
+    if let Some(name) = crate::rbd::rbd_name(path) {
+        return open_rbd_source(cli, args, pool, name);
+    }
     let format = match args.source_format {
         Some(SourceFormat::Raw) => Format::Raw,
         Some(SourceFormat::Qcow2) => Format::Qcow2,
@@ -147,7 +154,7 @@ fn open_source(cli: &Cli, args: &ConvertArgs, pool: &Arc<CryptoPool>) -> Result<
             args.source_key_file.as_deref(),
             "Enter passphrase for the source: ",
         )?;
-        return open_luks(path, &passphrase, false, cli, pool);
+        return open_luks(open_locked(path, false)?, &passphrase, cli, pool);
     }
     if args.source_key_file.is_some() {
         return Err(UsageError(format!(
@@ -165,21 +172,72 @@ fn open_source(cli: &Cli, args: &ConvertArgs, pool: &Arc<CryptoPool>) -> Result<
     })
 }
 
+/// An RBD source: LUKS when it starts with the LUKS magic (or `-f luks` says so), else raw.
+fn open_rbd_source(
+    cli: &Cli,
+    args: &ConvertArgs,
+    pool: &Arc<CryptoPool>,
+    name: &str,
+) -> Result<Endpoint> {
+    let device = crate::rbd::open(name, false)?;
+    let luks = match args.source_format {
+        Some(SourceFormat::Luks) => true,
+        Some(SourceFormat::Raw) => false,
+        Some(SourceFormat::Qcow2) => {
+            return Err(UsageError(format!(
+                "{name}: qcow2 inside an RBD image is not supported (RBD images hold raw or LUKS)"
+            ))
+            .into())
+        }
+        None => LuksImage::probe(&device).with_context(|| format!("probing {name}"))?,
+    };
+    if luks {
+        let passphrase = read_passphrase(
+            args.source_key_file.as_deref(),
+            "Enter passphrase for the source: ",
+        )?;
+        return open_luks(Arc::new(device), &passphrase, cli, pool);
+    }
+    if args.source_key_file.is_some() {
+        return Err(UsageError(format!(
+            "--source-key-file given, but {name} is raw, not LUKS"
+        ))
+        .into());
+    }
+    Ok(Endpoint {
+        device: Arc::new(device),
+        description: format!("{name} (raw)"),
+    })
+}
+
+/// A file opened with its lock: shared to read, exclusive to write.
+fn open_locked(path: &Path, writable: bool) -> Result<Arc<dyn Container>> {
+    let file = RawFile::open(
+        path,
+        OpenOptions {
+            writable,
+            lock: true,
+        },
+    )?;
+    Ok(Arc::new(file))
+}
+
+/// Unlocks the LUKS image in `container`; writable when the container is.
 pub fn open_luks(
-    path: &Path,
+    container: Arc<dyn Container>,
     passphrase: &[u8],
-    writable: bool,
     cli: &Cli,
     pool: &Arc<CryptoPool>,
 ) -> Result<Endpoint> {
+    let path = container.name().to_path_buf();
     let opts = cryptblk_block::VolumeOptions {
-        writable,
+        writable: !container.read_only(),
         unlock: unlock_options(cli),
         pool: Some(pool.clone()),
         ..Default::default()
     };
     // VolumeError already names the path.
-    let volume = cryptblk_block::open_luks_volume(path, passphrase, &opts)?;
+    let volume = cryptblk_block::open_luks_volume_on(container, passphrase, &opts)?;
     for warning in volume.warnings() {
         tracing::warn!("{}: {warning}", path.display());
         eprintln!("cryptblk: warning: {}: {warning}", path.display());
@@ -202,27 +260,21 @@ fn open_existing_target(
     size: u64,
 ) -> Result<Endpoint> {
     let path = &args.target;
+    let container: Arc<dyn Container> = match crate::rbd::rbd_name(path) {
+        Some(name) => Arc::new(crate::rbd::open(name, true)?),
+        None => open_locked(path, true).with_context(|| format!("opening {}", path.display()))?,
+    };
     let target = match args.target_format {
-        TargetFormat::Raw => {
-            let raw = RawFile::open(
-                path,
-                OpenOptions {
-                    writable: true,
-                    lock: true,
-                },
-            )
-            .with_context(|| format!("opening {}", path.display()))?;
-            Endpoint {
-                device: Arc::new(raw),
-                description: format!("{} (raw)", path.display()),
-            }
-        }
+        TargetFormat::Raw => Endpoint {
+            device: container,
+            description: format!("{} (raw)", path.display()),
+        },
         TargetFormat::Luks | TargetFormat::Luks1 | TargetFormat::Luks2 => {
             let passphrase = read_passphrase(
                 args.key_file.as_deref(),
                 "Enter passphrase for the target: ",
             )?;
-            open_luks(path, &passphrase, true, cli, pool)?
+            open_luks(container, &passphrase, cli, pool)?
         }
     };
     if target.device.size() < size {
@@ -236,22 +288,124 @@ fn open_existing_target(
     Ok(target)
 }
 
+/// A new target, removed on drop unless committed: a file under a temporary name (renamed
+/// into place), or an RBD image created under its own name (removed if the convert fails).
+enum NewTarget {
+    File(TempTarget),
+    Rbd(crate::rbd::NewImage),
+}
+
+impl NewTarget {
+    fn commit(self) -> Result<()> {
+        match self {
+            NewTarget::File(temp) => temp.commit(),
+            NewTarget::Rbd(image) => {
+                image.keep();
+                Ok(())
+            }
+        }
+    }
+}
+
 fn create_target(
     args: &ConvertArgs,
     pool: &Arc<CryptoPool>,
     size: u64,
-    temp: &Path,
-) -> Result<Endpoint> {
+) -> Result<(Endpoint, NewTarget)> {
+    let luks = new_luks_format(args, size)?;
+    if let Some(name) = crate::rbd::rbd_name(&args.target) {
+        let (created, device) = crate::rbd::NewImage::create(name)?;
+        let endpoint = match luks {
+            None => {
+                device
+                    .image()
+                    .resize(size)
+                    .map_err(|e| cryptblk_rbd::block_error("resize", 0, e))?;
+                Endpoint {
+                    device: Arc::new(device),
+                    description: format!("{name} (raw)"),
+                }
+            }
+            Some(new) => {
+                let (image, volume_key) =
+                    LuksImage::format(&device, &new.opts, &new.passphrase, Some(new.payload))
+                        .with_context(|| format!("formatting {name}"))?;
+                let volume = cryptblk_block::LuksVolume::from_unlocked(
+                    Arc::new(device),
+                    image,
+                    0,
+                    &volume_key,
+                    pool.clone(),
+                )?;
+                Endpoint {
+                    device: Arc::new(volume),
+                    description: format!("{name} (LUKS{})", luks_number(new.version)),
+                }
+            }
+        };
+        return Ok((endpoint, NewTarget::Rbd(created)));
+    }
+    let temp = TempTarget::new(&args.target)?;
+    let path = temp.path();
+    let Some(new) = luks else {
+        let mut raw =
+            RawFile::create(path, size).with_context(|| format!("creating {}", path.display()))?;
+        direct_writes(&mut raw, args.target_cache)?;
+        let endpoint = Endpoint {
+            device: Arc::new(raw),
+            description: format!("{} (raw)", args.target.display()),
+        };
+        return Ok((endpoint, NewTarget::File(temp)));
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    let (image, volume_key) =
+        LuksImage::format(&file, &new.opts, &new.passphrase, Some(new.payload))
+            .with_context(|| format!("formatting {}", args.target.display()))?;
+    drop(file);
+    let mut backend = RawFile::open(
+        path,
+        OpenOptions {
+            writable: true,
+            lock: true,
+        },
+    )?;
+    direct_writes(&mut backend, args.target_cache)?;
+    let device = cryptblk_block::LuksVolume::from_unlocked(
+        Arc::new(backend),
+        image,
+        0,
+        &volume_key,
+        pool.clone(),
+    )?;
+    let endpoint = Endpoint {
+        device: Arc::new(device),
+        description: format!(
+            "{} (LUKS{})",
+            args.target.display(),
+            luks_number(new.version)
+        ),
+    };
+    Ok((endpoint, NewTarget::File(temp)))
+}
+
+/// How to format a new LUKS target.
+struct NewLuks {
+    version: LuksVersion,
+    opts: FormatOptions,
+    /// The payload: the source's size rounded up to whole encryption sectors.
+    payload: u64,
+    passphrase: zeroize::Zeroizing<Vec<u8>>,
+}
+
+/// The LUKS format of a new target (`None` for `-O raw`), its passphrase read.
+fn new_luks_format(args: &ConvertArgs, size: u64) -> Result<Option<NewLuks>> {
     let version = match args.target_format {
-        TargetFormat::Raw => {
-            let mut raw = RawFile::create(temp, size)
-                .with_context(|| format!("creating {}", temp.display()))?;
-            direct_writes(&mut raw, args.target_cache)?;
-            return Ok(Endpoint {
-                device: Arc::new(raw),
-                description: format!("{} (raw)", args.target.display()),
-            });
-        }
+        TargetFormat::Raw => return Ok(None),
         TargetFormat::Luks1 => LuksVersion::V1,
         TargetFormat::Luks2 => LuksVersion::V2,
         TargetFormat::Luks => {
@@ -274,34 +428,12 @@ fn create_target(
         args.key_file.as_deref(),
         "Enter passphrase for the new image: ",
     )?;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(temp)
-        .with_context(|| format!("creating {}", temp.display()))?;
-    let (image, volume_key) = LuksImage::format(&file, &opts, &passphrase, Some(payload))
-        .with_context(|| format!("formatting {}", args.target.display()))?;
-    drop(file);
-    let mut backend = RawFile::open(
-        temp,
-        OpenOptions {
-            writable: true,
-            lock: true,
-        },
-    )?;
-    direct_writes(&mut backend, args.target_cache)?;
-    let device = cryptblk_block::LuksVolume::from_unlocked(
-        Arc::new(backend),
-        image,
-        0,
-        &volume_key,
-        pool.clone(),
-    )?;
-    Ok(Endpoint {
-        device: Arc::new(device),
-        description: format!("{} (LUKS{})", args.target.display(), luks_number(version)),
-    })
+    Ok(Some(NewLuks {
+        version,
+        opts,
+        payload,
+        passphrase,
+    }))
 }
 
 /// A new target is written once, front to back, and never read back: bypassing the page cache
@@ -346,6 +478,11 @@ fn luks_number(v: LuksVersion) -> u8 {
 
 fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
+    if let (Some(x), Some(y)) = (crate::rbd::rbd_name(a), crate::rbd::rbd_name(b)) {
+        // rbd:POOL/IMAGE[@SNAP], without the connection options.
+        let location = |name: &str| name.split(':').nth(1).map(str::to_owned);
+        return location(x) == location(y);
+    }
     match (std::fs::metadata(a), std::fs::metadata(b)) {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
         _ => false,

@@ -5,35 +5,61 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// Where a disk's image is. Today always a file path (a LUKS1, LUKS2 or raw image); kept a
-/// type of its own so that names of other kinds (e.g. a network volume) parse in this one
-/// place.
+/// Where a disk's image is: a file path (a LUKS1, LUKS2 or raw image), or a Ceph RBD image
+/// named as QEMU names it, `rbd:POOL/IMAGE[@SNAP][:conf=PATH][:id=USER][:keyring=PATH]`. Kept
+/// a type of its own so that the kinds of names are told apart in this one place.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ImageName(PathBuf);
+
+/// The prefix of an RBD image name.
+pub const RBD_PREFIX: &str = "rbd:";
 
 impl ImageName {
     pub fn new(path: impl Into<PathBuf>) -> ImageName {
         ImageName(path.into())
     }
 
-    /// The image file.
+    /// The image file, or the whole `rbd:` name.
     pub fn path(&self) -> &Path {
         &self.0
     }
 
-    /// Relative file names are taken relative to `base` (a config file's directory).
+    /// The `rbd:...` name when this names an RBD image rather than a file.
+    pub fn rbd(&self) -> Option<&str> {
+        rbd_name(&self.0)
+    }
+
+    /// Relative file names are taken relative to `base` (a config file's directory); an RBD
+    /// name is not a path and stays as it is.
     pub fn resolved_against(&self, base: &Path) -> ImageName {
+        if self.rbd().is_some() {
+            return self.clone();
+        }
         ImageName(resolve(base, &self.0))
     }
 
-    /// The last component, e.g. the default disk name of `--image /var/lib/vm1.luks`.
+    /// The default disk name: a file's last component (`/var/lib/vm1.luks` -> `vm1.luks`), an
+    /// RBD image's name (`rbd:vms/vm1@s:conf=/etc/c.conf` -> `vm1`).
     pub fn file_name(&self) -> String {
+        if let Some(name) = self.rbd() {
+            let location = name[RBD_PREFIX.len()..]
+                .split(':')
+                .next()
+                .unwrap_or_default();
+            let image = location.rsplit('/').next().unwrap_or(location);
+            return image.split('@').next().unwrap_or(image).to_owned();
+        }
         self.0
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| self.0.display().to_string())
     }
+}
+
+/// `name` as a string when it is an `rbd:` image name.
+pub fn rbd_name(name: &Path) -> Option<&str> {
+    name.to_str().filter(|s| s.starts_with(RBD_PREFIX))
 }
 
 impl fmt::Display for ImageName {
@@ -140,9 +166,10 @@ impl DiskConfig {
     }
 
     /// Every path of the disk (image, key file, socket), for checks such as "absolute".
+    /// The file paths in the configuration (an `rbd:` image name is not one).
     pub fn paths(&self) -> impl Iterator<Item = &Path> {
         [
-            Some(self.image.path()),
+            self.image.rbd().is_none().then(|| self.image.path()),
             self.key_file.as_deref(),
             self.vhost_user_blk.as_deref(),
         ]

@@ -12,7 +12,7 @@ pub use catalogue::{
     errors_reference, method, methods_reference, MethodSpec, ParamKind, ParamSpec,
     CONFIG_FILE_ALIASES, METHODS,
 };
-pub use disk::{resolve, DiskConfig, ImageName};
+pub use disk::{rbd_name, resolve, DiskConfig, ImageName, RBD_PREFIX};
 pub use error_kind::ErrorKind;
 pub use field_names::accepted_params;
 pub use methods::{

@@ -5,13 +5,13 @@ pub(crate) mod phdr;
 
 use crate::af::{af_merge, af_split};
 use crate::ct::ct_eq;
+use crate::io::HeaderIo;
 use crate::io::{read_at, write_at, zero_range};
 use crate::kdf::{self, Kdf};
 use crate::keyslot_area::{decrypt_area, encrypt_area};
 use crate::{FormatOptions, HashAlg, LuksError, PbkdfKind, PbkdfOptions, Result, UnlockOptions};
 use cryptblk_crypto::{CipherSpec, CryptoError, SecretKey};
 use phdr::{Keyslot, Phdr, DIGEST_LEN, NUM_KEYSLOTS, PHDR_SIZE, SALT_LEN, SECTOR};
-use std::fs::File;
 use zeroize::Zeroizing;
 
 pub use phdr::is_luks1;
@@ -37,7 +37,7 @@ pub(crate) fn cipher_error(e: CryptoError) -> LuksError {
 }
 
 impl Luks1Header {
-    pub fn read(file: &File) -> Result<(Self, Vec<String>)> {
+    pub fn read(file: &dyn HeaderIo) -> Result<(Self, Vec<String>)> {
         let mut buf = [0u8; PHDR_SIZE];
         read_at(file, 0, &mut buf, "LUKS1 header")?;
         let phdr = Phdr::decode(&buf)?;
@@ -119,7 +119,7 @@ impl Luks1Header {
 
     pub fn unlock(
         &self,
-        file: &File,
+        file: &dyn HeaderIo,
         passphrase: &[u8],
         opts: &UnlockOptions,
     ) -> Result<(usize, SecretKey)> {
@@ -156,7 +156,7 @@ impl Luks1Header {
 
     fn try_slot(
         &self,
-        file: &File,
+        file: &dyn HeaderIo,
         slot: usize,
         spec: &CipherSpec,
         hash: HashAlg,
@@ -212,7 +212,7 @@ impl Luks1Header {
     }
 
     pub fn format(
-        file: &File,
+        file: &dyn HeaderIo,
         opts: &FormatOptions,
         passphrase: &[u8],
         volume_key: &SecretKey,
@@ -286,7 +286,7 @@ impl Luks1Header {
                 })?;
                 file.set_len(total)?;
             }
-            None if file.metadata()?.len() < data_offset => file.set_len(data_offset)?,
+            None if file.size()? < data_offset => file.set_len(data_offset)?,
             None => {}
         }
         file.sync_all()?;
@@ -295,7 +295,7 @@ impl Luks1Header {
 
     pub fn add_keyslot(
         &mut self,
-        file: &File,
+        file: &dyn HeaderIo,
         volume_key: &SecretKey,
         passphrase: &[u8],
         slot: Option<usize>,
@@ -369,7 +369,7 @@ impl Luks1Header {
         Ok(slot)
     }
 
-    pub fn remove_keyslot(&mut self, file: &File, slot: usize) -> Result<()> {
+    pub fn remove_keyslot(&mut self, file: &dyn HeaderIo, slot: usize) -> Result<()> {
         if slot >= NUM_KEYSLOTS || !self.phdr.keyslots[slot].active {
             return Err(LuksError::InvalidArgument(format!(
                 "keyslot {slot} is not active"
@@ -390,7 +390,7 @@ impl Luks1Header {
         Ok(())
     }
 
-    fn write_header(&self, file: &File) -> Result<()> {
+    fn write_header(&self, file: &dyn HeaderIo) -> Result<()> {
         let buf = self.phdr.encode()?;
         write_at(file, 0, &buf)?;
         file.sync_data()?;

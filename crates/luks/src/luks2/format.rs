@@ -3,12 +3,11 @@ use super::binary::{BinaryHeader, HeaderCopy, BINARY_SIZE, CSUM_LEN, SALT_LEN};
 use super::json::{Config, Digest, Metadata, Segment, SegmentSize};
 use super::write::{b64, random_bytes, SALT_BYTES};
 use super::Luks2Header;
+use crate::io::HeaderIo;
 use crate::kdf::{self, Kdf};
 use crate::{FormatOptions, LuksError, LuksVersion, Result};
 use cryptblk_crypto::SecretKey;
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 
 const HDR_SIZE: u64 = 16 * 1024;
 const DATA_OFFSET: u64 = 16 * 1024 * 1024;
@@ -16,7 +15,7 @@ const DATA_OFFSET: u64 = 16 * 1024 * 1024;
 impl Luks2Header {
     /// Create a LUKS2 header with the volume key in keyslot 0.
     pub fn format(
-        file: &File,
+        file: &dyn HeaderIo,
         opts: &FormatOptions,
         passphrase: &[u8],
         volume_key: &SecretKey,
@@ -122,7 +121,7 @@ impl Luks2Header {
             Some(size) => DATA_OFFSET
                 .checked_add(size)
                 .ok_or_else(|| LuksError::InvalidArgument("payload size overflows".into()))?,
-            None => DATA_OFFSET.max(file.metadata()?.len()),
+            None => DATA_OFFSET.max(file.size()?),
         };
         file.set_len(min_len)?;
         // Old headers or keyslots (of any format) must not survive in the metadata area.

@@ -5,18 +5,17 @@ use super::unlock::{digest_matches, material_len};
 use super::validate::{keyslots_range, MAX_KEYSLOTS};
 use super::write::{b64, random_bytes, round_up, SALT_BYTES};
 use super::{ensure_writable, parse_cipher, Luks2Header};
+use crate::io::HeaderIo;
 use crate::kdf::{self, Argon2Variant, Kdf};
 use crate::{af, keyslot_area, HashAlg, LuksError, PbkdfOptions, Result};
 use cryptblk_crypto::SecretKey;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use zeroize::Zeroizing;
 
 impl Luks2Header {
     /// Add a keyslot holding `volume_key` under `passphrase`; returns its id.
     pub fn add_keyslot(
         &mut self,
-        file: &File,
+        file: &dyn HeaderIo,
         volume_key: &SecretKey,
         passphrase: &[u8],
         slot: Option<usize>,
@@ -27,7 +26,7 @@ impl Luks2Header {
 
     pub(super) fn add_keyslot_with_hash(
         &mut self,
-        file: &File,
+        file: &dyn HeaderIo,
         volume_key: &SecretKey,
         passphrase: &[u8],
         slot: Option<usize>,
@@ -169,7 +168,7 @@ impl Luks2Header {
     }
 
     /// Remove a keyslot: the header stops referring to it first, then its area is wiped.
-    pub fn remove_keyslot(&mut self, file: &File, slot: usize) -> Result<()> {
+    pub fn remove_keyslot(&mut self, file: &dyn HeaderIo, slot: usize) -> Result<()> {
         ensure_writable(self)?;
         let key = slot.to_string();
         let area = match self.meta.keyslots.get(&key) {

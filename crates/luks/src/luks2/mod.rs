@@ -14,11 +14,11 @@ mod unlock;
 mod validate;
 mod write;
 
+use crate::io::HeaderIo;
 use crate::{LuksError, Result, UnlockOptions};
 use binary::BinaryHeader;
 use cryptblk_crypto::{CipherSpec, SecretKey};
 use json::{Digest, Metadata, Segment, SegmentSize};
-use std::fs::File;
 
 pub use validate::MAX_KEYSLOTS;
 
@@ -34,7 +34,7 @@ pub struct Luks2Header {
 impl Luks2Header {
     /// Read and validate both copies; use the valid one with the higher seqid. Warnings report
     /// a damaged or stale copy.
-    pub fn read(file: &File) -> Result<(Self, Vec<String>)> {
+    pub fn read(file: &dyn HeaderIo) -> Result<(Self, Vec<String>)> {
         let (copy, warnings) = read::read_header(file)?;
         let salts = [copy.bin.salt, copy.bin.salt];
         Ok((
@@ -208,7 +208,7 @@ impl Luks2Header {
 
     pub fn unlock(
         &self,
-        file: &File,
+        file: &dyn HeaderIo,
         passphrase: &[u8],
         opts: &UnlockOptions,
     ) -> Result<(usize, SecretKey)> {

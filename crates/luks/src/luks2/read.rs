@@ -2,9 +2,8 @@
 use super::binary::{compute_checksum, BinaryHeader, HeaderCopy, BINARY_SIZE, VALID_HDR_SIZES};
 use super::json::Metadata;
 use super::validate::validate;
+use crate::io::HeaderIo;
 use crate::{HashAlg, LuksError, Result};
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 
 /// One header copy that passed every check.
 #[derive(Debug, Clone)]
@@ -30,7 +29,7 @@ impl CopyError {
 }
 
 fn read_copy(
-    file: &File,
+    file: &dyn HeaderIo,
     file_len: u64,
     offset: u64,
     copy: HeaderCopy,
@@ -99,7 +98,10 @@ fn read_copy(
 
 /// With the primary unusable its hdr_size cannot be trusted, so look for the secondary at
 /// every offset the spec allows, as cryptsetup does.
-fn probe_secondary(file: &File, file_len: u64) -> std::result::Result<ValidCopy, CopyError> {
+fn probe_secondary(
+    file: &dyn HeaderIo,
+    file_len: u64,
+) -> std::result::Result<ValidCopy, CopyError> {
     let mut damaged = None;
     for &off in &VALID_HDR_SIZES {
         match read_copy(file, file_len, off, HeaderCopy::Secondary) {
@@ -117,8 +119,8 @@ fn probe_secondary(file: &File, file_len: u64) -> std::result::Result<ValidCopy,
 
 /// Read both copies and return the valid one with the higher seqid, plus warnings about the
 /// other copy.
-pub fn read_header(file: &File) -> Result<(ValidCopy, Vec<String>)> {
-    let file_len = file.metadata()?.len();
+pub fn read_header(file: &dyn HeaderIo) -> Result<(ValidCopy, Vec<String>)> {
+    let file_len = file.size()?;
     let primary = read_copy(file, file_len, 0, HeaderCopy::Primary);
     let secondary = match &primary {
         Ok(p) => read_copy(file, file_len, p.bin.hdr_size, HeaderCopy::Secondary),
@@ -175,7 +177,7 @@ pub fn read_header(file: &File) -> Result<(ValidCopy, Vec<String>)> {
     }
 }
 
-fn not_luks2(file: &File, reason: String) -> LuksError {
+fn not_luks2(file: &dyn HeaderIo, reason: String) -> LuksError {
     let mut head = [0u8; 8];
     if file.read_exact_at(&mut head, 0).is_ok() && head[..6] == *b"LUKS\xba\xbe" {
         let v = u16::from_be_bytes([head[6], head[7]]);

@@ -2,11 +2,10 @@
 use super::json::{Digest, KdfJson, Keyslot};
 use super::validate::b64;
 use super::{ensure_writable, parse_cipher, Luks2Header};
+use crate::io::HeaderIo;
 use crate::kdf::{self, Argon2Variant, Kdf};
 use crate::{af, keyslot_area, HashAlg, LuksError, Result, UnlockOptions};
 use cryptblk_crypto::SecretKey;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use zeroize::Zeroizing;
 
 fn corrupt(field: String) -> LuksError {
@@ -74,7 +73,7 @@ pub fn material_len(key_size: usize, stripes: u32) -> Option<usize> {
 
 /// Try one keyslot: Some(volume key) if the passphrase opens it and the key matches `digest`.
 fn try_slot(
-    file: &File,
+    file: &dyn HeaderIo,
     id: usize,
     key: &str,
     slot: &Keyslot,
@@ -143,7 +142,7 @@ fn try_slot(
 /// such a slot is still tried rather than made unreachable.
 pub fn unlock(
     hdr: &Luks2Header,
-    file: &File,
+    file: &dyn HeaderIo,
     passphrase: &[u8],
     opts: &UnlockOptions,
 ) -> Result<(usize, SecretKey)> {

@@ -4,11 +4,10 @@
 use super::binary::{compute_checksum, BinaryHeader, HeaderCopy, BINARY_SIZE, CSUM_LEN};
 use super::validate::validate;
 use super::Luks2Header;
+use crate::io::HeaderIo;
 use crate::{HashAlg, LuksError, Result};
 use base64::Engine as _;
 use cryptblk_crypto::SecretKey;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 
 /// Keyslot and digest salt length (cryptsetup's LUKS_SALTSIZE).
 pub(super) const SALT_BYTES: usize = 32;
@@ -64,7 +63,7 @@ impl Luks2Header {
 
     /// Write one copy and sync it. Exposed for crash-simulation tests.
     #[doc(hidden)]
-    pub fn write_copy(&self, file: &File, copy: HeaderCopy) -> Result<()> {
+    pub fn write_copy(&self, file: &dyn HeaderIo, copy: HeaderCopy) -> Result<()> {
         let area = self.encode_copy(copy)?;
         let offset = if copy == HeaderCopy::Primary {
             0
@@ -78,7 +77,7 @@ impl Luks2Header {
 
     /// Commit the in-memory metadata: bump seqid, primary, sync, secondary, sync. The metadata
     /// is validated first so we never write a header we would refuse to read.
-    pub(super) fn commit(&mut self, file: &File) -> Result<()> {
+    pub(super) fn commit(&mut self, file: &dyn HeaderIo) -> Result<()> {
         validate(&self.meta, self.bin.hdr_size).map_err(|e| {
             LuksError::InvalidArgument(format!("refusing to write invalid metadata: {e}"))
         })?;

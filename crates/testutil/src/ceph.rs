@@ -15,7 +15,7 @@ pub struct Cluster {
 /// not installed.
 pub fn start() -> Option<Cluster> {
     if Command::new("ceph-mon").arg("--version").output().is_err() {
-        cryptblk_testutil::skip("ceph-mon is not installed (run scripts/install-deps.sh)");
+        crate::skip("ceph-mon is not installed (run scripts/install-deps.sh)");
         return None;
     }
     Some(Cluster::start())

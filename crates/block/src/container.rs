@@ -1,0 +1,31 @@
+//! What a LUKS volume sits on: a backend whose first bytes hold the header. A local image file
+//! is one; so is an RBD image (in the rbd crate), which has no file to hand the header code.
+use crate::{BlockDevice, RawFile};
+use cryptblk_luks::HeaderIo;
+use std::path::Path;
+
+/// A backend that can carry a LUKS image: block I/O for the payload, header I/O for the header
+/// code (`cryptblk_luks`), and the name users know it by.
+pub trait Container: BlockDevice {
+    /// The image's name in messages: a file's path, or `rbd:POOL/IMAGE`.
+    fn name(&self) -> &Path;
+    /// Where the header code reads and writes the LUKS header.
+    fn header_io(&self) -> &dyn HeaderIo;
+    /// Whether never-written payload sectors must read as zeros rather than as the decryption
+    /// of whatever the container returns there: true where other clients of the same image
+    /// (librbd's own encryption) behave so, and the disk must look the same through both.
+    /// Files follow dm-crypt and QEMU's `luks` driver, which decrypt holes like any data.
+    fn unwritten_reads_as_zeros(&self) -> bool {
+        false
+    }
+}
+
+impl Container for RawFile {
+    fn name(&self) -> &Path {
+        self.path()
+    }
+    fn header_io(&self) -> &dyn HeaderIo {
+        // The buffered descriptor: header I/O is small and unaligned.
+        self.file()
+    }
+}
