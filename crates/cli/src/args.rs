@@ -157,7 +157,9 @@ pub struct FormatArgs {
     /// File holding the passphrase for keyslot 0 ('-' for stdin).
     #[arg(long, short = 'd', value_name = "FILE")]
     pub key_file: Option<PathBuf>,
-    /// Image to create (with SIZE) or to format in place (without SIZE).
+    /// Image to create (with SIZE) or to format in place (without SIZE): a file, or
+    /// rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH] (created with the header's 16 MiB
+    /// plus SIZE, or formatted in place as `rbd encryption format` does).
     pub image: PathBuf,
     /// Payload size to create, e.g. 10G (suffixes K, M, G, T).
     #[arg(value_parser = parse_size)]
@@ -180,7 +182,9 @@ pub struct ServeArgs {
     /// replaced).
     #[arg(long = "vhost-user-blk", value_name = "SOCKET")]
     pub socket: Option<PathBuf>,
-    /// The image to export: LUKS1/LUKS2 (needs a passphrase) or raw.
+    /// The image to export: LUKS1/LUKS2 (needs a passphrase) or raw. A file, or an RBD image
+    /// named rbd:POOL/IMAGE[@SNAP][:conf=PATH][:id=USER][:keyring=PATH], opened under its
+    /// exclusive lock (connecting to the cluster and each operation time out after 30 s).
     #[arg(long, value_name = "PATH")]
     pub image: Option<PathBuf>,
     /// The disk's name: its NBD export name and its name on the control socket (default:
@@ -261,6 +265,7 @@ pub struct DumpArgs {
     /// Machine-readable JSON.
     #[arg(long)]
     pub json: bool,
+    /// A file, or rbd:POOL/IMAGE[@SNAP][:conf=PATH][:id=USER][:keyring=PATH].
     pub image: PathBuf,
 }
 
@@ -287,6 +292,7 @@ pub struct KeyAddArgs {
     pub key_slot: Option<usize>,
     #[command(flatten)]
     pub pbkdf: PbkdfArgs,
+    /// A file, or rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH] (under its exclusive lock).
     pub image: PathBuf,
 }
 
@@ -298,6 +304,7 @@ pub struct KeyRemoveArgs {
     /// Allow removing the last keyslot (the data becomes unrecoverable).
     #[arg(long)]
     pub force: bool,
+    /// A file, or rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH] (under its exclusive lock).
     pub image: PathBuf,
 }
 
@@ -311,6 +318,7 @@ pub struct KeyChangeArgs {
     pub new_key_file: Option<PathBuf>,
     #[command(flatten)]
     pub pbkdf: PbkdfArgs,
+    /// A file, or rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH] (under its exclusive lock).
     pub image: PathBuf,
 }
 
@@ -376,7 +384,11 @@ pub struct ConvertArgs {
     pub chunk_size: u64,
     #[command(flatten)]
     pub luks: LuksFormatArgs,
+    /// A file, or an RBD image: rbd:POOL/IMAGE[@SNAP][:conf=PATH][:id=USER][:keyring=PATH]
+    /// (connecting to the cluster and each operation time out after 30 s).
     pub source: PathBuf,
+    /// A new file or RBD image (created with the source's size; removed again if the convert
+    /// fails), or an existing one with -n.
     pub target: PathBuf,
     /// Print help.
     #[arg(long, action = clap::ArgAction::Help)]

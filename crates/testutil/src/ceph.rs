@@ -145,6 +145,31 @@ impl Cluster {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+
+    /// Freezes the OSD (SIGSTOP) until the returned guard is dropped (SIGCONT): the cluster
+    /// stops answering without losing its memstore data, as a paused or partitioned OSD does.
+    pub fn pause_osd(&self) -> PausedOsd {
+        let pid = std::fs::read_to_string(self.dir.join("run/osd.0.pid"))
+            .expect("the OSD's pid file")
+            .trim()
+            .parse::<i32>()
+            .expect("a pid");
+        // SAFETY: kill(2) on the OSD this cluster started (read from its own pid file).
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        PausedOsd { pid }
+    }
+}
+
+/// A stopped OSD; resumed when dropped (also when a test fails while it is stopped).
+pub struct PausedOsd {
+    pid: i32,
+}
+
+impl Drop for PausedOsd {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the OSD stopped by `pause_osd`.
+        unsafe { libc::kill(self.pid, libc::SIGCONT) };
+    }
 }
 
 impl Drop for Cluster {

@@ -100,7 +100,7 @@ pub const METHODS: &[MethodSpec] = &[
         summary: "Start serving another image.",
         params: &[
             NAME,
-            req("image", Path, "The image: LUKS1, LUKS2 or raw."),
+            req("image", Path, "The image: LUKS1, LUKS2 or raw; a file, or an RBD image rbd:POOL/IMAGE[@SNAP][:conf=PATH][:id=USER][:keyring=PATH]."),
             opt("key-file", KeyFile, "File holding the LUKS passphrase (read by the daemon; stdin cannot be forwarded)."),
             opt("vhost-user-blk", Path, "Export it on this vhost-user-blk socket."),
             opt("num-queues", Count, "Virtqueues offered to the guest (default 1)."),
