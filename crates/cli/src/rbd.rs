@@ -14,7 +14,7 @@ fn cli_error(e: RbdError) -> anyhow::Error {
     match e {
         RbdError::BadName { .. } => UsageError(e.to_string()).into(),
         // As a block error, so that a held lock exits as "in use" like a locked file.
-        e => cryptblk_rbd::block_error("open", 0, e).into(),
+        e => cryptblk_rbd::open_error(e).into(),
     }
 }
 

@@ -10,7 +10,7 @@ pub fn open(name: &str, writable: bool) -> Result<RbdDevice> {
         Ok(device) => Ok(device),
         Err(e @ RbdError::BadName { .. }) => Err(Error::usage(e.to_string())),
         // As a block error, so that a held lock reads as "in use" like a locked file.
-        Err(e) => Err(cryptblk_rbd::block_error("open", 0, e)).context("opening the image"),
+        Err(e) => Err(cryptblk_rbd::open_error(e)).context("opening the image"),
     }
 }
 

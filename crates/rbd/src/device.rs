@@ -59,14 +59,23 @@ impl RbdDevice {
     }
 }
 
-/// A librbd error as a block error of the matching kind, the librbd message kept as source.
-pub fn block_error(op: &'static str, offset: u64, err: RbdError) -> BlockError {
-    let kind = match &err {
+/// Opening (or creating) an image failed: a block error of the matching kind (a held lock is
+/// `Locked`), the librbd message kept as source.
+pub fn open_error(err: RbdError) -> BlockError {
+    BlockError::new(error_kind(&err), "").with_source(err)
+}
+
+fn error_kind(err: &RbdError) -> BlockErrorKind {
+    match err {
         RbdError::Locked { .. } => BlockErrorKind::Locked,
         RbdError::Call { errno, .. } if *errno == libc::EROFS => BlockErrorKind::ReadOnly,
         _ => BlockErrorKind::Io,
-    };
-    BlockError::new(kind, "")
+    }
+}
+
+/// A librbd error as a block error of the matching kind, the librbd message kept as source.
+pub fn block_error(op: &'static str, offset: u64, err: RbdError) -> BlockError {
+    BlockError::new(error_kind(&err), "")
         .with_op(op)
         .at(offset)
         .with_source(err)

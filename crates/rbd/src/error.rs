@@ -13,7 +13,7 @@ pub enum RbdError {
     #[error("rbd: image {image} is locked by {owner}; stop that client first (or wait for its lock to expire if it died)")]
     Locked { image: String, owner: String },
     /// A librados/librbd call failed with a negative errno.
-    #[error("rbd: {op} {image}: {}", std::io::Error::from_raw_os_error(*.errno))]
+    #[error("rbd: {op} {image}: {}{}", std::io::Error::from_raw_os_error(*.errno), hint(op, *.errno))]
     Call {
         op: &'static str,
         image: String,
@@ -28,5 +28,24 @@ impl RbdError {
             RbdError::Call { errno, .. } => Some(*errno),
             _ => None,
         }
+    }
+}
+
+/// What to do about the common failures, after the errno's text.
+fn hint(op: &str, errno: i32) -> &'static str {
+    match (op, errno) {
+        ("read the ceph.conf for", libc::ENOENT) => {
+            ": pass conf=PATH in the image name or set CEPH_CONF"
+        }
+        ("connect to the cluster of", libc::ETIMEDOUT) => {
+            ": no monitor answered within 30 s; check mon_host in the ceph.conf and the network"
+        }
+        ("connect to the cluster of", libc::EACCES | libc::EPERM) => {
+            ": the cluster refused the client; check id=USER and keyring=PATH"
+        }
+        ("open the pool of", libc::ENOENT) => ": no such pool (ceph osd pool ls)",
+        ("open", libc::ENOENT) => ": no such image (rbd ls POOL)",
+        (_, libc::ETIMEDOUT) => ": the cluster did not answer within 30 s",
+        _ => "",
     }
 }

@@ -10,7 +10,7 @@ mod image;
 mod spec;
 
 pub use aio::RbdQueue;
-pub use device::{block_error, RbdDevice};
+pub use device::{block_error, open_error, RbdDevice};
 pub use error::RbdError;
 pub use image::{Allocation, Image, OpenMode};
 pub use spec::RbdSpec;
