@@ -96,6 +96,7 @@ fn luks_on_rbd_against_librbd_and_qemu() {
     serve_over_nbd_under_the_exclusive_lock(&cluster, d, &key);
     kill_9_keeps_flushed_writes(&cluster, d, &key);
     a_paused_osd_stalls_only_its_disk(&cluster, d, &key);
+    migrates_out_of_rbd_into_a_file(&cluster, d, &key);
     format_dump_and_key_change(&cluster, d, &key);
     errors_name_the_problem(&cluster, d, &key);
 }
@@ -642,4 +643,67 @@ fn a_paused_osd_stalls_only_its_disk(cluster: &Cluster, d: &Path, key: &Path) {
     let out = stalled.join().unwrap();
     assert_io_ok(&out);
     assert_eq!(daemon.terminate(), 0);
+}
+
+/// A disk served from RBD migrates live to a daemon that receives it into a local file (the
+/// existing precopy stream, ciphertext only): the destination serves what was written.
+fn migrates_out_of_rbd_into_a_file(cluster: &Cluster, d: &Path, key: &Path) {
+    let name = cluster.name("served");
+    let (a_nbd, a_ctl) = (d.join("a.nbd"), d.join("a.ctl"));
+    let (b_nbd, b_ctl) = (d.join("b.nbd"), d.join("b.ctl"));
+    let a_nbd_addr = format!("unix:{}", s(&a_nbd));
+    let b_nbd_addr = format!("unix:{}", s(&b_nbd));
+    let source = ServeProcess::start(
+        &[
+            "--image",
+            &name,
+            "--name",
+            "vol",
+            "--key-file",
+            s(key),
+            "--nbd",
+            &a_nbd_addr,
+            "--control",
+            s(&a_ctl),
+        ],
+        &a_ctl,
+    );
+    let destination = ServeProcess::start(&["--nbd", &b_nbd_addr, "--control", s(&b_ctl)], &b_ctl);
+    assert_io_ok(&nbd_io(&a_nbd, "vol", &["write -P 0x4d 3M 1M", "flush"]));
+    let received = d.join("received.luks");
+    let listen = format!("unix:{}", s(&d.join("mig.sock")));
+    ctl_json(
+        &b_ctl,
+        &[
+            "migrate-incoming",
+            "vol",
+            "--image",
+            s(&received),
+            "--listen",
+            &listen,
+            "--key-file",
+            s(key),
+            "--nbd-export",
+        ],
+    );
+    ctl_json(&a_ctl, &["migrate-start", "vol", "--to", &listen]);
+    ctl_json(&a_ctl, &["migrate-switchover", "vol"]);
+    wait_migrate_phase(|args| ctl_json(&a_ctl, args), "completed", String::new);
+    wait_migrate_phase(|args| ctl_json(&b_ctl, args), "completed", String::new);
+    // The received disk is attached (its LUKS volume unlocked) right after the stream ends.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while ctl_json(&b_ctl, &["disk-list"])["disks"][0]["state"] != "attached" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the received disk was never attached"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_io_ok(&nbd_io(
+        &b_nbd,
+        "vol",
+        &["read -P 0x4d 3M 1M", "read -P 0x9e 7M 96k"],
+    ));
+    assert_eq!(destination.terminate(), 0);
+    assert_eq!(source.terminate(), 0);
 }

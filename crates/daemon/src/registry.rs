@@ -326,7 +326,15 @@ impl Daemon {
         if let Err(e) = disk.stop_vhost() {
             first_error.get_or_insert(e);
         }
-        if let Err(e) = disk.image.device.flush() {
+        // A disk fenced for a migration hand-over refuses I/O through its tracker, but what was
+        // written before the fence must still be durable: flush beneath the fence.
+        let tracker = &disk.image.tracker;
+        let flushed = if tracker.is_fenced() {
+            tracker.inner().flush()
+        } else {
+            disk.image.device.flush()
+        };
+        if let Err(e) = flushed {
             first_error.get_or_insert(Error::caused("flushing the image", e));
         }
         match first_error {
