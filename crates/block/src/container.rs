@@ -1,6 +1,6 @@
 //! What a LUKS volume sits on: a backend whose first bytes hold the header. A local image file
 //! is one; so is an RBD image (in the rbd crate), which has no file to hand the header code.
-use crate::{BlockDevice, RawFile};
+use crate::{BlockDevice, BlockError, RawFile};
 use cryptblk_luks::HeaderIo;
 use std::path::Path;
 
@@ -18,6 +18,11 @@ pub trait Container: BlockDevice {
     fn unwritten_reads_as_zeros(&self) -> bool {
         false
     }
+    /// Makes a range read as zeros, giving its space back where the container can (a migration
+    /// receiving a range the source reported as zeros).
+    fn zero_range(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.write_zeroes(offset, len)
+    }
 }
 
 impl Container for RawFile {
@@ -27,5 +32,10 @@ impl Container for RawFile {
     fn header_io(&self) -> &dyn HeaderIo {
         // The buffered descriptor: header I/O is small and unaligned.
         self.file()
+    }
+    /// A punched hole (sparse and zero); zeros written where the filesystem cannot punch.
+    fn zero_range(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.punch_hole(offset, len)
+            .or_else(|_| BlockDevice::write_zeroes(self, offset, len))
     }
 }

@@ -97,6 +97,7 @@ fn luks_on_rbd_against_librbd_and_qemu() {
     kill_9_keeps_flushed_writes(&cluster, d, &key);
     a_paused_osd_stalls_only_its_disk(&cluster, d, &key);
     migrates_out_of_rbd_into_a_file(&cluster, d, &key);
+    migrates_from_a_file_into_rbd(&cluster, d, &key);
     format_dump_and_key_change(&cluster, d, &key);
     errors_name_the_problem(&cluster, d, &key);
 }
@@ -706,4 +707,103 @@ fn migrates_out_of_rbd_into_a_file(cluster: &Cluster, d: &Path, key: &Path) {
     ));
     assert_eq!(destination.terminate(), 0);
     assert_eq!(source.terminate(), 0);
+}
+
+/// A local LUKS2 disk migrates live into a new RBD image on the other daemon: the destination
+/// serves what was written, and librbd's encryption reads it from the image afterwards. An
+/// existing image is never a destination.
+fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &Path, key: &Path) {
+    let local = d.join("local.luks");
+    cryptblk([
+        "format",
+        "--batch-mode",
+        "--key-file",
+        s(key),
+        "--pbkdf",
+        "pbkdf2",
+        "--iter-time",
+        "10",
+        s(&local),
+        "16M",
+    ])
+    .ok();
+    let (a_nbd, a_ctl) = (d.join("fa.nbd"), d.join("fa.ctl"));
+    let (b_nbd, b_ctl) = (d.join("fb.nbd"), d.join("fb.ctl"));
+    let a_nbd_addr = format!("unix:{}", s(&a_nbd));
+    let b_nbd_addr = format!("unix:{}", s(&b_nbd));
+    let source = ServeProcess::start(
+        &[
+            "--image",
+            s(&local),
+            "--name",
+            "vol",
+            "--key-file",
+            s(key),
+            "--nbd",
+            &a_nbd_addr,
+            "--control",
+            s(&a_ctl),
+        ],
+        &a_ctl,
+    );
+    let destination = ServeProcess::start(&["--nbd", &b_nbd_addr, "--control", s(&b_ctl)], &b_ctl);
+    assert_io_ok(&nbd_io(&a_nbd, "vol", &["write -P 0x3c 5M 1M", "flush"]));
+    let listen = format!("unix:{}", s(&d.join("fmig.sock")));
+    // An image that exists is refused, and left alone.
+    ctl(
+        &b_ctl,
+        &[
+            "migrate-incoming",
+            "vol",
+            "--image",
+            &cluster.name("lib2"),
+            "--listen",
+            &listen,
+            "--key-file",
+            s(key),
+            "--nbd-export",
+        ],
+    )
+    .expect_code(code::OTHER)
+    .error_line(&["rbd:rbd/lib2 already exists"]);
+    let target = cluster.name("received");
+    ctl_json(
+        &b_ctl,
+        &[
+            "migrate-incoming",
+            "vol",
+            "--image",
+            &target,
+            "--listen",
+            &listen,
+            "--key-file",
+            s(key),
+            "--nbd-export",
+        ],
+    );
+    ctl_json(&a_ctl, &["migrate-start", "vol", "--to", &listen]);
+    ctl_json(&a_ctl, &["migrate-switchover", "vol"]);
+    wait_migrate_phase(|args| ctl_json(&a_ctl, args), "completed", String::new);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while ctl_json(&b_ctl, &["disk-list"])["disks"][0]["state"] != "attached" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the received disk was never attached"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_io_ok(&nbd_io(
+        &b_nbd,
+        "vol",
+        &["read -P 0x3c 5M 1M", "write -P 0x3d 9M 64k"],
+    ));
+    assert_eq!(destination.terminate(), 0);
+    assert_eq!(source.terminate(), 0);
+    qemu_io(
+        cluster,
+        "received",
+        "luks2",
+        key,
+        &["read -P 0x3c 5M 1M", "read -P 0x3d 9M 64k"],
+    );
 }

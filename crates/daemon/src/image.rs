@@ -181,7 +181,7 @@ fn raw_image(raw: Arc<dyn Container>) -> Result<OpenedImage> {
 /// turns the opened disk into the one to serve (reads of blocks not here yet fetch them).
 pub fn open_received(
     config: &DiskConfig,
-    file: Arc<RawFile>,
+    file: Arc<dyn Container>,
     cx: &OpenContext<'_>,
     gate: impl FnOnce(Arc<dyn BlockDevice>) -> Result<Arc<dyn BlockDevice>>,
 ) -> Result<OpenedImage> {

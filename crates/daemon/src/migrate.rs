@@ -14,7 +14,8 @@ use cryptblk_control::api::{
     DEFAULT_CONNECT_TIMEOUT_MS,
 };
 use cryptblk_migration::{
-    IncomingMigration, IncomingStatus, Phase, SourceMigration, SourceOptions,
+    IncomingMigration, IncomingStatus, IncomingStore, NewFile, Phase, SourceMigration,
+    SourceOptions,
 };
 use cryptblk_net::Address;
 use std::path::Path;
@@ -225,7 +226,17 @@ impl Daemon {
         config.queue_size = p.queue_size.unwrap_or(DiskConfig::DEFAULT_QUEUE_SIZE);
         config.discard = p.discard;
         self.reserve(&config)?;
-        let incoming = match IncomingMigration::listen(&listen, config.image.path(), tls) {
+        let store: Arc<dyn IncomingStore> = match config.image.rbd() {
+            Some(name) => match crate::rbd::NewRbdImage::new(name) {
+                Ok(store) => Arc::new(store),
+                Err(e) => {
+                    self.unreserve(&config.name);
+                    return Err(e);
+                }
+            },
+            None => Arc::new(NewFile(config.image.path().to_path_buf())),
+        };
+        let incoming = match IncomingMigration::listen_into(&listen, store, tls) {
             Ok(m) => m,
             Err(e) => {
                 self.unreserve(&config.name);

@@ -1,7 +1,10 @@
 //! Disks whose image is a Ceph RBD image (`rbd:POOL/IMAGE...`).
 use crate::error::{Context, Error, Result};
 use cryptblk_block::Container;
-use cryptblk_rbd::{RbdDevice, RbdError};
+use cryptblk_migration::IncomingStore;
+use cryptblk_rbd::{Image, RbdDevice, RbdError, RbdSpec};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Opens the RBD image `name` names; writable ones under the image's exclusive lock, so two
 /// daemons never write one image.
@@ -18,4 +21,44 @@ pub fn open(name: &str, writable: bool) -> Result<RbdDevice> {
 pub fn starts_with_luks_magic(device: &RbdDevice) -> Result<bool> {
     cryptblk_luks::LuksImage::probe(device.header_io())
         .with_context(|| format!("probing {}", device.name().display()))
+}
+
+/// A new RBD image an incoming migration writes into (created with the disk's size when the
+/// source says it; removed again if the migration fails before this side went live).
+pub struct NewRbdImage {
+    name: String,
+    spec: RbdSpec,
+    display: PathBuf,
+}
+
+impl NewRbdImage {
+    pub fn new(name: &str) -> Result<NewRbdImage> {
+        let spec = RbdSpec::parse(name).map_err(|e| Error::usage(e.to_string()))?;
+        let display = PathBuf::from(format!("rbd:{}", spec.display_name()));
+        Ok(NewRbdImage {
+            name: name.to_owned(),
+            spec,
+            display,
+        })
+    }
+}
+
+impl IncomingStore for NewRbdImage {
+    fn name(&self) -> &Path {
+        &self.display
+    }
+    fn exists(&self) -> bool {
+        RbdDevice::open(&self.name, false).is_ok()
+    }
+    fn create(&self, size: u64) -> std::result::Result<Arc<dyn Container>, String> {
+        Image::create(&self.spec, size).map_err(|e| e.to_string())?;
+        let device = RbdDevice::open(&self.name, true).map_err(|e| e.to_string())?;
+        Ok(Arc::new(device))
+    }
+    fn remove(&self) -> bool {
+        match Image::remove(&self.spec) {
+            Ok(()) => true,
+            Err(e) => e.errno() == Some(libc::ENOENT),
+        }
+    }
 }

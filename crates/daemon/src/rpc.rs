@@ -65,15 +65,9 @@ impl ControlHandler {
                 })
             }
             Request::MigrateIncoming(p) => {
-                if p.image.rbd().is_some() {
-                    return Err(Error::invalid_params(format!(
-                        "{}: receiving a migration into an RBD image is not supported yet; \
-                         receive into a file, then `cryptblk convert` it into the image",
-                        p.image
-                    )));
-                }
                 for path in [
-                    Some(p.image.path()),
+                    // An rbd: image name is not a path.
+                    p.image.rbd().is_none().then(|| p.image.path()),
                     p.key_file.as_deref(),
                     p.vhost_user_blk.as_deref(),
                     p.tls_creds.as_deref(),

@@ -42,6 +42,6 @@ pub enum MigrationError {
     WrongPhase { phase: Phase, action: &'static str },
     #[error("migration listener: {0}")]
     Listen(std::io::Error),
-    #[error("the destination image {path} already exists; migration never overwrites a file")]
+    #[error("the destination image {path} already exists; a migration never overwrites an image")]
     DestinationExists { path: std::path::PathBuf },
 }

@@ -26,7 +26,7 @@ mod tracking_queue;
 pub mod wire;
 
 pub use channel::MigrationAddress;
-pub use destination::{IncomingDisk, IncomingMigration, IncomingStatus};
+pub use destination::{IncomingDisk, IncomingMigration, IncomingStatus, IncomingStore, NewFile};
 pub use dirty::{DirtyBitmap, DirtyTracker};
 pub use error::MigrationError;
 pub use latency::{LatencyHistogram, LatencySummary};

@@ -120,6 +120,14 @@ impl BlockDevice for RbdDevice {
             .map_err(|e| block_error("discard", offset, e))
     }
 
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.writable("write zeroes")?;
+        self.check("write zeroes", offset, len)?;
+        self.image
+            .write_zeroes(offset, len)
+            .map_err(|e| block_error("write zeroes", offset, e))
+    }
+
     fn native_queue(&self, opts: &QueueOptions) -> Option<Result<Box<dyn IoQueue>, BlockError>> {
         Some(RbdQueue::new(self.image.clone(), opts.depth).map(|q| Box::new(q) as Box<dyn IoQueue>))
     }

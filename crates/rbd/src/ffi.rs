@@ -41,6 +41,7 @@ pub struct Api {
     pub rbd_write: unsafe extern "C" fn(RbdImage, u64, size_t, *const c_char) -> ssize_t,
     pub rbd_flush: unsafe extern "C" fn(RbdImage) -> c_int,
     pub rbd_discard: unsafe extern "C" fn(RbdImage, u64, u64) -> c_int,
+    pub rbd_write_zeroes: unsafe extern "C" fn(RbdImage, u64, size_t, c_int, c_int) -> ssize_t,
     pub rbd_diff_iterate2: unsafe extern "C" fn(
         RbdImage,
         *const c_char,
@@ -112,6 +113,7 @@ fn load(rados: &str, rbd: &str) -> Result<Api, String> {
         rbd_write: sym!(rbd, rbd_write),
         rbd_flush: sym!(rbd, rbd_flush),
         rbd_discard: sym!(rbd, rbd_discard),
+        rbd_write_zeroes: sym!(rbd, rbd_write_zeroes),
         rbd_diff_iterate2: sym!(rbd, rbd_diff_iterate2),
         rbd_aio_create_completion: sym!(rbd, rbd_aio_create_completion),
         rbd_aio_get_return_value: sym!(rbd, rbd_aio_get_return_value),

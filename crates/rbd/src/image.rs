@@ -341,6 +341,22 @@ impl Image {
         })
     }
 
+    /// Makes `len` bytes at `offset` read as zeros; librbd deallocates whole objects.
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), RbdError> {
+        let mut done = 0u64;
+        while done < len {
+            // One call per 1 GiB keeps the length inside size_t on every platform.
+            let n = (len - done).min(1 << 30);
+            // SAFETY: an open image; no zero or op flags.
+            let rc = unsafe {
+                (self.api.rbd_write_zeroes)(self.handle, offset + done, n as size_t, 0, 0)
+            };
+            self.check_len("write zeroes", rc, n as usize)?;
+            done += n;
+        }
+        Ok(())
+    }
+
     /// The allocated runs within `offset..offset + len`, in order (merged where adjacent).
     /// What is not listed reads as zeros.
     pub fn allocated(&self, offset: u64, len: u64) -> Result<Vec<Allocation>, RbdError> {

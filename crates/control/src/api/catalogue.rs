@@ -158,7 +158,7 @@ pub const METHODS: &[MethodSpec] = &[
         summary: "Destination: receive a disk from another daemon into a new image.",
         params: &[
             NAME,
-            req("image", Path, "The new image file to receive into (must not exist)."),
+            req("image", Path, "The new image to receive into (must not exist): a file, or rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH]."),
             req("listen", Address, "Where the source connects: tcp:HOST:PORT (port 0 picks one) or unix:PATH."),
             opt("key-file", KeyFile, "File holding the LUKS passphrase, to open the received volume (read by the daemon)."),
             opt("tls-creds", Path, "TLS credentials directory (QEMU x509 layout); the source must present a client certificate signed by its CA."),

@@ -4,7 +4,7 @@
 use super::state::{Created, DShared, SharedWriter};
 use crate::wire::{self, Frame, Hello, Role};
 use crate::{MigrationError, Phase};
-use cryptblk_block::{BlockDevice, RawFile};
+use cryptblk_block::Container;
 use std::io::Read;
 use std::sync::PoisonError;
 
@@ -158,7 +158,13 @@ fn apply(
         let phase = shared.lock().phase;
         match phase {
             Phase::Precopy => {
-                write_payload(&c.file, &payload, offset, piece - offset, piece_end - piece)?;
+                write_payload(
+                    &*c.file,
+                    &payload,
+                    offset,
+                    piece - offset,
+                    piece_end - piece,
+                )?;
                 c.received.set_range(piece, piece_end - piece);
             }
             Phase::Postcopy | Phase::PostcopyPaused => {
@@ -170,7 +176,7 @@ fn apply(
                     }
                     let count = count.min(last + 1 - first);
                     let (run_off, run_len) = c.received.block_range(first, count);
-                    write_payload(&c.file, &payload, offset, run_off - offset, run_len)?;
+                    write_payload(&*c.file, &payload, offset, run_off - offset, run_len)?;
                     c.received.set_range(run_off, run_len);
                     block = first + count;
                 }
@@ -195,7 +201,7 @@ fn apply(
 
 /// Writes `len` bytes of `payload` starting `skip` bytes into it, at `base + skip`.
 fn write_payload(
-    file: &RawFile,
+    file: &dyn Container,
     payload: &Payload<'_>,
     base: u64,
     skip: u64,
@@ -204,17 +210,7 @@ fn write_payload(
     let at = base + skip;
     match payload {
         Payload::Data(d) => file.write_at(&d[skip as usize..(skip + len) as usize], at)?,
-        Payload::Zero(_) => {
-            if file.punch_hole(at, len).is_err() {
-                let zeros = vec![0u8; len.min(1 << 20) as usize];
-                let mut pos = at;
-                while pos < at + len {
-                    let n = (at + len - pos).min(zeros.len() as u64) as usize;
-                    file.write_at(&zeros[..n], pos)?;
-                    pos += n as u64;
-                }
-            }
-        }
+        Payload::Zero(_) => file.zero_range(at, len)?,
     }
     Ok(())
 }

@@ -19,13 +19,15 @@ mod incoming_disk;
 mod requests;
 mod session;
 mod state;
+mod store;
 
 pub use incoming_disk::IncomingDisk;
+pub use store::{IncomingStore, NewFile};
 
 use crate::channel::{MigrationAddress, MigrationListener};
 use crate::latency::{LatencyHistogram, LatencySummary};
 use crate::{MigrationError, Phase};
-use cryptblk_block::{BlockDevice, RawFile};
+use cryptblk_block::{BlockDevice, Container};
 use rustls::ServerConfig;
 use state::{phase_code, DShared, DState};
 use std::path::Path;
@@ -54,10 +56,10 @@ pub struct IncomingStatus {
     pub elapsed: Duration,
 }
 
-/// What the destination needs to open the disk: the image file, whose header has arrived.
-#[derive(Debug, Clone)]
+/// What the destination needs to open the disk: the image, whose header has arrived.
+#[derive(Clone)]
 pub struct HeaderReady {
-    pub file: Arc<RawFile>,
+    pub file: Arc<dyn Container>,
     /// Bytes of format header (LUKS data offset) at the start of the file; 0 for raw.
     pub header_len: u64,
     pub disk_size: u64,
@@ -87,9 +89,18 @@ impl IncomingMigration {
         image: &Path,
         tls: Option<Arc<ServerConfig>>,
     ) -> Result<Arc<IncomingMigration>, MigrationError> {
-        if image.exists() {
+        Self::listen_into(addr, Arc::new(NewFile(image.to_path_buf())), tls)
+    }
+
+    /// As [`listen`](Self::listen), into an image `store` creates (e.g. a new RBD image).
+    pub fn listen_into(
+        addr: &MigrationAddress,
+        store: Arc<dyn IncomingStore>,
+        tls: Option<Arc<ServerConfig>>,
+    ) -> Result<Arc<IncomingMigration>, MigrationError> {
+        if store.exists() {
             return Err(MigrationError::DestinationExists {
-                path: image.to_path_buf(),
+                path: store.name().to_path_buf(),
             });
         }
         let listener = MigrationListener::bind(addr, tls).map_err(MigrationError::Listen)?;
@@ -112,12 +123,13 @@ impl IncomingMigration {
                 latency: LatencyHistogram::default(),
                 live_at: None,
                 finished_at: None,
+                remove_pending: false,
             }),
             cond: Condvar::new(),
             apply: Mutex::new(()),
             phase_fast: AtomicU8::new(phase_code(Phase::Setup)),
             created: OnceLock::new(),
-            image_path: image.to_path_buf(),
+            store,
             listener,
             started: Instant::now(),
         });

@@ -8,7 +8,6 @@ use super::state::{Created, DShared, SharedWriter};
 use crate::channel::{Channel, Incoming};
 use crate::wire::{self, Frame, Hello, Role, WireError, PROTOCOL_VERSION};
 use crate::{DirtyBitmap, MigrationError, Phase};
-use cryptblk_block::RawFile;
 use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -217,7 +216,9 @@ fn start_session(shared: &DShared, h: &Hello) -> Result<u64, String> {
         return Err("this destination already receives a migration".into());
     }
     validate_hello(h)?;
-    let file = RawFile::create(&shared.image_path, h.disk_size_bytes)
+    let file = shared
+        .store
+        .create(h.disk_size_bytes)
         .map_err(|e| format!("cannot create the destination image: {e}"))?;
     let g = u64::from(h.granularity);
     let bitmaps = DirtyBitmap::new(h.disk_size_bytes, g)
@@ -225,12 +226,13 @@ fn start_session(shared: &DShared, h: &Hello) -> Result<u64, String> {
     let (received, requested) = match bitmaps {
         Ok(b) => b,
         Err(e) => {
-            let _ = std::fs::remove_file(&shared.image_path);
+            drop(file);
+            shared.store.remove();
             return Err(e.to_string());
         }
     };
     let _ = shared.created.set(Created {
-        file: Arc::new(file),
+        file,
         received,
         requested,
         hello: *h,

@@ -1,13 +1,13 @@
 //! What the destination's threads share: the session (once a source said Hello), its phase and
 //! counters, and the writers on which on-demand requests go out.
 
+use super::store::IncomingStore;
 use crate::channel::{Closer, MigrationListener};
 use crate::latency::LatencyHistogram;
 use crate::wire::{Hello, SESSION_ID_LEN};
 use crate::{DirtyBitmap, MigrationError, Phase};
-use cryptblk_block::RawFile;
+use cryptblk_block::Container;
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Instant;
@@ -16,7 +16,7 @@ pub(super) type SharedWriter = Arc<Mutex<Box<dyn Write + Send>>>;
 
 /// What the destination knows once a source said Hello.
 pub(super) struct Created {
-    pub(super) file: Arc<RawFile>,
+    pub(super) file: Arc<dyn Container>,
     /// Blocks (file offsets) whose current contents are here. Before postcopy: written at
     /// least once; at postcopy: everything but what the source listed as missing.
     pub(super) received: DirtyBitmap,
@@ -42,6 +42,8 @@ pub(super) struct DState {
     pub(super) latency: LatencyHistogram,
     pub(super) live_at: Option<Instant>,
     pub(super) finished_at: Option<Instant>,
+    /// The failed migration's image could not be removed while open: removed on drop.
+    pub(super) remove_pending: bool,
 }
 
 pub(super) struct DShared {
@@ -52,9 +54,29 @@ pub(super) struct DShared {
     /// `phase` as a number, for the I/O fast path.
     pub(super) phase_fast: AtomicU8,
     pub(super) created: OnceLock<Created>,
-    pub(super) image_path: PathBuf,
+    pub(super) store: Arc<dyn IncomingStore>,
     pub(super) listener: MigrationListener,
     pub(super) started: Instant,
+}
+
+impl Drop for DShared {
+    fn drop(&mut self) {
+        let pending = self
+            .state
+            .get_mut()
+            .map(|s| s.remove_pending)
+            .unwrap_or(false);
+        if pending {
+            // Close the image first, then remove it.
+            drop(self.created.take());
+            if !self.store.remove() {
+                tracing::warn!(
+                    image = %self.store.name().display(),
+                    "could not remove the image of a failed incoming migration; remove it by hand"
+                );
+            }
+        }
+    }
 }
 
 pub(super) fn phase_code(p: Phase) -> u8 {
@@ -98,8 +120,8 @@ impl DShared {
         tracing::warn!("incoming migration {phase}: {error}");
         s.error = Some(error);
         self.set_phase(s, phase);
-        if self.created.get().is_some() {
-            let _ = std::fs::remove_file(&self.image_path);
+        if self.created.get().is_some() && !self.store.remove() {
+            s.remove_pending = true;
         }
     }
 }

@@ -1,0 +1,41 @@
+//! Where an incoming disk is written: a new file by default; the daemon supplies other stores
+//! (a new RBD image). Created once the source says how large the disk is; removed again if the
+//! migration fails before the destination went live.
+use cryptblk_block::{Container, RawFile};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A place a migration creates its image in.
+pub trait IncomingStore: Send + Sync {
+    /// How users name it (a path, `rbd:POOL/IMAGE`), for messages.
+    fn name(&self) -> &Path;
+    /// True when something is there already: a migration never overwrites anything.
+    fn exists(&self) -> bool;
+    /// Creates the image, `size` bytes of zeros, open for writing.
+    fn create(&self, size: u64) -> Result<Arc<dyn Container>, String>;
+    /// Removes what `create` made; false if it cannot be removed yet (an RBD image is removed
+    /// only once closed: the migration tries again when it lets go of it).
+    fn remove(&self) -> bool;
+}
+
+/// A new image file (sparse) at a path that must not exist.
+#[derive(Debug)]
+pub struct NewFile(pub PathBuf);
+
+impl IncomingStore for NewFile {
+    fn name(&self) -> &Path {
+        &self.0
+    }
+    fn exists(&self) -> bool {
+        self.0.exists()
+    }
+    fn create(&self, size: u64) -> Result<Arc<dyn Container>, String> {
+        let file = RawFile::create(&self.0, size).map_err(|e| e.to_string())?;
+        Ok(Arc::new(file))
+    }
+    fn remove(&self) -> bool {
+        // Gone already is as good as removed.
+        let _ = std::fs::remove_file(&self.0);
+        true
+    }
+}
