@@ -158,7 +158,7 @@ pub struct FormatArgs {
     #[arg(long, short = 'd', value_name = "FILE")]
     pub key_file: Option<PathBuf>,
     /// Image to create (with SIZE) or to format in place (without SIZE): a file, or
-    /// rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH] (created with the header's 16 MiB
+    /// `rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH]` (created with the header's 16 MiB
     /// plus SIZE, or formatted in place as `rbd encryption format` does).
     pub image: PathBuf,
     /// Payload size to create, e.g. 10G (suffixes K, M, G, T).
@@ -183,7 +183,7 @@ pub struct ServeArgs {
     #[arg(long = "vhost-user-blk", value_name = "SOCKET")]
     pub socket: Option<PathBuf>,
     /// The image to export: LUKS1/LUKS2 (needs a passphrase) or raw. A file, or an RBD image
-    /// named rbd:POOL/IMAGE[@SNAP][:conf=PATH][:id=USER][:keyring=PATH], opened under its
+    /// named `rbd:POOL/IMAGE[@SNAP][:conf=PATH][:id=USER][:keyring=PATH]`, opened under its
     /// exclusive lock (connecting to the cluster and each operation time out after 30 s).
     #[arg(long, value_name = "PATH")]
     pub image: Option<PathBuf>,
@@ -265,7 +265,7 @@ pub struct DumpArgs {
     /// Machine-readable JSON.
     #[arg(long)]
     pub json: bool,
-    /// A file, or rbd:POOL/IMAGE[@SNAP][:conf=PATH][:id=USER][:keyring=PATH].
+    /// A file, or `rbd:POOL/IMAGE[@SNAP][:conf=PATH][:id=USER][:keyring=PATH]`.
     pub image: PathBuf,
 }
 
@@ -292,7 +292,7 @@ pub struct KeyAddArgs {
     pub key_slot: Option<usize>,
     #[command(flatten)]
     pub pbkdf: PbkdfArgs,
-    /// A file, or rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH] (under its exclusive lock).
+    /// A file, or `rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH]` (under its exclusive lock).
     pub image: PathBuf,
 }
 
@@ -304,7 +304,7 @@ pub struct KeyRemoveArgs {
     /// Allow removing the last keyslot (the data becomes unrecoverable).
     #[arg(long)]
     pub force: bool,
-    /// A file, or rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH] (under its exclusive lock).
+    /// A file, or `rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH]` (under its exclusive lock).
     pub image: PathBuf,
 }
 
@@ -318,7 +318,7 @@ pub struct KeyChangeArgs {
     pub new_key_file: Option<PathBuf>,
     #[command(flatten)]
     pub pbkdf: PbkdfArgs,
-    /// A file, or rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH] (under its exclusive lock).
+    /// A file, or `rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH]` (under its exclusive lock).
     pub image: PathBuf,
 }
 
@@ -384,7 +384,7 @@ pub struct ConvertArgs {
     pub chunk_size: u64,
     #[command(flatten)]
     pub luks: LuksFormatArgs,
-    /// A file, or an RBD image: rbd:POOL/IMAGE[@SNAP][:conf=PATH][:id=USER][:keyring=PATH]
+    /// A file, or an RBD image: `rbd:POOL/IMAGE[@SNAP][:conf=PATH][:id=USER][:keyring=PATH]`
     /// (connecting to the cluster and each operation time out after 30 s).
     pub source: PathBuf,
     /// A new file or RBD image (created with the source's size; removed again if the convert
