@@ -649,64 +649,17 @@ fn a_paused_osd_stalls_only_its_disk(cluster: &Cluster, d: &Path, key: &Path) {
 /// A disk served from RBD migrates live to a daemon that receives it into a local file (the
 /// existing precopy stream, ciphertext only): the destination serves what was written.
 fn migrates_out_of_rbd_into_a_file(cluster: &Cluster, d: &Path, key: &Path) {
-    let name = cluster.name("served");
-    let (a_nbd, a_ctl) = (d.join("a.nbd"), d.join("a.ctl"));
-    let (b_nbd, b_ctl) = (d.join("b.nbd"), d.join("b.ctl"));
-    let a_nbd_addr = format!("unix:{}", s(&a_nbd));
-    let b_nbd_addr = format!("unix:{}", s(&b_nbd));
-    let source = ServeProcess::start(
-        &[
-            "--image",
-            &name,
-            "--name",
-            "vol",
-            "--key-file",
-            s(key),
-            "--nbd",
-            &a_nbd_addr,
-            "--control",
-            s(&a_ctl),
-        ],
-        &a_ctl,
-    );
-    let destination = ServeProcess::start(&["--nbd", &b_nbd_addr, "--control", s(&b_ctl)], &b_ctl);
-    assert_io_ok(&nbd_io(&a_nbd, "vol", &["write -P 0x4d 3M 1M", "flush"]));
     let received = d.join("received.luks");
-    let listen = format!("unix:{}", s(&d.join("mig.sock")));
-    ctl_json(
-        &b_ctl,
-        &[
-            "migrate-incoming",
-            "vol",
-            "--image",
-            s(&received),
-            "--listen",
-            &listen,
-            "--key-file",
-            s(key),
-            "--nbd-export",
-        ],
-    );
-    ctl_json(&a_ctl, &["migrate-start", "vol", "--to", &listen]);
-    ctl_json(&a_ctl, &["migrate-switchover", "vol"]);
-    wait_migrate_phase(|args| ctl_json(&a_ctl, args), "completed", String::new);
-    wait_migrate_phase(|args| ctl_json(&b_ctl, args), "completed", String::new);
-    // The received disk is attached (its LUKS volume unlocked) right after the stream ends.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while ctl_json(&b_ctl, &["disk-list"])["disks"][0]["state"] != "attached" {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the received disk was never attached"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert_io_ok(&nbd_io(
-        &b_nbd,
-        "vol",
+    migrate_vol(
+        d,
+        key,
+        "out",
+        &cluster.name("served"),
+        s(&received),
+        &["write -P 0x4d 3M 1M"],
         &["read -P 0x4d 3M 1M", "read -P 0x9e 7M 96k"],
-    ));
-    assert_eq!(destination.terminate(), 0);
-    assert_eq!(source.terminate(), 0);
+        |_, _| {},
+    );
 }
 
 /// A local LUKS2 disk migrates live into a new RBD image on the other daemon: the destination
@@ -727,14 +680,73 @@ fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &Path, key: &Path) {
         "16M",
     ])
     .ok();
-    let (a_nbd, a_ctl) = (d.join("fa.nbd"), d.join("fa.ctl"));
-    let (b_nbd, b_ctl) = (d.join("fb.nbd"), d.join("fb.ctl"));
+    let existing = cluster.name("lib2");
+    migrate_vol(
+        d,
+        key,
+        "in",
+        s(&local),
+        &cluster.name("received"),
+        &["write -P 0x3c 5M 1M"],
+        &["read -P 0x3c 5M 1M", "write -P 0x3d 9M 64k"],
+        |b_ctl, listen| {
+            // An image that exists is refused, and left alone.
+            ctl(
+                b_ctl,
+                &[
+                    "migrate-incoming",
+                    "vol",
+                    "--image",
+                    &existing,
+                    "--listen",
+                    listen,
+                    "--key-file",
+                    s(key),
+                    "--nbd-export",
+                ],
+            )
+            .expect_code(code::OTHER)
+            .error_line(&["rbd:rbd/lib2 already exists"]);
+        },
+    );
+    qemu_io(
+        cluster,
+        "received",
+        "luks2",
+        key,
+        &["read -P 0x3c 5M 1M", "read -P 0x3d 9M 64k"],
+    );
+}
+
+/// Serves `source` as disk "vol" on one daemon, runs `before` on it over NBD, migrates it
+/// (precopy, then switchover) into `target` on a second daemon, runs `after` there, and stops
+/// both. `refusals(destination control socket, listen address)` runs before the real
+/// `migrate-incoming`.
+#[allow(clippy::too_many_arguments)]
+fn migrate_vol(
+    d: &Path,
+    key: &Path,
+    tag: &str,
+    source: &str,
+    target: &str,
+    before: &[&str],
+    after: &[&str],
+    refusals: impl FnOnce(&Path, &str),
+) {
+    let (a_nbd, a_ctl) = (
+        d.join(format!("{tag}-a.nbd")),
+        d.join(format!("{tag}-a.ctl")),
+    );
+    let (b_nbd, b_ctl) = (
+        d.join(format!("{tag}-b.nbd")),
+        d.join(format!("{tag}-b.ctl")),
+    );
     let a_nbd_addr = format!("unix:{}", s(&a_nbd));
     let b_nbd_addr = format!("unix:{}", s(&b_nbd));
     let source = ServeProcess::start(
         &[
             "--image",
-            s(&local),
+            source,
             "--name",
             "vol",
             "--key-file",
@@ -747,33 +759,18 @@ fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &Path, key: &Path) {
         &a_ctl,
     );
     let destination = ServeProcess::start(&["--nbd", &b_nbd_addr, "--control", s(&b_ctl)], &b_ctl);
-    assert_io_ok(&nbd_io(&a_nbd, "vol", &["write -P 0x3c 5M 1M", "flush"]));
-    let listen = format!("unix:{}", s(&d.join("fmig.sock")));
-    // An image that exists is refused, and left alone.
-    ctl(
-        &b_ctl,
-        &[
-            "migrate-incoming",
-            "vol",
-            "--image",
-            &cluster.name("lib2"),
-            "--listen",
-            &listen,
-            "--key-file",
-            s(key),
-            "--nbd-export",
-        ],
-    )
-    .expect_code(code::OTHER)
-    .error_line(&["rbd:rbd/lib2 already exists"]);
-    let target = cluster.name("received");
+    let mut before = before.to_vec();
+    before.push("flush");
+    assert_io_ok(&nbd_io(&a_nbd, "vol", &before));
+    let listen = format!("unix:{}", s(&d.join(format!("{tag}-mig.sock"))));
+    refusals(&b_ctl, &listen);
     ctl_json(
         &b_ctl,
         &[
             "migrate-incoming",
             "vol",
             "--image",
-            &target,
+            target,
             "--listen",
             &listen,
             "--key-file",
@@ -784,6 +781,7 @@ fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &Path, key: &Path) {
     ctl_json(&a_ctl, &["migrate-start", "vol", "--to", &listen]);
     ctl_json(&a_ctl, &["migrate-switchover", "vol"]);
     wait_migrate_phase(|args| ctl_json(&a_ctl, args), "completed", String::new);
+    // The received disk is attached (its LUKS volume unlocked) right after the stream ends.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while ctl_json(&b_ctl, &["disk-list"])["disks"][0]["state"] != "attached" {
         assert!(
@@ -792,18 +790,7 @@ fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &Path, key: &Path) {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    assert_io_ok(&nbd_io(
-        &b_nbd,
-        "vol",
-        &["read -P 0x3c 5M 1M", "write -P 0x3d 9M 64k"],
-    ));
+    assert_io_ok(&nbd_io(&b_nbd, "vol", after));
     assert_eq!(destination.terminate(), 0);
     assert_eq!(source.terminate(), 0);
-    qemu_io(
-        cluster,
-        "received",
-        "luks2",
-        key,
-        &["read -P 0x3c 5M 1M", "read -P 0x3d 9M 64k"],
-    );
 }

@@ -101,6 +101,17 @@ pub fn qemu_img_kdf(qemu_img: &std::ffi::OsStr, args: &[&std::ffi::OsStr]) -> Ou
     last.expect("at least one try")
 }
 
+/// [`qemu_img_kdf`] that must succeed: panics with QEMU's message otherwise.
+pub fn qemu_img_kdf_ok(qemu_img: &std::ffi::OsStr, args: &[&std::ffi::OsStr]) -> Output {
+    let out = qemu_img_kdf(qemu_img, args);
+    assert!(
+        out.status.success(),
+        "qemu-img {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::binary_name;
