@@ -205,6 +205,25 @@ mod tests {
     }
 
     #[test]
+    fn rbd_names_are_not_paths() {
+        let name = "rbd:vms/vm1@snap:conf=etc/ceph.conf:id=cinder";
+        let image = ImageName::new(name);
+        assert_eq!(image.rbd(), Some(name));
+        assert_eq!(image.file_name(), "vm1");
+        assert_eq!(ImageName::new("rbd:vms/vm2").file_name(), "vm2");
+        // Never joined to a config file's directory, and not among the paths that must be
+        // absolute.
+        assert_eq!(image.resolved_against(Path::new("/srv")), image);
+        let mut c = DiskConfig::new("a", image.clone());
+        c.key_file = Some("k".into());
+        c.resolve_paths(Path::new("/srv"));
+        assert_eq!(c.image, image);
+        let paths: Vec<&Path> = c.paths().collect();
+        assert_eq!(paths, [Path::new("/srv/k")]);
+        assert_eq!(ImageName::new("/var/lib/rbd:x").rbd(), None);
+    }
+
+    #[test]
     fn both_spellings_of_nbd_and_the_io_options() {
         let c: DiskConfig = serde_json::from_value(json!({
             "name": "a", "image": "/i", "nbd": false, "cache": "writeback", "aio": "threads"
