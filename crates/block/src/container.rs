@@ -23,6 +23,23 @@ pub trait Container: BlockDevice {
     fn zero_range(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         self.write_zeroes(offset, len)
     }
+    /// The image seen alike from other hosts, if it is (an RBD image; not a local file).
+    fn shared_storage(&self) -> Option<&dyn SharedStorage> {
+        None
+    }
+}
+
+/// Storage that two hosts reach alike (an RBD image in one cluster): migrating a disk on it
+/// moves no data, only the right to write, which the image's exclusive lock decides.
+pub trait SharedStorage: Send + Sync {
+    /// Names the image the same way on every host that opens it (for RBD: the cluster's fsid,
+    /// the pool's id and the image's id), so two daemons can tell they share it.
+    fn identity(&self) -> Result<String, BlockError>;
+    /// Stops being the image's writer, after making every completed write durable, so that
+    /// another host can take over.
+    fn release(&self) -> Result<(), BlockError>;
+    /// Becomes the image's writer; fails (`Locked`) while another host is.
+    fn acquire(&self) -> Result<(), BlockError>;
 }
 
 impl Container for RawFile {

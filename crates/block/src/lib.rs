@@ -22,7 +22,7 @@ pub mod raw;
 pub mod stats;
 
 pub use aligned::{is_direct_aligned, AlignedBuf, DIRECT_IO_ALIGN};
-pub use container::Container;
+pub use container::{Container, SharedStorage};
 pub use crypt::{CryptDevice, CryptLayout};
 pub use device::{BlockDevice, Extent, ExtentKind};
 pub use error::{BlockError, BlockErrorKind};

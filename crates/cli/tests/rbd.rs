@@ -98,6 +98,7 @@ fn luks_on_rbd_against_librbd_and_qemu() {
     a_paused_osd_stalls_only_its_disk(&cluster, d, &key);
     migrates_out_of_rbd_into_a_file(&cluster, d, &key);
     migrates_from_a_file_into_rbd(&cluster, d, &key);
+    hands_a_shared_image_over_without_copying(&cluster, d, &key);
     format_dump_and_key_change(&cluster, d, &key);
     errors_name_the_problem(&cluster, d, &key);
 }
@@ -663,8 +664,7 @@ fn migrates_out_of_rbd_into_a_file(cluster: &Cluster, d: &Path, key: &Path) {
 }
 
 /// A local LUKS2 disk migrates live into a new RBD image on the other daemon: the destination
-/// serves what was written, and librbd's encryption reads it from the image afterwards. An
-/// existing image is never a destination.
+/// serves what was written, and librbd's encryption reads it from the image afterwards.
 fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &Path, key: &Path) {
     let local = d.join("local.luks");
     cryptblk([
@@ -680,7 +680,6 @@ fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &Path, key: &Path) {
         "16M",
     ])
     .ok();
-    let existing = cluster.name("lib2");
     migrate_vol(
         d,
         key,
@@ -689,25 +688,7 @@ fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &Path, key: &Path) {
         &cluster.name("received"),
         &["write -P 0x3c 5M 1M"],
         &["read -P 0x3c 5M 1M", "write -P 0x3d 9M 64k"],
-        |b_ctl, listen| {
-            // An image that exists is refused, and left alone.
-            ctl(
-                b_ctl,
-                &[
-                    "migrate-incoming",
-                    "vol",
-                    "--image",
-                    &existing,
-                    "--listen",
-                    listen,
-                    "--key-file",
-                    s(key),
-                    "--nbd-export",
-                ],
-            )
-            .expect_code(code::OTHER)
-            .error_line(&["rbd:rbd/lib2 already exists"]);
-        },
+        |_, _| {},
     );
     qemu_io(
         cluster,
@@ -715,6 +696,154 @@ fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &Path, key: &Path) {
         "luks2",
         key,
         &["read -P 0x3c 5M 1M", "read -P 0x3d 9M 64k"],
+    );
+}
+
+/// Two daemons reach one RBD image: `migrate-start --shared` copies nothing and hands the
+/// image's exclusive lock over at switchover. The destination serves what the source wrote,
+/// its own writes land in the image (librbd's encryption reads both afterwards), and the
+/// source can no longer write. A mismatched pair (shared source, copying destination, or the
+/// other way round) is refused before anything moves.
+fn hands_a_shared_image_over_without_copying(cluster: &Cluster, d: &Path, key: &Path) {
+    let name = cluster.name("shared");
+    cryptblk([
+        "format",
+        "--batch-mode",
+        "--key-file",
+        s(key),
+        "--pbkdf",
+        "pbkdf2",
+        "--iter-time",
+        "10",
+        &name,
+        "32M",
+    ])
+    .ok();
+    let (a_nbd, a_ctl) = (d.join("sh-a.nbd"), d.join("sh-a.ctl"));
+    let (b_nbd, b_ctl) = (d.join("sh-b.nbd"), d.join("sh-b.ctl"));
+    let source = ServeProcess::start(
+        &[
+            "--image",
+            &name,
+            "--name",
+            "vol",
+            "--key-file",
+            s(key),
+            "--nbd",
+            &format!("unix:{}", s(&a_nbd)),
+            "--control",
+            s(&a_ctl),
+        ],
+        &a_ctl,
+    );
+    let destination = ServeProcess::start(
+        &[
+            "--nbd",
+            &format!("unix:{}", s(&b_nbd)),
+            "--control",
+            s(&b_ctl),
+        ],
+        &b_ctl,
+    );
+    assert_io_ok(&nbd_io(&a_nbd, "vol", &["write -P 0x5a 2M 1M", "flush"]));
+    // A refused source leaves the destination listening (for the right one): the refusals'
+    // listeners get disk names of their own.
+    let incoming = |disk: &str, image: &str| {
+        let listen = format!("unix:{}", s(&d.join(format!("sh-{disk}.sock"))));
+        ctl_json(
+            &b_ctl,
+            &[
+                "migrate-incoming",
+                disk,
+                "--image",
+                image,
+                "--listen",
+                &listen,
+                "--key-file",
+                s(key),
+                "--nbd-export",
+            ],
+        );
+        listen
+    };
+    // A destination that would copy into a new image refuses a shared source...
+    let listen = incoming("new-file", s(&d.join("copy.luks")));
+    ctl(
+        &a_ctl,
+        &["migrate-start", "vol", "--to", &listen, "--shared"],
+    )
+    .expect_code(code::OTHER)
+    .error_line(&["hands over shared storage", "creates a new image"]);
+    // ...and one on the shared image refuses a source that would copy.
+    let listen = incoming("copying", &name);
+    ctl(&a_ctl, &["migrate-start", "vol", "--to", &listen])
+        .expect_code(code::OTHER)
+        .error_line(&["takes over the existing image rbd:rbd/shared", "--shared"]);
+    assert!(!d.join("copy.luks").exists());
+    for refused in ["new-file", "copying"] {
+        ctl_json(&b_ctl, &["migrate-cancel", refused]);
+    }
+    assert_io_ok(&nbd_io(&a_nbd, "vol", &["read -P 0x5a 2M 1M"]));
+
+    let listen = incoming("vol", &name);
+    let started = ctl_json(
+        &a_ctl,
+        &["migrate-start", "vol", "--to", &listen, "--shared"],
+    );
+    assert_eq!(started["shared"], true, "{started}");
+    ctl_json(&a_ctl, &["migrate-switchover", "vol"]);
+    let done = wait_migrate_phase(|args| ctl_json(&a_ctl, args), "completed", String::new);
+    let outgoing = &done["outgoing"];
+    assert_eq!(outgoing["bytes-sent"], 0, "nothing is copied: {done}");
+    eprintln!("shared hand-off downtime: {} ms", outgoing["downtime-ms"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let attached = || {
+        let list = ctl_json(&b_ctl, &["disk-list"]);
+        list["disks"].as_array().is_some_and(|d| {
+            d.iter()
+                .any(|d| d["name"] == "vol" && d["state"] == "attached")
+        })
+    };
+    while !attached() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the handed-over disk was never attached"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_io_ok(&nbd_io(
+        &b_nbd,
+        "vol",
+        &["read -P 0x5a 2M 1M", "write -P 0x5b 6M 64k", "flush"],
+    ));
+    // The source handed its lock over: it cannot write, and detaching it touches nothing.
+    let fenced = nbd_io(&a_nbd, "vol", &["write -P 0x66 6M 64k"]);
+    assert!(
+        fenced.stdout.contains("failed") || fenced.code != 0,
+        "the source still wrote after the hand-off: {}",
+        fenced.stdout
+    );
+    ctl_json(&a_ctl, &["disk-remove", "vol"]);
+    // The destination holds the lock now.
+    cryptblk([
+        "key",
+        "add",
+        "--key-file",
+        s(key),
+        "--new-key-file",
+        s(key),
+        &name,
+    ])
+    .expect_code(code::IN_USE)
+    .error_line(&["locked"]);
+    assert_eq!(destination.terminate(), 0);
+    assert_eq!(source.terminate(), 0);
+    qemu_io(
+        cluster,
+        "shared",
+        "luks2",
+        key,
+        &["read -P 0x5a 2M 1M", "read -P 0x5b 6M 64k"],
     );
 }
 

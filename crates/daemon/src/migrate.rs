@@ -1,6 +1,8 @@
 //! Live migration verbs of the daemon. The source side copies an attached disk's image file to
 //! another daemon while the disk keeps serving; the destination side receives it into a new
 //! image and attaches it as soon as its header has arrived (I/O on it waits for switchover).
+//! A disk on an RBD image both daemons reach moves without a copy (`--shared`): the
+//! destination listens on the same image, and only the image's exclusive lock changes hands.
 //! The switchover happens when asked (`migrate-switchover`, `migrate-postcopy`) or when the
 //! disk's VM is stopped for migration (vhost-user frontend stops the queues with dirty-page
 //! logging on, which QEMU does at the end of a live migration).
@@ -114,12 +116,21 @@ impl Daemon {
             opts.max_passes = n;
         }
         let ticket = disk.activity.begin_start(name)?;
-        let started = SourceMigration::start(
-            disk.image.file.clone(),
-            disk.image.tracker.clone(),
-            &to,
-            opts,
-        );
+        let started = if p.shared {
+            SourceMigration::start_shared(
+                disk.image.file.clone(),
+                disk.image.tracker.clone(),
+                &to,
+                opts,
+            )
+        } else {
+            SourceMigration::start(
+                disk.image.file.clone(),
+                disk.image.tracker.clone(),
+                &to,
+                opts,
+            )
+        };
         let cancelled = ticket.finish(started.as_ref().ok().cloned());
         let m = started.with_context(|| format!("starting the migration of disk \"{name}\""))?;
         if cancelled {
@@ -227,8 +238,8 @@ impl Daemon {
         config.discard = p.discard;
         self.reserve(&config)?;
         let store: Arc<dyn IncomingStore> = match config.image.rbd() {
-            Some(name) => match crate::rbd::NewRbdImage::new(name) {
-                Ok(store) => Arc::new(store),
+            Some(name) => match crate::rbd::incoming_store(name) {
+                Ok(store) => store,
                 Err(e) => {
                     self.unreserve(&config.name);
                     return Err(e);
@@ -316,6 +327,7 @@ pub(crate) fn source_status(m: &SourceMigration) -> SourceStatus {
         error: s.error,
         postcopy: s.postcopy,
         preempt: s.preempt,
+        shared: s.shared,
         bytes_sent: s.bytes_sent,
         zero_bytes: s.zero_bytes,
         chunks: s.chunks,

@@ -327,9 +327,14 @@ impl Daemon {
             first_error.get_or_insert(e);
         }
         // A disk fenced for a migration hand-over refuses I/O through its tracker, but what was
-        // written before the fence must still be durable: flush beneath the fence.
+        // written before the fence must still be durable: flush beneath the fence. An image
+        // whose lock went to another daemon (shared storage) was flushed before it went, and
+        // is that daemon's to flush now.
         let tracker = &disk.image.tracker;
-        let flushed = if tracker.is_fenced() {
+        let handed_over = disk.activity.migration().is_some_and(|m| m.handed_over());
+        let flushed = if handed_over {
+            Ok(())
+        } else if tracker.is_fenced() {
             tracker.inner().flush()
         } else {
             disk.image.device.flush()

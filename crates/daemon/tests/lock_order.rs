@@ -18,6 +18,7 @@ fn start_params(name: &str, to: &str, timeout_ms: u64) -> MigrateStartParams {
         to: to.into(),
         postcopy: false,
         preempt: false,
+        shared: false,
         chunk_size: None,
         max_bandwidth: None,
         break_chunks: None,

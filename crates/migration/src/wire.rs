@@ -20,6 +20,8 @@
 //! | 8    | Missing   | offset u64, length u64: a range the destination does not have       |
 //! | 9    | Postcopy  | (empty) source: every Missing range is sent, the destination is live |
 //! | 10   | MissingEnd| (empty) destination, on resume: every Missing range is sent         |
+//! | 11   | SharedImage| UTF-8 identity of the image both sides reach (shared storage): the  |
+//! |      |           | source's, then the destination's in answer if it is the same image |
 //!
 //! Everything read from the stream is untrusted: the header is checked (magic, kind, a length
 //! cap per kind) before any payload buffer is allocated, and a chunk's checksum is verified by
@@ -44,6 +46,8 @@ pub const HEADER_LEN: usize = 12;
 pub const MAX_CHUNK_LEN: usize = 64 << 20;
 /// Largest error message accepted from a peer.
 pub const MAX_ERROR_LEN: usize = 64 << 10;
+/// Longest shared-image identity accepted from a peer.
+pub const MAX_IDENTITY_LEN: usize = 1024;
 pub const CHECKSUM_LEN: usize = 32;
 
 const HELLO_LEN: usize = 44;
@@ -64,6 +68,7 @@ const KIND_REQUEST: u8 = 7;
 const KIND_MISSING: u8 = 8;
 const KIND_POSTCOPY: u8 = 9;
 const KIND_MISSING_END: u8 = 10;
+const KIND_SHARED_IMAGE: u8 = 11;
 
 /// What a connection is for; the first Hello on it says so.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +97,9 @@ impl Role {
 pub const FLAG_POSTCOPY: u8 = 1;
 /// Hello flag: urgent requests use their own connection.
 pub const FLAG_PREEMPT: u8 = 2;
+/// Hello flag: both sides reach the same image (shared storage); no data is sent, only the
+/// right to write is handed over at switchover.
+pub const FLAG_SHARED: u8 = 4;
 
 /// The handshake each side sends first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +160,10 @@ pub enum Frame {
     Postcopy,
     /// Destination, on resume: every `Missing` range has been sent.
     MissingEnd,
+    /// Shared storage: which image the sender reaches (see `SharedStorage::identity`).
+    SharedImage {
+        identity: String,
+    },
 }
 
 /// Why bytes from the stream were not a valid frame.
@@ -181,7 +193,7 @@ pub enum WireError {
     ChecksumMismatch { offset: u64, len: usize },
     #[error("range of {len} bytes at offset {offset} is empty or overflows")]
     BadRange { offset: u64, len: u64 },
-    #[error("error message from the peer is not valid UTF-8")]
+    #[error("text from the peer (an error message or image identity) is not valid UTF-8")]
     BadUtf8,
     #[error("unknown channel role {0} in Hello")]
     BadRole(u8),
@@ -214,6 +226,7 @@ fn length_bounds(kind: u8) -> Option<(usize, usize)> {
         KIND_ERROR => (0, MAX_ERROR_LEN),
         KIND_REQUEST | KIND_MISSING => (16, 16),
         KIND_POSTCOPY | KIND_MISSING_END => (0, 0),
+        KIND_SHARED_IMAGE => (1, MAX_IDENTITY_LEN),
         _ => return None,
     })
 }
@@ -344,6 +357,12 @@ pub fn decode_payload(header: FrameHeader, payload: &[u8]) -> Result<Frame, Wire
             }),
             Err(_) => Err(WireError::BadUtf8),
         },
+        KIND_SHARED_IMAGE => match std::str::from_utf8(p) {
+            Ok(identity) => Ok(Frame::SharedImage {
+                identity: identity.to_owned(),
+            }),
+            Err(_) => Err(WireError::BadUtf8),
+        },
         other => Err(WireError::UnknownKind(other)),
     }
 }
@@ -449,6 +468,12 @@ impl Frame {
             }
             Frame::Postcopy => push_header(out, KIND_POSTCOPY, 0),
             Frame::MissingEnd => push_header(out, KIND_MISSING_END, 0),
+            Frame::SharedImage { identity } => {
+                // Identities are short (fsid/pool/image id); a longer one is the caller's bug.
+                let bytes = &identity.as_bytes()[..identity.len().min(MAX_IDENTITY_LEN)];
+                push_header(out, KIND_SHARED_IMAGE, bytes.len());
+                out.extend_from_slice(bytes);
+            }
             Frame::Error { message } => {
                 let mut end = message.len().min(MAX_ERROR_LEN);
                 while !message.is_char_boundary(end) {
@@ -473,6 +498,7 @@ impl Frame {
             Frame::Missing { .. } => "Missing",
             Frame::Postcopy => "Postcopy",
             Frame::MissingEnd => "MissingEnd",
+            Frame::SharedImage { .. } => "SharedImage",
         }
     }
 
@@ -582,6 +608,9 @@ mod tests {
             },
             Frame::Postcopy,
             Frame::MissingEnd,
+            Frame::SharedImage {
+                identity: "fsid/3/10ab".into(),
+            },
             Frame::Zero {
                 offset: 0,
                 len: 1 << 20,

@@ -4,7 +4,9 @@
 
 use crate::{Image, OpenMode, RbdError, RbdQueue, RbdSpec};
 use cryptblk_block::aio::{IoQueue, QueueOptions};
-use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind, Container, Extent, ExtentKind};
+use cryptblk_block::{
+    BlockDevice, BlockError, BlockErrorKind, Container, Extent, ExtentKind, SharedStorage,
+};
 use cryptblk_luks::HeaderIo;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -37,6 +39,23 @@ impl RbdDevice {
             OpenMode::ReadOnly
         };
         Ok(RbdDevice::new(Image::open(&spec, mode)?))
+    }
+
+    /// Opens the image an `rbd:...` name names for writing without taking its exclusive lock:
+    /// the destination of a hand-off, which takes the lock ([`SharedStorage::acquire`]) once
+    /// the current writer released it, and must not write before.
+    pub fn open_for_hand_off(name: &str) -> Result<RbdDevice, RbdError> {
+        let spec = RbdSpec::parse(name)?;
+        if spec.snapshot.is_some() {
+            return Err(RbdError::BadName {
+                name: spec.display_name(),
+                reason: "a snapshot is read-only and cannot be handed over".into(),
+            });
+        }
+        Ok(RbdDevice::new(Image::open(
+            &spec,
+            OpenMode::ReadWriteUnlocked,
+        )?))
     }
 
     pub fn image(&self) -> &Image {
@@ -174,6 +193,29 @@ impl Container for RbdDevice {
     /// librbd's encryption reads unwritten areas as zeros; images it shares must match.
     fn unwritten_reads_as_zeros(&self) -> bool {
         true
+    }
+    fn shared_storage(&self) -> Option<&dyn SharedStorage> {
+        Some(self)
+    }
+}
+
+/// Every daemon of the cluster reaches the same image; its exclusive lock says which writes.
+impl SharedStorage for RbdDevice {
+    fn identity(&self) -> Result<String, BlockError> {
+        self.image
+            .identity()
+            .map_err(|e| block_error("identify", 0, e))
+    }
+    fn release(&self) -> Result<(), BlockError> {
+        self.image
+            .flush()
+            .and_then(|()| self.image.release_lock())
+            .map_err(|e| block_error("release the lock", 0, e))
+    }
+    fn acquire(&self) -> Result<(), BlockError> {
+        self.image
+            .acquire_lock()
+            .map_err(|e| block_error("take the lock", 0, e))
     }
 }
 

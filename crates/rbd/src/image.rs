@@ -13,6 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub enum OpenMode {
     ReadWrite,
     ReadOnly,
+    /// Writable, but the exclusive lock is left to its current owner until
+    /// [`Image::acquire_lock`]: the destination of a hand-off between two daemons, which must
+    /// not write before the source let go.
+    ReadWriteUnlocked,
 }
 
 /// One allocated run of the image, as librbd's diff iteration reports it.
@@ -109,7 +113,7 @@ pub struct Image {
     size: AtomicU64,
     read_only: bool,
     // Dropped after `handle` is closed (see Drop).
-    _pool: Pool,
+    pool: Pool,
 }
 
 // SAFETY: librbd image handles are thread-safe: the C API may be called on one handle from
@@ -161,10 +165,10 @@ impl Image {
             name,
             size: AtomicU64::new(0),
             read_only,
-            _pool: pool,
+            pool,
         };
-        if !read_only {
-            image.lock()?;
+        if mode == OpenMode::ReadWrite && !read_only {
+            image.acquire_lock()?;
         }
         let mut size = 0u64;
         // SAFETY: an open image and a valid out-pointer.
@@ -200,7 +204,10 @@ impl Image {
         Ok(())
     }
 
-    fn lock(&self) -> Result<(), RbdError> {
+    /// Takes the image's exclusive lock, failing with [`RbdError::Locked`] naming the owner
+    /// when another client holds it. Held until [`release_lock`](Self::release_lock) or close;
+    /// librbd does not hand a lock taken this way to other clients that ask for it.
+    pub fn acquire_lock(&self) -> Result<(), RbdError> {
         // SAFETY: an open, writable image.
         let rc = unsafe { (self.api.rbd_lock_acquire)(self.handle, ffi::LOCK_MODE_EXCLUSIVE) };
         if rc >= 0 {
@@ -217,6 +224,42 @@ impl Image {
                 errno: -rc,
             }),
         }
+    }
+
+    /// Lets go of the exclusive lock (after flushing what librbd still holds), so another
+    /// client can take it.
+    pub fn release_lock(&self) -> Result<(), RbdError> {
+        // SAFETY: an open image.
+        self.check("release the exclusive lock of", unsafe {
+            (self.api.rbd_lock_release)(self.handle)
+        })
+    }
+
+    /// Names this image the same way in every client of its cluster: the cluster's fsid, the
+    /// pool's id and the image's id (which, unlike its name, a rename does not change).
+    pub fn identity(&self) -> Result<String, RbdError> {
+        let mut fsid = [0 as c_char; 64];
+        // SAFETY: a connected handle and a buffer of the given length.
+        let rc = unsafe {
+            (self.api.rados_cluster_fsid)(self.pool.rados, fsid.as_mut_ptr(), fsid.len())
+        };
+        if rc < 0 {
+            self.check("read the cluster fsid of", rc)?;
+        }
+        // SAFETY: a live pool context.
+        let pool_id = unsafe { (self.api.rados_ioctx_get_id)(self.pool.ioctx) };
+        let mut id = [0 as c_char; 128];
+        // SAFETY: an open image and a buffer of the given length.
+        self.check("read the id of", unsafe {
+            (self.api.rbd_get_id)(self.handle, id.as_mut_ptr(), id.len())
+        })?;
+        // SAFETY: both calls succeeded, so both buffers hold NUL-terminated strings.
+        let (fsid, id) = unsafe { (CStr::from_ptr(fsid.as_ptr()), CStr::from_ptr(id.as_ptr())) };
+        Ok(format!(
+            "{}/{pool_id}/{}",
+            fsid.to_string_lossy(),
+            id.to_string_lossy()
+        ))
     }
 
     /// The current lock owners, comma-separated, if anyone holds the lock.

@@ -360,7 +360,7 @@ mod tests {
                     "500",
                 ],
                 "migrate-start",
-                json!({"name": "d", "to": "tcp:h:1", "postcopy": false, "preempt": false,
+                json!({"name": "d", "to": "tcp:h:1", "postcopy": false, "preempt": false, "shared": false,
                        "chunk-size": 1 << 20, "break-chunks": false, "connect-timeout": 500}),
             ),
             (

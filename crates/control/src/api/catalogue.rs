@@ -155,10 +155,10 @@ pub const METHODS: &[MethodSpec] = &[
     },
     MethodSpec {
         name: "migrate-incoming",
-        summary: "Destination: receive a disk from another daemon into a new image.",
+        summary: "Destination: receive a disk from another daemon into a new image (or take over the rbd: image it shares).",
         params: &[
             NAME,
-            req("image", Path, "The new image to receive into (must not exist): a file, or rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH]."),
+            req("image", Path, "The new image to receive into (must not exist): a file, or rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH]. An existing rbd: image is the one the source serves, handed over with migrate-start --shared."),
             req("listen", Address, "Where the source connects: tcp:HOST:PORT (port 0 picks one) or unix:PATH."),
             opt("key-file", KeyFile, "File holding the LUKS passphrase, to open the received volume (read by the daemon)."),
             opt("tls-creds", Path, "TLS credentials directory (QEMU x509 layout); the source must present a client certificate signed by its CA."),
@@ -177,6 +177,7 @@ pub const METHODS: &[MethodSpec] = &[
             req("to", Address, "The destination's migrate-incoming address."),
             opt("postcopy", Flag, "Allow switching over before everything is copied; the destination fetches the rest on demand."),
             opt("preempt", Flag, "With postcopy: urgent requests on their own connection, ahead of the bulk stream."),
+            opt("shared", Flag, "Both daemons reach the disk's rbd: image: copy nothing, hand the image's exclusive lock over at switchover (the destination listens on the same image)."),
             opt("chunk-size", Bytes, "Bulk chunk size (default 2 MiB)."),
             opt("max-bandwidth", Bytes, "Cap on bytes per second over all channels, e.g. 125M for 1 Gbit/s."),
             opt("break-chunks", FlagDefaultOn, "With preempt: interrupt a bulk chunk for urgent requests (default on; off only for comparisons)."),

@@ -97,6 +97,9 @@ pub struct MigrateStartParams {
     pub postcopy: bool,
     #[serde(default)]
     pub preempt: bool,
+    /// Shared storage: hand the image's lock over instead of copying.
+    #[serde(default)]
+    pub shared: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunk_size: Option<u64>,
     /// Bytes per second over all channels.

@@ -149,6 +149,9 @@ pub struct SourceStatus {
     pub error: Option<String>,
     pub postcopy: bool,
     pub preempt: bool,
+    /// Shared storage: nothing is copied, the image's lock is handed over.
+    #[serde(default)]
+    pub shared: bool,
     pub bytes_sent: u64,
     pub zero_bytes: u64,
     pub chunks: u64,

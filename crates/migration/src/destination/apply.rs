@@ -37,6 +37,12 @@ pub(super) fn read_frames(
             }
             (_, Frame::Zero { offset, len }) => apply(shared, c, offset, Payload::Zero(len))?,
             (_, Frame::PassDone { pass, .. }) => shared.lock().passes = pass,
+            (_, frame @ (Frame::Missing { .. } | Frame::Postcopy)) if c.shared() => {
+                return Err(MigrationError::Protocol(format!(
+                    "{} in a shared-storage migration (it has no postcopy)",
+                    frame.name()
+                )))
+            }
             (_, Frame::Missing { offset, len }) => {
                 let mut s = shared.lock();
                 if s.phase != Phase::Precopy {
@@ -76,6 +82,19 @@ pub(super) fn read_frames(
                 }
                 shared.set_phase(&mut s, Phase::Postcopy);
             }
+            (Role::Bulk, Frame::SharedImage { identity }) => {
+                confirm_identity(shared, c, &identity, writer)?
+            }
+            (_, Frame::Complete) if c.shared() => {
+                take_over(shared, c)?;
+                {
+                    let mut w = writer.lock().unwrap_or_else(PoisonError::into_inner);
+                    wire::write_frame(&mut *w, &Frame::Complete)?;
+                }
+                let mut s = shared.lock();
+                shared.set_phase(&mut s, Phase::Completed);
+                return Ok(());
+            }
             (_, Frame::Complete) => {
                 let missing = c.received.blocks() - c.received.count();
                 if missing != 0 {
@@ -101,6 +120,51 @@ pub(super) fn read_frames(
             }
         }
     }
+}
+
+/// Shared storage: the source names the image it serves; this side answers with its own
+/// image's identity if it is the same one, and refuses otherwise.
+fn confirm_identity(
+    shared: &DShared,
+    c: &Created,
+    identity: &str,
+    writer: &SharedWriter,
+) -> Result<(), MigrationError> {
+    let storage = c
+        .file
+        .shared_storage()
+        .filter(|_| c.shared())
+        .ok_or_else(|| MigrationError::Protocol("SharedImage without shared storage".into()))?;
+    let ours = storage.identity()?;
+    if ours != identity {
+        return Err(MigrationError::Refused(format!(
+            "the destination's image {} is not the one the source serves (its identity is \
+             {ours}, the source's {identity}): listen on the same image",
+            c.file.name().display()
+        )));
+    }
+    {
+        let mut w = writer.lock().unwrap_or_else(PoisonError::into_inner);
+        wire::write_frame(&mut *w, &Frame::SharedImage { identity: ours })?;
+    }
+    shared.lock().identity_confirmed = true;
+    Ok(())
+}
+
+/// Shared storage, at the source's Complete (it released the image's lock): take the lock,
+/// after which this side is the image's only writer.
+fn take_over(shared: &DShared, c: &Created) -> Result<(), MigrationError> {
+    if !shared.lock().identity_confirmed {
+        return Err(MigrationError::Protocol(
+            "Complete before the source named the shared image".into(),
+        ));
+    }
+    let storage = c
+        .file
+        .shared_storage()
+        .ok_or_else(|| MigrationError::Protocol("a hand-off without shared storage".into()))?;
+    storage.acquire()?;
+    Ok(())
 }
 
 enum Payload<'a> {
@@ -145,6 +209,11 @@ fn apply(
     payload: Payload<'_>,
 ) -> Result<(), MigrationError> {
     let len = payload.len();
+    if c.shared() {
+        return Err(MigrationError::Protocol(
+            "data in a shared-storage migration (nothing is copied)".into(),
+        ));
+    }
     check_range(&c.hello, offset, len)?;
     let g = u64::from(c.hello.granularity);
     let mut piece = offset;

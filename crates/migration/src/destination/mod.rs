@@ -92,13 +92,14 @@ impl IncomingMigration {
         Self::listen_into(addr, Arc::new(NewFile(image.to_path_buf())), tls)
     }
 
-    /// As [`listen`](Self::listen), into an image `store` creates (e.g. a new RBD image).
+    /// As [`listen`](Self::listen), into an image `store` creates (e.g. a new RBD image), or
+    /// taking over the image the source serves when `store` is shared storage.
     pub fn listen_into(
         addr: &MigrationAddress,
         store: Arc<dyn IncomingStore>,
         tls: Option<Arc<ServerConfig>>,
     ) -> Result<Arc<IncomingMigration>, MigrationError> {
-        if store.exists() {
+        if !store.is_shared() && store.exists() {
             return Err(MigrationError::DestinationExists {
                 path: store.name().to_path_buf(),
             });
@@ -124,6 +125,7 @@ impl IncomingMigration {
                 live_at: None,
                 finished_at: None,
                 remove_pending: false,
+                identity_confirmed: false,
             }),
             cond: Condvar::new(),
             apply: Mutex::new(()),

@@ -6,7 +6,7 @@ use super::apply::read_frames;
 use super::requests::resend_outstanding;
 use super::state::{Created, DShared, SharedWriter};
 use crate::channel::{Channel, Incoming};
-use crate::wire::{self, Frame, Hello, Role, WireError, PROTOCOL_VERSION};
+use crate::wire::{self, Frame, Hello, Role, WireError, FLAG_SHARED, PROTOCOL_VERSION};
 use crate::{DirtyBitmap, MigrationError, Phase};
 use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -216,10 +216,29 @@ fn start_session(shared: &DShared, h: &Hello) -> Result<u64, String> {
         return Err("this destination already receives a migration".into());
     }
     validate_hello(h)?;
-    let file = shared
-        .store
-        .create(h.disk_size_bytes)
-        .map_err(|e| format!("cannot create the destination image: {e}"))?;
+    let name = shared.store.name().display();
+    match (h.flags & FLAG_SHARED != 0, shared.store.is_shared()) {
+        (true, false) => {
+            return Err(format!(
+                "the source hands over shared storage, but this destination creates a new \
+                 image {name}: listen on the image the source serves"
+            ))
+        }
+        (false, true) => {
+            return Err(format!(
+                "this destination takes over the existing image {name}, but the source copies \
+                 its disk: start the migration with --shared (or listen on a new image)"
+            ))
+        }
+        _ => {}
+    }
+    let file = shared.store.create(h.disk_size_bytes).map_err(|e| {
+        if shared.store.is_shared() {
+            format!("cannot open the shared image: {e}")
+        } else {
+            format!("cannot create the destination image: {e}")
+        }
+    })?;
     let g = u64::from(h.granularity);
     let bitmaps = DirtyBitmap::new(h.disk_size_bytes, g)
         .and_then(|r| Ok((r, DirtyBitmap::new(h.disk_size_bytes, g)?)));
@@ -231,6 +250,10 @@ fn start_session(shared: &DShared, h: &Hello) -> Result<u64, String> {
             return Err(e.to_string());
         }
     };
+    if shared.store.is_shared() {
+        // Every block is here already: the source writes to the same image.
+        received.set_all();
+    }
     let _ = shared.created.set(Created {
         file,
         received,

@@ -4,7 +4,7 @@
 use super::store::IncomingStore;
 use crate::channel::{Closer, MigrationListener};
 use crate::latency::LatencyHistogram;
-use crate::wire::{Hello, SESSION_ID_LEN};
+use crate::wire::{Hello, FLAG_SHARED, SESSION_ID_LEN};
 use crate::{DirtyBitmap, MigrationError, Phase};
 use cryptblk_block::Container;
 use std::io::Write;
@@ -23,6 +23,13 @@ pub(super) struct Created {
     /// Blocks asked for on demand (and maybe not received yet).
     pub(super) requested: DirtyBitmap,
     pub(super) hello: Hello,
+}
+
+impl Created {
+    /// Whether the source hands over shared storage instead of copying the disk.
+    pub(super) fn shared(&self) -> bool {
+        self.hello.flags & FLAG_SHARED != 0
+    }
 }
 
 pub(super) struct DState {
@@ -44,6 +51,8 @@ pub(super) struct DState {
     pub(super) finished_at: Option<Instant>,
     /// The failed migration's image could not be removed while open: removed on drop.
     pub(super) remove_pending: bool,
+    /// Shared storage: the source named the image this side serves.
+    pub(super) identity_confirmed: bool,
 }
 
 pub(super) struct DShared {

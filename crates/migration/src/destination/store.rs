@@ -1,6 +1,7 @@
 //! Where an incoming disk is written: a new file by default; the daemon supplies other stores
-//! (a new RBD image). Created once the source says how large the disk is; removed again if the
-//! migration fails before the destination went live.
+//! (a new RBD image, or the very RBD image the source serves). Created once the source says
+//! how large the disk is; removed again if the migration fails before the destination went
+//! live. Shared storage is opened instead, and never removed.
 use cryptblk_block::{Container, RawFile};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,11 +12,18 @@ pub trait IncomingStore: Send + Sync {
     fn name(&self) -> &Path;
     /// True when something is there already: a migration never overwrites anything.
     fn exists(&self) -> bool;
-    /// Creates the image, `size` bytes of zeros, open for writing.
+    /// Creates the image, `size` bytes of zeros, open for writing. Shared storage: opens the
+    /// existing image, which must be `size` bytes, without its lock.
     fn create(&self, size: u64) -> Result<Arc<dyn Container>, String>;
     /// Removes what `create` made; false if it cannot be removed yet (an RBD image is removed
-    /// only once closed: the migration tries again when it lets go of it).
+    /// only once closed: the migration tries again when it lets go of it). Shared storage is
+    /// never removed.
     fn remove(&self) -> bool;
+    /// True when this is the image the source serves (shared storage): the migration copies
+    /// nothing and takes the image's lock over at switchover.
+    fn is_shared(&self) -> bool {
+        false
+    }
 }
 
 /// A new image file (sparse) at a path that must not exist.

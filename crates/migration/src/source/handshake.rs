@@ -34,9 +34,12 @@ fn getrandom(buf: &mut [u8]) {
 }
 
 /// Connects one channel and exchanges Hellos; returns the channel's halves.
+/// With `identity` (shared storage), also says which image this side serves and checks that
+/// the destination serves the same one.
 fn open_channel(
     to: &MigrationAddress,
     hello: Hello,
+    identity: Option<&str>,
     tls: Option<&Arc<ClientConfig>>,
     timeout: Duration,
 ) -> Result<Channel, MigrationError> {
@@ -54,6 +57,33 @@ fn open_channel(
     let mut ch = channel::connect(to, tls, timeout).map_err(connect_error)?;
     let answer = wire::write_frame(&mut ch.writer, &Frame::Hello(hello))
         .and_then(|()| wire::read_frame(&mut ch.reader));
+    let answer = match (answer, identity) {
+        (Ok(Frame::Hello(h)), Some(identity)) => {
+            if let Err(e) = check_answer(&hello, Frame::Hello(h)) {
+                ch.closer.close();
+                return Err(e);
+            }
+            let frame = Frame::SharedImage {
+                identity: identity.to_owned(),
+            };
+            wire::write_frame(&mut ch.writer, &frame)
+                .and_then(|()| wire::read_frame(&mut ch.reader))
+                .map(|answer| match answer {
+                    // The Hello was checked already; this answer says the image is the same.
+                    Frame::SharedImage { identity: theirs } if theirs == identity => {
+                        Frame::Hello(h)
+                    }
+                    Frame::SharedImage { identity: theirs } => Frame::Error {
+                        message: format!(
+                            "the destination serves another image ({theirs}; this side \
+                             serves {identity})"
+                        ),
+                    },
+                    other => other,
+                })
+        }
+        (answer, _) => answer,
+    };
     let answer = match answer {
         Err(WireError::Io(e)) if channel::is_timeout(&e) => {
             ch.closer.close();
@@ -115,7 +145,8 @@ pub(super) fn connect_all(
 ) -> Result<Channels, MigrationError> {
     let tls = shared.opts.tls.as_ref();
     let timeout = shared.opts.connect_timeout;
-    let mut bulk = open_channel(to, shared.hello(role), tls, timeout)?;
+    let identity = shared.hand_off.as_ref().map(|h| h.identity.as_str());
+    let mut bulk = open_channel(to, shared.hello(role), identity, tls, timeout)?;
     if role == Role::Resume {
         let missing = read_missing(shared, &mut bulk.reader);
         if let Err(e) = missing {
@@ -125,7 +156,7 @@ pub(super) fn connect_all(
     }
     let mut closers = vec![bulk.closer.clone()];
     let urgent = if shared.opts.preempt {
-        match open_channel(to, shared.hello(Role::Urgent), tls, timeout) {
+        match open_channel(to, shared.hello(Role::Urgent), None, tls, timeout) {
             Ok(ch) => Some(ch),
             Err(e) => {
                 bulk.closer.close();

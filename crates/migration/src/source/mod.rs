@@ -15,6 +15,12 @@
 //!                   rest of the bulk .... Chunk*, Complete       <-- Complete (flushed)
 //! ```
 //!
+//! Shared storage ([`SourceMigration::start_shared`], an RBD image both daemons reach): no
+//! header, no sweeps. At switchover the fenced disk is flushed and the image's exclusive lock
+//! released, then Complete; the destination takes the lock before it answers Complete. If
+//! that fails, the source takes the lock back and carries on; the lock decides, so the two
+//! never both write.
+//!
 //! Failures: before the destination is live (precopy, or a precopy-mode switchover that did not
 //! get its Complete back), the source simply carries on: tracking stops and the disk is
 //! unfenced. In postcopy the destination holds the newest data, so a broken channel *pauses*
@@ -44,10 +50,10 @@ pub use options::{SourceOptions, SourceStatus};
 use crate::channel::MigrationAddress;
 use crate::wire::Role;
 use crate::{DirtyBitmap, DirtyTracker, MigrationError, Phase};
-use cryptblk_block::BlockDevice;
+use cryptblk_block::{BlockDevice, Container};
 use handshake::{connect_all, random_session};
 use sender::run_sender;
-use state::{Shared, State};
+use state::{HandOff, Shared, State};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -76,6 +82,41 @@ impl SourceMigration {
         to: &MigrationAddress,
         opts: SourceOptions,
     ) -> Result<Arc<SourceMigration>, MigrationError> {
+        Self::begin(file, None, tracker, to, opts)
+    }
+
+    /// Hands a disk whose `image` the destination reaches too (shared storage: an RBD image
+    /// of the same cluster) over without copying it: only the right to write moves, at the
+    /// switchover. The destination must be listening on the same image.
+    pub fn start_shared(
+        image: Arc<dyn Container>,
+        tracker: Arc<DirtyTracker>,
+        to: &MigrationAddress,
+        opts: SourceOptions,
+    ) -> Result<Arc<SourceMigration>, MigrationError> {
+        if opts.postcopy || opts.preempt {
+            return Err(MigrationError::InvalidOptions(
+                "a shared-storage migration copies nothing, so it has no postcopy".into(),
+            ));
+        }
+        let Some(storage) = image.shared_storage() else {
+            return Err(MigrationError::InvalidOptions(format!(
+                "{} is not shared storage (only an rbd: image can be handed over without                  copying); migrate it without --shared",
+                image.name().display()
+            )));
+        };
+        let identity = storage.identity()?;
+        let file: Arc<dyn BlockDevice> = image.clone();
+        Self::begin(file, Some(HandOff { image, identity }), tracker, to, opts)
+    }
+
+    fn begin(
+        file: Arc<dyn BlockDevice>,
+        hand_off: Option<HandOff>,
+        tracker: Arc<DirtyTracker>,
+        to: &MigrationAddress,
+        opts: SourceOptions,
+    ) -> Result<Arc<SourceMigration>, MigrationError> {
         opts.validate()?;
         if tracker.payload_offset() + tracker.size() != file.size() {
             return Err(MigrationError::InvalidOptions(format!(
@@ -95,14 +136,18 @@ impl SourceMigration {
             state: Mutex::new(State::new()),
             cond: Condvar::new(),
             file,
+            hand_off,
             tracker,
             opts,
             session: random_session(),
             started: Instant::now(),
         });
         let channels = connect_all(&shared, to, Role::Bulk, 0)?;
-        // Tracking (everything dirty) starts before the first byte of payload is read.
-        shared.tracker.start_tracking()?;
+        // Tracking (everything dirty) starts before the first byte of payload is read. Shared
+        // storage sends no payload, so there is nothing to track.
+        if shared.hand_off.is_none() {
+            shared.tracker.start_tracking()?;
+        }
         shared.lock().phase = Phase::Precopy;
         let sender_shared = shared.clone();
         let thread = std::thread::Builder::new()
@@ -141,6 +186,7 @@ impl SourceMigration {
             downtime: s.downtime,
             postcopy: self.shared.opts.postcopy,
             preempt: self.shared.opts.preempt,
+            shared: self.shared.hand_off.is_some(),
         }
     }
 
@@ -176,6 +222,12 @@ impl SourceMigration {
         s.switchover = Some(postcopy);
         self.shared.cond.notify_all();
         Ok(())
+    }
+
+    /// Shared storage: whether this side let go of the image's lock (the destination writes
+    /// it now, or may): the image is no longer this side's to flush or write.
+    pub fn handed_over(&self) -> bool {
+        self.shared.lock().lock_released
     }
 
     /// Switches over in the mode the migration was started with.

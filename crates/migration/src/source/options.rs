@@ -103,6 +103,8 @@ pub struct SourceStatus {
     pub downtime: Option<Duration>,
     pub postcopy: bool,
     pub preempt: bool,
+    /// Shared storage: nothing is copied, the image's lock is handed over.
+    pub shared: bool,
 }
 
 #[cfg(test)]

@@ -76,6 +76,10 @@ pub(super) fn run_sender(shared: Arc<Shared>, ch: Channels) {
         data_until: 0,
         switching: false,
     };
+    if s.shared.hand_off.is_some() {
+        s.hand_off();
+        return;
+    }
     let outcome = s.precopy();
     let postcopy = match outcome {
         Ok(true) => true,
@@ -203,6 +207,94 @@ impl Sender {
                 || !self.send_next_run(false)?
             {
                 self.idle(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// Shared storage: waits for the switchover, then hands the image's lock over.
+    fn hand_off(&mut self) {
+        let outcome = loop {
+            match self.check() {
+                Ok(Some(_)) => break self.release_to_destination(),
+                Ok(None) => self.idle(Duration::from_secs(1)),
+                Err(stop) => break Err((stop, false)),
+            }
+        };
+        match outcome {
+            Ok(()) => self.finish(Phase::Completed, None),
+            Err((Stop::Cancelled, _)) => {
+                let _ = wire::write_frame(
+                    &mut self.ch.bulk,
+                    &Frame::Error {
+                        message: "migration cancelled on the source".into(),
+                    },
+                );
+                self.abandon(Phase::Cancelled, None);
+            }
+            Err((Stop::Broken(e), false)) => {
+                tracing::warn!("shared-storage migration failed before the hand-off: {e}");
+                self.abandon(Phase::Failed, Some(e));
+            }
+            Err((Stop::Broken(e), true)) => self.take_back(e),
+        }
+    }
+
+    /// The switchover of a shared-storage migration (the disk is fenced): flush, release the
+    /// lock, Complete, and the destination's Complete once it holds the lock. `Err((_, true))`:
+    /// the lock was released, so the destination may have it.
+    fn release_to_destination(&mut self) -> Result<(), (Stop, bool)> {
+        let storage = self
+            .shared
+            .hand_off
+            .as_ref()
+            .and_then(|h| h.image.shared_storage())
+            .expect("a hand-off has shared storage");
+        storage.release().map_err(|e| {
+            (
+                Stop::Broken(format!("releasing the image's lock: {e}")),
+                false,
+            )
+        })?;
+        self.shared.lock().lock_released = true;
+        self.frame_bulk(&Frame::Complete)
+            .and_then(|()| self.wait_peer_complete(false))
+            .map_err(|e| (e, true))?;
+        let mut s = self.shared.lock();
+        s.downtime = s.fenced_at.map(|t| t.elapsed());
+        Ok(())
+    }
+
+    /// The hand-off broke after the lock was released: whoever takes the lock is the writer.
+    /// If this side gets it back the destination never will, so the source carries on;
+    /// otherwise the destination has the disk and the source stays fenced.
+    fn take_back(&mut self, why: String) {
+        self.ch.close();
+        let storage = self
+            .shared
+            .hand_off
+            .as_ref()
+            .and_then(|h| h.image.shared_storage())
+            .expect("a hand-off has shared storage");
+        match storage.acquire() {
+            Ok(()) => {
+                tracing::warn!("hand-off failed ({why}); the source took the lock back");
+                self.shared.lock().lock_released = false;
+                self.abandon(
+                    Phase::Failed,
+                    Some(format!(
+                        "{why}; the source took the image's lock back and serves on"
+                    )),
+                );
+            }
+            Err(e) => {
+                tracing::warn!("hand-off broke ({why}) and the lock is gone ({e})");
+                self.finish(
+                    Phase::Failed,
+                    Some(format!(
+                        "{why}; the image's lock could not be taken back ({e}), so the \
+                         destination may be serving the disk: this side stays fenced"
+                    )),
+                );
             }
         }
     }

@@ -4,9 +4,11 @@
 
 use super::options::SourceOptions;
 use crate::channel::Closer;
-use crate::wire::{Hello, Role, FLAG_POSTCOPY, FLAG_PREEMPT, PROTOCOL_VERSION, SESSION_ID_LEN};
+use crate::wire::{
+    Hello, Role, FLAG_POSTCOPY, FLAG_PREEMPT, FLAG_SHARED, PROTOCOL_VERSION, SESSION_ID_LEN,
+};
 use crate::{DirtyBitmap, DirtyTracker, Phase};
-use cryptblk_block::BlockDevice;
+use cryptblk_block::{BlockDevice, Container};
 use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -36,6 +38,8 @@ pub(super) struct State {
     pub(super) finished_at: Option<Instant>,
     /// The bulk sender is inside a chunk (without break-chunks, urgent answers wait for it).
     pub(super) bulk_in_chunk: bool,
+    /// Shared storage: this side released the image's lock (and did not take it back).
+    pub(super) lock_released: bool,
 }
 
 impl State {
@@ -59,14 +63,24 @@ impl State {
             recovered: None,
             finished_at: None,
             bulk_in_chunk: false,
+            lock_released: false,
         }
     }
+}
+
+/// A migration of a disk on shared storage: what the destination reaches too.
+pub(super) struct HandOff {
+    pub(super) image: Arc<dyn Container>,
+    /// The image's identity, which the destination must report as its own.
+    pub(super) identity: String,
 }
 
 pub(super) struct Shared {
     pub(super) state: Mutex<State>,
     pub(super) cond: Condvar,
     pub(super) file: Arc<dyn BlockDevice>,
+    /// Set for a shared-storage migration: no data is sent, the image's lock is handed over.
+    pub(super) hand_off: Option<HandOff>,
     pub(super) tracker: Arc<DirtyTracker>,
     pub(super) opts: SourceOptions,
     pub(super) session: [u8; SESSION_ID_LEN],
@@ -91,6 +105,9 @@ impl Shared {
         }
         if self.opts.preempt {
             flags |= FLAG_PREEMPT;
+        }
+        if self.hand_off.is_some() {
+            flags |= FLAG_SHARED;
         }
         Hello {
             version: PROTOCOL_VERSION,
