@@ -34,6 +34,9 @@ pub enum MigrationError {
         len: u64,
         disk_size: u64,
     },
+    /// Shared storage: the two sides do not reach the same image.
+    #[error("not the same image: {0}")]
+    DifferentImage(String),
     #[error("invalid migration options: {0}")]
     InvalidOptions(String),
     #[error("cannot connect to the migration destination {to}: {reason}")]

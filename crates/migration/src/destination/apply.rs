@@ -137,7 +137,7 @@ fn confirm_identity(
         .ok_or_else(|| MigrationError::Protocol("SharedImage without shared storage".into()))?;
     let ours = storage.identity()?;
     if ours != identity {
-        return Err(MigrationError::Refused(format!(
+        return Err(MigrationError::DifferentImage(format!(
             "the destination's image {} is not the one the source serves (its identity is \
              {ours}, the source's {identity}): listen on the same image",
             c.file.name().display()

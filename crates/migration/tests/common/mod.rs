@@ -213,4 +213,5 @@ fn pump(mut from: TcpStream, mut to: TcpStream) {
     });
 }
 
+#[allow(unused_imports)]
 pub use cryptblk_testutil::x509::make_credentials;
