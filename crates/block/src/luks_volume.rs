@@ -2,8 +2,8 @@
 //! the header, unlock a keyslot, and put a `CryptDevice` over the payload.
 
 use crate::{
-    BlockDevice, BlockError, Container, CryptDevice, CryptLayout, Extent, IoSettings, OpenOptions,
-    RawFile,
+    BlockDevice, BlockError, Container, CryptDevice, CryptLayout, Extent, ExtentKind, IoSettings,
+    OpenOptions, RawFile,
 };
 use cryptblk_crypto::{default_engine_for, CryptoError, CryptoPool, SecretKey};
 use cryptblk_luks::{LuksError, LuksImage, UnlockOptions};
@@ -264,10 +264,34 @@ impl BlockDevice for LuksVolume {
             .discard(offset, len)
             .map_err(|e| e.with_path(self.container.name()))
     }
+    /// Data everywhere, except on a container whose never-written areas read as zeros through
+    /// the volume too (RBD: `crypt/zero_holes.rs`): there the container's unallocated runs
+    /// are plaintext zeros, so `convert` and NBD clients can skip them.
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
-        self.device
+        let data = self
+            .device
             .block_status(offset, len)
-            .map_err(|e| e.with_path(self.container.name()))
+            .map_err(|e| e.with_path(self.container.name()))?;
+        if !self.container.unwritten_reads_as_zeros() || data.len == 0 {
+            return Ok(data);
+        }
+        let below = self
+            .container
+            .block_status(self.header.data_offset() + offset, data.len)
+            .map_err(|e| e.with_path(self.container.name()))?;
+        // Whole sectors only: a sector is zeros only if all of its ciphertext is.
+        let sector = u64::from(self.header.sector_size());
+        let whole = ((offset + below.len) / sector * sector).saturating_sub(offset);
+        Ok(match below.kind {
+            ExtentKind::Unallocated | ExtentKind::Zero if whole > 0 => Extent {
+                len: whole,
+                kind: ExtentKind::Unallocated,
+            },
+            _ => Extent {
+                len: below.len.max(sector).min(data.len),
+                kind: ExtentKind::Data,
+            },
+        })
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         self.device

@@ -133,6 +133,15 @@ fn made_by_librbd_opens_in_cryptblk(cluster: &Cluster, d: &Path, key: &Path) {
     }
     let by_librbd = qemu_decrypt(cluster, "lib2", "luks2", key, &d.join("lib2.qemu"));
     let by_us = cryptblk_decrypt_rbd(cluster, "lib2", key, &d.join("lib2.ours"));
+    // convert skipped what was never written (it reads as zeros): the copy is sparse.
+    let allocated = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(d.join("lib2.ours")).unwrap().blocks() * 512
+    };
+    assert!(
+        allocated < 16 * MIB,
+        "{allocated} bytes allocated for ~1 MiB written"
+    );
     assert_eq!(
         by_librbd.len(),
         48 * MIB as usize,
@@ -377,6 +386,17 @@ fn serve_over_nbd_under_the_exclusive_lock(cluster: &Cluster, d: &Path, key: &Pa
     );
     out.ok();
     assert!(!out.stdout.contains("fail"), "{}", out.stdout);
+    // Block status: what was never written reads as zeros, and NBD clients are told so (QEMU's
+    // mirror and backup jobs, qemu-img convert, skip it); what was written is data.
+    let map = tool("qemu-img", ["map", "--output=json", "-f", "raw", &uri]);
+    map.ok();
+    let extents: Vec<serde_json::Value> = serde_json::from_str(&map.stdout).unwrap();
+    let data: Vec<(u64, u64)> = extents
+        .iter()
+        .filter(|e| e["data"] == true)
+        .map(|e| (e["start"].as_u64().unwrap(), e["length"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(data, [(4 * MIB, 256 << 10)], "{}", map.stdout);
     // A second writer is refused while the daemon holds the lock, naming the reason.
     cryptblk([
         "key",
