@@ -87,9 +87,17 @@ pub(super) fn read_frames(
             }
             (_, Frame::Complete) if c.shared() => {
                 take_over(shared, c)?;
-                {
+                let answered = {
                     let mut w = writer.lock().unwrap_or_else(PoisonError::into_inner);
-                    wire::write_frame(&mut *w, &Frame::Complete)?;
+                    wire::write_frame(&mut *w, &Frame::Complete)
+                };
+                if let Err(e) = answered {
+                    // The source cannot learn that this side took over: let go of the lock so
+                    // that it can take it back and serve on.
+                    if let Some(storage) = c.file.shared_storage() {
+                        let _ = storage.release();
+                    }
+                    return Err(e.into());
                 }
                 let mut s = shared.lock();
                 shared.set_phase(&mut s, Phase::Completed);

@@ -56,6 +56,9 @@ struct Sender {
     switching: bool,
 }
 
+/// How long a source whose hand-off broke keeps trying to take the image's lock back.
+const TAKE_BACK_WAIT: Duration = Duration::from_secs(5);
+
 /// Bytes of the image read at once for the bulk stream (at least one slice).
 const READ_PIECE: usize = 256 << 10;
 
@@ -275,7 +278,18 @@ impl Sender {
             .as_ref()
             .and_then(|h| h.image.shared_storage())
             .expect("a hand-off has shared storage");
-        match storage.acquire() {
+        // A destination that took the lock but could not answer gives it back: wait a moment
+        // for that before concluding the destination serves.
+        let deadline = Instant::now() + TAKE_BACK_WAIT;
+        let taken = loop {
+            match storage.acquire() {
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200))
+                }
+                other => break other,
+            }
+        };
+        match taken {
             Ok(()) => {
                 tracing::warn!("hand-off failed ({why}); the source took the lock back");
                 self.shared.lock().lock_released = false;
