@@ -10,9 +10,11 @@
 //! - `sequential`: TLS connections, one request at a time on the connection thread: a rustls
 //!   stream is one state machine that cannot be split into independent read and write halves
 //!   without a lock around every record, and correctness comes first there.
-//! - `reply`: reply encoding shared by both; this file: what a connection may do (`Session`),
-//!   request checks, error mapping.
+//! - `reply`: reply encoding shared by both; `failure_log`: failed requests logged at most
+//!   once a second per connection; this file: what a connection may do (`Session`), request
+//!   checks, error mapping.
 
+mod failure_log;
 mod pipelined;
 mod reply;
 mod sequential;
@@ -102,6 +104,7 @@ pub(crate) struct Session<'a> {
     pub base_allocation: bool,
     /// Set once anything was written, so the device is flushed when the connection ends.
     pub wrote: AtomicBool,
+    pub failures: failure_log::FailureLog,
 }
 
 impl<'a> Session<'a> {
@@ -115,7 +118,13 @@ impl<'a> Session<'a> {
             structured_replies,
             base_allocation,
             wrote: AtomicBool::new(false),
+            failures: failure_log::FailureLog::new(),
         }
+    }
+
+    /// Logs a failed request (rate-limited: see `failure_log`).
+    pub(crate) fn request_failed(&self, error: &BlockError) {
+        self.failures.report(&self.export.name, error);
     }
 }
 

@@ -490,7 +490,7 @@ impl Connection<'_, '_> {
                 (SIMPLE_REPLY_HEADER_LEN, false, true)
             }
             Err(e) => {
-                tracing::warn!(export = %session.export.name, "request failed: {e}");
+                session.request_failed(&e);
                 let modifies = matches!(request.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
                 let mut reply = ReplyBuffer::default();
                 reply_status(session, &request, Err(errno_of(&e, modifies)), &mut reply);

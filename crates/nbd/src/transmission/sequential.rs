@@ -53,7 +53,7 @@ fn run(
     let length = request.length as usize;
     let modifies = matches!(request.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
     let fail = |error: BlockError| {
-        tracing::warn!(export = %session.export.name, "request failed: {error}");
+        session.request_failed(&error);
         errno_of(&error, modifies)
     };
     if modifies {
