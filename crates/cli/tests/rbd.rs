@@ -398,17 +398,7 @@ fn serve_over_nbd_under_the_exclusive_lock(cluster: &Cluster, d: &Path, key: &Pa
         .collect();
     assert_eq!(data, [(4 * MIB, 256 << 10)], "{}", map.stdout);
     // A second writer is refused while the daemon holds the lock, naming the reason.
-    cryptblk([
-        "key",
-        "add",
-        "--key-file",
-        s(key),
-        "--new-key-file",
-        s(key),
-        &name,
-    ])
-    .expect_code(code::IN_USE)
-    .error_line(&["locked"]);
+    refused_as_locked(&name, key);
     // So is a second daemon: two daemons never write one image.
     let other = d.join("other.sock");
     cryptblk([
@@ -525,6 +515,21 @@ fn errors_name_the_problem(cluster: &Cluster, d: &Path, key: &Path) {
     .expect_code(code::USAGE)
     .error_line(&["already exists"]);
     assert!(!out.exists());
+}
+
+/// Another writer (`cryptblk key add`) is refused on `name`: a daemon holds its lock.
+fn refused_as_locked(name: &str, key: &Path) {
+    cryptblk([
+        "key",
+        "add",
+        "--key-file",
+        s(key),
+        "--new-key-file",
+        s(key),
+        name,
+    ])
+    .expect_code(code::IN_USE)
+    .error_line(&["locked"]);
 }
 
 /// NBD `qemu-io` commands on export `export` of the daemon at `socket`; the output.
@@ -845,17 +850,7 @@ fn hands_a_shared_image_over_without_copying(cluster: &Cluster, d: &Path, key: &
     );
     ctl_json(&a_ctl, &["disk-remove", "vol"]);
     // The destination holds the lock now.
-    cryptblk([
-        "key",
-        "add",
-        "--key-file",
-        s(key),
-        "--new-key-file",
-        s(key),
-        &name,
-    ])
-    .expect_code(code::IN_USE)
-    .error_line(&["locked"]);
+    refused_as_locked(&name, key);
     assert_eq!(destination.terminate(), 0);
     assert_eq!(source.terminate(), 0);
     qemu_io(

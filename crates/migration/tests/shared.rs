@@ -303,3 +303,34 @@ fn a_lock_another_client_took_keeps_the_source_fenced() {
     assert!(s.tracker.write_at(&[4; 4096], 0).is_err());
     assert_eq!(*s.source_image.holder.lock().unwrap(), Some(3));
 }
+
+#[test]
+fn an_image_only_this_host_reaches_is_not_handed_over() {
+    let s = setup("cluster/1/image");
+    let local: Arc<RawFile> = Arc::new(rw(&s.source_image.path));
+    let e = SourceMigration::start_shared(
+        local,
+        s.tracker.clone(),
+        s.incoming.address(),
+        SourceOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("is not shared storage") && e.contains("without --shared"),
+        "{e}"
+    );
+    let postcopy = SourceOptions {
+        postcopy: true,
+        ..SourceOptions::default()
+    };
+    let e = SourceMigration::start_shared(
+        s.source_image.clone(),
+        s.tracker.clone(),
+        s.incoming.address(),
+        postcopy,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("no postcopy"), "{e}");
+}

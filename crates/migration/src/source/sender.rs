@@ -246,12 +246,7 @@ impl Sender {
     /// lock, Complete, and the destination's Complete once it holds the lock. `Err((_, true))`:
     /// the lock was released, so the destination may have it.
     fn release_to_destination(&mut self) -> Result<(), (Stop, bool)> {
-        let storage = self
-            .shared
-            .hand_off
-            .as_ref()
-            .and_then(|h| h.image.shared_storage())
-            .expect("a hand-off has shared storage");
+        let storage = self.shared.shared_storage();
         storage.release().map_err(|e| {
             (
                 Stop::Broken(format!("releasing the image's lock: {e}")),
@@ -272,12 +267,7 @@ impl Sender {
     /// otherwise the destination has the disk and the source stays fenced.
     fn take_back(&mut self, why: String) {
         self.ch.close();
-        let storage = self
-            .shared
-            .hand_off
-            .as_ref()
-            .and_then(|h| h.image.shared_storage())
-            .expect("a hand-off has shared storage");
+        let storage = self.shared.shared_storage();
         // A destination that took the lock but could not answer gives it back: wait a moment
         // for that before concluding the destination serves.
         let deadline = Instant::now() + TAKE_BACK_WAIT;

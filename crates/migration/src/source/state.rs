@@ -8,7 +8,7 @@ use crate::wire::{
     Hello, Role, FLAG_POSTCOPY, FLAG_PREEMPT, FLAG_SHARED, PROTOCOL_VERSION, SESSION_ID_LEN,
 };
 use crate::{DirtyBitmap, DirtyTracker, Phase};
-use cryptblk_block::{BlockDevice, Container};
+use cryptblk_block::{BlockDevice, Container, SharedStorage};
 use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -90,6 +90,14 @@ pub(super) struct Shared {
 impl Shared {
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Shared storage: the image whose lock is handed over.
+    pub(super) fn shared_storage(&self) -> &dyn SharedStorage {
+        self.hand_off
+            .as_ref()
+            .and_then(|h| h.image.shared_storage())
+            .expect("start_shared checked the image is shared storage")
     }
 
     pub(super) fn bitmap(&self) -> &DirtyBitmap {
