@@ -343,19 +343,7 @@ fn cryptsetup_made_and_rbd_imported(cluster: &Cluster, d: &Path, key: &Path) {
 /// `serve --image rbd:...` over NBD: QEMU's NBD client writes and reads, librbd then reads
 /// the same data; while served, the image's exclusive lock keeps other writers out.
 fn serve_over_nbd_under_the_exclusive_lock(cluster: &Cluster, d: &Path, key: &Path) {
-    cryptblk([
-        "format",
-        "--batch-mode",
-        "--key-file",
-        s(key),
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "10",
-        &cluster.name("served"),
-        "32M",
-    ])
-    .ok();
+    format_luks2(&cluster.name("served"), key, "32M").ok();
     let socket = d.join("nbd.sock");
     let name = cluster.name("served");
     let daemon = ServeProcess::start(
@@ -425,19 +413,7 @@ fn serve_over_nbd_under_the_exclusive_lock(cluster: &Cluster, d: &Path, key: &Pa
 /// `format` creates (SIZE) or formats in place; `dump` and `key add` work on `rbd:` names and
 /// librbd opens the image with the added passphrase.
 fn format_dump_and_key_change(cluster: &Cluster, d: &Path, key: &Path) {
-    cryptblk([
-        "format",
-        "--batch-mode",
-        "--key-file",
-        s(key),
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "10",
-        &cluster.name("fmt"),
-        "8M",
-    ])
-    .ok();
+    format_luks2(&cluster.name("fmt"), key, "8M").ok();
     let info = dump_json(Path::new(&cluster.name("fmt")));
     assert_eq!(info["data_offset"], 16 * MIB, "{info}");
     let second = key_file(d, "second", &passphrase("rbd-second"));
@@ -515,6 +491,23 @@ fn errors_name_the_problem(cluster: &Cluster, d: &Path, key: &Path) {
     .expect_code(code::USAGE)
     .error_line(&["already exists"]);
     assert!(!out.exists());
+}
+
+/// `cryptblk format` of a new LUKS2 image (`size`; `image` a path or an `rbd:` name) with a
+/// cheap PBKDF; its output.
+fn format_luks2(image: &str, key: &Path, size: &str) -> Out {
+    cryptblk([
+        "format",
+        "--batch-mode",
+        "--key-file",
+        s(key),
+        "--pbkdf",
+        "pbkdf2",
+        "--iter-time",
+        "10",
+        image,
+        size,
+    ])
 }
 
 /// Another writer (`cryptblk key add`) is refused on `name`: a daemon holds its lock.
@@ -692,19 +685,7 @@ fn migrates_out_of_rbd_into_a_file(cluster: &Cluster, d: &Path, key: &Path) {
 /// serves what was written, and librbd's encryption reads it from the image afterwards.
 fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &Path, key: &Path) {
     let local = d.join("local.luks");
-    cryptblk([
-        "format",
-        "--batch-mode",
-        "--key-file",
-        s(key),
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "10",
-        s(&local),
-        "16M",
-    ])
-    .ok();
+    format_luks2(s(&local), key, "16M").ok();
     migrate_vol(
         d,
         key,
@@ -731,19 +712,7 @@ fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &Path, key: &Path) {
 /// other way round) is refused before anything moves.
 fn hands_a_shared_image_over_without_copying(cluster: &Cluster, d: &Path, key: &Path) {
     let name = cluster.name("shared");
-    cryptblk([
-        "format",
-        "--batch-mode",
-        "--key-file",
-        s(key),
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "10",
-        &name,
-        "32M",
-    ])
-    .ok();
+    format_luks2(&name, key, "32M").ok();
     let (a_nbd, a_ctl) = (d.join("sh-a.nbd"), d.join("sh-a.ctl"));
     let (b_nbd, b_ctl) = (d.join("sh-b.nbd"), d.join("sh-b.ctl"));
     let source = ServeProcess::start(
