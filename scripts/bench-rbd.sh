@@ -837,19 +837,24 @@ else
     echo "- Image: the LUKS2 image of (a), $SIZE ($SIZE_BYTES bytes) payload; object-map/fast-diff $([[ $FAST_DIFF == 1 ]] && echo "as created" || echo "disabled (FAST_DIFF=0)"). SECTIONS=$SECTIONS_LIST: no throughput runs."
 fi
 echo "- 1-minute load average sampled before each run$([[ -n $DO_HO ]] && echo " and hand-off"): median $LOAD_MED, max $LOAD_MAX on $(nproc) CPUs$(awk -v l="$LOAD_MED" -v n="$(nproc)" 'BEGIN { if (l > n * 0.75) printf " -- HIGH: other work shared the CPUs, figures are noisy and depressed" }')."
-declare -A PER_RATIO MED_RATIO
-for t in "${TRANSPORTS[@]}"; do
-    echo
-    echo "### Transport $t: ${TRANSPORT_NAME[$t]}$(has f && echo "; (f) is fio's rbd ioengine")"
-    echo
-    head="| workload | round"
-    sep="|---|---:"
+# The head of a results table: the leading columns given, then IOPS, MiB/s and CPU% per peer
+# and the ratios.
+table_head() {
+    local head=$1 sep=$2 s p x y
     for s in "${SERVERS[@]}"; do head+=" | IOPS $s"; sep+="|---:"; done
     for s in "${SERVERS[@]}"; do head+=" | MiB/s $s"; sep+="|---:"; done
     for s in "${SERVER_PEERS[@]}"; do head+=" | CPU% $s"; sep+="|---:"; done
     for p in "${RATIOS[@]}"; do read -r x y <<<"$p"; head+=" | $x/$y"; sep+="|---:"; done
     echo "$head |"
     echo "$sep|"
+}
+
+declare -A PER_RATIO MED_RATIO
+for t in "${TRANSPORTS[@]}"; do
+    echo
+    echo "### Transport $t: ${TRANSPORT_NAME[$t]}$(has f && echo "; (f) is fio's rbd ioengine")"
+    echo
+    table_head "| workload | round" "|---|---:"
     for w in "${WORKLOADS[@]}"; do
         for round in $(seq "$ROUNDS"); do
             line="| $w | $round"
@@ -866,14 +871,7 @@ for t in "${TRANSPORTS[@]}"; do
         done
     done
     echo
-    head="| workload"
-    sep="|---"
-    for s in "${SERVERS[@]}"; do head+=" | IOPS $s"; sep+="|---:"; done
-    for s in "${SERVERS[@]}"; do head+=" | MiB/s $s"; sep+="|---:"; done
-    for s in "${SERVER_PEERS[@]}"; do head+=" | CPU% $s"; sep+="|---:"; done
-    for p in "${RATIOS[@]}"; do read -r x y <<<"$p"; head+=" | $x/$y"; sep+="|---:"; done
-    echo "$head |"
-    echo "$sep|"
+    table_head "| workload" "|---"
     for w in "${WORKLOADS[@]}"; do
         line="| $w"
         for s in "${SERVERS[@]}"; do
