@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use cryptblk_block::aio::{Completion, IoQueue, IoVec};
+use cryptblk_block::aio::{IoQueue, IoVec};
 use cryptblk_block::{IoKind, IoStats};
 
 use vhost::vhost_user::message::{
@@ -121,7 +121,6 @@ struct QueueIo {
     iov: Vec<IoVec>,
     /// The ring completions go to (set on the first kick).
     vring: Option<Vring>,
-    completions: Vec<Completion>,
     /// Requests pushed since the last submit.
     unsubmitted: usize,
 }
@@ -230,7 +229,6 @@ impl BlkBackend {
                         spare_segments: Vec::new(),
                         iov: Vec::new(),
                         vring: None,
-                        completions: Vec::new(),
                         unsubmitted: 0,
                     }),
                 })
@@ -424,7 +422,7 @@ impl BlkBackend {
             // as it completes: the guest gets its first completions (and refills its queue)
             // while later requests are still being popped, instead of after the whole run.
             if io.unsubmitted >= SUBMIT_BATCH
-                && (self.submit_and_complete(vring, queue, io) > 0 || answered)
+                && (self.submit_and_complete(vring, queue, io) || answered)
             {
                 signal(vring)?;
                 answered = false;
@@ -512,30 +510,34 @@ impl BlkBackend {
         false
     }
 
-    /// Collects the finished requests of a queue: status byte, used ring, statistics.
-    /// Returns how many were answered.
-    fn complete(&self, vring: &Vring, queue: &QueueState, io: &mut QueueIo) -> usize {
+    /// Collects the finished requests of a queue: status byte, used ring, statistics. Each
+    /// is put on the used ring as the I/O queue hands it out, and the guest is signalled
+    /// whenever answers have waited `SIGNAL_AFTER` (a volume decrypting a batch hands its
+    /// reads out one by one), so it refills its queue while the rest are still being
+    /// finished.
+    fn complete(&self, vring: &Vring, queue: &QueueState, io: &mut QueueIo) -> Answered {
         let ctx = &*self.inner.ctx;
         let QueueIo {
             io: ioq,
             requests,
             free,
             spare_segments,
-            completions,
             ..
         } = io;
-        let Some(ioq) = ioq.as_mut() else { return 0 };
+        let Some(ioq) = ioq.as_mut() else {
+            return Answered::default();
+        };
         let part = self.inner.rings.part(queue.index);
-        completions.clear();
-        ioq.drain(&mut |c| completions.push(c));
-        let n = completions.len();
-        for c in completions.drain(..) {
+        let mut unsignalled = 0usize;
+        let mut n = 0usize;
+        let mut first_unsignalled: Option<Instant> = None;
+        ioq.drain(&mut |c| {
             let Some(pending) = usize::try_from(c.tag)
                 .ok()
                 .and_then(|t| requests.get_mut(t))
                 .and_then(Option::take)
             else {
-                continue;
+                return;
             };
             if let Err(e) = &c.result {
                 tracing::warn!(
@@ -562,15 +564,32 @@ impl BlkBackend {
             add_used(vring, part.as_deref(), pending.head, used_len);
             free.push(c.tag as u16);
             spare_segments.push(pending.segments);
-        }
+            n += 1;
+            unsignalled += 1;
+            let now = Instant::now();
+            match first_unsignalled {
+                Some(t) if now.duration_since(t) >= SIGNAL_AFTER => {
+                    if let Err(e) = signal(vring) {
+                        tracing::warn!(disk = %ctx.name, "signalling the guest: {e}");
+                    }
+                    first_unsignalled = None;
+                    unsignalled = 0;
+                }
+                Some(_) => {}
+                None => first_unsignalled = Some(now),
+            }
+        });
         queue.in_flight.sub(n);
-        n
+        Answered {
+            total: n,
+            unsignalled,
+        }
     }
 
     /// Submits what was pushed and answers what already completed (page-cache hits finish
     /// inside the submission), optionally polling for more before the thread goes back to
     /// sleep in epoll.
-    fn submit_and_complete(&self, vring: &Vring, queue: &QueueState, io: &mut QueueIo) -> usize {
+    fn submit_and_complete(&self, vring: &Vring, queue: &QueueState, io: &mut QueueIo) -> bool {
         io.unsubmitted = 0;
         if let Some(q) = io.io.as_mut() {
             if let Err(e) = q.submit() {
@@ -579,15 +598,24 @@ impl BlkBackend {
         }
         let mut done = self.complete(vring, queue, io);
         let poll = self.inner.ctx.poll;
-        if done == 0 && !poll.is_zero() && io.io.as_ref().is_some_and(|q| q.in_flight() > 0) {
+        if done.total == 0 && !poll.is_zero() && io.io.as_ref().is_some_and(|q| q.in_flight() > 0) {
             let deadline = Instant::now() + poll;
-            while done == 0 && Instant::now() < deadline {
+            while done.total == 0 && Instant::now() < deadline {
                 std::hint::spin_loop();
                 done = self.complete(vring, queue, io);
             }
         }
-        done
+        done.unsignalled > 0
     }
+}
+
+/// What one collection of completions answered.
+#[derive(Default)]
+struct Answered {
+    /// Requests put on the used ring.
+    total: usize,
+    /// Of those, put there after the guest was last signalled.
+    unsignalled: usize,
 }
 
 /// Requests popped in one run that are submitted (and their completions collected) together.
@@ -596,6 +624,10 @@ impl BlkBackend {
 /// idle a third of the time while the guest waited for the run's end; batches of 16 gave
 /// 550k / 420k; 4 and 8 less than 16, 24 no more.
 const SUBMIT_BATCH: usize = 16;
+
+/// Answers put on the used ring wait at most about this long for the guest to be signalled
+/// while a batch of completions is being finished.
+const SIGNAL_AFTER: Duration = Duration::from_micros(20);
 
 /// Puts a request on the used ring; inflight: recorded around the used ring update, under the
 /// ring's lock.
@@ -766,7 +798,7 @@ impl VhostUserBackend for BlkBackend {
             if let (false, Some(vring)) = (resubmit.is_empty(), self.inner.rings.vring(index)) {
                 let mut io = q.io();
                 let answered = self.pop_requests(&vring, q, &mut io, &resubmit, false)?;
-                if self.submit_and_complete(&vring, q, &mut io) > 0 || answered {
+                if self.submit_and_complete(&vring, q, &mut io) || answered {
                     signal(&vring)?;
                 }
             }
@@ -817,7 +849,7 @@ impl VhostUserBackend for BlkBackend {
                 .first()
                 .map(TrackedVring::vring)
                 .ok_or_else(|| io::Error::other(format!("no vring for thread {thread_id}")))?;
-            if self.complete(vring, queue, &mut io) > 0 {
+            if self.complete(vring, queue, &mut io).unsignalled > 0 {
                 signal(vring)?;
             }
             return Ok(());
@@ -857,7 +889,7 @@ impl VhostUserBackend for BlkBackend {
         } else {
             answered |= self.pop_requests(vring, queue, &mut io, &resubmit, true)?;
         }
-        if self.submit_and_complete(vring, queue, &mut io) > 0 || answered {
+        if self.submit_and_complete(vring, queue, &mut io) || answered {
             signal(vring)?;
         }
         if started {

@@ -4,10 +4,17 @@
 //!   place when it completes: with O_DIRECT that is one DMA plus one pass of decryption.
 //! - A write is encrypted from the caller's buffers into a pooled bounce buffer (never in
 //!   place: the caller's data must not change), which is then submitted.
-//! - Crypto runs per batch, spread over the crypto pool (`CryptoPool::crypt_raw_batch`): the
-//!   writes pushed since the last submit are encrypted together at `submit`, the reads that
-//!   completed together are decrypted together in `drain`. So a queue of 64 KiB requests uses
-//!   every core even though one thread drives it, while a lone 4 KiB request stays on it.
+//! - Crypto runs per request, on the queue's thread, and never waits for another thread: a
+//!   write is encrypted when it is pushed, a read is decrypted and handed out as soon as it
+//!   completes, one by one, so the owner answers each read while the next is still being
+//!   decrypted. A drain decrypts at most `DECRYPT_PER_DRAIN` bytes and then gives the thread
+//!   back (with the notifier set again), so a burst of large reads never keeps the owner from
+//!   taking the guest's next requests while the device idles. (Sharing a batch's crypto with
+//!   pool helpers made the thread wait for a helper that a busy host had descheduled:
+//!   measured on 2 vCPUs, it served a half to two thirds of the same server's plain
+//!   throughput, see `ARCHITECTURE.md`.) A request larger than the pool's inline threshold is
+//!   still split over the pool (`CryptoPool::crypt_raw`). So a queue's crypto costs one core
+//!   at most; a guest spreads its I/O over queues (num-queues) as it does over vCPUs.
 //! - On an engine that runs each transfer on a pool thread (`threads`), the crypto is handed
 //!   to those threads instead (`IoQueue::offload`, `super::offload`): each request is
 //!   decrypted or encrypted by the thread that transfers it, right before or after, so a
@@ -26,6 +33,7 @@ use crate::aio::{
 use crate::device::check_range;
 use crate::{AlignedBuf, BlockDevice, BlockError};
 use cryptblk_crypto::{CryptoError, Direction, RawRun};
+use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
@@ -38,11 +46,11 @@ struct Slot {
     offset: u64,
     len: u64,
     fua: bool,
-    /// A read's buffers (decrypted in place when it completes), a write's plaintext (until
-    /// it is encrypted at submit).
+    /// A read's buffers (decrypted in place when it completes), a write's plaintext.
     iov: Vec<IoVec>,
-    /// A write's ciphertext.
+    /// A write's ciphertext: its buffer, and the one segment the backend writes.
     bounce: Option<AlignedBuf>,
+    ciphertext: Vec<IoVec>,
 }
 
 pub(crate) struct CryptQueue {
@@ -58,16 +66,15 @@ pub(crate) struct CryptQueue {
     ready: Vec<Completion>,
     capacity: usize,
     in_flight: usize,
-    /// Writes pushed since the last submit, to encrypt together.
-    to_encrypt: Vec<u32>,
-    /// Scratch lists for a batch of crypto (kept: no allocation per batch).
-    runs: Vec<RawRun>,
-    run_slot: Vec<u32>,
-    results: Vec<Result<(), CryptoError>>,
-    /// The first crypto error of each slot in the current batch.
-    slot_errors: Vec<Option<CryptoError>>,
-    completed: Vec<(u32, Result<(), BlockError>)>,
+    /// Requests the backend finished that `drain` has not handed out yet, oldest first.
+    completed: VecDeque<(u32, Result<(), BlockError>)>,
 }
+
+/// Bytes of reads one `drain` decrypts before it hands the thread back to its owner (leaving
+/// the rest for the next call, with the notifier set again): decrypting memory a device has
+/// just written runs at a few GB/s, so a burst of large reads would otherwise keep the owner
+/// from taking new requests for hundreds of microseconds while the device idles.
+const DECRYPT_PER_DRAIN: u64 = 64 * 1024;
 
 impl CryptQueue {
     pub(crate) fn open(core: Arc<CryptCore>, opts: &QueueOptions) -> Result<Self, BlockError> {
@@ -92,12 +99,7 @@ impl CryptQueue {
             ready: Vec::new(),
             capacity,
             in_flight: 0,
-            to_encrypt: Vec::new(),
-            runs: Vec::new(),
-            run_slot: Vec::new(),
-            results: Vec::new(),
-            slot_errors: (0..capacity).map(|_| None).collect(),
-            completed: Vec::new(),
+            completed: VecDeque::new(),
         })
     }
 
@@ -125,15 +127,6 @@ impl CryptQueue {
         Ok(())
     }
 
-    /// Moves the batch's crypto errors to their slots (`slot_errors`).
-    fn collect_errors(&mut self) {
-        for (&slot, result) in self.run_slot.iter().zip(self.results.drain(..)) {
-            if let (Err(e), Some(err)) = (result, self.slot_errors.get_mut(slot as usize)) {
-                err.get_or_insert(e);
-            }
-        }
-    }
-
     /// Gives a slot back (its bounce buffer to the pool).
     fn release(&mut self, index: u32) {
         let slot = &mut self.slots[index as usize];
@@ -144,86 +137,104 @@ impl CryptQueue {
         }
         self.free.push(index);
     }
+}
 
-    /// Encrypts every write pushed since the last submit, as one batch over the crypto pool,
-    /// and passes them to the backend's queue.
-    fn encrypt_pending(&mut self) {
-        if self.to_encrypt.is_empty() {
+impl CryptQueue {
+    /// The bytes to decrypt for a finished request: `Some` for a read that succeeded and
+    /// that the backend's threads did not decrypt already.
+    fn read_runs(&self, index: u32, result: &Result<(), BlockError>) -> Option<u64> {
+        let slot = self.slots.get(index as usize)?;
+        (slot.op == Some(IoOp::Read) && result.is_ok() && !self.offloaded).then_some(slot.len)
+    }
+
+    /// The runs that decrypt a slot's buffers in place.
+    fn slot_runs(&self, index: u32) -> impl Iterator<Item = RawRun> + '_ {
+        let slot = &self.slots[index as usize];
+        let core = &*self.core;
+        slot.iov.iter().scan(slot.offset, move |at, v| {
+            let run = RawRun {
+                first_sector: core.iv_sector(*at),
+                src: v.base(),
+                dst: v.base(),
+                len: v.len(),
+            };
+            *at += v.len() as u64;
+            Some(run)
+        })
+    }
+
+    /// Decrypts a completed read in place.
+    fn decrypt_slot(&self, index: u32) -> Result<(), CryptoError> {
+        let core = &*self.core;
+        for run in self.slot_runs(index) {
+            // SAFETY: a segment of a completed read, in place: valid until its completion is
+            // handed out, which only happens after this returns.
+            unsafe {
+                core.pool.crypt_raw(
+                    &core.cipher,
+                    Direction::Decrypt,
+                    run.first_sector,
+                    run.src,
+                    run.dst,
+                    run.len,
+                )
+            }?;
+        }
+        Ok(())
+    }
+
+    /// Encrypts a pushed write from the caller's buffers into its slot's bounce buffer (which
+    /// holds the whole request) and returns the ciphertext's one segment.
+    fn encrypt_slot(&mut self, index: u32) -> Result<(), CryptoError> {
+        let core = &*self.core;
+        let slot = &mut self.slots[index as usize];
+        let Some(bounce) = slot.bounce.as_mut() else {
+            return Err(CryptoError::Worker("write without a bounce buffer".into()));
+        };
+        let mut pos = 0usize;
+        for v in &slot.iov {
+            // SAFETY: the source is a segment of the write being pushed (readable for the
+            // whole call, per `push`'s contract), the destination the same-length range at
+            // its position in the slot's own bounce buffer, a separate allocation.
+            unsafe {
+                core.pool.crypt_raw(
+                    &core.cipher,
+                    Direction::Encrypt,
+                    core.iv_sector(slot.offset + pos as u64),
+                    v.base(),
+                    bounce.as_mut_ptr().wrapping_add(pos),
+                    v.len(),
+                )
+            }?;
+            pos += v.len();
+        }
+        slot.ciphertext.clear();
+        slot.ciphertext
+            .push(IoVec::from_raw(bounce.as_mut_ptr(), pos));
+        Ok(())
+    }
+
+    /// Hands a finished request out (its slot back to the free list).
+    fn hand_out(
+        &mut self,
+        index: u32,
+        mut result: Result<(), BlockError>,
+        crypto: Result<(), CryptoError>,
+        out: &mut dyn FnMut(Completion),
+    ) {
+        let Some(slot) = self.slots.get(index as usize) else {
+            return;
+        };
+        if slot.op.is_none() {
             return;
         }
-        let core = self.core.clone();
-        self.runs.clear();
-        self.run_slot.clear();
-        for &index in &self.to_encrypt {
-            let slot = &mut self.slots[index as usize];
-            let Some(bounce) = slot.bounce.as_mut() else {
-                continue;
-            };
-            let mut pos = 0usize;
-            for v in &slot.iov {
-                self.runs.push(RawRun {
-                    first_sector: core.iv_sector(slot.offset + pos as u64),
-                    src: v.base(),
-                    dst: bounce.as_mut_ptr().wrapping_add(pos),
-                    len: v.len(),
-                });
-                self.run_slot.push(index);
-                pos += v.len();
-            }
+        if let (Err(e), Ok(())) = (crypto, &result) {
+            result = Err(crypto_error(Direction::Decrypt, slot.offset, e));
         }
-        // SAFETY: each run reads a segment of a pushed write (readable until its completion
-        // is handed out, per `push`'s contract) and writes the slot's own bounce buffer, at
-        // the segment's position inside the request (the bounce holds the whole request);
-        // bounce buffers of different slots are different allocations.
-        unsafe {
-            core.pool.crypt_raw_batch(
-                &core.cipher,
-                Direction::Encrypt,
-                &self.runs,
-                &mut self.results,
-            )
-        };
-        self.collect_errors();
-        let to_encrypt = std::mem::take(&mut self.to_encrypt);
-        for &index in &to_encrypt {
-            let failed = self.slot_errors[index as usize].take();
-            let slot = &self.slots[index as usize];
-            if let Some(e) = failed {
-                let tag = slot.tag;
-                let off = slot.offset;
-                self.release(index);
-                self.in_flight -= 1;
-                self.finish_now(tag, Err(crypto_error(Direction::Encrypt, off, e)));
-                continue;
-            }
-            let one = slot
-                .bounce
-                .as_ref()
-                .map(|b| [IoVec::from_raw(b.as_ptr().cast_mut(), slot.len as usize)]);
-            let Some(one) = one else { continue };
-            let req = IoRequest::write(
-                core.layout.data_offset + slot.offset,
-                &one,
-                slot.fua,
-                u64::from(index),
-            );
-            // SAFETY: the ciphertext lives in the slot's bounce buffer until the completion
-            // is drained. The backend queue has room: it is as deep as this one.
-            if unsafe { self.inner.push(&req) }.is_err() {
-                let tag = slot.tag;
-                self.release(index);
-                self.in_flight -= 1;
-                self.finish_now(
-                    tag,
-                    Err(BlockError::new(
-                        crate::BlockErrorKind::Io,
-                        "the backend's I/O queue is full",
-                    )),
-                );
-            }
-        }
-        self.to_encrypt = to_encrypt;
-        self.to_encrypt.clear();
+        let tag = slot.tag;
+        self.release(index);
+        self.in_flight -= 1;
+        out(Completion { tag, result });
     }
 }
 
@@ -276,7 +287,7 @@ impl IoQueue for CryptQueue {
                 req.fua,
                 0,
             )),
-            // Encrypted (with the others of the batch) and passed on at submit.
+            // Encrypted into the slot's bounce buffer below.
             IoOp::Write => None,
             IoOp::Flush => Some(IoRequest::flush(0)),
             IoOp::Discard => {
@@ -310,17 +321,29 @@ impl IoQueue for CryptQueue {
         slot.iov.clear();
         slot.iov.extend_from_slice(req.iov);
         slot.bounce = bounce;
-        let Some(inner_req) = inner_req else {
-            self.to_encrypt.push(index);
-            self.in_flight += 1;
-            return Ok(());
-        };
-        let inner_req = IoRequest {
-            tag: u64::from(index),
-            ..inner_req
+        if inner_req.is_none() {
+            if let Err(e) = self.encrypt_slot(index) {
+                self.release(index);
+                self.finish_now(
+                    req.tag,
+                    Err(crypto_error(Direction::Encrypt, req.offset, e)),
+                );
+                return Ok(());
+            }
+        }
+        let tag = u64::from(index);
+        let inner_req = match inner_req {
+            Some(inner_req) => IoRequest { tag, ..inner_req },
+            None => IoRequest::write(
+                data_offset + req.offset,
+                &self.slots[index as usize].ciphertext,
+                req.fua,
+                tag,
+            ),
         };
         // SAFETY: reads go into the caller's buffers, offloaded writes come from them: valid
-        // as this function was promised.
+        // as this function was promised; other writes come from the slot's bounce buffer,
+        // kept until the completion is drained.
         match unsafe { self.inner.push(&inner_req) } {
             Ok(()) => {
                 self.in_flight += 1;
@@ -334,75 +357,39 @@ impl IoQueue for CryptQueue {
     }
 
     fn submit(&mut self) -> Result<(), BlockError> {
-        self.encrypt_pending();
         self.fallback.submit()?;
         self.inner.submit()
     }
 
     fn drain(&mut self, out: &mut dyn FnMut(Completion)) {
         self.signal.clear();
-        let mut completed = std::mem::take(&mut self.completed);
-        completed.clear();
+        let completed = &mut self.completed;
         self.inner.drain(&mut |c| {
             if let Ok(index) = u32::try_from(c.tag) {
-                completed.push((index, c.result));
+                completed.push_back((index, c.result));
             }
         });
-        // Every read that completed is decrypted in place, as one batch over the pool (unless
-        // the backend's threads did it).
-        let core = self.core.clone();
-        self.runs.clear();
-        self.run_slot.clear();
-        for (index, result) in completed.iter().filter(|_| !self.offloaded) {
-            let Some(slot) = self.slots.get(*index as usize) else {
-                continue;
+        // Each read is decrypted in place (unless the backend's threads did it) and handed
+        // out at once, so the owner answers it while later ones are still being decrypted;
+        // after `DECRYPT_PER_DRAIN` bytes the owner gets the thread back to take the guest's
+        // new requests, and comes back for the rest. Nothing here waits for a helper.
+        let mut decrypted = 0u64;
+        while decrypted < DECRYPT_PER_DRAIN {
+            let Some((index, result)) = self.completed.pop_front() else {
+                break;
             };
-            if slot.op != Some(IoOp::Read) || result.is_err() {
-                continue;
-            }
-            let mut pos = 0u64;
-            for v in &slot.iov {
-                self.runs.push(RawRun {
-                    first_sector: core.iv_sector(slot.offset + pos),
-                    src: v.base(),
-                    dst: v.base(),
-                    len: v.len(),
-                });
-                self.run_slot.push(*index);
-                pos += v.len() as u64;
-            }
-        }
-        if !self.runs.is_empty() {
-            // SAFETY: each run is a segment of a completed read, in place: the buffers are
-            // valid until its completion is handed out, just below.
-            unsafe {
-                core.pool.crypt_raw_batch(
-                    &core.cipher,
-                    Direction::Decrypt,
-                    &self.runs,
-                    &mut self.results,
-                )
-            };
-            self.collect_errors();
-        }
-        for (index, mut result) in completed.drain(..) {
-            let Some(slot) = self.slots.get(index as usize) else {
-                continue;
-            };
-            if slot.op.is_none() {
-                continue;
-            }
-            if let Some(e) = self.slot_errors[index as usize].take() {
-                if result.is_ok() {
-                    result = Err(crypto_error(Direction::Decrypt, slot.offset, e));
+            let crypto = match self.read_runs(index, &result) {
+                Some(len) => {
+                    decrypted += len;
+                    self.decrypt_slot(index)
                 }
-            }
-            let tag = slot.tag;
-            self.release(index);
-            self.in_flight -= 1;
-            out(Completion { tag, result });
+                None => Ok(()),
+            };
+            self.hand_out(index, result, crypto, out);
         }
-        self.completed = completed;
+        if !self.completed.is_empty() {
+            self.signal.notify();
+        }
         let in_flight = &mut self.in_flight;
         self.fallback.drain(&mut |c| {
             *in_flight -= 1;
@@ -415,7 +402,7 @@ impl IoQueue for CryptQueue {
     }
 
     fn wait(&mut self) {
-        if !self.ready.is_empty() {
+        if !self.ready.is_empty() || !self.completed.is_empty() {
             return;
         }
         if self.fallback.in_flight() > 0 {

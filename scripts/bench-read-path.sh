@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): where the encrypted path loses against the plain one on a real disk.
+# One LUKS2 image and its raw twin (the same plaintext) on BENCH_DIR (not tmpfs), served by the
+# same cryptblk binary over vhost-user-blk (libblkio client, vu_bench), `--cache none`, one
+# queue, the page cache dropped before every run. Per round and workload, interleaved:
+#   fraw   fio --direct=1 --ioengine=io_uring on the raw twin (the device's ceiling)
+#   fluks  the same on the LUKS2 image's payload (the ciphertext: the same file a serves)
+#   d      cryptblk serving the raw twin
+#   a      cryptblk serving the LUKS2 image
+#   o      cryptblk OLD serving the LUKS2 image (when OLD=path/to/older/cryptblk is given)
+# Prints one line per run and, at the end, the median and the worst per-round ratio of a/d,
+# a/fluks (and o/d). The two files may sit on different parts of the disk, which on this
+# machine's virtual disk differ by up to 30 % from minute to minute: fluks says how much of an
+# a/d gap is the file's, not the server's.
+#
+# Environment: ROUNDS (3), RUNTIME (seconds per run, 5), SIZE (8G), WORKLOADS ("read:65536:16
+# randread:4096:128 read:65536:4 randwrite:4096:32 write:65536:16", rw:bs:depth),
+# BENCH_DIR (/var/tmp), KEEP_IMAGES=1 to reuse the images, CRYPTBLK / VU_BENCH (prebuilt).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-3}
+RUNTIME=${RUNTIME:-5}
+SIZE=${SIZE:-8G}
+WORKLOADS=${WORKLOADS:-"read:65536:16 randread:4096:128 read:65536:4 randwrite:4096:32 write:65536:16"}
+BENCH_DIR=${BENCH_DIR:-/var/tmp}
+die() { echo "bench-read-path: $*" >&2; exit 1; }
+for tool in fio jq openssl awk; do command -v $tool >/dev/null || die "$tool is needed (scripts/install-deps.sh)"; done
+[[ $(id -u) -eq 0 ]] || die "run as root: the page cache is dropped before every run"
+if [[ -z ${CRYPTBLK:-} || -z ${VU_BENCH:-} ]]; then
+    cargo build --release -p cryptblk -p cryptblk-vhost-user-blk --bin cryptblk --example vu_bench
+fi
+BIN=${CRYPTBLK:-${CARGO_TARGET_DIR:-target}/release/cryptblk}
+VU=${VU_BENCH:-${CARGO_TARGET_DIR:-target}/release/examples/vu_bench}
+[[ $(stat -f -c %T "$BENCH_DIR") != tmpfs ]] || die "$BENCH_DIR is tmpfs: this measures a real disk"
+IMG=$BENCH_DIR/cryptblk-bench-read-path
+mkdir -p "$IMG"
+WORK=$(mktemp -d)
+SERVER=
+cleanup() {
+    [[ -n $SERVER ]] && kill "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null
+    rm -rf "$WORK"
+    [[ ${KEEP_IMAGES:-} == 1 ]] || rm -rf "$IMG"
+}
+trap cleanup EXIT
+printf 'bench' >"$WORK/key"
+if [[ ! -f $IMG/luks.img ]]; then
+    echo "writing $SIZE of random data and its LUKS2 twin to $IMG (minutes)" >&2
+    openssl enc -aes-128-ctr -pass pass:bench -nosalt -pbkdf2 </dev/zero 2>/dev/null \
+        | head -c "$(numfmt --from=iec "$SIZE")" >"$IMG/raw.img"
+    "$BIN" format -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 -d "$WORK/key" "$IMG/luks.img" "$SIZE" >/dev/null
+    "$BIN" convert -n -O luks --key-file "$WORK/key" "$IMG/raw.img" "$IMG/luks.img" >/dev/null
+fi
+cp "$WORK/key" "$IMG/key"
+data_offset=$("$BIN" dump --json "$IMG/luks.img" | jq -r .data_offset)
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+run() { # $1 peer, $2 rw, $3 bs, $4 depth -> prints "iops cpu_us_per_io"
+    local peer=$1 rw=$2 bs=$3 depth=$4 file offset=0 kind=read out
+    drop_caches
+    case $peer in
+    fraw | fluks)
+        file=$IMG/raw.img
+        [[ $peer == fluks ]] && { file=$IMG/luks.img; offset=$data_offset; }
+        [[ $rw == *write ]] && kind=write
+        out=$(fio --name=p --filename="$file" --offset="$offset" --size="$SIZE" --direct=1 \
+            --ioengine=io_uring --rw="$rw" --bs="$bs" --iodepth="$depth" --runtime="$RUNTIME" \
+            --time_based --output-format=json)
+        echo "$(jq ".jobs[0].$kind.iops" <<<"$out") -"
+        ;;
+    *)
+        local bin=$BIN image=$IMG/luks.img key=(--key-file "$IMG/key")
+        [[ $peer == o ]] && bin=$OLD
+        [[ $peer == d ]] && { image=$IMG/raw.img; key=(); }
+        rm -f "$WORK/s.sock"
+        "$bin" serve --vhost-user-blk "$WORK/s.sock" --image "$image" "${key[@]}" --cache none \
+            >"$WORK/server.log" 2>&1 &
+        SERVER=$!
+        for _ in $(seq 200); do [[ -S $WORK/s.sock ]] && break; sleep 0.05; done
+        local t0 c0 t1 c1
+        c0=$(ticks "$SERVER"); t0=$(date +%s.%N)
+        out=$("$VU" --socket "$WORK/s.sock" --rw "$rw" --bs "$bs" --iodepth "$depth" \
+            --runtime "$RUNTIME" --queue-size 256)
+        c1=$(ticks "$SERVER"); t1=$(date +%s.%N)
+        kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; SERVER=
+        local iops; iops=$(jq '.iops' <<<"$out")
+        # CPU% x 10^4 / IOPS = µs of server CPU per request (ticks are 1/100 s).
+        echo "$iops $(awk -v c="$((c1 - c0))" -v t0="$t0" -v t1="$t1" -v i="$iops" \
+            'BEGIN { printf "%.2f", c / (t1 - t0) * 10000 / i }')"
+        ;;
+    esac
+}
+peers="fraw fluks d a"
+[[ -n ${OLD:-} ]] && peers="$peers o"
+results=$WORK/results
+for round in $(seq "$ROUNDS"); do
+    for wl in $WORKLOADS; do
+        IFS=: read -r rw bs depth <<<"$wl"
+        for peer in $peers; do
+            read -r iops cpu < <(run "$peer" "$rw" "$bs" "$depth")
+            printf 'round %s %-18s %-6s %9.0f IOPS  server CPU/IO %s µs\n' "$round" "$wl" "$peer" "$iops" "$cpu"
+            echo "$round $wl $peer $iops" >>"$results"
+        done
+    done
+done
+echo
+echo "ratios per workload: median of the per-round ratios (worst round)"
+for wl in $WORKLOADS; do
+    for pair in a/d a/fluks ${OLD:+o/d}; do
+        num=${pair%/*} den=${pair#*/}
+        awk -v wl="$wl" -v num="$num" -v den="$den" '
+            $2 == wl && $3 == num { n[$1] = $4 }
+            $2 == wl && $3 == den { d[$1] = $4 }
+            END {
+                k = 0
+                for (r in n) if (d[r] > 0) r_[++k] = n[r] / d[r]
+                asort(r_)
+                med = (k % 2) ? r_[(k + 1) / 2] : (r_[k / 2] + r_[k / 2 + 1]) / 2
+                printf "  %-18s %-8s %.2f (worst %.2f)\n", wl, num "/" den, med, r_[1]
+            }' "$results"
+    done
+done
