@@ -349,16 +349,29 @@ impl Incoming {
                 config.send_tls13_tickets = 0;
                 let mut conn = ServerConnection::new(Arc::new(config)).map_err(io::Error::other)?;
                 complete_handshake(&mut conn, &mut self.socket, &self.peer)?;
-                if let Some(names) = &self.options.peer_names {
-                    if let Err(why) = names.check(conn.peer_certificates()) {
-                        self.socket.shutdown(Shutdown::Both);
-                        return Err(io::Error::new(
-                            io::ErrorKind::PermissionDenied,
-                            format!("not the pinned migration peer: {why}"),
-                        ));
-                    }
+                let refusal = match &self.options.peer_names {
+                    Some(names) => names.check(conn.peer_certificates()).err(),
+                    None => None,
+                };
+                let mut ch = split_tls(self.socket, conn, self.peer)?;
+                if let Some(why) = refusal {
+                    // Said over the authenticated channel, so the source can report it
+                    // instead of a bare hang-up.
+                    let _ = crate::wire::write_frame(
+                        &mut ch.writer,
+                        &crate::wire::Frame::Error {
+                            message: "this destination accepts another source (its peer-name \
+                                      does not match your certificate)"
+                                .into(),
+                        },
+                    );
+                    ch.closer.close();
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!("not the pinned migration peer: {why}"),
+                    ));
                 }
-                split_tls(self.socket, conn, self.peer)?
+                ch
             }
         };
         ch.reader = Box::new(PermitReader {
