@@ -233,6 +233,24 @@ pub struct ServeArgs {
     /// ca-cert.pem, server-cert.pem and server-key.pem.
     #[arg(long, value_name = "DIR", requires = "nbd")]
     pub tls_creds: Option<PathBuf>,
+    /// With --tls-creds: admit only NBD clients whose certificate's subject CN or a DNS
+    /// subjectAltName is one of these names (comma-separated), or @FILE for one name per
+    /// line. A disk's own `tls-authz` replaces this list for its export.
+    #[arg(long, value_name = "NAME[,NAME]|@FILE", requires = "tls_creds")]
+    pub tls_authz: Option<String>,
+    /// Serve NBD without TLS on an address other machines can reach (e.g. tcp:0.0.0.0:10809):
+    /// anyone who reaches it reads and writes every disk. Without it, plain NBD is allowed
+    /// only on unix: sockets and loopback addresses.
+    #[arg(long, requires = "nbd", conflicts_with = "tls_creds")]
+    pub nbd_insecure: bool,
+    /// NBD connections served at once; more are closed at once (and logged).
+    #[arg(long, value_name = "N", default_value_t = cryptblk_nbd::DEFAULT_CONNECTION_LIMITS.total as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub nbd_max_connections: u32,
+    /// NBD connections served at once from one TCP peer address.
+    #[arg(long, value_name = "N", default_value_t = cryptblk_nbd::DEFAULT_CONNECTION_LIMITS.per_peer as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub nbd_max_connections_per_peer: u32,
     /// Listen for control requests (JSON-RPC 2.0, one per line; see `cryptblk ctl`) on this
     /// UNIX socket, created with mode 0600. With it the daemon may start without disks.
     #[arg(long, value_name = "PATH")]

@@ -36,6 +36,7 @@ pub fn validate(config: &DiskConfig) -> Result<(), InvalidConfig> {
             config.queue_size
         ));
     }
+    tls_authz(config).map_err(|e| InvalidConfig(e.to_string()))?;
     let access = crate::socket_access::SocketAccess::parse(
         config.socket_owner.as_deref(),
         config.socket_mode.as_deref(),
@@ -46,6 +47,28 @@ pub fn validate(config: &DiskConfig) -> Result<(), InvalidConfig> {
         );
     }
     Ok(())
+}
+
+/// The allow-list of a disk's `tls-authz`, checked.
+pub(crate) fn tls_authz(
+    config: &DiskConfig,
+) -> std::result::Result<Option<cryptblk_net::tls::AllowList>, TlsAuthzError> {
+    config
+        .tls_authz
+        .as_ref()
+        .map(|names| cryptblk_net::tls::AllowList::parse(names).map_err(TlsAuthzError))
+        .transpose()
+}
+
+/// A disk's `tls-authz` that is not a list of certificate names.
+#[derive(Debug, thiserror::Error)]
+#[error("tls-authz: {0}")]
+pub(crate) struct TlsAuthzError(cryptblk_net::tls::AllowListError);
+
+impl From<TlsAuthzError> for crate::error::Error {
+    fn from(e: TlsAuthzError) -> Self {
+        crate::error::Error::usage(e.to_string())
+    }
 }
 
 /// Every path of `config` must be absolute (the daemon's working directory is not a

@@ -152,6 +152,9 @@ pub fn own_kind(e: &(dyn StdError + 'static)) -> Option<ErrorKind> {
             _ => None,
         };
     }
+    if let Some(cryptblk_nbd::Error::PlainTcp { .. }) = e.downcast_ref::<cryptblk_nbd::Error>() {
+        return Some(ErrorKind::Usage);
+    }
     if let Some(CryptoError::Unsupported { .. } | CryptoError::InvalidKeySize { .. }) =
         e.downcast_ref::<CryptoError>()
     {

@@ -15,6 +15,7 @@ use cryptblk_control::api::{
     MigrateIncomingParams, MigrateStartParams, MigrationStatus, OnDemand, SourceStatus,
     DEFAULT_CONNECT_TIMEOUT_MS,
 };
+use cryptblk_migration::channel::ListenOptions;
 use cryptblk_migration::{
     IncomingMigration, IncomingStatus, IncomingStore, NewFile, Phase, SourceMigration,
     SourceOptions,
@@ -31,6 +32,35 @@ const HEADER_WAIT: Duration = Duration::from_secs(24 * 3600);
 pub(crate) fn parse_address(text: &str) -> Result<Address> {
     text.parse()
         .map_err(|e: cryptblk_net::AddressError| Error::invalid_params(e.to_string()))
+}
+
+/// Refuses plain TCP on an address other machines reach unless the request says `insecure`
+/// (then it is logged as a warning): without TLS, whoever reaches a listening destination first
+/// sends it a disk, and a source's ciphertext crosses the network to whoever answers.
+fn check_transport(
+    address: &Address,
+    tls: bool,
+    insecure: bool,
+    peer_name: Option<&str>,
+    what: &str,
+) -> Result<()> {
+    if peer_name.is_some() && !tls {
+        return Err(Error::invalid_params(
+            "peer-name needs tls-creds: only a certificate can prove a peer's name",
+        ));
+    }
+    if tls || address.is_loopback().unwrap_or(false) {
+        return Ok(());
+    }
+    if !insecure {
+        return Err(Error::invalid_params(format!(
+            "{what} {address} without tls-creds: other machines can reach it; give tls-creds \
+             (and peer-name), use a loopback address or a unix: socket, or pass insecure on \
+             purpose"
+        )));
+    }
+    tracing::warn!(%address, "{what} {address} over plain TCP (insecure): unauthenticated and unencrypted");
+    Ok(())
 }
 
 fn client_tls(dir: Option<&Path>) -> Result<Option<Arc<cryptblk_net::tls::rustls::ClientConfig>>> {
@@ -92,6 +122,13 @@ impl Daemon {
                 "connect-timeout must be at least 1 ms",
             ));
         }
+        check_transport(
+            &to,
+            p.tls_creds.is_some(),
+            p.insecure,
+            p.peer_name.as_deref(),
+            "migrating to",
+        )?;
         let disk = self.attached(name)?;
         if self.incoming_in_progress(name) {
             return Err(Error::busy(format!(
@@ -104,6 +141,7 @@ impl Daemon {
             max_bandwidth: p.max_bandwidth,
             break_chunks: p.break_chunks.unwrap_or(true),
             tls: client_tls(p.tls_creds.as_deref())?,
+            peer_name: p.peer_name.clone(),
             connect_timeout: Duration::from_millis(
                 p.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT_MS),
             ),
@@ -220,11 +258,26 @@ impl Daemon {
     /// `p.image`; attaches the disk once its header has arrived.
     pub fn migrate_incoming(self: &Arc<Self>, p: MigrateIncomingParams) -> Result<Listening> {
         let listen = parse_address(&p.listen)?;
+        check_transport(
+            &listen,
+            p.tls_creds.is_some(),
+            p.insecure,
+            p.peer_name.as_deref(),
+            "listening for a migration on",
+        )?;
+        let peer_names = p
+            .peer_name
+            .as_deref()
+            .map(|name| {
+                cryptblk_net::tls::AllowList::new([name])
+                    .map_err(|e| Error::invalid_params(format!("peer-name: {e}")))
+            })
+            .transpose()?;
         let tls = p
             .tls_creds
             .as_deref()
             .map(|d| {
-                cryptblk_net::tls::server_config(d, cryptblk_net::tls::ClientAuth::Required)
+                cryptblk_net::tls::server_config(d)
                     .map(Arc::new)
                     .context("loading the migration TLS credentials")
             })
@@ -247,7 +300,12 @@ impl Daemon {
             },
             None => Arc::new(NewFile(config.image.path().to_path_buf())),
         };
-        let incoming = match IncomingMigration::listen_into(&listen, store, tls) {
+        let options = ListenOptions {
+            tls,
+            peer_names,
+            ..Default::default()
+        };
+        let incoming = match IncomingMigration::listen_with(&listen, store, options) {
             Ok(m) => m,
             Err(e) => {
                 self.unreserve(&config.name);

@@ -48,6 +48,8 @@ pub struct DaemonOptions {
     pub pool: Arc<CryptoPool>,
     pub unlock: UnlockOptions,
     pub nbd: Option<Arc<ExportRegistry>>,
+    /// The NBD server requires TLS (a disk's `tls-authz` means something only then).
+    pub nbd_tls: bool,
     pub events: Sender<Event>,
 }
 
@@ -56,6 +58,7 @@ pub struct Daemon {
     /// Migrations coming in, by disk name (the disk appears in `disks` once its header is here).
     pub(crate) incoming: Mutex<BTreeMap<String, Arc<IncomingMigration>>>,
     pub(crate) nbd: Option<Arc<ExportRegistry>>,
+    nbd_tls: bool,
     pub(crate) pool: Arc<CryptoPool>,
     pub(crate) unlock: UnlockOptions,
     events: Sender<Event>,
@@ -74,6 +77,7 @@ impl Daemon {
             disks: Mutex::new(BTreeMap::new()),
             incoming: Mutex::new(BTreeMap::new()),
             nbd: options.nbd,
+            nbd_tls: options.nbd_tls,
             pool: options.pool,
             unlock: options.unlock,
             events: options.events,
@@ -106,6 +110,13 @@ impl Daemon {
     /// Takes the disk's name (and socket) for `config`, checking it will have an export.
     pub(crate) fn reserve(&self, config: &DiskConfig) -> Result<()> {
         crate::config::validate(config).map_err(|e| Error::conflict(e.0))?;
+        if config.tls_authz.is_some() && !(self.nbd_tls && self.exports_nbd(config)) {
+            return Err(Error::usage(format!(
+                "disk \"{}\": tls-authz lists who may use its NBD export over TLS, but it has \
+                 none: serve --nbd ADDR --tls-creds DIR, and leave its NBD export on",
+                config.name
+            )));
+        }
         if config.vhost_user_blk.is_none() && !self.exports_nbd(config) {
             let hint = if self.nbd.is_some() {
                 "give a vhost-user-blk socket or enable the NBD export"
@@ -265,6 +276,7 @@ impl Daemon {
                 device,
                 read_only: disk.read_only(),
                 stats: disk.nbd_stats.clone(),
+                tls_authz: crate::config::tls_authz(&disk.config)?,
             };
             if let Err(e) = registry.add(export) {
                 let _ = disk.stop_vhost();

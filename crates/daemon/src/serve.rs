@@ -14,7 +14,7 @@ use cryptblk_control::api::DiskConfig;
 use cryptblk_control::ControlServer;
 use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::UnlockOptions;
-use cryptblk_nbd::{ExportRegistry, NbdAddress, NbdServer, TlsCreds};
+use cryptblk_nbd::{ConnectionLimits, ExportRegistry, NbdAddress, NbdServer, TlsCreds};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -29,8 +29,13 @@ pub struct ServeConfig {
     pub disks: Vec<StartDisk>,
     /// Also serve every disk over NBD here.
     pub nbd: Option<NbdAddress>,
-    /// Require TLS on the NBD server.
+    /// Require TLS on the NBD server (client certificates, and the allow-list in it).
     pub nbd_tls: Option<TlsCreds>,
+    /// Serve NBD without TLS even on an address other machines reach (logged as a warning);
+    /// otherwise plain NBD is refused there.
+    pub nbd_insecure: bool,
+    /// Connections the NBD server serves at once (in all, per peer address).
+    pub nbd_limits: ConnectionLimits,
     /// The control socket.
     pub control: Option<PathBuf>,
     /// Answer Prometheus scrapes (`GET /metrics`) here; bound after every other socket.
@@ -75,6 +80,7 @@ pub fn serve(config: ServeConfig) -> Result<()> {
         pool: config.pool,
         unlock: config.unlock,
         nbd: registry.clone(),
+        nbd_tls: config.nbd_tls.is_some(),
         events: events_tx.clone(),
     });
 
@@ -131,8 +137,12 @@ pub fn serve(config: ServeConfig) -> Result<()> {
 
     let mut nbd_thread = None;
     if let (Some(addr), Some(registry)) = (&config.nbd, &registry) {
-        let server = match NbdServer::bind(addr, registry.clone(), config.nbd_tls) {
-            Ok(s) => s,
+        let bound = match config.nbd_tls {
+            None if config.nbd_insecure => NbdServer::bind_plain_tcp(addr, registry.clone()),
+            tls => NbdServer::bind(addr, registry.clone(), tls),
+        };
+        let server = match bound {
+            Ok(s) => s.with_connection_limits(config.nbd_limits),
             Err(e) => {
                 let _ = daemon.shutdown();
                 return Err(Error::caused(format!("NBD server on {addr}"), e));

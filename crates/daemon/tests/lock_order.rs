@@ -24,6 +24,8 @@ fn start_params(name: &str, to: &str, timeout_ms: u64) -> MigrateStartParams {
         break_chunks: None,
         max_passes: None,
         tls_creds: None,
+        peer_name: None,
+        insecure: false,
         connect_timeout: Some(timeout_ms),
     }
 }

@@ -1,9 +1,14 @@
 //! The connections of a migration: TCP or Unix sockets, optionally under mutually
 //! authenticated TLS, each split into a reader and a writer that two threads use at once (one
 //! thread waits for the peer's frames while another sends).
+//!
+//! A destination's listener admits a bounded number of connections ([`ListenOptions`]), gives
+//! each a bounded time to finish its TLS handshake and Hello, and with TLS can pin the name
+//! the source's certificate must carry; the source can pin the name the destination's
+//! certificate must carry ([`connect`]'s `server_name`).
 
-use cryptblk_net::tls::complete_handshake;
-use cryptblk_net::{Listener, ListenerWaker, Stream};
+use cryptblk_net::tls::{complete_handshake, AllowList};
+use cryptblk_net::{ConnectionGate, ConnectionLimits, Listener, ListenerWaker, Stream};
 use rustls::{ClientConfig, ClientConnection, Connection, ServerConfig, ServerConnection};
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -13,6 +18,55 @@ use std::time::Duration;
 /// How long a connecting peer may take to complete the TLS handshake and send its Hello
 /// (the destination's side; the source's is `SourceOptions::connect_timeout`).
 pub const ACCEPT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a frame may stall once its first byte has arrived, and a write to the peer may
+/// block, after the Hello. Time *between* frames is not bounded: a source legitimately says
+/// nothing while it waits for the switchover.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Connections a destination's listener serves at once unless told otherwise: a migration
+/// uses one or two (bulk, urgent) plus a resume now and then.
+pub const DEFAULT_LIMITS: ConnectionLimits = ConnectionLimits {
+    total: 8,
+    per_peer: 4,
+};
+
+/// How a destination's listener admits peers.
+#[derive(Debug, Clone)]
+pub struct ListenOptions {
+    /// Every channel is TLS, and the source must present a certificate the CA signed.
+    pub tls: Option<Arc<ServerConfig>>,
+    /// With `tls`: the source's certificate must also carry one of these names (subject CN or
+    /// DNS subjectAltName), or the connection is refused after the TLS handshake.
+    pub peer_names: Option<AllowList>,
+    /// From connect to the end of the source's Hello, TLS handshake included.
+    pub hello_timeout: Duration,
+    /// See [`FRAME_TIMEOUT`].
+    pub frame_timeout: Duration,
+    pub limits: ConnectionLimits,
+}
+
+impl Default for ListenOptions {
+    fn default() -> Self {
+        ListenOptions {
+            tls: None,
+            peer_names: None,
+            hello_timeout: ACCEPT_TIMEOUT,
+            frame_timeout: FRAME_TIMEOUT,
+            limits: DEFAULT_LIMITS,
+        }
+    }
+}
+
+impl ListenOptions {
+    /// TLS with the defaults for everything else.
+    pub fn tls(tls: Option<Arc<ServerConfig>>) -> Self {
+        ListenOptions {
+            tls,
+            ..Default::default()
+        }
+    }
+}
 
 /// Where a migration destination listens: `tcp:HOST:PORT` (or just `HOST:PORT`) or
 /// `unix:PATH` — the address type every cryptblk socket uses.
@@ -45,6 +99,19 @@ pub struct Channel {
     pub closer: Closer,
     /// Who is on the other end, for messages.
     pub peer: String,
+}
+
+/// A reader that holds an accepted connection's slot under the listener's limits: the reader
+/// lives as long as the connection is served.
+struct PermitReader {
+    inner: Box<dyn Read + Send>,
+    _permit: cryptblk_net::ConnectionPermit,
+}
+
+impl Read for PermitReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(buf)
+    }
 }
 
 impl Channel {
@@ -210,12 +277,13 @@ fn split_tls(mut socket: Socket, conn: impl Into<Connection>, peer: String) -> i
 }
 
 /// Connects to a destination, with TLS when `tls` is given (verifying the destination's
-/// certificate against the address's host and presenting ours). `timeout` bounds the TCP
-/// connect and every read and write of the connection, the TLS handshake included, until
-/// [`Channel::set_timeouts`] changes it.
+/// certificate against `server_name`, or the address's host without one, and presenting
+/// ours). `timeout` bounds the TCP connect and every read and write of the connection, the
+/// TLS handshake included, until [`Channel::set_timeouts`] changes it.
 pub fn connect(
     addr: &MigrationAddress,
     tls: Option<&Arc<ClientConfig>>,
+    server_name: Option<&str>,
     timeout: Duration,
 ) -> io::Result<Channel> {
     let mut socket = cryptblk_net::connect(addr, timeout)?;
@@ -224,9 +292,20 @@ pub fn connect(
     match tls {
         None => split_plain(socket, peer),
         Some(config) => {
-            let mut conn =
-                ClientConnection::new(config.clone(), cryptblk_net::tls::server_name(addr)?)
-                    .map_err(io::Error::other)?;
+            let name = match server_name {
+                Some(name) => {
+                    rustls::pki_types::ServerName::try_from(name.to_owned()).map_err(|e| {
+                        io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            format!(
+                                "peer name '{name}' cannot be checked against a certificate: {e}"
+                            ),
+                        )
+                    })?
+                }
+                None => cryptblk_net::tls::server_name(addr)?,
+            };
+            let mut conn = ClientConnection::new(config.clone(), name).map_err(io::Error::other)?;
             complete_handshake(&mut conn, &mut socket, &peer)?;
             split_tls(socket, conn, peer)
         }
@@ -238,7 +317,8 @@ pub fn connect(
 pub struct MigrationListener {
     listener: Listener,
     waker: ListenerWaker,
-    tls: Option<Arc<ServerConfig>>,
+    options: Arc<ListenOptions>,
+    gate: ConnectionGate,
 }
 
 /// An accepted connection whose TLS handshake (if any) has not run yet; `establish` it on
@@ -246,28 +326,59 @@ pub struct MigrationListener {
 #[derive(Debug)]
 pub struct Incoming {
     socket: Socket,
-    tls: Option<Arc<ServerConfig>>,
+    options: Arc<ListenOptions>,
     peer: String,
+    /// Its slot under the listener's connection limits, freed when the connection is gone.
+    permit: cryptblk_net::ConnectionPermit,
 }
 
 impl Incoming {
-    /// Runs the TLS handshake (if any). Reads and writes stay bounded by [`ACCEPT_TIMEOUT`]
-    /// until [`Channel::set_timeouts`] lifts it, so that a peer that connects and stays silent
-    /// cannot hold the connection's thread.
+    /// Runs the TLS handshake (if any) and checks the source's certificate name (if pinned).
+    /// Reads and writes stay bounded by the hello timeout until [`Channel::set_timeouts`]
+    /// changes it, so that a peer that connects and stays silent cannot hold the connection's
+    /// thread. The channel keeps the connection's slot under the listener's limits.
     pub fn establish(mut self) -> io::Result<Channel> {
-        self.socket.set_timeouts(Some(ACCEPT_TIMEOUT))?;
-        match self.tls {
-            None => split_plain(self.socket, self.peer),
+        self.socket.set_timeouts(Some(self.options.hello_timeout))?;
+        let permit = self.permit;
+        let mut ch = match &self.options.tls {
+            None => split_plain(self.socket, self.peer)?,
             Some(config) => {
-                let mut config = (*config).clone();
+                let mut config = ServerConfig::clone(config);
                 // Tickets are for resuming sessions, which migration channels never do; not
                 // sending them keeps the connection quiet after the handshake.
                 config.send_tls13_tickets = 0;
                 let mut conn = ServerConnection::new(Arc::new(config)).map_err(io::Error::other)?;
                 complete_handshake(&mut conn, &mut self.socket, &self.peer)?;
-                split_tls(self.socket, conn, self.peer)
+                let refusal = match &self.options.peer_names {
+                    Some(names) => names.check(conn.peer_certificates()).err(),
+                    None => None,
+                };
+                let mut ch = split_tls(self.socket, conn, self.peer)?;
+                if let Some(why) = refusal {
+                    // Said over the authenticated channel, so the source can report it
+                    // instead of a bare hang-up.
+                    let _ = crate::wire::write_frame(
+                        &mut ch.writer,
+                        &crate::wire::Frame::Error {
+                            message: "this destination accepts another source (its peer-name \
+                                      does not match your certificate)"
+                                .into(),
+                        },
+                    );
+                    ch.closer.close();
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!("not the pinned migration peer: {why}"),
+                    ));
+                }
+                ch
             }
-        }
+        };
+        ch.reader = Box::new(PermitReader {
+            inner: ch.reader,
+            _permit: permit,
+        });
+        Ok(ch)
     }
 
     pub fn peer(&self) -> &str {
@@ -283,15 +394,27 @@ impl Incoming {
 impl MigrationListener {
     /// Binds `addr` (a stale Unix socket there is replaced; a live one or another file is
     /// refused).
-    pub fn bind(addr: &MigrationAddress, tls: Option<Arc<ServerConfig>>) -> io::Result<Self> {
+    pub fn bind(addr: &MigrationAddress, options: ListenOptions) -> io::Result<Self> {
+        if options.peer_names.is_some() && options.tls.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a pinned peer name needs TLS: only a certificate can prove it",
+            ));
+        }
         let listener = Listener::bind(addr, None)
             .map_err(|e| io::Error::new(e.source.kind(), format!("{e}: {}", e.source)))?;
         let waker = listener.waker()?;
         Ok(MigrationListener {
             listener,
             waker,
-            tls,
+            gate: ConnectionGate::new(options.limits),
+            options: Arc::new(options),
         })
+    }
+
+    /// See [`ListenOptions::frame_timeout`].
+    pub fn frame_timeout(&self) -> Duration {
+        self.options.frame_timeout
     }
 
     /// The address actually bound (a TCP port of 0 resolved).
@@ -299,13 +422,26 @@ impl MigrationListener {
         self.listener.local_addr()
     }
 
+    /// The next connection within the listener's limits; those beyond them are closed at
+    /// once with a warning naming the peer and the limit.
     pub fn accept(&self) -> io::Result<Incoming> {
-        let (socket, peer) = self.listener.accept()?;
-        Ok(Incoming {
-            socket,
-            tls: self.tls.clone(),
-            peer,
-        })
+        loop {
+            let (socket, peer) = self.listener.accept()?;
+            match self.gate.admit(socket.peer_ip()) {
+                Ok(permit) => {
+                    return Ok(Incoming {
+                        socket,
+                        options: self.options.clone(),
+                        peer,
+                        permit,
+                    })
+                }
+                Err(e) => {
+                    tracing::warn!(%peer, "refusing a migration connection from {peer}: {e}");
+                    socket.shutdown(Shutdown::Both);
+                }
+            }
+        }
     }
 
     /// Wakes a thread blocked in `accept` (it gets an error or a dead connection) so that it

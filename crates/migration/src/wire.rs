@@ -511,6 +511,17 @@ impl Frame {
 
 /// Reads one frame. A clean end of stream before the first header byte is `Closed`.
 pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<Frame, WireError> {
+    read_frame_with(r, false)
+}
+
+/// As [`read_frame`], on a stream with a read timeout that bounds a frame once it has begun
+/// but not the wait for one: a timeout before the first byte of a frame waits on, a timeout
+/// after it is an error (a peer that stalls mid-frame is dropped).
+pub fn read_frame_after_idle<R: Read + ?Sized>(r: &mut R) -> Result<Frame, WireError> {
+    read_frame_with(r, true)
+}
+
+fn read_frame_with<R: Read + ?Sized>(r: &mut R, idle_ok: bool) -> Result<Frame, WireError> {
     let mut hbuf = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < HEADER_LEN {
@@ -524,6 +535,7 @@ pub fn read_frame<R: Read + ?Sized>(r: &mut R) -> Result<Frame, WireError> {
             }
             Ok(n) => got += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if idle_ok && got == 0 && crate::channel::is_timeout(&e) => {}
             Err(e) => return Err(WireError::Io(e)),
         }
     }

@@ -132,9 +132,7 @@ fn postcopy_with_destination_io(preempt: bool, tls: Option<&std::path::Path>) {
     let src = luks2_source(&dir.path().join("src.luks"), 32 << 20, 3);
     let (server_tls, client_tls) = match tls {
         Some(creds) => (
-            Some(Arc::new(
-                cryptblk_tls::server_config(creds, cryptblk_tls::ClientAuth::Required).unwrap(),
-            )),
+            Some(Arc::new(cryptblk_tls::server_config(creds).unwrap())),
             Some(Arc::new(cryptblk_tls::client_config(creds).unwrap())),
         ),
         None => (None, None),
@@ -249,7 +247,7 @@ fn tls_refuses_a_source_the_destination_does_not_trust() {
     make_credentials(theirs.path(), "stranger CA");
     let dir = tempfile::tempdir().unwrap();
     let src = luks2_source(&dir.path().join("src.luks"), 4 << 20, 7);
-    let server = cryptblk_tls::server_config(ours.path(), cryptblk_tls::ClientAuth::Required);
+    let server = cryptblk_tls::server_config(ours.path());
     let incoming = IncomingMigration::listen(
         &localhost(),
         &dir.path().join("dst.luks"),

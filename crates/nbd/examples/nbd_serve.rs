@@ -43,6 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         device,
         read_only: false,
         stats: Arc::new(IoStats::default()),
+        tls_authz: None,
     })?;
     let address: NbdAddress = format!("unix:{socket}").parse()?;
     let mut server = NbdServer::bind(&address, registry, None)?;

@@ -15,6 +15,13 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// Plain NBD on an address other machines can reach, without the operator's consent.
+    #[error(
+        "refusing to serve NBD without TLS on {address}, which other machines can reach: \
+             give TLS credentials, listen on a loopback address or a unix: socket, or allow \
+             plain TCP on purpose (cryptblk serve --nbd-insecure)"
+    )]
+    PlainTcp { address: String },
     #[error("{}: {reason}", path.display())]
     TlsCredentials { path: PathBuf, reason: String },
     #[error("TLS setup failed: {0}")]

@@ -4,6 +4,7 @@
 use crate::socket::Socket;
 use crate::Error;
 use cryptblk_block::{BlockDevice, IoStats};
+use cryptblk_tls::AllowList;
 use std::collections::{BTreeMap, HashMap};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +21,10 @@ pub struct Export {
     pub read_only: bool,
     /// Every request on every connection to this export is recorded here.
     pub stats: Arc<IoStats>,
+    /// On a TLS server: the client certificate names allowed to use this export, instead of
+    /// the server's list ([`TlsCreds::with_authz`](crate::TlsCreds::with_authz)). `None`:
+    /// the server's list, or any certificate the CA signed when the server has none.
+    pub tls_authz: Option<AllowList>,
 }
 
 impl std::fmt::Debug for Export {
@@ -29,6 +34,7 @@ impl std::fmt::Debug for Export {
             .field("description", &self.description)
             .field("size", &self.device.size())
             .field("read_only", &self.read_only)
+            .field("tls_authz", &self.tls_authz)
             .finish()
     }
 }

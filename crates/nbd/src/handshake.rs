@@ -6,6 +6,7 @@ use crate::protocol::*;
 use crate::socket::{Socket, Transport};
 use crate::transmission::{block_size_limits, transmission_flags};
 use crate::Error;
+use cryptblk_tls::{AllowList, CertificateNames};
 use std::io::{Read, Write};
 use std::sync::Arc;
 
@@ -23,6 +24,45 @@ pub(crate) struct HandshakeSettings {
     pub registry: Arc<ExportRegistry>,
     /// When set, TLS is mandatory: only STARTTLS and ABORT are accepted before it.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// With TLS: the client certificate names admitted to exports without a list of their own.
+    pub authz: Option<Arc<AllowList>>,
+}
+
+/// Who the client is, once TLS has verified its certificate.
+struct Client<'a> {
+    /// For log lines.
+    peer: &'a str,
+    /// The names its certificate carries (`None` before STARTTLS, or on a plain server).
+    names: Option<CertificateNames>,
+}
+
+impl Client<'_> {
+    /// Whether the client may see and use `export`: always on a plain server (the listener
+    /// address is the boundary there); on a TLS server, when the export's allow-list (or the
+    /// server's) names the client's certificate, or when there is no list. Refusals are
+    /// logged, with the names the certificate carried.
+    fn may_use(&self, settings: &HandshakeSettings, export: &Export, log: bool) -> bool {
+        if settings.tls.is_none() {
+            return true;
+        }
+        let Some(names) = &self.names else {
+            return false;
+        };
+        let Some(list) = export.tls_authz.as_ref().or(settings.authz.as_deref()) else {
+            return true;
+        };
+        let admitted = list.admits(names).is_some();
+        if !admitted && log {
+            tracing::warn!(
+                peer = %self.peer,
+                export = %export.name,
+                "refusing NBD client {}: its certificate ({names}) is not on the export's \
+                 tls-authz list ({list})",
+                self.peer
+            );
+        }
+        admitted
+    }
 }
 
 /// Option state that STARTTLS discards: anything negotiated in plaintext could have been
@@ -38,8 +78,10 @@ struct OptionState {
 /// Runs the handshake on a fresh connection. `Ok(None)` when the client aborted politely.
 pub(crate) fn negotiate(
     socket: Socket,
+    peer: &str,
     settings: &HandshakeSettings,
 ) -> Result<Option<Negotiated>, Error> {
+    let mut client = Client { peer, names: None };
     let mut transport = Transport::Plain(socket);
     let mut greeting = Vec::with_capacity(18);
     greeting.extend_from_slice(&NBD_MAGIC.to_be_bytes());
@@ -95,8 +137,10 @@ pub(crate) fn negotiate(
             OPT_EXPORT_NAME => {
                 let name = String::from_utf8(data)
                     .map_err(|_| Error::Protocol("export name is not UTF-8".into()))?;
-                let Some(attachment) = attach(settings, &transport, &name)? else {
-                    return Err(Error::Protocol(format!("no export named '{name}'")));
+                let Some(attachment) = attach(settings, &client, &transport, &name)? else {
+                    return Err(Error::Protocol(format!(
+                        "no export named '{name}' this client may use"
+                    )));
                 };
                 let export = attachment.export();
                 let mut reply = Vec::with_capacity(10 + 124);
@@ -128,6 +172,9 @@ pub(crate) fn negotiate(
                     continue;
                 }
                 for export in settings.registry.list() {
+                    if !client.may_use(settings, &export, false) {
+                        continue;
+                    }
                     let mut payload = Vec::with_capacity(4 + export.name.len());
                     payload.extend_from_slice(&(export.name.len() as u32).to_be_bytes());
                     payload.extend_from_slice(export.name.as_bytes());
@@ -146,7 +193,19 @@ pub(crate) fn negotiate(
                     continue;
                 }
                 send_reply(&mut transport, option, REP_ACK, &[])?;
-                transport = start_tls(transport, config)?;
+                let (tls, names) = start_tls(transport, config, peer)?;
+                transport = tls;
+                if !admitted_somewhere(settings, &names) {
+                    tracing::warn!(
+                        peer = %peer,
+                        "refusing NBD client {peer}: its certificate ({names}) is on no \
+                         tls-authz list"
+                    );
+                    return Err(Error::Protocol(format!(
+                        "client certificate ({names}) is not on the tls-authz list"
+                    )));
+                }
+                client.names = Some(names);
                 state = OptionState::default();
             }
             OPT_INFO | OPT_GO => {
@@ -154,14 +213,19 @@ pub(crate) fn negotiate(
                     send_reply(&mut transport, option, REP_ERR_INVALID, &[])?;
                     continue;
                 };
-                if option == OPT_INFO {
-                    match settings.registry.lookup(&request.name) {
-                        Some(export) => send_export_info(&mut transport, option, &export, &state)?,
-                        None => send_reply(&mut transport, option, REP_ERR_UNKNOWN, &[])?,
-                    }
+                let Some(export) = settings.registry.lookup(&request.name) else {
+                    send_reply(&mut transport, option, REP_ERR_UNKNOWN, &[])?;
+                    continue;
+                };
+                if !client.may_use(settings, &export, true) {
+                    send_reply(&mut transport, option, REP_ERR_POLICY, &[])?;
                     continue;
                 }
-                let Some(attachment) = attach(settings, &transport, &request.name)? else {
+                if option == OPT_INFO {
+                    send_export_info(&mut transport, option, &export, &state)?;
+                    continue;
+                }
+                let Some(attachment) = attach(settings, &client, &transport, &request.name)? else {
                     send_reply(&mut transport, option, REP_ERR_UNKNOWN, &[])?;
                     continue;
                 };
@@ -183,22 +247,40 @@ pub(crate) fn negotiate(
                 send_reply(&mut transport, option, REP_ACK, &[])?;
             }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-                handle_meta_context(&mut transport, settings, &mut state, option, &data)?;
+                handle_meta_context(&mut transport, settings, &client, &mut state, option, &data)?;
             }
             _ => send_reply(&mut transport, option, REP_ERR_UNSUP, &[])?,
         }
     }
 }
 
+/// Whether a client with the certificate `names` may use any export: refused right after the
+/// TLS handshake otherwise, before it learns anything.
+fn admitted_somewhere(settings: &HandshakeSettings, names: &CertificateNames) -> bool {
+    let Some(list) = &settings.authz else {
+        return true;
+    };
+    list.admits(names).is_some()
+        || settings.registry.list().iter().any(|export| {
+            export
+                .tls_authz
+                .as_ref()
+                .is_some_and(|l| l.admits(names).is_some())
+        })
+}
+
 /// Registers the connection with the export, giving the registry a socket handle with which
-/// `remove` can stop the connection.
+/// `remove` can stop the connection. `None` when there is no such export or the client may
+/// not use it (refusal logged).
 fn attach(
     settings: &HandshakeSettings,
+    client: &Client<'_>,
     transport: &Transport,
     name: &str,
 ) -> Result<Option<Attachment>, Error> {
     let socket = transport.socket().try_clone()?;
-    Ok(settings.registry.attach(name, socket))
+    let attachment = settings.registry.attach(name, socket);
+    Ok(attachment.filter(|a| client.may_use(settings, a.export(), true)))
 }
 
 fn base_allocation_for(state: &OptionState, export: &Export) -> bool {
@@ -251,6 +333,7 @@ fn send_export_info(
 fn handle_meta_context(
     transport: &mut Transport,
     settings: &HandshakeSettings,
+    client: &Client<'_>,
     state: &mut OptionState,
     option: u32,
     data: &[u8],
@@ -266,6 +349,9 @@ fn handle_meta_context(
     let Some(export) = settings.registry.lookup(&request.export_name) else {
         return send_reply(transport, option, REP_ERR_UNKNOWN, &[]);
     };
+    if !client.may_use(settings, &export, true) {
+        return send_reply(transport, option, REP_ERR_POLICY, &[]);
+    }
     let selects_base_allocation = if option == OPT_LIST_META_CONTEXT {
         // An empty query list asks for everything; "base:" asks for the whole namespace.
         request.queries.is_empty()
@@ -288,21 +374,38 @@ fn handle_meta_context(
     send_reply(transport, option, REP_ACK, &[])
 }
 
-fn start_tls(transport: Transport, config: &Arc<rustls::ServerConfig>) -> Result<Transport, Error> {
+/// Runs the TLS handshake; the client must present a certificate the CA signed (rustls
+/// refuses it otherwise). Returns the names on that certificate.
+fn start_tls(
+    transport: Transport,
+    config: &Arc<rustls::ServerConfig>,
+    peer: &str,
+) -> Result<(Transport, CertificateNames), Error> {
     let Transport::Plain(mut socket) = transport else {
         return Err(Error::Protocol("STARTTLS on a TLS connection".into()));
     };
     let mut connection = rustls::ServerConnection::new(Arc::clone(config))?;
     // Bounded by the socket's I/O timeout, like the rest of the handshake.
-    cryptblk_net::tls::complete_handshake(&mut connection, &mut socket, "the NBD client").map_err(
-        |e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => {
-                Error::Protocol("client closed during the TLS handshake".into())
+    let peer_label = format!("NBD client {peer}");
+    cryptblk_net::tls::complete_handshake(&mut connection, &mut socket, &peer_label).map_err(
+        |e| {
+            // A client without a certificate, or with one the CA did not sign, ends here.
+            tracing::warn!(peer = %peer, "refusing NBD client {peer}: {e}");
+            match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => {
+                    Error::Protocol("client closed during the TLS handshake".into())
+                }
+                _ => Error::Io(e),
             }
-            _ => Error::Io(e),
         },
     )?;
-    Ok(Transport::Tls(Box::new(rustls::StreamOwned::new(
-        connection, socket,
-    ))))
+    let names = connection
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(|leaf| cryptblk_tls::certificate_names(leaf))
+        .ok_or_else(|| Error::Protocol("the client's certificate cannot be read".into()))?;
+    Ok((
+        Transport::Tls(Box::new(rustls::StreamOwned::new(connection, socket))),
+        names,
+    ))
 }

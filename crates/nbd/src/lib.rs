@@ -16,7 +16,13 @@
 //!   default export); with several it matches nothing.
 //! - With `TlsCreds`, TLS is mandatory: before STARTTLS only STARTTLS and ABORT are accepted
 //!   (other options get NBD_REP_ERR_TLS_REQD; NBD_OPT_EXPORT_NAME closes the connection).
-//!   Client certificates are verified against the CA when presented, not required.
+//!   Clients must present a certificate signed by the CA; with an allow-list (the server's,
+//!   or an export's own) its subject CN or a DNS subjectAltName must be listed, or the client
+//!   is refused right after the TLS handshake (no list admits it) or sees and opens only the
+//!   exports whose list does (NBD_REP_ERR_POLICY).
+//! - Plain TCP on a non-loopback address is refused unless asked for on purpose
+//!   (`NbdServer::bind_plain_tcp`); connections beyond the server's limits (in all, per peer
+//!   address) are closed at once and logged.
 //! - Every export advertises CAN_MULTI_CONN, FLUSH and FUA; TRIM only when the device
 //!   implements discard; WRITE_ZEROES always writes zeroes (never punches holes), which is
 //!   what an encrypted volume needs.
@@ -35,7 +41,9 @@ mod transmission;
 /// Where the server listens: `unix:PATH` or `tcp:HOST:PORT`, the address type every cryptblk
 /// socket uses.
 pub use cryptblk_net::Address as NbdAddress;
+pub use cryptblk_net::ConnectionLimits;
+pub use cryptblk_tls::AllowList;
 pub use error::Error;
 pub use export::{Export, ExportRegistry};
-pub use server::{NbdServer, StopHandle};
+pub use server::{NbdServer, StopHandle, DEFAULT_CONNECTION_LIMITS};
 pub use tls::TlsCreds;

@@ -6,7 +6,7 @@ use crate::handshake::{negotiate, HandshakeSettings};
 use crate::socket::Socket;
 use crate::transmission::{serve, ConnectionConfig};
 use crate::{Error, NbdAddress, TlsCreds};
-use cryptblk_net::{Listener, ListenerWaker};
+use cryptblk_net::{ConnectionGate, ConnectionLimits, Listener, ListenerWaker};
 use std::collections::HashMap;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,12 +17,21 @@ use std::time::Duration;
 /// Group read/write: a VM manager running as another user in the group can connect.
 const UNIX_SOCKET_MODE: u32 = 0o660;
 
+/// Connections served at once unless [`NbdServer::with_connection_limits`] says otherwise:
+/// 128 in all, 32 from one TCP peer address (QEMU with multi-conn and nbdcopy open a handful
+/// per disk). Each connection is a thread and may hold 64 MiB of requests in flight.
+pub const DEFAULT_CONNECTION_LIMITS: ConnectionLimits = ConnectionLimits {
+    total: 128,
+    per_peer: 32,
+};
+
 /// A bound NBD server; `run` serves it.
 pub struct NbdServer {
     listener: Listener,
     local_addr: String,
     settings: Arc<HandshakeSettings>,
     config: ConnectionConfig,
+    gate: ConnectionGate,
     stop: StopHandle,
 }
 
@@ -59,9 +68,46 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl NbdServer {
-    /// Binds `addr`. With `tls`, every client must upgrade with NBD_OPT_STARTTLS before it
-    /// can do anything but abort.
+    /// Binds `addr`. With `tls`, every client must upgrade with NBD_OPT_STARTTLS and present
+    /// a certificate the CA signed before it can do anything but abort. Without `tls`, `addr`
+    /// must be a Unix socket or a loopback TCP address ([`Error::PlainTcp`] otherwise): plain
+    /// NBD carries disk contents unauthenticated and unencrypted, so it is offered to the
+    /// network only on purpose, with [`bind_plain_tcp`](Self::bind_plain_tcp).
     pub fn bind(
+        addr: &NbdAddress,
+        exports: Arc<ExportRegistry>,
+        tls: Option<TlsCreds>,
+    ) -> Result<Self, Error> {
+        if tls.is_none() {
+            let local = addr.is_loopback().map_err(|source| Error::Bind {
+                address: addr.to_string(),
+                source,
+            })?;
+            if !local {
+                return Err(Error::PlainTcp {
+                    address: addr.to_string(),
+                });
+            }
+        }
+        Self::bind_unchecked(addr, exports, tls)
+    }
+
+    /// Binds `addr` without TLS wherever it is, a non-loopback address included: anyone who
+    /// can reach it reads and writes every export. Logged as a warning.
+    pub fn bind_plain_tcp(addr: &NbdAddress, exports: Arc<ExportRegistry>) -> Result<Self, Error> {
+        let server = Self::bind_unchecked(addr, exports, None)?;
+        if !addr.is_loopback().unwrap_or(false) {
+            tracing::warn!(
+                address = %server.local_addr,
+                "NBD without TLS on a non-loopback address: anyone who reaches {} can read and \
+                 write every export",
+                server.local_addr
+            );
+        }
+        Ok(server)
+    }
+
+    fn bind_unchecked(
         addr: &NbdAddress,
         exports: Arc<ExportRegistry>,
         tls: Option<TlsCreds>,
@@ -69,6 +115,10 @@ impl NbdServer {
         let bind_error = |source| Error::Bind {
             address: addr.to_string(),
             source,
+        };
+        let (tls, authz) = match tls {
+            Some(creds) => (Some(creds.config), creds.authz),
+            None => (None, None),
         };
         let listener =
             Listener::bind(addr, Some(UNIX_SOCKET_MODE)).map_err(|e| bind_error(e.source))?;
@@ -82,9 +132,11 @@ impl NbdServer {
             local_addr,
             settings: Arc::new(HandshakeSettings {
                 registry: exports,
-                tls: tls.map(|creds| creds.config),
+                tls,
+                authz,
             }),
             config: ConnectionConfig::default(),
+            gate: ConnectionGate::new(DEFAULT_CONNECTION_LIMITS),
             stop: StopHandle {
                 state: Arc::new(StopState {
                     stopped: AtomicBool::new(false),
@@ -125,6 +177,15 @@ impl NbdServer {
         self
     }
 
+    /// Connections served at once, in all and from one TCP peer address (Unix socket clients
+    /// count towards the total only). A connection beyond them is closed at once, with a
+    /// warning naming the peer and the limit; open connections are not affected. Default
+    /// [`DEFAULT_CONNECTION_LIMITS`].
+    pub fn with_connection_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.gate = ConnectionGate::new(limits);
+        self
+    }
+
     /// Serves clients, one thread per connection, until `StopHandle::stop`; then stops every
     /// connection gracefully, waits for them (in-flight requests answered, written devices
     /// flushed) and removes the Unix socket file.
@@ -134,16 +195,26 @@ impl NbdServer {
         let mut threads: Vec<JoinHandle<()>> = Vec::new();
         while !self.stop.is_stopped() {
             // TCP connections come with Nagle off: replies are single writes already.
-            let accepted = self.listener.accept().map(|(socket, _)| socket);
+            let accepted = self.listener.accept();
             if self.stop.is_stopped() {
                 break;
             }
-            let socket = match accepted {
-                Ok(socket) => socket,
+            let (socket, peer) = match accepted {
+                Ok(accepted) => accepted,
                 Err(e) => {
                     tracing::warn!("accept failed: {e}");
                     // Out of descriptors or memory: back off instead of spinning.
                     std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            // Refused before any thread or buffer is spent on it; NBD has no way to say why
+            // before the handshake, so the log says it.
+            let permit = match self.gate.admit(socket.peer_ip()) {
+                Ok(permit) => permit,
+                Err(e) => {
+                    tracing::warn!(peer = %peer, "refusing NBD connection from {peer}: {e}");
+                    socket.shutdown(Shutdown::Both);
                     continue;
                 }
             };
@@ -163,8 +234,9 @@ impl NbdServer {
             let spawned = std::thread::Builder::new()
                 .name("nbd-conn".into())
                 .spawn(move || {
-                    handle_connection(socket, &settings, &config);
+                    handle_connection(socket, &peer, &settings, &config);
                     lock(&live_for_thread).remove(&id);
+                    drop(permit);
                 });
             match spawned {
                 Ok(thread) => threads.push(thread),
@@ -186,12 +258,17 @@ impl NbdServer {
     }
 }
 
-fn handle_connection(socket: Socket, settings: &HandshakeSettings, config: &ConnectionConfig) {
+fn handle_connection(
+    socket: Socket,
+    peer: &str,
+    settings: &HandshakeSettings,
+    config: &ConnectionConfig,
+) {
     if let Err(e) = socket.set_timeouts(Some(config.io_timeout)) {
         tracing::warn!("cannot set socket timeouts: {e}");
         return;
     }
-    let result = match negotiate(socket, settings) {
+    let result = match negotiate(socket, peer, settings) {
         Ok(Some(negotiated)) => serve(negotiated, config),
         Ok(None) => Ok(()),
         Err(e) => Err(e),

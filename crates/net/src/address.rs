@@ -84,6 +84,22 @@ impl Address {
     }
 }
 
+impl Address {
+    /// Whether only this machine can reach the address: a Unix socket, or a TCP host that
+    /// resolves to loopback addresses only (`127.0.0.0/8`, `::1`, `localhost`). A wildcard
+    /// (`0.0.0.0`, `[::]`) or any other address is reachable from the network.
+    pub fn is_loopback(&self) -> std::io::Result<bool> {
+        match self {
+            Address::Unix(_) => Ok(true),
+            Address::Tcp(hp) => {
+                let resolved: Vec<_> =
+                    std::net::ToSocketAddrs::to_socket_addrs(hp.as_str())?.collect();
+                Ok(!resolved.is_empty() && resolved.iter().all(|a| a.ip().is_loopback()))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +143,32 @@ mod tests {
             "unix:/x".parse::<Address>().unwrap().tls_host(),
             "localhost"
         );
+    }
+
+    #[test]
+    fn only_loopback_and_unix_addresses_are_local() {
+        for local in [
+            "unix:/run/x",
+            "tcp:127.0.0.1:0",
+            "tcp:127.0.0.2:1",
+            "tcp:[::1]:5",
+            "tcp:localhost:1",
+        ] {
+            assert!(
+                local.parse::<Address>().unwrap().is_loopback().unwrap(),
+                "{local}"
+            );
+        }
+        for remote in [
+            "tcp:0.0.0.0:0",
+            "tcp:[::]:0",
+            "tcp:192.0.2.1:1",
+            "tcp:10.1.2.3:5",
+        ] {
+            assert!(
+                !remote.parse::<Address>().unwrap().is_loopback().unwrap(),
+                "{remote}"
+            );
+        }
     }
 }

@@ -5,14 +5,19 @@
 //!   accepts [`Stream`]s, can be woken from another thread, removes its socket file when
 //!   dropped.
 //! - [`connect`]: a [`Stream`] to an address within a timeout.
+//! - [`ConnectionGate`]: caps a listener's open connections, in all and per peer address.
+//! - [`Address::is_loopback`]: whether a listening address only takes connections from this
+//!   machine (plain TCP elsewhere needs the operator's explicit consent).
 //! - [`tls`]: x509 credentials in QEMU's layout (re-exported from `cryptblk-tls`), the name a
 //!   client checks the server's certificate against, and a handshake bounded by the stream's
 //!   timeouts.
 mod address;
+mod limits;
 mod listener;
 mod stream;
 pub mod tls;
 
 pub use address::{Address, AddressError};
+pub use limits::{ConnectionGate, ConnectionLimits, ConnectionPermit, LimitExceeded};
 pub use listener::{BindError, Listener, ListenerWaker};
 pub use stream::{connect, Stream};

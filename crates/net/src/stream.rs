@@ -43,6 +43,14 @@ impl Stream {
         }
     }
 
+    /// The peer's IP address (TCP), for per-peer connection limits; `None` for a Unix socket.
+    pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
+        match self {
+            Stream::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
+            Stream::Unix(_) => None,
+        }
+    }
+
     /// Ends the connection in `how` direction(s). Errors (already closed) do not matter to any
     /// caller, which only wants the peer or a blocked reader to notice.
     pub fn shutdown(&self, how: Shutdown) {

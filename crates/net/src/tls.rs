@@ -4,7 +4,8 @@ use crate::Address;
 use std::io::{self, Read, Write};
 
 pub use cryptblk_tls::{
-    client_config, read_certificates, rustls, server_config, ClientAuth, CredentialsError,
+    certificate_names, client_config, read_certificates, rustls, server_config, AllowList,
+    AllowListError, CertificateNames, CredentialsError,
 };
 
 /// The name a TLS client expects in the server's certificate for `address`: the host (an IP

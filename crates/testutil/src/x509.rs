@@ -1,6 +1,7 @@
 //! Test credentials in QEMU's `tls-creds-x509` layout, made with the openssl CLI: a CA, a
-//! server certificate for localhost / 127.0.0.1 and a client certificate. Shared by the test
-//! suites of every crate that speaks TLS.
+//! server certificate for localhost / 127.0.0.1 and a client certificate (subject CN
+//! `cryptblk test client`), and more client certificates with names of the test's choosing.
+//! Shared by the test suites of every crate that speaks TLS.
 
 use std::path::Path;
 use std::process::Command;
@@ -15,6 +16,61 @@ fn openssl(args: &[&str]) {
         "openssl {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A client's credentials directory in QEMU's layout (`ca-cert.pem`, `client-cert.pem`,
+/// `client-key.pem`) at `out`, its certificate signed by the CA in `ca_dir` (made by
+/// [`make_credentials`]) for subject CN `cn` and, if given, the DNS subjectAltName `dns`.
+pub fn make_client_credentials(ca_dir: &Path, out: &Path, cn: &str, dns: Option<&str>) {
+    std::fs::create_dir_all(out).unwrap();
+    let p = |d: &Path, n: &str| d.join(n).to_str().unwrap().to_owned();
+    let (key, csr, cert, cnf) = (
+        p(out, "client-key.pem"),
+        p(out, "client.csr"),
+        p(out, "client-cert.pem"),
+        p(out, "client-ext.cnf"),
+    );
+    let subject = format!("/CN={cn}");
+    openssl(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        &key,
+        "-out",
+        &csr,
+        "-subj",
+        &subject,
+    ]);
+    let mut ext = String::from(
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n\
+         extendedKeyUsage=clientAuth\n",
+    );
+    if let Some(dns) = dns {
+        ext.push_str(&format!("subjectAltName=DNS:{dns}\n"));
+    }
+    std::fs::write(&cnf, ext).unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &p(ca_dir, "ca-cert.pem"),
+        "-CAkey",
+        &p(ca_dir, "ca-key.pem"),
+        "-CAcreateserial",
+        "-out",
+        &cert,
+        "-days",
+        "2",
+        "-extfile",
+        &cnf,
+    ]);
+    std::fs::copy(ca_dir.join("ca-cert.pem"), out.join("ca-cert.pem")).unwrap();
 }
 
 /// Writes `ca-cert.pem`, `server-{cert,key}.pem` and `client-{cert,key}.pem` into `dir`. CAs

@@ -1,7 +1,16 @@
 //! x509 credentials in QEMU's `tls-creds-x509` directory layout (`ca-cert.pem`,
 //! `server-cert.pem`, `server-key.pem`, `client-cert.pem`, `client-key.pem`), turned into rustls
-//! configurations. Shared by the NBD server and the migration channels so that one credentials
-//! directory works for both, and for QEMU.
+//! configurations, and the names a peer's certificate carries ([`certificate_names`]) for the
+//! allow-lists ([`AllowList`]) the NBD server and migration check them against. Shared by the
+//! NBD server and the migration channels (each with its own credentials directory, and its own
+//! CA where possible) and compatible with QEMU's.
+//!
+//! Every server this crate configures requires a client certificate signed by the CA: a
+//! client without one fails the TLS handshake.
+
+mod names;
+
+pub use names::{certificate_names, AllowList, AllowListError, CertificateNames};
 
 use rustls::client::WebPkiServerVerifier;
 use rustls::server::WebPkiClientVerifier;
@@ -32,17 +41,6 @@ fn bad_file(path: &Path, reason: impl std::fmt::Display) -> CredentialsError {
         path: path.to_path_buf(),
         reason: reason.to_string(),
     }
-}
-
-/// Whether a server asks clients for certificates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientAuth {
-    /// Verify a client certificate when one is presented, accept clients without one (NBD:
-    /// QEMU clients configured with only the CA must be able to connect).
-    Optional,
-    /// Refuse clients without a certificate signed by the CA (migration: both ends must prove
-    /// who they are).
-    Required,
 }
 
 /// Reads every PEM certificate in `path` (at least one).
@@ -84,23 +82,17 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 /// A server configuration from `ca-cert.pem`, `server-cert.pem` and `server-key.pem` in
-/// `dir`; an error names the file that is missing or unusable.
-pub fn server_config(
-    dir: &Path,
-    client_auth: ClientAuth,
-) -> Result<ServerConfig, CredentialsError> {
+/// `dir`; an error names the file that is missing or unusable. Clients must present a
+/// certificate signed by `ca-cert.pem` (QEMU's `verify-peer=on`): a client without one, or
+/// with one from another CA, fails the handshake.
+pub fn server_config(dir: &Path) -> Result<ServerConfig, CredentialsError> {
     let ca_path = dir.join(CA_CERT_FILE);
     let cert_path = dir.join(SERVER_CERT_FILE);
     let roots = read_roots(dir)?;
     let chain = read_certificates(&cert_path)?;
     let key = read_key(&dir.join(SERVER_KEY_FILE))?;
     let provider = provider();
-    let builder = WebPkiClientVerifier::builder_with_provider(roots, Arc::clone(&provider));
-    let builder = match client_auth {
-        ClientAuth::Optional => builder.allow_unauthenticated(),
-        ClientAuth::Required => builder,
-    };
-    let client_verifier = builder
+    let client_verifier = WebPkiClientVerifier::builder_with_provider(roots, Arc::clone(&provider))
         .build()
         .map_err(|e| bad_file(&ca_path, format!("cannot verify clients with it: {e}")))?;
     ServerConfig::builder_with_provider(provider)

@@ -8,7 +8,8 @@ use anyhow::{Context, Result};
 use cryptblk_control::api::{DiskConfig, ImageName};
 use cryptblk_daemon::config::{load_config_file, ConfigFileError};
 use cryptblk_daemon::{ServeConfig, StartDisk};
-use cryptblk_nbd::{NbdAddress, TlsCreds};
+use cryptblk_nbd::AllowList;
+use cryptblk_nbd::{ConnectionLimits, NbdAddress, TlsCreds};
 
 pub const HELP: &str = "\
 QEMU connects with:
@@ -56,7 +57,13 @@ The keys are those of the control socket's disk-add (`nbd` may also be written
 structured replies, base:allocation, multi-conn), export name = disk name:
   qemu-img info 'nbd+unix:///NAME?socket=PATH'   nbdinfo 'nbd+unix:///NAME?socket=PATH'
 --tls-creds DIR makes TLS mandatory on it (QEMU's layout: ca-cert.pem, server-cert.pem,
-server-key.pem).
+server-key.pem); every client must present a certificate ca-cert.pem signed (QEMU:
+client-cert.pem and client-key.pem in its tls-creds-x509 dir). --tls-authz NAME[,NAME]
+(or @FILE) also requires the certificate's subject CN or a DNS subjectAltName to be
+listed; a disk's `tls-authz = [\"NAME\"]` replaces the list for its export. Plain NBD on
+an address other machines reach (tcp:0.0.0.0:PORT) is refused unless --nbd-insecure.
+--nbd-max-connections (128) and --nbd-max-connections-per-peer (32, per TCP address)
+cap the connections served at once; more are closed and logged.
 
 --control PATH answers JSON-RPC 2.0 requests (one per line) on a 0600 UNIX socket:
 disk-add, disk-remove, disk-list, stats, key-add, key-remove and the migrate-* methods;
@@ -116,15 +123,35 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
                 .map_err(|e| UsageError(format!("--metrics {addr}: {e}")))
         })
         .transpose()?;
+    let authz = a
+        .tls_authz
+        .as_deref()
+        .map(|text| {
+            match text.strip_prefix('@') {
+                Some(file) => AllowList::from_file(std::path::Path::new(file)),
+                None => AllowList::parse(text),
+            }
+            .map_err(|e| UsageError(format!("--tls-authz {text}: {e}")))
+        })
+        .transpose()?;
     let nbd_tls = a
         .tls_creds
         .as_deref()
         .map(|dir| TlsCreds::load(dir).with_context(|| format!("--tls-creds {}", dir.display())))
-        .transpose()?;
+        .transpose()?
+        .map(|creds| match authz {
+            Some(list) => creds.with_authz(list),
+            None => creds,
+        });
     cryptblk_daemon::serve(ServeConfig {
         disks,
         nbd,
         nbd_tls,
+        nbd_insecure: a.nbd_insecure,
+        nbd_limits: ConnectionLimits {
+            total: a.nbd_max_connections as usize,
+            per_peer: a.nbd_max_connections_per_peer as usize,
+        },
         control: a.control.clone(),
         metrics,
         pool: crypto_pool(cli)?,

@@ -130,6 +130,11 @@ pub struct DiskConfig {
     /// created (the daemon's umask).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket_mode: Option<String>,
+    /// On a TLS NBD server: the client certificate names (subject CN or DNS subjectAltName),
+    /// comma-separated, allowed to use this disk's export, instead of the daemon's
+    /// `--tls-authz` list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_authz: Option<String>,
 }
 
 impl DiskConfig {
@@ -162,6 +167,7 @@ impl DiskConfig {
             poll_us: 0,
             socket_owner: None,
             socket_mode: None,
+            tls_authz: None,
         }
     }
 

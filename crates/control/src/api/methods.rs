@@ -75,6 +75,12 @@ pub struct MigrateIncomingParams {
     pub key_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_creds: Option<PathBuf>,
+    /// With `tls_creds`: the name the source's certificate must carry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_name: Option<String>,
+    /// Plain TCP on a non-loopback address, on purpose.
+    #[serde(default)]
+    pub insecure: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vhost_user_blk: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -112,6 +118,12 @@ pub struct MigrateStartParams {
     pub max_passes: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_creds: Option<PathBuf>,
+    /// With `tls_creds`: the name the destination's certificate must carry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_name: Option<String>,
+    /// Plain TCP to a non-loopback address, on purpose.
+    #[serde(default)]
+    pub insecure: bool,
     /// Milliseconds for each connect and handshake (default [`DEFAULT_CONNECT_TIMEOUT_MS`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_timeout: Option<u64>,

@@ -1,19 +1,26 @@
 //! The metrics listener: one accepting thread, and a thread per connection up to
-//! [`MAX_CONNECTIONS`] (more are answered 503 at once). A connection gets [`REQUEST_TIMEOUT`]
-//! in all to send a head of at most [`MAX_HEAD`] bytes, is answered once, and is closed, so a
-//! slow or hostile client holds one thread and 8 KiB for at most that long.
+//! [`LIMITS`]: [`LIMITS`]`.total` in all and `per_peer` from one TCP address (more are
+//! answered 503 at once), so idle connections from one peer never lock a scraper out. A
+//! connection gets [`REQUEST_TIMEOUT`] in all to send a head of at most [`MAX_HEAD`] bytes, is
+//! answered once, and is closed, so a slow or hostile client holds one thread and 8 KiB for at
+//! most that long.
 use super::http::{error_response, head_end, response, route, Route, MAX_HEAD};
 use crate::registry::Daemon;
-use cryptblk_net::{Address, BindError, Listener, ListenerWaker, Stream};
+use cryptblk_net::{
+    Address, BindError, ConnectionGate, ConnectionLimits, Listener, ListenerWaker, Stream,
+};
 use std::io::{self, Read, Write};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Connections served at once.
-pub const MAX_CONNECTIONS: usize = 4;
+/// Connections served at once, in all and from one TCP peer address.
+pub const LIMITS: ConnectionLimits = ConnectionLimits {
+    total: 16,
+    per_peer: 4,
+};
 /// Time a client has to send its request head.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time a client has to take the response.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -22,7 +29,7 @@ pub struct MetricsServer {
     listener: Listener,
     daemon: Arc<Daemon>,
     stopping: Arc<AtomicBool>,
-    active: Arc<AtomicUsize>,
+    gate: ConnectionGate,
 }
 
 /// Ends [`MetricsServer::run`] from another thread.
@@ -45,7 +52,7 @@ impl MetricsServer {
             listener: Listener::bind(address, None)?,
             daemon,
             stopping: Arc::default(),
-            active: Arc::default(),
+            gate: ConnectionGate::new(LIMITS),
         })
     }
 
@@ -69,8 +76,8 @@ impl MetricsServer {
             if self.stopping.load(Ordering::SeqCst) {
                 return Ok(());
             }
-            let stream = match accepted {
-                Ok((stream, _peer)) => stream,
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
                 // A client that gave up before being accepted, or a descriptor limit: the
                 // next accept may well succeed.
                 Err(e) => {
@@ -79,25 +86,25 @@ impl MetricsServer {
                     continue;
                 }
             };
-            if self.active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-                self.active.fetch_sub(1, Ordering::SeqCst);
-                let mut stream = stream;
-                let _ = stream.set_timeouts(Some(Duration::from_millis(100)));
-                let _ = stream.write_all(&error_response("503 Service Unavailable", ""));
-                stream.shutdown(std::net::Shutdown::Write);
-                continue;
-            }
+            let permit = match self.gate.admit(stream.peer_ip()) {
+                Ok(permit) => permit,
+                Err(e) => {
+                    tracing::debug!(%peer, "metrics: refusing a connection: {e}");
+                    let mut stream = stream;
+                    let _ = stream.set_timeouts(Some(Duration::from_millis(100)));
+                    let _ = stream.write_all(&error_response("503 Service Unavailable", ""));
+                    stream.shutdown(std::net::Shutdown::Write);
+                    continue;
+                }
+            };
             let daemon = self.daemon.clone();
-            let active = self.active.clone();
-            let spawned = std::thread::Builder::new()
+            // A failed spawn drops the closure, and the permit with it.
+            let _ = std::thread::Builder::new()
                 .name("metrics-conn".into())
                 .spawn(move || {
                     let _ = answer(stream, REQUEST_TIMEOUT, || daemon.render_metrics());
-                    active.fetch_sub(1, Ordering::SeqCst);
+                    drop(permit);
                 });
-            if spawned.is_err() {
-                self.active.fetch_sub(1, Ordering::SeqCst);
-            }
         }
     }
 }

@@ -18,6 +18,7 @@ pub fn daemon() -> Arc<Daemon> {
         pool: Arc::new(CryptoPool::new(1)),
         unlock: UnlockOptions::default(),
         nbd: Some(ExportRegistry::new()),
+        nbd_tls: false,
         events,
     })
 }

@@ -21,7 +21,7 @@ pub(super) fn read_frames(
 ) -> Result<(), MigrationError> {
     let c = shared.created()?;
     loop {
-        let frame = wire::read_frame(reader)?;
+        let frame = wire::read_frame_after_idle(reader)?;
         if shared.lock().generation != generation {
             return Ok(()); // superseded by a resume
         }

@@ -24,7 +24,7 @@ mod store;
 pub use incoming_disk::IncomingDisk;
 pub use store::{IncomingStore, NewFile};
 
-use crate::channel::{MigrationAddress, MigrationListener};
+use crate::channel::{ListenOptions, MigrationAddress, MigrationListener};
 use crate::latency::{LatencyHistogram, LatencySummary};
 use crate::{MigrationError, Phase};
 use cryptblk_block::{BlockDevice, Container};
@@ -99,12 +99,22 @@ impl IncomingMigration {
         store: Arc<dyn IncomingStore>,
         tls: Option<Arc<ServerConfig>>,
     ) -> Result<Arc<IncomingMigration>, MigrationError> {
+        Self::listen_with(addr, store, ListenOptions::tls(tls))
+    }
+
+    /// As [`listen_into`](Self::listen_into), with every admission setting of the listener
+    /// (TLS, the pinned peer name, timeouts, connection limits).
+    pub fn listen_with(
+        addr: &MigrationAddress,
+        store: Arc<dyn IncomingStore>,
+        options: ListenOptions,
+    ) -> Result<Arc<IncomingMigration>, MigrationError> {
         if !store.is_shared() && store.exists() {
             return Err(MigrationError::DestinationExists {
                 path: store.name().to_path_buf(),
             });
         }
-        let listener = MigrationListener::bind(addr, tls).map_err(MigrationError::Listen)?;
+        let listener = MigrationListener::bind(addr, options).map_err(MigrationError::Listen)?;
         let address = listener.local_addr().map_err(MigrationError::Listen)?;
         let shared = Arc::new(DShared {
             state: Mutex::new(DState {

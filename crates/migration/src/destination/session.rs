@@ -95,8 +95,9 @@ fn handle_connection(shared: Arc<DShared>, incoming: Incoming) {
         }
     };
     let theirs = match wire::read_frame(&mut ch.reader) {
-        // Set up: the connection now carries the migration, with no time limit.
-        Ok(Frame::Hello(h)) => match ch.set_timeouts(None) {
+        // Set up: the connection now carries the migration; a frame that has begun must
+        // arrive within the frame timeout, the wait between frames is not bounded.
+        Ok(Frame::Hello(h)) => match ch.set_timeouts(Some(shared.listener.frame_timeout())) {
             Ok(()) => h,
             Err(e) => {
                 tracing::warn!(%peer, "migration connection: {e}");

@@ -41,6 +41,7 @@ fn open_channel(
     hello: Hello,
     identity: Option<&str>,
     tls: Option<&Arc<ClientConfig>>,
+    peer_name: Option<&str>,
     timeout: Duration,
 ) -> Result<Channel, MigrationError> {
     let connect_error = |e: std::io::Error| MigrationError::Connect {
@@ -54,7 +55,7 @@ fn open_channel(
             e.to_string()
         },
     };
-    let mut ch = channel::connect(to, tls, timeout).map_err(connect_error)?;
+    let mut ch = channel::connect(to, tls, peer_name, timeout).map_err(connect_error)?;
     let answer = wire::write_frame(&mut ch.writer, &Frame::Hello(hello))
         .and_then(|()| wire::read_frame(&mut ch.reader));
     let answer = match (answer, identity) {
@@ -146,7 +147,8 @@ pub(super) fn connect_all(
     let tls = shared.opts.tls.as_ref();
     let timeout = shared.opts.connect_timeout;
     let identity = shared.hand_off.as_ref().map(|h| h.identity.as_str());
-    let mut bulk = open_channel(to, shared.hello(role), identity, tls, timeout)?;
+    let peer_name = shared.opts.peer_name.as_deref();
+    let mut bulk = open_channel(to, shared.hello(role), identity, tls, peer_name, timeout)?;
     if role == Role::Resume {
         let missing = read_missing(shared, &mut bulk.reader);
         if let Err(e) = missing {
@@ -156,7 +158,14 @@ pub(super) fn connect_all(
     }
     let mut closers = vec![bulk.closer.clone()];
     let urgent = if shared.opts.preempt {
-        match open_channel(to, shared.hello(Role::Urgent), None, tls, timeout) {
+        match open_channel(
+            to,
+            shared.hello(Role::Urgent),
+            None,
+            tls,
+            peer_name,
+            timeout,
+        ) {
             Ok(ch) => Some(ch),
             Err(e) => {
                 bulk.closer.close();

@@ -27,6 +27,9 @@ pub struct SourceOptions {
     /// switchover; 0 for no limit.
     pub max_passes: u32,
     pub tls: Option<Arc<ClientConfig>>,
+    /// With `tls`: the name the destination's certificate must carry (a DNS or IP
+    /// subjectAltName), instead of the host of the address connected to.
+    pub peer_name: Option<String>,
     /// Bound on each connect, TLS handshake and Hello exchange with the destination (a peer
     /// that accepts and never answers fails the start or recovery after this long).
     pub connect_timeout: Duration,
@@ -43,6 +46,7 @@ impl Default for SourceOptions {
             slice_size: 16 << 10,
             max_passes: 30,
             tls: None,
+            peer_name: None,
             connect_timeout: Duration::from_secs(10),
         }
     }
@@ -50,6 +54,11 @@ impl Default for SourceOptions {
 
 impl SourceOptions {
     pub(super) fn validate(&self) -> Result<(), MigrationError> {
+        if self.peer_name.is_some() && self.tls.is_none() {
+            return Err(MigrationError::InvalidOptions(
+                "a pinned peer name needs TLS: only a certificate can prove it".into(),
+            ));
+        }
         if !(4096..=MAX_CHUNK_LEN).contains(&self.chunk_size) {
             return Err(MigrationError::InvalidOptions(format!(
                 "chunk size {} is not within 4096..={MAX_CHUNK_LEN}",

@@ -128,6 +128,7 @@ pub fn export(name: &str, device: Arc<dyn BlockDevice>) -> Export {
         device,
         read_only: false,
         stats: Arc::new(IoStats::default()),
+        tls_authz: None,
     }
 }
 
