@@ -45,8 +45,10 @@ trap cleanup EXIT
 printf 'bench' >"$WORK/key"
 if [[ ! -f $IMG/luks.img ]]; then
     echo "writing $SIZE of random data and its LUKS2 twin to $IMG (minutes)" >&2
-    openssl enc -aes-128-ctr -pass pass:bench -nosalt -pbkdf2 </dev/zero 2>/dev/null \
-        | head -c "$(numfmt --from=iec "$SIZE")" >"$IMG/raw.img"
+    # (openssl ends on SIGPIPE when head has enough: not a failure of the pipeline.)
+    head -c "$(numfmt --from=iec "$SIZE")" \
+        < <(openssl enc -aes-128-ctr -pass pass:bench -nosalt -pbkdf2 </dev/zero 2>/dev/null) \
+        >"$IMG/raw.img"
     "$BIN" format -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 -d "$WORK/key" "$IMG/luks.img" "$SIZE" >/dev/null
     "$BIN" convert -n -O luks --key-file "$WORK/key" "$IMG/raw.img" "$IMG/luks.img" >/dev/null
 fi
@@ -110,12 +112,13 @@ for wl in $WORKLOADS; do
         awk -v wl="$wl" -v num="$num" -v den="$den" '
             $2 == wl && $3 == num { n[$1] = $4 }
             $2 == wl && $3 == den { d[$1] = $4 }
-            END {
-                k = 0
-                for (r in n) if (d[r] > 0) r_[++k] = n[r] / d[r]
-                asort(r_)
-                med = (k % 2) ? r_[(k + 1) / 2] : (r_[k / 2] + r_[k / 2 + 1]) / 2
-                printf "  %-18s %-8s %.2f (worst %.2f)\n", wl, num "/" den, med, r_[1]
-            }' "$results"
+            END { for (r in n) if (d[r] > 0) print n[r] / d[r] }' "$results" | sort -g \
+            | awk -v wl="$wl" -v pair="$pair" '
+                { r[NR] = $1 }
+                END {
+                    if (NR == 0) exit
+                    med = (NR % 2) ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2
+                    printf "  %-18s %-8s %.2f (worst %.2f)\n", wl, pair, med, r[1]
+                }'
     done
 done

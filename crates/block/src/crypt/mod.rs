@@ -14,7 +14,7 @@ mod zero_holes;
 
 pub(crate) use zero_holes::ZeroHolesCipher;
 
-use crate::aio::{IoQueue, QueueOptions};
+use crate::aio::{IoQueue, IoVec, QueueOptions};
 use crate::bounce::BouncePool;
 use crate::device::check_range;
 use crate::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind};
@@ -163,6 +163,62 @@ impl CryptCore {
     /// IV sector number of the sector starting at payload offset `off` (sector aligned).
     fn iv_sector(&self, off: u64) -> u64 {
         self.layout.iv_offset.wrapping_add(off / self.sector)
+    }
+
+    /// Decrypts a request's buffers in place: `iov` holds the ciphertext of payload offset
+    /// `off` onwards, whole sectors per segment. The one decryption of the asynchronous path,
+    /// whichever thread runs it (the queue's, or the `threads` engine's that read it).
+    ///
+    /// # Safety
+    /// Every segment is readable and writable for its length for the whole call, and no Rust
+    /// reference to it is alive (guest memory).
+    unsafe fn decrypt_iov(&self, off: u64, iov: &[IoVec]) -> Result<(), BlockError> {
+        let mut at = off;
+        for v in iov {
+            // SAFETY: in place on a segment valid for the call (this function's contract).
+            unsafe {
+                self.pool.crypt_raw(
+                    &self.cipher,
+                    Direction::Decrypt,
+                    self.iv_sector(at),
+                    v.base(),
+                    v.base(),
+                    v.len(),
+                )
+            }
+            .map_err(|e| crypto_error(Direction::Decrypt, at, e))?;
+            at += v.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Encrypts a request's plaintext buffers (payload offset `off` onwards) into `out`, which
+    /// receives the whole request contiguously; the caller's buffers are left as they are.
+    /// The one encryption of the asynchronous path.
+    ///
+    /// # Safety
+    /// Every segment is readable for its length and `out` writable for their total length,
+    /// disjoint from them, for the whole call.
+    unsafe fn encrypt_iov(&self, off: u64, iov: &[IoVec], out: *mut u8) -> Result<(), BlockError> {
+        let mut pos = 0usize;
+        for v in iov {
+            let at = off + pos as u64;
+            // SAFETY: the segment is readable and `out + pos` writable for its length, and
+            // they are disjoint (this function's contract).
+            unsafe {
+                self.pool.crypt_raw(
+                    &self.cipher,
+                    Direction::Encrypt,
+                    self.iv_sector(at),
+                    v.base(),
+                    out.add(pos),
+                    v.len(),
+                )
+            }
+            .map_err(|e| crypto_error(Direction::Encrypt, at, e))?;
+            pos += v.len();
+        }
+        Ok(())
     }
 
     fn crypt(&self, dir: Direction, off: u64, data: &mut [u8]) -> Result<(), BlockError> {

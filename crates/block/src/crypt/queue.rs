@@ -25,14 +25,13 @@
 //!   (`SyncQueue`), signalling the same eventfd. Those are rare: clients are told the sector
 //!   size as the logical block size.
 
-use super::{crypto_error, CryptCore};
+use super::CryptCore;
 use crate::aio::{
     open_queue, Completion, IoOp, IoQueue, IoRequest, IoVec, Notifier, QueueFull, QueueOptions,
     SyncQueue,
 };
 use crate::device::check_range;
 use crate::{AlignedBuf, BlockDevice, BlockError};
-use cryptblk_crypto::{CryptoError, Direction, RawRun};
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -147,70 +146,26 @@ impl CryptQueue {
         (slot.op == Some(IoOp::Read) && result.is_ok() && !self.offloaded).then_some(slot.len)
     }
 
-    /// The runs that decrypt a slot's buffers in place.
-    fn slot_runs(&self, index: u32) -> impl Iterator<Item = RawRun> + '_ {
-        let slot = &self.slots[index as usize];
-        let core = &*self.core;
-        slot.iov.iter().scan(slot.offset, move |at, v| {
-            let run = RawRun {
-                first_sector: core.iv_sector(*at),
-                src: v.base(),
-                dst: v.base(),
-                len: v.len(),
-            };
-            *at += v.len() as u64;
-            Some(run)
-        })
-    }
-
-    /// Decrypts a completed read in place.
-    fn decrypt_slot(&self, index: u32) -> Result<(), CryptoError> {
-        let core = &*self.core;
-        for run in self.slot_runs(index) {
-            // SAFETY: a segment of a completed read, in place: valid until its completion is
-            // handed out, which only happens after this returns.
-            unsafe {
-                core.pool.crypt_raw(
-                    &core.cipher,
-                    Direction::Decrypt,
-                    run.first_sector,
-                    run.src,
-                    run.dst,
-                    run.len,
-                )
-            }?;
-        }
-        Ok(())
-    }
-
     /// Encrypts a pushed write from the caller's buffers into its slot's bounce buffer (which
-    /// holds the whole request) and returns the ciphertext's one segment.
-    fn encrypt_slot(&mut self, index: u32) -> Result<(), CryptoError> {
-        let core = &*self.core;
+    /// holds the whole request); the slot's `ciphertext` is then the one segment to write.
+    fn encrypt_slot(&mut self, index: u32) -> Result<(), BlockError> {
         let slot = &mut self.slots[index as usize];
         let Some(bounce) = slot.bounce.as_mut() else {
-            return Err(CryptoError::Worker("write without a bounce buffer".into()));
+            return Err(BlockError::new(
+                crate::BlockErrorKind::Io,
+                "write without a bounce buffer",
+            ));
         };
-        let mut pos = 0usize;
-        for v in &slot.iov {
-            // SAFETY: the source is a segment of the write being pushed (readable for the
-            // whole call, per `push`'s contract), the destination the same-length range at
-            // its position in the slot's own bounce buffer, a separate allocation.
-            unsafe {
-                core.pool.crypt_raw(
-                    &core.cipher,
-                    Direction::Encrypt,
-                    core.iv_sector(slot.offset + pos as u64),
-                    v.base(),
-                    bounce.as_mut_ptr().wrapping_add(pos),
-                    v.len(),
-                )
-            }?;
-            pos += v.len();
-        }
+        // SAFETY: the segments are the write being pushed (readable for the whole call, per
+        // `push`'s contract); the bounce buffer holds the whole request and is the slot's own
+        // allocation, disjoint from them.
+        unsafe {
+            self.core
+                .encrypt_iov(slot.offset, &slot.iov, bounce.as_mut_ptr())
+        }?;
         slot.ciphertext.clear();
         slot.ciphertext
-            .push(IoVec::from_raw(bounce.as_mut_ptr(), pos));
+            .push(IoVec::from_raw(bounce.as_mut_ptr(), slot.len as usize));
         Ok(())
     }
 
@@ -218,8 +173,7 @@ impl CryptQueue {
     fn hand_out(
         &mut self,
         index: u32,
-        mut result: Result<(), BlockError>,
-        crypto: Result<(), CryptoError>,
+        result: Result<(), BlockError>,
         out: &mut dyn FnMut(Completion),
     ) {
         let Some(slot) = self.slots.get(index as usize) else {
@@ -227,9 +181,6 @@ impl CryptQueue {
         };
         if slot.op.is_none() {
             return;
-        }
-        if let (Err(e), Ok(())) = (crypto, &result) {
-            result = Err(crypto_error(Direction::Decrypt, slot.offset, e));
         }
         let tag = slot.tag;
         self.release(index);
@@ -324,10 +275,7 @@ impl IoQueue for CryptQueue {
         if inner_req.is_none() {
             if let Err(e) = self.encrypt_slot(index) {
                 self.release(index);
-                self.finish_now(
-                    req.tag,
-                    Err(crypto_error(Direction::Encrypt, req.offset, e)),
-                );
+                self.finish_now(req.tag, Err(e));
                 return Ok(());
             }
         }
@@ -375,17 +323,19 @@ impl IoQueue for CryptQueue {
         // new requests, and comes back for the rest. Nothing here waits for a helper.
         let mut decrypted = 0u64;
         while decrypted < DECRYPT_PER_DRAIN {
-            let Some((index, result)) = self.completed.pop_front() else {
+            let Some((index, mut result)) = self.completed.pop_front() else {
                 break;
             };
-            let crypto = match self.read_runs(index, &result) {
-                Some(len) => {
-                    decrypted += len;
-                    self.decrypt_slot(index)
+            if let Some(len) = self.read_runs(index, &result) {
+                decrypted += len;
+                let slot = &self.slots[index as usize];
+                // SAFETY: a completed read's buffers, valid until its completion is handed
+                // out just below (`push`'s contract).
+                if let Err(e) = unsafe { self.core.decrypt_iov(slot.offset, &slot.iov) } {
+                    result = Err(e);
                 }
-                None => Ok(()),
-            };
-            self.hand_out(index, result, crypto, out);
+            }
+            self.hand_out(index, result, out);
         }
         if !self.completed.is_empty() {
             self.signal.notify();
