@@ -244,6 +244,10 @@ pub struct ServeArgs {
     /// Log lines as plain text or as one JSON object each (for log shippers).
     #[arg(long, value_enum, default_value = "text", value_name = "FORMAT")]
     pub log_format: LogFormat,
+    /// Let the daemon dump core and be traced by its user (for debugging only: a dump then
+    /// holds guest memory and cipher key schedules). By default it is not dumpable.
+    #[arg(long)]
+    pub allow_core_dumps: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

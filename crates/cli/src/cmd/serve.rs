@@ -77,6 +77,15 @@ message names the disk) and no socket is created. SIGTERM or SIGINT stops and fl
 every disk, then exits 0.";
 
 pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
+    // Before any passphrase is read or key derived.
+    if a.allow_core_dumps {
+        tracing::warn!(
+            "--allow-core-dumps: a core dump or a debugger attached to this daemon can read \
+             guest memory and the disks' cipher keys"
+        );
+    } else {
+        cryptblk_daemon::forbid_core_dumps()?;
+    }
     let disks = match (&a.config, &a.image) {
         (Some(path), _) => load_config_file(path)
             .map_err(|e| match e {
