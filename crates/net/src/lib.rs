@@ -5,6 +5,8 @@
 //!   accepts [`Stream`]s, can be woken from another thread, removes its socket file when
 //!   dropped.
 //! - [`connect`]: a [`Stream`] to an address within a timeout.
+//! - [`unix_socket`]: UNIX sockets created with their final owner and mode (private directory,
+//!   then rename) and the peer's credentials; every listener of the daemon uses it.
 //! - [`tls`]: x509 credentials in QEMU's layout (re-exported from `cryptblk-tls`), the name a
 //!   client checks the server's certificate against, and a handshake bounded by the stream's
 //!   timeouts.
@@ -12,6 +14,7 @@ mod address;
 mod listener;
 mod stream;
 pub mod tls;
+pub mod unix_socket;
 
 pub use address::{Address, AddressError};
 pub use listener::{BindError, Listener, ListenerWaker};
