@@ -17,7 +17,7 @@ use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::UnlockOptions;
 use cryptblk_migration::{IncomingMigration, Phase};
 use cryptblk_nbd::{Export, ExportRegistry};
-use cryptblk_vhost_user_blk::{FrontendEvent, Server};
+use cryptblk_vhost_user_blk::{FrontendEvent, ServeOptions, Server};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -197,25 +197,16 @@ impl Daemon {
         let activity = DiskActivity::new();
         let vhost = match &config.vhost_user_blk {
             Some(socket) => {
-                let mut server = Server::bind(
-                    socket,
-                    image.device.clone(),
-                    serve_options(&config, &image.serial),
-                )
-                .context("starting the vhost-user-blk server")?;
-                // Before the server thread accepts anything.
-                crate::socket_access::SocketAccess::parse(
-                    config.socket_owner.as_deref(),
-                    config.socket_mode.as_deref(),
-                )
-                .map_err(|e| Error::usage(e.0))?
-                .apply(socket)
-                .map_err(|e| {
-                    Error::caused(
-                        format!("setting the owner and mode of {}", socket.display()),
-                        e,
-                    )
-                })?;
+                let access = crate::socket_access::SocketAccess::of(&config)
+                    .map_err(|e| Error::usage(e.0))?;
+                let opts = ServeOptions {
+                    // Owner and mode are set before the socket appears at its path.
+                    socket: access.socket_file(),
+                    allowed_peer: access.peer,
+                    ..serve_options(&config, &image.serial)
+                };
+                let mut server = Server::bind(socket, image.device.clone(), opts)
+                    .context("starting the vhost-user-blk server")?;
                 server.set_event_listener(switchover_on_vm_stop(
                     config.name.clone(),
                     activity.clone(),
