@@ -81,3 +81,32 @@ fn serve_is_not_dumpable_unless_asked() {
     let (owner, uid) = serve_and_look(dir.path(), &["--allow-core-dumps"]);
     assert_eq!(owner, uid, "--allow-core-dumps left serve not dumpable");
 }
+
+/// `--socket-peer-uid` names a user that must exist: an unknown one is a usage error before
+/// anything is bound.
+#[test]
+fn an_unknown_socket_peer_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("raw.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let socket = dir.path().join("vm.sock");
+    let out = Command::new(env!("CARGO_BIN_EXE_cryptblk"))
+        .arg("serve")
+        .arg("--image")
+        .arg(&image)
+        .arg("--vhost-user-blk")
+        .arg(&socket)
+        .args(["--socket-peer-uid", "no-such-user-cryptblk"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("socket-peer-uid: no user \"no-such-user-cryptblk\""),
+        "{stderr}"
+    );
+    assert!(!socket.exists());
+}

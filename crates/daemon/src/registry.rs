@@ -29,7 +29,7 @@ const START_WAIT: Duration = Duration::from_secs(60);
 
 enum Slot {
     /// `disk-add` is opening it; the name and socket are taken.
-    Adding(DiskConfig),
+    Adding(Box<DiskConfig>),
     Attached(Arc<AttachedDisk>),
 }
 
@@ -136,7 +136,7 @@ impl Daemon {
                 )));
             }
         }
-        disks.insert(config.name.clone(), Slot::Adding(config.clone()));
+        disks.insert(config.name.clone(), Slot::Adding(Box::new(config.clone())));
         Ok(())
     }
 

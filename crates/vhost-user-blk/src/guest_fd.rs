@@ -74,10 +74,8 @@ mod tests {
 
     fn seal(file: &File, seals: libc::c_int) {
         // SAFETY: fcntl(F_ADD_SEALS) on an open memfd, integer argument.
-        assert_eq!(
-            unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) },
-            0
-        );
+        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+        assert_eq!(rc, 0);
     }
 
     #[test]
