@@ -175,7 +175,8 @@ pub struct ServeArgs {
     /// combined with the single-disk options.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "socket", "image", "key_file", "num_queues", "queue_size", "readonly", "discard", "name",
-        "cache", "aio", "poll_us", "socket_owner", "socket_mode",
+        "cache", "aio", "poll_us", "socket_owner", "socket_mode", "socket_peer_uid",
+        "socket_peer_gid", "unsealed_memory",
     ])]
     pub config: Option<PathBuf>,
     /// Export the disk over vhost-user-blk on this UNIX socket path (a stale socket there is
@@ -226,6 +227,19 @@ pub struct ServeArgs {
     /// write permission to connect).
     #[arg(long, value_name = "MODE", requires = "socket")]
     pub socket_mode: Option<String>,
+    /// Accept a vhost-user-blk frontend only from this user (name or uid, checked with
+    /// SO_PEERCRED); other connections are closed and logged.
+    #[arg(long, value_name = "USER", requires = "socket")]
+    pub socket_peer_uid: Option<String>,
+    /// Accept a vhost-user-blk frontend only from this primary group (name or gid); with
+    /// --socket-peer-uid both must match.
+    #[arg(long, value_name = "GROUP", requires = "socket")]
+    pub socket_peer_gid: Option<String>,
+    /// Map guest memory that is not sealed against shrinking (libblkio clients, QEMU's
+    /// memory-backend-file). Such a frontend can crash the daemon by truncating it; by default
+    /// only sealed memfds (QEMU's memory-backend-memfd) are accepted.
+    #[arg(long, requires = "socket")]
+    pub unsealed_memory: bool,
     /// Also serve every disk over NBD, export name = disk name: unix:PATH or tcp:HOST:PORT.
     #[arg(long, value_name = "ADDR")]
     pub nbd: Option<String>,
@@ -262,6 +276,10 @@ pub struct ServeArgs {
     /// Log lines as plain text or as one JSON object each (for log shippers).
     #[arg(long, value_enum, default_value = "text", value_name = "FORMAT")]
     pub log_format: LogFormat,
+    /// Let the daemon dump core and be traced by its user (for debugging only: a dump then
+    /// holds guest memory and cipher key schedules). By default it is not dumpable.
+    #[arg(long)]
+    pub allow_core_dumps: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,34 +8,19 @@ use zeroize::Zeroizing;
 /// Where a passphrase comes from: `--key-file PATH` (`-` = stdin) or, when absent, a prompt on
 /// the terminal (or one line of stdin when stdin is not a terminal).
 pub fn read_passphrase(key_file: Option<&Path>, prompt: &str) -> Result<Zeroizing<Vec<u8>>> {
-    let from_stdin = match key_file {
-        Some(path) => path == Path::new("-"),
-        None => !std::io::stdin().is_terminal(),
-    };
-    // A second secret read from stdin would silently get nothing (or the rest of the first);
-    // the daemon library reads key files `-` too, so the claim is its.
-    if from_stdin {
-        cryptblk_daemon::key_file::claim_stdin()?;
-    }
     let secret = match key_file {
-        // Like cryptsetup's --key-file: the whole file is the key, newlines included.
-        Some(path) if path == Path::new("-") => {
-            let mut buf = Zeroizing::new(Vec::new());
-            std::io::stdin()
-                .lock()
-                .read_to_end(&mut buf)
-                .context("reading the key from stdin")?;
-            buf
-        }
-        Some(path) => {
-            let mut buf = Zeroizing::new(Vec::new());
-            std::fs::File::open(path)
-                .and_then(|mut f| f.read_to_end(&mut buf))
-                .with_context(|| format!("reading key file {}", path.display()))?;
-            buf
-        }
+        // Like cryptsetup's --key-file: the whole file is the key, newlines included. The
+        // daemon library's reader checks the file (a regular file or a pipe, at most 8 MiB),
+        // warns when others may read it, and claims stdin for `-`.
+        Some(path) => cryptblk_daemon::key_file::read_key_file(path)?,
         None if std::io::stdin().is_terminal() => prompt_no_echo(prompt)?,
-        None => read_line_from_stdin()?,
+        None => {
+            // A second secret read from stdin would silently get nothing.
+            cryptblk_daemon::key_file::claim_stdin()?;
+            let mut stdin = cryptblk_daemon::key_file::raw_stdin()
+                .context("reading the passphrase from stdin")?;
+            read_line(&mut stdin).context("reading the passphrase from stdin")?
+        }
     };
     if secret.is_empty() {
         bail!("the passphrase is empty: put the passphrase in the key file (cryptblk uses every byte of it)");
@@ -43,39 +28,31 @@ pub fn read_passphrase(key_file: Option<&Path>, prompt: &str) -> Result<Zeroizin
     Ok(secret)
 }
 
-fn read_line_from_stdin() -> Result<Zeroizing<Vec<u8>>> {
-    let mut buf = Zeroizing::new(Vec::new());
-    let mut byte = [0u8; 1];
-    let mut stdin = std::io::stdin().lock();
-    while stdin
-        .read(&mut byte)
-        .context("reading the passphrase from stdin")?
-        == 1
-    {
-        if byte[0] == b'\n' {
-            break;
-        }
-        buf.push(byte[0]);
+/// One line (without its newline) of at most `MAX_PASSPHRASE_LINE_BYTES`, as cryptsetup
+/// limits a typed passphrase; read a byte at a time so nothing after the line is consumed.
+fn read_line(from: &mut dyn Read) -> Result<Zeroizing<Vec<u8>>> {
+    use cryptblk_daemon::key_file::{read_capped, MAX_PASSPHRASE_LINE_BYTES};
+    match read_capped(from, MAX_PASSPHRASE_LINE_BYTES, 0, Some(b'\n'))? {
+        Some(line) => Ok(line),
+        None => bail!(
+            "the passphrase is longer than {MAX_PASSPHRASE_LINE_BYTES} bytes: put a longer \
+             one in a key file (--key-file)"
+        ),
     }
-    Ok(buf)
 }
 
 fn prompt_no_echo(prompt: &str) -> Result<Zeroizing<Vec<u8>>> {
-    let tty = std::fs::OpenOptions::new()
+    let mut tty = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/tty")
         .context("opening /dev/tty to ask for the passphrase (use --key-file instead)")?;
     let echo_off = EchoGuard::new(&tty)?;
     (&tty).write_all(prompt.as_bytes())?;
-    let mut line = Zeroizing::new(Vec::new());
-    let mut byte = [0u8; 1];
-    while (&tty).read(&mut byte)? == 1 && byte[0] != b'\n' {
-        line.push(byte[0]);
-    }
+    let line = read_line(&mut tty);
     drop(echo_off);
     (&tty).write_all(b"\n")?;
-    Ok(line)
+    line
 }
 
 /// Turns terminal echo off for its lifetime and restores it on drop, even on error paths.

@@ -438,6 +438,52 @@ fn missing_key_file_is_a_clear_error() {
     assert!(!img.exists());
 }
 
+/// Key files are checked before they are read: a directory, a device (`/dev/zero` would
+/// read forever) and a file above cryptsetup's 8 MiB limit are usage errors naming the
+/// problem; one its group or others may read works, with a warning.
+#[test]
+fn key_files_are_checked_before_reading() {
+    let dir = tempdir();
+    let img = dir.path().join("new.img");
+    let format = |key: &Path| {
+        cryptblk([
+            "format",
+            "-q",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            s(key),
+            s(&img),
+            "4M",
+        ])
+    };
+    format(dir.path())
+        .expect_code(code::USAGE)
+        .error_line(&["is a directory", "regular file"]);
+    format(Path::new("/dev/zero"))
+        .expect_code(code::USAGE)
+        .error_line(&["/dev/zero is a character device", "regular file"]);
+    let big = dir.path().join("big.key");
+    std::fs::write(&big, vec![b'k'; (8 << 20) + 1]).unwrap();
+    format(&big)
+        .expect_code(code::USAGE)
+        .error_line(&["larger than 8192 KiB", "cryptsetup"]);
+    assert!(!img.exists(), "a refused key file left {}", img.display());
+
+    let shared = key_file(dir.path(), "shared.key", &passphrase("err-readable"));
+    std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let out = format(&shared);
+    out.ok();
+    assert!(
+        out.stderr
+            .contains("is readable by its group and by other users (mode 0644): chmod 600 it"),
+        "{}",
+        out.stderr
+    );
+}
+
 #[test]
 fn passphrase_from_stdin() {
     let f = luks2_fixture("err-stdin");

@@ -118,6 +118,11 @@ fn unit_file_passes_systemd_analyze_verify() {
     }
     let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/systemd/cryptblk.service");
     let text = std::fs::read_to_string(&unit).unwrap();
+    // Core files would hold guest memory and keys.
+    assert!(
+        text.contains("\nLimitCORE=0\n"),
+        "no LimitCORE=0 in the unit"
+    );
     // verify checks that ExecStart's program exists: point it at the binary under test.
     let text = text.replace("/usr/bin/cryptblk", env!("CARGO_BIN_EXE_cryptblk"));
     let dir = tempfile::tempdir().unwrap();

@@ -27,6 +27,7 @@ mod engine;
 mod error;
 mod iv;
 mod key;
+pub mod locked;
 mod select;
 mod spec;
 

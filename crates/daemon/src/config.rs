@@ -37,13 +37,12 @@ pub fn validate(config: &DiskConfig) -> Result<(), InvalidConfig> {
         ));
     }
     tls_authz(config).map_err(|e| InvalidConfig(e.to_string()))?;
-    let access = crate::socket_access::SocketAccess::parse(
-        config.socket_owner.as_deref(),
-        config.socket_mode.as_deref(),
-    )?;
+    let access = crate::socket_access::SocketAccess::of(config)?;
     if !access.is_default() && config.vhost_user_blk.is_none() {
         return invalid(
-            "socket-owner and socket-mode apply to the vhost-user-blk socket: give one".into(),
+            "socket-owner, socket-mode, socket-peer-uid and socket-peer-gid apply to the \
+             vhost-user-blk socket: give one"
+                .into(),
         );
     }
     Ok(())

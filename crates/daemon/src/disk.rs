@@ -38,6 +38,9 @@ pub fn serve_options(config: &DiskConfig, serial: &str) -> ServeOptions {
         discard: config.discard,
         name: config.name.clone(),
         poll: std::time::Duration::from_micros(u64::from(config.poll_us)),
+        unsealed_memory: config.unsealed_memory,
+        // Owner, mode and allowed peer: `SocketAccess::of`, where a bad name is an error.
+        ..ServeOptions::default()
     }
 }
 

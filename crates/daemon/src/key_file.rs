@@ -1,14 +1,34 @@
 //! Passphrases the daemon reads itself: a key file named in a disk's configuration (the whole
 //! file is the passphrase, as with cryptsetup's `--key-file`), or `-` for the daemon's stdin.
 //! Held in zeroizing buffers; never logged.
+//!
+//! A key file must be a regular file or a pipe (`-`, `/dev/stdin`, a shell's `<(...)`): a
+//! directory or a device (`/dev/zero` reads forever) is refused before anything is read, and
+//! so is more than [`MAX_KEY_FILE_BYTES`]. A key file its group or others may read is used,
+//! with a warning. The bytes are read into buffers that are never reallocated by `Vec`
+//! (which would leave the earlier bytes behind in freed memory): a buffer that must grow is
+//! copied into a bigger zeroizing one by hand, and the smaller one is wiped.
 use crate::error::{Context, Error, Result};
 use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use zeroize::Zeroizing;
 
 /// A passphrase, wiped from memory when dropped.
 pub type Passphrase = Zeroizing<Vec<u8>>;
+
+/// The largest key file read: cryptsetup's compiled-in default (`Maximum keyfile size:
+/// 8192kB` in `cryptsetup --help`), so every key file cryptsetup reads by default opens
+/// here too, and a pipe that never ends is cut off.
+pub const MAX_KEY_FILE_BYTES: usize = 8192 * 1024;
+
+/// The longest passphrase typed at a prompt or given as one line of stdin (cryptsetup's
+/// "maximum interactive passphrase length").
+pub const MAX_PASSPHRASE_LINE_BYTES: usize = 512;
+
+/// The first buffer for a source of unknown length (a pipe): most keys fit.
+const FIRST_CAPACITY: usize = 4096;
 
 static STDIN_TAKEN: AtomicBool = AtomicBool::new(false);
 
@@ -25,18 +45,26 @@ pub fn claim_stdin() -> Result<()> {
 
 /// Reads the passphrase in `path` (`-`: all of stdin).
 pub fn read_key_file(path: &Path) -> Result<Passphrase> {
-    let mut buf = Zeroizing::new(Vec::new());
-    if path == Path::new("-") {
+    let buf = if path == Path::new("-") {
         claim_stdin()?;
-        std::io::stdin()
-            .lock()
-            .read_to_end(&mut buf)
-            .context("reading the key from stdin")?;
+        let mut stdin = raw_stdin().context("reading the key from stdin")?;
+        read_capped(&mut stdin, MAX_KEY_FILE_BYTES, 0, None)
+            .context("reading the key from stdin")?
+            .ok_or_else(|| too_large(path))?
     } else {
-        std::fs::File::open(path)
-            .and_then(|mut f| f.read_to_end(&mut buf))
+        let mut file = std::fs::File::open(path)
             .with_context(|| format!("reading key file {}", path.display()))?;
-    }
+        let meta = file
+            .metadata()
+            .with_context(|| format!("reading key file {}", path.display()))?;
+        let size_hint = check_key_file(path, &meta)?;
+        if let Some(warning) = permission_warning(path, meta.permissions().mode()) {
+            tracing::warn!("{warning}");
+        }
+        read_capped(&mut file, MAX_KEY_FILE_BYTES, size_hint, None)
+            .with_context(|| format!("reading key file {}", path.display()))?
+            .ok_or_else(|| too_large(path))?
+    };
     if buf.is_empty() {
         return Err(Error::usage(format!(
             "the key file {} is empty: put the passphrase in it (every byte counts)",
@@ -46,21 +74,124 @@ pub fn read_key_file(path: &Path) -> Result<Passphrase> {
     Ok(buf)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use cryptblk_control::api::ErrorKind;
-
-    #[test]
-    fn whole_file_newlines_included_and_clear_errors() {
-        let dir = tempfile::tempdir().unwrap();
-        let key = dir.path().join("k");
-        std::fs::write(&key, b"secret\n").unwrap();
-        assert_eq!(read_key_file(&key).unwrap().as_slice(), b"secret\n");
-        let missing = read_key_file(&dir.path().join("none")).unwrap_err();
-        assert_eq!(missing.kind(), ErrorKind::Io);
-        assert!(crate::error::chain(&missing).contains("reading key file"));
-        std::fs::write(&key, b"").unwrap();
-        assert_eq!(read_key_file(&key).unwrap_err().kind(), ErrorKind::Usage);
-    }
+/// Stdin without std's buffer (a static one, never wiped, that would keep a copy of the
+/// key): a duplicate of fd 0, read directly.
+pub fn raw_stdin() -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsFd;
+    Ok(std::fs::File::from(
+        std::io::stdin().as_fd().try_clone_to_owned()?,
+    ))
 }
+
+/// Refuses what is not a regular file or a pipe, and a regular file above the cap; the
+/// size to read (0 when unknown).
+fn check_key_file(path: &Path, meta: &std::fs::Metadata) -> Result<usize> {
+    let kind = meta.file_type();
+    let what = if kind.is_file() {
+        if meta.len() > MAX_KEY_FILE_BYTES as u64 {
+            return Err(too_large(path));
+        }
+        return Ok(meta.len() as usize);
+    } else if kind.is_fifo() || kind.is_socket() {
+        return Ok(0);
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else {
+        "not a regular file"
+    };
+    Err(Error::usage(format!(
+        "key file {} is {what}: give a regular file (or a pipe) that holds the passphrase",
+        path.display()
+    )))
+}
+
+fn too_large(path: &Path) -> Error {
+    Error::usage(format!(
+        "key file {} is larger than {} KiB (cryptsetup's default key file limit): a key file \
+         holds only the passphrase",
+        path.display(),
+        MAX_KEY_FILE_BYTES / 1024
+    ))
+}
+
+/// The warning for a key file that its group or other users may read (`mode`: st_mode).
+pub fn permission_warning(path: &Path, mode: u32) -> Option<String> {
+    (mode & 0o044 != 0).then(|| {
+        format!(
+            "key file {} is readable by {} (mode {:04o}): chmod 600 it",
+            path.display(),
+            match (mode & 0o040 != 0, mode & 0o004 != 0) {
+                (true, true) => "its group and by other users",
+                (true, false) => "its group",
+                _ => "other users",
+            },
+            mode & 0o7777
+        )
+    })
+}
+
+/// Reads `reader` to its end (or, with `line_end`, to the first such byte, which is not kept)
+/// into a zeroizing buffer; `None` if it holds more than `cap` bytes. `size_hint` sizes the
+/// first buffer (0: unknown). Growing copies into a new buffer and wipes the old one, so no
+/// byte read is left behind in freed memory.
+pub fn read_capped(
+    reader: &mut dyn Read,
+    cap: usize,
+    size_hint: usize,
+    line_end: Option<u8>,
+) -> std::io::Result<Option<Passphrase>> {
+    // One byte past the cap (or the hint) tells "exactly this long" from "longer".
+    let first = if size_hint > 0 {
+        size_hint.saturating_add(1)
+    } else {
+        FIRST_CAPACITY
+    };
+    let mut buf: Passphrase = Zeroizing::new(Vec::with_capacity(first.min(cap + 1)));
+    loop {
+        if buf.len() == buf.capacity() {
+            if buf.len() > cap {
+                return Ok(None);
+            }
+            let bigger = buf.capacity().saturating_mul(2).min(cap + 1);
+            let mut grown: Passphrase = Zeroizing::new(Vec::with_capacity(bigger));
+            grown.extend_from_slice(&buf);
+            buf = grown;
+        }
+        let len = buf.len();
+        // Within the capacity: no reallocation.
+        let want = if line_end.is_some() {
+            len + 1
+        } else {
+            buf.capacity()
+        };
+        buf.resize(want, 0);
+        let n = loop {
+            match reader.read(&mut buf[len..]) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    buf.truncate(len);
+                    return Err(e);
+                }
+            }
+        };
+        buf.truncate(len + n);
+        if n == 0 {
+            break;
+        }
+        if let Some(end) = line_end {
+            if buf[len] == end {
+                buf.truncate(len);
+                break;
+            }
+        }
+    }
+    Ok((buf.len() <= cap).then_some(buf))
+}
+
+#[cfg(test)]
+mod tests;

@@ -8,6 +8,7 @@
 mod activity;
 pub mod config;
 mod disk;
+mod dumps;
 pub mod error;
 mod image;
 pub mod key_file;
@@ -23,6 +24,7 @@ pub mod socket_access;
 mod stats;
 
 pub use cryptblk_net::Address;
+pub use dumps::{forbid_core_dumps, is_dumpable};
 pub use error::{chain, kind_of, Error, Result};
 pub use keys::pbkdf_options;
 pub use registry::{Daemon, DaemonOptions, PreparedDisk};

@@ -17,7 +17,7 @@ use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::UnlockOptions;
 use cryptblk_migration::{IncomingMigration, Phase};
 use cryptblk_nbd::{Export, ExportRegistry};
-use cryptblk_vhost_user_blk::{FrontendEvent, Server};
+use cryptblk_vhost_user_blk::{FrontendEvent, ServeOptions, Server};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ const START_WAIT: Duration = Duration::from_secs(60);
 
 enum Slot {
     /// `disk-add` is opening it; the name and socket are taken.
-    Adding(DiskConfig),
+    Adding(Box<DiskConfig>),
     Attached(Arc<AttachedDisk>),
 }
 
@@ -147,7 +147,7 @@ impl Daemon {
                 )));
             }
         }
-        disks.insert(config.name.clone(), Slot::Adding(config.clone()));
+        disks.insert(config.name.clone(), Slot::Adding(Box::new(config.clone())));
         Ok(())
     }
 
@@ -208,25 +208,16 @@ impl Daemon {
         let activity = DiskActivity::new();
         let vhost = match &config.vhost_user_blk {
             Some(socket) => {
-                let mut server = Server::bind(
-                    socket,
-                    image.device.clone(),
-                    serve_options(&config, &image.serial),
-                )
-                .context("starting the vhost-user-blk server")?;
-                // Before the server thread accepts anything.
-                crate::socket_access::SocketAccess::parse(
-                    config.socket_owner.as_deref(),
-                    config.socket_mode.as_deref(),
-                )
-                .map_err(|e| Error::usage(e.0))?
-                .apply(socket)
-                .map_err(|e| {
-                    Error::caused(
-                        format!("setting the owner and mode of {}", socket.display()),
-                        e,
-                    )
-                })?;
+                let access = crate::socket_access::SocketAccess::of(&config)
+                    .map_err(|e| Error::usage(e.0))?;
+                let opts = ServeOptions {
+                    // Owner and mode are set before the socket appears at its path.
+                    socket: access.socket_file(),
+                    allowed_peer: access.peer,
+                    ..serve_options(&config, &image.serial)
+                };
+                let mut server = Server::bind(socket, image.device.clone(), opts)
+                    .context("starting the vhost-user-blk server")?;
                 server.set_event_listener(switchover_on_vm_stop(
                     config.name.clone(),
                     activity.clone(),

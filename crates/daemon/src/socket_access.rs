@@ -1,12 +1,13 @@
-//! Who may connect to a disk's vhost-user-blk socket: its owner, group and mode, set right
-//! after the socket is bound and before the daemon accepts on it. QEMU under libvirt runs as
-//! `libvirt-qemu`, and libvirt does not relabel vhost-user sockets, so without this a
-//! root-owned socket needs a manual `chown`. Until the change lands the socket has the
-//! daemon's default (its owner only may connect: connecting needs write permission), so the
-//! moment in between never lets anyone in who should not be.
+//! Who may connect to a disk's vhost-user-blk socket: its owner, group and mode (set on the
+//! socket file before it appears at its path, see `cryptblk_net::unix_socket`), and the
+//! frontend's user and group checked with SO_PEERCRED at accept. QEMU under libvirt runs as
+//! `libvirt-qemu`, and libvirt does not relabel vhost-user sockets, so without an owner a
+//! root-owned socket needs a manual `chown`; the peer check pins a disk to one VM's QEMU when
+//! several may open the socket.
 use crate::config::InvalidConfig;
+use cryptblk_control::api::DiskConfig;
+use cryptblk_vhost_user_blk::{AllowedPeer, SocketFile};
 use std::ffi::CString;
-use std::path::Path;
 
 /// The owner, group and mode to give a socket (`None`: leave as created).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -14,6 +15,8 @@ pub struct SocketAccess {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub mode: Option<u32>,
+    /// The frontend's user and group (`socket-peer-uid`, `socket-peer-gid`).
+    pub peer: AllowedPeer,
 }
 
 impl SocketAccess {
@@ -54,16 +57,35 @@ impl SocketAccess {
         *self == SocketAccess::default()
     }
 
-    /// Applies the owner and group, then the mode, to the socket at `path`.
-    pub fn apply(&self, path: &Path) -> std::io::Result<()> {
-        if self.uid.is_some() || self.gid.is_some() {
-            std::os::unix::fs::lchown(path, self.uid, self.gid)?;
+    /// Every socket setting of a disk: `socket-owner`, `socket-mode`, `socket-peer-uid`,
+    /// `socket-peer-gid`.
+    pub fn of(config: &DiskConfig) -> Result<SocketAccess, InvalidConfig> {
+        let mut access = SocketAccess::parse(
+            config.socket_owner.as_deref(),
+            config.socket_mode.as_deref(),
+        )?;
+        if let Some(user) = &config.socket_peer_uid {
+            access.peer.uid = Some(
+                lookup_user(user)
+                    .map_err(|e| InvalidConfig(e.0.replace("socket-owner", "socket-peer-uid")))?,
+            );
         }
-        if let Some(mode) = self.mode {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+        if let Some(group) = &config.socket_peer_gid {
+            access.peer.gid = Some(
+                lookup_group(group)
+                    .map_err(|e| InvalidConfig(e.0.replace("socket-owner", "socket-peer-gid")))?,
+            );
         }
-        Ok(())
+        Ok(access)
+    }
+
+    /// The socket file's owner, group and mode (default: the daemon's user, 0600).
+    pub fn socket_file(&self) -> SocketFile {
+        SocketFile {
+            mode: self.mode.unwrap_or(SocketFile::default().mode),
+            uid: self.uid,
+            gid: self.gid,
+        }
     }
 }
 
@@ -151,5 +173,22 @@ mod tests {
             assert!(e.0.contains("octal"), "{bad}: {}", e.0);
         }
         assert!(SocketAccess::parse(Some(":"), None).is_err());
+    }
+
+    #[test]
+    fn peers_by_name_or_id() {
+        let mut config = DiskConfig::new("d", cryptblk_control::api::ImageName::new("/i"));
+        assert_eq!(SocketAccess::of(&config).unwrap().socket_file().mode, 0o600);
+        config.socket_peer_uid = Some("root".into());
+        config.socket_peer_gid = Some("4242".into());
+        let a = SocketAccess::of(&config).unwrap();
+        assert_eq!((a.peer.uid, a.peer.gid), (Some(0), Some(4242)));
+        config.socket_peer_uid = Some("no-such-user-cryptblk".into());
+        let e = SocketAccess::of(&config).unwrap_err();
+        assert!(
+            e.0.starts_with("socket-peer-uid: no user \"no-such-user-cryptblk\""),
+            "{}",
+            e.0
+        );
     }
 }

@@ -8,7 +8,8 @@
 //! Headers are untrusted input: parsing validates every size and offset and reports
 //! `LuksError::Corrupt`/`Truncated` instead of panicking (fuzzed, see `fuzz/`).
 //! Changes are ordered for crash safety: new key material is written and synced before the
-//! header that activates it; removal rewrites the header first and wipes the area after.
+//! header that activates it; removal wipes the slot's area first (as cryptsetup does) and then
+//! rewrites the header without it.
 
 pub mod af;
 mod ct;

@@ -8,6 +8,8 @@
 //! - [`ConnectionGate`]: caps a listener's open connections, in all and per peer address.
 //! - [`Address::is_loopback`]: whether a listening address only takes connections from this
 //!   machine (plain TCP elsewhere needs the operator's explicit consent).
+//! - [`unix_socket`]: UNIX sockets created with their final owner and mode (private directory,
+//!   then rename) and the peer's credentials; every listener of the daemon uses it.
 //! - [`tls`]: x509 credentials in QEMU's layout (re-exported from `cryptblk-tls`), the name a
 //!   client checks the server's certificate against, and a handshake bounded by the stream's
 //!   timeouts.
@@ -16,6 +18,7 @@ mod limits;
 mod listener;
 mod stream;
 pub mod tls;
+pub mod unix_socket;
 
 pub use address::{Address, AddressError};
 pub use limits::{ConnectionGate, ConnectionLimits, ConnectionPermit, LimitExceeded};

@@ -1,11 +1,11 @@
 //! Listening on an address.
+use crate::unix_socket::{bind_private, remove_if_ours, FileId, SocketFile};
 use crate::{Address, Stream};
 use std::io;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Why an address could not be bound; the message names the address.
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +24,7 @@ pub struct Listener {
 
 #[derive(Debug)]
 enum Inner {
-    Unix(UnixListener, PathBuf),
+    Unix(UnixListener, PathBuf, FileId),
     Tcp(TcpListener),
 }
 
@@ -45,7 +45,8 @@ impl ListenerWaker {
 impl Listener {
     /// Binds `address`. A Unix socket path that holds a stale socket (nobody listening) is
     /// replaced; a live socket or any other kind of file is refused. `unix_mode` sets the
-    /// socket file's permissions (e.g. 0o660 to let a group connect).
+    /// socket file's permissions (e.g. 0o660 to let a group connect; default 0600), applied
+    /// before the file appears at its path (`unix_socket`).
     pub fn bind(address: &Address, unix_mode: Option<u32>) -> Result<Listener, BindError> {
         let error = |source| BindError {
             address: address.clone(),
@@ -53,18 +54,9 @@ impl Listener {
         };
         let inner = match address {
             Address::Unix(path) => {
-                remove_stale_socket(path).map_err(error)?;
-                let listener = UnixListener::bind(path).map_err(error)?;
-                let inner = Inner::Unix(listener, path.clone());
-                if let Some(mode) = unix_mode {
-                    if let Err(e) =
-                        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-                    {
-                        drop(Listener { inner });
-                        return Err(error(e));
-                    }
-                }
-                inner
+                let file = SocketFile::with_mode(unix_mode.unwrap_or(0o600));
+                let (listener, id) = bind_private(path, &file).map_err(|e| error(e.into_io()))?;
+                Inner::Unix(listener, path.clone(), id)
             }
             Address::Tcp(hp) => Inner::Tcp(TcpListener::bind(hp.as_str()).map_err(error)?),
         };
@@ -75,7 +67,7 @@ impl Listener {
     pub fn local_addr(&self) -> io::Result<Address> {
         Ok(match &self.inner {
             Inner::Tcp(l) => Address::Tcp(l.local_addr()?.to_string()),
-            Inner::Unix(_, p) => Address::Unix(p.clone()),
+            Inner::Unix(_, p, _) => Address::Unix(p.clone()),
         })
     }
 
@@ -87,7 +79,7 @@ impl Listener {
                 s.set_nodelay(true)?;
                 Ok((Stream::Tcp(s), peer.to_string()))
             }
-            Inner::Unix(l, p) => {
+            Inner::Unix(l, p, _) => {
                 let (s, _) = l.accept()?;
                 Ok((Stream::Unix(s), format!("unix:{}", p.display())))
             }
@@ -98,44 +90,24 @@ impl Listener {
     pub fn waker(&self) -> io::Result<ListenerWaker> {
         Ok(ListenerWaker(match &self.inner {
             Inner::Tcp(l) => Stream::Tcp(TcpStream::from(OwnedFd::from(l.try_clone()?))),
-            Inner::Unix(l, _) => Stream::Unix(UnixStream::from(OwnedFd::from(l.try_clone()?))),
+            Inner::Unix(l, _, _) => Stream::Unix(UnixStream::from(OwnedFd::from(l.try_clone()?))),
         }))
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        if let Inner::Unix(_, p) = &self.inner {
-            let _ = std::fs::remove_file(p);
+        if let Inner::Unix(_, p, id) = &self.inner {
+            remove_if_ours(p, *id);
         }
     }
-}
-
-/// Clears the way for binding `path`: a socket file nobody listens on (left by a crashed
-/// server) is removed; a live socket or any other kind of file is refused.
-fn remove_stale_socket(path: &Path) -> io::Result<()> {
-    let Ok(metadata) = std::fs::symlink_metadata(path) else {
-        return Ok(());
-    };
-    if !metadata.file_type().is_socket() {
-        return Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            "the path exists and is not a socket",
-        ));
-    }
-    if UnixStream::connect(path).is_ok() {
-        return Err(io::Error::new(
-            io::ErrorKind::AddrInUse,
-            "another server is listening on this socket",
-        ));
-    }
-    std::fs::remove_file(path)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+    use std::os::unix::fs::PermissionsExt;
     use std::time::Duration;
 
     #[test]

@@ -8,6 +8,12 @@
 //! queue's eventfd; everything else (FUA's follow-up flush, errors, handing out completions)
 //! happens in `drain`, on the owner's thread. Slots are allocated once, with the queue: in
 //! steady state a request allocates nothing on our side.
+//!
+//! Each request sent to librbd holds a strong count on the queue's shared state (the finished
+//! list, the eventfd, the callback arguments), and its callback gives it back as the very last
+//! thing it does. The owner may see a request finished (and drop the queue) between the
+//! callback's push and its notify; the shared state, and so the eventfd, then lives on until
+//! that callback returns, instead of being freed (and its fd number reused) under it.
 
 use crate::ffi::{self, AioCompletion, Api};
 use crate::{block_error, Image, RbdError};
@@ -17,16 +23,19 @@ use libc::c_void;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
 
-/// What the callback needs, shared with librbd's threads.
+/// What the callback needs, shared with librbd's threads; freed when the queue and every
+/// request librbd still holds have let go of it.
 struct Shared {
     api: &'static Api,
     notifier: Notifier,
     /// (slot, librbd's return value) of requests librbd finished; never grows past the depth.
     finished: Mutex<Vec<(usize, isize)>>,
+    /// One per slot, at a stable address inside this allocation: what librbd hands back.
+    args: Box<[CallbackArg]>,
 }
 
-/// The callback argument of one slot: where to report. Immutable once made, and kept at a
-/// stable address (a boxed slice) for as long as the queue lives.
+/// The callback argument of one slot: where to report. Immutable once made. `shared` points at
+/// the `Shared` holding this argument; a request in flight owns one strong count of it.
 struct CallbackArg {
     shared: *const Shared,
     slot: usize,
@@ -50,7 +59,6 @@ struct SlotState {
 pub struct RbdQueue {
     image: Arc<Image>,
     shared: Arc<Shared>,
-    args: Box<[CallbackArg]>,
     slots: Vec<SlotState>,
     free: Vec<usize>,
     /// Pushed, not yet sent to librbd.
@@ -62,9 +70,10 @@ pub struct RbdQueue {
     in_flight: usize,
 }
 
-// SAFETY: the raw pointers in `args` point into `shared`, which the queue owns through an Arc
-// and which is itself Sync (a Mutex and an eventfd); IoVecs are Send. librbd handles may be
-// used from any thread.
+// SAFETY: the raw pointers in `shared.args` point at `shared` itself, kept alive by the queue's
+// Arc and by one strong count per request in flight; its other fields are a Mutex and an
+// eventfd, safe to use from any thread. IoVecs are Send. librbd handles may be used from any
+// thread.
 unsafe impl Send for RbdQueue {}
 
 impl RbdQueue {
@@ -74,17 +83,18 @@ impl RbdQueue {
             BlockError::new(cryptblk_block::BlockErrorKind::Io, "creating an eventfd")
                 .with_source(e)
         })?;
-        let shared = Arc::new(Shared {
-            api: ffi::api().map_err(|e| block_error("open queue", 0, e))?,
+        let api = ffi::api().map_err(|e| block_error("open queue", 0, e))?;
+        let shared = Arc::new_cyclic(|this| Shared {
+            api,
             notifier,
             finished: Mutex::new(Vec::with_capacity(depth)),
+            args: (0..depth)
+                .map(|slot| CallbackArg {
+                    shared: this.as_ptr(),
+                    slot,
+                })
+                .collect(),
         });
-        let args = (0..depth)
-            .map(|slot| CallbackArg {
-                shared: Arc::as_ptr(&shared),
-                slot,
-            })
-            .collect();
         let slots = (0..depth)
             .map(|_| SlotState {
                 tag: 0,
@@ -99,7 +109,6 @@ impl RbdQueue {
         Ok(RbdQueue {
             image,
             shared,
-            args,
             slots,
             free: (0..depth).rev().collect(),
             pending: Vec::with_capacity(depth),
@@ -135,12 +144,16 @@ impl RbdQueue {
     fn send(&mut self, slot: usize) {
         let api = self.shared.api;
         let handle = self.image.raw_handle();
-        let arg = &self.args[slot] as *const CallbackArg as *mut c_void;
+        let arg = &self.shared.args[slot] as *const CallbackArg as *mut c_void;
+        // The request's own count on `Shared`, given back by its callback (or below if librbd
+        // refuses it): `arg` and the eventfd stay valid until the callback has returned.
+        std::mem::forget(Arc::clone(&self.shared));
         let mut completion: AioCompletion = std::ptr::null_mut();
-        // SAFETY: `arg` stays valid until the queue is dropped, which waits for every request
-        // in flight; `on_complete` matches `rbd_callback_t`.
+        // SAFETY: `arg` points into `Shared`, alive while this request holds its count;
+        // `on_complete` matches `rbd_callback_t`.
         let rc = unsafe { (api.rbd_aio_create_completion)(arg, on_complete, &mut completion) };
         if rc < 0 {
+            self.release_request_count();
             self.report(slot, rc as isize);
             return;
         }
@@ -176,8 +189,17 @@ impl RbdQueue {
             // SAFETY: librbd refused the request, so the callback will not run: the completion
             // is still ours to release.
             unsafe { (api.rbd_aio_release)(completion) };
+            self.release_request_count();
             self.report(slot, rc as isize);
         }
+    }
+
+    /// Gives back the count `send` took for a request whose callback will never run.
+    fn release_request_count(&self) {
+        // SAFETY: `send` leaked exactly one clone of `self.shared` for this request, and
+        // librbd refused the request, so no callback will give it back; `self.shared` keeps
+        // another count, so this never frees.
+        unsafe { Arc::decrement_strong_count(Arc::as_ptr(&self.shared)) };
     }
 
     fn report(&self, slot: usize, ret: isize) {
@@ -186,13 +208,14 @@ impl RbdQueue {
     }
 }
 
-/// Runs on a librbd thread: record and wake, nothing else.
+/// Runs on a librbd thread: record, wake, and give back the request's count on `Shared`, last.
 extern "C" fn on_complete(completion: AioCompletion, arg: *mut c_void) {
-    // SAFETY: `arg` is the CallbackArg this request was created with; the queue owning it waits
-    // for every request in flight before it frees the args or `Shared`.
+    // SAFETY: `arg` is the CallbackArg this request was created with; it lives inside `Shared`,
+    // of which this request holds a strong count until the end of this function.
     let arg = unsafe { &*(arg as *const CallbackArg) };
-    // SAFETY: as above: `Shared` outlives every request in flight.
-    let shared = unsafe { &*arg.shared };
+    let shared_ptr = arg.shared;
+    // SAFETY: as above: this request's count keeps `Shared` alive.
+    let shared = unsafe { &*shared_ptr };
     // SAFETY: librbd passes the finished request's completion, released once, here.
     let ret = unsafe {
         let ret = (shared.api.rbd_aio_get_return_value)(completion);
@@ -200,7 +223,12 @@ extern "C" fn on_complete(completion: AioCompletion, arg: *mut c_void) {
         ret
     };
     lock(&shared.finished).push((arg.slot, ret));
+    // The owner may already have drained that entry and dropped the queue: `shared` (and the
+    // eventfd) is still ours until the count is given back below.
     shared.notifier.notify();
+    // SAFETY: `send` leaked one clone of the Arc for this request; this gives it back. If it
+    // was the last, `Shared` (with `arg`) is freed here: neither is used after this line.
+    unsafe { Arc::decrement_strong_count(shared_ptr) };
 }
 
 /// The finished list's lock; a panic elsewhere while it was held leaves a list still valid.
@@ -307,8 +335,9 @@ impl IoQueue for RbdQueue {
 
 impl Drop for RbdQueue {
     fn drop(&mut self) {
-        // librbd's threads hold pointers into `args` and `shared` until each request's callback
-        // ran: wait for all of them (FUA flushes included) before freeing anything.
+        // librbd reads and writes the caller's buffers and the slots' iovec lists until each
+        // request finished: wait for all of them (FUA flushes included). `Shared` itself is
+        // kept alive by the callbacks still returning, not by this wait.
         self.submit().ok();
         while self.in_flight > 0 {
             self.drain(&mut |_| {});

@@ -91,6 +91,7 @@ fn rbd_image_against_a_real_cluster() {
     drop(device);
 
     asynchronous_queue(&spec);
+    teardown_under_in_flight_io(&spec);
 
     let missing = Image::open(
         &RbdSpec::parse(&cluster.name("nope")).unwrap(),
@@ -213,4 +214,58 @@ fn asynchronous_queue(spec: &RbdSpec) {
     let write = [IoRequest::write(0, &iov, false, 0)];
     let err = run_all(&mut *queue, &write).remove(0).unwrap_err();
     assert_eq!(err.kind(), BlockErrorKind::ReadOnly, "{err}");
+}
+
+/// Drops a queue with every slot in flight, 300 times. librbd's callbacks finish on their own
+/// threads while the queue is being dropped; none may use the queue's state or eventfd after
+/// the owner let go of it. An eventfd made right after each drop takes the lowest free fd
+/// number, which is the dropped queue's if nothing else took it: a callback notifying through
+/// a freed queue would bump that counter.
+fn teardown_under_in_flight_io(spec: &RbdSpec) {
+    const DEPTH: usize = 32;
+    const ROUNDS: usize = 300;
+    let device: Arc<dyn BlockDevice> = Arc::new(RbdDevice::new(
+        Image::open(spec, OpenMode::ReadWrite).unwrap(),
+    ));
+    let mut bufs = vec![vec![0u8; 4096]; DEPTH];
+    let mut stray_notifications = 0;
+    for round in 0..ROUNDS {
+        let mut queue = open_queue(&device, &QueueOptions { depth: DEPTH }).unwrap();
+        let iovs: Vec<[IoVec; 1]> = bufs.iter_mut().map(|b| [IoVec::from_slice(b)]).collect();
+        for (i, iov) in iovs.iter().enumerate() {
+            let offset = ((round * DEPTH + i) % 1024) as u64 * 4096;
+            let req = match i % 4 {
+                0 => IoRequest::write(offset, iov, i % 8 == 0, i as u64),
+                1 => IoRequest::flush(i as u64),
+                _ => IoRequest::read(offset, iov, i as u64),
+            };
+            // SAFETY: the buffers outlive the queue, whose drop waits for every request.
+            unsafe { queue.push(&req) }.unwrap();
+        }
+        queue.submit().unwrap();
+        // Let some finish, so the drop races callbacks that are under way.
+        if round % 2 == 1 {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        drop(queue);
+        // SAFETY: eventfd(2) with valid flags; the fd is closed below.
+        let canary = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(canary >= 0);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let mut count = 0u64;
+        // SAFETY: reads 8 bytes into a u64 from the eventfd made above.
+        let n = unsafe { libc::read(canary, (&mut count as *mut u64).cast(), 8) };
+        if n == 8 {
+            stray_notifications += 1;
+        }
+        // SAFETY: closes the eventfd made above, once.
+        unsafe { libc::close(canary) };
+    }
+    assert_eq!(
+        stray_notifications, 0,
+        "a completion callback notified through a dropped queue's eventfd"
+    );
+    // The image still serves I/O after all those teardowns.
+    let mut check = vec![0u8; 4096];
+    device.read_at(&mut check, 0).unwrap();
 }

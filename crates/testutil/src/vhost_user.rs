@@ -146,14 +146,33 @@ pub struct Guest {
     inflight: Option<(VhostUserInflight, File)>,
 }
 
+/// Guest RAM as QEMU's `memory-backend-memfd` makes it: a memfd sealed against shrinking and
+/// growing (the daemon refuses guest memory that could shrink under it).
 pub fn memfd_memory() -> GuestMemoryMmap {
+    memfd_memory_sealed(true)
+}
+
+/// Guest RAM in a memfd, sealed (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`) or not
+/// (`memory-backend-memfd,seal=off`).
+pub fn memfd_memory_sealed(sealed: bool) -> GuestMemoryMmap {
     // SAFETY: the name is a valid NUL-terminated string; the returned descriptor is checked
     // before use and owned by the `File` below.
-    let fd = unsafe { libc::memfd_create(c"cryptblk-guest".as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe {
+        libc::memfd_create(
+            c"cryptblk-guest".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
     assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
     // SAFETY: `fd` is a fresh descriptor nothing else owns.
     let file = unsafe { File::from_raw_fd(fd) };
     file.set_len(MEM_SIZE).unwrap();
+    if sealed {
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl(F_ADD_SEALS) on the memfd made above, integer argument.
+        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+        assert_eq!(rc, 0, "F_ADD_SEALS: {}", std::io::Error::last_os_error());
+    }
     GuestMemoryMmap::from_ranges_with_files(&[(
         GuestAddress(0),
         MEM_SIZE as usize,

@@ -9,6 +9,8 @@
 //! - `frontend`: queue start/stop events for the daemon (`FrontendEvent`).
 //! - `inflight`: vhost-user inflight I/O tracking, so that a restarted daemon resubmits what
 //!   its predecessor had taken from the rings and not completed.
+//! - `accept`: the socket file's owner and mode, and the peer-credential check at accept.
+//! - `guest_fd`: which files may be mapped as guest memory (sealed memfds only).
 //! - `fault`: crash points for the restart tests (only with the `fault-injection` feature).
 //!
 //! Live migration: the backend offers VHOST_F_LOG_ALL and the LOG_SHMFD protocol feature,
@@ -19,28 +21,32 @@
 //! `Server::set_event_listener` (`FrontendEvent::Stopped { dirty_logging: true }`).
 //! - this file: the listening loop (`Server`), reconnects and shutdown.
 
+pub mod accept;
 pub mod backend;
 pub mod chain;
 pub mod device;
 pub mod dirty;
 pub mod fault;
 pub mod frontend;
+pub mod guest_fd;
 pub mod inflight;
 pub mod request;
 
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cryptblk_block::{BlockDevice, IoStats, IoStatsSnapshot};
-use vhost::vhost_user::Listener;
+use cryptblk_net::unix_socket::{bind_private, remove_if_ours, FileId, SocketFileError};
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+pub use accept::{AllowedPeer, SocketFile};
 pub use backend::{BackendOptions, BlkBackend};
 pub use device::Disk;
 pub use dirty::LogBitmap;
@@ -74,6 +80,14 @@ pub struct ServeOptions {
     /// Busy-poll each queue's completions this long before sleeping, like QEMU's
     /// `aio-poll`: lower latency for a core spent spinning. Zero (the default) never polls.
     pub poll: std::time::Duration,
+    /// Owner, group and mode of the socket file (default: the daemon's user, 0600).
+    pub socket: SocketFile,
+    /// The only frontend accepted (`SO_PEERCRED`); default: anyone who can open the socket.
+    pub allowed_peer: AllowedPeer,
+    /// Also map guest memory whose file is not sealed against shrinking (libblkio's buffers;
+    /// QEMU's `memory-backend-file`): a frontend that truncates it then crashes the daemon
+    /// with SIGBUS, every disk with it. Off by default (`guest_fd`).
+    pub unsealed_memory: bool,
 }
 
 impl Default for ServeOptions {
@@ -86,6 +100,9 @@ impl Default for ServeOptions {
             discard: false,
             name: String::new(),
             poll: std::time::Duration::ZERO,
+            socket: SocketFile::default(),
+            allowed_peer: AllowedPeer::default(),
+            unsealed_memory: false,
         }
     }
 }
@@ -94,11 +111,8 @@ impl Default for ServeOptions {
 pub enum Error {
     #[error("invalid options: {0}")]
     Options(String),
-    #[error("cannot listen on {path}: {source}")]
-    Listen {
-        path: PathBuf,
-        source: vhost::vhost_user::Error,
-    },
+    #[error("cannot listen: {0}")]
+    Listen(#[from] SocketFileError),
     #[error("vhost-user daemon: {0}")]
     Daemon(String),
     #[error("{0}")]
@@ -187,8 +201,10 @@ impl StopHandle {
 /// A listening vhost-user-blk socket serving one disk, one frontend at a time; accepts a new
 /// connection after the previous frontend disconnects.
 pub struct Server {
-    listener: Listener,
+    listener: UnixListener,
     path: PathBuf,
+    /// The socket file we created, removed when the server goes (if still ours).
+    file: FileId,
     device: Arc<dyn BlockDevice>,
     opts: ServeOptions,
     shared: Arc<Shared>,
@@ -214,24 +230,15 @@ impl Server {
             )));
         }
         let path = socket_path.as_ref().to_path_buf();
-        // The listener unlinks whatever is at the path; only ever let that be a stale socket,
-        // never a file someone pointed us at by mistake (e.g. the image).
-        if let Ok(meta) = std::fs::symlink_metadata(&path) {
-            use std::os::unix::fs::FileTypeExt;
-            if !meta.file_type().is_socket() {
-                return Err(Error::Options(format!(
-                    "{} exists and is not a socket; refusing to replace it",
-                    path.display()
-                )));
-            }
-        }
-        let listener = Listener::new(&path, true).map_err(|source| Error::Listen {
-            path: path.clone(),
-            source,
-        })?;
+        // Replaces only a stale socket, never a file someone pointed us at by mistake (e.g.
+        // the image); owner and mode are set before the file appears at `path`.
+        let (listener, file) = bind_private(&path, &opts.socket)?;
+        // A connection that vanishes between poll and accept must not block the loop.
+        listener.set_nonblocking(true)?;
         Ok(Server {
             listener,
             path,
+            file,
             device,
             shared: Arc::new(Shared {
                 stop: AtomicBool::new(false),
@@ -270,19 +277,19 @@ impl Server {
 
     /// Serves frontends one after another until stopped; then flushes the disk.
     pub fn run(mut self) -> Result<(), Error> {
-        while self.wait_for_connection()? {
-            self.serve_connection()?;
+        while let Some(stream) = self.wait_for_connection()? {
+            self.serve_connection(stream)?;
         }
         self.device.flush().map_err(Error::Flush)?;
-        let _ = std::fs::remove_file(&self.path);
+        remove_if_ours(&self.path, self.file);
         Ok(())
     }
 
-    /// Blocks until a frontend connects (true) or a stop is requested (false).
-    fn wait_for_connection(&self) -> Result<bool, Error> {
+    /// Blocks until an allowed frontend connects, or a stop is requested (`None`).
+    fn wait_for_connection(&self) -> Result<Option<UnixStream>, Error> {
         loop {
             if self.shared.stop.load(Ordering::SeqCst) {
-                return Ok(false);
+                return Ok(None);
             }
             let mut fds = [
                 libc::pollfd {
@@ -311,14 +318,18 @@ impl Server {
                 continue;
             }
             if fds[0].revents != 0 {
-                return Ok(true);
+                let accepted =
+                    accept::accept_allowed(&self.listener, &self.opts.allowed_peer, &self.path)?;
+                if let Some(stream) = accepted {
+                    return Ok(Some(stream));
+                }
             }
         }
     }
 
     /// Runs one frontend connection to its end; every request popped from its queues is
     /// answered before this returns.
-    fn serve_connection(&mut self) -> Result<(), Error> {
+    fn serve_connection(&mut self, stream: UnixStream) -> Result<(), Error> {
         let mem = GuestMemoryAtomic::new(GuestMem::new());
         let disk = Disk::new(self.device.clone(), self.opts.read_only, &self.opts.serial)
             .with_discard(self.opts.discard);
@@ -347,8 +358,11 @@ impl Server {
                 .register_listener(fd, EventSet::IN, backend.completion_event())
                 .map_err(|e| Error::Daemon(format!("registering the I/O queue's eventfd: {e}")))?;
         }
+        if !self.opts.unsealed_memory {
+            daemon.set_memory_file_check(Arc::new(guest_fd::check_guest_memory_file));
+        }
         daemon
-            .start(&mut self.listener)
+            .start_stream(stream)
             .map_err(|e| Error::Daemon(e.to_string()))?;
         let connection = daemon.shutdown_handle().map(|shutdown| Connection {
             backend: backend.clone(),
@@ -388,6 +402,12 @@ impl Server {
             Err(e) => tracing::info!("vhost-user connection ended: {e}"),
         }
         Ok(())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        remove_if_ours(&self.path, self.file);
     }
 }
 

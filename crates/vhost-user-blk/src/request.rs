@@ -17,6 +17,27 @@ pub const SECTOR_SIZE: u64 = 512;
 /// Size of the request header the driver puts in the first descriptor.
 pub const HEADER_SIZE: u32 = 16;
 
+/// The most data bytes one request may carry, summed over its data descriptors: 4 MiB.
+///
+/// Descriptors may all point at the same guest buffer, so neither `seg_max` nor `size_max`
+/// bounds what one request makes the daemon hold (a write's bounce buffer is as large as the
+/// request): this does, whatever the guest sends. 4 MiB is what Linux guests send at most by
+/// default (`max_sectors_kb` is capped at 4 MiB since 6.7, 1280 KiB before) and well above
+/// where throughput stops growing with request size; a longer request is answered IOERR.
+pub const MAX_REQUEST_BYTES: u64 = 4 << 20;
+
+/// `seg_max` and `size_max` to advertise for a virtqueue of `queue_size` so that a guest that
+/// follows them never builds a request above [`MAX_REQUEST_BYTES`]: as many segments as the
+/// queue can chain (`queue_size - 2`, at most `MAX_REQUEST_BYTES / 4096`), each of the largest
+/// 4 KiB multiple that keeps `seg_max * size_max` within the cap (never below a 4 KiB page,
+/// the least a Linux guest accepts).
+pub fn advertised_limits(queue_size: u16) -> (u32, u32) {
+    const PAGE: u64 = 4096;
+    let seg_max = u64::from(queue_size.saturating_sub(2)).clamp(1, MAX_REQUEST_BYTES / PAGE);
+    let size_max = (MAX_REQUEST_BYTES / seg_max / PAGE * PAGE).max(PAGE);
+    (seg_max as u32, size_max as u32)
+}
+
 /// The request header as the driver lays it out (little-endian on the wire).
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C)]
@@ -128,6 +149,8 @@ pub enum Error {
     OutsideMemory(u64, u32),
     #[error("data descriptor of {0} bytes is longer than size_max ({1})")]
     SegmentTooLarge(u32, u32),
+    #[error("request data of more than {0} bytes (the most one request may carry)")]
+    RequestTooLarge(u64),
     #[error("data length {0} is not a multiple of 512")]
     Misaligned(u64),
     #[error("request at sector {sector} ({len} bytes) is beyond the capacity ({capacity} bytes)")]
@@ -237,7 +260,8 @@ where
     check_data(mem, req, segments, size_max, capacity).map_err(reject)
 }
 
-/// Checks the data segments: direction, size_max, memory bounds, alignment, capacity.
+/// Checks the data segments: direction, size_max, memory bounds, the request's total against
+/// [`MAX_REQUEST_BYTES`], alignment, capacity.
 fn check_data<M>(
     mem: &M,
     mut req: Request,
@@ -265,6 +289,10 @@ where
             return Err(Error::OutsideMemory(seg.addr.0, seg.len));
         }
         total += u64::from(seg.len);
+        // Aliased descriptors make any total cheap for the guest; stop at the cap.
+        if total > MAX_REQUEST_BYTES {
+            return Err(Error::RequestTooLarge(MAX_REQUEST_BYTES));
+        }
     }
     req.data_len = total;
     match req.kind {
@@ -444,6 +472,64 @@ mod tests {
             parse_descs(&m, &long).0.unwrap_err().error,
             Error::ChainTooLong(8)
         );
+    }
+
+    /// Every data descriptor points at the same 1 MiB guest buffer: legal, and cheap for a
+    /// guest, but the request may not carry more than `MAX_REQUEST_BYTES` in total.
+    #[test]
+    fn an_aliased_descriptor_table_is_capped_in_total() {
+        const MIB: u32 = 1 << 20;
+        let m = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+        header(&m, 0x100, VIRTIO_BLK_T_OUT, 0);
+        let aliased = |n: usize| {
+            let mut descs = vec![d(0x100, 16, NEXT)];
+            descs.extend((0..n).map(|_| d(0x10_0000, MIB, NEXT)));
+            descs.push(d(0x300, 1, WRITE));
+            descs
+        };
+        let mut segs = Vec::new();
+        let mut run = |descs: Vec<Descriptor>| parse(&m, descs, 64, MIB, 1 << 40, &mut segs);
+        let at_cap = run(aliased(4)).unwrap();
+        assert_eq!(at_cap.data_len, MAX_REQUEST_BYTES);
+        for n in [5, 14, 62] {
+            assert_eq!(
+                run(aliased(n)).unwrap_err(),
+                Rejected {
+                    error: Error::RequestTooLarge(MAX_REQUEST_BYTES),
+                    status: Some(GuestAddress(0x300)),
+                },
+                "{n} aliased 1 MiB descriptors"
+            );
+        }
+        // Reads too (the device would fill the same buffer n times).
+        header(&m, 0x100, VIRTIO_BLK_T_IN, 0);
+        let mut descs = vec![d(0x100, 16, NEXT)];
+        descs.extend((0..5).map(|_| d(0x10_0000, MIB, NEXT | WRITE)));
+        descs.push(d(0x300, 1, WRITE));
+        assert_eq!(
+            run(descs).unwrap_err().error,
+            Error::RequestTooLarge(MAX_REQUEST_BYTES)
+        );
+    }
+
+    #[test]
+    fn advertised_limits_keep_a_request_within_the_cap() {
+        for queue_size in [2u16, 3, 16, 128, 256, 1024, 1026, 4096, 32768] {
+            let (seg_max, size_max) = advertised_limits(queue_size);
+            assert!(seg_max >= 1 && size_max >= 4096, "{queue_size}");
+            assert!(
+                seg_max as usize + 2 <= usize::from(queue_size).max(3),
+                "{queue_size}"
+            );
+            assert_eq!(size_max % 4096, 0);
+            assert!(
+                u64::from(seg_max) * u64::from(size_max) <= MAX_REQUEST_BYTES,
+                "queue {queue_size}: {seg_max} x {size_max}"
+            );
+        }
+        assert_eq!(advertised_limits(128), (126, 32 << 10));
+        assert_eq!(advertised_limits(256), (254, 16 << 10));
+        assert_eq!(advertised_limits(4096), (1024, 4 << 10));
     }
 
     #[test]

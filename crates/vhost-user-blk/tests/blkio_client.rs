@@ -26,6 +26,8 @@ fn opts(num_queues: u16) -> ServeOptions {
         read_only: false,
         serial: "blkio".into(),
         discard: false,
+        // libblkio's memfds are not sealed against shrinking.
+        unsealed_memory: true,
         ..Default::default()
     }
 }

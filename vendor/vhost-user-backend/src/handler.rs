@@ -91,8 +91,26 @@ struct AddrMapping {
     gpa_base: u64,
 }
 
+/// Checks the file of a guest memory region before it is mapped: the file and the end of the
+/// range the region maps (`mmap_offset + memory_size`). An error refuses the memory table,
+/// which ends the connection.
+pub type MemoryFileCheck = Arc<dyn Fn(&File, u64) -> io::Result<()> + Send + Sync>;
+
+fn check_memory_file(
+    check: &Option<MemoryFileCheck>,
+    file: &File,
+    region: &VhostUserMemoryRegion,
+) -> VhostUserResult<()> {
+    match check {
+        Some(check) => check(file, region.mmap_offset.saturating_add(region.memory_size))
+            .map_err(VhostUserError::ReqHandlerError),
+        None => Ok(()),
+    }
+}
+
 pub struct VhostUserHandler<T: VhostUserBackend> {
     backend: T,
+    memory_file_check: Option<MemoryFileCheck>,
     handlers: Vec<Arc<VringEpollHandler<T>>>,
     owned: bool,
     features_acked: bool,
@@ -119,6 +137,10 @@ where
     T::Vring: Clone + Send + Sync + 'static,
     T::Bitmap: Clone + Send + Sync + 'static,
 {
+    pub(crate) fn set_memory_file_check(&mut self, check: MemoryFileCheck) {
+        self.memory_file_check = Some(check);
+    }
+
     pub(crate) fn new(backend: T, atomic_mem: GM<T::Bitmap>) -> VhostUserHandlerResult<Self> {
         let num_queues = backend.num_queues();
         let max_queue_size = backend.max_queue_size();
@@ -157,6 +179,7 @@ where
 
         Ok(VhostUserHandler {
             backend,
+            memory_file_check: None,
             handlers,
             owned: false,
             features_acked: false,
@@ -388,6 +411,7 @@ where
         let mut mappings: Vec<AddrMapping> = Vec::new();
 
         for (region, file) in ctx.iter().zip(files) {
+            check_memory_file(&self.memory_file_check, &file, region)?;
             let guest_region = GuestRegionMmap::new(
                 region.mmap_region(file)?,
                 GuestAddress(region.guest_phys_addr),
@@ -697,6 +721,7 @@ where
             return Err(VhostUserError::InvalidOperation("postcopy not enabled"));
         }
 
+        check_memory_file(&self.memory_file_check, &file, region)?;
         let guest_region = Arc::new(
             GuestRegionMmap::new(
                 region.mmap_region(file)?,

@@ -29,7 +29,7 @@ mod event_loop;
 pub use self::event_loop::VringEpollHandler;
 
 mod handler;
-pub use self::handler::VhostUserHandlerError;
+pub use self::handler::{MemoryFileCheck, VhostUserHandlerError};
 
 pub mod bitmap;
 use crate::bitmap::BitmapReplace;
@@ -216,6 +216,19 @@ where
             .map_err(Error::CreateBackendListener)?;
         let backend_handler = self.accept(&mut backend_listener)?;
         self.start_daemon(backend_handler)
+    }
+
+    /// Like [`start`](Self::start), on a connection the caller accepted itself (e.g. after
+    /// checking the peer's credentials).
+    pub fn start_stream(&mut self, stream: UnixStream) -> Result<()> {
+        let backend_handler = BackendReqHandler::from_stream(stream, self.handler.clone());
+        self.start_daemon(backend_handler)
+    }
+
+    /// Has every guest memory region's file checked by `check` before it is mapped
+    /// (SET_MEM_TABLE, ADD_MEM_REG); a refused file ends the connection.
+    pub fn set_memory_file_check(&mut self, check: MemoryFileCheck) {
+        self.handler.lock().unwrap().set_memory_file_check(check);
     }
 
     fn accept(

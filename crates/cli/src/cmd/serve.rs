@@ -44,7 +44,10 @@ default: the holes show anyone with the image which blocks are unused.
   aio = \"io_uring\"                    # optional: io_uring|threads
   poll-us = 0                         # optional: busy-poll completions (microseconds)
   socket-owner = \"libvirt-qemu\"      # optional: USER[:GROUP] of the vhost-user-blk socket
-  socket-mode = \"0660\"               # optional: its permission bits (octal)
+  socket-mode = \"0660\"               # optional: its permission bits (octal, default 0600)
+  socket-peer-uid = \"libvirt-qemu\"   # optional: accept only this user's QEMU (SO_PEERCRED)
+  socket-peer-gid = \"kvm\"            # optional: ... and/or only this primary group's
+  unsealed-memory = false             # optional: map guest memory not sealed against shrinking
 
   [[disk]]
   name = \"vm1-data\"
@@ -84,6 +87,15 @@ message names the disk) and no socket is created. SIGTERM or SIGINT stops and fl
 every disk, then exits 0.";
 
 pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
+    // Before any passphrase is read or key derived.
+    if a.allow_core_dumps {
+        tracing::warn!(
+            "--allow-core-dumps: a core dump or a debugger attached to this daemon can read \
+             guest memory and the disks' cipher keys"
+        );
+    } else {
+        cryptblk_daemon::forbid_core_dumps()?;
+    }
     let disks = match (&a.config, &a.image) {
         (Some(path), _) => load_config_file(path)
             .map_err(|e| match e {
@@ -185,6 +197,9 @@ fn single_disk(a: &ServeArgs) -> Result<StartDisk> {
     config.aio = a.aio;
     config.poll_us = a.poll_us;
     config.socket_owner = a.socket_owner.clone();
+    config.socket_peer_uid = a.socket_peer_uid.clone();
+    config.socket_peer_gid = a.socket_peer_gid.clone();
+    config.unsealed_memory = a.unsealed_memory;
     config.socket_mode = a.socket_mode.clone();
     cryptblk_daemon::config::validate(&config).map_err(|e| UsageError(e.0))?;
     let is_luks = matches!(

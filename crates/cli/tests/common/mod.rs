@@ -292,6 +292,9 @@ pub fn key_file(dir: &Path, name: &str, passphrase: &str) -> PathBuf {
     );
     let path = dir.join(name);
     std::fs::write(&path, passphrase).expect("writing a key file");
+    // As an operator should: a key file others may read is used with a warning.
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod 600 a key file");
     SECRETS
         .lock()
         .unwrap_or_else(|p| p.into_inner())

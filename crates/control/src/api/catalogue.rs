@@ -113,8 +113,11 @@ pub const METHODS: &[MethodSpec] = &[
             opt("aio", Choice(AIO_ENGINES), "Asynchronous I/O engine (default io_uring)."),
             opt("poll-us", Count, "Busy-poll completions this many microseconds before sleeping (default 0: never)."),
             opt("socket-owner", Text, "Owner of the vhost-user-blk socket: USER, USER:GROUP or :GROUP (e.g. libvirt-qemu for libvirt's QEMU)."),
-            opt("socket-mode", Text, "Permission bits of the vhost-user-blk socket in octal, e.g. 0660."),
+            opt("socket-mode", Text, "Permission bits of the vhost-user-blk socket in octal, e.g. 0660 (default 0600)."),
             opt("tls-authz", Text, "On a TLS NBD server: the client certificate names (subject CN or DNS subjectAltName, comma-separated) allowed to use this export, instead of serve --tls-authz."),
+            opt("socket-peer-uid", Text, "Accept a vhost-user-blk frontend only from this user (name or uid; SO_PEERCRED); others are disconnected and logged."),
+            opt("socket-peer-gid", Text, "Accept a vhost-user-blk frontend only from this primary group (name or gid); with socket-peer-uid both must match."),
+            opt("unsealed-memory", Flag, "Map guest memory not sealed against shrinking (libblkio clients, QEMU memory-backend-file); such a frontend can crash the daemon."),
         ],
     },
     MethodSpec {

@@ -135,6 +135,19 @@ pub struct DiskConfig {
     /// `--tls-authz` list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_authz: Option<String>,
+    /// The only user (name or uid) whose process may use the vhost-user-blk socket, checked
+    /// with SO_PEERCRED at accept; others are disconnected and logged. Absent: anyone who can
+    /// open the socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_peer_uid: Option<String>,
+    /// The only (primary) group, by name or gid, whose process may use the vhost-user-blk
+    /// socket; with `socket_peer_uid`, both must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_peer_gid: Option<String>,
+    /// Map guest memory that is not sealed against shrinking (libblkio clients; QEMU's
+    /// memory-backend-file): such a frontend can crash the daemon. Off by default.
+    #[serde(default)]
+    pub unsealed_memory: bool,
 }
 
 impl DiskConfig {
@@ -168,6 +181,9 @@ impl DiskConfig {
             socket_owner: None,
             socket_mode: None,
             tls_authz: None,
+            socket_peer_uid: None,
+            socket_peer_gid: None,
+            unsealed_memory: false,
         }
     }
 

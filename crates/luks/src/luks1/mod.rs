@@ -376,6 +376,11 @@ impl Luks1Header {
             )));
         }
         let (offset, len) = self.phdr.area(slot)?;
+        // As cryptsetup: the material is wiped and synced first, then the header says the slot
+        // is inactive. A crash in between leaves a slot that no longer opens, never an
+        // inactive slot whose key material is still on disk.
+        zero_range(file, offset, len)?;
+        file.sync_data()?;
         let mut candidate = self.phdr.clone();
         candidate.keyslots[slot].active = false;
         candidate.keyslots[slot].iterations = 0;
@@ -385,8 +390,6 @@ impl Luks1Header {
             self.phdr = previous;
             return Err(e);
         }
-        zero_range(file, offset, len)?;
-        file.sync_data()?;
         Ok(())
     }
 

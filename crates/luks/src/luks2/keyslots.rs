@@ -2,9 +2,10 @@
 //! refers to it; a removal rewrites the header before wiping the area.
 use super::json::{Af, Area, KdfJson, Keyslot};
 use super::unlock::{digest_matches, material_len};
-use super::validate::{keyslots_range, MAX_KEYSLOTS};
+use super::validate::{keyslots_range, validate, MAX_KEYSLOTS};
 use super::write::{b64, random_bytes, round_up, SALT_BYTES};
 use super::{ensure_writable, parse_cipher, Luks2Header};
+use crate::io::zero_range;
 use crate::io::HeaderIo;
 use crate::kdf::{self, Argon2Variant, Kdf};
 use crate::{af, keyslot_area, HashAlg, LuksError, PbkdfOptions, Result};
@@ -167,7 +168,9 @@ impl Luks2Header {
         }
     }
 
-    /// Remove a keyslot: the header stops referring to it first, then its area is wiped.
+    /// Remove a keyslot as cryptsetup does: its area is wiped (and synced) first, then the
+    /// header stops referring to it. A crash in between leaves a slot that no longer opens,
+    /// never a header that says the key is gone while its material is still on disk.
     pub fn remove_keyslot(&mut self, file: &dyn HeaderIo, slot: usize) -> Result<()> {
         ensure_writable(self)?;
         let key = slot.to_string();
@@ -190,20 +193,20 @@ impl Luks2Header {
                 list.retain(|v| v.as_str() != Some(key.as_str()));
             }
         }
-        if let Err(e) = self.commit(file) {
+        // Refuse before destroying anything if the header without this slot would be invalid.
+        if let Err(e) = validate(&self.meta, self.bin.hdr_size) {
+            self.meta = before;
+            return Err(LuksError::InvalidArgument(format!(
+                "refusing to write invalid metadata: {e}"
+            )));
+        }
+        // Validation bounded the area by the keyslots area (at most 128 MiB).
+        let wiped = zero_range(file, area.offset, area.size)
+            .and_then(|()| file.sync_data().map_err(LuksError::from));
+        if let Err(e) = wiped.and_then(|()| self.commit(file)) {
             self.meta = before;
             return Err(e);
         }
-        // Validation bounded the area by the keyslots area (at most 128 MiB).
-        let zeros = vec![0u8; 64 * 1024];
-        let mut off = area.offset;
-        let end = area.offset.saturating_add(area.size);
-        while off < end {
-            let n = (end - off).min(zeros.len() as u64) as usize;
-            file.write_all_at(&zeros[..n], off)?;
-            off += n as u64;
-        }
-        file.sync_data()?;
         Ok(())
     }
 }

@@ -98,8 +98,11 @@ pub fn run(images: &Images) -> Result<()> {
     std::fs::write(
         &config,
         format!(
-            "[[disk]]\nname = \"encrypted\"\nimage = {:?}\nkey-file = {:?}\nvhost-user-blk = {:?}\n\n\
-             [[disk]]\nname = \"plain\"\nimage = {:?}\nvhost-user-blk = {:?}\n",
+            // libblkio (the demo's client) does not seal its memory against shrinking.
+            "[[disk]]\nname = \"encrypted\"\nimage = {:?}\nkey-file = {:?}\nvhost-user-blk = {:?}\n\
+             unsealed-memory = true\n\n\
+             [[disk]]\nname = \"plain\"\nimage = {:?}\nvhost-user-blk = {:?}\n\
+             unsealed-memory = true\n",
             absolute(images.encrypted)?,
             absolute(images.key_file)?,
             absolute(&encrypted_socket)?,

@@ -1,0 +1,27 @@
+//! Keeping the daemon's memory out of core dumps and away from debuggers. Its memory holds
+//! every disk's volume key, the cipher engines' expanded key schedules (in OpenSSL's and the
+//! engines' own allocations, which cannot be placed on locked pages the way `SecretKey`s are)
+//! and mappings of every connected VM's RAM: a core dump or a `ptrace` of the daemon by its
+//! user would hand all of them out. Not dumpable means: no core file on a crash, and no
+//! `ptrace` attach or `/proc/PID/mem` for processes without `CAP_SYS_PTRACE`, even of the same
+//! user (`/proc/PID/*` then belongs to root).
+use crate::error::{Error, Result};
+
+/// Marks this process not dumpable (`PR_SET_DUMPABLE` 0). It stays so across the daemon's
+/// life; an `execve` would reset it, and the daemon runs none.
+pub fn forbid_core_dumps() -> Result<()> {
+    // SAFETY: prctl(PR_SET_DUMPABLE) takes an integer argument and touches no memory of ours.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        return Err(Error::caused(
+            "making the daemon not dumpable (PR_SET_DUMPABLE)",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether this process may be dumped (`PR_GET_DUMPABLE`).
+pub fn is_dumpable() -> bool {
+    // SAFETY: prctl(PR_GET_DUMPABLE) takes no pointer.
+    unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) == 1 }
+}

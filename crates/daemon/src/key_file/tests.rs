@@ -1,0 +1,141 @@
+use super::*;
+use crate::error::chain;
+use cryptblk_control::api::ErrorKind;
+use std::ffi::CString;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+
+fn refusal(path: &Path) -> String {
+    let err = read_key_file(path).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Usage, "{}", chain(&err));
+    chain(&err)
+}
+
+#[test]
+fn whole_file_newlines_included_and_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("k");
+    std::fs::write(&key, b"secret\n").unwrap();
+    assert_eq!(read_key_file(&key).unwrap().as_slice(), b"secret\n");
+    let missing = read_key_file(&dir.path().join("none")).unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::Io);
+    assert!(chain(&missing).contains("reading key file"));
+    std::fs::write(&key, b"").unwrap();
+    assert!(refusal(&key).contains("is empty"));
+}
+
+#[test]
+fn a_directory_or_a_device_is_refused_before_reading() {
+    let dir = tempfile::tempdir().unwrap();
+    let message = refusal(dir.path());
+    assert!(
+        message.contains("is a directory: give a regular file (or a pipe)"),
+        "{message}"
+    );
+    // /dev/zero would read forever.
+    let message = refusal(Path::new("/dev/zero"));
+    assert_eq!(
+        message,
+        "key file /dev/zero is a character device: give a regular file (or a pipe) that \
+         holds the passphrase"
+    );
+}
+
+#[test]
+fn a_file_above_cryptsetups_limit_is_refused_and_one_at_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("big");
+    let mut bytes = vec![0x5au8; MAX_KEY_FILE_BYTES];
+    std::fs::write(&key, &bytes).unwrap();
+    assert_eq!(read_key_file(&key).unwrap().len(), MAX_KEY_FILE_BYTES);
+    bytes.push(1);
+    std::fs::write(&key, &bytes).unwrap();
+    let message = refusal(&key);
+    assert!(
+        message.contains("is larger than 8192 KiB (cryptsetup's default key file limit)"),
+        "{message}"
+    );
+}
+
+/// A named pipe that never ends is cut off at the cap; a short one is read whole.
+#[test]
+fn a_pipe_is_read_to_its_end_within_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: mkfifo(3) with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let writer = |data: Vec<u8>, path: std::path::PathBuf| {
+        std::thread::spawn(move || {
+            let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            // The reader stops at the cap and closes: a broken pipe is expected then.
+            let _ = f.write_all(&data);
+        })
+    };
+    let t = writer(b"pass\nword".to_vec(), fifo.clone());
+    assert_eq!(read_key_file(&fifo).unwrap().as_slice(), b"pass\nword");
+    t.join().unwrap();
+    let t = writer(vec![7u8; MAX_KEY_FILE_BYTES + 4096], fifo.clone());
+    let message = refusal(&fifo);
+    assert!(message.contains("is larger than 8192 KiB"), "{message}");
+    t.join().unwrap();
+}
+
+#[test]
+fn group_or_world_readable_key_files_get_a_warning() {
+    let p = Path::new("/k");
+    assert_eq!(permission_warning(p, 0o100600), None);
+    assert_eq!(permission_warning(p, 0o100400), None);
+    assert_eq!(
+        permission_warning(p, 0o100640).unwrap(),
+        "key file /k is readable by its group (mode 0640): chmod 600 it"
+    );
+    assert_eq!(
+        permission_warning(p, 0o100604).unwrap(),
+        "key file /k is readable by other users (mode 0604): chmod 600 it"
+    );
+    assert_eq!(
+        permission_warning(p, 0o100644).unwrap(),
+        "key file /k is readable by its group and by other users (mode 0644): chmod 600 it"
+    );
+}
+
+/// Hands out its bytes a few at a time, as a pipe may.
+struct Trickle<'a>(&'a [u8]);
+
+impl Read for Trickle<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.0.len()).min(3);
+        buf[..n].copy_from_slice(&self.0[..n]);
+        self.0 = &self.0[n..];
+        Ok(n)
+    }
+}
+
+#[test]
+fn reading_grows_by_hand_within_the_cap_and_lines_stop_at_the_newline() {
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8 + 1).collect();
+    let got = read_capped(&mut Trickle(&data), 10_000, 0, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.as_slice(), data.as_slice());
+    // Never more capacity than the cap and one byte to see past it.
+    assert!(got.capacity() <= 10_001, "{}", got.capacity());
+    assert!(read_capped(&mut Trickle(&data), 9_999, 0, None)
+        .unwrap()
+        .is_none());
+    // A wrong size hint (the file grew) still reads it all, or refuses past the cap.
+    let got = read_capped(&mut Trickle(&data), 10_000, 10, None)
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.len(), 10_000);
+
+    let got = read_capped(&mut Trickle(b"typed\nrest"), 512, 0, Some(b'\n'))
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.as_slice(), b"typed");
+    let long = vec![b'x'; 513];
+    assert!(read_capped(&mut Trickle(&long), 512, 0, Some(b'\n'))
+        .unwrap()
+        .is_none());
+}
