@@ -121,7 +121,7 @@ start_server() {
     local -a cmd export
     rm -f "$sock"
     case $proto in
-        vhost) export=(--vhost-user-blk "$sock" --num-queues "$q")
+        vhost) export=(--vhost-user-blk "$sock" --num-queues "$q" --unsealed-memory)
                qexport="type=vhost-user-blk,id=e,addr.type=unix,addr.path=$sock,writable=on,num-queues=$q" ;;
         nbd) export=(--nbd "unix:$sock" --name vol)
              qexport="type=nbd,id=e,name=vol,writable=on" ;;

@@ -476,7 +476,7 @@ start_server() {
                 "${qsd_export[@]}") ;;
     esac
     if [[ $s == a || $s == d ]]; then
-        if [[ $t == nbd ]]; then cmd+=(--nbd "unix:$sk"); else cmd+=(--vhost-user-blk "$sk" --num-queues 1); fi
+        if [[ $t == nbd ]]; then cmd+=(--nbd "unix:$sk"); else cmd+=(--vhost-user-blk "$sk" --num-queues 1 --unsealed-memory); fi
     fi
     log "+ ${cmd[*]}"
     "${cmd[@]}" >"$logf" 2>&1 &

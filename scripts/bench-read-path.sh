@@ -73,8 +73,12 @@ run() { # $1 peer, $2 rw, $3 bs, $4 depth -> prints "iops cpu_us_per_io"
         local bin=$BIN image=$IMG/luks.img key=(--key-file "$IMG/key")
         [[ $peer == o ]] && bin=$OLD
         [[ $peer == d ]] && { image=$IMG/raw.img; key=(); }
+        # libblkio's memory is not sealed against shrinking: a server that checks says so.
+        local unsealed=
+        "$bin" serve --help | grep -q -- --unsealed-memory && unsealed=--unsealed-memory
         rm -f "$WORK/s.sock"
         "$bin" serve --vhost-user-blk "$WORK/s.sock" --image "$image" "${key[@]}" --cache none \
+            $unsealed \
             >"$WORK/server.log" 2>&1 &
         SERVER=$!
         for _ in $(seq 200); do [[ -S $WORK/s.sock ]] && break; sleep 0.05; done

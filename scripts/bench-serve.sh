@@ -114,8 +114,8 @@ start_server() {
     local -a cmd
     rm -f "$sock"
     case $s in
-        a) cmd=("$BIN" serve --vhost-user-blk "$sock" --image "$LUKS2" --key-file "$KEY" --num-queues "$q") ;;
-        d) cmd=("$BIN" serve --vhost-user-blk "$sock" --image "$RAW" --num-queues "$q") ;;
+        a) cmd=("$BIN" serve --vhost-user-blk "$sock" --image "$LUKS2" --key-file "$KEY" --num-queues "$q" --unsealed-memory) ;;
+        d) cmd=("$BIN" serve --vhost-user-blk "$sock" --image "$RAW" --num-queues "$q" --unsealed-memory) ;;
         b) cmd=(qemu-storage-daemon --blockdev "driver=file,node-name=f,filename=$LUKS1"
                 --object "secret,id=sec0,file=$KEY"
                 --blockdev driver=luks,node-name=l,file=f,key-secret=sec0
