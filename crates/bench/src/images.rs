@@ -74,11 +74,11 @@ pub fn prepare(
         raw.display()
     );
     random_file(&raw, size)?;
-    for &image in which {
+    for &image in which.iter().filter(|i| **i != Image::Raw) {
         let path = images.path(image);
         let _ = std::fs::remove_file(&path);
         match image {
-            Image::Raw => continue,
+            Image::Raw => unreachable!("filtered out"),
             Image::Luks2 => run(Command::new(cryptblk)
                 .args(["format", "-q", "--type", "luks2", "--cipher", "aes-xts-plain64"])
                 .args(["--key-size", "512", "--sector-size", "4096", "--pbkdf", "pbkdf2"])
@@ -95,8 +95,7 @@ pub fn prepare(
             .arg(&raw)
             .arg(&path))?;
     }
-    // SAFETY: sync has no preconditions.
-    unsafe { libc::sync() };
+    crate::procfs::sync_fs(dir)?;
     Ok(images)
 }
 

@@ -118,12 +118,28 @@ pub fn fs_type(dir: &Path) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// Writes back the filesystem holding `path` (syncfs(2): not the whole machine's, which on a
+/// shared host can take minutes).
+pub fn sync_fs(path: &Path) -> Result<()> {
+    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: the descriptor is open for the duration of the call.
+    if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)) } != 0 {
+        bail!(
+            "syncfs({}): {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
 /// Drops the page cache before a device run: `echo 3 > /proc/sys/vm/drop_caches` as root,
 /// else each image's cached pages are dropped one by one (posix_fadvise DONTNEED, what
 /// `dd iflag=nocache` does).
 pub fn drop_caches(images: &[&Path]) -> Result<()> {
-    // SAFETY: sync has no preconditions.
-    unsafe { libc::sync() };
+    if let Some(first) = images.first() {
+        sync_fs(first)?;
+    }
     if std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok() {
         return Ok(());
     }
