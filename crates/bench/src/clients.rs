@@ -21,6 +21,9 @@ pub struct Measurement {
     pub lat_p999_us: Option<f64>,
     pub server_cpu_pct: Option<f64>,
     pub client_cpu_pct: Option<f64>,
+    /// The server's VmRSS / VmHWM after an idle run, in KiB.
+    pub server_rss_kib: Option<u64>,
+    pub server_hwm_kib: Option<u64>,
 }
 
 /// Prints a command line before it runs, so every figure can be reproduced by hand.
@@ -99,17 +102,13 @@ fn parse_vu(stdout: &str) -> Result<Measurement> {
         lat_p999_us: v.lat_p999_us,
         server_cpu_pct: v.server_cpu_pct,
         client_cpu_pct: v.client_cpu_pct,
+        ..Measurement::default()
     })
 }
 
 /// The server's CPU over `seconds` with a connected vu_bench that submits nothing, then its
 /// VmRSS / VmHWM.
-pub fn idle(
-    vu: &Path,
-    socket: &Path,
-    seconds: f64,
-    server: u32,
-) -> Result<(Measurement, (Option<u64>, Option<u64>))> {
+pub fn idle(vu: &Path, socket: &Path, seconds: f64, server: u32) -> Result<Measurement> {
     let mut cmd = Command::new(vu);
     cmd.arg("--socket")
         .arg(socket)
@@ -124,19 +123,18 @@ pub fn idle(
     let (c0, t0) = (process_ticks(server)?, Instant::now());
     std::thread::sleep(Duration::from_secs_f64(seconds));
     let (c1, secs) = (process_ticks(server)?, t0.elapsed().as_secs_f64());
-    let memory = memory_kib(server);
+    let (server_rss_kib, server_hwm_kib) = memory_kib(server);
     let status = child.wait()?;
     if !status.success() {
         bail!("the idle vu_bench client failed ({status})");
     }
-    Ok((
-        Measurement {
-            window_s: secs,
-            server_cpu_pct: cpu_pct(c1.saturating_sub(c0), secs),
-            ..Measurement::default()
-        },
-        memory,
-    ))
+    Ok(Measurement {
+        window_s: secs,
+        server_cpu_pct: cpu_pct(c1.saturating_sub(c0), secs),
+        server_rss_kib,
+        server_hwm_kib,
+        ..Measurement::default()
+    })
 }
 
 /// `nbdcopy URI null:`: the whole disk out of the server, timed.

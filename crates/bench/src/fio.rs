@@ -212,6 +212,7 @@ pub fn run(
         lat_p999_us: figures.lat_p999_us,
         server_cpu_pct,
         client_cpu_pct: cpu_pct(post.fio_ticks.saturating_sub(pre.fio_ticks), window_s),
+        ..Measurement::default()
     })
 }
 

@@ -124,7 +124,7 @@ fn run() -> Result<()> {
         } => {
             config.preset(&preset)?;
             let (cryptblk, vu_bench) = binaries(cryptblk, vu_bench)?;
-            runner::run(
+            let records = runner::run(
                 &config,
                 &runner::Options {
                     preset,
@@ -137,7 +137,11 @@ fn run() -> Result<()> {
                     vu_bench,
                     keep_images,
                 },
-            )
+            )?;
+            // The tables of this run; `report` renders any set of result files.
+            let rows = stats::summarize(&records, &|p: &str| ratios(&config, p));
+            print!("{}", report::markdown(&records, &rows));
+            Ok(())
         }
         Cmd::Report {
             results,
@@ -158,13 +162,7 @@ fn run() -> Result<()> {
                         .join(", ")
                 );
             }
-            let pairs = |preset: &str| {
-                config
-                    .presets
-                    .get(preset)
-                    .map(|p| p.ratios.clone())
-                    .unwrap_or_default()
-            };
+            let pairs = |preset: &str| ratios(&config, preset);
             let rows = stats::summarize(&records, &pairs);
             if let Some(old) = compare {
                 let old_rows = stats::summarize(&record::load(&old)?, &pairs);
@@ -180,6 +178,16 @@ fn run() -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// The pairs of peers whose ratios a preset's tables show (none for a preset not in the
+/// config: its records still get every peer's ratio to the ceiling).
+fn ratios(config: &Config, preset: &str) -> Vec<(String, String)> {
+    config
+        .presets
+        .get(preset)
+        .map(|p| p.ratios.clone())
+        .unwrap_or_default()
 }
 
 /// The binaries named, or a release build of both from this workspace.

@@ -168,40 +168,43 @@ fn table_detail(out: &mut String, rows: &[&Row]) {
     let _ = writeln!(out);
 }
 
+/// A row of a comparison: (preset, transport, workload, peer).
+type RowKey = (String, String, String, String);
+/// Median IOPS, server µs per I/O, ratio to the ceiling.
+type RowFigures = (Option<f64>, Option<f64>, Option<f64>);
+
+fn index(rows: &[Row]) -> BTreeMap<RowKey, RowFigures> {
+    let mut m = BTreeMap::new();
+    for r in rows {
+        let key = |p: &str| {
+            (
+                r.preset.clone(),
+                r.transport.clone(),
+                r.workload.name.clone(),
+                p.to_string(),
+            )
+        };
+        if r.ceiling_iops.is_some() {
+            m.insert(key("ceiling"), (r.ceiling_iops, None, Some(1.0)));
+        }
+        for p in &r.peers {
+            m.insert(
+                key(&p.peer),
+                (
+                    p.iops,
+                    p.server_cpu_us_per_io,
+                    p.to_ceiling.map(|q| q.median),
+                ),
+            );
+        }
+    }
+    m
+}
+
 /// New over old, row by row (preset, transport, workload, peer; the ceiling too): median IOPS,
 /// server µs per I/O, and the ratio to the ceiling, which cancels a machine that got faster.
 pub fn compare(old: &[Row], new: &[Row]) -> String {
     type Key<'a> = (&'a str, &'a str, &'a str, &'a str);
-    let index = |rows: &'_ [Row]| -> BTreeMap<
-        (String, String, String, String),
-        (Option<f64>, Option<f64>, Option<f64>),
-    > {
-        let mut m = BTreeMap::new();
-        for r in rows {
-            let key = |p: &str| {
-                (
-                    r.preset.clone(),
-                    r.transport.clone(),
-                    r.workload.name.clone(),
-                    p.to_string(),
-                )
-            };
-            if r.ceiling_iops.is_some() {
-                m.insert(key("ceiling"), (r.ceiling_iops, None, Some(1.0)));
-            }
-            for p in &r.peers {
-                m.insert(
-                    key(&p.peer),
-                    (
-                        p.iops,
-                        p.server_cpu_us_per_io,
-                        p.to_ceiling.map(|q| q.median),
-                    ),
-                );
-            }
-        }
-        m
-    };
     let (o, n) = (index(old), index(new));
     let mut out = String::from(
         "| preset | transport | workload | peer | IOPS old | IOPS new | new/old | µs/IO old | µs/IO new | new/old | to ceiling old | new |\n\

@@ -39,7 +39,8 @@ struct Bench<'a> {
     commit: String,
 }
 
-pub fn run(config: &Config, opts: &Options) -> Result<()> {
+/// Measures the preset; returns the records taken (also appended to the results file).
+pub fn run(config: &Config, opts: &Options) -> Result<Vec<Record>> {
     let preset = config.preset(&opts.preset)?;
     if preset.storage.kind == StorageKind::Rbd {
         bail!(
@@ -118,6 +119,7 @@ pub fn run(config: &Config, opts: &Options) -> Result<()> {
         cx.runtime,
         opts.results.display()
     );
+    let mut taken = Vec::new();
     let outcome = steps.iter().try_for_each(|step| {
         let rec = measure(&cx, step).with_context(|| {
             format!(
@@ -139,13 +141,15 @@ pub fn run(config: &Config, opts: &Options) -> Result<()> {
                 .map_or("-".into(), |v| format!("{v:.2}")),
             rec.load1
         );
-        record::append(&opts.results, &rec)
+        record::append(&opts.results, &rec)?;
+        taken.push(rec);
+        Ok(())
     });
     let _ = std::fs::remove_dir_all(&work);
     if !opts.keep_images {
         let _ = std::fs::remove_dir_all(&cx.images.dir);
     }
-    outcome
+    outcome.map(|()| taken)
 }
 
 fn measure(cx: &Bench, step: &Step) -> Result<Record> {
@@ -159,7 +163,6 @@ fn measure(cx: &Bench, step: &Step) -> Result<Record> {
         procfs::drop_caches(&files)?;
     }
     let load1 = procfs::load1();
-    let mut memory = (None, None);
     let m: Measurement = match step.transport {
         None => fio::run(
             &cx.work,
@@ -192,9 +195,7 @@ fn measure(cx: &Bench, step: &Step) -> Result<Record> {
             let pid = server.pid();
             let m = match (t, w.rw) {
                 (Transport::Vhost, Rw::Idle) => {
-                    let (m, mem) = clients::idle(&cx.opts.vu_bench, &socket, cx.runtime, pid)?;
-                    memory = mem;
-                    m
+                    clients::idle(&cx.opts.vu_bench, &socket, cx.runtime, pid)?
                 }
                 (Transport::Vhost, _) => clients::vu_bench(
                     &cx.opts.vu_bench,
@@ -247,7 +248,7 @@ fn measure(cx: &Bench, step: &Step) -> Result<Record> {
         server_cpu_pct: m.server_cpu_pct,
         client_cpu_pct: m.client_cpu_pct,
         server_cpu_us_per_io: cpu_us_per_io(m.server_cpu_pct, m.iops),
-        server_rss_kib: memory.0,
-        server_hwm_kib: memory.1,
+        server_rss_kib: m.server_rss_kib,
+        server_hwm_kib: m.server_hwm_kib,
     })
 }
