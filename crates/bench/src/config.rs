@@ -261,6 +261,44 @@ impl Config {
     }
 }
 
+impl Preset {
+    /// The preset with only the peers, transports and workloads named (each list: None keeps
+    /// the preset's); a name the preset does not have is an error naming it.
+    pub fn narrowed(
+        &self,
+        peers: Option<&[String]>,
+        transports: Option<&[Transport]>,
+        workloads: Option<&[String]>,
+    ) -> Result<Preset> {
+        fn pick<T: PartialEq + Clone + std::fmt::Debug>(
+            all: &[T],
+            only: Option<&[T]>,
+            what: &str,
+        ) -> Result<Vec<T>> {
+            let Some(only) = only else {
+                return Ok(all.to_vec());
+            };
+            if let Some(x) = only.iter().find(|x| !all.contains(x)) {
+                bail!("{what} {x:?} is not in the preset (it has {all:?})");
+            }
+            Ok(all.iter().filter(|x| only.contains(x)).cloned().collect())
+        }
+        let mut p = self.clone();
+        p.peers = pick(&self.peers, peers, "peer")?;
+        p.transports = pick(&self.transports, transports, "transport")?;
+        p.workloads = pick(&self.workloads, workloads, "workload")?;
+        if p.transports.is_empty() || p.workloads.is_empty() {
+            bail!("nothing left to measure");
+        }
+        p.ratios.retain(|(x, y)| {
+            [x, y]
+                .iter()
+                .all(|id| **id == p.ceiling || p.peers.contains(id))
+        });
+        Ok(p)
+    }
+}
+
 /// `4096`, `4k`, `256M`, `8G` (binary suffixes, as qemu-img reads them) -> bytes.
 pub fn parse_size(s: &str) -> Result<u64> {
     let t = s.trim();
@@ -307,6 +345,27 @@ mod tests {
             err.contains("'zz'") && err.contains("preset 'demo'"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_preset_narrows_to_the_names_given_in_its_own_order() {
+        let c = Config::load(None).unwrap();
+        let disk = c.preset("disk").unwrap();
+        let p = disk
+            .narrowed(
+                Some(&["d".into(), "a".into()]),
+                Some(&[Transport::Nbd]),
+                Some(&["w64k-d16".into()]),
+            )
+            .unwrap();
+        assert_eq!(p.peers, ["a", "d"]);
+        assert_eq!(p.transports, [Transport::Nbd]);
+        assert_eq!(p.workloads, ["w64k-d16"]);
+        // a/b and c/f name peers no longer measured; a/d and d/f stay.
+        let pair = |x: &str, y: &str| (x.to_string(), y.to_string());
+        assert_eq!(p.ratios, [pair("a", "d"), pair("d", "f")]);
+        let err = disk.narrowed(Some(&["zz".into()]), None, None).unwrap_err();
+        assert!(err.to_string().contains("\"zz\""), "{err}");
     }
 
     #[test]

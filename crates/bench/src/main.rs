@@ -61,6 +61,15 @@ enum Cmd {
         /// The vu_bench example binary (default: built like --cryptblk).
         #[arg(long)]
         vu_bench: Option<PathBuf>,
+        /// Only these of the preset's peers (comma-separated; the ceiling is always measured).
+        #[arg(long, value_delimiter = ',')]
+        peers: Option<Vec<String>>,
+        /// Only these of the preset's transports (vhost, nbd).
+        #[arg(long, value_delimiter = ',', value_parser = transport)]
+        transports: Option<Vec<config::Transport>>,
+        /// Only these of the preset's workloads.
+        #[arg(long, value_delimiter = ',')]
+        workloads: Option<Vec<String>>,
         /// Keep the images for the next run (and reuse ones kept by an earlier run).
         #[arg(long)]
         keep_images: bool,
@@ -121,11 +130,19 @@ fn run() -> Result<()> {
             cryptblk,
             vu_bench,
             keep_images,
+            peers,
+            transports,
+            workloads,
         } => {
-            config.preset(&preset)?;
+            let chosen = config.preset(&preset)?.narrowed(
+                peers.as_deref(),
+                transports.as_deref(),
+                workloads.as_deref(),
+            )?;
             let (cryptblk, vu_bench) = binaries(cryptblk, vu_bench)?;
             let records = runner::run(
                 &config,
+                &chosen,
                 &runner::Options {
                     preset,
                     results,
@@ -139,7 +156,7 @@ fn run() -> Result<()> {
                 },
             )?;
             // The tables of this run; `report` renders any set of result files.
-            let rows = stats::summarize(&records, &|p: &str| ratios(&config, p));
+            let rows = stats::summarize(&records, &|_: &str| chosen.ratios.clone());
             print!("{}", report::markdown(&records, &rows));
             Ok(())
         }
@@ -177,6 +194,14 @@ fn run() -> Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+fn transport(s: &str) -> Result<config::Transport, String> {
+    match s {
+        "vhost" => Ok(config::Transport::Vhost),
+        "nbd" => Ok(config::Transport::Nbd),
+        _ => Err(format!("'{s}' is not a transport (vhost, nbd)")),
     }
 }
 

@@ -1,7 +1,7 @@
 //! Runs a preset: prepares the images, walks the interleaved plan (a fresh server per run),
 //! and appends one record per measurement to the results file as soon as it is taken.
 use crate::clients::{self, Measurement};
-use crate::config::{parse_size, Cache, Config, Image, Rw, StorageKind, Transport};
+use crate::config::{parse_size, Cache, Config, Image, Preset, Rw, StorageKind, Transport};
 use crate::fio;
 use crate::images::{self, Images};
 use crate::peers;
@@ -40,8 +40,7 @@ struct Bench<'a> {
 }
 
 /// Measures the preset; returns the records taken (also appended to the results file).
-pub fn run(config: &Config, opts: &Options) -> Result<Vec<Record>> {
-    let preset = config.preset(&opts.preset)?;
+pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Record>> {
     if preset.storage.kind == StorageKind::Rbd {
         bail!(
             "preset '{}': running the Ceph RBD matrix is not implemented in cryptblk-bench yet \
