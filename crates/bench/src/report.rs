@@ -138,23 +138,24 @@ fn table_pairs(out: &mut String, rows: &[&Row]) {
 fn table_detail(out: &mut String, rows: &[&Row]) {
     let _ = writeln!(
         out,
-        "| workload | peer | IOPS | MiB/s | lat mean µs | p50 | p99 | p99.9 | server CPU % | server µs/IO | client CPU % | server RSS MiB |"
+        "| workload | peer | IOPS | MiB/s | lat mean µs | added to ceiling's | p50 | p99 | p99.9 | server CPU % | server µs/IO | client CPU % | server RSS MiB |"
     );
     let _ = writeln!(
         out,
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in rows {
         for p in &r.peers {
             let _ = writeln!(
                 out,
-                "| {} | ({}) {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | ({}) {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.workload.name,
                 p.peer,
                 p.name,
                 opt(p.iops, 0),
                 opt(p.mib_s, 1),
                 opt(p.lat_mean_us, 1),
+                opt(p.added_lat_us, 1),
                 opt(p.lat_p50_us, 1),
                 opt(p.lat_p99_us, 1),
                 opt(p.lat_p999_us, 1),
@@ -288,6 +289,10 @@ mod tests {
         // 50 % CPU at 80 and 60 IOPS: 6,250 and 8,333 µs per I/O, median 7,292.
         assert!(md.contains("| rr4k | (a) peer a | 70 |"), "{md}");
         assert!(md.contains("| 50.0 | 7291.67 |"), "{md}");
+        assert!(
+            md.contains("| 100.0 | 0.0 | 90.0 | 300.0 | 900.0 |"),
+            "{md}"
+        );
     }
 
     #[test]

@@ -54,6 +54,9 @@ pub struct PeerFigures {
     pub server_rss_kib: Option<f64>,
     /// IOPS over the ceiling of the same group, per round.
     pub to_ceiling: Option<Ratio>,
+    /// Mean latency minus the ceiling's in the same group (the latency the server and its
+    /// transport add, at depth 1), median over rounds, in µs.
+    pub added_lat_us: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -72,11 +75,11 @@ fn values(records: &[&Record], f: impl Fn(&Record) -> Option<f64>) -> Option<f64
     median(&records.iter().filter_map(|r| f(r)).collect::<Vec<_>>())
 }
 
-/// The mean IOPS of the ceiling runs of every group.
-fn ceilings(records: &[Record]) -> BTreeMap<&str, f64> {
+/// The mean of `f` over the ceiling runs of every group.
+fn ceilings(records: &[Record], f: impl Fn(&Record) -> Option<f64>) -> BTreeMap<&str, f64> {
     let mut by_group: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for r in records.iter().filter(|r| r.ceiling) {
-        if let Some(i) = r.iops {
+        if let Some(i) = f(r) {
             by_group.entry(r.group.as_str()).or_default().push(i);
         }
     }
@@ -88,7 +91,8 @@ fn ceilings(records: &[Record]) -> BTreeMap<&str, f64> {
 
 /// Rows in the order they were first measured; `pairs(preset)` names the ratios to show.
 pub fn summarize(records: &[Record], pairs: &dyn Fn(&str) -> Vec<(String, String)>) -> Vec<Row> {
-    let ceiling_of = ceilings(records);
+    let ceiling_of = ceilings(records, |r| r.iops);
+    let ceiling_lat = ceilings(records, |r| r.lat_mean_us);
     let mut order: Vec<(String, String, String)> = Vec::new();
     let mut rows: BTreeMap<(String, String, String), Vec<&Record>> = BTreeMap::new();
     for r in records.iter().filter(|r| !r.ceiling) {
@@ -136,6 +140,14 @@ pub fn summarize(records: &[Record], pairs: &dyn Fn(&str) -> Vec<(String, String
                         server_cpu_us_per_io: values(&mine, |r| r.server_cpu_us_per_io),
                         server_rss_kib: values(&mine, |r| r.server_rss_kib.map(|k| k as f64)),
                         to_ceiling: Ratio::of(&per_round),
+                        added_lat_us: median(
+                            &mine
+                                .iter()
+                                .filter_map(|r| {
+                                    Some(r.lat_mean_us? - ceiling_lat.get(r.group.as_str())?)
+                                })
+                                .collect::<Vec<_>>(),
+                        ),
                     }
                 })
                 .collect();
@@ -228,6 +240,8 @@ mod tests {
         assert!((r.median - 0.9).abs() < 1e-9, "{r:?}");
         assert!((r.worst - 0.75).abs() < 1e-9, "{r:?}");
         assert_eq!(r.rounds, 3);
+        // Every sample has 100 µs mean latency, the ceilings too: nothing added.
+        assert_eq!(a.added_lat_us, Some(0.0));
         // The median of IOPS is over raw values: 36, 90, 150.
         assert_eq!(a.iops, Some(90.0));
         // a/d per round: 90/95, 36/38, 150/190.
