@@ -13,8 +13,19 @@ use std::process::Command;
 
 /// Where fio sends its requests.
 pub enum Target<'a> {
-    File { path: &'a Path, direct: bool },
-    Nbd { uri: String },
+    File {
+        path: &'a Path,
+        direct: bool,
+    },
+    Nbd {
+        uri: String,
+    },
+    /// fio's rbd engine (librbd in fio) on an image of the cluster `conf` describes.
+    Rbd {
+        conf: &'a Path,
+        pool: &'a str,
+        image: &'a str,
+    },
 }
 
 #[derive(Deserialize)]
@@ -179,6 +190,12 @@ pub fn run(
         }
         Target::Nbd { uri } => {
             cmd.arg("--ioengine=nbd").arg(format!("--uri={uri}"));
+        }
+        Target::Rbd { conf, pool, image } => {
+            cmd.env("CEPH_CONF", conf)
+                .args(["--ioengine=rbd", "--clientname=admin"])
+                .arg(format!("--pool={pool}"))
+                .arg(format!("--rbdname={image}"));
         }
     }
     crate::clients::show(&cmd);

@@ -8,10 +8,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[derive(Clone)]
 pub struct Images {
     pub dir: PathBuf,
     pub key: PathBuf,
     pub size: u64,
+    /// Set when the images live in a Ceph pool (`rbd` preset) instead of `dir`.
+    pub rbd: Option<crate::rbd::RbdStore>,
 }
 
 impl Images {
@@ -54,6 +57,7 @@ pub fn prepare(
         dir: dir.to_path_buf(),
         key: dir.join("key"),
         size,
+        rbd: None,
     };
     let raw = images.path(Image::Raw);
     let reuse = keep
@@ -130,7 +134,7 @@ fn random_file(path: &Path, size: u64) -> Result<()> {
 /// A LUKS1 aes-xts-plain64 image made by qemu-img (QEMU's own encryption, the peer). Its KDF
 /// calibration fails now and then on a busy machine ("Unable to get accurate CPU usage"); a
 /// failed try ends in milliseconds, so that error alone is retried, many times.
-fn qemu_luks1(path: &Path, size: u64, key: &Path) -> Result<()> {
+pub fn qemu_luks1(path: &Path, size: u64, key: &Path) -> Result<()> {
     let mut cmd = Command::new("qemu-img");
     cmd.args(["create", "-q", "-f", "luks", "--object"])
         .arg(format!("secret,id=sec0,file={}", key.display()))

@@ -9,6 +9,7 @@ mod images;
 mod peers;
 mod plan;
 mod procfs;
+mod rbd;
 mod record;
 mod report;
 mod runner;

@@ -70,6 +70,7 @@ pub fn command(
     socket: &Path,
 ) -> Result<Command> {
     let image = images.path(peer.image);
+    let rbd = images.rbd.as_ref();
     let mut cmd;
     match peer.server {
         Server::Fio => bail!("fio is a client, not a server"),
@@ -88,7 +89,10 @@ pub fn command(
                         .args(["--name", "vol"]);
                 }
             }
-            cmd.arg("--image").arg(&image);
+            match rbd {
+                Some(store) => cmd.arg("--image").arg(store.cryptblk_name(peer.image)),
+                None => cmd.arg("--image").arg(&image),
+            };
             match peer.image {
                 Image::Raw => {}
                 Image::Luks2 => {
@@ -109,19 +113,37 @@ pub fn command(
                 Cache::None => ",cache.direct=on,aio=io_uring",
                 Cache::Default => "",
             };
-            cmd.arg("--blockdev").arg(format!(
-                "driver=file,node-name=f,filename={}{file_opts}",
-                image.display()
-            ));
+            let secret = format!("secret,id=sec0,file={}", images.key.display());
+            match rbd {
+                Some(store) => {
+                    let mut dev = format!(
+                        "driver=rbd,node-name=f,pool={},image={},conf={}",
+                        crate::rbd::POOL,
+                        crate::rbd::RbdStore::image_name(peer.image),
+                        store.conf.display()
+                    );
+                    if peer.image == Image::RbdLuks2Librbd {
+                        // librbd's own LUKS2 under QEMU's rbd driver.
+                        cmd.arg("--object").arg(&secret);
+                        dev.push_str(",encrypt.format=luks2,encrypt.key-secret=sec0");
+                    }
+                    cmd.arg("--blockdev").arg(dev);
+                }
+                None => {
+                    cmd.arg("--blockdev").arg(format!(
+                        "driver=file,node-name=f,filename={}{file_opts}",
+                        image.display()
+                    ));
+                }
+            }
             let node = match peer.image {
                 Image::Raw => "f",
+                Image::RbdLuks2Librbd if rbd.is_some() => "f",
                 Image::Luks1 => {
-                    cmd.arg("--object")
-                        .arg(format!("secret,id=sec0,file={}", images.key.display()))
-                        .args([
-                            "--blockdev",
-                            "driver=luks,node-name=l,file=f,key-secret=sec0",
-                        ]);
+                    cmd.arg("--object").arg(&secret).args([
+                        "--blockdev",
+                        "driver=luks,node-name=l,file=f,key-secret=sec0",
+                    ]);
                     "l"
                 }
                 other => bail!(
@@ -227,6 +249,7 @@ mod tests {
             dir: "/i".into(),
             key: "/i/key".into(),
             size: 1 << 30,
+            rbd: None,
         };
         let s = Path::new("/w/a.sock");
         let cmd = |p: &str, t, q| {
@@ -257,6 +280,35 @@ mod tests {
              --object secret,id=sec0,file=/i/key --blockdev driver=luks,node-name=l,file=f,key-secret=sec0 \
              --nbd-server addr.type=unix,addr.path=/w/a.sock --export type=nbd,id=e,node-name=l,name=vol,writable=on"
         );
+        let rbd = Images {
+            rbd: Some(crate::rbd::RbdStore {
+                conf: "/c/ceph.conf".into(),
+            }),
+            ..images.clone()
+        };
+        let on_rbd = |p: &str| {
+            let peer = c.peer(p).unwrap();
+            argv(
+                &command(
+                    peer,
+                    Path::new("cryptblk"),
+                    &rbd,
+                    Transport::Nbd,
+                    1,
+                    Cache::Default,
+                    s,
+                )
+                .unwrap(),
+            )
+        };
+        assert!(on_rbd("a")
+            .contains("--image rbd:rbd/luks2-cryptblk:conf=/c/ceph.conf --key-file /i/key"));
+        assert!(on_rbd("b-librbd").starts_with(
+            "qemu-storage-daemon --object secret,id=sec0,file=/i/key --blockdev \
+             driver=rbd,node-name=f,pool=rbd,image=luks2-librbd,conf=/c/ceph.conf,encrypt.format=luks2,encrypt.key-secret=sec0 \
+             --nbd-server"
+        ), "{}", on_rbd("b-librbd"));
+        assert!(on_rbd("b").contains("image=luks1-qemu,conf=/c/ceph.conf --object secret,id=sec0,file=/i/key --blockdev driver=luks,node-name=l,file=f"));
         assert!(cmd("c", Transport::Vhost, 2).ends_with(
             "--export type=vhost-user-blk,id=e,node-name=f,addr.type=unix,addr.path=/w/a.sock,writable=on,num-queues=2"
         ));

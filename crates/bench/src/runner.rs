@@ -7,8 +7,10 @@ use crate::images::{self, Images};
 use crate::peers;
 use crate::plan::{self, Step};
 use crate::procfs;
+use crate::rbd;
 use crate::record::{self, cpu_us_per_io, Machine, Record, WorkloadRecord};
 use anyhow::{bail, Context, Result};
+use cryptblk_testutil::ceph::Cluster;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -41,36 +43,9 @@ struct Bench<'a> {
 
 /// Measures the preset; returns the records taken (also appended to the results file).
 pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Record>> {
-    if preset.storage.kind == StorageKind::Rbd {
-        bail!(
-            "preset '{}': running the Ceph RBD matrix is not implemented in cryptblk-bench yet \
-             (its rows are in presets.toml); scripts/bench-rbd.sh still measures it",
-            opts.preset
-        );
-    }
     let size = parse_size(opts.size.as_deref().unwrap_or(&preset.storage.size))?;
     if !size.is_multiple_of(65536) {
         bail!("the image size must be a multiple of 64 KiB (got {size} bytes)");
-    }
-    let dir = opts
-        .dir
-        .clone()
-        .or_else(|| preset.storage.dir.as_ref().map(PathBuf::from))
-        .context("no storage directory")?;
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let fs = procfs::fs_type(&dir)?;
-    match preset.storage.tmpfs {
-        Some(true) if fs != "tmpfs" => eprintln!(
-            "note: {} is {fs}, not tmpfs as preset '{}' expects",
-            dir.display(),
-            opts.preset
-        ),
-        Some(false) if fs == "tmpfs" => bail!(
-            "{} is tmpfs: preset '{}' measures a real device (give --dir on a disk filesystem)",
-            dir.display(),
-            opts.preset
-        ),
-        _ => {}
     }
     for tool in [&opts.cryptblk, &opts.vu_bench] {
         if !tool.is_file() {
@@ -79,35 +54,34 @@ pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Recor
     }
     let mut which: BTreeSet<Image> = preset.peers.iter().map(|p| config.peers[p].image).collect();
     which.insert(Image::Raw);
-    let images = images::prepare(
-        &dir.join(format!("cryptblk-bench-{}", opts.preset)),
-        size,
-        &which,
-        &opts.cryptblk,
-        opts.keep_images,
-    )?;
     // Sockets need short paths (108 bytes): a private directory under /tmp.
     let work = std::env::temp_dir().join(format!("cryptblk-bench.{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
+    let prepared = match preset.storage.kind {
+        StorageKind::File => on_files(preset, opts, size, &which),
+        StorageKind::Rbd => on_rbd(opts, size, &which, &work),
+    };
+    let prepared = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&work);
+            return Err(e);
+        }
+    };
     let cx = Bench {
         config,
         opts,
-        image_files: images.all(&which),
-        images,
+        image_files: if prepared.drop_caches {
+            prepared.images.all(&which)
+        } else {
+            Vec::new()
+        },
+        images: prepared.images,
         work: work.clone(),
         runtime: opts.runtime.unwrap_or(preset.runtime),
         cache: preset.storage.cache,
-        drop_caches: fs != "tmpfs",
-        storage: format!(
-            "{fs} {}, {} MiB, cache {}",
-            dir.display(),
-            size >> 20,
-            if preset.storage.cache == Cache::None {
-                "none"
-            } else {
-                "default"
-            }
-        ),
+        drop_caches: prepared.drop_caches,
+        storage: prepared.storage,
         machine: procfs::machine(),
         commit: procfs::commit(),
     };
@@ -148,7 +122,85 @@ pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Recor
     if !opts.keep_images {
         let _ = std::fs::remove_dir_all(&cx.images.dir);
     }
+    // Stops the Ceph daemons (rbd preset) only now.
+    drop(prepared.cluster);
     outcome.map(|()| taken)
+}
+
+/// The images, where they are, and what belongs to the storage.
+struct Prepared {
+    images: Images,
+    drop_caches: bool,
+    storage: String,
+    cluster: Option<Cluster>,
+}
+
+fn on_files(
+    preset: &Preset,
+    opts: &Options,
+    size: u64,
+    which: &BTreeSet<Image>,
+) -> Result<Prepared> {
+    let dir = opts
+        .dir
+        .clone()
+        .or_else(|| preset.storage.dir.as_ref().map(PathBuf::from))
+        .context("no storage directory")?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let fs = procfs::fs_type(&dir)?;
+    match preset.storage.tmpfs {
+        Some(true) if fs != "tmpfs" => eprintln!(
+            "note: {} is {fs}, not tmpfs as preset '{}' expects",
+            dir.display(),
+            opts.preset
+        ),
+        Some(false) if fs == "tmpfs" => bail!(
+            "{} is tmpfs: preset '{}' measures a real device (give --dir on a disk filesystem)",
+            dir.display(),
+            opts.preset
+        ),
+        _ => {}
+    }
+    let images = images::prepare(
+        &dir.join(format!("cryptblk-bench-{}", opts.preset)),
+        size,
+        which,
+        &opts.cryptblk,
+        opts.keep_images,
+    )?;
+    Ok(Prepared {
+        images,
+        // Dropping the page cache means nothing for files in memory.
+        drop_caches: fs != "tmpfs",
+        storage: format!(
+            "{fs} {}, {} MiB, cache {}",
+            dir.display(),
+            size >> 20,
+            if preset.storage.cache == Cache::None {
+                "none"
+            } else {
+                "default"
+            }
+        ),
+        cluster: None,
+    })
+}
+
+fn on_rbd(opts: &Options, size: u64, which: &BTreeSet<Image>, work: &Path) -> Result<Prepared> {
+    if opts.keep_images {
+        bail!("--keep-images: the rbd preset's cluster lives only as long as the run");
+    }
+    let local = opts.dir.clone().unwrap_or_else(|| work.join("local"));
+    let (cluster, images) = rbd::prepare(&local, size, which, &opts.cryptblk, work)?;
+    Ok(Prepared {
+        images,
+        drop_caches: false,
+        storage: format!(
+            "Ceph RBD (one monitor, one memstore OSD, this machine), {} MiB",
+            size >> 20
+        ),
+        cluster: Some(cluster),
+    })
 }
 
 fn measure(cx: &Bench, step: &Step) -> Result<Record> {
@@ -163,16 +215,21 @@ fn measure(cx: &Bench, step: &Step) -> Result<Record> {
     }
     let load1 = procfs::load1();
     let m: Measurement = match step.transport {
-        None => fio::run(
-            &cx.work,
-            &fio::Target::File {
-                path: &cx.images.path(peer.image),
-                direct: cx.cache == Cache::None,
-            },
-            w,
-            cx.runtime,
-            None,
-        )?,
+        None => {
+            let path = cx.images.path(peer.image);
+            let target = match &cx.images.rbd {
+                Some(store) => fio::Target::Rbd {
+                    conf: &store.conf,
+                    pool: rbd::POOL,
+                    image: rbd::RbdStore::image_name(peer.image),
+                },
+                None => fio::Target::File {
+                    path: &path,
+                    direct: cx.cache == Cache::None,
+                },
+            };
+            fio::run(&cx.work, &target, w, cx.runtime, None)?
+        }
         Some(t) => {
             let socket = cx.work.join(format!("{}.sock", step.peer));
             let cmd = peers::command(
