@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Benchmark (not a test): serving a LUKS disk stored in Ceph RBD. Peers, all on images of the
-# same payload size in the same pool of the same cluster:
+# Benchmark (not a test): serving a LUKS disk stored in Ceph RBD. The throughput part is also
+# `cryptblk-bench run --preset rbd` (crates/bench; JSON records, same peers); the hand-off
+# section below is only here. Peers, all on images of the same payload size in the same pool
+# of the same cluster:
 #
 #   (f)  ceiling: fio's rbd ioengine (librbd in fio, one client) on a plain, unencrypted image
 #   (a)  cryptblk serve, a LUKS2 image made by `cryptblk format rbd:POOL/IMAGE`

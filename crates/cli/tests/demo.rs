@@ -1,6 +1,9 @@
 //! `cryptblk demo`, the README's first command, on a small sample: it must succeed, show the
 //! round trip verified, serve the encrypted image and its plaintext to a real vhost-user-blk
 //! client with a throughput row per workload, and stop its daemon cleanly (no socket left).
+//! The plain twin it compares against is as allocated as the encrypted image (the sample's
+//! holes would be read as zeros without touching the storage), and the demo says so.
+use std::os::unix::fs::MetadataExt;
 use std::process::Command;
 
 #[test]
@@ -41,6 +44,26 @@ fn demo_encrypts_verifies_and_serves() {
             numbers[1] > 0.0 && numbers[2] > 0.0 && numbers[3] > 0.0,
             "{row}"
         );
+    }
+    // Both disks served hold every payload byte on the storage: the twin is not the sparse
+    // sample (a quarter holes) but a dense copy.
+    let allocated = |name: &str| std::fs::metadata(work.join(name)).unwrap().blocks() * 512;
+    assert!(allocated("sample.raw") <= 12 << 20, "the sample has holes");
+    assert_eq!(allocated("plain.raw"), 16 << 20);
+    assert!(allocated("sample.luks2") >= 16 << 20);
+    let config = std::fs::read_to_string(work.join("disks.toml")).unwrap();
+    assert!(
+        config.contains("plain.raw") && !config.contains("sample.raw"),
+        "{config}"
+    );
+    let measured: Vec<&str> = stdout.lines().filter(|l| l.contains("measured:")).collect();
+    assert_eq!(measured.len(), 1, "{stdout}");
+    for said in [
+        "plain twin 16.0 MiB allocated (no holes)",
+        "interleaved halves",
+        "ratio = encrypted / plain",
+    ] {
+        assert!(measured[0].contains(said), "no {said:?} in {}", measured[0]);
     }
     for socket in ["encrypted.sock", "plain.sock"] {
         assert!(!work.join(socket).exists(), "{socket} left behind");

@@ -44,7 +44,10 @@ fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
 }
 
 impl Cluster {
-    fn start() -> Cluster {
+    /// Starts a cluster (the Ceph daemons must be installed); panics naming the step that
+    /// failed. Tests call [`start`], which skips when Ceph is missing; the benchmark harness
+    /// calls this once it has checked.
+    pub fn start() -> Cluster {
         let dir = std::env::temp_dir().join(format!("cryptblk-ceph-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         for sub in ["log", "run", "mon", "osd"] {

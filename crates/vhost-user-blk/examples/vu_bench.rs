@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release -p cryptblk-vhost-user-blk --example vu_bench -- \
 //!     --socket PATH --rw randread|randwrite|read|write --bs 4096 --iodepth 32 --queues 1 \
-//!     --runtime 10 [--size BYTES] [--queue-size N] [--once]
+//!     --runtime 10 [--size BYTES] [--queue-size N] [--once] [--server-pid PID]
 //! ```
 //!
 //! One thread per queue keeps `iodepth` requests in flight and waits for completions with a
@@ -15,8 +15,12 @@
 //! `--once` makes one pass over the area instead of running for `--runtime` (use
 //! `--rw write --once` to fill a disk before timing reads). Prints one JSON line:
 //! `{"iops":..,"mib_s":..,"lat_avg_us":..,"lat_max_us":..,"queue_ios":[..],"queue_balance":..,...}`
-//! (`queue_balance` = least-served queue's I/O count / most-served queue's); exits 1 on any
-//! failed request.
+//! (`queue_balance` = least-served queue's I/O count / most-served queue's), then
+//! `lat_p50_us`, `lat_p99_us`, `lat_p999_us` (from a histogram with 64 buckets per power of two,
+//! so within 1.6 %) and `client_cpu_pct` (this process's utime + stime over the measured window,
+//! 100 = one core); with `--server-pid PID` also `server_cpu_pct`, that process's CPU over the
+//! same window (connecting and setting up memory are outside it). Exits 1 on any failed
+//! request.
 //!
 //! `--idle SECS` instead connects, starts the queues, maps its buffers and then sits idle for
 //! SECS seconds without a request (to measure a server's CPU use with an idle frontend).
@@ -27,9 +31,14 @@ use std::time::{Duration, Instant};
 
 use blkio::{Blkio, Blkioq, Completion, ReqFlags};
 
+// In a folder of its own: a file directly in examples/ would be built as an example.
+#[path = "vu_bench/histogram.rs"]
+mod histogram;
+use histogram::Histogram;
+
 const USAGE: &str = "usage: vu_bench --socket PATH --rw randread|randwrite|read|write \
 [--bs BYTES (4096)] [--iodepth N (32)] [--queues N (1)] [--runtime SECS (10)] [--size BYTES] \
-[--queue-size N] [--once] | vu_bench --socket PATH --idle SECS [--queues N]";
+[--queue-size N] [--once] [--server-pid PID] | vu_bench --socket PATH --idle SECS [--queues N]";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Rw {
@@ -67,6 +76,7 @@ struct Args {
     queue_size: Option<i32>,
     once: bool,
     idle: Option<f64>,
+    server_pid: Option<u32>,
 }
 
 fn fail(msg: impl std::fmt::Display) -> ! {
@@ -100,6 +110,7 @@ fn parse_args() -> Args {
         queue_size: None,
         once: false,
         idle: None,
+        server_pid: None,
     };
     let mut rw = None;
     let mut it = std::env::args().skip(1);
@@ -140,6 +151,7 @@ fn parse_args() -> Args {
             }
             "--size" => a.size = Some(parse_size(&val)),
             "--queue-size" => a.queue_size = Some(num(&val) as i32),
+            "--server-pid" => a.server_pid = Some(num(&val) as u32),
             "--idle" => {
                 a.idle = Some(
                     val.parse()
@@ -170,12 +182,28 @@ fn check<T>(r: blkio::Result<T>, what: &str) -> T {
     r.unwrap_or_else(|e| fail(format!("{what}: {e} ({:?})", e.errno())))
 }
 
+/// utime + stime of a process in clock ticks (`/proc/PID/stat`, fields counted after the
+/// command name's closing parenthesis, which may hold spaces).
+fn cpu_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// CPU ticks over `secs` seconds as a share of one core, in percent.
+fn cpu_pct(ticks: u64, secs: f64) -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    ticks as f64 / hz / secs * 100.0
+}
+
 /// What one queue's thread did.
-#[derive(Default)]
 struct QueueResult {
     ios: u64,
     lat_sum: Duration,
     lat_max: Duration,
+    lat: Histogram,
 }
 
 struct Job {
@@ -213,7 +241,12 @@ fn run_queue(mut q: Blkioq, job: Job) -> QueueResult {
     let mut submitted_at = vec![Instant::now(); job.iodepth];
     let mut issued = 0u64;
     let mut in_flight = 0usize;
-    let mut res = QueueResult::default();
+    let mut res = QueueResult {
+        ios: 0,
+        lat_sum: Duration::ZERO,
+        lat_max: Duration::ZERO,
+        lat: Histogram::new(),
+    };
     let mut comps: Vec<MaybeUninit<Completion>> =
         (0..job.iodepth).map(|_| MaybeUninit::uninit()).collect();
     let more = |issued: u64| match (job.total, job.deadline) {
@@ -257,6 +290,7 @@ fn run_queue(mut q: Blkioq, job: Job) -> QueueResult {
             let lat = now - submitted_at[c.user_data];
             res.lat_sum += lat;
             res.lat_max = res.lat_max.max(lat);
+            res.lat.add(lat.as_nanos() as u64);
             in_flight -= 1;
             if more(issued) {
                 submit(&mut q, c.user_data, &mut submitted_at);
@@ -331,6 +365,9 @@ fn main() {
         println!("{{\"idle_s\":{idle},\"queues\":{}}}", a.queues);
         return;
     }
+    let server = a.server_pid.map(|p| p.to_string());
+    let server_before = server.as_deref().and_then(cpu_ticks);
+    let client_before = cpu_ticks("self");
     let start = Instant::now();
     let deadline = (!a.once).then(|| start + Duration::from_secs_f64(a.runtime));
     let blocks = area / a.bs as u64;
@@ -359,6 +396,8 @@ fn main() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let secs = start.elapsed().as_secs_f64();
+    let client_after = cpu_ticks("self");
+    let server_after = server.as_deref().and_then(cpu_ticks);
     let ios: u64 = results.iter().map(|r| r.ios).sum();
     let lat: Duration = results.iter().map(|r| r.lat_sum).sum();
     let iops = ios as f64 / secs;
@@ -385,11 +424,36 @@ fn main() {
     } else {
         least as f64 / most as f64
     };
+    let mut lat_hist = Histogram::new();
+    for r in &results {
+        lat_hist.merge(&r.lat);
+    }
+    let mut extra = format!(
+        ",\"lat_p50_us\":{:.1},\"lat_p99_us\":{:.1},\"lat_p999_us\":{:.1}",
+        lat_hist.percentile_us(0.5),
+        lat_hist.percentile_us(0.99),
+        lat_hist.percentile_us(0.999)
+    );
+    if let (Some(b), Some(a)) = (client_before, client_after) {
+        extra += &format!(
+            ",\"client_cpu_pct\":{:.1}",
+            cpu_pct(a.saturating_sub(b), secs)
+        );
+    }
+    if let Some(pid) = &server {
+        let (Some(b), Some(a)) = (server_before, server_after) else {
+            fail(format!("--server-pid {pid}: cannot read /proc/{pid}/stat"));
+        };
+        extra += &format!(
+            ",\"server_cpu_pct\":{:.1}",
+            cpu_pct(a.saturating_sub(b), secs)
+        );
+    }
     println!(
         "{{\"iops\":{iops:.1},\"mib_s\":{mib_s:.2},\"lat_avg_us\":{lat_avg_us:.1},\
 \"lat_max_us\":{lat_max_us:.1},\"queue_ios\":[{}],\"queue_balance\":{queue_balance:.3},\
 \"rw\":\"{}\",\"bs\":{},\"iodepth\":{},\"queues\":{},\"runtime_s\":{secs:.3},\"ios\":{ios},\
-\"area_bytes\":{area}}}",
+\"area_bytes\":{area}{extra}}}",
         per_queue.join(","),
         a.rw.name(),
         a.bs,

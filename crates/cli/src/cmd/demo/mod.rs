@@ -2,7 +2,9 @@
 //! regions and holes), encrypts it into a new LUKS2 image, decrypts it back, and verifies the
 //! round trip byte for byte, printing throughput and the header; then serves the encrypted
 //! image and its plaintext twin to a vhost-user-blk client and compares their speed
-//! (`serve.rs`).
+//! (`serve.rs`). The twin is written densely, every byte allocated as in the encrypted image:
+//! the sample's holes would read as zeros without touching the storage, and the comparison
+//! would be sparse against dense, not plain against encrypted.
 mod client;
 mod serve;
 
@@ -28,7 +30,8 @@ pub fn run(cli: &Cli, args: &DemoArgs) -> Result<()> {
     let sample = dir.join("sample.raw");
     let encrypted = dir.join("sample.luks2");
     let decrypted = dir.join("roundtrip.raw");
-    for stale in [&sample, &encrypted, &decrypted] {
+    let plain = dir.join("plain.raw");
+    for stale in [&sample, &encrypted, &decrypted, &plain] {
         let _ = std::fs::remove_file(stale);
     }
 
@@ -157,10 +160,11 @@ pub fn run(cli: &Cli, args: &DemoArgs) -> Result<()> {
     println!();
     // The daemon takes the images' locks: this process lets go of them first.
     drop((a, b));
+    write_dense_twin(&sample, &plain)?;
     serve::run(&serve::Images {
         dir,
         encrypted: &encrypted,
-        plain: &sample,
+        plain: &plain,
         key_file: &key_file,
         threads: pool.threads(),
     })?;
@@ -201,6 +205,28 @@ fn write_demo_passphrase(path: &Path) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))?;
     f.write_all(format!("demo-{passphrase}").as_bytes())?;
     Ok(())
+}
+
+/// A copy of `src` with every byte written, zeros and holes included, so that no read of it
+/// is answered without the storage.
+fn write_dense_twin(src: &Path, dst: &Path) -> Result<()> {
+    let from = std::fs::File::open(src).with_context(|| format!("opening {}", src.display()))?;
+    let to = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dst)
+        .with_context(|| format!("creating {}", dst.display()))?;
+    let size = from.metadata()?.len();
+    let mut buf = vec![0u8; MIB as usize];
+    let mut offset = 0;
+    while offset < size {
+        let n = (size - offset).min(MIB) as usize;
+        from.read_exact_at(&mut buf[..n], offset)?;
+        to.write_all_at(&buf[..n], offset)?;
+        offset += n as u64;
+    }
+    to.sync_all()
+        .with_context(|| format!("writing {}", dst.display()))
 }
 
 /// Every 4 MiB: 2 MiB of pseudo-random data, 1 MiB of explicit zeros, 1 MiB left as a hole.

@@ -1,0 +1,185 @@
+//! The clients besides fio: `vu_bench` (libblkio over vhost-user-blk; it measures its own
+//! window and the server's CPU over it), an idle vu_bench (server CPU and memory with a
+//! connected client that submits nothing), and `nbdcopy` of the whole disk.
+use crate::config::Workload;
+use crate::procfs::{cpu_pct, memory_kib, process_ticks};
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What one run measured, over its window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Measurement {
+    pub window_s: f64,
+    pub iops: Option<f64>,
+    pub mib_s: Option<f64>,
+    pub lat_mean_us: Option<f64>,
+    pub lat_p50_us: Option<f64>,
+    pub lat_p99_us: Option<f64>,
+    pub lat_p999_us: Option<f64>,
+    pub server_cpu_pct: Option<f64>,
+    pub client_cpu_pct: Option<f64>,
+    /// The server's VmRSS / VmHWM after an idle run, in KiB.
+    pub server_rss_kib: Option<u64>,
+    pub server_hwm_kib: Option<u64>,
+}
+
+/// Prints a command line before it runs, so every figure can be reproduced by hand.
+pub fn show(cmd: &Command) {
+    let args: Vec<String> = cmd
+        .get_args()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    eprintln!(
+        "+ {} {}",
+        cmd.get_program().to_string_lossy(),
+        args.join(" ")
+    );
+}
+
+/// vu_bench's JSON line (fields it has printed since the bash harness, plus the percentiles
+/// and the CPU over its window).
+#[derive(Deserialize)]
+struct VuOutput {
+    iops: f64,
+    mib_s: f64,
+    lat_avg_us: f64,
+    lat_p50_us: Option<f64>,
+    lat_p99_us: Option<f64>,
+    lat_p999_us: Option<f64>,
+    runtime_s: f64,
+    server_cpu_pct: Option<f64>,
+    client_cpu_pct: Option<f64>,
+}
+
+pub fn vu_bench(
+    vu: &Path,
+    socket: &Path,
+    w: &Workload,
+    runtime: f64,
+    size: u64,
+    server: u32,
+) -> Result<Measurement> {
+    let mut cmd = Command::new(vu);
+    cmd.arg("--socket")
+        .arg(socket)
+        .args(["--rw", w.rw.name()])
+        .args(["--bs", &w.bs.to_string()])
+        .args(["--iodepth", &w.depth.to_string()])
+        .args(["--queues", &w.queues.to_string()])
+        .args(["--runtime", &runtime.to_string()])
+        .args(["--size", &size.to_string()])
+        .args(["--server-pid", &server.to_string()]);
+    show(&cmd);
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {}", vu.display()))?;
+    if !out.status.success() {
+        bail!(
+            "vu_bench failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    parse_vu(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn parse_vu(stdout: &str) -> Result<Measurement> {
+    let line = stdout
+        .lines()
+        .rfind(|l| l.starts_with('{'))
+        .context("vu_bench printed no JSON line")?;
+    let v: VuOutput = serde_json::from_str(line).context("parsing vu_bench's JSON line")?;
+    Ok(Measurement {
+        window_s: v.runtime_s,
+        iops: Some(v.iops),
+        mib_s: Some(v.mib_s),
+        lat_mean_us: Some(v.lat_avg_us),
+        lat_p50_us: v.lat_p50_us,
+        lat_p99_us: v.lat_p99_us,
+        lat_p999_us: v.lat_p999_us,
+        server_cpu_pct: v.server_cpu_pct,
+        client_cpu_pct: v.client_cpu_pct,
+        ..Measurement::default()
+    })
+}
+
+/// The server's CPU over `seconds` with a connected vu_bench that submits nothing, then its
+/// VmRSS / VmHWM.
+pub fn idle(vu: &Path, socket: &Path, seconds: f64, server: u32) -> Result<Measurement> {
+    let mut cmd = Command::new(vu);
+    cmd.arg("--socket")
+        .arg(socket)
+        .args(["--idle", &(seconds + 2.0).to_string(), "--queues", "1"])
+        .stdout(Stdio::null());
+    show(&cmd);
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("running {}", vu.display()))?;
+    // Let it connect and map its memory first.
+    std::thread::sleep(Duration::from_secs(1));
+    let (c0, t0) = (process_ticks(server)?, Instant::now());
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    let (c1, secs) = (process_ticks(server)?, t0.elapsed().as_secs_f64());
+    let (server_rss_kib, server_hwm_kib) = memory_kib(server);
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("the idle vu_bench client failed ({status})");
+    }
+    Ok(Measurement {
+        window_s: secs,
+        server_cpu_pct: cpu_pct(c1.saturating_sub(c0), secs),
+        server_rss_kib,
+        server_hwm_kib,
+        ..Measurement::default()
+    })
+}
+
+/// `nbdcopy URI null:`: the whole disk out of the server, timed.
+pub fn nbdcopy(uri: &str, size: u64, server: u32) -> Result<Measurement> {
+    let mut cmd = Command::new("nbdcopy");
+    cmd.args([uri, "null:"]);
+    show(&cmd);
+    let (c0, t0) = (process_ticks(server)?, Instant::now());
+    let out = cmd
+        .output()
+        .context("running nbdcopy (Debian: apt-get install libnbd-bin)")?;
+    let (c1, secs) = (process_ticks(server)?, t0.elapsed().as_secs_f64());
+    if !out.status.success() {
+        bail!(
+            "nbdcopy failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(Measurement {
+        window_s: secs,
+        mib_s: Some(size as f64 / secs / (1 << 20) as f64),
+        server_cpu_pct: cpu_pct(c1.saturating_sub(c0), secs),
+        ..Measurement::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vu_bench_lines_with_and_without_percentiles_parse() {
+        let old = r#"{"iops":25000.0,"mib_s":97.66,"lat_avg_us":1270.5,"lat_max_us":9000.0,"queue_ios":[50000],"queue_balance":1.000,"rw":"randread","bs":4096,"iodepth":32,"queues":1,"runtime_s":2.001,"ios":50000,"area_bytes":268435456}"#;
+        let m = parse_vu(old).unwrap();
+        assert_eq!(
+            (m.iops, m.lat_p99_us, m.window_s),
+            (Some(25000.0), None, 2.001)
+        );
+        let new = old.replace(
+            "\"area_bytes\"",
+            "\"lat_p50_us\":1100.0,\"lat_p99_us\":3000.0,\"lat_p999_us\":7000.0,\"server_cpu_pct\":61.5,\"client_cpu_pct\":30.0,\"area_bytes\"",
+        );
+        let m = parse_vu(&format!("some log line\n{new}\n")).unwrap();
+        assert_eq!(m.lat_p999_us, Some(7000.0));
+        assert_eq!(m.server_cpu_pct, Some(61.5));
+    }
+}

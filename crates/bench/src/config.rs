@@ -1,0 +1,379 @@
+//! The benchmark matrix as data: peers, workloads and named presets (`presets.toml`, shipped in
+//! the binary; another file with `--config`).
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The presets shipped with the harness.
+pub const DEFAULT_CONFIG: &str = include_str!("../presets.toml");
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub peers: BTreeMap<String, Peer>,
+    pub workloads: BTreeMap<String, Workload>,
+    pub presets: BTreeMap<String, Preset>,
+}
+
+/// What serves the disk, and which image it serves.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Peer {
+    pub name: String,
+    pub server: Server,
+    pub image: Image,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Server {
+    /// No server: fio on the image itself, the device's ceiling.
+    Fio,
+    Cryptblk,
+    Qsd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Image {
+    Raw,
+    Luks2,
+    Luks1,
+    /// An RBD image encrypted by `rbd encryption format ... luks2`, opened by librbd.
+    RbdLuks2Librbd,
+}
+
+impl Image {
+    pub fn label(self) -> &'static str {
+        match self {
+            Image::Raw => "raw",
+            Image::Luks2 => "luks2",
+            Image::Luks1 => "luks1",
+            Image::RbdLuks2Librbd => "rbd-luks2-librbd",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rw {
+    Randread,
+    Randwrite,
+    Read,
+    Write,
+    /// A connected client that submits nothing: the server's idle CPU and memory.
+    Idle,
+    /// `nbdcopy URI null:` of the whole disk.
+    Copy,
+}
+
+impl Rw {
+    pub fn name(self) -> &'static str {
+        match self {
+            Rw::Randread => "randread",
+            Rw::Randwrite => "randwrite",
+            Rw::Read => "read",
+            Rw::Write => "write",
+            Rw::Idle => "idle",
+            Rw::Copy => "copy",
+        }
+    }
+
+    /// A fio-style load with a ceiling to compare against.
+    pub fn is_io(self) -> bool {
+        !matches!(self, Rw::Idle | Rw::Copy)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    pub rw: Rw,
+    pub bs: u64,
+    pub depth: u32,
+    pub queues: u32,
+}
+
+impl Workload {
+    pub fn describe(&self) -> String {
+        match self.rw {
+            Rw::Idle => "idle client".to_string(),
+            Rw::Copy => "nbdcopy to null:".to_string(),
+            rw => format!(
+                "{}k {}, depth {}, {} queue{}",
+                self.bs / 1024,
+                rw.name(),
+                self.depth,
+                self.queues,
+                if self.queues == 1 { "" } else { "s" }
+            ),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Transport {
+    /// vhost-user-blk, driven by libblkio (`vu_bench`).
+    Vhost,
+    /// NBD on a UNIX socket, driven by fio's nbd engine.
+    Nbd,
+}
+
+impl Transport {
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Vhost => "vhost",
+            Transport::Nbd => "nbd",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Preset {
+    pub description: String,
+    /// The peer measured before and after every group of runs.
+    pub ceiling: String,
+    /// One ceiling per round and workload around every transport's runs (else one per
+    /// transport).
+    #[serde(default)]
+    pub shared_ceiling: bool,
+    pub peers: Vec<String>,
+    pub transports: Vec<Transport>,
+    pub workloads: Vec<String>,
+    /// Pairs (x, y) whose per-round IOPS ratio x/y the report shows, next to every peer's ratio
+    /// to the ceiling.
+    #[serde(default)]
+    pub ratios: Vec<(String, String)>,
+    pub rounds: u32,
+    /// Seconds per measurement.
+    pub runtime: f64,
+    pub storage: Storage,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Storage {
+    pub kind: StorageKind,
+    /// Where the images go (`kind = "file"`).
+    #[serde(default)]
+    pub dir: Option<String>,
+    /// Payload size of every image: `256M`, `8G`, or bytes.
+    pub size: String,
+    pub cache: Cache,
+    /// Whether `dir` must (true) or must not (false) be tmpfs.
+    #[serde(default)]
+    pub tmpfs: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StorageKind {
+    File,
+    Rbd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Cache {
+    /// Page cache bypassed everywhere: cryptblk `--cache none`, QEMU `cache.direct=on,
+    /// aio=io_uring`, fio `--direct=1`.
+    None,
+    /// Each tool's default (the page cache is used).
+    Default,
+}
+
+impl Config {
+    pub fn load(path: Option<&Path>) -> Result<Config> {
+        let (text, from) = match path {
+            Some(p) => (
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+                p.display().to_string(),
+            ),
+            None => (
+                DEFAULT_CONFIG.to_string(),
+                "the built-in presets".to_string(),
+            ),
+        };
+        let config: Config = toml::from_str(&text).with_context(|| format!("parsing {from}"))?;
+        for name in config.presets.keys() {
+            config
+                .check(name)
+                .with_context(|| format!("preset '{name}' in {from}"))?;
+        }
+        Ok(config)
+    }
+
+    pub fn preset(&self, name: &str) -> Result<&Preset> {
+        self.presets.get(name).with_context(|| {
+            let known: Vec<&str> = self.presets.keys().map(String::as_str).collect();
+            format!("no preset '{name}' (known: {})", known.join(", "))
+        })
+    }
+
+    pub fn peer(&self, id: &str) -> Result<&Peer> {
+        self.peers
+            .get(id)
+            .with_context(|| format!("no peer '{id}' in [peers]"))
+    }
+
+    pub fn workload(&self, id: &str) -> Result<&Workload> {
+        self.workloads
+            .get(id)
+            .with_context(|| format!("no workload '{id}' in [workloads]"))
+    }
+
+    /// Every name a preset uses exists and fits: the ceiling is fio, servers are not, ratio
+    /// pairs name the preset's peers.
+    fn check(&self, name: &str) -> Result<()> {
+        let p = self.preset(name)?;
+        if self.peer(&p.ceiling)?.server != Server::Fio {
+            bail!(
+                "the ceiling '{}' must be a peer with server = \"fio\"",
+                p.ceiling
+            );
+        }
+        for id in &p.peers {
+            if self.peer(id)?.server == Server::Fio {
+                bail!("peer '{id}' is fio: only the ceiling may be");
+            }
+        }
+        for w in &p.workloads {
+            self.workload(w)?;
+        }
+        for (x, y) in &p.ratios {
+            for id in [x, y] {
+                if *id != p.ceiling && !p.peers.contains(id) {
+                    bail!("ratio {x}/{y} names '{id}', which is not one of the preset's peers");
+                }
+            }
+        }
+        if p.rounds == 0 || p.runtime <= 0.0 || p.transports.is_empty() {
+            bail!("rounds, runtime and transports must not be zero or empty");
+        }
+        parse_size(&p.storage.size)?;
+        if p.storage.kind == StorageKind::File && p.storage.dir.is_none() {
+            bail!("storage.dir is required with kind = \"file\"");
+        }
+        Ok(())
+    }
+}
+
+impl Preset {
+    /// The preset with only the peers, transports and workloads named (each list: None keeps
+    /// the preset's); a name the preset does not have is an error naming it.
+    pub fn narrowed(
+        &self,
+        peers: Option<&[String]>,
+        transports: Option<&[Transport]>,
+        workloads: Option<&[String]>,
+    ) -> Result<Preset> {
+        fn pick<T: PartialEq + Clone + std::fmt::Debug>(
+            all: &[T],
+            only: Option<&[T]>,
+            what: &str,
+        ) -> Result<Vec<T>> {
+            let Some(only) = only else {
+                return Ok(all.to_vec());
+            };
+            if let Some(x) = only.iter().find(|x| !all.contains(x)) {
+                bail!("{what} {x:?} is not in the preset (it has {all:?})");
+            }
+            Ok(all.iter().filter(|x| only.contains(x)).cloned().collect())
+        }
+        let mut p = self.clone();
+        p.peers = pick(&self.peers, peers, "peer")?;
+        p.transports = pick(&self.transports, transports, "transport")?;
+        p.workloads = pick(&self.workloads, workloads, "workload")?;
+        if p.transports.is_empty() || p.workloads.is_empty() {
+            bail!("nothing left to measure");
+        }
+        p.ratios.retain(|(x, y)| {
+            [x, y]
+                .iter()
+                .all(|id| **id == p.ceiling || p.peers.contains(id))
+        });
+        Ok(p)
+    }
+}
+
+/// `4096`, `4k`, `256M`, `8G` (binary suffixes, as qemu-img reads them) -> bytes.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let (num, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 10),
+        Some('M') => (&t[..t.len() - 1], 20),
+        Some('G') => (&t[..t.len() - 1], 30),
+        Some('T') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .filter(|&n| n > 0)
+        .with_context(|| format!("invalid size '{s}': give bytes or a number with K, M, G or T"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_presets_load_and_name_every_script_peer() {
+        let c = Config::load(None).unwrap();
+        for name in ["disk", "serve", "nbd", "rbd", "demo"] {
+            c.preset(name).unwrap();
+        }
+        let disk = c.preset("disk").unwrap();
+        assert_eq!(disk.peers, ["a", "b", "c", "d"]);
+        assert_eq!(disk.storage.cache, Cache::None);
+        assert_eq!(parse_size(&disk.storage.size).unwrap(), 8 << 30);
+    }
+
+    #[test]
+    fn a_ratio_naming_an_unknown_peer_is_refused_with_its_name() {
+        let text = DEFAULT_CONFIG.replace(
+            "ratios = [[\"a\", \"d\"]]\nrounds = 1",
+            "ratios = [[\"a\", \"zz\"]]\nrounds = 1",
+        );
+        let path = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(path.path(), text).unwrap();
+        let err = format!("{:#}", Config::load(Some(path.path())).unwrap_err());
+        assert!(
+            err.contains("'zz'") && err.contains("preset 'demo'"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_preset_narrows_to_the_names_given_in_its_own_order() {
+        let c = Config::load(None).unwrap();
+        let disk = c.preset("disk").unwrap();
+        let p = disk
+            .narrowed(
+                Some(&["d".into(), "a".into()]),
+                Some(&[Transport::Nbd]),
+                Some(&["w64k-d16".into()]),
+            )
+            .unwrap();
+        assert_eq!(p.peers, ["a", "d"]);
+        assert_eq!(p.transports, [Transport::Nbd]);
+        assert_eq!(p.workloads, ["w64k-d16"]);
+        // a/b and c/f name peers no longer measured; a/d and d/f stay.
+        let pair = |x: &str, y: &str| (x.to_string(), y.to_string());
+        assert_eq!(p.ratios, [pair("a", "d"), pair("d", "f")]);
+        let err = disk.narrowed(Some(&["zz".into()]), None, None).unwrap_err();
+        assert!(err.to_string().contains("\"zz\""), "{err}");
+    }
+
+    #[test]
+    fn sizes_parse_like_qemu_img() {
+        assert_eq!(parse_size("256M").unwrap(), 256 << 20);
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("1X").is_err());
+    }
+}

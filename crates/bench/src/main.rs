@@ -1,0 +1,249 @@
+//! cryptblk-bench: the benchmark harness (not a test). `run` measures a preset of the matrix in
+//! `presets.toml` and appends one JSON record per measurement to a results file; `report`
+//! renders markdown tables and SVG charts from such files and compares two of them.
+mod chart;
+mod clients;
+mod config;
+mod fio;
+mod images;
+mod peers;
+mod plan;
+mod procfs;
+mod rbd;
+mod record;
+mod report;
+mod runner;
+mod stats;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use config::Config;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[derive(Parser)]
+#[command(
+    name = "cryptblk-bench",
+    version,
+    about = "cryptblk's benchmark harness: interleaved rounds of every peer, transport and workload of a preset; JSON records; tables and charts"
+)]
+struct Cli {
+    /// The matrix (peers, workloads, presets) to use instead of the built-in presets.toml.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Measures a preset; appends one JSON line per measurement to the results file.
+    Run {
+        /// disk, serve, nbd, rbd or demo (see `list`).
+        #[arg(long)]
+        preset: String,
+        #[arg(long, default_value = "bench-results.jsonl")]
+        results: PathBuf,
+        /// Rounds instead of the preset's.
+        #[arg(long)]
+        rounds: Option<u32>,
+        /// Seconds per measurement instead of the preset's.
+        #[arg(long)]
+        runtime: Option<f64>,
+        /// Image size instead of the preset's (256M, 8G, ...).
+        #[arg(long)]
+        size: Option<String>,
+        /// Where the images go instead of the preset's directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The cryptblk binary to measure (default: `cargo build --release`, then target/release).
+        #[arg(long)]
+        cryptblk: Option<PathBuf>,
+        /// The vu_bench example binary (default: built like --cryptblk).
+        #[arg(long)]
+        vu_bench: Option<PathBuf>,
+        /// Only these of the preset's peers (comma-separated; the ceiling is always measured).
+        #[arg(long, value_delimiter = ',')]
+        peers: Option<Vec<String>>,
+        /// Only these of the preset's transports (vhost, nbd).
+        #[arg(long, value_delimiter = ',', value_parser = transport)]
+        transports: Option<Vec<config::Transport>>,
+        /// Only these of the preset's workloads.
+        #[arg(long, value_delimiter = ',')]
+        workloads: Option<Vec<String>>,
+        /// Keep the images for the next run (and reuse ones kept by an earlier run).
+        #[arg(long)]
+        keep_images: bool,
+    },
+    /// Markdown tables (and with --charts, SVG charts) from one or more results files.
+    Report {
+        #[arg(required = true)]
+        results: Vec<PathBuf>,
+        /// Write SVG charts (IOPS and server CPU per I/O, per preset and transport) here.
+        #[arg(long)]
+        charts: Option<PathBuf>,
+        /// Print new/old ratios per row against this older results file instead.
+        #[arg(long, value_name = "OLD.jsonl")]
+        compare: Option<PathBuf>,
+    },
+    /// The presets, their peers, transports and workloads.
+    List,
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("cryptblk-bench: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let cli = Cli::parse();
+    let config = Config::load(cli.config.as_deref())?;
+    match cli.command {
+        Cmd::List => {
+            for (name, p) in &config.presets {
+                println!("{name}: {}", p.description);
+                println!(
+                    "  peers {} (ceiling {}), transports {}, {} round(s) of {} s, storage {:?} {} {}",
+                    p.peers.join(" "),
+                    p.ceiling,
+                    p.transports.iter().map(|t| t.name()).collect::<Vec<_>>().join(" "),
+                    p.rounds,
+                    p.runtime,
+                    p.storage.kind,
+                    p.storage.dir.as_deref().unwrap_or("-"),
+                    p.storage.size
+                );
+                for w in &p.workloads {
+                    println!("  {w}: {}", config.workload(w)?.describe());
+                }
+            }
+            Ok(())
+        }
+        Cmd::Run {
+            preset,
+            results,
+            rounds,
+            runtime,
+            size,
+            dir,
+            cryptblk,
+            vu_bench,
+            keep_images,
+            peers,
+            transports,
+            workloads,
+        } => {
+            let chosen = config.preset(&preset)?.narrowed(
+                peers.as_deref(),
+                transports.as_deref(),
+                workloads.as_deref(),
+            )?;
+            let (cryptblk, vu_bench) = binaries(cryptblk, vu_bench)?;
+            let records = runner::run(
+                &config,
+                &chosen,
+                &runner::Options {
+                    preset,
+                    results,
+                    rounds,
+                    runtime,
+                    size,
+                    dir,
+                    cryptblk,
+                    vu_bench,
+                    keep_images,
+                },
+            )?;
+            // The tables of this run; `report` renders any set of result files.
+            let rows = stats::summarize(&records, &|_: &str| chosen.ratios.clone());
+            print!("{}", report::markdown(&records, &rows));
+            Ok(())
+        }
+        Cmd::Report {
+            results,
+            charts,
+            compare,
+        } => {
+            let mut records = Vec::new();
+            for path in &results {
+                records.extend(record::load(path)?);
+            }
+            if records.is_empty() {
+                bail!(
+                    "no records in {}",
+                    results
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            let pairs = |preset: &str| ratios(&config, preset);
+            let rows = stats::summarize(&records, &pairs);
+            if let Some(old) = compare {
+                let old_rows = stats::summarize(&record::load(&old)?, &pairs);
+                print!("{}", report::compare(&old_rows, &rows));
+                return Ok(());
+            }
+            print!("{}", report::markdown(&records, &rows));
+            if let Some(dir) = charts {
+                for file in chart::write_all(&rows, &dir)? {
+                    eprintln!("wrote {}", file.display());
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn transport(s: &str) -> Result<config::Transport, String> {
+    match s {
+        "vhost" => Ok(config::Transport::Vhost),
+        "nbd" => Ok(config::Transport::Nbd),
+        _ => Err(format!("'{s}' is not a transport (vhost, nbd)")),
+    }
+}
+
+/// The pairs of peers whose ratios a preset's tables show (none for a preset not in the
+/// config: its records still get every peer's ratio to the ceiling).
+fn ratios(config: &Config, preset: &str) -> Vec<(String, String)> {
+    config
+        .presets
+        .get(preset)
+        .map(|p| p.ratios.clone())
+        .unwrap_or_default()
+}
+
+/// The binaries named, or a release build of both from this workspace.
+fn binaries(cryptblk: Option<PathBuf>, vu_bench: Option<PathBuf>) -> Result<(PathBuf, PathBuf)> {
+    if let (Some(c), Some(v)) = (&cryptblk, &vu_bench) {
+        return Ok((c.clone(), v.clone()));
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(&workspace).args([
+        "build",
+        "--release",
+        "-p",
+        "cryptblk",
+        "-p",
+        "cryptblk-vhost-user-blk",
+        "--bin",
+        "cryptblk",
+        "--example",
+        "vu_bench",
+    ]);
+    clients::show(&cmd);
+    if !cmd.status().context("running cargo")?.success() {
+        bail!("building cryptblk and vu_bench failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace.join("target"), PathBuf::from);
+    let release = target.join("release");
+    Ok((
+        cryptblk.unwrap_or_else(|| release.join("cryptblk")),
+        vu_bench.unwrap_or_else(|| release.join("examples/vu_bench")),
+    ))
+}

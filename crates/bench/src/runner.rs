@@ -1,0 +1,310 @@
+//! Runs a preset: prepares the images, walks the interleaved plan (a fresh server per run),
+//! and appends one record per measurement to the results file as soon as it is taken.
+use crate::clients::{self, Measurement};
+use crate::config::{parse_size, Cache, Config, Image, Preset, Rw, StorageKind, Transport};
+use crate::fio;
+use crate::images::{self, Images};
+use crate::peers;
+use crate::plan::{self, Step};
+use crate::procfs;
+use crate::rbd;
+use crate::record::{self, cpu_us_per_io, Machine, Record, WorkloadRecord};
+use anyhow::{bail, Context, Result};
+use cryptblk_testutil::ceph::Cluster;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub struct Options {
+    pub preset: String,
+    pub results: PathBuf,
+    pub rounds: Option<u32>,
+    pub runtime: Option<f64>,
+    pub size: Option<String>,
+    pub dir: Option<PathBuf>,
+    pub cryptblk: PathBuf,
+    pub vu_bench: PathBuf,
+    pub keep_images: bool,
+}
+
+struct Bench<'a> {
+    config: &'a Config,
+    opts: &'a Options,
+    images: Images,
+    image_files: Vec<PathBuf>,
+    work: PathBuf,
+    runtime: f64,
+    cache: Cache,
+    drop_caches: bool,
+    storage: String,
+    machine: Machine,
+    commit: String,
+}
+
+/// Measures the preset; returns the records taken (also appended to the results file).
+pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Record>> {
+    let size = parse_size(opts.size.as_deref().unwrap_or(&preset.storage.size))?;
+    if !size.is_multiple_of(65536) {
+        bail!("the image size must be a multiple of 64 KiB (got {size} bytes)");
+    }
+    for tool in [&opts.cryptblk, &opts.vu_bench] {
+        if !tool.is_file() {
+            bail!("{} not found: build it (cargo build --release -p cryptblk -p cryptblk-vhost-user-blk --bin cryptblk --example vu_bench) or name it with --cryptblk / --vu-bench", tool.display());
+        }
+    }
+    let mut which: BTreeSet<Image> = preset.peers.iter().map(|p| config.peers[p].image).collect();
+    which.insert(Image::Raw);
+    // Sockets need short paths (108 bytes): a private directory under /tmp.
+    let work = std::env::temp_dir().join(format!("cryptblk-bench.{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let prepared = match preset.storage.kind {
+        StorageKind::File => on_files(preset, opts, size, &which),
+        StorageKind::Rbd => on_rbd(opts, size, &which, &work),
+    };
+    let prepared = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&work);
+            return Err(e);
+        }
+    };
+    let cx = Bench {
+        config,
+        opts,
+        image_files: if prepared.drop_caches {
+            prepared.images.all(&which)
+        } else {
+            Vec::new()
+        },
+        images: prepared.images,
+        work: work.clone(),
+        runtime: opts.runtime.unwrap_or(preset.runtime),
+        cache: preset.storage.cache,
+        drop_caches: prepared.drop_caches,
+        storage: prepared.storage,
+        machine: procfs::machine(),
+        commit: procfs::commit(),
+    };
+    let steps = plan::expand(config, preset, opts.rounds.unwrap_or(preset.rounds))?;
+    eprintln!(
+        "{} measurements of {:.0} s; results appended to {}",
+        steps.len(),
+        cx.runtime,
+        opts.results.display()
+    );
+    let mut taken = Vec::new();
+    let outcome = steps.iter().try_for_each(|step| {
+        let rec = measure(&cx, step).with_context(|| {
+            format!(
+                "round {} {} peer {} {}",
+                step.round,
+                step.workload,
+                step.peer,
+                step.transport.map_or("(ceiling)", Transport::name)
+            )
+        })?;
+        eprintln!(
+            "  {} {}: {} IOPS, {} MiB/s, server CPU {} %, {} µs/IO, load {:.2}",
+            rec.group,
+            rec.peer,
+            rec.iops.map_or("-".into(), |v| format!("{v:.0}")),
+            rec.mib_s.map_or("-".into(), |v| format!("{v:.1}")),
+            rec.server_cpu_pct.map_or("-".into(), |v| format!("{v:.1}")),
+            rec.server_cpu_us_per_io
+                .map_or("-".into(), |v| format!("{v:.2}")),
+            rec.load1
+        );
+        record::append(&opts.results, &rec)?;
+        taken.push(rec);
+        Ok(())
+    });
+    let _ = std::fs::remove_dir_all(&work);
+    if !opts.keep_images {
+        let _ = std::fs::remove_dir_all(&cx.images.dir);
+    }
+    // Stops the Ceph daemons (rbd preset) only now.
+    drop(prepared.cluster);
+    outcome.map(|()| taken)
+}
+
+/// The images, where they are, and what belongs to the storage.
+struct Prepared {
+    images: Images,
+    drop_caches: bool,
+    storage: String,
+    cluster: Option<Cluster>,
+}
+
+fn on_files(
+    preset: &Preset,
+    opts: &Options,
+    size: u64,
+    which: &BTreeSet<Image>,
+) -> Result<Prepared> {
+    let dir = opts
+        .dir
+        .clone()
+        .or_else(|| preset.storage.dir.as_ref().map(PathBuf::from))
+        .context("no storage directory")?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let fs = procfs::fs_type(&dir)?;
+    match preset.storage.tmpfs {
+        Some(true) if fs != "tmpfs" => eprintln!(
+            "note: {} is {fs}, not tmpfs as preset '{}' expects",
+            dir.display(),
+            opts.preset
+        ),
+        Some(false) if fs == "tmpfs" => bail!(
+            "{} is tmpfs: preset '{}' measures a real device (give --dir on a disk filesystem)",
+            dir.display(),
+            opts.preset
+        ),
+        _ => {}
+    }
+    let images = images::prepare(
+        &dir.join(format!("cryptblk-bench-{}", opts.preset)),
+        size,
+        which,
+        &opts.cryptblk,
+        opts.keep_images,
+    )?;
+    Ok(Prepared {
+        images,
+        // Dropping the page cache means nothing for files in memory.
+        drop_caches: fs != "tmpfs",
+        storage: format!(
+            "{fs} {}, {} MiB, cache {}",
+            dir.display(),
+            size >> 20,
+            if preset.storage.cache == Cache::None {
+                "none"
+            } else {
+                "default"
+            }
+        ),
+        cluster: None,
+    })
+}
+
+fn on_rbd(opts: &Options, size: u64, which: &BTreeSet<Image>, work: &Path) -> Result<Prepared> {
+    if opts.keep_images {
+        bail!("--keep-images: the rbd preset's cluster lives only as long as the run");
+    }
+    let local = opts.dir.clone().unwrap_or_else(|| work.join("local"));
+    let (cluster, images) = rbd::prepare(&local, size, which, &opts.cryptblk, work)?;
+    Ok(Prepared {
+        images,
+        drop_caches: false,
+        storage: format!(
+            "Ceph RBD (one monitor, one memstore OSD, this machine), {} MiB",
+            size >> 20
+        ),
+        cluster: Some(cluster),
+    })
+}
+
+fn measure(cx: &Bench, step: &Step) -> Result<Record> {
+    let w = cx.config.workload(&step.workload)?;
+    let peer = cx.config.peer(&step.peer)?;
+    let started = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if cx.drop_caches {
+        let files: Vec<&Path> = cx.image_files.iter().map(PathBuf::as_path).collect();
+        procfs::drop_caches(&files)?;
+    }
+    let load1 = procfs::load1();
+    let m: Measurement = match step.transport {
+        None => {
+            let path = cx.images.path(peer.image);
+            let target = match &cx.images.rbd {
+                Some(store) => fio::Target::Rbd {
+                    conf: &store.conf,
+                    pool: rbd::POOL,
+                    image: rbd::RbdStore::image_name(peer.image),
+                },
+                None => fio::Target::File {
+                    path: &path,
+                    direct: cx.cache == Cache::None,
+                },
+            };
+            fio::run(&cx.work, &target, w, cx.runtime, None)?
+        }
+        Some(t) => {
+            let socket = cx.work.join(format!("{}.sock", step.peer));
+            let cmd = peers::command(
+                peer,
+                &cx.opts.cryptblk,
+                &cx.images,
+                t,
+                w.queues,
+                cx.cache,
+                &socket,
+            )?;
+            let server = peers::start(
+                cmd,
+                &socket,
+                &cx.work.join(format!("{}.log", step.peer)),
+                t,
+                cx.images.size,
+            )?;
+            let pid = server.pid();
+            let m = match (t, w.rw) {
+                (Transport::Vhost, Rw::Idle) => {
+                    clients::idle(&cx.opts.vu_bench, &socket, cx.runtime, pid)?
+                }
+                (Transport::Vhost, _) => clients::vu_bench(
+                    &cx.opts.vu_bench,
+                    &socket,
+                    w,
+                    cx.runtime,
+                    cx.images.size,
+                    pid,
+                )?,
+                (Transport::Nbd, Rw::Copy) => clients::nbdcopy(&server.uri(), cx.images.size, pid)?,
+                (Transport::Nbd, _) => fio::run(
+                    &cx.work,
+                    &fio::Target::Nbd { uri: server.uri() },
+                    w,
+                    cx.runtime,
+                    Some(pid),
+                )?,
+            };
+            server.stop()?;
+            m
+        }
+    };
+    Ok(Record {
+        commit: cx.commit.clone(),
+        machine: cx.machine.clone(),
+        preset: cx.opts.preset.clone(),
+        storage: cx.storage.clone(),
+        round: step.round,
+        group: step.group.clone(),
+        peer: step.peer.clone(),
+        peer_name: peer.name.clone(),
+        transport: step.transport.map_or("file", Transport::name).to_string(),
+        ceiling: step.is_ceiling(),
+        workload: WorkloadRecord {
+            name: step.workload.clone(),
+            rw: w.rw.name().to_string(),
+            bs: w.bs,
+            depth: w.depth,
+            queues: w.queues,
+        },
+        started,
+        load1,
+        window_s: m.window_s,
+        iops: m.iops,
+        mib_s: m.mib_s,
+        lat_mean_us: m.lat_mean_us,
+        lat_p50_us: m.lat_p50_us,
+        lat_p99_us: m.lat_p99_us,
+        lat_p999_us: m.lat_p999_us,
+        server_cpu_pct: m.server_cpu_pct,
+        client_cpu_pct: m.client_cpu_pct,
+        server_cpu_us_per_io: cpu_us_per_io(m.server_cpu_pct, m.iops),
+        server_rss_kib: m.server_rss_kib,
+        server_hwm_kib: m.server_hwm_kib,
+    })
+}
