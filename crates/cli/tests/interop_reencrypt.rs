@@ -285,7 +285,7 @@ fn cryptblk_killed_cryptsetup_resumes() {
         ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)],
     )
     .ok();
-    tool("cryptsetup", &cs_reencrypt(&c, &["--resume-only"])).ok();
+    tool("cryptsetup", cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, 4096, 512);
 }
 
@@ -344,7 +344,7 @@ fn cryptblk_init_only_cryptsetup_finishes() {
     ))
     .ok();
     assert!(in_reencryption(&c.img));
-    tool("cryptsetup", &cs_reencrypt(&c, &["--resume-only"])).ok();
+    tool("cryptsetup", cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, 4096, 512);
 }
 
