@@ -41,6 +41,17 @@ impl Luks2Header {
         ReencryptState::parse(&self.meta)
     }
 
+    /// The live segments of a reencryption as volume extents (no keys needed; the digest is
+    /// not verified, so this is a description, not something to decrypt by).
+    pub fn reencrypt_extents(&self, file_len: u64) -> Result<Option<Vec<super::SegmentExtent>>> {
+        match ReencryptState::parse(&self.meta)? {
+            Some(state) => Ok(Some(super::layout::live_extents(
+                &self.meta, &state, file_len,
+            )?)),
+            None => Ok(None),
+        }
+    }
+
     /// Mark the image for reencryption to a new volume key. Returns the new keyslot's id.
     pub fn reencrypt_init(
         &mut self,

@@ -176,10 +176,10 @@ pub fn live_extents(
 /// end of the device), without backup flags.
 fn placed(model: &Segment, data_offset: u64, start: u64, len: Option<u64>, hot: bool) -> Segment {
     let mut seg = model.clone();
-    seg.offset = data_offset + start;
+    seg.offset = data_offset.saturating_add(start);
     seg.size = len.map_or(SegmentSize::Dynamic, SegmentSize::Fixed);
     if seg.kind == "crypt" {
-        seg.iv_tweak = Some(model.iv_tweak.unwrap_or(0) + start / 512);
+        seg.iv_tweak = Some(model.iv_tweak.unwrap_or(0).saturating_add(start / 512));
     }
     seg.extra.remove("flags");
     if hot {

@@ -246,14 +246,14 @@ impl<'f> Reencryption<'f> {
             .get(id)
             .and_then(|s| s.iv_tweak)
             .unwrap_or(0)
-            * 512
+            .saturating_mul(512)
     }
 
     /// Decrypt (or encrypt) `buf`, which holds volume bytes from `pos`, as `role` stores them.
     fn crypt(&self, role: KeyRole, dir: Direction, pos: u64, buf: &mut [u8]) -> Result<()> {
         let cipher = self.cipher(role)?;
         let ss = cipher.sector_size() as u64;
-        let iv_byte = self.backup_iv_base(role) + pos;
+        let iv_byte = self.backup_iv_base(role).saturating_add(pos);
         if !iv_byte.is_multiple_of(ss) || !(buf.len() as u64).is_multiple_of(ss) {
             return Err(LuksError::InvalidArgument(format!(
                 "{pos}+{} is not aligned to {ss}-byte sectors",
