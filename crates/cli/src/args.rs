@@ -405,7 +405,7 @@ pub enum ResilienceMode {
     Checksum,
     /// No protection: fastest, but a crash loses the hotzone being rewritten.
     None,
-    /// Journal the hotzone in the keyslot area (not implemented by cryptblk).
+    /// Copy the hotzone's old ciphertext to the keyslot area before rewriting it.
     Journal,
     /// Move the data (needs --reduce-device-size; not implemented by cryptblk).
     Datashift,

@@ -22,7 +22,7 @@ Without --init-only or --resume-only, starts a reencryption (or continues the on
 and runs it to the end. A reencryption started or interrupted by cryptsetup continues here, and
 one started or interrupted here continues with `cryptsetup reencrypt --resume-only
 --force-offline-reencrypt`. SIGINT/SIGTERM stop after the current hotzone; kill -9 loses nothing
-with --resilience checksum (the next run recovers the hotzone).";
+with --resilience checksum or journal (the next run recovers the hotzone).";
 
 /// Default hotzone: large enough to keep every core busy, small enough for a modest machine.
 const DEFAULT_HOTZONE: u64 = 64 << 20;
@@ -46,21 +46,18 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
     let resilience = match a.resilience {
         ResilienceMode::Checksum => ResilienceChoice::Checksum(HashAlg::parse(&a.resilience_hash)?),
         ResilienceMode::None => ResilienceChoice::None,
-        ResilienceMode::Journal => {
-            return Err(unsupported(
-                "resilience",
-                "journal",
-                "cryptblk implements checksum (default) and none",
-            ))
-        }
+        ResilienceMode::Journal => ResilienceChoice::Journal,
         ResilienceMode::Datashift => {
             return Err(unsupported(
                 "resilience",
                 "datashift",
-                "cryptblk implements checksum (default) and none",
+                "cryptblk implements checksum (default), journal and none",
             ))
         }
     };
+    // Registered first, so a signal during the (possibly long) KDF or the init commit stops
+    // the run cleanly instead of killing it.
+    let interrupt = InterruptFlag::register()?;
     let file = open_locked(&a.image)?;
     let path = a.image.display().to_string();
     let (image, warnings) =
@@ -124,7 +121,6 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
     });
     let reporter = Reporter::new(a.progress, total);
     let finished = AtomicBool::new(false);
-    let interrupt = InterruptFlag::register()?;
     let outcome = std::thread::scope(|scope| {
         scope.spawn(|| reporter.run_until(&progress, || finished.load(Ordering::Acquire)));
         let result = (|| -> Result<bool> {

@@ -16,6 +16,8 @@ use serde_json::Value;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResilienceChoice {
     Checksum(HashAlg),
+    /// The hotzone's old ciphertext is copied to the keyslot area before it is rewritten.
+    Journal,
     None,
 }
 
@@ -193,6 +195,15 @@ impl Luks2Header {
                     ));
                 }
                 "checksum"
+            }
+            ResilienceChoice::Journal => {
+                if gap_len < 1 << 20 {
+                    return Err(invalid(
+                        "less than 1 MiB free in the keyslots area for the reencryption journal"
+                            .into(),
+                    ));
+                }
+                "journal"
             }
             ResilienceChoice::None => "none",
         };

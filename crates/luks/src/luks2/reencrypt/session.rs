@@ -3,13 +3,13 @@
 //! that rewrites one hotzone at a time in cryptsetup's commit order:
 //!
 //! 1. read the hotzone's old ciphertext;
-//! 2. (checksum) store a hash per block in the reencrypt keyslot area and commit the "hot"
-//!    segments, which flag the hotzone;
+//! 2. store a hash per block (checksum) or the ciphertext itself (journal) in the reencrypt
+//!    keyslot area and commit the "hot" segments, which flag the hotzone;
 //! 3. decrypt, encrypt, write, sync;
 //! 4. commit the "post" segments that move the boundary past the hotzone.
 //!
 //! A crash between 2 and 4 leaves blocks that are old (hash matches) or new (it does not),
-//! which recovery sorts out. With resilience `none` cryptsetup commits nothing until the end
+//! which recovery sorts out; a journal holds the whole old hotzone. With resilience `none` cryptsetup commits nothing until the end
 //! (a crash loses the hotzone), and so does this loop.
 use super::layout::{self, ExtentCipher, KeyRole, SegmentExtent};
 use super::{digest, ReencryptDirection, ReencryptMode, ReencryptState, Resilience};
@@ -34,6 +34,9 @@ struct StaleBlocks {
     start: u64,
     block: u64,
     old: Vec<bool>,
+    /// Resilience `journal`: the old ciphertext of the whole hotzone is at this image offset
+    /// (the reencrypt keyslot area), whatever the hotzone itself holds now.
+    journal: Option<u64>,
 }
 
 pub struct Reencryption<'f> {
@@ -273,11 +276,26 @@ impl<'f> Reencryption<'f> {
 
     /// Sort an interrupted hotzone's blocks into old and new by their stored checksums.
     fn classify_hotzone(&self, hot: &SegmentExtent) -> Result<StaleBlocks> {
+        if self.state.resilience == Resilience::Journal {
+            let block = self.alignment();
+            if hot.len > self.state.area_size || !hot.len.is_multiple_of(block) {
+                return Err(LuksError::Corrupt(format!(
+                    "hotzone of {} bytes does not fit the {}-byte journal in whole {block}-byte sectors",
+                    hot.len, self.state.area_size
+                )));
+            }
+            return Ok(StaleBlocks {
+                start: hot.logical_start,
+                block,
+                old: vec![true; (hot.len / block) as usize],
+                journal: Some(self.state.area_offset),
+            });
+        }
         let Some((hash, block)) = self.checksum_params() else {
             return Err(unsupported(
                 "recovery of an interrupted hotzone with resilience",
                 self.state.resilience.name(),
-                "only checksum hotzones can be recovered (with `none` the interrupted hotzone is lost, as in cryptsetup)",
+                "only checksum and journal hotzones can be recovered (with `none` the interrupted hotzone is lost, as in cryptsetup)",
             ));
         };
         if !hot.len.is_multiple_of(block) {
@@ -318,6 +336,7 @@ impl<'f> Reencryption<'f> {
             start: hot.logical_start,
             block,
             old,
+            journal: None,
         })
     }
 
@@ -344,12 +363,17 @@ impl<'f> Reencryption<'f> {
                     while p < to {
                         let i = ((p - st.start) / st.block) as usize;
                         let stop = (st.start + (i as u64 + 1) * st.block).min(to);
-                        let role = if st.old.get(i).copied().unwrap_or(false) {
-                            KeyRole::Old
-                        } else {
-                            KeyRole::New
-                        };
+                        let old = st.old.get(i).copied().unwrap_or(false);
                         let chunk = &mut part[(p - from) as usize..(stop - from) as usize];
+                        if let (true, Some(journal)) = (old, st.journal) {
+                            crate::io::read_at(
+                                self.file,
+                                journal + (p - st.start),
+                                chunk,
+                                "reencryption journal",
+                            )?;
+                        }
+                        let role = if old { KeyRole::Old } else { KeyRole::New };
                         self.crypt(role, Direction::Decrypt, p, chunk)?;
                         p = stop;
                     }
@@ -404,9 +428,6 @@ impl<'f> Reencryption<'f> {
                 "cryptblk rewrites forward only; finish with `cryptsetup reencrypt --resume-only`",
             ));
         }
-        if matches!(self.state.resilience, Resilience::Journal) {
-            return Err(unsupported("reencryption resilience", "journal", "cryptblk implements checksum and none; finish with `cryptsetup reencrypt --resume-only`"));
-        }
         Ok(())
     }
 
@@ -426,7 +447,11 @@ impl<'f> Reencryption<'f> {
         let base = data_start.ok_or_else(|| LuksError::Corrupt("hotzone vanished".into()))?;
         for (i, _) in stale.old.iter().enumerate().filter(|(_, o)| **o) {
             let pos = stale.start + i as u64 * stale.block;
-            crate::io::read_at(self.file, base + pos, &mut buf, "hotzone block")?;
+            let from = match stale.journal {
+                Some(journal) => journal + (pos - stale.start),
+                None => base + pos,
+            };
+            crate::io::read_at(self.file, from, &mut buf, "hotzone block")?;
             self.crypt(KeyRole::Old, Direction::Decrypt, pos, &mut buf)?;
             self.crypt(KeyRole::New, Direction::Encrypt, pos, &mut buf)?;
             self.file.write_all_at(&buf, base + pos)?;
@@ -489,13 +514,28 @@ impl<'f> Reencryption<'f> {
             layout::install_segments(&mut meta, &self.state, hot)?;
             self.commit_meta(meta)?;
         }
+        let journal = self.state.resilience == Resilience::Journal;
+        if journal {
+            if len > self.state.area_size {
+                return Err(LuksError::InvalidArgument(format!(
+                    "hotzone of {len} bytes does not fit the {}-byte journal",
+                    self.state.area_size
+                )));
+            }
+            self.file.write_all_at(&buf, self.state.area_offset)?;
+            self.file.sync_data()?;
+            let mut meta = self.hdr.meta.clone();
+            let hot = layout::hot_segments(&meta, &self.state, total, done, len)?;
+            layout::install_segments(&mut meta, &self.state, hot)?;
+            self.commit_meta(meta)?;
+        }
         self.crypt(KeyRole::Old, Direction::Decrypt, done, &mut buf)?;
         self.crypt(KeyRole::New, Direction::Encrypt, done, &mut buf)?;
         self.file.write_all_at(&buf, data_base + done)?;
         let mut meta = self.hdr.meta.clone();
         let post = layout::post_segments(&meta, &self.state, total, done + len)?;
         layout::install_segments(&mut meta, &self.state, post)?;
-        if checksum.is_some() {
+        if checksum.is_some() || journal {
             self.file.sync_data()?;
             self.commit_meta(meta)?;
         } else {
@@ -526,6 +566,7 @@ impl<'f> Reencryption<'f> {
     pub fn max_hotzone(&self) -> u64 {
         match self.checksum_params() {
             Some((hash, block)) => self.state.area_size / hash.digest_len() as u64 * block,
+            None if self.state.resilience == Resilience::Journal => self.state.area_size,
             None => u64::MAX,
         }
     }

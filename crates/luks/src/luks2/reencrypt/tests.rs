@@ -182,12 +182,21 @@ fn wrong_passphrase_is_refused() {
 /// at every point and the run completes.
 #[test]
 fn crash_at_every_write_recovers() {
+    crash_at_every_write(ResilienceChoice::Checksum(crate::HashAlg::Sha1));
+}
+
+#[test]
+fn crash_at_every_write_recovers_journal() {
+    crash_at_every_write(ResilienceChoice::Journal);
+}
+
+fn crash_at_every_write(resilience: ResilienceChoice) {
     let plain = plain();
     let mut crash_at = 0;
     loop {
         let dir = tempfile::tempdir().unwrap();
         let file = image(dir.path(), &plain);
-        init(&file, ResilienceChoice::Checksum(crate::HashAlg::Sha1));
+        init(&file, resilience);
         let crashy = Crashy {
             file: file.try_clone().unwrap(),
             budget: Cell::new(crash_at),
@@ -222,4 +231,36 @@ fn crash_at_every_write_recovers() {
         crash_at += 1;
     }
     assert!(crash_at > 20, "only {crash_at} writes");
+}
+
+/// With resilience `none` the boundary is only in memory until `checkpoint` (a clean stop),
+/// which makes it durable: a new session continues from there.
+#[test]
+fn none_checkpoint_keeps_the_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = plain();
+    let file = image(dir.path(), &plain);
+    init(&file, ResilienceChoice::None);
+    let mut r = open(&file).unwrap();
+    r.step(512 << 10).unwrap();
+    r.step(512 << 10).unwrap();
+    // Until the checkpoint the header on disk still has the boundary at 0 (cryptsetup's
+    // `none`: a crash here loses what was rewritten).
+    let (on_disk, _) = Luks2Header::read(&file).unwrap();
+    assert_eq!(
+        on_disk
+            .reencrypt_extents(HeaderIo::size(&file).unwrap())
+            .unwrap()
+            .unwrap()
+            .len(),
+        1
+    );
+    r.checkpoint().unwrap();
+    drop(r);
+    let mut r = open(&file).unwrap();
+    assert_eq!(r.done_bytes().unwrap(), 1 << 20);
+    assert!(read_all(&r) == plain);
+    while r.step(1 << 20).unwrap().done < DATA {}
+    r.finish().unwrap();
+    check_final(&file, &plain);
 }
