@@ -8,8 +8,10 @@
 //! the header's checksum only proves the JSON is intact, not that it belongs to these keys.
 
 mod digest;
+mod finish;
 mod init;
 mod layout;
+mod recovery;
 mod session;
 
 pub use init::{InitParams, ResilienceChoice};

@@ -12,6 +12,7 @@
 //! which recovery sorts out; a journal holds the whole old hotzone. With resilience `none` cryptsetup commits nothing until the end
 //! (a crash loses the hotzone), and so does this loop.
 use super::layout::{self, ExtentCipher, KeyRole, SegmentExtent};
+use super::recovery::StaleBlocks;
 use super::{digest, ReencryptDirection, ReencryptMode, ReencryptState, Resilience};
 use crate::io::HeaderIo;
 use crate::luks2::json::{Metadata, Segment};
@@ -27,31 +28,19 @@ pub struct StepReport {
     pub total: u64,
 }
 
-/// Which blocks of an interrupted hotzone still hold old ciphertext (read-only view before
-/// recovery has rewritten them).
-#[derive(Debug, Clone)]
-struct StaleBlocks {
-    start: u64,
-    block: u64,
-    old: Vec<bool>,
-    /// Resilience `journal`: the old ciphertext of the whole hotzone is at this image offset
-    /// (the reencrypt keyslot area), whatever the hotzone itself holds now.
-    journal: Option<u64>,
-}
-
 pub struct Reencryption<'f> {
-    file: &'f dyn HeaderIo,
-    hdr: Luks2Header,
-    state: ReencryptState,
+    pub(super) file: &'f dyn HeaderIo,
+    pub(super) hdr: Luks2Header,
+    pub(super) state: ReencryptState,
     old_key: Option<SecretKey>,
     new_key: Option<SecretKey>,
     old_cipher: Option<Arc<dyn SectorCipher>>,
     new_cipher: Option<Arc<dyn SectorCipher>>,
     pool: Arc<CryptoPool>,
     file_len: u64,
-    stale: Option<StaleBlocks>,
+    pub(super) stale: Option<StaleBlocks>,
     /// Resilience `none`: post segments exist only in memory until the end or a stop.
-    uncommitted: bool,
+    pub(super) uncommitted: bool,
 }
 
 fn unsupported(what: &'static str, name: &str, hint: &str) -> LuksError {
@@ -253,7 +242,13 @@ impl<'f> Reencryption<'f> {
     }
 
     /// Decrypt (or encrypt) `buf`, which holds volume bytes from `pos`, as `role` stores them.
-    fn crypt(&self, role: KeyRole, dir: Direction, pos: u64, buf: &mut [u8]) -> Result<()> {
+    pub(super) fn crypt(
+        &self,
+        role: KeyRole,
+        dir: Direction,
+        pos: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
         let cipher = self.cipher(role)?;
         let ss = cipher.sector_size() as u64;
         let iv_byte = self.backup_iv_base(role).saturating_add(pos);
@@ -267,77 +262,11 @@ impl<'f> Reencryption<'f> {
         Ok(())
     }
 
-    fn checksum_params(&self) -> Option<(HashAlg, u64)> {
+    pub(super) fn checksum_params(&self) -> Option<(HashAlg, u64)> {
         match self.state.resilience {
             Resilience::Checksum { hash, block_size } => Some((hash, u64::from(block_size))),
             _ => None,
         }
-    }
-
-    /// Sort an interrupted hotzone's blocks into old and new by their stored checksums.
-    fn classify_hotzone(&self, hot: &SegmentExtent) -> Result<StaleBlocks> {
-        if self.state.resilience == Resilience::Journal {
-            let block = self.alignment();
-            if hot.len > self.state.area_size || !hot.len.is_multiple_of(block) {
-                return Err(LuksError::Corrupt(format!(
-                    "hotzone of {} bytes does not fit the {}-byte journal in whole {block}-byte sectors",
-                    hot.len, self.state.area_size
-                )));
-            }
-            return Ok(StaleBlocks {
-                start: hot.logical_start,
-                block,
-                old: vec![true; (hot.len / block) as usize],
-                journal: Some(self.state.area_offset),
-            });
-        }
-        let Some((hash, block)) = self.checksum_params() else {
-            return Err(unsupported(
-                "recovery of an interrupted hotzone with resilience",
-                self.state.resilience.name(),
-                "only checksum and journal hotzones can be recovered (with `none` the interrupted hotzone is lost, as in cryptsetup)",
-            ));
-        };
-        if !hot.len.is_multiple_of(block) {
-            return Err(LuksError::Corrupt(format!(
-                "hotzone of {} bytes is not whole {block}-byte checksum blocks",
-                hot.len
-            )));
-        }
-        let count = (hot.len / block) as usize;
-        let hlen = hash.digest_len();
-        let need = (count as u64) * hlen as u64;
-        if need > self.state.area_size {
-            return Err(LuksError::Corrupt(format!(
-                "hotzone needs {need} bytes of checksums, the area holds {}",
-                self.state.area_size
-            )));
-        }
-        let mut sums = vec![0u8; need as usize];
-        crate::io::read_at(
-            self.file,
-            self.state.area_offset,
-            &mut sums,
-            "reencryption checksums",
-        )?;
-        let mut old = Vec::with_capacity(count);
-        let mut buf = vec![0u8; block as usize];
-        for i in 0..count {
-            crate::io::read_at(
-                self.file,
-                hot.device_offset + i as u64 * block,
-                &mut buf,
-                "hotzone",
-            )?;
-            let got = hash.digest(&[&buf]);
-            old.push(got[..] == sums[i * hlen..(i + 1) * hlen]);
-        }
-        Ok(StaleBlocks {
-            start: hot.logical_start,
-            block,
-            old,
-            journal: None,
-        })
     }
 
     /// Read plaintext of the volume at `offset` (aligned to the larger sector size).
@@ -398,7 +327,7 @@ impl<'f> Reencryption<'f> {
         Ok(())
     }
 
-    fn commit_meta(&mut self, meta: Metadata) -> Result<()> {
+    pub(super) fn commit_meta(&mut self, meta: Metadata) -> Result<()> {
         let before = std::mem::replace(&mut self.hdr.meta, meta);
         if let Err(e) = self.hdr.commit(self.file) {
             self.hdr.meta = before;
@@ -413,7 +342,7 @@ impl<'f> Reencryption<'f> {
         Ok(())
     }
 
-    fn ensure_forward_reencrypt(&self) -> Result<()> {
+    pub(super) fn ensure_forward_reencrypt(&self) -> Result<()> {
         if self.state.mode != ReencryptMode::Reencrypt {
             return Err(unsupported(
                 "reencryption mode",
@@ -428,42 +357,6 @@ impl<'f> Reencryption<'f> {
                 "cryptblk rewrites forward only; finish with `cryptsetup reencrypt --resume-only`",
             ));
         }
-        Ok(())
-    }
-
-    /// Put an interrupted hotzone right as cryptsetup does: rewrite its blocks that still
-    /// hold old ciphertext, then commit the boundary past it.
-    pub fn recover(&mut self) -> Result<()> {
-        let Some(stale) = self.stale.clone() else {
-            return Ok(());
-        };
-        self.ensure_forward_reencrypt()?;
-        let mut buf = vec![0u8; stale.block as usize];
-        let data_start = self
-            .extents()?
-            .iter()
-            .find(|e| e.in_reencryption)
-            .map(|e| e.device_offset - e.logical_start);
-        let base = data_start.ok_or_else(|| LuksError::Corrupt("hotzone vanished".into()))?;
-        for (i, _) in stale.old.iter().enumerate().filter(|(_, o)| **o) {
-            let pos = stale.start + i as u64 * stale.block;
-            let from = match stale.journal {
-                Some(journal) => journal + (pos - stale.start),
-                None => base + pos,
-            };
-            crate::io::read_at(self.file, from, &mut buf, "hotzone block")?;
-            self.crypt(KeyRole::Old, Direction::Decrypt, pos, &mut buf)?;
-            self.crypt(KeyRole::New, Direction::Encrypt, pos, &mut buf)?;
-            self.file.write_all_at(&buf, base + pos)?;
-        }
-        self.file.sync_data()?;
-        let done = stale.start + stale.old.len() as u64 * stale.block;
-        let total = self.device_size()?;
-        let mut meta = self.hdr.meta.clone();
-        let post = layout::post_segments(&meta, &self.state, total, done)?;
-        layout::install_segments(&mut meta, &self.state, post)?;
-        self.commit_meta(meta)?;
-        self.stale = None;
         Ok(())
     }
 
@@ -581,74 +474,6 @@ impl<'f> Reencryption<'f> {
             self.uncommitted = false;
         }
         Ok(())
-    }
-
-    /// Once every byte is in the new layout: drop the backups, the reencrypt keyslot, its
-    /// digest, the old key's keyslots and digest and the requirement in one commit; then wipe
-    /// the old keyslots' areas. Returns the ids of the keyslots removed.
-    pub fn finish(&mut self) -> Result<Vec<String>> {
-        let total = self.device_size()?;
-        if self.done_bytes()? < total {
-            return Err(LuksError::InvalidArgument(
-                "the reencryption is not complete".into(),
-            ));
-        }
-        if self.uncommitted {
-            self.file.sync_data()?;
-        }
-        let st = self.state.clone();
-        let mut meta = self.hdr.meta.clone();
-        let mut fin = meta
-            .segments
-            .get(&st.segment_new)
-            .cloned()
-            .ok_or_else(|| LuksError::Corrupt("no final segment".into()))?;
-        fin.extra.remove("flags");
-        fin.size = crate::luks2::json::SegmentSize::Dynamic;
-        meta.segments = [("0".to_string(), fin)].into_iter().collect();
-        let mut removed = vec![st.keyslot.clone()];
-        if st.digest_old != st.digest_new {
-            if let Some(d) = st.digest_old.as_ref().and_then(|d| meta.digests.remove(d)) {
-                removed.extend(d.keyslots);
-            }
-        }
-        meta.digests.remove(&st.digest_reencrypt);
-        for d in meta.digests.values_mut() {
-            d.segments.clear();
-        }
-        if let Some(d) = st.digest_new.as_ref().and_then(|d| meta.digests.get_mut(d)) {
-            d.segments.push("0".into());
-        }
-        let mut areas = Vec::new();
-        for id in &removed {
-            if let Some(k) = meta.keyslots.remove(id) {
-                if k.kind == "luks2" {
-                    areas.push(k.area);
-                }
-            }
-            for tok in meta.tokens.values_mut() {
-                if let Some(list) = tok.get_mut("keyslots").and_then(|v| v.as_array_mut()) {
-                    list.retain(|v| v.as_str() != Some(id.as_str()));
-                }
-            }
-        }
-        if let Some(req) = meta.config.requirements.as_mut() {
-            req.mandatory.retain(|r| !r.starts_with("online-reencrypt"));
-            if req.mandatory.is_empty() && req.extra.is_empty() {
-                meta.config.requirements = None;
-            }
-        }
-        let before = std::mem::replace(&mut self.hdr.meta, meta);
-        if let Err(e) = self.hdr.commit(self.file) {
-            self.hdr.meta = before;
-            return Err(e);
-        }
-        self.uncommitted = false;
-        for a in areas {
-            crate::io::zero_range(self.file, a.offset, a.size)?;
-        }
-        self.file.sync_data()?;
-        Ok(removed)
     }
 
     /// The header after `finish`, for callers that go on using the image.
