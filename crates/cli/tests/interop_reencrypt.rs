@@ -458,3 +458,42 @@ fn refusals_leave_the_image_untouched() {
         "a refused reencryption changed the image"
     );
 }
+
+/// With two passphrases, one must be named: it is the one kept (cryptsetup's --key-slot).
+#[test]
+fn several_keyslots_need_key_slot() {
+    let c = case("two-slots");
+    let other = key_file(c.img.parent().unwrap(), "other", "second passphrase");
+    tool(
+        "cryptsetup",
+        [
+            "luksAddKey",
+            "--batch-mode",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            s(&c.key),
+            s(&c.img),
+            s(&other),
+        ],
+    )
+    .ok();
+    let before = read(&c.img);
+    let out = cryptblk(cryptblk_reencrypt_args(&c, &[]));
+    out.expect_code(code::USAGE);
+    assert!(out.stderr.contains("--key-slot"), "{}", out.stderr);
+    assert!(
+        read(&c.img) == before,
+        "a refused reencryption changed the image"
+    );
+    cryptblk(cryptblk_reencrypt_args(&c, &["--key-slot", "0"])).ok();
+    check_result(&c, 512, 256);
+    let dump = tool("cryptsetup", ["luksDump", s(&c.img)]);
+    assert_eq!(dump.stdout.matches(": luks2").count(), 1, "{}", dump.stdout);
+    assert!(
+        !cryptsetup_accepts(&c.img, &other),
+        "the other passphrase survived"
+    );
+}

@@ -77,15 +77,16 @@ impl Luks2Header {
             });
         }
         let old_spec = self.cipher_spec()?;
-        let (slot, old_key) = self.unlock(file, passphrase, unlock)?;
-        if let Some(want) = params.keyslot {
-            if want != slot {
-                // Retry on the named slot only, so the right slot is the one kept.
-                return Err(invalid(format!(
-                    "the passphrase opens keyslot {slot}, not keyslot {want}"
-                )));
-            }
-        }
+        let (_, digest) = self.segment_digest()?;
+        // With --key-slot only that slot is tried, so the slot kept is the one named.
+        let (_, old_key) = crate::luks2::unlock::unlock_digest(
+            self,
+            file,
+            passphrase,
+            unlock,
+            digest,
+            params.keyslot,
+        )?;
         let (old_digest_id, old_digest) = self
             .segment_digest()
             .map(|(i, d)| (i.to_string(), d.clone()))?;
