@@ -21,5 +21,10 @@ fuzz_target!(|data: &[u8]| {
         let _ = image.cipher_spec();
         let _ = image.active_keyslots();
         let _ = image.read_only_reason();
+        if let LuksImage::V2(h) = &image {
+            // Reencryption metadata: keyslot, backup and live segments, extents.
+            let _ = h.reencrypt_state();
+            let _ = h.reencrypt_extents(data.len() as u64);
+        }
     }
 });

@@ -56,6 +56,10 @@ pub enum Command {
     /// Copy an image between raw, qcow2 and LUKS, encrypting or decrypting on all cores.
     #[command(after_help = crate::convert::HELP_MEMORY)]
     Convert(ConvertArgs),
+    /// Re-encrypt a LUKS2 image offline with a new volume key (and optionally a new cipher,
+    /// key size or sector size), crash-safe and resumable by cryptsetup too.
+    #[command(after_help = crate::cmd::reencrypt::HELP)]
+    Reencrypt(ReencryptArgs),
     /// Measure sector-crypto throughput of every engine on this CPU.
     Bench(BenchArgs),
     /// Run the built-in example: make a sample disk, encrypt it into LUKS2, decrypt and verify,
@@ -426,6 +430,80 @@ pub struct ConvertArgs {
     /// A new file or RBD image (created with the source's size; removed again if the convert
     /// fails), or an existing one with -n.
     pub target: PathBuf,
+    /// Print help.
+    #[arg(long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResilienceMode {
+    /// Hash every block of the hotzone before rewriting it (cryptsetup's default).
+    Checksum,
+    /// No protection: fastest, but a crash loses the hotzone being rewritten.
+    None,
+    /// Copy the hotzone's old ciphertext to the keyslot area before rewriting it.
+    Journal,
+    /// Move the data (needs --reduce-device-size; not implemented by cryptblk).
+    Datashift,
+}
+
+#[derive(Args, Debug)]
+#[command(disable_help_flag = true)]
+pub struct ReencryptArgs {
+    /// Passphrase file ('-' for stdin); it must open the old and the new keyslot.
+    #[arg(long, short = 'd', value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// The keyslot the passphrase opens; the only one kept when the image has several.
+    #[arg(long, short = 'S', value_name = "N")]
+    pub key_slot: Option<usize>,
+    /// New cipher, e.g. aes-xts-plain64 (default: keep the current one).
+    #[arg(long, short = 'c')]
+    pub cipher: Option<String>,
+    /// New volume key size in bits (default: keep the current one).
+    #[arg(long, short = 's', value_name = "BITS")]
+    pub key_size: Option<usize>,
+    /// New encryption sector size: 512, 1024, 2048 or 4096 (default: keep the current one).
+    #[arg(long, value_name = "BYTES")]
+    pub sector_size: Option<u32>,
+    /// Hash for the new keyslot (PBKDF2, AF splitter) and its digest.
+    #[arg(long, short = 'h', default_value = "sha256")]
+    pub hash: String,
+    #[command(flatten)]
+    pub pbkdf: PbkdfArgs,
+    /// How a hotzone interrupted by a crash is recovered.
+    #[arg(long, value_enum, default_value = "checksum")]
+    pub resilience: ResilienceMode,
+    /// Hash for the checksum resilience.
+    #[arg(long, default_value = "sha256")]
+    pub resilience_hash: String,
+    /// Largest amount of data rewritten between two metadata commits (default 64 MiB, less
+    /// if the checksum area is smaller).
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub hotzone_size: Option<u64>,
+    /// Only write the reencryption metadata; `--resume-only` (ours or cryptsetup's) does the work.
+    #[arg(long, conflicts_with = "resume_only")]
+    pub init_only: bool,
+    /// Continue a reencryption started before (by cryptblk or cryptsetup).
+    #[arg(long)]
+    pub resume_only: bool,
+    /// Encrypt a plaintext image in place (not implemented yet).
+    #[arg(long, conflicts_with = "decrypt")]
+    pub encrypt: bool,
+    /// Decrypt the image in place (not implemented yet).
+    #[arg(long)]
+    pub decrypt: bool,
+    /// Room made for the LUKS2 header when encrypting (with --encrypt; not implemented yet).
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub reduce_device_size: Option<u64>,
+    /// Accepted for cryptsetup compatibility: cryptblk always re-encrypts offline.
+    #[arg(long)]
+    pub force_offline_reencrypt: bool,
+    /// Show progress: -p for a bar, --progress=json for JSON lines.
+    #[arg(short = 'p', long = "progress", value_enum, num_args = 0..=1, require_equals = true,
+          default_missing_value = "bar", value_name = "MODE")]
+    pub progress: Option<ProgressMode>,
+    /// The LUKS2 image file.
+    pub image: PathBuf,
     /// Print help.
     #[arg(long, action = clap::ArgAction::Help)]
     pub help: Option<bool>,

@@ -32,6 +32,7 @@ fn main() {
         Command::Dump(ref a) => cmd::dump::run(a),
         Command::Key(ref k) => cmd::key::run(&cli, k),
         Command::Convert(ref a) => convert::run(&cli, a),
+        Command::Reencrypt(ref a) => cmd::reencrypt::run(&cli, a),
         Command::Bench(ref a) => cmd::bench::run(&cli, a),
         Command::Demo(ref a) => cmd::demo::run(&cli, a),
         Command::Serve(ref a) => cmd::serve::run(&cli, a),

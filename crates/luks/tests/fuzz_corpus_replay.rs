@@ -22,6 +22,10 @@ fn exercise(file: &std::fs::File, len: u64) {
         let _ = image.cipher_spec();
         let _ = image.active_keyslots();
         let _ = image.read_only_reason();
+        if let LuksImage::V2(h) = &image {
+            let _ = h.reencrypt_state();
+            let _ = h.reencrypt_extents(len);
+        }
     }
 }
 
@@ -78,6 +82,22 @@ fn committed_corpus_replays_without_panic() {
         file.set_len(0).unwrap();
         file.write_all_at(data, 0).unwrap();
         LuksImage::read(&file).unwrap_or_else(|e| panic!("{valid} should parse: {e}"));
+    }
+    // cryptsetup's reencryption headers (after --init-only, and with a hotzone a SIGKILL
+    // interrupted) parse with their reencryption state, so mutations of them reach it.
+    for (valid, hot) in [
+        ("luks2_reencrypt_init_only_32k", false),
+        ("luks2_reencrypt_hotzone_32k", true),
+    ] {
+        let data = &seeds.iter().find(|(n, _)| n == valid).expect(valid).1;
+        file.set_len(0).unwrap();
+        file.write_all_at(data, 0).unwrap();
+        let Ok((LuksImage::V2(h), _)) = LuksImage::read(&file) else {
+            panic!("{valid} should parse as LUKS2");
+        };
+        let state = h.reencrypt_state().unwrap().expect(valid);
+        assert_eq!(state.hot_segment.is_some(), hot, "{valid}");
+        assert!(h.read_only_reason().is_some());
     }
 }
 
@@ -158,6 +178,8 @@ fn deterministic_mutations_do_not_panic() {
         "luks1_compatimage_4k",
         "luks1_v10_phdr_only",
         "luks2_valid_32k",
+        "luks2_reencrypt_init_only_32k",
+        "luks2_reencrypt_hotzone_32k",
     ]
     .iter()
     .map(|n| &seeds.iter().find(|(s, _)| s == n).expect(n).1)

@@ -6,4 +6,5 @@ pub mod dump;
 pub mod format;
 pub mod key;
 pub mod man;
+pub mod reencrypt;
 pub mod serve;

@@ -4,9 +4,9 @@
 //! place only after everything was written and flushed, so an interrupted or failed convert
 //! never leaves a file that looks complete.
 mod extents;
-mod interrupt;
-mod pipeline;
-mod progress;
+pub(crate) mod interrupt;
+pub(crate) mod pipeline;
+pub(crate) mod progress;
 mod temp_target;
 
 pub use pipeline::first_difference;

@@ -58,9 +58,37 @@ impl Luks2Header {
                 .find(|id| !self.meta.keyslots.contains_key(&id.to_string()))
                 .ok_or_else(|| LuksError::InvalidArgument("all keyslots are in use".into()))?,
         };
-        let key_len = volume_key.len();
         let (_, seg) = self.segment()?;
-        let spec = parse_cipher(seg.encryption.as_deref().unwrap_or_default(), key_len)?;
+        let spec = parse_cipher(
+            seg.encryption.as_deref().unwrap_or_default(),
+            volume_key.len(),
+        )?;
+        let keyslot =
+            self.write_keyslot_material(file, volume_key, &spec, passphrase, pbkdf, af_hash)?;
+        let before = self.meta.clone();
+        self.meta.keyslots.insert(id.to_string(), keyslot);
+        if let Some(d) = self.meta.digests.get_mut(&digest_id) {
+            d.keyslots.push(id.to_string());
+        }
+        if let Err(e) = self.commit(file) {
+            self.meta = before;
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// Allocate an area for `volume_key` under `passphrase`, write its AF material encrypted
+    /// with `spec` and sync it; returns the keyslot JSON, not yet in the header.
+    pub(super) fn write_keyslot_material(
+        &self,
+        file: &dyn HeaderIo,
+        volume_key: &SecretKey,
+        spec: &cryptblk_crypto::CipherSpec,
+        passphrase: &[u8],
+        pbkdf: &PbkdfOptions,
+        af_hash: HashAlg,
+    ) -> Result<Keyslot> {
+        let key_len = volume_key.len();
         let material = material_len(key_len, af::STRIPES)
             .ok_or_else(|| LuksError::InvalidArgument("key too long".into()))?;
         let area_size = round_up(material as u64, 4096)
@@ -74,7 +102,7 @@ impl Luks2Header {
         let mut buf = Zeroizing::new(vec![0u8; material]);
         let n = split.len().min(material);
         buf[..n].copy_from_slice(&split[..n]);
-        keyslot_area::encrypt_area(&spec, &slot_key, &mut buf)?;
+        keyslot_area::encrypt_area(spec, &slot_key, &mut buf)?;
         file.write_all_at(&buf, offset)?;
         file.sync_data()?;
 
@@ -130,16 +158,7 @@ impl Luks2Header {
             priority: None,
             extra: Default::default(),
         };
-        let before = self.meta.clone();
-        self.meta.keyslots.insert(id.to_string(), keyslot);
-        if let Some(d) = self.meta.digests.get_mut(&digest_id) {
-            d.keyslots.push(id.to_string());
-        }
-        if let Err(e) = self.commit(file) {
-            self.meta = before;
-            return Err(e);
-        }
-        Ok(id)
+        Ok(keyslot)
     }
 
     /// Lowest 4096-aligned gap in the keyslots area that fits `size` bytes.

@@ -10,6 +10,7 @@ mod format;
 pub mod json;
 mod keyslots;
 mod read;
+pub mod reencrypt;
 mod unlock;
 mod validate;
 mod write;
@@ -191,6 +192,12 @@ impl Luks2Header {
             .as_ref()
             .map(|r| r.mandatory.as_slice())
             .unwrap_or_default();
+        if req.iter().any(|r| r.starts_with("online-reencrypt")) {
+            return Some(format!(
+                "a reencryption is in progress ({}): finish it with `cryptblk reencrypt --resume-only` (or cryptsetup reencrypt --resume-only)",
+                req.join(", ")
+            ));
+        }
         if !req.is_empty() {
             return Some(format!(
                 "the header lists mandatory requirements cryptblk does not implement: {}",

@@ -150,6 +150,19 @@ pub fn unlock(
     // (e.g. a half-done reencryption), so decrypting with this key could return garbage.
     ensure_writable(hdr)?;
     let (_, digest) = hdr.segment_digest()?;
+    unlock_digest(hdr, file, passphrase, opts, digest, None)
+}
+
+/// Try the keyslots bound to `digest` (only `only_slot` if given): high priority first,
+/// "ignore" (0) last.
+pub fn unlock_digest(
+    hdr: &Luks2Header,
+    file: &dyn HeaderIo,
+    passphrase: &[u8],
+    opts: &UnlockOptions,
+    digest: &Digest,
+    only_slot: Option<usize>,
+) -> Result<(usize, SecretKey)> {
     let mut candidates: Vec<(u32, usize, &str, &Keyslot)> = digest
         .keyslots
         .iter()
@@ -164,6 +177,7 @@ pub fn unlock(
             };
             Some((rank, id, k.as_str(), s))
         })
+        .filter(|&(_, id, _, _)| only_slot.is_none_or(|want| want == id))
         .collect();
     candidates.sort_by_key(|&(rank, id, _, _)| (rank, id));
     if candidates.is_empty() {

@@ -1,0 +1,234 @@
+//! `cryptblk reencrypt IMAGE`: cryptsetup's offline `reencrypt` for LUKS2 image files. The
+//! work is in `cryptblk_luks::luks2::reencrypt`; here are the options, the passphrase, the
+//! lock on the file, progress and signals.
+use crate::args::{Cli, ReencryptArgs, ResilienceMode};
+use crate::convert::interrupt::InterruptFlag;
+use crate::convert::pipeline::Progress;
+use crate::convert::progress::Reporter;
+use crate::exit::UsageError;
+use crate::options::{crypto_pool, pbkdf_options, unlock_options};
+use crate::secrets::read_passphrase;
+use anyhow::{bail, Context, Result};
+use cryptblk_crypto::{CipherSpec, Mode};
+use cryptblk_luks::luks2::reencrypt::{InitParams, Reencryption, ResilienceChoice};
+use cryptblk_luks::{HashAlg, LuksError, LuksImage, LuksVersion};
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+pub const HELP: &str = "\
+Without --init-only or --resume-only, starts a reencryption (or continues the one in progress)
+and runs it to the end. A reencryption started or interrupted by cryptsetup continues here, and
+one started or interrupted here continues with `cryptsetup reencrypt --resume-only
+--force-offline-reencrypt`. SIGINT/SIGTERM stop after the current hotzone; kill -9 loses nothing
+with --resilience checksum or journal (the next run recovers the hotzone).";
+
+/// Default hotzone: large enough to keep every core busy, small enough for a modest machine.
+const DEFAULT_HOTZONE: u64 = 64 << 20;
+
+fn unsupported(what: &'static str, name: &str, hint: &str) -> anyhow::Error {
+    LuksError::Unsupported {
+        what,
+        name: name.into(),
+        hint: hint.into(),
+    }
+    .into()
+}
+
+pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
+    if a.encrypt || a.reduce_device_size.is_some() {
+        return Err(unsupported("reencryption mode", "encrypt", "encrypting a plaintext image in place (datashift) is not implemented yet; use `cryptblk convert` to a new image, or `cryptsetup reencrypt --encrypt --reduce-device-size`"));
+    }
+    if a.decrypt {
+        return Err(unsupported("reencryption mode", "decrypt", "decrypting in place is not implemented yet; use `cryptblk convert -O raw` to a new file, or `cryptsetup reencrypt --decrypt`"));
+    }
+    let resilience = match a.resilience {
+        ResilienceMode::Checksum => ResilienceChoice::Checksum(HashAlg::parse(&a.resilience_hash)?),
+        ResilienceMode::None => ResilienceChoice::None,
+        ResilienceMode::Journal => ResilienceChoice::Journal,
+        ResilienceMode::Datashift => {
+            return Err(unsupported(
+                "resilience",
+                "datashift",
+                "cryptblk implements checksum (default), journal and none",
+            ))
+        }
+    };
+    // Registered first, so a signal during the (possibly long) KDF or the init commit stops
+    // the run cleanly instead of killing it.
+    let interrupt = InterruptFlag::register()?;
+    let file = open_locked(&a.image)?;
+    let path = a.image.display().to_string();
+    let (image, warnings) =
+        LuksImage::read(&file).with_context(|| format!("reading the LUKS header of {path}"))?;
+    for w in &warnings {
+        eprintln!("cryptblk: warning: {path}: {w}");
+    }
+    let mut hdr = match image {
+        LuksImage::V2(h) => h,
+        LuksImage::V1(_) => {
+            return Err(unsupported("LUKS version", "1", "convert the header first with `cryptsetup convert --type luks2 IMAGE` (in-place conversion by cryptblk is not implemented yet)"))
+                .with_context(|| path.clone())
+        }
+    };
+    let unlock = unlock_options(cli);
+    let in_progress = hdr
+        .reencrypt_state()
+        .with_context(|| path.clone())?
+        .is_some();
+    let passphrase = read_passphrase(a.key_file.as_deref(), "Enter passphrase: ")?;
+    if in_progress {
+        if a.init_only {
+            bail!(UsageError(format!(
+                "{path}: a reencryption is already in progress; continue it with --resume-only"
+            )));
+        }
+        if a.cipher.is_some() || a.key_size.is_some() || a.sector_size.is_some() {
+            eprintln!("cryptblk: {path}: continuing the reencryption in progress; --cipher, --key-size and --sector-size are ignored");
+        }
+    } else {
+        if a.resume_only {
+            bail!(UsageError(format!(
+                "{path}: no reencryption is in progress (nothing to resume)"
+            )));
+        }
+        let params = init_params(a, &hdr, resilience)?;
+        hdr.reencrypt_init(&file, &passphrase, &unlock, &params)
+            .with_context(|| format!("starting the reencryption of {path}"))?;
+        if a.init_only {
+            return Ok(());
+        }
+    }
+    let mut r = Reencryption::open(
+        &file,
+        hdr,
+        &passphrase,
+        &unlock,
+        a.key_slot,
+        crypto_pool(cli)?,
+    )
+    .with_context(|| format!("opening the reencryption of {path}"))?;
+    drop(passphrase);
+    if r.is_interrupted() {
+        r.recover()
+            .with_context(|| format!("recovering the interrupted hotzone of {path}"))?;
+    }
+    let hotzone = hotzone_size(a, &r)?;
+    let total = r.device_size()?;
+    let progress = Arc::new(Progress {
+        done: r.done_bytes()?.into(),
+    });
+    let reporter = Reporter::new(a.progress, total);
+    let finished = AtomicBool::new(false);
+    let outcome = std::thread::scope(|scope| {
+        scope.spawn(|| reporter.run_until(&progress, || finished.load(Ordering::Acquire)));
+        let result = (|| -> Result<bool> {
+            loop {
+                if interrupt.flag.load(Ordering::Relaxed) {
+                    r.checkpoint()?;
+                    return Ok(false);
+                }
+                let rep = r
+                    .step(hotzone)
+                    .with_context(|| format!("reencrypting {path}"))?;
+                progress.done.store(rep.done, Ordering::Relaxed);
+                if rep.done >= rep.total {
+                    return Ok(true);
+                }
+            }
+        })();
+        finished.store(true, Ordering::Release);
+        result
+    });
+    reporter.finish(progress.done.load(Ordering::Relaxed));
+    if !outcome? {
+        bail!("{path}: interrupted; the reencryption is saved, continue it with `cryptblk reencrypt --resume-only`");
+    }
+    r.finish()
+        .with_context(|| format!("finishing the reencryption of {path}"))?;
+    Ok(())
+}
+
+fn init_params(
+    a: &ReencryptArgs,
+    hdr: &cryptblk_luks::luks2::Luks2Header,
+    resilience: ResilienceChoice,
+) -> Result<InitParams> {
+    let current = hdr.cipher_spec()?;
+    let name = a
+        .cipher
+        .clone()
+        .unwrap_or_else(|| current.to_luks2_string());
+    let bits = match a.key_size {
+        Some(b) => b,
+        None if a.cipher.is_none() => current.key_bytes() * 8,
+        None => {
+            let probe = CipherSpec::parse_luks2(&name, 32)
+                .or_else(|_| CipherSpec::parse_luks2(&name, 64))?;
+            if probe.mode() == Mode::Xts {
+                512
+            } else {
+                256
+            }
+        }
+    };
+    if !bits.is_multiple_of(8) {
+        bail!(UsageError(format!(
+            "--key-size {bits} is not a whole number of bytes"
+        )));
+    }
+    let cipher = CipherSpec::parse_luks2(&name, bits / 8)?;
+    if let Some(s) = a.sector_size {
+        if !(512..=4096).contains(&s) || !s.is_power_of_two() {
+            bail!(UsageError(format!(
+                "--sector-size {s}: use a power of two from 512 to 4096"
+            )));
+        }
+    }
+    let hash = HashAlg::parse(&a.hash)?;
+    Ok(InitParams {
+        cipher: Some(cipher),
+        sector_size: a.sector_size,
+        resilience,
+        pbkdf: pbkdf_options(&a.pbkdf, hash, LuksVersion::V2)?,
+        keyslot: a.key_slot,
+    })
+}
+
+fn hotzone_size(a: &ReencryptArgs, r: &Reencryption<'_>) -> Result<u64> {
+    let align = r.alignment();
+    let max = r.max_hotzone();
+    match a.hotzone_size {
+        Some(n) if n == 0 || !n.is_multiple_of(align) => bail!(UsageError(format!(
+            "--hotzone-size {n} must be a positive multiple of {align} bytes"
+        ))),
+        Some(n) if n > max => bail!(UsageError(format!(
+            "--hotzone-size {n} is above the {max} bytes the checksum area can protect"
+        ))),
+        Some(n) => Ok(n),
+        None => {
+            let n = DEFAULT_HOTZONE.min(max);
+            Ok((n - n % align).max(align))
+        }
+    }
+}
+
+/// Open the image for writing, exclusively: nothing else may write it meanwhile.
+fn open_locked(path: &Path) -> Result<File> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    file.try_lock().map_err(|_| {
+        anyhow::Error::from(cryptblk_block::BlockError::new(
+            cryptblk_block::BlockErrorKind::Locked,
+            format!(
+                "{} is in use by another process; reencryption needs it to be idle",
+                path.display()
+            ),
+        ))
+    })?;
+    Ok(file)
+}

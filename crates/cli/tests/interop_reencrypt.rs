@@ -1,0 +1,499 @@
+//! `cryptblk reencrypt` against the real cryptsetup 2.6 (`--force-offline-reencrypt`): each tool
+//! finishes what the other started or left after SIGKILL, and the result always decrypts to the
+//! original plaintext through cryptblk and through an independent path (cryptsetup's volume key
+//! + openssl's AES-XTS on sampled sectors).
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Plaintext in each image: large enough for hundreds of 64 KiB hotzones, so a kill lands
+/// mid-way.
+const PLAIN: u64 = 32 * MIB;
+
+struct Case {
+    _dir: tempfile::TempDir,
+    img: std::path::PathBuf,
+    key: std::path::PathBuf,
+    plain: Vec<u8>,
+}
+
+/// A LUKS2 image (512-byte sectors, aes-xts-plain64 with a 256-bit key, as QEMU makes them)
+/// holding random plaintext, encrypted by cryptsetup itself.
+fn case(name: &str) -> Case {
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", &passphrase(name));
+    let mut plain = vec![0u8; PLAIN as usize];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut plain);
+    let extra = [
+        CS_CHEAP_PBKDF2,
+        &["--sector-size", "512", "--key-size", "256"],
+    ]
+    .concat();
+    let img = cryptsetup_encrypt_in_place(dir.path(), "img", &plain, &key, &extra);
+    Case {
+        _dir: dir,
+        img,
+        key,
+        plain,
+    }
+}
+
+fn cs_reencrypt(c: &Case, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "reencrypt",
+        "--force-offline-reencrypt",
+        "--batch-mode",
+        "--key-file",
+        s(&c.key),
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    args.extend(CS_CHEAP_PBKDF2.iter().map(|a| a.to_string()));
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args.push(s(&c.img).to_string());
+    args
+}
+
+fn cryptblk_reencrypt_args(c: &Case, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["reencrypt", "--key-file", s(&c.key)]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    args.extend(CHEAP_PBKDF2.iter().map(|a| a.to_string()));
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args.push(s(&c.img).to_string());
+    args
+}
+
+/// The header's seqid (cryptsetup's epoch): every committed hotzone bumps it.
+fn seqid(img: &Path) -> u64 {
+    let head = read_prefix(img, 24);
+    u64::from_be_bytes(head[16..24].try_into().unwrap())
+}
+
+/// Start `cmd`, wait until the header has advanced by `commits` seqids (so the run is well
+/// under way), then SIGKILL it. Panics if it finished first.
+fn kill_midway(cmd: Command, img: &Path, commits: u64) {
+    signal_midway(cmd, img, commits, Duration::ZERO, "KILL");
+}
+
+/// As `kill_midway` with another signal; returns the process's exit code and stderr.
+fn signal_midway(
+    mut cmd: Command,
+    img: &Path,
+    commits: u64,
+    settle: Duration,
+    signal: &str,
+) -> (Option<i32>, String) {
+    let start = seqid(img);
+    let mut child: Child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seqid(img) < start + commits {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the run ended ({status}) before it could be killed mid-way");
+        }
+        assert!(Instant::now() < deadline, "no progress in 60 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(settle);
+    tool("kill", ["-s", signal, &child.id().to_string()]).ok();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn in_reencryption(img: &Path) -> bool {
+    let out = tool("cryptsetup", ["luksDump", s(img)]);
+    out.ok();
+    out.stdout.contains("online-reencrypt-v2")
+}
+
+/// The result is a plain LUKS2 image with the new layout; cryptblk, cryptsetup and openssl all
+/// read the original plaintext from it.
+fn check_result(c: &Case, sector: u64, key_bits: usize) {
+    assert!(!in_reencryption(&c.img), "reencryption not finished");
+    let dump = dump_json(&c.img);
+    assert_eq!(dump["sector_size"].as_u64(), Some(sector), "{dump}");
+    assert!(
+        cryptsetup_accepts(&c.img, &c.key),
+        "cryptsetup refuses the passphrase"
+    );
+    let out = cryptblk_decrypt(&c.img, &c.key, &c.img.with_extension("raw"));
+    assert_same_bytes(
+        &out[..PLAIN as usize],
+        &c.plain,
+        "cryptblk's decryption after reencryption",
+    );
+    independent_check(c, sector, key_bits);
+}
+
+/// cryptsetup recovers the volume key with the passphrase; openssl decrypts sampled sectors
+/// (first, last, and spread in between) with it.
+fn independent_check(c: &Case, sector: u64, key_bits: usize) {
+    let out = tool(
+        "cryptsetup",
+        [
+            "luksDump",
+            "--dump-volume-key",
+            "--batch-mode",
+            "--key-file",
+            s(&c.key),
+            s(&c.img),
+        ],
+    );
+    out.ok();
+    let mut hexs = String::new();
+    let mut in_dump = false;
+    for line in out.stdout.lines() {
+        if let Some(rest) = line.strip_prefix("MK dump:") {
+            in_dump = true;
+            hexs.push_str(rest);
+        } else if in_dump && line.starts_with(char::is_whitespace) {
+            hexs.push_str(line);
+        } else if in_dump {
+            break;
+        }
+    }
+    let key_hex: String = hexs.split_whitespace().collect();
+    assert_eq!(key_hex.len() * 4, key_bits, "volume key size: {key_hex}");
+    let data_offset = dump_json(&c.img)["data_offset"].as_u64().unwrap();
+    let image = read(&c.img);
+    let sectors = PLAIN / sector;
+    let dir = c.img.parent().unwrap();
+    for n in [0, 1, sectors / 3, sectors / 2 + 7, sectors - 2, sectors - 1] {
+        let pos = n * sector;
+        let ct = &image[(data_offset + pos) as usize..(data_offset + pos + sector) as usize];
+        let pt = openssl_xts_decrypt(dir, &key_hex, pos / 512, ct);
+        assert_same_bytes(
+            &pt,
+            &c.plain[pos as usize..(pos + sector) as usize],
+            &format!("openssl's decryption of sector {n}"),
+        );
+    }
+}
+
+/// AES-XTS decryption of one sector with openssl doing the AES (`openssl enc` has no XTS mode):
+/// the tweak is AES-ECB of the little-endian sector number under the second key half, each
+/// 16-byte block is tweak-xored, ECB-decrypted under the first half and xored again, the tweak
+/// doubling in GF(2^128) from block to block.
+fn openssl_xts_decrypt(dir: &Path, key_hex: &str, iv_sector: u64, ct: &[u8]) -> Vec<u8> {
+    let half = key_hex.len() / 2;
+    let ecb = if half == 64 {
+        "-aes-256-ecb"
+    } else {
+        "-aes-128-ecb"
+    };
+    let aes = |mode: &str, key: &str, input: &[u8]| -> Vec<u8> {
+        let inp = dir.join("xts.in");
+        let out = dir.join("xts.out");
+        std::fs::write(&inp, input).unwrap();
+        tool(
+            "openssl",
+            [
+                "enc",
+                mode,
+                ecb,
+                "-nopad",
+                "-K",
+                key,
+                "-in",
+                s(&inp),
+                "-out",
+                s(&out),
+            ],
+        )
+        .ok();
+        read(&out)
+    };
+    let mut iv = [0u8; 16];
+    iv[..8].copy_from_slice(&iv_sector.to_le_bytes());
+    let mut tweak: [u8; 16] = aes("-e", &key_hex[half..], &iv).try_into().unwrap();
+    let mut tweaks = Vec::with_capacity(ct.len());
+    for _ in 0..ct.len() / 16 {
+        tweaks.extend_from_slice(&tweak);
+        let carry = tweak[15] >> 7;
+        for i in (1..16).rev() {
+            tweak[i] = (tweak[i] << 1) | (tweak[i - 1] >> 7);
+        }
+        tweak[0] = (tweak[0] << 1) ^ (0x87 * carry);
+    }
+    let masked: Vec<u8> = ct.iter().zip(&tweaks).map(|(a, b)| a ^ b).collect();
+    aes("-d", &key_hex[..half], &masked)
+        .iter()
+        .zip(&tweaks)
+        .map(|(a, b)| a ^ b)
+        .collect()
+}
+
+/// New layout for the interop cases: 4096-byte sectors and a 512-bit aes-xts key.
+const NEW_LAYOUT: &[&str] = &["--sector-size", "4096", "--key-size", "512"];
+
+fn cs_init_cryptblk_finishes(resilience: &str) {
+    let c = case(&format!("cs-init-{resilience}"));
+    let args = cs_reencrypt(
+        &c,
+        &[&["--init-only", "--resilience", resilience], NEW_LAYOUT].concat(),
+    );
+    tool("cryptsetup", &args).ok();
+    assert!(in_reencryption(&c.img));
+    cryptblk(cryptblk_reencrypt_args(
+        &c,
+        &["--resume-only", "--hotzone-size", "1M"],
+    ))
+    .ok();
+    check_result(&c, 4096, 512);
+}
+
+#[test]
+fn cryptsetup_init_only_checksum_cryptblk_finishes() {
+    cs_init_cryptblk_finishes("checksum");
+}
+
+#[test]
+fn cryptsetup_init_only_none_cryptblk_finishes() {
+    cs_init_cryptblk_finishes("none");
+}
+
+#[test]
+fn cryptsetup_init_only_journal_cryptblk_finishes() {
+    cs_init_cryptblk_finishes("journal");
+}
+
+#[test]
+fn cryptsetup_killed_cryptblk_resumes() {
+    cs_killed_cryptblk_resumes("checksum");
+}
+
+#[test]
+fn cryptsetup_killed_cryptblk_resumes_journal() {
+    cs_killed_cryptblk_resumes("journal");
+}
+
+fn cs_killed_cryptblk_resumes(resilience: &str) {
+    let c = case(&format!("cs-killed-{resilience}"));
+    let args = cs_reencrypt(
+        &c,
+        &[
+            &["--hotzone-size", "64K", "--resilience", resilience],
+            NEW_LAYOUT,
+        ]
+        .concat(),
+    );
+    let mut cmd = Command::new(tool_path("cryptsetup"));
+    cmd.args(&args);
+    kill_midway(cmd, &c.img, 40);
+    assert!(
+        in_reencryption(&c.img),
+        "cryptsetup finished before the kill"
+    );
+    let out = cryptblk(cryptblk_reencrypt_args(
+        &c,
+        &["--resume-only", "--progress=json"],
+    ));
+    out.ok();
+    assert!(out.stderr.contains("\"event\":\"done\""), "{}", out.stderr);
+    check_result(&c, 4096, 512);
+}
+
+#[test]
+fn cryptblk_killed_cryptsetup_resumes() {
+    cb_killed_cryptsetup_resumes("checksum");
+}
+
+#[test]
+fn cryptblk_killed_cryptsetup_resumes_journal() {
+    cb_killed_cryptsetup_resumes("journal");
+}
+
+fn cb_killed_cryptsetup_resumes(resilience: &str) {
+    let c = case(&format!("cb-killed-{resilience}"));
+    let mut cmd = Command::new(bin());
+    cmd.args(cryptblk_reencrypt_args(
+        &c,
+        &[
+            &["--hotzone-size", "64K", "--resilience", resilience],
+            NEW_LAYOUT,
+        ]
+        .concat(),
+    ));
+    kill_midway(cmd, &c.img, 40);
+    assert!(in_reencryption(&c.img), "cryptblk finished before the kill");
+    // After a crash cryptsetup wants `repair` (its hotzone recovery) before resuming.
+    tool(
+        "cryptsetup",
+        ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)],
+    )
+    .ok();
+    tool("cryptsetup", cs_reencrypt(&c, &["--resume-only"])).ok();
+    check_result(&c, 4096, 512);
+}
+
+#[test]
+fn cryptblk_killed_cryptblk_resumes() {
+    let c = case("cb-killed-cb");
+    let mut cmd = Command::new(bin());
+    cmd.args(cryptblk_reencrypt_args(
+        &c,
+        &[&["--hotzone-size", "64K"], NEW_LAYOUT].concat(),
+    ));
+    kill_midway(cmd, &c.img, 40);
+    assert!(in_reencryption(&c.img));
+    // cryptblk refuses the half-done image everywhere else, naming the way out.
+    let out = cryptblk([
+        "convert",
+        "-O",
+        "raw",
+        "--source-key-file",
+        s(&c.key),
+        s(&c.img),
+        s(&c.img.with_extension("x")),
+    ]);
+    assert!(
+        out.stderr.contains("reencrypt --resume-only"),
+        "{}",
+        out.stderr
+    );
+    cryptblk(cryptblk_reencrypt_args(&c, &["--resume-only"])).ok();
+    check_result(&c, 4096, 512);
+}
+
+/// SIGTERM stops after the current hotzone with the state saved (with `none` too, where the
+/// boundary is otherwise only written at the end).
+fn sigterm_case(resilience: &str, commits: u64, settle: Duration) {
+    let c = case(&format!("cb-term-{resilience}"));
+    let mut cmd = Command::new(bin());
+    cmd.args(cryptblk_reencrypt_args(
+        &c,
+        &[
+            &["--hotzone-size", "64K", "--resilience", resilience],
+            NEW_LAYOUT,
+        ]
+        .concat(),
+    ));
+    let (code, stderr) = signal_midway(cmd, &c.img, commits, settle, "TERM");
+    assert_eq!(code, Some(code::OTHER), "{stderr}");
+    assert!(
+        stderr.contains("interrupted") && stderr.contains("--resume-only"),
+        "{stderr}"
+    );
+    // Stopped cleanly: no hotzone is left flagged, so cryptsetup resumes without repair.
+    assert!(!tool("cryptsetup", ["luksDump", s(&c.img)])
+        .stdout
+        .contains("in-reencryption"));
+    tool("cryptsetup", cs_reencrypt(&c, &["--resume-only"])).ok();
+    check_result(&c, 4096, 512);
+}
+
+#[test]
+fn sigterm_stops_after_the_hotzone_checksum() {
+    sigterm_case("checksum", 40, Duration::ZERO);
+}
+
+#[test]
+fn sigterm_stops_after_the_hotzone_none() {
+    // `none` commits once at the start (init), then only when it stops (or ends): signalled
+    // right after the init commit, it stops before or after a few hotzones.
+    sigterm_case("none", 1, Duration::ZERO);
+}
+
+#[test]
+fn cryptblk_reencrypts_cryptsetup_reads_checksum() {
+    let c = case("cb-full-checksum");
+    cryptblk(cryptblk_reencrypt_args(&c, &[NEW_LAYOUT, &["-p"]].concat())).ok();
+    check_result(&c, 4096, 512);
+    // One keyslot left: the old key is gone.
+    let dump = tool("cryptsetup", ["luksDump", s(&c.img)]);
+    assert_eq!(dump.stdout.matches(": luks2").count(), 1, "{}", dump.stdout);
+}
+
+#[test]
+fn cryptblk_reencrypts_cryptsetup_reads_none_same_layout() {
+    let c = case("cb-full-none");
+    cryptblk(cryptblk_reencrypt_args(&c, &["--resilience", "none"])).ok();
+    check_result(&c, 512, 256);
+}
+
+#[test]
+fn cryptblk_init_only_cryptsetup_finishes() {
+    let c = case("cb-init");
+    cryptblk(cryptblk_reencrypt_args(
+        &c,
+        &[&["--init-only"], NEW_LAYOUT].concat(),
+    ))
+    .ok();
+    assert!(in_reencryption(&c.img));
+    tool("cryptsetup", cs_reencrypt(&c, &["--resume-only"])).ok();
+    check_result(&c, 4096, 512);
+}
+
+#[test]
+fn refusals_leave_the_image_untouched() {
+    let c = case("refusals");
+    let before = read(&c.img);
+    cryptblk(cryptblk_reencrypt_args(
+        &c,
+        &["--encrypt", "--reduce-device-size", "16M"],
+    ))
+    .expect_code(code::UNSUPPORTED);
+    cryptblk(cryptblk_reencrypt_args(&c, &["--resilience", "datashift"]))
+        .expect_code(code::UNSUPPORTED);
+    cryptblk(cryptblk_reencrypt_args(&c, &["--resume-only"])).expect_code(code::USAGE);
+    let wrong = key_file(c.img.parent().unwrap(), "wrong", "not the passphrase");
+    let mut args = cryptblk_reencrypt_args(&c, &[]);
+    args[2] = s(&wrong).to_string();
+    cryptblk(args).expect_code(code::WRONG_PASSPHRASE);
+    assert!(
+        read(&c.img) == before,
+        "a refused reencryption changed the image"
+    );
+}
+
+/// With two passphrases, one must be named: it is the one kept (cryptsetup's --key-slot).
+#[test]
+fn several_keyslots_need_key_slot() {
+    let c = case("two-slots");
+    let other = key_file(c.img.parent().unwrap(), "other", "second passphrase");
+    tool(
+        "cryptsetup",
+        [
+            "luksAddKey",
+            "--batch-mode",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            s(&c.key),
+            s(&c.img),
+            s(&other),
+        ],
+    )
+    .ok();
+    let before = read(&c.img);
+    let out = cryptblk(cryptblk_reencrypt_args(&c, &[]));
+    out.expect_code(code::USAGE);
+    assert!(out.stderr.contains("--key-slot"), "{}", out.stderr);
+    assert!(
+        read(&c.img) == before,
+        "a refused reencryption changed the image"
+    );
+    cryptblk(cryptblk_reencrypt_args(&c, &["--key-slot", "0"])).ok();
+    check_result(&c, 512, 256);
+    let dump = tool("cryptsetup", ["luksDump", s(&c.img)]);
+    assert_eq!(dump.stdout.matches(": luks2").count(), 1, "{}", dump.stdout);
+    assert!(
+        !cryptsetup_accepts(&c.img, &other),
+        "the other passphrase survived"
+    );
+}

@@ -1,0 +1,492 @@
+//! An unlocked reencryption: both keys verified against the metadata, plaintext reads across
+//! the old and new segments, crash recovery of an interrupted hotzone, and the forward loop
+//! that rewrites one hotzone at a time in cryptsetup's commit order:
+//!
+//! 1. read the hotzone's old ciphertext;
+//! 2. store a hash per block (checksum) or the ciphertext itself (journal) in the reencrypt
+//!    keyslot area and commit the "hot" segments, which flag the hotzone;
+//! 3. decrypt, encrypt, write, sync;
+//! 4. commit the "post" segments that move the boundary past the hotzone.
+//!
+//! A crash between 2 and 4 leaves blocks that are old (hash matches) or new (it does not),
+//! which recovery sorts out; a journal holds the whole old hotzone. With resilience `none` cryptsetup commits nothing until the end
+//! (a crash loses the hotzone), and so does this loop.
+use super::layout::{self, ExtentCipher, KeyRole, SegmentExtent};
+use super::recovery::StaleBlocks;
+use super::{digest, ReencryptDirection, ReencryptMode, ReencryptState, Resilience};
+use crate::io::HeaderIo;
+use crate::luks2::json::{Metadata, Segment};
+use crate::luks2::Luks2Header;
+use crate::{HashAlg, LuksError, Result, UnlockOptions};
+use cryptblk_crypto::{default_engine_for, CryptoPool, Direction, SecretKey, SectorCipher};
+use std::sync::Arc;
+
+/// Progress after a step: bytes of the volume in the new layout, and the volume's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepReport {
+    pub done: u64,
+    pub total: u64,
+}
+
+pub struct Reencryption<'f> {
+    pub(super) file: &'f dyn HeaderIo,
+    pub(super) hdr: Luks2Header,
+    pub(super) state: ReencryptState,
+    old_key: Option<SecretKey>,
+    new_key: Option<SecretKey>,
+    old_cipher: Option<Arc<dyn SectorCipher>>,
+    new_cipher: Option<Arc<dyn SectorCipher>>,
+    pool: Arc<CryptoPool>,
+    file_len: u64,
+    pub(super) stale: Option<StaleBlocks>,
+    /// Resilience `none`: post segments exist only in memory until the end or a stop.
+    pub(super) uncommitted: bool,
+}
+
+fn unsupported(what: &'static str, name: &str, hint: &str) -> LuksError {
+    LuksError::Unsupported {
+        what,
+        name: name.to_string(),
+        hint: hint.to_string(),
+    }
+}
+
+fn make_cipher(seg: &Segment, key: &SecretKey) -> Result<Arc<dyn SectorCipher>> {
+    let enc = seg.encryption.as_deref().unwrap_or_default();
+    let spec = crate::luks2::parse_cipher(enc, key.len())?;
+    let cipher = default_engine_for(&spec)?.new_cipher(
+        &spec,
+        key,
+        seg.sector_size.unwrap_or(512) as usize,
+    )?;
+    Ok(cipher)
+}
+
+impl<'f> Reencryption<'f> {
+    /// Unlock both volume keys with `passphrase`, verify the reencryption digest, and check the
+    /// layout is one cryptblk can read. Nothing is written.
+    pub fn open(
+        file: &'f dyn HeaderIo,
+        hdr: Luks2Header,
+        passphrase: &[u8],
+        opts: &UnlockOptions,
+        keyslot: Option<usize>,
+        pool: Arc<CryptoPool>,
+    ) -> Result<Self> {
+        let state = ReencryptState::parse(&hdr.meta)?.ok_or_else(|| {
+            LuksError::InvalidArgument(
+                "the image is not in reencryption (no online-reencrypt requirement)".into(),
+            )
+        })?;
+        if state.segment_moved.is_some()
+            || !matches!(
+                state.resilience,
+                Resilience::None | Resilience::Checksum { .. } | Resilience::Journal
+            )
+        {
+            return Err(unsupported(
+                "reencryption resilience",
+                state.resilience.name(),
+                "the data is being moved (datashift); cryptblk does not implement it yet, finish with `cryptsetup reencrypt --resume-only`",
+            ));
+        }
+        let unlock = |d: &Option<String>| -> Result<Option<SecretKey>> {
+            match d {
+                None => Ok(None),
+                Some(id) => {
+                    let dg = hdr
+                        .meta
+                        .digests
+                        .get(id)
+                        .ok_or_else(|| LuksError::Corrupt(format!("digest {id} vanished")))?;
+                    let (_, k) = crate::luks2::unlock::unlock_digest(
+                        &hdr, file, passphrase, opts, dg, keyslot,
+                    )?;
+                    Ok(Some(k))
+                }
+            }
+        };
+        let old_key = unlock(&state.digest_old)?;
+        let new_key = if state.digest_new == state.digest_old {
+            old_key
+                .as_ref()
+                .map(|k| SecretKey::from_slice(k.as_bytes()))
+        } else {
+            // The new key's keyslot may be a different one than --key-slot names.
+            match &state.digest_new {
+                None => None,
+                Some(id) => {
+                    let dg = hdr
+                        .meta
+                        .digests
+                        .get(id)
+                        .ok_or_else(|| LuksError::Corrupt(format!("digest {id} vanished")))?;
+                    let (_, k) = crate::luks2::unlock::unlock_digest(&hdr, file, passphrase, opts, dg, None)
+                        .map_err(|e| match e {
+                            LuksError::WrongPassphrase => LuksError::InvalidArgument(
+                                "the passphrase opens the old volume key but no keyslot of the new one; cryptblk needs one passphrase for both".into(),
+                            ),
+                            other => other,
+                        })?;
+                    Some(k)
+                }
+            }
+        };
+        digest::verify(&hdr.meta, &state, old_key.as_ref(), new_key.as_ref())?;
+        let seg = |id: &String| {
+            hdr.meta
+                .segments
+                .get(id)
+                .cloned()
+                .ok_or_else(|| LuksError::Corrupt(format!("segment {id} vanished")))
+        };
+        let old_cipher = match (&old_key, seg(&state.segment_old)?) {
+            (Some(k), s) if s.kind == "crypt" => Some(make_cipher(&s, k)?),
+            _ => None,
+        };
+        let new_cipher = match (&new_key, seg(&state.segment_new)?) {
+            (Some(k), s) if s.kind == "crypt" => Some(make_cipher(&s, k)?),
+            _ => None,
+        };
+        let file_len = file.size()?;
+        let mut me = Reencryption {
+            file,
+            hdr,
+            state,
+            old_key,
+            new_key,
+            old_cipher,
+            new_cipher,
+            pool,
+            file_len,
+            stale: None,
+            uncommitted: false,
+        };
+        let extents = me.extents()?;
+        if let Some(hot) = extents.iter().find(|e| e.in_reencryption) {
+            me.stale = Some(me.classify_hotzone(hot)?);
+        }
+        Ok(me)
+    }
+
+    pub fn state(&self) -> &ReencryptState {
+        &self.state
+    }
+
+    pub fn header(&self) -> &Luks2Header {
+        &self.hdr
+    }
+
+    /// The live segments as volume extents.
+    pub fn extents(&self) -> Result<Vec<SegmentExtent>> {
+        layout::live_extents(&self.hdr.meta, &self.state, self.file_len)
+    }
+
+    /// The volume size in bytes.
+    pub fn device_size(&self) -> Result<u64> {
+        Ok(self.extents()?.last().map_or(0, SegmentExtent::end))
+    }
+
+    /// A crash interrupted a hotzone (recovery has not run yet).
+    pub fn is_interrupted(&self) -> bool {
+        self.state.hot_segment.is_some()
+    }
+
+    /// Bytes of the volume already in the new layout (forward direction).
+    pub fn done_bytes(&self) -> Result<u64> {
+        let ext = self.extents()?;
+        let new_prefix = ext
+            .iter()
+            .take_while(|e| !e.in_reencryption && self.role_of(e) == Some(KeyRole::New))
+            .map(|e| e.len)
+            .sum();
+        Ok(new_prefix)
+    }
+
+    fn role_of(&self, e: &SegmentExtent) -> Option<KeyRole> {
+        match &e.cipher {
+            ExtentCipher::Crypt { role, .. } => Some(*role),
+            ExtentCipher::Plain => match self.state.mode {
+                ReencryptMode::Encrypt => Some(KeyRole::Old),
+                _ => Some(KeyRole::New),
+            },
+        }
+    }
+
+    fn cipher(&self, role: KeyRole) -> Result<&Arc<dyn SectorCipher>> {
+        match role {
+            KeyRole::Old => self.old_cipher.as_ref(),
+            KeyRole::New => self.new_cipher.as_ref(),
+        }
+        .ok_or_else(|| {
+            unsupported(
+                "reencryption mode",
+                self.state.mode.name(),
+                "plaintext segments are not implemented",
+            )
+        })
+    }
+
+    fn backup_iv_base(&self, role: KeyRole) -> u64 {
+        let id = match role {
+            KeyRole::Old => &self.state.segment_old,
+            KeyRole::New => &self.state.segment_new,
+        };
+        self.hdr
+            .meta
+            .segments
+            .get(id)
+            .and_then(|s| s.iv_tweak)
+            .unwrap_or(0)
+            .saturating_mul(512)
+    }
+
+    /// Decrypt (or encrypt) `buf`, which holds volume bytes from `pos`, as `role` stores them.
+    pub(super) fn crypt(
+        &self,
+        role: KeyRole,
+        dir: Direction,
+        pos: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let cipher = self.cipher(role)?;
+        let ss = cipher.sector_size() as u64;
+        let iv_byte = self.backup_iv_base(role).saturating_add(pos);
+        if !iv_byte.is_multiple_of(ss) || !(buf.len() as u64).is_multiple_of(ss) {
+            return Err(LuksError::InvalidArgument(format!(
+                "{pos}+{} is not aligned to {ss}-byte sectors",
+                buf.len()
+            )));
+        }
+        self.pool.crypt(cipher, dir, iv_byte / ss, buf)?;
+        Ok(())
+    }
+
+    pub(super) fn checksum_params(&self) -> Option<(HashAlg, u64)> {
+        match self.state.resilience {
+            Resilience::Checksum { hash, block_size } => Some((hash, u64::from(block_size))),
+            _ => None,
+        }
+    }
+
+    /// Read plaintext of the volume at `offset` (aligned to the larger sector size).
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let end = offset + buf.len() as u64;
+        let mut done = 0usize;
+        for e in self.extents()? {
+            if e.end() <= offset || e.logical_start >= end {
+                continue;
+            }
+            let from = offset.max(e.logical_start);
+            let to = end.min(e.end());
+            let part = &mut buf[(from - offset) as usize..(to - offset) as usize];
+            crate::io::read_at(
+                self.file,
+                e.device_offset + (from - e.logical_start),
+                part,
+                "volume data",
+            )?;
+            match (&self.stale, e.in_reencryption) {
+                (Some(st), true) => {
+                    let mut p = from;
+                    while p < to {
+                        let i = ((p - st.start) / st.block) as usize;
+                        let stop = (st.start + (i as u64 + 1) * st.block).min(to);
+                        let old = st.old.get(i).copied().unwrap_or(false);
+                        let chunk = &mut part[(p - from) as usize..(stop - from) as usize];
+                        if let (true, Some(journal)) = (old, st.journal) {
+                            crate::io::read_at(
+                                self.file,
+                                journal + (p - st.start),
+                                chunk,
+                                "reencryption journal",
+                            )?;
+                        }
+                        let role = if old { KeyRole::Old } else { KeyRole::New };
+                        self.crypt(role, Direction::Decrypt, p, chunk)?;
+                        p = stop;
+                    }
+                }
+                _ => {
+                    if let Some(role) = self
+                        .role_of(&e)
+                        .filter(|_| matches!(e.cipher, ExtentCipher::Crypt { .. }))
+                    {
+                        self.crypt(role, Direction::Decrypt, from, part)?;
+                    }
+                }
+            }
+            done += part.len();
+        }
+        if done != buf.len() {
+            return Err(LuksError::InvalidArgument(format!(
+                "read of {} bytes at {offset} runs past the volume's end",
+                buf.len()
+            )));
+        }
+        Ok(())
+    }
+
+    pub(super) fn commit_meta(&mut self, meta: Metadata) -> Result<()> {
+        let before = std::mem::replace(&mut self.hdr.meta, meta);
+        if let Err(e) = self.hdr.commit(self.file) {
+            self.hdr.meta = before;
+            return Err(e);
+        }
+        self.reparse()
+    }
+
+    fn reparse(&mut self) -> Result<()> {
+        self.state = ReencryptState::parse(&self.hdr.meta)?
+            .ok_or_else(|| LuksError::Corrupt("reencryption state vanished".into()))?;
+        Ok(())
+    }
+
+    pub(super) fn ensure_forward_reencrypt(&self) -> Result<()> {
+        if self.state.mode != ReencryptMode::Reencrypt {
+            return Err(unsupported(
+                "reencryption mode",
+                self.state.mode.name(),
+                "cryptblk reencrypts from key to key; finish encrypt/decrypt runs with `cryptsetup reencrypt --resume-only`",
+            ));
+        }
+        if self.state.direction != ReencryptDirection::Forward {
+            return Err(unsupported(
+                "reencryption direction",
+                "backward",
+                "cryptblk rewrites forward only; finish with `cryptsetup reencrypt --resume-only`",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Rewrite the next hotzone of at most `max_len` bytes. Returns the progress after it.
+    pub fn step(&mut self, max_len: u64) -> Result<StepReport> {
+        self.ensure_forward_reencrypt()?;
+        if self.stale.is_some() {
+            self.recover()?;
+        }
+        let total = self.device_size()?;
+        let done = self.done_bytes()?;
+        if done >= total {
+            return Ok(StepReport { done, total });
+        }
+        let align = self.alignment();
+        let mut len = max_len.min(total - done);
+        len -= len % align;
+        if len == 0 {
+            return Err(LuksError::InvalidArgument(format!(
+                "hotzone size {max_len} is below the {align}-byte alignment"
+            )));
+        }
+        let data_base = self
+            .hdr
+            .meta
+            .segments
+            .get(&self.state.segment_new)
+            .map(|s| s.offset)
+            .unwrap_or(0);
+        let mut buf = vec![0u8; len as usize];
+        crate::io::read_at(self.file, data_base + done, &mut buf, "hotzone")?;
+        let checksum = self.checksum_params();
+        if let Some((hash, block)) = checksum {
+            let hlen = hash.digest_len();
+            let mut sums = Vec::with_capacity((len / block) as usize * hlen);
+            for chunk in buf.chunks(block as usize) {
+                sums.extend_from_slice(&hash.digest(&[chunk]));
+            }
+            if sums.len() as u64 > self.state.area_size {
+                return Err(LuksError::InvalidArgument(format!(
+                    "hotzone of {len} bytes needs more checksums than the area holds"
+                )));
+            }
+            self.file.write_all_at(&sums, self.state.area_offset)?;
+            self.file.sync_data()?;
+            let mut meta = self.hdr.meta.clone();
+            let hot = layout::hot_segments(&meta, &self.state, total, done, len)?;
+            layout::install_segments(&mut meta, &self.state, hot)?;
+            self.commit_meta(meta)?;
+        }
+        let journal = self.state.resilience == Resilience::Journal;
+        if journal {
+            if len > self.state.area_size {
+                return Err(LuksError::InvalidArgument(format!(
+                    "hotzone of {len} bytes does not fit the {}-byte journal",
+                    self.state.area_size
+                )));
+            }
+            self.file.write_all_at(&buf, self.state.area_offset)?;
+            self.file.sync_data()?;
+            let mut meta = self.hdr.meta.clone();
+            let hot = layout::hot_segments(&meta, &self.state, total, done, len)?;
+            layout::install_segments(&mut meta, &self.state, hot)?;
+            self.commit_meta(meta)?;
+        }
+        self.crypt(KeyRole::Old, Direction::Decrypt, done, &mut buf)?;
+        self.crypt(KeyRole::New, Direction::Encrypt, done, &mut buf)?;
+        self.file.write_all_at(&buf, data_base + done)?;
+        let mut meta = self.hdr.meta.clone();
+        let post = layout::post_segments(&meta, &self.state, total, done + len)?;
+        layout::install_segments(&mut meta, &self.state, post)?;
+        if checksum.is_some() || journal {
+            self.file.sync_data()?;
+            self.commit_meta(meta)?;
+        } else {
+            self.hdr.meta = meta;
+            self.reparse()?;
+            self.uncommitted = true;
+        }
+        Ok(StepReport {
+            done: done + len,
+            total,
+        })
+    }
+
+    /// Hotzones are whole checksum blocks, or whole sectors of both layouts.
+    pub fn alignment(&self) -> u64 {
+        match self.checksum_params() {
+            Some((_, block)) => block,
+            None => {
+                let ss = |c: &Option<Arc<dyn SectorCipher>>| {
+                    c.as_ref().map_or(512, |c| c.sector_size() as u64)
+                };
+                ss(&self.old_cipher).max(ss(&self.new_cipher)).max(4096)
+            }
+        }
+    }
+
+    /// The largest hotzone the resilience area allows.
+    pub fn max_hotzone(&self) -> u64 {
+        match self.checksum_params() {
+            Some((hash, block)) => self.state.area_size / hash.digest_len() as u64 * block,
+            None if self.state.resilience == Resilience::Journal => self.state.area_size,
+            None => u64::MAX,
+        }
+    }
+
+    /// Make what the loop did durable when stopping early (resilience `none` keeps the
+    /// boundary in memory until then).
+    pub fn checkpoint(&mut self) -> Result<()> {
+        if self.uncommitted {
+            self.file.sync_data()?;
+            let meta = self.hdr.meta.clone();
+            self.commit_meta(meta)?;
+            self.uncommitted = false;
+        }
+        Ok(())
+    }
+
+    /// The header after `finish`, for callers that go on using the image.
+    pub fn into_header(self) -> Luks2Header {
+        self.hdr
+    }
+
+    /// The new volume key (for tests and for handing the image to a data path).
+    pub fn new_key(&self) -> Option<&SecretKey> {
+        self.new_key.as_ref()
+    }
+
+    pub fn old_key(&self) -> Option<&SecretKey> {
+        self.old_key.as_ref()
+    }
+}
