@@ -28,7 +28,8 @@ impl Images {
     }
 }
 
-fn run(cmd: &mut Command) -> Result<()> {
+/// Runs a set-up command to its end; its stderr is the error when it fails.
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     crate::clients::show(cmd);
     let out = cmd
         .output()

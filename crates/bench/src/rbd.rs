@@ -4,9 +4,9 @@
 //! their own server over NBD (nothing else writes every format: librbd's LUKS2 is only
 //! writable through librbd).
 use crate::config::{Cache, Image, Transport};
-use crate::images::{self, Images};
+use crate::images::{self, run, Images};
 use crate::peers;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use cryptblk_testutil::ceph::Cluster;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -145,20 +145,4 @@ pub fn prepare(
     }
     let _ = std::fs::remove_file(&raw_file);
     Ok((cluster, files))
-}
-
-fn run(cmd: &mut Command) -> Result<()> {
-    crate::clients::show(cmd);
-    let out = cmd
-        .output()
-        .with_context(|| format!("running {}", cmd.get_program().to_string_lossy()))?;
-    if !out.status.success() {
-        bail!(
-            "{} failed ({}): {}",
-            cmd.get_program().to_string_lossy(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
 }

@@ -20,7 +20,7 @@ fn open_for_update(path: &Path) -> Result<(Box<dyn HeaderIo>, LuksImage)> {
     let file: Box<dyn HeaderIo> = match crate::rbd::rbd_name(path) {
         // Opened writable, an RBD image is under its exclusive lock already.
         Some(name) => Box::new(crate::rbd::open(name, true)?),
-        None => Box::new(open_file_for_update(path)?),
+        None => Box::new(open_file_for_update(path, "changing keys")?),
     };
     let (image, warnings) = LuksImage::read(&*file)
         .with_context(|| format!("reading the LUKS header of {}", path.display()))?;
@@ -33,7 +33,9 @@ fn open_for_update(path: &Path) -> Result<(Box<dyn HeaderIo>, LuksImage)> {
     Ok((file, image))
 }
 
-fn open_file_for_update(path: &Path) -> Result<File> {
+/// Opens an image file for writing with its exclusive lock: nothing else may use it while
+/// `job` ("changing keys", "re-encrypting") rewrites it.
+pub(crate) fn open_file_for_update(path: &Path, job: &str) -> Result<File> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -43,7 +45,7 @@ fn open_file_for_update(path: &Path) -> Result<File> {
         anyhow::Error::from(cryptblk_block::BlockError::new(
             cryptblk_block::BlockErrorKind::Locked,
             format!(
-                "{} is in use by another process; key changes need it to be idle",
+                "{} is in use by another process; stop it before {job}",
                 path.display()
             ),
         ))

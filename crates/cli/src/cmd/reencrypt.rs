@@ -12,8 +12,6 @@ use anyhow::{bail, Context, Result};
 use cryptblk_crypto::{CipherSpec, Mode};
 use cryptblk_luks::luks2::reencrypt::{InitParams, Reencryption, ResilienceChoice};
 use cryptblk_luks::{HashAlg, LuksError, LuksImage, LuksVersion};
-use std::fs::File;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -58,7 +56,7 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
     // Registered first, so a signal during the (possibly long) KDF or the init commit stops
     // the run cleanly instead of killing it.
     let interrupt = InterruptFlag::register()?;
-    let file = open_locked(&a.image)?;
+    let file = super::key::open_file_for_update(&a.image, "re-encrypting")?;
     let path = a.image.display().to_string();
     let (image, warnings) =
         LuksImage::read(&file).with_context(|| format!("reading the LUKS header of {path}"))?;
@@ -212,23 +210,4 @@ fn hotzone_size(a: &ReencryptArgs, r: &Reencryption<'_>) -> Result<u64> {
             Ok((n - n % align).max(align))
         }
     }
-}
-
-/// Open the image for writing, exclusively: nothing else may write it meanwhile.
-fn open_locked(path: &Path) -> Result<File> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    file.try_lock().map_err(|_| {
-        anyhow::Error::from(cryptblk_block::BlockError::new(
-            cryptblk_block::BlockErrorKind::Locked,
-            format!(
-                "{} is in use by another process; reencryption needs it to be idle",
-                path.display()
-            ),
-        ))
-    })?;
-    Ok(file)
 }
