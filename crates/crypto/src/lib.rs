@@ -12,8 +12,7 @@
 //!   `pool.crypt(&cipher, dir, first_sector, &mut data)`, out of place
 //!   `pool.crypt_into(&cipher, dir, first_sector, &src, &mut dst)`, for memory that must not
 //!   become a Rust reference (guest RAM) `unsafe pool.crypt_raw(&cipher, dir, first, src_ptr,
-//!   dst_ptr, len)` (and `SectorCipher::crypt_raw`), and for pipelines
-//!   `pool.submit(cipher, dir, first_sector, buf, |result, buf| ..)`.
+//!   dst_ptr, len)` (and `SectorCipher::crypt_raw`).
 //! - `bench::run_bench(&BenchOptions) -> BenchReport` for `cryptblk bench`.
 //!
 //! Engines: `openssl` (vendored OpenSSL 3, VAES/AES-NI; AES-128/256-XTS and AES-CBC) and
@@ -144,4 +143,4 @@ pub trait Engine: Send + Sync {
 }
 
 mod pool;
-pub use pool::{Completion, CryptoPool, RawRun, DEFAULT_INLINE_THRESHOLD};
+pub use pool::{CryptoPool, RawRun, DEFAULT_INLINE_THRESHOLD};

@@ -1,13 +1,11 @@
 //! Worker pool for sector crypto.
 //!
-//! Two ways in:
-//! - `crypt` (blocking): a large run is cut into sector-aligned chunks that the caller and
-//!   woken workers claim one by one (`split.rs`); the caller returns when all are done. Small
-//!   runs are done inline, because waking another core costs more than it saves.
-//! - `submit` (asynchronous): an owned buffer is transformed on a worker and handed back to a
-//!   completion callback. A frontend keeps many requests in flight (e.g. 32 per virtqueue)
-//!   without a thread per request; a woken worker keeps taking queued jobs until the queue is
-//!   empty before it sleeps again, so bursts of small requests cost one wake-up, not one each.
+//! `crypt` and its variants: a large run is cut into sector-aligned chunks that the caller and
+//! woken workers claim one by one (`split.rs`); the caller returns when all are done. Runs
+//! below the inline threshold are done on the caller's thread, because waking another core
+//! costs more than it saves. (The request path calls this once per request and only a request
+//! above the threshold reaches the workers: sharing a batch of small requests made the queue's
+//! thread wait for a descheduled worker, see ARCHITECTURE.md.)
 //!
 //! Workers block on a channel when idle: no polling, no spinning.
 
@@ -15,8 +13,6 @@ use crate::{CryptoError, Direction, SectorCipher};
 use crossbeam_channel::{Receiver, Sender};
 pub use split::RawRun;
 use split::{Split, WaitOnDrop};
-use std::cell::Cell;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -33,15 +29,6 @@ pub const DEFAULT_INLINE_THRESHOLD: usize = 128 * 1024;
 /// Upper bound of the smallest chunk a split hands out.
 const MAX_MIN_CHUNK: usize = 32 * 1024;
 
-/// Completion callback of an asynchronous job: the result and the buffer handed back.
-pub type Completion = Box<dyn FnOnce(Result<(), CryptoError>, Vec<u8>) + Send + 'static>;
-
-thread_local! {
-    /// Set on pool workers: a `crypt` issued from a completion callback must not wait for
-    /// chunks queued behind itself, so it runs inline.
-    static IN_WORKER: Cell<bool> = const { Cell::new(false) };
-}
-
 /// Worker pool for sector crypto, sized to the machine by default.
 pub struct CryptoPool {
     threads: usize,
@@ -53,18 +40,9 @@ pub struct CryptoPool {
     started: Instant,
 }
 
+/// Help with a blocking `crypt` call.
 enum Job {
-    /// Help with a blocking `crypt` call.
     Help(Arc<Split>),
-    Owned(OwnedJob),
-}
-
-struct OwnedJob {
-    cipher: Arc<dyn SectorCipher>,
-    dir: Direction,
-    first_sector: u64,
-    buf: Vec<u8>,
-    done: Completion,
 }
 
 impl CryptoPool {
@@ -200,7 +178,7 @@ impl CryptoPool {
             )));
         }
         let (tx, chunk) = match (&self.tx, self.chunk_size(len, ss)) {
-            (Some(tx), Some(chunk)) if !IN_WORKER.with(Cell::get) => (tx, chunk),
+            (Some(tx), Some(chunk)) => (tx, chunk),
             // SAFETY: forwarded from this function's contract.
             _ => return unsafe { cipher.crypt_raw(dir, first_sector, src, dst, len) },
         };
@@ -215,48 +193,10 @@ impl CryptoPool {
         errors.into_iter().flatten().next().map_or(Ok(()), Err)
     }
 
-    /// Transforms a batch of runs (e.g. every read a queue just completed), spread over the
-    /// workers like `crypt` when the batch holds enough bytes to gain, even if each run alone
-    /// is small. `results` receives each run's result, in order.
-    ///
-    /// # Safety
-    /// As `SectorCipher::crypt_raw` for every run, for the whole call; runs do not overlap.
-    pub unsafe fn crypt_raw_batch(
-        &self,
-        cipher: &Arc<dyn SectorCipher>,
-        dir: Direction,
-        runs: &[RawRun],
-        results: &mut Vec<Result<(), CryptoError>>,
-    ) {
-        results.clear();
-        let ss = cipher.sector_size();
-        let total: usize = runs.iter().map(|r| r.len).sum();
-        // A batch of small runs costs more to share out than one long run (a piece per run at
-        // least): it splits from twice the single-run threshold.
-        let split = match (&self.tx, self.chunk_size(total / 2, ss)) {
-            (Some(tx), Some(chunk)) if runs.len() > 1 && !IN_WORKER.with(Cell::get) => {
-                Some((tx, chunk))
-            }
-            _ => None,
-        };
-        let Some((tx, chunk)) = split else {
-            for r in runs {
-                // SAFETY: forwarded; a single run may still split on its own.
-                results.push(unsafe {
-                    self.crypt_raw(cipher, dir, r.first_sector, r.src, r.dst, r.len)
-                });
-            }
-            return;
-        };
-        // SAFETY: forwarded.
-        let errors = unsafe { self.run_split(tx, cipher, dir, runs, chunk) };
-        results.extend(errors.into_iter().map(|e| e.map_or(Ok(()), Err)));
-    }
-
     /// Shares `runs` out in `chunk`-byte pieces between this thread and woken workers.
     ///
     /// # Safety
-    /// As `crypt_raw_batch`.
+    /// As `SectorCipher::crypt_raw` for every run, for the whole call; runs do not overlap.
     unsafe fn run_split(
         &self,
         tx: &Sender<Job>,
@@ -278,44 +218,6 @@ impl CryptoPool {
         let errors = split.wait();
         drop(guard);
         errors
-    }
-
-    /// Queue `buf` for transformation on a worker; `done` receives the result and the buffer.
-    /// `done` runs on a worker thread and should hand off quickly (e.g. complete a request),
-    /// not block. Jobs start in submission order; with several workers they may finish out
-    /// of order.
-    pub fn submit<F>(
-        &self,
-        cipher: Arc<dyn SectorCipher>,
-        dir: Direction,
-        first_sector: u64,
-        buf: Vec<u8>,
-        done: F,
-    ) where
-        F: FnOnce(Result<(), CryptoError>, Vec<u8>) + Send + 'static,
-    {
-        let job = OwnedJob {
-            cipher,
-            dir,
-            first_sector,
-            buf,
-            done: Box::new(done),
-        };
-        match &self.tx {
-            Some(tx) => {
-                if let Err(crossbeam_channel::SendError(Job::Owned(job))) = tx.send(Job::Owned(job))
-                {
-                    (job.done)(
-                        Err(CryptoError::Worker("crypto pool is shut down".into())),
-                        job.buf,
-                    );
-                }
-            }
-            None => (job.done)(
-                Err(CryptoError::Worker("crypto pool is shut down".into())),
-                job.buf,
-            ),
-        }
     }
 
     /// The chunk size for splitting a run of `len` bytes, or `None` to run it inline.
@@ -352,27 +254,11 @@ impl Drop for CryptoPool {
 }
 
 fn worker(rx: Receiver<Job>, busy_ns: &AtomicU64) {
-    IN_WORKER.with(|w| w.set(true));
     // `recv` only sleeps when the queue is empty, so a burst is drained in one wake-up.
     while let Ok(job) = rx.recv() {
         let start = Instant::now();
         match job {
             Job::Help(split) => split.work(),
-            Job::Owned(job) => {
-                let OwnedJob {
-                    cipher,
-                    dir,
-                    first_sector,
-                    mut buf,
-                    done,
-                } = job;
-                let result = catch_unwind(AssertUnwindSafe(|| {
-                    cipher.crypt(dir, first_sector, &mut buf)
-                }))
-                .unwrap_or_else(|_| Err(CryptoError::Worker("sector cipher panicked".into())));
-                // A panicking callback must not take the worker down with it.
-                let _ = catch_unwind(AssertUnwindSafe(move || done(result, buf)));
-            }
         }
         let spent = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         busy_ns.fetch_add(spent, Ordering::Relaxed);

@@ -1,5 +1,5 @@
-//! One blocking call shared between its caller and helper workers: a run of sectors (`crypt`)
-//! or a batch of runs (`crypt_raw_batch`), cut into pieces.
+//! One blocking call shared between its caller and helper workers: a run of sectors (`crypt`
+//! and its variants), cut into pieces.
 //!
 //! The caller and any helpers claim pieces one at a time from an atomic counter. The caller
 //! starts at once and never waits for a helper to be scheduled: a helper that wakes late finds
@@ -22,7 +22,7 @@ pub struct RawRun {
     pub len: usize,
 }
 
-// SAFETY: a RawRun is addresses and lengths; whoever hands it to `crypt_raw_batch` vouches for
+// SAFETY: a RawRun is addresses and lengths; whoever hands it to the pool vouches for
 // the memory (its contract), whichever thread transforms it.
 unsafe impl Send for RawRun {}
 // SAFETY: as for Send; shared references only read the fields.
@@ -52,7 +52,7 @@ struct Progress {
     errors: Vec<Option<CryptoError>>,
 }
 
-// SAFETY: every piece lies inside a run the caller of the `crypt_raw`/`crypt_raw_batch` call
+// SAFETY: every piece lies inside a run the caller of the `crypt_raw` call
 // owning this `Split` vouched for until it returns, and that call does not touch them while
 // helpers may run. Each piece index is claimed by exactly one thread (atomic `fetch_add`), and
 // pieces never overlap, so no two threads ever access the same bytes; the caller does not

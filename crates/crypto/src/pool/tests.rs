@@ -1,7 +1,6 @@
 use super::*;
 use crate::{engines, CipherSpec, SecretKey};
 use rand::{Rng, RngCore, SeedableRng};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -113,60 +112,7 @@ fn bad_length_is_an_error() {
 }
 
 #[test]
-fn async_many_small_jobs_complete_with_correct_data() {
-    let pool = CryptoPool::new(2);
-    for cipher in ciphers(512) {
-        let (tx, rx) = mpsc::channel();
-        let n = 500;
-        for i in 0..n {
-            let buf = vec![(i % 251) as u8; 4096];
-            let tx = tx.clone();
-            pool.submit(
-                cipher.clone(),
-                Direction::Encrypt,
-                i as u64 * 8,
-                buf,
-                move |r, b| {
-                    tx.send((i, r.is_ok(), b)).unwrap();
-                },
-            );
-        }
-        let mut seen = vec![false; n];
-        for _ in 0..n {
-            let (i, ok, buf) = rx
-                .recv_timeout(Duration::from_secs(20))
-                .expect("job never completed");
-            assert!(ok);
-            let mut want = vec![(i % 251) as u8; 4096];
-            cipher
-                .crypt(Direction::Encrypt, i as u64 * 8, &mut want)
-                .unwrap();
-            assert!(buf == want, "job {i}");
-            seen[i] = true;
-        }
-        assert!(seen.iter().all(|&s| s));
-    }
-}
-
-#[test]
-fn async_reports_errors_through_the_callback() {
-    let pool = CryptoPool::new(1);
-    let cipher = ciphers(512).remove(0);
-    let (tx, rx) = mpsc::channel();
-    pool.submit(
-        cipher,
-        Direction::Encrypt,
-        0,
-        vec![0u8; 100],
-        move |r, b| tx.send((r, b.len())).unwrap(),
-    );
-    let (r, len) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
-    assert!(matches!(r, Err(CryptoError::InvalidLength(_))));
-    assert_eq!(len, 100, "the buffer comes back even on error");
-}
-
-#[test]
-fn single_thread_pool_works_for_both_apis() {
+fn single_thread_pool_works() {
     let pool = CryptoPool::new(1).with_inline_threshold(0);
     let cipher = ciphers(4096).remove(0);
     let plain: Vec<u8> = (0..256 * 1024).map(|i| (i * 13) as u8).collect();
@@ -176,12 +122,6 @@ fn single_thread_pool_works_for_both_apis() {
     pool.crypt(&cipher, Direction::Encrypt, 5, &mut got)
         .unwrap();
     assert!(got == want);
-    let (tx, rx) = mpsc::channel();
-    pool.submit(cipher, Direction::Encrypt, 5, plain, move |r, b| {
-        tx.send((r.is_ok(), b)).unwrap()
-    });
-    let (ok, b) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
-    assert!(ok && b == want);
 }
 
 #[test]
@@ -210,29 +150,6 @@ fn concurrent_callers_do_not_deadlock() {
         rx.recv_timeout(Duration::from_secs(60))
             .expect("a caller is stuck");
     }
-}
-
-#[test]
-fn crypt_from_a_completion_callback_runs_inline() {
-    let pool = Arc::new(CryptoPool::new(1).with_inline_threshold(0));
-    let cipher = ciphers(512).remove(0);
-    let (tx, rx) = mpsc::channel();
-    let inner_pool = pool.clone();
-    let inner_cipher = cipher.clone();
-    pool.submit(
-        cipher,
-        Direction::Encrypt,
-        0,
-        vec![0u8; 512],
-        move |_, _| {
-            let mut buf = vec![0u8; 64 * 512];
-            let r = inner_pool.crypt(&inner_cipher, Direction::Encrypt, 0, &mut buf);
-            tx.send(r.is_ok()).unwrap();
-        },
-    );
-    assert!(rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("deadlocked"));
 }
 
 /// A cipher that panics on one sector number, to exercise the worker's unwinding path.
@@ -279,88 +196,4 @@ fn worker_panic_becomes_an_error_and_the_pool_survives() {
     let mut ok = vec![0u8; 64 * 512];
     pool.crypt(&cipher, Direction::Encrypt, 0, &mut ok).unwrap();
     assert!(ok.iter().all(|&b| b == 0xaa));
-    let (tx, rx) = mpsc::channel();
-    for _ in 0..4 {
-        let tx = tx.clone();
-        pool.submit(
-            cipher.clone(),
-            Direction::Encrypt,
-            1000,
-            vec![0u8; 512],
-            move |r, _| tx.send(r.is_err()).unwrap(),
-        );
-    }
-    for _ in 0..4 {
-        assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
-    }
-}
-
-#[test]
-fn drop_finishes_queued_jobs() {
-    let done = Arc::new(AtomicUsize::new(0));
-    {
-        let pool = CryptoPool::new(2);
-        let cipher = ciphers(512).remove(0);
-        for i in 0..100u64 {
-            let done = done.clone();
-            pool.submit(
-                cipher.clone(),
-                Direction::Decrypt,
-                i,
-                vec![1u8; 8192],
-                move |r, _| {
-                    assert!(r.is_ok());
-                    done.fetch_add(1, Ordering::SeqCst);
-                },
-            );
-        }
-    }
-    assert_eq!(done.load(Ordering::SeqCst), 100);
-}
-
-#[test]
-fn batch_of_runs_equals_each_run_alone() {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    for threads in [1, 2, 4] {
-        let pool = CryptoPool::new(threads).with_inline_threshold(0);
-        for cipher in ciphers(4096) {
-            let sizes = [1usize, 16, 3, 1, 40, 2];
-            let mut data: Vec<Vec<u8>> = sizes
-                .iter()
-                .map(|&n| {
-                    let mut v = vec![0u8; n * 4096];
-                    rng.fill_bytes(&mut v);
-                    v
-                })
-                .collect();
-            let want: Vec<Vec<u8>> = data
-                .iter()
-                .enumerate()
-                .map(|(i, d)| {
-                    let mut w = d.clone();
-                    cipher
-                        .crypt(Direction::Decrypt, 1000 * i as u64, &mut w)
-                        .unwrap();
-                    w
-                })
-                .collect();
-            let runs: Vec<RawRun> = data
-                .iter_mut()
-                .enumerate()
-                .map(|(i, d)| RawRun {
-                    first_sector: 1000 * i as u64,
-                    src: d.as_ptr(),
-                    dst: d.as_mut_ptr(),
-                    len: d.len(),
-                })
-                .collect();
-            let mut results = Vec::new();
-            // SAFETY: every run is a distinct live Vec, transformed in place, untouched
-            // otherwise during the call.
-            unsafe { pool.crypt_raw_batch(&cipher, Direction::Decrypt, &runs, &mut results) };
-            assert_eq!(results.len(), sizes.len());
-            assert!(results.iter().all(Result::is_ok));
-            assert_eq!(data, want, "{threads} threads, {}", cipher.engine_name());
-        }
-    }
 }
