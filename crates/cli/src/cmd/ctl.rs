@@ -307,7 +307,8 @@ mod tests {
                 "disk-add",
                 json!({"name": "vm1", "image": abs("disk.luks"), "key-file": abs("pass.txt"),
                        "vhost-user-blk": "/run/vm1.sock", "num-queues": 4,
-                       "nbd-export": false, "readonly": true, "discard": false})
+                       "nbd-export": false, "readonly": true, "discard": false,
+                       "unsealed-memory": false})
             )
         );
         let a = parse(&[
@@ -326,7 +327,8 @@ mod tests {
         assert_eq!(
             request(&a).unwrap().1,
             json!({"name": "d", "image": "/i", "nbd-export": true, "readonly": false,
-                   "discard": false, "serial": "s1", "cache": "writeback"})
+                   "discard": false, "serial": "s1", "cache": "writeback",
+                   "unsealed-memory": false})
         );
         let cases: [(&[&str], &str, Value); 9] = [
             (
@@ -361,7 +363,8 @@ mod tests {
                 ],
                 "migrate-start",
                 json!({"name": "d", "to": "tcp:h:1", "postcopy": false, "preempt": false, "shared": false,
-                       "chunk-size": 1 << 20, "break-chunks": false, "connect-timeout": 500}),
+                       "chunk-size": 1 << 20, "break-chunks": false, "connect-timeout": 500,
+                       "insecure": false}),
             ),
             (
                 &["migrate-switchover", "d"],
