@@ -44,6 +44,7 @@ fn fixture() -> &'static Fixture {
                 device: Arc::new(device),
                 read_only: false,
                 stats: Arc::new(IoStats::default()),
+                tls_authz: None,
             })
             .unwrap();
         let socket = dir.path().join("nbd.sock");
