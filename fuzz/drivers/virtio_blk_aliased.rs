@@ -20,7 +20,7 @@
 //!   16 KiB, 64 KiB, size_max, size_max + 512, 0, the second byte * 512).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use cryptblk_block::aio::IoVec;
 use cryptblk_block::{BlockDevice, BlockError};
@@ -83,17 +83,20 @@ impl BlockDevice for CountingDisk {
     }
 }
 
-/// One 8 MiB disk for every input (allocating it per input would dominate the run).
-fn device() -> Arc<CountingDisk> {
-    static DEVICE: OnceLock<Arc<CountingDisk>> = OnceLock::new();
+/// One 8 MiB disk for every input (allocating it per input would dominate the run), held
+/// locked for the whole input: its call counter is per input, and the stable replay runs
+/// inputs on several test threads.
+fn device() -> MutexGuard<'static, Arc<CountingDisk>> {
+    static DEVICE: OnceLock<Mutex<Arc<CountingDisk>>> = OnceLock::new();
     DEVICE
         .get_or_init(|| {
-            Arc::new(CountingDisk {
+            Mutex::new(Arc::new(CountingDisk {
                 data: Mutex::new(vec![0u8; DISK as usize]),
                 calls: AtomicU64::new(0),
-            })
+            }))
         })
-        .clone()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
 }
 
 #[derive(Clone, Copy)]
@@ -237,7 +240,8 @@ pub fn run(data: &[u8]) -> Outcome {
     mem.write_obj(1u16, GuestAddress(AVAIL + 2)).unwrap();
     mem.write_obj(0u16, GuestAddress(AVAIL + 4)).unwrap();
 
-    let dev = device();
+    let device = device();
+    let dev = Arc::clone(&device);
     dev.calls.store(0, Ordering::Relaxed);
     let disk = Disk::new(dev.clone(), flags & 2 != 0, "fuzz").with_discard(flags & 8 != 0);
     let mut io_queue = disk.open_queue(usize::from(QSIZE)).unwrap();
