@@ -48,7 +48,7 @@ fn five_aliases_of_one_mib_are_refused_and_four_run() {
     );
     assert_eq!(
         driver::run(&seed("indirect_aliased_254x16k_in")),
-        Outcome::Executed(254 * 16 << 10)
+        Outcome::Executed(254 * (16 << 10))
     );
 }
 
