@@ -3,21 +3,9 @@
 //! the peers a disk allows).
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
-fn wait_for(path: &Path, child: &mut Child) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !path.exists() {
-        assert!(child.try_wait().unwrap().is_none(), "serve exited early");
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use cryptblk_testutil::wait_for_path as wait_for;
 
 /// `cryptblk ARGS` as an unprivileged user: nobody when the test runs as root (root's
 /// /proc entries are root's whether dumpable or not), else the test's own user.

@@ -4,21 +4,9 @@
 //! anything is bound.
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
-fn wait_for(path: &Path, child: &mut Child) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !path.exists() {
-        assert!(child.try_wait().unwrap().is_none(), "serve exited early");
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use cryptblk_testutil::wait_for_path as wait_for;
 
 fn owner_and_mode(path: &Path) -> (u32, u32, u32) {
     let m = std::fs::symlink_metadata(path).unwrap();

@@ -51,6 +51,21 @@ fn binary_name(file: &str) -> &str {
     }
 }
 
+/// Waits up to 30 s for `path` (a socket a daemon binds) to appear; panics if `child` exits
+/// first or time runs out.
+pub fn wait_for_path(path: &Path, child: &mut std::process::Child) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !path.exists() {
+        assert!(child.try_wait().unwrap().is_none(), "serve exited early");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Runs `program args`; panics with its output unless it succeeds, so that a fixture that
 /// cannot be prepared fails its test loudly.
 pub fn run_tool(program: &str, args: &[&std::ffi::OsStr]) -> Output {
