@@ -141,7 +141,7 @@ impl CryptQueue {
 impl CryptQueue {
     /// The bytes to decrypt for a finished request: `Some` for a read that succeeded and
     /// that the backend's threads did not decrypt already.
-    fn read_runs(&self, index: u32, result: &Result<(), BlockError>) -> Option<u64> {
+    fn bytes_to_decrypt(&self, index: u32, result: &Result<(), BlockError>) -> Option<u64> {
         let slot = self.slots.get(index as usize)?;
         (slot.op == Some(IoOp::Read) && result.is_ok() && !self.offloaded).then_some(slot.len)
     }
@@ -326,7 +326,7 @@ impl IoQueue for CryptQueue {
             let Some((index, mut result)) = self.completed.pop_front() else {
                 break;
             };
-            if let Some(len) = self.read_runs(index, &result) {
+            if let Some(len) = self.bytes_to_decrypt(index, &result) {
                 decrypted += len;
                 let slot = &self.slots[index as usize];
                 // SAFETY: a completed read's buffers, valid until its completion is handed
