@@ -23,7 +23,18 @@ pub struct Peer {
     pub name: String,
     pub server: Server,
     pub image: Image,
+    /// Served by the baseline binary (`run --baseline`), not the one measured.
+    #[serde(skip)]
+    pub baseline: bool,
 }
+
+/// The id of a cryptblk peer's twin served by the baseline binary.
+pub fn baseline_id(peer: &str) -> String {
+    format!("{peer}{BASELINE_SUFFIX}")
+}
+
+/// What `baseline_id` appends.
+pub const BASELINE_SUFFIX: &str = "-base";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -213,6 +224,33 @@ impl Config {
         })
     }
 
+    /// Adds, next to every cryptblk peer of `preset`, its twin served by the baseline binary
+    /// (measured right after it in every round), and the ratio of the two.
+    pub fn add_baseline(&mut self, preset: &mut Preset) {
+        let mut peers = Vec::new();
+        for id in &preset.peers {
+            peers.push(id.clone());
+            let Some(peer) = self.peers.get(id).cloned() else {
+                continue;
+            };
+            if peer.server != Server::Cryptblk {
+                continue;
+            }
+            let twin = baseline_id(id);
+            self.peers.insert(
+                twin.clone(),
+                Peer {
+                    name: format!("{} (baseline binary)", peer.name),
+                    baseline: true,
+                    ..peer
+                },
+            );
+            preset.ratios.push((id.clone(), twin.clone()));
+            peers.push(twin);
+        }
+        preset.peers = peers;
+    }
+
     pub fn peer(&self, id: &str) -> Result<&Peer> {
         self.peers
             .get(id)
@@ -366,6 +404,20 @@ mod tests {
         assert_eq!(p.ratios, [pair("a", "d"), pair("d", "f")]);
         let err = disk.narrowed(Some(&["zz".into()]), None, None).unwrap_err();
         assert!(err.to_string().contains("\"zz\""), "{err}");
+    }
+
+    #[test]
+    fn a_baseline_twins_each_cryptblk_peer_right_after_it() {
+        let mut c = Config::load(None).unwrap();
+        let mut disk = c.preset("disk").unwrap().clone();
+        c.add_baseline(&mut disk);
+        // b and c are qemu-storage-daemon: no twin.
+        assert_eq!(disk.peers, ["a", "a-base", "b", "c", "d", "d-base"]);
+        assert!(c.peer("a-base").unwrap().baseline && !c.peer("a").unwrap().baseline);
+        assert_eq!(c.peer("a-base").unwrap().image, Image::Luks2);
+        let pair = |x: &str, y: &str| (x.to_string(), y.to_string());
+        assert!(disk.ratios.contains(&pair("a", "a-base")));
+        assert!(disk.ratios.contains(&pair("d", "d-base")));
     }
 
     #[test]

@@ -59,6 +59,10 @@ enum Cmd {
         /// The cryptblk binary to measure (default: `cargo build --release`, then target/release).
         #[arg(long)]
         cryptblk: Option<PathBuf>,
+        /// An older cryptblk binary to measure beside --cryptblk: every cryptblk peer X gets a
+        /// twin X-base served by it, run right after X in each round, and the ratio X/X-base.
+        #[arg(long, value_name = "CRYPTBLK")]
+        baseline: Option<PathBuf>,
         /// The vu_bench example binary (default: built like --cryptblk).
         #[arg(long)]
         vu_bench: Option<PathBuf>,
@@ -129,17 +133,22 @@ fn run() -> Result<()> {
             size,
             dir,
             cryptblk,
+            baseline,
             vu_bench,
             keep_images,
             peers,
             transports,
             workloads,
         } => {
-            let chosen = config.preset(&preset)?.narrowed(
+            let mut chosen = config.preset(&preset)?.narrowed(
                 peers.as_deref(),
                 transports.as_deref(),
                 workloads.as_deref(),
             )?;
+            let mut config = config;
+            if baseline.is_some() {
+                config.add_baseline(&mut chosen);
+            }
             let (cryptblk, vu_bench) = binaries(cryptblk, vu_bench)?;
             let records = runner::run(
                 &config,
@@ -152,6 +161,7 @@ fn run() -> Result<()> {
                     size,
                     dir,
                     cryptblk,
+                    baseline,
                     vu_bench,
                     keep_images,
                 },
@@ -180,7 +190,12 @@ fn run() -> Result<()> {
                         .join(", ")
                 );
             }
-            let pairs = |preset: &str| ratios(&config, preset);
+            let twins = baseline_pairs(&records);
+            let pairs = |preset: &str| {
+                let mut pairs = ratios(&config, preset);
+                pairs.extend(twins.iter().cloned());
+                pairs
+            };
             let rows = stats::summarize(&records, &pairs);
             if let Some(old) = compare {
                 let old_rows = stats::summarize(&record::load(&old)?, &pairs);
@@ -214,6 +229,18 @@ fn ratios(config: &Config, preset: &str) -> Vec<(String, String)> {
         .get(preset)
         .map(|p| p.ratios.clone())
         .unwrap_or_default()
+}
+
+/// (X, X-base) for every baseline twin among the records: a run with `--baseline` shows the
+/// new binary against the old one.
+fn baseline_pairs(records: &[record::Record]) -> Vec<(String, String)> {
+    let peers: std::collections::BTreeSet<&str> = records.iter().map(|r| r.peer.as_str()).collect();
+    peers
+        .iter()
+        .filter_map(|p| p.strip_suffix(config::BASELINE_SUFFIX))
+        .filter(|x| peers.contains(x))
+        .map(|x| (x.to_string(), config::baseline_id(x)))
+        .collect()
 }
 
 /// The binaries named, or a release build of both from this workspace.

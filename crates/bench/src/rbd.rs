@@ -125,6 +125,7 @@ pub fn prepare(
                 crate::config::Server::Qsd
             },
             image,
+            baseline: false,
         };
         let socket = work.join("fill.sock");
         let cmd = peers::command(

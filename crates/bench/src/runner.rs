@@ -23,6 +23,8 @@ pub struct Options {
     pub size: Option<String>,
     pub dir: Option<PathBuf>,
     pub cryptblk: PathBuf,
+    /// An older cryptblk whose twins of the cryptblk peers run beside them (`--baseline`).
+    pub baseline: Option<PathBuf>,
     pub vu_bench: PathBuf,
     pub keep_images: bool,
 }
@@ -47,7 +49,10 @@ pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Recor
     if !size.is_multiple_of(65536) {
         bail!("the image size must be a multiple of 64 KiB (got {size} bytes)");
     }
-    for tool in [&opts.cryptblk, &opts.vu_bench] {
+    for tool in [&opts.cryptblk, &opts.vu_bench]
+        .into_iter()
+        .chain(opts.baseline.as_ref())
+    {
         if !tool.is_file() {
             bail!("{} not found: build it (cargo build --release -p cryptblk -p cryptblk-vhost-user-blk --bin cryptblk --example vu_bench) or name it with --cryptblk / --vu-bench", tool.display());
         }
@@ -232,15 +237,12 @@ fn measure(cx: &Bench, step: &Step) -> Result<Record> {
         }
         Some(t) => {
             let socket = cx.work.join(format!("{}.sock", step.peer));
-            let cmd = peers::command(
-                peer,
-                &cx.opts.cryptblk,
-                &cx.images,
-                t,
-                w.queues,
-                cx.cache,
-                &socket,
-            )?;
+            let binary = match (&cx.opts.baseline, peer.baseline) {
+                (Some(baseline), true) => baseline,
+                (None, true) => bail!("peer {} needs --baseline", step.peer),
+                (_, false) => &cx.opts.cryptblk,
+            };
+            let cmd = peers::command(peer, binary, &cx.images, t, w.queues, cx.cache, &socket)?;
             let server = peers::start(
                 cmd,
                 &socket,
