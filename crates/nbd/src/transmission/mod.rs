@@ -34,13 +34,14 @@ use std::time::Duration;
 /// Tunables of the transmission phase.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ConnectionConfig {
-    /// Requests one plain connection keeps in flight on the device at most.
+    /// Requests one plain connection keeps under way on the device at most.
     pub queue_depth: usize,
     /// A client that stays silent this long in the middle of a request, or does not take
     /// replies for this long, is disconnected. Idle time between requests is unlimited.
     pub io_timeout: Duration,
-    /// Payload bytes of requests in flight on one connection before the reader waits.
-    pub max_in_flight_bytes: u64,
+    /// Payload bytes of the requests under way on one connection (read, not yet answered)
+    /// before the reader waits.
+    pub max_pending_bytes: u64,
 }
 
 impl Default for ConnectionConfig {
@@ -48,7 +49,7 @@ impl Default for ConnectionConfig {
         ConnectionConfig {
             queue_depth: 128,
             io_timeout: Duration::from_secs(30),
-            max_in_flight_bytes: 64 << 20,
+            max_pending_bytes: 64 << 20,
         }
     }
 }
