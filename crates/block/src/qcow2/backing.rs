@@ -12,7 +12,7 @@ pub const MAX_BACKING_DEPTH: usize = 16;
 
 /// The images already opened along one backing chain, to refuse loops and runaway depth.
 #[derive(Debug, Default)]
-pub(crate) struct BackingChain {
+pub(super) struct BackingChain {
     seen: Vec<PathBuf>,
     /// Backing files are refused outright (for untrusted images, whose backing file name
     /// could make us read any host file into the guest-visible data).
@@ -21,14 +21,14 @@ pub(crate) struct BackingChain {
 
 impl BackingChain {
     /// A chain that refuses any backing file.
-    pub(crate) fn refusing() -> Self {
+    pub(super) fn refusing() -> Self {
         BackingChain {
             seen: Vec::new(),
             refuse_backing: true,
         }
     }
 
-    pub(crate) fn enter(&mut self, path: &Path) -> Result<(), BlockError> {
+    pub(super) fn enter(&mut self, path: &Path) -> Result<(), BlockError> {
         let canon = path
             .canonicalize()
             .map_err(|e| BlockError::io("open", e).with_path(path))?;
@@ -53,7 +53,7 @@ impl BackingChain {
 
 /// Opens the backing image `name` of the image at `image`, read-only. Relative names are
 /// resolved against the image's directory, as QEMU does.
-pub(crate) fn open_backing(
+pub(super) fn open_backing(
     image: &Path,
     name: &str,
     format: Option<&str>,

@@ -68,7 +68,7 @@ impl Qcow2 {
         Self::open_in_chain(path.as_ref(), &mut chain)
     }
 
-    pub(crate) fn open_in_chain(path: &Path, chain: &mut BackingChain) -> Result<Self, BlockError> {
+    fn open_in_chain(path: &Path, chain: &mut BackingChain) -> Result<Self, BlockError> {
         chain.enter(path)?;
         let file = RawFile::open(
             path,
