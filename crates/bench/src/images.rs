@@ -14,7 +14,7 @@ pub struct Images {
     pub key: PathBuf,
     pub size: u64,
     /// Set when the images live in a Ceph pool (`rbd` preset) instead of `dir`.
-    pub rbd: Option<crate::rbd::RbdStore>,
+    pub rbd: Option<RbdStore>,
 }
 
 impl Images {
@@ -25,6 +25,36 @@ impl Images {
     /// Every image file (for dropping their cached pages).
     pub fn all(&self, which: &BTreeSet<Image>) -> Vec<PathBuf> {
         which.iter().map(|i| self.path(*i)).collect()
+    }
+}
+
+/// The Ceph pool of the `rbd` preset's images.
+pub const POOL: &str = "rbd";
+
+/// Where an image of the cluster is, for the tools that open it.
+#[derive(Debug, Clone)]
+pub struct RbdStore {
+    pub conf: PathBuf,
+}
+
+impl RbdStore {
+    /// The RBD image name of `image`.
+    pub fn image_name(image: Image) -> &'static str {
+        match image {
+            Image::Raw => "plain",
+            Image::Luks2 => "luks2-cryptblk",
+            Image::Luks1 => "luks1-qemu",
+            Image::RbdLuks2Librbd => "luks2-librbd",
+        }
+    }
+
+    /// `rbd:POOL/IMAGE:conf=...`, as cryptblk opens it.
+    pub fn cryptblk_name(&self, image: Image) -> String {
+        format!(
+            "rbd:{POOL}/{}:conf={}",
+            Self::image_name(image),
+            self.conf.display()
+        )
     }
 }
 

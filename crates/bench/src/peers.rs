@@ -1,7 +1,7 @@
 //! Starting a server peer, waiting until it serves, stopping it: `cryptblk serve` and
 //! qemu-storage-daemon, each exporting one image over vhost-user-blk or NBD on a UNIX socket.
 use crate::config::{Cache, Image, Peer, Server, Transport};
-use crate::images::Images;
+use crate::images::{Images, RbdStore, POOL};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -121,8 +121,8 @@ pub fn command(
                 Some(store) => {
                     let mut dev = format!(
                         "driver=rbd,node-name=f,pool={},image={},conf={}",
-                        crate::rbd::POOL,
-                        crate::rbd::RbdStore::image_name(peer.image),
+                        POOL,
+                        RbdStore::image_name(peer.image),
                         store.conf.display()
                     );
                     if peer.image == Image::RbdLuks2Librbd {
@@ -284,7 +284,7 @@ mod tests {
              --nbd-server addr.type=unix,addr.path=/w/a.sock --export type=nbd,id=e,node-name=l,name=vol,writable=on"
         );
         let rbd = Images {
-            rbd: Some(crate::rbd::RbdStore {
+            rbd: Some(RbdStore {
                 conf: "/c/ceph.conf".into(),
             }),
             ..images.clone()

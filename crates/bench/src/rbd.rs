@@ -4,44 +4,16 @@
 //! their own server over NBD (nothing else writes every format: librbd's LUKS2 is only
 //! writable through librbd).
 use crate::config::{Cache, Image, Transport};
-use crate::images::{self, run, Images};
+use crate::images::{self, run, Images, RbdStore, POOL};
 use crate::peers;
 use anyhow::{bail, Result};
 use cryptblk_testutil::ceph::Cluster;
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-pub const POOL: &str = "rbd";
 /// LUKS2 data offset of both `cryptblk format rbd:` and `rbd encryption format`.
 const LUKS2_HEADER: u64 = 16 << 20;
-
-/// Where an image of the cluster is, for the tools that open it.
-#[derive(Debug, Clone)]
-pub struct RbdStore {
-    pub conf: PathBuf,
-}
-
-impl RbdStore {
-    /// The RBD image name of `image`.
-    pub fn image_name(image: Image) -> &'static str {
-        match image {
-            Image::Raw => "plain",
-            Image::Luks2 => "luks2-cryptblk",
-            Image::Luks1 => "luks1-qemu",
-            Image::RbdLuks2Librbd => "luks2-librbd",
-        }
-    }
-
-    /// `rbd:POOL/IMAGE:conf=...`, as cryptblk opens it.
-    pub fn cryptblk_name(&self, image: Image) -> String {
-        format!(
-            "rbd:{POOL}/{}:conf={}",
-            Self::image_name(image),
-            self.conf.display()
-        )
-    }
-}
 
 /// Starts the cluster (kept alive by the returned value) and makes the images `which` asks
 /// for, each holding the payload of the raw image made in `local` (which is removed after).

@@ -225,8 +225,8 @@ fn measure(cx: &Bench, step: &Step) -> Result<Record> {
             let target = match &cx.images.rbd {
                 Some(store) => fio::Target::Rbd {
                     conf: &store.conf,
-                    pool: rbd::POOL,
-                    image: rbd::RbdStore::image_name(peer.image),
+                    pool: images::POOL,
+                    image: images::RbdStore::image_name(peer.image),
                 },
                 None => fio::Target::File {
                     path: &path,

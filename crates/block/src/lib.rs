@@ -14,6 +14,7 @@ mod crypt;
 mod device;
 mod error;
 mod format;
+mod image;
 mod io_options;
 mod latency_buckets;
 mod luks_volume;
@@ -26,12 +27,13 @@ pub use container::{Container, SharedStorage};
 pub use crypt::{CryptDevice, CryptLayout};
 pub use device::{BlockDevice, Extent, ExtentKind};
 pub use error::{BlockError, BlockErrorKind};
-pub use format::{open_image, probe_format, Format, MAX_BACKING_DEPTH};
+pub use format::{probe_format, Format};
+pub use image::open_image;
 pub use io_options::{AioEngine, CacheMode, UnknownName};
 pub use latency_buckets::{BucketCounts, LatencyBuckets, LATENCY_BOUNDS_NS, LATENCY_BUCKETS};
 pub use luks_volume::{
     open_luks_volume, open_luks_volume_on, LuksVolume, VolumeError, VolumeOptions,
 };
-pub use qcow2::Qcow2;
+pub use qcow2::{Qcow2, MAX_BACKING_DEPTH};
 pub use raw::{IoSettings, OpenOptions, RawFile};
 pub use stats::{IoKind, IoStats, IoStatsSnapshot};

@@ -54,11 +54,11 @@ pub enum Command {
     #[command(subcommand)]
     Key(KeyCommand),
     /// Copy an image between raw, qcow2 and LUKS, encrypting or decrypting on all cores.
-    #[command(after_help = crate::convert::HELP_MEMORY)]
+    #[command(after_help = crate::help::CONVERT_MEMORY)]
     Convert(ConvertArgs),
     /// Re-encrypt a LUKS2 image offline with a new volume key (and optionally a new cipher,
     /// key size or sector size), crash-safe and resumable by cryptsetup too.
-    #[command(after_help = crate::cmd::reencrypt::HELP)]
+    #[command(after_help = crate::help::REENCRYPT)]
     Reencrypt(ReencryptArgs),
     /// Measure sector-crypto throughput of every engine on this CPU.
     Bench(BenchArgs),
@@ -68,7 +68,7 @@ pub enum Command {
     /// Run the daemon: export images (LUKS1, LUKS2 or raw) to VMs over vhost-user-blk and to
     /// tools over NBD; one from options, several from a TOML config, more at run time
     /// through the control socket.
-    #[command(after_help = crate::cmd::serve::HELP)]
+    #[command(after_help = crate::help::SERVE)]
     Serve(ServeArgs),
     /// Drive a running daemon through its control socket (`cryptblk serve --control PATH`).
     Ctl(crate::cmd::ctl::CtlArgs),

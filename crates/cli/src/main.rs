@@ -4,6 +4,7 @@ mod args;
 mod cmd;
 mod convert;
 mod exit;
+mod help;
 mod options;
 mod rbd;
 mod secrets;

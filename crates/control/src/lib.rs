@@ -24,13 +24,15 @@
 //! get [`SERVER_SHUTTING_DOWN`].
 pub mod api;
 mod client;
+mod error;
 mod protocol;
 mod server;
 mod socket;
 
 pub use client::{call, Client, ClientError};
+pub use error::Error;
 pub use protocol::{
     Handler, RpcError, APPLICATION_ERROR_MAX, APPLICATION_ERROR_MIN, INTERNAL_ERROR,
     INVALID_PARAMS, INVALID_REQUEST, MAX_LINE, METHOD_NOT_FOUND, PARSE_ERROR, SERVER_SHUTTING_DOWN,
 };
-pub use server::{ControlServer, Error, StopHandle};
+pub use server::{ControlServer, StopHandle};

@@ -4,6 +4,7 @@
 //! (unlocking a LUKS keyslot takes a second or more of argon2) and the number of control
 //! clients is small; a slow request then delays only its own connection, while each
 //! connection stays strictly sequential, so its responses come back in request order.
+use crate::error::Error;
 use crate::protocol::{self, Handler, RpcError, MAX_LINE};
 use crate::socket::{self, FileId};
 use std::collections::HashMap;
@@ -21,39 +22,15 @@ use std::time::Duration;
 /// [`ControlServer::run`]'s shutdown) forever; after this long a blocked write gives up.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Why the server could not be set up or could not keep accepting.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(
-        "another server is already listening on {}; stop it or choose another control socket path",
-        path.display()
-    )]
-    InUse { path: PathBuf },
-    #[error("refusing to replace {}: it exists and is not a socket", path.display())]
-    NotASocket { path: PathBuf },
-    #[error(
-        "control socket path {} is too long: UNIX socket paths here are limited to {max} bytes",
-        path.display()
-    )]
-    PathTooLong { path: PathBuf, max: usize },
-    #[error("{what} {}", path.display())]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-}
-
-/// State shared between the server, its stop handles and its connection threads.
-struct Shared {
+/// The stop request, seen by the server, its stop handles and its connection threads.
+struct StopSignal {
     stopping: AtomicBool,
     /// Writing a byte here wakes the accept loop out of `poll`; non-blocking, so `stop` never
     /// blocks even if the buffer is already full of earlier wake-ups.
     wake: UnixStream,
 }
 
-impl Shared {
+impl StopSignal {
     fn stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }
@@ -62,7 +39,7 @@ impl Shared {
 /// Stops a running [`ControlServer`] from any thread (e.g. a signal-handling one).
 #[derive(Clone)]
 pub struct StopHandle {
-    shared: Arc<Shared>,
+    stop: Arc<StopSignal>,
 }
 
 impl StopHandle {
@@ -70,15 +47,15 @@ impl StopHandle {
     /// already being handled finish and send their responses, then `run` returns. Requests
     /// read after this get [`crate::SERVER_SHUTTING_DOWN`]. Does not wait; idempotent.
     pub fn stop(&self) {
-        self.shared.stopping.store(true, Ordering::SeqCst);
-        let _ = (&self.shared.wake).write(&[1]);
+        self.stop.stopping.store(true, Ordering::SeqCst);
+        let _ = (&self.stop.wake).write(&[1]);
     }
 }
 
 impl std::fmt::Debug for StopHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StopHandle")
-            .field("stopping", &self.shared.stopping())
+            .field("stopping", &self.stop.stopping())
             .finish()
     }
 }
@@ -91,7 +68,7 @@ pub struct ControlServer {
     listener: Option<UnixListener>,
     file: FileId,
     handler: Arc<dyn Handler>,
-    shared: Arc<Shared>,
+    stop: Arc<StopSignal>,
     wake_rx: UnixStream,
 }
 
@@ -138,7 +115,7 @@ impl ControlServer {
             listener: Some(listener),
             file,
             handler,
-            shared: Arc::new(Shared {
+            stop: Arc::new(StopSignal {
                 stopping: AtomicBool::new(false),
                 wake,
             }),
@@ -153,7 +130,7 @@ impl ControlServer {
 
     pub fn stop_handle(&self) -> StopHandle {
         StopHandle {
-            shared: self.shared.clone(),
+            stop: self.stop.clone(),
         }
     }
 
@@ -168,7 +145,7 @@ impl ControlServer {
         // Whether stopped or failed: stop accepting first so new clients fail fast with
         // "not running" instead of queueing on a listener nobody will accept from.
         self.close();
-        self.shared.stopping.store(true, Ordering::SeqCst);
+        self.stop.stopping.store(true, Ordering::SeqCst);
         for stream in connections
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -193,7 +170,7 @@ impl ControlServer {
             return Ok(());
         };
         let mut next_id = 0u64;
-        while !self.shared.stopping() {
+        while !self.stop.stopping() {
             let mut fds = [
                 libc::pollfd {
                     fd: listener.as_raw_fd(),
@@ -272,12 +249,12 @@ impl ControlServer {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(id, control);
         let handler = self.handler.clone();
-        let shared = self.shared.clone();
+        let stop = self.stop.clone();
         let registry = connections.clone();
         let spawned = std::thread::Builder::new()
             .name("control-client".into())
             .spawn(move || {
-                serve_connection(stream, &*handler, &shared);
+                serve_connection(stream, &*handler, &stop);
                 registry
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -341,7 +318,7 @@ fn read_line_capped(
     Ok(LineRead::Line)
 }
 
-fn serve_connection(stream: UnixStream, handler: &dyn Handler, shared: &Shared) {
+fn serve_connection(stream: UnixStream, handler: &dyn Handler, stop: &StopSignal) {
     let Ok(mut writer) = stream.try_clone() else {
         return;
     };
@@ -351,9 +328,7 @@ fn serve_connection(stream: UnixStream, handler: &dyn Handler, shared: &Shared) 
     loop {
         let response = match read_line_capped(&mut reader, &mut line, MAX_LINE) {
             Ok(LineRead::Line) if line.iter().all(u8::is_ascii_whitespace) => continue,
-            Ok(LineRead::Line) if shared.stopping() => {
-                protocol::process_line(&shutting_down, &line)
-            }
+            Ok(LineRead::Line) if stop.stopping() => protocol::process_line(&shutting_down, &line),
             Ok(LineRead::Line) => protocol::process_line(handler, &line),
             Ok(LineRead::TooLong) => {
                 // Without reading the rest we cannot find where the next request starts, and

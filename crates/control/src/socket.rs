@@ -1,7 +1,7 @@
 //! The control socket is created with mode 0600 and no moment where it is more open, by the
 //! private-directory-then-rename helper every listener of the daemon shares
 //! (`cryptblk_net::unix_socket`, whose module comment says why).
-use crate::server::Error;
+use crate::error::Error;
 pub(crate) use cryptblk_net::unix_socket::FileId;
 use cryptblk_net::unix_socket::{self, SocketFile, SocketFileError};
 use std::os::unix::net::UnixListener;

@@ -1,14 +1,11 @@
 //! Checking a disk's configuration (one place for every source: the command line, a
 //! `--config` file, `disk-add`) and reading `--config` files.
+use crate::error::InvalidConfig;
+use crate::socket_access::SocketAccess;
 use cryptblk_control::api::DiskConfig;
 use cryptblk_vhost_user_blk::{MAX_QUEUES, MAX_QUEUE_SIZE};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-
-/// A configuration that cannot be served; the message names the setting.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct InvalidConfig(pub String);
 
 /// Longest disk name (it is also an NBD export name, which NBD limits to 4096 bytes).
 pub const MAX_NAME_LEN: usize = 4096;
@@ -37,7 +34,7 @@ pub fn validate(config: &DiskConfig) -> Result<(), InvalidConfig> {
         ));
     }
     tls_authz(config).map_err(|e| InvalidConfig(e.to_string()))?;
-    let access = crate::socket_access::SocketAccess::of(config)?;
+    let access = SocketAccess::of(config)?;
     if !access.is_default() && config.vhost_user_blk.is_none() {
         return invalid(
             "socket-owner, socket-mode, socket-peer-uid and socket-peer-gid apply to the \

@@ -105,6 +105,12 @@ impl<T, E: Into<Source>> Context<T> for std::result::Result<T, E> {
     }
 }
 
+/// A configuration that cannot be served; the message names the setting. Checking a disk's
+/// configuration (`config`) and its socket's owner and mode (`socket_access`) both find these.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidConfig(pub String);
+
 /// The kind of a failure, from the first error in its chain that decides one: a daemon
 /// `Error` has its own; a LUKS, block or crypto error says whether the passphrase was wrong,
 /// the image damaged or unsupported, locked, or an I/O error.

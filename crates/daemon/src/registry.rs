@@ -27,17 +27,18 @@ use std::time::{Duration, Instant};
 /// itself cancelled, stops the migration it made).
 const START_WAIT: Duration = Duration::from_secs(60);
 
-enum Slot {
+/// A disk name in the registry: a disk being added, or one attached.
+enum DiskEntry {
     /// `disk-add` is opening it; the name and socket are taken.
     Adding(Box<DiskConfig>),
     Attached(Arc<AttachedDisk>),
 }
 
-impl Slot {
+impl DiskEntry {
     fn config(&self) -> &DiskConfig {
         match self {
-            Slot::Adding(c) => c,
-            Slot::Attached(d) => &d.config,
+            DiskEntry::Adding(c) => c,
+            DiskEntry::Attached(d) => &d.config,
         }
     }
 }
@@ -54,7 +55,7 @@ pub struct DaemonOptions {
 }
 
 pub struct Daemon {
-    disks: Mutex<BTreeMap<String, Slot>>,
+    disks: Mutex<BTreeMap<String, DiskEntry>>,
     /// Migrations coming in, by disk name (the disk appears in `disks` once its header is here).
     pub(crate) incoming: Mutex<BTreeMap<String, Arc<IncomingMigration>>>,
     pub(crate) nbd: Option<Arc<ExportRegistry>>,
@@ -85,7 +86,7 @@ impl Daemon {
         })
     }
 
-    fn disks(&self) -> MutexGuard<'_, BTreeMap<String, Slot>> {
+    fn disks(&self) -> MutexGuard<'_, BTreeMap<String, DiskEntry>> {
         self.disks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -147,7 +148,10 @@ impl Daemon {
                 )));
             }
         }
-        disks.insert(config.name.clone(), Slot::Adding(Box::new(config.clone())));
+        disks.insert(
+            config.name.clone(),
+            DiskEntry::Adding(Box::new(config.clone())),
+        );
         Ok(())
     }
 
@@ -187,7 +191,7 @@ impl Daemon {
         match self.attach(prepared) {
             Ok(disk) => {
                 let info = describe(&disk);
-                self.disks().insert(name.clone(), Slot::Attached(disk));
+                self.disks().insert(name.clone(), DiskEntry::Attached(disk));
                 tracing::info!(disk = %name, "attached");
                 Ok(info)
             }
@@ -284,12 +288,12 @@ impl Daemon {
             let mut disks = self.disks();
             let disk = match disks.get(name) {
                 None => return Err(Error::no_such_disk(name)),
-                Some(Slot::Adding(_)) => {
+                Some(DiskEntry::Adding(_)) => {
                     return Err(Error::busy(format!(
                         "disk \"{name}\" is still being added; retry when disk-add has returned"
                     )))
                 }
-                Some(Slot::Attached(d)) => d.clone(),
+                Some(DiskEntry::Attached(d)) => d.clone(),
             };
             if let Some(vhost) = &disk.vhost {
                 if vhost.stop.is_connected() && !force {
@@ -359,13 +363,13 @@ impl Daemon {
         let disks = disks
             .iter()
             .map(|(name, slot)| match slot {
-                Slot::Adding(c) => DiskInfo {
+                DiskEntry::Adding(c) => DiskInfo {
                     name: name.clone(),
                     image: c.image.path().to_path_buf(),
                     state: DiskState::Adding,
                     attached: None,
                 },
-                Slot::Attached(d) => describe(d),
+                DiskEntry::Attached(d) => describe(d),
             })
             .collect();
         DiskList { disks }
@@ -374,8 +378,8 @@ impl Daemon {
     /// The attached disk `name` (an error for one being added or absent).
     pub(crate) fn attached(&self, name: &str) -> Result<Arc<AttachedDisk>> {
         match self.disks().get(name) {
-            Some(Slot::Attached(d)) => Ok(d.clone()),
-            Some(Slot::Adding(_)) => {
+            Some(DiskEntry::Attached(d)) => Ok(d.clone()),
+            Some(DiskEntry::Adding(_)) => {
                 Err(Error::busy(format!("disk \"{name}\" is still being added")))
             }
             None => Err(Error::no_such_disk(name)),
@@ -387,8 +391,8 @@ impl Daemon {
         self.disks()
             .values()
             .filter_map(|s| match s {
-                Slot::Attached(d) => Some(d.clone()),
-                Slot::Adding(_) => None,
+                DiskEntry::Attached(d) => Some(d.clone()),
+                DiskEntry::Adding(_) => None,
             })
             .collect()
     }

@@ -4,7 +4,7 @@
 //! `libvirt-qemu`, and libvirt does not relabel vhost-user sockets, so without an owner a
 //! root-owned socket needs a manual `chown`; the peer check pins a disk to one VM's QEMU when
 //! several may open the socket.
-use crate::config::InvalidConfig;
+use crate::error::InvalidConfig;
 use cryptblk_control::api::DiskConfig;
 use cryptblk_vhost_user_blk::{AllowedPeer, SocketFile};
 use std::ffi::CString;

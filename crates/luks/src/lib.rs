@@ -18,6 +18,7 @@ mod hash;
 mod image;
 mod io;
 pub mod kdf;
+mod kdf_cost;
 pub mod keyslot_area;
 pub mod luks1;
 

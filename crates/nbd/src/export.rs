@@ -41,12 +41,12 @@ impl std::fmt::Debug for Export {
 
 /// Set by a connection when it has completely finished (replies sent, device flushed).
 #[derive(Default)]
-struct Completion {
+struct FinishedSignal {
     done: Mutex<bool>,
     finished: Condvar,
 }
 
-impl Completion {
+impl FinishedSignal {
     fn signal(&self) {
         *lock(&self.done) = true;
         self.finished.notify_all();
@@ -67,7 +67,7 @@ struct AttachedConnection {
     /// A handle on the client socket; shutting down its read side makes the connection stop
     /// taking requests and wind down.
     socket: Socket,
-    completion: Arc<Completion>,
+    finished: Arc<FinishedSignal>,
 }
 
 struct Entry {
@@ -126,7 +126,7 @@ impl ExportRegistry {
             connection.socket.shutdown(Shutdown::Read);
         }
         for connection in entry.connections.values() {
-            connection.completion.wait();
+            connection.finished.wait();
         }
         Ok(())
     }
@@ -165,12 +165,12 @@ impl ExportRegistry {
         let key = resolve(&entries, name)?.export.name.clone();
         let entry = entries.get_mut(&key)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let completion = Arc::new(Completion::default());
+        let finished = Arc::new(FinishedSignal::default());
         entry.connections.insert(
             id,
             AttachedConnection {
                 socket,
-                completion: Arc::clone(&completion),
+                finished: Arc::clone(&finished),
             },
         );
         Some(Attachment {
@@ -179,7 +179,7 @@ impl ExportRegistry {
             name: key,
             generation: entry.generation,
             id,
-            completion,
+            finished,
         })
     }
 }
@@ -200,7 +200,7 @@ pub(crate) struct Attachment {
     name: String,
     generation: u64,
     id: u64,
-    completion: Arc<Completion>,
+    finished: Arc<FinishedSignal>,
 }
 
 impl Attachment {
@@ -219,6 +219,6 @@ impl Drop for Attachment {
                 }
             }
         }
-        self.completion.signal();
+        self.finished.signal();
     }
 }

@@ -1,10 +1,10 @@
 //! The fixed-newstyle handshake and option haggling, up to the point where a client has chosen
 //! an export (NBD_OPT_GO / NBD_OPT_EXPORT_NAME) or gone away.
 
+use crate::capabilities::{block_size_limits, transmission_flags};
 use crate::export::{Attachment, Export, ExportRegistry};
 use crate::protocol::*;
 use crate::socket::{Socket, Transport};
-use crate::transmission::{block_size_limits, transmission_flags};
 use crate::Error;
 use cryptblk_tls::{AllowList, CertificateNames};
 use std::io::{Read, Write};

@@ -29,6 +29,7 @@
 //! - Clients must use fixed newstyle negotiation; READ/WRITE are limited to 32 MiB and must
 //!   be aligned to the device's logical block size (advertised as the minimum block size).
 
+mod capabilities;
 mod error;
 mod export;
 mod handshake;

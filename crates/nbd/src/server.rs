@@ -170,10 +170,10 @@ impl NbdServer {
         self
     }
 
-    /// Payload bytes one connection may have in flight before it stops reading requests.
-    /// Default 64 MiB.
-    pub fn with_max_in_flight_bytes(mut self, bytes: u64) -> Self {
-        self.config.max_in_flight_bytes = bytes;
+    /// Payload bytes of the requests one connection may have under way (read, not yet
+    /// answered) before it stops reading requests. Default 64 MiB.
+    pub fn with_max_pending_bytes(mut self, bytes: u64) -> Self {
+        self.config.max_pending_bytes = bytes;
         self
     }
 

@@ -2,9 +2,9 @@
 //! Everything here is untrusted input: each field is range-checked against the file size
 //! before anything else uses it.
 
+use crate::format::QCOW2_MAGIC;
 use crate::BlockError;
 
-pub(crate) const MAGIC: [u8; 4] = *b"QFI\xfb";
 const V2_HEADER_LEN: u64 = 72;
 const V3_MIN_HEADER_LEN: u64 = 104;
 /// 2 MiB clusters are the largest QEMU creates; 512 bytes the smallest.
@@ -77,7 +77,7 @@ pub(crate) fn parse(file_len: u64, read: &ReadAt) -> Result<Header, BlockError> 
     let mut fixed = [0u8; V3_MIN_HEADER_LEN as usize + 8];
     let fixed_len = (fixed.len() as u64).min(file_len) as usize;
     read(0, &mut fixed[..fixed_len])?;
-    if fixed[..4] != MAGIC {
+    if fixed[..4] != QCOW2_MAGIC {
         return Err(BlockError::corrupt("not a qcow2 image (bad magic)"));
     }
     let version = be32(&fixed, 4);

@@ -2,15 +2,16 @@
 //! chains. Metadata comes from an untrusted file, so every table entry is checked against the
 //! file size before it is followed.
 
+mod backing;
 mod cache;
 mod header;
 mod l2;
 
-pub(crate) use header::MAGIC;
+pub use backing::MAX_BACKING_DEPTH;
 
 use crate::device::check_range;
-use crate::format::{open_backing, BackingChain};
 use crate::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind, OpenOptions, RawFile};
+use backing::{open_backing, BackingChain};
 use cache::L2Cache;
 use flate2::{Decompress, FlushDecompress};
 use header::Header;
@@ -67,7 +68,7 @@ impl Qcow2 {
         Self::open_in_chain(path.as_ref(), &mut chain)
     }
 
-    pub(crate) fn open_in_chain(path: &Path, chain: &mut BackingChain) -> Result<Self, BlockError> {
+    fn open_in_chain(path: &Path, chain: &mut BackingChain) -> Result<Self, BlockError> {
         chain.enter(path)?;
         let file = RawFile::open(
             path,

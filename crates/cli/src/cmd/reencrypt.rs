@@ -15,13 +15,6 @@ use cryptblk_luks::{HashAlg, LuksError, LuksImage, LuksVersion};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-pub const HELP: &str = "\
-Without --init-only or --resume-only, starts a reencryption (or continues the one in progress)
-and runs it to the end. A reencryption started or interrupted by cryptsetup continues here, and
-one started or interrupted here continues with `cryptsetup reencrypt --resume-only
---force-offline-reencrypt`. SIGINT/SIGTERM stop after the current hotzone; kill -9 loses nothing
-with --resilience checksum or journal (the next run recovers the hotzone).";
-
 /// Default hotzone: large enough to keep every core busy, small enough for a modest machine.
 const DEFAULT_HOTZONE: u64 = 64 << 20;
 

@@ -27,12 +27,6 @@ use std::sync::Arc;
 use std::time::Instant;
 use temp_target::TempTarget;
 
-pub const HELP_MEMORY: &str = "\
-Memory: convert keeps (2 x threads + 1) chunks in flight, where threads = crypto threads (at
-least 2), and an encrypted target one bounce buffer per chunk being written: with the default
-1 MiB chunk on a 2-core machine about 10 MiB of buffers and well under 64 MiB of RSS,
-whatever the image size.";
-
 /// What a finished convert reports (the demo prints it).
 pub struct ConvertReport {
     pub bytes: u64,

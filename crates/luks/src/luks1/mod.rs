@@ -8,6 +8,7 @@ use crate::ct::ct_eq;
 use crate::io::HeaderIo;
 use crate::io::{read_at, write_at, zero_range};
 use crate::kdf::{self, Kdf};
+use crate::kdf_cost;
 use crate::keyslot_area::{decrypt_area, encrypt_area};
 use crate::{FormatOptions, HashAlg, LuksError, PbkdfKind, PbkdfOptions, Result, UnlockOptions};
 use cryptblk_crypto::{CipherSpec, CryptoError, SecretKey};
@@ -247,7 +248,7 @@ impl Luks1Header {
             .map_err(|_| LuksError::InvalidArgument("volume key too long".into()))?;
         let lay = layout::Layout::new(key_bytes)?;
         let uuid = opts.resolve_uuid()?;
-        let mk_digest_iter = kdf::digest_iterations(opts.hash, &opts.pbkdf, DIGEST_LEN)?;
+        let mk_digest_iter = kdf_cost::digest_iterations(opts.hash, &opts.pbkdf, DIGEST_LEN)?;
         let mk_digest_salt = random_salt()?;
         let mk_digest = mk_digest(opts.hash, volume_key, &mk_digest_salt, mk_digest_iter)?;
         let keyslots = std::array::from_fn(|i| Keyslot {
@@ -327,7 +328,7 @@ impl Luks1Header {
             hash,
             ..pbkdf.clone()
         };
-        let Kdf::Pbkdf2 { iterations, .. } = kdf::resolve(&opts, self.key_bytes())? else {
+        let Kdf::Pbkdf2 { iterations, .. } = kdf_cost::resolve(&opts, self.key_bytes())? else {
             return Err(LuksError::InvalidArgument(
                 "LUKS1 keyslots use PBKDF2 only".into(),
             ));

@@ -5,6 +5,7 @@ use super::write::{b64, random_bytes, SALT_BYTES};
 use super::Luks2Header;
 use crate::io::HeaderIo;
 use crate::kdf::{self, Kdf};
+use crate::kdf_cost;
 use crate::{FormatOptions, LuksError, LuksVersion, Result};
 use cryptblk_crypto::SecretKey;
 use std::collections::BTreeMap;
@@ -50,7 +51,7 @@ impl Luks2Header {
         }
         let uuid = opts.resolve_uuid()?;
 
-        let digest_iterations = kdf::digest_iterations(opts.hash, &opts.pbkdf, key_len)?;
+        let digest_iterations = kdf_cost::digest_iterations(opts.hash, &opts.pbkdf, key_len)?;
         let digest_salt = random_bytes(SALT_BYTES)?;
         let digest_value = kdf::derive(
             &Kdf::Pbkdf2 {

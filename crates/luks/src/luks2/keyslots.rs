@@ -8,6 +8,7 @@ use super::{ensure_writable, parse_cipher, Luks2Header};
 use crate::io::zero_range;
 use crate::io::HeaderIo;
 use crate::kdf::{self, Argon2Variant, Kdf};
+use crate::kdf_cost;
 use crate::{af, keyslot_area, HashAlg, LuksError, PbkdfOptions, Result};
 use cryptblk_crypto::SecretKey;
 use zeroize::Zeroizing;
@@ -95,7 +96,7 @@ impl Luks2Header {
             .ok_or_else(|| LuksError::InvalidArgument("key too long".into()))?;
         let offset = self.allocate_area(area_size)?;
 
-        let kdf = kdf::resolve(pbkdf, key_len)?;
+        let kdf = kdf_cost::resolve(pbkdf, key_len)?;
         let salt = random_bytes(SALT_BYTES)?;
         let slot_key = kdf::derive(&kdf, passphrase, &salt, key_len)?;
         let split = af::af_split(volume_key, af::STRIPES, af_hash)?;

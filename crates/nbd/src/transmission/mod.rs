@@ -19,6 +19,7 @@ mod pipelined;
 mod reply;
 mod sequential;
 
+use crate::capabilities::{block_size_limits, is_read_only, supports_trim};
 use crate::export::Export;
 use crate::handshake::Negotiated;
 use crate::protocol::*;
@@ -33,13 +34,14 @@ use std::time::Duration;
 /// Tunables of the transmission phase.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ConnectionConfig {
-    /// Requests one plain connection keeps in flight on the device at most.
+    /// Requests one plain connection keeps under way on the device at most.
     pub queue_depth: usize,
     /// A client that stays silent this long in the middle of a request, or does not take
     /// replies for this long, is disconnected. Idle time between requests is unlimited.
     pub io_timeout: Duration,
-    /// Payload bytes of requests in flight on one connection before the reader waits.
-    pub max_in_flight_bytes: u64,
+    /// Payload bytes of the requests under way on one connection (read, not yet answered)
+    /// before the reader waits.
+    pub max_pending_bytes: u64,
 }
 
 impl Default for ConnectionConfig {
@@ -47,51 +49,13 @@ impl Default for ConnectionConfig {
         ConnectionConfig {
             queue_depth: 128,
             io_timeout: Duration::from_secs(30),
-            max_in_flight_bytes: 64 << 20,
+            max_pending_bytes: 64 << 20,
         }
     }
 }
 
 /// Bounds the BLOCK_STATUS reply (8 bytes per extent) for a badly fragmented file.
 const MAX_STATUS_DESCRIPTORS: usize = 1024;
-
-/// (minimum, preferred, maximum) for NBD_INFO_BLOCK_SIZE.
-pub(crate) fn block_size_limits(export: &Export) -> (u32, u32, u32) {
-    let minimum = export.device.logical_block_size().max(1);
-    (minimum, minimum.max(4096), MAX_PAYLOAD)
-}
-
-fn is_read_only(export: &Export) -> bool {
-    export.read_only || export.device.read_only()
-}
-
-/// Whether the device implements discard: a zero-length discard succeeds exactly on devices
-/// that do (the trait's default refuses every discard as unsupported).
-fn supports_trim(export: &Export) -> bool {
-    !is_read_only(export) && export.device.discard(0, 0).is_ok()
-}
-
-pub(crate) fn transmission_flags(export: &Export, structured_replies: bool) -> u16 {
-    // CAN_MULTI_CONN is safe: every connection to an export shares one device, and FLUSH is
-    // fdatasync of the shared file, so a flush on any connection covers writes completed on
-    // all of them.
-    let mut flags = TFLAG_HAS_FLAGS
-        | TFLAG_SEND_FLUSH
-        | TFLAG_SEND_FUA
-        | TFLAG_SEND_WRITE_ZEROES
-        | TFLAG_CAN_MULTI_CONN;
-    if is_read_only(export) {
-        flags |= TFLAG_READ_ONLY;
-    }
-    if supports_trim(export) {
-        flags |= TFLAG_SEND_TRIM;
-    }
-    // Reads are always answered in one chunk, so "don't fragment" costs nothing.
-    if structured_replies {
-        flags |= TFLAG_SEND_DF;
-    }
-    flags
-}
 
 /// What one connection may do, fixed at the end of the handshake.
 pub(crate) struct Session<'a> {

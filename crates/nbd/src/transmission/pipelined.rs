@@ -8,11 +8,11 @@
 //! takes them; then it sleeps in `poll` on the socket and the queue's eventfd. Nothing is
 //! shared between threads, so nothing is locked, and no request costs a thread wake-up. A
 //! client that does not read its replies cannot block the loop: unsent replies wait in a
-//! queue and the loop stops reading new requests while the queue or the in-flight budget is
+//! queue and the loop stops reading new requests while the queue or the pending-bytes budget is
 //! full. NBD replies carry the request's cookie, so they may go out in any order.
 //!
-//! Back-pressure: at most `queue_depth` requests and `max_in_flight_bytes` payload bytes are
-//! in flight (from parsing to the end of their reply). A client silent in the middle of a
+//! Back-pressure: at most `queue_depth` requests and `max_pending_bytes` payload bytes are
+//! under way (from parsing to the end of their reply). A client silent in the middle of a
 //! request, or not taking replies, for `io_timeout` is disconnected.
 
 use super::reply::{
@@ -283,7 +283,7 @@ impl Connection<'_, '_> {
 
     fn budget_full(&self, bytes: u64) -> bool {
         self.requests >= self.max_requests
-            || (self.bytes > 0 && self.bytes + bytes > self.config.max_in_flight_bytes)
+            || (self.bytes > 0 && self.bytes + bytes > self.config.max_pending_bytes)
     }
 
     /// Turns every complete request of the read buffer into queue I/O (or a reply), as far

@@ -167,11 +167,11 @@ impl Disk {
         for slot in 0..load.depth {
             submit(&mut self.queue, slot);
         }
-        let mut in_flight = load.depth;
+        let mut outstanding = load.depth;
         let mut completed = 0u64;
         let mut done: Vec<MaybeUninit<Completion>> =
             (0..load.depth).map(|_| MaybeUninit::uninit()).collect();
-        while in_flight > 0 {
+        while outstanding > 0 {
             // Sleeps on the completion eventfd until at least one request completes.
             let n = blkio(self.queue.do_io(&mut done, 1, None, None), "waiting")?;
             let more = Instant::now() < deadline;
@@ -180,10 +180,10 @@ impl Disk {
                 let c = unsafe { c.assume_init_read() };
                 check(&c)?;
                 completed += 1;
-                in_flight -= 1;
+                outstanding -= 1;
                 if more {
                     submit(&mut self.queue, c.user_data);
-                    in_flight += 1;
+                    outstanding += 1;
                 }
             }
         }

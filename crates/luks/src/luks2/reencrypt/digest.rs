@@ -14,7 +14,7 @@ use super::{ReencryptState, Resilience};
 use crate::luks2::json::{Digest, Metadata, Segment, SegmentSize};
 use crate::luks2::unlock::digest_matches;
 use crate::luks2::write::{b64, random_bytes, SALT_BYTES};
-use crate::{kdf, HashAlg, LuksError, PbkdfOptions, Result};
+use crate::{kdf, kdf_cost, HashAlg, LuksError, PbkdfOptions, Result};
 use cryptblk_crypto::SecretKey;
 use zeroize::Zeroizing;
 
@@ -174,7 +174,7 @@ pub(super) fn create(
 ) -> Result<Digest> {
     let data = verification_data(meta, state, old_key, new_key)?;
     let hash = HashAlg::Sha256;
-    let iterations = kdf::digest_iterations(hash, pbkdf, data.len())?;
+    let iterations = kdf_cost::digest_iterations(hash, pbkdf, data.len())?;
     let salt = random_bytes(SALT_BYTES)?;
     let value = kdf::derive(
         &kdf::Kdf::Pbkdf2 { hash, iterations },

@@ -8,7 +8,7 @@ use crate::luks2::json::{Area, Digest, Keyslot, Requirements, SegmentSize};
 use crate::luks2::validate::{keyslots_range, MAX_KEYSLOTS};
 use crate::luks2::write::{b64, random_bytes, SALT_BYTES};
 use crate::luks2::Luks2Header;
-use crate::{kdf, HashAlg, LuksError, PbkdfOptions, Result, UnlockOptions};
+use crate::{kdf, kdf_cost, HashAlg, LuksError, PbkdfOptions, Result, UnlockOptions};
 use cryptblk_crypto::{CipherSpec, SecretKey};
 use serde_json::Value;
 
@@ -132,7 +132,7 @@ impl Luks2Header {
         meta.keyslots.insert(new_slot.to_string(), keyslot);
         let digest_id = first_free(&meta.digests);
         let hash = params.pbkdf.hash;
-        let iterations = kdf::digest_iterations(hash, &params.pbkdf, new_key.len())?;
+        let iterations = kdf_cost::digest_iterations(hash, &params.pbkdf, new_key.len())?;
         let salt = random_bytes(SALT_BYTES)?;
         let value = kdf::derive(
             &kdf::Kdf::Pbkdf2 { hash, iterations },

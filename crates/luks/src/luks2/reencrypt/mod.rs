@@ -13,6 +13,7 @@ mod init;
 mod layout;
 mod recovery;
 mod session;
+mod stale;
 
 pub use init::{InitParams, ResilienceChoice};
 pub use layout::{ExtentCipher, KeyRole, SegmentExtent};
@@ -381,6 +382,15 @@ impl ReencryptState {
             digest_reencrypt,
             hot_segment,
         }))
+    }
+}
+
+/// An error for what this reencryption support does not handle, with a hint for the user.
+pub(super) fn unsupported(what: &'static str, name: &str, hint: &str) -> LuksError {
+    LuksError::Unsupported {
+        what,
+        name: name.to_string(),
+        hint: hint.to_string(),
     }
 }
 

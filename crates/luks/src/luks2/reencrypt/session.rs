@@ -12,8 +12,8 @@
 //! which recovery sorts out; a journal holds the whole old hotzone. With resilience `none` cryptsetup commits nothing until the end
 //! (a crash loses the hotzone), and so does this loop.
 use super::layout::{self, ExtentCipher, KeyRole, SegmentExtent};
-use super::recovery::StaleBlocks;
-use super::{digest, ReencryptDirection, ReencryptMode, ReencryptState, Resilience};
+use super::stale::StaleBlocks;
+use super::{digest, unsupported, ReencryptDirection, ReencryptMode, ReencryptState, Resilience};
 use crate::io::HeaderIo;
 use crate::luks2::json::{Metadata, Segment};
 use crate::luks2::Luks2Header;
@@ -41,14 +41,6 @@ pub struct Reencryption<'f> {
     pub(super) stale: Option<StaleBlocks>,
     /// Resilience `none`: post segments exist only in memory until the end or a stop.
     pub(super) uncommitted: bool,
-}
-
-fn unsupported(what: &'static str, name: &str, hint: &str) -> LuksError {
-    LuksError::Unsupported {
-        what,
-        name: name.to_string(),
-        hint: hint.to_string(),
-    }
 }
 
 fn make_cipher(seg: &Segment, key: &SecretKey) -> Result<Arc<dyn SectorCipher>> {
@@ -164,7 +156,12 @@ impl<'f> Reencryption<'f> {
         };
         let extents = me.extents()?;
         if let Some(hot) = extents.iter().find(|e| e.in_reencryption) {
-            me.stale = Some(me.classify_hotzone(hot)?);
+            me.stale = Some(StaleBlocks::classify(
+                me.file,
+                &me.state,
+                hot,
+                me.alignment(),
+            )?);
         }
         Ok(me)
     }
@@ -262,7 +259,7 @@ impl<'f> Reencryption<'f> {
         Ok(())
     }
 
-    pub(super) fn checksum_params(&self) -> Option<(HashAlg, u64)> {
+    fn checksum_params(&self) -> Option<(HashAlg, u64)> {
         match self.state.resilience {
             Resilience::Checksum { hash, block_size } => Some((hash, u64::from(block_size))),
             _ => None,
