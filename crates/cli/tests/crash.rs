@@ -359,7 +359,7 @@ fn nbd_client_against_qemu_nbd() {
     let sock = dir.path().join("q.sock");
     let sock_arg = format!("--socket={}", s(&sock));
     let mut qemu = Proc::spawn(
-        &tool_path("qemu-nbd"),
+        &cryptblk_testutil::tool("qemu-nbd"),
         &[
             &sock_arg,
             "-f",

@@ -14,7 +14,7 @@ pub mod vhost_user;
 pub mod x509;
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// Reports that the running test is skipped, and why, as one line on the process's stderr:
@@ -64,6 +64,26 @@ pub fn wait_for_path(path: &Path, child: &mut std::process::Child) {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// The path of an external tool the test needs (`qemu-img`, `cryptsetup`, `nbdinfo`, ...),
+/// searched in the system's binary folders, then in `PATH`. Panics when it is missing: a
+/// missing interop tool fails the suite, it never skips it.
+pub fn tool(name: &str) -> PathBuf {
+    let mut dirs: Vec<PathBuf> = ["/usr/bin", "/usr/sbin", "/usr/local/bin", "/bin", "/sbin"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    if let Some(found) = dirs.iter().map(|d| d.join(name)).find(|p| p.is_file()) {
+        return found;
+    }
+    panic!(
+        "required tool `{name}` is not installed: run scripts/install-deps.sh (it installs every \
+         tool the tests drive) and run the tests again"
+    );
 }
 
 /// Runs `program args`; panics with its output unless it succeeds, so that a fixture that

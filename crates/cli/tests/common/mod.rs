@@ -189,34 +189,13 @@ where
     out
 }
 
-/// The path of an external tool; panics with a clear message if it is not installed, because a
-/// missing interop tool must fail the suite, not skip it.
-pub fn tool_path(name: &str) -> PathBuf {
-    let mut dirs: Vec<PathBuf> = ["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"]
-        .iter()
-        .map(PathBuf::from)
-        .collect();
-    if let Some(path) = std::env::var_os("PATH") {
-        dirs.extend(std::env::split_paths(&path));
-    }
-    for dir in dirs {
-        let candidate = dir.join(name);
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    panic!(
-        "required interop tool `{name}` is not installed: install it (Debian/Ubuntu: apt-get install cryptsetup-bin qemu-utils openssl time) and run the tests again"
-    );
-}
-
 /// Runs an external tool.
 pub fn tool<I, S>(name: &str, args: I) -> Out
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    let mut cmd = Command::new(tool_path(name));
+    let mut cmd = Command::new(cryptblk_testutil::tool(name));
     cmd.args(args).stdin(Stdio::null());
     run_cmd(cmd)
 }
@@ -230,7 +209,7 @@ where
     S: AsRef<OsStr>,
 {
     let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
-    let program = tool_path("qemu-img");
+    let program = cryptblk_testutil::tool("qemu-img");
     let mut what = program.display().to_string();
     for a in &args {
         what.push(' ');

@@ -9,7 +9,7 @@ use cryptblk_nbd::protocol::*;
 use cryptblk_nbd::{Export, ExportRegistry, NbdAddress, NbdServer, StopHandle, TlsCreds};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -17,19 +17,7 @@ use std::time::Duration;
 
 pub const PASSPHRASE: &[u8] = b"nbd test passphrase";
 
-/// Path of a required external tool; fails the test (never skips) when it is missing.
-pub fn tool(name: &str) -> PathBuf {
-    for dir in ["/usr/bin", "/usr/sbin", "/usr/local/bin", "/sbin", "/bin"] {
-        let path = Path::new(dir).join(name);
-        if path.exists() {
-            return path;
-        }
-    }
-    panic!(
-        "required tool '{name}' is not installed (qemu-img/qemu-io: qemu-utils; nbdinfo/nbdcopy: \
-         libnbd-bin; fio: fio; openssl: openssl); this test cannot run without it"
-    );
-}
+pub use cryptblk_testutil::tool;
 
 /// Runs a tool, failing the test with its output unless it succeeds; returns stdout.
 pub fn run(name: &str, args: &[&str]) -> String {
