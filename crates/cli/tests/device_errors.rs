@@ -6,8 +6,8 @@
 mod common;
 use cryptblk_testutil::vhost_user as frontend;
 
-use common::nbd_client::NbdClient;
 use common::*;
+use cryptblk_testutil::nbd::NbdClient;
 use frontend::{pattern, Guest, S_IOERR, S_OK};
 use std::os::unix::process::CommandExt;
 use std::path::Path;

@@ -6,8 +6,8 @@
 //! HTTP answers to wrong paths, methods and garbage are checked too.
 mod common;
 
-use common::nbd_client::NbdClient;
 use common::*;
+use cryptblk_testutil::nbd::NbdClient;
 use cryptblk_testutil::vhost_user::{Guest, S_OK};
 use serde_json::Value;
 use std::io::{Read, Write};

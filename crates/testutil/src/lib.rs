@@ -4,11 +4,14 @@
 //!   way to skip a test when they are absent ([`skip`]).
 //! - [`x509`]: TLS credentials in QEMU's `tls-creds-x509` layout, made with the openssl CLI.
 //! - `vhost_user` (feature `vhost-user`): an in-process vhost-user-blk frontend.
+//! - `nbd` (feature `nbd`): NBD test clients, strict and byte-level.
 //! - `ceph` (feature `ceph`): a throwaway single-node Ceph cluster for RBD tests.
 
 #[cfg(feature = "ceph")]
 pub mod ceph;
 pub mod corpus;
+#[cfg(feature = "nbd")]
+pub mod nbd;
 #[cfg(feature = "vhost-user")]
 pub mod vhost_user;
 pub mod x509;

@@ -13,7 +13,6 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
 pub mod guest;
-pub mod nbd_client;
 
 pub const MIB: u64 = 1 << 20;
 
