@@ -245,7 +245,7 @@ fn malformed_chains_get_errors_and_the_queue_keeps_working() {
     // A chain whose last data descriptor links back to the header: a loop. The queue walks
     // at most the queue size, the chain is too long, nothing is executed.
     let (descs, s) = guest.out_chain(0, 0, &[1u8; 1024], 512);
-    let head = guest.publish_patched(0, &descs, &[(2, common::F_NEXT, 0)]);
+    let head = guest.publish_linked(0, &descs, &[(2, 0)]);
     guest.kick(0);
     let used = guest.wait_used(0, 1);
     assert_eq!(used, vec![(head, 0)]);
