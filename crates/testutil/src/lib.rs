@@ -2,6 +2,7 @@
 //!
 //! - [`corpus`]: cryptsetup's own test images, looked up beside the workspace, and the honest
 //!   way to skip a test when they are absent ([`skip`]).
+//! - `luks` (feature `luks`): LUKS2 images that are cheap to open.
 //! - [`x509`]: TLS credentials in QEMU's `tls-creds-x509` layout, made with the openssl CLI.
 //! - `vhost_user` (feature `vhost-user`): an in-process vhost-user-blk frontend.
 //! - `nbd` (feature `nbd`): NBD test clients, strict and byte-level.
@@ -10,6 +11,8 @@
 #[cfg(feature = "ceph")]
 pub mod ceph;
 pub mod corpus;
+#[cfg(feature = "luks")]
+pub mod luks;
 #[cfg(feature = "nbd")]
 pub mod nbd;
 #[cfg(feature = "vhost-user")]
@@ -54,12 +57,27 @@ fn binary_name(file: &str) -> &str {
     }
 }
 
+/// Test data that differs per byte and per seed.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// Waits up to 30 s for `path` (a socket a daemon binds) to appear; panics if `child` exits
 /// first or time runs out.
 pub fn wait_for_path(path: &Path, child: &mut std::process::Child) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !path.exists() {
-        assert!(child.try_wait().unwrap().is_none(), "serve exited early");
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("serve exited early: {status}");
+        }
         assert!(
             std::time::Instant::now() < deadline,
             "{} never appeared",
@@ -87,6 +105,25 @@ pub fn tool(name: &str) -> PathBuf {
         "required tool `{name}` is not installed: run scripts/install-deps.sh (it installs every \
          tool the tests drive) and run the tests again"
     );
+}
+
+/// Stops `child` (a daemon a test spawned) with SIGTERM and waits up to 30 s for it to exit;
+/// returns its exit code (-1 when a signal ended it).
+pub fn terminate(mut child: std::process::Child) -> i32 {
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) on a child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().unwrap_or(-1);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "serve did not stop on SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// Runs `program args`; panics with its output unless it succeeds, so that a fixture that

@@ -456,38 +456,13 @@ impl ServeProcess {
             .env_remove("RUST_LOG")
             .spawn()
             .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while !ready.exists() {
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("cryptblk serve exited early: {status}");
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no {} after 30 s",
-                ready.display()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        cryptblk_testutil::wait_for_path(ready, &mut child);
         ServeProcess(Some(child))
     }
 
     /// SIGTERM; returns the exit code.
     pub fn terminate(mut self) -> i32 {
-        let mut child = self.0.take().unwrap();
-        let pid = libc::pid_t::try_from(child.id()).unwrap();
-        // SAFETY: kill(2) on a child this test spawned and has not reaped.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status.code().unwrap_or(-1);
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "serve did not stop on SIGTERM"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        cryptblk_testutil::terminate(self.0.take().unwrap())
     }
 }
 

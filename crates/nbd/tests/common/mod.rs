@@ -3,8 +3,6 @@
 #![allow(dead_code)]
 
 use cryptblk_block::{open_luks_volume, BlockDevice, IoStats, OpenOptions, RawFile, VolumeOptions};
-use cryptblk_crypto::CipherSpec;
-use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, PbkdfOptions};
 use cryptblk_nbd::{Export, ExportRegistry, NbdAddress, NbdServer, StopHandle, TlsCreds};
 use std::path::Path;
 use std::process::Command;
@@ -44,18 +42,7 @@ pub fn run_failing(name: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Deterministic pseudo-random bytes.
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
+pub use cryptblk_testutil::pattern;
 
 /// A raw file of `size` bytes whose first `data_len` bytes are a pattern and the rest a hole.
 pub fn raw_file(path: &Path, size: u64, data_len: usize) -> Arc<RawFile> {
@@ -78,21 +65,7 @@ pub fn raw_file(path: &Path, size: u64, data_len: usize) -> Arc<RawFile> {
 /// A LUKS2 aes-xts-plain64 (512-bit key) volume with `sector_size`-byte sectors and a cheap
 /// PBKDF2 keyslot, opened writable.
 pub fn luks2_volume(path: &Path, payload_size: u64, sector_size: u32) -> Arc<dyn BlockDevice> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .unwrap();
-    let options = FormatOptions {
-        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
-        ..FormatOptions::luks2(
-            CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
-            sector_size,
-        )
-    };
-    LuksImage::format(&file, &options, PASSPHRASE, Some(payload_size)).unwrap();
-    drop(file);
+    cryptblk_testutil::luks::cheap_luks2(path, PASSPHRASE, payload_size, sector_size);
     let volume = open_luks_volume(
         path,
         PASSPHRASE,

@@ -9,6 +9,7 @@ mod guest;
 mod requests;
 mod ring;
 
+pub use crate::pattern;
 pub use guest::Guest;
 pub use ring::Desc;
 pub use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_IN};
@@ -115,17 +116,4 @@ pub fn memfd_memory_sealed(sealed: bool) -> GuestMemoryMmap {
         Some(FileOffset::new(file, 0)),
     )])
     .unwrap()
-}
-
-/// Test data that differs per byte and per seed.
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
