@@ -19,7 +19,9 @@ use std::time::Duration;
 use cryptblk_nbd::protocol::*;
 
 use super::error::protocol;
-use super::{read_option_reply, read_u16, read_u32, read_u64, write_option, NbdError, Result};
+use super::{
+    read_option_reply, read_u16, read_u32, read_u64, write_option, write_request, NbdError, Result,
+};
 
 /// The default timeout on every socket read and write.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -256,18 +258,14 @@ impl NbdClient {
         length: u32,
         data: &[u8],
     ) -> Result<()> {
-        let header = encode_request_header(&RequestHeader {
+        let header = RequestHeader {
             flags,
             command,
             cookie,
             offset,
             length,
-        });
-        let mut message = Vec::with_capacity(REQUEST_HEADER_LEN + data.len());
-        message.extend_from_slice(&header);
-        message.extend_from_slice(data);
-        self.stream.write_all(&message)?;
-        Ok(())
+        };
+        Ok(write_request(&mut self.stream, &header, data)?)
     }
 
     /// Sends NBD_CMD_WRITE of `data` at `offset` (with NBD_CMD_FLAG_FUA when `fua`).

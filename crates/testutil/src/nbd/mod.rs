@@ -15,7 +15,10 @@ pub use raw::RawClient;
 
 use std::io::{self, Read, Write};
 
-use cryptblk_nbd::protocol::{IHAVEOPT, MAX_OPTION_LEN, OPTION_REPLY_MAGIC};
+use cryptblk_nbd::protocol::{
+    encode_request_header, RequestHeader, IHAVEOPT, MAX_OPTION_LEN, OPTION_REPLY_MAGIC,
+    REQUEST_HEADER_LEN,
+};
 
 /// Sends one option (`IHAVEOPT`, option, length, data) in a single write.
 fn write_option(stream: &mut impl Write, option: u32, data: &[u8]) -> io::Result<()> {
@@ -23,6 +26,14 @@ fn write_option(stream: &mut impl Write, option: u32, data: &[u8]) -> io::Result
     message.extend_from_slice(&IHAVEOPT.to_be_bytes());
     message.extend_from_slice(&option.to_be_bytes());
     message.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    message.extend_from_slice(data);
+    stream.write_all(&message)
+}
+
+/// Sends one transmission request: its header and `data` (a write's payload) in one write.
+fn write_request(stream: &mut impl Write, header: &RequestHeader, data: &[u8]) -> io::Result<()> {
+    let mut message = Vec::with_capacity(REQUEST_HEADER_LEN + data.len());
+    message.extend_from_slice(&encode_request_header(header));
     message.extend_from_slice(data);
     stream.write_all(&message)
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use cryptblk_nbd::protocol::*;
 
-use super::{read_option_reply, write_option};
+use super::{read_option_reply, write_option, write_request};
 
 /// Speaks NBD byte by byte, so tests can send anything.
 pub struct RawClient {
@@ -85,14 +85,14 @@ impl RawClient {
         offset: u64,
         length: u32,
     ) {
-        let header = encode_request_header(&RequestHeader {
+        let header = RequestHeader {
             flags,
             command,
             cookie,
             offset,
             length,
-        });
-        self.stream.write_all(&header).unwrap();
+        };
+        write_request(&mut self.stream, &header, &[]).unwrap();
     }
 
     /// Reads a simple reply: (error, cookie, `data_len` bytes of data when error is 0).
