@@ -224,17 +224,7 @@ fn nbd_connect(socket: &Path, name: &str) -> NbdClient {
 
 fn luks2_image(dir: &Path, name: &str, key: &Path, size: &str) -> PathBuf {
     let img = dir.join(name);
-    let mut args = vec![
-        "format",
-        "-q",
-        "--key-file",
-        s(key),
-        "--sector-size",
-        "4096",
-    ];
-    args.extend_from_slice(CHEAP_PBKDF2);
-    args.extend([s(&img), size]);
-    cryptblk(&args).ok();
+    format_luks2(&img, key, size);
     img
 }
 

@@ -70,21 +70,7 @@ fn image(dir: &Path, luks: bool) -> (std::path::PathBuf, Option<std::path::PathB
     if luks {
         let key = key_file(dir, "key", &passphrase("device-errors"));
         let img = dir.join("disk.luks");
-        cryptblk([
-            "format",
-            "-q",
-            "--key-file",
-            s(&key),
-            "--sector-size",
-            "4096",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            s(&img),
-            "8M",
-        ])
-        .ok();
+        format_luks2(&img, &key, "8M");
         (img, Some(key), LIMIT - 16 * MIB)
     } else {
         let img = dir.join("disk.raw");

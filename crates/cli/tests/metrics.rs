@@ -75,17 +75,7 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
     let secret = passphrase("metrics");
     let key = key_file(dir.path(), "key", &secret);
     let img = dir.path().join("disk.luks");
-    let mut args = vec![
-        "format",
-        "-q",
-        "--key-file",
-        s(&key),
-        "--sector-size",
-        "4096",
-    ];
-    args.extend_from_slice(CHEAP_PBKDF2);
-    args.extend([s(&img), "16M"]);
-    cryptblk(&args).ok();
+    format_luks2(&img, &key, "16M");
 
     // A name with characters the format must escape in label values.
     let name = "vm \"one\" \\ data";

@@ -42,6 +42,22 @@ pub const CHEAP_ARGON2ID: &[&str] = &[
 /// Cheap keyslots for cryptsetup.
 pub const CS_CHEAP_PBKDF2: &[&str] = &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
 
+/// `cryptblk format`s a LUKS2 image at `img`: 4096-byte sectors, `size` of payload (`"8M"`),
+/// one keyslot for the passphrase in `key` with [`CHEAP_PBKDF2`].
+pub fn format_luks2(img: &Path, key: &Path, size: &str) {
+    let mut args = vec![
+        "format",
+        "-q",
+        "--key-file",
+        s(key),
+        "--sector-size",
+        "4096",
+    ];
+    args.extend_from_slice(CHEAP_PBKDF2);
+    args.extend([s(img), size]);
+    cryptblk(&args).ok();
+}
+
 static SECRETS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
 /// The result of one process run.
