@@ -23,8 +23,8 @@ use super::{
     read_option_reply, read_u16, read_u32, read_u64, write_option, write_request, NbdError, Result,
 };
 
-/// The default timeout on every socket read and write.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The timeout on every socket read and write.
+const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What NBD_OPT_GO told about the export.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,11 +73,11 @@ pub struct NbdClient {
 
 impl NbdClient {
     /// Connects to `socket` and negotiates export `name`; socket reads and writes time out
-    /// after [`DEFAULT_TIMEOUT`].
+    /// after 30 s, so a stuck server fails the test instead of hanging it.
     pub fn connect(socket: &Path, name: &str) -> Result<NbdClient> {
         let stream = UnixStream::connect(socket)?;
-        stream.set_read_timeout(Some(DEFAULT_TIMEOUT))?;
-        stream.set_write_timeout(Some(DEFAULT_TIMEOUT))?;
+        stream.set_read_timeout(Some(TIMEOUT))?;
+        stream.set_write_timeout(Some(TIMEOUT))?;
         Self::handshake(stream, name)
     }
 

@@ -9,7 +9,7 @@ mod client;
 mod error;
 mod raw;
 
-pub use client::{ExportInfo, NbdClient, DEFAULT_TIMEOUT};
+pub use client::{ExportInfo, NbdClient};
 pub use error::{NbdError, Result};
 pub use raw::RawClient;
 
