@@ -10,8 +10,6 @@ use cryptblk_block::aio::{open_queue, IoOp, IoRequest, IoVec, QueueOptions};
 use cryptblk_block::{
     open_luks_volume, AioEngine, BlockDevice, BlockErrorKind, CacheMode, IoSettings, VolumeOptions,
 };
-use cryptblk_crypto::CipherSpec;
-use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, PbkdfOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -19,20 +17,7 @@ const PW: &[u8] = b"aio test passphrase";
 
 fn format(dir: &Path, sector_size: u32, payload: u64) -> PathBuf {
     let img = dir.join(format!("v{sector_size}.luks2"));
-    let opts = FormatOptions {
-        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
-        ..FormatOptions::luks2(
-            CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
-            sector_size,
-        )
-    };
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&img)
-        .unwrap();
-    LuksImage::format(&file, &opts, PW, Some(payload)).unwrap();
+    cryptblk_testutil::luks::cheap_luks2(&img, PW, payload, sector_size);
     img
 }
 

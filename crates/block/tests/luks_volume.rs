@@ -192,28 +192,13 @@ fn luks2_4k_sectors_from_cryptsetup_round_trip() {
 #[test]
 fn from_unlocked_after_format_then_reopen_with_passphrase() {
     use cryptblk_block::{LuksVolume, OpenOptions, RawFile};
-    use cryptblk_crypto::{CipherSpec, CryptoPool};
-    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, PbkdfOptions};
+    use cryptblk_crypto::CryptoPool;
     use std::sync::Arc;
 
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("f.luks2");
-    let opts = FormatOptions {
-        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
-        ..FormatOptions::luks2(
-            CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
-            4096,
-        )
-    };
     let payload = 2u64 << 20;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&img)
-        .unwrap();
-    let (header, key) = LuksImage::format(&file, &opts, PW, Some(payload)).unwrap();
-    drop(file);
+    let (header, key) = cryptblk_testutil::luks::cheap_luks2(&img, PW, payload, 4096);
 
     let data: Vec<u8> = (0..payload).map(|i| (i * 31 % 253) as u8).collect();
     {

@@ -96,17 +96,7 @@ fn raw_image(dir: &Path, name: &str, size: u64) -> PathBuf {
 
 fn luks2_image(dir: &Path, name: &str, key: &Path) -> PathBuf {
     let img = dir.join(name);
-    let mut args = vec![
-        "format",
-        "-q",
-        "--key-file",
-        s(key),
-        "--sector-size",
-        "4096",
-    ];
-    args.extend_from_slice(CHEAP_PBKDF2);
-    args.extend([s(&img), "8M"]);
-    cryptblk(&args).ok();
+    format_luks2(&img, key, "8M");
     img
 }
 

@@ -159,17 +159,7 @@ fn racing_control_requests_never_hang() {
     let key = key_file(dir, "key", &passphrase("race-1"));
     let key2 = key_file(dir, "key2", &passphrase("race-2"));
     let image = dir.join("vol.luks");
-    let mut format = vec![
-        "format",
-        "-q",
-        "--key-file",
-        s(&key),
-        "--sector-size",
-        "4096",
-    ];
-    format.extend_from_slice(CHEAP_PBKDF2);
-    format.extend([s(&image), "4M"]);
-    cryptblk(format).ok();
+    format_luks2(&image, &key, "4M");
 
     let control = dir.join("ctl.sock");
     let daemon = ServeProcess::start(&["--control", s(&control)], &control);

@@ -13,8 +13,9 @@
 //! The NBD test client is checked against `qemu-nbd` first.
 mod common;
 
-use common::nbd_client::{self, NbdClient, NbdError, REP_FLAG_ERROR};
 use common::*;
+use cryptblk_nbd::protocol as nbd_protocol;
+use cryptblk_testutil::nbd::{NbdClient, NbdError};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use serde_json::Value;
@@ -223,17 +224,7 @@ fn nbd_connect(socket: &Path, name: &str) -> NbdClient {
 
 fn luks2_image(dir: &Path, name: &str, key: &Path, size: &str) -> PathBuf {
     let img = dir.join(name);
-    let mut args = vec![
-        "format",
-        "-q",
-        "--key-file",
-        s(key),
-        "--sector-size",
-        "4096",
-    ];
-    args.extend_from_slice(CHEAP_PBKDF2);
-    args.extend([s(&img), size]);
-    cryptblk(&args).ok();
+    format_luks2(&img, key, size);
     img
 }
 
@@ -359,7 +350,7 @@ fn nbd_client_against_qemu_nbd() {
     let sock = dir.path().join("q.sock");
     let sock_arg = format!("--socket={}", s(&sock));
     let mut qemu = Proc::spawn(
-        &tool_path("qemu-nbd"),
+        &cryptblk_testutil::tool("qemu-nbd"),
         &[
             &sock_arg,
             "-f",
@@ -377,10 +368,10 @@ fn nbd_client_against_qemu_nbd() {
     // An unknown export is refused with NBD_REP_ERR_UNKNOWN.
     match NbdClient::connect(&sock, "nope") {
         Err(NbdError::OptionRejected { option, reply, .. }) => {
-            assert_eq!(option, nbd_client::OPT_GO);
+            assert_eq!(option, nbd_protocol::OPT_GO);
             assert_eq!(
                 reply,
-                REP_FLAG_ERROR | 6,
+                nbd_protocol::REP_ERR_UNKNOWN,
                 "{}",
                 NbdError::rep_err_name(reply)
             );
@@ -392,13 +383,13 @@ fn nbd_client_against_qemu_nbd() {
     eprintln!("qemu-nbd export: {:?}", c.export);
     assert_eq!(c.export.size, 4 * MIB);
     for flag in [
-        nbd_client::TFLAG_SEND_FLUSH,
-        nbd_client::TFLAG_SEND_FUA,
-        nbd_client::TFLAG_CAN_MULTI_CONN,
+        nbd_protocol::TFLAG_SEND_FLUSH,
+        nbd_protocol::TFLAG_SEND_FUA,
+        nbd_protocol::TFLAG_CAN_MULTI_CONN,
     ] {
         assert!(c.export.has(flag), "flag {flag:#x} missing: {:?}", c.export);
     }
-    assert!(!c.export.has(nbd_client::TFLAG_READ_ONLY));
+    assert!(!c.export.has(nbd_protocol::TFLAG_READ_ONLY));
 
     // Pipelined writes (some FUA), a flush, pipelined reads; replies matched by handle.
     let mut sent = HashMap::new();
@@ -677,11 +668,14 @@ fn crash_writes(kind: &str, cache: &str, seed: u64) {
     let export = first.export.clone();
     eprintln!("[{kind}] export {export:?}");
     assert!(
-        export.has(nbd_client::TFLAG_SEND_FLUSH),
+        export.has(nbd_protocol::TFLAG_SEND_FLUSH),
         "no FLUSH: {export:?}"
     );
-    assert!(export.has(nbd_client::TFLAG_SEND_FUA), "no FUA: {export:?}");
-    assert!(!export.has(nbd_client::TFLAG_READ_ONLY));
+    assert!(
+        export.has(nbd_protocol::TFLAG_SEND_FUA),
+        "no FUA: {export:?}"
+    );
+    assert!(!export.has(nbd_protocol::TFLAG_READ_ONLY));
     assert_eq!(export.size % BLOCK as u64, 0);
     assert!(
         (BLOCK as u32).is_multiple_of(export.min_block()),

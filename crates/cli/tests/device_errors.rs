@@ -6,8 +6,8 @@
 mod common;
 use cryptblk_testutil::vhost_user as frontend;
 
-use common::nbd_client::NbdClient;
 use common::*;
+use cryptblk_testutil::nbd::NbdClient;
 use frontend::{pattern, Guest, S_IOERR, S_OK};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -63,20 +63,6 @@ fn wait_for(child: &mut Child, socket: &Path, log: &Path) {
     }
 }
 
-fn stop(mut child: Child) -> i32 {
-    let pid = libc::pid_t::try_from(child.id()).unwrap();
-    // SAFETY: kill(2) on a child this test spawned and has not reaped.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code().unwrap_or(-1);
-        }
-        assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A raw image of 24 MiB or a LUKS2 image with 8 MiB of payload behind its 16 MiB header:
 /// either way the file's last 4 MiB lie past `LIMIT`. Returns (image, key file, byte offset
 /// of the disk where writes start to fail).
@@ -84,21 +70,7 @@ fn image(dir: &Path, luks: bool) -> (std::path::PathBuf, Option<std::path::PathB
     if luks {
         let key = key_file(dir, "key", &passphrase("device-errors"));
         let img = dir.join("disk.luks");
-        cryptblk([
-            "format",
-            "-q",
-            "--key-file",
-            s(&key),
-            "--sector-size",
-            "4096",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            s(&img),
-            "8M",
-        ])
-        .ok();
+        format_luks2(&img, &key, "8M");
         (img, Some(key), LIMIT - 16 * MIB)
     } else {
         let img = dir.join("disk.raw");
@@ -144,7 +116,7 @@ fn nbd_write_past_the_limit_fails_and_the_export_keeps_serving() {
         client.flush().unwrap();
         client.disconnect().unwrap();
         assert!(child.try_wait().unwrap().is_none(), "the daemon died");
-        assert_eq!(stop(child), 0);
+        assert_eq!(cryptblk_testutil::terminate(child), 0);
         check_log(&log, "edisk");
     }
 }
@@ -178,7 +150,7 @@ fn vhost_user_write_past_the_limit_is_ioerr_and_the_disk_keeps_serving() {
         assert_eq!(guest.simple(0, frontend::VIRTIO_BLK_T_FLUSH, 0), S_OK);
         drop(guest);
         assert!(child.try_wait().unwrap().is_none(), "the daemon died");
-        assert_eq!(stop(child), 0);
+        assert_eq!(cryptblk_testutil::terminate(child), 0);
         check_log(&log, "vdisk");
     }
 }

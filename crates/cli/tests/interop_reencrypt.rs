@@ -290,7 +290,7 @@ fn cs_killed_cryptblk_resumes(resilience: &str) {
         ]
         .concat(),
     );
-    let mut cmd = Command::new(tool_path("cryptsetup"));
+    let mut cmd = Command::new(cryptblk_testutil::tool("cryptsetup"));
     cmd.args(&args);
     kill_midway(cmd, &c.img, 40);
     assert!(

@@ -6,8 +6,8 @@
 //! HTTP answers to wrong paths, methods and garbage are checked too.
 mod common;
 
-use common::nbd_client::NbdClient;
 use common::*;
+use cryptblk_testutil::nbd::NbdClient;
 use cryptblk_testutil::vhost_user::{Guest, S_OK};
 use serde_json::Value;
 use std::io::{Read, Write};
@@ -75,17 +75,7 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
     let secret = passphrase("metrics");
     let key = key_file(dir.path(), "key", &secret);
     let img = dir.path().join("disk.luks");
-    let mut args = vec![
-        "format",
-        "-q",
-        "--key-file",
-        s(&key),
-        "--sector-size",
-        "4096",
-    ];
-    args.extend_from_slice(CHEAP_PBKDF2);
-    args.extend([s(&img), "16M"]);
-    cryptblk(&args).ok();
+    format_luks2(&img, &key, "16M");
 
     // A name with characters the format must escape in label values.
     let name = "vm \"one\" \\ data";

@@ -111,17 +111,7 @@ fn two_daemons(tag: &str, seed: u64, fill: bool) -> TwoDaemons {
     let src_img = dir.path().join("src.luks");
     let dst_img = dir.path().join("dst.luks");
     let size = 32 * MIB;
-    let mut args = vec![
-        "format",
-        "-q",
-        "--key-file",
-        s(&key),
-        "--sector-size",
-        "4096",
-    ];
-    args.extend_from_slice(CHEAP_PBKDF2);
-    args.extend([s(&src_img), "32M"]);
-    cryptblk(&args).ok();
+    format_luks2(&src_img, &key, "32M");
     let disk = [
         "--image",
         s(&src_img),

@@ -5,10 +5,10 @@ mod common;
 use cryptblk_testutil::vhost_user as frontend;
 
 use common::*;
+use cryptblk_testutil::{terminate, wait_for_path};
 use frontend::{pattern, Guest, S_OK};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 fn spawn_serve(args: &[&str]) -> Child {
     Command::new(bin())
@@ -22,36 +22,6 @@ fn spawn_serve(args: &[&str]) -> Child {
         .unwrap()
 }
 
-fn wait_for_socket(child: &mut Child, socket: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !socket.exists() {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("cryptblk serve exited early: {status}");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no socket at {}",
-            socket.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Sends SIGTERM and returns the exit code.
-fn terminate(mut child: Child) -> i32 {
-    let pid = libc::pid_t::try_from(child.id()).unwrap();
-    // SAFETY: kill(2) with a pid of a child this test spawned and has not reaped yet.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code().unwrap_or(-1);
-        }
-        assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn serve_raw_reconnect_and_sigterm() {
     let dir = tempdir();
@@ -62,7 +32,7 @@ fn serve_raw_reconnect_and_sigterm() {
         .unwrap();
     let sock = dir.path().join("blk.sock");
     let mut child = spawn_serve(&["--vhost-user-blk", s(&sock), "--image", s(&img)]);
-    wait_for_socket(&mut child, &sock);
+    wait_for_path(&sock, &mut child);
     // A second daemon on the same image is refused: the image is locked.
     let other = dir.path().join("other.sock");
     cryptblk(["serve", "--vhost-user-blk", s(&other), "--image", s(&img)])
@@ -116,7 +86,7 @@ fn serve_luks2_two_queues_sigterm_with_requests_in_flight() {
         "--num-queues",
         "2",
     ]);
-    wait_for_socket(&mut child, &sock);
+    wait_for_path(&sock, &mut child);
     let mut guest = Guest::connect(&sock, 2, 256);
     let (st, id) = guest.get_id(1);
     assert_eq!(st, S_OK);
@@ -240,7 +210,7 @@ fn serve_discard_punches_holes_in_a_raw_image() {
         s(&img),
         "--discard",
     ]);
-    wait_for_socket(&mut child, &sock);
+    wait_for_path(&sock, &mut child);
     {
         let mut guest = Guest::connect(&sock, 1, 256);
         assert!(guest.features & (1 << 13) != 0, "DISCARD not offered");
@@ -312,8 +282,8 @@ queue-size = 128
         .env_remove("RUST_LOG")
         .spawn()
         .unwrap();
-    wait_for_socket(&mut child, &raw_sock);
-    wait_for_socket(&mut child, &luks_sock);
+    wait_for_path(&raw_sock, &mut child);
+    wait_for_path(&luks_sock, &mut child);
 
     let raw_data = pattern(64 * 1024, 21);
     let luks_data = pattern(96 * 1024, 22);

@@ -19,17 +19,7 @@ fn uri(name: &str, socket: &Path) -> String {
 
 fn luks2(dir: &Path, key: &Path, size: &str) -> PathBuf {
     let img = dir.join("disk.luks");
-    let mut args = vec![
-        "format",
-        "-q",
-        "--key-file",
-        s(key),
-        "--sector-size",
-        "4096",
-    ];
-    args.extend_from_slice(CHEAP_PBKDF2);
-    args.extend([s(&img), size]);
-    cryptblk(&args).ok();
+    format_luks2(&img, key, size);
     img
 }
 

@@ -2,10 +2,11 @@
 //! connection's workers, and replies may arrive in any order but all arrive.
 mod common;
 
-use common::{export, pattern, raw_file, RawClient, TestServer};
+use common::{export, pattern, raw_file, TestServer};
 use cryptblk_block::{BlockDevice, BlockError};
 use cryptblk_nbd::protocol::*;
 use cryptblk_nbd::ExportRegistry;
+use cryptblk_testutil::nbd::RawClient;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::sync::Arc;

@@ -2,10 +2,11 @@
 //! closes the connection, and never writes a partial request.
 mod common;
 
-use common::{export, luks2_volume, pattern, raw_file, RawClient, TestServer};
+use common::{export, luks2_volume, pattern, raw_file, TestServer};
 use cryptblk_block::{BlockDevice, IoStats};
 use cryptblk_nbd::protocol::*;
 use cryptblk_nbd::ExportRegistry;
+use cryptblk_testutil::nbd::RawClient;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,10 +1,11 @@
 //! Export registry management while clients are connected, and server start/stop.
 mod common;
 
-use common::{export, pattern, raw_file, RawClient, TestServer};
+use common::{export, pattern, raw_file, TestServer};
 use cryptblk_block::{BlockDevice, BlockError};
 use cryptblk_nbd::protocol::*;
 use cryptblk_nbd::{Error, ExportRegistry, NbdAddress, NbdServer};
+use cryptblk_testutil::nbd::RawClient;
 use std::collections::HashSet;
 use std::io::Write;
 use std::sync::Arc;

@@ -4,11 +4,12 @@
 //! the limits is turned away while a client already connected keeps working.
 mod common;
 
-use common::{export, pattern, raw_file, run_failing, RawClient, TestServer};
+use common::{export, pattern, raw_file, run_failing, TestServer};
 use cryptblk_nbd::protocol::*;
 use cryptblk_nbd::{
     AllowList, ConnectionLimits, Error, ExportRegistry, NbdAddress, NbdServer, TlsCreds,
 };
+use cryptblk_testutil::nbd::RawClient;
 use cryptblk_testutil::x509::{make_client_credentials, make_credentials};
 use std::path::Path;
 

@@ -2,19 +2,25 @@
 //!
 //! - [`corpus`]: cryptsetup's own test images, looked up beside the workspace, and the honest
 //!   way to skip a test when they are absent ([`skip`]).
+//! - `luks` (feature `luks`): LUKS2 images that are cheap to open.
 //! - [`x509`]: TLS credentials in QEMU's `tls-creds-x509` layout, made with the openssl CLI.
 //! - `vhost_user` (feature `vhost-user`): an in-process vhost-user-blk frontend.
+//! - `nbd` (feature `nbd`): NBD test clients, strict and byte-level.
 //! - `ceph` (feature `ceph`): a throwaway single-node Ceph cluster for RBD tests.
 
 #[cfg(feature = "ceph")]
 pub mod ceph;
 pub mod corpus;
+#[cfg(feature = "luks")]
+pub mod luks;
+#[cfg(feature = "nbd")]
+pub mod nbd;
 #[cfg(feature = "vhost-user")]
 pub mod vhost_user;
 pub mod x509;
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// Reports that the running test is skipped, and why, as one line on the process's stderr:
@@ -51,16 +57,70 @@ fn binary_name(file: &str) -> &str {
     }
 }
 
+/// Test data that differs per byte and per seed.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// Waits up to 30 s for `path` (a socket a daemon binds) to appear; panics if `child` exits
 /// first or time runs out.
 pub fn wait_for_path(path: &Path, child: &mut std::process::Child) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !path.exists() {
-        assert!(child.try_wait().unwrap().is_none(), "serve exited early");
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("serve exited early: {status}");
+        }
         assert!(
             std::time::Instant::now() < deadline,
             "{} never appeared",
             path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The path of an external tool the test needs (`qemu-img`, `cryptsetup`, `nbdinfo`, ...),
+/// searched in the system's binary folders, then in `PATH`. Panics when it is missing: a
+/// missing interop tool fails the suite, it never skips it.
+pub fn tool(name: &str) -> PathBuf {
+    let mut dirs: Vec<PathBuf> = ["/usr/bin", "/usr/sbin", "/usr/local/bin", "/bin", "/sbin"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    if let Some(found) = dirs.iter().map(|d| d.join(name)).find(|p| p.is_file()) {
+        return found;
+    }
+    panic!(
+        "required tool `{name}` is not installed: run scripts/install-deps.sh (it installs every \
+         tool the tests drive) and run the tests again"
+    );
+}
+
+/// Stops `child` (a daemon a test spawned) with SIGTERM and waits up to 30 s for it to exit;
+/// returns its exit code (-1 when a signal ended it).
+pub fn terminate(mut child: std::process::Child) -> i32 {
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) on a child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().unwrap_or(-1);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "serve did not stop on SIGTERM"
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

@@ -54,25 +54,8 @@ fn open_raw(path: &Path, writable: bool) -> Arc<dyn BlockDevice> {
 /// A LUKS2 image (aes-xts-plain64, 512-bit key, 4096-byte sectors) with `size` bytes of
 /// payload, passphrase `PW`.
 fn luks2_image(dir: &Path, size: u64) -> std::path::PathBuf {
-    use cryptblk_crypto::CipherSpec;
-    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, PbkdfOptions};
-
     let img = dir.join("disk.luks2");
-    let fopts = FormatOptions {
-        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
-        ..FormatOptions::luks2(
-            CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
-            4096,
-        )
-    };
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&img)
-        .unwrap();
-    LuksImage::format(&file, &fopts, PW, Some(size)).unwrap();
-    drop(file);
+    cryptblk_testutil::luks::cheap_luks2(&img, PW, size, 4096);
     img
 }
 

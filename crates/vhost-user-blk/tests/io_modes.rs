@@ -31,24 +31,8 @@ fn disk_dir() -> tempfile::TempDir {
 }
 
 fn luks2_image(dir: &std::path::Path) -> std::path::PathBuf {
-    use cryptblk_crypto::CipherSpec;
-    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, PbkdfOptions};
-
     let img = dir.join("disk.luks2");
-    let fopts = FormatOptions {
-        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
-        ..FormatOptions::luks2(
-            CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
-            4096,
-        )
-    };
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&img)
-        .unwrap();
-    LuksImage::format(&file, &fopts, PW, Some(4 * MIB)).unwrap();
+    cryptblk_testutil::luks::cheap_luks2(&img, PW, 4 * MIB, 4096);
     img
 }
 

@@ -36,18 +36,8 @@ const ENV_HOLD: &str = "RESTART_TEST_HOLD";
 
 /// A 4 MiB LUKS2 image, aes-xts-plain64 with 4096-byte sectors, passphrase `PW`.
 fn luks2_image(dir: &Path) -> PathBuf {
-    use cryptblk_crypto::CipherSpec;
-    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, PbkdfOptions};
     let img = dir.join("disk.luks2");
-    let fopts = FormatOptions {
-        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
-        ..FormatOptions::luks2(
-            CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
-            4096,
-        )
-    };
-    let file = std::fs::File::create_new(&img).unwrap();
-    LuksImage::format(&file, &fopts, PW, Some(4 * MIB)).unwrap();
+    cryptblk_testutil::luks::cheap_luks2(&img, PW, 4 * MIB, 4096);
     img
 }
 

@@ -245,7 +245,7 @@ fn malformed_chains_get_errors_and_the_queue_keeps_working() {
     // A chain whose last data descriptor links back to the header: a loop. The queue walks
     // at most the queue size, the chain is too long, nothing is executed.
     let (descs, s) = guest.out_chain(0, 0, &[1u8; 1024], 512);
-    let head = guest.publish_patched(0, &descs, &[(2, common::F_NEXT, 0)]);
+    let head = guest.publish_linked(0, &descs, &[(2, 0)]);
     guest.kick(0);
     let used = guest.wait_used(0, 1);
     assert_eq!(used, vec![(head, 0)]);
@@ -328,25 +328,8 @@ const PW: &[u8] = b"vhost passphrase";
 
 /// A 4 MiB LUKS2 image with 4096-byte encryption sectors, passphrase `PW`.
 fn luks2_image(dir: &std::path::Path) -> std::path::PathBuf {
-    use cryptblk_crypto::CipherSpec;
-    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, PbkdfOptions};
-
     let img = dir.join("disk.luks2");
-    let fopts = FormatOptions {
-        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
-        ..FormatOptions::luks2(
-            CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
-            4096,
-        )
-    };
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&img)
-        .unwrap();
-    LuksImage::format(&file, &fopts, PW, Some(4 * MIB)).unwrap();
-    drop(file);
+    cryptblk_testutil::luks::cheap_luks2(&img, PW, 4 * MIB, 4096);
     img
 }
 

@@ -105,8 +105,6 @@ fn report(name: &str, device: Arc<dyn BlockDevice>) {
 #[test]
 #[ignore]
 fn throughput() {
-    use cryptblk_crypto::CipherSpec;
-    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, PbkdfOptions};
     let dir = scratch_dir();
 
     let raw_path = dir.path().join("disk.raw");
@@ -125,21 +123,7 @@ fn throughput() {
     report("raw", Arc::new(raw));
 
     let luks_path = dir.path().join("disk.luks2");
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&luks_path)
-        .unwrap();
-    let fopts = FormatOptions {
-        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
-        ..FormatOptions::luks2(
-            CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
-            4096,
-        )
-    };
-    LuksImage::format(&file, &fopts, b"throughput pass", Some(SIZE)).unwrap();
-    drop(file);
+    cryptblk_testutil::luks::cheap_luks2(&luks_path, b"throughput pass", SIZE, 4096);
     let rw = VolumeOptions {
         writable: true,
         ..Default::default()

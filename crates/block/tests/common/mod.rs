@@ -5,19 +5,10 @@
 pub mod aio;
 
 use cryptblk_block::BlockDevice;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-/// Path of a required external tool; fails the test (never skips) when it is missing.
-pub fn tool(name: &str) -> PathBuf {
-    for dir in ["/usr/bin", "/usr/sbin", "/usr/local/bin", "/sbin", "/bin"] {
-        let p = Path::new(dir).join(name);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("required tool '{name}' is not installed (qemu-img/qemu-io come from qemu-utils, cryptsetup from cryptsetup-bin); this test cannot run without it");
-}
+pub use cryptblk_testutil::tool;
 
 /// Runs a tool and fails the test with its stderr if it does not succeed.
 pub fn run(name: &str, args: &[&str]) {

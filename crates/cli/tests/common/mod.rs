@@ -13,7 +13,6 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
 pub mod guest;
-pub mod nbd_client;
 
 pub const MIB: u64 = 1 << 20;
 
@@ -42,6 +41,22 @@ pub const CHEAP_ARGON2ID: &[&str] = &[
 ];
 /// Cheap keyslots for cryptsetup.
 pub const CS_CHEAP_PBKDF2: &[&str] = &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+/// `cryptblk format`s a LUKS2 image at `img`: 4096-byte sectors, `size` of payload (`"8M"`),
+/// one keyslot for the passphrase in `key` with [`CHEAP_PBKDF2`].
+pub fn format_luks2(img: &Path, key: &Path, size: &str) {
+    let mut args = vec![
+        "format",
+        "-q",
+        "--key-file",
+        s(key),
+        "--sector-size",
+        "4096",
+    ];
+    args.extend_from_slice(CHEAP_PBKDF2);
+    args.extend([s(img), size]);
+    cryptblk(&args).ok();
+}
 
 static SECRETS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
@@ -189,34 +204,13 @@ where
     out
 }
 
-/// The path of an external tool; panics with a clear message if it is not installed, because a
-/// missing interop tool must fail the suite, not skip it.
-pub fn tool_path(name: &str) -> PathBuf {
-    let mut dirs: Vec<PathBuf> = ["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"]
-        .iter()
-        .map(PathBuf::from)
-        .collect();
-    if let Some(path) = std::env::var_os("PATH") {
-        dirs.extend(std::env::split_paths(&path));
-    }
-    for dir in dirs {
-        let candidate = dir.join(name);
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    panic!(
-        "required interop tool `{name}` is not installed: install it (Debian/Ubuntu: apt-get install cryptsetup-bin qemu-utils openssl time) and run the tests again"
-    );
-}
-
 /// Runs an external tool.
 pub fn tool<I, S>(name: &str, args: I) -> Out
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    let mut cmd = Command::new(tool_path(name));
+    let mut cmd = Command::new(cryptblk_testutil::tool(name));
     cmd.args(args).stdin(Stdio::null());
     run_cmd(cmd)
 }
@@ -230,7 +224,7 @@ where
     S: AsRef<OsStr>,
 {
     let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
-    let program = tool_path("qemu-img");
+    let program = cryptblk_testutil::tool("qemu-img");
     let mut what = program.display().to_string();
     for a in &args {
         what.push(' ');
@@ -478,38 +472,13 @@ impl ServeProcess {
             .env_remove("RUST_LOG")
             .spawn()
             .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while !ready.exists() {
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("cryptblk serve exited early: {status}");
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no {} after 30 s",
-                ready.display()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        cryptblk_testutil::wait_for_path(ready, &mut child);
         ServeProcess(Some(child))
     }
 
     /// SIGTERM; returns the exit code.
     pub fn terminate(mut self) -> i32 {
-        let mut child = self.0.take().unwrap();
-        let pid = libc::pid_t::try_from(child.id()).unwrap();
-        // SAFETY: kill(2) on a child this test spawned and has not reaped.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status.code().unwrap_or(-1);
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "serve did not stop on SIGTERM"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        cryptblk_testutil::terminate(self.0.take().unwrap())
     }
 }
 

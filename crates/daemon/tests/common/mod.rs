@@ -2,9 +2,9 @@
 #![allow(dead_code)]
 
 use cryptblk_control::api::{DiskConfig, ImageName};
-use cryptblk_crypto::{CipherSpec, CryptoPool};
+use cryptblk_crypto::CryptoPool;
 use cryptblk_daemon::{Daemon, DaemonOptions};
-use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, PbkdfOptions, UnlockOptions};
+use cryptblk_luks::UnlockOptions;
 use cryptblk_nbd::ExportRegistry;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,20 +32,7 @@ pub fn raw_image(dir: &Path, name: &str, size: usize) -> PathBuf {
 /// A 1 MiB LUKS2 image with one cheap pbkdf2 keyslot for [`PASSPHRASE`].
 pub fn luks_image(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(name);
-    let opts = FormatOptions {
-        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
-        ..FormatOptions::luks2(
-            CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
-            4096,
-        )
-    };
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .unwrap();
-    LuksImage::format(&file, &opts, PASSPHRASE, Some(1 << 20)).unwrap();
+    cryptblk_testutil::luks::cheap_luks2(&path, PASSPHRASE, 1 << 20, 4096);
     path
 }
 

@@ -13,16 +13,7 @@ use std::process::{Command, Output};
 
 // ---- external tools ----
 
-/// Path of a required external tool; the test fails (never skips) when it is missing.
-pub fn tool(name: &str) -> PathBuf {
-    for dir in ["/usr/sbin", "/usr/bin", "/sbin", "/bin"] {
-        let p = Path::new(dir).join(name);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("required tool '{name}' is not installed; install it (e.g. apt-get install {name}) to run this test");
-}
+pub use cryptblk_testutil::tool;
 
 /// Run a tool, panic with its output unless it succeeds; returns its raw output.
 pub fn run_output(name: &str, args: &[&str]) -> Output {

@@ -38,24 +38,7 @@ pub struct SourceDisk {
 }
 
 pub fn luks2_source(path: &Path, payload: u64, seed: u64) -> SourceDisk {
-    use cryptblk_crypto::CipherSpec;
-    use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, PbkdfOptions};
-    let opts = FormatOptions {
-        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
-        ..FormatOptions::luks2(
-            CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap(),
-            SECTOR as u32,
-        )
-    };
-    let (header, key) = {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .unwrap();
-        LuksImage::format(&file, &opts, PW, Some(payload)).unwrap()
-    };
+    let (header, key) = cryptblk_testutil::luks::cheap_luks2(path, PW, payload, SECTOR as u32);
     let data_offset = header.data_offset();
     let raw = Arc::new(rw(path));
     let vol = LuksVolume::from_unlocked(

@@ -1,6 +1,6 @@
-//! A small, strict NBD client for the tests: fixed newstyle handshake over a UNIX socket,
-//! `NBD_OPT_GO`, simple replies only (structured replies are never negotiated), and the
-//! commands READ, WRITE (optionally with FUA), FLUSH and DISC.
+//! A small, strict NBD client: fixed newstyle handshake over a UNIX socket, `NBD_OPT_GO`,
+//! simple replies only (structured replies are never negotiated), and the commands READ,
+//! WRITE (optionally with FUA), FLUSH and DISC.
 //!
 //! Requests can be pipelined: `send_*` queue a request under a caller-chosen handle and
 //! [`NbdClient::recv_reply`] returns whichever reply comes next. The client remembers every
@@ -8,154 +8,23 @@
 //! reject replies for handles it never issued. Everything the server sends is checked: magics,
 //! handles, a structured reply that was never negotiated, option replies out of order.
 //!
-//! Socket reads and writes time out (30 s by default) so a stuck server fails a test instead
-//! of hanging it.
-#![allow(dead_code)]
+//! Socket reads and writes time out (30 s) so a stuck server fails a test instead of hanging it.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943; // "NBDMAGIC"
-pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054; // "IHAVEOPT"
-pub const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
-pub const REQUEST_MAGIC: u32 = 0x2560_9513;
-pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
-pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+use cryptblk_nbd::protocol::*;
 
-/// Handshake flags (server) and client flags.
-pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
-pub const FLAG_NO_ZEROES: u16 = 1 << 1;
+use super::error::protocol;
+use super::{
+    read_option_reply, read_u16, read_u32, read_u64, write_option, write_request, NbdError, Result,
+};
 
-/// Options.
-pub const OPT_ABORT: u32 = 2;
-pub const OPT_GO: u32 = 7;
-
-/// Option reply types.
-pub const REP_ACK: u32 = 1;
-pub const REP_INFO: u32 = 3;
-pub const REP_FLAG_ERROR: u32 = 1 << 31;
-
-/// Information types (NBD_REP_INFO / NBD_OPT_GO requests).
-pub const INFO_EXPORT: u16 = 0;
-pub const INFO_NAME: u16 = 1;
-pub const INFO_DESCRIPTION: u16 = 2;
-pub const INFO_BLOCK_SIZE: u16 = 3;
-
-/// Transmission flags.
-pub const TFLAG_HAS_FLAGS: u16 = 1 << 0;
-pub const TFLAG_READ_ONLY: u16 = 1 << 1;
-pub const TFLAG_SEND_FLUSH: u16 = 1 << 2;
-pub const TFLAG_SEND_FUA: u16 = 1 << 3;
-pub const TFLAG_ROTATIONAL: u16 = 1 << 4;
-pub const TFLAG_SEND_TRIM: u16 = 1 << 5;
-pub const TFLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
-pub const TFLAG_SEND_DF: u16 = 1 << 7;
-pub const TFLAG_CAN_MULTI_CONN: u16 = 1 << 8;
-
-/// Commands and command flags.
-pub const CMD_READ: u16 = 0;
-pub const CMD_WRITE: u16 = 1;
-pub const CMD_DISC: u16 = 2;
-pub const CMD_FLUSH: u16 = 3;
-pub const CMD_FLAG_FUA: u16 = 1 << 0;
-
-/// NBD error values in replies (errno values as the protocol fixes them).
-pub const EPERM: u32 = 1;
-pub const EIO: u32 = 5;
-pub const ENOMEM: u32 = 12;
-pub const EINVAL: u32 = 22;
-pub const ENOSPC: u32 = 28;
-pub const EOVERFLOW: u32 = 75;
-pub const ENOTSUP: u32 = 95;
-pub const ESHUTDOWN: u32 = 108;
-
-/// The default timeout on every socket read and write.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Why an NBD operation failed.
-#[derive(Debug)]
-pub enum NbdError {
-    /// The socket failed (including timeouts and the server closing the connection).
-    Io(io::Error),
-    /// The server answered an option with an error reply (`reply` has bit 31 set).
-    OptionRejected {
-        option: u32,
-        reply: u32,
-        message: String,
-    },
-    /// The server broke the protocol, or the caller asked for something the export forbids.
-    Protocol(String),
-}
-
-impl NbdError {
-    /// The name of an option error reply type, as the protocol document spells it.
-    pub fn rep_err_name(reply: u32) -> &'static str {
-        match reply {
-            x if x == REP_FLAG_ERROR | 1 => "NBD_REP_ERR_UNSUP",
-            x if x == REP_FLAG_ERROR | 2 => "NBD_REP_ERR_POLICY",
-            x if x == REP_FLAG_ERROR | 3 => "NBD_REP_ERR_INVALID",
-            x if x == REP_FLAG_ERROR | 4 => "NBD_REP_ERR_PLATFORM",
-            x if x == REP_FLAG_ERROR | 5 => "NBD_REP_ERR_TLS_REQD",
-            x if x == REP_FLAG_ERROR | 6 => "NBD_REP_ERR_UNKNOWN",
-            x if x == REP_FLAG_ERROR | 7 => "NBD_REP_ERR_SHUTDOWN",
-            x if x == REP_FLAG_ERROR | 8 => "NBD_REP_ERR_BLOCK_SIZE_REQD",
-            x if x == REP_FLAG_ERROR | 9 => "NBD_REP_ERR_TOO_BIG",
-            x if x == REP_FLAG_ERROR | 10 => "NBD_REP_ERR_EXT_HEADER_REQD",
-            _ => "unknown NBD_REP_ERR",
-        }
-    }
-
-    /// Whether this is the connection going away (EOF, reset, broken pipe): what a client sees
-    /// when the server is killed.
-    pub fn is_disconnect(&self) -> bool {
-        match self {
-            NbdError::Io(e) => matches!(
-                e.kind(),
-                io::ErrorKind::UnexpectedEof
-                    | io::ErrorKind::ConnectionReset
-                    | io::ErrorKind::ConnectionAborted
-                    | io::ErrorKind::BrokenPipe
-            ),
-            _ => false,
-        }
-    }
-}
-
-impl fmt::Display for NbdError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NbdError::Io(e) => write!(f, "NBD socket: {e}"),
-            NbdError::OptionRejected {
-                option,
-                reply,
-                message,
-            } => write!(
-                f,
-                "NBD option {option} rejected with {} ({reply:#x}): {message:?}",
-                Self::rep_err_name(*reply)
-            ),
-            NbdError::Protocol(m) => write!(f, "NBD protocol: {m}"),
-        }
-    }
-}
-
-impl std::error::Error for NbdError {}
-
-impl From<io::Error> for NbdError {
-    fn from(e: io::Error) -> Self {
-        NbdError::Io(e)
-    }
-}
-
-pub type Result<T> = std::result::Result<T, NbdError>;
-
-fn protocol<T>(msg: impl Into<String>) -> Result<T> {
-    Err(NbdError::Protocol(msg.into()))
-}
+/// The timeout on every socket read and write.
+const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What NBD_OPT_GO told about the export.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,22 +72,19 @@ pub struct NbdClient {
 }
 
 impl NbdClient {
-    /// Connects to `socket` and negotiates export `name` with the default timeout.
+    /// Connects to `socket` and negotiates export `name`; socket reads and writes time out
+    /// after 30 s, so a stuck server fails the test instead of hanging it.
     pub fn connect(socket: &Path, name: &str) -> Result<NbdClient> {
-        Self::connect_with_timeout(socket, name, DEFAULT_TIMEOUT)
-    }
-
-    pub fn connect_with_timeout(socket: &Path, name: &str, timeout: Duration) -> Result<NbdClient> {
         let stream = UnixStream::connect(socket)?;
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(timeout))?;
+        stream.set_read_timeout(Some(TIMEOUT))?;
+        stream.set_write_timeout(Some(TIMEOUT))?;
         Self::handshake(stream, name)
     }
 
     /// Fixed newstyle handshake, then NBD_OPT_GO for `name`.
-    pub fn handshake(mut stream: UnixStream, name: &str) -> Result<NbdClient> {
+    fn handshake(mut stream: UnixStream, name: &str) -> Result<NbdClient> {
         let magic = read_u64(&mut stream)?;
-        if magic != NBDMAGIC {
+        if magic != NBD_MAGIC {
             return protocol(format!("bad server magic {magic:#x}"));
         }
         let opt = read_u64(&mut stream)?;
@@ -238,7 +104,7 @@ impl NbdClient {
                 "server does not offer NO_ZEROES (handshake flags {handshake_flags:#x})"
             ));
         }
-        let client_flags = u32::from(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES);
+        let client_flags = CLIENT_FLAG_FIXED_NEWSTYLE | CLIENT_FLAG_NO_ZEROES;
         stream.write_all(&client_flags.to_be_bytes())?;
 
         // NBD_OPT_GO: name, and a request for NBD_INFO_BLOCK_SIZE.
@@ -248,13 +114,18 @@ impl NbdClient {
         data.extend_from_slice(name.as_bytes());
         data.extend_from_slice(&1u16.to_be_bytes());
         data.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
-        send_option(&mut stream, OPT_GO, &data)?;
+        write_option(&mut stream, OPT_GO, &data)?;
 
         let mut size_flags: Option<(u64, u16)> = None;
         let mut block_size = None;
         loop {
-            let (reply, payload) = recv_option_reply(&mut stream, OPT_GO)?;
-            if reply & REP_FLAG_ERROR != 0 {
+            let (option, reply, payload) = read_option_reply(&mut stream)?;
+            if option != OPT_GO {
+                return protocol(format!(
+                    "reply for option {option} while waiting for option {OPT_GO}"
+                ));
+            }
+            if reply & REP_ERR != 0 {
                 return Err(NbdError::OptionRejected {
                     option: OPT_GO,
                     reply,
@@ -381,22 +252,20 @@ impl NbdClient {
     fn send_request(
         &mut self,
         flags: u16,
-        kind: u16,
-        handle: u64,
+        command: u16,
+        cookie: u64,
         offset: u64,
-        len: u32,
+        length: u32,
         data: &[u8],
     ) -> Result<()> {
-        let mut buf = Vec::with_capacity(28 + data.len());
-        buf.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        buf.extend_from_slice(&flags.to_be_bytes());
-        buf.extend_from_slice(&kind.to_be_bytes());
-        buf.extend_from_slice(&handle.to_be_bytes());
-        buf.extend_from_slice(&offset.to_be_bytes());
-        buf.extend_from_slice(&len.to_be_bytes());
-        buf.extend_from_slice(data);
-        self.stream.write_all(&buf)?;
-        Ok(())
+        let header = RequestHeader {
+            flags,
+            command,
+            cookie,
+            offset,
+            length,
+        };
+        Ok(write_request(&mut self.stream, &header, data)?)
     }
 
     /// Sends NBD_CMD_WRITE of `data` at `offset` (with NBD_CMD_FLAG_FUA when `fua`).
@@ -560,71 +429,4 @@ impl NbdClient {
             Err(e) => Err(e.into()),
         }
     }
-}
-
-/// Sends NBD_OPT_ABORT on a fresh connection after the handshake flags (used to check that a
-/// server is up without attaching an export).
-pub fn probe(socket: &Path) -> Result<u16> {
-    let mut stream = UnixStream::connect(socket)?;
-    stream.set_read_timeout(Some(DEFAULT_TIMEOUT))?;
-    stream.set_write_timeout(Some(DEFAULT_TIMEOUT))?;
-    if read_u64(&mut stream)? != NBDMAGIC || read_u64(&mut stream)? != IHAVEOPT {
-        return protocol("not a newstyle NBD server");
-    }
-    let flags = read_u16(&mut stream)?;
-    stream.write_all(&u32::from(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes())?;
-    send_option(&mut stream, OPT_ABORT, &[])?;
-    // The server may acknowledge the abort or just close; either is fine.
-    let _ = recv_option_reply(&mut stream, OPT_ABORT);
-    Ok(flags)
-}
-
-fn send_option(stream: &mut UnixStream, option: u32, data: &[u8]) -> Result<()> {
-    let mut buf = Vec::with_capacity(16 + data.len());
-    buf.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    buf.extend_from_slice(&option.to_be_bytes());
-    buf.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    buf.extend_from_slice(data);
-    stream.write_all(&buf)?;
-    Ok(())
-}
-
-/// One option reply: (reply type, payload).
-fn recv_option_reply(stream: &mut UnixStream, option: u32) -> Result<(u32, Vec<u8>)> {
-    let magic = read_u64(stream)?;
-    if magic != OPT_REPLY_MAGIC {
-        return protocol(format!("bad option reply magic {magic:#x}"));
-    }
-    let opt = read_u32(stream)?;
-    if opt != option {
-        return protocol(format!(
-            "reply for option {opt} while waiting for option {option}"
-        ));
-    }
-    let reply = read_u32(stream)?;
-    let len = read_u32(stream)?;
-    if len > 64 * 1024 {
-        return protocol(format!("option reply of {len} bytes"));
-    }
-    let mut payload = vec![0u8; len as usize];
-    stream.read_exact(&mut payload)?;
-    Ok((reply, payload))
-}
-
-fn read_u16(r: &mut impl Read) -> io::Result<u16> {
-    let mut b = [0u8; 2];
-    r.read_exact(&mut b)?;
-    Ok(u16::from_be_bytes(b))
-}
-
-fn read_u32(r: &mut impl Read) -> io::Result<u32> {
-    let mut b = [0u8; 4];
-    r.read_exact(&mut b)?;
-    Ok(u32::from_be_bytes(b))
-}
-
-fn read_u64(r: &mut impl Read) -> io::Result<u64> {
-    let mut b = [0u8; 8];
-    r.read_exact(&mut b)?;
-    Ok(u64::from_be_bytes(b))
 }
