@@ -13,7 +13,7 @@ mod direct;
 mod threads;
 mod uring;
 
-use crate::aio::{IoQueue, QueueOptions};
+use crate::aio::{Bounds, Pipeline, QueueOptions};
 use crate::device::check_range;
 use crate::{
     AioEngine, AlignedBuf, BlockDevice, BlockError, BlockErrorKind, CacheMode, Extent, ExtentKind,
@@ -519,20 +519,25 @@ impl BlockDevice for RawFile {
         self.files.write_zeroes(offset, len)
     }
 
-    fn native_queue(&self, opts: &QueueOptions) -> Option<Result<Box<dyn IoQueue>, BlockError>> {
-        if self.aio == AioEngine::IoUring {
-            match uring::UringQueue::new(self.files.clone(), opts) {
-                Ok(queue) => return Some(Ok(Box::new(queue))),
-                Err(e) => {
-                    if !URING_NOTICE.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(
-                            "io_uring is not available ({e}): using the threads aio engine"
-                        );
+    fn pipeline(&self, opts: &QueueOptions) -> Option<Result<Pipeline, BlockError>> {
+        let f = &self.files;
+        let bounds = Bounds::new(f.size, !f.writable).with_path(f.path.clone());
+        let uring = self.aio == AioEngine::IoUring;
+        Some(Pipeline::new(opts, bounds, |notifier, capacity| {
+            if uring {
+                match uring::UringEngine::new(f.clone(), capacity, notifier.clone()) {
+                    Ok(engine) => return Ok(Box::new(engine)),
+                    Err(e) => {
+                        if !URING_NOTICE.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(
+                                "io_uring is not available ({e}): using the threads aio engine"
+                            );
+                        }
                     }
                 }
             }
-        }
-        Some(threads::queue(self.files.clone(), opts))
+            Ok(threads::engine(f.clone(), capacity, notifier))
+        }))
     }
 
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
