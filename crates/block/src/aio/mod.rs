@@ -253,15 +253,6 @@ pub trait IoQueue: Send {
 
     /// Blocks until `drain` has something to hand out (or nothing is in flight).
     fn wait(&mut self);
-
-    /// Asks the queue to run `work` on every read and write from now on, on the thread that
-    /// runs the request, before its completion is handed out (see [`Offload`]). Returns
-    /// false, and changes nothing, where the engine cannot (its transfers complete in the
-    /// kernel) or requests are already in flight: the caller then does the work itself.
-    fn offload(&mut self, work: std::sync::Arc<dyn Offload>) -> bool {
-        let _ = work;
-        false
-    }
 }
 
 /// Opens a queue on `device`: see [`open_pipeline`].

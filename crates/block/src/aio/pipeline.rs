@@ -101,6 +101,14 @@ impl Pipeline {
         })
     }
 
+    /// Asks the engine to run `work` on every read and write from now on, on the thread that
+    /// transfers it, before its completion is reported (see [`Offload`]). False, and nothing
+    /// changes, where the engine cannot (its transfers complete in the kernel) or requests are
+    /// in flight: the stage then does the work itself.
+    pub fn offload(&mut self, work: Arc<dyn Offload>) -> bool {
+        self.in_flight == 0 && self.engine.offload(work)
+    }
+
     /// Replaces the range check (a layer over this pipeline's device checks its own range).
     pub fn set_bounds(&mut self, bounds: Bounds) {
         self.bounds = bounds;
@@ -256,10 +264,6 @@ impl IoQueue for Pipeline {
         } else {
             self.engine.wait();
         }
-    }
-
-    fn offload(&mut self, work: Arc<dyn Offload>) -> bool {
-        self.in_flight == 0 && self.engine.offload(work)
     }
 }
 

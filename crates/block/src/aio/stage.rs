@@ -58,51 +58,24 @@ pub trait Stage: Send {
 /// it: a layer maps its valid range inside its backend's, so its check implies the backend's.
 #[derive(Clone)]
 pub struct Bounds {
-    size: DeviceSize,
+    /// The device's size, read at each request (an RBD image may grow).
+    size: Arc<dyn Fn() -> u64 + Send + Sync>,
     read_only: bool,
     path: Option<PathBuf>,
-}
-
-/// A device's size: fixed at open, or read at each request (an image that can grow).
-#[derive(Clone)]
-enum DeviceSize {
-    Fixed(u64),
-    Live(Arc<dyn Fn() -> u64 + Send + Sync>),
-}
-
-impl std::fmt::Debug for Bounds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Bounds")
-            .field("size", &self.size())
-            .field("read_only", &self.read_only)
-            .field("path", &self.path)
-            .finish()
-    }
 }
 
 impl Bounds {
     /// Requests within `size` bytes; modifying ones refused when `read_only`.
     pub fn new(size: u64, read_only: bool) -> Self {
-        Bounds {
-            size: DeviceSize::Fixed(size),
-            read_only,
-            path: None,
-        }
+        Bounds::live(Arc::new(move || size), read_only)
     }
 
     /// As `new`, with the size read from `size` at each request.
     pub fn live(size: Arc<dyn Fn() -> u64 + Send + Sync>, read_only: bool) -> Self {
         Bounds {
-            size: DeviceSize::Live(size),
+            size,
             read_only,
             path: None,
-        }
-    }
-
-    fn size(&self) -> u64 {
-        match &self.size {
-            DeviceSize::Fixed(size) => *size,
-            DeviceSize::Live(size) => size(),
         }
     }
 
@@ -116,7 +89,7 @@ impl Bounds {
         let refused = if req.op.modifies() && self.read_only {
             Err(BlockError::read_only(req.op.name()).at(req.offset))
         } else if req.op != IoOp::Flush {
-            check_range(req.op.name(), req.offset, req.len, self.size())
+            check_range(req.op.name(), req.offset, req.len, (self.size)())
         } else {
             Ok(())
         };

@@ -24,16 +24,6 @@ struct RawIo {
     files: Arc<Files>,
 }
 
-impl Files {
-    /// The route of a scatter-gather transfer at `offset`.
-    pub(super) fn route_iov(&self, iov: &[IoVec], offset: u64) -> Route {
-        match &self.direct {
-            Some(_) => self.dio.route_iov(iov, offset),
-            None => Route::Buffered,
-        }
-    }
-}
-
 impl BlockingIo for RawIo {
     unsafe fn run(&self, req: &SlotRequest, scratch: &mut Scratch) -> Result<(), BlockError> {
         let f = &*self.files;
