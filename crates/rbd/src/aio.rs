@@ -17,7 +17,7 @@
 
 use crate::ffi::{self, AioCompletion, Api};
 use crate::{block_error, Image, RbdError};
-use cryptblk_block::aio::{Engine, IoOp, IoVec, Notifier, SlotRequest};
+use cryptblk_block::aio::{Engine, IoOp, Notifier, SlotRequest};
 use cryptblk_block::BlockError;
 use libc::c_void;
 use std::sync::{Arc, Mutex};
@@ -42,14 +42,11 @@ struct CallbackArg {
 }
 
 /// What the owner remembers about the transfer in a slot.
+#[derive(Default)]
 struct RbdTransfer {
-    op: IoOp,
-    offset: u64,
-    len: u64,
-    /// The request's buffers, copied at start; the memory they point to is the caller's,
-    /// valid until the slot is reported.
-    iov: Vec<IoVec>,
-    fua: bool,
+    /// The request, copied at start; the memory its buffers point to is the caller's, valid
+    /// until the slot is reported.
+    req: SlotRequest,
     /// A FUA write whose data landed and whose flush is now in flight.
     flushing: bool,
 }
@@ -93,16 +90,7 @@ impl RbdEngine {
                 })
                 .collect(),
         });
-        let transfers = (0..capacity)
-            .map(|_| RbdTransfer {
-                op: IoOp::Flush,
-                offset: 0,
-                len: 0,
-                iov: Vec::new(),
-                fua: false,
-                flushing: false,
-            })
-            .collect();
+        let transfers = (0..capacity).map(|_| RbdTransfer::default()).collect();
         Ok(RbdEngine {
             image,
             shared,
@@ -132,26 +120,25 @@ impl RbdEngine {
             return;
         }
         let state = &self.transfers[slot];
-        let iovcnt = state.iov.len() as libc::c_int;
-        let iov = state.iov.as_ptr().cast::<libc::iovec>();
+        let req = &state.req;
+        let iovcnt = req.iov.len() as libc::c_int;
+        let iov = req.iov.as_ptr().cast::<libc::iovec>();
         // SAFETY: an open image; the iovec list lives in the slot and the memory it points to
         // is the caller's, valid until the slot is reported (Engine::start's contract); the completion is released by the callback.
         let rc = unsafe {
-            match (state.op, state.flushing) {
+            match (req.op, state.flushing) {
                 (_, true) | (IoOp::Flush, _) => (api.rbd_aio_flush)(handle, completion),
-                (IoOp::Read, _) => {
-                    (api.rbd_aio_readv)(handle, iov, iovcnt, state.offset, completion)
-                }
+                (IoOp::Read, _) => (api.rbd_aio_readv)(handle, iov, iovcnt, req.offset, completion),
                 (IoOp::Write, _) => {
-                    (api.rbd_aio_writev)(handle, iov, iovcnt, state.offset, completion)
+                    (api.rbd_aio_writev)(handle, iov, iovcnt, req.offset, completion)
                 }
                 (IoOp::Discard, _) => {
-                    (api.rbd_aio_discard)(handle, state.offset, state.len, completion)
+                    (api.rbd_aio_discard)(handle, req.offset, req.len, completion)
                 }
                 (IoOp::WriteZeroes, _) => (api.rbd_aio_write_zeroes)(
                     handle,
-                    state.offset,
-                    state.len as usize,
+                    req.offset,
+                    req.len as usize,
                     completion,
                     0,
                     0,
@@ -213,12 +200,7 @@ fn lock(m: &Mutex<Vec<(usize, isize)>>) -> std::sync::MutexGuard<'_, Vec<(usize,
 impl Engine for RbdEngine {
     unsafe fn start(&mut self, slot: usize, req: &SlotRequest) -> Option<Result<(), BlockError>> {
         let state = &mut self.transfers[slot];
-        state.op = req.op;
-        state.offset = req.offset;
-        state.len = req.len;
-        state.iov.clear();
-        state.iov.extend_from_slice(&req.iov);
-        state.fua = req.fua && req.op == IoOp::Write;
+        state.req.copy_from(req);
         state.flushing = false;
         self.outstanding += 1;
         self.pending.push(slot);
@@ -241,7 +223,7 @@ impl Engine for RbdEngine {
         let mut finished = std::mem::take(&mut self.scratch);
         for &(slot, ret) in &finished {
             let state = &mut self.transfers[slot];
-            if ret >= 0 && state.fua && !state.flushing {
+            if ret >= 0 && state.req.fua && state.req.op == IoOp::Write && !state.flushing {
                 // The data landed; the write completes once it is durable.
                 state.flushing = true;
                 self.send(slot);
@@ -252,12 +234,12 @@ impl Engine for RbdEngine {
                     op: if state.flushing {
                         "flush"
                     } else {
-                        state.op.name()
+                        state.req.op.name()
                     },
                     image: self.image.name().to_owned(),
                     errno: (-ret) as i32,
                 };
-                Err(block_error(state.op.name(), state.offset, err))
+                Err(block_error(state.req.op.name(), state.req.offset, err))
             } else {
                 Ok(())
             };

@@ -3,8 +3,8 @@
 //! device only ever sees bounce buffers of the engine's own: the request's buffers (possibly
 //! guest memory) are copied through raw pointers, never lent as Rust references.
 
-use super::threaded::{BlockingIo, Scratch};
-use super::{IoOp, SlotRequest};
+use super::threaded::BlockingIo;
+use super::{IoOp, Scratch, SlotRequest};
 use crate::{BlockDevice, BlockError};
 use std::sync::Arc;
 

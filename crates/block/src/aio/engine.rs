@@ -64,6 +64,35 @@ impl SlotRequest {
     }
 }
 
+/// A bounce buffer an engine keeps per slot (or job) from one request to the next.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    pub buf: Option<crate::AlignedBuf>,
+}
+
+/// Bounce buffers up to this size stay with their job for the next request.
+const KEEP_SCRATCH: usize = 1 << 20;
+
+impl Scratch {
+    /// A buffer of at least `len` bytes (contents unspecified).
+    pub fn take(&mut self, len: usize) -> &mut [u8] {
+        if self.buf.as_ref().is_none_or(|b| b.len() < len) {
+            self.buf = Some(crate::AlignedBuf::zeroed(len));
+        }
+        match self.buf.as_deref_mut() {
+            Some(buf) => &mut buf[..len],
+            None => &mut [],
+        }
+    }
+
+    /// Lets go of a buffer too large to keep.
+    pub fn trim(&mut self) {
+        if self.buf.as_ref().is_some_and(|b| b.len() > KEEP_SCRATCH) {
+            self.buf = None;
+        }
+    }
+}
+
 /// What carries a pipeline's requests to the device. Built with the pipeline's notifier, which
 /// it signals (never clears) whenever `reap` has something new to report.
 pub trait Engine: Send {

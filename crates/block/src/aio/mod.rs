@@ -26,6 +26,7 @@ mod stage;
 pub(crate) mod thread_pool;
 pub(crate) mod threaded;
 
+pub(crate) use engine::Scratch;
 pub use engine::{Engine, SlotRequest};
 pub use notifier::Notifier;
 pub use offload::Offload;

@@ -38,8 +38,7 @@ struct RequestSlot {
     busy: bool,
 }
 
-/// A device's queue. Its fields drop in order: the engines (which wait for the device to let
-/// go of every buffer) before the stages (which may own some of those buffers).
+/// A device's queue.
 pub struct Pipeline {
     engine: Box<dyn Engine>,
     /// The synchronous path a stage may send a request to (`Admit::Synchronous`).
@@ -268,13 +267,33 @@ impl IoQueue for Pipeline {
 }
 
 impl Drop for Pipeline {
-    /// Requests never collected still count for the stages that passed them on (a fence):
-    /// let them go. The engines then wait for the device as they drop.
+    /// The engines wait for the device to let go of every buffer as they drop; then the
+    /// requests never collected, which still count for the stages that passed them on (a
+    /// fence, the dirty log), are let go there.
     fn drop(&mut self) {
+        self.engine = Box::new(Stopped);
+        self.sync_path = None;
         for (index, slot) in self.slots.iter().enumerate().filter(|(_, s)| s.busy) {
             for stage in self.stages[..slot.admitted].iter_mut().rev() {
                 stage.abandon(index, &slot.req);
             }
         }
     }
+}
+
+/// What is left of a dropped pipeline's engine.
+struct Stopped;
+
+impl Engine for Stopped {
+    unsafe fn start(&mut self, _: usize, _: &SlotRequest) -> Option<Result<(), BlockError>> {
+        Some(Err(BlockError::new(
+            crate::BlockErrorKind::Io,
+            "the queue is closed",
+        )))
+    }
+    fn submit(&mut self) -> Result<(), BlockError> {
+        Ok(())
+    }
+    fn reap(&mut self, _: &mut dyn FnMut(usize, Result<(), BlockError>)) {}
+    fn wait(&mut self) {}
 }

@@ -10,7 +10,7 @@
 //! submitter returns to its event loop at once.
 
 use super::thread_pool::{self, Job};
-use super::{Engine, IoOp, IoVec, Notifier, Offload, SlotRequest};
+use super::{Engine, IoOp, IoVec, Notifier, Offload, Scratch, SlotRequest};
 use crate::{BlockError, BlockErrorKind};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,34 +32,6 @@ pub(crate) trait BlockingIo: Send + Sync + 'static {
     /// # Safety
     /// `iov` is valid as promised to `IoQueue::push` for the request.
     unsafe fn run(&self, req: &SlotRequest, scratch: &mut Scratch) -> Result<(), BlockError>;
-}
-
-/// Per-job memory an engine may reuse from one request to the next (a bounce buffer).
-#[derive(Default)]
-pub(crate) struct Scratch {
-    pub buf: Option<crate::AlignedBuf>,
-}
-
-/// Bounce buffers up to this size stay with their job for the next request.
-const KEEP_SCRATCH: usize = 1 << 20;
-
-impl Scratch {
-    /// A buffer of at least `len` bytes (contents unspecified).
-    pub fn take(&mut self, len: usize) -> &mut [u8] {
-        if self.buf.as_ref().is_none_or(|b| b.len() < len) {
-            self.buf = Some(crate::AlignedBuf::zeroed(len));
-        }
-        match self.buf.as_deref_mut() {
-            Some(buf) => &mut buf[..len],
-            None => &mut [],
-        }
-    }
-
-    fn trim(&mut self) {
-        if self.buf.as_ref().is_some_and(|b| b.len() > KEEP_SCRATCH) {
-            self.buf = None;
-        }
-    }
 }
 
 // Jobs stay boxed on these lists so that recycling them allocates nothing.

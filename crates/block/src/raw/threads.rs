@@ -4,8 +4,8 @@
 
 use super::direct::Route;
 use super::Files;
-use crate::aio::threaded::{BlockingIo, Scratch, ThreadedEngine};
-use crate::aio::{copy, Engine, IoOp, IoVec, Notifier, SlotRequest};
+use crate::aio::threaded::{BlockingIo, ThreadedEngine};
+use crate::aio::{copy, Engine, IoOp, IoVec, Notifier, Scratch, SlotRequest};
 use crate::BlockError;
 use std::fs::File;
 use std::os::fd::AsRawFd;

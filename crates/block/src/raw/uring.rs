@@ -9,7 +9,7 @@
 
 use super::direct::Route;
 use super::Files;
-use crate::aio::{copy, Engine, IoOp, IoVec, Notifier, SlotRequest};
+use crate::aio::{copy, Engine, IoOp, IoVec, Notifier, Scratch, SlotRequest};
 use crate::{AlignedBuf, BlockError};
 use io_uring::{opcode, squeue, types, IoUring};
 use std::os::fd::{AsRawFd, RawFd};
@@ -19,8 +19,6 @@ use std::sync::{Arc, OnceLock};
 const BUFFERED: u32 = 0;
 /// Index of the O_DIRECT descriptor (registered only when the file has one).
 const DIRECT: u32 = 1;
-/// Bounce buffers up to this size stay with their slot.
-const KEEP_BOUNCE: usize = 1 << 20;
 /// Zeros written per request where the filesystem cannot zero a range (tmpfs).
 const ZERO_CHUNK: usize = 1 << 20;
 
@@ -43,7 +41,7 @@ struct UringTransfer {
     work: Vec<IoVec>,
     /// Bytes transferred so far.
     done: u64,
-    bounce: Option<AlignedBuf>,
+    bounce: Scratch,
     bounced: bool,
     /// WriteZeroes fell back to writing zeros.
     writing_zeros: bool,
@@ -216,11 +214,12 @@ impl UringEngine {
                     } else {
                         // Past the end of the file (it shrank under us): the rest reads as
                         // zeros, as it does on the synchronous path.
-                        match (&mut slot.bounce, slot.bounced) {
-                            (Some(b), true) => b[slot.done as usize..slot.len as usize].fill(0),
+                        if slot.bounced {
+                            slot.bounce.take(slot.len as usize)[slot.done as usize..].fill(0);
+                        } else {
                             // SAFETY: the request's buffers are writable until its completion
-                            // is handed out (push contract).
-                            _ => unsafe { copy::zero_fill(&slot.iov, slot.done as usize) },
+                            // is reported (`Engine::start`'s contract).
+                            unsafe { copy::zero_fill(&slot.iov, slot.done as usize) };
                         }
                         slot.done = slot.len;
                         Some(Ok(()))
@@ -258,11 +257,9 @@ impl UringEngine {
                 None
             }
             Some(Ok(())) if op == IoOp::Read && slot.bounced => {
-                if let Some(bounce) = &slot.bounce {
-                    // SAFETY: the request's buffers are writable until its completion is
-                    // handed out (push contract); the bounce is ours.
-                    unsafe { copy::scatter(&bounce[..slot.len as usize], &slot.iov, 0) };
-                }
+                // SAFETY: the request's buffers are writable until its completion is reported
+                // (`Engine::start`'s contract); the bounce is ours.
+                unsafe { copy::scatter(slot.bounce.take(slot.len as usize), &slot.iov, 0) };
                 Some(Ok(()))
             }
             done => done,
@@ -274,9 +271,7 @@ impl UringEngine {
         slot.op = None;
         slot.iov.clear();
         slot.work.clear();
-        if slot.bounce.as_ref().is_some_and(|b| b.len() > KEEP_BOUNCE) {
-            slot.bounce = None;
-        }
+        slot.bounce.trim();
     }
 }
 
@@ -311,17 +306,12 @@ impl Engine for UringEngine {
         slot.iov.extend_from_slice(&req.iov);
         slot.work.clear();
         if slot.bounced {
-            let len = req.len as usize;
-            if slot.bounce.as_ref().is_none_or(|b| b.len() < len) {
-                slot.bounce = Some(AlignedBuf::zeroed(len));
+            let bounce = slot.bounce.take(req.len as usize);
+            if req.op == IoOp::Write {
+                // SAFETY: the request's buffers are readable (this function's contract).
+                unsafe { copy::gather(&req.iov, 0, bounce) };
             }
-            if let Some(bounce) = slot.bounce.as_mut() {
-                if req.op == IoOp::Write {
-                    // SAFETY: the request's buffers are readable (this function's contract).
-                    unsafe { copy::gather(&req.iov, 0, &mut bounce[..len]) };
-                }
-                slot.work.push(IoVec::from_raw(bounce.as_mut_ptr(), len));
-            }
+            slot.work.push(IoVec::from_slice(bounce));
         }
         self.queue_sqe(index);
         None
