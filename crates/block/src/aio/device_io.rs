@@ -3,22 +3,25 @@
 //! device only ever sees bounce buffers of the engine's own: the request's buffers (possibly
 //! guest memory) are copied through raw pointers, never lent as Rust references.
 
-use super::threaded::BlockingIo;
-use super::{IoOp, Scratch, SlotRequest};
+use super::threaded::{BlockingIo, ThreadedEngine};
+use super::{Engine, IoOp, Notifier, Scratch, SlotRequest};
 use crate::{BlockDevice, BlockError};
 use std::sync::Arc;
 
 /// Largest bounce buffer per call; longer requests are done in pieces of this size.
 const PIECE: usize = 1 << 20;
 
-pub(crate) struct DeviceIo {
+/// An engine running `device`'s synchronous methods on the I/O thread pool.
+pub(crate) fn engine(
     device: Arc<dyn BlockDevice>,
+    capacity: usize,
+    notifier: Arc<Notifier>,
+) -> Box<dyn Engine> {
+    Box::new(ThreadedEngine::new(DeviceIo { device }, capacity, notifier))
 }
 
-impl DeviceIo {
-    pub(crate) fn new(device: Arc<dyn BlockDevice>) -> Self {
-        DeviceIo { device }
-    }
+struct DeviceIo {
+    device: Arc<dyn BlockDevice>,
 }
 
 impl BlockingIo for DeviceIo {

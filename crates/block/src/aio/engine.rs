@@ -6,7 +6,7 @@
 //! engine keeps nothing but what a transfer needs while it runs (its iovec list, a bounce
 //! buffer for misaligned direct I/O, how far a short transfer got).
 
-use super::{iov_len, IoOp, IoRequest, IoVec, Offload};
+use super::{IoOp, IoRequest, IoVec, Offload};
 use crate::BlockError;
 use std::sync::Arc;
 
@@ -60,7 +60,7 @@ impl SlotRequest {
     pub fn set_buffer(&mut self, base: *mut u8, len: usize) {
         self.iov.clear();
         self.iov.push(IoVec::from_raw(base, len));
-        self.len = iov_len(&self.iov);
+        self.len = len as u64;
     }
 }
 

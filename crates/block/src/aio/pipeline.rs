@@ -11,10 +11,8 @@
 //! a device has just written runs at a few GB/s, so a burst of large reads would otherwise
 //! keep the owner from taking new requests for hundreds of microseconds while the device idles.
 
-use super::device_io::DeviceIo;
-use super::threaded::ThreadedEngine;
 use super::{
-    Admit, Bounds, Completion, Engine, IoQueue, IoRequest, Notifier, Offload, QueueFull,
+    device_io, Admit, Bounds, Completion, Engine, IoQueue, IoRequest, Notifier, Offload, QueueFull,
     QueueOptions, SlotRequest, Stage,
 };
 use crate::{BlockDevice, BlockError};
@@ -92,11 +90,7 @@ impl Pipeline {
     ) -> Result<Self, BlockError> {
         let bounds = Bounds::new(device.size(), false);
         Pipeline::new(opts, bounds, |notifier, capacity| {
-            Ok(Box::new(ThreadedEngine::new(
-                DeviceIo::new(device),
-                capacity,
-                notifier,
-            )))
+            Ok(device_io::engine(device, capacity, notifier))
         })
     }
 
@@ -120,12 +114,8 @@ impl Pipeline {
 
     /// Gives the stages a synchronous path: `device`'s methods on the I/O thread pool.
     pub fn set_sync_path(&mut self, device: Arc<dyn BlockDevice>) {
-        let engine = ThreadedEngine::new(
-            DeviceIo::new(device),
-            self.slots.len(),
-            self.notifier.clone(),
-        );
-        self.sync_path = Some(Box::new(engine));
+        let engine = device_io::engine(device, self.slots.len(), self.notifier.clone());
+        self.sync_path = Some(engine);
     }
 
     /// Passes a request through the stages to an engine; `Some` when it finished on the way.

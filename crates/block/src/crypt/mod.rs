@@ -8,7 +8,6 @@
 //! serialised by a striped lock so that two unaligned writes to different bytes of the same
 //! sector cannot lose either update.
 
-mod offload;
 mod stage;
 mod zero_holes;
 

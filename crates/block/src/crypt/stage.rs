@@ -29,6 +29,7 @@ use super::{whole_sectors, CryptCore};
 use crate::aio::{
     open_pipeline, Admit, Bounds, IoOp, IoQueue, Pipeline, QueueOptions, SlotRequest, Stage,
 };
+use crate::aio::{IoVec, Offload};
 use crate::{AlignedBuf, BlockDevice, BlockError};
 use std::sync::Arc;
 
@@ -36,7 +37,7 @@ use std::sync::Arc;
 /// and its own synchronous methods as the synchronous path.
 pub(super) fn open(core: Arc<CryptCore>, opts: &QueueOptions) -> Result<Pipeline, BlockError> {
     let mut pipeline = open_pipeline(&core.backend, opts)?;
-    let offloaded = pipeline.offload(Arc::new(super::offload::VolumeCrypto(core.clone())));
+    let offloaded = pipeline.offload(Arc::new(VolumeCrypto(core.clone())));
     pipeline.set_bounds(Bounds::new(core.size, core.read_only()));
     let capacity = pipeline.capacity();
     let segments = vec![Segment {
@@ -194,5 +195,30 @@ impl Stage for WholeSectorDiscard {
         _result: &mut Result<(), BlockError>,
     ) -> u64 {
         0
+    }
+}
+
+/// The volume's crypto as work for the `threads` engine's transfer threads (`Offload`): each
+/// request is decrypted or encrypted by the thread that reads or writes it, in the backend's
+/// offsets.
+struct VolumeCrypto(Arc<CryptCore>);
+
+impl Offload for VolumeCrypto {
+    unsafe fn after_read(&self, offset: u64, iov: &[IoVec]) -> Result<(), BlockError> {
+        let core = &self.0;
+        // SAFETY: forwarded (the segments are readable and writable, this function's
+        // contract); the crypt stage only passes whole sectors.
+        unsafe { core.decrypt_iov(offset - core.layout.data_offset, iov) }
+    }
+
+    unsafe fn before_write(
+        &self,
+        offset: u64,
+        iov: &[IoVec],
+        out: *mut u8,
+    ) -> Result<(), BlockError> {
+        let core = &self.0;
+        // SAFETY: forwarded: `out` holds the whole request, disjoint from the segments.
+        unsafe { core.encrypt_iov(offset - core.layout.data_offset, iov, out) }
     }
 }
