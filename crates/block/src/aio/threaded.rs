@@ -45,7 +45,7 @@ struct PoolShared<E> {
     notifier: Arc<Notifier>,
     /// Moving average of a request's run time, in nanoseconds.
     avg_ns: AtomicU64,
-    /// A layer's data work, run with each read and write (`IoQueue::offload`).
+    /// A layer's data work, run with each read and write (`Engine::offload`).
     offload: OnceLock<Arc<dyn Offload>>,
 }
 

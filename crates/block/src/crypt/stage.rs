@@ -13,7 +13,7 @@
 //!   throughput, see `ARCHITECTURE.md`.) A request larger than the pool's inline threshold is
 //!   still split over the pool (`CryptoPool::crypt_raw`).
 //! - On an engine that runs each transfer on a pool thread (`threads`), the crypto is handed
-//!   to those threads instead (`IoQueue::offload`, `super::offload`): each request is
+//!   to those threads instead (`Pipeline::offload`, `VolumeCrypto` below): each request is
 //!   decrypted or encrypted by the thread that transfers it, so a batch's crypto is spread as
 //!   widely as its transfers, and nothing waits for a batch.
 //! - What the fast path cannot do — requests not aligned to the encryption sector (read-
@@ -70,7 +70,7 @@ struct Segment {
 struct CryptStage {
     /// Ordered, covering the payload.
     segments: Vec<Segment>,
-    /// The backend's engine runs the crypto on its transfer threads (`IoQueue::offload`).
+    /// The backend's engine runs the crypto on its transfer threads (`Pipeline::offload`).
     offloaded: bool,
     /// A write's ciphertext, by slot, until the write completes.
     ciphertext: Vec<Option<AlignedBuf>>,
