@@ -37,7 +37,8 @@ pub trait Stage: Send {
     ) -> Admit;
 
     /// Sees a request this stage passed on, once it finished (before the caller hears of it);
-    /// may change its result. Returns the bytes of data work it did (the drain's budget).
+    /// may change its result. Returns the bytes of data work it did (the drain's budget). The
+    /// default does nothing.
     ///
     /// # Safety
     /// The caller's buffers are valid as promised to `IoQueue::push`.
@@ -46,7 +47,10 @@ pub trait Stage: Send {
         slot: usize,
         caller: &SlotRequest,
         result: &mut Result<(), BlockError>,
-    ) -> u64;
+    ) -> u64 {
+        let _ = (slot, caller, result);
+        0
+    }
 
     /// The queue is dropped with the request passed on and never collected.
     fn abandon(&mut self, slot: usize, caller: &SlotRequest) {

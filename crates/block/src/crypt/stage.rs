@@ -187,15 +187,6 @@ impl Stage for WholeSectorDiscard {
             None => Admit::Finish(Ok(())),
         }
     }
-
-    unsafe fn complete(
-        &mut self,
-        _slot: usize,
-        _caller: &SlotRequest,
-        _result: &mut Result<(), BlockError>,
-    ) -> u64 {
-        0
-    }
 }
 
 /// The volume's crypto as work for the `threads` engine's transfer threads (`Offload`): each
