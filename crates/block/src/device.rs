@@ -69,13 +69,14 @@ pub trait BlockDevice: Send + Sync {
         Ok(())
     }
 
-    /// This device's own asynchronous engine, if it has one (io_uring for a raw file, a
-    /// volume layered over its backend's queue). `None` (the default) means
-    /// `aio::open_queue` serves it with a `SyncQueue` on the I/O thread pool.
-    fn native_queue(
+    /// This device's own queue pipeline, if it has one: an asynchronous engine (io_uring for a
+    /// raw file), or its backend's pipeline with this layer's stages in front (the encrypted
+    /// volume). `None` (the default) means `aio::open_pipeline` runs its synchronous methods
+    /// on the I/O thread pool.
+    fn pipeline(
         &self,
         opts: &crate::aio::QueueOptions,
-    ) -> Option<Result<Box<dyn crate::aio::IoQueue>, BlockError>> {
+    ) -> Option<Result<crate::aio::Pipeline, BlockError>> {
         let _ = opts;
         None
     }

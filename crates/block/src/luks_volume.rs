@@ -298,10 +298,10 @@ impl BlockDevice for LuksVolume {
             .write_zeroes(offset, len)
             .map_err(|e| e.with_path(self.container.name()))
     }
-    fn native_queue(
+    fn pipeline(
         &self,
         opts: &crate::aio::QueueOptions,
-    ) -> Option<Result<Box<dyn crate::aio::IoQueue>, BlockError>> {
-        self.device.native_queue(opts)
+    ) -> Option<Result<crate::aio::Pipeline, BlockError>> {
+        self.device.pipeline(opts)
     }
 }

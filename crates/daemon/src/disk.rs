@@ -126,10 +126,10 @@ impl BlockDevice for WithoutDiscard {
     }
 
     /// The wrapped device's queue: NBD sends no TRIM to an export that does not offer it.
-    fn native_queue(
+    fn pipeline(
         &self,
         opts: &cryptblk_block::aio::QueueOptions,
-    ) -> Option<Result<Box<dyn cryptblk_block::aio::IoQueue>, cryptblk_block::BlockError>> {
-        Some(cryptblk_block::aio::open_queue(&self.0, opts))
+    ) -> Option<Result<cryptblk_block::aio::Pipeline, cryptblk_block::BlockError>> {
+        Some(cryptblk_block::aio::open_pipeline(&self.0, opts))
     }
 }

@@ -22,7 +22,6 @@ pub mod dirty;
 mod error;
 mod latency;
 pub mod source;
-mod tracking_queue;
 pub mod wire;
 
 pub use channel::MigrationAddress;

@@ -1,6 +1,6 @@
 //! rbd_queue_depth: how many 4 KiB random writes (or reads) per second one queue gets from an
-//! RBD image through librbd's asynchronous calls (`RbdQueue`, what `serve` uses) against the
-//! block crate's `SyncQueue` (librbd's synchronous calls on the I/O thread pool, the generic
+//! RBD image through librbd's asynchronous calls (`RbdEngine`, what `serve` uses) against the
+//! block crate's `Pipeline::synchronous` (librbd's synchronous calls on the I/O thread pool, the generic
 //! path for devices without an engine of their own), at the same depth, rounds interleaved.
 //!
 //! ```text
@@ -9,7 +9,7 @@
 //! ```
 //! The image is written over its first 256 MiB (reads: fill it first with a write run).
 
-use cryptblk_block::aio::{open_queue, IoQueue, IoRequest, IoVec, QueueOptions, SyncQueue};
+use cryptblk_block::aio::{open_queue, IoQueue, IoRequest, IoVec, Pipeline, QueueOptions};
 use cryptblk_block::BlockDevice;
 use cryptblk_rbd::{Image, OpenMode, RbdDevice, RbdSpec};
 use std::sync::Arc;
@@ -86,14 +86,14 @@ fn main() {
     let time = Duration::from_secs(seconds);
     let mut ratios = Vec::new();
     for round in 1..=rounds {
-        // The device's own queue is an RbdQueue.
+        // The device's own queue runs on an RbdEngine.
         let mut aio = open_queue(&device, &QueueOptions { depth }).unwrap();
         let a = run(&mut *aio, read, depth, time);
         drop(aio);
-        let mut sync = SyncQueue::new(device.clone(), &QueueOptions { depth }).unwrap();
+        let mut sync = Pipeline::synchronous(device.clone(), &QueueOptions { depth }).unwrap();
         let s = run(&mut sync, read, depth, time);
         println!(
-            "round {round}: {} depth {depth}: RbdQueue {a:.0} IOPS, SyncQueue {s:.0} IOPS, ratio {:.2}",
+            "round {round}: {} depth {depth}: librbd aio {a:.0} IOPS, synchronous {s:.0} IOPS, ratio {:.2}",
             if read { "4k randread" } else { "4k randwrite" },
             a / s
         );
@@ -101,7 +101,7 @@ fn main() {
     }
     ratios.sort_by(f64::total_cmp);
     println!(
-        "median ratio RbdQueue/SyncQueue: {:.2}",
+        "median ratio librbd aio/synchronous: {:.2}",
         ratios[ratios.len() / 2]
     );
 }

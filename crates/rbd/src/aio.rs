@@ -1,33 +1,33 @@
-//! An RBD image's asynchronous queue on librbd's own asynchronous calls (`rbd_aio_readv`,
+//! An RBD image's engine on librbd's own asynchronous calls (`rbd_aio_readv`,
 //! `rbd_aio_writev`, `rbd_aio_flush`, `rbd_aio_discard`, `rbd_aio_write_zeroes`), so a queue
 //! keeps as many requests in flight in the cluster as its owner pushes, without a thread per
 //! request: at about a millisecond per request, that is where RBD throughput comes from.
 //!
 //! librbd runs a completion callback on one of its own threads. The callback here only
 //! records (slot, return value) in a list preallocated to the queue's depth and signals the
-//! queue's eventfd; everything else (FUA's follow-up flush, errors, handing out completions)
-//! happens in `drain`, on the owner's thread. Slots are allocated once, with the queue: in
+//! pipeline's eventfd; everything else (FUA's follow-up flush, errors, reporting) happens in
+//! `reap`, on the owner's thread. Per-slot state is allocated once, with the engine: in
 //! steady state a request allocates nothing on our side.
 //!
-//! Each request sent to librbd holds a strong count on the queue's shared state (the finished
-//! list, the eventfd, the callback arguments), and its callback gives it back as the very last
-//! thing it does. The owner may see a request finished (and drop the queue) between the
-//! callback's push and its notify; the shared state, and so the eventfd, then lives on until
-//! that callback returns, instead of being freed (and its fd number reused) under it.
+//! Each request sent to librbd holds a strong count on the engine's callback state (the
+//! finished list, the eventfd, the callback arguments), and its callback gives it back as the
+//! very last thing it does. The owner may see a request finished (and drop the queue) between
+//! the callback's push and its notify; the state, and so the eventfd, then lives on until that
+//! callback returns, instead of being freed (and its fd number reused) under it.
 
 use crate::ffi::{self, AioCompletion, Api};
 use crate::{block_error, Image, RbdError};
-use cryptblk_block::aio::{Completion, IoOp, IoQueue, IoRequest, IoVec, Notifier, QueueFull};
+use cryptblk_block::aio::{Engine, IoOp, Notifier, SlotRequest};
 use cryptblk_block::BlockError;
 use libc::c_void;
-use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
 
-/// What the callback needs, shared with librbd's threads; freed when the queue and every
+/// What the callback needs, shared with librbd's threads; freed when the engine and every
 /// request librbd still holds have let go of it.
-struct Shared {
+struct CallbackState {
     api: &'static Api,
-    notifier: Notifier,
+    /// The pipeline's.
+    notifier: Arc<Notifier>,
     /// (slot, librbd's return value) of requests librbd finished; never grows past the depth.
     finished: Mutex<Vec<(usize, isize)>>,
     /// One per slot, at a stable address inside this allocation: what librbd hands back.
@@ -35,108 +35,70 @@ struct Shared {
 }
 
 /// The callback argument of one slot: where to report. Immutable once made. `shared` points at
-/// the `Shared` holding this argument; a request in flight owns one strong count of it.
+/// the `CallbackState` holding this argument; a request in flight owns one strong count of it.
 struct CallbackArg {
-    shared: *const Shared,
+    shared: *const CallbackState,
     slot: usize,
 }
 
-/// What the owner remembers about the request in a slot.
-struct SlotState {
-    tag: u64,
-    op: IoOp,
-    offset: u64,
-    len: u64,
-    /// The request's buffers, copied at push (the caller's list is borrowed only for the push);
-    /// the memory they point to is the caller's, valid until the completion is handed out.
-    iov: Vec<IoVec>,
-    fua: bool,
+/// What the owner remembers about the transfer in a slot.
+#[derive(Default)]
+struct RbdTransfer {
+    /// The request, copied at start; the memory its buffers point to is the caller's, valid
+    /// until the slot is reported.
+    req: SlotRequest,
     /// A FUA write whose data landed and whose flush is now in flight.
     flushing: bool,
 }
 
-/// An asynchronous queue on an open RBD image.
-pub struct RbdQueue {
+/// The engine of a pipeline on an open RBD image.
+pub struct RbdEngine {
     image: Arc<Image>,
-    shared: Arc<Shared>,
-    slots: Vec<SlotState>,
-    free: Vec<usize>,
-    /// Pushed, not yet sent to librbd.
+    shared: Arc<CallbackState>,
+    /// By the pipeline's slot index.
+    transfers: Vec<RbdTransfer>,
+    /// Started, not yet sent to librbd.
     pending: Vec<usize>,
-    /// Refused at push (out of range, read-only): handed out by the next `drain`.
-    refused: Vec<Completion>,
-    /// The finished list swapped out of `shared` while draining (same capacity, no allocation).
+    /// The finished list swapped out of `shared` while reaping (same capacity, no allocation).
     scratch: Vec<(usize, isize)>,
-    in_flight: usize,
+    /// Started and not yet reported: what `Drop` waits for.
+    outstanding: usize,
 }
 
-// SAFETY: the raw pointers in `shared.args` point at `shared` itself, kept alive by the queue's
+// SAFETY: the raw pointers in `shared.args` point at `shared` itself, kept alive by the engine's
 // Arc and by one strong count per request in flight; its other fields are a Mutex and an
 // eventfd, safe to use from any thread. IoVecs are Send. librbd handles may be used from any
 // thread.
-unsafe impl Send for RbdQueue {}
+unsafe impl Send for RbdEngine {}
 
-impl RbdQueue {
-    pub fn new(image: Arc<Image>, depth: usize) -> Result<RbdQueue, BlockError> {
-        let depth = depth.max(1);
-        let notifier = Notifier::new().map_err(|e| {
-            BlockError::new(cryptblk_block::BlockErrorKind::Io, "creating an eventfd")
-                .with_source(e)
-        })?;
+impl RbdEngine {
+    /// An engine of `capacity` slots signalling `notifier`.
+    pub fn new(
+        image: Arc<Image>,
+        capacity: usize,
+        notifier: Arc<Notifier>,
+    ) -> Result<RbdEngine, BlockError> {
         let api = ffi::api().map_err(|e| block_error("open queue", 0, e))?;
-        let shared = Arc::new_cyclic(|this| Shared {
+        let shared = Arc::new_cyclic(|this| CallbackState {
             api,
             notifier,
-            finished: Mutex::new(Vec::with_capacity(depth)),
-            args: (0..depth)
+            finished: Mutex::new(Vec::with_capacity(capacity)),
+            args: (0..capacity)
                 .map(|slot| CallbackArg {
                     shared: this.as_ptr(),
                     slot,
                 })
                 .collect(),
         });
-        let slots = (0..depth)
-            .map(|_| SlotState {
-                tag: 0,
-                op: IoOp::Flush,
-                offset: 0,
-                len: 0,
-                iov: Vec::new(),
-                fua: false,
-                flushing: false,
-            })
-            .collect();
-        Ok(RbdQueue {
+        let transfers = (0..capacity).map(|_| RbdTransfer::default()).collect();
+        Ok(RbdEngine {
             image,
             shared,
-            slots,
-            free: (0..depth).rev().collect(),
-            pending: Vec::with_capacity(depth),
-            refused: Vec::with_capacity(depth),
-            scratch: Vec::with_capacity(depth),
-            in_flight: 0,
+            transfers,
+            pending: Vec::with_capacity(capacity),
+            scratch: Vec::with_capacity(capacity),
+            outstanding: 0,
         })
-    }
-
-    fn check(&self, req: &IoRequest<'_>) -> Result<(), BlockError> {
-        let op = req.op.name();
-        if req.op.modifies() && self.image.read_only() {
-            return Err(BlockError::read_only(op));
-        }
-        if req.op != IoOp::Flush {
-            match req.offset.checked_add(req.len) {
-                Some(end) if end <= self.image.size() => {}
-                _ => {
-                    return Err(BlockError::out_of_range(
-                        op,
-                        req.offset,
-                        req.len,
-                        self.image.size(),
-                    ))
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Hands the request in `slot` (or its FUA flush) to librbd; a call librbd refuses at once
@@ -145,11 +107,11 @@ impl RbdQueue {
         let api = self.shared.api;
         let handle = self.image.raw_handle();
         let arg = &self.shared.args[slot] as *const CallbackArg as *mut c_void;
-        // The request's own count on `Shared`, given back by its callback (or below if librbd
+        // The request's own count on `CallbackState`, given back by its callback (or below if librbd
         // refuses it): `arg` and the eventfd stay valid until the callback has returned.
         std::mem::forget(Arc::clone(&self.shared));
         let mut completion: AioCompletion = std::ptr::null_mut();
-        // SAFETY: `arg` points into `Shared`, alive while this request holds its count;
+        // SAFETY: `arg` points into `CallbackState`, alive while this request holds its count;
         // `on_complete` matches `rbd_callback_t`.
         let rc = unsafe { (api.rbd_aio_create_completion)(arg, on_complete, &mut completion) };
         if rc < 0 {
@@ -157,28 +119,26 @@ impl RbdQueue {
             self.report(slot, rc as isize);
             return;
         }
-        let state = &self.slots[slot];
-        let iovcnt = state.iov.len() as libc::c_int;
-        let iov = state.iov.as_ptr().cast::<libc::iovec>();
+        let state = &self.transfers[slot];
+        let req = &state.req;
+        let iovcnt = req.iov.len() as libc::c_int;
+        let iov = req.iov.as_ptr().cast::<libc::iovec>();
         // SAFETY: an open image; the iovec list lives in the slot and the memory it points to
-        // is the caller's, valid until the completion is handed out (IoQueue::push's
-        // contract); the completion is released by the callback.
+        // is the caller's, valid until the slot is reported (Engine::start's contract); the completion is released by the callback.
         let rc = unsafe {
-            match (state.op, state.flushing) {
+            match (req.op, state.flushing) {
                 (_, true) | (IoOp::Flush, _) => (api.rbd_aio_flush)(handle, completion),
-                (IoOp::Read, _) => {
-                    (api.rbd_aio_readv)(handle, iov, iovcnt, state.offset, completion)
-                }
+                (IoOp::Read, _) => (api.rbd_aio_readv)(handle, iov, iovcnt, req.offset, completion),
                 (IoOp::Write, _) => {
-                    (api.rbd_aio_writev)(handle, iov, iovcnt, state.offset, completion)
+                    (api.rbd_aio_writev)(handle, iov, iovcnt, req.offset, completion)
                 }
                 (IoOp::Discard, _) => {
-                    (api.rbd_aio_discard)(handle, state.offset, state.len, completion)
+                    (api.rbd_aio_discard)(handle, req.offset, req.len, completion)
                 }
                 (IoOp::WriteZeroes, _) => (api.rbd_aio_write_zeroes)(
                     handle,
-                    state.offset,
-                    state.len as usize,
+                    req.offset,
+                    req.len as usize,
                     completion,
                     0,
                     0,
@@ -208,13 +168,14 @@ impl RbdQueue {
     }
 }
 
-/// Runs on a librbd thread: record, wake, and give back the request's count on `Shared`, last.
+/// Runs on a librbd thread: record, wake, and give back the request's count on the callback
+/// state, last.
 extern "C" fn on_complete(completion: AioCompletion, arg: *mut c_void) {
-    // SAFETY: `arg` is the CallbackArg this request was created with; it lives inside `Shared`,
+    // SAFETY: `arg` is the CallbackArg this request was created with; it lives inside the state,
     // of which this request holds a strong count until the end of this function.
     let arg = unsafe { &*(arg as *const CallbackArg) };
     let shared_ptr = arg.shared;
-    // SAFETY: as above: this request's count keeps `Shared` alive.
+    // SAFETY: as above: this request's count keeps the state alive.
     let shared = unsafe { &*shared_ptr };
     // SAFETY: librbd passes the finished request's completion, released once, here.
     let ret = unsafe {
@@ -227,7 +188,7 @@ extern "C" fn on_complete(completion: AioCompletion, arg: *mut c_void) {
     // eventfd) is still ours until the count is given back below.
     shared.notifier.notify();
     // SAFETY: `send` leaked one clone of the Arc for this request; this gives it back. If it
-    // was the last, `Shared` (with `arg`) is freed here: neither is used after this line.
+    // was the last, the state (with `arg`) is freed here: neither is used after this line.
     unsafe { Arc::decrement_strong_count(shared_ptr) };
 }
 
@@ -236,44 +197,14 @@ fn lock(m: &Mutex<Vec<(usize, isize)>>) -> std::sync::MutexGuard<'_, Vec<(usize,
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl IoQueue for RbdQueue {
-    fn notifier(&self) -> RawFd {
-        self.shared.notifier.as_raw_fd()
-    }
-
-    fn capacity(&self) -> usize {
-        self.slots.len()
-    }
-
-    fn in_flight(&self) -> usize {
-        self.in_flight
-    }
-
-    unsafe fn push(&mut self, req: &IoRequest<'_>) -> Result<(), QueueFull> {
-        if self.in_flight == self.slots.len() {
-            return Err(QueueFull(self.in_flight));
-        }
-        self.in_flight += 1;
-        if let Err(e) = self.check(req) {
-            self.refused.push(Completion {
-                tag: req.tag,
-                result: Err(e),
-            });
-            self.shared.notifier.notify();
-            return Ok(());
-        }
-        let slot = self.free.pop().expect("a free slot while below capacity");
-        let state = &mut self.slots[slot];
-        state.tag = req.tag;
-        state.op = req.op;
-        state.offset = req.offset;
-        state.len = req.len;
-        state.iov.clear();
-        state.iov.extend_from_slice(req.iov);
-        state.fua = req.fua && req.op == IoOp::Write;
+impl Engine for RbdEngine {
+    unsafe fn start(&mut self, slot: usize, req: &SlotRequest) -> Option<Result<(), BlockError>> {
+        let state = &mut self.transfers[slot];
+        state.req.copy_from(req);
         state.flushing = false;
+        self.outstanding += 1;
         self.pending.push(slot);
-        Ok(())
+        None
     }
 
     fn submit(&mut self) -> Result<(), BlockError> {
@@ -287,17 +218,12 @@ impl IoQueue for RbdQueue {
         Ok(())
     }
 
-    fn drain(&mut self, out: &mut dyn FnMut(Completion)) {
-        self.shared.notifier.clear();
-        for done in self.refused.drain(..) {
-            self.in_flight -= 1;
-            out(done);
-        }
+    fn reap(&mut self, out: &mut dyn FnMut(usize, Result<(), BlockError>)) {
         std::mem::swap(&mut *lock(&self.shared.finished), &mut self.scratch);
         let mut finished = std::mem::take(&mut self.scratch);
         for &(slot, ret) in &finished {
-            let state = &mut self.slots[slot];
-            if ret >= 0 && state.fua && !state.flushing {
+            let state = &mut self.transfers[slot];
+            if ret >= 0 && state.req.fua && state.req.op == IoOp::Write && !state.flushing {
                 // The data landed; the write completes once it is durable.
                 state.flushing = true;
                 self.send(slot);
@@ -308,40 +234,39 @@ impl IoQueue for RbdQueue {
                     op: if state.flushing {
                         "flush"
                     } else {
-                        state.op.name()
+                        state.req.op.name()
                     },
                     image: self.image.name().to_owned(),
                     errno: (-ret) as i32,
                 };
-                Err(block_error(state.op.name(), state.offset, err))
+                Err(block_error(state.req.op.name(), state.req.offset, err))
             } else {
                 Ok(())
             };
-            let tag = state.tag;
-            self.free.push(slot);
-            self.in_flight -= 1;
-            out(Completion { tag, result });
+            self.outstanding -= 1;
+            out(slot, result);
         }
         finished.clear();
         self.scratch = finished;
     }
 
     fn wait(&mut self) {
-        if self.in_flight > 0 {
+        if self.outstanding > 0 {
             self.shared.notifier.wait();
         }
     }
 }
 
-impl Drop for RbdQueue {
+impl Drop for RbdEngine {
     fn drop(&mut self) {
         // librbd reads and writes the caller's buffers and the slots' iovec lists until each
-        // request finished: wait for all of them (FUA flushes included). `Shared` itself is
-        // kept alive by the callbacks still returning, not by this wait.
+        // request finished: wait for all of them (FUA flushes included). The callback state
+        // itself is kept alive by the callbacks still returning, not by this wait.
         self.submit().ok();
-        while self.in_flight > 0 {
-            self.drain(&mut |_| {});
-            if self.in_flight > 0 {
+        while self.outstanding > 0 {
+            self.shared.notifier.clear();
+            self.reap(&mut |_, _| {});
+            if self.outstanding > 0 {
                 self.shared.notifier.wait();
             }
         }

@@ -1,9 +1,9 @@
 //! An RBD image as a [`BlockDevice`], so every layer above (the LUKS volume, the frontends,
 //! convert) runs on it unchanged. Its queues are librbd's own asynchronous calls
-//! ([`RbdQueue`](crate::RbdQueue)); the synchronous methods serve one-off callers.
+//! ([`RbdEngine`](crate::RbdEngine)); the synchronous methods serve one-off callers.
 
-use crate::{Image, OpenMode, RbdError, RbdQueue, RbdSpec};
-use cryptblk_block::aio::{IoQueue, QueueOptions};
+use crate::{Image, OpenMode, RbdEngine, RbdError, RbdSpec};
+use cryptblk_block::aio::{Bounds, Pipeline, QueueOptions};
 use cryptblk_block::{
     BlockDevice, BlockError, BlockErrorKind, Container, Extent, ExtentKind, SharedStorage,
 };
@@ -147,8 +147,14 @@ impl BlockDevice for RbdDevice {
             .map_err(|e| block_error("write zeroes", offset, e))
     }
 
-    fn native_queue(&self, opts: &QueueOptions) -> Option<Result<Box<dyn IoQueue>, BlockError>> {
-        Some(RbdQueue::new(self.image.clone(), opts.depth).map(|q| Box::new(q) as Box<dyn IoQueue>))
+    fn pipeline(&self, opts: &QueueOptions) -> Option<Result<Pipeline, BlockError>> {
+        let image = self.image.clone();
+        // The image may grow (a resize seen by the refresh): its size is read per request.
+        let size = image.clone();
+        let bounds = Bounds::live(Arc::new(move || size.size()), image.read_only());
+        Some(Pipeline::new(opts, bounds, |notifier, capacity| {
+            Ok(Box::new(RbdEngine::new(image, capacity, notifier)?))
+        }))
     }
 
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {

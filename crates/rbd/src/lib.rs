@@ -9,7 +9,7 @@ mod ffi;
 mod image;
 mod spec;
 
-pub use aio::RbdQueue;
+pub use aio::RbdEngine;
 pub use device::{block_error, open_error, RbdDevice};
 pub use error::RbdError;
 pub use image::{Allocation, Image, OpenMode};

@@ -8,22 +8,30 @@
 //! with [`IoQueue::drain`] when the queue's eventfd ([`IoQueue::notifier`]) becomes readable,
 //! from the event loop it already waits in. Nobody polls: a thread with nothing to do sleeps.
 //!
-//! Engines: a raw file runs on io_uring (`raw::uring`) or on a pool of threads doing
-//! positioned vectored I/O (`raw::threads`); the encrypted volume layers crypto over its
-//! backend's queue (`crypt::queue`); any other `BlockDevice` (qcow2, a migration's incoming
-//! disk, test devices) is served by [`SyncQueue`], which runs its synchronous methods on the
-//! thread pool through bounce buffers. So every device fits the same event loop.
+//! Every queue is a [`Pipeline`]: one slot table, the range check, an ordered list of
+//! [`Stage`]s (the volume's crypto, discard rounding, the migration's fence and dirty log) and
+//! an [`Engine`]: io_uring (`raw::uring`) or a pool of threads doing positioned vectored I/O
+//! (`raw::threads`) for a raw file, librbd for an RBD image, and for any other `BlockDevice`
+//! (qcow2, a migration's incoming disk, test devices) its synchronous methods on the thread
+//! pool through bounce buffers ([`Pipeline::synchronous`]). So every device fits the same
+//! event loop, and a layer adds a stage instead of a queue.
 
 pub(crate) mod copy;
+mod device_io;
+mod engine;
 mod notifier;
 mod offload;
-mod sync_queue;
+mod pipeline;
+mod stage;
 pub(crate) mod thread_pool;
 pub(crate) mod threaded;
 
+pub(crate) use engine::Scratch;
+pub use engine::{Engine, SlotRequest};
 pub use notifier::Notifier;
 pub use offload::Offload;
-pub use sync_queue::SyncQueue;
+pub use pipeline::Pipeline;
+pub use stage::{Admit, Bounds, Stage};
 pub use thread_pool::io_thread_count;
 
 use crate::{BlockDevice, BlockError};
@@ -246,27 +254,26 @@ pub trait IoQueue: Send {
 
     /// Blocks until `drain` has something to hand out (or nothing is in flight).
     fn wait(&mut self);
-
-    /// Asks the queue to run `work` on every read and write from now on, on the thread that
-    /// runs the request, before its completion is handed out (see [`Offload`]). Returns
-    /// false, and changes nothing, where the engine cannot (its transfers complete in the
-    /// kernel) or requests are already in flight: the caller then does the work itself.
-    fn offload(&mut self, work: std::sync::Arc<dyn Offload>) -> bool {
-        let _ = work;
-        false
-    }
 }
 
-/// Opens a queue on `device`: its own asynchronous engine when it has one
-/// (`BlockDevice::native_queue`), else a `SyncQueue` running its synchronous methods on the
-/// I/O thread pool.
+/// Opens a queue on `device`: see [`open_pipeline`].
 pub fn open_queue(
     device: &Arc<dyn BlockDevice>,
     opts: &QueueOptions,
 ) -> Result<Box<dyn IoQueue>, BlockError> {
-    match device.native_queue(opts) {
-        Some(queue) => queue,
-        None => Ok(Box::new(SyncQueue::new(device.clone(), opts)?)),
+    Ok(Box::new(open_pipeline(device, opts)?))
+}
+
+/// The pipeline of a queue on `device`: its own (`BlockDevice::pipeline`: an asynchronous
+/// engine, a layer's stages) when it has one, else its synchronous methods on the I/O thread
+/// pool.
+pub fn open_pipeline(
+    device: &Arc<dyn BlockDevice>,
+    opts: &QueueOptions,
+) -> Result<Pipeline, BlockError> {
+    match device.pipeline(opts) {
+        Some(pipeline) => pipeline,
+        None => Pipeline::synchronous(device.clone(), opts),
     }
 }
 

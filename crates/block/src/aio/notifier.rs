@@ -23,25 +23,11 @@ impl Notifier {
         Ok(Notifier { fd })
     }
 
-    /// A second handle on the same counter (for a helper queue signalling its parent's
-    /// notifier).
+    /// A second handle on the same counter.
     pub fn try_clone(&self) -> io::Result<Self> {
         Ok(Notifier {
             fd: self.fd.try_clone()?,
         })
-    }
-
-    /// A handle on the eventfd `fd` belongs to (another queue's notifier), so that a layered
-    /// queue can signal and clear it.
-    pub fn dup_of(fd: RawFd) -> io::Result<Self> {
-        // SAFETY: dup only reads its integer argument; a bad descriptor is reported as EBADF.
-        let new = unsafe { libc::dup(fd) };
-        if new < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `new` was just created and is owned by nothing else.
-        let fd = unsafe { OwnedFd::from_raw_fd(new) };
-        Ok(Notifier { fd })
     }
 
     /// Makes the eventfd readable.

@@ -1,5 +1,5 @@
 //! The process-wide pool of threads that run blocking I/O for the thread-based engines (the
-//! `threads` aio engine and `SyncQueue`). Threads are started on demand, up to a cap, and
+//! `threads` aio engine and synchronous devices). Threads are started on demand, up to a cap, and
 //! sleep on a condition variable when idle: no polling, and no spinning or yielding before
 //! they sleep either (on a 2-vCPU guest a yield costs more than the 4 KiB copy it waits for).
 

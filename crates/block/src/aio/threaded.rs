@@ -1,6 +1,7 @@
-//! An `IoQueue` that runs each request as a blocking call, for engines without a native
-//! asynchronous interface. Completed jobs are put on a list and the queue's eventfd is
-//! signalled; `drain` hands them out on the owner's thread.
+//! An engine that runs each request as a blocking call on the I/O thread pool, for devices
+//! without a native asynchronous interface (the `threads` engine of a raw file, a synchronous
+//! device). Finished jobs are put on a list and the pipeline's eventfd is signalled; `reap`
+//! reports them on the owner's thread.
 //!
 //! A submitted batch is shared out as the old submission pool did: by the measured cost of a
 //! request. Requests that finish in microseconds (the page cache, tmpfs) run on the submitting
@@ -9,10 +10,9 @@
 //! submitter returns to its event loop at once.
 
 use super::thread_pool::{self, Job};
-use super::{Completion, IoOp, IoQueue, IoRequest, IoVec, Notifier, Offload, QueueFull};
+use super::{Engine, IoOp, IoVec, Notifier, Offload, Scratch, SlotRequest};
 use crate::{BlockError, BlockErrorKind};
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Instant;
@@ -31,65 +31,25 @@ const UNMEASURED_NS: u64 = u64::MAX / 1024;
 pub(crate) trait BlockingIo: Send + Sync + 'static {
     /// # Safety
     /// `iov` is valid as promised to `IoQueue::push` for the request.
-    unsafe fn run(&self, req: &JobRequest, scratch: &mut Scratch) -> Result<(), BlockError>;
-}
-
-/// The request a job carries (its own copy of the buffer list).
-pub(crate) struct JobRequest {
-    pub op: IoOp,
-    pub offset: u64,
-    pub len: u64,
-    pub iov: Vec<IoVec>,
-    pub fua: bool,
-}
-
-/// Per-job memory an engine may reuse from one request to the next (a bounce buffer).
-#[derive(Default)]
-pub(crate) struct Scratch {
-    pub buf: Option<crate::AlignedBuf>,
-}
-
-/// Bounce buffers up to this size stay with their job for the next request.
-const KEEP_SCRATCH: usize = 1 << 20;
-
-impl Scratch {
-    /// A buffer of at least `len` bytes (contents unspecified).
-    pub fn take(&mut self, len: usize) -> &mut [u8] {
-        if self.buf.as_ref().is_none_or(|b| b.len() < len) {
-            self.buf = Some(crate::AlignedBuf::zeroed(len));
-        }
-        match self.buf.as_deref_mut() {
-            Some(buf) => &mut buf[..len],
-            None => &mut [],
-        }
-    }
-
-    fn trim(&mut self) {
-        if self.buf.as_ref().is_some_and(|b| b.len() > KEEP_SCRATCH) {
-            self.buf = None;
-        }
-    }
+    unsafe fn run(&self, req: &SlotRequest, scratch: &mut Scratch) -> Result<(), BlockError>;
 }
 
 // Jobs stay boxed on these lists so that recycling them allocates nothing.
 #[allow(clippy::vec_box)]
-struct Shared<E> {
-    engine: Arc<E>,
+struct PoolShared<E> {
+    io: E,
     /// Submitted jobs no thread has claimed yet.
     batch: Mutex<VecDeque<Box<ThreadJob>>>,
     done: Mutex<Vec<Box<ThreadJob>>>,
-    notifier: Notifier,
-    /// The notifier is a parent queue's: the parent clears it before it drains this queue,
-    /// and this queue must not, or it could swallow the wake-up of a completion the parent
-    /// has not collected yet.
-    parent_clears: bool,
+    /// The pipeline's: signalled here, cleared by the pipeline.
+    notifier: Arc<Notifier>,
     /// Moving average of a request's run time, in nanoseconds.
     avg_ns: AtomicU64,
-    /// A layer's data work, run with each read and write (`IoQueue::offload`).
+    /// A layer's data work, run with each read and write (`Engine::offload`).
     offload: OnceLock<Arc<dyn Offload>>,
 }
 
-impl<E: BlockingIo> Shared<E> {
+impl<E: BlockingIo> PoolShared<E> {
     #[allow(clippy::vec_box)]
     fn done(&self) -> MutexGuard<'_, Vec<Box<ThreadJob>>> {
         // A list of finished jobs stays consistent whatever a panicking holder did.
@@ -126,7 +86,7 @@ impl<E: BlockingIo> Shared<E> {
             (Some(work), IoOp::Read) => {
                 // SAFETY: forwarded; then the read's buffers, valid for reads and writes.
                 unsafe {
-                    self.engine.run(req, scratch)?;
+                    self.io.run(req, scratch)?;
                     work.after_read(req.offset, &req.iov)
                 }
             }
@@ -142,12 +102,12 @@ impl<E: BlockingIo> Shared<E> {
                 transformed_iov.push(IoVec::from_raw(out, len));
                 std::mem::swap(&mut req.iov, transformed_iov);
                 // SAFETY: the list now names the job's own buffer, alive for the call.
-                let result = unsafe { self.engine.run(req, scratch) };
+                let result = unsafe { self.io.run(req, scratch) };
                 std::mem::swap(&mut req.iov, transformed_iov);
                 result
             }
             // SAFETY: forwarded.
-            _ => unsafe { self.engine.run(req, scratch) },
+            _ => unsafe { self.io.run(req, scratch) },
         }
     }
 
@@ -183,7 +143,7 @@ impl<E: BlockingIo> Shared<E> {
 /// A pool thread sent to help with a queue's submitted batch. Weak: a helper still waiting
 /// for a thread must not keep the queue's engine (and so the image file and its lock) alive
 /// after the queue is gone.
-struct Helper<E>(Weak<Shared<E>>);
+struct Helper<E>(Weak<PoolShared<E>>);
 
 impl<E: BlockingIo> Job for Helper<E> {
     fn run(self: Box<Self>) {
@@ -195,8 +155,8 @@ impl<E: BlockingIo> Job for Helper<E> {
 
 /// One request and what its run needs, recycled from request to request.
 struct ThreadJob {
-    req: JobRequest,
-    tag: u64,
+    req: SlotRequest,
+    slot: usize,
     result: Result<(), BlockError>,
     scratch: Scratch,
     /// A write's data after the offloaded work, and the one-entry list naming it.
@@ -216,103 +176,66 @@ fn helpers_for(n: usize, avg_ns: u64, inline: bool) -> usize {
     wanted.min(n.saturating_sub(1)).min(cap)
 }
 
-/// The queue. Jobs (with their buffer lists and bounce buffers) are recycled, so a queue in
-/// steady state allocates nothing per request.
+/// The engine. Jobs (with their buffer lists and bounce buffers) are kept by slot and reused, so
+/// an engine in steady state allocates nothing per request.
 #[allow(clippy::vec_box)]
-pub(crate) struct ThreadedQueue<E: BlockingIo> {
-    shared: Arc<Shared<E>>,
-    capacity: usize,
-    in_flight: usize,
+pub(crate) struct ThreadedEngine<E: BlockingIo> {
+    shared: Arc<PoolShared<E>>,
+    /// Each slot's job while it is idle.
+    idle: Vec<Option<Box<ThreadJob>>>,
     /// Jobs submitted and not yet taken back from the done list: what `Drop` waits for.
     in_pool: usize,
-    /// Pushed, not yet submitted.
+    /// Started, not yet submitted.
     pending: Vec<Box<ThreadJob>>,
-    spare: Vec<Box<ThreadJob>>,
-    /// Swapped with the shared list in `drain`, so draining allocates nothing.
+    /// Swapped with the shared list in `reap`, so reaping allocates nothing.
     finished: Vec<Box<ThreadJob>>,
 }
 
-impl<E: BlockingIo> ThreadedQueue<E> {
-    pub(crate) fn new(engine: Arc<E>, capacity: usize) -> Result<Self, BlockError> {
-        let notifier = Notifier::new().map_err(|e| BlockError::io("eventfd", e))?;
-        Ok(Self::build(engine, capacity, notifier, false))
-    }
-
-    /// A queue that signals a parent queue's `notifier` (a clone of it). The parent clears it
-    /// (before draining this queue); this queue never does.
-    pub(crate) fn with_notifier(engine: Arc<E>, capacity: usize, notifier: Notifier) -> Self {
-        Self::build(engine, capacity, notifier, true)
-    }
-
-    fn build(engine: Arc<E>, capacity: usize, notifier: Notifier, parent_clears: bool) -> Self {
-        let capacity = capacity.max(1);
-        ThreadedQueue {
-            shared: Arc::new(Shared {
-                engine,
+impl<E: BlockingIo> ThreadedEngine<E> {
+    pub(crate) fn new(io: E, capacity: usize, notifier: Arc<Notifier>) -> Self {
+        ThreadedEngine {
+            shared: Arc::new(PoolShared {
+                io,
                 batch: Mutex::new(VecDeque::with_capacity(capacity)),
                 done: Mutex::new(Vec::with_capacity(capacity)),
                 notifier,
-                parent_clears,
                 avg_ns: AtomicU64::new(UNMEASURED_NS),
                 offload: OnceLock::new(),
             }),
-            capacity,
-            in_flight: 0,
+            idle: (0..capacity).map(|_| None).collect(),
             in_pool: 0,
             pending: Vec::with_capacity(capacity),
-            spare: Vec::new(),
             finished: Vec::with_capacity(capacity),
         }
     }
 
-    fn job(&mut self) -> Box<ThreadJob> {
-        self.spare.pop().unwrap_or_else(|| {
+    /// Waits until a job is back on the done list (clearing the notifier meanwhile: only
+    /// called where nothing else signals it).
+    fn wait_for_done(&self) {
+        while self.shared.done().is_empty() {
+            self.shared.notifier.wait();
+            if self.shared.done().is_empty() {
+                self.shared.notifier.clear();
+            }
+        }
+    }
+}
+
+impl<E: BlockingIo> Engine for ThreadedEngine<E> {
+    unsafe fn start(&mut self, slot: usize, req: &SlotRequest) -> Option<Result<(), BlockError>> {
+        let mut job = self.idle[slot].take().unwrap_or_else(|| {
             Box::new(ThreadJob {
-                req: JobRequest {
-                    op: IoOp::Flush,
-                    offset: 0,
-                    len: 0,
-                    iov: Vec::new(),
-                    fua: false,
-                },
-                tag: 0,
+                req: SlotRequest::default(),
+                slot,
                 result: Ok(()),
                 scratch: Scratch::default(),
                 transformed: Scratch::default(),
                 transformed_iov: Vec::with_capacity(1),
             })
-        })
-    }
-}
-
-impl<E: BlockingIo> IoQueue for ThreadedQueue<E> {
-    fn notifier(&self) -> RawFd {
-        self.shared.notifier.as_raw_fd()
-    }
-
-    fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    fn in_flight(&self) -> usize {
-        self.in_flight
-    }
-
-    unsafe fn push(&mut self, req: &IoRequest<'_>) -> Result<(), QueueFull> {
-        if self.in_flight >= self.capacity {
-            return Err(QueueFull(self.in_flight));
-        }
-        let mut job = self.job();
-        job.req.op = req.op;
-        job.req.offset = req.offset;
-        job.req.len = req.len;
-        job.req.fua = req.fua;
-        job.req.iov.clear();
-        job.req.iov.extend_from_slice(req.iov);
-        job.tag = req.tag;
-        self.in_flight += 1;
+        });
+        job.req.copy_from(req);
         self.pending.push(job);
-        Ok(())
+        None
     }
 
     fn submit(&mut self) -> Result<(), BlockError> {
@@ -326,8 +249,8 @@ impl<E: BlockingIo> IoQueue for ThreadedQueue<E> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend(self.pending.drain(..));
-        let inline = self.shared.avg_ns.load(Ordering::Relaxed) <= INLINE_NS;
         let avg = self.shared.avg_ns.load(Ordering::Relaxed);
+        let inline = avg <= INLINE_NS;
         for _ in 0..helpers_for(n, avg, inline) {
             thread_pool::spawn(Box::new(Helper(Arc::downgrade(&self.shared))));
         }
@@ -337,60 +260,40 @@ impl<E: BlockingIo> IoQueue for ThreadedQueue<E> {
         Ok(())
     }
 
-    fn drain(&mut self, out: &mut dyn FnMut(Completion)) {
-        if !self.shared.parent_clears {
-            self.shared.notifier.clear();
-        }
+    fn reap(&mut self, out: &mut dyn FnMut(usize, Result<(), BlockError>)) {
         std::mem::swap(&mut *self.shared.done(), &mut self.finished);
         self.in_pool -= self.finished.len();
         for mut job in self.finished.drain(..) {
-            self.in_flight -= 1;
             let result = std::mem::replace(&mut job.result, Ok(()));
-            let tag = job.tag;
+            let slot = job.slot;
             job.req.iov.clear();
             job.scratch.trim();
             job.transformed.trim();
-            self.spare.push(job);
-            out(Completion { tag, result });
+            self.idle[slot] = Some(job);
+            out(slot, result);
+        }
+    }
+
+    fn wait(&mut self) {
+        if self.in_pool > 0 {
+            self.wait_for_done();
         }
     }
 
     fn offload(&mut self, work: Arc<dyn Offload>) -> bool {
-        self.in_flight == 0 && self.shared.offload.set(work).is_ok()
-    }
-
-    fn wait(&mut self) {
-        while self.in_flight > self.pending.len() && self.shared.done().is_empty() {
-            self.shared.notifier.wait();
-            // The counter stays set until `drain` clears it; avoid spinning on it (a
-            // parent's notifier is the parent's to clear: poll it briefly instead).
-            if self.shared.done().is_empty() {
-                if self.shared.parent_clears {
-                    std::thread::sleep(std::time::Duration::from_micros(100));
-                } else {
-                    self.shared.notifier.clear();
-                }
-            }
-        }
+        self.shared.offload.set(work).is_ok()
     }
 }
 
-impl<E: BlockingIo> Drop for ThreadedQueue<E> {
+impl<E: BlockingIo> Drop for ThreadedEngine<E> {
     /// Pool threads may still use the buffers of jobs handed to them: wait until every one
     /// is back, and until no helper still holds the engine (the image's lock must be free
-    /// once the queue is gone). Their completions are not handed out.
+    /// once the queue is gone). Their completions are not reported.
     fn drop(&mut self) {
         while self.in_pool > 0 {
+            self.wait_for_done();
             let back = std::mem::take(&mut *self.shared.done());
             self.in_pool -= back.len();
-            if back.is_empty() {
-                self.shared.notifier.wait();
-                if self.shared.parent_clears {
-                    std::thread::sleep(std::time::Duration::from_micros(100));
-                } else {
-                    self.shared.notifier.clear();
-                }
-            }
         }
         // A helper that ran the last job lets go right after it.
         while Arc::strong_count(&self.shared) > 1 {

@@ -8,13 +8,12 @@
 //! serialised by a striped lock so that two unaligned writes to different bytes of the same
 //! sector cannot lose either update.
 
-mod offload;
-mod queue;
+mod stage;
 mod zero_holes;
 
 pub(crate) use zero_holes::ZeroHolesCipher;
 
-use crate::aio::{IoQueue, IoVec, QueueOptions};
+use crate::aio::{IoVec, Pipeline, QueueOptions};
 use crate::bounce::BouncePool;
 use crate::device::check_range;
 use crate::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind};
@@ -66,7 +65,7 @@ pub struct CryptLayout {
 }
 
 /// A decrypted view of an encrypted payload. Cheap to share: queues opened on it
-/// (`native_queue`) hold the same state.
+/// (`pipeline`) hold the same state.
 pub struct CryptDevice {
     core: Arc<CryptCore>,
 }
@@ -265,6 +264,13 @@ impl CryptCore {
     }
 }
 
+/// The whole sectors of `len` bytes at `offset`, as (offset, len); `None` when there are none.
+fn whole_sectors(offset: u64, len: u64, sector: u64) -> Option<(u64, u64)> {
+    let start = offset.div_ceil(sector) * sector;
+    let end = (offset + len) / sector * sector;
+    (end > start).then(|| (start, end - start))
+}
+
 fn crypto_error(dir: Direction, off: u64, e: CryptoError) -> BlockError {
     let op = match dir {
         Direction::Encrypt => "encrypt",
@@ -366,13 +372,10 @@ impl BlockDevice for CryptCore {
             return Err(BlockError::read_only("discard").at(offset));
         }
         check_range("discard", offset, len, self.size)?;
-        let start = offset.div_ceil(self.sector) * self.sector;
-        let end = (offset + len) / self.sector * self.sector;
-        if end <= start {
-            return Ok(());
+        match whole_sectors(offset, len, self.sector) {
+            Some((start, len)) => self.backend.discard(self.layout.data_offset + start, len),
+            None => Ok(()),
         }
-        self.backend
-            .discard(self.layout.data_offset + start, end - start)
     }
 
     /// Always data: a hole in the ciphertext does not decrypt to zeros, so nothing below this
@@ -414,10 +417,7 @@ impl BlockDevice for CryptDevice {
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         self.core.write_zeroes(offset, len)
     }
-    fn native_queue(&self, opts: &QueueOptions) -> Option<Result<Box<dyn IoQueue>, BlockError>> {
-        Some(
-            queue::CryptQueue::open(self.core.clone(), opts)
-                .map(|q| Box::new(q) as Box<dyn IoQueue>),
-        )
+    fn pipeline(&self, opts: &QueueOptions) -> Option<Result<Pipeline, BlockError>> {
+        Some(stage::open(self.core.clone(), opts))
     }
 }

@@ -10,19 +10,19 @@
 //! one) goes through the page cache instead, which the kernel keeps coherent with direct I/O.
 
 mod direct;
+mod files;
 mod threads;
 mod uring;
 
-use crate::aio::{IoQueue, QueueOptions};
+use crate::aio::{Bounds, Pipeline, QueueOptions};
 use crate::device::check_range;
-use crate::{
-    AioEngine, AlignedBuf, BlockDevice, BlockError, BlockErrorKind, CacheMode, Extent, ExtentKind,
-};
-use direct::{DioAlign, Route};
+use crate::{AioEngine, BlockDevice, BlockError, BlockErrorKind, CacheMode, Extent, ExtentKind};
+use direct::DioAlign;
+use files::Files;
 use std::fs::{File, TryLockError};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -59,131 +59,6 @@ impl Default for IoSettings {
             cache: CacheMode::Writeback,
             aio: AioEngine::IoUring,
         }
-    }
-}
-
-/// The open descriptors, shared with the asynchronous queues of the file.
-#[derive(Debug)]
-pub(crate) struct Files {
-    /// Buffered descriptor: headers, unaligned requests, everything when not direct.
-    buffered: File,
-    /// O_DIRECT descriptor (cache modes `none`, `directsync`).
-    direct: Option<File>,
-    dio: DioAlign,
-    path: PathBuf,
-    size: u64,
-    writable: bool,
-    cache: CacheMode,
-}
-
-impl Files {
-    fn route(&self, addr: usize, len: usize, offset: u64) -> Route {
-        match &self.direct {
-            Some(_) => self.dio.route(addr, len, offset),
-            None => Route::Buffered,
-        }
-    }
-
-    fn fd_for(&self, route: Route) -> &File {
-        match (route, &self.direct) {
-            (Route::Direct | Route::Bounce, Some(direct)) => direct,
-            _ => &self.buffered,
-        }
-    }
-
-    fn err(&self, op: &'static str, e: std::io::Error, offset: u64) -> BlockError {
-        BlockError::io(op, e).at(offset).with_path(&self.path)
-    }
-}
-
-/// The synchronous I/O of a raw file, shared by `RawFile` and the threads engine.
-impl Files {
-    pub(crate) fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
-        let f = self;
-        check_range("read", offset, buf.len() as u64, f.size).map_err(|e| e.with_path(&f.path))?;
-        let route = f.route(buf.as_ptr() as usize, buf.len(), offset);
-        let fd = f.fd_for(route);
-        let result = if route == Route::Bounce {
-            let mut bounce = AlignedBuf::zeroed(buf.len());
-            read_full(fd, &mut bounce, offset).map(|()| buf.copy_from_slice(&bounce))
-        } else {
-            read_full(fd, buf, offset)
-        };
-        result.map_err(|e| f.err("read", e, offset))
-    }
-
-    pub(crate) fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
-        let f = self;
-        if !f.writable {
-            return Err(BlockError::read_only("write").at(offset).with_path(&f.path));
-        }
-        check_range("write", offset, buf.len() as u64, f.size).map_err(|e| e.with_path(&f.path))?;
-        let route = f.route(buf.as_ptr() as usize, buf.len(), offset);
-        let fd = f.fd_for(route);
-        let result = if route == Route::Bounce {
-            let mut bounce = AlignedBuf::zeroed(buf.len());
-            bounce.copy_from_slice(buf);
-            fd.write_all_at(&bounce, offset)
-        } else {
-            fd.write_all_at(buf, offset)
-        };
-        result.map_err(|e| f.err("write", e, offset))
-    }
-
-    pub(crate) fn flush(&self) -> Result<(), BlockError> {
-        let f = self;
-        if !f.writable || f.cache.ignore_flush() {
-            return Ok(());
-        }
-        f.buffered
-            .sync_data()
-            .map_err(|e| BlockError::io("flush", e).with_path(&f.path))
-    }
-
-    pub(crate) fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        let f = self;
-        if !f.writable {
-            return Err(BlockError::read_only("write zeroes")
-                .at(offset)
-                .with_path(&f.path));
-        }
-        check_range("write zeroes", offset, len, f.size).map_err(|e| e.with_path(&f.path))?;
-        match fallocate(
-            &f.buffered,
-            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
-            offset,
-            len,
-        ) {
-            Ok(()) => Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-                static ZEROES: [u8; 256 * 1024] = [0; 256 * 1024];
-                let mut done = 0u64;
-                while done < len {
-                    let n = (len - done).min(ZEROES.len() as u64) as usize;
-                    self.write_at(&ZEROES[..n], offset + done)?;
-                    done += n as u64;
-                }
-                Ok(())
-            }
-            Err(e) => Err(f.err("write zeroes", e, offset)),
-        }
-    }
-
-    pub(crate) fn punch_hole(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        if !self.writable {
-            return Err(BlockError::read_only("punch_hole").with_path(&self.path));
-        }
-        check_range("punch_hole", offset, len, self.size).map_err(|e| e.with_path(&self.path))?;
-        if len == 0 {
-            return Ok(());
-        }
-        fallocate(
-            &self.buffered,
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            offset,
-            len,
-        )
-        .map_err(|e| self.err("punch_hole", e, offset))
     }
 }
 
@@ -404,20 +279,6 @@ fn lock_file(file: &File, exclusive: bool) -> Result<(), BlockError> {
     }
 }
 
-/// `fallocate(2)` with `mode` over `len` bytes at `offset`.
-fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> std::io::Result<()> {
-    let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    };
-    // SAFETY: fallocate only reads its integer arguments; the descriptor is owned by `file`,
-    // which stays open for the duration of the call.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, off, l) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// Whether `file` lives on tmpfs.
 fn is_tmpfs(file: &File) -> bool {
     // SAFETY: an all-zero statfs is a valid value of that plain C struct.
@@ -455,24 +316,6 @@ fn open_fd(path: &Path, writable: bool, direct: bool, dsync: bool) -> std::io::R
         .write(writable)
         .custom_flags(flags)
         .open(path)
-}
-
-/// Reads all of `buf` at `offset`; the part past the end of the file reads as zeros (the file
-/// shrank under us, or a device node is shorter than it said), as it would in QEMU.
-fn read_full(fd: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-    let mut done = 0usize;
-    while done < buf.len() {
-        match fd.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => {
-                buf[done..].fill(0);
-                break;
-            }
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// Whether the once-per-process notice about io_uring being unavailable was logged.
@@ -519,20 +362,25 @@ impl BlockDevice for RawFile {
         self.files.write_zeroes(offset, len)
     }
 
-    fn native_queue(&self, opts: &QueueOptions) -> Option<Result<Box<dyn IoQueue>, BlockError>> {
-        if self.aio == AioEngine::IoUring {
-            match uring::UringQueue::new(self.files.clone(), opts) {
-                Ok(queue) => return Some(Ok(Box::new(queue))),
-                Err(e) => {
-                    if !URING_NOTICE.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(
-                            "io_uring is not available ({e}): using the threads aio engine"
-                        );
+    fn pipeline(&self, opts: &QueueOptions) -> Option<Result<Pipeline, BlockError>> {
+        let f = &self.files;
+        let bounds = Bounds::new(f.size, !f.writable).with_path(f.path.clone());
+        let uring = self.aio == AioEngine::IoUring;
+        Some(Pipeline::new(opts, bounds, |notifier, capacity| {
+            if uring {
+                match uring::UringEngine::new(f.clone(), capacity, notifier.clone()) {
+                    Ok(engine) => return Ok(Box::new(engine)),
+                    Err(e) => {
+                        if !URING_NOTICE.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(
+                                "io_uring is not available ({e}): using the threads aio engine"
+                            );
+                        }
                     }
                 }
             }
-        }
-        Some(threads::queue(self.files.clone(), opts))
+            Ok(threads::engine(f.clone(), capacity, notifier))
+        }))
     }
 
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {

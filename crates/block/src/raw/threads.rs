@@ -4,54 +4,31 @@
 
 use super::direct::Route;
 use super::Files;
-use crate::aio::threaded::{BlockingIo, JobRequest, Scratch, ThreadedQueue};
-use crate::aio::{copy, IoOp, IoQueue, IoVec, QueueOptions};
-use crate::device::check_range;
+use crate::aio::threaded::{BlockingIo, ThreadedEngine};
+use crate::aio::{copy, Engine, IoOp, IoVec, Notifier, Scratch, SlotRequest};
 use crate::BlockError;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-pub(super) fn queue(
+/// The engine of a raw file's pipeline on the I/O threads.
+pub(super) fn engine(
     files: Arc<Files>,
-    opts: &QueueOptions,
-) -> Result<Box<dyn IoQueue>, BlockError> {
-    Ok(Box::new(ThreadedQueue::new(
-        Arc::new(RawIo { files }),
-        opts.depth,
-    )?))
+    capacity: usize,
+    notifier: Arc<Notifier>,
+) -> Box<dyn Engine> {
+    Box::new(ThreadedEngine::new(RawIo { files }, capacity, notifier))
 }
 
 struct RawIo {
     files: Arc<Files>,
 }
 
-impl Files {
-    /// The route of a scatter-gather transfer at `offset`.
-    pub(super) fn route_iov(&self, iov: &[IoVec], offset: u64) -> Route {
-        match &self.direct {
-            Some(_) => self.dio.route_iov(iov, offset),
-            None => Route::Buffered,
-        }
-    }
-
-    /// Checks a read or write of `len` bytes at `offset` before it reaches the kernel.
-    pub(super) fn check_rw(&self, op: IoOp, offset: u64, len: u64) -> Result<(), BlockError> {
-        if op == IoOp::Write && !self.writable {
-            return Err(BlockError::read_only("write")
-                .at(offset)
-                .with_path(&self.path));
-        }
-        check_range(op.name(), offset, len, self.size).map_err(|e| e.with_path(&self.path))
-    }
-}
-
 impl BlockingIo for RawIo {
-    unsafe fn run(&self, req: &JobRequest, scratch: &mut Scratch) -> Result<(), BlockError> {
+    unsafe fn run(&self, req: &SlotRequest, scratch: &mut Scratch) -> Result<(), BlockError> {
         let f = &*self.files;
         match req.op {
             IoOp::Read | IoOp::Write => {
-                f.check_rw(req.op, req.offset, req.len)?;
                 let route = f.route_iov(&req.iov, req.offset);
                 let fd = f.fd_for(route);
                 let flags = if req.op == IoOp::Write && req.fua {

@@ -9,9 +9,7 @@
 
 use super::direct::Route;
 use super::Files;
-use crate::aio::{
-    copy, Completion, IoOp, IoQueue, IoRequest, IoVec, Notifier, QueueFull, QueueOptions,
-};
+use crate::aio::{copy, Engine, IoOp, IoVec, Notifier, Scratch, SlotRequest};
 use crate::{AlignedBuf, BlockError};
 use io_uring::{opcode, squeue, types, IoUring};
 use std::os::fd::{AsRawFd, RawFd};
@@ -21,8 +19,6 @@ use std::sync::{Arc, OnceLock};
 const BUFFERED: u32 = 0;
 /// Index of the O_DIRECT descriptor (registered only when the file has one).
 const DIRECT: u32 = 1;
-/// Bounce buffers up to this size stay with their slot.
-const KEEP_BOUNCE: usize = 1 << 20;
 /// Zeros written per request where the filesystem cannot zero a range (tmpfs).
 const ZERO_CHUNK: usize = 1 << 20;
 
@@ -31,9 +27,9 @@ fn zero_chunk() -> &'static AlignedBuf {
     ZEROS.get_or_init(|| AlignedBuf::zeroed(ZERO_CHUNK))
 }
 
+/// What a slot's transfer needs while the kernel runs it.
 #[derive(Default)]
-struct Slot {
-    tag: u64,
+struct UringTransfer {
     op: Option<IoOp>,
     offset: u64,
     len: u64,
@@ -45,36 +41,36 @@ struct Slot {
     work: Vec<IoVec>,
     /// Bytes transferred so far.
     done: u64,
-    bounce: Option<AlignedBuf>,
+    bounce: Scratch,
     bounced: bool,
     /// WriteZeroes fell back to writing zeros.
     writing_zeros: bool,
 }
 
-pub(super) struct UringQueue {
+pub(super) struct UringEngine {
     ring: IoUring,
     /// The buffered descriptor registered with the ring (not the locked one).
     _buffered: std::fs::File,
     files: Arc<Files>,
-    notifier: Notifier,
-    slots: Vec<Slot>,
-    free: Vec<u32>,
-    in_flight: usize,
+    /// The pipeline's, registered with the ring.
+    _notifier: Arc<Notifier>,
+    /// By the pipeline's slot index.
+    transfers: Vec<UringTransfer>,
     /// SQEs queued since the last `submit`.
     unsubmitted: usize,
     /// SQEs queued whose CQE has not been taken off the ring: the kernel may be using their
-    /// buffers. What `Drop` waits for (not `in_flight`, which a panicking completion callback
-    /// could leave too high).
+    /// buffers. What `Drop` waits for.
     in_kernel: usize,
-    /// Requests finished without the kernel (refused at push, flushes that are no-ops).
-    ready: Vec<Completion>,
     /// Completion entries copied out of the ring before they are handled.
     cqes: Vec<(u64, i32)>,
 }
 
-impl UringQueue {
-    pub(super) fn new(files: Arc<Files>, opts: &QueueOptions) -> Result<Self, BlockError> {
-        let capacity = opts.depth.clamp(1, 4096);
+impl UringEngine {
+    pub(super) fn new(
+        files: Arc<Files>,
+        capacity: usize,
+        notifier: Arc<Notifier>,
+    ) -> Result<Self, BlockError> {
         let entries = u32::try_from(capacity.next_power_of_two()).unwrap_or(4096);
         let ring = IoUring::builder()
             .build(entries)
@@ -92,35 +88,24 @@ impl UringQueue {
         ring.submitter()
             .register_files(&fds)
             .map_err(|e| BlockError::io("io_uring register files", e))?;
-        let notifier = Notifier::new().map_err(|e| BlockError::io("eventfd", e))?;
         ring.submitter()
             .register_eventfd(notifier.as_raw_fd())
             .map_err(|e| BlockError::io("io_uring register eventfd", e))?;
-        Ok(UringQueue {
+        Ok(UringEngine {
             ring,
             _buffered: buffered,
             files,
-            notifier,
-            slots: (0..capacity).map(|_| Slot::default()).collect(),
-            free: (0..capacity as u32).rev().collect(),
-            in_flight: 0,
+            _notifier: notifier,
+            transfers: (0..capacity).map(|_| UringTransfer::default()).collect(),
             unsubmitted: 0,
             in_kernel: 0,
-            ready: Vec::new(),
             cqes: Vec::with_capacity(capacity),
         })
     }
 
-    /// Finishes a request at once, without the kernel.
-    fn finish_now(&mut self, tag: u64, result: Result<(), BlockError>) {
-        self.in_flight += 1;
-        self.ready.push(Completion { tag, result });
-        self.notifier.notify();
-    }
-
     /// Queues the slot's next SQE (its first one, or the continuation of a short transfer).
-    fn queue_sqe(&mut self, index: u32) {
-        let slot = &mut self.slots[index as usize];
+    fn queue_sqe(&mut self, index: usize) {
+        let slot = &mut self.transfers[index];
         let Some(op) = slot.op else { return };
         let file = types::Fixed(slot.file);
         let at = slot.offset + slot.done;
@@ -172,10 +157,10 @@ impl UringQueue {
                 .mode(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE)
                 .build(),
         };
-        let entry: squeue::Entry = entry.user_data(u64::from(index));
-        // SAFETY: the SQE points at the slot's iovec list (kept until the slot is freed, which
-        // happens only after its completion), at the request's buffers (valid until its
-        // completion is handed out, as `push` was promised), or at the static zero chunk. The
+        let entry: squeue::Entry = entry.user_data(index as u64);
+        // SAFETY: the SQE points at the slot's iovec list (kept until its completion is
+        // reaped), at the request's buffers (valid until then, as `Engine::start` was
+        // promised), or at the static zero chunk. The
         // ring has room: requests in flight never exceed its size, and each has one SQE at a
         // time.
         let pushed = unsafe { self.ring.submission().push(&entry) };
@@ -211,11 +196,11 @@ impl UringQueue {
 
     /// Handles one completion entry; returns the request's result once it is finished, or
     /// `None` when it continues (a continuation SQE was queued) or the entry is stray.
-    fn complete_entry(&mut self, index: u32, res: i32) -> Option<Result<(), BlockError>> {
+    fn complete_entry(&mut self, index: usize, res: i32) -> Option<Result<(), BlockError>> {
         let files = &*self.files;
-        let slot = &mut self.slots[index as usize];
+        let slot = &mut self.transfers[index];
         let op = slot.op?;
-        let failed = |errno: i32, slot: &Slot| {
+        let failed = |errno: i32, slot: &UringTransfer| {
             let e = std::io::Error::from_raw_os_error(errno);
             Err(files.err(op.name(), e, slot.offset + slot.done))
         };
@@ -229,11 +214,12 @@ impl UringQueue {
                     } else {
                         // Past the end of the file (it shrank under us): the rest reads as
                         // zeros, as it does on the synchronous path.
-                        match (&mut slot.bounce, slot.bounced) {
-                            (Some(b), true) => b[slot.done as usize..slot.len as usize].fill(0),
+                        if slot.bounced {
+                            slot.bounce.take(slot.len as usize)[slot.done as usize..].fill(0);
+                        } else {
                             // SAFETY: the request's buffers are writable until its completion
-                            // is handed out (push contract).
-                            _ => unsafe { copy::zero_fill(&slot.iov, slot.done as usize) },
+                            // is reported (`Engine::start`'s contract).
+                            unsafe { copy::zero_fill(&slot.iov, slot.done as usize) };
                         }
                         slot.done = slot.len;
                         Some(Ok(()))
@@ -271,84 +257,40 @@ impl UringQueue {
                 None
             }
             Some(Ok(())) if op == IoOp::Read && slot.bounced => {
-                if let Some(bounce) = &slot.bounce {
-                    // SAFETY: the request's buffers are writable until its completion is
-                    // handed out (push contract); the bounce is ours.
-                    unsafe { copy::scatter(&bounce[..slot.len as usize], &slot.iov, 0) };
-                }
+                // SAFETY: the request's buffers are writable until its completion is reported
+                // (`Engine::start`'s contract); the bounce is ours.
+                unsafe { copy::scatter(slot.bounce.take(slot.len as usize), &slot.iov, 0) };
                 Some(Ok(()))
             }
             done => done,
         }
     }
 
-    fn release(&mut self, index: u32) -> u64 {
-        let slot = &mut self.slots[index as usize];
+    fn release(&mut self, index: usize) {
+        let slot = &mut self.transfers[index];
         slot.op = None;
         slot.iov.clear();
         slot.work.clear();
-        if slot.bounce.as_ref().is_some_and(|b| b.len() > KEEP_BOUNCE) {
-            slot.bounce = None;
-        }
-        self.free.push(index);
-        slot.tag
+        slot.bounce.trim();
     }
 }
 
-impl IoQueue for UringQueue {
-    fn notifier(&self) -> RawFd {
-        self.notifier.as_raw_fd()
-    }
-
-    fn capacity(&self) -> usize {
-        self.slots.len()
-    }
-
-    fn in_flight(&self) -> usize {
-        self.in_flight
-    }
-
-    unsafe fn push(&mut self, req: &IoRequest<'_>) -> Result<(), QueueFull> {
-        if self.in_flight >= self.slots.len() {
-            return Err(QueueFull(self.in_flight));
-        }
+impl Engine for UringEngine {
+    unsafe fn start(&mut self, index: usize, req: &SlotRequest) -> Option<Result<(), BlockError>> {
         let f = &*self.files;
-        // Refusals and no-ops complete without the kernel.
-        let refused = match req.op {
-            IoOp::Read | IoOp::Write => f.check_rw(req.op, req.offset, req.len).err(),
-            IoOp::Discard | IoOp::WriteZeroes => {
-                if !f.writable {
-                    Some(BlockError::read_only(req.op.name()).with_path(&f.path))
-                } else {
-                    crate::device::check_range(req.op.name(), req.offset, req.len, f.size)
-                        .err()
-                        .map(|e| e.with_path(&f.path))
-                }
-            }
-            IoOp::Flush => None,
-        };
         let no_op = match req.op {
             IoOp::Flush => !f.writable || f.cache.ignore_flush(),
             IoOp::Read | IoOp::Write | IoOp::Discard | IoOp::WriteZeroes => req.len == 0,
         };
-        if let Some(e) = refused {
-            self.finish_now(req.tag, Err(e));
-            return Ok(());
-        }
         if no_op {
-            self.finish_now(req.tag, Ok(()));
-            return Ok(());
+            return Some(Ok(()));
         }
         let route = match req.op {
-            IoOp::Read | IoOp::Write => f.route_iov(req.iov, req.offset),
+            IoOp::Read | IoOp::Write => f.route_iov(&req.iov, req.offset),
             _ => Route::Buffered,
         };
         let has_direct = f.direct.is_some();
-        let Some(index) = self.free.pop() else {
-            return Err(QueueFull(self.in_flight));
-        };
-        let slot = &mut self.slots[index as usize];
-        slot.tag = req.tag;
+        let slot = &mut self.transfers[index];
         slot.op = Some(req.op);
         slot.offset = req.offset;
         slot.len = req.len;
@@ -361,24 +303,18 @@ impl IoQueue for UringQueue {
             _ => BUFFERED,
         };
         slot.iov.clear();
-        slot.iov.extend_from_slice(req.iov);
+        slot.iov.extend_from_slice(&req.iov);
         slot.work.clear();
         if slot.bounced {
-            let len = req.len as usize;
-            if slot.bounce.as_ref().is_none_or(|b| b.len() < len) {
-                slot.bounce = Some(AlignedBuf::zeroed(len));
+            let bounce = slot.bounce.take(req.len as usize);
+            if req.op == IoOp::Write {
+                // SAFETY: the request's buffers are readable (this function's contract).
+                unsafe { copy::gather(&req.iov, 0, bounce) };
             }
-            if let Some(bounce) = slot.bounce.as_mut() {
-                if req.op == IoOp::Write {
-                    // SAFETY: the request's buffers are readable (this function's contract).
-                    unsafe { copy::gather(req.iov, 0, &mut bounce[..len]) };
-                }
-                slot.work.push(IoVec::from_raw(bounce.as_mut_ptr(), len));
-            }
+            slot.work.push(IoVec::from_slice(bounce));
         }
-        self.in_flight += 1;
         self.queue_sqe(index);
-        Ok(())
+        None
     }
 
     fn submit(&mut self) -> Result<(), BlockError> {
@@ -388,28 +324,22 @@ impl IoQueue for UringQueue {
         self.enter(0)
     }
 
-    fn drain(&mut self, out: &mut dyn FnMut(Completion)) {
-        self.notifier.clear();
-        for c in self.ready.drain(..) {
-            self.in_flight -= 1;
-            out(c);
-        }
+    fn reap(&mut self, out: &mut dyn FnMut(usize, Result<(), BlockError>)) {
         self.cqes.clear();
         self.cqes
             .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
         self.in_kernel -= self.cqes.len();
         let mut cqes = std::mem::take(&mut self.cqes);
         for &(index, res) in &cqes {
-            let Ok(index) = u32::try_from(index) else {
+            let Some(index) = usize::try_from(index)
+                .ok()
+                .filter(|&i| i < self.transfers.len())
+            else {
                 continue;
             };
-            if index as usize >= self.slots.len() {
-                continue;
-            }
             if let Some(result) = self.complete_entry(index, res) {
-                let tag = self.release(index);
-                self.in_flight -= 1;
-                out(Completion { tag, result });
+                self.release(index);
+                out(index, result);
             }
         }
         cqes.clear();
@@ -423,10 +353,7 @@ impl IoQueue for UringQueue {
     }
 
     fn wait(&mut self) {
-        if !self.ready.is_empty() || self.in_flight == 0 {
-            return;
-        }
-        if !self.ring.completion().is_empty() {
+        if self.in_kernel == 0 || !self.ring.completion().is_empty() {
             return;
         }
         if let Err(e) = self.enter(1) {
@@ -437,7 +364,7 @@ impl IoQueue for UringQueue {
     }
 }
 
-impl Drop for UringQueue {
+impl Drop for UringEngine {
     /// The kernel may still read or write the buffers of requests in flight (and this
     /// queue's own iovec lists and bounce buffers): wait until it has let go of every one.
     /// Their completions are not handed out.

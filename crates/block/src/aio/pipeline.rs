@@ -1,0 +1,289 @@
+//! `Pipeline`: a device's queue as one slot table, an ordered list of stages and an engine.
+//!
+//! A request takes one slot (its caller's tag is stored there, once), passes the range check
+//! and the stages in order, and reaches the engine under its slot index; the engine reports
+//! (slot, result) and the stages that passed it on see it again, innermost first, before its
+//! completion is handed out. Requests a check or a stage finishes at once wait in the same
+//! list as those the engine finished. One eventfd serves them all.
+//!
+//! A drain hands out finished requests until the stages report `WORK_PER_DRAIN` bytes of data
+//! work (decryption), then gives the thread back with the notifier set again: decrypting memory
+//! a device has just written runs at a few GB/s, so a burst of large reads would otherwise
+//! keep the owner from taking new requests for hundreds of microseconds while the device idles.
+
+use super::{
+    device_io, Admit, Bounds, Completion, Engine, IoQueue, IoRequest, Notifier, Offload, QueueFull,
+    QueueOptions, SlotRequest, Stage,
+};
+use crate::{BlockDevice, BlockError};
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+
+/// Bytes of stage work (decryption) one `drain` does before it hands the thread back.
+const WORK_PER_DRAIN: u64 = 64 * 1024;
+/// Most requests a queue holds, whatever was asked.
+const MAX_DEPTH: usize = 4096;
+
+/// A request between its push and the hand-out of its completion.
+#[derive(Default)]
+struct RequestSlot {
+    tag: u64,
+    /// The request as pushed.
+    req: SlotRequest,
+    /// Stages that passed it on (the first `admitted` of the list): they see it complete.
+    admitted: usize,
+    busy: bool,
+}
+
+/// A device's queue.
+pub struct Pipeline {
+    engine: Box<dyn Engine>,
+    /// The synchronous path a stage may send a request to (`Admit::Synchronous`).
+    sync_path: Option<Box<dyn Engine>>,
+    /// Requests on the synchronous path.
+    sync_busy: usize,
+    stages: Vec<Box<dyn Stage>>,
+    bounds: Bounds,
+    notifier: Arc<Notifier>,
+    slots: Vec<RequestSlot>,
+    free: Vec<usize>,
+    in_flight: usize,
+    /// Finished requests not handed out yet, oldest first.
+    finished: VecDeque<(usize, Result<(), BlockError>)>,
+    /// The request on its way through the stages (reused from request to request).
+    transfer: SlotRequest,
+}
+
+impl Pipeline {
+    /// A queue of `opts.depth` slots on the engine `engine` builds (given the queue's notifier
+    /// and capacity), checked against `bounds`, with no stages yet.
+    pub fn new(
+        opts: &QueueOptions,
+        bounds: Bounds,
+        engine: impl FnOnce(Arc<Notifier>, usize) -> Result<Box<dyn Engine>, BlockError>,
+    ) -> Result<Self, BlockError> {
+        let capacity = opts.depth.clamp(1, MAX_DEPTH);
+        let notifier = Arc::new(Notifier::new().map_err(|e| BlockError::io("eventfd", e))?);
+        let engine = engine(notifier.clone(), capacity)?;
+        Ok(Pipeline {
+            engine,
+            sync_path: None,
+            sync_busy: 0,
+            stages: Vec::new(),
+            bounds,
+            notifier,
+            slots: (0..capacity).map(|_| RequestSlot::default()).collect(),
+            free: (0..capacity).rev().collect(),
+            in_flight: 0,
+            finished: VecDeque::with_capacity(capacity),
+            transfer: SlotRequest::default(),
+        })
+    }
+
+    /// Any `BlockDevice` served by its synchronous methods on the I/O thread pool, through
+    /// bounce buffers. Only the range is checked here: such a device refuses writes with its
+    /// own, more specific, error.
+    pub fn synchronous(
+        device: Arc<dyn BlockDevice>,
+        opts: &QueueOptions,
+    ) -> Result<Self, BlockError> {
+        let bounds = Bounds::new(device.size(), false);
+        Pipeline::new(opts, bounds, |notifier, capacity| {
+            Ok(device_io::engine(device, capacity, notifier))
+        })
+    }
+
+    /// Asks the engine to run `work` on every read and write from now on, on the thread that
+    /// transfers it, before its completion is reported (see [`Offload`]). False, and nothing
+    /// changes, where the engine cannot (its transfers complete in the kernel) or requests are
+    /// in flight: the stage then does the work itself.
+    pub fn offload(&mut self, work: Arc<dyn Offload>) -> bool {
+        self.in_flight == 0 && self.engine.offload(work)
+    }
+
+    /// Replaces the range check (a layer over this pipeline's device checks its own range).
+    pub fn set_bounds(&mut self, bounds: Bounds) {
+        self.bounds = bounds;
+    }
+
+    /// Puts `stage` in front of the stages already there.
+    pub fn push_front(&mut self, stage: Box<dyn Stage>) {
+        self.stages.insert(0, stage);
+    }
+
+    /// Gives the stages a synchronous path: `device`'s methods on the I/O thread pool.
+    pub fn set_sync_path(&mut self, device: Arc<dyn BlockDevice>) {
+        let engine = device_io::engine(device, self.slots.len(), self.notifier.clone());
+        self.sync_path = Some(engine);
+    }
+
+    /// Passes a request through the stages to an engine; `Some` when it finished on the way.
+    ///
+    /// # Safety
+    /// The slot's buffers are valid as promised to `IoQueue::push`.
+    unsafe fn admit(&mut self, index: usize) -> Option<Result<(), BlockError>> {
+        let slot = &mut self.slots[index];
+        let transfer = &mut self.transfer;
+        transfer.copy_from(&slot.req);
+        for (k, stage) in self.stages.iter_mut().enumerate() {
+            // SAFETY: forwarded from this function's contract.
+            match unsafe { stage.admit(index, &slot.req, transfer) } {
+                Admit::Pass => {}
+                Admit::Finish(result) => {
+                    slot.admitted = k;
+                    return Some(result);
+                }
+                Admit::Synchronous => {
+                    slot.admitted = k;
+                    let Some(sync) = self.sync_path.as_mut() else {
+                        return Some(Err(BlockError::unsupported(format!(
+                            "{} on this device's synchronous path, which it has not",
+                            slot.req.op.name()
+                        ))));
+                    };
+                    // SAFETY: the buffers are the caller's (or a stage's, kept until the
+                    // stage sees the request complete), valid until reported.
+                    let done = unsafe { sync.start(index, transfer) };
+                    if done.is_none() {
+                        self.sync_busy += 1;
+                    }
+                    return done;
+                }
+            }
+        }
+        slot.admitted = self.stages.len();
+        // SAFETY: as above.
+        unsafe { self.engine.start(index, transfer) }
+    }
+
+    /// Collects what the engines finished.
+    fn reap(&mut self) {
+        let finished = &mut self.finished;
+        self.engine
+            .reap(&mut |slot, result| finished.push_back((slot, result)));
+        if let Some(sync) = self.sync_path.as_mut() {
+            let mut back = 0;
+            sync.reap(&mut |slot, result| {
+                back += 1;
+                finished.push_back((slot, result));
+            });
+            self.sync_busy -= back;
+        }
+    }
+}
+
+impl IoQueue for Pipeline {
+    fn notifier(&self) -> RawFd {
+        self.notifier.as_raw_fd()
+    }
+
+    fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    unsafe fn push(&mut self, req: &IoRequest<'_>) -> Result<(), QueueFull> {
+        let Some(index) = self.free.pop() else {
+            return Err(QueueFull(self.in_flight));
+        };
+        self.in_flight += 1;
+        let slot = &mut self.slots[index];
+        slot.tag = req.tag;
+        slot.req.set(req);
+        slot.admitted = 0;
+        slot.busy = true;
+        let done = match self.bounds.check(req) {
+            Err(e) => Some(Err(e)),
+            // SAFETY: forwarded from this function's contract.
+            Ok(()) => unsafe { self.admit(index) },
+        };
+        if let Some(result) = done {
+            self.finished.push_back((index, result));
+            self.notifier.notify();
+        }
+        Ok(())
+    }
+
+    fn submit(&mut self) -> Result<(), BlockError> {
+        if let Some(sync) = self.sync_path.as_mut() {
+            sync.submit()?;
+        }
+        self.engine.submit()
+    }
+
+    fn drain(&mut self, out: &mut dyn FnMut(Completion)) {
+        self.notifier.clear();
+        self.reap();
+        let mut work = 0u64;
+        while work < WORK_PER_DRAIN {
+            let Some((index, mut result)) = self.finished.pop_front() else {
+                break;
+            };
+            let slot = &mut self.slots[index];
+            for stage in self.stages[..slot.admitted].iter_mut().rev() {
+                // SAFETY: the request's completion is not handed out yet (below), so its
+                // buffers are still valid (`push`'s contract).
+                work += unsafe { stage.complete(index, &slot.req, &mut result) };
+            }
+            slot.busy = false;
+            slot.req.iov.clear();
+            self.free.push(index);
+            self.in_flight -= 1;
+            out(Completion {
+                tag: slot.tag,
+                result,
+            });
+        }
+        if !self.finished.is_empty() {
+            self.notifier.notify();
+        }
+    }
+
+    fn wait(&mut self) {
+        if !self.finished.is_empty() || self.in_flight == 0 {
+            return;
+        }
+        if self.sync_busy > 0 {
+            // Both engines signal the one eventfd: wait on it rather than on either.
+            self.notifier.wait();
+        } else {
+            self.engine.wait();
+        }
+    }
+}
+
+impl Drop for Pipeline {
+    /// The engines wait for the device to let go of every buffer as they drop; then the
+    /// requests never collected, which still count for the stages that passed them on (a
+    /// fence, the dirty log), are let go there.
+    fn drop(&mut self) {
+        self.engine = Box::new(Stopped);
+        self.sync_path = None;
+        for (index, slot) in self.slots.iter().enumerate().filter(|(_, s)| s.busy) {
+            for stage in self.stages[..slot.admitted].iter_mut().rev() {
+                stage.abandon(index, &slot.req);
+            }
+        }
+    }
+}
+
+/// What is left of a dropped pipeline's engine.
+struct Stopped;
+
+impl Engine for Stopped {
+    unsafe fn start(&mut self, _: usize, _: &SlotRequest) -> Option<Result<(), BlockError>> {
+        Some(Err(BlockError::new(
+            crate::BlockErrorKind::Io,
+            "the queue is closed",
+        )))
+    }
+    fn submit(&mut self) -> Result<(), BlockError> {
+        Ok(())
+    }
+    fn reap(&mut self, _: &mut dyn FnMut(usize, Result<(), BlockError>)) {}
+    fn wait(&mut self) {}
+}

@@ -1,0 +1,133 @@
+//! A pipeline's stages: a request passes the range check and each stage once, in order; a
+//! stage that finishes a request keeps it from the stages behind it and from the device; the
+//! stages that passed a request on see it complete, innermost first; and a queue dropped with
+//! requests it never handed out lets them go in every stage that passed them on.
+
+mod common;
+
+use common::MemDevice;
+use cryptblk_block::aio::{
+    run_one, Admit, IoOp, IoQueue, IoRequest, IoVec, Pipeline, QueueOptions, SlotRequest, Stage,
+};
+use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind};
+use std::sync::{Arc, Mutex};
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+/// Records what it sees; finishes discards itself (successfully) when `finishes_discards`.
+struct Recorder {
+    name: &'static str,
+    log: Log,
+    finishes_discards: bool,
+}
+
+impl Recorder {
+    fn note(&self, what: &str, req: &SlotRequest) {
+        let line = format!("{} {what} {}", self.name, req.op.name());
+        self.log.lock().unwrap().push(line);
+    }
+}
+
+impl Stage for Recorder {
+    unsafe fn admit(
+        &mut self,
+        _: usize,
+        caller: &SlotRequest,
+        transfer: &mut SlotRequest,
+    ) -> Admit {
+        self.note("admit", caller);
+        if self.finishes_discards && transfer.op == IoOp::Discard {
+            return Admit::Finish(Ok(()));
+        }
+        Admit::Pass
+    }
+
+    unsafe fn complete(
+        &mut self,
+        _: usize,
+        caller: &SlotRequest,
+        _: &mut Result<(), BlockError>,
+    ) -> u64 {
+        self.note("complete", caller);
+        0
+    }
+
+    fn abandon(&mut self, _: usize, caller: &SlotRequest) {
+        self.note("abandon", caller);
+    }
+}
+
+fn pipeline(log: &Log) -> Pipeline {
+    let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 20));
+    let mut pipeline = Pipeline::synchronous(device, &QueueOptions { depth: 4 }).unwrap();
+    for (name, finishes_discards) in [("inner", true), ("outer", false)] {
+        pipeline.push_front(Box::new(Recorder {
+            name,
+            log: log.clone(),
+            finishes_discards,
+        }));
+    }
+    pipeline
+}
+
+fn take(log: &Log) -> Vec<String> {
+    std::mem::take(&mut *log.lock().unwrap())
+}
+
+#[test]
+fn stages_see_each_request_once_in_order_and_a_finish_stops_it() {
+    let log = Log::default();
+    let mut queue = pipeline(&log);
+    let mut buf = vec![7u8; 4096];
+    let iov = [IoVec::from_slice(&mut buf)];
+    // SAFETY: `buf` outlives each call and is not touched meanwhile.
+    unsafe { run_one(&mut queue, &IoRequest::write(0, &iov, false, 1)) }.unwrap();
+    assert_eq!(
+        take(&log),
+        [
+            "outer admit write",
+            "inner admit write",
+            "inner complete write",
+            "outer complete write"
+        ]
+    );
+    // The memory device cannot discard: success means the request never reached it.
+    let discard = IoRequest::range(IoOp::Discard, 0, 4096, 2);
+    // SAFETY: no buffers.
+    unsafe { run_one(&mut queue, &discard) }.unwrap();
+    assert_eq!(
+        take(&log),
+        [
+            "outer admit discard",
+            "inner admit discard",
+            "outer complete discard"
+        ]
+    );
+    // Refused by the range check, before any stage.
+    // SAFETY: as above.
+    let err = unsafe { run_one(&mut queue, &IoRequest::read(1 << 20, &iov, 3)) }.unwrap_err();
+    assert_eq!(err.kind(), BlockErrorKind::OutOfRange, "{err}");
+    assert!(take(&log).is_empty());
+    assert_eq!(queue.in_flight(), 0);
+}
+
+#[test]
+fn a_dropped_queue_lets_its_uncollected_requests_go_in_every_stage() {
+    let log = Log::default();
+    let mut queue = pipeline(&log);
+    let mut buf = vec![7u8; 4096];
+    let iov = [IoVec::from_slice(&mut buf)];
+    // SAFETY: `buf` outlives the queue, which waits for the request as it drops.
+    unsafe { queue.push(&IoRequest::write(0, &iov, false, 1)) }.unwrap();
+    queue.submit().unwrap();
+    drop(queue);
+    assert_eq!(
+        take(&log),
+        [
+            "outer admit write",
+            "inner admit write",
+            "inner abandon write",
+            "outer abandon write"
+        ]
+    );
+}

@@ -1,0 +1,104 @@
+//! The tracking stage a `DirtyTracker` puts in front of its device's pipeline: it refuses
+//! requests once the disk is fenced, counts the others in until they complete (so a fence waits
+//! for them), and marks what a modifying request touched as dirty once it completed — the
+//! same rules as the synchronous wrapper (see `DirtyTracker`).
+
+use super::state::TrackState;
+use cryptblk_block::aio::{Admit, SlotRequest, Stage};
+use cryptblk_block::BlockError;
+use std::sync::Arc;
+
+pub(super) struct TrackingStage {
+    state: Arc<TrackState>,
+}
+
+impl TrackingStage {
+    pub(super) fn new(state: Arc<TrackState>) -> Self {
+        TrackingStage { state }
+    }
+
+    /// The request is over: marked (a modifying one, also when it failed: part of it may have
+    /// landed) after it reached the disk and before the guest hears of it (see
+    /// `TrackState::mark`), then counted out.
+    fn finish(&self, req: &SlotRequest) {
+        if req.op.modifies() {
+            self.state.mark(req.offset, req.len);
+        }
+        self.state.leave();
+    }
+}
+
+impl Stage for TrackingStage {
+    unsafe fn admit(
+        &mut self,
+        _slot: usize,
+        caller: &SlotRequest,
+        _transfer: &mut SlotRequest,
+    ) -> Admit {
+        match self.state.enter_async(caller.op.name()) {
+            Ok(()) => Admit::Pass,
+            Err(e) => Admit::Finish(Err(e)),
+        }
+    }
+
+    unsafe fn complete(
+        &mut self,
+        _slot: usize,
+        caller: &SlotRequest,
+        _result: &mut Result<(), BlockError>,
+    ) -> u64 {
+        self.finish(caller);
+        0
+    }
+
+    /// A request never collected still counts against the fence: let it go.
+    fn abandon(&mut self, _slot: usize, caller: &SlotRequest) {
+        self.finish(caller);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::DirtyTracker;
+    use cryptblk_block::aio::{open_queue, run_one, IoRequest, IoVec, QueueOptions};
+    use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
+    use std::sync::Arc;
+
+    #[test]
+    fn queue_marks_writes_and_refuses_after_the_fence() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.raw");
+        std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
+        let raw: Arc<dyn BlockDevice> = Arc::new(
+            RawFile::open(
+                &path,
+                OpenOptions {
+                    writable: true,
+                    lock: true,
+                },
+            )
+            .unwrap(),
+        );
+        let tracker = Arc::new(DirtyTracker::new(raw, 0, 4096).unwrap());
+        let device: Arc<dyn BlockDevice> = tracker.clone();
+        let mut queue = open_queue(&device, &QueueOptions { depth: 4 }).unwrap();
+        let bitmap = tracker.start_tracking().unwrap();
+        bitmap.clear_all();
+        let mut buf = vec![7u8; 8192];
+        let iov = [IoVec::from_slice(&mut buf)];
+        // SAFETY: `buf` outlives each call and is not touched meanwhile.
+        unsafe { run_one(&mut *queue, &IoRequest::write(3 * 4096, &iov, false, 1)) }.unwrap();
+        assert_eq!(bitmap.count(), 2);
+        assert!(bitmap.is_set(3) && bitmap.is_set(4));
+        // SAFETY: as above.
+        unsafe { run_one(&mut *queue, &IoRequest::read(0, &iov, 2)) }.unwrap();
+        assert_eq!(bitmap.count(), 2, "reads mark nothing");
+        tracker.fence();
+        // SAFETY: as above.
+        let err =
+            unsafe { run_one(&mut *queue, &IoRequest::write(0, &iov, false, 3)) }.unwrap_err();
+        assert!(err.to_string().contains("handed over"), "{err}");
+        assert_eq!(bitmap.count(), 2);
+        assert_eq!(std::fs::read(&path).unwrap()[..4096], [0u8; 4096]);
+    }
+}

@@ -1,0 +1,196 @@
+//! `DirtyTracker`: a disk whose modified ranges are recorded while a migration runs, and that
+//! can be fenced at switchover.
+
+use super::stage::TrackingStage;
+use super::state::TrackState;
+use super::DirtyBitmap;
+use crate::MigrationError;
+use cryptblk_block::aio::{open_pipeline, Pipeline, QueueOptions};
+use cryptblk_block::{BlockDevice, BlockError, Extent};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// A `BlockDevice` wrapper that records, while tracking is on, every range written or
+/// discarded through it, so the migration sender can resend what changed after it was sent;
+/// and that can be *fenced* at switchover, so that nothing changes the disk any more while
+/// the last of it is sent.
+///
+/// The bitmap covers the wrapped (plaintext) device; [`DirtyTracker::file_range`] maps a range
+/// to the image file that is actually migrated, by adding `payload_offset` (the LUKS data
+/// offset; 0 for a raw image). Encryption is sector-local, so plaintext sector N is exactly the
+/// ciphertext at `payload_offset + N * sector` and the mapping needs nothing else.
+///
+/// The bitmap (one bit per `granularity` bytes) is allocated by the first
+/// [`start_tracking`](DirtyTracker::start_tracking), so a disk that never migrates never pays
+/// for it.
+pub struct DirtyTracker {
+    inner: Arc<dyn BlockDevice>,
+    state: Arc<TrackState>,
+}
+
+impl std::fmt::Debug for DirtyTracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirtyTracker")
+            .field("size", &self.inner.size())
+            .field("granularity", &self.state.granularity)
+            .field("payload_offset", &self.state.payload_offset)
+            .field("tracking", &self.is_tracking())
+            .field("fenced", &self.is_fenced())
+            .field(
+                "dirty_blocks",
+                &self.state.bitmap.get().map(DirtyBitmap::count),
+            )
+            .finish()
+    }
+}
+
+impl DirtyTracker {
+    /// Wraps `inner`; dirty blocks will be `granularity` bytes (a power of two; use the
+    /// encryption sector size, or a multiple of it to save memory at the cost of resending
+    /// more). Tracking starts off.
+    pub fn new(
+        inner: Arc<dyn BlockDevice>,
+        payload_offset: u64,
+        granularity: u64,
+    ) -> Result<Self, MigrationError> {
+        if granularity == 0 || !granularity.is_power_of_two() {
+            return Err(MigrationError::InvalidOptions(format!(
+                "dirty granularity {granularity} is not a power of two"
+            )));
+        }
+        if !payload_offset.is_multiple_of(granularity) {
+            return Err(MigrationError::InvalidOptions(format!(
+                "the payload offset {payload_offset} is not a multiple of the {granularity}-byte \
+                 dirty granularity"
+            )));
+        }
+        Ok(DirtyTracker {
+            inner,
+            state: Arc::new(TrackState {
+                bitmap: OnceLock::new(),
+                granularity,
+                payload_offset,
+                tracking: AtomicBool::new(false),
+                fenced: AtomicBool::new(false),
+                in_flight: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    pub fn inner(&self) -> &Arc<dyn BlockDevice> {
+        &self.inner
+    }
+
+    /// The bitmap, once tracking was started at least once.
+    pub fn bitmap(&self) -> Option<&DirtyBitmap> {
+        self.state.bitmap.get()
+    }
+
+    pub fn granularity(&self) -> u64 {
+        self.state.granularity
+    }
+
+    pub fn payload_offset(&self) -> u64 {
+        self.state.payload_offset
+    }
+
+    /// Marks every block dirty (the first pass has to send everything) and turns tracking on.
+    /// Call it before the first pass starts reading: a write that completes before this is
+    /// read by that pass, one that completes after it is marked again.
+    pub fn start_tracking(&self) -> Result<&DirtyBitmap, MigrationError> {
+        let bitmap = match self.state.bitmap.get() {
+            Some(b) => b,
+            None => {
+                let b = DirtyBitmap::new(self.inner.size(), self.state.granularity)?;
+                let _ = self.state.bitmap.set(b);
+                self.state.bitmap.get().expect("just set")
+            }
+        };
+        bitmap.set_all();
+        self.state.tracking.store(true, Ordering::SeqCst);
+        Ok(bitmap)
+    }
+
+    /// Turns tracking off (the bitmap keeps what it has), e.g. when a migration is cancelled.
+    pub fn stop_tracking(&self) {
+        self.state.tracking.store(false, Ordering::SeqCst);
+    }
+
+    pub fn is_tracking(&self) -> bool {
+        self.state.tracking.load(Ordering::SeqCst)
+    }
+
+    /// Makes every later operation fail, then waits until the operations already under way
+    /// have finished (and marked what they wrote). After it returns the disk does not change
+    /// any more: what the bitmap says is dirty is all that is left to send.
+    pub fn fence(&self) {
+        self.state.fenced.store(true, Ordering::SeqCst);
+        while self.state.in_flight.load(Ordering::SeqCst) != 0 {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+
+    /// Lets operations through again (a migration that failed before the destination took
+    /// over: the source carries on).
+    pub fn unfence(&self) {
+        self.state.fenced.store(false, Ordering::SeqCst);
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.state.fenced.load(Ordering::SeqCst)
+    }
+
+    /// The image-file range holding the ciphertext of `len` plaintext bytes at `offset`.
+    pub fn file_range(&self, offset: u64, len: u64) -> (u64, u64) {
+        (offset + self.state.payload_offset, len)
+    }
+}
+
+impl BlockDevice for DirtyTracker {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.inner.logical_block_size()
+    }
+    fn read_only(&self) -> bool {
+        self.inner.read_only()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
+        let _op = self.state.enter("read")?;
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
+        let _op = self.state.enter("write")?;
+        let res = self.inner.write_at(buf, offset);
+        self.state.mark(offset, buf.len() as u64);
+        res
+    }
+    fn flush(&self) -> Result<(), BlockError> {
+        let _op = self.state.enter("flush")?;
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        let _op = self.state.enter("discard")?;
+        let res = self.inner.discard(offset, len);
+        self.state.mark(offset, len);
+        res
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
+        self.inner.block_status(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        let _op = self.state.enter("write zeroes")?;
+        let res = self.inner.write_zeroes(offset, len);
+        self.state.mark(offset, len);
+        res
+    }
+    /// The wrapped device's pipeline with the tracking stage in front: the same fence and
+    /// dirty marking, on the asynchronous path.
+    fn pipeline(&self, opts: &QueueOptions) -> Option<Result<Pipeline, BlockError>> {
+        Some(open_pipeline(&self.inner, opts).map(|mut pipeline| {
+            pipeline.push_front(Box::new(TrackingStage::new(self.state.clone())));
+            pipeline
+        }))
+    }
+}
