@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use cryptblk_block::aio::IoVec;
 use cryptblk_block::{BlockDevice, BlockError};
-use cryptblk_vhost_user_blk::backend::SIZE_MAX;
+use cryptblk_vhost_user_blk::config::SIZE_MAX;
 use cryptblk_vhost_user_blk::device::{Start, STATUS_IOERR};
 use cryptblk_vhost_user_blk::request::{self, advertised_limits, Error, MAX_REQUEST_BYTES};
 use cryptblk_vhost_user_blk::Disk;

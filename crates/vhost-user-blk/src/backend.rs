@@ -28,13 +28,6 @@ use vhost::vhost_user::message::{
     VhostUserInflight, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
-use virtio_bindings::virtio_blk::{
-    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_CONFIG_WCE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
-    VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX,
-    VIRTIO_BLK_F_TOPOLOGY, VIRTIO_BLK_F_WRITE_ZEROES,
-};
-use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
-use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
@@ -44,27 +37,16 @@ use vmm_sys_util::event::{
 };
 
 use crate::chain::Chain;
-use crate::device::{Disk, Start, MAX_DISCARD_SECTORS, MAX_WRITE_ZEROES_SECTORS, STATUS_IOERR};
+use crate::config::{self, ConfigSpace, SIZE_MAX};
+use crate::device::{Disk, Start, STATUS_IOERR};
 use crate::fault::{self, Point};
 use crate::frontend::{FrontendState, TrackedVring};
 use crate::inflight::{self, QueuePart, Rings};
-use crate::request::{self, Request, RequestType, Segment, SECTOR_SIZE};
+use crate::request::{self, Request, RequestType, Segment};
 use crate::GuestMem;
 
 /// A ring as the queue threads use it.
 type Vring = VringRwLock<GuestMemoryAtomic<GuestMem>>;
-
-/// Offset of the `writeback` byte in `struct virtio_blk_config`.
-const CONFIG_WCE_OFFSET: usize = 32;
-/// Bytes of config space this device defines (up to `write_zeroes_may_unmap` and its
-/// padding); reads past it return zeros.
-const CONFIG_LEN: usize = 60;
-/// Largest config read answered (the virtio-blk config struct is well below this).
-const CONFIG_MAX: usize = 256;
-
-/// Largest data descriptor accepted (`size_max`, VIRTIO_BLK_F_SIZE_MAX): 1 MiB. Longer ones
-/// get IOERR. Linux uses it as the queue's max_segment_size, so it never builds one larger.
-pub const SIZE_MAX: u32 = 1 << 20;
 
 /// Counts one queue's requests between pop and used-ring entry, so that stopping the queue
 /// (GET_VRING_BASE, disconnect, shutdown) can wait until every popped request is answered.
@@ -144,9 +126,8 @@ impl QueueState {
 /// What requests need, shared by the queues.
 struct RequestContext {
     disk: Disk,
-    /// Guest write cache enabled (CONFIG_WCE); when off, every write is durable before it
-    /// completes (FUA).
-    writeback: AtomicBool,
+    /// Config space (the guest's write cache mode).
+    config: ConfigSpace,
     /// Name for log lines.
     name: String,
     /// Busy-poll for completions this long before sleeping (0: never).
@@ -157,7 +138,6 @@ struct Inner {
     ctx: Arc<RequestContext>,
     num_queues: u16,
     queue_size: u16,
-    seg_max: u32,
     event_idx: AtomicBool,
     mem: RwLock<GuestMemoryAtomic<GuestMem>>,
     queues: Vec<Arc<QueueState>>,
@@ -215,7 +195,6 @@ impl BlkBackend {
         opts: BackendOptions,
         frontend: Arc<FrontendState>,
     ) -> Self {
-        let seg_max = u32::from(queue_size.saturating_sub(2)).max(1);
         let queues = (0..usize::from(num_queues))
             .map(|q| {
                 Arc::new(QueueState {
@@ -238,13 +217,12 @@ impl BlkBackend {
             inner: Arc::new(Inner {
                 ctx: Arc::new(RequestContext {
                     disk,
-                    writeback: AtomicBool::new(true),
+                    config: ConfigSpace::new(num_queues, queue_size),
                     name: opts.name,
                     poll: opts.poll,
                 }),
                 num_queues,
                 queue_size,
-                seg_max,
                 event_idx: AtomicBool::new(false),
                 mem: RwLock::new(mem),
                 queues,
@@ -325,39 +303,6 @@ impl BlkBackend {
         }
     }
 
-    /// The virtio-blk config space as the guest sees it.
-    fn config_space(&self) -> [u8; CONFIG_LEN] {
-        let inner = &self.inner;
-        let mut c = [0u8; CONFIG_LEN];
-        let capacity = inner.ctx.disk.capacity() / SECTOR_SIZE;
-        c[0..8].copy_from_slice(&capacity.to_le_bytes());
-        c[8..12].copy_from_slice(&SIZE_MAX.to_le_bytes());
-        c[12..16].copy_from_slice(&inner.seg_max.to_le_bytes());
-        let blk_size = inner.ctx.disk.device().logical_block_size();
-        c[20..24].copy_from_slice(&blk_size.to_le_bytes());
-        // Topology, in units of logical blocks (Linux multiplies each field by blk_size):
-        // physical_block_exp = log2(physical / logical) = 0, as a BlockDevice's physical
-        // block is its logical block (a LUKS volume's encryption sector, or 512 for raw);
-        // alignment_offset 0; min_io_size 1 block, so guests never issue sub-block I/O;
-        // opt_io_size 0 (no preference: every request size costs the same per byte).
-        c[24] = 0; // physical_block_exp
-        c[25] = 0; // alignment_offset
-        c[26..28].copy_from_slice(&1u16.to_le_bytes()); // min_io_size
-        c[28..32].copy_from_slice(&0u32.to_le_bytes()); // opt_io_size
-        c[CONFIG_WCE_OFFSET] = u8::from(inner.ctx.writeback.load(Ordering::Relaxed));
-        c[34..36].copy_from_slice(&inner.num_queues.to_le_bytes());
-        if inner.ctx.disk.discard() {
-            c[36..40].copy_from_slice(&MAX_DISCARD_SECTORS.to_le_bytes());
-            c[40..44].copy_from_slice(&1u32.to_le_bytes()); // max_discard_seg
-            let align = (blk_size / SECTOR_SIZE as u32).max(1); // discard_sector_alignment
-            c[44..48].copy_from_slice(&align.to_le_bytes());
-        }
-        c[48..52].copy_from_slice(&MAX_WRITE_ZEROES_SECTORS.to_le_bytes());
-        c[52..56].copy_from_slice(&1u32.to_le_bytes()); // max_write_zeroes_seg
-        c[56] = 0; // write_zeroes_may_unmap: zeroes are always written
-        c
-    }
-
     /// Pushes the heads in `resubmit` (taken by a predecessor daemon, still marked in flight)
     /// and then, with `pop`, every available request of one queue into the queue's I/O queue;
     /// rejected chains and requests needing no I/O are answered at once. Returns whether
@@ -378,7 +323,7 @@ impl BlkBackend {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let mem = atomic.memory().into_inner();
-        let fua = !ctx.writeback.load(Ordering::Relaxed);
+        let fua = ctx.config.write_through();
         let mut answered = false;
         // Counts as in flight while popping: a chain popped but not yet counted would
         // otherwise let GET_VRING_BASE (`stop_vring`) hand the ring back, and report
@@ -457,7 +402,7 @@ impl BlkBackend {
         let req = match request::parse(
             &**mem,
             descriptors,
-            inner.seg_max as usize + 2,
+            ctx.config.max_descriptors(),
             SIZE_MAX,
             ctx.disk.capacity(),
             &mut segments,
@@ -690,44 +635,11 @@ impl VhostUserBackend for BlkBackend {
     }
 
     fn features(&self) -> u64 {
-        let mut f = (1u64 << VIRTIO_F_VERSION_1)
-            | (1 << VIRTIO_RING_F_EVENT_IDX)
-            | (1 << VIRTIO_RING_F_INDIRECT_DESC)
-            | (1 << VIRTIO_BLK_F_SIZE_MAX)
-            | (1 << VIRTIO_BLK_F_SEG_MAX)
-            | (1 << VIRTIO_BLK_F_BLK_SIZE)
-            | (1 << VIRTIO_BLK_F_TOPOLOGY)
-            | (1 << VIRTIO_BLK_F_FLUSH)
-            | (1 << VIRTIO_BLK_F_CONFIG_WCE)
-            | (1 << VIRTIO_BLK_F_MQ)
-            // Dirty page logging for live migration: every guest page the device writes
-            // is marked in the frontend's log once SET_LOG_BASE shared it (see `GuestMem`).
-            | VhostUserVirtioFeatures::LOG_ALL.bits()
-            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
-        if self.inner.ctx.disk.read_only() {
-            f |= 1 << VIRTIO_BLK_F_RO;
-        } else {
-            f |= 1 << VIRTIO_BLK_F_WRITE_ZEROES;
-            if self.inner.ctx.disk.discard() {
-                f |= 1 << VIRTIO_BLK_F_DISCARD;
-            }
-        }
-        f
+        config::features(&self.inner.ctx.disk)
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::REPLY_ACK
-            // Memory shared region by region (ADD_MEM_REG/REM_MEM_REG), which libblkio
-            // requires and vhost-user-backend implements.
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-            // The dirty log comes as a shared memory fd (SET_LOG_BASE), as QEMU requires
-            // with LOG_ALL.
-            | VhostUserProtocolFeatures::LOG_SHMFD
-            // Requests in flight are recorded in a region the frontend keeps, so that a
-            // restarted daemon resubmits them (`inflight`).
-            | VhostUserProtocolFeatures::INFLIGHT_SHMFD
+        config::protocol_features()
     }
 
     fn acked_features(&self, features: u64) {
@@ -741,38 +653,13 @@ impl VhostUserBackend for BlkBackend {
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        let (offset, size) = (offset as usize, size as usize);
-        let Some(end) = offset.checked_add(size).filter(|&e| e <= CONFIG_MAX) else {
-            return Vec::new();
-        };
-        let mut out = vec![0u8; size];
-        let config = self.config_space();
-        for (i, byte) in (offset..end).zip(out.iter_mut()) {
-            if let Some(b) = config.get(i) {
-                *byte = *b;
-            }
-        }
-        out
+        let ctx = &self.inner.ctx;
+        ctx.config.read(&ctx.disk, offset, size)
     }
 
     fn set_config(&self, offset: u32, buf: &[u8]) -> io::Result<()> {
-        // Only the writeback byte is guest-writable.
-        let offset = offset as usize;
-        if let Some(rel) = CONFIG_WCE_OFFSET.checked_sub(offset) {
-            if let Some(&wce) = buf.get(rel) {
-                self.inner.ctx.writeback.store(wce != 0, Ordering::Relaxed);
-                if wce == 0 {
-                    // Switching to write-through: make earlier writes durable now.
-                    self.inner
-                        .ctx
-                        .disk
-                        .device()
-                        .flush()
-                        .map_err(|e| io::Error::other(e.to_string()))?;
-                }
-            }
-        }
-        Ok(())
+        let ctx = &self.inner.ctx;
+        ctx.config.write(&ctx.disk, offset, buf)
     }
 
     fn update_memory(&self, mem: GuestMemoryAtomic<GuestMem>) -> io::Result<()> {

@@ -4,8 +4,9 @@
 //! - `request`: parses a virtio-blk request out of a descriptor chain (untrusted input).
 //! - `chain`: walks a chain from its head index (requests resubmitted after a restart).
 //! - `device`: executes a parsed request against the `BlockDevice`.
-//! - `backend`: the `VhostUserBackend` impl (features, config space, one event loop per
-//!   queue thread over an asynchronous I/O queue of the disk's).
+//! - `config`: the feature bits and the virtio-blk config space.
+//! - `backend`: the `VhostUserBackend` impl (one event loop per queue thread over an
+//!   asynchronous I/O queue of the disk's).
 //! - `frontend`: queue start/stop events for the daemon (`FrontendEvent`).
 //! - `inflight`: vhost-user inflight I/O tracking, so that a restarted daemon resubmits what
 //!   its predecessor had taken from the rings and not completed.
@@ -24,6 +25,7 @@
 pub mod accept;
 pub mod backend;
 pub mod chain;
+pub mod config;
 pub mod device;
 pub mod dirty;
 pub mod fault;
