@@ -40,7 +40,7 @@ use crate::chain::Chain;
 use crate::config::{self, ConfigSpace, SIZE_MAX};
 use crate::device::{Disk, Start, STATUS_IOERR};
 use crate::fault::{self, Point};
-use crate::frontend::{FrontendState, TrackedVring};
+use crate::frontend::FrontendState;
 use crate::inflight::{self, QueuePart, Rings};
 use crate::request::{self, Request, RequestType, Segment};
 use crate::GuestMem;
@@ -231,11 +231,6 @@ impl BlkBackend {
                 draining: AtomicBool::new(false),
             }),
         }
-    }
-
-    /// The connection's rings and inflight region, for the rings to report their starts to.
-    pub(crate) fn rings(&self) -> Arc<Rings> {
-        self.inner.rings.clone()
     }
 
     /// Stops taking requests from the rings, waits until every request taken is answered
@@ -624,7 +619,7 @@ fn signal(vring: &Vring) -> io::Result<()> {
 
 impl VhostUserBackend for BlkBackend {
     type Bitmap = crate::LogBitmap;
-    type Vring = TrackedVring;
+    type Vring = Vring;
 
     fn num_queues(&self) -> usize {
         usize::from(self.inner.num_queues)
@@ -668,6 +663,24 @@ impl VhostUserBackend for BlkBackend {
             .mem
             .write()
             .unwrap_or_else(PoisonError::into_inner) = mem;
+        Ok(())
+    }
+
+    /// The frontend started ring `queue_index` (its kick is set), on the message thread before
+    /// the ring's worker may touch it: takes over what a predecessor left in the inflight
+    /// region, and reports the start.
+    fn start_vring(&self, queue_index: u32, vring: &Vring) -> io::Result<()> {
+        let index = queue_index as usize;
+        self.inner.rings.ring_started(index, vring);
+        self.inner.frontend.queue_started(index);
+        Ok(())
+    }
+
+    /// An enabled ring is treated as started by its worker (resubmits, signals the guest).
+    fn set_vring_enabled(&self, queue_index: u32, enabled: bool) -> io::Result<()> {
+        if enabled {
+            self.inner.frontend.queue_enabled(queue_index as usize);
+        }
         Ok(())
     }
 
@@ -716,7 +729,7 @@ impl VhostUserBackend for BlkBackend {
         &self,
         device_event: u16,
         evset: EventSet,
-        vrings: &[TrackedVring],
+        vrings: &[Vring],
         thread_id: usize,
     ) -> io::Result<()> {
         if evset != EventSet::IN {
@@ -734,7 +747,6 @@ impl VhostUserBackend for BlkBackend {
             // (`vrings` holds this thread's rings only).
             let vring = vrings
                 .first()
-                .map(TrackedVring::vring)
                 .ok_or_else(|| io::Error::other(format!("no vring for thread {thread_id}")))?;
             if self.complete(vring, queue, &mut io).unsignalled > 0 {
                 signal(vring)?;
@@ -743,7 +755,6 @@ impl VhostUserBackend for BlkBackend {
         }
         let vring = vrings
             .get(usize::from(device_event))
-            .map(TrackedVring::vring)
             .ok_or_else(|| io::Error::other(format!("no vring for event {device_event}")))?;
         // inflight: a ring just started (or enabled) first resubmits what a predecessor daemon
         // left in flight, and signals the guest even with nothing to do: completions a killed

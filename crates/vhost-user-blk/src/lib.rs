@@ -348,11 +348,9 @@ impl Server {
             },
             self.shared.frontend.clone(),
         );
-        // The daemon creates the rings on this thread; they report starts to `frontend`.
-        frontend::begin_tracking(self.shared.frontend.clone(), backend.rings());
-        let daemon = VhostUserDaemon::new("cryptblk-vhost-user-blk".into(), backend.clone(), mem);
-        frontend::end_tracking();
-        let mut daemon = daemon.map_err(|e| Error::Daemon(e.to_string()))?;
+        let mut daemon =
+            VhostUserDaemon::new("cryptblk-vhost-user-blk".into(), backend.clone(), mem)
+                .map_err(|e| Error::Daemon(e.to_string()))?;
         // One asynchronous I/O queue per virtqueue, its eventfd in that queue thread's epoll.
         let fds = backend.open_io_queues().map_err(Error::Queues)?;
         for (handler, fd) in daemon.get_epoll_handlers().iter().zip(fds) {
