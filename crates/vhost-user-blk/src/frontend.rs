@@ -4,10 +4,8 @@
 //!
 //! vhost-user-backend (with the vring hooks of `vendor/`) tells the backend when a ring starts
 //! (`start_vring`: its kick is set, after its addresses and base), is enabled or disabled
-//! (`set_vring_enabled`) and stops (GET_VRING_BASE, `stop_vring`); the backend reports those
-//! to `FrontendState`. A start (and an enable) is also noted for the ring's worker
-//! (`FrontendState::take_start`), which then resubmits what a predecessor daemon left in the
-//! inflight region and signals the guest.
+//! (`set_vring_enabled`) and stops (GET_VRING_BASE, `stop_vring`); the backend reports starts
+//! and stops to `FrontendState` (and hands all three to the ring's worker, `worker`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -41,6 +39,7 @@ pub(crate) struct FrontendState {
     listener: Mutex<Option<EventListener>>,
     /// VHOST_F_LOG_ALL is in the features the frontend acked last.
     log_all: AtomicBool,
+    /// Which queues run: the message thread's (and `reset`'s, between connections).
     queues: Mutex<QueueBits>,
 }
 
@@ -48,8 +47,6 @@ pub(crate) struct FrontendState {
 struct QueueBits {
     /// One bit per ready (started) queue.
     ready: u64,
-    /// One bit per queue started or enabled since its worker last looked (`take_start`).
-    unseen_starts: u64,
     /// Queues were started and have not all been stopped since.
     running: bool,
 }
@@ -93,34 +90,11 @@ impl FrontendState {
         let started = {
             let mut q = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
             q.ready |= bit;
-            q.unseen_starts |= bit;
             !std::mem::replace(&mut q.running, true)
         };
         if started {
             self.emit(FrontendEvent::Started);
         }
-    }
-
-    /// Ring `index` was enabled (SET_VRING_ENABLE 1): its worker treats that as a start.
-    pub(crate) fn queue_enabled(&self, index: usize) {
-        if let Some(bit) = 1u64.checked_shl(index as u32) {
-            self.queues
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .unseen_starts |= bit;
-        }
-    }
-
-    /// True once after ring `index` was started or enabled: its worker then resubmits what a
-    /// predecessor left in flight and signals the guest even with nothing new to complete.
-    pub(crate) fn take_start(&self, index: usize) -> bool {
-        let Some(bit) = 1u64.checked_shl(index as u32) else {
-            return false;
-        };
-        let mut q = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
-        let started = q.unseen_starts & bit != 0;
-        q.unseen_starts &= !bit;
-        started
     }
 
     /// Called from `stop_vring` once ring `index` has no request in flight: reports

@@ -5,8 +5,9 @@
 //! - `chain`: walks a chain from its head index (requests resubmitted after a restart).
 //! - `device`: executes a parsed request against the `BlockDevice`.
 //! - `config`: the feature bits and the virtio-blk config space.
-//! - `backend`: the `VhostUserBackend` impl (one event loop per queue thread over an
-//!   asynchronous I/O queue of the disk's).
+//! - `backend`: the `VhostUserBackend` impl: answers the message thread, hands rings to
+//!   the workers.
+//! - `worker`: one thread per virtqueue owning its ring, I/O queue, tags and inflight record.
 //! - `frontend`: queue start/stop events for the daemon (`FrontendEvent`).
 //! - `inflight`: vhost-user inflight I/O tracking, so that a restarted daemon resubmits what
 //!   its predecessor had taken from the rings and not completed.
@@ -33,6 +34,7 @@ pub mod frontend;
 pub mod guest_fd;
 pub mod inflight;
 pub mod request;
+mod worker;
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -45,7 +47,6 @@ use cryptblk_block::{BlockDevice, IoStats, IoStatsSnapshot};
 use cryptblk_net::unix_socket::{bind_private, remove_if_ours, FileId, SocketFileError};
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
-use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 pub use accept::{AllowedPeer, SocketFile};
@@ -336,7 +337,7 @@ impl Server {
         let disk = Disk::new(self.device.clone(), self.opts.read_only, &self.opts.serial)
             .with_discard(self.opts.discard);
         self.shared.frontend.reset();
-        let backend = BlkBackend::with_frontend(
+        let backend = match BlkBackend::with_frontend(
             disk,
             self.opts.num_queues,
             self.opts.queue_size,
@@ -347,17 +348,14 @@ impl Server {
                 poll: self.opts.poll,
             },
             self.shared.frontend.clone(),
-        );
+        ) {
+            Ok(backend) => backend,
+            Err(backend::StartError::Queues(e)) => return Err(Error::Queues(e)),
+            Err(e @ backend::StartError::Worker(_)) => return Err(Error::Daemon(e.to_string())),
+        };
         let mut daemon =
             VhostUserDaemon::new("cryptblk-vhost-user-blk".into(), backend.clone(), mem)
                 .map_err(|e| Error::Daemon(e.to_string()))?;
-        // One asynchronous I/O queue per virtqueue, its eventfd in that queue thread's epoll.
-        let fds = backend.open_io_queues().map_err(Error::Queues)?;
-        for (handler, fd) in daemon.get_epoll_handlers().iter().zip(fds) {
-            handler
-                .register_listener(fd, EventSet::IN, backend.completion_event())
-                .map_err(|e| Error::Daemon(format!("registering the I/O queue's eventfd: {e}")))?;
-        }
         if !self.opts.unsealed_memory {
             daemon.set_memory_file_check(Arc::new(guest_fd::check_guest_memory_file));
         }
@@ -387,14 +385,10 @@ impl Server {
             .connection
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = None;
-        for handler in daemon.get_epoll_handlers() {
-            handler.send_exit_event();
-        }
         drop(daemon);
         // Requests still in flight complete before the memory they point into is released
         // and before a new frontend may connect.
-        backend.wait_idle();
-        backend.close_io_queues();
+        backend.stop_workers();
         self.shared.connected.store(false, Ordering::SeqCst);
         match result {
             Ok(()) => tracing::info!("vhost-user frontend disconnected"),
