@@ -156,7 +156,7 @@ impl BlkBackend {
 }
 
 impl VhostUserBackend for BlkBackend {
-    type Bitmap = crate::LogBitmap;
+    type Bitmap = crate::MemoryLog;
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {

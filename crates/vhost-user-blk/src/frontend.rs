@@ -40,11 +40,11 @@ pub(crate) struct FrontendState {
     /// VHOST_F_LOG_ALL is in the features the frontend acked last.
     log_all: AtomicBool,
     /// Which queues run: the message thread's (and `reset`'s, between connections).
-    queues: Mutex<QueueBits>,
+    queues: Mutex<RunState>,
 }
 
 #[derive(Default)]
-struct QueueBits {
+struct RunState {
     /// One bit per ready (started) queue.
     ready: u64,
     /// Queues were started and have not all been stopped since.
@@ -59,7 +59,7 @@ impl FrontendState {
     /// A new connection: no queue runs, no feature is acked.
     pub(crate) fn reset(&self) {
         self.log_all.store(false, Ordering::SeqCst);
-        *self.queues.lock().unwrap_or_else(PoisonError::into_inner) = QueueBits::default();
+        *self.queues.lock().unwrap_or_else(PoisonError::into_inner) = RunState::default();
     }
 
     pub(crate) fn set_log_all(&self, on: bool) {

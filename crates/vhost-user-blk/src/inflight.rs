@@ -21,7 +21,7 @@
 //! - complete it, under the ring's lock so completions happen one at a time:
 //!   last_batch_head = head, then the used ring entry and used->idx, then inflight = 0 and
 //!   used_idx = used->idx;
-//! - ring start (`Rings::ring_started`): a fresh region (version 0) only gets version 1 and
+//! - ring start (`InflightRegion::ring_started`): a fresh region (version 0) only gets version 1 and
 //!   used_idx = used->idx, so that a later start never takes its zeroed last_batch_head for a
 //!   real completion and clears descriptor 0 (SPDK issue #3766). Otherwise, when used->idx is
 //!   one past used_idx, the last completion reached the used ring without being recorded:

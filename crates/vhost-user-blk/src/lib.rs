@@ -13,6 +13,7 @@
 //!   its predecessor had taken from the rings and not completed.
 //! - `accept`: the socket file's owner and mode, and the peer-credential check at accept.
 //! - `guest_fd`: which files may be mapped as guest memory (sealed memfds only).
+//! - `guest_log`: the log of guest pages the device wrote (`MemoryLog`), for live migration.
 //! - `fault`: crash points for the restart tests (only with the `fault-injection` feature).
 //!
 //! Live migration: the backend offers VHOST_F_LOG_ALL and the LOG_SHMFD protocol feature,
@@ -28,10 +29,10 @@ pub mod backend;
 pub mod chain;
 pub mod config;
 pub mod device;
-pub mod dirty;
 pub mod fault;
 pub mod frontend;
 pub mod guest_fd;
+pub mod guest_log;
 pub mod inflight;
 pub mod request;
 mod worker;
@@ -52,14 +53,14 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 pub use accept::{AllowedPeer, SocketFile};
 pub use backend::{BackendOptions, BlkBackend};
 pub use device::Disk;
-pub use dirty::LogBitmap;
 use frontend::FrontendState;
 pub use frontend::{EventListener, FrontendEvent};
+pub use guest_log::MemoryLog;
 
-/// Guest memory as the backend maps it: each region carries a dirty bitmap (`LogBitmap`)
+/// Guest memory as the backend maps it: each region carries a dirty bitmap (`MemoryLog`)
 /// that is empty (marking costs one atomic load) until the frontend shares its dirty log with
 /// SET_LOG_BASE.
-pub type GuestMem = GuestMemoryMmap<LogBitmap>;
+pub type GuestMem = GuestMemoryMmap<MemoryLog>;
 
 /// Largest queue size accepted.
 pub const MAX_QUEUE_SIZE: u16 = 1024;
@@ -164,7 +165,7 @@ impl Connection {
 
 impl StopHandle {
     /// Asks the server to stop: the current connection (if any) stops taking requests, its
-    /// in-flight requests complete and are signalled to the guest, then it is closed; the disk
+    /// requests taken complete and are signalled to the guest, then it is closed; the disk
     /// is flushed, and `Server::run` returns. Blocks until the connection is closed.
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
@@ -386,7 +387,7 @@ impl Server {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = None;
         drop(daemon);
-        // Requests still in flight complete before the memory they point into is released
+        // Requests taken and still on the device complete before the memory they point into is released
         // and before a new frontend may connect.
         backend.stop_workers();
         self.shared.connected.store(false, Ordering::SeqCst);

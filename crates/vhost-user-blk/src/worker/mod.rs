@@ -3,7 +3,7 @@
 //!
 //! The worker owns the ring handle (from the ring's start to its stop), the ring's kick, its
 //! asynchronous I/O queue (an io_uring ring of its own on a raw file or a LUKS volume over
-//! one), the requests in flight by tag (`take`, `answer`) and the ring's inflight record
+//! one), the requests it has taken, by tag (`take`, `answer`) and the ring's inflight record
 //! (`inflight::RingRecord`). Its one epoll waits on three things: the kick (the guest added
 //! requests), the I/O queue's eventfd (completions to answer) and its message eventfd. The
 //! message thread only sends: the ring started (`Start`, after it read the inflight region),
@@ -16,7 +16,8 @@
 //! Restarts (`inflight`): every head taken from the ring is marked in the inflight record
 //! before anything else happens to it and every answer goes through `inflight::add_used`,
 //! under the ring's lock; a ring that starts (or is enabled) first resubmits what a
-//! predecessor daemon left in flight and signals the guest even with nothing to do.
+//! predecessor daemon left in the inflight record and signals the guest even with nothing
+//! to do.
 
 mod answer;
 mod take;
@@ -71,7 +72,7 @@ pub(crate) enum Message {
     /// The daemon stops: take no more requests, reply once every request taken is answered
     /// and the guest signalled.
     Drain(Sender<()>),
-    /// The connection ended: finish the requests in flight, then end the thread.
+    /// The connection ended: finish the requests taken, then end the thread.
     Exit,
 }
 
@@ -174,7 +175,7 @@ struct Ring {
     start_seen: bool,
 }
 
-/// Someone waiting for the worker to have nothing in flight.
+/// Someone waiting for the worker to have no request outstanding.
 enum Waiter {
     Stop(Sender<()>),
     Drain(Sender<()>),
@@ -195,7 +196,7 @@ struct Worker {
     mem: GuestMemoryAtomic<GuestMem>,
     io: Box<dyn IoQueue>,
     ring: Option<Ring>,
-    /// Requests in flight by tag; a virtqueue of size N holds at most N.
+    /// Requests taken and not answered yet, by tag; a virtqueue of size N holds at most N.
     requests: Vec<Option<Pending>>,
     free: Vec<u16>,
     /// Spare segment lists, so popping allocates nothing in steady state.
@@ -381,7 +382,7 @@ impl Worker {
     }
 
     /// GET_VRING_BASE: a ring stopped before the worker served its start still owes the
-    /// requests a predecessor left in flight; they run now (the ring takes no new ones). The
+    /// requests a predecessor left in the inflight record; they run now (the ring takes no new ones). The
     /// reply waits until everything taken is answered.
     fn stop(&mut self, reply: Sender<()>) -> io::Result<()> {
         let mut result = Ok(());
@@ -438,7 +439,7 @@ impl Worker {
         }
     }
 
-    /// The connection ended: requests still in flight complete (and are answered, while the
+    /// The connection ended: requests still on the device complete (and are answered, while the
     /// ring is there) before the memory they point into is released and the I/O queue closes.
     fn finish(&mut self) {
         while self.outstanding() > 0 {

@@ -27,7 +27,7 @@ const SUBMIT_BATCH: usize = 16;
 
 impl Worker {
     /// Serves the ring after a kick, a start or an enable: after a start (or an enable), first
-    /// what a predecessor daemon left in flight, then every available request; submits,
+    /// what a predecessor daemon left in the inflight record, then every available request; submits,
     /// answers what already completed and signals the guest (after a start, even with
     /// nothing to do: completions a killed predecessor put on the used ring may never have
     /// been signalled).
@@ -78,7 +78,7 @@ impl Worker {
         Ok(())
     }
 
-    /// Runs the heads a predecessor left in flight on a ring that takes no new requests (a
+    /// Runs the heads a predecessor left in the inflight record on a ring that takes no new requests (a
     /// stop before the worker served the ring's start).
     pub(super) fn take_and_submit(&mut self, resubmit: &[u16]) -> io::Result<()> {
         let Some(mut ring) = self.ring.take() else {
