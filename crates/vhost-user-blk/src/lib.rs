@@ -56,6 +56,7 @@ pub use device::Disk;
 use frontend::FrontendState;
 pub use frontend::{EventListener, FrontendEvent};
 pub use guest_log::MemoryLog;
+pub use worker::RingDriver;
 
 /// Guest memory as the backend maps it: each region carries a dirty bitmap (`MemoryLog`)
 /// that is empty (marking costs one atomic load) until the frontend shares its dirty log with

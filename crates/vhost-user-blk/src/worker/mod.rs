@@ -20,7 +20,10 @@
 //! to do.
 
 mod answer;
+mod driver;
 mod take;
+
+pub use driver::RingDriver;
 
 use std::fs::File;
 use std::io;
@@ -442,6 +445,13 @@ impl Worker {
     /// The connection ended: requests still on the device complete (and are answered, while the
     /// ring is there) before the memory they point into is released and the I/O queue closes.
     fn finish(&mut self) {
+        self.answer_outstanding();
+        self.settle();
+        self.let_ring_go();
+    }
+
+    /// Waits for every request taken and answers it.
+    fn answer_outstanding(&mut self) {
         while self.outstanding() > 0 {
             self.io.wait();
             if self.answer_completions().total == 0 && self.io.in_flight() == 0 {
@@ -449,8 +459,6 @@ impl Worker {
                 break;
             }
         }
-        self.settle();
-        self.let_ring_go();
     }
 }
 
