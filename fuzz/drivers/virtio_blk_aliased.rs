@@ -8,6 +8,9 @@
 //! to more than `MAX_REQUEST_BYTES` is never executed (the device sees no I/O) and, when every
 //! descriptor is otherwise valid, is answered IOERR; what an accepted request makes the daemon
 //! hold (`Request::data_len`, the planned I/O length) never exceeds `MAX_REQUEST_BYTES`.
+//! Then the same chain goes through the daemon's own queue worker (`RingDriver`) on a copy of
+//! guest memory as it was before: no oversized request reaches the device there either, and
+//! guest memory ends up byte for byte as the steps above left it (status, data, used ring).
 //!
 //! Input (missing bytes read as zero; the last descriptor pattern repeats):
 //! - byte 0: request type (IN, OUT, FLUSH, GET_ID, DISCARD, WRITE_ZEROES, unsupported);
@@ -24,10 +27,10 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use cryptblk_block::aio::IoVec;
 use cryptblk_block::{BlockDevice, BlockError};
-use cryptblk_vhost_user_blk::backend::SIZE_MAX;
+use cryptblk_vhost_user_blk::config::SIZE_MAX;
 use cryptblk_vhost_user_blk::device::{Start, STATUS_IOERR};
 use cryptblk_vhost_user_blk::request::{self, advertised_limits, Error, MAX_REQUEST_BYTES};
-use cryptblk_vhost_user_blk::Disk;
+use cryptblk_vhost_user_blk::{Disk, GuestMem, RingDriver};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -239,6 +242,7 @@ pub fn run(data: &[u8]) -> Outcome {
     mem.write_obj(0u16, GuestAddress(AVAIL)).unwrap();
     mem.write_obj(1u16, GuestAddress(AVAIL + 2)).unwrap();
     mem.write_obj(0u16, GuestAddress(AVAIL + 4)).unwrap();
+    let before = snapshot(&mem);
 
     let device = device();
     let dev = Arc::clone(&device);
@@ -364,5 +368,46 @@ pub fn run(data: &[u8]) -> Outcome {
         );
     }
     queue.add_used(&mem, head, used_len).unwrap();
+
+    // The same chain through the daemon's queue worker, on guest memory as it was before.
+    dev.calls.store(0, Ordering::Relaxed);
+    let worker_mem = GuestMem::from_ranges(&[
+        (GuestAddress(0), REGION_A as usize),
+        (GuestAddress(BIG), REGION_B as usize),
+    ])
+    .unwrap();
+    restore(&worker_mem, &before);
+    let worker_disk = Disk::new(dev.clone(), flags & 2 != 0, "fuzz").with_discard(flags & 8 != 0);
+    let mut ring = RingDriver::new(worker_disk, worker_mem, QSIZE, DESC, AVAIL, USED).unwrap();
+    ring.kick().unwrap();
+    ring.settle();
+    if total > MAX_REQUEST_BYTES {
+        assert_eq!(
+            dev.calls.load(Ordering::Relaxed),
+            0,
+            "an oversized request ran on the queue worker"
+        );
+    }
+    assert!(
+        snapshot(&*ring.memory()) == snapshot(&mem),
+        "the queue worker answered differently (kind {kind}, {n} data descriptors)"
+    );
     outcome
+}
+
+/// Guest memory's two regions, as bytes.
+fn snapshot<M: Bytes<GuestAddress>>(mem: &M) -> [Vec<u8>; 2]
+where
+    M::E: std::fmt::Debug,
+{
+    let mut a = vec![0u8; REGION_A as usize];
+    let mut b = vec![0u8; REGION_B as usize];
+    mem.read_slice(&mut a, GuestAddress(0)).unwrap();
+    mem.read_slice(&mut b, GuestAddress(BIG)).unwrap();
+    [a, b]
+}
+
+fn restore(mem: &GuestMem, regions: &[Vec<u8>; 2]) {
+    mem.write_slice(&regions[0], GuestAddress(0)).unwrap();
+    mem.write_slice(&regions[1], GuestAddress(BIG)).unwrap();
 }

@@ -4,7 +4,10 @@
 //! (or `Disk::reject`), as in the daemon's queue thread. Nothing may panic, and no guest byte outside the chain's device-writable
 //! descriptors (and the used ring) may change. `chain::Chain`, which walks the chains of
 //! requests resubmitted after a daemon restart, must yield exactly the descriptors
-//! virtio-queue yields for the same head.
+//! virtio-queue yields for the same head. Then the same ring goes through the daemon's own
+//! queue worker (`RingDriver`) on a copy of guest memory as it was before: guest memory must
+//! end up byte for byte as the steps above left it, unless those rejected a segment over this
+//! target's small size_max (the worker has the daemon's 1 MiB).
 //!
 //! Input layout (missing bytes read as zero):
 //! - bytes 0..256: the 16-entry descriptor table (addr u64, len u32, flags u16, next u16, LE);
@@ -17,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use cryptblk_block::{BlockDevice, BlockError};
 use cryptblk_vhost_user_blk::chain::Chain;
-use cryptblk_vhost_user_blk::{request, Disk};
+use cryptblk_vhost_user_blk::{request, Disk, GuestMem, RingDriver};
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -124,14 +127,19 @@ fuzz_target!(|data: &[u8]| {
     let mut before = vec![0u8; MEM];
     mem.read_slice(&mut before, GuestAddress(0)).unwrap();
     let mut segments = Vec::new();
-    let used_len = match request::parse(
+    let parsed = request::parse(
         &mem,
         chain,
         MAX_DESCRIPTORS,
         SIZE_MAX,
         disk.capacity(),
         &mut segments,
-    ) {
+    );
+    let size_max_differs = matches!(
+        &parsed,
+        Err(r) if matches!(r.error, request::Error::SegmentTooLarge(..))
+    );
+    let used_len = match parsed {
         Ok(req) => {
             assert!(segments.iter().all(|s| s.len <= SIZE_MAX));
             assert!(segments.len() + 2 <= MAX_DESCRIPTORS);
@@ -152,5 +160,29 @@ fuzz_target!(|data: &[u8]| {
             writable.iter().any(|&(s, e)| (s..e).contains(&at)),
             "byte {at:#x} changed outside the chain's writable buffers"
         );
+    }
+
+    // The same ring through the daemon's queue worker, on guest memory as it was before.
+    let worker_mem = GuestMem::from_ranges(&[
+        (GuestAddress(0), REGION),
+        (GuestAddress(REGION as u64), REGION),
+    ])
+    .unwrap();
+    worker_mem.write_slice(&before, GuestAddress(0)).unwrap();
+    let worker_disk = Disk::new(
+        Arc::new(MemDisk(Mutex::new(vec![0u8; DISK]))),
+        flags & 1 != 0,
+        "fuzz",
+    )
+    .with_discard(flags & 2 != 0);
+    let mut ring = RingDriver::new(worker_disk, worker_mem, QSIZE, DESC, AVAIL, USED).unwrap();
+    ring.kick().unwrap();
+    ring.settle();
+    if !size_max_differs {
+        let mut served = vec![0u8; MEM];
+        ring.memory()
+            .read_slice(&mut served, GuestAddress(0))
+            .unwrap();
+        assert!(served == after, "the queue worker answered differently");
     }
 });

@@ -1,175 +1,46 @@
-//! The `VhostUserBackend` implementation: features, config space and the per-queue event loop.
+//! The `VhostUserBackend` implementation: what vhost-user-backend's message thread asks of the
+//! device, answered from `config` or handed to the queues' workers (`worker`).
 //!
-//! vhost-user-backend runs one epoll thread per queue (`queues_per_thread`). That thread pops
-//! and parses its queue's requests, pushes them into the queue's asynchronous I/O queue (an
-//! io_uring ring of its own on a raw file or a LUKS volume over one) and sends the batch with
-//! one system call; the I/O queue's eventfd is registered in the same epoll, and when it fires
-//! the thread collects the completions (a LUKS volume decrypts reads in place here), writes
-//! the status bytes, puts the requests on the used ring and signals the guest once per batch.
-//! So one queue keeps up to its whole size in flight on the device while the thread sleeps,
-//! queues share nothing but the disk, and nothing polls unless `ServeOptions::poll` asks.
-//!
-//! Restarts (`inflight`): every head taken from a ring is marked in the inflight region
-//! (`QueuePart::popped`) and every completion goes through `inflight::add_used`, under the
-//! ring's lock; when a ring starts, its thread first resubmits what a predecessor daemon left
-//! in flight and signals the guest even with nothing to do. `drain` (a stop) takes no more
-//! requests, waits for those taken and signals every ring.
+//! vhost-user-backend gets no epoll thread of its own from this backend (`queues_per_thread`
+//! is empty): each virtqueue has its worker thread, which watches the ring's kick itself once
+//! the ring starts (`start_vring`, from the vendored vring hooks) and owns everything a
+//! request touches on its way. The message thread only sends the workers messages, and waits
+//! for their answer where the protocol waits (a ring's stop, the daemon's drain).
 
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use cryptblk_block::aio::{IoQueue, IoVec};
-use cryptblk_block::{IoKind, IoStats};
-
+use cryptblk_block::{BlockError, IoStats};
 use vhost::vhost_user::message::{
     VhostUserInflight, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
-use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
-use virtio_bindings::virtio_blk::{
-    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_CONFIG_WCE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
-    VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX,
-    VIRTIO_BLK_F_TOPOLOGY, VIRTIO_BLK_F_WRITE_ZEROES,
-};
-use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
-use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use virtio_queue::desc::split::Descriptor;
-use virtio_queue::QueueT;
-use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
+use vhost_user_backend::VhostUserBackend;
+use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{
-    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
-};
 
-use crate::chain::Chain;
-use crate::device::{Disk, Start, MAX_DISCARD_SECTORS, MAX_WRITE_ZEROES_SECTORS, STATUS_IOERR};
-use crate::fault::{self, Point};
-use crate::frontend::{FrontendState, TrackedVring};
-use crate::inflight::{self, QueuePart, Rings};
-use crate::request::{self, Request, RequestType, Segment, SECTOR_SIZE};
+use crate::config::{self, ConfigSpace};
+use crate::device::Disk;
+use crate::frontend::FrontendState;
+use crate::inflight::InflightRegion;
+use crate::worker::{Message, RequestContext, Vring, WorkerHandle};
 use crate::GuestMem;
-
-/// A ring as the queue threads use it.
-type Vring = VringRwLock<GuestMemoryAtomic<GuestMem>>;
-
-/// Offset of the `writeback` byte in `struct virtio_blk_config`.
-const CONFIG_WCE_OFFSET: usize = 32;
-/// Bytes of config space this device defines (up to `write_zeroes_may_unmap` and its
-/// padding); reads past it return zeros.
-const CONFIG_LEN: usize = 60;
-/// Largest config read answered (the virtio-blk config struct is well below this).
-const CONFIG_MAX: usize = 256;
-
-/// Largest data descriptor accepted (`size_max`, VIRTIO_BLK_F_SIZE_MAX): 1 MiB. Longer ones
-/// get IOERR. Linux uses it as the queue's max_segment_size, so it never builds one larger.
-pub const SIZE_MAX: u32 = 1 << 20;
-
-/// Counts one queue's requests between pop and used-ring entry, so that stopping the queue
-/// (GET_VRING_BASE, disconnect, shutdown) can wait until every popped request is answered.
-#[derive(Default)]
-pub(crate) struct InFlight {
-    count: Mutex<usize>,
-    idle: std::sync::Condvar,
-}
-
-impl InFlight {
-    fn inc(&self) {
-        *self.count.lock().unwrap_or_else(PoisonError::into_inner) += 1;
-    }
-
-    fn sub(&self, n: usize) {
-        if n == 0 {
-            return;
-        }
-        let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
-        *count = count.saturating_sub(n);
-        if *count == 0 {
-            self.idle.notify_all();
-        }
-    }
-
-    /// Blocks until no request is in flight.
-    pub(crate) fn wait_idle(&self) {
-        let mut n = self.count.lock().unwrap_or_else(PoisonError::into_inner);
-        while *n > 0 {
-            n = self.idle.wait(n).unwrap_or_else(PoisonError::into_inner);
-        }
-    }
-}
-
-/// A request between pop and completion.
-struct Pending {
-    head: u16,
-    req: Request,
-    segments: Vec<Segment>,
-    start: Instant,
-    /// The memory table the request's buffers point into, kept mapped until it completes
-    /// (a SET_MEM_TABLE meanwhile must not unmap what the kernel is writing into).
-    mem: Arc<GuestMem>,
-}
-
-/// What one queue thread owns: its I/O queue, its requests by tag, its ring.
-struct QueueIo {
-    io: Option<Box<dyn IoQueue>>,
-    /// Requests in flight by tag; a virtqueue of size N holds at most N.
-    requests: Vec<Option<Pending>>,
-    free: Vec<u16>,
-    /// Spare segment lists, so popping allocates nothing in steady state.
-    spare_segments: Vec<Vec<Segment>>,
-    iov: Vec<IoVec>,
-    /// The ring completions go to (set on the first kick).
-    vring: Option<Vring>,
-    /// Requests pushed since the last submit.
-    unsubmitted: usize,
-}
-
-/// Per-queue state: the queue thread's, plus what other threads look at.
-pub struct QueueState {
-    /// The queue's index (= its thread's).
-    index: usize,
-    in_flight: InFlight,
-    stats: Arc<IoStats>,
-    io: Mutex<QueueIo>,
-}
-
-impl QueueState {
-    fn io(&self) -> MutexGuard<'_, QueueIo> {
-        // Plain bookkeeping: consistent whatever a panicking holder did.
-        self.io.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// What requests need, shared by the queues.
-struct RequestContext {
-    disk: Disk,
-    /// Guest write cache enabled (CONFIG_WCE); when off, every write is durable before it
-    /// completes (FUA).
-    writeback: AtomicBool,
-    /// Name for log lines.
-    name: String,
-    /// Busy-poll for completions this long before sleeping (0: never).
-    poll: Duration,
-}
 
 struct Inner {
     ctx: Arc<RequestContext>,
     num_queues: u16,
     queue_size: u16,
-    seg_max: u32,
-    event_idx: AtomicBool,
-    mem: RwLock<GuestMemoryAtomic<GuestMem>>,
-    queues: Vec<Arc<QueueState>>,
+    /// One per queue, in queue order.
+    workers: Vec<WorkerHandle>,
     /// Where queue starts and stops and the acked LOG_ALL feature are reported.
     frontend: Arc<FrontendState>,
-    /// The running rings and the inflight region (restarts).
-    rings: Arc<Rings>,
-    /// Stopping: take no more requests from the rings (`drain`).
-    draining: AtomicBool,
+    /// The inflight region the frontend shared (restarts).
+    inflight: InflightRegion,
 }
 
-/// The backend handed to `VhostUserDaemon`; cheap to clone (one per worker thread).
+/// The backend handed to `VhostUserDaemon`; cheap to clone.
 #[derive(Clone)]
 pub struct BlkBackend {
     inner: Arc<Inner>,
@@ -185,8 +56,18 @@ pub struct BackendOptions {
     pub poll: Duration,
 }
 
+/// Why the backend could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("opening the disk's I/O queues: {0}")]
+    Queues(BlockError),
+    #[error("starting a queue worker: {0}")]
+    Worker(io::Error),
+}
+
 impl BlkBackend {
-    /// `queue_stats` has one entry per queue (kept by the caller across connections).
+    /// Opens one asynchronous I/O queue per virtqueue and starts its worker. `queue_stats`
+    /// has one entry per queue (kept by the caller across connections).
     pub fn new(
         disk: Disk,
         num_queues: u16,
@@ -194,7 +75,7 @@ impl BlkBackend {
         mem: GuestMemoryAtomic<GuestMem>,
         queue_stats: &[Arc<IoStats>],
         opts: BackendOptions,
-    ) -> Self {
+    ) -> Result<Self, StartError> {
         Self::with_frontend(
             disk,
             num_queues,
@@ -214,472 +95,69 @@ impl BlkBackend {
         queue_stats: &[Arc<IoStats>],
         opts: BackendOptions,
         frontend: Arc<FrontendState>,
-    ) -> Self {
-        let seg_max = u32::from(queue_size.saturating_sub(2)).max(1);
-        let queues = (0..usize::from(num_queues))
-            .map(|q| {
-                Arc::new(QueueState {
-                    index: q,
-                    in_flight: InFlight::default(),
-                    stats: queue_stats.get(q).cloned().unwrap_or_default(),
-                    io: Mutex::new(QueueIo {
-                        io: None,
-                        requests: (0..queue_size).map(|_| None).collect(),
-                        free: (0..queue_size).rev().collect(),
-                        spare_segments: Vec::new(),
-                        iov: Vec::new(),
-                        vring: None,
-                        unsubmitted: 0,
-                    }),
-                })
-            })
-            .collect();
-        BlkBackend {
+    ) -> Result<Self, StartError> {
+        let ctx = Arc::new(RequestContext {
+            disk,
+            config: ConfigSpace::new(num_queues, queue_size),
+            event_idx: AtomicBool::new(false),
+            name: opts.name,
+            poll: opts.poll,
+        });
+        let mut workers = Vec::new();
+        for index in 0..usize::from(num_queues) {
+            let io = ctx
+                .disk
+                .open_queue(usize::from(queue_size))
+                .map_err(StartError::Queues)?;
+            let stats = queue_stats.get(index).cloned().unwrap_or_default();
+            workers.push(
+                WorkerHandle::spawn(index, ctx.clone(), stats, mem.clone(), io, queue_size)
+                    .map_err(StartError::Worker)?,
+            );
+        }
+        Ok(BlkBackend {
             inner: Arc::new(Inner {
-                ctx: Arc::new(RequestContext {
-                    disk,
-                    writeback: AtomicBool::new(true),
-                    name: opts.name,
-                    poll: opts.poll,
-                }),
+                ctx,
                 num_queues,
                 queue_size,
-                seg_max,
-                event_idx: AtomicBool::new(false),
-                mem: RwLock::new(mem),
-                queues,
+                workers,
                 frontend,
-                rings: Arc::new(Rings::new(num_queues, queue_size)),
-                draining: AtomicBool::new(false),
+                inflight: InflightRegion::new(num_queues, queue_size),
             }),
-        }
+        })
     }
 
-    /// The connection's rings and inflight region, for the rings to report their starts to.
-    pub(crate) fn rings(&self) -> Arc<Rings> {
-        self.inner.rings.clone()
-    }
-
-    /// Stops taking requests from the rings, waits until every request taken is answered
-    /// (the queue threads collect the completions), then signals the guest on every ring: a
-    /// frontend that disconnects after this sees every completion, and a QEMU that restarts
-    /// its rings at used->idx loses and repeats nothing.
+    /// Stops taking requests from the rings, waits until every request taken is answered,
+    /// then signals the guest on every ring: a frontend that disconnects after this sees
+    /// every completion, and a QEMU that restarts its rings at used->idx loses and repeats
+    /// nothing.
     pub fn drain(&self) {
-        self.inner.draining.store(true, Ordering::SeqCst);
-        for q in &self.inner.queues {
-            q.in_flight.wait_idle();
-        }
-        self.inner.rings.signal_all();
-    }
-
-    /// Opens one asynchronous I/O queue per virtqueue and returns their eventfds, to be
-    /// registered with each queue thread's epoll under `completion_event`.
-    pub fn open_io_queues(&self) -> Result<Vec<std::os::fd::RawFd>, cryptblk_block::BlockError> {
-        let mut fds = Vec::new();
-        for q in &self.inner.queues {
-            let io = self
-                .inner
-                .ctx
-                .disk
-                .open_queue(usize::from(self.inner.queue_size))?;
-            fds.push(io.notifier());
-            q.io().io = Some(io);
-        }
-        Ok(fds)
-    }
-
-    /// The epoll event id under which a queue thread hears of completions (ids up to
-    /// `num_queues` belong to vhost-user-backend).
-    pub fn completion_event(&self) -> u64 {
-        u64::from(self.inner.num_queues) + 1
-    }
-
-    /// Blocks until every request popped from any queue has been answered, collecting
-    /// completions here: for when the queue threads are gone (disconnect, shutdown).
-    pub fn wait_idle(&self) {
-        for q in &self.inner.queues {
-            let mut io = q.io();
-            while io.io.as_ref().is_some_and(|io| io.in_flight() > 0) {
-                if let Some(queue) = io.io.as_mut() {
-                    queue.wait();
-                }
-                let vring = io.vring.clone();
-                if let Some(vring) = vring {
-                    self.complete(&vring, q, &mut io);
-                } else {
-                    break;
-                }
-            }
-            drop(io);
-            q.in_flight.wait_idle();
+        for worker in &self.inner.workers {
+            worker.call(Message::Drain);
         }
     }
 
-    /// Closes the I/O queues (after `wait_idle`): their rings and eventfds go away with the
-    /// connection.
-    pub fn close_io_queues(&self) {
-        for q in &self.inner.queues {
-            let mut io = q.io();
-            io.io = None;
-            io.vring = None;
+    /// Ends the workers once every request they took has completed (answered on its ring
+    /// while the ring is there): for when the connection is gone, before the memory the
+    /// requests point into is released and before a new frontend may connect. Their I/O
+    /// queues close with them.
+    pub fn stop_workers(&self) {
+        for worker in &self.inner.workers {
+            worker.exit();
         }
     }
 
-    /// The virtio-blk config space as the guest sees it.
-    fn config_space(&self) -> [u8; CONFIG_LEN] {
-        let inner = &self.inner;
-        let mut c = [0u8; CONFIG_LEN];
-        let capacity = inner.ctx.disk.capacity() / SECTOR_SIZE;
-        c[0..8].copy_from_slice(&capacity.to_le_bytes());
-        c[8..12].copy_from_slice(&SIZE_MAX.to_le_bytes());
-        c[12..16].copy_from_slice(&inner.seg_max.to_le_bytes());
-        let blk_size = inner.ctx.disk.device().logical_block_size();
-        c[20..24].copy_from_slice(&blk_size.to_le_bytes());
-        // Topology, in units of logical blocks (Linux multiplies each field by blk_size):
-        // physical_block_exp = log2(physical / logical) = 0, as a BlockDevice's physical
-        // block is its logical block (a LUKS volume's encryption sector, or 512 for raw);
-        // alignment_offset 0; min_io_size 1 block, so guests never issue sub-block I/O;
-        // opt_io_size 0 (no preference: every request size costs the same per byte).
-        c[24] = 0; // physical_block_exp
-        c[25] = 0; // alignment_offset
-        c[26..28].copy_from_slice(&1u16.to_le_bytes()); // min_io_size
-        c[28..32].copy_from_slice(&0u32.to_le_bytes()); // opt_io_size
-        c[CONFIG_WCE_OFFSET] = u8::from(inner.ctx.writeback.load(Ordering::Relaxed));
-        c[34..36].copy_from_slice(&inner.num_queues.to_le_bytes());
-        if inner.ctx.disk.discard() {
-            c[36..40].copy_from_slice(&MAX_DISCARD_SECTORS.to_le_bytes());
-            c[40..44].copy_from_slice(&1u32.to_le_bytes()); // max_discard_seg
-            let align = (blk_size / SECTOR_SIZE as u32).max(1); // discard_sector_alignment
-            c[44..48].copy_from_slice(&align.to_le_bytes());
-        }
-        c[48..52].copy_from_slice(&MAX_WRITE_ZEROES_SECTORS.to_le_bytes());
-        c[52..56].copy_from_slice(&1u32.to_le_bytes()); // max_write_zeroes_seg
-        c[56] = 0; // write_zeroes_may_unmap: zeroes are always written
-        c
+    fn worker(&self, queue_index: u32) -> io::Result<&WorkerHandle> {
+        self.inner
+            .workers
+            .get(queue_index as usize)
+            .ok_or_else(|| io::Error::other(format!("no queue {queue_index}")))
     }
-
-    /// Pushes the heads in `resubmit` (taken by a predecessor daemon, still marked in flight)
-    /// and then, with `pop`, every available request of one queue into the queue's I/O queue;
-    /// rejected chains and requests needing no I/O are answered at once. Returns whether
-    /// anything was answered (the caller signals the guest).
-    fn pop_requests(
-        &self,
-        vring: &Vring,
-        queue: &QueueState,
-        io: &mut QueueIo,
-        resubmit: &[u16],
-        pop: bool,
-    ) -> io::Result<bool> {
-        let inner = &self.inner;
-        let ctx = &*inner.ctx;
-        let atomic = inner
-            .mem
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let mem = atomic.memory().into_inner();
-        let fua = !ctx.writeback.load(Ordering::Relaxed);
-        let mut answered = false;
-        // Counts as in flight while popping: a chain popped but not yet counted would
-        // otherwise let GET_VRING_BASE (`stop_vring`) hand the ring back, and report
-        // `FrontendEvent::Stopped`, before that request is answered. Pops fail once the
-        // frontend stopped the ring, so this only waits for a pop already under way.
-        let popping = Popping::new(&queue.in_flight);
-        if io.vring.is_none() {
-            io.vring = Some(vring.clone());
-        }
-        let part = inner.rings.part(queue.index);
-        // inflight: requests a predecessor daemon took from the ring and did not complete,
-        // oldest first. Still marked in flight; parsed and run like new ones.
-        if !resubmit.is_empty() {
-            let (table, size) = {
-                let state = vring.get_ref();
-                (state.get_queue().desc_table(), state.get_queue().size())
-            };
-            for &head in resubmit {
-                let chain = Chain::new(&*mem, GuestAddress(table), size, head);
-                answered |=
-                    self.take_request(&mem, vring, part.as_deref(), queue, io, head, chain, fua);
-            }
-        }
-        // A stopping daemon takes nothing new (`drain`).
-        while pop && !inner.draining.load(Ordering::SeqCst) {
-            let chain = vring
-                .get_mut()
-                .get_queue_mut()
-                .pop_descriptor_chain(atomic.memory());
-            let Some(chain) = chain else { break };
-            let head = chain.head_index();
-            fault::hit(Point::Popped);
-            // inflight: mark the head taken before anything else happens to it.
-            if let Some(part) = &part {
-                part.popped(head);
-            }
-            fault::hit(Point::Marked);
-            answered |=
-                self.take_request(&mem, vring, part.as_deref(), queue, io, head, chain, fua);
-            // A long run of requests goes to the device in batches, each answered as soon
-            // as it completes: the guest gets its first completions (and refills its queue)
-            // while later requests are still being popped, instead of after the whole run.
-            if io.unsubmitted >= SUBMIT_BATCH
-                && (self.submit_and_complete(vring, queue, io) || answered)
-            {
-                signal(vring)?;
-                answered = false;
-            }
-        }
-        drop(popping);
-        Ok(answered)
-    }
-
-    /// Parses the chain of `head` and pushes its I/O, or answers it at once (rejected, or no
-    /// I/O needed). Returns whether it was answered.
-    #[allow(clippy::too_many_arguments)]
-    fn take_request(
-        &self,
-        mem: &Arc<GuestMem>,
-        vring: &Vring,
-        part: Option<&QueuePart>,
-        queue: &QueueState,
-        io: &mut QueueIo,
-        head: u16,
-        descriptors: impl IntoIterator<Item = Descriptor>,
-        fua: bool,
-    ) -> bool {
-        let inner = &self.inner;
-        let ctx = &*inner.ctx;
-        let mut segments = io.spare_segments.pop().unwrap_or_default();
-        let answer = |io: &mut QueueIo, segments, used_len| {
-            add_used(vring, part, head, used_len);
-            io.spare_segments.push(segments);
-            true
-        };
-        let req = match request::parse(
-            &**mem,
-            descriptors,
-            inner.seg_max as usize + 2,
-            SIZE_MAX,
-            ctx.disk.capacity(),
-            &mut segments,
-        ) {
-            Ok(req) => req,
-            Err(rejected) => {
-                tracing::debug!(disk = %ctx.name, "rejected request: {}", rejected.error);
-                let used_len = ctx.disk.reject(&**mem, &rejected);
-                return answer(io, segments, used_len);
-            }
-        };
-        let start = queue.stats.begin();
-        let planned = match ctx.disk.start(&**mem, &req, &segments, &mut io.iov) {
-            Start::Io(planned) => planned,
-            Start::Done(status, data_len) => {
-                let (status, used_len) = ctx.disk.answer(&**mem, &req, status, data_len);
-                let ok = status == crate::device::STATUS_OK;
-                queue.stats.complete(io_kind(&req), 0, start, ok);
-                return answer(io, segments, used_len);
-            }
-        };
-        let Some(tag) = io.free.pop() else {
-            // More requests than the ring holds: only a frontend breaking the protocol.
-            let (_, used_len) = ctx.disk.answer(&**mem, &req, STATUS_IOERR, 0);
-            return answer(io, segments, used_len);
-        };
-        let request = planned.request(&io.iov, fua, u64::from(tag));
-        let pushed = match io.io.as_mut() {
-            // SAFETY: the buffers are guest memory checked by `Disk::start` to lie in
-            // mapped regions of `mem`; `Pending` keeps `mem` (and so the mappings) alive
-            // until the completion is collected, and nothing in this process makes a
-            // reference to them. The guest writing them meanwhile only changes its data.
-            Some(q) => unsafe { q.push(&request) }.is_ok(),
-            None => false,
-        };
-        if !pushed {
-            io.free.push(tag);
-            let (_, used_len) = ctx.disk.answer(&**mem, &req, STATUS_IOERR, 0);
-            return answer(io, segments, used_len);
-        }
-        queue.in_flight.inc();
-        io.unsubmitted += 1;
-        io.requests[usize::from(tag)] = Some(Pending {
-            head,
-            req,
-            segments,
-            start,
-            mem: mem.clone(),
-        });
-        false
-    }
-
-    /// Collects the finished requests of a queue: status byte, used ring, statistics. Each
-    /// is put on the used ring as the I/O queue hands it out, and the guest is signalled
-    /// whenever answers have waited `SIGNAL_AFTER` (a volume decrypting a batch hands its
-    /// reads out one by one), so it refills its queue while the rest are still being
-    /// finished.
-    fn complete(&self, vring: &Vring, queue: &QueueState, io: &mut QueueIo) -> Answered {
-        let ctx = &*self.inner.ctx;
-        let QueueIo {
-            io: ioq,
-            requests,
-            free,
-            spare_segments,
-            ..
-        } = io;
-        let Some(ioq) = ioq.as_mut() else {
-            return Answered::default();
-        };
-        let part = self.inner.rings.part(queue.index);
-        let mut unsignalled = 0usize;
-        let mut n = 0usize;
-        let mut first_unsignalled: Option<Instant> = None;
-        ioq.drain(&mut |c| {
-            let Some(pending) = usize::try_from(c.tag)
-                .ok()
-                .and_then(|t| requests.get_mut(t))
-                .and_then(Option::take)
-            else {
-                return;
-            };
-            if let Err(e) = &c.result {
-                tracing::warn!(
-                    disk = %ctx.name,
-                    "{} of {} bytes at sector {} failed: {e}",
-                    pending.req.kind.name(),
-                    pending.req.data_len,
-                    pending.req.sector
-                );
-            }
-            let (status, used_len) =
-                ctx.disk
-                    .finish(&*pending.mem, &pending.req, &pending.segments, &c.result);
-            let bytes = match pending.req.kind {
-                RequestType::In | RequestType::Out => pending.req.data_len,
-                _ => 0,
-            };
-            queue.stats.complete(
-                io_kind(&pending.req),
-                bytes,
-                pending.start,
-                status == crate::device::STATUS_OK,
-            );
-            add_used(vring, part.as_deref(), pending.head, used_len);
-            free.push(c.tag as u16);
-            spare_segments.push(pending.segments);
-            n += 1;
-            unsignalled += 1;
-            let now = Instant::now();
-            match first_unsignalled {
-                Some(t) if now.duration_since(t) >= SIGNAL_AFTER => {
-                    if let Err(e) = signal(vring) {
-                        tracing::warn!(disk = %ctx.name, "signalling the guest: {e}");
-                    }
-                    first_unsignalled = None;
-                    unsignalled = 0;
-                }
-                Some(_) => {}
-                None => first_unsignalled = Some(now),
-            }
-        });
-        queue.in_flight.sub(n);
-        Answered {
-            total: n,
-            unsignalled,
-        }
-    }
-
-    /// Submits what was pushed and answers what already completed (page-cache hits finish
-    /// inside the submission), optionally polling for more before the thread goes back to
-    /// sleep in epoll.
-    fn submit_and_complete(&self, vring: &Vring, queue: &QueueState, io: &mut QueueIo) -> bool {
-        io.unsubmitted = 0;
-        if let Some(q) = io.io.as_mut() {
-            if let Err(e) = q.submit() {
-                tracing::error!(disk = %self.inner.ctx.name, "submitting I/O: {e}");
-            }
-        }
-        let mut done = self.complete(vring, queue, io);
-        let poll = self.inner.ctx.poll;
-        if done.total == 0 && !poll.is_zero() && io.io.as_ref().is_some_and(|q| q.in_flight() > 0) {
-            let deadline = Instant::now() + poll;
-            while done.total == 0 && Instant::now() < deadline {
-                std::hint::spin_loop();
-                done = self.complete(vring, queue, io);
-            }
-        }
-        done.unsignalled > 0
-    }
-}
-
-/// What one collection of completions answered.
-#[derive(Default)]
-struct Answered {
-    /// Requests put on the used ring.
-    total: usize,
-    /// Of those, put there after the guest was last signalled.
-    unsignalled: usize,
-}
-
-/// Requests popped in one run that are submitted (and their completions collected) together.
-/// Measured on 2 vCPUs with the libblkio client, 4 KiB requests at depth 32 from tmpfs, one
-/// queue: submitting a whole run at once gave 300k IOPS (raw) / 330k (LUKS2), the server
-/// idle a third of the time while the guest waited for the run's end; batches of 16 gave
-/// 550k / 420k; 4 and 8 less than 16, 24 no more.
-const SUBMIT_BATCH: usize = 16;
-
-/// Answers put on the used ring wait at most about this long for the guest to be signalled
-/// while a batch of completions is being finished.
-const SIGNAL_AFTER: Duration = Duration::from_micros(20);
-
-/// Puts a request on the used ring; inflight: recorded around the used ring update, under the
-/// ring's lock.
-fn add_used(vring: &Vring, part: Option<&QueuePart>, head: u16, used_len: u32) {
-    if let Err(e) = inflight::add_used(vring, part, head, used_len) {
-        // The ring is unusable (e.g. the frontend reset it); the connection's next message
-        // or disconnect handles that.
-        tracing::warn!("completing request: {e}");
-    }
-}
-
-fn io_kind(req: &Request) -> IoKind {
-    match req.kind {
-        RequestType::In => IoKind::Read,
-        RequestType::Out => IoKind::Write,
-        RequestType::Flush => IoKind::Flush,
-        RequestType::Discard => IoKind::Discard,
-        _ => IoKind::Other,
-    }
-}
-
-/// A queue thread popping requests, counted in the queue's `InFlight` until dropped.
-struct Popping<'a>(&'a InFlight);
-
-impl<'a> Popping<'a> {
-    fn new(in_flight: &'a InFlight) -> Self {
-        in_flight.inc();
-        Popping(in_flight)
-    }
-}
-
-impl Drop for Popping<'_> {
-    fn drop(&mut self) {
-        self.0.sub(1);
-    }
-}
-
-/// Interrupts the guest if it wants to hear about the new used entries (EVENT_IDX).
-fn signal(vring: &Vring) -> io::Result<()> {
-    fault::hit(Point::BeforeSignal);
-    if vring
-        .needs_notification()
-        .map_err(|e| io::Error::other(format!("needs_notification: {e}")))?
-    {
-        vring.signal_used_queue()?;
-    }
-    Ok(())
 }
 
 impl VhostUserBackend for BlkBackend {
-    type Bitmap = crate::LogBitmap;
-    type Vring = TrackedVring;
+    type Bitmap = crate::MemoryLog;
+    type Vring = Vring;
 
     fn num_queues(&self) -> usize {
         usize::from(self.inner.num_queues)
@@ -690,44 +168,11 @@ impl VhostUserBackend for BlkBackend {
     }
 
     fn features(&self) -> u64 {
-        let mut f = (1u64 << VIRTIO_F_VERSION_1)
-            | (1 << VIRTIO_RING_F_EVENT_IDX)
-            | (1 << VIRTIO_RING_F_INDIRECT_DESC)
-            | (1 << VIRTIO_BLK_F_SIZE_MAX)
-            | (1 << VIRTIO_BLK_F_SEG_MAX)
-            | (1 << VIRTIO_BLK_F_BLK_SIZE)
-            | (1 << VIRTIO_BLK_F_TOPOLOGY)
-            | (1 << VIRTIO_BLK_F_FLUSH)
-            | (1 << VIRTIO_BLK_F_CONFIG_WCE)
-            | (1 << VIRTIO_BLK_F_MQ)
-            // Dirty page logging for live migration: every guest page the device writes
-            // is marked in the frontend's log once SET_LOG_BASE shared it (see `GuestMem`).
-            | VhostUserVirtioFeatures::LOG_ALL.bits()
-            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
-        if self.inner.ctx.disk.read_only() {
-            f |= 1 << VIRTIO_BLK_F_RO;
-        } else {
-            f |= 1 << VIRTIO_BLK_F_WRITE_ZEROES;
-            if self.inner.ctx.disk.discard() {
-                f |= 1 << VIRTIO_BLK_F_DISCARD;
-            }
-        }
-        f
+        config::features(&self.inner.ctx.disk)
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::REPLY_ACK
-            // Memory shared region by region (ADD_MEM_REG/REM_MEM_REG), which libblkio
-            // requires and vhost-user-backend implements.
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-            // The dirty log comes as a shared memory fd (SET_LOG_BASE), as QEMU requires
-            // with LOG_ALL.
-            | VhostUserProtocolFeatures::LOG_SHMFD
-            // Requests in flight are recorded in a region the frontend keeps, so that a
-            // restarted daemon resubmits them (`inflight`).
-            | VhostUserProtocolFeatures::INFLIGHT_SHMFD
+        config::protocol_features()
     }
 
     fn acked_features(&self, features: u64) {
@@ -737,164 +182,78 @@ impl VhostUserBackend for BlkBackend {
     }
 
     fn set_event_idx(&self, enabled: bool) {
-        self.inner.event_idx.store(enabled, Ordering::Relaxed);
+        self.inner.ctx.event_idx.store(enabled, Ordering::Relaxed);
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        let (offset, size) = (offset as usize, size as usize);
-        let Some(end) = offset.checked_add(size).filter(|&e| e <= CONFIG_MAX) else {
-            return Vec::new();
-        };
-        let mut out = vec![0u8; size];
-        let config = self.config_space();
-        for (i, byte) in (offset..end).zip(out.iter_mut()) {
-            if let Some(b) = config.get(i) {
-                *byte = *b;
-            }
-        }
-        out
+        let ctx = &self.inner.ctx;
+        ctx.config.read(&ctx.disk, offset, size)
     }
 
     fn set_config(&self, offset: u32, buf: &[u8]) -> io::Result<()> {
-        // Only the writeback byte is guest-writable.
-        let offset = offset as usize;
-        if let Some(rel) = CONFIG_WCE_OFFSET.checked_sub(offset) {
-            if let Some(&wce) = buf.get(rel) {
-                self.inner.ctx.writeback.store(wce != 0, Ordering::Relaxed);
-                if wce == 0 {
-                    // Switching to write-through: make earlier writes durable now.
-                    self.inner
-                        .ctx
-                        .disk
-                        .device()
-                        .flush()
-                        .map_err(|e| io::Error::other(e.to_string()))?;
-                }
-            }
-        }
+        let ctx = &self.inner.ctx;
+        ctx.config.write(&ctx.disk, offset, buf)
+    }
+
+    /// vhost-user-backend replaces the table inside the `GuestMemoryAtomic` it was created
+    /// with, the one the workers hold, and passes that same one here: each request reads
+    /// the table current when it is taken.
+    fn update_memory(&self, _mem: GuestMemoryAtomic<GuestMem>) -> io::Result<()> {
         Ok(())
     }
 
-    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMem>) -> io::Result<()> {
-        *self
-            .inner
-            .mem
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = mem;
-        Ok(())
-    }
-
-    /// GET_VRING_BASE stops a ring: answer every request popped from it first, so the index
-    /// handed back to the frontend covers only finished requests and nothing writes to the
-    /// ring after the frontend took it back. When it was the last running ring, reports
-    /// `FrontendEvent::Stopped`.
-    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+    /// The frontend started ring `queue_index` (its kick is set), before anything watches its
+    /// kick: takes over what a predecessor left in the inflight region, hands the ring to its
+    /// worker and reports the start.
+    fn start_vring(&self, queue_index: u32, vring: &Vring) -> io::Result<()> {
+        let worker = self.worker(queue_index)?;
         let index = queue_index as usize;
-        if let Some(q) = self.inner.queues.get(index) {
-            // inflight: a ring stopped before its thread saw it start still owes the requests
-            // a predecessor left in flight; push them here (the ring takes no new ones now);
-            // the queue thread collects their completions.
-            let resubmit = self.inner.rings.take_resubmits(index);
-            if let (false, Some(vring)) = (resubmit.is_empty(), self.inner.rings.vring(index)) {
-                let mut io = q.io();
-                let answered = self.pop_requests(&vring, q, &mut io, &resubmit, false)?;
-                if self.submit_and_complete(&vring, q, &mut io) || answered {
-                    signal(&vring)?;
-                }
-            }
-            q.in_flight.wait_idle();
+        let start = self.inner.inflight.ring_started(index, vring);
+        worker.send(Message::Start(vring.clone(), start));
+        self.inner.frontend.queue_started(index);
+        Ok(())
+    }
+
+    fn set_vring_enabled(&self, queue_index: u32, enabled: bool) -> io::Result<()> {
+        self.worker(queue_index)?.send(Message::Enable(enabled));
+        Ok(())
+    }
+
+    /// GET_VRING_BASE stops a ring: its worker answers every request taken from it first, so
+    /// the index handed back to the frontend covers only finished requests and nothing writes
+    /// to the ring after the frontend took it back. When it was the last running ring,
+    /// reports `FrontendEvent::Stopped`.
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        if let Ok(worker) = self.worker(queue_index) {
+            worker.call(Message::Stop);
         }
-        self.inner.rings.ring_stopped(index);
-        self.inner.frontend.queue_stopped(index);
+        self.inner.frontend.queue_stopped(queue_index as usize);
         Ok(())
     }
 
     fn get_inflight_fd(&self, msg: &VhostUserInflight) -> io::Result<(VhostUserInflight, File)> {
-        self.inner.rings.get_fd(msg)
+        self.inner.inflight.get_fd(msg)
     }
 
     fn set_inflight_fd(&self, msg: &VhostUserInflight, file: File) -> io::Result<()> {
-        self.inner.rings.set_fd(msg, file)
+        self.inner.inflight.set_fd(msg, file)
     }
 
+    /// No epoll thread in vhost-user-backend: the workers watch the kicks.
     fn queues_per_thread(&self) -> Vec<u64> {
-        (0..self.inner.num_queues).map(|q| 1u64 << q).collect()
-    }
-
-    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()
+        Vec::new()
     }
 
     fn handle_event(
         &self,
         device_event: u16,
-        evset: EventSet,
-        vrings: &[TrackedVring],
-        thread_id: usize,
+        _evset: EventSet,
+        _vrings: &[Vring],
+        _thread_id: usize,
     ) -> io::Result<()> {
-        if evset != EventSet::IN {
-            return Err(io::Error::other(format!("unexpected event set {evset:?}")));
-        }
-        // One queue per thread: the thread index is the queue index.
-        let queue = self
-            .inner
-            .queues
-            .get(thread_id)
-            .ok_or_else(|| io::Error::other(format!("no queue for thread {thread_id}")))?;
-        let mut io = queue.io();
-        if u64::from(device_event) == self.completion_event() {
-            // The I/O queue's eventfd: completions to collect into the thread's one ring
-            // (`vrings` holds this thread's rings only).
-            let vring = vrings
-                .first()
-                .map(TrackedVring::vring)
-                .ok_or_else(|| io::Error::other(format!("no vring for thread {thread_id}")))?;
-            if self.complete(vring, queue, &mut io).unsignalled > 0 {
-                signal(vring)?;
-            }
-            return Ok(());
-        }
-        let vring = vrings
-            .get(usize::from(device_event))
-            .map(TrackedVring::vring)
-            .ok_or_else(|| io::Error::other(format!("no vring for event {device_event}")))?;
-        // inflight: a ring just started (or enabled) first resubmits what a predecessor daemon
-        // left in flight, and signals the guest even with nothing to do: completions a killed
-        // predecessor put on the used ring may never have been signalled.
-        let started = self.inner.frontend.take_start(thread_id);
-        let resubmit = if started {
-            self.inner.rings.take_resubmits(thread_id)
-        } else {
-            Vec::new()
-        };
-        let mut answered = false;
-        if self.inner.event_idx.load(Ordering::Relaxed) {
-            // Keep draining until the guest added nothing between the last pop and re-enabling
-            // notifications (virtio's EVENT_IDX protocol), so no kick is lost.
-            let mut resubmit = resubmit.as_slice();
-            loop {
-                vring
-                    .disable_notification()
-                    .map_err(|e| io::Error::other(format!("disable_notification: {e}")))?;
-                answered |=
-                    self.pop_requests(vring, queue, &mut io, std::mem::take(&mut resubmit), true)?;
-                if self.inner.draining.load(Ordering::SeqCst)
-                    || !vring
-                        .enable_notification()
-                        .map_err(|e| io::Error::other(format!("enable_notification: {e}")))?
-                {
-                    break;
-                }
-            }
-        } else {
-            answered |= self.pop_requests(vring, queue, &mut io, &resubmit, true)?;
-        }
-        if self.submit_and_complete(vring, queue, &mut io) || answered {
-            signal(vring)?;
-        }
-        if started {
-            vring.signal_used_queue()?;
-        }
-        Ok(())
+        Err(io::Error::other(format!(
+            "event {device_event} on a vhost-user-backend thread; the queue workers watch \
+             the rings"
+        )))
     }
 }

@@ -221,7 +221,7 @@ impl Disk {
     }
 
     /// Runs one request to completion on `queue` and answers it; returns the used length. A
-    /// queue thread overlaps many requests with `start`/`finish`; the fuzz target and the
+    /// queue worker overlaps many requests with `start`/`finish`; the fuzz target and the
     /// randomized chain test run one at a time through this.
     pub fn execute_one<M: GuestMemoryBackend>(
         &self,

@@ -4,13 +4,16 @@
 //! - `request`: parses a virtio-blk request out of a descriptor chain (untrusted input).
 //! - `chain`: walks a chain from its head index (requests resubmitted after a restart).
 //! - `device`: executes a parsed request against the `BlockDevice`.
-//! - `backend`: the `VhostUserBackend` impl (features, config space, one event loop per
-//!   queue thread over an asynchronous I/O queue of the disk's).
+//! - `config`: the feature bits and the virtio-blk config space.
+//! - `backend`: the `VhostUserBackend` impl: answers the message thread, hands rings to
+//!   the workers.
+//! - `worker`: one thread per virtqueue owning its ring, I/O queue, tags and inflight record.
 //! - `frontend`: queue start/stop events for the daemon (`FrontendEvent`).
 //! - `inflight`: vhost-user inflight I/O tracking, so that a restarted daemon resubmits what
 //!   its predecessor had taken from the rings and not completed.
 //! - `accept`: the socket file's owner and mode, and the peer-credential check at accept.
 //! - `guest_fd`: which files may be mapped as guest memory (sealed memfds only).
+//! - `guest_log`: the log of guest pages the device wrote (`MemoryLog`), for live migration.
 //! - `fault`: crash points for the restart tests (only with the `fault-injection` feature).
 //!
 //! Live migration: the backend offers VHOST_F_LOG_ALL and the LOG_SHMFD protocol feature,
@@ -24,13 +27,15 @@
 pub mod accept;
 pub mod backend;
 pub mod chain;
+pub mod config;
 pub mod device;
-pub mod dirty;
 pub mod fault;
 pub mod frontend;
 pub mod guest_fd;
+pub mod guest_log;
 pub mod inflight;
 pub mod request;
+mod worker;
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -43,20 +48,20 @@ use cryptblk_block::{BlockDevice, IoStats, IoStatsSnapshot};
 use cryptblk_net::unix_socket::{bind_private, remove_if_ours, FileId, SocketFileError};
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
-use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 pub use accept::{AllowedPeer, SocketFile};
 pub use backend::{BackendOptions, BlkBackend};
 pub use device::Disk;
-pub use dirty::LogBitmap;
 use frontend::FrontendState;
 pub use frontend::{EventListener, FrontendEvent};
+pub use guest_log::MemoryLog;
+pub use worker::RingDriver;
 
-/// Guest memory as the backend maps it: each region carries a dirty bitmap (`LogBitmap`)
+/// Guest memory as the backend maps it: each region carries a dirty bitmap (`MemoryLog`)
 /// that is empty (marking costs one atomic load) until the frontend shares its dirty log with
 /// SET_LOG_BASE.
-pub type GuestMem = GuestMemoryMmap<LogBitmap>;
+pub type GuestMem = GuestMemoryMmap<MemoryLog>;
 
 /// Largest queue size accepted.
 pub const MAX_QUEUE_SIZE: u16 = 1024;
@@ -161,7 +166,7 @@ impl Connection {
 
 impl StopHandle {
     /// Asks the server to stop: the current connection (if any) stops taking requests, its
-    /// in-flight requests complete and are signalled to the guest, then it is closed; the disk
+    /// requests taken complete and are signalled to the guest, then it is closed; the disk
     /// is flushed, and `Server::run` returns. Blocks until the connection is closed.
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
@@ -334,7 +339,7 @@ impl Server {
         let disk = Disk::new(self.device.clone(), self.opts.read_only, &self.opts.serial)
             .with_discard(self.opts.discard);
         self.shared.frontend.reset();
-        let backend = BlkBackend::with_frontend(
+        let backend = match BlkBackend::with_frontend(
             disk,
             self.opts.num_queues,
             self.opts.queue_size,
@@ -345,19 +350,14 @@ impl Server {
                 poll: self.opts.poll,
             },
             self.shared.frontend.clone(),
-        );
-        // The daemon creates the rings on this thread; they report starts to `frontend`.
-        frontend::begin_tracking(self.shared.frontend.clone(), backend.rings());
-        let daemon = VhostUserDaemon::new("cryptblk-vhost-user-blk".into(), backend.clone(), mem);
-        frontend::end_tracking();
-        let mut daemon = daemon.map_err(|e| Error::Daemon(e.to_string()))?;
-        // One asynchronous I/O queue per virtqueue, its eventfd in that queue thread's epoll.
-        let fds = backend.open_io_queues().map_err(Error::Queues)?;
-        for (handler, fd) in daemon.get_epoll_handlers().iter().zip(fds) {
-            handler
-                .register_listener(fd, EventSet::IN, backend.completion_event())
-                .map_err(|e| Error::Daemon(format!("registering the I/O queue's eventfd: {e}")))?;
-        }
+        ) {
+            Ok(backend) => backend,
+            Err(backend::StartError::Queues(e)) => return Err(Error::Queues(e)),
+            Err(e @ backend::StartError::Worker(_)) => return Err(Error::Daemon(e.to_string())),
+        };
+        let mut daemon =
+            VhostUserDaemon::new("cryptblk-vhost-user-blk".into(), backend.clone(), mem)
+                .map_err(|e| Error::Daemon(e.to_string()))?;
         if !self.opts.unsealed_memory {
             daemon.set_memory_file_check(Arc::new(guest_fd::check_guest_memory_file));
         }
@@ -387,14 +387,10 @@ impl Server {
             .connection
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = None;
-        for handler in daemon.get_epoll_handlers() {
-            handler.send_exit_event();
-        }
         drop(daemon);
-        // Requests still in flight complete before the memory they point into is released
+        // Requests taken and still on the device complete before the memory they point into is released
         // and before a new frontend may connect.
-        backend.wait_idle();
-        backend.close_io_queues();
+        backend.stop_workers();
         self.shared.connected.store(false, Ordering::SeqCst);
         match result {
             Ok(()) => tracing::info!("vhost-user frontend disconnected"),

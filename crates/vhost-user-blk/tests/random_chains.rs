@@ -223,7 +223,7 @@ fn random_descriptor_chains_never_write_outside_their_buffers() {
             &mem,
             chain,
             18,
-            cryptblk_vhost_user_blk::backend::SIZE_MAX,
+            cryptblk_vhost_user_blk::config::SIZE_MAX,
             disk.capacity(),
             &mut segments,
         ) {

@@ -137,6 +137,25 @@ pub trait VhostUserBackend: Send + Sync {
         None
     }
 
+    /// Start processing requests from the specified vring.
+    ///
+    /// This is called on the message thread when the vring becomes ready (the frontend set its
+    /// kick, after its size, addresses and base), before its kick is watched. A backend can
+    /// set up per-vring state here, e.g. resume from an inflight I/O tracking region, or hand
+    /// the vring to a thread of its own.
+    fn start_vring(&self, _queue_index: u32, _vring: &Self::Vring) -> Result<()> {
+        Ok(())
+    }
+
+    /// The specified vring was enabled or disabled: `SET_VRING_ENABLE`, every vring at
+    /// `SET_FEATURES` without `VHOST_USER_F_PROTOCOL_FEATURES`, every vring at `RESET_DEVICE`.
+    ///
+    /// Called on the message thread after the vring's state changed and before its kick is
+    /// (un)registered, so a backend that watches kicks itself learns of both.
+    fn set_vring_enabled(&self, _queue_index: u32, _enabled: bool) -> Result<()> {
+        Ok(())
+    }
+
     /// Stop processing requests from the specified vring.
     ///
     /// This is called for `GET_VRING_BASE` after the vring is marked not ready and
@@ -328,6 +347,25 @@ pub trait VhostUserBackendMut: Send + Sync {
         Ok(())
     }
 
+    /// Start processing requests from the specified vring.
+    ///
+    /// This is called on the message thread when the vring becomes ready (the frontend set its
+    /// kick, after its size, addresses and base), before its kick is watched. A backend can
+    /// set up per-vring state here, e.g. resume from an inflight I/O tracking region, or hand
+    /// the vring to a thread of its own.
+    fn start_vring(&mut self, _queue_index: u32, _vring: &Self::Vring) -> Result<()> {
+        Ok(())
+    }
+
+    /// The specified vring was enabled or disabled: `SET_VRING_ENABLE`, every vring at
+    /// `SET_FEATURES` without `VHOST_USER_F_PROTOCOL_FEATURES`, every vring at `RESET_DEVICE`.
+    ///
+    /// Called on the message thread after the vring's state changed and before its kick is
+    /// (un)registered, so a backend that watches kicks itself learns of both.
+    fn set_vring_enabled(&mut self, _queue_index: u32, _enabled: bool) -> Result<()> {
+        Ok(())
+    }
+
     /// Create the shared buffer for inflight I/O tracking (`GET_INFLIGHT_FD`).
     ///
     /// Only called when the backend offers `VhostUserProtocolFeatures::INFLIGHT_SHMFD`. The
@@ -471,6 +509,14 @@ impl<T: VhostUserBackend> VhostUserBackend for Arc<T> {
         self.deref().stop_vring(queue_index)
     }
 
+    fn start_vring(&self, queue_index: u32, vring: &Self::Vring) -> Result<()> {
+        self.deref().start_vring(queue_index, vring)
+    }
+
+    fn set_vring_enabled(&self, queue_index: u32, enabled: bool) -> Result<()> {
+        self.deref().set_vring_enabled(queue_index, enabled)
+    }
+
     fn get_inflight_fd(&self, inflight: &VhostUserInflight) -> Result<(VhostUserInflight, File)> {
         self.deref().get_inflight_fd(inflight)
     }
@@ -574,6 +620,14 @@ impl<T: VhostUserBackendMut> VhostUserBackend for Mutex<T> {
 
     fn stop_vring(&self, queue_index: u32) -> Result<()> {
         self.lock().unwrap().stop_vring(queue_index)
+    }
+
+    fn start_vring(&self, queue_index: u32, vring: &Self::Vring) -> Result<()> {
+        self.lock().unwrap().start_vring(queue_index, vring)
+    }
+
+    fn set_vring_enabled(&self, queue_index: u32, enabled: bool) -> Result<()> {
+        self.lock().unwrap().set_vring_enabled(queue_index, enabled)
     }
 
     fn get_inflight_fd(&self, inflight: &VhostUserInflight) -> Result<(VhostUserInflight, File)> {
@@ -684,6 +738,16 @@ impl<T: VhostUserBackendMut> VhostUserBackend for RwLock<T> {
         self.write().unwrap().stop_vring(queue_index)
     }
 
+    fn start_vring(&self, queue_index: u32, vring: &Self::Vring) -> Result<()> {
+        self.write().unwrap().start_vring(queue_index, vring)
+    }
+
+    fn set_vring_enabled(&self, queue_index: u32, enabled: bool) -> Result<()> {
+        self.write()
+            .unwrap()
+            .set_vring_enabled(queue_index, enabled)
+    }
+
     fn get_inflight_fd(&self, inflight: &VhostUserInflight) -> Result<(VhostUserInflight, File)> {
         self.write().unwrap().get_inflight_fd(inflight)
     }
@@ -730,6 +794,7 @@ pub mod tests {
     use crate::VringRwLock;
     use std::sync::Mutex;
     use uuid::Uuid;
+    use virtio_queue::QueueT;
     use vm_memory::{GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
     use vmm_sys_util::event::{new_event_consumer_and_notifier, EventFlag};
 
@@ -740,6 +805,7 @@ pub mod tests {
         exit_event_fds: Vec<(EventConsumer, EventNotifier)>,
         stop_calls: usize,
         inflight_size: Option<u64>,
+        vring_calls: Vec<String>,
     }
 
     impl MockVhostBackend {
@@ -751,6 +817,7 @@ pub mod tests {
                 exit_event_fds: vec![],
                 stop_calls: 0,
                 inflight_size: None,
+                vring_calls: vec![],
             };
 
             // Create a event_fd for each thread. We make it NONBLOCKing in
@@ -776,6 +843,10 @@ pub mod tests {
 
         pub fn inflight_size(&self) -> Option<u64> {
             self.inflight_size
+        }
+
+        pub fn vring_calls(&self) -> &[String] {
+            &self.vring_calls
         }
     }
 
@@ -854,6 +925,19 @@ pub mod tests {
 
         fn stop_vring(&mut self, _queue_index: u32) -> Result<()> {
             self.stop_calls += 1;
+            Ok(())
+        }
+
+        fn start_vring(&mut self, queue_index: u32, vring: &VringRwLock) -> Result<()> {
+            let ready = QueueT::ready(vring.get_ref().get_queue());
+            self.vring_calls
+                .push(format!("start {queue_index} ready={ready}"));
+            Ok(())
+        }
+
+        fn set_vring_enabled(&mut self, queue_index: u32, enabled: bool) -> Result<()> {
+            self.vring_calls
+                .push(format!("enabled {queue_index} {enabled}"));
             Ok(())
         }
 

@@ -274,6 +274,17 @@ where
 
     fn initialize_vring(&self, vring: &T::Vring, index: u8) -> VhostUserResult<()> {
         vring.set_queue_ready(true);
+        self.backend
+            .start_vring(u32::from(index), vring)
+            .map_err(VhostUserError::ReqHandlerError)?;
+        self.update_vring_registration(vring, index)
+    }
+
+    fn set_vring_enabled(&self, vring: &T::Vring, index: u8, enabled: bool) -> VhostUserResult<()> {
+        vring.set_enabled(enabled);
+        self.backend
+            .set_vring_enabled(u32::from(index), enabled)
+            .map_err(VhostUserError::ReqHandlerError)?;
         self.update_vring_registration(vring, index)
     }
 
@@ -346,8 +357,7 @@ where
     fn reset_device(&mut self) -> VhostUserResult<()> {
         // Disable all vrings
         for (index, vring) in self.vrings.iter().enumerate() {
-            vring.set_enabled(false);
-            self.update_vring_registration(vring, index as u8)?;
+            self.set_vring_enabled(vring, index as u8, false)?;
         }
 
         // Reset device state, retain protocol state
@@ -379,8 +389,7 @@ where
         // the vrings in their current state.
         if self.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0 {
             for (index, vring) in self.vrings.iter().enumerate() {
-                vring.set_enabled(true);
-                self.update_vring_registration(vring, index as u8)?;
+                self.set_vring_enabled(vring, index as u8, true)?;
             }
         }
 
@@ -635,10 +644,7 @@ where
         // enabled by VHOST_USER_SET_VRING_ENABLE with parameter 1,
         // or after it has been disabled by VHOST_USER_SET_VRING_ENABLE
         // with parameter 0.
-        vring.set_enabled(enable);
-        self.update_vring_registration(vring, index as u8)?;
-
-        Ok(())
+        self.set_vring_enabled(vring, index as u8, enable)
     }
 
     fn get_config(
@@ -991,6 +997,30 @@ mod tests {
         assert_eq!(index, 0);
         assert_eq!(num, 0);
         assert_eq!(backend.lock().unwrap().stop_calls(), 1);
+    }
+
+    #[test]
+    fn test_vring_start_and_enable_reach_backend() {
+        let mem = GuestMemoryAtomic::new(
+            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0x100000), 0x10000)]).unwrap(),
+        );
+        let backend = Arc::new(Mutex::new(MockVhostBackend::new()));
+        let mut handler = VhostUserHandler::new(backend.clone(), mem).unwrap();
+        handler.set_owner().unwrap();
+        handler
+            .set_features(VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits())
+            .unwrap();
+        handler.set_vring_num(1, 8).unwrap();
+        let (kick, _notifier) = new_event_consumer_and_notifier(EventFlag::NONBLOCK).unwrap();
+        // SAFETY: `kick` owns its fd, handed over to the File.
+        let kick = unsafe { File::from_raw_fd(kick.into_raw_fd()) };
+        handler.set_vring_kick(1, Some(kick)).unwrap();
+        handler.set_vring_enable(1, true).unwrap();
+        handler.set_vring_enable(1, false).unwrap();
+        assert_eq!(
+            backend.lock().unwrap().vring_calls(),
+            ["start 1 ready=true", "enabled 1 true", "enabled 1 false"]
+        );
     }
 
     #[test]

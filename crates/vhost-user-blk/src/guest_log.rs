@@ -1,9 +1,11 @@
-//! The dirty page bitmap of guest memory regions, for live migration.
+//! The log of guest pages the device wrote (vhost-user's dirty page log), for live migration.
+//!
+//! Guest memory pages, not disk blocks: the migration crate's dirty tracking is the disk's.
 //!
 //! vhost-user-backend's `BitmapMmapRegion` lets SET_LOG_BASE install the frontend's log at
 //! run time, but every mark (each status byte, each used ring update, each read segment) then
 //! takes a shared `RwLock` and every bitmap slice clones an `Arc`, even while no log is
-//! installed, which is nearly always. `LogBitmap` wraps it so that marking without a log is
+//! installed, which is nearly always. `MemoryLog` wraps it so that marking without a log is
 //! one atomic load, and slices borrow the region's bitmap instead of cloning it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +19,7 @@ use vm_memory::mmap::NewBitmap;
 /// shares its dirty log (SET_LOG_BASE); from then on marks go to that log, one bit per
 /// 4 KiB guest page. Clones share the state.
 #[derive(Clone, Debug, Default)]
-pub struct LogBitmap(Arc<LogState>);
+pub struct MemoryLog(Arc<LogState>);
 
 #[derive(Debug, Default)]
 struct LogState {
@@ -26,18 +28,18 @@ struct LogState {
     log: BitmapMmapRegion,
 }
 
-impl LogBitmap {
+impl MemoryLog {
     /// True once the frontend installed a dirty log for this region.
     pub fn logging(&self) -> bool {
         self.0.active.load(Ordering::Acquire)
     }
 }
 
-impl<'a> WithBitmapSlice<'a> for LogBitmap {
+impl<'a> WithBitmapSlice<'a> for MemoryLog {
     type S = RefSlice<'a, Self>;
 }
 
-impl Bitmap for LogBitmap {
+impl Bitmap for MemoryLog {
     fn mark_dirty(&self, offset: usize, len: usize) {
         if self.logging() {
             self.0.log.mark_dirty(offset, len);
@@ -53,7 +55,7 @@ impl Bitmap for LogBitmap {
     }
 }
 
-impl BitmapReplace for LogBitmap {
+impl BitmapReplace for MemoryLog {
     type InnerBitmap = AtomicBitmapMmap;
 
     /// SET_LOG_BASE: marks go to the new log from now on (also when it replaces an older
@@ -64,7 +66,7 @@ impl BitmapReplace for LogBitmap {
     }
 }
 
-impl NewBitmap for LogBitmap {
+impl NewBitmap for MemoryLog {
     fn with_len(_len: usize) -> Self {
         Self::default()
     }

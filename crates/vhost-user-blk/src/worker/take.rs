@@ -1,0 +1,214 @@
+//! Taking requests from the ring: pop (or resubmit after a restart), mark in the inflight
+//! record, parse, plan and push into the I/O queue under a free tag, submit in batches.
+
+use std::io;
+use std::sync::Arc;
+
+use vhost_user_backend::VringT;
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddress, GuestAddressSpace};
+
+use super::answer::{add_used, signal};
+use super::{event_idx, Pending, Ring, Worker};
+use crate::chain::Chain;
+use crate::config::SIZE_MAX;
+use crate::device::{Start, STATUS_IOERR, STATUS_OK};
+use crate::fault::{self, Point};
+use crate::request;
+use crate::GuestMem;
+
+/// Requests popped in one run that are submitted (and their completions collected) together.
+/// Measured on 2 vCPUs with the libblkio client, 4 KiB requests at depth 32 from tmpfs, one
+/// queue: submitting a whole run at once gave 300k IOPS (raw) / 330k (LUKS2), the server
+/// idle a third of the time while the guest waited for the run's end; batches of 16 gave
+/// 550k / 420k; 4 and 8 less than 16, 24 no more.
+const SUBMIT_BATCH: usize = 16;
+
+impl Worker {
+    /// Serves the ring after a kick, a start or an enable: after a start (or an enable), first
+    /// what a predecessor daemon left in the inflight record, then every available request; submits,
+    /// answers what already completed and signals the guest (after a start, even with
+    /// nothing to do: completions a killed predecessor put on the used ring may never have
+    /// been signalled).
+    pub(super) fn serve_ring(&mut self) -> io::Result<()> {
+        let Some(mut ring) = self.ring.take() else {
+            return Ok(());
+        };
+        let result = self.serve(&mut ring);
+        self.ring = Some(ring);
+        result
+    }
+
+    fn serve(&mut self, ring: &mut Ring) -> io::Result<()> {
+        let started = std::mem::take(&mut ring.start_seen);
+        let resubmit = if started {
+            std::mem::take(&mut ring.resubmit)
+        } else {
+            Vec::new()
+        };
+        let mut answered = false;
+        if event_idx(&self.ctx) {
+            // Keep taking until the guest added nothing between the last pop and re-enabling
+            // notifications (virtio's EVENT_IDX protocol), so no kick is lost.
+            let mut resubmit = resubmit.as_slice();
+            loop {
+                ring.vring
+                    .disable_notification()
+                    .map_err(|e| io::Error::other(format!("disable_notification: {e}")))?;
+                answered |= self.take_requests(ring, std::mem::take(&mut resubmit), true)?;
+                if self.draining
+                    || !ring
+                        .vring
+                        .enable_notification()
+                        .map_err(|e| io::Error::other(format!("enable_notification: {e}")))?
+                {
+                    break;
+                }
+            }
+        } else {
+            answered |= self.take_requests(ring, &resubmit, true)?;
+        }
+        if self.submit_and_answer(ring) || answered {
+            signal(&ring.vring)?;
+        }
+        if started {
+            ring.vring.signal_used_queue()?;
+        }
+        Ok(())
+    }
+
+    /// Runs the heads a predecessor left in the inflight record on a ring that takes no new requests (a
+    /// stop before the worker served the ring's start).
+    pub(super) fn take_and_submit(&mut self, resubmit: &[u16]) -> io::Result<()> {
+        let Some(mut ring) = self.ring.take() else {
+            return Ok(());
+        };
+        let result = self
+            .take_requests(&mut ring, resubmit, false)
+            .and_then(|answered| {
+                if self.submit_and_answer(&ring) || answered {
+                    signal(&ring.vring)?;
+                }
+                Ok(())
+            });
+        self.ring = Some(ring);
+        result
+    }
+
+    /// Pushes the heads in `resubmit` (taken by a predecessor daemon, still marked in the
+    /// inflight record) and then, with `pop`, every available request into the I/O queue;
+    /// rejected chains and requests needing no I/O are answered at once. Returns whether
+    /// anything was answered since the guest was last signalled.
+    fn take_requests(&mut self, ring: &mut Ring, resubmit: &[u16], pop: bool) -> io::Result<bool> {
+        let mem = self.mem.memory().into_inner();
+        let fua = self.ctx.config.write_through();
+        let mut answered = false;
+        // inflight: requests a predecessor daemon took from the ring and did not complete,
+        // oldest first. Still marked in the record; parsed and run like new ones.
+        if !resubmit.is_empty() {
+            let (table, size) = {
+                let state = ring.vring.get_ref();
+                (state.get_queue().desc_table(), state.get_queue().size())
+            };
+            for &head in resubmit {
+                let chain = Chain::new(&*mem, GuestAddress(table), size, head);
+                answered |= self.take_request(&mem, ring, head, chain, fua);
+            }
+        }
+        // A draining worker takes nothing new.
+        while pop && !self.draining {
+            let chain = ring
+                .vring
+                .get_mut()
+                .get_queue_mut()
+                .pop_descriptor_chain(self.mem.memory());
+            let Some(chain) = chain else { break };
+            let head = chain.head_index();
+            fault::hit(Point::Popped);
+            // inflight: mark the head taken before anything else happens to it.
+            if let Some(record) = &mut ring.record {
+                record.popped(head);
+            }
+            fault::hit(Point::Marked);
+            answered |= self.take_request(&mem, ring, head, chain, fua);
+            // A long run of requests goes to the device in batches, each answered as soon
+            // as it completes: the guest gets its first completions (and refills its queue)
+            // while later requests are still being popped, instead of after the whole run.
+            if self.unsubmitted >= SUBMIT_BATCH && (self.submit_and_answer(ring) || answered) {
+                signal(&ring.vring)?;
+                answered = false;
+            }
+        }
+        Ok(answered)
+    }
+
+    /// Parses the chain of `head` and pushes its I/O, or answers it at once (rejected, or no
+    /// I/O needed). Returns whether it was answered.
+    fn take_request(
+        &mut self,
+        mem: &Arc<GuestMem>,
+        ring: &Ring,
+        head: u16,
+        descriptors: impl IntoIterator<Item = Descriptor>,
+        fua: bool,
+    ) -> bool {
+        let ctx = &*self.ctx;
+        let mut segments = self.spare_segments.pop().unwrap_or_default();
+        let answer = |spare: &mut Vec<_>, segments, used_len| {
+            add_used(&ring.vring, ring.record.as_ref(), head, used_len);
+            spare.push(segments);
+            true
+        };
+        let req = match request::parse(
+            &**mem,
+            descriptors,
+            ctx.config.max_descriptors(),
+            SIZE_MAX,
+            ctx.disk.capacity(),
+            &mut segments,
+        ) {
+            Ok(req) => req,
+            Err(rejected) => {
+                tracing::debug!(disk = %ctx.name, "rejected request: {}", rejected.error);
+                let used_len = ctx.disk.reject(&**mem, &rejected);
+                return answer(&mut self.spare_segments, segments, used_len);
+            }
+        };
+        let start = self.stats.begin();
+        let planned = match ctx.disk.start(&**mem, &req, &segments, &mut self.iov) {
+            Start::Io(planned) => planned,
+            Start::Done(status, data_len) => {
+                let (status, used_len) = ctx.disk.answer(&**mem, &req, status, data_len);
+                let ok = status == STATUS_OK;
+                self.stats
+                    .complete(super::answer::io_kind(&req), 0, start, ok);
+                return answer(&mut self.spare_segments, segments, used_len);
+            }
+        };
+        let Some(tag) = self.free.pop() else {
+            // More requests than the ring holds: only a frontend breaking the protocol.
+            let (_, used_len) = ctx.disk.answer(&**mem, &req, STATUS_IOERR, 0);
+            return answer(&mut self.spare_segments, segments, used_len);
+        };
+        let request = planned.request(&self.iov, fua, u64::from(tag));
+        // SAFETY: the buffers are guest memory checked by `Disk::start` to lie in mapped
+        // regions of `mem`; `Pending` keeps `mem` (and so the mappings) alive until the
+        // completion is collected, and nothing in this process makes a reference to them.
+        // The guest writing them meanwhile only changes its data.
+        if unsafe { self.io.push(&request) }.is_err() {
+            self.free.push(tag);
+            let (_, used_len) = ctx.disk.answer(&**mem, &req, STATUS_IOERR, 0);
+            return answer(&mut self.spare_segments, segments, used_len);
+        }
+        self.unsubmitted += 1;
+        self.requests[usize::from(tag)] = Some(Pending {
+            head,
+            req,
+            segments,
+            start,
+            mem: mem.clone(),
+        });
+        false
+    }
+}
