@@ -1,0 +1,113 @@
+//! A real tang server for tests: Debian's `tangd` behind `socat` on a loopback port (as its
+//! systemd socket unit runs it, one `tangd` per connection), with keys made by
+//! `tangd-keygen` in a temporary directory. Stopped by its PID when dropped.
+//! Shared by the clevis crate's tests and the CLI's (`#[path]`-included there).
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TANGD: &str = "/usr/libexec/tangd";
+const TANGD_KEYGEN: &str = "/usr/libexec/tangd-keygen";
+
+pub struct TangServer {
+    child: Option<Child>,
+    /// `http://127.0.0.1:PORT`, what clevis binds to.
+    pub url: String,
+    /// The key directory tangd serves.
+    pub db: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// Panics naming the package when a tool is missing: a missing interop tool fails the suite
+/// (scripts/install-deps.sh installs it).
+pub fn require(path: &str, package: &str) -> PathBuf {
+    let found = if path.starts_with('/') {
+        Some(PathBuf::from(path)).filter(|p| p.is_file())
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join(path))
+            .find(|p| p.is_file())
+    };
+    found.unwrap_or_else(|| {
+        panic!("`{path}` is not installed: run scripts/install-deps.sh (Debian package {package})")
+    })
+}
+
+#[allow(dead_code)]
+impl TangServer {
+    /// Generates keys and starts serving them on a free loopback port.
+    pub fn start() -> TangServer {
+        require(TANGD, "tang");
+        require(TANGD_KEYGEN, "tang");
+        require("socat", "socat");
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("db");
+        std::fs::create_dir(&db).unwrap();
+        let keygen = Command::new(TANGD_KEYGEN).arg(&db).output().unwrap();
+        assert!(keygen.status.success(), "tangd-keygen: {keygen:?}");
+        let mut server = TangServer {
+            child: None,
+            url: String::new(),
+            db,
+            _dir: dir,
+        };
+        server.restart();
+        server
+    }
+
+    /// (Re)starts tangd on a new port; `url` changes.
+    pub fn restart(&mut self) {
+        self.stop();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("socat")
+            .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork"))
+            .arg(format!("EXEC:{TANGD} {}", self.db.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting socat");
+        self.child = Some(child);
+        self.url = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "tang on port {port} did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the server (by the PID of the socat this test started).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Replaces the server's keys with new ones (what a lost or rebuilt server looks like to
+    /// an old token; `tangd-rotate-keys` would keep the old ones for recovery).
+    pub fn replace_keys(&self) {
+        for entry in std::fs::read_dir(&self.db).unwrap() {
+            std::fs::remove_file(entry.unwrap().path()).unwrap();
+        }
+        let keygen = Command::new(TANGD_KEYGEN).arg(&self.db).output().unwrap();
+        assert!(keygen.status.success(), "tangd-keygen: {keygen:?}");
+    }
+
+    pub fn db(&self) -> &Path {
+        &self.db
+    }
+}
+
+impl Drop for TangServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
