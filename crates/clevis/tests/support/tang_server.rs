@@ -2,7 +2,7 @@
 //! systemd socket unit runs it, one `tangd` per connection), with keys made by
 //! `tangd-keygen` in a temporary directory. Stopped by its PID when dropped.
 //! Shared by the clevis crate's tests and the CLI's (`#[path]`-included there).
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -55,14 +55,17 @@ impl TangServer {
         server
     }
 
-    /// (Re)starts tangd on a new port; `url` changes.
+    /// (Re)starts tangd, on the port it had if it ran before (tokens name the URL).
     pub fn restart(&mut self) {
         self.stop();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = match self.url.rsplit_once(':') {
+            Some((_, port)) => port.parse().unwrap(),
+            None => std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port(),
+        };
         let child = Command::new("socat")
             .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork"))
             .arg(format!("EXEC:{TANGD} {}", self.db.display()))
@@ -92,17 +95,14 @@ impl TangServer {
     }
 
     /// Replaces the server's keys with new ones (what a lost or rebuilt server looks like to
-    /// an old token; `tangd-rotate-keys` would keep the old ones for recovery).
+    /// an old token; `tangd-rotate-keys` would keep the old ones for recovery). tangd reads
+    /// the directory per connection, so a running server answers with the new keys.
     pub fn replace_keys(&self) {
         for entry in std::fs::read_dir(&self.db).unwrap() {
             std::fs::remove_file(entry.unwrap().path()).unwrap();
         }
         let keygen = Command::new(TANGD_KEYGEN).arg(&self.db).output().unwrap();
         assert!(keygen.status.success(), "tangd-keygen: {keygen:?}");
-    }
-
-    pub fn db(&self) -> &Path {
-        &self.db
     }
 }
 
