@@ -18,12 +18,7 @@ pub(crate) fn recover_shared_secret(
     timeout: Duration,
 ) -> Result<Zeroizing<Vec<u8>>> {
     let malformed = |e: String| TokenError::Malformed(e);
-    let group = h.epk.group().map_err(TokenError::Unsupported)?;
-    let client = h
-        .epk
-        .point(&group)
-        .map_err(|e| malformed(format!("epk: {e}")))?;
-    let server = server_key(h, &group)?;
+    let (group, client, server) = keys(h)?;
     let crypto = |e: openssl::error::ErrorStack| malformed(format!("EC arithmetic failed: {e}"));
     let mut ctx = BigNumContext::new().map_err(crypto)?;
 
@@ -86,6 +81,23 @@ pub(crate) fn recover_shared_secret(
     let (x, y) = affine(&group, &shared).map_err(malformed)?;
     drop(Zeroizing::new(y));
     Ok(Zeroizing::new(x))
+}
+
+/// Checks the header's keys: a supported curve, the client key on it, the server key `kid`
+/// names in the advertisement.
+pub(crate) fn check_keys(h: &TangHeader) -> Result<()> {
+    keys(h).map(drop)
+}
+
+/// The curve, the client's public key C and the server's exchange key S.
+fn keys(h: &TangHeader) -> Result<(EcGroup, EcPoint, EcPoint)> {
+    let group = h.epk.group().map_err(TokenError::Unsupported)?;
+    let client = h
+        .epk
+        .point(&group)
+        .map_err(|e| TokenError::Malformed(format!("epk: {e}")))?;
+    let server = server_key(h, &group)?;
+    Ok((group, client, server))
 }
 
 /// The server's exchange key the token names by `kid`, from the advertisement stored with

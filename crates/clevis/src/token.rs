@@ -72,7 +72,8 @@ pub fn clevis_tokens(image: &LuksImage) -> Vec<(String, Result<ClevisToken>)> {
         .collect()
 }
 
-/// Parses one `clevis` token object.
+/// Parses one `clevis` token object and checks everything the recovery needs that does not
+/// take the server: the curve, the client key on it, the server key `kid` names.
 pub fn parse_token(id: &str, token: &Value) -> Result<ClevisToken> {
     let obj = token
         .as_object()
@@ -85,12 +86,17 @@ pub fn parse_token(id: &str, token: &Value) -> Result<ClevisToken> {
         .map(|k| k.as_str().map(str::to_owned))
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| malformed("\"keyslots\" holds a non-string"))?;
+    if keyslots.is_empty() {
+        return Err(malformed("the token names no keyslot"));
+    }
     let jwe = obj
         .get("jwe")
         .and_then(Value::as_object)
         .ok_or_else(|| malformed("no \"jwe\" object"))?;
     let jwe = parse_jwe(jwe)?;
     let header = parse_header(&jwe.protected)?;
+    // The keys too, so a token that parses is one the exchange can run on.
+    crate::tang::check_keys(&header)?;
     Ok(ClevisToken {
         id: id.to_owned(),
         keyslots,
@@ -121,14 +127,23 @@ fn parse_jwe(jwe: &Map<String, Value>) -> Result<FlattenedJwe> {
             "a JWE with a wrapped key (the tang pin uses direct ECDH-ES)".into(),
         ));
     }
+    // AES-GCM as JWE uses it (RFC 7518 5.3): a 96-bit IV and a 128-bit tag.
+    let (iv, tag) = (required("iv")?, required("tag")?);
+    if iv.len() != 12 || tag.len() != 16 {
+        return Err(malformed(format!(
+            "jwe.iv is {} bytes and jwe.tag {}, not AES-GCM's 12 and 16",
+            iv.len(),
+            tag.len()
+        )));
+    }
     Ok(FlattenedJwe {
         protected: text("protected")?
             .ok_or_else(|| malformed("jwe.protected is missing"))?
             .to_owned(),
         aad: text("aad")?.map(str::to_owned),
-        iv: required("iv")?,
+        iv,
         ciphertext: required("ciphertext")?,
-        tag: required("tag")?,
+        tag,
     })
 }
 

@@ -76,3 +76,26 @@ fn a_token_altered_after_binding_is_refused_not_decrypted() {
     let e = recover_passphrase(&token, Duration::from_secs(10)).unwrap_err();
     assert!(matches!(e, TokenError::WrongServerKey { .. }), "{e}");
 }
+
+#[test]
+fn every_curve_tang_advertises_works() {
+    for crv in ["P-256", "P-384", "P-521"] {
+        let tang = TangServer::start_on_curve(Some(crv));
+        let token = bind(&tang.url, crv.as_bytes());
+        let header = token["jwe"]["protected"].as_str().unwrap().to_owned();
+        let token = parse_token("1", &token).unwrap();
+        let got = recover_passphrase(&token, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{crv}: {e}"));
+        assert_eq!(got.as_slice(), crv.as_bytes());
+        // The exchange really ran on that curve.
+        let decoded = String::from_utf8(
+            base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, header)
+                .unwrap(),
+        )
+        .unwrap();
+        assert!(
+            decoded.contains(&format!("\"epk\":{{\"crv\":\"{crv}\"")),
+            "{decoded}"
+        );
+    }
+}

@@ -35,16 +35,45 @@ pub fn require(path: &str, package: &str) -> PathBuf {
 
 #[allow(dead_code)]
 impl TangServer {
-    /// Generates keys and starts serving them on a free loopback port.
+    /// Generates keys (`tangd-keygen`'s: P-521) and starts serving them on a free loopback
+    /// port.
     pub fn start() -> TangServer {
+        Self::start_on_curve(None)
+    }
+
+    /// With `Some("P-256")` etc., a signing and an exchange key on that curve, made with
+    /// `jose jwk gen` as tang's documentation does by hand.
+    pub fn start_on_curve(crv: Option<&str>) -> TangServer {
         require(TANGD, "tang");
         require(TANGD_KEYGEN, "tang");
         require("socat", "socat");
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("db");
         std::fs::create_dir(&db).unwrap();
-        let keygen = Command::new(TANGD_KEYGEN).arg(&db).output().unwrap();
-        assert!(keygen.status.success(), "tangd-keygen: {keygen:?}");
+        match crv {
+            None => {
+                let keygen = Command::new(TANGD_KEYGEN).arg(&db).output().unwrap();
+                assert!(keygen.status.success(), "tangd-keygen: {keygen:?}");
+            }
+            Some(crv) => {
+                let sig = match crv {
+                    "P-256" => "ES256",
+                    "P-384" => "ES384",
+                    _ => "ES512",
+                };
+                for (name, template) in [
+                    ("sig", format!("{{\"alg\":\"{sig}\"}}")),
+                    ("exc", format!("{{\"alg\":\"ECMR\",\"crv\":\"{crv}\"}}")),
+                ] {
+                    let out = Command::new(require("jose", "jose"))
+                        .args(["jwk", "gen", "-i", &template, "-o"])
+                        .arg(db.join(format!("{name}.jwk")))
+                        .output()
+                        .unwrap();
+                    assert!(out.status.success(), "jose jwk gen: {out:?}");
+                }
+            }
+        }
         let mut server = TangServer {
             child: None,
             url: String::new(),
