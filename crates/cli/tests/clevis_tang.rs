@@ -225,3 +225,77 @@ fn a_disk_bound_by_clevis_to_tang_is_served_with_no_key() {
     out.expect_code(code::WRONG_PASSPHRASE);
     out.error_line(&["clevis token 0", &url, "has no key"]);
 }
+
+#[test]
+fn disk_add_with_no_key_file_unlocks_through_the_token() {
+    let mut tang = TangServer::start();
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", &passphrase("clevis-ctl"));
+    let img = cryptsetup_luks2(dir.path(), &key);
+    clevis_bind(dir.path(), &img, &key, &tang.url);
+    let data = dir.path().join("data.raw");
+    mixed_file(&data, 16 * MIB, 26);
+    let control = dir.path().join("ctl.sock");
+    let nbd = dir.path().join("nbd.sock");
+    let _daemon = ServeProcess::start(
+        &[
+            "--control",
+            s(&control),
+            "--nbd",
+            &format!("unix:{}", s(&nbd)),
+        ],
+        &control,
+    );
+
+    let added = ctl_json(
+        &control,
+        &["disk-add", "vol", "--image", s(&img), "--nbd-export"],
+    );
+    assert_eq!(added["format"], "luks", "{added}");
+    tool(
+        "qemu-img",
+        [
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            s(&data),
+            &uri("vol", &nbd),
+        ],
+    )
+    .ok();
+    ctl(&control, &["disk-remove", "vol"]).ok();
+
+    // tang down: the disk-add fails with the I/O code, naming the token and the server.
+    let url = tang.url.clone();
+    tang.stop();
+    let out = ctl(
+        &control,
+        &["disk-add", "vol", "--image", s(&img), "--nbd-export"],
+    );
+    out.expect_code(code::IO);
+    out.error_line(&["clevis token 0", &url, "unreachable"]);
+
+    // Back up: the same disk-add works and the data written through the token is there.
+    tang.restart();
+    ctl(
+        &control,
+        &["disk-add", "vol", "--image", s(&img), "--nbd-export"],
+    )
+    .ok();
+    tool(
+        "qemu-img",
+        [
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            s(&data),
+            &uri("vol", &nbd),
+        ],
+    )
+    .ok();
+}
