@@ -57,6 +57,13 @@ fn clevis_bind(dir: &Path, img: &Path, key: &Path, url: &str) -> String {
     secret
 }
 
+/// The `Tokens:` section of a luksDump-style text, up to `Digests:`.
+fn tokens_section(dump: &str) -> String {
+    let start = dump.find("Tokens:").expect("a Tokens: section");
+    let end = dump[start..].find("Digests:").expect("a Digests: section") + start;
+    dump[start..end].to_owned()
+}
+
 /// `cryptblk serve` of `img` over NBD with `extra` options, its log in `log`, ready once the
 /// socket exists.
 fn serve(img: &Path, sock: &Path, log: &Path, extra: &[&str]) -> ServeChild {
@@ -125,6 +132,21 @@ fn a_disk_bound_by_clevis_to_tang_is_served_with_no_key() {
     }
     let _ = std::fs::remove_file(&sock);
     let clevis_secret = clevis_bind(dir.path(), &img, &key, &tang.url);
+
+    // `dump` lists the token as cryptsetup does.
+    let ours = cryptblk(["dump", s(&img)]);
+    ours.ok();
+    let theirs = tool("cryptsetup", ["luksDump", s(&img)]);
+    theirs.ok();
+    assert_eq!(tokens_section(&ours.stdout), tokens_section(&theirs.stdout));
+    assert_eq!(
+        tokens_section(&ours.stdout),
+        "Tokens:\n  0: clevis\n\tKeyslot:    1\n"
+    );
+    assert_eq!(
+        dump_json(&img)["tokens"],
+        serde_json::json!([{"id": "0", "type": "clevis", "keyslots": ["1"]}])
+    );
 
     // No key given: the token unlocks it through tang, and the data reads back.
     {
