@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages cryptblk's tests and benchmarks drive (the real peers: qemu-img,
-# qemu-io, cryptsetup) plus what the vendored OpenSSL build and the fuzz targets' libFuzzer
-# (C++) need. Idempotent; uses sudo when not root.
+# qemu-io, cryptsetup, clevis and a tang server) plus what the vendored OpenSSL build and the
+# fuzz targets' libFuzzer (C++) need. Idempotent; uses sudo when not root.
 set -euo pipefail
 declare -A want=(
   [qemu-img]=qemu-utils [qemu-io]=qemu-utils [cryptsetup]=cryptsetup-bin [xz]=xz-utils
@@ -13,6 +13,7 @@ declare -A want=(
   [groff]=groff-base [systemd-analyze]=systemd
   [virt-xml-validate]=libvirt-clients [xmllint]=libxml2-utils [libvirtd]=libvirt-daemon-system
   [/usr/lib/python3/dist-packages/prometheus_client/parser.py]=python3-prometheus-client
+  [clevis]=clevis [clevis-luks-bind]=clevis-luks [jose]=jose [/usr/libexec/tangd]=tang [socat]=socat
 )
 missing=()
 for tool in "${!want[@]}"; do

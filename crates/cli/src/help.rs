@@ -87,6 +87,10 @@ histograms, the crypto pool and engine, migrations. No key material is ever show
 Logging: one line per event on stderr (--log-format json for log shippers), the disk's
 name as a field; RUST_LOG=debug shows more, RUST_LOG=warn less.
 
+A LUKS2 image whose header has a clevis token (`clevis luks bind ... tang`) needs no
+key-file: its passphrase is recovered from the tang server (tried after a key-file that
+opens no keyslot, too); the error names each token and its server when none works.
+
 Unknown keys are errors; names and socket paths must be unique; relative paths are
 resolved against the directory of the config file. Every disk is opened and unlocked
 before any socket is bound: one missing image or wrong key fails the whole start (the

@@ -40,7 +40,8 @@ pub struct OpenContext<'a> {
 
 /// Opens (and for LUKS, unlocks) the image of `config` with an exclusive lock (a file's
 /// `flock`, an RBD image's exclusive lock). The passphrase is `passphrase` when the caller has
-/// one (asked on a terminal), else the configured key file's.
+/// one (asked on a terminal), else the configured key file's; when there is none or it opens
+/// no keyslot, the header's clevis tokens are tried (`token_unlock`).
 pub fn open_image(
     config: &DiskConfig,
     passphrase: Option<Passphrase>,
@@ -50,22 +51,21 @@ pub fn open_image(
     let (container, format) = open_container(config)?;
     match format {
         Format::Luks => {
-            let passphrase = match (passphrase, &config.key_file) {
-                (Some(p), _) => p,
-                (None, Some(key_file)) => read_key_file(key_file)?,
-                (None, None) => return Err(Error::usage("a LUKS image needs a key-file")),
+            // The passphrase given, then the header's clevis tokens.
+            let given = match passphrase {
+                Some(p) => Some(p),
+                None => config.key_file.as_deref().map(read_key_file).transpose()?,
             };
-            let volume = cryptblk_block::open_luks_volume_on(
+            let volume = crate::token_unlock::open_luks(
                 container,
-                &passphrase,
+                given,
                 &cryptblk_block::VolumeOptions {
                     writable: !config.readonly,
                     unlock: cx.unlock.clone(),
                     pool: Some(cx.pool.clone()),
                     ..Default::default()
                 },
-            )
-            .context("opening the LUKS volume")?;
+            )?;
             for warning in volume.warnings() {
                 tracing::warn!(disk = %config.name, image = %name.display(), "{warning}");
             }
@@ -189,13 +189,10 @@ pub fn open_received(
     file.read_at(&mut magic, 0)
         .context("reading the received header")?;
     let mut image = if magic == *b"LUKS\xba\xbe" {
-        let Some(key_file) = config.key_file.as_deref() else {
-            return Err(Error::usage("the incoming image is LUKS: give a key-file"));
-        };
-        let passphrase = read_key_file(key_file)?;
-        let volume = cryptblk_block::open_luks_volume_on(
+        let given = config.key_file.as_deref().map(read_key_file).transpose()?;
+        let volume = crate::token_unlock::open_luks(
             file,
-            &passphrase,
+            given,
             &cryptblk_block::VolumeOptions {
                 writable: true,
                 unlock: cx.unlock.clone(),
@@ -203,7 +200,7 @@ pub fn open_received(
                 ..Default::default()
             },
         )
-        .context("opening the received LUKS volume")?;
+        .map_err(|e| e.context("opening the received LUKS volume"))?;
         luks_image(volume)?
     } else {
         if config.key_file.is_some() {

@@ -22,6 +22,7 @@ mod rpc;
 mod serve;
 pub mod socket_access;
 mod stats;
+mod token_unlock;
 
 pub use cryptblk_net::Address;
 pub use dumps::{forbid_core_dumps, is_dumpable};

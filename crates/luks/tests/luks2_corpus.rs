@@ -121,7 +121,7 @@ fn unknown_requirements_make_the_image_read_only() {
         "{reason}"
     );
     assert_eq!(h.dump()["requirements"][1], "req1");
-    assert_eq!(h.dump()["tokens"], 3);
+    assert_eq!(h.dump()["tokens"].as_array().map(Vec::len), Some(3));
     let file = open_rw(&img);
     let before = read_range(&img, 0, 1 << 16);
     let unlock_err = h

@@ -99,7 +99,8 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
 }
 
 /// The disk of `--image` and its options. A LUKS image without `--key-file` gets its
-/// passphrase from the terminal (or one line of stdin), asked here, before the daemon starts.
+/// passphrase from the terminal (or one line of stdin), asked here, before the daemon starts,
+/// unless its LUKS2 header has a clevis token.
 fn single_disk(a: &ServeArgs) -> Result<StartDisk> {
     let Some(image) = &a.image else {
         return Err(UsageError("--image PATH is missing".into()).into());
@@ -131,10 +132,27 @@ fn single_disk(a: &ServeArgs) -> Result<StartDisk> {
         cryptblk_block::probe_format(config.image.path()),
         Ok(cryptblk_block::Format::Luks)
     );
-    let passphrase = if config.key_file.is_none() && is_luks {
+    // A header with a clevis token unlocks through its tang server (in the daemon): no prompt.
+    let passphrase = if config.key_file.is_none() && is_luks && !has_clevis_token(&config) {
         Some(read_passphrase(None, "Enter passphrase: ")?)
     } else {
         None
     };
     Ok(StartDisk { config, passphrase })
+}
+
+/// True when the image's LUKS2 header carries a `clevis` token (a header that cannot be read
+/// here is reported by the daemon when it opens the image).
+fn has_clevis_token(config: &DiskConfig) -> bool {
+    let Ok(file) = std::fs::File::open(config.image.path()) else {
+        return false;
+    };
+    match cryptblk_luks::LuksImage::read(&file) {
+        Ok((cryptblk_luks::LuksImage::V2(header), _)) => header
+            .metadata()
+            .tokens
+            .values()
+            .any(|t| t.get("type").and_then(|v| v.as_str()) == Some("clevis")),
+        _ => false,
+    }
 }

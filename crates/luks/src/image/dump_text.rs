@@ -74,7 +74,13 @@ pub(super) fn luks2(d: &Value) -> String {
         let _ = writeln!(o, "\tArea offset:{} [bytes]", s(&ks["area_offset"]));
         let _ = writeln!(o, "\tArea length:{} [bytes]", s(&ks["area_length"]));
     }
-    let _ = writeln!(o, "Tokens:\n  ({} tokens)", s(&d["tokens"]));
+    let _ = writeln!(o, "Tokens:");
+    for t in d["tokens"].as_array().into_iter().flatten() {
+        let _ = writeln!(o, "  {}: {}", s(&t["id"]), s(&t["type"]));
+        for slot in t["keyslots"].as_array().into_iter().flatten() {
+            let _ = writeln!(o, "\tKeyslot:    {}", s(slot));
+        }
+    }
     let _ = writeln!(o, "Digests:");
     for dg in d["digests"].as_array().into_iter().flatten() {
         let _ = writeln!(o, "  {}: {}", s(&dg["id"]), s(&dg["type"]));

@@ -88,6 +88,21 @@ pub fn dump(h: &Luks2Header) -> Value {
         "segments": segments,
         "keyslots": keyslots,
         "digests": digests,
-        "tokens": m.tokens.len(),
+        "tokens": tokens(m),
     })
+}
+
+/// Each token's id, type and keyslots, as `cryptsetup luksDump` lists them. Token JSON is
+/// whatever a tool wrote: a missing type or a keyslot that is not a string shows as null.
+fn tokens(m: &super::json::Metadata) -> Vec<Value> {
+    sorted_ids(&m.tokens)
+        .into_iter()
+        .map(|(id, t)| {
+            json!({
+                "id": id,
+                "type": t.get("type").and_then(Value::as_str),
+                "keyslots": t.get("keyslots").and_then(Value::as_array).cloned().unwrap_or_default(),
+            })
+        })
+        .collect()
 }
