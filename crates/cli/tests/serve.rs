@@ -6,7 +6,7 @@ use cryptblk_testutil::vhost_user as frontend;
 
 use common::*;
 use cryptblk_testutil::{terminate, wait_for_path};
-use frontend::{pattern, Guest, S_OK};
+use frontend::{pattern, Desc, Guest, S_OK};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
@@ -426,4 +426,80 @@ fn serve_config_errors() {
             "{needle} missing from serve --help:\n{help}"
         );
     }
+}
+
+/// The daemon's peak resident memory (VmHWM), KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// A guest that fills its queue with the largest writes it may send, every one over the same
+/// 16 KiB of its memory (aliased descriptors in an indirect table per request), makes the
+/// daemon hold at most the queue's data budget of ciphertext, not queue depth x request size:
+/// the writes past the budget wait in the queue, and all of them complete.
+#[test]
+fn aliased_large_writes_keep_the_daemon_within_the_queue_budget() {
+    // At queue size 256 a request has at most 254 data segments of 16 KiB (just under
+    // MAX_REQUEST_BYTES); 64 of them would need 254 MiB of ciphertext at once.
+    const SEG: u32 = 16 << 10;
+    const SEGS: usize = 254;
+    const REQUESTS: usize = 64;
+    let dir = tempdir();
+    let (img, key) = luks_image(dir.path(), "budget", "64M");
+    let sock = dir.path().join("blk.sock");
+    let mut child = spawn_serve(&[
+        "--vhost-user-blk",
+        s(&sock),
+        "--image",
+        s(&img),
+        "--key-file",
+        s(&key),
+    ]);
+    wait_for_path(&sock, &mut child);
+    let mut guest = Guest::connect(&sock, 1, 256);
+    let before = peak_rss_kib(child.id());
+    let data = guest.alloc(0, SEG);
+    let mut statuses = Vec::new();
+    for r in 0..REQUESTS {
+        // Eight 4 MiB zones of the 64 MiB disk, written over and over.
+        let sector = ((r % 8) * SEGS * SEG as usize / 512) as u64;
+        let mut descs = vec![Desc {
+            addr: guest.header(0, frontend::VIRTIO_BLK_T_OUT, sector),
+            len: 16,
+            write: false,
+        }];
+        descs.extend((0..SEGS).map(|_| Desc {
+            addr: data,
+            len: SEG,
+            write: false,
+        }));
+        let status = guest.status_buf(0);
+        descs.push(Desc {
+            addr: status,
+            len: 1,
+            write: true,
+        });
+        guest.publish_indirect(0, &descs);
+        statuses.push(status);
+    }
+    guest.kick(0);
+    guest.wait_used(0, REQUESTS);
+    for (r, status) in statuses.iter().enumerate() {
+        assert_eq!(guest.status(*status), S_OK, "write {r}");
+    }
+    let grown_mib = (peak_rss_kib(child.id()) - before) / 1024;
+    eprintln!("peak RSS grew by {grown_mib} MiB for {REQUESTS} writes of 4 MiB");
+    // The budget is 32 MiB per queue; the rest is the bounce pool's kept buffers and noise.
+    assert!(
+        grown_mib < 80,
+        "the daemon's peak RSS grew by {grown_mib} MiB: more than one queue's data budget"
+    );
+    drop(guest);
+    assert_eq!(terminate(child), code::OK);
 }

@@ -30,7 +30,7 @@ pub(crate) use engine::Scratch;
 pub use engine::{Engine, SlotRequest};
 pub use notifier::Notifier;
 pub use offload::Offload;
-pub use pipeline::Pipeline;
+pub use pipeline::{Pipeline, DATA_BUDGET};
 pub use stage::{Admit, Bounds, Stage};
 pub use thread_pool::io_thread_count;
 

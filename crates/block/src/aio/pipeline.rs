@@ -6,14 +6,21 @@
 //! completion is handed out. Requests a check or a stage finishes at once wait in the same
 //! list as those the engine finished. One eventfd serves them all.
 //!
+//! The bytes of reads and writes a queue holds at once are bounded (`DATA_BUDGET`): a request
+//! that would go over waits in the queue, in order, until completions make room (one always
+//! runs, whatever its size). Those bytes are what stages and engines may copy into buffers of
+//! their own (an encrypted write's ciphertext, a misaligned transfer's bounce), so a client
+//! that fills a deep queue with the largest requests (a guest chaining aliased descriptors)
+//! makes the daemon hold at most the budget per queue, not queue depth x request size.
+//!
 //! A drain hands out finished requests until the stages report `WORK_PER_DRAIN` bytes of data
 //! work (decryption), then gives the thread back with the notifier set again: decrypting memory
 //! a device has just written runs at a few GB/s, so a burst of large reads would otherwise
 //! keep the owner from taking new requests for hundreds of microseconds while the device idles.
 
 use super::{
-    device_io, Admit, Bounds, Completion, Engine, IoQueue, IoRequest, Notifier, Offload, QueueFull,
-    QueueOptions, SlotRequest, Stage,
+    device_io, Admit, Bounds, Completion, Engine, IoOp, IoQueue, IoRequest, Notifier, Offload,
+    QueueFull, QueueOptions, SlotRequest, Stage,
 };
 use crate::{BlockDevice, BlockError};
 use std::collections::VecDeque;
@@ -24,6 +31,9 @@ use std::sync::Arc;
 const WORK_PER_DRAIN: u64 = 64 * 1024;
 /// Most requests a queue holds, whatever was asked.
 const MAX_DEPTH: usize = 4096;
+/// Bytes of reads and writes a queue passes to its stages and engine at once (more wait in
+/// the queue): 256 requests of 128 KiB, 32 of 1 MiB.
+pub const DATA_BUDGET: u64 = 32 << 20;
 
 /// A request between its push and the hand-out of its completion.
 #[derive(Default)]
@@ -33,6 +43,8 @@ struct RequestSlot {
     req: SlotRequest,
     /// Stages that passed it on (the first `admitted` of the list): they see it complete.
     admitted: usize,
+    /// Its bytes counted against the data budget while it runs.
+    charged: u64,
     busy: bool,
 }
 
@@ -53,6 +65,10 @@ pub struct Pipeline {
     finished: VecDeque<(usize, Result<(), BlockError>)>,
     /// The request on its way through the stages (reused from request to request).
     transfer: SlotRequest,
+    /// Bytes of the requests passed to the stages and not handed out yet.
+    data_in_flight: u64,
+    /// Requests waiting for room in the data budget, oldest first.
+    waiting: VecDeque<usize>,
 }
 
 impl Pipeline {
@@ -78,6 +94,8 @@ impl Pipeline {
             in_flight: 0,
             finished: VecDeque::with_capacity(capacity),
             transfer: SlotRequest::default(),
+            data_in_flight: 0,
+            waiting: VecDeque::with_capacity(capacity),
         })
     }
 
@@ -157,6 +175,51 @@ impl Pipeline {
         unsafe { self.engine.start(index, transfer) }
     }
 
+    /// Whether a request of `bytes` fits the data budget now (always, with nothing running).
+    fn has_room(&self, bytes: u64) -> bool {
+        self.data_in_flight == 0 || self.data_in_flight + bytes <= DATA_BUDGET
+    }
+
+    /// Charges the request to the budget and passes it on; one finished on the way waits in
+    /// the finished list.
+    ///
+    /// # Safety
+    /// As `admit`.
+    unsafe fn start(&mut self, index: usize, bytes: u64) {
+        self.slots[index].charged = bytes;
+        self.data_in_flight += bytes;
+        // SAFETY: forwarded.
+        if let Some(result) = unsafe { self.admit(index) } {
+            self.finished.push_back((index, result));
+            self.notifier.notify();
+        }
+    }
+
+    /// Passes on the waiting requests the budget has room for now, oldest first, and sends
+    /// them to the device (their owner pushed them long ago and will not submit again).
+    fn start_waiting(&mut self) {
+        let mut started = false;
+        while let Some(&index) = self.waiting.front() {
+            let bytes = {
+                let req = &self.slots[index].req;
+                data_bytes(req.op, req.len)
+            };
+            if !self.has_room(bytes) {
+                break;
+            }
+            self.waiting.pop_front();
+            // SAFETY: a waiting request's buffers stay valid until its completion is handed
+            // out (`push`'s contract), which has not happened.
+            unsafe { self.start(index, bytes) };
+            started = true;
+        }
+        if started {
+            if let Err(e) = IoQueue::submit(self) {
+                tracing::warn!("submitting requests that waited for the data budget: {e}");
+            }
+        }
+    }
+
     /// Collects what the engines finished.
     fn reap(&mut self) {
         let finished = &mut self.finished;
@@ -196,15 +259,19 @@ impl IoQueue for Pipeline {
         slot.req.set(req);
         slot.admitted = 0;
         slot.busy = true;
-        let done = match self.bounds.check(req) {
-            Err(e) => Some(Err(e)),
-            // SAFETY: forwarded from this function's contract.
-            Ok(()) => unsafe { self.admit(index) },
-        };
-        if let Some(result) = done {
-            self.finished.push_back((index, result));
+        slot.charged = 0;
+        if let Err(e) = self.bounds.check(req) {
+            self.finished.push_back((index, Err(e)));
             self.notifier.notify();
+            return Ok(());
         }
+        let bytes = data_bytes(req.op, req.len);
+        if !self.waiting.is_empty() || !self.has_room(bytes) {
+            self.waiting.push_back(index);
+            return Ok(());
+        }
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.start(index, bytes) };
         Ok(())
     }
 
@@ -231,12 +298,16 @@ impl IoQueue for Pipeline {
             }
             slot.busy = false;
             slot.req.iov.clear();
+            self.data_in_flight -= std::mem::take(&mut slot.charged);
             self.free.push(index);
             self.in_flight -= 1;
             out(Completion {
                 tag: slot.tag,
                 result,
             });
+        }
+        if !self.waiting.is_empty() {
+            self.start_waiting();
         }
         if !self.finished.is_empty() {
             self.notifier.notify();
@@ -268,6 +339,14 @@ impl Drop for Pipeline {
                 stage.abandon(index, &slot.req);
             }
         }
+    }
+}
+
+/// The bytes a request counts against the data budget: its buffers' (reads and writes).
+fn data_bytes(op: IoOp, len: u64) -> u64 {
+    match op {
+        IoOp::Read | IoOp::Write => len,
+        _ => 0,
     }
 }
 

@@ -211,6 +211,15 @@ impl Guest {
         self.queues[q].ring.publish(&self.mem, descs, links)
     }
 
+    /// Publishes a chain as an indirect table (in queue `q`'s data area) behind one ring
+    /// descriptor (no kick); returns its head.
+    pub fn publish_indirect(&mut self, q: usize, descs: &[Desc]) -> u16 {
+        let table = self.alloc(q, (descs.len() * 16) as u32);
+        self.queues[q]
+            .ring
+            .publish_indirect(&self.mem, table, descs)
+    }
+
     pub fn kick(&self, q: usize) {
         self.queues[q].kick.write(1).unwrap();
     }

@@ -12,7 +12,7 @@ mod ring;
 pub use crate::pattern;
 pub use guest::Guest;
 pub use ring::Desc;
-pub use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_IN};
+pub use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};

@@ -12,7 +12,8 @@ use std::mem::{offset_of, size_of};
 use std::sync::atomic::{fence, Ordering};
 
 use virtio_bindings::virtio_ring::{
-    vring_avail, vring_used, vring_used_elem, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+    vring_avail, vring_used, vring_used_elem, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT,
+    VRING_DESC_F_WRITE,
 };
 use virtio_queue::desc::split::{Descriptor, VirtqUsedElem};
 use virtio_queue::desc::RawDescriptor;
@@ -110,7 +111,52 @@ impl DriverRing {
             let raw = RawDescriptor::from(Descriptor::new(d.addr.0, d.len, flags, next));
             table.store(ids[i], raw).unwrap();
         }
-        let head = ids[0];
+        self.make_available(mem, ids[0], n)
+    }
+
+    /// Writes `descs` as an indirect table at `table` (room for them, 16-byte aligned) and
+    /// publishes one ring descriptor pointing at it (no kick); returns its head.
+    pub fn publish_indirect(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        table: GuestAddress,
+        descs: &[Desc],
+    ) -> u16 {
+        let indirect = DescriptorTable::new(mem, table, descs.len() as u16);
+        for (i, d) in descs.iter().enumerate() {
+            let mut flags = if d.write {
+                VRING_DESC_F_WRITE as u16
+            } else {
+                0
+            };
+            if i + 1 < descs.len() {
+                flags |= VRING_DESC_F_NEXT as u16;
+            }
+            let raw = RawDescriptor::from(Descriptor::new(d.addr.0, d.len, flags, i as u16 + 1));
+            indirect.store(i as u16, raw).unwrap();
+        }
+        assert!(
+            self.descs_in_flight < usize::from(self.size),
+            "test bug: more descriptors in flight than the queue has"
+        );
+        self.descs_in_flight += 1;
+        let head = self.next_desc;
+        self.next_desc = (self.next_desc + 1) % self.size;
+        let len = (descs.len() * size_of::<RawDescriptor>()) as u32;
+        let raw = RawDescriptor::from(Descriptor::new(
+            table.0,
+            len,
+            VRING_DESC_F_INDIRECT as u16,
+            0,
+        ));
+        DescriptorTable::new(mem, self.desc, self.size)
+            .store(head, raw)
+            .unwrap();
+        self.make_available(mem, head, 1)
+    }
+
+    /// Puts the chain at `head` (`n` ring descriptors) on the avail ring.
+    fn make_available(&mut self, mem: &GuestMemoryMmap, head: u16, n: u16) -> u16 {
         self.chain_len[usize::from(head)] = n;
         let slot = u64::from(self.avail_idx % self.size);
         mem.write_obj(head, self.avail_entry(slot)).unwrap();
