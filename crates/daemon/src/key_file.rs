@@ -124,13 +124,15 @@ pub fn read_key_fd(fd: OwnedFd, what: &str) -> Result<Passphrase> {
         read_capped(&mut reader, MAX_KEY_FILE_BYTES, 0, None)
     } else {
         return Err(Error::usage(format!(
-            "{what} is neither a pipe nor a regular file (nor a memfd): pass a descriptor              that holds the passphrase"
+            "{what} is neither a pipe nor a regular file (nor a memfd): pass a descriptor \
+             that holds the passphrase"
         )));
     };
     let buf = buf.map_err(|e| {
         if e.kind() == std::io::ErrorKind::TimedOut {
             Error::usage(format!(
-                "{what}: the pipe was not closed within {} s; the passphrase is read to its                  end, so the writer must close it",
+                "{what}: the pipe was not closed within {} s; the passphrase is read to its \
+                 end, so the writer must close it",
                 KEY_FD_TIMEOUT.as_secs()
             ))
         } else {
@@ -148,7 +150,8 @@ pub fn read_key_fd(fd: OwnedFd, what: &str) -> Result<Passphrase> {
 
 fn fd_too_large(what: &str) -> Error {
     Error::usage(format!(
-        "{what} holds more than {} KiB (cryptsetup's default key file limit): pass only the          passphrase",
+        "{what} holds more than {} KiB (cryptsetup's default key file limit): pass only the \
+         passphrase",
         MAX_KEY_FILE_BYTES / 1024
     ))
 }

@@ -234,7 +234,8 @@ fn duplicate(passed: Passed) -> Result<OwnedFd> {
     let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
     if dup < 0 {
         return Err(UsageError(format!(
-            "{what}: descriptor {fd} is not open in this process; open it when starting ctl,              e.g. `--key-fd 3 3< <(vault read ...)`"
+            "{what}: descriptor {fd} is not open in this process; open it when starting ctl, \
+             e.g. `--key-fd 3 3< <(vault read ...)`"
         ))
         .into());
     }
@@ -242,7 +243,8 @@ fn duplicate(passed: Passed) -> Result<OwnedFd> {
     let owned = unsafe { OwnedFd::from_raw_fd(dup) };
     if passed == Passed::Stdin && std::io::IsTerminal::is_terminal(&owned.as_fd()) {
         return Err(UsageError(
-            "--key-file -: stdin is a terminal; pipe the passphrase in (the daemon reads it to              its end)"
+            "--key-file -: stdin is a terminal; pipe the passphrase in (the daemon reads it to \
+             its end)"
                 .into(),
         )
         .into());
@@ -267,7 +269,8 @@ fn request_with_fds(a: &CtlArgs) -> Result<(&'static str, Value, Vec<Passed>)> {
                 // `*-fd` param.
                 if passed.contains(&Passed::Stdin) {
                     return Err(UsageError(
-                        "stdin can supply only one passphrase: pass the other with a key file                          or --key-fd"
+                        "stdin can supply only one passphrase: pass the other with a key file \
+                         or --key-fd"
                             .into(),
                     )
                     .into());

@@ -262,7 +262,8 @@ pub fn key_source<'a>(
         (Some(path), None) => Ok(Some(KeySource::File(path))),
         (None, Some(index)) => Ok(Some(KeySource::Fd(index))),
         (None, None) if required => Err(RpcError::invalid_params(format!(
-            "missing the passphrase: give {file_param} (a file the daemon reads) or {fd_param}              (a descriptor passed with the request)"
+            "missing the passphrase: give {file_param} (a file the daemon reads) or {fd_param} \
+             (a descriptor passed with the request)"
         ))),
         (None, None) => Ok(None),
     }
