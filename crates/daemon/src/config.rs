@@ -197,6 +197,15 @@ mod tests {
     }
 
     #[test]
+    fn a_config_file_cannot_name_a_passed_descriptor() {
+        let e = parse("[[disk]]\nname = \"a\"\nimage = \"/a.luks\"\nkey-fd = 0\n").unwrap_err();
+        assert!(
+            e.contains("key-fd names a descriptor passed with a disk-add request"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn config_defaults_and_relative_paths() {
         let specs = parse(
             r#"
