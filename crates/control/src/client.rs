@@ -1,7 +1,8 @@
 //! The client side: connect, send a request line, read its response line.
 use crate::protocol::{RpcError, MAX_LINE};
 use serde_json::{Map, Value};
-use std::io::{self, BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{self, BufRead, BufReader, ErrorKind, Read};
+use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -91,9 +92,21 @@ impl Client {
 
     /// Calls `method`; `Value::Null` params are left out of the request.
     pub fn call(&mut self, method: &str, params: Value) -> Result<Value, ClientError> {
+        self.call_with_fds(method, params, &[])
+    }
+
+    /// Calls `method`, passing `fds` with the request (SCM_RIGHTS, at most
+    /// [`crate::MAX_FDS_PER_REQUEST`]); its params name them by index (`"key-fd": 0`). The
+    /// daemon gets its own duplicates: ours stay open.
+    pub fn call_with_fds(
+        &mut self,
+        method: &str,
+        params: Value,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<Value, ClientError> {
         let id = self.next_id;
         self.next_id += 1;
-        self.send(method, params, Some(id))?;
+        self.send(method, params, Some(id), fds)?;
         let line = self.read_line()?;
         let response: Value =
             serde_json::from_slice(&line).map_err(|e| self.invalid(format!("{e}")))?;
@@ -120,10 +133,16 @@ impl Client {
 
     /// Sends a notification: the server runs `method` but never answers.
     pub fn notify(&mut self, method: &str, params: Value) -> Result<(), ClientError> {
-        self.send(method, params, None)
+        self.send(method, params, None, &[])
     }
 
-    fn send(&mut self, method: &str, params: Value, id: Option<u64>) -> Result<(), ClientError> {
+    fn send(
+        &mut self,
+        method: &str,
+        params: Value,
+        id: Option<u64>,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), ClientError> {
         let mut request = Map::new();
         request.insert("jsonrpc".into(), "2.0".into());
         request.insert("method".into(), method.into());
@@ -135,9 +154,7 @@ impl Client {
         }
         let mut line = Value::Object(request).to_string().into_bytes();
         line.push(b'\n');
-        self.writer
-            .write_all(&line)
-            .map_err(|source| self.io(source))
+        crate::fds::send_with_fds(&self.writer, &line, fds).map_err(|source| self.io(source))
     }
 
     fn read_line(&mut self) -> Result<Vec<u8>, ClientError> {

@@ -21,16 +21,20 @@
 //! [`MAX_LINE`] bytes gets an invalid-request error and the connection is closed (the server
 //! cannot find the next frame boundary without reading an unbounded line); batches are
 //! supported and answered as one line; requests received after the server was told to stop
-//! get [`SERVER_SHUTTING_DOWN`].
+//! get [`SERVER_SHUTTING_DOWN`]. A request may carry up to [`MAX_FDS_PER_REQUEST`] file
+//! descriptors as SCM_RIGHTS ancillary data, which its params name by index ([`PassedFds`]);
+//! one with more is refused and the descriptors closed.
 pub mod api;
 mod client;
 mod error;
+mod fds;
 mod protocol;
 mod server;
 mod socket;
 
 pub use client::{call, Client, ClientError};
 pub use error::Error;
+pub use fds::{PassedFds, MAX_FDS_PER_REQUEST};
 pub use protocol::{
     Handler, RpcError, APPLICATION_ERROR_MAX, APPLICATION_ERROR_MIN, INTERNAL_ERROR,
     INVALID_PARAMS, INVALID_REQUEST, MAX_LINE, METHOD_NOT_FOUND, PARSE_ERROR, SERVER_SHUTTING_DOWN,

@@ -1,5 +1,6 @@
 //! JSON-RPC 2.0 messages: error objects, the handler trait and turning one received line into
 //! the line to send back. Kept free of I/O so the rules are in one place.
+use crate::fds::PassedFds;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -99,6 +100,19 @@ pub trait Handler: Send + Sync {
     /// when the request has none. Unknown methods should return
     /// [`RpcError::method_not_found`]. A panic is caught and reported as an internal error.
     fn call(&self, method: &str, params: Value) -> Result<Value, RpcError>;
+
+    /// [`Handler::call`] for a request that came with file descriptors (SCM_RIGHTS), which its
+    /// params name by index; those it does not [`PassedFds::take`] are closed after it returns.
+    /// The default ignores them, so a handler that takes none implements `call` only.
+    fn call_with_fds(
+        &self,
+        method: &str,
+        params: Value,
+        fds: &mut PassedFds,
+    ) -> Result<Value, RpcError> {
+        let _ = fds;
+        self.call(method, params)
+    }
 }
 
 /// Closures are handlers, which keeps small servers and tests short.
@@ -113,7 +127,12 @@ where
 
 /// Handles one received line (without its newline) and returns the response line to send
 /// (without newline), or `None` when nothing must be sent (notifications only).
-pub(crate) fn process_line(handler: &dyn Handler, line: &[u8]) -> Option<String> {
+/// `fds` are the descriptors that came with the line (shared by the members of a batch).
+pub(crate) fn process_line(
+    handler: &dyn Handler,
+    line: &[u8],
+    fds: &mut PassedFds,
+) -> Option<String> {
     let value: Value = match serde_json::from_slice(line) {
         Ok(value) => value,
         Err(e) => {
@@ -131,17 +150,17 @@ pub(crate) fn process_line(handler: &dyn Handler, line: &[u8]) -> Option<String>
             // allows any order, and in-order keeps "one connection is sequential" true.
             let responses: Vec<Value> = items
                 .into_iter()
-                .filter_map(|item| process_value(handler, item))
+                .filter_map(|item| process_value(handler, item, fds))
                 .collect();
             // A batch of notifications gets no reply at all, not an empty array.
             (!responses.is_empty()).then(|| Value::Array(responses).to_string())
         }
-        other => process_value(handler, other).map(|response| response.to_string()),
+        other => process_value(handler, other, fds).map(|response| response.to_string()),
     }
 }
 
 /// One request object -> its response object, or `None` for a notification.
-fn process_value(handler: &dyn Handler, value: Value) -> Option<Value> {
+fn process_value(handler: &dyn Handler, value: Value, fds: &mut PassedFds) -> Option<Value> {
     let Value::Object(mut request) = value else {
         let error = RpcError::invalid_request("a request must be a JSON object");
         return Some(error_response(Value::Null, error));
@@ -162,8 +181,13 @@ fn process_value(handler: &dyn Handler, value: Value) -> Option<Value> {
         Ok(call) => call,
         Err(error) => return Some(error_response(reply_id, error)),
     };
-    let result = catch_unwind(AssertUnwindSafe(|| handler.call(&method, params)))
-        .unwrap_or_else(|_| Err(RpcError::internal(format!("method `{method}` panicked"))));
+    if let Some(error) = fds.refusal() {
+        return Some(error_response(reply_id, error));
+    }
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        handler.call_with_fds(&method, params, fds)
+    }))
+    .unwrap_or_else(|_| Err(RpcError::internal(format!("method `{method}` panicked"))));
     let id = id?;
     Some(match result {
         Ok(result) => {
@@ -222,7 +246,8 @@ mod tests {
     }
 
     fn run(line: &str) -> Option<Value> {
-        process_line(&echo, line.as_bytes()).map(|s| serde_json::from_str(&s).unwrap())
+        process_line(&echo, line.as_bytes(), &mut PassedFds::default())
+            .map(|s| serde_json::from_str(&s).unwrap())
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! clients is small; a slow request then delays only its own connection, while each
 //! connection stays strictly sequential, so its responses come back in request order.
 use crate::error::Error;
+use crate::fds::FdReader;
 use crate::protocol::{self, Handler, RpcError, MAX_LINE};
 use crate::socket::{self, FileId};
 use std::collections::HashMap;
@@ -287,7 +288,8 @@ impl Drop for ControlServer {
 }
 
 enum LineRead {
-    Line,
+    /// A line, and how many bytes of the stream it took (newline included).
+    Line(usize),
     TooLong,
     Eof,
 }
@@ -309,27 +311,40 @@ fn read_line_capped(
         if buf.last() == Some(&b'\r') {
             buf.pop();
         }
-        return Ok(LineRead::Line);
+        return Ok(LineRead::Line(n));
     }
     if buf.len() > cap {
         return Ok(LineRead::TooLong);
     }
     // The client closed after a last line without a newline: still a request.
-    Ok(LineRead::Line)
+    Ok(LineRead::Line(n))
 }
 
 fn serve_connection(stream: UnixStream, handler: &dyn Handler, stop: &StopSignal) {
     let Ok(mut writer) = stream.try_clone() else {
         return;
     };
-    let mut reader = BufReader::new(stream);
+    let mut reader = BufReader::new(FdReader::new(stream));
     let mut line = Vec::new();
     let shutting_down = |_: &str, _| Err(RpcError::shutting_down());
+    // Bytes of the stream consumed so far, which tells the descriptors of this line from
+    // those of the next (see the `fds` module).
+    let mut consumed = 0u64;
     loop {
-        let response = match read_line_capped(&mut reader, &mut line, MAX_LINE) {
-            Ok(LineRead::Line) if line.iter().all(u8::is_ascii_whitespace) => continue,
-            Ok(LineRead::Line) if stop.stopping() => protocol::process_line(&shutting_down, &line),
-            Ok(LineRead::Line) => protocol::process_line(handler, &line),
+        let read = read_line_capped(&mut reader, &mut line, MAX_LINE);
+        let mut fds = match read {
+            Ok(LineRead::Line(n)) => {
+                consumed += n as u64;
+                reader.get_mut().take_until(consumed)
+            }
+            _ => Default::default(),
+        };
+        let response = match read {
+            Ok(LineRead::Line(_)) if line.iter().all(u8::is_ascii_whitespace) => continue,
+            Ok(LineRead::Line(_)) if stop.stopping() => {
+                protocol::process_line(&shutting_down, &line, &mut fds)
+            }
+            Ok(LineRead::Line(_)) => protocol::process_line(handler, &line, &mut fds),
             Ok(LineRead::TooLong) => {
                 // Without reading the rest we cannot find where the next request starts, and
                 // reading it is what the cap exists to avoid: answer, then hang up.
@@ -368,22 +383,22 @@ mod tests {
         let mut buf = Vec::new();
         assert!(matches!(
             read_line_capped(&mut reader, &mut buf, 4),
-            Ok(LineRead::Line)
+            Ok(LineRead::Line(_))
         ));
         assert_eq!(buf, b"abc");
         assert!(matches!(
             read_line_capped(&mut reader, &mut buf, 4),
-            Ok(LineRead::Line)
+            Ok(LineRead::Line(_))
         ));
         assert_eq!(buf, b"");
         assert!(matches!(
             read_line_capped(&mut reader, &mut buf, 4),
-            Ok(LineRead::Line)
+            Ok(LineRead::Line(_))
         ));
         assert_eq!(buf, b"xyzw");
         assert!(matches!(
             read_line_capped(&mut reader, &mut buf, 4),
-            Ok(LineRead::Line)
+            Ok(LineRead::Line(_))
         ));
         assert_eq!(buf, b"last");
         assert!(matches!(

@@ -148,6 +148,12 @@ fn parse_disks(text: &str, base: &Path) -> Result<Vec<DiskConfig>, String> {
         if disk.name.is_empty() {
             return Err(format!("disk #{number}: empty name"));
         }
+        if disk.key_fd.is_some() {
+            return Err(format!(
+                "{what}: key-fd names a descriptor passed with a disk-add request; a config \
+                 file gives key-file"
+            ));
+        }
         validate(&disk).map_err(|e| format!("{what}: {e}"))?;
         if !names.insert(disk.name.clone()) {
             return Err(format!("{what}: another disk has the same name"));
@@ -188,6 +194,15 @@ mod tests {
 
     fn parse(text: &str) -> Result<Vec<DiskConfig>, String> {
         parse_config(text, Path::new("/etc/cryptblk")).map_err(|e| e.0)
+    }
+
+    #[test]
+    fn a_config_file_cannot_name_a_passed_descriptor() {
+        let e = parse("[[disk]]\nname = \"a\"\nimage = \"/a.luks\"\nkey-fd = 0\n").unwrap_err();
+        assert!(
+            e.contains("key-fd names a descriptor passed with a disk-add request"),
+            "{e}"
+        );
     }
 
     #[test]

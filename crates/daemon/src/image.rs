@@ -181,6 +181,7 @@ fn raw_image(raw: Arc<dyn Container>) -> Result<OpenedImage> {
 /// turns the opened disk into the one to serve (reads of blocks not here yet fetch them).
 pub fn open_received(
     config: &DiskConfig,
+    passphrase: Option<Passphrase>,
     file: Arc<dyn Container>,
     cx: &OpenContext<'_>,
     gate: impl FnOnce(Arc<dyn BlockDevice>) -> Result<Arc<dyn BlockDevice>>,
@@ -189,7 +190,10 @@ pub fn open_received(
     file.read_at(&mut magic, 0)
         .context("reading the received header")?;
     let mut image = if magic == *b"LUKS\xba\xbe" {
-        let given = config.key_file.as_deref().map(read_key_file).transpose()?;
+        let given = match passphrase {
+            Some(p) => Some(p),
+            None => config.key_file.as_deref().map(read_key_file).transpose()?,
+        };
         let volume = crate::token_unlock::open_luks(
             file,
             given,
@@ -203,7 +207,7 @@ pub fn open_received(
         .map_err(|e| e.context("opening the received LUKS volume"))?;
         luks_image(volume)?
     } else {
-        if config.key_file.is_some() {
+        if config.key_file.is_some() || passphrase.is_some() {
             return Err(Error::usage(
                 "a key file is given, but the incoming image is raw",
             ));

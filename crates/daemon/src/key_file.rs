@@ -1,6 +1,8 @@
 //! Passphrases the daemon reads itself: a key file named in a disk's configuration (the whole
 //! file is the passphrase, as with cryptsetup's `--key-file`), or `-` for the daemon's stdin.
-//! Held in zeroizing buffers; never logged.
+//! Held in zeroizing buffers; never logged. A control request may instead pass the passphrase
+//! as a file descriptor (SCM_RIGHTS, `"key-fd": N`), read by [`read_key_fd`] under the same
+//! rules, so a key held by an orchestrator never has to sit in a file.
 //!
 //! A key file must be a regular file or a pipe (`-`, `/dev/stdin`, a shell's `<(...)`): a
 //! directory or a device (`/dev/zero` reads forever) is refused before anything is read, and
@@ -9,10 +11,14 @@
 //! (which would leave the earlier bytes behind in freed memory): a buffer that must grow is
 //! copied into a bigger zeroizing one by hand, and the smaller one is wiped.
 use crate::error::{Context, Error, Result};
+use cryptblk_control::api::KeySource;
+use cryptblk_control::PassedFds;
 use std::io::Read;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileExt, FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 use zeroize::Zeroizing;
 
 /// A passphrase, wiped from memory when dropped.
@@ -72,6 +78,131 @@ pub fn read_key_file(path: &Path) -> Result<Passphrase> {
         )));
     }
     Ok(buf)
+}
+
+/// How long a passed pipe may take to deliver the passphrase and close: the passphrase is
+/// read to end-of-file, and a writer that never closes must not pin a control connection.
+pub const KEY_FD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Reads the passphrase of `source`: a key file, or a descriptor passed with the request
+/// (taken from `fds`, read and closed).
+pub fn read_key_source(
+    source: KeySource<'_>,
+    param: &str,
+    fds: &mut PassedFds,
+) -> Result<Passphrase> {
+    match source {
+        KeySource::File(path) => read_key_file(path),
+        KeySource::Fd(index) => {
+            let fd = fds
+                .take(index, param)
+                .map_err(|e| Error::invalid_params(e.message))?;
+            read_key_fd(fd, &format!("{param} {index}"))
+        }
+    }
+}
+
+/// Reads the passphrase in a passed descriptor, which is closed afterwards: a pipe or socket
+/// to its end (within [`KEY_FD_TIMEOUT`]), a regular file or memfd whole from its start
+/// (whatever its offset). `what` names it in errors (`key-fd 0`).
+pub fn read_key_fd(fd: OwnedFd, what: &str) -> Result<Passphrase> {
+    let file = std::fs::File::from(fd);
+    let context = || format!("reading the passphrase from {what}");
+    let meta = file.metadata().with_context(context)?;
+    let kind = meta.file_type();
+    let buf = if kind.is_file() {
+        if meta.len() > MAX_KEY_FILE_BYTES as u64 {
+            return Err(fd_too_large(what));
+        }
+        let mut reader = FromStart { file, offset: 0 };
+        read_capped(&mut reader, MAX_KEY_FILE_BYTES, meta.len() as usize, None)
+    } else if kind.is_fifo() || kind.is_socket() {
+        let mut reader = Bounded {
+            file,
+            deadline: Instant::now() + KEY_FD_TIMEOUT,
+        };
+        read_capped(&mut reader, MAX_KEY_FILE_BYTES, 0, None)
+    } else {
+        return Err(Error::usage(format!(
+            "{what} is neither a pipe nor a regular file (nor a memfd): pass a descriptor \
+             that holds the passphrase"
+        )));
+    };
+    let buf = buf.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            Error::usage(format!(
+                "{what}: the pipe was not closed within {} s; the passphrase is read to its \
+                 end, so the writer must close it",
+                KEY_FD_TIMEOUT.as_secs()
+            ))
+        } else {
+            Error::caused(context(), e)
+        }
+    })?;
+    let buf = buf.ok_or_else(|| fd_too_large(what))?;
+    if buf.is_empty() {
+        return Err(Error::usage(format!(
+            "{what} held nothing: write the passphrase into it (every byte counts) and close it"
+        )));
+    }
+    Ok(buf)
+}
+
+fn fd_too_large(what: &str) -> Error {
+    Error::usage(format!(
+        "{what} holds more than {} KiB (cryptsetup's default key file limit): pass only the \
+         passphrase",
+        MAX_KEY_FILE_BYTES / 1024
+    ))
+}
+
+/// A regular file (or memfd) read from its start: a client that wrote the key into a memfd
+/// leaves its offset at the end.
+struct FromStart {
+    file: std::fs::File,
+    offset: u64,
+}
+
+impl Read for FromStart {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read_at(buf, self.offset)?;
+        self.offset += n as u64;
+        Ok(n)
+    }
+}
+
+/// A pipe read with a deadline: each read waits in `poll` for at most the time left.
+struct Bounded {
+    file: std::fs::File,
+    deadline: Instant,
+}
+
+impl Read for Bounded {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            let mut pfd = libc::pollfd {
+                fd: self.file.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one initialised pollfd, exclusively borrowed, naming a descriptor this
+            // reader owns for the whole call.
+            let ready =
+                unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+            match ready {
+                0 => return Err(std::io::ErrorKind::TimedOut.into()),
+                n if n < 0 => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+                // Readable, at end-of-file or in error: the read will not block.
+                _ => return self.file.read(buf),
+            }
+        }
+    }
 }
 
 /// Stdin without std's buffer (a static one, never wiped, that would keep a copy of the

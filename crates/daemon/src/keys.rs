@@ -3,42 +3,47 @@
 use crate::activity::HeaderChange;
 use crate::disk::AttachedDisk;
 use crate::error::{Context, Error, Result};
-use crate::key_file::read_key_file;
+use crate::key_file::read_key_source;
 use crate::registry::Daemon;
-use cryptblk_control::api::{KeyAddParams, KeyRemoveParams, Pbkdf};
+use cryptblk_control::api::{key_source, KeyAddParams, KeyRemoveParams, KeySource, Pbkdf};
+use cryptblk_control::PassedFds;
 use cryptblk_luks::kdf::Argon2Variant;
 use cryptblk_luks::{HashAlg, LuksImage, LuksVersion, PbkdfKind, PbkdfOptions};
 use std::sync::Arc;
 
 impl Daemon {
-    /// Adds a keyslot to an attached LUKS disk; returns the new slot.
-    pub fn key_add(&self, p: &KeyAddParams) -> Result<usize> {
+    /// Adds a keyslot to an attached LUKS disk; returns the new slot. Passphrases given by
+    /// descriptor are taken from `fds`.
+    pub fn key_add(&self, p: &KeyAddParams, fds: &mut PassedFds) -> Result<usize> {
         let name = p.name.as_str();
+        let old_source = required_source(p.key_file.as_deref(), p.key_fd, "key")?;
+        let new_source = required_source(p.new_key_file.as_deref(), p.new_key_fd, "new-key")?;
         let disk = self.attached(name)?;
         let file = luks_file(&disk)?;
         let _change = self.begin_header_change(&disk)?;
         let (mut image, _) =
             LuksImage::read(file.header_io()).context("reading the LUKS header")?;
-        let old = read_key_file(&p.key_file)?;
+        let old = read_key_source(old_source, "key-fd", fds)?;
         let (_, volume_key) = image
             .unlock(file.header_io(), &old, &self.unlock)
             .context("unlocking with key-file")?;
-        let new = read_key_file(&p.new_key_file)?;
+        let new = read_key_source(new_source, "new-key-fd", fds)?;
         let pbkdf = pbkdf_options(p.pbkdf, p.iter_time, image.version())?;
         image
             .add_keyslot(file.header_io(), &volume_key, &new, None, &pbkdf)
             .context("adding the keyslot")
     }
 
-    /// Removes the keyslot `key_file` opens; refuses to remove the last one.
-    pub fn key_remove(&self, p: &KeyRemoveParams) -> Result<usize> {
+    /// Removes the keyslot the given passphrase opens; refuses to remove the last one.
+    pub fn key_remove(&self, p: &KeyRemoveParams, fds: &mut PassedFds) -> Result<usize> {
         let name = p.name.as_str();
+        let source = required_source(p.key_file.as_deref(), p.key_fd, "key")?;
         let disk = self.attached(name)?;
         let file = luks_file(&disk)?;
         let _change = self.begin_header_change(&disk)?;
         let (mut image, _) =
             LuksImage::read(file.header_io()).context("reading the LUKS header")?;
-        let passphrase = read_key_file(&p.key_file)?;
+        let passphrase = read_key_source(source, "key-fd", fds)?;
         let (slot, _) = image
             .unlock(file.header_io(), &passphrase, &self.unlock)
             .context("unlocking with key-file")?;
@@ -66,6 +71,20 @@ impl Daemon {
             )));
         }
         disk.activity.begin_header_change(name)
+    }
+}
+
+/// The passphrase source of the params `PREFIX-file`/`PREFIX-fd`: exactly one.
+fn required_source<'a>(
+    file: Option<&'a std::path::Path>,
+    fd: Option<u32>,
+    prefix: &str,
+) -> Result<KeySource<'a>> {
+    let params = (format!("{prefix}-file"), format!("{prefix}-fd"));
+    match key_source(file, fd, (&params.0, &params.1), true) {
+        Ok(Some(source)) => Ok(source),
+        Ok(None) => unreachable!("a required source is present or an error"),
+        Err(e) => Err(Error::invalid_params(e.message)),
     }
 }
 

@@ -9,6 +9,7 @@
 use crate::activity::CancelTarget;
 use crate::error::{chain, Context, Error, Result};
 use crate::image::open_received;
+use crate::key_file::Passphrase;
 use crate::registry::{Daemon, PreparedDisk};
 use cryptblk_control::api::{
     CancelRequested, DestinationStatus, DiskConfig, LatencySummary, Listening,
@@ -255,8 +256,13 @@ impl Daemon {
     }
 
     /// Destination: listens for a migration of the disk `p` describes into the new image
-    /// `p.image`; attaches the disk once its header has arrived.
-    pub fn migrate_incoming(self: &Arc<Self>, p: MigrateIncomingParams) -> Result<Listening> {
+    /// `p.image`; attaches the disk once its header has arrived. `passphrase`, when given
+    /// (passed by descriptor), opens it instead of `p.key_file`.
+    pub fn migrate_incoming(
+        self: &Arc<Self>,
+        p: MigrateIncomingParams,
+        passphrase: Option<Passphrase>,
+    ) -> Result<Listening> {
         let listen = parse_address(&p.listen)?;
         check_transport(
             &listen,
@@ -323,7 +329,7 @@ impl Daemon {
         std::thread::Builder::new()
             .name(format!("incoming-{name}"))
             .spawn(move || {
-                if let Err(e) = daemon.attach_incoming(config, &incoming) {
+                if let Err(e) = daemon.attach_incoming(config, passphrase, &incoming) {
                     tracing::error!(disk = %name, "incoming migration: {}", chain(&e));
                     let _ = incoming.cancel();
                 }
@@ -335,7 +341,12 @@ impl Daemon {
         })
     }
 
-    fn attach_incoming(&self, config: DiskConfig, incoming: &Arc<IncomingMigration>) -> Result<()> {
+    fn attach_incoming(
+        &self,
+        config: DiskConfig,
+        passphrase: Option<Passphrase>,
+        incoming: &Arc<IncomingMigration>,
+    ) -> Result<()> {
         let ready = match incoming.wait_header(HEADER_WAIT) {
             Ok(r) => r,
             Err(e) => {
@@ -348,7 +359,8 @@ impl Daemon {
                 incoming.disk(inner).context("gating the received disk")?;
             Ok(disk)
         };
-        let image = match open_received(&config, ready.file, &self.open_context(), gate) {
+        let image = match open_received(&config, passphrase, ready.file, &self.open_context(), gate)
+        {
             Ok(i) => i,
             Err(e) => {
                 self.unreserve(&config.name);

@@ -3,10 +3,11 @@
 //! client's), and every failure becomes an error object whose code is its kind's.
 use crate::config::{absolute, require_absolute_paths, validate};
 use crate::error::{chain, Error, Result};
+use crate::key_file::{read_key_source, Passphrase};
 use crate::migrate::Cancelled;
 use crate::registry::Daemon;
-use cryptblk_control::api::{DiskRemoved, KeyAdded, KeyRemoved, Request};
-use cryptblk_control::{Handler, RpcError};
+use cryptblk_control::api::{key_source, DiskRemoved, KeyAdded, KeyRemoved, Request};
+use cryptblk_control::{Handler, PassedFds, RpcError};
 use serde::Serialize;
 use serde_json::Value;
 use std::sync::Arc;
@@ -17,9 +18,18 @@ pub struct ControlHandler {
 
 impl Handler for ControlHandler {
     fn call(&self, method: &str, params: Value) -> Result<Value, RpcError> {
+        self.call_with_fds(method, params, &mut PassedFds::default())
+    }
+
+    fn call_with_fds(
+        &self,
+        method: &str,
+        params: Value,
+        fds: &mut PassedFds,
+    ) -> Result<Value, RpcError> {
         let request = Request::parse(method, params)?;
         let name = request_disk(&request).map(str::to_string);
-        let result = self.dispatch(request);
+        let result = self.dispatch(request, fds);
         if let Err(e) = &result {
             tracing::info!(disk = name.as_deref(), method, "refused: {}", chain(e));
         }
@@ -28,10 +38,10 @@ impl Handler for ControlHandler {
 }
 
 impl ControlHandler {
-    fn dispatch(&self, request: Request) -> Result<Value> {
+    fn dispatch(&self, request: Request, fds: &mut PassedFds) -> Result<Value> {
         let d = &self.daemon;
         match request {
-            Request::DiskAdd(config) => {
+            Request::DiskAdd(mut config) => {
                 require_absolute_paths(&config).map_err(|e| Error::invalid_params(e.0))?;
                 validate(&config).map_err(|e| Error::invalid_params(e.0))?;
                 if config.nbd_export == Some(true) && !d.has_nbd() {
@@ -39,7 +49,11 @@ impl ControlHandler {
                         "nbd-export is set but this daemon was started without --nbd",
                     ));
                 }
-                json(d.add_disk(config)?)
+                // A passphrase passed by descriptor is read now and stands in for a key file.
+                let passphrase =
+                    optional_passphrase(config.key_file.as_deref(), config.key_fd.take(), fds)?;
+                let prepared = d.prepare(config, passphrase)?;
+                json(d.publish(prepared)?)
             }
             Request::DiskRemove(p) => {
                 d.remove_disk(&p.name, p.force)?;
@@ -48,23 +62,26 @@ impl ControlHandler {
             Request::DiskList(_) => json(d.list()),
             Request::Stats(p) => json(d.stats(p.name.as_deref())?),
             Request::KeyAdd(p) => {
-                check_absolute(&p.key_file)?;
-                check_absolute(&p.new_key_file)?;
-                let keyslot = d.key_add(&p)?;
+                for path in [&p.key_file, &p.new_key_file].into_iter().flatten() {
+                    check_absolute(path)?;
+                }
+                let keyslot = d.key_add(&p, fds)?;
                 json(KeyAdded {
                     name: p.name,
                     keyslot,
                 })
             }
             Request::KeyRemove(p) => {
-                check_absolute(&p.key_file)?;
-                let removed_keyslot = d.key_remove(&p)?;
+                if let Some(path) = &p.key_file {
+                    check_absolute(path)?;
+                }
+                let removed_keyslot = d.key_remove(&p, fds)?;
                 json(KeyRemoved {
                     name: p.name,
                     removed_keyslot,
                 })
             }
-            Request::MigrateIncoming(p) => {
+            Request::MigrateIncoming(mut p) => {
                 for path in [
                     // An rbd: image name is not a path.
                     p.image.rbd().is_none().then(|| p.image.path()),
@@ -82,7 +99,8 @@ impl ControlHandler {
                         "nbd-export is set but this daemon was started without --nbd",
                     ));
                 }
-                json(d.migrate_incoming(p)?)
+                let passphrase = optional_passphrase(p.key_file.as_deref(), p.key_fd.take(), fds)?;
+                json(d.migrate_incoming(p, passphrase)?)
             }
             Request::MigrateStart(p) => {
                 if let Some(dir) = &p.tls_creds {
@@ -118,6 +136,23 @@ fn request_disk(r: &Request) -> Option<&str> {
             Some(&p.name)
         }
         Request::MigrateRecover(p) => Some(&p.name),
+    }
+}
+
+/// The passphrase passed by descriptor (`key-fd`) when there is one; `None` leaves the key
+/// file (if any) to be read where the image is opened.
+fn optional_passphrase(
+    key_file: Option<&std::path::Path>,
+    key_fd: Option<u32>,
+    fds: &mut PassedFds,
+) -> Result<Option<Passphrase>> {
+    let source = key_source(key_file, key_fd, ("key-file", "key-fd"), false)
+        .map_err(|e| Error::invalid_params(e.message))?;
+    match source {
+        Some(source @ cryptblk_control::api::KeySource::Fd(_)) => {
+            read_key_source(source, "key-fd", fds).map(Some)
+        }
+        _ => Ok(None),
     }
 }
 

@@ -77,13 +77,18 @@ fn a_connecting_migration_blocks_nothing() {
     };
     quick("key-add", &|| {
         let err = d
-            .key_add(&KeyAddParams {
-                name: "v".into(),
-                key_file: key.clone(),
-                new_key_file: key.clone(),
-                pbkdf: None,
-                iter_time: Some(1),
-            })
+            .key_add(
+                &KeyAddParams {
+                    name: "v".into(),
+                    key_file: Some(key.clone()),
+                    key_fd: None,
+                    new_key_file: Some(key.clone()),
+                    new_key_fd: None,
+                    pbkdf: None,
+                    iter_time: Some(1),
+                },
+                &mut Default::default(),
+            )
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
     });
@@ -111,13 +116,18 @@ fn a_connecting_migration_blocks_nothing() {
 
     // The header is free again: a keyslot change goes through.
     let added = d
-        .key_add(&KeyAddParams {
-            name: "v".into(),
-            key_file: key.clone(),
-            new_key_file: key_file(dir.path(), "k2", b"second"),
-            pbkdf: Some(cryptblk_control::api::Pbkdf::Pbkdf2),
-            iter_time: Some(1),
-        })
+        .key_add(
+            &KeyAddParams {
+                name: "v".into(),
+                key_file: Some(key.clone()),
+                key_fd: None,
+                new_key_file: Some(key_file(dir.path(), "k2", b"second")),
+                new_key_fd: None,
+                pbkdf: Some(cryptblk_control::api::Pbkdf::Pbkdf2),
+                iter_time: Some(1),
+            },
+            &mut Default::default(),
+        )
         .unwrap();
     assert_eq!(added, 1);
 
@@ -158,12 +168,14 @@ fn a_keyslot_change_blocks_nothing() {
         let d: Arc<_> = d.clone();
         let p = KeyAddParams {
             name: "v".into(),
-            key_file: key.clone(),
-            new_key_file: fifo.clone(),
+            key_file: Some(key.clone()),
+            key_fd: None,
+            new_key_file: Some(fifo.clone()),
+            new_key_fd: None,
             pbkdf: Some(cryptblk_control::api::Pbkdf::Pbkdf2),
             iter_time: Some(1),
         };
-        std::thread::spawn(move || d.key_add(&p))
+        std::thread::spawn(move || d.key_add(&p, &mut Default::default()))
     };
     // The FIFO can be opened for writing without blocking once key-add has it open for
     // reading, which it does inside its header change.
@@ -186,13 +198,18 @@ fn a_keyslot_change_blocks_nothing() {
     let t = Instant::now();
     d.stats(Some("v")).unwrap();
     let err = d
-        .key_add(&KeyAddParams {
-            name: "v".into(),
-            key_file: key.clone(),
-            new_key_file: key.clone(),
-            pbkdf: None,
-            iter_time: Some(1),
-        })
+        .key_add(
+            &KeyAddParams {
+                name: "v".into(),
+                key_file: Some(key.clone()),
+                key_fd: None,
+                new_key_file: Some(key.clone()),
+                new_key_fd: None,
+                pbkdf: None,
+                iter_time: Some(1),
+            },
+            &mut Default::default(),
+        )
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Busy);
     assert!(

@@ -6,15 +6,18 @@
 //! (`cryptblk_control::api::METHODS`), and the params are checked with the same types the
 //! daemon parses them with, so `ctl` offers exactly what the daemon accepts.
 //!
-//! Secrets never travel: key-file options send the file's absolute path and the daemon reads
-//! it, so no passphrase appears on the wire, in argv or in the daemon's request logs. All
-//! paths are made absolute here because the daemon's working directory is not ours.
+//! Secrets never travel in the JSON: key-file options send the file's absolute path and the
+//! daemon reads it; `--key-fd N` (and `--key-file -`, our stdin) pass the descriptor itself
+//! with the request (SCM_RIGHTS) and the daemon reads the passphrase from it. So no passphrase
+//! appears on the wire's JSON, in argv, in a file or in the daemon's request logs. All paths
+//! are made absolute here because the daemon's working directory is not ours.
 use crate::exit::UsageError;
 use anyhow::{bail, Context, Result};
 use clap::{Arg, ArgAction, ArgMatches, Command};
 use cryptblk_control::api::{MethodSpec, ParamKind, ParamSpec, Request, METHODS};
 use cryptblk_control::Client;
 use serde_json::{Map, Value};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 /// After-help of `cryptblk ctl`: the protocol reference for orchestrators that talk to the
@@ -26,7 +29,10 @@ Protocol (for programs talking to the socket directly): JSON-RPC 2.0 over the UN
 one JSON object per line each way, e.g.
   {{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"disk-list\",\"params\":{{}}}}
 Paths must be absolute (the daemon resolves nothing against its working directory).
-Key files are passed by path and read by the daemon; never send a passphrase.
+Key files are passed by path and read by the daemon; never send a passphrase. A key may
+instead come in a descriptor passed with the request line (SCM_RIGHTS ancillary data, at most
+4 per request), named by its index among them: \"key-fd\": 0. ctl --key-fd N passes its
+descriptor N (e.g. 3< <(vault read ...)); --key-file - passes its stdin.
 
 Methods and params (? = optional):
 {}  (addr: tcp:HOST:PORT or unix:PATH; tls-creds: QEMU x509 layout, both ends verified;
@@ -55,6 +61,17 @@ enum Given {
     Path(PathBuf),
     Bool(bool),
     Number(u64),
+    /// One of our descriptors, to pass with the request.
+    Fd(i32),
+}
+
+/// A descriptor of ours that goes with the request; its index in the request is its place in
+/// the list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Passed {
+    Fd(i32),
+    /// `--key-file -`: our stdin (a pipe or a file, never a terminal).
+    Stdin,
 }
 
 /// The flag (or positional) id of a param.
@@ -85,6 +102,9 @@ fn param_arg(p: &ParamSpec) -> Arg {
                     .value_parser(clap::value_parser!(PathBuf)),
                 ParamKind::Address => arg.value_name("ADDR"),
                 ParamKind::Count => arg.value_name("N").value_parser(clap::value_parser!(u64)),
+                ParamKind::KeyFd => arg
+                    .value_name("FD")
+                    .value_parser(clap::value_parser!(i32).range(0..)),
                 ParamKind::Millis => arg.value_name("MS").value_parser(clap::value_parser!(u64)),
                 ParamKind::Bytes => arg.value_name("SIZE").value_parser(crate::size::parse_size),
                 ParamKind::Choice(names) => arg
@@ -150,6 +170,7 @@ impl clap::FromArgMatches for CtlArgs {
                 ParamKind::Count | ParamKind::Millis | ParamKind::Bytes => {
                     vm.get_one::<u64>(&id).copied().map(Given::Number)
                 }
+                ParamKind::KeyFd => vm.get_one::<i32>(&id).copied().map(Given::Fd),
                 ParamKind::Name | ParamKind::Text | ParamKind::Address | ParamKind::Choice(_) => {
                     vm.get_one::<String>(&id).cloned().map(Given::Text)
                 }
@@ -180,9 +201,14 @@ pub fn run(a: &CtlArgs) -> Result<()> {
 /// Sends the verb's request and returns the result, reporting an error response's data on
 /// stderr; the error itself carries the daemon's code, which decides the exit status.
 fn execute(a: &CtlArgs) -> Result<Value> {
-    let (method, params) = request(a)?;
+    let (method, params, passed) = request_with_fds(a)?;
+    let fds = passed
+        .iter()
+        .map(|p| duplicate(*p))
+        .collect::<Result<Vec<OwnedFd>>>()?;
+    let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
     let mut client = Client::connect(&a.socket)?;
-    match client.call(method, params) {
+    match client.call_with_fds(method, params, &borrowed) {
         Ok(result) => Ok(result),
         Err(e) => {
             if let cryptblk_control::ClientError::Rpc(rpc) = &e {
@@ -197,12 +223,75 @@ fn execute(a: &CtlArgs) -> Result<Value> {
     }
 }
 
+/// A duplicate of the descriptor to pass (the daemon gets its own; ours stays as it was).
+fn duplicate(passed: Passed) -> Result<OwnedFd> {
+    let (fd, what) = match passed {
+        Passed::Fd(fd) => (fd, format!("--key-fd {fd}")),
+        Passed::Stdin => (0, "--key-file - (stdin)".to_string()),
+    };
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) only reads the descriptor table; on success the new
+    // descriptor is ours alone.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if dup < 0 {
+        return Err(UsageError(format!(
+            "{what}: descriptor {fd} is not open in this process; open it when starting ctl, \
+             e.g. `--key-fd 3 3< <(vault read ...)`"
+        ))
+        .into());
+    }
+    // SAFETY: `dup` was just created and nothing else owns it.
+    let owned = unsafe { OwnedFd::from_raw_fd(dup) };
+    if passed == Passed::Stdin && std::io::IsTerminal::is_terminal(&owned.as_fd()) {
+        return Err(UsageError(
+            "--key-file -: stdin is a terminal; pipe the passphrase in (the daemon reads it to \
+             its end)"
+                .into(),
+        )
+        .into());
+    }
+    Ok(owned)
+}
+
 /// The JSON-RPC method and params for a verb, checked with the daemon's own param types.
+#[cfg(test)]
 fn request(a: &CtlArgs) -> Result<(&'static str, Value)> {
+    request_with_fds(a).map(|(method, params, _)| (method, params))
+}
+
+/// [`request`] and the descriptors to pass with it, in the order the params index them.
+fn request_with_fds(a: &CtlArgs) -> Result<(&'static str, Value, Vec<Passed>)> {
     let mut params = Map::new();
+    let mut passed = Vec::new();
     for (p, given) in &a.values {
         let value = match (p.kind, given) {
+            (ParamKind::KeyFile, Given::Path(path)) if is_stdin(path) => {
+                // The daemon cannot open our stdin by name: pass it instead, as the matching
+                // `*-fd` param.
+                if passed.contains(&Passed::Stdin) {
+                    return Err(UsageError(
+                        "stdin can supply only one passphrase: pass the other with a key file \
+                         or --key-fd"
+                            .into(),
+                    )
+                    .into());
+                }
+                let fd_param = p.name.replace("-file", "-fd");
+                params.insert(fd_param, Value::from(passed.len()));
+                passed.push(Passed::Stdin);
+                continue;
+            }
             (ParamKind::KeyFile, Given::Path(path)) => key_file_path(path, p.name)?,
+            (ParamKind::KeyFd, Given::Fd(fd)) => {
+                let index = match passed.iter().position(|q| *q == Passed::Fd(*fd)) {
+                    Some(i) => i,
+                    None => {
+                        passed.push(Passed::Fd(*fd));
+                        passed.len() - 1
+                    }
+                };
+                Value::from(index)
+            }
+            (_, Given::Fd(fd)) => Value::from(*fd),
             (_, Given::Path(path)) => absolute(path)?,
             (ParamKind::FlagIfGiven, Given::Bool(false)) => continue,
             (ParamKind::FlagDefaultOn, Given::Bool(no)) => Value::Bool(!no),
@@ -212,10 +301,35 @@ fn request(a: &CtlArgs) -> Result<(&'static str, Value)> {
         };
         params.insert(p.name.to_string(), value);
     }
+    for p in a
+        .method
+        .params
+        .iter()
+        .filter(|p| p.kind == ParamKind::KeyFd)
+    {
+        let file_param = p.name.replace("-fd", "-file");
+        cryptblk_control::api::key_source(
+            params.get(&file_param).map(|_| Path::new("")),
+            params.contains_key(p.name).then_some(0),
+            (&file_param, p.name),
+            false,
+        )
+        .map_err(|e| UsageError(format!("{}: {}", a.method.name, e.message)))?;
+    }
     let params = Value::Object(params);
     Request::parse(a.method.name, params.clone())
         .map_err(|e| UsageError(format!("{}: {}", a.method.name, e.message)))?;
-    Ok((a.method.name, params))
+    if passed.len() > cryptblk_control::MAX_FDS_PER_REQUEST {
+        bail!(UsageError(format!(
+            "at most {} descriptors go with one request",
+            cryptblk_control::MAX_FDS_PER_REQUEST
+        )));
+    }
+    Ok((a.method.name, params, passed))
+}
+
+fn is_stdin(path: &Path) -> bool {
+    path == Path::new("-") || path == Path::new("/dev/stdin")
 }
 
 /// Absolute (not canonicalised: the daemon should see the path the user named, and the file
@@ -237,18 +351,18 @@ fn absolute(path: &Path) -> Result<Value> {
     }
 }
 
-/// Key files are opened by the daemon, so our stdin and file descriptors mean nothing there.
+/// Key files are opened by the daemon by path, where our descriptors mean nothing (stdin is
+/// passed as a descriptor before this is reached).
 fn key_file_path(path: &Path, option: &str) -> Result<Value> {
     let s = path.to_string_lossy();
-    let local_only = s == "-"
-        || s == "/dev/stdin"
-        || ["/dev/fd/", "/proc/self/fd/"]
-            .iter()
-            .any(|prefix| s.starts_with(prefix));
+    let local_only = ["/dev/fd/", "/proc/self/fd/"]
+        .iter()
+        .any(|prefix| s.starts_with(prefix));
     if local_only {
+        let fd_option = option.replace("-file", "-fd");
         return Err(UsageError(format!(
-            "--{option} {s}: the daemon reads key files itself, so stdin and file descriptors \
-             cannot be forwarded; pass the path of a file it can read"
+            "--{option} {s}: the daemon opens key files by path, where our descriptors mean \
+             nothing; pass the descriptor itself with --{fd_option} N"
         ))
         .into());
     }
@@ -415,12 +529,66 @@ mod tests {
     }
 
     #[test]
-    fn stdin_and_fd_key_files_are_refused() {
-        for key in ["-", "/dev/stdin", "/dev/fd/3", "/proc/self/fd/0"] {
+    fn fd_paths_as_key_files_are_refused() {
+        for key in ["/dev/fd/3", "/proc/self/fd/0"] {
             let a = parse(&["-s", "c", "key-remove", "d", "--key-file", key]);
             let err = request(&a).unwrap_err().to_string();
-            assert!(err.contains("cannot be forwarded"), "{err}");
+            assert!(err.contains("--key-fd N"), "{err}");
         }
+    }
+
+    #[test]
+    fn key_fds_and_stdin_become_passed_descriptors() {
+        let a = parse(&[
+            "-s",
+            "c",
+            "key-add",
+            "d",
+            "--key-fd",
+            "3",
+            "--new-key-file",
+            "-",
+        ]);
+        assert_eq!(
+            request_with_fds(&a).unwrap(),
+            (
+                "key-add",
+                json!({"name": "d", "key-fd": 0, "new-key-fd": 1}),
+                vec![Passed::Fd(3), Passed::Stdin]
+            )
+        );
+        let a = parse(&["-s", "c", "disk-add", "d", "--image", "/i", "--key-fd", "7"]);
+        assert_eq!(
+            request_with_fds(&a).unwrap().1,
+            json!({"name": "d", "image": "/i", "key-fd": 0, "nbd-export": false,
+                   "readonly": false, "discard": false, "unsealed-memory": false})
+        );
+        let a = parse(&[
+            "-s",
+            "c",
+            "key-add",
+            "d",
+            "--key-file",
+            "-",
+            "--new-key-file",
+            "-",
+        ]);
+        let err = request(&a).unwrap_err().to_string();
+        assert!(err.contains("only one passphrase"), "{err}");
+        let a = parse(&[
+            "-s",
+            "c",
+            "key-remove",
+            "d",
+            "--key-fd",
+            "3",
+            "--key-file",
+            "/k",
+        ]);
+        let err = request(&a).unwrap_err().to_string();
+        assert!(err.contains("give one of them"), "{err}");
+        let e = duplicate(Passed::Fd(999)).unwrap_err().to_string();
+        assert!(e.contains("not open in this process"), "{e}");
     }
 
     #[test]

@@ -13,6 +13,9 @@ pub enum ParamKind {
     Path,
     /// A file holding a passphrase, read by the daemon (never the passphrase itself).
     KeyFile,
+    /// The index of a descriptor passed with the request (SCM_RIGHTS) holding a passphrase;
+    /// `ctl --NAME N` passes its own descriptor N.
+    KeyFd,
     /// `tcp:HOST:PORT` or `unix:PATH`.
     Address,
     /// A boolean, false unless given; `ctl --NAME` sends true, otherwise false.
@@ -41,6 +44,7 @@ impl ParamKind {
             ParamKind::Address => "addr".into(),
             ParamKind::Flag | ParamKind::FlagIfGiven | ParamKind::FlagDefaultOn => "bool".into(),
             ParamKind::Count => "int".into(),
+            ParamKind::KeyFd => "fd".into(),
             ParamKind::Bytes => "bytes".into(),
             ParamKind::Millis => "ms".into(),
             ParamKind::Choice(names) => names
@@ -101,7 +105,8 @@ pub const METHODS: &[MethodSpec] = &[
         params: &[
             NAME,
             req("image", Path, "The image: LUKS1, LUKS2 or raw; a file, or an RBD image rbd:POOL/IMAGE[@SNAP][:conf=PATH][:id=USER][:keyring=PATH]."),
-            opt("key-file", KeyFile, "File holding the LUKS passphrase (read by the daemon; stdin cannot be forwarded)."),
+            opt("key-file", KeyFile, "File holding the LUKS passphrase (read by the daemon; ctl's `-` passes its stdin as key-fd)."),
+            opt("key-fd", KeyFd, "The LUKS passphrase in a descriptor passed with the request (SCM_RIGHTS; a pipe, memfd or file, read to its end), instead of key-file."),
             opt("vhost-user-blk", Path, "Export it on this vhost-user-blk socket."),
             opt("num-queues", Count, "Virtqueues offered to the guest (default 1)."),
             opt("queue-size", Count, "Largest virtqueue size, a power of two up to 1024 (default 256)."),
@@ -143,8 +148,10 @@ pub const METHODS: &[MethodSpec] = &[
         summary: "Add a keyslot to a served disk's LUKS image.",
         params: &[
             NAME,
-            req("key-file", KeyFile, "File holding an existing passphrase (read by the daemon)."),
-            req("new-key-file", KeyFile, "File holding the new passphrase (read by the daemon)."),
+            opt("key-file", KeyFile, "File holding an existing passphrase (read by the daemon); this or key-fd."),
+            opt("key-fd", KeyFd, "An existing passphrase in a descriptor passed with the request."),
+            opt("new-key-file", KeyFile, "File holding the new passphrase (read by the daemon); this or new-key-fd."),
+            opt("new-key-fd", KeyFd, "The new passphrase in a descriptor passed with the request."),
             opt("pbkdf", Choice(&["pbkdf2", "argon2i", "argon2id"]), "Key derivation for the new keyslot (default: argon2id on LUKS2, pbkdf2 on LUKS1)."),
             opt("iter-time", Millis, "Target unlock time of the new keyslot in milliseconds (default 2000)."),
         ],
@@ -154,7 +161,8 @@ pub const METHODS: &[MethodSpec] = &[
         summary: "Remove the keyslot a passphrase opens from a served disk's LUKS image.",
         params: &[
             NAME,
-            req("key-file", KeyFile, "File holding the passphrase to remove (read by the daemon)."),
+            opt("key-file", KeyFile, "File holding the passphrase to remove (read by the daemon); this or key-fd."),
+            opt("key-fd", KeyFd, "The passphrase to remove in a descriptor passed with the request."),
         ],
     },
     MethodSpec {
@@ -165,6 +173,7 @@ pub const METHODS: &[MethodSpec] = &[
             req("image", Path, "The new image to receive into (must not exist): a file, or rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH]. An existing rbd: image is the one the source serves, handed over with migrate-start --shared."),
             req("listen", Address, "Where the source connects: tcp:HOST:PORT (port 0 picks one) or unix:PATH."),
             opt("key-file", KeyFile, "File holding the LUKS passphrase, to open the received volume (read by the daemon)."),
+            opt("key-fd", KeyFd, "The LUKS passphrase in a descriptor passed with the request, instead of key-file."),
             opt("tls-creds", Path, "TLS credentials directory (QEMU x509 layout); the source must present a client certificate signed by its CA. Required on a non-loopback TCP address unless insecure."),
             opt("peer-name", Text, "With tls-creds: the name (subject CN or DNS subjectAltName) the source's certificate must carry; others are refused after the TLS handshake."),
             opt("insecure", Flag, "Allow plain TCP (no tls-creds) on an address other machines reach: whoever connects first sends the disk. Logged as a warning."),

@@ -89,6 +89,10 @@ pub struct DiskConfig {
     /// File holding the LUKS passphrase (read by the daemon; `-` is the daemon's stdin).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_file: Option<PathBuf>,
+    /// `disk-add` only (not a config file): the index of a descriptor passed with the
+    /// request (SCM_RIGHTS) that holds the passphrase, instead of `key_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_fd: Option<u32>,
     /// Export the disk over vhost-user-blk on this UNIX socket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vhost_user_blk: Option<PathBuf>,
@@ -168,6 +172,7 @@ impl DiskConfig {
             name: name.into(),
             image,
             key_file: None,
+            key_fd: None,
             vhost_user_blk: None,
             nbd_export: None,
             num_queues: Self::DEFAULT_NUM_QUEUES,

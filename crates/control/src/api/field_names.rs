@@ -110,6 +110,7 @@ fn required_params_are_the_ones_without_default() {
             ParamKind::Address => "tcp:127.0.0.1:1".into(),
             ParamKind::Flag | ParamKind::FlagIfGiven | ParamKind::FlagDefaultOn => true.into(),
             ParamKind::Count | ParamKind::Bytes | ParamKind::Millis => 1.into(),
+            ParamKind::KeyFd => 0.into(),
             ParamKind::Choice(names) => names[0].into(),
         }
     }

@@ -6,7 +6,7 @@ use crate::RpcError;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// `disk-remove`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -40,13 +40,21 @@ pub enum Pbkdf {
     Argon2id,
 }
 
-/// `key-add`.
+/// `key-add`: the existing passphrase from `key_file` or `key_fd`, the new one from
+/// `new_key_file` or `new_key_fd` (exactly one of each; see [`key_source`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct KeyAddParams {
     pub name: String,
-    pub key_file: PathBuf,
-    pub new_key_file: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    /// Index of a descriptor passed with the request (SCM_RIGHTS) holding the passphrase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_fd: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_key_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_key_fd: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pbkdf: Option<Pbkdf>,
     /// Milliseconds.
@@ -59,7 +67,10 @@ pub struct KeyAddParams {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct KeyRemoveParams {
     pub name: String,
-    pub key_file: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_fd: Option<u32>,
 }
 
 /// `migrate-incoming`.
@@ -73,6 +84,9 @@ pub struct MigrateIncomingParams {
     pub listen: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_file: Option<PathBuf>,
+    /// Index of a descriptor passed with the request holding the passphrase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_fd: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_creds: Option<PathBuf>,
     /// With `tls_creds`: the name the source's certificate must carry.
@@ -221,6 +235,37 @@ impl Request {
             Request::MigrateCancel(_) => "migrate-cancel",
             Request::MigrateRecover(_) => "migrate-recover",
         }
+    }
+}
+
+/// Where a passphrase comes from: a file the daemon reads, or a descriptor passed with the
+/// request (its index among them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeySource<'a> {
+    File(&'a Path),
+    Fd(u32),
+}
+
+/// The one source of a passphrase given by the params `file_param` (a key file) or
+/// `fd_param` (a passed descriptor): both is an invalid-params error; neither is `None`, or an
+/// error when `required`.
+pub fn key_source<'a>(
+    file: Option<&'a Path>,
+    fd: Option<u32>,
+    (file_param, fd_param): (&str, &str),
+    required: bool,
+) -> Result<Option<KeySource<'a>>, RpcError> {
+    match (file, fd) {
+        (Some(_), Some(_)) => Err(RpcError::invalid_params(format!(
+            "{file_param} and {fd_param} both give the passphrase: give one of them"
+        ))),
+        (Some(path), None) => Ok(Some(KeySource::File(path))),
+        (None, Some(index)) => Ok(Some(KeySource::Fd(index))),
+        (None, None) if required => Err(RpcError::invalid_params(format!(
+            "missing the passphrase: give {file_param} (a file the daemon reads) or {fd_param} \
+             (a descriptor passed with the request)"
+        ))),
+        (None, None) => Ok(None),
     }
 }
 

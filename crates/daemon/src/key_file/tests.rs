@@ -3,6 +3,7 @@ use crate::error::chain;
 use cryptblk_control::api::ErrorKind;
 use std::ffi::CString;
 use std::io::Write;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 fn refusal(path: &Path) -> String {
@@ -138,4 +139,54 @@ fn reading_grows_by_hand_within_the_cap_and_lines_stop_at_the_newline() {
     assert!(read_capped(&mut Trickle(&long), 512, 0, Some(b'\n'))
         .unwrap()
         .is_none());
+}
+
+fn pipe_holding(bytes: &[u8]) -> OwnedFd {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: pipe2 just created both; nothing else owns them.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    std::fs::File::from(w).write_all(bytes).unwrap();
+    r
+}
+
+#[test]
+fn a_passed_pipe_or_memfd_holds_the_whole_passphrase() {
+    let key = read_key_fd(pipe_holding(b"from a pipe\n"), "key-fd 0").unwrap();
+    assert_eq!(key.as_slice(), b"from a pipe\n");
+    // A memfd written by the client has its offset at the end: read from the start anyway.
+    let name = CString::new("key").unwrap();
+    // SAFETY: a valid C string; memfd_create returns a new descriptor or -1.
+    let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(raw >= 0);
+    // SAFETY: just created, owned by nobody else.
+    let mut memfd = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+    memfd.write_all(b"in memory").unwrap();
+    let key = read_key_fd(memfd.into(), "key-fd 1").unwrap();
+    assert_eq!(key.as_slice(), b"in memory");
+}
+
+#[test]
+fn a_passed_descriptor_that_is_empty_or_not_a_key_is_refused() {
+    let err = read_key_fd(pipe_holding(b""), "key-fd 0").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Usage);
+    assert!(
+        chain(&err).contains("key-fd 0 held nothing"),
+        "{}",
+        chain(&err)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let err = read_key_fd(std::fs::File::open(dir.path()).unwrap().into(), "key-fd 2").unwrap_err();
+    assert!(
+        chain(&err).contains("neither a pipe nor a regular file"),
+        "{}",
+        chain(&err)
+    );
+    let null = std::fs::File::open("/dev/zero").unwrap();
+    assert!(read_key_fd(null.into(), "key-fd 3").is_err());
+    // A descriptor opened for writing only cannot be read: an error, not a hang.
+    let wo = std::fs::File::create(dir.path().join("w")).unwrap();
+    let err = read_key_fd(wo.into(), "key-fd 4").unwrap_err();
+    assert!(chain(&err).contains("key-fd 4"), "{}", chain(&err));
 }

@@ -1,0 +1,346 @@
+//! File descriptors passed with a request as SCM_RIGHTS ancillary data, so a client can hand
+//! the daemon a passphrase in a pipe or a memfd instead of a file that would hold the key.
+//!
+//! A request names a passed descriptor by its index (`"key-fd": 0`). The descriptors belong to
+//! the request line whose bytes arrived with them: the kernel ends a `recvmsg` at the message
+//! that carried descriptors, so the last byte such a read returns lies in the line the client
+//! sent with them (the client sends each request line, with its descriptors, in one
+//! `sendmsg`). At most [`MAX_FDS_PER_REQUEST`] are taken per request; a request that came with
+//! more is refused and all of them are closed. Descriptors a request does not claim are closed
+//! when it has been answered. The server never reads from them itself; the handler does.
+//!
+//! Written on libc rather than a crate: the SCM_RIGHTS helper the workspace already has
+//! (vmm-sys-util's `ScmSocket`) reports truncated ancillary data as an error and drops the
+//! bytes read with it, which would lose the frame boundary of a stream socket.
+use crate::protocol::RpcError;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+/// The most descriptors one request may carry.
+pub const MAX_FDS_PER_REQUEST: usize = 4;
+
+/// The descriptors passed with one request; those not taken are closed when it is dropped.
+#[derive(Debug, Default)]
+pub struct PassedFds {
+    fds: Vec<Option<OwnedFd>>,
+    /// More than [`MAX_FDS_PER_REQUEST`] arrived (they were all closed).
+    too_many: bool,
+}
+
+impl PassedFds {
+    pub fn new(fds: Vec<OwnedFd>) -> PassedFds {
+        let too_many = fds.len() > MAX_FDS_PER_REQUEST;
+        PassedFds {
+            fds: if too_many {
+                Vec::new()
+            } else {
+                fds.into_iter().map(Some).collect()
+            },
+            too_many,
+        }
+    }
+
+    /// How many descriptors came with the request.
+    pub fn len(&self) -> usize {
+        self.fds.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.fds.is_empty()
+    }
+
+    /// Takes descriptor `index`, which the request's `param` names; an invalid-params error
+    /// when no such descriptor came with the request or another param already took it.
+    pub fn take(&mut self, index: u32, param: &str) -> Result<OwnedFd, RpcError> {
+        let passed = self.fds.len();
+        match self.fds.get_mut(index as usize) {
+            Some(slot) => slot.take().ok_or_else(|| {
+                RpcError::invalid_params(format!(
+                    "{param} {index}: that descriptor is already used by another param; pass \
+                     one descriptor per key"
+                ))
+            }),
+            None if passed == 0 => Err(RpcError::invalid_params(format!(
+                "{param} {index}: no file descriptor was passed with this request; send the \
+                 descriptor with the request line as SCM_RIGHTS ancillary data (`cryptblk ctl \
+                 --{param} N` does), or give a key file instead"
+            ))),
+            None => Err(RpcError::invalid_params(format!(
+                "{param} {index}: only {passed} file descriptor(s) were passed with this \
+                 request (indexes from 0)"
+            ))),
+        }
+    }
+
+    /// The refusal of a request that came with too many descriptors.
+    pub(crate) fn refusal(&self) -> Option<RpcError> {
+        self.too_many.then(|| {
+            RpcError::invalid_request(format!(
+                "more than {MAX_FDS_PER_REQUEST} file descriptors were passed with this \
+                 request; all were closed and the request was not run"
+            ))
+        })
+    }
+}
+
+/// Descriptors received together, and the stream offset of the last byte that came with them.
+struct Arrival {
+    last_byte: u64,
+    fds: Vec<OwnedFd>,
+    truncated: bool,
+}
+
+/// Reads a UNIX stream socket with `recvmsg`, keeping the descriptors that arrive with the
+/// bytes until [`FdReader::take_until`] hands them to the request they came with.
+pub(crate) struct FdReader {
+    stream: UnixStream,
+    received: u64,
+    arrivals: Vec<Arrival>,
+}
+
+impl FdReader {
+    pub(crate) fn new(stream: UnixStream) -> FdReader {
+        FdReader {
+            stream,
+            received: 0,
+            arrivals: Vec::new(),
+        }
+    }
+
+    /// The descriptors that arrived with bytes before stream offset `end` (the end of the
+    /// line just read, newline included).
+    pub(crate) fn take_until(&mut self, end: u64) -> PassedFds {
+        let mut fds = Vec::new();
+        let mut truncated = false;
+        self.arrivals.retain_mut(|a| {
+            if a.last_byte >= end {
+                return true;
+            }
+            fds.append(&mut a.fds);
+            truncated |= a.truncated;
+            false
+        });
+        if truncated {
+            // Dropping them closes them; the request is refused as carrying too many.
+            return PassedFds {
+                fds: Vec::new(),
+                too_many: true,
+            };
+        }
+        PassedFds::new(fds)
+    }
+}
+
+/// Room for the control message of [`MAX_FDS_PER_REQUEST`] descriptors, aligned for cmsghdr.
+#[repr(C, align(8))]
+struct CmsgBuffer([u8; 64]);
+
+impl Read for FdReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut control = CmsgBuffer([0; 64]);
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: CMSG_SPACE only computes a size.
+        let space = unsafe { libc::CMSG_SPACE((MAX_FDS_PER_REQUEST * 4) as u32) } as usize;
+        debug_assert!(space <= control.0.len());
+        // SAFETY: an all-zero msghdr is a valid empty one; the fields set below point at
+        // `iov` and `control`, which outlive the recvmsg call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.0.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: the socket is open for the call; `msg` describes `buf` (writable, its
+        // length) and `control` (writable, `space` bytes, aligned for cmsghdr).
+        let n = unsafe { libc::recvmsg(self.stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        let mut fds = Vec::new();
+        // SAFETY: `msg` was filled in by recvmsg; CMSG_FIRSTHDR/NXTHDR stay within
+        // msg_controllen, and each SCM_RIGHTS payload holds `(cmsg_len - CMSG_LEN(0)) / 4`
+        // descriptors the kernel just installed in this process, owned by nobody else.
+        unsafe {
+            let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+            while !cmsg.is_null() {
+                if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                    let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                        / size_of::<RawFd>();
+                    for i in 0..count {
+                        fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                    }
+                }
+                cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+            }
+        }
+        let truncated = msg.msg_flags & libc::MSG_CTRUNC != 0;
+        self.received += n as u64;
+        if !fds.is_empty() || truncated {
+            self.arrivals.push(Arrival {
+                // A read that brought descriptors returned at least one byte of their message.
+                last_byte: self.received.saturating_sub(1),
+                fds,
+                truncated,
+            });
+        }
+        Ok(n)
+    }
+}
+
+/// Writes `data` to `stream` with `fds` attached to its first byte (SCM_RIGHTS).
+pub(crate) fn send_with_fds(
+    stream: &UnixStream,
+    data: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<()> {
+    use std::io::Write;
+    if fds.is_empty() {
+        return (&mut &*stream).write_all(data);
+    }
+    if fds.len() > MAX_FDS_PER_REQUEST {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("at most {MAX_FDS_PER_REQUEST} file descriptors go with one request"),
+        ));
+    }
+    let mut control = CmsgBuffer([0; 64]);
+    let payload = size_of_val(fds);
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(payload as u32) } as usize;
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr().cast_mut().cast(),
+        iov_len: data.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty one; the fields set below point at `iov`
+    // and `control`, which outlive the sendmsg call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.0.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: `control` is aligned for cmsghdr and `space` (at most 64 bytes for four
+    // descriptors) long, so the first header and its payload of `fds.len()` descriptors fit;
+    // sendmsg only reads `data` through `iov`, and the descriptors are open (borrowed).
+    let sent = unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(payload as u32) as _;
+        let out = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+        for (i, fd) in fds.iter().enumerate() {
+            out.add(i).write_unaligned(fd.as_raw_fd());
+        }
+        loop {
+            let n = libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL);
+            if n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                break n;
+            }
+        }
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The descriptors went with the first part; the rest of the line follows plainly.
+    (&mut &*stream).write_all(&data[sent as usize..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::fd::AsFd;
+
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe writes.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: pipe2 just created both; nothing else owns them.
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    #[test]
+    fn descriptors_belong_to_the_line_they_came_with() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (r1, w1) = pipe();
+        (&a).write_all(b"first\n").unwrap();
+        send_with_fds(&a, b"second\n", &[r1.as_fd()]).unwrap();
+        (&a).write_all(b"third\n").unwrap();
+        drop(a);
+        let mut reader = BufReader::new(FdReader::new(b));
+        let mut consumed = 0u64;
+        let mut line = Vec::new();
+        let mut per_line = Vec::new();
+        loop {
+            line.clear();
+            let n = reader.read_until(b'\n', &mut line).unwrap();
+            if n == 0 {
+                break;
+            }
+            consumed += n as u64;
+            per_line.push(reader.get_mut().take_until(consumed).len());
+        }
+        assert_eq!(per_line, [0, 1, 0]);
+        drop(w1);
+    }
+
+    #[test]
+    fn too_many_descriptors_refuse_the_request() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let pipes: Vec<_> = (0..MAX_FDS_PER_REQUEST + 1).map(|_| pipe()).collect();
+        let fds: Vec<BorrowedFd<'_>> = pipes.iter().map(|(r, _)| r.as_fd()).collect();
+        assert!(send_with_fds(&a, b"x\n", &fds).is_err());
+        // Sent raw, past the client's own check.
+        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        let mut control = CmsgBuffer([0; 64]);
+        let mut iov = libc::iovec {
+            iov_base: b"x\n".as_ptr().cast_mut().cast(),
+            iov_len: 2,
+        };
+        // SAFETY: as in send_with_fds; five descriptors take 16 + 20 bytes, within 64.
+        unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.0.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(20) as _;
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(20) as _;
+            std::ptr::copy_nonoverlapping(raw.as_ptr(), libc::CMSG_DATA(cmsg).cast(), 5);
+            assert_eq!(libc::sendmsg(a.as_raw_fd(), &msg, 0), 2);
+        }
+        let mut reader = BufReader::new(FdReader::new(b));
+        let mut line = Vec::new();
+        let n = reader.read_until(b'\n', &mut line).unwrap();
+        let passed = reader.get_mut().take_until(n as u64);
+        assert!(passed.is_empty());
+        assert!(passed.refusal().unwrap().message.contains("more than 4"));
+    }
+
+    #[test]
+    fn taking_names_the_problem() {
+        let (r, _w) = pipe();
+        let mut none = PassedFds::default();
+        let e = none.take(0, "key-fd").unwrap_err();
+        assert_eq!(e.code, crate::INVALID_PARAMS);
+        assert!(e.message.contains("no file descriptor was passed"), "{e}");
+        let mut one = PassedFds::new(vec![r]);
+        assert!(one
+            .take(1, "new-key-fd")
+            .unwrap_err()
+            .message
+            .contains("only 1"));
+        assert!(one.take(0, "key-fd").is_ok());
+        assert!(one
+            .take(0, "new-key-fd")
+            .unwrap_err()
+            .message
+            .contains("already used"));
+    }
+}
