@@ -19,6 +19,8 @@ use std::os::unix::net::UnixStream;
 
 /// The most descriptors one request may carry.
 pub const MAX_FDS_PER_REQUEST: usize = 4;
+/// The most descriptors (and messages carrying them) held for lines not read yet.
+const MAX_FDS_WAITING: usize = 4 * MAX_FDS_PER_REQUEST;
 
 /// The descriptors passed with one request; those not taken are closed when it is dropped.
 #[derive(Debug, Default)]
@@ -188,6 +190,19 @@ impl Read for FdReader {
                 truncated,
             });
         }
+        // A client that keeps sending descriptors without ending its line must not fill the
+        // daemon's descriptor table (every disk needs descriptors): past a few requests'
+        // worth, all waiting ones are closed and their requests refused as carrying too many.
+        let waiting: usize = self.arrivals.iter().map(|a| a.fds.len()).sum();
+        if waiting > MAX_FDS_WAITING || self.arrivals.len() > MAX_FDS_WAITING {
+            let last_byte = self.arrivals.last().map_or(0, |a| a.last_byte);
+            self.arrivals.clear();
+            self.arrivals.push(Arrival {
+                last_byte,
+                fds: Vec::new(),
+                truncated: true,
+            });
+        }
         Ok(n)
     }
 }
@@ -321,6 +336,38 @@ mod tests {
         let passed = reader.get_mut().take_until(n as u64);
         assert!(passed.is_empty());
         assert!(passed.refusal().unwrap().message.contains("more than 4"));
+    }
+
+    /// Descriptors open in this process.
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    }
+
+    #[test]
+    fn a_line_that_never_ends_cannot_pile_up_descriptors() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (r, _w) = pipe();
+        let mut reader = BufReader::new(FdReader::new(b));
+        let before = open_fds();
+        // One descriptor per byte, far more than any request may carry, then the newline.
+        for _ in 0..(MAX_FDS_WAITING * 4) {
+            send_with_fds(&a, b"x", &[r.as_fd()]).unwrap();
+            let mut byte = [0u8; 1];
+            reader.get_mut().read_exact(&mut byte).unwrap();
+        }
+        assert!(
+            open_fds() <= before + MAX_FDS_WAITING + 1,
+            "{} descriptors held for an unfinished line",
+            open_fds() - before
+        );
+        (&a).write_all(b"\n").unwrap();
+        let mut line = Vec::new();
+        reader.read_until(b'\n', &mut line).unwrap();
+        let end = reader.get_ref().received;
+        let passed = reader.get_mut().take_until(end);
+        assert!(passed.is_empty() && passed.refusal().is_some());
+        drop(passed);
+        assert!(open_fds() <= before + 1);
     }
 
     #[test]
