@@ -16,6 +16,23 @@ fn uri(name: &str, socket: &Path) -> String {
 }
 
 /// A LUKS2 image cryptsetup formats with `key` in keyslot 0.
+/// The export `vol` on `socket` holds exactly `data` (qemu-img compare over NBD).
+fn assert_served_data(data: &Path, socket: &Path) {
+    tool(
+        "qemu-img",
+        [
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            s(data),
+            &uri("vol", socket),
+        ],
+    )
+    .ok();
+}
+
 fn cryptsetup_luks2(dir: &Path, key: &Path) -> PathBuf {
     let img = dir.join("disk.luks");
     std::fs::File::create(&img)
@@ -151,19 +168,7 @@ fn a_disk_bound_by_clevis_to_tang_is_served_with_no_key() {
     // No key given: the token unlocks it through tang, and the data reads back.
     {
         let _serve = serve(&img, &sock, &log, &[]);
-        tool(
-            "qemu-img",
-            [
-                "compare",
-                "-f",
-                "raw",
-                "-F",
-                "raw",
-                s(&data),
-                &uri("vol", &sock),
-            ],
-        )
-        .ok();
+        assert_served_data(&data, &sock);
     }
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
@@ -204,19 +209,7 @@ fn a_disk_bound_by_clevis_to_tang_is_served_with_no_key() {
     // ... and the passphrase keyslot still opens it, with the data.
     {
         let _serve = serve(&img, &sock, &log, &["--key-file", s(&key)]);
-        tool(
-            "qemu-img",
-            [
-                "compare",
-                "-f",
-                "raw",
-                "-F",
-                "raw",
-                s(&data),
-                &uri("vol", &sock),
-            ],
-        )
-        .ok();
+        assert_served_data(&data, &sock);
     }
     let _ = std::fs::remove_file(&sock);
 
@@ -307,17 +300,5 @@ fn disk_add_with_no_key_file_unlocks_through_the_token() {
         &["disk-add", "vol", "--image", s(&img), "--nbd-export"],
     )
     .ok();
-    tool(
-        "qemu-img",
-        [
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            s(&data),
-            &uri("vol", &nbd),
-        ],
-    )
-    .ok();
+    assert_served_data(&data, &nbd);
 }
