@@ -77,18 +77,7 @@ fn a_connecting_migration_blocks_nothing() {
     };
     quick("key-add", &|| {
         let err = d
-            .key_add(
-                &KeyAddParams {
-                    name: "v".into(),
-                    key_file: Some(key.clone()),
-                    key_fd: None,
-                    new_key_file: Some(key.clone()),
-                    new_key_fd: None,
-                    pbkdf: None,
-                    iter_time: Some(1),
-                },
-                &mut Default::default(),
-            )
+            .key_add(&key_add_params(&key), &mut Default::default())
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
     });
@@ -198,18 +187,7 @@ fn a_keyslot_change_blocks_nothing() {
     let t = Instant::now();
     d.stats(Some("v")).unwrap();
     let err = d
-        .key_add(
-            &KeyAddParams {
-                name: "v".into(),
-                key_file: Some(key.clone()),
-                key_fd: None,
-                new_key_file: Some(key.clone()),
-                new_key_fd: None,
-                pbkdf: None,
-                iter_time: Some(1),
-            },
-            &mut Default::default(),
-        )
+        .key_add(&key_add_params(&key), &mut Default::default())
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Busy);
     assert!(
@@ -228,4 +206,17 @@ fn a_keyslot_change_blocks_nothing() {
         .unwrap_err();
     assert_ne!(err.kind(), ErrorKind::Busy, "{err}");
     d.remove_disk("v", false).unwrap();
+}
+
+/// Adds the key file's passphrase again to disk `v`, as cheaply as allowed.
+fn key_add_params(key: &std::path::Path) -> KeyAddParams {
+    KeyAddParams {
+        name: "v".into(),
+        key_file: Some(key.to_path_buf()),
+        key_fd: None,
+        new_key_file: Some(key.to_path_buf()),
+        new_key_fd: None,
+        pbkdf: None,
+        iter_time: Some(1),
+    }
 }
