@@ -5,17 +5,22 @@
 # queue, the page cache dropped before every run. Per round and workload, interleaved:
 #   fraw   fio --direct=1 --ioengine=io_uring on the raw twin (the device's ceiling)
 #   fluks  the same on the LUKS2 image's payload (the ciphertext: the same file a serves)
+#   fdec   the encryptor's ceiling on that payload: the same reads on one thread, each buffer
+#          decrypted in place as it completes (`cryptblk-bench ceiling --touch decrypt`; reads
+#          only). On some machines reading what a device has just written slows the device
+#          itself; no encrypted server can beat this figure.
 #   d      cryptblk serving the raw twin
 #   a      cryptblk serving the LUKS2 image
 #   o      cryptblk OLD serving the LUKS2 image (when OLD=path/to/older/cryptblk is given)
 # Prints one line per run and, at the end, the median and the worst per-round ratio of a/d,
-# a/fluks (and o/d). The two files may sit on different parts of the disk, which on this
+# a/fluks, a/fdec, fdec/fluks (the machine's toll for decrypting at all) and o/d. The two files may sit on different parts of the disk, which on this
 # machine's virtual disk differ by up to 30 % from minute to minute: fluks says how much of an
 # a/d gap is the file's, not the server's.
 #
 # Environment: ROUNDS (3), RUNTIME (seconds per run, 5), SIZE (8G), WORKLOADS ("read:65536:16
 # randread:4096:128 read:65536:4 randwrite:4096:32 write:65536:16", rw:bs:depth),
-# BENCH_DIR (/var/tmp), KEEP_IMAGES=1 to reuse the images, CRYPTBLK / VU_BENCH (prebuilt).
+# BENCH_DIR (/var/tmp), KEEP_IMAGES=1 to reuse the images, CRYPTBLK / VU_BENCH / BENCH
+# (prebuilt cryptblk, vu_bench, cryptblk-bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -26,9 +31,11 @@ BENCH_DIR=${BENCH_DIR:-/var/tmp}
 die() { echo "bench-read-path: $*" >&2; exit 1; }
 for tool in fio jq openssl awk; do command -v $tool >/dev/null || die "$tool is needed (scripts/install-deps.sh)"; done
 [[ $(id -u) -eq 0 ]] || die "run as root: the page cache is dropped before every run"
-if [[ -z ${CRYPTBLK:-} || -z ${VU_BENCH:-} ]]; then
-    cargo build --release -p cryptblk -p cryptblk-vhost-user-blk --bin cryptblk --example vu_bench
+if [[ -z ${CRYPTBLK:-} || -z ${VU_BENCH:-} || -z ${BENCH:-} ]]; then
+    cargo build --release -p cryptblk -p cryptblk-vhost-user-blk -p cryptblk-bench \
+        --bin cryptblk --bin cryptblk-bench --example vu_bench
 fi
+CEILING=${BENCH:-${CARGO_TARGET_DIR:-target}/release/cryptblk-bench}
 BIN=${CRYPTBLK:-${CARGO_TARGET_DIR:-target}/release/cryptblk}
 VU=${VU_BENCH:-${CARGO_TARGET_DIR:-target}/release/examples/vu_bench}
 [[ $(stat -f -c %T "$BENCH_DIR") != tmpfs ]] || die "$BENCH_DIR is tmpfs: this measures a real disk"
@@ -69,6 +76,12 @@ run() { # $1 peer, $2 rw, $3 bs, $4 depth -> prints "iops cpu_us_per_io"
             --time_based --output-format=json)
         echo "$(jq ".jobs[0].$kind.iops" <<<"$out") -"
         ;;
+    fdec)
+        [[ $rw == randread || $rw == read ]] || { echo "- -"; return; }
+        out=$("$CEILING" ceiling "$IMG/luks.img" --offset "$data_offset" --rw "$rw" \
+            --bs "$bs" --iodepth "$depth" --runtime "$RUNTIME" --touch decrypt)
+        echo "$(jq '.iops' <<<"$out") -"
+        ;;
     *)
         local bin=$BIN image=$IMG/luks.img key=(--key-file "$IMG/key")
         [[ $peer == o ]] && bin=$OLD
@@ -95,7 +108,7 @@ run() { # $1 peer, $2 rw, $3 bs, $4 depth -> prints "iops cpu_us_per_io"
         ;;
     esac
 }
-peers="fraw fluks d a"
+peers="fraw fluks fdec d a"
 [[ -n ${OLD:-} ]] && peers="$peers o"
 results=$WORK/results
 for round in $(seq "$ROUNDS"); do
@@ -103,6 +116,7 @@ for round in $(seq "$ROUNDS"); do
         IFS=: read -r rw bs depth <<<"$wl"
         for peer in $peers; do
             read -r iops cpu < <(run "$peer" "$rw" "$bs" "$depth")
+            [[ $iops == - ]] && continue
             printf 'round %s %-18s %-6s %9.0f IOPS  server CPU/IO %s µs\n' "$round" "$wl" "$peer" "$iops" "$cpu"
             echo "$round $wl $peer $iops" >>"$results"
         done
@@ -111,7 +125,7 @@ done
 echo
 echo "ratios per workload: median of the per-round ratios (worst round)"
 for wl in $WORKLOADS; do
-    for pair in a/d a/fluks ${OLD:+o/d}; do
+    for pair in a/d a/fluks a/fdec fdec/fluks ${OLD:+o/d}; do
         num=${pair%/*} den=${pair#*/}
         awk -v wl="$wl" -v num="$num" -v den="$den" '
             $2 == wl && $3 == num { n[$1] = $4 }
