@@ -136,7 +136,7 @@ for wl in $WORKLOADS; do
                 END {
                     if (NR == 0) exit
                     med = (NR % 2) ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2
-                    printf "  %-18s %-8s %.2f (worst %.2f)\n", wl, pair, med, r[1]
+                    printf "  %-18s %-10s %.2f (worst %.2f)\n", wl, pair, med, r[1]
                 }'
     done
 done
