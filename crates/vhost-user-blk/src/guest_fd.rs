@@ -52,9 +52,9 @@ fn refused(what: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::PermissionDenied,
         format!(
-            "refusing guest memory whose file {what}: its owner could truncate it and crash \
-             the daemon; use QEMU's memory-backend-memfd (sealed by default, hugetlb=on for \
-             huge pages)"
+            "refusing guest memory (or a dirty log) whose file {what}: its owner could truncate \
+             it and crash the daemon; use QEMU's memory-backend-memfd (sealed by default, \
+             hugetlb=on for huge pages)"
         ),
     )
 }

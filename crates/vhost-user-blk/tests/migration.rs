@@ -53,15 +53,30 @@ struct DirtyLog {
 }
 
 impl DirtyLog {
+    /// Sealed against resizing, as QEMU's `vhost_log_alloc` makes it.
     fn new() -> DirtyLog {
+        DirtyLog::with_seals(libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL)
+    }
+
+    fn with_seals(seals: libc::c_int) -> DirtyLog {
         // SAFETY: the name is a valid NUL-terminated string; the descriptor is checked and
         // then owned by the `File`.
-        let fd = unsafe { libc::memfd_create(c"cryptblk-log".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::memfd_create(
+                c"cryptblk-log".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
         // SAFETY: `fd` is a fresh descriptor nothing else owns.
         let file = unsafe { File::from_raw_fd(fd) };
         let len = (MEM_SIZE / PAGE / 8).next_multiple_of(PAGE);
         file.set_len(len).unwrap();
+        if seals != 0 {
+            // SAFETY: fcntl(F_ADD_SEALS) on the memfd made above, integer argument.
+            let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+            assert_eq!(rc, 0, "F_ADD_SEALS: {}", std::io::Error::last_os_error());
+        }
         DirtyLog { file, len }
     }
 
@@ -201,6 +216,51 @@ fn dirty_log_gets_exactly_the_pages_the_device_writes() {
     expected.extend(pages(guest.used_ring(0), USED_RING_LEN));
     assert_eq!(log.dirty_pages(), expected, "dirty pages after a write");
     daemon.stop();
+}
+
+/// A dirty log its frontend could truncate (an unsealed memfd) would SIGBUS the daemon on the
+/// next device write to guest memory: SET_LOG_BASE refuses it and that connection ends, while
+/// another disk of the same process keeps serving and the refused disk takes a frontend with a
+/// sealed log next.
+#[test]
+fn a_dirty_log_that_could_shrink_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = pattern((4 * MIB) as usize, 5);
+    let a = Daemon::start(raw_device(dir.path(), &disk), opts(1));
+    let other = tempfile::tempdir().unwrap();
+    let b = Daemon::start(raw_device(other.path(), &disk), opts(1));
+    let mut on_b = Guest::connect(&b.socket, 1, 256);
+    assert_eq!(on_b.read(0, 0, 4096).0, S_OK);
+
+    let guest = Guest::connect(&a.socket, 1, 256);
+    let unsealed = DirtyLog::with_seals(0);
+    let sent = guest.frontend.set_log_base(
+        0,
+        Some(VhostUserDirtyLogRegion {
+            mmap_size: unsealed.len,
+            mmap_offset: 0,
+            mmap_handle: unsealed.file.as_raw_fd(),
+        }),
+    );
+    // Without REPLY_ACK the message gets no answer: the refusal shows as the daemon closing
+    // the connection, so the next request fails.
+    let next = guest.frontend.get_features();
+    assert!(
+        sent.is_err() || next.is_err(),
+        "an unsealed memfd was accepted as the dirty log"
+    );
+    drop(guest);
+
+    let (status, data) = on_b.read(0, 8, 4096);
+    assert_eq!((status, &data[..]), (S_OK, &disk[4096..8192]));
+    let mut guest = Guest::connect(&a.socket, 1, 256);
+    let log = DirtyLog::new();
+    log.share(&guest);
+    let (status, data) = guest.read(0, 16, 4096);
+    assert_eq!((status, &data[..]), (S_OK, &disk[8192..12288]));
+    drop((guest, on_b));
+    a.stop();
+    b.stop();
 }
 
 /// A listener recording every event.

@@ -91,9 +91,9 @@ struct AddrMapping {
     gpa_base: u64,
 }
 
-/// Checks the file of a guest memory region before it is mapped: the file and the end of the
-/// range the region maps (`mmap_offset + memory_size`). An error refuses the memory table,
-/// which ends the connection.
+/// Checks the file of a guest memory region, or of the dirty log, before it is mapped: the file
+/// and the end of the range mapped (`mmap_offset + memory_size`, `mmap_offset + mmap_size`).
+/// An error refuses the memory table or the log, which ends the connection.
 pub type MemoryFileCheck = Arc<dyn Fn(&File, u64) -> io::Result<()> + Send + Sync>;
 
 fn check_memory_file(
@@ -925,6 +925,12 @@ where
     // dirty even if the migration fails. We need to disable the logging after receiving  a
     // `SET_FEATURE` without the `LOG_ALL` flag.
     fn set_log_base(&mut self, log: &VhostUserLog, file: File) -> VhostUserResult<()> {
+        // The log is written on every device write to guest memory: a file that may shrink
+        // under the backend is checked as guest memory is.
+        if let Some(check) = &self.memory_file_check {
+            check(&file, log.mmap_offset.saturating_add(log.mmap_size))
+                .map_err(VhostUserError::ReqHandlerError)?;
+        }
         let mem = self.atomic_mem.memory();
 
         let logmem = Arc::new(
