@@ -48,24 +48,29 @@ impl Disk {
 
     /// `serve` with the image as disk "vol", NBD and a control socket.
     fn serve(&self) -> ServeProcess {
+        self.serve_with(&[])
+    }
+
+    /// `serve` as above, with `extra` options.
+    fn serve_with(&self, extra: &[&str]) -> ServeProcess {
         let (control, nbd) = (self.path("ctl.sock"), self.path("nbd.sock"));
         let _ = std::fs::remove_file(&control);
         let _ = std::fs::remove_file(&nbd);
-        ServeProcess::start(
-            &[
-                "--image",
-                s(&self.img),
-                "--key-file",
-                s(&self.key),
-                "--name",
-                "vol",
-                "--nbd",
-                &format!("unix:{}", s(&nbd)),
-                "--control",
-                s(&control),
-            ],
-            &control,
-        )
+        let nbd_arg = format!("unix:{}", s(&nbd));
+        let mut args = vec![
+            "--image",
+            s(&self.img),
+            "--key-file",
+            s(&self.key),
+            "--name",
+            "vol",
+            "--nbd",
+            &nbd_arg,
+            "--control",
+            s(&control),
+        ];
+        args.extend_from_slice(extra);
+        ServeProcess::start(&args, &control)
     }
 
     fn nbd(&self) -> NbdClient {
@@ -305,7 +310,9 @@ fn daemon_killed_mid_reencryption_serves_on_restart_and_either_tool_finishes() {
 fn paused_reencryption_resumes_and_refuses_migration_while_it_runs() {
     let disk = Disk::new("busy");
     let old_key = xts::cryptsetup_volume_key(&disk.img, &disk.key);
-    let daemon = disk.serve();
+    // The `threads` engine runs each request's crypto on the thread that transfers it: the
+    // segment a request was routed to must reach that thread too.
+    let daemon = disk.serve_with(&["--aio", "threads"]);
     let mut c = disk.nbd();
     let mut model = Model::new();
     model.fill(&mut c);
