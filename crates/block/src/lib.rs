@@ -17,6 +17,7 @@ mod format;
 mod image;
 mod io_options;
 mod latency_buckets;
+mod luks_reencrypting;
 mod luks_volume;
 pub mod qcow2;
 pub mod raw;
@@ -24,13 +25,14 @@ pub mod stats;
 
 pub use aligned::{is_direct_aligned, AlignedBuf, DIRECT_IO_ALIGN};
 pub use container::{Container, SharedStorage};
-pub use crypt::{CryptDevice, CryptLayout};
+pub use crypt::{CryptDevice, CryptLayout, SegmentMap};
 pub use device::{BlockDevice, Extent, ExtentKind};
 pub use error::{BlockError, BlockErrorKind};
 pub use format::{probe_format, Format};
 pub use image::open_image;
 pub use io_options::{AioEngine, CacheMode, UnknownName};
 pub use latency_buckets::{BucketCounts, LatencyBuckets, LATENCY_BOUNDS_NS, LATENCY_BUCKETS};
+pub use luks_reencrypting::data_cipher;
 pub use luks_volume::{
     open_luks_volume, open_luks_volume_on, LuksVolume, VolumeError, VolumeOptions,
 };

@@ -132,6 +132,15 @@ pub fn open_luks_volume_on(
     for w in &warnings {
         tracing::warn!(image = %path.display(), "{w}");
     }
+    let pool = opts.pool.clone().unwrap_or_else(shared_pool);
+    if let LuksImage::V2(h) = &header {
+        if h.reencrypt_state().map_err(luks_err)?.is_some() {
+            let mut volume =
+                crate::luks_reencrypting::open(file, h.clone(), passphrase, opts, pool)?;
+            volume.warnings = warnings;
+            return Ok(volume);
+        }
+    }
     if opts.writable {
         if let Some(reason) = header.read_only_reason() {
             return Err(VolumeError::ReadOnlyHeader {
@@ -145,7 +154,6 @@ pub fn open_luks_volume_on(
     let (keyslot, key) = header
         .unlock(file.header_io(), passphrase, &opts.unlock)
         .map_err(luks_err)?;
-    let pool = opts.pool.clone().unwrap_or_else(shared_pool);
     let mut volume = LuksVolume::from_unlocked(file, header, keyslot, &key, pool)?;
     volume.warnings = warnings;
     Ok(volume)
@@ -180,11 +188,7 @@ impl LuksVolume {
                 spec: spec.to_string(),
                 source,
             })?;
-        let cipher = if file.unwritten_reads_as_zeros() {
-            crate::crypt::ZeroHolesCipher::wrap(cipher)
-        } else {
-            cipher
-        };
+        let cipher = crate::luks_reencrypting::data_cipher(file.as_ref(), cipher);
         let layout = CryptLayout {
             data_offset: header.data_offset(),
             payload_size,
@@ -201,6 +205,22 @@ impl LuksVolume {
             keyslot,
             warnings: Vec::new(),
         })
+    }
+
+    /// A volume from its parts (the header as read, the keyslot that opened it).
+    pub(crate) fn assemble(
+        device: CryptDevice,
+        container: Arc<dyn Container>,
+        header: LuksImage,
+        keyslot: usize,
+    ) -> LuksVolume {
+        LuksVolume {
+            device,
+            container,
+            header,
+            keyslot,
+            warnings: Vec::new(),
+        }
     }
 
     pub fn device(&self) -> &CryptDevice {

@@ -14,12 +14,12 @@
 
 mod common;
 
-use common::guest::{build_guest, scripts};
+use common::guest::{build_guest, scripts, tail, Guest, Serve, BOUND};
 use common::MIB;
 use std::ffi::OsStr;
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// kill -9 restarts, then one SIGTERM restart onto another binary (an upgrade).
@@ -27,135 +27,6 @@ const KILLS: usize = 8;
 /// How long the guest's I/O runs between restarts: a random time in this range (ms), so that
 /// kills land anywhere in fio's rounds (writes, fsyncs, verify reads, between rounds).
 const RUNNING_MS: std::ops::Range<u64> = 300..1300;
-/// Bound on every wait: the VM coming back to a new daemon, the guest finishing.
-const BOUND: Duration = Duration::from_secs(60);
-/// What the daemon logs (RUST_LOG=info) when the VM has started its queues.
-const STARTED: &str = "vhost-user frontend: Started";
-
-/// One `cryptblk serve` process, killed if still running when dropped.
-struct Serve {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Serve {
-    fn start(binary: &Path, args: &[&OsStr], socket: &Path, log: PathBuf) -> Serve {
-        let _ = std::fs::remove_file(socket);
-        let child = Command::new(binary)
-            .arg("serve")
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start cryptblk serve");
-        let mut serve = Serve { child, log };
-        let deadline = Instant::now() + BOUND;
-        while !socket.exists() {
-            if let Some(status) = serve.child.try_wait().unwrap() {
-                panic!("cryptblk serve exited {status}: {}", serve.output());
-            }
-            assert!(Instant::now() < deadline, "no socket: {}", serve.output());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        serve
-    }
-
-    fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until the VM has started the disk's queues on this daemon.
-    fn wait_started(&mut self) -> Instant {
-        let deadline = Instant::now() + BOUND;
-        loop {
-            if self.output().contains(STARTED) {
-                return Instant::now();
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("cryptblk serve exited {status}: {}", self.output());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the VM did not come back to the restarted daemon within {BOUND:?}: {}",
-                self.output()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// kill -9, and waits until the process is gone (its image lock with it).
-    fn kill(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    /// SIGTERM, and the exit status.
-    fn terminate(mut self) -> ExitStatus {
-        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
-        // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-        let deadline = Instant::now() + BOUND;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "cryptblk serve ignored SIGTERM: {}",
-                self.output()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// The booted guest: run-guest.sh with its console input, killed if still running.
-struct Guest {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    console: PathBuf,
-}
-
-impl Guest {
-    fn console(&self) -> String {
-        std::fs::read_to_string(&self.console).unwrap_or_default()
-    }
-
-    fn assert_running(&mut self) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            panic!(
-                "the guest ended early ({status}):\n{}",
-                tail(&self.console(), 40)
-            );
-        }
-    }
-}
-
-impl Drop for Guest {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
 /// The longest latency (ms) fio reports for any read or write of each round whose JSON report
 /// parses (QEMU's own messages share the console and may cut into one). fio's fsync latencies
 /// are left out: with libaio they count from long before the fsync is issued.

@@ -1,5 +1,5 @@
-//! What may change a disk's header or hand the disk over: keyslot changes and the outgoing
-//! migration, one at a time.
+//! What may change a disk's header or hand the disk over: keyslot changes, an online
+//! reencryption and the outgoing migration, one at a time.
 //!
 //! # Locks
 //!
@@ -38,6 +38,8 @@ enum Outgoing {
 struct State {
     /// A `key-add` or `key-remove` is rewriting the header.
     header_change: bool,
+    /// An online reencryption is running (`reencrypt-start` until it ends or pauses).
+    reencrypting: bool,
     outgoing: Outgoing,
 }
 
@@ -60,6 +62,7 @@ impl DiskActivity {
         Arc::new(DiskActivity {
             state: Mutex::new(State {
                 header_change: false,
+                reencrypting: false,
                 outgoing: Outgoing::None,
             }),
             changed: Condvar::new(),
@@ -103,6 +106,9 @@ impl DiskActivity {
                          has returned"
                     )));
                 }
+                if s.reencrypting {
+                    return Err(reencrypting(name, "change its keyslots"));
+                }
                 match &s.outgoing {
                     Outgoing::Starting { .. } => return Err(migrating()),
                     Outgoing::Started(m) => Some(m.clone()),
@@ -137,6 +143,9 @@ impl DiskActivity {
                          migration when key-add or key-remove has returned"
                     )));
                 }
+                if s.reencrypting {
+                    return Err(reencrypting(name, "migrate it"));
+                }
                 match &s.outgoing {
                     Outgoing::Starting { .. } => {
                         return Err(Error::busy(format!(
@@ -170,6 +179,54 @@ impl DiskActivity {
                     activity: self.clone(),
                     finished: false,
                 });
+            }
+        }
+    }
+
+    /// Marks the disk as re-encrypting, unless its header is changing, a migration is
+    /// starting or running, or a reencryption runs already. The mark is lifted when the
+    /// returned guard drops (the reencryption ended or paused).
+    pub(crate) fn begin_reencryption(self: &Arc<Self>, name: &str) -> Result<Reencrypting> {
+        loop {
+            let seen = {
+                let s = self.lock();
+                if s.reencrypting {
+                    return Err(Error::busy(format!(
+                        "disk \"{name}\" is already being re-encrypted (see reencrypt-status)"
+                    )));
+                }
+                if s.header_change {
+                    return Err(Error::busy(format!(
+                        "the keyslots of disk \"{name}\" are being changed; start the \
+                         reencryption when key-add or key-remove has returned"
+                    )));
+                }
+                match &s.outgoing {
+                    Outgoing::Starting { .. } => None,
+                    Outgoing::Started(m) => Some(Some(m.clone())),
+                    Outgoing::None => Some(None),
+                }
+            };
+            let migrating = || {
+                Error::busy(format!(
+                    "disk \"{name}\" is being migrated: re-encrypt it before or after the migration"
+                ))
+            };
+            let Some(seen) = seen else {
+                return Err(migrating());
+            };
+            if seen.as_ref().is_some_and(|m| !m.status().phase.is_final()) {
+                return Err(migrating());
+            }
+            let mut s = self.lock();
+            let unchanged = match (&s.outgoing, &seen) {
+                (Outgoing::None, None) => true,
+                (Outgoing::Started(now), Some(then)) => Arc::ptr_eq(now, then),
+                _ => false,
+            };
+            if unchanged && !s.header_change && !s.reencrypting {
+                s.reencrypting = true;
+                return Ok(Reencrypting(self.clone()));
             }
         }
     }
@@ -211,6 +268,23 @@ impl DiskActivity {
             Outgoing::Started(m) => Some(m.clone()),
             _ => None,
         }
+    }
+}
+
+fn reencrypting(name: &str, what: &str) -> Error {
+    Error::busy(format!(
+        "disk \"{name}\" is being re-encrypted: {what} once it has finished, or after \
+         reencrypt-pause has taken effect (reencrypt-status shows phase paused)"
+    ))
+}
+
+/// A reencryption running; dropping it ends the mark.
+pub(crate) struct Reencrypting(Arc<DiskActivity>);
+
+impl Drop for Reencrypting {
+    fn drop(&mut self) {
+        self.0.lock().reencrypting = false;
+        self.0.changed.notify_all();
     }
 }
 

@@ -26,6 +26,8 @@ pub struct AttachedDisk {
     pub nbd_exported: bool,
     /// Keyslot changes and the outgoing migration (see `activity` for the locking rules).
     pub(crate) activity: Arc<DiskActivity>,
+    /// The online reencryption's progress (`reencrypt-status`).
+    pub(crate) reencryption: Arc<crate::reencrypt::ReencryptJob>,
 }
 
 /// The vhost-user options of a disk; `serial` is the image's default GET_ID answer.

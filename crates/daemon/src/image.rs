@@ -30,6 +30,8 @@ pub struct OpenedImage {
     /// The LUKS image's container, for header updates (`key-add`, `key-remove`) while
     /// attached.
     pub luks_file: Option<Arc<dyn Container>>,
+    /// A LUKS volume's segment map, which an online reencryption moves (`reencrypt`).
+    pub segments: Option<Arc<cryptblk_block::SegmentMap>>,
 }
 
 /// What opening needs besides the disk's configuration.
@@ -137,6 +139,7 @@ fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
         .ok()
         .map(|spec| (spec.to_luks2_string(), spec.key_bytes() * 8));
     let file = volume.container().clone();
+    let segments = Some(volume.device().segments().clone());
     let payload_offset = volume.header().data_offset();
     let granularity = u64::from(volume.header().sector_size());
     let tracker = Arc::new(
@@ -152,6 +155,7 @@ fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
         engine: Some(engine),
         cipher,
         luks_file: Some(file),
+        segments,
     })
 }
 
@@ -174,6 +178,7 @@ fn raw_image(raw: Arc<dyn Container>) -> Result<OpenedImage> {
         engine: None,
         cipher: None,
         luks_file: None,
+        segments: None,
     })
 }
 

@@ -75,7 +75,7 @@ impl Daemon {
 }
 
 /// The passphrase source of the params `PREFIX-file`/`PREFIX-fd`: exactly one.
-fn required_source<'a>(
+pub(crate) fn required_source<'a>(
     file: Option<&'a std::path::Path>,
     fd: Option<u32>,
     prefix: &str,
@@ -88,7 +88,7 @@ fn required_source<'a>(
     }
 }
 
-fn luks_file(disk: &AttachedDisk) -> Result<Arc<dyn cryptblk_block::Container>> {
+pub(crate) fn luks_file(disk: &AttachedDisk) -> Result<Arc<dyn cryptblk_block::Container>> {
     disk.image.luks_file.clone().ok_or_else(|| {
         Error::conflict(format!(
             "disk \"{}\" is {}, not LUKS: it has no keyslots",

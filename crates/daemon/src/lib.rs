@@ -17,6 +17,7 @@ pub mod metrics;
 mod migrate;
 pub mod notify;
 mod rbd;
+mod reencrypt;
 mod registry;
 mod rpc;
 mod serve;

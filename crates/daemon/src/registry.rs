@@ -251,6 +251,7 @@ impl Daemon {
             None => None,
         };
         let nbd_exported = self.exports_nbd(&config);
+        let reencryption = crate::reencrypt::ReencryptJob::new(image.segments.as_deref());
         let disk = Arc::new(AttachedDisk {
             config,
             image,
@@ -258,6 +259,7 @@ impl Daemon {
             nbd_stats: Arc::new(IoStats::default()),
             nbd_exported,
             activity,
+            reencryption,
         });
         if let (true, Some(registry)) = (nbd_exported, &self.nbd) {
             let device: Arc<dyn cryptblk_block::BlockDevice> = if disk.config.discard {
@@ -314,6 +316,9 @@ impl Daemon {
                 m.wait(std::time::Duration::from_secs(30));
             }
         }
+        // A reencryption commits its hotzone and stops; `reencrypt-start` continues it once
+        // the disk is attached again.
+        disk.reencryption.stop();
         let incoming = self
             .incoming
             .lock()

@@ -116,6 +116,14 @@ impl ControlHandler {
                 Cancelled::Outgoing(s) => json(s),
             },
             Request::MigrateRecover(p) => json(d.migrate_recover(&p.name, &p.to)?),
+            Request::ReencryptStart(p) => {
+                if let Some(path) = &p.key_file {
+                    check_absolute(path)?;
+                }
+                json(d.reencrypt_start(&p, fds)?)
+            }
+            Request::ReencryptStatus(p) => json(d.reencrypt_status(&p.name)?),
+            Request::ReencryptPause(p) => json(d.reencrypt_pause(&p.name)?),
         }
     }
 }
@@ -136,6 +144,8 @@ fn request_disk(r: &Request) -> Option<&str> {
             Some(&p.name)
         }
         Request::MigrateRecover(p) => Some(&p.name),
+        Request::ReencryptStart(p) => Some(&p.name),
+        Request::ReencryptStatus(p) | Request::ReencryptPause(p) => Some(&p.name),
     }
 }
 

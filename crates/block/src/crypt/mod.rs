@@ -8,8 +8,11 @@
 //! serialised by a striped lock so that two unaligned writes to different bytes of the same
 //! sector cannot lose either update.
 
+mod segments;
 mod stage;
 mod zero_holes;
+
+pub use segments::SegmentMap;
 
 pub(crate) use zero_holes::ZeroHolesCipher;
 
@@ -68,6 +71,8 @@ pub struct CryptLayout {
 /// (`pipeline`) hold the same state.
 pub struct CryptDevice {
     core: Arc<CryptCore>,
+    /// Which cipher serves which part of the payload (two during an online reencryption).
+    segments: Arc<SegmentMap>,
 }
 
 /// The state of a volume, shared by the device and its asynchronous queues.
@@ -107,6 +112,39 @@ impl CryptDevice {
         cipher: Arc<dyn SectorCipher>,
         pool: Arc<CryptoPool>,
     ) -> Result<Self, BlockError> {
+        let core = Arc::new(CryptCore::new(backend, layout, cipher, pool)?);
+        Ok(CryptDevice {
+            segments: SegmentMap::new(core.clone()),
+            core,
+        })
+    }
+
+    /// The segment map, through which an online reencryption moves the payload from the old
+    /// cipher to the new one while the device serves.
+    pub fn segments(&self) -> &Arc<SegmentMap> {
+        &self.segments
+    }
+
+    pub fn layout(&self) -> &CryptLayout {
+        &self.core.layout
+    }
+
+    pub fn backend(&self) -> &Arc<dyn BlockDevice> {
+        &self.core.backend
+    }
+
+    pub fn cipher(&self) -> &Arc<dyn SectorCipher> {
+        &self.core.cipher
+    }
+}
+
+impl CryptCore {
+    fn new(
+        backend: Arc<dyn BlockDevice>,
+        layout: CryptLayout,
+        cipher: Arc<dyn SectorCipher>,
+        pool: Arc<CryptoPool>,
+    ) -> Result<Self, BlockError> {
         let ss = cipher.sector_size();
         if !(512..=MAX_SECTOR).contains(&ss) || !ss.is_power_of_two() {
             return Err(BlockError::unsupported(format!(
@@ -129,7 +167,7 @@ impl CryptDevice {
             }
         }
         let threads = pool.threads();
-        let core = CryptCore {
+        Ok(CryptCore {
             backend,
             cipher,
             pool,
@@ -139,26 +177,14 @@ impl CryptDevice {
             // One spare buffer per worker-sized burst of concurrent writers is plenty.
             bounce: BouncePool::new(WRITE_CHUNK, threads.clamp(2, 16)),
             rmw_locks: (0..RMW_STRIPES).map(|_| Mutex::new(())).collect(),
-        };
-        Ok(CryptDevice {
-            core: Arc::new(core),
         })
     }
 
-    pub fn layout(&self) -> &CryptLayout {
-        &self.core.layout
+    /// The same payload under another cipher (a reencryption's new segment).
+    fn with_cipher(&self, cipher: Arc<dyn SectorCipher>) -> Result<Arc<CryptCore>, BlockError> {
+        CryptCore::new(self.backend.clone(), self.layout, cipher, self.pool.clone()).map(Arc::new)
     }
 
-    pub fn backend(&self) -> &Arc<dyn BlockDevice> {
-        &self.core.backend
-    }
-
-    pub fn cipher(&self) -> &Arc<dyn SectorCipher> {
-        &self.core.cipher
-    }
-}
-
-impl CryptCore {
     /// IV sector number of the sector starting at payload offset `off` (sector aligned).
     fn iv_sector(&self, off: u64) -> u64 {
         self.layout.iv_offset.wrapping_add(off / self.sector)
@@ -400,24 +426,33 @@ impl BlockDevice for CryptDevice {
         self.core.read_only()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
-        self.core.read_at(buf, offset)
+        self.segments.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
-        self.core.write_at(buf, offset)
+        if self.read_only() {
+            return Err(BlockError::read_only("write").at(offset));
+        }
+        self.segments.write_at(buf, offset)
     }
     fn flush(&self) -> Result<(), BlockError> {
         self.core.flush()
     }
     fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        self.core.discard(offset, len)
+        if self.read_only() {
+            return Err(BlockError::read_only("discard").at(offset));
+        }
+        self.segments.discard(offset, len)
     }
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
         self.core.block_status(offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        self.core.write_zeroes(offset, len)
+        if self.read_only() {
+            return Err(BlockError::read_only("write").at(offset));
+        }
+        self.segments.write_zeroes(offset, len)
     }
     fn pipeline(&self, opts: &QueueOptions) -> Option<Result<Pipeline, BlockError>> {
-        Some(stage::open(self.core.clone(), opts))
+        Some(stage::open(self.core.clone(), self.segments.clone(), opts))
     }
 }

@@ -21,68 +21,113 @@
 //!   sector, write-zeroes — runs on the volume's synchronous path on the I/O thread pool. Those
 //!   are rare: clients are told the sector size as the logical block size.
 //!
-//! The key and IV base of a request come from the segment of the payload its offset lies in:
-//! one segment today; online re-encryption adds a second (old key, new key) with a moving
-//! boundary between them.
+//! The cipher of a request comes from the volume's segment map (`segments.rs`): one segment,
+//! or during an online reencryption the new cipher below a moving boundary and the old one
+//! above the hotzone; a request touching the hotzone or crossing the boundary goes to the
+//! synchronous path, which splits it. Checking the map costs one plain load per request.
 
+use super::segments::{Routes, SegmentMap, StageCounts};
 use super::{whole_sectors, CryptCore};
 use crate::aio::{
     open_pipeline, Admit, Bounds, IoOp, IoQueue, Pipeline, QueueOptions, SlotRequest, Stage,
 };
 use crate::aio::{IoVec, Offload};
 use crate::{AlignedBuf, BlockDevice, BlockError};
+use std::sync::atomic::{compiler_fence, Ordering};
 use std::sync::Arc;
 
 /// The volume's pipeline: its backend's, with this volume's range check and stages in front
-/// and its own synchronous methods as the synchronous path.
-pub(super) fn open(core: Arc<CryptCore>, opts: &QueueOptions) -> Result<Pipeline, BlockError> {
+/// and the segment map's synchronous methods as the synchronous path.
+pub(super) fn open(
+    core: Arc<CryptCore>,
+    segments: Arc<SegmentMap>,
+    opts: &QueueOptions,
+) -> Result<Pipeline, BlockError> {
     let mut pipeline = open_pipeline(&core.backend, opts)?;
-    let offloaded = pipeline.offload(Arc::new(VolumeCrypto(core.clone())));
+    let offloaded = pipeline.offload(Arc::new(VolumeCrypto {
+        base: core.clone(),
+        segments: segments.clone(),
+    }));
     pipeline.set_bounds(Bounds::new(core.size, core.read_only()));
     let capacity = pipeline.capacity();
-    let segments = vec![Segment {
-        start: 0,
-        end: core.size,
-        core: core.clone(),
-    }];
+    let counts = Arc::new(StageCounts::default());
+    segments.register(&counts);
+    let (generation, routes) = segments.snapshot();
     pipeline.push_front(Box::new(CryptStage {
-        segments,
+        segments: segments.clone(),
+        counts,
+        generation,
+        routes,
         offloaded,
         ciphertext: (0..capacity).map(|_| None).collect(),
+        routed: vec![Routed::default(); capacity],
     }));
     pipeline.push_front(Box::new(WholeSectorDiscard {
         sector: core.sector,
     }));
-    let volume: Arc<dyn BlockDevice> = core;
+    let volume: Arc<dyn BlockDevice> = segments;
     pipeline.set_sync_path(volume);
     Ok(pipeline)
 }
 
-/// A range of the payload and the cipher (key, IV base) its sectors are encrypted with.
-struct Segment {
-    start: u64,
-    end: u64,
-    core: Arc<CryptCore>,
+/// Where a request in flight was sent, and the generation parity it is counted under.
+#[derive(Clone, Copy, Default)]
+struct Routed {
+    new: bool,
+    parity: u8,
 }
 
 /// Encrypts writes at admission, decrypts reads at completion, maps payload offsets to the
 /// backend's.
 struct CryptStage {
-    /// Ordered, covering the payload.
-    segments: Vec<Segment>,
+    segments: Arc<SegmentMap>,
+    /// This queue's requests in flight by generation parity, for the reencryption driver.
+    counts: Arc<StageCounts>,
+    /// The generation `routes` is a copy of.
+    generation: u64,
+    routes: Routes,
     /// The backend's engine runs the crypto on its transfer threads (`Pipeline::offload`).
     offloaded: bool,
     /// A write's ciphertext, by slot, until the write completes.
     ciphertext: Vec<Option<AlignedBuf>>,
+    routed: Vec<Routed>,
 }
 
 impl CryptStage {
-    /// The segment holding all of `len` bytes at `offset`; `None` when the range crosses a
-    /// boundary (served by the synchronous path, which splits it).
-    fn segment(&self, offset: u64, len: u64) -> Option<&Segment> {
-        self.segments
-            .iter()
-            .find(|s| s.start <= offset && offset + len <= s.end)
+    /// Counts a request in under the current generation (refreshing the copy of the map when
+    /// it changed): the count is stored before the generation is loaded, which is what the
+    /// driver's `membarrier` pairs with.
+    fn count_in(&mut self) -> usize {
+        loop {
+            let parity = (self.generation & 1) as usize;
+            self.counts.add(parity, 1);
+            compiler_fence(Ordering::SeqCst);
+            if self.segments.generation() == self.generation {
+                return parity;
+            }
+            self.counts.add(parity, -1);
+            (self.generation, self.routes) = self.segments.snapshot();
+        }
+    }
+
+    /// The cipher of all of `len` bytes at `offset` (and whether it is the new one); `None`
+    /// when the range touches the hotzone or crosses the boundary.
+    fn route(&self, offset: u64, len: u64) -> Option<(&Arc<CryptCore>, bool)> {
+        let r = &self.routes;
+        match &r.new {
+            None => Some((&r.old, false)),
+            Some(new) if offset + len <= r.boundary => Some((new, true)),
+            Some(_) if offset >= r.fence => Some((&r.old, false)),
+            Some(_) => None,
+        }
+    }
+
+    fn core_of(&self, routed: Routed) -> &Arc<CryptCore> {
+        match (&self.routes.new, routed.new) {
+            (Some(new), true) => new,
+            // After a reencryption finished, the new cipher is the only one (`old`).
+            _ => &self.routes.old,
+        }
     }
 }
 
@@ -103,10 +148,70 @@ impl Stage for CryptStage {
         _caller: &SlotRequest,
         transfer: &mut SlotRequest,
     ) -> Admit {
-        let Some(segment) = self.segment(transfer.offset, transfer.len) else {
+        if transfer.op == IoOp::Flush {
+            return Admit::Pass;
+        }
+        let parity = self.count_in();
+        // SAFETY: forwarded (this function's contract).
+        let admit = unsafe { self.admit_counted(slot, transfer) };
+        if matches!(admit, Admit::Pass) {
+            self.routed[slot].parity = parity as u8;
+        } else {
+            self.counts.add(parity, -1);
+        }
+        admit
+    }
+
+    unsafe fn complete(
+        &mut self,
+        slot: usize,
+        caller: &SlotRequest,
+        result: &mut Result<(), BlockError>,
+    ) -> u64 {
+        if caller.op == IoOp::Flush {
+            return 0;
+        }
+        let routed = self.routed[slot];
+        let ciphertext = self.ciphertext[slot].take();
+        let core = self.core_of(routed).clone();
+        if let Some(buf) = ciphertext {
+            core.bounce.put_back(buf);
+        }
+        // The stages in front of this one do not move reads: the caller's offset is the
+        // payload offset this stage saw.
+        let work = if caller.op != IoOp::Read || result.is_err() || self.offloaded {
+            0
+        } else {
+            // SAFETY: a completed read's buffers, valid until its completion is handed out
+            // (this function's contract).
+            if let Err(e) = unsafe { core.decrypt_iov(caller.offset, &caller.iov) } {
+                *result = Err(e);
+            }
+            caller.len
+        };
+        // Counted out only now: the driver may rewrite this range once the count is zero.
+        self.counts.add(routed.parity as usize, -1);
+        work
+    }
+
+    fn abandon(&mut self, slot: usize, caller: &SlotRequest) {
+        if caller.op != IoOp::Flush {
+            self.counts.add(self.routed[slot].parity as usize, -1);
+        }
+    }
+}
+
+impl CryptStage {
+    /// `admit` for a request counted in.
+    ///
+    /// # Safety
+    /// As `Stage::admit`.
+    unsafe fn admit_counted(&mut self, slot: usize, transfer: &mut SlotRequest) -> Admit {
+        let Some((core, new)) = self.route(transfer.offset, transfer.len) else {
             return Admit::Synchronous;
         };
-        let core = segment.core.clone();
+        let core = core.clone();
+        self.routed[slot].new = new;
         match transfer.op {
             IoOp::Read | IoOp::Write if !sector_aligned(transfer, core.sector) => {
                 return Admit::Synchronous
@@ -128,37 +233,18 @@ impl Stage for CryptStage {
                 transfer.set_buffer(bounce.as_mut_ptr(), len);
                 self.ciphertext[slot] = Some(bounce);
             }
-            IoOp::Flush => return Admit::Pass,
-            IoOp::Read | IoOp::Write | IoOp::Discard => {}
+            // The new segment's sectors may be larger than the discard rounding in front.
+            IoOp::Discard => match whole_sectors(transfer.offset, transfer.len, core.sector) {
+                Some((offset, len)) => {
+                    transfer.offset = offset;
+                    transfer.len = len;
+                }
+                None => return Admit::Finish(Ok(())),
+            },
+            IoOp::Flush | IoOp::Read | IoOp::Write => {}
         }
         transfer.offset += core.layout.data_offset;
         Admit::Pass
-    }
-
-    unsafe fn complete(
-        &mut self,
-        slot: usize,
-        caller: &SlotRequest,
-        result: &mut Result<(), BlockError>,
-    ) -> u64 {
-        let ciphertext = self.ciphertext[slot].take();
-        let Some(segment) = self.segment(caller.offset, caller.len) else {
-            return 0;
-        };
-        if let Some(buf) = ciphertext {
-            segment.core.bounce.put_back(buf);
-        }
-        // The stages in front of this one do not move reads: the caller's offset is the
-        // payload offset this stage saw.
-        if caller.op != IoOp::Read || result.is_err() || self.offloaded {
-            return 0;
-        }
-        // SAFETY: a completed read's buffers, valid until its completion is handed out
-        // (this function's contract).
-        if let Err(e) = unsafe { segment.core.decrypt_iov(caller.offset, &caller.iov) } {
-            *result = Err(e);
-        }
-        caller.len
     }
 }
 
@@ -191,15 +277,34 @@ impl Stage for WholeSectorDiscard {
 
 /// The volume's crypto as work for the `threads` engine's transfer threads (`Offload`): each
 /// request is decrypted or encrypted by the thread that reads or writes it, in the backend's
-/// offsets.
-struct VolumeCrypto(Arc<CryptCore>);
+/// offsets, with the cipher the crypt stage routed it to.
+struct VolumeCrypto {
+    base: Arc<CryptCore>,
+    segments: Arc<SegmentMap>,
+}
+
+impl VolumeCrypto {
+    /// The cipher of a request (payload offset, length): the one the volume was opened with
+    /// until a reencryption changes the map.
+    fn core(&self, offset: u64, len: u64) -> Arc<CryptCore> {
+        if self.segments.generation() == 0 {
+            return self.base.clone();
+        }
+        self.segments.core_for(offset, len)
+    }
+}
+
+fn iov_len(iov: &[IoVec]) -> u64 {
+    iov.iter().map(|v| v.len() as u64).sum()
+}
 
 impl Offload for VolumeCrypto {
     unsafe fn after_read(&self, offset: u64, iov: &[IoVec]) -> Result<(), BlockError> {
-        let core = &self.0;
+        let off = offset - self.base.layout.data_offset;
+        let core = self.core(off, iov_len(iov));
         // SAFETY: forwarded (the segments are readable and writable, this function's
         // contract); the crypt stage only passes whole sectors.
-        unsafe { core.decrypt_iov(offset - core.layout.data_offset, iov) }
+        unsafe { core.decrypt_iov(off, iov) }
     }
 
     unsafe fn before_write(
@@ -208,8 +313,9 @@ impl Offload for VolumeCrypto {
         iov: &[IoVec],
         out: *mut u8,
     ) -> Result<(), BlockError> {
-        let core = &self.0;
+        let off = offset - self.base.layout.data_offset;
+        let core = self.core(off, iov_len(iov));
         // SAFETY: forwarded: `out` holds the whole request, disjoint from the segments.
-        unsafe { core.encrypt_iov(offset - core.layout.data_offset, iov, out) }
+        unsafe { core.encrypt_iov(off, iov, out) }
     }
 }

@@ -234,6 +234,32 @@ pub const METHODS: &[MethodSpec] = &[
             req("to", Address, "The destination's address (the same or a new route to it); the start's connect-timeout applies."),
         ],
     },
+    MethodSpec {
+        name: "reencrypt-start",
+        summary: "Replace a served LUKS2 disk's volume key (or cipher, key size, sector size) while it serves, or continue a paused reencryption.",
+        params: &[
+            NAME,
+            opt("key-file", KeyFile, "File holding a passphrase of the disk (read by the daemon); it also protects the new volume key. This or key-fd."),
+            opt("key-fd", KeyFd, "The passphrase in a descriptor passed with the request."),
+            opt("resilience", Choice(&["checksum", "journal", "none"]), "How a hotzone a crash interrupts is recovered (default checksum; none loses that hotzone, as in cryptsetup)."),
+            opt("cipher", Text, "The new cipher, e.g. aes-xts-plain64 (default: the current one)."),
+            opt("key-size", Count, "Bits of the new volume key (default: the current size)."),
+            opt("sector-size", Count, "Bytes of the new encryption sector, 512 to 4096 (default: the current one)."),
+            opt("max-bandwidth", Bytes, "Bytes per second the reencryption reads and writes (default 64M; 0: no limit)."),
+            opt("pbkdf", Choice(&["pbkdf2", "argon2i", "argon2id"]), "Key derivation for the new volume key's keyslot (default argon2id)."),
+            opt("iter-time", Millis, "Target unlock time of that keyslot in milliseconds (default 2000)."),
+        ],
+    },
+    MethodSpec {
+        name: "reencrypt-status",
+        summary: "Progress of a disk's online reencryption: phase, bytes done, rate, ETA, resilience, hotzone, last error.",
+        params: &[NAME],
+    },
+    MethodSpec {
+        name: "reencrypt-pause",
+        summary: "Stop a disk's online reencryption once the hotzone being rewritten is committed; reencrypt-start continues it.",
+        params: &[NAME],
+    },
 ];
 
 /// Keys a config file may spell differently from the method's param (file key, param).

@@ -71,6 +71,8 @@ pub fn accepted_params(method: &str) -> Option<Vec<&'static str>> {
         "migrate-switchover" => fields::<MigrateSwitchoverParams>(),
         "migrate-postcopy" | "migrate-status" | "migrate-cancel" => fields::<NameParams>(),
         "migrate-recover" => fields::<MigrateRecoverParams>(),
+        "reencrypt-start" => fields::<super::ReencryptStartParams>(),
+        "reencrypt-status" | "reencrypt-pause" => fields::<NameParams>(),
         _ => return None,
     };
     Some(all.difference(&aliases).copied().collect())

@@ -189,6 +189,9 @@ pub enum Request {
     MigrateStatus(NameParams),
     MigrateCancel(NameParams),
     MigrateRecover(MigrateRecoverParams),
+    ReencryptStart(super::ReencryptStartParams),
+    ReencryptStatus(NameParams),
+    ReencryptPause(NameParams),
 }
 
 impl Request {
@@ -215,6 +218,9 @@ impl Request {
             "migrate-status" => Request::MigrateStatus(from(params)?),
             "migrate-cancel" => Request::MigrateCancel(from(params)?),
             "migrate-recover" => Request::MigrateRecover(from(params)?),
+            "reencrypt-start" => Request::ReencryptStart(from(params)?),
+            "reencrypt-status" => Request::ReencryptStatus(from(params)?),
+            "reencrypt-pause" => Request::ReencryptPause(from(params)?),
             other => return Err(RpcError::method_not_found(other)),
         })
     }
@@ -234,6 +240,9 @@ impl Request {
             Request::MigrateStatus(_) => "migrate-status",
             Request::MigrateCancel(_) => "migrate-cancel",
             Request::MigrateRecover(_) => "migrate-recover",
+            Request::ReencryptStart(_) => "reencrypt-start",
+            Request::ReencryptStatus(_) => "reencrypt-status",
+            Request::ReencryptPause(_) => "reencrypt-pause",
         }
     }
 }

@@ -6,6 +6,7 @@ mod disk;
 mod error_kind;
 mod field_names;
 mod methods;
+mod reencrypt;
 mod results;
 
 pub use catalogue::{
@@ -20,4 +21,5 @@ pub use methods::{
     MigrateRecoverParams, MigrateStartParams, MigrateSwitchoverParams, NameParams, NoParams, Pbkdf,
     Request, StatsParams, DEFAULT_CONNECT_TIMEOUT_MS,
 };
+pub use reencrypt::{Hotzone, ReencryptPhase, ReencryptStartParams, ReencryptStatus, Resilience};
 pub use results::*;

@@ -157,6 +157,7 @@ impl Daemon {
         }
         render_io(&mut e, &series);
         self.render_migrations(&mut e, &disks);
+        render_reencryption(&mut e, &disks);
         e.finish()
     }
 
@@ -448,5 +449,22 @@ fn render_io(e: &mut Exposition, series: &[Series]) {
                 &s.stats.latency[kind as usize],
             );
         }
+    }
+}
+
+/// The online reencryption's progress of each LUKS disk that has one (paused ones too).
+fn render_reencryption(e: &mut Exposition, disks: &[std::sync::Arc<crate::disk::AttachedDisk>]) {
+    let progress: Vec<(&str, u64)> = disks
+        .iter()
+        .filter(|d| d.image.segments.is_some())
+        .map(|d| (d.name(), d.reencryption.bytes_done()))
+        .collect();
+    e.family(
+        "cryptblk_reencrypt_done_bytes",
+        Kind::Gauge,
+        "Bytes of the volume an online reencryption has rewritten with the new key (0 before one starts; the size once finished, until the disk is attached again).",
+    );
+    for (disk, done) in progress {
+        e.sample("cryptblk_reencrypt_done_bytes", &[("disk", disk)], done);
     }
 }

@@ -11,12 +11,14 @@ mod digest;
 mod finish;
 mod init;
 mod layout;
+mod online;
 mod recovery;
 mod session;
 mod stale;
 
 pub use init::{InitParams, ResilienceChoice};
 pub use layout::{ExtentCipher, KeyRole, SegmentExtent};
+pub use online::OnlineSegments;
 pub use session::{Reencryption, StepReport};
 
 use super::json::{parse_u64, Metadata, Segment};

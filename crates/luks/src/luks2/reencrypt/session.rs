@@ -34,8 +34,10 @@ pub struct Reencryption<'f> {
     pub(super) state: ReencryptState,
     old_key: Option<SecretKey>,
     new_key: Option<SecretKey>,
-    old_cipher: Option<Arc<dyn SectorCipher>>,
-    new_cipher: Option<Arc<dyn SectorCipher>>,
+    pub(super) old_cipher: Option<Arc<dyn SectorCipher>>,
+    pub(super) new_cipher: Option<Arc<dyn SectorCipher>>,
+    /// The keyslot the passphrase opened for the old key.
+    pub(super) keyslot: Option<usize>,
     pool: Arc<CryptoPool>,
     file_len: u64,
     pub(super) stale: Option<StaleBlocks>,
@@ -82,7 +84,7 @@ impl<'f> Reencryption<'f> {
                 "the data is being moved (datashift); cryptblk does not implement it yet, finish with `cryptsetup reencrypt --resume-only`",
             ));
         }
-        let unlock = |d: &Option<String>| -> Result<Option<SecretKey>> {
+        let unlock = |d: &Option<String>| -> Result<Option<(usize, SecretKey)>> {
             match d {
                 None => Ok(None),
                 Some(id) => {
@@ -91,14 +93,17 @@ impl<'f> Reencryption<'f> {
                         .digests
                         .get(id)
                         .ok_or_else(|| LuksError::Corrupt(format!("digest {id} vanished")))?;
-                    let (_, k) = crate::luks2::unlock::unlock_digest(
+                    let (slot, k) = crate::luks2::unlock::unlock_digest(
                         &hdr, file, passphrase, opts, dg, keyslot,
                     )?;
-                    Ok(Some(k))
+                    Ok(Some((slot, k)))
                 }
             }
         };
-        let old_key = unlock(&state.digest_old)?;
+        let (opened_slot, old_key) = match unlock(&state.digest_old)? {
+            Some((slot, key)) => (Some(slot), Some(key)),
+            None => (None, None),
+        };
         let new_key = if state.digest_new == state.digest_old {
             old_key
                 .as_ref()
@@ -149,6 +154,7 @@ impl<'f> Reencryption<'f> {
             new_key,
             old_cipher,
             new_cipher,
+            keyslot: opened_slot,
             pool,
             file_len,
             stale: None,

@@ -1,0 +1,82 @@
+//! Opening a LUKS2 image that is in the middle of a reencryption (`online-reencrypt-v2`): both
+//! volume keys are unlocked with the passphrase and checked against the reencryption digest,
+//! a hotzone a crash interrupted is recovered (as cryptsetup does on its next run), and the
+//! volume serves the new segment below the boundary and the old one above it. The
+//! reencryption itself continues when asked (`cryptblk ctl reencrypt-start`, or offline).
+use crate::luks_volume::{LuksVolume, VolumeError, VolumeOptions};
+use crate::{BlockDevice, Container, CryptDevice, CryptLayout};
+use cryptblk_crypto::{CryptoPool, SectorCipher};
+use cryptblk_luks::luks2::reencrypt::Reencryption;
+use cryptblk_luks::luks2::Luks2Header;
+use cryptblk_luks::{LuksError, LuksImage};
+use std::sync::Arc;
+
+/// The cipher a volume on `file` uses: never-written sectors read as zeros where the
+/// container says other clients see them so (RBD).
+pub fn data_cipher(file: &dyn Container, cipher: Arc<dyn SectorCipher>) -> Arc<dyn SectorCipher> {
+    if file.unwritten_reads_as_zeros() {
+        crate::crypt::ZeroHolesCipher::wrap(cipher)
+    } else {
+        cipher
+    }
+}
+
+pub(crate) fn open(
+    file: Arc<dyn Container>,
+    header: Luks2Header,
+    passphrase: &[u8],
+    opts: &VolumeOptions,
+    pool: Arc<CryptoPool>,
+) -> Result<LuksVolume, VolumeError> {
+    let path = file.name().to_path_buf();
+    let luks_err = |source| VolumeError::Luks {
+        path: path.clone(),
+        source,
+    };
+    let mut r = Reencryption::open(
+        file.header_io(),
+        header,
+        passphrase,
+        &opts.unlock,
+        None,
+        pool.clone(),
+    )
+    .map_err(luks_err)?;
+    if r.is_interrupted() {
+        if file.read_only() {
+            return Err(luks_err(LuksError::InvalidArgument(
+                "a reencryption was interrupted inside a hotzone: serve the image writable once (it is recovered on opening), or finish it with `cryptblk reencrypt --resume-only`".into(),
+            )));
+        }
+        r.recover().map_err(luks_err)?;
+        tracing::warn!(image = %path.display(), "recovered the hotzone a crash interrupted during the reencryption");
+    }
+    let segments = r.online_segments().map_err(luks_err)?;
+    let keyslot = r.opened_keyslot().unwrap_or(0);
+    let header = r.into_header();
+    let layout = CryptLayout {
+        data_offset: segments.data_offset,
+        payload_size: segments.size,
+        iv_offset: 0,
+        read_only: file.read_only(),
+    };
+    let backend: Arc<dyn BlockDevice> = file.clone();
+    let device = CryptDevice::new(
+        backend,
+        layout,
+        data_cipher(file.as_ref(), segments.old),
+        pool,
+    )
+    .map_err(|e| e.with_path(&path))?;
+    device
+        .segments()
+        .split(data_cipher(file.as_ref(), segments.new), segments.done)
+        .map_err(|e| e.with_path(&path))?;
+    tracing::info!(image = %path.display(), done = segments.done, size = segments.size, "serving a volume in mid-reencryption");
+    Ok(LuksVolume::assemble(
+        device,
+        file,
+        LuksImage::V2(header),
+        keyslot,
+    ))
+}

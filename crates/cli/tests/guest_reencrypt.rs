@@ -1,0 +1,206 @@
+//! Guest end-to-end: a running VM's disk re-encrypted online. The test guest (see
+//! guest_e2e.rs) runs rounds of fio with crc32c verify (`restart-verify`: large and small
+//! writes on 2 queues, fsyncs, every block read back, `verify_fatal`) on a LUKS2 vhost-user-blk
+//! disk while `reencrypt-start` replaces its volume key; the daemon is killed with `kill -9`
+//! three times during the reencryption, restarted on the image (which it serves in
+//! mid-reencryption) and told to continue. Every fio round must pass, and cryptsetup must
+//! open the final image with a new volume key.
+
+mod common;
+
+use common::guest::{build_guest, scripts, tail, Guest, Serve, BOUND};
+use common::{ctl_json, s, tool, xts, MIB};
+use std::ffi::OsStr;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const KILLS: usize = 3;
+
+/// Starts the daemon and waits for its control socket too.
+fn serve(args: &[&OsStr], socket: &Path, control: &Path, log: std::path::PathBuf) -> Serve {
+    let _ = std::fs::remove_file(control);
+    let serve = Serve::start(Path::new(common::bin()), args, socket, log);
+    let deadline = Instant::now() + BOUND;
+    while !control.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no control socket: {}",
+            serve.output()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    serve
+}
+
+fn start_reencryption(control: &Path, key: &Path) -> serde_json::Value {
+    ctl_json(
+        control,
+        &[
+            "reencrypt-start",
+            "vol",
+            "--key-file",
+            s(key),
+            "--pbkdf",
+            "pbkdf2",
+            "--iter-time",
+            "1",
+            "--max-bandwidth",
+            "4M",
+        ],
+    )
+}
+
+#[test]
+fn guest_fio_verify_passes_while_its_disk_is_reencrypted_through_daemon_kills() {
+    let artifacts = build_guest();
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name);
+    let (key, img, socket, control) = (
+        path("key"),
+        path("img.luks"),
+        path("vub.sock"),
+        path("ctl.sock"),
+    );
+    std::fs::write(&key, b"guest reencrypt passphrase").unwrap();
+    let os = OsStr::new;
+    common::cryptblk([
+        os("format"),
+        os("--type"),
+        os("luks2"),
+        os("--pbkdf"),
+        os("pbkdf2"),
+        os("--pbkdf-force-iterations"),
+        os("1000"),
+        os("--key-file"),
+        key.as_os_str(),
+        img.as_os_str(),
+        os("64M"),
+    ])
+    .ok();
+    let old_key = xts::cryptsetup_volume_key(&img, &key);
+    let args = [
+        os("--vhost-user-blk"),
+        socket.as_os_str(),
+        os("--image"),
+        img.as_os_str(),
+        os("--key-file"),
+        key.as_os_str(),
+        os("--name"),
+        os("vol"),
+        os("--num-queues"),
+        os("2"),
+        os("--control"),
+        control.as_os_str(),
+    ];
+    let mut daemon = serve(&args, &socket, &control, path("serve-0.log"));
+
+    let console = path("console.log");
+    let mut child = Command::new(scripts().join("run-guest.sh"))
+        .args(["--vhost-user-blk", socket.to_str().unwrap()])
+        .args(["--queues", "2", "--reconnect", "1", "--stdin"])
+        .args(["--job", "restart-verify", "--size", &(32 * MIB).to_string()])
+        .args(["--timeout", "600", "--artifacts"])
+        .arg(&artifacts)
+        .arg("--log")
+        .arg(&console)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(path("run-guest.err")).unwrap())
+        .spawn()
+        .expect("run scripts/guest/run-guest.sh");
+    let stdin = child.stdin.take();
+    let mut guest = Guest {
+        child,
+        stdin,
+        console,
+    };
+    daemon.wait_started();
+    let deadline = Instant::now() + BOUND;
+    while !guest.console().contains("FIO-JSON-BEGIN 1") {
+        guest.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "fio never started:\n{}",
+            guest.console()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let st = start_reencryption(&control, &key);
+    assert_eq!(st["phase"], "running", "{st}");
+    let mut rng = rand::thread_rng();
+    let mut done_at_kill = Vec::new();
+    for restart in 1..=KILLS {
+        std::thread::sleep(Duration::from_millis(rand::Rng::gen_range(
+            &mut rng,
+            1000..2500,
+        )));
+        guest.assert_running();
+        let st = ctl_json(&control, &["reencrypt-status", "vol"]);
+        assert_eq!(
+            st["phase"], "running",
+            "finished too early to kill mid-way: {st}"
+        );
+        done_at_kill.push(st["bytes-done"].as_u64().unwrap());
+        daemon.kill();
+        daemon = serve(
+            &args,
+            &socket,
+            &control,
+            path(&format!("serve-{restart}.log")),
+        );
+        daemon.wait_started();
+        let st = ctl_json(&control, &["reencrypt-status", "vol"]);
+        assert_eq!(st["phase"], "paused", "{st}: {}", daemon.output());
+        start_reencryption(&control, &key);
+    }
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let st = ctl_json(&control, &["reencrypt-status", "vol"]);
+        if st["phase"] == "finished" {
+            break;
+        }
+        assert!(st["last-error"].is_null(), "{st}");
+        assert!(Instant::now() < deadline, "not finished: {st}");
+        guest.assert_running();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+
+    let mut stdin = guest.stdin.take().unwrap();
+    stdin.write_all(b"stop\n").unwrap();
+    drop(stdin);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(status) = guest.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the guest did not finish (hung I/O?):\n{}",
+            tail(&guest.console(), 40)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let console = guest.console();
+    assert!(
+        status.success() && console.lines().any(|l| l == "GUEST-RESULT: PASS"),
+        "guest failed ({status}):\n{}\n{}",
+        tail(&console, 60),
+        std::fs::read_to_string(path("run-guest.err")).unwrap_or_default()
+    );
+    let output = daemon.output();
+    assert!(daemon.terminate().success(), "cryptblk serve:\n{output}");
+
+    let dump = tool("cryptsetup", ["luksDump", s(&img)]);
+    dump.ok();
+    assert!(!dump.stdout.contains("online-reencrypt"), "{}", dump.stdout);
+    assert!(common::cryptsetup_accepts(&img, &key));
+    assert_ne!(xts::cryptsetup_volume_key(&img, &key), old_key);
+    eprintln!(
+        "fio rounds: {}; bytes done at each kill: {done_at_kill:?}",
+        console.matches("FIO-JSON-END").count()
+    );
+}

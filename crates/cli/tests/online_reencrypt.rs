@@ -1,0 +1,373 @@
+//! `ctl reencrypt-start`: a served LUKS2 disk's volume key replaced while an NBD client keeps
+//! reading and writing it, the daemon killed part-way and restarted on the image, the work
+//! finished by cryptblk or by cryptsetup; the result checked with cryptsetup and an
+//! independent decryption (cryptsetup's volume key, openssl's AES).
+mod common;
+
+use common::*;
+use cryptblk_testutil::nbd::NbdClient;
+use rand::{Rng, RngCore, SeedableRng};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Payload of each image: enough hotzones at a low bandwidth for I/O to land mid-way.
+const SIZE: u64 = 32 * MIB;
+
+struct Disk {
+    dir: tempfile::TempDir,
+    img: PathBuf,
+    key: PathBuf,
+}
+
+impl Disk {
+    /// A LUKS2 image with 512-byte sectors and a 256-bit aes-xts key (as QEMU makes them).
+    fn new(tag: &str) -> Disk {
+        let dir = tempdir();
+        let key = key_file(dir.path(), "key", &passphrase(tag));
+        let img = dir.path().join("disk.luks");
+        let mut args = vec![
+            "format",
+            "-q",
+            "--key-file",
+            s(&key),
+            "--sector-size",
+            "512",
+            "--key-size",
+            "256",
+        ];
+        args.extend_from_slice(CHEAP_PBKDF2);
+        args.extend([s(&img), "32M"]);
+        cryptblk(&args).ok();
+        Disk { dir, img, key }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `serve` with the image as disk "vol", NBD and a control socket.
+    fn serve(&self) -> ServeProcess {
+        self.serve_with(&[])
+    }
+
+    /// `serve` as above, with `extra` options.
+    fn serve_with(&self, extra: &[&str]) -> ServeProcess {
+        let (control, nbd) = (self.path("ctl.sock"), self.path("nbd.sock"));
+        let _ = std::fs::remove_file(&control);
+        let _ = std::fs::remove_file(&nbd);
+        let nbd_arg = format!("unix:{}", s(&nbd));
+        let mut args = vec![
+            "--image",
+            s(&self.img),
+            "--key-file",
+            s(&self.key),
+            "--name",
+            "vol",
+            "--nbd",
+            &nbd_arg,
+            "--control",
+            s(&control),
+        ];
+        args.extend_from_slice(extra);
+        ServeProcess::start(&args, &control)
+    }
+
+    fn nbd(&self) -> NbdClient {
+        NbdClient::connect(&self.path("nbd.sock"), "vol").unwrap()
+    }
+
+    fn ctl(&self, args: &[&str]) -> Out {
+        ctl(&self.path("ctl.sock"), args)
+    }
+
+    fn status(&self) -> Value {
+        ctl_json(&self.path("ctl.sock"), &["reencrypt-status", "vol"])
+    }
+
+    /// `reencrypt-start` to 4096-byte sectors and a 512-bit key at `bandwidth` bytes/s.
+    fn start(&self, bandwidth: &str) -> Value {
+        ctl_json(
+            &self.path("ctl.sock"),
+            &[
+                "reencrypt-start",
+                "vol",
+                "--key-file",
+                s(&self.key),
+                "--sector-size",
+                "4096",
+                "--key-size",
+                "512",
+                "--pbkdf",
+                "pbkdf2",
+                "--iter-time",
+                "1",
+                "--max-bandwidth",
+                bandwidth,
+            ],
+        )
+    }
+
+    /// Waits until `reencrypt-status` satisfies `done`; panics after 2 minutes.
+    fn wait(&self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let st = self.status();
+            if done(&st) {
+                return st;
+            }
+            assert!(st["last-error"].is_null(), "reencryption failed: {st}");
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {st}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn in_reencryption(&self) -> bool {
+        let out = tool("cryptsetup", ["luksDump", s(&self.img)]);
+        out.ok();
+        out.stdout.contains("online-reencrypt-v2")
+    }
+
+    /// The image is plain LUKS2 again, with the new layout and a new volume key, opened by
+    /// cryptsetup, and decrypts (through cryptblk and through openssl) to `plain`.
+    fn check_final(&self, plain: &[u8], old_key: &str) {
+        assert!(!self.in_reencryption(), "reencryption not finished");
+        assert_eq!(dump_json(&self.img)["sector_size"].as_u64(), Some(4096));
+        assert!(cryptsetup_accepts(&self.img, &self.key));
+        let key_hex = xts::cryptsetup_volume_key(&self.img, &self.key);
+        assert_eq!(key_hex.len(), 128, "a 512-bit key: {key_hex}");
+        assert_ne!(key_hex, old_key, "the volume key did not change");
+        xts::check_sampled_sectors(&self.img, &key_hex, 4096, plain);
+        let out = cryptblk_decrypt(&self.img, &self.key, &self.path("plain.raw"));
+        assert_same_bytes(&out[..plain.len()], plain, "cryptblk's decryption");
+    }
+}
+
+/// What the disk holds, as the client wrote it.
+struct Model {
+    data: Vec<u8>,
+    rng: rand::rngs::StdRng,
+}
+
+impl Model {
+    fn new() -> Model {
+        Model {
+            data: vec![0; SIZE as usize],
+            rng: rand::rngs::StdRng::seed_from_u64(23),
+        }
+    }
+
+    /// Writes random bytes at `offset` (512-byte aligned, so requests that are not whole new
+    /// 4096-byte sectors take the read-modify-write path below the boundary).
+    fn write(&mut self, c: &mut NbdClient, offset: u64, len: usize) {
+        let mut buf = vec![0u8; len];
+        self.rng.fill_bytes(&mut buf);
+        c.write(offset, &buf, false).unwrap();
+        self.data[offset as usize..offset as usize + len].copy_from_slice(&buf);
+    }
+
+    fn fill(&mut self, c: &mut NbdClient) {
+        for off in (0..SIZE).step_by(MIB as usize) {
+            self.write(c, off, MIB as usize);
+        }
+        c.flush().unwrap();
+    }
+
+    /// Reads `len` bytes at `offset` and compares them with what was written.
+    fn check(&self, c: &mut NbdClient, offset: u64, len: usize, when: &str) {
+        let got = c.read(offset, len as u32).unwrap();
+        assert_same_bytes(
+            &got,
+            &self.data[offset as usize..offset as usize + len],
+            &format!("{len} bytes at {offset} {when}"),
+        );
+    }
+
+    fn check_all(&self, c: &mut NbdClient, when: &str) {
+        for off in (0..SIZE).step_by(MIB as usize) {
+            self.check(c, off, MIB as usize, when);
+        }
+    }
+
+    /// A round of mixed I/O: around the boundary `at` (below, across, above) and at random.
+    fn round(&mut self, c: &mut NbdClient, at: u64) {
+        let around =
+            |d: i64| (at as i64 + d).clamp(0, (SIZE - 64 * 1024) as i64) as u64 / 512 * 512;
+        for d in [-(MIB as i64), -4096, -512, 0, 512, 4096, MIB as i64] {
+            let off = around(d);
+            self.write(c, off, 8192 + 512);
+            self.check(c, off, 16384, "near the boundary");
+        }
+        for _ in 0..8 {
+            let len = self.rng.gen_range(1..=32) * 512;
+            let off = self.rng.gen_range(0..(SIZE - len as u64) / 512) * 512;
+            if self.rng.gen_bool(0.5) {
+                self.write(c, off, len);
+            } else {
+                self.check(c, off, len, "at random");
+            }
+        }
+    }
+}
+
+fn done_bytes(st: &Value) -> u64 {
+    st["bytes-done"].as_u64().unwrap()
+}
+
+#[test]
+fn volume_key_rotated_while_the_disk_is_read_and_written() {
+    let disk = Disk::new("online");
+    let old_key = xts::cryptsetup_volume_key(&disk.img, &disk.key);
+    let daemon = disk.serve();
+    let mut c = disk.nbd();
+    let mut model = Model::new();
+    model.fill(&mut c);
+    assert_eq!(disk.status()["phase"], "idle");
+
+    let st = disk.start("8M");
+    assert_eq!(st["phase"], "running", "{st}");
+    assert_eq!(st["resilience"], "checksum", "{st}");
+    let mut rounds = 0;
+    loop {
+        let st = disk.status();
+        if st["phase"] == "finished" {
+            break;
+        }
+        assert!(st["last-error"].is_null(), "{st}");
+        model.round(&mut c, done_bytes(&st));
+        c.flush().unwrap();
+        rounds += 1;
+    }
+    assert!(
+        rounds >= 3,
+        "the I/O did not overlap the reencryption ({rounds} rounds)"
+    );
+    model.check_all(&mut c, "after the reencryption");
+    let st = disk.status();
+    assert_eq!(done_bytes(&st), SIZE, "{st}");
+    drop(c);
+    assert_eq!(daemon.terminate(), 0);
+    disk.check_final(&model.data, &old_key);
+}
+
+#[test]
+fn daemon_killed_mid_reencryption_serves_on_restart_and_either_tool_finishes() {
+    let disk = Disk::new("restart");
+    let old_key = xts::cryptsetup_volume_key(&disk.img, &disk.key);
+    let daemon = disk.serve();
+    let mut c = disk.nbd();
+    let mut model = Model::new();
+    model.fill(&mut c);
+    disk.start("2M");
+    let st = disk.wait("4 MiB done", |st| done_bytes(st) >= 4 * MIB);
+    model.round(&mut c, done_bytes(&st));
+    c.flush().unwrap();
+    drop(c);
+    drop(daemon); // SIGKILL
+    assert!(disk.in_reencryption());
+
+    // Restarted: both segments served at once, the reencryption waits for reencrypt-start.
+    let daemon = disk.serve();
+    let mut c = disk.nbd();
+    let st = disk.status();
+    assert_eq!(st["phase"], "paused", "{st}");
+    assert!(done_bytes(&st) >= 4 * MIB && done_bytes(&st) < SIZE, "{st}");
+    model.check_all(&mut c, "after the restart");
+    model.round(&mut c, done_bytes(&st));
+    c.flush().unwrap();
+
+    // Continued, killed again, and finished offline by cryptsetup.
+    disk.start("2M");
+    let before = done_bytes(&st);
+    let st = disk.wait("progress", |st| done_bytes(st) >= before + 2 * MIB);
+    model.round(&mut c, done_bytes(&st));
+    c.flush().unwrap();
+    drop(c);
+    drop(daemon);
+    let daemon = disk.serve();
+    let mut c = disk.nbd();
+    model.check_all(&mut c, "after the second restart");
+    drop(c);
+    assert_eq!(daemon.terminate(), 0);
+    assert!(disk.in_reencryption());
+    let mut args = vec![
+        "reencrypt",
+        "--resume-only",
+        "--force-offline-reencrypt",
+        "--batch-mode",
+        "--key-file",
+        s(&disk.key),
+    ];
+    args.push(s(&disk.img));
+    tool("cryptsetup", &args).ok();
+    disk.check_final(&model.data, &old_key);
+}
+
+#[test]
+fn paused_reencryption_resumes_and_refuses_migration_while_it_runs() {
+    let disk = Disk::new("busy");
+    let old_key = xts::cryptsetup_volume_key(&disk.img, &disk.key);
+    // The `threads` engine runs each request's crypto on the thread that transfers it: the
+    // segment a request was routed to must reach that thread too.
+    let daemon = disk.serve_with(&["--aio", "threads"]);
+    let mut c = disk.nbd();
+    let mut model = Model::new();
+    model.fill(&mut c);
+    // A wrong passphrase is refused at once and leaves the header alone.
+    // (cryptsetup cannot look while the daemon holds the image's lock: its header's seqid
+    // shows that nothing was committed.)
+    let wrong = key_file(disk.dir.path(), "wrong", &passphrase("busy-wrong"));
+    let seqid = read_prefix(&disk.img, 24);
+    disk.ctl(&["reencrypt-start", "vol", "--key-file", s(&wrong)])
+        .expect_code(code::WRONG_PASSPHRASE);
+    assert_eq!(read_prefix(&disk.img, 24), seqid, "the header changed");
+    assert_eq!(disk.status()["phase"], "idle");
+    disk.start("2M");
+
+    // While it runs: a migration, a second start and a keyslot change are busy at once.
+    let t = Instant::now();
+    let out = disk.ctl(&["migrate-start", "vol", "--to", "tcp:127.0.0.1:9"]);
+    out.expect_code(code::IN_USE);
+    out.error_line(&["re-encrypted"]);
+    assert!(t.elapsed() < Duration::from_secs(5), "refused late");
+    let again = disk.ctl(&["reencrypt-start", "vol", "--key-file", s(&disk.key)]);
+    again.expect_code(code::IN_USE);
+    let new_key = key_file(disk.dir.path(), "new", &passphrase("busy-new"));
+    let add = disk.ctl(&[
+        "key-add",
+        "vol",
+        "--key-file",
+        s(&disk.key),
+        "--new-key-file",
+        s(&new_key),
+    ]);
+    add.expect_code(code::IN_USE);
+
+    // Paused: the boundary stays, the data reads back, and the start continues it.
+    let st = ctl_json(&disk.path("ctl.sock"), &["reencrypt-pause", "vol"]);
+    assert!(st["phase"] == "pausing" || st["phase"] == "paused", "{st}");
+    let paused = disk.wait("the pause", |st| st["phase"] == "paused");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(done_bytes(&disk.status()), done_bytes(&paused));
+    model.round(&mut c, done_bytes(&paused));
+    model.check_all(&mut c, "while paused");
+    disk.start("0");
+    disk.wait("the end", |st| st["phase"] == "finished");
+    model.check_all(&mut c, "after the reencryption");
+    // Once finished, a migration is no longer refused as busy (it fails to connect instead).
+    let out = disk.ctl(&[
+        "migrate-start",
+        "vol",
+        "--to",
+        "tcp:127.0.0.1:9",
+        "--connect-timeout",
+        "200",
+    ]);
+    assert_ne!(out.code, code::IN_USE, "{out:?}");
+    drop(c);
+    assert_eq!(daemon.terminate(), 0);
+    disk.check_final(&model.data, &old_key);
+}

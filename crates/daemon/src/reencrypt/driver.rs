@@ -1,0 +1,303 @@
+//! The reencryption thread: starts the reencryption in the header (or picks up the one there),
+//! then for each hotzone fences it off from the asynchronous path, rewrites it under the
+//! hotzone lock with `Reencryption::step` (cryptsetup's commit order, crash-safe per the
+//! resilience mode), moves the boundary, and sleeps as long as the bandwidth limit asks.
+use super::{Progress, ReencryptJob};
+use crate::error::{chain, Context, Error, Result};
+use crate::key_file::Passphrase;
+use crossbeam_channel::Sender;
+use cryptblk_block::{Container, SegmentMap};
+use cryptblk_control::api::{Hotzone, ReencryptPhase, ReencryptStartParams, Resilience};
+use cryptblk_crypto::{CipherSpec, CryptoPool, Mode};
+use cryptblk_luks::luks2::reencrypt::{
+    InitParams, Reencryption, Resilience as LuksResilience, ResilienceChoice,
+};
+use cryptblk_luks::luks2::Luks2Header;
+use cryptblk_luks::{HashAlg, LuksImage, LuksVersion, UnlockOptions};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Largest hotzone: what requests touching it may wait for while it is rewritten.
+const MAX_HOTZONE: u64 = 4 << 20;
+/// Longest sleep between two looks at the pause flag.
+const PAUSE_POLL: Duration = Duration::from_millis(50);
+
+pub(super) struct Run {
+    pub name: String,
+    pub file: Arc<dyn Container>,
+    pub segments: Arc<SegmentMap>,
+    pub passphrase: Passphrase,
+    pub params: ReencryptStartParams,
+    pub max_bandwidth: u64,
+    pub pool: Arc<CryptoPool>,
+    pub unlock: UnlockOptions,
+    pub job: Arc<ReencryptJob>,
+}
+
+impl Run {
+    /// Runs to the end, a pause or an error; `ready` hears whether it got going.
+    pub(super) fn run(self, ready: Sender<Result<()>>) {
+        let io = self.file.header_io();
+        let mut r = match self.open(io) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let outcome = self.rewrite(io, &mut r, Some(ready));
+        let name = &self.name;
+        match outcome {
+            Ok(true) => {
+                self.segments.finish();
+                self.job.update(|p| {
+                    p.phase = ReencryptPhase::Finished;
+                    p.hotzone = None;
+                });
+                tracing::info!(disk = %name, "reencryption finished: the old volume key is gone");
+            }
+            Ok(false) => {
+                self.job.update(|p| {
+                    p.phase = ReencryptPhase::Paused;
+                    p.hotzone = None;
+                });
+                tracing::info!(disk = %name, done = self.segments.committed(), "reencryption paused");
+            }
+            Err(e) => {
+                let message = chain(&e);
+                tracing::error!(disk = %name, "reencryption stopped: {message}");
+                self.job.update(|p| {
+                    p.phase = ReencryptPhase::Paused;
+                    p.hotzone = None;
+                    p.last_error = Some(message);
+                });
+            }
+        }
+    }
+
+    /// Starts the reencryption in the header unless one is there, unlocks both keys, and puts
+    /// the new segment in the volume's map.
+    fn open<'f>(&self, io: &'f dyn cryptblk_luks::HeaderIo) -> Result<Reencryption<'f>> {
+        let image = self.file.name().display().to_string();
+        let (header, _) =
+            LuksImage::read(io).with_context(|| format!("reading the LUKS header of {image}"))?;
+        let LuksImage::V2(mut hdr) = header else {
+            return Err(Error::usage(format!(
+                "{image} is LUKS1: online reencryption needs LUKS2 (convert it offline with `cryptsetup convert --type luks2` first)"
+            )));
+        };
+        if hdr
+            .reencrypt_state()
+            .context("reading the reencryption state")?
+            .is_none()
+        {
+            if self.segments.is_split() {
+                return Err(Error::conflict(format!(
+                    "{image}: the header no longer shows the reencryption this disk serves; detach and attach it again"
+                )));
+            }
+            let params = self.init_params(&hdr)?;
+            hdr.reencrypt_init(io, &self.passphrase, &self.unlock, &params)
+                .with_context(|| format!("starting the reencryption of {image}"))?;
+            tracing::info!(disk = %self.name, "reencryption initialised in the header");
+        }
+        let mut r = Reencryption::open(
+            io,
+            hdr,
+            &self.passphrase,
+            &self.unlock,
+            None,
+            self.pool.clone(),
+        )
+        .with_context(|| format!("opening the reencryption of {image}"))?;
+        let online = r
+            .online_segments()
+            .or_else(|_| {
+                // A hotzone left by a failed step of this daemon (a restart recovers at attach).
+                let _rewrite = self.segments.hotzone_write();
+                r.recover()?;
+                r.online_segments()
+            })
+            .with_context(|| image.clone())?;
+        if self.segments.is_split() {
+            if self.segments.committed() != online.done {
+                return Err(Error::conflict(format!(
+                    "{image}: the header's boundary ({}) is not the one this disk serves ({}); detach and attach it again",
+                    online.done,
+                    self.segments.committed()
+                )));
+            }
+        } else {
+            let cipher = cryptblk_block::data_cipher(self.file.as_ref(), online.new.clone());
+            self.segments
+                .split(cipher, online.done)
+                .context("serving the new segment")?;
+        }
+        let resilience = r.state().resilience.name().to_string();
+        let cipher = Some(online.new_cipher_name.clone());
+        self.job.update(|p: &mut Progress| {
+            p.phase = ReencryptPhase::Running;
+            p.done = online.done;
+            p.total = online.size;
+            p.run_start = Some((online.done, Instant::now()));
+            p.resilience = Some(resilience);
+            p.cipher = cipher;
+            p.max_bandwidth = self.max_bandwidth;
+            p.last_error = None;
+        });
+        Ok(r)
+    }
+
+    fn init_params(&self, hdr: &Luks2Header) -> Result<InitParams> {
+        let p = &self.params;
+        let current = hdr.cipher_spec().context("reading the current cipher")?;
+        let name = p
+            .cipher
+            .clone()
+            .unwrap_or_else(|| current.to_luks2_string());
+        let bits = match p.key_size {
+            Some(b) => b as usize,
+            None if p.cipher.is_none() => current.key_bytes() * 8,
+            None => {
+                let probe = CipherSpec::parse_luks2(&name, 32)
+                    .or_else(|_| CipherSpec::parse_luks2(&name, 64))
+                    .map_err(|e| Error::caused(format!("cipher {name}"), e))?;
+                if probe.mode() == Mode::Xts {
+                    512
+                } else {
+                    256
+                }
+            }
+        };
+        if !bits.is_multiple_of(8) {
+            return Err(Error::invalid_params(format!(
+                "key-size {bits} is not a whole number of bytes"
+            )));
+        }
+        let cipher = CipherSpec::parse_luks2(&name, bits / 8)
+            .map_err(|e| Error::caused(format!("cipher {name} with a {bits}-bit key"), e))?;
+        if let Some(s) = p.sector_size {
+            if !(512..=4096).contains(&s) || !s.is_power_of_two() {
+                return Err(Error::invalid_params(format!(
+                    "sector-size {s}: use a power of two from 512 to 4096"
+                )));
+            }
+        }
+        let resilience = match p.resilience.unwrap_or(Resilience::Checksum) {
+            Resilience::Checksum => ResilienceChoice::Checksum(HashAlg::Sha256),
+            Resilience::Journal => ResilienceChoice::Journal,
+            Resilience::None => ResilienceChoice::None,
+        };
+        Ok(InitParams {
+            cipher: Some(cipher),
+            sector_size: p.sector_size,
+            resilience,
+            pbkdf: crate::keys::pbkdf_options(p.pbkdf, p.iter_time, LuksVersion::V2)?,
+            keyslot: None,
+        })
+    }
+
+    /// Rewrites hotzones until the end (true) or a pause (false).
+    fn rewrite(
+        &self,
+        io: &dyn cryptblk_luks::HeaderIo,
+        r: &mut Reencryption<'_>,
+        mut ready: Option<Sender<Result<()>>>,
+    ) -> Result<bool> {
+        let align = r.alignment();
+        let mut hotzone = MAX_HOTZONE.min(r.max_hotzone());
+        if self.max_bandwidth > 0 {
+            // A few hotzones a second, so the limit is smooth.
+            hotzone = hotzone.min(self.max_bandwidth / 4);
+        }
+        let hotzone = (hotzone - hotzone % align).max(align);
+        let total = r.device_size().context("reading the volume size")?;
+        let started = Instant::now();
+        let mut rewritten = 0u64;
+        if let Some(tx) = ready.take() {
+            let _ = tx.send(Ok(()));
+        }
+        loop {
+            if self.job.pause.load(Ordering::Acquire) {
+                r.checkpoint().context("committing the boundary")?;
+                return Ok(false);
+            }
+            let done = r.done_bytes().context("reading the boundary")?;
+            if done >= total {
+                r.finish().context("finishing the reencryption")?;
+                return Ok(true);
+            }
+            let len = hotzone.min(total - done);
+            self.job
+                .update(|p| p.hotzone = Some(Hotzone { offset: done, len }));
+            self.segments.announce(done + len);
+            let rewrite = self.segments.hotzone_write();
+            let step = r.step(len).and_then(|rep| {
+                if r.state().resilience == LuksResilience::None {
+                    // Online, the boundary is committed after every hotzone: a crash
+                    // loses at most the hotzone being rewritten (as cryptsetup's `none`).
+                    r.checkpoint()?;
+                }
+                Ok(rep)
+            });
+            let rep = match step {
+                Ok(rep) => rep,
+                Err(e) => {
+                    let e =
+                        Error::caused(format!("rewriting the hotzone of {len} bytes at {done}"), e);
+                    // Part of the hotzone may hold new ciphertext: put it right (as a restart
+                    // would) before any request may touch it again.
+                    match self.recover(io) {
+                        Ok(at) => self.segments.advance(&rewrite, at),
+                        Err(again) => {
+                            tracing::error!(disk = %self.name, "the interrupted hotzone could not be recovered ({}): requests on the synchronous path stay blocked until the daemon restarts", chain(&again));
+                            // Never serve a half-rewritten hotzone with the wrong key.
+                            std::mem::forget(rewrite);
+                        }
+                    }
+                    return Err(e);
+                }
+            };
+            self.segments.advance(&rewrite, rep.done);
+            drop(rewrite);
+            rewritten += rep.done - done;
+            self.job.update(|p| {
+                p.done = rep.done;
+                p.hotzone = None;
+            });
+            self.throttle(started, rewritten);
+        }
+    }
+
+    /// Recovers an interrupted hotzone from what the header says; returns the boundary.
+    fn recover(&self, io: &dyn cryptblk_luks::HeaderIo) -> Result<u64> {
+        let (header, _) = LuksImage::read(io).context("reading the LUKS header")?;
+        let LuksImage::V2(hdr) = header else {
+            return Err(Error::conflict("the header is no longer LUKS2"));
+        };
+        let mut r = Reencryption::open(
+            io,
+            hdr,
+            &self.passphrase,
+            &self.unlock,
+            None,
+            self.pool.clone(),
+        )
+        .context("reopening the reencryption")?;
+        r.recover().context("recovering the hotzone")?;
+        r.done_bytes().context("reading the boundary")
+    }
+
+    /// Sleeps until `rewritten` bytes since `started` are within the bandwidth limit (or a
+    /// pause is asked for).
+    fn throttle(&self, started: Instant, rewritten: u64) {
+        if self.max_bandwidth == 0 {
+            return;
+        }
+        let due = Duration::from_secs_f64(rewritten as f64 / self.max_bandwidth as f64);
+        while started.elapsed() < due && !self.job.pause.load(Ordering::Acquire) {
+            std::thread::sleep((due - started.elapsed()).min(PAUSE_POLL));
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! `reencrypt-start`, `reencrypt-status`, `reencrypt-pause`: replacing a served LUKS2 disk's
+//! volume key while it serves (cryptsetup's LUKS2 reencryption, forward, in place). The work
+//! runs on a thread of its own (`driver`); the data path follows it through the volume's
+//! segment map (`cryptblk_block::SegmentMap`).
+//!
+//! One reencryption at a time per disk, and never alongside a migration or a keyslot change:
+//! each refuses the other as busy (`activity`). A disk attached in mid-reencryption (a daemon
+//! restarted, or cryptsetup stopped part-way) serves both segments at once and continues on
+//! `reencrypt-start`.
+mod driver;
+
+use crate::error::{Error, Result};
+use crate::key_file::read_key_source;
+use crate::registry::Daemon;
+use cryptblk_control::api::{Hotzone, ReencryptPhase, ReencryptStartParams, ReencryptStatus};
+use cryptblk_control::PassedFds;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+/// Bytes per second a reencryption rewrites unless told otherwise: a fraction of what a
+/// disk or an SSD does, so the guest keeps most of the device.
+pub const DEFAULT_MAX_BANDWIDTH: u64 = 64 << 20;
+
+/// A disk's reencryption as `reencrypt-status` shows it.
+pub(crate) struct ReencryptJob {
+    status: Mutex<Progress>,
+    /// `reencrypt-pause` asked the driver to stop after its hotzone.
+    pause: AtomicBool,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+#[derive(Clone)]
+struct Progress {
+    phase: ReencryptPhase,
+    done: u64,
+    total: u64,
+    /// Where this run started: bytes done then, and when.
+    run_start: Option<(u64, Instant)>,
+    resilience: Option<String>,
+    cipher: Option<String>,
+    hotzone: Option<Hotzone>,
+    max_bandwidth: u64,
+    last_error: Option<String>,
+}
+
+impl ReencryptJob {
+    /// The job of a disk just attached: paused when its image is in mid-reencryption.
+    pub(crate) fn new(segments: Option<&cryptblk_block::SegmentMap>) -> Arc<ReencryptJob> {
+        let (phase, done, total) = match segments {
+            Some(m) if m.is_split() => (ReencryptPhase::Paused, m.committed(), m.size()),
+            _ => (ReencryptPhase::Idle, 0, 0),
+        };
+        Arc::new(ReencryptJob {
+            status: Mutex::new(Progress {
+                phase,
+                done,
+                total,
+                run_start: None,
+                resilience: None,
+                cipher: None,
+                hotzone: None,
+                max_bandwidth: 0,
+                last_error: None,
+            }),
+            pause: AtomicBool::new(false),
+            thread: Mutex::new(None),
+        })
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Progress)) {
+        f(&mut self.status.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+
+    fn status(&self, name: &str) -> ReencryptStatus {
+        let p = self
+            .status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let rate = match (p.phase, p.run_start) {
+            (ReencryptPhase::Running | ReencryptPhase::Pausing, Some((from, at))) => {
+                let secs = at.elapsed().as_secs_f64();
+                if secs > 0.0 {
+                    (p.done.saturating_sub(from) as f64 / secs) as u64
+                } else {
+                    0
+                }
+            }
+            _ => 0,
+        };
+        ReencryptStatus {
+            name: name.to_string(),
+            phase: p.phase,
+            bytes_done: p.done,
+            bytes_total: p.total,
+            rate,
+            eta_seconds: (rate > 0).then(|| p.total.saturating_sub(p.done) / rate),
+            resilience: p.resilience,
+            cipher: p.cipher,
+            hotzone: p.hotzone,
+            max_bandwidth: p.max_bandwidth,
+            last_error: p.last_error,
+        }
+    }
+
+    /// Pauses a running reencryption and waits until it has committed its hotzone (the disk
+    /// is being detached).
+    pub(crate) fn stop(&self) {
+        self.pause.store(true, Ordering::Release);
+        let thread = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+
+    /// Bytes rewritten so far (the metrics' counter).
+    pub(crate) fn bytes_done(&self) -> u64 {
+        self.status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .done
+    }
+}
+
+impl Daemon {
+    /// Starts (or continues) the reencryption of an attached LUKS2 disk. Returns once both
+    /// keys are unlocked and the rewriting has begun; a wrong passphrase or an image this
+    /// cannot handle is an error here, with the image untouched.
+    pub fn reencrypt_start(
+        &self,
+        p: &ReencryptStartParams,
+        fds: &mut PassedFds,
+    ) -> Result<ReencryptStatus> {
+        let name = p.name.as_str();
+        let source = crate::keys::required_source(p.key_file.as_deref(), p.key_fd, "key")?;
+        let disk = self.attached(name)?;
+        let file = crate::keys::luks_file(&disk)?;
+        let segments = disk.image.segments.clone().ok_or_else(|| {
+            Error::conflict(format!(
+                "disk \"{name}\" is not LUKS: nothing to re-encrypt"
+            ))
+        })?;
+        if disk.read_only() {
+            return Err(Error::usage(format!(
+                "disk \"{name}\" is read-only: re-encrypting writes every sector"
+            )));
+        }
+        if self.incoming_in_progress(name) {
+            return Err(Error::busy(format!(
+                "disk \"{name}\" is being migrated in: re-encrypt it once the migration has completed"
+            )));
+        }
+        let ticket = disk.activity.begin_reencryption(name)?;
+        let passphrase = read_key_source(source, "key-fd", fds)?;
+        let job = disk.reencryption.clone();
+        job.pause.store(false, Ordering::Release);
+        let max_bandwidth = p.max_bandwidth.unwrap_or(DEFAULT_MAX_BANDWIDTH);
+        let run = driver::Run {
+            name: name.to_string(),
+            file,
+            segments,
+            passphrase,
+            params: p.clone(),
+            max_bandwidth,
+            pool: self.pool.clone(),
+            unlock: self.unlock.clone(),
+            job: job.clone(),
+        };
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+        let thread = std::thread::Builder::new()
+            .name(format!("reencrypt-{name}"))
+            .spawn(move || {
+                // The ticket ends with the run: migrations and keyslot changes are refused
+                // until then.
+                let _ticket = ticket;
+                run.run(ready_tx);
+            })
+            .map_err(|e| Error::caused("starting the reencryption thread", e))?;
+        let previous = job
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(thread);
+        if let Some(previous) = previous {
+            // A run that has ended (its ticket is gone, or this start would have been busy).
+            let _ = previous.join();
+        }
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(job.status(name)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::new(
+                cryptblk_control::api::ErrorKind::Other,
+                "the reencryption thread ended before it started",
+            )),
+        }
+    }
+
+    pub fn reencrypt_status(&self, name: &str) -> Result<ReencryptStatus> {
+        Ok(self.attached(name)?.reencryption.status(name))
+    }
+
+    /// Asks the reencryption to stop once the hotzone it is rewriting is committed.
+    pub fn reencrypt_pause(&self, name: &str) -> Result<ReencryptStatus> {
+        let disk = self.attached(name)?;
+        let job = &disk.reencryption;
+        job.pause.store(true, Ordering::Release);
+        job.update(|p| {
+            if p.phase == ReencryptPhase::Running {
+                p.phase = ReencryptPhase::Pausing;
+            }
+        });
+        Ok(job.status(name))
+    }
+}
