@@ -38,11 +38,18 @@ use std::sync::Arc;
 pub(super) fn open(core: Arc<CryptCore>, opts: &QueueOptions) -> Result<Pipeline, BlockError> {
     let mut pipeline = open_pipeline(&core.backend, opts)?;
     let offloaded = pipeline.offload(Arc::new(VolumeCrypto(core.clone())));
-    pipeline.set_bounds(Bounds::new(core.size, core.read_only()));
+    // The size is read per request: an online resize changes it while the queues run.
+    let sized = core.clone();
+    pipeline.set_bounds(Bounds::live(
+        Arc::new(move || sized.size()),
+        core.read_only(),
+    ));
     let capacity = pipeline.capacity();
+    // The last segment runs to the end of the payload, wherever a resize puts it (the
+    // bounds check above keeps requests inside).
     let segments = vec![Segment {
         start: 0,
-        end: core.size,
+        end: u64::MAX,
         core: core.clone(),
     }];
     pipeline.push_front(Box::new(CryptStage {
