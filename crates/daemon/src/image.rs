@@ -30,6 +30,8 @@ pub struct OpenedImage {
     /// The LUKS image's container, for header updates (`key-add`, `key-remove`) while
     /// attached.
     pub luks_file: Option<Arc<dyn Container>>,
+    /// The unlocked LUKS volume under the tracker, for `disk-resize`.
+    pub volume: Option<Arc<cryptblk_block::LuksVolume>>,
 }
 
 /// What opening needs besides the disk's configuration.
@@ -139,8 +141,9 @@ fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
     let file = volume.container().clone();
     let payload_offset = volume.header().data_offset();
     let granularity = u64::from(volume.header().sector_size());
+    let volume = Arc::new(volume);
     let tracker = Arc::new(
-        DirtyTracker::new(Arc::new(volume), payload_offset, granularity)
+        DirtyTracker::new(volume.clone(), payload_offset, granularity)
             .context("setting up dirty tracking")?,
     );
     Ok(OpenedImage {
@@ -152,6 +155,7 @@ fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
         engine: Some(engine),
         cipher,
         luks_file: Some(file),
+        volume: Some(volume),
     })
 }
 
@@ -174,6 +178,7 @@ fn raw_image(raw: Arc<dyn Container>) -> Result<OpenedImage> {
         engine: None,
         cipher: None,
         luks_file: None,
+        volume: None,
     })
 }
 

@@ -18,6 +18,7 @@ mod migrate;
 pub mod notify;
 mod rbd;
 mod registry;
+mod resize;
 mod rpc;
 mod serve;
 pub mod socket_access;
@@ -30,7 +31,7 @@ pub use error::{chain, kind_of, Error, Result};
 pub use keys::pbkdf_options;
 pub use registry::{Daemon, DaemonOptions, PreparedDisk};
 pub use rpc::ControlHandler;
-pub use serve::{serve, ServeConfig, StartDisk};
+pub use serve::{ignore_file_size_signal, serve, ServeConfig, StartDisk};
 
 /// Something the serve loop must react to.
 #[derive(Debug)]
