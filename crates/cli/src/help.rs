@@ -86,9 +86,9 @@ an address other machines reach (tcp:0.0.0.0:PORT) is refused unless --nbd-insec
 cap the connections served at once; more are closed and logged.
 
 --control PATH answers JSON-RPC 2.0 requests (one per line) on a 0600 UNIX socket:
-disk-add, disk-remove, disk-list, stats, key-add, key-remove and the migrate-* methods;
-`cryptblk ctl --help` lists them with their parameters. With --control the daemon may
-start with no disk.
+disk-add, disk-remove, disk-resize, disk-list, stats, key-add, key-remove and the
+migrate-* methods; `cryptblk ctl --help` lists them with their parameters. With --control
+the daemon may start with no disk.
 
 --metrics unix:PATH or tcp:HOST:PORT answers HTTP GET /metrics in Prometheus's text
 format: per disk and queue request counts, bytes, errors, requests in flight and latency
