@@ -71,6 +71,14 @@ impl FrontendState {
             .unwrap_or_else(PoisonError::into_inner) = None;
     }
 
+    /// The connection ended: nothing is told on its channel any more.
+    pub(crate) fn drop_backend_req(&self) {
+        *self
+            .backend_req
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
     pub(crate) fn set_backend_req(&self, backend: Backend) {
         *self
             .backend_req

@@ -202,9 +202,9 @@ impl StopHandle {
     /// a reboot). Call it from a thread other than the connection's (the control thread):
     /// the frontend answers with a GET_CONFIG that thread serves.
     pub fn notify_config_change(&self) -> io::Result<bool> {
-        if !self.is_connected() {
-            return Ok(false);
-        }
+        // The channel is the connection's: set by its SET_BACKEND_REQ_FD, dropped when it
+        // ends (not `is_connected`, which the server thread sets a moment after the
+        // frontend's first messages are already being answered).
         self.shared.frontend.config_changed()
     }
 
@@ -397,6 +397,7 @@ impl Server {
         self.shared.connected.store(true, Ordering::SeqCst);
         tracing::info!("vhost-user frontend connected on {}", self.path.display());
         let result = daemon.wait();
+        self.shared.frontend.drop_backend_req();
         *self
             .shared
             .connection
