@@ -1,7 +1,7 @@
 #!/bin/busybox sh
 # /init of the cryptblk test guest (packed into the initramfs by build-initramfs.sh).
 # Kernel command line parameters:
-#   cryptblk.job=write-verify|read-verify|restart-verify   the fio job to run on the test disk
+#   cryptblk.job=write-verify|read-verify|restart-verify|resize-grow   the job to run on the test disk
 #   cryptblk.size=BYTES                     how much of the disk the job covers (default 64M)
 #   cryptblk.bs=BYTES                       fio block size (default 64k)
 #   cryptblk.dev=NAME                       the test disk under /dev (default vda)
@@ -10,6 +10,9 @@
 # read-verify, then powers off. restart-verify runs rounds of a mixed verified fio job until the
 # console reads the line "stop" (the host restarts the disk's server meanwhile), printing each
 # round's fio JSON report between "FIO-JSON-BEGIN <n>" and "FIO-JSON-END <n>".
+# resize-grow waits (60 s at most) for the disk to grow while the guest runs (the host resizes
+# it), writes a verified fio pattern over what was added and prints "GUEST-SHA256: <hex>" of
+# those bytes.
 /bin/busybox mkdir -p /proc /sys /dev /tmp /sbin /usr/bin /usr/sbin
 /bin/busybox --install -s
 mount -t devtmpfs devtmpfs /dev
@@ -81,6 +84,28 @@ if [ "$job" = restart-verify ]; then
 	done
 	finish PASS
 fi
+# The host grows the disk while the guest runs: the kernel must see it without a reboot
+# (virtio config interrupt), and the new sectors must take data.
+if [ "$job" = resize-grow ]; then
+	old=$(cat "/sys/block/$dev/size")
+	echo "guest: waiting for /dev/$dev to grow past $old sectors"
+	tries=0
+	while [ "$(cat "/sys/block/$dev/size")" -le "$old" ]; do
+		tries=$((tries + 1))
+		[ "$tries" -le 1200 ] || finish "FAIL /dev/$dev stayed at $old sectors for 60 s"
+		sleep 0.05
+	done
+	new=$(cat "/sys/block/$dev/size")
+	echo "guest: /dev/$dev grew from $old to $new sectors"
+	fio --name=grown --filename="/dev/$dev" --rw=write --bs="$bs" --offset=$((old * 512)) \
+		--size=$(((new - old) * 512)) --direct=1 --ioengine=psync --verify=crc32c \
+		--verify_fatal=1 --verify_state_save=0 --do_verify=1 ||
+		finish "FAIL fio past the old end exited with status $?"
+	# In 64 KiB blocks: the test grows by whole MiB.
+	echo "GUEST-SHA256: $(dd if="/dev/$dev" bs=65536 skip=$((old / 128)) count=$(((new - old) / 128)) 2>/dev/null | sha256sum | cut -d' ' -f1)"
+	finish PASS
+fi
+
 set -- fio --name=verify --filename="/dev/$dev" --rw=write --bs="$bs" --size="$size" \
 	--direct=1 --ioengine=psync --verify=crc32c --verify_fatal=1 --verify_state_save=0
 case "$job" in

@@ -3,7 +3,7 @@
 # one test disk, runs a fio job on it and reports the guest's verdict.
 #
 # Usage: scripts/guest/run-guest.sh (--disk-raw FILE | --vhost-user-blk SOCKET [--queues N]
-#            [--reconnect SECS]) --job write-verify|read-verify|restart-verify --size BYTES
+#            [--reconnect SECS]) --job write-verify|read-verify|restart-verify|resize-grow --size BYTES
 #            [--bs BYTES] [--log FILE] [--timeout SECS] [--artifacts DIR] [--stdin]
 #
 #   --disk-raw FILE         a raw image as a plain virtio-blk disk (cache=none)
@@ -16,7 +16,9 @@
 #                           pattern an earlier write-verify left there; restart-verify: rounds
 #                           of a mixed fio job (1 MiB writes at depth 8 and 4 KiB writes at
 #                           depth 24, fsync every 8, crc32c verify) over the first --size
-#                           bytes until the line "stop" arrives on the console (--stdin)
+#                           bytes until the line "stop" arrives on the console (--stdin);
+#                           resize-grow: waits for the disk to grow (the host resizes it),
+#                           then writes and verifies a pattern over the added sectors
 #   --size BYTES            bytes of the disk the job covers (a multiple of --bs)
 #   --bs BYTES              fio block size (default 65536)
 #   --log FILE              the guest console (default: a temporary file, removed on success)
@@ -24,7 +26,8 @@
 #   --artifacts DIR         where the kernel and initramfs are built/cached (default target/guest)
 #   --stdin                 the guest console reads this script's stdin (default: nothing)
 #
-# The console is also echoed to stdout. Exits 0 only if the guest printed "GUEST-RESULT: PASS";
+# The console is also echoed to stdout, and written to --log line by line as it comes (a test
+# can watch it while the guest runs). Exits 0 only if the guest printed "GUEST-RESULT: PASS";
 # after a pass the console also holds "GUEST-SHA256: <hex>", the digest of the first --size
 # bytes as the guest reads them. Acceleration: TCG (-accel tcg,thread=multi -cpu max) whenever
 # the host's KVM is PVM (/sys/module/kvm_pvm present: a stock kernel hangs under it); KVM only
@@ -57,8 +60,8 @@ if { [ -n "$disk_raw" ] && [ -n "$socket" ]; } || { [ -z "$disk_raw" ] && [ -z "
   echo "$0: give exactly one of --disk-raw and --vhost-user-blk" >&2
   usage
 fi
-case "$job" in write-verify | read-verify | restart-verify) ;;
-*) echo "$0: --job write-verify|read-verify|restart-verify" >&2; usage ;;
+case "$job" in write-verify | read-verify | restart-verify | resize-grow) ;;
+*) echo "$0: --job write-verify|read-verify|restart-verify|resize-grow" >&2; usage ;;
 esac
 [[ "$size" =~ ^[0-9]+$ ]] && [ "$size" -gt 0 ] || { echo "$0: --size BYTES (a positive integer)" >&2; usage; }
 [[ "$bs" =~ ^[0-9]+$ ]] && [ $((size % bs)) -eq 0 ] || { echo "$0: --size must be a multiple of --bs" >&2; exit 1; }
@@ -110,7 +113,7 @@ timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 "${accel_args[@]}" -m "$
   -nographic -nodefaults -no-user-config -serial stdio -no-reboot \
   -kernel "$artifacts/vmlinuz" -initrd "$artifacts/initramfs.cpio.gz" \
   -append "console=ttyS0 quiet panic=-1 cryptblk.job=$job cryptblk.size=$size cryptblk.bs=$bs" \
-  "${disk_args[@]}" <"$console_in" 2>&1 | tr -d '\r' | tee "$log"
+  "${disk_args[@]}" <"$console_in" 2>&1 | stdbuf -oL tr -d '\r' | tee "$log"
 status=("${PIPESTATUS[@]}")
 set -e
 elapsed=$(awk -v ns=$(($(date +%s%N) - start)) 'BEGIN { printf "%.1f", ns / 1e9 }')

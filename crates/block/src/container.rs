@@ -27,6 +27,15 @@ pub trait Container: BlockDevice {
     fn shared_storage(&self) -> Option<&dyn SharedStorage> {
         None
     }
+    /// Grows or shrinks the image to `len` bytes (a resize); `size()` reports the new length
+    /// once it holds. On an error the image keeps its old length.
+    fn set_len(&self, len: u64) -> Result<(), BlockError> {
+        let _ = len;
+        Err(BlockError::unsupported(format!(
+            "{} cannot be resized",
+            self.name().display()
+        )))
+    }
 }
 
 /// Storage that two hosts reach alike (an RBD image in one cluster): migrating a disk on it
@@ -54,5 +63,8 @@ impl Container for RawFile {
     fn zero_range(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         self.punch_hole(offset, len)
             .or_else(|_| BlockDevice::write_zeroes(self, offset, len))
+    }
+    fn set_len(&self, len: u64) -> Result<(), BlockError> {
+        RawFile::set_len(self, len)
     }
 }

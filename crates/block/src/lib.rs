@@ -21,6 +21,7 @@ mod luks_reencrypting;
 mod luks_volume;
 pub mod qcow2;
 pub mod raw;
+mod resize;
 pub mod stats;
 
 pub use aligned::{is_direct_aligned, AlignedBuf, DIRECT_IO_ALIGN};
@@ -38,4 +39,5 @@ pub use luks_volume::{
 };
 pub use qcow2::{Qcow2, MAX_BACKING_DEPTH};
 pub use raw::{IoSettings, OpenOptions, RawFile};
+pub use resize::{resize_luks, resize_raw, ResizeError, Resized, RAW_SECTOR};
 pub use stats::{IoKind, IoStats, IoStatsSnapshot};

@@ -60,6 +60,11 @@ pub enum Command {
     /// key size or sector size), crash-safe and resumable by cryptsetup too.
     #[command(after_help = crate::help::REENCRYPT)]
     Reencrypt(ReencryptArgs),
+    /// Grow (or shrink) an image that is not being served so that the disk it holds is SIZE
+    /// bytes, as `virsh blockresize` counts: raw, LUKS1 and LUKS2 files and rbd: images. No
+    /// passphrase is needed. A served disk is resized with `cryptblk ctl disk-resize`.
+    #[command(after_help = crate::help::RESIZE)]
+    Resize(ResizeArgs),
     /// Measure sector-crypto throughput of every engine on this CPU.
     Bench(BenchArgs),
     /// Run the built-in example: make a sample disk, encrypt it into LUKS2, decrypt and verify,
@@ -445,6 +450,20 @@ pub enum ResilienceMode {
     Journal,
     /// Move the data (needs --reduce-device-size; not implemented by cryptblk).
     Datashift,
+}
+
+#[derive(Args, Debug)]
+pub struct ResizeArgs {
+    /// A file, or `rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH]`.
+    pub image: PathBuf,
+    /// The disk's new size as the guest sees it (the LUKS payload; a raw image's length),
+    /// with an optional K, M, G or T suffix: a multiple of the encryption sector size (512
+    /// for raw).
+    #[arg(value_name = "SIZE", value_parser = crate::size::parse_size)]
+    pub size: u64,
+    /// Allow a size below the current one: the data past it is lost.
+    #[arg(long)]
+    pub allow_shrink: bool,
 }
 
 #[derive(Args, Debug)]

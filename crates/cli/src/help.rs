@@ -17,6 +17,16 @@ one started or interrupted here continues with `cryptsetup reencrypt --resume-on
 --force-offline-reencrypt`. SIGINT/SIGTERM stop after the current hotzone; kill -9 loses nothing
 with --resilience checksum or journal (the next run recovers the hotzone).";
 
+/// `cryptblk resize --help`: what changes, and the exit statuses a script may see.
+pub const RESIZE: &str = "\
+The image grows sparse (nothing is written past the old end). LUKS1 and a LUKS2 \"dynamic\"
+data segment follow the image's length; a fixed-length LUKS2 segment is rewritten in both
+header copies. The image is locked while it is resized: an image a daemon serves is refused
+as in use (6); resize it there with `cryptblk ctl disk-resize NAME SIZE`. A shrink without
+--allow-shrink or a size off the sector grid is a usage error (1); a filesystem or cluster
+that refuses the new length (full, a file size limit, a quota) is an I/O error (5), and the
+image keeps its old size.";
+
 /// `cryptblk serve --help`: how QEMU connects, discard, and the `--config` file.
 pub const SERVE: &str = "\
 QEMU connects with:
@@ -76,9 +86,9 @@ an address other machines reach (tcp:0.0.0.0:PORT) is refused unless --nbd-insec
 cap the connections served at once; more are closed and logged.
 
 --control PATH answers JSON-RPC 2.0 requests (one per line) on a 0600 UNIX socket:
-disk-add, disk-remove, disk-list, stats, key-add, key-remove and the migrate-* methods;
-`cryptblk ctl --help` lists them with their parameters. With --control the daemon may
-start with no disk.
+disk-add, disk-remove, disk-resize, disk-list, stats, key-add, key-remove and the
+migrate-* methods; `cryptblk ctl --help` lists them with their parameters. With --control
+the daemon may start with no disk.
 
 --metrics unix:PATH or tcp:HOST:PORT answers HTTP GET /metrics in Prometheus's text
 format: per disk and queue request counts, bytes, errors, requests in flight and latency

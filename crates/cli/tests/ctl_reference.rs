@@ -22,7 +22,8 @@ fn ctl_help_lists_every_method_and_param_the_daemon_accepts() {
             let shown = verb.stdout.contains(&format!("--{param}"))
                 || verb.stdout.contains(&format!("--no-{param}"))
                 || (param == "name" && verb.stdout.contains("<NAME>"))
-                || (param == "name" && verb.stdout.contains("[NAME]"));
+                || (param == "name" && verb.stdout.contains("[NAME]"))
+                || (param == "size" && verb.stdout.contains("<SIZE>"));
             assert!(
                 shown,
                 "`ctl {} --help` does not offer `{param}`:\n{}",

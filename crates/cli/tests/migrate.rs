@@ -308,6 +308,14 @@ fn migration_refusals_and_cancel() {
     );
     assert_ne!(out.code, 0);
     out.error_line(&["migrated"]);
+    // So is a resize: the destination's image is being made at the old size.
+    let size = src.ctl(&["disk-list"])["disks"][0]["size"]
+        .as_u64()
+        .unwrap();
+    let grown = format!("{}K", (size >> 10) + 1024);
+    ctl(&src, &["disk-resize", "vol", &grown])
+        .expect_code(6)
+        .error_line(&["migrated", "size"]);
 
     src.ctl(&["migrate-cancel", "vol"]);
     src.wait_phase("cancelled");
@@ -327,7 +335,7 @@ fn migration_refusals_and_cancel() {
         assert!(Instant::now() < deadline, "{:#}", dst.ctl(&["disk-list"]));
         std::thread::sleep(Duration::from_millis(100));
     }
-    // And after the migration, keyslot changes work again.
+    // And after the migration, keyslot changes and resizes work again.
     src.ctl(&[
         "key-add",
         "vol",
@@ -336,6 +344,7 @@ fn migration_refusals_and_cancel() {
         "--new-key-file",
         s(&new_key),
     ]);
+    src.ctl(&["disk-resize", "vol", &grown]);
 }
 
 /// A TCP forwarder the test can cut, standing for the network between the daemons.

@@ -92,7 +92,7 @@ impl DiskActivity {
     pub(crate) fn begin_header_change(self: &Arc<Self>, name: &str) -> Result<HeaderChange> {
         let migrating = || {
             Error::busy(format!(
-                "disk \"{name}\" is being migrated: change its keyslots before or after"
+                "disk \"{name}\" is being migrated: change its keyslots or size before or after"
             ))
         };
         // A started migration's phase is read without our lock held (it has a lock of its
@@ -102,12 +102,12 @@ impl DiskActivity {
                 let s = self.lock();
                 if s.header_change {
                     return Err(Error::busy(format!(
-                        "another keyslot change of disk \"{name}\" is under way; retry when it \
-                         has returned"
+                        "another change of disk \"{name}\"'s header or size (key-add, \
+                         key-remove, disk-resize) is under way; retry when it has returned"
                     )));
                 }
                 if s.reencrypting {
-                    return Err(reencrypting(name, "change its keyslots"));
+                    return Err(reencrypting(name, "change its keyslots or size"));
                 }
                 match &s.outgoing {
                     Outgoing::Starting { .. } => return Err(migrating()),
@@ -139,8 +139,8 @@ impl DiskActivity {
                 let s = self.lock();
                 if s.header_change {
                     return Err(Error::busy(format!(
-                        "the keyslots of disk \"{name}\" are being changed; start the \
-                         migration when key-add or key-remove has returned"
+                        "the keyslots or size of disk \"{name}\" are being changed; start \
+                         the migration when key-add, key-remove or disk-resize has returned"
                     )));
                 }
                 if s.reencrypting {

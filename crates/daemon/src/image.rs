@@ -32,6 +32,8 @@ pub struct OpenedImage {
     pub luks_file: Option<Arc<dyn Container>>,
     /// A LUKS volume's segment map, which an online reencryption moves (`reencrypt`).
     pub segments: Option<Arc<cryptblk_block::SegmentMap>>,
+    /// The unlocked LUKS volume under the tracker, for `disk-resize`.
+    pub volume: Option<Arc<cryptblk_block::LuksVolume>>,
 }
 
 /// What opening needs besides the disk's configuration.
@@ -142,8 +144,9 @@ fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
     let segments = Some(volume.device().segments().clone());
     let payload_offset = volume.header().data_offset();
     let granularity = u64::from(volume.header().sector_size());
+    let volume = Arc::new(volume);
     let tracker = Arc::new(
-        DirtyTracker::new(Arc::new(volume), payload_offset, granularity)
+        DirtyTracker::new(volume.clone(), payload_offset, granularity)
             .context("setting up dirty tracking")?,
     );
     Ok(OpenedImage {
@@ -156,6 +159,7 @@ fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
         cipher,
         luks_file: Some(file),
         segments,
+        volume: Some(volume),
     })
 }
 
@@ -179,6 +183,7 @@ fn raw_image(raw: Arc<dyn Container>) -> Result<OpenedImage> {
         cipher: None,
         luks_file: None,
         segments: None,
+        volume: None,
     })
 }
 

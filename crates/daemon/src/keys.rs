@@ -63,11 +63,11 @@ impl Daemon {
     /// travels once, at the start of a migration: a keyslot change while one is under way
     /// (or while one is bringing the disk in) would be lost on the other side, so it is
     /// refused.
-    fn begin_header_change(&self, disk: &AttachedDisk) -> Result<HeaderChange> {
+    pub(crate) fn begin_header_change(&self, disk: &AttachedDisk) -> Result<HeaderChange> {
         let name = disk.name();
         if self.incoming_in_progress(name) {
             return Err(Error::busy(format!(
-                "disk \"{name}\" is being migrated: change its keyslots before or after"
+                "disk \"{name}\" is being migrated: change its keyslots or size before or after"
             )));
         }
         disk.activity.begin_header_change(name)

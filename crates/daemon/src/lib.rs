@@ -19,6 +19,7 @@ pub mod notify;
 mod rbd;
 mod reencrypt;
 mod registry;
+mod resize;
 mod rpc;
 mod serve;
 pub mod socket_access;
@@ -31,7 +32,7 @@ pub use error::{chain, kind_of, Error, Result};
 pub use keys::pbkdf_options;
 pub use registry::{Daemon, DaemonOptions, PreparedDisk};
 pub use rpc::ControlHandler;
-pub use serve::{serve, ServeConfig, StartDisk};
+pub use serve::{ignore_file_size_signal, serve, ServeConfig, StartDisk};
 
 /// Something the serve loop must react to.
 #[derive(Debug)]

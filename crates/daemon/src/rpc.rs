@@ -59,6 +59,7 @@ impl ControlHandler {
                 d.remove_disk(&p.name, p.force)?;
                 json(DiskRemoved { removed: p.name })
             }
+            Request::DiskResize(p) => json(d.resize_disk(&p)?),
             Request::DiskList(_) => json(d.list()),
             Request::Stats(p) => json(d.stats(p.name.as_deref())?),
             Request::KeyAdd(p) => {
@@ -133,6 +134,7 @@ fn request_disk(r: &Request) -> Option<&str> {
     match r {
         Request::DiskAdd(c) => Some(&c.name),
         Request::DiskRemove(p) => Some(&p.name),
+        Request::DiskResize(p) => Some(&p.name),
         Request::DiskList(_) => None,
         Request::Stats(p) => p.name.as_deref(),
         Request::KeyAdd(p) => Some(&p.name),

@@ -69,6 +69,7 @@ pub fn serve(config: ServeConfig) -> Result<()> {
             config.disks.len()
         ));
     }
+    ignore_file_size_signal()?;
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
@@ -281,4 +282,20 @@ fn label(config: &DiskConfig, by_name: bool) -> String {
     } else {
         config.image.to_string()
     }
+}
+
+/// A file size limit (RLIMIT_FSIZE, systemd's LimitFSIZE=) reached by a write or a resize
+/// must fail that one request with EFBIG, not kill the daemon and every disk it serves with
+/// SIGXFSZ's default action (nor `cryptblk resize` before it can say what happened).
+pub fn ignore_file_size_signal() -> Result<()> {
+    // SAFETY: SIG_IGN installs no handler code; changing a signal's disposition has no
+    // memory-safety precondition.
+    let previous = unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    if previous == libc::SIG_ERR {
+        return Err(Error::caused(
+            "ignoring SIGXFSZ",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
 }

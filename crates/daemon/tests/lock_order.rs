@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use cryptblk_control::api::{ErrorKind, KeyAddParams, MigrateStartParams};
+use cryptblk_control::api::{DiskResizeParams, ErrorKind, KeyAddParams, MigrateStartParams};
 use std::io::Write;
 use std::net::TcpListener;
 use std::os::unix::fs::OpenOptionsExt;
@@ -190,6 +190,16 @@ fn a_keyslot_change_blocks_nothing() {
         .key_add(&key_add_params(&key), &mut Default::default())
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Busy);
+    // A resize waits for the header change too: refused at once, the size unchanged.
+    let size = d.list().disks[0].attached.as_ref().unwrap().size;
+    let grow = DiskResizeParams {
+        name: "v".into(),
+        size: size + (1 << 20),
+        allow_shrink: false,
+    };
+    let err = d.resize_disk(&grow).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
+    assert!(err.to_string().contains("disk-resize"), "{err}");
     assert!(
         t.elapsed() < Duration::from_millis(500),
         "{:?}",
@@ -205,6 +215,8 @@ fn a_keyslot_change_blocks_nothing() {
         .migrate_start(&start_params("v", &nowhere, 1000))
         .unwrap_err();
     assert_ne!(err.kind(), ErrorKind::Busy, "{err}");
+    // And so is the resize.
+    assert_eq!(d.resize_disk(&grow).unwrap().size, size + (1 << 20));
     d.remove_disk("v", false).unwrap();
 }
 

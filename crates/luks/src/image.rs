@@ -179,6 +179,18 @@ impl LuksImage {
         Ok(new_slot)
     }
 
+    /// Makes the payload `size` bytes long in the header, where the header records it: a
+    /// fixed-length LUKS2 data segment is rewritten (both copies, crash-safe); LUKS1 and a
+    /// `dynamic` LUKS2 segment follow the device, so nothing is written. Returns whether the
+    /// header changed. The caller resizes the image itself (grow it first, shrink it after).
+    pub fn set_data_size(&mut self, file: &dyn HeaderIo, size: u64) -> Result<bool> {
+        self.ensure_writable()?;
+        match self {
+            LuksImage::V1(_) => Ok(false),
+            LuksImage::V2(h) => h.set_data_size(file, size),
+        }
+    }
+
     fn ensure_writable(&self) -> Result<()> {
         match self.read_only_reason() {
             Some(reason) => Err(LuksError::Unsupported {

@@ -203,6 +203,16 @@ impl Container for RbdDevice {
     fn shared_storage(&self) -> Option<&dyn SharedStorage> {
         Some(self)
     }
+    /// `rbd resize`: the cluster may refuse (a pool quota, a full cluster), leaving the image
+    /// as it was.
+    fn set_len(&self, len: u64) -> Result<(), BlockError> {
+        if self.image.read_only() {
+            return Err(BlockError::read_only("resize").with_path(&self.name));
+        }
+        self.image
+            .resize(len)
+            .map_err(|e| block_error("resize", len, e))
+    }
 }
 
 /// Every daemon of the cluster reaches the same image; its exclusive lock says which writes.

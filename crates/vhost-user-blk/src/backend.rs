@@ -17,6 +17,7 @@ use cryptblk_block::{BlockError, IoStats};
 use vhost::vhost_user::message::{
     VhostUserInflight, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
+use vhost::vhost_user::Backend;
 use vhost_user_backend::VhostUserBackend;
 use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::epoll::EventSet;
@@ -193,6 +194,12 @@ impl VhostUserBackend for BlkBackend {
     fn set_config(&self, offset: u32, buf: &[u8]) -> io::Result<()> {
         let ctx = &self.inner.ctx;
         ctx.config.write(&ctx.disk, offset, buf)
+    }
+
+    /// The frontend's backend request channel (BACKEND_REQ negotiated): kept for config
+    /// change notifications (`StopHandle::notify_config_change`).
+    fn set_backend_req_fd(&self, backend: Backend) {
+        self.inner.frontend.set_backend_req(backend);
     }
 
     /// vhost-user-backend replaces the table inside the `GuestMemoryAtomic` it was created

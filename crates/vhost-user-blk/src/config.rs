@@ -70,6 +70,9 @@ pub(crate) fn protocol_features() -> VhostUserProtocolFeatures {
         // Requests taken from the rings are recorded in a region the frontend keeps, so that
         // a restarted daemon resubmits them (`inflight`).
         | VhostUserProtocolFeatures::INFLIGHT_SHMFD
+        // A channel to the frontend (SET_BACKEND_REQ_FD), on which a resize is announced
+        // (CONFIG_CHANGE_MSG): QEMU then reads the capacity again and tells the guest.
+        | VhostUserProtocolFeatures::BACKEND_REQ
 }
 
 /// The config space of one connection: fixed at its start but for the write cache mode.

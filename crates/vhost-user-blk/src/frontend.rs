@@ -10,6 +10,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
+
 /// What the frontend did with the device, reported to the listener registered with
 /// `Server::set_event_listener`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +43,9 @@ pub(crate) struct FrontendState {
     log_all: AtomicBool,
     /// Which queues run: the message thread's (and `reset`'s, between connections).
     queues: Mutex<RunState>,
+    /// The backend request channel the frontend gave (SET_BACKEND_REQ_FD), where the device
+    /// tells it of a config change (a resize).
+    backend_req: Mutex<Option<Backend>>,
 }
 
 #[derive(Default)]
@@ -60,6 +65,42 @@ impl FrontendState {
     pub(crate) fn reset(&self) {
         self.log_all.store(false, Ordering::SeqCst);
         *self.queues.lock().unwrap_or_else(PoisonError::into_inner) = RunState::default();
+        *self
+            .backend_req
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// The connection ended: nothing is told on its channel any more.
+    pub(crate) fn drop_backend_req(&self) {
+        *self
+            .backend_req
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    pub(crate) fn set_backend_req(&self, backend: Backend) {
+        *self
+            .backend_req
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(backend);
+    }
+
+    /// Sends VHOST_USER_BACKEND_CONFIG_CHANGE_MSG on the backend request channel: the
+    /// frontend reads the config space again (GET_CONFIG, answered on the message thread, so
+    /// this must not run there) and, when it changed, raises the guest's config interrupt.
+    /// With REPLY_ACK this waits for the frontend's answer. False when the frontend gave no
+    /// channel (it did not negotiate BACKEND_REQ, or none is connected).
+    pub(crate) fn config_changed(&self) -> std::io::Result<bool> {
+        let backend = self
+            .backend_req
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match backend {
+            Some(backend) => backend.handle_config_change().map(|_| true),
+            None => Ok(false),
+        }
     }
 
     pub(crate) fn set_log_all(&self, on: bool) {

@@ -193,6 +193,21 @@ impl StopHandle {
         self.shared.connected.load(Ordering::SeqCst) && self.shared.frontend.log_all()
     }
 
+    /// Tells the connected frontend that the config space changed (the disk was resized: its
+    /// capacity is read from the device at each GET_CONFIG, so it already shows the new size):
+    /// VHOST_USER_BACKEND_CONFIG_CHANGE_MSG on the backend request channel, after which QEMU
+    /// reads the config again and raises the virtio config interrupt, and the guest's kernel
+    /// picks up the capacity. Returns whether a frontend was told: false when none is
+    /// connected or it gave no backend channel (it sees the size at its next GET_CONFIG, e.g.
+    /// a reboot). Call it from a thread other than the connection's (the control thread):
+    /// the frontend answers with a GET_CONFIG that thread serves.
+    pub fn notify_config_change(&self) -> io::Result<bool> {
+        // The channel is the connection's: set by its SET_BACKEND_REQ_FD, dropped when it
+        // ends (not `is_connected`, which the server thread sets a moment after the
+        // frontend's first messages are already being answered).
+        self.shared.frontend.config_changed()
+    }
+
     /// Counters of each queue since the server started (all connections).
     pub fn queue_stats(&self) -> Vec<IoStatsSnapshot> {
         self.shared
@@ -382,6 +397,7 @@ impl Server {
         self.shared.connected.store(true, Ordering::SeqCst);
         tracing::info!("vhost-user frontend connected on {}", self.path.display());
         let result = daemon.wait();
+        self.shared.frontend.drop_backend_req();
         *self
             .shared
             .connection

@@ -21,6 +21,7 @@ use crate::bounce::BouncePool;
 use crate::device::check_range;
 use crate::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind};
 use cryptblk_crypto::{CryptoError, CryptoPool, Direction, SectorCipher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Largest encryption sector (LUKS2 allows 512..=4096); edge sectors live on the stack.
@@ -81,7 +82,10 @@ pub(crate) struct CryptCore {
     cipher: Arc<dyn SectorCipher>,
     pool: Arc<CryptoPool>,
     layout: CryptLayout,
-    size: u64,
+    /// The payload's size: `layout.payload_size` (in whole sectors) until a resize
+    /// (`CryptDevice::set_size`). Read by every request's range check; shared by the cores
+    /// of one payload under other ciphers (a reencryption's new segment) and its segment map.
+    size: Arc<AtomicU64>,
     sector: u64,
     bounce: BouncePool,
     rmw_locks: Box<[Mutex<()>]>,
@@ -98,7 +102,7 @@ impl std::fmt::Debug for CryptCore {
         // Never the cipher itself: it holds key material.
         f.debug_struct("CryptDevice")
             .field("layout", &self.layout)
-            .field("size", &self.size)
+            .field("size", &self.size())
             .field("sector_size", &self.sector)
             .field("engine", &self.cipher.engine_name())
             .finish()
@@ -136,6 +140,43 @@ impl CryptDevice {
     pub fn cipher(&self) -> &Arc<dyn SectorCipher> {
         &self.core.cipher
     }
+
+    /// Resizes the payload to `size` bytes (an online resize; `layout().payload_size` stays
+    /// the size at open). The caller has already grown the backend when the payload grows,
+    /// and cuts it only afterwards when the payload shrinks: requests are checked against the
+    /// new size from the moment this returns, on every queue.
+    pub fn set_size(&self, size: u64) -> Result<(), BlockError> {
+        let core = &self.core;
+        // Whole sectors of every cipher serving the payload (after a reencryption to larger
+        // sectors, the new one's).
+        let (_, routes) = self.segments.snapshot();
+        let sector = routes
+            .new
+            .iter()
+            .fold(routes.old.sector, |s, new| s.max(new.sector));
+        if !size.is_multiple_of(sector) {
+            return Err(BlockError::new(
+                BlockErrorKind::Unaligned,
+                format!(
+                    "{size} bytes is not a whole number of {sector}-byte encryption sectors: \
+                     round it to a multiple of {sector}"
+                ),
+            ));
+        }
+        let backend = core.backend.size();
+        if core.layout.data_offset.saturating_add(size) > backend {
+            return Err(BlockError::new(
+                BlockErrorKind::OutOfRange,
+                format!(
+                    "a payload of {size} bytes at offset {} does not fit the {backend}-byte \
+                     device",
+                    core.layout.data_offset
+                ),
+            ));
+        }
+        core.size.store(size, Ordering::Release);
+        Ok(())
+    }
 }
 
 impl CryptCore {
@@ -172,7 +213,7 @@ impl CryptCore {
             cipher,
             pool,
             layout,
-            size,
+            size: Arc::new(AtomicU64::new(size)),
             sector,
             // One spare buffer per worker-sized burst of concurrent writers is plenty.
             bounce: BouncePool::new(WRITE_CHUNK, threads.clamp(2, 16)),
@@ -182,7 +223,11 @@ impl CryptCore {
 
     /// The same payload under another cipher (a reencryption's new segment).
     fn with_cipher(&self, cipher: Arc<dyn SectorCipher>) -> Result<Arc<CryptCore>, BlockError> {
-        CryptCore::new(self.backend.clone(), self.layout, cipher, self.pool.clone()).map(Arc::new)
+        let mut core =
+            CryptCore::new(self.backend.clone(), self.layout, cipher, self.pool.clone())?;
+        // The payload a resize may have moved since the open, not the layout's.
+        core.size = self.size.clone();
+        Ok(Arc::new(core))
     }
 
     /// IV sector number of the sector starting at payload offset `off` (sector aligned).
@@ -310,7 +355,7 @@ fn crypto_error(dir: Direction, off: u64, e: CryptoError) -> BlockError {
 
 impl BlockDevice for CryptCore {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
     }
 
     /// The encryption sector, or the backend's block when that is larger (a direct-I/O file
@@ -324,7 +369,7 @@ impl BlockDevice for CryptCore {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
-        check_range("read", offset, buf.len() as u64, self.size)?;
+        check_range("read", offset, buf.len() as u64, self.size())?;
         let ss = self.sector as usize;
         let mut done = 0usize;
         let head = (offset % self.sector) as usize;
@@ -356,7 +401,7 @@ impl BlockDevice for CryptCore {
         if self.read_only() {
             return Err(BlockError::read_only("write").at(offset));
         }
-        check_range("write", offset, buf.len() as u64, self.size)?;
+        check_range("write", offset, buf.len() as u64, self.size())?;
         let ss = self.sector as usize;
         let mut done = 0usize;
         let head = (offset % self.sector) as usize;
@@ -397,7 +442,7 @@ impl BlockDevice for CryptCore {
         if self.read_only() {
             return Err(BlockError::read_only("discard").at(offset));
         }
-        check_range("discard", offset, len, self.size)?;
+        check_range("discard", offset, len, self.size())?;
         match whole_sectors(offset, len, self.sector) {
             Some((start, len)) => self.backend.discard(self.layout.data_offset + start, len),
             None => Ok(()),
@@ -407,9 +452,9 @@ impl BlockDevice for CryptCore {
     /// Always data: a hole in the ciphertext does not decrypt to zeros, so nothing below this
     /// layer can tell us which plaintext ranges are zero.
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
-        check_range("block_status", offset, 0, self.size)?;
+        check_range("block_status", offset, 0, self.size())?;
         Ok(Extent {
-            len: len.min(self.size - offset),
+            len: len.min(self.size() - offset),
             kind: ExtentKind::Data,
         })
     }

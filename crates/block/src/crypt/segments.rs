@@ -76,12 +76,13 @@ pub struct SegmentMap {
     /// rewrite.
     hotzone: RwLock<()>,
     stages: Mutex<Vec<Weak<StageCounts>>>,
-    size: u64,
+    /// The payload's size, shared with its cores (an online resize moves it).
+    size: Arc<AtomicU64>,
 }
 
 impl SegmentMap {
     pub(crate) fn new(core: Arc<CryptCore>) -> Arc<SegmentMap> {
-        let size = core.size;
+        let size = core.size.clone();
         Arc::new(SegmentMap {
             generation: AtomicU64::new(0),
             state: Mutex::new(State {
@@ -130,7 +131,7 @@ impl SegmentMap {
 
     /// The payload size.
     pub fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
     }
 
     /// Bytes of the payload in the new segment.
@@ -144,10 +145,12 @@ impl SegmentMap {
         register_membarrier()?;
         let old = self.lock().routes.old.clone();
         let new = old.with_cipher(new_cipher)?;
-        if new.size < old.size || !done.is_multiple_of(new.sector.max(old.sector)) {
+        // The new core shares the payload's size: it must be whole sectors of the new cipher.
+        let size = old.size.load(Ordering::Acquire);
+        if !size.is_multiple_of(new.sector) || !done.is_multiple_of(new.sector.max(old.sector)) {
             return Err(BlockError::unsupported(format!(
-                "a reencryption boundary at {done} with {}-byte sectors over a {}-byte payload",
-                new.sector, old.size
+                "a reencryption boundary at {done} with {}-byte sectors over a {size}-byte payload",
+                new.sector
             )));
         }
         let _rewrite = self.hotzone_write();
@@ -276,7 +279,7 @@ impl SegmentMap {
 
 impl BlockDevice for SegmentMap {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
     }
 
     fn logical_block_size(&self) -> u32 {
@@ -288,14 +291,14 @@ impl BlockDevice for SegmentMap {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
-        crate::device::check_range("read", offset, buf.len() as u64, self.size)?;
+        crate::device::check_range("read", offset, buf.len() as u64, BlockDevice::size(self))?;
         self.split_request(offset, buf.len() as u64, |core, at, from, n| {
             core.read_at(&mut buf[from..from + n], at)
         })
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
-        crate::device::check_range("write", offset, buf.len() as u64, self.size)?;
+        crate::device::check_range("write", offset, buf.len() as u64, BlockDevice::size(self))?;
         self.split_request(offset, buf.len() as u64, |core, at, from, n| {
             core.write_at(&buf[from..from + n], at)
         })
@@ -306,14 +309,14 @@ impl BlockDevice for SegmentMap {
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        crate::device::check_range("discard", offset, len, self.size)?;
+        crate::device::check_range("discard", offset, len, BlockDevice::size(self))?;
         self.split_request(offset, len, |core, at, _, n| core.discard(at, n as u64))
     }
 
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
-        crate::device::check_range("block_status", offset, 0, self.size)?;
+        crate::device::check_range("block_status", offset, 0, BlockDevice::size(self))?;
         Ok(Extent {
-            len: len.min(self.size - offset),
+            len: len.min(BlockDevice::size(self) - offset),
             kind: ExtentKind::Data,
         })
     }

@@ -48,7 +48,12 @@ pub(super) fn open(
         base: core.clone(),
         segments: segments.clone(),
     }));
-    pipeline.set_bounds(Bounds::new(core.size, core.read_only()));
+    // The size is read per request: an online resize changes it while the queues run.
+    let sized = core.clone();
+    pipeline.set_bounds(Bounds::live(
+        Arc::new(move || sized.size()),
+        core.read_only(),
+    ));
     let capacity = pipeline.capacity();
     let counts = Arc::new(StageCounts::default());
     segments.register(&counts);

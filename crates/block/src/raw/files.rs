@@ -9,6 +9,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The open descriptors, shared with the asynchronous queues of the file.
 #[derive(Debug)]
@@ -19,12 +20,18 @@ pub(crate) struct Files {
     pub(super) direct: Option<File>,
     pub(super) dio: DioAlign,
     pub(super) path: PathBuf,
-    pub(super) size: u64,
+    /// The file's length: read by every request's range check, changed only by `set_len`
+    /// (an online resize), after the file itself has its new length.
+    pub(super) size: AtomicU64,
     pub(super) writable: bool,
     pub(super) cache: CacheMode,
 }
 
 impl Files {
+    pub(crate) fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
     pub(super) fn route(&self, addr: usize, len: usize, offset: u64) -> Route {
         match &self.direct {
             Some(_) => self.dio.route(addr, len, offset),
@@ -58,7 +65,8 @@ impl Files {
 impl Files {
     pub(crate) fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
         let f = self;
-        check_range("read", offset, buf.len() as u64, f.size).map_err(|e| e.with_path(&f.path))?;
+        check_range("read", offset, buf.len() as u64, f.size())
+            .map_err(|e| e.with_path(&f.path))?;
         let route = f.route(buf.as_ptr() as usize, buf.len(), offset);
         let fd = f.fd_for(route);
         let result = if route == Route::Bounce {
@@ -75,7 +83,8 @@ impl Files {
         if !f.writable {
             return Err(BlockError::read_only("write").at(offset).with_path(&f.path));
         }
-        check_range("write", offset, buf.len() as u64, f.size).map_err(|e| e.with_path(&f.path))?;
+        check_range("write", offset, buf.len() as u64, f.size())
+            .map_err(|e| e.with_path(&f.path))?;
         let route = f.route(buf.as_ptr() as usize, buf.len(), offset);
         let fd = f.fd_for(route);
         let result = if route == Route::Bounce {
@@ -105,7 +114,7 @@ impl Files {
                 .at(offset)
                 .with_path(&f.path));
         }
-        check_range("write zeroes", offset, len, f.size).map_err(|e| e.with_path(&f.path))?;
+        check_range("write zeroes", offset, len, f.size()).map_err(|e| e.with_path(&f.path))?;
         match fallocate(
             &f.buffered,
             libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
@@ -131,7 +140,7 @@ impl Files {
         if !self.writable {
             return Err(BlockError::read_only("punch_hole").with_path(&self.path));
         }
-        check_range("punch_hole", offset, len, self.size).map_err(|e| e.with_path(&self.path))?;
+        check_range("punch_hole", offset, len, self.size()).map_err(|e| e.with_path(&self.path))?;
         if len == 0 {
             return Ok(());
         }

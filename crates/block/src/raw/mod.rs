@@ -23,7 +23,7 @@ use std::fs::{File, TryLockError};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// How to open a raw file.
@@ -62,7 +62,7 @@ impl Default for IoSettings {
     }
 }
 
-/// A raw image file. The size is fixed at open time; writes never grow the file.
+/// A raw image file. Writes never grow the file; only `set_len` (a resize) changes its size.
 #[derive(Debug)]
 pub struct RawFile {
     files: Arc<Files>,
@@ -96,7 +96,7 @@ impl RawFile {
                 direct: None,
                 dio: DioAlign::default(),
                 path: path.to_path_buf(),
-                size,
+                size: AtomicU64::new(size),
                 writable: opts.writable,
                 cache: settings.cache.without_direct(),
             }),
@@ -154,7 +154,7 @@ impl RawFile {
                 direct: None,
                 dio: DioAlign::default(),
                 path: path.to_path_buf(),
-                size,
+                size: AtomicU64::new(size),
                 writable: true,
                 cache: CacheMode::Writeback,
             }),
@@ -223,6 +223,28 @@ impl RawFile {
             Some(_) => (self.files.dio.mem, self.files.dio.offset),
             None => (1, 1),
         }
+    }
+
+    /// Changes the file's length to `len` bytes (sparse: growing allocates nothing, as
+    /// `qemu-img resize` does). The size requests are checked against changes only once the
+    /// file has its new length when it grows, and before the file is cut when it shrinks, so
+    /// no request is let through to a range the file does not have. A filesystem that refuses
+    /// (a file size limit, `EFBIG`; a full filesystem) leaves the file as it was.
+    pub fn set_len(&self, len: u64) -> Result<(), BlockError> {
+        let f = &self.files;
+        if !f.writable {
+            return Err(BlockError::read_only("resize").with_path(&f.path));
+        }
+        let old = f.size();
+        if len < old {
+            f.size.store(len, Ordering::Release);
+        }
+        if let Err(e) = f.buffered.set_len(len) {
+            f.size.store(old, Ordering::Release);
+            return Err(BlockError::io("resize", e).with_path(&f.path));
+        }
+        f.size.store(len, Ordering::Release);
+        Ok(())
     }
 
     /// Deallocates `len` bytes at `offset` (they then read as zeros) without changing the size.
@@ -323,7 +345,7 @@ static URING_NOTICE: AtomicBool = AtomicBool::new(false);
 
 impl BlockDevice for RawFile {
     fn size(&self) -> u64 {
-        self.files.size
+        self.files.size()
     }
 
     /// 512, or the direct-I/O offset alignment when the file bypasses the page cache (a 4 KiB
@@ -364,7 +386,10 @@ impl BlockDevice for RawFile {
 
     fn pipeline(&self, opts: &QueueOptions) -> Option<Result<Pipeline, BlockError>> {
         let f = &self.files;
-        let bounds = Bounds::new(f.size, !f.writable).with_path(f.path.clone());
+        // Read per request: `set_len` may grow the file while its queues run.
+        let files = f.clone();
+        let bounds =
+            Bounds::live(Arc::new(move || files.size()), !f.writable).with_path(f.path.clone());
         let uring = self.aio == AioEngine::IoUring;
         Some(Pipeline::new(opts, bounds, |notifier, capacity| {
             if uring {
@@ -384,9 +409,9 @@ impl BlockDevice for RawFile {
     }
 
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
-        check_range("block_status", offset, 0, self.files.size)
-            .map_err(|e| e.with_path(&self.files.path))?;
-        let len = len.min(self.files.size - offset);
+        let size = self.files.size();
+        check_range("block_status", offset, 0, size).map_err(|e| e.with_path(&self.files.path))?;
+        let len = len.min(size - offset);
         if len == 0 {
             return Ok(Extent {
                 len: 0,

@@ -7,4 +7,5 @@ pub mod format;
 pub mod key;
 pub mod man;
 pub mod reencrypt;
+pub mod resize;
 pub mod serve;

@@ -481,6 +481,11 @@ impl ServeProcess {
     pub fn terminate(mut self) -> i32 {
         cryptblk_testutil::terminate(self.0.take().unwrap())
     }
+
+    /// The daemon's process id (e.g. for `prlimit --pid`).
+    pub fn id(&self) -> u32 {
+        self.0.as_ref().unwrap().id()
+    }
 }
 
 impl Drop for ServeProcess {

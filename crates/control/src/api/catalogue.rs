@@ -134,6 +134,15 @@ pub const METHODS: &[MethodSpec] = &[
         ],
     },
     MethodSpec {
+        name: "disk-resize",
+        summary: "Grow (or shrink) a served disk; the guest sees the new size without a reboot.",
+        params: &[
+            NAME,
+            req("size", Bytes, "The size the guest sees (like virsh blockresize), a multiple of the disk's sector size (the LUKS encryption sector, 512 for raw)."),
+            opt("allow-shrink", Flag, "Allow a size below the current one: the data past it is lost."),
+        ],
+    },
+    MethodSpec {
         name: "disk-list",
         summary: "List the served disks.",
         params: &[],

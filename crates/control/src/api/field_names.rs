@@ -62,6 +62,7 @@ pub fn accepted_params(method: &str) -> Option<Vec<&'static str>> {
     let all = match method {
         "disk-add" => fields::<DiskConfig>(),
         "disk-remove" => fields::<DiskRemoveParams>(),
+        "disk-resize" => fields::<DiskResizeParams>(),
         "disk-list" => fields::<NoParams>(),
         "stats" => fields::<StatsParams>(),
         "key-add" => fields::<KeyAddParams>(),

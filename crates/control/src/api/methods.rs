@@ -73,6 +73,18 @@ pub struct KeyRemoveParams {
     pub key_fd: Option<u32>,
 }
 
+/// `disk-resize`: `size` is what the guest sees, in bytes (a whole number of the disk's
+/// sectors: the LUKS encryption sector, 512 for raw).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct DiskResizeParams {
+    pub name: String,
+    pub size: u64,
+    /// Allow a size below the current one (the data past it is lost).
+    #[serde(default)]
+    pub allow_shrink: bool,
+}
+
 /// `migrate-incoming`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -178,6 +190,7 @@ pub struct MigrateRecoverParams {
 pub enum Request {
     DiskAdd(DiskConfig),
     DiskRemove(DiskRemoveParams),
+    DiskResize(DiskResizeParams),
     DiskList(NoParams),
     Stats(StatsParams),
     KeyAdd(KeyAddParams),
@@ -207,6 +220,7 @@ impl Request {
         Ok(match method {
             "disk-add" => Request::DiskAdd(from(params)?),
             "disk-remove" => Request::DiskRemove(from(params)?),
+            "disk-resize" => Request::DiskResize(from(params)?),
             "disk-list" => Request::DiskList(from(params)?),
             "stats" => Request::Stats(from(params)?),
             "key-add" => Request::KeyAdd(from(params)?),
@@ -229,6 +243,7 @@ impl Request {
         match self {
             Request::DiskAdd(_) => "disk-add",
             Request::DiskRemove(_) => "disk-remove",
+            Request::DiskResize(_) => "disk-resize",
             Request::DiskList(_) => "disk-list",
             Request::Stats(_) => "stats",
             Request::KeyAdd(_) => "key-add",

@@ -17,9 +17,9 @@ pub use disk::{rbd_name, resolve, DiskConfig, ImageName, RBD_PREFIX};
 pub use error_kind::ErrorKind;
 pub use field_names::accepted_params;
 pub use methods::{
-    key_source, DiskRemoveParams, KeyAddParams, KeyRemoveParams, KeySource, MigrateIncomingParams,
-    MigrateRecoverParams, MigrateStartParams, MigrateSwitchoverParams, NameParams, NoParams, Pbkdf,
-    Request, StatsParams, DEFAULT_CONNECT_TIMEOUT_MS,
+    key_source, DiskRemoveParams, DiskResizeParams, KeyAddParams, KeyRemoveParams, KeySource,
+    MigrateIncomingParams, MigrateRecoverParams, MigrateStartParams, MigrateSwitchoverParams,
+    NameParams, NoParams, Pbkdf, Request, StatsParams, DEFAULT_CONNECT_TIMEOUT_MS,
 };
 pub use reencrypt::{Hotzone, ReencryptPhase, ReencryptStartParams, ReencryptStatus, Resilience};
 pub use results::*;

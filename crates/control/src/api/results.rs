@@ -119,6 +119,21 @@ pub struct NbdStats {
     pub connections: usize,
 }
 
+/// `disk-resize`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct DiskResized {
+    pub name: String,
+    /// Bytes the guest saw before.
+    pub old_size: u64,
+    /// Bytes it sees now.
+    pub size: u64,
+    /// A vhost-user frontend was told (VHOST_USER_BACKEND_CONFIG_CHANGE_MSG); false when none
+    /// is connected or it did not negotiate the backend channel (it sees the size when it
+    /// next reads the config space, e.g. at its next boot).
+    pub guest_notified: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KeyAdded {
     pub name: String,

@@ -11,6 +11,7 @@ pub mod json;
 mod keyslots;
 mod read;
 pub mod reencrypt;
+mod resize;
 mod unlock;
 mod validate;
 mod write;

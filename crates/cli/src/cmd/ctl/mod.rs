@@ -90,6 +90,12 @@ fn param_arg(p: &ParamSpec) -> Arg {
         ParamKind::Flag | ParamKind::FlagIfGiven | ParamKind::FlagDefaultOn => {
             arg.long(id).action(ArgAction::SetTrue)
         }
+        // A size the method cannot do without is positional, after the name, as in `virsh
+        // blockresize DOMAIN PATH SIZE`: `ctl disk-resize NAME SIZE`.
+        ParamKind::Bytes if p.required => arg
+            .value_name("SIZE")
+            .required(true)
+            .value_parser(crate::size::parse_size),
         kind => {
             let arg = arg.long(id).required(p.required);
             match kind {

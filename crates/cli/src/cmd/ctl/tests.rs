@@ -72,7 +72,17 @@ fn verbs_map_to_methods_and_params() {
                "discard": false, "serial": "s1", "cache": "writeback",
                "unsealed-memory": false})
     );
-    let cases: [(&[&str], &str, Value); 9] = [
+    let cases: [(&[&str], &str, Value); 11] = [
+        (
+            &["disk-resize", "d", "20G"],
+            "disk-resize",
+            json!({"name": "d", "size": 20u64 << 30, "allow-shrink": false}),
+        ),
+        (
+            &["disk-resize", "d", "512K", "--allow-shrink"],
+            "disk-resize",
+            json!({"name": "d", "size": 512 << 10, "allow-shrink": true}),
+        ),
         (
             &["disk-remove", "d", "--force"],
             "disk-remove",
@@ -154,6 +164,14 @@ fn params_the_daemon_would_refuse_are_refused_here() {
         "ctl", "-s", "c", "disk-add", "d", "--image", "/i", "--cache", "fast",
     ]);
     assert!(bad.is_err());
+    // disk-resize needs its size, and a size ctl can read.
+    for args in [
+        &["ctl", "-s", "c", "disk-resize", "d"][..],
+        &["ctl", "-s", "c", "disk-resize", "d", "20X"],
+        &["ctl", "-s", "c", "disk-resize", "d", "--size", "20G"],
+    ] {
+        assert!(Cli::try_parse_from(args).is_err(), "{args:?}");
+    }
 }
 
 #[test]
