@@ -112,3 +112,33 @@ fn requests_follow_the_boundary_through_a_reencryption() {
     );
     assert!(!map.is_split());
 }
+
+/// A disk grown after its reencryption finished: the payload's new end holds for the new
+/// cipher's queue path and for the synchronous path it hands unaligned requests to (one size
+/// shared by every core of the payload and the segment map).
+#[test]
+fn a_resize_after_a_reencryption_reaches_both_paths() {
+    let backend = Arc::new(MemDevice::new((DATA_OFFSET + 2 * PAYLOAD) as usize));
+    let dev = Arc::new(device(&backend, cipher(512, 3)));
+    let map = dev.segments().clone();
+    rewrite(&backend, 0, PAYLOAD);
+    map.split(cipher(4096, 7), PAYLOAD).unwrap();
+    map.finish();
+    assert!(
+        dev.set_size(2 * PAYLOAD - 512).is_err(),
+        "a size off the new cipher's 4096-byte sectors"
+    );
+    dev.set_size(2 * PAYLOAD).unwrap();
+    assert_eq!(dev.size(), 2 * PAYLOAD);
+    let as_block: Arc<dyn BlockDevice> = dev.clone();
+    let mut queue = open_queue(&as_block, &QueueOptions { depth: 32 }).unwrap();
+    let mut model = vec![0u8; (2 * PAYLOAD) as usize];
+    dev.read_at(&mut model, 0).unwrap();
+    // 512-byte units go through the synchronous path (read-modify-write of 4096-byte sectors).
+    exercise(&mut *queue, &mut model, 16, 12, 7, 512);
+    exercise(&mut *queue, &mut model, 16, 12, 8, 4096);
+    run(&mut *queue, &IoRequest::flush(1)).unwrap();
+    let mut all = vec![0u8; model.len()];
+    dev.read_at(&mut all, 0).unwrap();
+    assert!(all == model, "the grown payload reads back as written");
+}
