@@ -655,40 +655,6 @@ fn usage_errors_exit_1() {
     }
 }
 
-fn hex_of_volume_key(img: &Path, key: &Path) -> String {
-    let out = tool(
-        "cryptsetup",
-        [
-            "luksDump",
-            "--dump-volume-key",
-            "--batch-mode",
-            "--key-file",
-            s(key),
-            s(img),
-        ],
-    );
-    out.ok();
-    let mut hex = String::new();
-    let mut inside = false;
-    for line in out.stdout.lines() {
-        if line.starts_with("MK dump:") {
-            inside = true;
-        } else if !line.starts_with('\t') && !line.starts_with(' ') {
-            inside = false;
-        }
-        if inside {
-            let part = line.trim_start_matches("MK dump:");
-            hex.extend(part.split_whitespace());
-        }
-    }
-    assert!(
-        hex.len() >= 32,
-        "could not read the volume key from cryptsetup:\n{}",
-        out.stdout
-    );
-    hex
-}
-
 fn json_keys(v: &serde_json::Value, out: &mut Vec<String>) {
     match v {
         serde_json::Value::Object(m) => {
@@ -743,7 +709,7 @@ fn dump_json_lists_keyslots_without_key_material() {
     assert_eq!(slots[0]["memory_kib"], 64);
     assert_eq!(slots[1]["iterations"], 1000);
 
-    let vk = hex_of_volume_key(&f.img, &f.key);
+    let vk = common::xts::cryptsetup_volume_key(&f.img, &f.key);
     let text = cryptblk(["dump", s(&f.img)]);
     text.ok();
     let json = serde_json::to_string(&dump).unwrap();
@@ -784,7 +750,7 @@ fn dump_json_luks1_without_key_material() {
         .map(|k| k["iterations"].as_u64().unwrap())
         .collect();
     assert_eq!(active, [1000], "{dump}");
-    let vk = hex_of_volume_key(&f.img, &f.key);
+    let vk = common::xts::cryptsetup_volume_key(&f.img, &f.key);
     let json = serde_json::to_string(&dump).unwrap().to_lowercase();
     assert!(
         !json.contains(&vk[..32]),

@@ -8,12 +8,11 @@
 
 mod common;
 
-use common::guest::{build_guest, scripts, tail, Guest, Serve, BOUND};
+use common::guest::{build_guest, tail, Guest, Serve, BOUND};
 use common::{ctl_json, s, tool, xts, MIB};
 use std::ffi::OsStr;
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const KILLS: usize = 3;
@@ -96,37 +95,9 @@ fn guest_fio_verify_passes_while_its_disk_is_reencrypted_through_daemon_kills() 
     ];
     let mut daemon = serve(&args, &socket, &control, path("serve-0.log"));
 
-    let console = path("console.log");
-    let mut child = Command::new(scripts().join("run-guest.sh"))
-        .args(["--vhost-user-blk", socket.to_str().unwrap()])
-        .args(["--queues", "2", "--reconnect", "1", "--stdin"])
-        .args(["--job", "restart-verify", "--size", &(32 * MIB).to_string()])
-        .args(["--timeout", "600", "--artifacts"])
-        .arg(&artifacts)
-        .arg("--log")
-        .arg(&console)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(path("run-guest.err")).unwrap())
-        .spawn()
-        .expect("run scripts/guest/run-guest.sh");
-    let stdin = child.stdin.take();
-    let mut guest = Guest {
-        child,
-        stdin,
-        console,
-    };
+    let mut guest = Guest::start_restart_verify(&artifacts, &socket, 32 * MIB, dir.path());
     daemon.wait_started();
-    let deadline = Instant::now() + BOUND;
-    while !guest.console().contains("FIO-JSON-BEGIN 1") {
-        guest.assert_running();
-        assert!(
-            Instant::now() < deadline,
-            "fio never started:\n{}",
-            guest.console()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    guest.wait_for_console("FIO-JSON-BEGIN 1", "fio never started", BOUND);
 
     let st = start_reencryption(&control, &key);
     assert_eq!(st["phase"], "running", "{st}");

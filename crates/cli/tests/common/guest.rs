@@ -142,6 +142,43 @@ pub struct Guest {
 }
 
 impl Guest {
+    /// Boots the guest on the vhost-user-blk `socket` (2 queues, reconnecting after a daemon
+    /// restart) running fio's `restart-verify` job over its first `size` bytes; the console
+    /// log and run-guest.sh's errors go to `dir`.
+    pub fn start_restart_verify(artifacts: &Path, socket: &Path, size: u64, dir: &Path) -> Guest {
+        let console = dir.join("console.log");
+        let mut child = Command::new(scripts().join("run-guest.sh"))
+            .args(["--vhost-user-blk", socket.to_str().unwrap()])
+            .args(["--queues", "2", "--reconnect", "1", "--stdin"])
+            .args(["--job", "restart-verify", "--size", &size.to_string()])
+            .args(["--timeout", "600", "--artifacts"])
+            .arg(artifacts)
+            .arg("--log")
+            .arg(&console)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("run-guest.err")).unwrap())
+            .spawn()
+            .expect("run scripts/guest/run-guest.sh");
+        let stdin = child.stdin.take();
+        Guest {
+            child,
+            stdin,
+            console,
+        }
+    }
+
+    /// Waits until the console shows `marker` (`what` names it in the failure), at most
+    /// `limit`; fails at once if the guest ends.
+    pub fn wait_for_console(&mut self, marker: &str, what: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while !self.console().contains(marker) {
+            self.assert_running();
+            assert!(Instant::now() < deadline, "{what}:\n{}", self.console());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn console(&self) -> String {
         std::fs::read_to_string(&self.console).unwrap_or_default()
     }

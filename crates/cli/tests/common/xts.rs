@@ -29,7 +29,13 @@ pub fn cryptsetup_volume_key(img: &Path, key: &Path) -> String {
             break;
         }
     }
-    hexs.split_whitespace().collect()
+    let hex: String = hexs.split_whitespace().collect();
+    assert!(
+        hex.len() >= 32,
+        "could not read the volume key from cryptsetup:\n{}",
+        out.stdout
+    );
+    hex
 }
 
 /// openssl's decryption of sampled `sector`-byte sectors of `img` (first, last, and spread in
