@@ -22,11 +22,10 @@
 
 mod common;
 
-use common::guest::{build_guest, host_digest, scripts};
+use common::guest::{build_guest, host_digest, scripts, Serve};
 use common::MIB;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 /// fio's block size for the jobs (run-guest.sh's default).
 const BS: u64 = 64 * 1024;
 /// The start of fio's verify header (fio 3.33, `struct verify_header`): magic, type, len.
@@ -129,69 +128,6 @@ fn guest_fio_write_verify_on_raw_virtio_disk() {
     assert_eq!(guest_digest(&console), host_digest(&data[..size as usize]));
 }
 
-/// A running `cryptblk serve`, killed if the test ends without stopping it.
-struct Daemon {
-    child: std::process::Child,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn start(args: &[&std::ffi::OsStr], socket: &Path, log: PathBuf) -> Daemon {
-        let child = Command::new(env!("CARGO_BIN_EXE_cryptblk"))
-            .arg("serve")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start cryptblk serve");
-        let mut daemon = Daemon { child, log };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !socket.exists() {
-            if let Some(status) = daemon.child.try_wait().unwrap() {
-                panic!("cryptblk serve exited {status}: {}", daemon.output());
-            }
-            assert!(Instant::now() < deadline, "no socket: {}", daemon.output());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        daemon
-    }
-
-    fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGTERM, then the exit status (the daemon flushes and exits 0).
-    fn stop(mut self) -> std::process::ExitStatus {
-        let kill = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(kill.success());
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "cryptblk serve ignored SIGTERM: {}",
-                self.output()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
 fn cryptblk_ok(args: &[&std::ffi::OsStr]) {
     let out = Command::new(env!("CARGO_BIN_EXE_cryptblk"))
         .args(args)
@@ -233,7 +169,8 @@ fn guest_fio_on_luks2_over_vhost_user_blk_two_queues() {
         os("64M"),
     ]);
     let size = 32 * MIB;
-    let daemon = Daemon::start(
+    let daemon = Serve::start(
+        Path::new(env!("CARGO_BIN_EXE_cryptblk")),
         &[
             os("--vhost-user-blk"),
             socket.as_os_str(),
@@ -264,7 +201,7 @@ fn guest_fio_on_luks2_over_vhost_user_blk_two_queues() {
     let console = boot(&artifacts, &disk, "read-verify", size, &path("read.log"));
     assert_eq!(guest_digest(&console), written);
     let output = daemon.output();
-    let status = daemon.stop();
+    let status = daemon.terminate();
     assert!(status.success(), "cryptblk serve: {status}\n{output}");
 
     // The image decrypts on the host to exactly what the guests wrote and read.
@@ -312,7 +249,8 @@ fn guest_fio_on_qemu_made_luks1_over_vhost_user_blk() {
     ])
     .ok();
     let size = 32 * MIB;
-    let daemon = Daemon::start(
+    let daemon = Serve::start(
+        Path::new(env!("CARGO_BIN_EXE_cryptblk")),
         &[
             os("--vhost-user-blk"),
             socket.as_os_str(),
@@ -329,7 +267,7 @@ fn guest_fio_on_qemu_made_luks1_over_vhost_user_blk() {
     let written = guest_digest(&console);
     let output = daemon.output();
     assert!(output.contains("(luks"), "not served as LUKS: {output}");
-    let status = daemon.stop();
+    let status = daemon.terminate();
     assert!(status.success(), "cryptblk serve: {status}\n{output}");
 
     // QEMU's LUKS driver decrypts the image on the host to exactly what the guest wrote.
@@ -388,7 +326,8 @@ fn guest_fio_on_luks2_in_rbd_over_vhost_user_blk() {
         os("32M"),
     ]);
     let size = 32 * MIB;
-    let daemon = Daemon::start(
+    let daemon = Serve::start(
+        Path::new(env!("CARGO_BIN_EXE_cryptblk")),
         &[
             os("--vhost-user-blk"),
             socket.as_os_str(),
@@ -404,7 +343,7 @@ fn guest_fio_on_luks2_in_rbd_over_vhost_user_blk() {
     let console = boot(&artifacts, &disk, "write-verify", size, &path("write.log"));
     let written = guest_digest(&console);
     let output = daemon.output();
-    let status = daemon.stop();
+    let status = daemon.terminate();
     assert!(status.success(), "cryptblk serve: {status}\n{output}");
 
     let opts = format!(

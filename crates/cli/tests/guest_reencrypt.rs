@@ -8,10 +8,9 @@
 
 mod common;
 
-use common::guest::{build_guest, tail, Guest, Serve, BOUND};
+use common::guest::{build_guest, Guest, Serve, BOUND};
 use common::{ctl_json, s, tool, xts, MIB};
 use std::ffi::OsStr;
-use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -140,28 +139,7 @@ fn guest_fio_verify_passes_while_its_disk_is_reencrypted_through_daemon_kills() 
     }
     std::thread::sleep(Duration::from_millis(1000));
 
-    let mut stdin = guest.stdin.take().unwrap();
-    stdin.write_all(b"stop\n").unwrap();
-    drop(stdin);
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let status = loop {
-        if let Some(status) = guest.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the guest did not finish (hung I/O?):\n{}",
-            tail(&guest.console(), 40)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let console = guest.console();
-    assert!(
-        status.success() && console.lines().any(|l| l == "GUEST-RESULT: PASS"),
-        "guest failed ({status}):\n{}\n{}",
-        tail(&console, 60),
-        std::fs::read_to_string(path("run-guest.err")).unwrap_or_default()
-    );
+    let console = guest.stop_and_assert_passed();
     let output = daemon.output();
     assert!(daemon.terminate().success(), "cryptblk serve:\n{output}");
 

@@ -14,10 +14,9 @@
 
 mod common;
 
-use common::guest::{build_guest, tail, Guest, Serve, BOUND};
+use common::guest::{build_guest, Guest, Serve, BOUND};
 use common::MIB;
 use std::ffi::OsStr;
-use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -135,28 +134,7 @@ fn guest_fio_verify_survives_daemon_kills_and_restarts() {
     std::thread::sleep(running());
 
     // The guest finishes its round and must have passed every one.
-    let mut stdin = guest.stdin.take().unwrap();
-    stdin.write_all(b"stop\n").unwrap();
-    drop(stdin);
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let status = loop {
-        if let Some(status) = guest.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the guest did not finish (hung I/O?):\n{}",
-            tail(&guest.console(), 40)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let console = guest.console();
-    assert!(
-        status.success() && console.lines().any(|l| l == "GUEST-RESULT: PASS"),
-        "guest failed ({status}):\n{}\n{}",
-        tail(&console, 60),
-        std::fs::read_to_string(path("run-guest.err")).unwrap_or_default()
-    );
+    let console = guest.stop_and_assert_passed();
     let output = serve.output();
     let status = serve.terminate();
     assert!(status.success(), "cryptblk serve: {status}\n{output}");

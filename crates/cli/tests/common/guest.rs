@@ -179,6 +179,35 @@ impl Guest {
         }
     }
 
+    /// Tells the guest's restart-verify job to finish its round (`stop` on its console) and
+    /// asserts that it ends within 300 s having passed every round. Returns its console log.
+    pub fn stop_and_assert_passed(&mut self) -> String {
+        let mut stdin = self.stdin.take().expect("the guest's console input");
+        stdin.write_all(b"stop\n").unwrap();
+        drop(stdin);
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the guest did not finish (hung I/O?):\n{}",
+                tail(&self.console(), 40)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let console = self.console();
+        let errors = self.console.with_file_name("run-guest.err");
+        assert!(
+            status.success() && console.lines().any(|l| l == "GUEST-RESULT: PASS"),
+            "guest failed ({status}):\n{}\n{}",
+            tail(&console, 60),
+            std::fs::read_to_string(errors).unwrap_or_default()
+        );
+        console
+    }
+
     pub fn console(&self) -> String {
         std::fs::read_to_string(&self.console).unwrap_or_default()
     }
