@@ -16,10 +16,9 @@ use cryptblk_control::api::{DiskResizeParams, DiskResized};
 
 impl Daemon {
     /// Resizes the disk to `p.size` bytes as the guest sees them. Refused as busy while a
-    /// migration (either way) or a keyslot change runs on the disk, and while the disk is
-    /// being added. Online reencryption, once it exists, refuses here the same way: it takes
-    /// the disk's header change (`begin_header_change`) for as long as it runs, because a
-    /// resize would move the end of the segment it is rewriting.
+    /// migration (either way), a keyslot change or an online reencryption runs on the disk
+    /// (`begin_header_change` refuses all of them: a reencryption's last segment ends where
+    /// the payload does), and while the disk is being added.
     pub fn resize_disk(&self, p: &DiskResizeParams) -> Result<DiskResized> {
         let disk = self.attached(&p.name)?;
         if disk.read_only() {
@@ -30,8 +29,11 @@ impl Daemon {
         }
         // A migration copies the disk at the size it had when it started (its dirty bitmap,
         // the destination's image): a resize waits until it is over.
-        let _change = self.begin_header_change(&disk)?;
+        let change = self.begin_header_change(&disk)?;
         let resized = resize(&disk, p.size, p.allow_shrink)?;
+        // The header is written: the VM is told without holding the disk's other changes
+        // back (a frontend slow to answer delays only this call).
+        drop(change);
         if resized.old != resized.new {
             tracing::info!(
                 disk = %p.name,
