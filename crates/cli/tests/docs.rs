@@ -97,7 +97,10 @@ fn bash_completes_commands_verbs_and_options() {
     assert_eq!(bash_completes(&script, &["cryptblk", "se"]), ["serve"]);
     let mut verbs = bash_completes(&script, &["cryptblk", "ctl", "disk-"]);
     verbs.sort();
-    assert_eq!(verbs, ["disk-add", "disk-list", "disk-remove", "disk-resize"]);
+    assert_eq!(
+        verbs,
+        ["disk-add", "disk-list", "disk-remove", "disk-resize"]
+    );
     assert!(bash_completes(&script, &["cryptblk", "serve", "--ca"]).contains(&"--cache".into()));
     // Every shell clap knows gets a script.
     for shell in ["zsh", "fish", "elvish", "powershell"] {
