@@ -33,6 +33,24 @@ fn assert_served_data(data: &Path, socket: &Path) {
     .ok();
 }
 
+/// qemu-img writes `data` over the export "vol" on `socket`.
+fn write_served_data(data: &Path, socket: &Path) {
+    tool(
+        "qemu-img",
+        [
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            s(data),
+            &uri("vol", socket),
+        ],
+    )
+    .ok();
+}
+
 fn cryptsetup_luks2(dir: &Path, key: &Path) -> PathBuf {
     let img = dir.join("disk.luks");
     std::fs::File::create(&img)
@@ -132,20 +150,7 @@ fn a_disk_bound_by_clevis_to_tang_is_served_with_no_key() {
     // Data written through the passphrase before the binding.
     {
         let _serve = serve(&img, &sock, &log, &["--key-file", s(&key)]);
-        tool(
-            "qemu-img",
-            [
-                "convert",
-                "-n",
-                "-f",
-                "raw",
-                "-O",
-                "raw",
-                s(&data),
-                &uri("vol", &sock),
-            ],
-        )
-        .ok();
+        write_served_data(&data, &sock);
     }
     let _ = std::fs::remove_file(&sock);
     let clevis_secret = clevis_bind(dir.path(), &img, &key, &tang.url);
@@ -267,20 +272,7 @@ fn disk_add_with_no_key_file_unlocks_through_the_token() {
         &["disk-add", "vol", "--image", s(&img), "--nbd-export"],
     );
     assert_eq!(added["format"], "luks", "{added}");
-    tool(
-        "qemu-img",
-        [
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            s(&data),
-            &uri("vol", &nbd),
-        ],
-    )
-    .ok();
+    write_served_data(&data, &nbd);
     ctl(&control, &["disk-remove", "vol"]).ok();
 
     // tang down: the disk-add fails with the I/O code, naming the token and the server.
