@@ -6,6 +6,7 @@ mod chart;
 mod clients;
 mod config;
 mod fio;
+mod handoff;
 mod images;
 mod peers;
 mod plan;
@@ -93,6 +94,22 @@ enum Cmd {
     },
     /// The presets, their peers, transports and workloads.
     List,
+    /// Shared-storage hand-offs of a LUKS2 RBD disk between two daemons (`migrate-start
+    /// --shared`), idle and under a 4k write load, on a throwaway Ceph cluster: each
+    /// hand-off's downtime, one JSON line per hand-off, and a summary against the targets.
+    Handoff {
+        /// Idle and loaded hand-offs each.
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
+        /// The disk's payload (at least 8M).
+        #[arg(long, default_value = "64M")]
+        size: String,
+        #[arg(long, default_value = "handoff-results.jsonl")]
+        results: PathBuf,
+        /// The cryptblk binary (default: `cargo build --release`, then target/release).
+        #[arg(long)]
+        cryptblk: Option<PathBuf>,
+    },
     /// The device's ceiling for an encryptor: O_DIRECT reads with io_uring on one thread, each
     /// completed buffer left alone, read once, or decrypted in place before the next read
     /// into it (JSON on stdout).
@@ -165,6 +182,20 @@ fn run() -> Result<()> {
             })?;
             println!("{result}");
             Ok(())
+        }
+        Cmd::Handoff {
+            rounds,
+            size,
+            results,
+            cryptblk,
+        } => {
+            let (cryptblk, _) = binaries(cryptblk, None)?;
+            handoff::run(&handoff::Options {
+                rounds,
+                size: config::parse_size(&size)?,
+                cryptblk,
+                results,
+            })
         }
         Cmd::List => {
             for (name, p) in &config.presets {
