@@ -90,18 +90,20 @@ run() { # $1 peer, $2 rw, $3 bs, $4 depth -> prints "iops cpu_us_per_io"
         [[ $peer == o ]] && bin=$OLD
         [[ $peer == d ]] && { image=$IMG/raw.img; key=(); }
         # libblkio's memory is not sealed against shrinking: a server that checks says so.
+        # vu_bench's ring holds three descriptors per request in flight (512 entries at depth
+        # 128; a 256-entry ring would cap it at 85): the server offers the largest.
         local unsealed=
         "$bin" serve --help | grep -q -- --unsealed-memory && unsealed=--unsealed-memory
         rm -f "$WORK/s.sock"
         "$bin" serve --vhost-user-blk "$WORK/s.sock" --image "$image" "${key[@]}" --cache none \
-            --num-queues "$QUEUES" $unsealed \
+            --num-queues "$QUEUES" --queue-size 1024 $unsealed \
             >"$WORK/server.log" 2>&1 &
         SERVER=$!
         for _ in $(seq 200); do [[ -S $WORK/s.sock ]] && break; sleep 0.05; done
         local t0 c0 t1 c1
         c0=$(ticks "$SERVER"); t0=$(date +%s.%N)
         out=$("$VU" --socket "$WORK/s.sock" --rw "$rw" --bs "$bs" --iodepth "$depth" \
-            --runtime "$RUNTIME" --queue-size 256 --queues "$QUEUES")
+            --runtime "$RUNTIME" --queues "$QUEUES")
         c1=$(ticks "$SERVER"); t1=$(date +%s.%N)
         kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; SERVER=
         local iops; iops=$(jq '.iops' <<<"$out")
