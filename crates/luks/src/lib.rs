@@ -13,6 +13,7 @@
 
 pub mod af;
 mod ct;
+mod direct_file;
 mod error;
 mod hash;
 mod image;
@@ -22,6 +23,7 @@ mod kdf_cost;
 pub mod keyslot_area;
 pub mod luks1;
 
+pub use direct_file::{DirectFile, DIRECT_ALIGN};
 pub use error::{LuksError, Result};
 pub use hash::HashAlg;
 pub use image::LuksImage;

@@ -50,6 +50,8 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
     // the run cleanly instead of killing it.
     let interrupt = InterruptFlag::register()?;
     let file = super::key::open_file_for_update(&a.image, "re-encrypting")?;
+    // The hotzones bypass the page cache where the filesystem allows it.
+    let file = cryptblk_luks::DirectFile::new(file, &a.image);
     let path = a.image.display().to_string();
     let (image, warnings) =
         LuksImage::read(&file).with_context(|| format!("reading the LUKS header of {path}"))?;

@@ -7,6 +7,7 @@
 //! Nothing here is trusted before `verify_digest` has checked the metadata against the keys:
 //! the header's checksum only proves the JSON is intact, not that it belongs to these keys.
 
+mod checksums;
 mod digest;
 mod finish;
 mod init;

@@ -43,6 +43,8 @@ pub struct Reencryption<'f> {
     pub(super) stale: Option<StaleBlocks>,
     /// Resilience `none`: post segments exist only in memory until the end or a stop.
     pub(super) uncommitted: bool,
+    /// The hotzone's buffer, kept between steps.
+    hotzone: Vec<u8>,
 }
 
 fn make_cipher(seg: &Segment, key: &SecretKey) -> Result<Arc<dyn SectorCipher>> {
@@ -159,6 +161,7 @@ impl<'f> Reencryption<'f> {
             file_len,
             stale: None,
             uncommitted: false,
+            hotzone: Vec::new(),
         };
         let extents = me.extents()?;
         if let Some(hot) = extents.iter().find(|e| e.in_reencryption) {
@@ -389,15 +392,17 @@ impl<'f> Reencryption<'f> {
             .get(&self.state.segment_new)
             .map(|s| s.offset)
             .unwrap_or(0);
-        let mut buf = vec![0u8; len as usize];
-        crate::io::read_at(self.file, data_base + done, &mut buf, "hotzone")?;
+        // One buffer for every hotzone (a fresh one is mapped and faulted in again each time,
+        // which costs more system time than the copy into it), aligned for a `DirectFile`.
+        let mut backing = std::mem::take(&mut self.hotzone);
+        backing.resize(len as usize + crate::DIRECT_ALIGN, 0);
+        let at = backing.as_ptr().align_offset(crate::DIRECT_ALIGN);
+        let buf = &mut backing[at..at + len as usize];
+        crate::io::read_at(self.file, data_base + done, buf, "hotzone")?;
         let checksum = self.checksum_params();
         if let Some((hash, block)) = checksum {
-            let hlen = hash.digest_len();
-            let mut sums = Vec::with_capacity((len / block) as usize * hlen);
-            for chunk in buf.chunks(block as usize) {
-                sums.extend_from_slice(&hash.digest(&[chunk]));
-            }
+            let sums =
+                super::checksums::block_checksums(hash, block as usize, buf, self.pool.threads());
             if sums.len() as u64 > self.state.area_size {
                 return Err(LuksError::InvalidArgument(format!(
                     "hotzone of {len} bytes needs more checksums than the area holds"
@@ -418,16 +423,16 @@ impl<'f> Reencryption<'f> {
                     self.state.area_size
                 )));
             }
-            self.file.write_all_at(&buf, self.state.area_offset)?;
+            self.file.write_all_at(buf, self.state.area_offset)?;
             self.file.sync_data()?;
             let mut meta = self.hdr.meta.clone();
             let hot = layout::hot_segments(&meta, &self.state, total, done, len)?;
             layout::install_segments(&mut meta, &self.state, hot)?;
             self.commit_meta(meta)?;
         }
-        self.crypt(KeyRole::Old, Direction::Decrypt, done, &mut buf)?;
-        self.crypt(KeyRole::New, Direction::Encrypt, done, &mut buf)?;
-        self.file.write_all_at(&buf, data_base + done)?;
+        self.crypt(KeyRole::Old, Direction::Decrypt, done, buf)?;
+        self.crypt(KeyRole::New, Direction::Encrypt, done, buf)?;
+        self.file.write_all_at(buf, data_base + done)?;
         let mut meta = self.hdr.meta.clone();
         let post = layout::post_segments(&meta, &self.state, total, done + len)?;
         layout::install_segments(&mut meta, &self.state, post)?;
@@ -439,6 +444,7 @@ impl<'f> Reencryption<'f> {
             self.reparse()?;
             self.uncommitted = true;
         }
+        self.hotzone = backing;
         Ok(StepReport {
             done: done + len,
             total,
