@@ -5,6 +5,7 @@
 //! passphrase never shows in the daemon's trace log, its argv or the request ctl sends.
 mod common;
 
+use common::secret::*;
 use common::*;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixListener;
@@ -78,90 +79,6 @@ impl Drop for Daemon {
     }
 }
 
-/// `openssl ARGS` with `input` on stdin (a passphrase never goes on argv); its stdout, or
-/// `None` when it fails.
-fn openssl(args: &[&str], input: &[u8]) -> Option<Vec<u8>> {
-    let mut child = Command::new("openssl")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("openssl (scripts/install-deps.sh installs it)");
-    child.stdin.take().unwrap().write_all(input).unwrap();
-    let out = child.wait_with_output().unwrap();
-    out.status.success().then_some(out.stdout)
-}
-
-fn random_bytes(n: usize) -> Vec<u8> {
-    let bytes = openssl(&["rand", &n.to_string()], b"").unwrap();
-    assert_eq!(bytes.len(), n);
-    bytes
-}
-
-fn base64(bytes: &[u8]) -> String {
-    String::from_utf8(openssl(&["base64", "-A"], bytes).unwrap()).unwrap()
-}
-
-/// A master key file as libvirt makes one: 32 random bytes, mode 0600.
-fn master_key_file(dir: &Path, name: &str) -> (PathBuf, Vec<u8>) {
-    let key = random_bytes(32);
-    let path = dir.join(name);
-    std::fs::write(&path, &key).unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    (path, key)
-}
-
-/// A secret as libvirt sends it: base64 of the AES-256-CBC ciphertext of `plain` under
-/// `master` with a fresh IV, and base64 of the IV.
-struct Secret {
-    data: String,
-    iv: String,
-    iv_bytes: Vec<u8>,
-}
-
-fn seal(master: &[u8], plain: &str) -> Secret {
-    seal_with_iv(master, plain, random_bytes(16))
-}
-
-fn seal_with_iv(master: &[u8], plain: &str, iv: Vec<u8>) -> Secret {
-    let data = openssl(
-        &[
-            "enc",
-            "-aes-256-cbc",
-            "-K",
-            &hex::encode(master),
-            "-iv",
-            &hex::encode(&iv),
-            "-a",
-            "-A",
-        ],
-        plain.as_bytes(),
-    )
-    .unwrap();
-    Secret {
-        data: String::from_utf8(data).unwrap().trim().to_string(),
-        iv: base64(&iv),
-        iv_bytes: iv,
-    }
-}
-
-/// Whether `openssl enc -d` takes `secret` under `master` (its padding checks out).
-fn openssl_decrypts(master: &[u8], secret: &Secret) -> bool {
-    let args = [
-        "enc",
-        "-d",
-        "-aes-256-cbc",
-        "-K",
-        &hex::encode(master),
-        "-iv",
-        &hex::encode(&secret.iv_bytes),
-        "-a",
-        "-A",
-    ];
-    openssl(&args, format!("{}\n", secret.data).as_bytes()).is_some()
-}
-
 fn keyslots(img: &Path) -> usize {
     dump_json(img)["keyslots"]
         .as_array()
@@ -194,14 +111,8 @@ fn a_secret_under_the_master_key_opens_a_disk_and_changes_its_keyslots() {
         ])
     };
 
-    // Encrypted under another master key (one whose padding openssl itself rejects under
-    // ours): refused by name, nothing attached.
-    let foreign = loop {
-        let candidate = seal(&random_bytes(32), &pass);
-        if !openssl_decrypts(&master, &candidate) {
-            break candidate;
-        }
-    };
+    // Encrypted under another master key: refused by name, nothing attached.
+    let foreign = foreign_secret(&master, &pass);
     let out = add(&foreign);
     out.expect_code(code::USAGE);
     out.error_line(&["key-secret did not decrypt with the daemon's master key"]);
@@ -436,4 +347,98 @@ fn ctl_sends_the_ciphertext_never_the_passphrase() {
         let b64 = base64(plain.as_bytes());
         assert!(!sent.contains(&b64), "sent as plain base64: {sent}");
     }
+}
+
+#[test]
+fn reencrypt_start_and_migrate_incoming_take_secrets_too() {
+    let dir = tempdir();
+    let pass = passphrase("secret-rotate");
+    let key = key_file(dir.path(), "setup.key", &pass);
+    let img = dir.path().join("vol.luks");
+    format_luks2(&img, &key, "8M");
+    let (master_path, master) = master_key_file(dir.path(), "master.key");
+    let daemon = Daemon::start(dir.path(), &["--master-key-file", s(&master_path)]);
+    let secret = seal(&master, &pass);
+    let foreign = foreign_secret(&master, &pass);
+    daemon
+        .ctl(&[
+            "disk-add",
+            "vol",
+            "--image",
+            s(&img),
+            "--nbd-export",
+            "--key-secret",
+            &secret.data,
+            "--key-secret-iv",
+            &secret.iv,
+        ])
+        .ok();
+    let vol = daemon.uri("vol");
+    let io = ["-f", "raw", "-c", "write -P 0xc3 1M 2M"];
+    tool("qemu-io", io.iter().copied().chain([vol.as_str()])).ok();
+
+    // migrate-incoming: a secret that does not decrypt fails the request at once, before
+    // anything listens or is created.
+    let incoming = dir.path().join("in.luks");
+    let listen = dir.path().join("mig.sock");
+    let out = daemon.ctl(&[
+        "migrate-incoming",
+        "in",
+        "--image",
+        s(&incoming),
+        "--listen",
+        &format!("unix:{}", s(&listen)),
+        "--key-secret",
+        &foreign.data,
+        "--key-secret-iv",
+        &foreign.iv,
+    ]);
+    out.error_line(&["key-secret did not decrypt"]);
+    assert!(!listen.exists() && !incoming.exists());
+
+    // reencrypt-start: refused with a foreign secret; with the right one the volume key is
+    // replaced while the disk serves, and the data stays.
+    let start = |given: &Secret| {
+        daemon.ctl(&[
+            "reencrypt-start",
+            "vol",
+            "--key-secret",
+            &given.data,
+            "--key-secret-iv",
+            &given.iv,
+            "--pbkdf",
+            "pbkdf2",
+            "--iter-time",
+            "1",
+        ])
+    };
+    start(&foreign).error_line(&["key-secret did not decrypt"]);
+    assert_eq!(
+        ctl_json(&daemon.control, &["reencrypt-status", "vol"])["phase"],
+        "idle"
+    );
+    let before = dump_json(&img);
+    start(&secret).ok();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let st = ctl_json(&daemon.control, &["reencrypt-status", "vol"]);
+        if st["phase"] == "finished" {
+            break;
+        }
+        assert!(st["last-error"].is_null(), "reencryption failed: {st}");
+        assert!(std::time::Instant::now() < deadline, "timed out: {st}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let read = ["-f", "raw", "-c", "read -P 0xc3 1M 2M"];
+    tool("qemu-io", read.iter().copied().chain([vol.as_str()])).ok();
+    ctl_json(&daemon.control, &["disk-remove", "vol"]);
+    assert_ne!(
+        dump_json(&img)["digests"],
+        before["digests"],
+        "the volume key was not replaced"
+    );
+    assert!(cryptsetup_accepts(&img, &key));
+    let plain = cryptblk_decrypt(&img, &key, &dir.path().join("plain.raw"));
+    assert!(plain[1 << 20..3 << 20].iter().all(|&b| b == 0xc3));
+    daemon.assert_never_shows(&pass);
 }
