@@ -25,8 +25,9 @@ pub const MASTER_KEY_BYTES: usize = 32;
 /// Bytes of a secret's IV (one AES block).
 pub const IV_BYTES: usize = 16;
 
-/// The daemon's master key; wiped from memory when dropped, never printed.
-pub struct MasterKey(Zeroizing<[u8; MASTER_KEY_BYTES]>);
+/// The daemon's master key; wiped from memory when dropped, never printed. On the heap, so
+/// moving it (into the daemon) leaves no copy behind on a stack.
+pub struct MasterKey(Box<Zeroizing<[u8; MASTER_KEY_BYTES]>>);
 
 impl std::fmt::Debug for MasterKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -37,7 +38,7 @@ impl std::fmt::Debug for MasterKey {
 impl MasterKey {
     /// The key of exactly [`MASTER_KEY_BYTES`] bytes (`None` for another length).
     pub fn from_bytes(bytes: &[u8]) -> Option<MasterKey> {
-        let mut key = Zeroizing::new([0u8; MASTER_KEY_BYTES]);
+        let mut key = Box::new(Zeroizing::new([0u8; MASTER_KEY_BYTES]));
         (bytes.len() == MASTER_KEY_BYTES).then(|| {
             key.copy_from_slice(bytes);
             MasterKey(key)
