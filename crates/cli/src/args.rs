@@ -278,6 +278,11 @@ pub struct ServeArgs {
     /// UNIX socket, created with mode 0600. With it the daemon may start without disks.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Decrypt passphrases sent as `key-secret` (control requests, `[[disk]]` tables) with
+    /// the AES-256 key in this file: exactly 32 raw random bytes (`head -c 32 /dev/urandom`),
+    /// mode 0600, read once at start, as libvirt's master key for QEMU's secret objects.
+    #[arg(long, value_name = "FILE")]
+    pub master_key_file: Option<PathBuf>,
     /// Answer Prometheus scrapes (HTTP GET /metrics) on unix:PATH or tcp:HOST:PORT; the
     /// address bound is logged (tcp:127.0.0.1:0 picks a free port). Off by default.
     #[arg(long, value_name = "ADDR")]

@@ -154,6 +154,8 @@ fn parse_disks(text: &str, base: &Path) -> Result<Vec<DiskConfig>, String> {
                  file gives key-file"
             ));
         }
+        cryptblk_control::api::key_source(disk.key_params(), "key", false)
+            .map_err(|e| format!("{what}: {}", e.message))?;
         validate(&disk).map_err(|e| format!("{what}: {e}"))?;
         if !names.insert(disk.name.clone()) {
             return Err(format!("{what}: another disk has the same name"));
@@ -203,6 +205,18 @@ mod tests {
             e.contains("key-fd names a descriptor passed with a disk-add request"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_config_file_names_one_passphrase_per_disk() {
+        let base = "[[disk]]\nname = \"a\"\nimage = \"/a.luks\"\n";
+        let secret = "key-secret = \"AAAA\"\nkey-secret-iv = \"AAAA\"\n";
+        let disks = parse(&format!("{base}{secret}")).unwrap();
+        assert_eq!(disks[0].key_secret.as_deref(), Some("AAAA"));
+        let e = parse(&format!("{base}{secret}key-file = \"/k\"\n")).unwrap_err();
+        assert!(e.contains("key-file and key-secret both"), "{e}");
+        let e = parse(&format!("{base}key-secret = \"AAAA\"\n")).unwrap_err();
+        assert!(e.contains("key-secret needs key-secret-iv"), "{e}");
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! migration uses.
 use crate::error::{Context, Error, Result};
 use crate::key_file::{read_key_file, Passphrase};
+use crate::secret::{decrypt_secret, MasterKey};
 use cryptblk_block::{BlockDevice, Container, Format, OpenOptions, RawFile};
-use cryptblk_control::api::DiskConfig;
+use cryptblk_control::api::{key_source, DiskConfig, KeySource};
 use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::UnlockOptions;
 use cryptblk_migration::DirtyTracker;
@@ -40,6 +41,8 @@ pub struct OpenedImage {
 pub struct OpenContext<'a> {
     pub pool: &'a Arc<CryptoPool>,
     pub unlock: &'a UnlockOptions,
+    /// Decrypts a configured `key-secret`.
+    pub master_key: Option<&'a MasterKey>,
 }
 
 /// Opens (and for LUKS, unlocks) the image of `config` with an exclusive lock (a file's
@@ -58,7 +61,7 @@ pub fn open_image(
             // The passphrase given, then the header's clevis tokens.
             let given = match passphrase {
                 Some(p) => Some(p),
-                None => config.key_file.as_deref().map(read_key_file).transpose()?,
+                None => configured_passphrase(config, cx)?,
             };
             let volume = crate::token_unlock::open_luks(
                 container,
@@ -76,7 +79,7 @@ pub fn open_image(
             luks_image(volume)
         }
         Format::Raw => {
-            if config.key_file.is_some() || passphrase.is_some() {
+            if has_key(config) || passphrase.is_some() {
                 return Err(Error::usage(format!(
                     "a key file is given, but {} is raw, not LUKS",
                     name.display()
@@ -86,6 +89,25 @@ pub fn open_image(
         }
         other => Err(unservable(name, other)),
     }
+}
+
+/// The passphrase the disk's configuration names: its key file, or its `key-secret` decrypted
+/// with the daemon's master key (a passed descriptor was read by the request already).
+fn configured_passphrase(config: &DiskConfig, cx: &OpenContext<'_>) -> Result<Option<Passphrase>> {
+    match key_source(config.key_params(), "key", false)
+        .map_err(|e| Error::invalid_params(e.message))?
+    {
+        Some(KeySource::File(path)) => read_key_file(path).map(Some),
+        Some(KeySource::Secret { ciphertext, iv }) => {
+            decrypt_secret(cx.master_key, ciphertext, iv, "key").map(Some)
+        }
+        Some(KeySource::Fd(_)) | None => Ok(None),
+    }
+}
+
+/// Whether the configuration names a passphrase (a raw image takes none).
+fn has_key(config: &DiskConfig) -> bool {
+    config.key_file.is_some() || config.key_secret.is_some()
 }
 
 fn unservable(name: &std::path::Path, format: Format) -> Error {
@@ -202,7 +224,7 @@ pub fn open_received(
     let mut image = if magic == *b"LUKS\xba\xbe" {
         let given = match passphrase {
             Some(p) => Some(p),
-            None => config.key_file.as_deref().map(read_key_file).transpose()?,
+            None => configured_passphrase(config, cx)?,
         };
         let volume = crate::token_unlock::open_luks(
             file,
@@ -217,7 +239,7 @@ pub fn open_received(
         .map_err(|e| e.context("opening the received LUKS volume"))?;
         luks_image(volume)?
     } else {
-        if config.key_file.is_some() || passphrase.is_some() {
+        if has_key(config) || passphrase.is_some() {
             return Err(Error::usage(
                 "a key file is given, but the incoming image is raw",
             ));

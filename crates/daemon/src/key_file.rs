@@ -2,7 +2,8 @@
 //! file is the passphrase, as with cryptsetup's `--key-file`), or `-` for the daemon's stdin.
 //! Held in zeroizing buffers; never logged. A control request may instead pass the passphrase
 //! as a file descriptor (SCM_RIGHTS, `"key-fd": N`), read by [`read_key_fd`] under the same
-//! rules, so a key held by an orchestrator never has to sit in a file.
+//! rules, or encrypted with the daemon's master key (`"key-secret"`, see [`crate::secret`]),
+//! so a key held by an orchestrator never has to sit in a file.
 //!
 //! A key file must be a regular file or a pipe (`-`, `/dev/stdin`, a shell's `<(...)`): a
 //! directory or a device (`/dev/zero` reads forever) is refused before anything is read, and
@@ -11,6 +12,7 @@
 //! (which would leave the earlier bytes behind in freed memory): a buffer that must grow is
 //! copied into a bigger zeroizing one by hand, and the smaller one is wiped.
 use crate::error::{Context, Error, Result};
+use crate::secret::{decrypt_secret, MasterKey};
 use cryptblk_control::api::KeySource;
 use cryptblk_control::PassedFds;
 use std::io::Read;
@@ -84,20 +86,36 @@ pub fn read_key_file(path: &Path) -> Result<Passphrase> {
 /// read to end-of-file, and a writer that never closes must not pin a control connection.
 pub const KEY_FD_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Reads the passphrase of `source`: a key file, or a descriptor passed with the request
-/// (taken from `fds`, read and closed).
+/// Reads the passphrase of `source`, given by the params `PREFIX-*` (`prefix`: `key` or
+/// `new-key`): a key file, a descriptor passed with the request (taken from `fds`, read and
+/// closed), or a secret decrypted with the daemon's `master_key`.
 pub fn read_key_source(
     source: KeySource<'_>,
-    param: &str,
+    prefix: &str,
     fds: &mut PassedFds,
+    master_key: Option<&MasterKey>,
 ) -> Result<Passphrase> {
     match source {
         KeySource::File(path) => read_key_file(path),
         KeySource::Fd(index) => {
+            let param = format!("{prefix}-fd");
             let fd = fds
-                .take(index, param)
+                .take(index, &param)
                 .map_err(|e| Error::invalid_params(e.message))?;
             read_key_fd(fd, &format!("{param} {index}"))
+        }
+        KeySource::Secret { ciphertext, iv } => decrypt_secret(master_key, ciphertext, iv, prefix),
+    }
+}
+
+/// What unlocking with the passphrase of `source` is called in an error: the param it came in.
+pub fn unlocking_with(source: KeySource<'_>, prefix: &str) -> String {
+    match source {
+        KeySource::File(_) => format!("unlocking with {prefix}-file"),
+        KeySource::Fd(_) => format!("unlocking with {prefix}-fd"),
+        // CBC cannot tell a wrong IV: it garbles the passphrase's first block.
+        KeySource::Secret { .. } => {
+            format!("unlocking with {prefix}-secret (decrypted; is {prefix}-secret-iv right?)")
         }
     }
 }

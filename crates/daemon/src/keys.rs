@@ -3,9 +3,11 @@
 use crate::activity::HeaderChange;
 use crate::disk::AttachedDisk;
 use crate::error::{Context, Error, Result};
-use crate::key_file::read_key_source;
+use crate::key_file::{read_key_source, unlocking_with};
 use crate::registry::Daemon;
-use cryptblk_control::api::{key_source, KeyAddParams, KeyRemoveParams, KeySource, Pbkdf};
+use cryptblk_control::api::{
+    key_source, KeyAddParams, KeyParams, KeyRemoveParams, KeySource, Pbkdf,
+};
 use cryptblk_control::PassedFds;
 use cryptblk_luks::kdf::Argon2Variant;
 use cryptblk_luks::{HashAlg, LuksImage, LuksVersion, PbkdfKind, PbkdfOptions};
@@ -16,18 +18,18 @@ impl Daemon {
     /// descriptor are taken from `fds`.
     pub fn key_add(&self, p: &KeyAddParams, fds: &mut PassedFds) -> Result<usize> {
         let name = p.name.as_str();
-        let old_source = required_source(p.key_file.as_deref(), p.key_fd, "key")?;
-        let new_source = required_source(p.new_key_file.as_deref(), p.new_key_fd, "new-key")?;
+        let old_source = required_source(p.key_params(), "key")?;
+        let new_source = required_source(p.new_key_params(), "new-key")?;
         let disk = self.attached(name)?;
         let file = luks_file(&disk)?;
         let _change = self.begin_header_change(&disk)?;
         let (mut image, _) =
             LuksImage::read(file.header_io()).context("reading the LUKS header")?;
-        let old = read_key_source(old_source, "key-fd", fds)?;
+        let old = read_key_source(old_source, "key", fds, self.master_key.as_ref())?;
         let (_, volume_key) = image
             .unlock(file.header_io(), &old, &self.unlock)
-            .context("unlocking with key-file")?;
-        let new = read_key_source(new_source, "new-key-fd", fds)?;
+            .with_context(|| unlocking_with(old_source, "key"))?;
+        let new = read_key_source(new_source, "new-key", fds, self.master_key.as_ref())?;
         let pbkdf = pbkdf_options(p.pbkdf, p.iter_time, image.version())?;
         image
             .add_keyslot(file.header_io(), &volume_key, &new, None, &pbkdf)
@@ -37,16 +39,16 @@ impl Daemon {
     /// Removes the keyslot the given passphrase opens; refuses to remove the last one.
     pub fn key_remove(&self, p: &KeyRemoveParams, fds: &mut PassedFds) -> Result<usize> {
         let name = p.name.as_str();
-        let source = required_source(p.key_file.as_deref(), p.key_fd, "key")?;
+        let source = required_source(p.key_params(), "key")?;
         let disk = self.attached(name)?;
         let file = luks_file(&disk)?;
         let _change = self.begin_header_change(&disk)?;
         let (mut image, _) =
             LuksImage::read(file.header_io()).context("reading the LUKS header")?;
-        let passphrase = read_key_source(source, "key-fd", fds)?;
+        let passphrase = read_key_source(source, "key", fds, self.master_key.as_ref())?;
         let (slot, _) = image
             .unlock(file.header_io(), &passphrase, &self.unlock)
-            .context("unlocking with key-file")?;
+            .with_context(|| unlocking_with(source, "key"))?;
         if image.active_keyslots().len() == 1 {
             return Err(Error::conflict(format!(
                 "keyslot {slot} is the last one of disk \"{name}\": removing it would make the \
@@ -74,14 +76,9 @@ impl Daemon {
     }
 }
 
-/// The passphrase source of the params `PREFIX-file`/`PREFIX-fd`: exactly one.
-pub(crate) fn required_source<'a>(
-    file: Option<&'a std::path::Path>,
-    fd: Option<u32>,
-    prefix: &str,
-) -> Result<KeySource<'a>> {
-    let params = (format!("{prefix}-file"), format!("{prefix}-fd"));
-    match key_source(file, fd, (&params.0, &params.1), true) {
+/// The passphrase source of the params `PREFIX-file`/`PREFIX-fd`/`PREFIX-secret`: exactly one.
+pub(crate) fn required_source<'a>(given: KeyParams<'a>, prefix: &str) -> Result<KeySource<'a>> {
+    match key_source(given, prefix, true) {
         Ok(Some(source)) => Ok(source),
         Ok(None) => unreachable!("a required source is present or an error"),
         Err(e) => Err(Error::invalid_params(e.message)),

@@ -21,6 +21,7 @@ mod reencrypt;
 mod registry;
 mod resize;
 mod rpc;
+pub mod secret;
 mod serve;
 pub mod socket_access;
 mod stats;

@@ -9,6 +9,7 @@ use crate::disk::{serve_options, AttachedDisk, VhostExport, WithoutDiscard};
 use crate::error::{chain, Context, Error, Result};
 use crate::image::{open_image, OpenContext, OpenedImage};
 use crate::key_file::Passphrase;
+use crate::secret::MasterKey;
 use crate::Event;
 use crossbeam_channel::Sender;
 use cryptblk_block::IoStats;
@@ -52,6 +53,8 @@ pub struct DaemonOptions {
     /// The NBD server requires TLS (a disk's `tls-authz` means something only then).
     pub nbd_tls: bool,
     pub events: Sender<Event>,
+    /// Decrypts the passphrases sent as `key-secret` (`serve --master-key-file`).
+    pub master_key: Option<MasterKey>,
 }
 
 pub struct Daemon {
@@ -64,6 +67,7 @@ pub struct Daemon {
     pub(crate) unlock: UnlockOptions,
     events: Sender<Event>,
     pub(crate) started: Instant,
+    pub(crate) master_key: Option<MasterKey>,
 }
 
 /// A disk whose image is open and unlocked but not exported yet (see `Daemon::prepare`).
@@ -83,6 +87,7 @@ impl Daemon {
             unlock: options.unlock,
             events: options.events,
             started: Instant::now(),
+            master_key: options.master_key,
         })
     }
 
@@ -98,6 +103,7 @@ impl Daemon {
         OpenContext {
             pool: &self.pool,
             unlock: &self.unlock,
+            master_key: self.master_key.as_ref(),
         }
     }
 

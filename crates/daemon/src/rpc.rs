@@ -6,7 +6,9 @@ use crate::error::{chain, Error, Result};
 use crate::key_file::{read_key_source, Passphrase};
 use crate::migrate::Cancelled;
 use crate::registry::Daemon;
-use cryptblk_control::api::{key_source, DiskRemoved, KeyAdded, KeyRemoved, Request};
+use cryptblk_control::api::{
+    key_source, DiskRemoved, ErrorKind, KeyAdded, KeyParams, KeyRemoved, KeySource, Request,
+};
 use cryptblk_control::{Handler, PassedFds, RpcError};
 use serde::Serialize;
 use serde_json::Value;
@@ -49,10 +51,19 @@ impl ControlHandler {
                         "nbd-export is set but this daemon was started without --nbd",
                     ));
                 }
-                // A passphrase passed by descriptor is read now and stands in for a key file.
-                let passphrase =
-                    optional_passphrase(config.key_file.as_deref(), config.key_fd.take(), fds)?;
-                let prepared = d.prepare(config, passphrase)?;
+                // A passphrase passed by descriptor or as a secret is read now and stands in
+                // for a key file.
+                let passphrase = optional_passphrase(config.key_params(), fds, d)?;
+                config.key_fd = None;
+                let secret = config.key_secret.is_some();
+                let prepared = d.prepare(config, passphrase).map_err(|e| {
+                    // CBC cannot tell a wrong IV: it shows as a wrong passphrase.
+                    if secret && e.kind() == ErrorKind::WrongPassphrase {
+                        e.context("unlocking with key-secret (decrypted; is key-secret-iv right?)")
+                    } else {
+                        e
+                    }
+                })?;
                 json(d.publish(prepared)?)
             }
             Request::DiskRemove(p) => {
@@ -100,7 +111,8 @@ impl ControlHandler {
                         "nbd-export is set but this daemon was started without --nbd",
                     ));
                 }
-                let passphrase = optional_passphrase(p.key_file.as_deref(), p.key_fd.take(), fds)?;
+                let passphrase = optional_passphrase(p.key_params(), fds, d)?;
+                p.key_fd = None;
                 json(d.migrate_incoming(p, passphrase)?)
             }
             Request::MigrateStart(p) => {
@@ -151,20 +163,20 @@ fn request_disk(r: &Request) -> Option<&str> {
     }
 }
 
-/// The passphrase passed by descriptor (`key-fd`) when there is one; `None` leaves the key
-/// file (if any) to be read where the image is opened.
+/// The passphrase passed by descriptor (`key-fd`) or as a secret (`key-secret`) when there is
+/// one, read now so that a bad one fails the request at once (at most one source is given,
+/// checked here); `None` leaves the key file (if any) to be read where the image is opened.
 fn optional_passphrase(
-    key_file: Option<&std::path::Path>,
-    key_fd: Option<u32>,
+    given: KeyParams<'_>,
     fds: &mut PassedFds,
+    daemon: &Daemon,
 ) -> Result<Option<Passphrase>> {
-    let source = key_source(key_file, key_fd, ("key-file", "key-fd"), false)
-        .map_err(|e| Error::invalid_params(e.message))?;
+    let source = key_source(given, "key", false).map_err(|e| Error::invalid_params(e.message))?;
     match source {
-        Some(source @ cryptblk_control::api::KeySource::Fd(_)) => {
-            read_key_source(source, "key-fd", fds).map(Some)
+        Some(source @ (KeySource::Fd(_) | KeySource::Secret { .. })) => {
+            read_key_source(source, "key", fds, daemon.master_key.as_ref()).map(Some)
         }
-        _ => Ok(None),
+        Some(KeySource::File(_)) | None => Ok(None),
     }
 }
 

@@ -9,6 +9,7 @@ use crate::key_file::Passphrase;
 use crate::notify::ServiceManager;
 use crate::registry::{Daemon, DaemonOptions};
 use crate::rpc::ControlHandler;
+use crate::secret::MasterKey;
 use crate::Event;
 use cryptblk_control::api::DiskConfig;
 use cryptblk_control::ControlServer;
@@ -42,6 +43,8 @@ pub struct ServeConfig {
     pub metrics: Option<cryptblk_net::Address>,
     pub pool: Arc<CryptoPool>,
     pub unlock: UnlockOptions,
+    /// Decrypts passphrases given as `key-secret` (read from `--master-key-file` at start).
+    pub master_key: Option<MasterKey>,
     /// Name disks in messages by name and image (several disks from a config file) rather
     /// than by image alone.
     pub name_disks: bool,
@@ -83,6 +86,7 @@ pub fn serve(config: ServeConfig) -> Result<()> {
         nbd: registry.clone(),
         nbd_tls: config.nbd_tls.is_some(),
         events: events_tx.clone(),
+        master_key: config.master_key,
     });
 
     // Every disk is opened and unlocked before any socket is bound; then all are exported.

@@ -21,6 +21,13 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
     } else {
         cryptblk_daemon::forbid_core_dumps()?;
     }
+    // Read once, before any disk needs it; a bad file fails the start.
+    let master_key = a
+        .master_key_file
+        .as_deref()
+        .map(cryptblk_daemon::secret::MasterKey::from_file)
+        .transpose()
+        .context("--master-key-file")?;
     let disks = match (&a.config, &a.image) {
         (Some(path), _) => load_config_file(path)
             .map_err(|e| match e {
@@ -93,6 +100,7 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
         metrics,
         pool: crypto_pool(cli)?,
         unlock: unlock_options(cli),
+        master_key,
         name_disks: a.config.is_some(),
     })?;
     Ok(())

@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
 pub mod guest;
+pub mod secret;
 pub mod xts;
 
 pub const MIB: u64 = 1 << 20;

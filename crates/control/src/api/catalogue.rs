@@ -16,6 +16,9 @@ pub enum ParamKind {
     /// The index of a descriptor passed with the request (SCM_RIGHTS) holding a passphrase;
     /// `ctl --NAME N` passes its own descriptor N.
     KeyFd,
+    /// Base64 text: a passphrase encrypted with the daemon's master key, or its IV (the
+    /// ciphertext may be logged; the passphrase never travels in clear).
+    Base64,
     /// `tcp:HOST:PORT` or `unix:PATH`.
     Address,
     /// A boolean, false unless given; `ctl --NAME` sends true, otherwise false.
@@ -42,6 +45,7 @@ impl ParamKind {
             ParamKind::Name | ParamKind::Text => "str".into(),
             ParamKind::Path | ParamKind::KeyFile => "path".into(),
             ParamKind::Address => "addr".into(),
+            ParamKind::Base64 => "base64".into(),
             ParamKind::Flag | ParamKind::FlagIfGiven | ParamKind::FlagDefaultOn => "bool".into(),
             ParamKind::Count => "int".into(),
             ParamKind::KeyFd => "fd".into(),
@@ -107,6 +111,8 @@ pub const METHODS: &[MethodSpec] = &[
             req("image", Path, "The image: LUKS1, LUKS2 or raw; a file, or an RBD image rbd:POOL/IMAGE[@SNAP][:conf=PATH][:id=USER][:keyring=PATH]."),
             opt("key-file", KeyFile, "File holding the LUKS passphrase (read by the daemon; ctl's `-` passes its stdin as key-fd)."),
             opt("key-fd", KeyFd, "The LUKS passphrase in a descriptor passed with the request (SCM_RIGHTS; a pipe, memfd or file, read to its end), instead of key-file."),
+            opt("key-secret", Base64, "The LUKS passphrase encrypted with the daemon's master key (serve --master-key-file): base64 of the AES-256-CBC ciphertext, PKCS#7 padded (as QEMU's secret object with keyid), instead of key-file."),
+            opt("key-secret-iv", Base64, "Base64 of the 16-byte IV key-secret was encrypted with (fresh for each secret)."),
             opt("vhost-user-blk", Path, "Export it on this vhost-user-blk socket."),
             opt("num-queues", Count, "Virtqueues offered to the guest (default 1)."),
             opt("queue-size", Count, "Largest virtqueue size, a power of two up to 1024 (default 256)."),
@@ -157,10 +163,14 @@ pub const METHODS: &[MethodSpec] = &[
         summary: "Add a keyslot to a served disk's LUKS image.",
         params: &[
             NAME,
-            opt("key-file", KeyFile, "File holding an existing passphrase (read by the daemon); this or key-fd."),
+            opt("key-file", KeyFile, "File holding an existing passphrase (read by the daemon); this, key-fd or key-secret."),
             opt("key-fd", KeyFd, "An existing passphrase in a descriptor passed with the request."),
-            opt("new-key-file", KeyFile, "File holding the new passphrase (read by the daemon); this or new-key-fd."),
+            opt("key-secret", Base64, "An existing passphrase encrypted with the daemon's master key (serve --master-key-file): base64 of the AES-256-CBC ciphertext, PKCS#7 padded (as QEMU's secret object with keyid), instead of key-file."),
+            opt("key-secret-iv", Base64, "Base64 of the 16-byte IV key-secret was encrypted with (fresh for each secret)."),
+            opt("new-key-file", KeyFile, "File holding the new passphrase (read by the daemon); this, new-key-fd or new-key-secret."),
             opt("new-key-fd", KeyFd, "The new passphrase in a descriptor passed with the request."),
+            opt("new-key-secret", Base64, "The new passphrase encrypted with the daemon's master key (serve --master-key-file): base64 of the AES-256-CBC ciphertext, PKCS#7 padded (as QEMU's secret object with keyid), instead of new-key-file."),
+            opt("new-key-secret-iv", Base64, "Base64 of the 16-byte IV new-key-secret was encrypted with (fresh for each secret)."),
             opt("pbkdf", Choice(&["pbkdf2", "argon2i", "argon2id"]), "Key derivation for the new keyslot (default: argon2id on LUKS2, pbkdf2 on LUKS1)."),
             opt("iter-time", Millis, "Target unlock time of the new keyslot in milliseconds (default 2000)."),
         ],
@@ -170,8 +180,10 @@ pub const METHODS: &[MethodSpec] = &[
         summary: "Remove the keyslot a passphrase opens from a served disk's LUKS image.",
         params: &[
             NAME,
-            opt("key-file", KeyFile, "File holding the passphrase to remove (read by the daemon); this or key-fd."),
+            opt("key-file", KeyFile, "File holding the passphrase to remove (read by the daemon); this, key-fd or key-secret."),
             opt("key-fd", KeyFd, "The passphrase to remove in a descriptor passed with the request."),
+            opt("key-secret", Base64, "The passphrase to remove encrypted with the daemon's master key (serve --master-key-file): base64 of the AES-256-CBC ciphertext, PKCS#7 padded (as QEMU's secret object with keyid), instead of key-file."),
+            opt("key-secret-iv", Base64, "Base64 of the 16-byte IV key-secret was encrypted with (fresh for each secret)."),
         ],
     },
     MethodSpec {
@@ -183,6 +195,8 @@ pub const METHODS: &[MethodSpec] = &[
             req("listen", Address, "Where the source connects: tcp:HOST:PORT (port 0 picks one) or unix:PATH."),
             opt("key-file", KeyFile, "File holding the LUKS passphrase, to open the received volume (read by the daemon)."),
             opt("key-fd", KeyFd, "The LUKS passphrase in a descriptor passed with the request, instead of key-file."),
+            opt("key-secret", Base64, "The LUKS passphrase encrypted with the daemon's master key (serve --master-key-file): base64 of the AES-256-CBC ciphertext, PKCS#7 padded (as QEMU's secret object with keyid), instead of key-file."),
+            opt("key-secret-iv", Base64, "Base64 of the 16-byte IV key-secret was encrypted with (fresh for each secret)."),
             opt("tls-creds", Path, "TLS credentials directory (QEMU x509 layout); the source must present a client certificate signed by its CA. Required on a non-loopback TCP address unless insecure."),
             opt("peer-name", Text, "With tls-creds: the name (subject CN or DNS subjectAltName) the source's certificate must carry; others are refused after the TLS handshake."),
             opt("insecure", Flag, "Allow plain TCP (no tls-creds) on an address other machines reach: whoever connects first sends the disk. Logged as a warning."),
@@ -248,8 +262,10 @@ pub const METHODS: &[MethodSpec] = &[
         summary: "Replace a served LUKS2 disk's volume key (or cipher, key size, sector size) while it serves, or continue a paused reencryption.",
         params: &[
             NAME,
-            opt("key-file", KeyFile, "File holding a passphrase of the disk (read by the daemon); it also protects the new volume key. This or key-fd."),
+            opt("key-file", KeyFile, "File holding a passphrase of the disk (read by the daemon); it also protects the new volume key. This, key-fd or key-secret."),
             opt("key-fd", KeyFd, "The passphrase in a descriptor passed with the request."),
+            opt("key-secret", Base64, "The passphrase encrypted with the daemon's master key (serve --master-key-file): base64 of the AES-256-CBC ciphertext, PKCS#7 padded (as QEMU's secret object with keyid), instead of key-file."),
+            opt("key-secret-iv", Base64, "Base64 of the 16-byte IV key-secret was encrypted with (fresh for each secret)."),
             opt("resilience", Choice(&["checksum", "journal", "none"]), "How a hotzone a crash interrupts is recovered (default checksum; none loses that hotzone, as in cryptsetup)."),
             opt("cipher", Text, "The new cipher, e.g. aes-xts-plain64 (default: the current one)."),
             opt("key-size", Count, "Bits of the new volume key (default: the current size)."),

@@ -93,6 +93,14 @@ pub struct DiskConfig {
     /// request (SCM_RIGHTS) that holds the passphrase, instead of `key_file`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_fd: Option<u32>,
+    /// The passphrase encrypted with the daemon's master key (`serve --master-key-file`):
+    /// base64 AES-256-CBC ciphertext, as QEMU's `secret` object's `data` with `keyid`. A config
+    /// file may give it too, so the file holds no passphrase in clear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_secret: Option<String>,
+    /// Base64 of the 16-byte IV `key_secret` was encrypted with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_secret_iv: Option<String>,
     /// Export the disk over vhost-user-blk on this UNIX socket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vhost_user_blk: Option<PathBuf>,
@@ -173,6 +181,8 @@ impl DiskConfig {
             image,
             key_file: None,
             key_fd: None,
+            key_secret: None,
+            key_secret_iv: None,
             vhost_user_blk: None,
             nbd_export: None,
             num_queues: Self::DEFAULT_NUM_QUEUES,
@@ -189,6 +199,16 @@ impl DiskConfig {
             socket_peer_uid: None,
             socket_peer_gid: None,
             unsealed_memory: false,
+        }
+    }
+
+    /// The params of the disk's passphrase (`key-*`).
+    pub fn key_params(&self) -> super::KeyParams<'_> {
+        super::KeyParams {
+            file: self.key_file.as_deref(),
+            fd: self.key_fd,
+            secret: self.key_secret.as_deref(),
+            secret_iv: self.key_secret_iv.as_deref(),
         }
     }
 

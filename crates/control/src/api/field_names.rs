@@ -114,6 +114,7 @@ fn required_params_are_the_ones_without_default() {
             ParamKind::Flag | ParamKind::FlagIfGiven | ParamKind::FlagDefaultOn => true.into(),
             ParamKind::Count | ParamKind::Bytes | ParamKind::Millis => 1.into(),
             ParamKind::KeyFd => 0.into(),
+            ParamKind::Base64 => "AAAA".into(),
             ParamKind::Choice(names) => names[0].into(),
         }
     }

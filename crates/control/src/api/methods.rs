@@ -2,11 +2,12 @@
 //! strictly) and as a table entry (what `cryptblk ctl` offers and documents). A test keeps
 //! the two equal, so a param the server takes is never missing from `ctl` or its help.
 use super::disk::{DiskConfig, ImageName};
+use super::key_source::KeyParams;
 use crate::RpcError;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// `disk-remove`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -40,8 +41,9 @@ pub enum Pbkdf {
     Argon2id,
 }
 
-/// `key-add`: the existing passphrase from `key_file` or `key_fd`, the new one from
-/// `new_key_file` or `new_key_fd` (exactly one of each; see [`key_source`]).
+/// `key-add`: the existing passphrase from `key_file`, `key_fd` or `key_secret`, the new one
+/// from `new_key_file`, `new_key_fd` or `new_key_secret` (exactly one of each; see
+/// [`super::key_source()`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct KeyAddParams {
@@ -51,10 +53,20 @@ pub struct KeyAddParams {
     /// Index of a descriptor passed with the request (SCM_RIGHTS) holding the passphrase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_fd: Option<u32>,
+    /// The passphrase encrypted with the daemon's master key: base64 AES-256-CBC ciphertext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_secret: Option<String>,
+    /// Base64 of the 16-byte IV `key_secret` was encrypted with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_secret_iv: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_key_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_key_fd: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_key_secret: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_key_secret_iv: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pbkdf: Option<Pbkdf>,
     /// Milliseconds.
@@ -71,6 +83,12 @@ pub struct KeyRemoveParams {
     pub key_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_fd: Option<u32>,
+    /// The passphrase encrypted with the daemon's master key: base64 AES-256-CBC ciphertext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_secret: Option<String>,
+    /// Base64 of the 16-byte IV `key_secret` was encrypted with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_secret_iv: Option<String>,
 }
 
 /// `disk-resize`: `size` is what the guest sees, in bytes (a whole number of the disk's
@@ -99,6 +117,12 @@ pub struct MigrateIncomingParams {
     /// Index of a descriptor passed with the request holding the passphrase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_fd: Option<u32>,
+    /// The passphrase encrypted with the daemon's master key: base64 AES-256-CBC ciphertext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_secret: Option<String>,
+    /// Base64 of the 16-byte IV `key_secret` was encrypted with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_secret_iv: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_creds: Option<PathBuf>,
     /// With `tls_creds`: the name the source's certificate must carry.
@@ -262,34 +286,47 @@ impl Request {
     }
 }
 
-/// Where a passphrase comes from: a file the daemon reads, or a descriptor passed with the
-/// request (its index among them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeySource<'a> {
-    File(&'a Path),
-    Fd(u32),
+impl KeyAddParams {
+    /// The params of the existing passphrase (`key-*`).
+    pub fn key_params(&self) -> KeyParams<'_> {
+        KeyParams {
+            file: self.key_file.as_deref(),
+            fd: self.key_fd,
+            secret: self.key_secret.as_deref(),
+            secret_iv: self.key_secret_iv.as_deref(),
+        }
+    }
+
+    /// The params of the new passphrase (`new-key-*`).
+    pub fn new_key_params(&self) -> KeyParams<'_> {
+        KeyParams {
+            file: self.new_key_file.as_deref(),
+            fd: self.new_key_fd,
+            secret: self.new_key_secret.as_deref(),
+            secret_iv: self.new_key_secret_iv.as_deref(),
+        }
+    }
 }
 
-/// The one source of a passphrase given by the params `file_param` (a key file) or
-/// `fd_param` (a passed descriptor): both is an invalid-params error; neither is `None`, or an
-/// error when `required`.
-pub fn key_source<'a>(
-    file: Option<&'a Path>,
-    fd: Option<u32>,
-    (file_param, fd_param): (&str, &str),
-    required: bool,
-) -> Result<Option<KeySource<'a>>, RpcError> {
-    match (file, fd) {
-        (Some(_), Some(_)) => Err(RpcError::invalid_params(format!(
-            "{file_param} and {fd_param} both give the passphrase: give one of them"
-        ))),
-        (Some(path), None) => Ok(Some(KeySource::File(path))),
-        (None, Some(index)) => Ok(Some(KeySource::Fd(index))),
-        (None, None) if required => Err(RpcError::invalid_params(format!(
-            "missing the passphrase: give {file_param} (a file the daemon reads) or {fd_param} \
-             (a descriptor passed with the request)"
-        ))),
-        (None, None) => Ok(None),
+impl KeyRemoveParams {
+    pub fn key_params(&self) -> KeyParams<'_> {
+        KeyParams {
+            file: self.key_file.as_deref(),
+            fd: self.key_fd,
+            secret: self.key_secret.as_deref(),
+            secret_iv: self.key_secret_iv.as_deref(),
+        }
+    }
+}
+
+impl MigrateIncomingParams {
+    pub fn key_params(&self) -> KeyParams<'_> {
+        KeyParams {
+            file: self.key_file.as_deref(),
+            fd: self.key_fd,
+            secret: self.key_secret.as_deref(),
+            secret_iv: self.key_secret_iv.as_deref(),
+        }
     }
 }
 

@@ -5,6 +5,7 @@ mod catalogue;
 mod disk;
 mod error_kind;
 mod field_names;
+mod key_source;
 mod methods;
 mod reencrypt;
 mod results;
@@ -16,10 +17,11 @@ pub use catalogue::{
 pub use disk::{rbd_name, resolve, DiskConfig, ImageName, RBD_PREFIX};
 pub use error_kind::ErrorKind;
 pub use field_names::accepted_params;
+pub use key_source::{key_source, KeyParams, KeySource};
 pub use methods::{
-    key_source, DiskRemoveParams, DiskResizeParams, KeyAddParams, KeyRemoveParams, KeySource,
-    MigrateIncomingParams, MigrateRecoverParams, MigrateStartParams, MigrateSwitchoverParams,
-    NameParams, NoParams, Pbkdf, Request, StatsParams, DEFAULT_CONNECT_TIMEOUT_MS,
+    DiskRemoveParams, DiskResizeParams, KeyAddParams, KeyRemoveParams, MigrateIncomingParams,
+    MigrateRecoverParams, MigrateStartParams, MigrateSwitchoverParams, NameParams, NoParams, Pbkdf,
+    Request, StatsParams, DEFAULT_CONNECT_TIMEOUT_MS,
 };
 pub use reencrypt::{Hotzone, ReencryptPhase, ReencryptStartParams, ReencryptStatus, Resilience};
 pub use results::*;

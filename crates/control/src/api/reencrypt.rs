@@ -13,7 +13,7 @@ pub enum Resilience {
     None,
 }
 
-/// `reencrypt-start`: the passphrase from `key_file` or `key_fd` (exactly one); the rest
+/// `reencrypt-start`: the passphrase from `key_file`, `key_fd` or `key_secret` (exactly one); the rest
 /// applies to a reencryption that is not under way yet (a paused one continues as begun).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -23,6 +23,12 @@ pub struct ReencryptStartParams {
     pub key_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_fd: Option<u32>,
+    /// The passphrase encrypted with the daemon's master key: base64 AES-256-CBC ciphertext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_secret: Option<String>,
+    /// Base64 of the 16-byte IV `key_secret` was encrypted with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_secret_iv: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resilience: Option<Resilience>,
     /// The new cipher as LUKS2 names it (default: the current one).
@@ -43,6 +49,17 @@ pub struct ReencryptStartParams {
     /// Milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iter_time: Option<u32>,
+}
+
+impl ReencryptStartParams {
+    pub fn key_params(&self) -> super::KeyParams<'_> {
+        super::KeyParams {
+            file: self.key_file.as_deref(),
+            fd: self.key_fd,
+            secret: self.key_secret.as_deref(),
+            secret_iv: self.key_secret_iv.as_deref(),
+        }
+    }
 }
 
 /// Where an online reencryption is.

@@ -137,7 +137,7 @@ impl Daemon {
         fds: &mut PassedFds,
     ) -> Result<ReencryptStatus> {
         let name = p.name.as_str();
-        let source = crate::keys::required_source(p.key_file.as_deref(), p.key_fd, "key")?;
+        let source = crate::keys::required_source(p.key_params(), "key")?;
         let disk = self.attached(name)?;
         let file = crate::keys::luks_file(&disk)?;
         let segments = disk.image.segments.clone().ok_or_else(|| {
@@ -156,7 +156,7 @@ impl Daemon {
             )));
         }
         let ticket = disk.activity.begin_reencryption(name)?;
-        let passphrase = read_key_source(source, "key-fd", fds)?;
+        let passphrase = read_key_source(source, "key", fds, self.master_key.as_ref())?;
         let job = disk.reencryption.clone();
         job.pause.store(false, Ordering::Release);
         let max_bandwidth = p.max_bandwidth.unwrap_or(DEFAULT_MAX_BANDWIDTH);

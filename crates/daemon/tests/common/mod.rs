@@ -20,6 +20,7 @@ pub fn daemon() -> Arc<Daemon> {
         nbd: Some(ExportRegistry::new()),
         nbd_tls: false,
         events,
+        master_key: None,
     })
 }
 

@@ -8,8 +8,10 @@
 //!
 //! Secrets never travel in the JSON: key-file options send the file's absolute path and the
 //! daemon reads it; `--key-fd N` (and `--key-file -`, our stdin) pass the descriptor itself
-//! with the request (SCM_RIGHTS) and the daemon reads the passphrase from it. So no passphrase
-//! appears on the wire's JSON, in argv, in a file or in the daemon's request logs. All paths
+//! with the request (SCM_RIGHTS) and the daemon reads the passphrase from it; `--key-secret`
+//! sends it encrypted with the daemon's master key (the ciphertext may show; the passphrase
+//! never does). So no passphrase appears in clear on the wire's JSON, in argv, in a file or in
+//! the daemon's request logs. All paths
 //! are made absolute here because the daemon's working directory is not ours.
 use crate::exit::UsageError;
 use anyhow::{bail, Context, Result};
@@ -32,7 +34,10 @@ Paths must be absolute (the daemon resolves nothing against its working director
 Key files are passed by path and read by the daemon; never send a passphrase. A key may
 instead come in a descriptor passed with the request line (SCM_RIGHTS ancillary data, at most
 4 per request), named by its index among them: \"key-fd\": 0. ctl --key-fd N passes its
-descriptor N (e.g. 3< <(vault read ...)); --key-file - passes its stdin.
+descriptor N (e.g. 3< <(vault read ...)); --key-file - passes its stdin. Or, as QEMU's
+secret objects: \"key-secret\" is base64 of the passphrase's AES-256-CBC ciphertext (PKCS#7
+padding) under the daemon's master key (serve --master-key-file), \"key-secret-iv\" base64
+of its 16-byte IV.
 
 Methods and params (? = optional):
 {}  (addr: tcp:HOST:PORT or unix:PATH; tls-creds: QEMU x509 layout, both ends verified;
@@ -107,6 +112,7 @@ fn param_arg(p: &ParamSpec) -> Arg {
                     .value_name("FILE")
                     .value_parser(clap::value_parser!(PathBuf)),
                 ParamKind::Address => arg.value_name("ADDR"),
+                ParamKind::Base64 => arg.value_name("BASE64"),
                 ParamKind::Count => arg.value_name("N").value_parser(clap::value_parser!(u64)),
                 ParamKind::KeyFd => arg
                     .value_name("FD")
@@ -177,9 +183,11 @@ impl clap::FromArgMatches for CtlArgs {
                     vm.get_one::<u64>(&id).copied().map(Given::Number)
                 }
                 ParamKind::KeyFd => vm.get_one::<i32>(&id).copied().map(Given::Fd),
-                ParamKind::Name | ParamKind::Text | ParamKind::Address | ParamKind::Choice(_) => {
-                    vm.get_one::<String>(&id).cloned().map(Given::Text)
-                }
+                ParamKind::Name
+                | ParamKind::Text
+                | ParamKind::Address
+                | ParamKind::Base64
+                | ParamKind::Choice(_) => vm.get_one::<String>(&id).cloned().map(Given::Text),
             };
             if let Some(given) = given {
                 values.push((*p, given));
@@ -307,20 +315,23 @@ fn request_with_fds(a: &CtlArgs) -> Result<(&'static str, Value, Vec<Passed>)> {
         };
         params.insert(p.name.to_string(), value);
     }
+    // One source per passphrase (`PREFIX-file`, `-fd` or `-secret`), checked before sending.
     for p in a
         .method
         .params
         .iter()
         .filter(|p| p.kind == ParamKind::KeyFd)
     {
-        let file_param = p.name.replace("-fd", "-file");
-        cryptblk_control::api::key_source(
-            params.get(&file_param).map(|_| Path::new("")),
-            params.contains_key(p.name).then_some(0),
-            (&file_param, p.name),
-            false,
-        )
-        .map_err(|e| UsageError(format!("{}: {}", a.method.name, e.message)))?;
+        let prefix = p.name.trim_end_matches("-fd");
+        let given = |suffix: &str| params.contains_key(&format!("{prefix}-{suffix}"));
+        let given = cryptblk_control::api::KeyParams {
+            file: given("file").then(|| Path::new("")),
+            fd: given("fd").then_some(0),
+            secret: given("secret").then_some(""),
+            secret_iv: given("secret-iv").then_some(""),
+        };
+        cryptblk_control::api::key_source(given, prefix, false)
+            .map_err(|e| UsageError(format!("{}: {}", a.method.name, e.message)))?;
     }
     let params = Value::Object(params);
     Request::parse(a.method.name, params.clone())

@@ -238,6 +238,59 @@ fn key_fds_and_stdin_become_passed_descriptors() {
 }
 
 #[test]
+fn key_secrets_are_sent_as_given_one_source_per_passphrase() {
+    let a = parse(&[
+        "-s",
+        "c",
+        "key-add",
+        "d",
+        "--key-fd",
+        "3",
+        "--new-key-secret",
+        "c2VjcmV0IGNpcGhlcnRleHQ=",
+        "--new-key-secret-iv",
+        "AAAAAAAAAAAAAAAAAAAAAA==",
+    ]);
+    assert_eq!(
+        request_with_fds(&a).unwrap(),
+        (
+            "key-add",
+            json!({"name": "d", "key-fd": 0, "new-key-secret": "c2VjcmV0IGNpcGhlcnRleHQ=",
+                   "new-key-secret-iv": "AAAAAAAAAAAAAAAAAAAAAA=="}),
+            vec![Passed::Fd(3)]
+        )
+    );
+    let a = parse(&[
+        "-s",
+        "c",
+        "disk-add",
+        "d",
+        "--image",
+        "/i",
+        "--key-file",
+        "/k",
+        "--key-secret",
+        "AAAA",
+        "--key-secret-iv",
+        "AAAA",
+    ]);
+    let err = request(&a).unwrap_err().to_string();
+    assert!(err.contains("key-file and key-secret both"), "{err}");
+    let a = parse(&["-s", "c", "key-remove", "d", "--key-secret", "AAAA"]);
+    let err = request(&a).unwrap_err().to_string();
+    assert!(err.contains("key-secret needs key-secret-iv"), "{err}");
+    for verb in ["migrate-incoming", "reencrypt-start"] {
+        let help = Cli::command()
+            .find_subcommand_mut(verb)
+            .unwrap()
+            .render_help()
+            .to_string();
+        assert!(help.contains("--key-secret <BASE64>"), "{verb}: {help}");
+        assert!(help.contains("--key-secret-iv <BASE64>"), "{verb}: {help}");
+    }
+}
+
+#[test]
 fn every_method_is_a_verb_with_a_flag_per_param() {
     let cmd = Cli::command();
     let verbs: Vec<&str> = cmd.get_subcommands().map(|c| c.get_name()).collect();
