@@ -9,6 +9,8 @@ use crossbeam_channel::Sender;
 use cryptblk_block::{Container, SegmentMap};
 use cryptblk_control::api::{Hotzone, ReencryptPhase, ReencryptStartParams, Resilience};
 use cryptblk_crypto::{CipherSpec, CryptoPool, Mode};
+use cryptblk_luks::luks1::Luks1Header;
+use cryptblk_luks::luks2::from_luks1::convert_luks1;
 use cryptblk_luks::luks2::reencrypt::{
     InitParams, Reencryption, Resilience as LuksResilience, ResilienceChoice,
 };
@@ -82,10 +84,9 @@ impl Run {
         let image = self.file.name().display().to_string();
         let (header, _) =
             LuksImage::read(io).with_context(|| format!("reading the LUKS header of {image}"))?;
-        let LuksImage::V2(mut hdr) = header else {
-            return Err(Error::usage(format!(
-                "{image} is LUKS1: online reencryption needs LUKS2 (convert it offline with `cryptsetup convert --type luks2` first)"
-            )));
+        let mut hdr = match header {
+            LuksImage::V2(hdr) => hdr,
+            LuksImage::V1(v1) => self.convert_luks1(io, &v1, &image)?,
         };
         if hdr
             .reencrypt_state()
@@ -147,6 +148,26 @@ impl Run {
             p.last_error = None;
         });
         Ok(r)
+    }
+
+    /// A LUKS1 disk's header becomes LUKS2 first, as `cryptblk convert-header` does it: the
+    /// same volume key, data offset and 512-byte sectors, so the requests being served see no
+    /// change. The reencryption ticket this run holds already keeps keyslot changes, resizes
+    /// and migrations away (the header-change exclusion). The passphrase is checked first, so
+    /// a wrong one leaves the image LUKS1.
+    fn convert_luks1(
+        &self,
+        io: &dyn cryptblk_luks::HeaderIo,
+        v1: &Luks1Header,
+        image: &str,
+    ) -> Result<Luks2Header> {
+        v1.unlock(io, &self.passphrase, &self.unlock)
+            .with_context(|| format!("unlocking the LUKS1 header of {image}"))?;
+        let (hdr, placement) = convert_luks1(io, v1).with_context(|| {
+            format!("converting the LUKS1 header of {image} to LUKS2 (offline: `cryptblk convert-header --type luks2`)")
+        })?;
+        tracing::info!(disk = %self.name, ?placement, "converted the LUKS1 header to LUKS2 before re-encrypting");
+        Ok(hdr)
     }
 
     fn init_params(&self, hdr: &Luks2Header) -> Result<InitParams> {
