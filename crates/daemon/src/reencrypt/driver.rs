@@ -52,7 +52,9 @@ impl Run {
         let name = &self.name;
         match outcome {
             Ok(true) => {
-                self.segments.finish();
+                if let Err(e) = self.segments.finish() {
+                    tracing::warn!(disk = %name, "the old volume key stays in memory until the requests still in flight complete: {e}");
+                }
                 self.job.update(|p| {
                     p.phase = ReencryptPhase::Finished;
                     p.hotzone = None;
@@ -252,7 +254,14 @@ impl Run {
             let len = hotzone.min(total - done);
             self.job
                 .update(|p| p.hotzone = Some(Hotzone { offset: done, len }));
-            self.segments.announce(done + len);
+            // Bounded (DRAIN_TIMEOUT): a request the device never answers fails this step
+            // instead of stalling the run; the disk keeps serving, a later start waits anew.
+            self.segments.announce(done + len).map_err(|e| {
+                Error::caused(
+                    format!("fencing off the hotzone of {len} bytes at {done}"),
+                    e,
+                )
+            })?;
             let rewrite = self.segments.hotzone_write();
             let step = r.step(len).and_then(|rep| {
                 if r.state().resilience == LuksResilience::None {
@@ -270,7 +279,11 @@ impl Run {
                     // Part of the hotzone may hold new ciphertext: put it right (as a restart
                     // would) before any request may touch it again.
                     match self.recover(io) {
-                        Ok(at) => self.segments.advance(&rewrite, at),
+                        Ok(at) => {
+                            if let Err(again) = self.segments.advance(&rewrite, at) {
+                                tracing::warn!(disk = %self.name, "after the recovery: {again}");
+                            }
+                        }
                         Err(again) => {
                             tracing::error!(disk = %self.name, "the interrupted hotzone could not be recovered ({}): requests on the synchronous path stay blocked until the daemon restarts", chain(&again));
                             // Never serve a half-rewritten hotzone with the wrong key.
@@ -280,13 +293,14 @@ impl Run {
                     return Err(e);
                 }
             };
-            self.segments.advance(&rewrite, rep.done);
+            let advanced = self.segments.advance(&rewrite, rep.done);
             drop(rewrite);
             rewritten += rep.done - done;
             self.job.update(|p| {
                 p.done = rep.done;
                 p.hotzone = None;
             });
+            advanced.map_err(|e| Error::caused("moving the boundary for the queues", e))?;
             self.throttle(started, rewritten);
         }
     }
