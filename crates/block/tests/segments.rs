@@ -89,12 +89,12 @@ fn requests_follow_the_boundary_through_a_reencryption() {
     let mut seed = 20;
     while at < PAYLOAD {
         let end = (at + 192 * 1024).min(PAYLOAD);
-        map.announce(end);
+        map.announce(end).unwrap();
         check(&dev, &mut *queue, &mut model, seed);
         {
             let lock = map.hotzone_write();
             rewrite(&backend, at, end);
-            map.advance(&lock, end);
+            map.advance(&lock, end).unwrap();
         }
         at = end;
         assert!(
@@ -104,7 +104,7 @@ fn requests_follow_the_boundary_through_a_reencryption() {
         check(&dev, &mut *queue, &mut model, seed + 5);
         seed += 10;
     }
-    map.finish();
+    map.finish().unwrap();
     check(&dev, &mut *queue, &mut model, 99);
     assert!(
         decrypted(&backend, PAYLOAD) == model,
@@ -123,7 +123,7 @@ fn a_resize_after_a_reencryption_reaches_both_paths() {
     let map = dev.segments().clone();
     rewrite(&backend, 0, PAYLOAD);
     map.split(cipher(4096, 7), PAYLOAD).unwrap();
-    map.finish();
+    map.finish().unwrap();
     assert!(
         dev.set_size(2 * PAYLOAD - 512).is_err(),
         "a size off the new cipher's 4096-byte sectors"

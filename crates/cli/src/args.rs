@@ -65,6 +65,10 @@ pub enum Command {
     /// passphrase is needed. A served disk is resized with `cryptblk ctl disk-resize`.
     #[command(after_help = crate::help::RESIZE)]
     Resize(ResizeArgs),
+    /// Convert a LUKS1 image's header to LUKS2 in place, as `cryptsetup convert --type luks2`
+    /// (same volume key, payload and passphrases; no passphrase needed).
+    #[command(after_help = crate::help::CONVERT_HEADER)]
+    ConvertHeader(ConvertHeaderArgs),
     /// Measure sector-crypto throughput of every engine on this CPU.
     Bench(BenchArgs),
     /// Run the built-in example: make a sample disk, encrypt it into LUKS2, decrypt and verify,
@@ -469,6 +473,20 @@ pub struct ResizeArgs {
     /// Allow a size below the current one: the data past it is lost.
     #[arg(long)]
     pub allow_shrink: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ConvertHeaderArgs {
+    /// The header format to convert to (cryptsetup's `--type`; only luks2 is implemented).
+    #[arg(long = "type", value_enum, value_name = "TYPE")]
+    pub to: HeaderType,
+    /// A LUKS1 image file.
+    pub image: PathBuf,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderType {
+    Luks2,
 }
 
 #[derive(Args, Debug)]

@@ -27,6 +27,16 @@ as in use (6); resize it there with `cryptblk ctl disk-resize NAME SIZE`. A shri
 that refuses the new length (full, a file size limit, a quota) is an I/O error (5), and the
 image keeps its old size.";
 
+/// `cryptblk convert-header --help`: what moves, when it is refused, and the crash window.
+pub const CONVERT_HEADER: &str = "\
+Where cryptsetup can convert (a 28 KiB gap between the LUKS1 keyslots and the payload, as in
+images cryptsetup formats), the keyslot material moves up by 28 KiB exactly as cryptsetup moves
+it. QEMU-made images have no such gap: there each active keyslot is copied to free space
+before the payload, and the LUKS1 header stays usable until the LUKS2 header is written. An
+image already LUKS2 is a usage error (1); no room for the keyslots, a detached header or
+luksmeta data is refused as unsupported (3); the image is then untouched. Keep a header
+backup: as with cryptsetup, a crash while the header is rewritten can leave neither header.";
+
 /// `cryptblk serve --help`: how QEMU connects, discard, and the `--config` file.
 pub const SERVE: &str = "\
 QEMU connects with:

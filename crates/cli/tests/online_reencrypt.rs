@@ -42,6 +42,28 @@ impl Disk {
         Disk { dir, img, key }
     }
 
+    /// A LUKS1 image as QEMU makes it: aes-xts-plain64 with a 256-bit key, 512-byte
+    /// sectors, the payload right after the eighth keyslot area.
+    fn qemu_luks1(tag: &str) -> Disk {
+        let dir = tempdir();
+        let key = key_file(dir.path(), "key", &passphrase(tag));
+        let img = dir.path().join("disk.luks");
+        qemu_img_kdf([
+            "create",
+            "-q",
+            "-f",
+            "luks",
+            "--object",
+            &format!("secret,id=s0,file={}", s(&key)),
+            "-o",
+            "key-secret=s0,cipher-alg=aes-128,cipher-mode=xts,iter-time=10",
+            s(&img),
+            "32M",
+        ])
+        .ok();
+        Disk { dir, img, key }
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -367,6 +389,43 @@ fn paused_reencryption_resumes_and_refuses_migration_while_it_runs() {
         "200",
     ]);
     assert_ne!(out.code, code::IN_USE, "{out:?}");
+    drop(c);
+    assert_eq!(daemon.terminate(), 0);
+    disk.check_final(&model.data, &old_key);
+}
+
+#[test]
+fn served_qemu_luks1_disk_gets_a_luks2_header_then_a_new_key() {
+    let disk = Disk::qemu_luks1("online-luks1");
+    let old_key = xts::cryptsetup_volume_key(&disk.img, &disk.key);
+    let daemon = disk.serve();
+    let mut c = disk.nbd();
+    let mut model = Model::new();
+    model.fill(&mut c);
+
+    // A wrong passphrase is refused before the header changes.
+    let wrong = key_file(disk.dir.path(), "wrong", &passphrase("online-luks1-wrong"));
+    let out = disk.ctl(&["reencrypt-start", "vol", "--key-file", s(&wrong)]);
+    out.expect_code(2);
+    let dump = tool("cryptsetup", ["luksDump", s(&disk.img)]);
+    assert!(
+        dump.stdout.contains("Version:       \t1"),
+        "{}",
+        dump.stdout
+    );
+
+    let st = disk.start("16M");
+    assert_eq!(st["phase"], "running", "{st}");
+    loop {
+        let st = disk.status();
+        if st["phase"] == "finished" {
+            break;
+        }
+        assert!(st["last-error"].is_null(), "{st}");
+        model.round(&mut c, done_bytes(&st));
+        c.flush().unwrap();
+    }
+    model.check_all(&mut c, "after the conversion and reencryption");
     drop(c);
     assert_eq!(daemon.terminate(), 0);
     disk.check_final(&model.data, &old_key);

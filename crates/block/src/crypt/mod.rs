@@ -8,10 +8,12 @@
 //! serialised by a striped lock so that two unaligned writes to different bytes of the same
 //! sector cannot lose either update.
 
+mod drain;
 mod segments;
 mod stage;
 mod zero_holes;
 
+pub use drain::DRAIN_TIMEOUT;
 pub use segments::SegmentMap;
 
 pub(crate) use zero_holes::ZeroHolesCipher;

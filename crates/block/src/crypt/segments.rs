@@ -19,15 +19,12 @@
 //! `membarrier(2)`, which puts a full barrier in every thread of the process. So either the
 //! driver sees the stage's count, or the stage sees the new generation (and routes anew); the
 //! stage's path has no fence or read-modify-write of its own.
+use super::drain::{Drain, DRAIN_TIMEOUT};
 use super::CryptCore;
 use crate::{BlockDevice, BlockError, Extent, ExtentKind};
 use cryptblk_crypto::SectorCipher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockWriteGuard, Weak};
-use std::time::Duration;
-
-/// How often the driver looks again at the counts it waits for.
-const DRAIN_POLL: Duration = Duration::from_micros(100);
 
 /// What a generation routes by.
 #[derive(Clone)]
@@ -45,7 +42,7 @@ pub(crate) struct Routes {
 /// A stage's requests in flight, by generation parity; only the stage's thread writes them.
 #[derive(Default)]
 pub(crate) struct StageCounts {
-    in_flight: [AtomicU64; 2],
+    pub(super) in_flight: [AtomicU64; 2],
 }
 
 impl StageCounts {
@@ -78,6 +75,8 @@ pub struct SegmentMap {
     stages: Mutex<Vec<Weak<StageCounts>>>,
     /// The payload's size, shared with its cores (an online resize moves it).
     size: Arc<AtomicU64>,
+    /// The bounded wait for requests admitted under a previous generation.
+    drain: Drain,
 }
 
 impl SegmentMap {
@@ -98,6 +97,7 @@ impl SegmentMap {
             hotzone: RwLock::new(()),
             stages: Mutex::new(Vec::new()),
             size,
+            drain: Drain::new(DRAIN_TIMEOUT),
         })
     }
 
@@ -159,18 +159,20 @@ impl SegmentMap {
             r.new = Some(new);
             r.boundary = done;
             r.fence = done;
-        });
-        Ok(())
+        })
     }
 
-    /// Fences off `[committed, fence)` for rewriting: once this returns, no asynchronous
-    /// request touches it, and new ones go to the synchronous path.
-    pub fn announce(&self, fence: u64) {
+    /// Fences off `[committed, fence)` for rewriting: once this returns `Ok`, no asynchronous
+    /// request touches it, and new ones go to the synchronous path. An error (requests still
+    /// in flight after `DRAIN_TIMEOUT`) means the hotzone must not be rewritten yet; the
+    /// fence may stay (requests touching it take the synchronous path, which is always right),
+    /// and a later call waits for the stragglers first.
+    pub fn announce(&self, fence: u64) -> Result<(), BlockError> {
         let done = self.committed();
         self.publish(|r| {
             r.boundary = done;
             r.fence = fence.max(done);
-        });
+        })
     }
 
     /// Excludes the synchronous path while a hotzone is rewritten.
@@ -180,18 +182,29 @@ impl SegmentMap {
 
     /// Records (under the hotzone lock) that bytes below `done` are in the new segment, and
     /// tells the stages.
-    pub fn advance(&self, _rewrite: &RwLockWriteGuard<'_, ()>, done: u64) {
+    /// An error means requests admitted before are still in flight after `DRAIN_TIMEOUT` (the
+    /// boundary has moved all the same; the next publication waits for them first), or that
+    /// earlier stragglers kept the boundary from being published (the synchronous path,
+    /// which splits at `committed`, is right either way).
+    pub fn advance(
+        &self,
+        _rewrite: &RwLockWriteGuard<'_, ()>,
+        done: u64,
+    ) -> Result<(), BlockError> {
         self.committed.store(done, Ordering::Release);
         self.publish(|r| {
             r.boundary = done;
             r.fence = done;
-        });
+        })
     }
 
     /// The whole payload is in the new segment: it becomes the only one, and the old cipher
-    /// (its key) is dropped once the last queue has seen the change.
-    pub fn finish(&self) {
+    /// (its key) is dropped once the last queue has seen the change. An error: stragglers
+    /// kept the single segment from being published (the volume keeps routing by the
+    /// boundary, now the payload's end), or are still in flight after it.
+    pub fn finish(&self) -> Result<(), BlockError> {
         let _rewrite = self.hotzone_write();
+        self.drain.settle_pending(&self.live_stages())?;
         self.committed.store(0, Ordering::Release);
         self.publish(|r| {
             if let Some(new) = r.new.take() {
@@ -199,12 +212,23 @@ impl SegmentMap {
             }
             r.boundary = 0;
             r.fence = 0;
-        });
+        })
+    }
+
+    fn live_stages(&self) -> Vec<Arc<StageCounts>> {
+        self.stages
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
     }
 
     /// Installs a new generation, then waits until every request admitted under the previous
-    /// one has completed.
-    fn publish(&self, change: impl FnOnce(&mut Routes)) {
+    /// one has completed (at most `DRAIN_TIMEOUT`; stragglers an earlier wait gave up on must
+    /// complete first, before anything changes).
+    fn publish(&self, change: impl FnOnce(&mut Routes)) -> Result<(), BlockError> {
+        self.drain.settle_pending(&self.live_stages())?;
         let previous = {
             let mut s = self.lock();
             change(&mut s.routes);
@@ -215,18 +239,7 @@ impl SegmentMap {
         };
         membarrier();
         let parity = (previous & 1) as usize;
-        let stages: Vec<Arc<StageCounts>> = self
-            .stages
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for counts in stages {
-            while counts.in_flight[parity].load(Ordering::Relaxed) != 0 {
-                std::thread::sleep(DRAIN_POLL);
-            }
-        }
+        self.drain.previous(&self.live_stages(), parity)
     }
 
     /// The routes and split point for a synchronous request, or `None` when there is one

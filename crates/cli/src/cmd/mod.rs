@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod completions;
+pub mod convert_header;
 pub mod ctl;
 pub mod demo;
 pub mod dump;

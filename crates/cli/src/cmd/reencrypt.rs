@@ -14,6 +14,7 @@ use cryptblk_luks::luks2::reencrypt::{InitParams, Reencryption, ResilienceChoice
 use cryptblk_luks::{HashAlg, LuksError, LuksImage, LuksVersion};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use zeroize::Zeroizing;
 
 /// Default hotzone: large enough to keep every core busy, small enough for a modest machine.
 const DEFAULT_HOTZONE: u64 = 64 << 20;
@@ -58,19 +59,22 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
     for w in &warnings {
         eprintln!("cryptblk: warning: {path}: {w}");
     }
-    let mut hdr = match image {
-        LuksImage::V2(h) => h,
-        LuksImage::V1(_) => {
-            return Err(unsupported("LUKS version", "1", "convert the header first with `cryptsetup convert --type luks2 IMAGE` (in-place conversion by cryptblk is not implemented yet)"))
-                .with_context(|| path.clone())
+    let unlock = unlock_options(cli);
+    let (mut hdr, passphrase) = match image {
+        LuksImage::V2(h) => (h, None),
+        LuksImage::V1(v1) => {
+            let (h, passphrase) = convert_luks1_first(a, &file, &v1, &path, &unlock)?;
+            (h, Some(passphrase))
         }
     };
-    let unlock = unlock_options(cli);
     let in_progress = hdr
         .reencrypt_state()
         .with_context(|| path.clone())?
         .is_some();
-    let passphrase = read_passphrase(a.key_file.as_deref(), "Enter passphrase: ")?;
+    let passphrase = match passphrase {
+        Some(p) => p,
+        None => read_passphrase(a.key_file.as_deref(), "Enter passphrase: ")?,
+    };
     if in_progress {
         if a.init_only {
             bail!(UsageError(format!(
@@ -141,6 +145,31 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
     r.finish()
         .with_context(|| format!("finishing the reencryption of {path}"))?;
     Ok(())
+}
+
+/// A LUKS1 image becomes LUKS2 first (`cryptblk convert-header`), once the passphrase is
+/// known to open it, so a wrong passphrase or a refused option leaves it untouched.
+fn convert_luks1_first(
+    a: &ReencryptArgs,
+    file: &std::fs::File,
+    v1: &cryptblk_luks::luks1::Luks1Header,
+    path: &str,
+    unlock: &cryptblk_luks::UnlockOptions,
+) -> Result<(cryptblk_luks::luks2::Luks2Header, Zeroizing<Vec<u8>>)> {
+    if a.resume_only {
+        bail!(UsageError(format!(
+            "{path}: a LUKS1 image has no reencryption in progress (nothing to resume)"
+        )));
+    }
+    let passphrase = read_passphrase(a.key_file.as_deref(), "Enter passphrase: ")?;
+    v1.unlock(file, &passphrase, unlock)
+        .with_context(|| path.to_string())?;
+    let (hdr, how) = super::convert_header::convert(file, v1, path)?;
+    eprintln!(
+        "cryptblk: note: {path}: converted the LUKS1 header to LUKS2 first ({})",
+        super::convert_header::describe(how)
+    );
+    Ok((hdr, passphrase))
 }
 
 fn init_params(

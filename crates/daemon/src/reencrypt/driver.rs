@@ -9,6 +9,8 @@ use crossbeam_channel::Sender;
 use cryptblk_block::{Container, SegmentMap};
 use cryptblk_control::api::{Hotzone, ReencryptPhase, ReencryptStartParams, Resilience};
 use cryptblk_crypto::{CipherSpec, CryptoPool, Mode};
+use cryptblk_luks::luks1::Luks1Header;
+use cryptblk_luks::luks2::from_luks1::convert_luks1;
 use cryptblk_luks::luks2::reencrypt::{
     InitParams, Reencryption, Resilience as LuksResilience, ResilienceChoice,
 };
@@ -50,7 +52,9 @@ impl Run {
         let name = &self.name;
         match outcome {
             Ok(true) => {
-                self.segments.finish();
+                if let Err(e) = self.segments.finish() {
+                    tracing::warn!(disk = %name, "the old volume key stays in memory until the requests still in flight complete: {e}");
+                }
                 self.job.update(|p| {
                     p.phase = ReencryptPhase::Finished;
                     p.hotzone = None;
@@ -82,10 +86,9 @@ impl Run {
         let image = self.file.name().display().to_string();
         let (header, _) =
             LuksImage::read(io).with_context(|| format!("reading the LUKS header of {image}"))?;
-        let LuksImage::V2(mut hdr) = header else {
-            return Err(Error::usage(format!(
-                "{image} is LUKS1: online reencryption needs LUKS2 (convert it offline with `cryptsetup convert --type luks2` first)"
-            )));
+        let mut hdr = match header {
+            LuksImage::V2(hdr) => hdr,
+            LuksImage::V1(v1) => self.convert_luks1(io, &v1, &image)?,
         };
         if hdr
             .reencrypt_state()
@@ -147,6 +150,26 @@ impl Run {
             p.last_error = None;
         });
         Ok(r)
+    }
+
+    /// A LUKS1 disk's header becomes LUKS2 first, as `cryptblk convert-header` does it: the
+    /// same volume key, data offset and 512-byte sectors, so the requests being served see no
+    /// change. The reencryption ticket this run holds already keeps keyslot changes, resizes
+    /// and migrations away (the header-change exclusion). The passphrase is checked first, so
+    /// a wrong one leaves the image LUKS1.
+    fn convert_luks1(
+        &self,
+        io: &dyn cryptblk_luks::HeaderIo,
+        v1: &Luks1Header,
+        image: &str,
+    ) -> Result<Luks2Header> {
+        v1.unlock(io, &self.passphrase, &self.unlock)
+            .with_context(|| format!("unlocking the LUKS1 header of {image}"))?;
+        let (hdr, placement) = convert_luks1(io, v1).with_context(|| {
+            format!("converting the LUKS1 header of {image} to LUKS2 (offline: `cryptblk convert-header --type luks2`)")
+        })?;
+        tracing::info!(disk = %self.name, ?placement, "converted the LUKS1 header to LUKS2 before re-encrypting");
+        Ok(hdr)
     }
 
     fn init_params(&self, hdr: &Luks2Header) -> Result<InitParams> {
@@ -231,7 +254,14 @@ impl Run {
             let len = hotzone.min(total - done);
             self.job
                 .update(|p| p.hotzone = Some(Hotzone { offset: done, len }));
-            self.segments.announce(done + len);
+            // Bounded (DRAIN_TIMEOUT): a request the device never answers fails this step
+            // instead of stalling the run; the disk keeps serving, a later start waits anew.
+            self.segments.announce(done + len).map_err(|e| {
+                Error::caused(
+                    format!("fencing off the hotzone of {len} bytes at {done}"),
+                    e,
+                )
+            })?;
             let rewrite = self.segments.hotzone_write();
             let step = r.step(len).and_then(|rep| {
                 if r.state().resilience == LuksResilience::None {
@@ -249,7 +279,11 @@ impl Run {
                     // Part of the hotzone may hold new ciphertext: put it right (as a restart
                     // would) before any request may touch it again.
                     match self.recover(io) {
-                        Ok(at) => self.segments.advance(&rewrite, at),
+                        Ok(at) => {
+                            if let Err(again) = self.segments.advance(&rewrite, at) {
+                                tracing::warn!(disk = %self.name, "after the recovery: {again}");
+                            }
+                        }
                         Err(again) => {
                             tracing::error!(disk = %self.name, "the interrupted hotzone could not be recovered ({}): requests on the synchronous path stay blocked until the daemon restarts", chain(&again));
                             // Never serve a half-rewritten hotzone with the wrong key.
@@ -259,13 +293,14 @@ impl Run {
                     return Err(e);
                 }
             };
-            self.segments.advance(&rewrite, rep.done);
+            let advanced = self.segments.advance(&rewrite, rep.done);
             drop(rewrite);
             rewritten += rep.done - done;
             self.job.update(|p| {
                 p.done = rep.done;
                 p.hotzone = None;
             });
+            advanced.map_err(|e| Error::caused("moving the boundary for the queues", e))?;
             self.throttle(started, rewritten);
         }
     }

@@ -56,6 +56,10 @@ impl Luks1Header {
         &self.phdr.uuid
     }
 
+    pub(crate) fn phdr(&self) -> &Phdr {
+        &self.phdr
+    }
+
     pub fn label(&self) -> Option<&str> {
         None
     }

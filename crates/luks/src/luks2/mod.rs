@@ -7,6 +7,7 @@
 pub mod binary;
 mod dump;
 mod format;
+pub mod from_luks1;
 pub mod json;
 mod keyslots;
 mod read;
