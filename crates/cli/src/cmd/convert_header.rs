@@ -8,7 +8,6 @@ use cryptblk_luks::luks1::Luks1Header;
 use cryptblk_luks::luks2::from_luks1::{convert_luks1, KeyslotPlacement};
 use cryptblk_luks::luks2::Luks2Header;
 use cryptblk_luks::LuksImage;
-use std::fs::File;
 
 pub fn run(a: &ConvertHeaderArgs) -> Result<()> {
     let HeaderType::Luks2 = a.to;
@@ -35,7 +34,7 @@ pub fn run(a: &ConvertHeaderArgs) -> Result<()> {
 
 /// Convert `v1` in place; every refusal comes before the first write.
 pub(crate) fn convert(
-    file: &File,
+    file: &dyn cryptblk_luks::HeaderIo,
     v1: &Luks1Header,
     path: &str,
 ) -> Result<(Luks2Header, KeyslotPlacement)> {

@@ -151,7 +151,7 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
 /// known to open it, so a wrong passphrase or a refused option leaves it untouched.
 fn convert_luks1_first(
     a: &ReencryptArgs,
-    file: &std::fs::File,
+    file: &dyn cryptblk_luks::HeaderIo,
     v1: &cryptblk_luks::luks1::Luks1Header,
     path: &str,
     unlock: &cryptblk_luks::UnlockOptions,
