@@ -28,8 +28,8 @@ fn unsupported(what: &'static str, name: &str, hint: &str) -> anyhow::Error {
 }
 
 pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
-    if a.encrypt || a.reduce_device_size.is_some() {
-        return Err(unsupported("reencryption mode", "encrypt", "encrypting a plaintext image in place (datashift) is not implemented yet; use `cryptblk convert` to a new image, or `cryptsetup reencrypt --encrypt --reduce-device-size`"));
+    if a.reduce_device_size.is_some() && !a.encrypt {
+        return Err(unsupported("reencryption layout", "data shift", "--reduce-device-size is for --encrypt; cryptblk does not move the data of a LUKS2 image"));
     }
     if a.decrypt {
         return Err(unsupported("reencryption mode", "decrypt", "decrypting in place is not implemented yet; use `cryptblk convert -O raw` to a new file, or `cryptsetup reencrypt --decrypt`"));
@@ -51,6 +51,13 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
     let interrupt = InterruptFlag::register()?;
     let file = super::key::open_file_for_update(&a.image, "re-encrypting")?;
     let path = a.image.display().to_string();
+    let mut encrypt_passphrase = None;
+    if a.encrypt {
+        encrypt_passphrase = super::reencrypt_encrypt::init_unless_luks(cli, a, &file, &path)?;
+        if a.init_only && encrypt_passphrase.is_some() {
+            return Ok(());
+        }
+    }
     let (image, warnings) =
         LuksImage::read(&file).with_context(|| format!("reading the LUKS header of {path}"))?;
     for w in &warnings {
@@ -68,14 +75,17 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
         .reencrypt_state()
         .with_context(|| path.clone())?
         .is_some();
-    let passphrase = read_passphrase(a.key_file.as_deref(), "Enter passphrase: ")?;
+    let passphrase = match encrypt_passphrase.take() {
+        Some(p) => p,
+        None => read_passphrase(a.key_file.as_deref(), "Enter passphrase: ")?,
+    };
     if in_progress {
         if a.init_only {
             bail!(UsageError(format!(
                 "{path}: a reencryption is already in progress; continue it with --resume-only"
             )));
         }
-        if a.cipher.is_some() || a.key_size.is_some() || a.sector_size.is_some() {
+        if !a.encrypt && (a.cipher.is_some() || a.key_size.is_some() || a.sector_size.is_some()) {
             eprintln!("cryptblk: {path}: continuing the reencryption in progress; --cipher, --key-size and --sector-size are ignored");
         }
     } else {

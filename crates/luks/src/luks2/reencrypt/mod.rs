@@ -8,6 +8,7 @@
 //! the header's checksum only proves the JSON is intact, not that it belongs to these keys.
 
 mod digest;
+mod encrypt;
 mod finish;
 mod init;
 mod layout;
@@ -16,6 +17,7 @@ mod recovery;
 mod session;
 mod stale;
 
+pub use encrypt::{encrypt_init, min_reduce, EncryptParams, MAX_REDUCE};
 pub use init::{InitParams, ResilienceChoice};
 pub use layout::{ExtentCipher, KeyRole, SegmentExtent};
 pub use online::OnlineSegments;
