@@ -399,4 +399,6 @@ pub(super) fn unsupported(what: &'static str, name: &str, hint: &str) -> LuksErr
 }
 
 #[cfg(test)]
+mod encrypt_tests;
+#[cfg(test)]
 mod tests;
