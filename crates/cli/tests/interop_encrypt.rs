@@ -250,7 +250,7 @@ fn cryptsetup_killed_cryptblk_resumes() {
 }
 
 #[test]
-fn cryptblk_killed_cryptblk_resumes_and_serve_refuses_meanwhile() {
+fn cryptblk_killed_cryptblk_resumes_and_serve_and_convert_refuse_meanwhile() {
     let c = case("cb-killed-cb", KILL_SIZE);
     let mut cmd = Command::new(bin());
     cmd.args(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "1M"]));
@@ -274,9 +274,24 @@ fn cryptblk_killed_cryptblk_resumes_and_serve_refuses_meanwhile() {
         "{}",
         out.stderr
     );
+    let out = cryptblk([
+        "convert",
+        "-O",
+        "raw",
+        "--source-key-file",
+        s(&c.key),
+        s(&c.img),
+        s(&c.img.with_extension("raw")),
+    ]);
+    out.expect_code(code::UNSUPPORTED);
+    assert!(
+        out.stderr.contains("cryptblk reencrypt --resume-only"),
+        "{}",
+        out.stderr
+    );
     assert!(
         read(&c.img) == before,
-        "the refused serve changed the image"
+        "the refused serve or convert changed the image"
     );
     cryptblk(cb_encrypt(&c, &["--resume-only"])).ok();
     check_result(&c, MIB, 512);

@@ -32,7 +32,7 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
         return Err(unsupported("reencryption layout", "data shift", "--reduce-device-size is for --encrypt; cryptblk does not move the data of a LUKS2 image"));
     }
     if a.decrypt {
-        return Err(unsupported("reencryption mode", "decrypt", "decrypting in place is not implemented yet; use `cryptblk convert -O raw` to a new file, or `cryptsetup reencrypt --decrypt`"));
+        return Err(unsupported("reencryption mode", "decrypt", "decrypting in place is not implemented (cryptsetup 2.6 needs a detached --header for it, which cryptblk does not support); use `cryptblk convert -O raw` to a new file"));
     }
     let resilience = match a.resilience {
         ResilienceMode::Checksum => ResilienceChoice::Checksum(HashAlg::parse(&a.resilience_hash)?),
