@@ -314,7 +314,7 @@ fn encrypt_refusals_leave_the_image_untouched() {
     ));
     out.expect_code(code::USAGE);
     assert!(out.stderr.contains("from 589824"), "{}", out.stderr);
-    let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "6M"]));
+    let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "8M"]));
     out.expect_code(code::USAGE);
     assert!(out.stderr.contains("too small"), "{}", out.stderr);
     let out = cryptblk(cb_encrypt(&c, &["--resume-only"]));

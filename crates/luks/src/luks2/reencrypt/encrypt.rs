@@ -138,10 +138,9 @@ pub fn encrypt_init(
     }
     let shift = reduce / 2;
     let len = file.size()?;
-    let data = len.checked_sub(reduce).filter(|&d| d >= shift).ok_or_else(|| {
+    let data = len.checked_sub(reduce).filter(|&d| d > 0).ok_or_else(|| {
         invalid(format!(
-            "the image ({len} bytes) is too small to encrypt with --reduce-device-size {reduce}: it needs at least {} bytes",
-            reduce + shift
+            "the image ({len} bytes) is too small to encrypt with --reduce-device-size {reduce}: nothing of it would be left"
         ))
     })?;
     if !(len - shift).is_multiple_of(ss) {
@@ -169,9 +168,11 @@ pub fn encrypt_init(
     }
 
     // Live: the moved first part, then the rest in place; backups as cryptsetup orders them.
+    // (Less plaintext than the shift: all of it is moved, and lands right after its copy.)
     let moved_at = len - shift;
+    let moved_len = shift.min(data);
     let mut segments = std::collections::BTreeMap::new();
-    segments.insert("0".to_string(), linear(moved_at, shift, None));
+    segments.insert("0".to_string(), linear(moved_at, moved_len, None));
     let mut next = 1;
     if data > shift {
         segments.insert("1".to_string(), linear(shift, data - shift, None));
@@ -179,7 +180,7 @@ pub fn encrypt_init(
     }
     segments.insert(
         next.to_string(),
-        linear(moved_at, shift, Some(FLAG_BACKUP_MOVED)),
+        linear(moved_at, moved_len, Some(FLAG_BACKUP_MOVED)),
     );
     segments.insert(
         (next + 1).to_string(),
@@ -248,7 +249,7 @@ pub fn encrypt_init(
     // The plaintext the header is about to cover goes to the end first and is made durable;
     // only then is the header written over it (cryptsetup's order: a crash in between leaves
     // a plaintext image whose first S bytes are also at the end).
-    let mut head = Zeroizing::new(vec![0u8; shift as usize]);
+    let mut head = Zeroizing::new(vec![0u8; moved_len as usize]);
     crate::io::read_at(file, 0, &mut head, "plaintext to move")?;
     file.write_all_at(&head, moved_at)?;
     file.sync_data()?;

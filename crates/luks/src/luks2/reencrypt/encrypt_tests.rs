@@ -43,6 +43,10 @@ impl HeaderIo for Crashy {
     }
 }
 
+fn params_with(reduce: u64) -> EncryptParams {
+    EncryptParams { reduce, ..params() }
+}
+
 fn params() -> EncryptParams {
     let mut format =
         FormatOptions::luks2(CipherSpec::parse_luks2("aes-xts-plain64", 32).unwrap(), 512);
@@ -78,25 +82,25 @@ fn run_to_end(file: &dyn HeaderIo) -> crate::Result<()> {
     Ok(())
 }
 
-fn check_encrypted(file: &File, plain: &[u8]) {
+fn check_encrypted(file: &File, plain: &[u8], reduce: u64) {
     let (hdr, _) = Luks2Header::read(file).unwrap();
     assert!(hdr.reencrypt_state().unwrap().is_none());
-    assert_eq!(hdr.data_offset(), REDUCE / 2);
+    assert_eq!(hdr.data_offset(), reduce / 2);
     let (_, key) = hdr.unlock(file, PASS, &UnlockOptions::default()).unwrap();
     let spec = hdr.cipher_spec().unwrap();
     let cipher = cryptblk_crypto::default_engine_for(&spec)
         .unwrap()
         .new_cipher(&spec, &key, 512)
         .unwrap();
-    let kept = (SIZE - REDUCE) as usize;
+    let kept = (SIZE - reduce) as usize;
     let mut buf = vec![0u8; kept];
-    HeaderIo::read_exact_at(file, &mut buf, REDUCE / 2).unwrap();
+    HeaderIo::read_exact_at(file, &mut buf, reduce / 2).unwrap();
     cipher
         .crypt(cryptblk_crypto::Direction::Decrypt, 0, &mut buf)
         .unwrap();
     assert!(buf == plain[..kept], "decrypted payload differs");
-    let mut tail = vec![0u8; (REDUCE / 2) as usize];
-    HeaderIo::read_exact_at(file, &mut tail, SIZE - REDUCE / 2).unwrap();
+    let mut tail = vec![0u8; (reduce / 2) as usize];
+    HeaderIo::read_exact_at(file, &mut tail, SIZE - reduce / 2).unwrap();
     assert!(tail != plain[..tail.len()], "moved plaintext left behind");
 }
 
@@ -129,7 +133,7 @@ fn a_crash_at_any_write_loses_nothing() {
             continue;
         }
         run_to_end(&file).unwrap_or_else(|e| panic!("budget {budget}: resume failed: {e}"));
-        check_encrypted(&file, &plain);
+        check_encrypted(&file, &plain, REDUCE);
         if outcome.is_ok() {
             completed = true;
             break;
@@ -154,10 +158,25 @@ fn reduce_limits_are_checked_before_any_write() {
         let e = encrypt_init(&file, PASS, &p).unwrap_err();
         assert!(matches!(e, LuksError::InvalidArgument(_)), "{reduce}: {e}");
     }
-    // Half of 2.5 MiB is more than the 0.5 MiB of plaintext that would be left.
+    // Nothing of the plaintext would be left.
     let mut p = params();
-    p.reduce = 5 << 19;
+    p.reduce = 3 << 20;
     let e = encrypt_init(&file, PASS, &p).unwrap_err();
     assert!(e.to_string().contains("too small"), "{e}");
     assert!(std::fs::read(&path).unwrap() == plain);
+}
+
+/// Less plaintext left than the shift (cryptsetup allows it): all of it is moved, and the
+/// single hotzone reads it from right after where it is written.
+#[test]
+fn less_plaintext_than_the_shift() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("img");
+    let plain = plain();
+    std::fs::write(&path, &plain).unwrap();
+    let file = File::options().read(true).write(true).open(&path).unwrap();
+    let reduce = 5 << 19;
+    encrypt_init(&file, PASS, &params_with(reduce)).unwrap();
+    run_to_end(&file).unwrap();
+    check_encrypted(&file, &plain, reduce);
 }
