@@ -42,6 +42,7 @@ pub(crate) fn open(
         pool.clone(),
     )
     .map_err(luks_err)?;
+    r.ensure_servable().map_err(luks_err)?;
     if r.is_interrupted() {
         if file.read_only() {
             return Err(luks_err(LuksError::InvalidArgument(

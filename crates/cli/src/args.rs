@@ -528,13 +528,14 @@ pub struct ReencryptArgs {
     /// Continue a reencryption started before (by cryptblk or cryptsetup).
     #[arg(long)]
     pub resume_only: bool,
-    /// Encrypt a plaintext image in place (not implemented yet).
+    /// Encrypt a plaintext image in place (needs --reduce-device-size).
     #[arg(long, conflicts_with = "decrypt")]
     pub encrypt: bool,
     /// Decrypt the image in place (not implemented yet).
     #[arg(long)]
     pub decrypt: bool,
-    /// Room made for the LUKS2 header when encrypting (with --encrypt; not implemented yet).
+    /// With --encrypt: the header takes half of it and the data moves up by the other half;
+    /// the last SIZE bytes of the plaintext are given up (cryptsetup recommends 32M).
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub reduce_device_size: Option<u64>,
     /// Accepted for cryptsetup compatibility: cryptblk always re-encrypts offline.

@@ -366,6 +366,11 @@ fn refusals_leave_the_image_untouched() {
         &c,
         &["--encrypt", "--reduce-device-size", "16M"],
     ))
+    .expect_code(code::USAGE);
+    cryptblk(cryptblk_reencrypt_args(
+        &c,
+        &["--reduce-device-size", "16M"],
+    ))
     .expect_code(code::UNSUPPORTED);
     cryptblk(cryptblk_reencrypt_args(&c, &["--resilience", "datashift"]))
         .expect_code(code::UNSUPPORTED);

@@ -8,5 +8,6 @@ pub mod format;
 pub mod key;
 pub mod man;
 pub mod reencrypt;
+mod reencrypt_encrypt;
 pub mod resize;
 pub mod serve;

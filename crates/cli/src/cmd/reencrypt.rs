@@ -29,11 +29,11 @@ fn unsupported(what: &'static str, name: &str, hint: &str) -> anyhow::Error {
 }
 
 pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
-    if a.encrypt || a.reduce_device_size.is_some() {
-        return Err(unsupported("reencryption mode", "encrypt", "encrypting a plaintext image in place (datashift) is not implemented yet; use `cryptblk convert` to a new image, or `cryptsetup reencrypt --encrypt --reduce-device-size`"));
+    if a.reduce_device_size.is_some() && !a.encrypt {
+        return Err(unsupported("reencryption layout", "data shift", "--reduce-device-size is for --encrypt; cryptblk does not move the data of a LUKS2 image"));
     }
     if a.decrypt {
-        return Err(unsupported("reencryption mode", "decrypt", "decrypting in place is not implemented yet; use `cryptblk convert -O raw` to a new file, or `cryptsetup reencrypt --decrypt`"));
+        return Err(unsupported("reencryption mode", "decrypt", "decrypting in place is not implemented (cryptsetup 2.6 needs a detached --header for it, which cryptblk does not support); use `cryptblk convert -O raw` to a new file"));
     }
     let resilience = match a.resilience {
         ResilienceMode::Checksum => ResilienceChoice::Checksum(HashAlg::parse(&a.resilience_hash)?),
@@ -54,6 +54,13 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
     // The hotzones bypass the page cache where the filesystem allows it.
     let file = cryptblk_luks::DirectFile::new(file, &a.image);
     let path = a.image.display().to_string();
+    let mut encrypt_passphrase = None;
+    if a.encrypt {
+        encrypt_passphrase = super::reencrypt_encrypt::init_unless_luks(cli, a, &file, &path)?;
+        if a.init_only && encrypt_passphrase.is_some() {
+            return Ok(());
+        }
+    }
     let (image, warnings) =
         LuksImage::read(&file).with_context(|| format!("reading the LUKS header of {path}"))?;
     for w in &warnings {
@@ -71,7 +78,7 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
         .reencrypt_state()
         .with_context(|| path.clone())?
         .is_some();
-    let passphrase = match passphrase {
+    let passphrase = match passphrase.or(encrypt_passphrase.take()) {
         Some(p) => p,
         None => read_passphrase(a.key_file.as_deref(), "Enter passphrase: ")?,
     };
@@ -81,7 +88,7 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
                 "{path}: a reencryption is already in progress; continue it with --resume-only"
             )));
         }
-        if a.cipher.is_some() || a.key_size.is_some() || a.sector_size.is_some() {
+        if !a.encrypt && (a.cipher.is_some() || a.key_size.is_some() || a.sector_size.is_some()) {
             eprintln!("cryptblk: {path}: continuing the reencryption in progress; --cipher, --key-size and --sector-size are ignored");
         }
     } else {

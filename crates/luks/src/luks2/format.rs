@@ -22,6 +22,27 @@ impl Luks2Header {
         volume_key: &SecretKey,
         payload_size: Option<u64>,
     ) -> Result<Self> {
+        Self::format_at(
+            file,
+            opts,
+            passphrase,
+            volume_key,
+            payload_size,
+            DATA_OFFSET,
+        )
+    }
+
+    /// As `format`, with the data (and so the end of the keyslots area) at `data_offset`
+    /// instead of cryptsetup's default 16 MiB (`reencrypt --encrypt` puts the header in the
+    /// room `--reduce-device-size` makes).
+    pub(crate) fn format_at(
+        file: &dyn HeaderIo,
+        opts: &FormatOptions,
+        passphrase: &[u8],
+        volume_key: &SecretKey,
+        payload_size: Option<u64>,
+        data_offset: u64,
+    ) -> Result<Self> {
         if opts.version != LuksVersion::V2 {
             return Err(LuksError::InvalidArgument(
                 "luks2::format called for a LUKS1 image".into(),
@@ -65,7 +86,7 @@ impl Luks2Header {
 
         let segment = Segment {
             kind: "crypt".into(),
-            offset: DATA_OFFSET,
+            offset: data_offset,
             size: SegmentSize::Dynamic,
             iv_tweak: Some(0),
             encryption: Some(opts.cipher.to_luks2_string()),
@@ -89,7 +110,7 @@ impl Luks2Header {
             digests: BTreeMap::from([("0".to_string(), digest)]),
             config: Config {
                 json_size: HDR_SIZE - BINARY_SIZE as u64,
-                keyslots_size: DATA_OFFSET - 2 * HDR_SIZE,
+                keyslots_size: data_offset.saturating_sub(2 * HDR_SIZE) / 4096 * 4096,
                 flags: None,
                 requirements: None,
                 extra: Default::default(),
@@ -119,18 +140,19 @@ impl Luks2Header {
         hdr.encode_copy(HeaderCopy::Primary)?;
 
         let min_len = match payload_size {
-            Some(size) => DATA_OFFSET
+            Some(size) => data_offset
                 .checked_add(size)
                 .ok_or_else(|| LuksError::InvalidArgument("payload size overflows".into()))?,
-            None => DATA_OFFSET.max(file.size()?),
+            None => data_offset.max(file.size()?),
         };
         file.set_len(min_len)?;
         // Old headers or keyslots (of any format) must not survive in the metadata area.
         let zeros = vec![0u8; 1024 * 1024];
         let mut off = 0;
-        while off < DATA_OFFSET {
-            file.write_all_at(&zeros, off)?;
-            off += zeros.len() as u64;
+        while off < data_offset {
+            let n = (data_offset - off).min(zeros.len() as u64) as usize;
+            file.write_all_at(&zeros[..n], off)?;
+            off += n as u64;
         }
         hdr.add_keyslot_with_hash(
             file,

@@ -175,7 +175,10 @@ pub fn validate(meta: &Metadata, hdr_size: u64) -> Result<(), String> {
     for (key, seg) in &meta.segments {
         id("segment", key, usize::MAX)?;
         let f = |name: &str| format!("segments.{key}.{name}");
-        if seg.offset < area_end {
+        // An in-place encryption's `backup-previous` describes the plaintext as it was,
+        // from offset 0, before the header took its place.
+        let plaintext_backup = seg.kind == "linear" && super::reencrypt::is_backup(seg);
+        if seg.offset < area_end && !plaintext_backup {
             return Err(format!(
                 "{}: {} lies inside the header and keyslots area (ends at {area_end}); detached headers are not supported",
                 f("offset"),

@@ -18,6 +18,8 @@ impl Reencryption<'_> {
         if self.uncommitted {
             self.file.sync_data()?;
         }
+        // As cryptsetup: the plaintext copy an encryption moved to the end goes first.
+        self.wipe_moved_segment()?;
         let st = self.state.clone();
         let mut meta = self.hdr.meta.clone();
         let mut fin = meta

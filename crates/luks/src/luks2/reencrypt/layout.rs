@@ -304,6 +304,14 @@ pub fn install_segments(
     new_ids.push((n + 1).to_string());
     segments.insert(n.to_string(), old_bk);
     segments.insert((n + 1).to_string(), new_bk);
+    // cryptsetup keeps the moved segment (encryption with a data shift) after the two.
+    if let Some(moved) = state
+        .segment_moved
+        .as_ref()
+        .and_then(|id| meta.segments.get(id))
+    {
+        segments.insert((n + 2).to_string(), moved.clone());
+    }
     meta.segments = segments;
     for d in meta.digests.values_mut() {
         d.segments.clear();

@@ -9,6 +9,7 @@
 
 mod checksums;
 mod digest;
+mod encrypt;
 mod finish;
 mod init;
 mod layout;
@@ -17,6 +18,7 @@ mod recovery;
 mod session;
 mod stale;
 
+pub use encrypt::{encrypt_init, min_reduce, EncryptParams, MAX_REDUCE};
 pub use init::{InitParams, ResilienceChoice};
 pub use layout::{ExtentCipher, KeyRole, SegmentExtent};
 pub use online::OnlineSegments;
@@ -397,5 +399,7 @@ pub(super) fn unsupported(what: &'static str, name: &str, hint: &str) -> LuksErr
     }
 }
 
+#[cfg(test)]
+mod encrypt_tests;
 #[cfg(test)]
 mod tests;

@@ -25,15 +25,8 @@ impl Reencryption<'_> {
     /// to key, in place, no hotzone left to recover. Anything else is `Unsupported`, naming
     /// what to do instead.
     pub fn online_segments(&self) -> Result<OnlineSegments> {
+        self.ensure_servable()?;
         let state = self.state();
-        if state.mode != ReencryptMode::Reencrypt || state.direction != ReencryptDirection::Forward
-        {
-            return Err(unsupported(
-                "online reencryption",
-                state.mode.name(),
-                "cryptblk serves forward key-to-key reencryptions only; finish this one with `cryptsetup reencrypt --resume-only` first",
-            ));
-        }
         if self.is_interrupted() {
             return Err(LuksError::InvalidArgument(
                 "a hotzone interrupted by a crash must be recovered first".into(),
@@ -77,6 +70,21 @@ impl Reencryption<'_> {
             old: self.old_cipher.clone().ok_or_else(missing)?,
             new: self.new_cipher.clone().ok_or_else(missing)?,
         })
+    }
+
+    /// Refuse, before anything is written (recovery included), a reencryption no data path
+    /// follows: an in-place encryption or decryption (the data moves), or a backward run.
+    pub fn ensure_servable(&self) -> Result<()> {
+        let state = self.state();
+        if state.mode != ReencryptMode::Reencrypt || state.direction != ReencryptDirection::Forward
+        {
+            return Err(unsupported(
+                "online reencryption",
+                state.mode.name(),
+                "cryptblk serves forward key-to-key reencryptions only; finish this one offline first with `cryptblk reencrypt --resume-only IMAGE` (or cryptsetup's)",
+            ));
+        }
+        Ok(())
     }
 
     /// The keyslot the passphrase opened (of the old volume key).

@@ -11,6 +11,9 @@ impl Reencryption<'_> {
     /// Put an interrupted hotzone right as cryptsetup does: rewrite its blocks that still
     /// hold old ciphertext, then commit the boundary past it.
     pub fn recover(&mut self) -> Result<()> {
+        if super::encrypt::is_encrypt_datashift(&self.state) && self.is_interrupted() {
+            return self.recover_datashift();
+        }
         let Some(stale) = self.stale.clone() else {
             return Ok(());
         };

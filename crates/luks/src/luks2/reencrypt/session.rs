@@ -74,16 +74,18 @@ impl<'f> Reencryption<'f> {
                 "the image is not in reencryption (no online-reencrypt requirement)".into(),
             )
         })?;
-        if state.segment_moved.is_some()
-            || !matches!(
-                state.resilience,
-                Resilience::None | Resilience::Checksum { .. } | Resilience::Journal
-            )
+        let datashift = super::encrypt::is_encrypt_datashift(&state);
+        if !datashift
+            && (state.segment_moved.is_some()
+                || !matches!(
+                    state.resilience,
+                    Resilience::None | Resilience::Checksum { .. } | Resilience::Journal
+                ))
         {
             return Err(unsupported(
                 "reencryption resilience",
                 state.resilience.name(),
-                "the data is being moved (datashift); cryptblk does not implement it yet, finish with `cryptsetup reencrypt --resume-only`",
+                "cryptblk moves data only to encrypt a plaintext image (encrypt, backward, datashift); finish this one with `cryptsetup reencrypt --resume-only`",
             ));
         }
         let unlock = |d: &Option<String>| -> Result<Option<(usize, SecretKey)>> {
@@ -164,7 +166,7 @@ impl<'f> Reencryption<'f> {
             hotzone: Vec::new(),
         };
         let extents = me.extents()?;
-        if let Some(hot) = extents.iter().find(|e| e.in_reencryption) {
+        if let Some(hot) = extents.iter().find(|e| e.in_reencryption && !datashift) {
             me.stale = Some(StaleBlocks::classify(
                 me.file,
                 &me.state,
@@ -200,6 +202,9 @@ impl<'f> Reencryption<'f> {
 
     /// Bytes of the volume already in the new layout (forward direction).
     pub fn done_bytes(&self) -> Result<u64> {
+        if self.state.mode == ReencryptMode::Encrypt {
+            return self.encrypt_done_bytes();
+        }
         let ext = self.extents()?;
         let new_prefix = ext
             .iter()
@@ -368,6 +373,9 @@ impl<'f> Reencryption<'f> {
 
     /// Rewrite the next hotzone of at most `max_len` bytes. Returns the progress after it.
     pub fn step(&mut self, max_len: u64) -> Result<StepReport> {
+        if super::encrypt::is_encrypt_datashift(&self.state) {
+            return self.step_encrypt();
+        }
         self.ensure_forward_reencrypt()?;
         if self.stale.is_some() {
             self.recover()?;

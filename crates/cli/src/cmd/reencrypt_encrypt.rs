@@ -1,0 +1,91 @@
+//! `cryptblk reencrypt --encrypt`: the start of an in-place encryption of a plaintext image
+//! (cryptsetup's `--encrypt --reduce-device-size`). Once the header is written the run goes
+//! on like any other reencryption (`reencrypt.rs`), and `--resume-only` continues it.
+use crate::args::{Cli, ReencryptArgs};
+use crate::exit::UsageError;
+use crate::options::pbkdf_options;
+use crate::secrets::read_passphrase;
+use anyhow::{bail, Context, Result};
+use cryptblk_crypto::{CipherSpec, Mode};
+use cryptblk_luks::luks2::reencrypt::{encrypt_init, EncryptParams};
+use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, LuksVersion};
+use std::fs::File;
+use zeroize::Zeroizing;
+
+/// cryptsetup's defaults for `--encrypt`.
+const DEFAULT_CIPHER: &str = "aes-xts-plain64";
+const DEFAULT_SECTOR: u32 = 512;
+
+/// Write the LUKS2 header of a new encryption unless the image already has one. Returns the
+/// passphrase when it did (so a passphrase on stdin is read once), `None` when the image is
+/// already LUKS2 in reencryption (the caller continues it).
+pub fn init_unless_luks(
+    _cli: &Cli,
+    a: &ReencryptArgs,
+    file: &File,
+    path: &str,
+) -> Result<Option<Zeroizing<Vec<u8>>>> {
+    if LuksImage::probe(file).with_context(|| format!("reading {path}"))? {
+        let (image, _) =
+            LuksImage::read(file).with_context(|| format!("reading the LUKS header of {path}"))?;
+        let in_reencryption = match &image {
+            LuksImage::V2(h) => h
+                .reencrypt_state()
+                .with_context(|| path.to_string())?
+                .is_some(),
+            LuksImage::V1(_) => false,
+        };
+        if !in_reencryption {
+            bail!(UsageError(format!(
+                "{path} already has a LUKS header; --encrypt is for a plaintext image (to replace the volume key, run `cryptblk reencrypt` without --encrypt)"
+            )));
+        }
+        return Ok(None);
+    }
+    if a.resume_only {
+        bail!(UsageError(format!(
+            "{path} has no LUKS header, so no encryption is in progress (nothing to resume)"
+        )));
+    }
+    let Some(reduce) = a.reduce_device_size else {
+        bail!(UsageError(format!(
+            "{path}: --encrypt needs --reduce-device-size (room for the LUKS2 header: half of it holds the header, the last SIZE bytes of the image are given up; cryptsetup recommends 32M)"
+        )));
+    };
+    let name = a.cipher.as_deref().unwrap_or(DEFAULT_CIPHER);
+    let bits = match a.key_size {
+        Some(b) => b,
+        None => {
+            let probe =
+                CipherSpec::parse_luks2(name, 32).or_else(|_| CipherSpec::parse_luks2(name, 64))?;
+            if probe.mode() == Mode::Xts {
+                512
+            } else {
+                256
+            }
+        }
+    };
+    if !bits.is_multiple_of(8) {
+        bail!(UsageError(format!(
+            "--key-size {bits} is not a whole number of bytes"
+        )));
+    }
+    let cipher = CipherSpec::parse_luks2(name, bits / 8)?;
+    let sector = a.sector_size.unwrap_or(DEFAULT_SECTOR);
+    if !(512..=4096).contains(&sector) || !sector.is_power_of_two() {
+        bail!(UsageError(format!(
+            "--sector-size {sector}: use a power of two from 512 to 4096"
+        )));
+    }
+    let hash = HashAlg::parse(&a.hash)?;
+    let mut format = FormatOptions::luks2(cipher, sector);
+    format.hash = hash;
+    format.pbkdf = pbkdf_options(&a.pbkdf, hash, LuksVersion::V2)?;
+    let passphrase = read_passphrase(
+        a.key_file.as_deref(),
+        "Enter passphrase for the new keyslot: ",
+    )?;
+    encrypt_init(file, &passphrase, &EncryptParams { format, reduce })
+        .with_context(|| format!("starting the encryption of {path}"))?;
+    Ok(Some(passphrase))
+}

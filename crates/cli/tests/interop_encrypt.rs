@@ -1,0 +1,347 @@
+//! `cryptblk reencrypt --encrypt --reduce-device-size` (in-place encryption of a plaintext
+//! image, cryptsetup's datashift layout) against the real cryptsetup 2.6: the same bytes
+//! survive in the same place as with cryptsetup, either tool finishes what the other started
+//! or left after SIGKILL, and the payload always decrypts to the original plaintext through
+//! cryptblk and through an independent path (cryptsetup's volume key + openssl's AES-XTS).
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Case {
+    _dir: tempfile::TempDir,
+    img: PathBuf,
+    key: PathBuf,
+    /// The plaintext file as it was.
+    plain: Vec<u8>,
+}
+
+/// A plaintext image of `size` random bytes, its first 4 KiB zero (so the header's seqid
+/// reads 0 until a header is written, see `kill_midway`).
+fn case(name: &str, size: u64) -> Case {
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", &passphrase(name));
+    let mut plain = vec![0u8; size as usize];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut plain[4096..]);
+    let img = dir.path().join("img");
+    std::fs::write(&img, &plain).unwrap();
+    Case {
+        _dir: dir,
+        img,
+        key,
+        plain,
+    }
+}
+
+fn cb_encrypt(c: &Case, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["reencrypt", "--key-file", s(&c.key)]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    args.extend(CHEAP_PBKDF2.iter().map(|a| a.to_string()));
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args.push(s(&c.img).to_string());
+    args
+}
+
+fn cs_reencrypt(c: &Case, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "reencrypt",
+        "--force-offline-reencrypt",
+        "--batch-mode",
+        "--key-file",
+        s(&c.key),
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    args.extend(CS_CHEAP_PBKDF2.iter().map(|a| a.to_string()));
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args.push(s(&c.img).to_string());
+    args
+}
+
+fn seqid(img: &Path) -> u64 {
+    let head = read_prefix(img, 24);
+    u64::from_be_bytes(head[16..24].try_into().unwrap())
+}
+
+/// Start `cmd`, wait until the header has advanced to seqid `commits` (well into the
+/// hotzones), then SIGKILL it. Panics if it finished first.
+fn kill_midway(mut cmd: Command, img: &Path, commits: u64) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seqid(img) < commits {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the run ended ({status}) before it could be killed mid-way");
+        }
+        assert!(Instant::now() < deadline, "no progress in 60 s");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+fn in_reencryption(img: &Path) -> bool {
+    let out = tool("cryptsetup", ["luksDump", s(img)]);
+    out.ok();
+    out.stdout.contains("online-reencrypt-v2")
+}
+
+/// The image is a plain LUKS2 image whose data starts at half of `reduce`; cryptblk,
+/// cryptsetup and openssl read the first `size - reduce` bytes of the original plaintext
+/// from it, and the plaintext copy init moved to the end is gone.
+fn check_result(c: &Case, reduce: u64, sector: u64) {
+    assert!(!in_reencryption(&c.img), "encryption not finished");
+    let dump = dump_json(&c.img);
+    let shift = reduce / 2;
+    assert_eq!(dump["data_offset"].as_u64(), Some(shift), "{dump}");
+    assert_eq!(dump["sector_size"].as_u64(), Some(sector), "{dump}");
+    assert!(
+        cryptsetup_accepts(&c.img, &c.key),
+        "cryptsetup refuses the passphrase"
+    );
+    let kept = (c.plain.len() as u64 - reduce) as usize;
+    let out = cryptblk_decrypt(&c.img, &c.key, &c.img.with_extension("raw"));
+    assert_eq!(
+        out.len() as u64,
+        c.plain.len() as u64 - shift,
+        "volume size (cryptsetup's: the image minus the header)"
+    );
+    assert_same_bytes(&out[..kept], &c.plain[..kept], "cryptblk's decryption");
+    let key_hex = xts::cryptsetup_volume_key(&c.img, &c.key);
+    xts::check_sampled_sectors(&c.img, &key_hex, sector, &c.plain[..kept]);
+    let image = read(&c.img);
+    let tail = &image[image.len() - shift as usize..];
+    assert!(
+        tail != &c.plain[..shift as usize],
+        "the moved plaintext copy was left at the end of the image"
+    );
+}
+
+#[test]
+fn cryptblk_encrypts_like_cryptsetup() {
+    let c = case("cb-encrypt", 40 * MIB);
+    // The same plaintext encrypted by cryptsetup: same data offset, same volume size.
+    let twin = c.img.with_extension("cs");
+    std::fs::write(&twin, &c.plain).unwrap();
+    let mut args = cs_reencrypt(&c, &["--encrypt", "--reduce-device-size", "8M"]);
+    *args.last_mut().unwrap() = s(&twin).to_string();
+    tool("cryptsetup", &args).ok();
+
+    let out = cryptblk(cb_encrypt(
+        &c,
+        &["--encrypt", "--reduce-device-size", "8M", "-p"],
+    ));
+    out.ok();
+    check_result(&c, 8 * MIB, 512);
+    let (ours, theirs) = (dump_json(&c.img), dump_json(&twin));
+    assert_eq!(ours["data_offset"], theirs["data_offset"]);
+    let cs_plain = cryptblk_decrypt(&twin, &c.key, &twin.with_extension("raw"));
+    let cb_plain = cryptblk_decrypt(&c.img, &c.key, &c.img.with_extension("raw2"));
+    assert_eq!(cs_plain.len(), cb_plain.len(), "volume sizes differ");
+    let kept = (40 - 8) * MIB as usize;
+    assert_same_bytes(
+        &cb_plain[..kept],
+        &cs_plain[..kept],
+        "cryptblk vs cryptsetup",
+    );
+}
+
+#[test]
+fn cryptblk_encrypts_with_4k_sectors_and_a_256_bit_key() {
+    let c = case("cb-encrypt-4k", 24 * MIB);
+    cryptblk(cb_encrypt(
+        &c,
+        &[
+            "--encrypt",
+            "--reduce-device-size",
+            "2M",
+            "--sector-size",
+            "4096",
+            "--key-size",
+            "256",
+        ],
+    ))
+    .ok();
+    check_result(&c, 2 * MIB, 4096);
+    assert_eq!(xts::cryptsetup_volume_key(&c.img, &c.key).len() * 4, 256);
+}
+
+#[test]
+fn cryptsetup_init_only_cryptblk_finishes() {
+    let c = case("cs-init", 24 * MIB);
+    tool(
+        "cryptsetup",
+        cs_reencrypt(
+            &c,
+            &["--encrypt", "--reduce-device-size", "4M", "--init-only"],
+        ),
+    )
+    .ok();
+    assert!(in_reencryption(&c.img));
+    cryptblk(cb_encrypt(&c, &["--resume-only"])).ok();
+    check_result(&c, 4 * MIB, 512);
+}
+
+#[test]
+fn cryptblk_init_only_cryptsetup_finishes() {
+    let c = case("cb-init", 24 * MIB);
+    cryptblk(cb_encrypt(
+        &c,
+        &["--encrypt", "--reduce-device-size", "4M", "--init-only"],
+    ))
+    .ok();
+    assert!(in_reencryption(&c.img));
+    let dump = tool("cryptsetup", ["luksDump", s(&c.img)]);
+    for want in [
+        "Mode:       encrypt",
+        "Direction:  backward",
+        "Resilience: datashift",
+        "backup-moved-segment",
+    ] {
+        assert!(dump.stdout.contains(want), "{want}:\n{}", dump.stdout);
+    }
+    tool("cryptsetup", cs_reencrypt(&c, &["--resume-only"])).ok();
+    check_result(&c, 4 * MIB, 512);
+}
+
+/// 1M of reduce: 512 KiB hotzones, hundreds of commits to land a kill among.
+const KILL_SIZE: u64 = 96 * MIB;
+
+#[test]
+fn cryptblk_killed_cryptsetup_resumes() {
+    let c = case("cb-killed", KILL_SIZE);
+    let mut cmd = Command::new(bin());
+    cmd.args(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "1M"]));
+    kill_midway(cmd, &c.img, 40);
+    assert!(in_reencryption(&c.img), "cryptblk finished before the kill");
+    tool(
+        "cryptsetup",
+        ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)],
+    )
+    .ok();
+    tool("cryptsetup", cs_reencrypt(&c, &["--resume-only"])).ok();
+    check_result(&c, MIB, 512);
+}
+
+#[test]
+fn cryptsetup_killed_cryptblk_resumes() {
+    let c = case("cs-killed", KILL_SIZE);
+    let mut cmd = Command::new("cryptsetup");
+    cmd.args(cs_reencrypt(
+        &c,
+        &["--encrypt", "--reduce-device-size", "1M"],
+    ));
+    kill_midway(cmd, &c.img, 40);
+    assert!(
+        in_reencryption(&c.img),
+        "cryptsetup finished before the kill"
+    );
+    cryptblk(cb_encrypt(&c, &["--resume-only"])).ok();
+    check_result(&c, MIB, 512);
+}
+
+#[test]
+fn cryptblk_killed_cryptblk_resumes_and_serve_and_convert_refuse_meanwhile() {
+    let c = case("cb-killed-cb", KILL_SIZE);
+    let mut cmd = Command::new(bin());
+    cmd.args(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "1M"]));
+    kill_midway(cmd, &c.img, 40);
+    assert!(in_reencryption(&c.img));
+    // The daemon does not serve an image whose data is moving; it says how to finish.
+    let before = read(&c.img);
+    let sock = c.img.with_extension("sock");
+    let out = cryptblk([
+        "serve",
+        "--vhost-user-blk",
+        s(&sock),
+        "--image",
+        s(&c.img),
+        "--key-file",
+        s(&c.key),
+    ]);
+    out.expect_code(code::UNSUPPORTED);
+    assert!(
+        out.stderr.contains("cryptblk reencrypt --resume-only"),
+        "{}",
+        out.stderr
+    );
+    let out = cryptblk([
+        "convert",
+        "-O",
+        "raw",
+        "--source-key-file",
+        s(&c.key),
+        s(&c.img),
+        s(&c.img.with_extension("raw")),
+    ]);
+    out.expect_code(code::UNSUPPORTED);
+    assert!(
+        out.stderr.contains("cryptblk reencrypt --resume-only"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        read(&c.img) == before,
+        "the refused serve or convert changed the image"
+    );
+    cryptblk(cb_encrypt(&c, &["--resume-only"])).ok();
+    check_result(&c, MIB, 512);
+}
+
+#[test]
+fn encrypt_refusals_leave_the_image_untouched() {
+    let c = case("refusals", 8 * MIB);
+    let before = read(&c.img);
+    let out = cryptblk(cb_encrypt(&c, &["--encrypt"]));
+    out.expect_code(code::USAGE);
+    assert!(
+        out.stderr.contains("--reduce-device-size"),
+        "{}",
+        out.stderr
+    );
+    let out = cryptblk(cb_encrypt(
+        &c,
+        &["--encrypt", "--reduce-device-size", "256K"],
+    ));
+    out.expect_code(code::USAGE);
+    assert!(out.stderr.contains("from 589824"), "{}", out.stderr);
+    let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "8M"]));
+    out.expect_code(code::USAGE);
+    assert!(out.stderr.contains("too small"), "{}", out.stderr);
+    let out = cryptblk(cb_encrypt(&c, &["--resume-only"]));
+    assert_ne!(out.code, 0);
+    let out = cryptblk(cb_encrypt(
+        &c,
+        &["--encrypt", "--resume-only", "--reduce-device-size", "1M"],
+    ));
+    out.expect_code(code::USAGE);
+    assert!(out.stderr.contains("no LUKS header"), "{}", out.stderr);
+    assert!(
+        read(&c.img) == before,
+        "a refused --encrypt changed the image"
+    );
+
+    // An image that is already LUKS is not encrypted again.
+    cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "2M"])).ok();
+    let done = read(&c.img);
+    let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "2M"]));
+    out.expect_code(code::USAGE);
+    assert!(
+        out.stderr.contains("already has a LUKS header"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        read(&c.img) == done,
+        "a refused --encrypt changed the image"
+    );
+}

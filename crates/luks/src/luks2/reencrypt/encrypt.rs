@@ -1,0 +1,469 @@
+//! Encrypting a plaintext image in place, as `cryptsetup reencrypt --encrypt
+//! --reduce-device-size R` does it (mode `encrypt`, direction `backward`, resilience
+//! `datashift`):
+//!
+//! - the header takes the first `S = R / 2` bytes, so the data moves `S` bytes up and the
+//!   volume keeps `D = file - R` bytes of the plaintext (the last `R` bytes are given up);
+//! - init copies the first `S` bytes of plaintext (which the header will overwrite) to the
+//!   end of the file (`backup-moved-segment`), then writes the header in one go;
+//! - hotzones of `S` bytes run from the end to the start: each is read as plaintext, the
+//!   metadata flags it `in-reencryption`, it is encrypted to `S` bytes further up and the
+//!   boundary moves down. The hotzone's source and destination never overlap, so after a
+//!   crash the flagged hotzone is simply encrypted again from its (intact) source;
+//! - the last hotzone (volume offset 0) reads the moved copy, and once every byte is
+//!   encrypted the moved copy is overwritten with random bytes.
+use super::layout::{self, KeyRole};
+use super::session::{Reencryption, StepReport};
+use super::{
+    digest, segment_flags, unsupported, ReencryptDirection, ReencryptMode, ReencryptState,
+    Resilience, FLAG_BACKUP_FINAL, FLAG_BACKUP_MOVED, FLAG_BACKUP_PREVIOUS, FLAG_IN_REENCRYPTION,
+    REQUIREMENT_V2,
+};
+use crate::io::HeaderIo;
+use crate::luks2::json::{parse_u64, Area, Digest, Keyslot, Requirements, Segment, SegmentSize};
+use crate::luks2::write::b64;
+use crate::luks2::Luks2Header;
+use crate::{FormatOptions, LuksError, Result};
+use cryptblk_crypto::{Direction, SecretKey};
+use serde_json::Value;
+use std::cell::RefCell;
+use zeroize::Zeroizing;
+
+/// cryptsetup's ceiling for `--reduce-device-size`.
+pub const MAX_REDUCE: u64 = 1 << 30;
+/// The two copies of the binary header and JSON area (16 KiB each).
+const METADATA: u64 = 2 * 16 * 1024;
+/// The datashift keyslot area cryptsetup allocates (it holds nothing).
+const DATASHIFT_AREA: u64 = 4096;
+
+/// What `--encrypt` needs.
+#[derive(Debug, Clone)]
+pub struct EncryptParams {
+    /// Cipher, key size, sector size, hash and KDF of the new header.
+    pub format: FormatOptions,
+    /// `--reduce-device-size`: the header gets half of it, the data shift is the other half.
+    pub reduce: u64,
+}
+
+/// The smallest `--reduce-device-size` whose half holds the header, one keyslot of
+/// `key_bytes` and the datashift area.
+pub fn min_reduce(key_bytes: usize) -> u64 {
+    let material = (key_bytes as u64 * 4000).div_ceil(4096) * 4096;
+    2 * (METADATA + material + DATASHIFT_AREA)
+}
+
+/// An image-sized buffer the new header is formatted into, so the file itself is written
+/// once, after the data it covers has been moved (cryptsetup formats a temporary header
+/// file and restores it the same way).
+struct MemIo(RefCell<Vec<u8>>);
+
+impl HeaderIo for MemIo {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let v = self.0.borrow();
+        let s = usize::try_from(offset).unwrap_or(usize::MAX);
+        let src = v
+            .get(s..s.saturating_add(buf.len()))
+            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        let mut v = self.0.borrow_mut();
+        let s = usize::try_from(offset).unwrap_or(usize::MAX);
+        let dst = v
+            .get_mut(s..s.saturating_add(buf.len()))
+            .ok_or(std::io::ErrorKind::WriteZero)?;
+        dst.copy_from_slice(buf);
+        Ok(())
+    }
+    fn size(&self) -> std::io::Result<u64> {
+        Ok(self.0.borrow().len() as u64)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        if len == self.size()? {
+            Ok(())
+        } else {
+            Err(std::io::ErrorKind::InvalidInput.into())
+        }
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn invalid(msg: String) -> LuksError {
+    LuksError::InvalidArgument(msg)
+}
+
+fn linear(offset: u64, size: u64, flag: Option<&str>) -> Segment {
+    let mut extra = serde_json::Map::new();
+    if let Some(f) = flag {
+        extra.insert("flags".into(), Value::from(vec![f]));
+    }
+    Segment {
+        kind: "linear".into(),
+        offset,
+        size: SegmentSize::Fixed(size),
+        iv_tweak: None,
+        encryption: None,
+        sector_size: None,
+        extra,
+    }
+}
+
+fn fixed(seg: &Segment) -> Result<u64> {
+    match seg.size {
+        SegmentSize::Fixed(n) => Ok(n),
+        SegmentSize::Dynamic => Err(LuksError::Corrupt(
+            "reencryption segments: a dynamic segment before the end".into(),
+        )),
+    }
+}
+
+/// Start encrypting the plaintext image `file`: move its first `S` bytes to the end and
+/// write a LUKS2 header in reencryption state over them. Returns the header.
+pub fn encrypt_init(
+    file: &dyn HeaderIo,
+    passphrase: &[u8],
+    params: &EncryptParams,
+) -> Result<Luks2Header> {
+    let reduce = params.reduce;
+    let ss = u64::from(params.format.sector_size);
+    let min = min_reduce(params.format.cipher.key_bytes());
+    if reduce < min || reduce > MAX_REDUCE || !reduce.is_multiple_of(2 * ss.max(512)) {
+        return Err(invalid(format!(
+            "--reduce-device-size {reduce}: use a multiple of {} bytes from {min} (the LUKS2 header with one keyslot takes half of it) to {MAX_REDUCE}; cryptsetup recommends 32M",
+            2 * ss.max(512)
+        )));
+    }
+    let shift = reduce / 2;
+    let len = file.size()?;
+    let data = len.checked_sub(reduce).filter(|&d| d > 0).ok_or_else(|| {
+        invalid(format!(
+            "the image ({len} bytes) is too small to encrypt with --reduce-device-size {reduce}: nothing of it would be left"
+        ))
+    })?;
+    if !(len - shift).is_multiple_of(ss) {
+        return Err(invalid(format!(
+            "the image size {len} minus half of --reduce-device-size is not a whole number of {ss}-byte sectors"
+        )));
+    }
+
+    let new_key = SecretKey::random(params.format.cipher.key_bytes())?;
+    let mem = MemIo(RefCell::new(vec![0u8; shift as usize]));
+    let mut hdr = Luks2Header::format_at(&mem, &params.format, passphrase, &new_key, None, shift)?;
+    let mut meta = hdr.meta.clone();
+    let (_, fin) = hdr.segment().map(|(i, s)| (i.to_string(), s.clone()))?;
+    // The datashift keyslot area: the first free 4 KiB after keyslot 0.
+    let area_offset = meta
+        .keyslots
+        .values()
+        .map(|k| (k.area.offset + k.area.size).div_ceil(4096) * 4096)
+        .max()
+        .unwrap_or(METADATA);
+    if area_offset + DATASHIFT_AREA > METADATA + meta.config.keyslots_size {
+        return Err(invalid(format!(
+            "--reduce-device-size {reduce} leaves no room for the reencryption keyslot; use at least {min}"
+        )));
+    }
+
+    // Live: the moved first part, then the rest in place; backups as cryptsetup orders them.
+    // (Less plaintext than the shift: all of it is moved, and lands right after its copy.)
+    let moved_at = len - shift;
+    let moved_len = shift.min(data);
+    let mut segments = std::collections::BTreeMap::new();
+    segments.insert("0".to_string(), linear(moved_at, moved_len, None));
+    let mut next = 1;
+    if data > shift {
+        segments.insert("1".to_string(), linear(shift, data - shift, None));
+        next = 2;
+    }
+    segments.insert(
+        next.to_string(),
+        linear(moved_at, moved_len, Some(FLAG_BACKUP_MOVED)),
+    );
+    segments.insert(
+        (next + 1).to_string(),
+        linear(0, data, Some(FLAG_BACKUP_PREVIOUS)),
+    );
+    let mut final_seg = fin;
+    final_seg
+        .extra
+        .insert("flags".into(), Value::from(vec![FLAG_BACKUP_FINAL]));
+    segments.insert((next + 2).to_string(), final_seg);
+    meta.segments = segments;
+    for d in meta.digests.values_mut() {
+        d.segments = vec![(next + 2).to_string()];
+    }
+
+    let mut area_extra = serde_json::Map::new();
+    area_extra.insert("shift_size".into(), Value::from(shift.to_string()));
+    let mut slot_extra = serde_json::Map::new();
+    slot_extra.insert("mode".into(), Value::from("encrypt"));
+    slot_extra.insert("direction".into(), Value::from("backward"));
+    let slot_id = "1".to_string();
+    meta.keyslots.insert(
+        slot_id.clone(),
+        Keyslot {
+            kind: "reencrypt".into(),
+            key_size: 1,
+            af: None,
+            area: Area {
+                kind: "datashift".into(),
+                offset: area_offset,
+                size: DATASHIFT_AREA,
+                encryption: None,
+                key_size: None,
+                extra: area_extra,
+            },
+            kdf: None,
+            priority: Some(0),
+            extra: slot_extra,
+        },
+    );
+    meta.config.requirements = Some(Requirements {
+        mandatory: vec![REQUIREMENT_V2.into()],
+        extra: Default::default(),
+    });
+    // A placeholder makes the state parse; the real digest covers the final metadata.
+    meta.digests.insert(
+        "1".into(),
+        Digest {
+            kind: "pbkdf2".into(),
+            keyslots: vec![slot_id],
+            segments: Vec::new(),
+            hash: "sha256".into(),
+            iterations: 1000,
+            salt: b64(&[0u8; 32]),
+            digest: b64(&[0u8; 32]),
+            extra: Default::default(),
+        },
+    );
+    let state = ReencryptState::parse(&meta)?
+        .ok_or_else(|| LuksError::Corrupt("reencryption state not built".into()))?;
+    let rd = digest::create(&meta, &state, None, Some(&new_key), &params.format.pbkdf)?;
+    meta.digests.insert("1".into(), rd);
+    hdr.meta = meta;
+    hdr.commit(&mem)?;
+
+    // The plaintext the header is about to cover goes to the end first and is made durable;
+    // only then is the header written over it (cryptsetup's order: a crash in between leaves
+    // a plaintext image whose first S bytes are also at the end).
+    let mut head = Zeroizing::new(vec![0u8; moved_len as usize]);
+    crate::io::read_at(file, 0, &mut head, "plaintext to move")?;
+    file.write_all_at(&head, moved_at)?;
+    file.sync_data()?;
+    drop(head);
+    let image = mem.0.into_inner();
+    file.write_all_at(&image, 0)?;
+    file.sync_data()?;
+    Ok(hdr)
+}
+
+/// Whether `state` is the layout this module drives.
+pub(super) fn is_encrypt_datashift(state: &ReencryptState) -> bool {
+    state.mode == ReencryptMode::Encrypt
+        && state.direction == ReencryptDirection::Backward
+        && matches!(state.resilience, Resilience::Datashift { .. })
+        && state.segment_moved.is_some()
+}
+
+impl Reencryption<'_> {
+    fn shift(&self) -> u64 {
+        match self.state.resilience {
+            Resilience::Datashift { shift } => shift,
+            _ => 0,
+        }
+    }
+
+    fn backup(&self, id: &Option<String>) -> Result<Segment> {
+        id.as_ref()
+            .and_then(|id| self.hdr.meta.segments.get(id))
+            .cloned()
+            .ok_or_else(|| LuksError::Corrupt("a backup segment vanished".into()))
+    }
+
+    fn live_segments(&self) -> Vec<Segment> {
+        let mut live: Vec<(u64, Segment)> = self
+            .hdr
+            .meta
+            .segments
+            .iter()
+            .filter(|(_, s)| !super::is_backup(s))
+            .filter_map(|(id, s)| parse_u64(id).map(|n| (n, s.clone())))
+            .collect();
+        live.sort_by_key(|(n, _)| *n);
+        live.into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// Bytes of the volume already encrypted (the crypt segments at its end).
+    pub(super) fn encrypt_done_bytes(&self) -> Result<u64> {
+        Ok(self
+            .extents()?
+            .iter()
+            .filter(|e| {
+                !e.in_reencryption && matches!(e.cipher, layout::ExtentCipher::Crypt { .. })
+            })
+            .map(|e| e.len)
+            .sum())
+    }
+
+    /// Encrypt the next hotzone (cryptsetup's size: the data shift, whatever `--hotzone-size`
+    /// says, so either tool can continue from any commit).
+    pub(super) fn step_encrypt(&mut self) -> Result<StepReport> {
+        if self.is_interrupted() {
+            self.recover_datashift()?;
+        }
+        let total = self
+            .backup(&Some(self.state.segment_old.clone()))
+            .and_then(|s| fixed(&s))?;
+        let shift = self.shift();
+        let live = self.live_segments();
+        let linear_len: u64 = live
+            .iter()
+            .filter(|s| s.kind == "linear")
+            .map(fixed)
+            .sum::<Result<u64>>()?;
+        if linear_len == 0 {
+            return Ok(StepReport { done: total, total });
+        }
+        // cryptsetup's reencrypt_offset_backward_moved.
+        let (offset, len) = if live.len() > 1 {
+            if linear_len < shift {
+                return Err(unsupported(
+                    "encryption layout",
+                    "plaintext shorter than the data shift",
+                    "finish with `cryptsetup reencrypt --resume-only`",
+                ));
+            }
+            match linear_len - shift {
+                t if t != 0 && t < shift => (shift, t),
+                t => (t, shift),
+            }
+        } else {
+            (0, linear_len)
+        };
+        let sg = live
+            .iter()
+            .rposition(|s| s.kind == "linear")
+            .unwrap_or_default();
+        let mut hot: Vec<Segment> = live[..sg].to_vec();
+        let last = fixed(&live[sg])?;
+        if last > len {
+            let mut shrunk = live[sg].clone();
+            shrunk.size = SegmentSize::Fixed(last - len);
+            hot.push(shrunk);
+        }
+        let fin = self.backup(&Some(self.state.segment_new.clone()))?;
+        let mut enc = fin.clone();
+        enc.offset = fin.offset + offset;
+        enc.size = SegmentSize::Fixed(len);
+        enc.iv_tweak = Some(offset / 512);
+        enc.extra
+            .insert("flags".into(), Value::from(vec![FLAG_IN_REENCRYPTION]));
+        hot.push(enc);
+        if let Some(c) = live.iter().find(|s| s.kind == "crypt") {
+            hot.push(c.clone());
+        }
+        self.install(hot)?;
+        self.encrypt_hotzone()?;
+        Ok(StepReport {
+            done: self.encrypt_done_bytes()?.min(total),
+            total,
+        })
+    }
+
+    /// A crash interrupted the flagged hotzone: its plaintext source is intact, so encrypt it
+    /// again and commit the boundary past it (cryptsetup's datashift recovery).
+    pub(super) fn recover_datashift(&mut self) -> Result<()> {
+        self.encrypt_hotzone()
+    }
+
+    /// Encrypt the hotzone the live segments flag, then commit the segments after it.
+    fn encrypt_hotzone(&mut self) -> Result<()> {
+        let hot = self.live_segments();
+        let r = hot
+            .iter()
+            .position(|s| segment_flags(s).contains(&FLAG_IN_REENCRYPTION))
+            .ok_or_else(|| LuksError::Corrupt("no hotzone segment".into()))?;
+        let fin = self.backup(&Some(self.state.segment_new.clone()))?;
+        let len = fixed(&hot[r])?;
+        let offset = hot[r].offset.checked_sub(fin.offset).ok_or_else(|| {
+            LuksError::Corrupt("the hotzone lies before the new data offset".into())
+        })?;
+        let source = if r == 0 {
+            self.backup(&self.state.segment_moved.clone())?.offset
+        } else {
+            hot[r].offset.checked_sub(self.shift()).ok_or_else(|| {
+                LuksError::Corrupt("the hotzone's source lies before the image".into())
+            })?
+        };
+        let mut buf = Zeroizing::new(vec![0u8; len as usize]);
+        crate::io::read_at(self.file, source, &mut buf, "plaintext hotzone")?;
+        self.crypt(KeyRole::New, Direction::Encrypt, offset, &mut buf)?;
+        self.file.write_all_at(&buf, hot[r].offset)?;
+        self.file.sync_data()?;
+
+        // cryptsetup's _enc_create_segments_shift_after.
+        let mut post: Vec<Segment> = hot[..r].to_vec();
+        let mut merged = match hot.get(r + 1) {
+            Some(after) => {
+                let mut m = after.clone();
+                m.offset = fin.offset + offset;
+                m.iv_tweak = Some(offset / 512);
+                m.size = SegmentSize::Fixed(fixed(after).unwrap_or(0) + len);
+                m
+            }
+            None => {
+                let mut m = hot[r].clone();
+                m.extra.remove("flags");
+                m
+            }
+        };
+        if r == 0 {
+            merged.size = SegmentSize::Dynamic;
+        }
+        post.push(merged);
+        self.install(post)
+    }
+
+    fn install(&mut self, live: Vec<Segment>) -> Result<()> {
+        let mut meta = self.hdr.meta.clone();
+        let roles = live
+            .into_iter()
+            .map(|s| {
+                let role = if s.kind == "crypt" {
+                    KeyRole::New
+                } else {
+                    KeyRole::Old
+                };
+                (s, role)
+            })
+            .collect();
+        layout::install_segments(&mut meta, &self.state, roles)?;
+        self.commit_meta(meta)
+    }
+
+    /// Overwrite the plaintext copy the encryption left at the end with random bytes.
+    pub(super) fn wipe_moved_segment(&self) -> Result<()> {
+        let Some(moved) = self
+            .state
+            .segment_moved
+            .as_ref()
+            .and_then(|id| self.hdr.meta.segments.get(id))
+        else {
+            return Ok(());
+        };
+        let len = fixed(moved)?;
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(1 << 20);
+            let noise = SecretKey::random(n as usize)?;
+            self.file
+                .write_all_at(noise.as_bytes(), moved.offset + done)?;
+            done += n;
+        }
+        self.file.sync_data()?;
+        Ok(())
+    }
+}
