@@ -9,7 +9,6 @@ use anyhow::{bail, Context, Result};
 use cryptblk_crypto::{CipherSpec, Mode};
 use cryptblk_luks::luks2::reencrypt::{encrypt_init, EncryptParams};
 use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, LuksVersion};
-use std::fs::File;
 use zeroize::Zeroizing;
 
 /// cryptsetup's defaults for `--encrypt`.
@@ -22,7 +21,7 @@ const DEFAULT_SECTOR: u32 = 512;
 pub fn init_unless_luks(
     _cli: &Cli,
     a: &ReencryptArgs,
-    file: &File,
+    file: &dyn cryptblk_luks::HeaderIo,
     path: &str,
 ) -> Result<Option<Zeroizing<Vec<u8>>>> {
     if LuksImage::probe(file).with_context(|| format!("reading {path}"))? {
