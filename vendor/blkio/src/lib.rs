@@ -881,6 +881,12 @@ trait Driver: Properties + Send + Sync {
         ))
     }
 
+    /// The `memfd_create` flags of the memory `alloc_mem_region` allocates (hugetlb pages, for
+    /// instance, when the device needs them).
+    fn mem_region_memfd_flags(&self) -> MemfdFlags {
+        MemfdFlags::empty()
+    }
+
     /// The allocated region is _not_ mapped by this method.
     fn alloc_mem_region(&mut self, len: usize) -> Result<MemoryRegion> {
         if self.state() < State::Connected {
@@ -896,7 +902,7 @@ trait Driver: Properties + Send + Sync {
             ));
         }
 
-        let fd = memfd_create("libblkio-buf", MemfdFlags::empty())?;
+        let fd = memfd_create("libblkio-buf", self.mem_region_memfd_flags())?;
 
         ftruncate(&fd, len as u64)?;
 

@@ -9,7 +9,7 @@ use crate::{
 };
 use libc::sigset_t;
 use rustix::cstr;
-use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
+use rustix::fs::{fcntl_getfl, fcntl_setfl, MemfdFlags, OFlags};
 use rustix::io::Errno;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::sync::Arc;
@@ -426,6 +426,7 @@ properties! {
         discard_alignment_offset: i32,
         driver: str,
         mut fd: i32,
+        mut hugepages: bool,
         max_discard_len: u64,
         fn max_queues: i32,
         max_queue_size: i32,
@@ -471,6 +472,7 @@ impl VirtioBlk {
                 discard_alignment_offset: 0,
                 driver: driver.to_string(),
                 fd: -1,
+                hugepages: false,
                 max_discard_len: 0,
                 max_queue_size: MAX_QUEUE_SIZE,
                 max_segment_len: 0,
@@ -638,6 +640,15 @@ impl VirtioBlk {
         }
     }
 
+    /// Whether memory shared with the device (virtqueues and memory regions) comes from 2 MiB
+    /// hugepages; "mem-region-alignment" is then 2 MiB. virtio-blk-vhost-user only: back-ends
+    /// that translate memory in 2 MiB units (SPDK's vhost target) need it.
+    fn set_hugepages(&mut self, value: bool) -> Result<()> {
+        self.cant_set_while_connected()?;
+        self.props.hugepages = value;
+        Ok(())
+    }
+
     fn set_read_only(&mut self, value: bool) -> Result<()> {
         self.cant_set_while_connected()?;
         self.props.read_only = value;
@@ -648,6 +659,15 @@ impl VirtioBlk {
 impl Driver for VirtioBlk {
     fn state(&self) -> State {
         self.state
+    }
+
+    fn mem_region_memfd_flags(&self) -> MemfdFlags {
+        // The pages virtio_driver::VhostUser::with_hugepages allocates its virtqueues from.
+        if self.props.hugepages {
+            MemfdFlags::HUGETLB | MemfdFlags::HUGE_2MB
+        } else {
+            MemfdFlags::empty()
+        }
     }
 
     fn connect(&mut self) -> Result<()> {
@@ -678,6 +698,17 @@ impl Driver for VirtioBlk {
         let features = blk_features.bits()
             | VirtioFeatureFlags::VERSION_1.bits()
             | VirtioFeatureFlags::RING_EVENT_IDX.bits();
+        #[cfg(feature = "virtio-blk-vhost-user")]
+        let hugepages_supported = self.props.driver == VHOST_USER_DRIVER;
+        #[cfg(not(feature = "virtio-blk-vhost-user"))]
+        let hugepages_supported = false;
+        if self.props.hugepages && !hugepages_supported {
+            return Err(Error::new(
+                Errno::INVAL,
+                "the hugepages property is supported by virtio-blk-vhost-user only",
+            ));
+        }
+
         let transport: Box<VirtioBlkTransport> = match self.props.driver.as_str() {
             #[cfg(feature = "virtio-blk-vfio-pci")]
             VFIO_PCI_DRIVER => {
@@ -705,12 +736,14 @@ impl Driver for VirtioBlk {
                     ));
                 }
 
-                Box::new(
-                    // We could set self.props.may_pin_mem_regions = false here, but a vhost-user-blk
-                    // backend server could pin pages so we don't know for sure.
+                // We could set self.props.may_pin_mem_regions = false here, but a vhost-user-blk
+                // backend server could pin pages so we don't know for sure.
+                let transport = if self.props.hugepages {
+                    virtio_driver::VhostUser::with_hugepages(&self.props.path, features)
+                } else {
                     virtio_driver::VhostUser::new(&self.props.path, features)
-                        .map_err(|e| Error::from_io_error(e, Errno::IO))?,
-                )
+                };
+                Box::new(transport.map_err(|e| Error::from_io_error(e, Errno::IO))?)
             }
             #[cfg(feature = "virtio-blk-vhost-vdpa")]
             VHOST_VDPA_DRIVER => {

@@ -20,7 +20,11 @@ use std::os::unix::io::{AsRawFd, RawFd};
 use std::sync::Arc;
 use vhost_user_protocol::{
     VhostUserHeaderFlag, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+    VHOST_USER_MEM_TABLE_MAX_REGIONS,
 };
+
+/// The size of the hugepages a [`VhostUser::with_hugepages`] connection allocates its memory from.
+pub const HUGEPAGE_SIZE: usize = 2 << 20;
 
 #[derive(Debug)]
 pub struct VhostUserError(Error);
@@ -45,6 +49,11 @@ pub struct VhostUser<C: ByteValued, R: Copy> {
     features: u64,
     max_queues: Option<usize>,
     max_mem_regions: u64,
+    /// CONFIGURE_MEM_SLOTS was negotiated: regions are added and removed one at a time
+    /// (ADD_MEM_REG/REM_MEM_REG); otherwise the whole table is sent again (SET_MEM_TABLE).
+    mem_slots: bool,
+    /// The virtqueues live in hugepages and memory regions must be hugepage-aligned.
+    hugepages: bool,
     mem_table: Vec<VhostUserMemoryRegionInfo>,
     virtqueue_mem_file: File,
     mmap: Option<MmapMut>,
@@ -58,7 +67,7 @@ unsafe impl<C: ByteValued, R: Copy> Send for VhostUser<C, R> {}
 unsafe impl<C: ByteValued, R: Copy> Sync for VhostUser<C, R> {}
 
 impl<C: ByteValued, R: Copy> VhostUser<C, R> {
-    fn connect(path: &str, virtio_features: u64) -> Result<Self, VhostUserError> {
+    fn connect(path: &str, virtio_features: u64, hugepages: bool) -> Result<Self, VhostUserError> {
         let mut vhost = VhostUserFrontEnd::new(path)?;
         vhost.set_owner()?;
 
@@ -73,9 +82,10 @@ impl<C: ByteValued, R: Copy> VhostUser<C, R> {
         vhost.set_features(features)?;
 
         // TODO CONFIG can be made optional to support more device types
-        let required_vhost_features = VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        // CONFIGURE_MEM_SLOTS is optional: without it (DPDK's vhost library, so SPDK) the memory
+        // table is sent whole with SET_MEM_TABLE.
+        let required_vhost_features =
+            VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::CONFIG;
 
         let mut vhost_features = vhost.get_protocol_features()?;
         if !vhost_features.contains(required_vhost_features) {
@@ -84,7 +94,9 @@ impl<C: ByteValued, R: Copy> VhostUser<C, R> {
                 "Backend doesn't support required protocol features",
             )));
         }
-        vhost_features &= required_vhost_features | VhostUserProtocolFeatures::MQ;
+        vhost_features &= required_vhost_features
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
         vhost.set_protocol_features(vhost_features)?;
 
         vhost.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
@@ -99,15 +111,23 @@ impl<C: ByteValued, R: Copy> VhostUser<C, R> {
         } else {
             None
         };
-        let max_mem_regions = vhost.get_max_mem_slots()?;
+        let mem_slots = vhost_features.contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS);
+        let max_mem_regions = if mem_slots {
+            vhost.get_max_mem_slots()?
+        } else {
+            VHOST_USER_MEM_TABLE_MAX_REGIONS as u64
+        };
 
-        let virtqueue_mem_file: File = memfd_create("virtio-ring", MemfdFlags::empty())?.into();
+        let virtqueue_mem_file: File =
+            memfd_create("virtio-ring", Self::memfd_flags(hugepages))?.into();
 
         let vu = VhostUser {
             vhost,
             features,
             max_queues,
             max_mem_regions,
+            mem_slots,
+            hugepages,
             mem_table: Vec::new(),
             virtqueue_mem_file,
             mmap: None,
@@ -139,7 +159,34 @@ impl<C: ByteValued, R: Copy> VhostUser<C, R> {
     /// # Result::<(), Box<dyn std::error::Error>>::Ok(())
     /// ```
     pub fn new(path: &str, virtio_features: u64) -> Result<Self, Error> {
-        Self::connect(path, virtio_features).map_err(|e| e.0)
+        Self::connect(path, virtio_features, false).map_err(|e| e.0)
+    }
+
+    /// Like [`VhostUser::new`], with the virtqueues in 2 MiB hugepages and a
+    /// [`VirtioTransport::mem_region_alignment`] of 2 MiB, so that memory regions are whole
+    /// hugepages too (memfds created with `MFD_HUGETLB | MFD_HUGE_2MB`).
+    ///
+    /// Back-ends that translate guest memory in 2 MiB units, such as SPDK's vhost target, need
+    /// this: they cannot use regions of smaller pages. The hugepages come from the system's pool
+    /// (`/proc/sys/vm/nr_hugepages`); mapping fails with ENOMEM when it has too few.
+    pub fn with_hugepages(path: &str, virtio_features: u64) -> Result<Self, Error> {
+        Self::connect(path, virtio_features, true).map_err(|e| e.0)
+    }
+
+    /// The `memfd_create` flags for the virtqueues: 2 MiB hugetlb pages when `hugepages`.
+    fn memfd_flags(hugepages: bool) -> MemfdFlags {
+        if hugepages {
+            MemfdFlags::HUGETLB | MemfdFlags::HUGE_2MB
+        } else {
+            MemfdFlags::empty()
+        }
+    }
+
+    /// Sends the memory table as it now is, when the back-end has no memory slots.
+    fn send_mem_table(&self) -> Result<(), Error> {
+        self.vhost
+            .set_mem_table(&self.mem_table)
+            .map_err(|e| Error::new(ErrorKind::Other, e))
     }
 
     fn setup_queue(&mut self, i: usize, q: &Virtqueue<R>) -> Result<(), Error> {
@@ -170,7 +217,11 @@ impl<C: ByteValued, R: Copy> VirtioTransport<C, R> for VhostUser<C, R> {
     }
 
     fn mem_region_alignment(&self) -> usize {
-        1
+        if self.hugepages {
+            HUGEPAGE_SIZE
+        } else {
+            1
+        }
     }
 
     fn alloc_queue_mem(&mut self, layout: &VirtqueueLayout) -> Result<&mut [u8], Error> {
@@ -182,13 +233,19 @@ impl<C: ByteValued, R: Copy> VirtioTransport<C, R> for VhostUser<C, R> {
         }
 
         // TODO This assumes that all virtqueues have the same queue_size
-        self.virtqueue_mem_file.set_len(
-            layout
-                .num_queues
-                .checked_mul(layout.end_offset)
+        let mut len = layout
+            .num_queues
+            .checked_mul(layout.end_offset)
+            .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "Queue is too large"))?;
+        if self.hugepages {
+            // A hugetlb file's size is a whole number of pages.
+            len = len
+                .checked_add(HUGEPAGE_SIZE - 1)
                 .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "Queue is too large"))?
-                as u64,
-        )?;
+                / HUGEPAGE_SIZE
+                * HUGEPAGE_SIZE;
+        }
+        self.virtqueue_mem_file.set_len(len as u64)?;
 
         let mmap = unsafe { MmapMut::map_mut(&self.virtqueue_mem_file) }?;
 
@@ -223,21 +280,36 @@ impl<C: ByteValued, R: Copy> VirtioTransport<C, R> for VhostUser<C, R> {
             fd,
         };
 
-        self.vhost
-            .add_mem_region(&region)
-            .map_err(|e| Error::new(ErrorKind::Other, e))?;
-
-        self.mem_table.push(region);
+        if self.mem_slots {
+            self.vhost
+                .add_mem_region(&region)
+                .map_err(|e| Error::new(ErrorKind::Other, e))?;
+            self.mem_table.push(region);
+        } else {
+            self.mem_table.push(region);
+            if let Err(e) = self.send_mem_table() {
+                self.mem_table.pop();
+                return Err(e);
+            }
+        }
         Ok(Iova(addr as u64))
     }
 
     fn unmap_mem_region(&mut self, addr: usize, len: usize) -> Result<(), Error> {
         for (i, region) in self.mem_table.iter().enumerate() {
             if region.mr.user_addr == addr as u64 && region.mr.size == len as u64 {
-                self.vhost
-                    .remove_mem_region(region)
-                    .map_err(|e| Error::new(ErrorKind::Other, e))?;
-                self.mem_table.swap_remove(i);
+                if self.mem_slots {
+                    self.vhost
+                        .remove_mem_region(region)
+                        .map_err(|e| Error::new(ErrorKind::Other, e))?;
+                    self.mem_table.swap_remove(i);
+                } else {
+                    let removed = self.mem_table.swap_remove(i);
+                    if let Err(e) = self.send_mem_table() {
+                        self.mem_table.push(removed);
+                        return Err(e);
+                    }
+                }
                 return Ok(());
             }
         }

@@ -291,6 +291,48 @@ impl VhostUserFrontEnd {
         self.wait_ack(&msg)
     }
 
+    /// Sends the whole memory table (SET_MEM_TABLE), what a back-end without CONFIGURE_MEM_SLOTS
+    /// understands: each change of the table sends it again, all of it.
+    pub fn set_mem_table(&self, regions: &[VhostUserMemoryRegionInfo]) -> Result<(), Error> {
+        if regions.len() > VHOST_USER_MEM_TABLE_MAX_REGIONS {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "{} memory regions exceed the {} of SET_MEM_TABLE",
+                    regions.len(),
+                    VHOST_USER_MEM_TABLE_MAX_REGIONS
+                ),
+            ));
+        }
+        let mut table = VhostUserMemory {
+            nregions: regions.len() as u32,
+            padding: 0,
+            regions: [VhostUserMemoryRegion {
+                guest_addr: 0,
+                size: 0,
+                user_addr: 0,
+                mmap_offset: 0,
+            }; VHOST_USER_MEM_TABLE_MAX_REGIONS],
+        };
+        for (slot, region) in table.regions.iter_mut().zip(regions) {
+            *slot = region.mr;
+        }
+        // Like QEMU, send only the regions in use: `nregions`, the padding and `nregions` entries.
+        let size = 8 + regions.len() * std::mem::size_of::<VhostUserMemoryRegion>();
+        let msg = VhostUserMsg {
+            hdr: VhostUserHeader::new(
+                VhostUserRequest::SET_MEM_TABLE,
+                self.hdr_flags,
+                size as u32,
+            ),
+            payload: VhostUserPayload { mem_table: table },
+        };
+        let fds: Vec<RawFd> = regions.iter().map(|r| r.fd).collect();
+
+        msg.send_with_fds(&self.backend, &fds)?;
+        self.wait_ack(&msg)
+    }
+
     pub fn add_mem_region(&self, mri: &VhostUserMemoryRegionInfo) -> Result<(), Error> {
         self.mem_region(VhostUserRequest::ADD_MEM_REG, mri)
     }

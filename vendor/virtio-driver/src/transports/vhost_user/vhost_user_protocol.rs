@@ -15,6 +15,10 @@ pub const VHOST_USER_VERSION_1: u32 = 1;
 
 pub const VHOST_USER_SET_VRING_INDEX_MASK: u64 = 255;
 
+/// How many regions a SET_MEM_TABLE message holds (VHOST_MEMORY_BASELINE_NREGIONS): the limit of a
+/// back-end without CONFIGURE_MEM_SLOTS.
+pub const VHOST_USER_MEM_TABLE_MAX_REGIONS: usize = 8;
+
 bitflags! {
     pub struct VhostUserVirtioFeatures: u64 {
         const PROTOCOL_FEATURES = 1 << 30;
@@ -42,6 +46,7 @@ impl VhostUserRequest {
     pub const GET_FEATURES: u32 = 1;
     pub const SET_FEATURES: u32 = 2;
     pub const SET_OWNER: u32 = 3;
+    pub const SET_MEM_TABLE: u32 = 5;
     pub const SET_VRING_NUM: u32 = 8;
     pub const SET_VRING_ADDR: u32 = 9;
     pub const SET_VRING_BASE: u32 = 10;
@@ -115,6 +120,14 @@ pub struct VhostUserSingleMemReg {
 
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
+pub struct VhostUserMemory {
+    pub nregions: u32,
+    pub padding: u32,
+    pub regions: [VhostUserMemoryRegion; VHOST_USER_MEM_TABLE_MAX_REGIONS],
+}
+
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
 pub struct VhostUserVringState {
     pub index: u32,
     pub num: u32,
@@ -138,6 +151,7 @@ pub union VhostUserPayload {
     pub state: VhostUserVringState,
     pub addr: VhostUserVringAddr,
     pub single_mem_reg: VhostUserSingleMemReg,
+    pub mem_table: VhostUserMemory,
     pub config: VhostUserConfig,
 }
 
@@ -156,7 +170,7 @@ pub struct VhostUserMsg {
 }
 
 impl VhostUserMsg {
-    fn send_with_fds(&self, backend: &UnixStream, fds: &[RawFd]) -> Result<(), Error> {
+    pub fn send_with_fds(&self, backend: &UnixStream, fds: &[RawFd]) -> Result<(), Error> {
         if self.hdr.size as usize > std::mem::size_of::<VhostUserPayload>() {
             return Err(Error::new(
                 ErrorKind::Other,
