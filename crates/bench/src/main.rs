@@ -14,6 +14,7 @@ mod rbd;
 mod record;
 mod report;
 mod runner;
+mod spdk;
 mod stats;
 
 use anyhow::{bail, Context, Result};

@@ -1,5 +1,6 @@
 //! Starting a server peer, waiting until it serves, stopping it: `cryptblk serve` and
-//! qemu-storage-daemon, each exporting one image over vhost-user-blk or NBD on a UNIX socket.
+//! qemu-storage-daemon, each exporting one image over vhost-user-blk or NBD on a UNIX socket
+//! (SPDK's vhost target starts in `spdk.rs`, and stops here).
 use crate::config::{Cache, Image, Peer, Server, Transport};
 use crate::images::{Images, RbdStore, POOL};
 use anyhow::{bail, Context, Result};
@@ -15,6 +16,15 @@ pub struct Running {
 }
 
 impl Running {
+    pub fn new(child: Child, socket: PathBuf, log: PathBuf) -> Running {
+        Running { child, socket, log }
+    }
+
+    /// The exit status once the server has exited.
+    pub fn exited(&mut self) -> Result<Option<std::process::ExitStatus>> {
+        Ok(self.child.try_wait()?)
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -24,7 +34,7 @@ impl Running {
         format!("nbd+unix:///vol?socket={}", self.socket.display())
     }
 
-    fn log_tail(&self) -> String {
+    pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(15)..].join("\n")
@@ -74,6 +84,7 @@ pub fn command(
     let mut cmd;
     match peer.server {
         Server::Fio => bail!("fio is a client, not a server"),
+        Server::Spdk | Server::SpdkCrypto => bail!("SPDK's vhost target starts in spdk.rs"),
         Server::Cryptblk => {
             cmd = Command::new(cryptblk);
             cmd.arg("serve");
