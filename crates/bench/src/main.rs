@@ -41,7 +41,7 @@ struct Cli {
 enum Cmd {
     /// Measures a preset; appends one JSON line per measurement to the results file.
     Run {
-        /// disk, serve, nbd, rbd or demo (see `list`).
+        /// disk, serve, nbd, rbd, demo or spdk (see `list`).
         #[arg(long)]
         preset: String,
         #[arg(long, default_value = "bench-results.jsonl")]
