@@ -19,6 +19,7 @@
 #
 # Environment: ROUNDS (3), RUNTIME (seconds per run, 5), SIZE (8G), WORKLOADS ("read:65536:16
 # randread:4096:128 read:65536:4 randwrite:4096:32 write:65536:16", rw:bs:depth),
+# QUEUES (1: virtqueues served, vu_bench queues and fio jobs, each at the workload's depth),
 # BENCH_DIR (/var/tmp), KEEP_IMAGES=1 to reuse the images, CRYPTBLK / VU_BENCH / BENCH
 # (prebuilt cryptblk, vu_bench, cryptblk-bench).
 set -euo pipefail
@@ -27,6 +28,7 @@ ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-5}
 SIZE=${SIZE:-8G}
 WORKLOADS=${WORKLOADS:-"read:65536:16 randread:4096:128 read:65536:4 randwrite:4096:32 write:65536:16"}
+QUEUES=${QUEUES:-1}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 die() { echo "bench-read-path: $*" >&2; exit 1; }
 for tool in fio jq openssl awk; do command -v $tool >/dev/null || die "$tool is needed (scripts/install-deps.sh)"; done
@@ -73,11 +75,12 @@ run() { # $1 peer, $2 rw, $3 bs, $4 depth -> prints "iops cpu_us_per_io"
         [[ $rw == *write ]] && kind=write
         out=$(fio --name=p --filename="$file" --offset="$offset" --size="$SIZE" --direct=1 \
             --ioengine=io_uring --rw="$rw" --bs="$bs" --iodepth="$depth" --runtime="$RUNTIME" \
-            --time_based --output-format=json)
+            --time_based --numjobs="$QUEUES" --group_reporting --output-format=json)
         echo "$(jq ".jobs[0].$kind.iops" <<<"$out") -"
         ;;
     fdec)
-        [[ $rw == randread || $rw == read ]] || { echo "- -"; return; }
+        # (one thread: the ceiling of one queue)
+        [[ ($rw == randread || $rw == read) && $QUEUES == 1 ]] || { echo "- -"; return; }
         out=$("$CEILING" ceiling "$IMG/luks.img" --offset "$data_offset" --rw "$rw" \
             --bs "$bs" --iodepth "$depth" --runtime "$RUNTIME" --touch decrypt)
         echo "$(jq '.iops' <<<"$out") -"
@@ -87,18 +90,20 @@ run() { # $1 peer, $2 rw, $3 bs, $4 depth -> prints "iops cpu_us_per_io"
         [[ $peer == o ]] && bin=$OLD
         [[ $peer == d ]] && { image=$IMG/raw.img; key=(); }
         # libblkio's memory is not sealed against shrinking: a server that checks says so.
+        # vu_bench's ring holds three descriptors per request in flight (512 entries at depth
+        # 128; a 256-entry ring would cap it at 85): the server offers the largest.
         local unsealed=
         "$bin" serve --help | grep -q -- --unsealed-memory && unsealed=--unsealed-memory
         rm -f "$WORK/s.sock"
         "$bin" serve --vhost-user-blk "$WORK/s.sock" --image "$image" "${key[@]}" --cache none \
-            $unsealed \
+            --num-queues "$QUEUES" --queue-size 1024 $unsealed \
             >"$WORK/server.log" 2>&1 &
         SERVER=$!
         for _ in $(seq 200); do [[ -S $WORK/s.sock ]] && break; sleep 0.05; done
         local t0 c0 t1 c1
         c0=$(ticks "$SERVER"); t0=$(date +%s.%N)
         out=$("$VU" --socket "$WORK/s.sock" --rw "$rw" --bs "$bs" --iodepth "$depth" \
-            --runtime "$RUNTIME" --queue-size 256)
+            --runtime "$RUNTIME" --queues "$QUEUES")
         c1=$(ticks "$SERVER"); t1=$(date +%s.%N)
         kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; SERVER=
         local iops; iops=$(jq '.iops' <<<"$out")

@@ -1,5 +1,6 @@
 //! Charts as SVG (plotters, SVG backend only): per preset and transport, a grouped bar chart of
-//! IOPS per workload and peer (the ceiling first), and one of server CPU per I/O.
+//! IOPS per workload and peer (the ceiling first), one of server CPU per I/O, and the latency
+//! distribution: one chart each of the p50, p99 and p99.9 latency per workload and peer.
 use crate::stats::Row;
 use anyhow::{anyhow, Context, Result};
 use plotters::prelude::*;
@@ -10,6 +11,19 @@ use std::path::{Path, PathBuf};
 enum Figure {
     Iops,
     CpuPerIo,
+    LatP50,
+    LatP99,
+    LatP999,
+}
+
+impl Figure {
+    const ALL: [Figure; 5] = [
+        Figure::Iops,
+        Figure::CpuPerIo,
+        Figure::LatP50,
+        Figure::LatP99,
+        Figure::LatP999,
+    ];
 }
 
 impl Figure {
@@ -17,12 +31,18 @@ impl Figure {
         match self {
             Figure::Iops => "IOPS (median over rounds)",
             Figure::CpuPerIo => "server CPU per I/O, µs",
+            Figure::LatP50 => "latency p50, µs (median over rounds)",
+            Figure::LatP99 => "latency p99, µs (median over rounds)",
+            Figure::LatP999 => "latency p99.9, µs (median over rounds)",
         }
     }
     fn file(self) -> &'static str {
         match self {
             Figure::Iops => "iops",
             Figure::CpuPerIo => "cpu-per-io",
+            Figure::LatP50 => "lat-p50",
+            Figure::LatP99 => "lat-p99",
+            Figure::LatP999 => "lat-p999",
         }
     }
 }
@@ -59,6 +79,9 @@ fn series(rows: &[&Row], figure: Figure) -> Vec<Series> {
                     match figure {
                         Figure::Iops => p.iops,
                         Figure::CpuPerIo => p.server_cpu_us_per_io,
+                        Figure::LatP50 => p.lat_p50_us,
+                        Figure::LatP99 => p.lat_p99_us,
+                        Figure::LatP999 => p.lat_p999_us,
                     }
                 })
                 .collect(),
@@ -85,7 +108,7 @@ pub fn write_all(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>> {
         if mine.is_empty() {
             continue;
         }
-        for figure in [Figure::Iops, Figure::CpuPerIo] {
+        for figure in Figure::ALL {
             let path = dir.join(format!("{preset}-{transport}-{}.svg", figure.file()));
             let svg = render(&format!("{preset}, {transport}"), &mine, figure)?;
             std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
@@ -187,7 +210,16 @@ mod tests {
             .iter()
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names, ["demo-vhost-iops.svg", "demo-vhost-cpu-per-io.svg"]);
+        assert_eq!(
+            names,
+            [
+                "demo-vhost-iops.svg",
+                "demo-vhost-cpu-per-io.svg",
+                "demo-vhost-lat-p50.svg",
+                "demo-vhost-lat-p99.svg",
+                "demo-vhost-lat-p999.svg",
+            ]
+        );
         let svg = std::fs::read_to_string(&files[0]).unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..80]);
         for text in [
@@ -200,5 +232,10 @@ mod tests {
         }
         // Three bars (ceiling, a, d) plus three legend swatches and the background.
         assert!(svg.matches("<rect").count() >= 6);
+        // The latency charts: the peers' bars (no ceiling), under their own axis.
+        let p50 = std::fs::read_to_string(&files[2]).unwrap();
+        assert!(p50.contains("latency p50") && p50.contains("(a) peer a"));
+        assert!(!p50.contains("ceiling (fio on the image)"));
+        assert!(p50.matches("<rect").count() >= 4);
     }
 }

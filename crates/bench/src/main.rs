@@ -6,12 +6,14 @@ mod chart;
 mod clients;
 mod config;
 mod fio;
+mod handoff;
 mod images;
 mod peers;
 mod plan;
 mod procfs;
 mod rbd;
 mod record;
+mod reencrypt;
 mod report;
 mod runner;
 mod spdk;
@@ -94,6 +96,45 @@ enum Cmd {
     },
     /// The presets, their peers, transports and workloads.
     List,
+    /// A LUKS2 image's volume key replaced: offline against `cryptsetup reencrypt` and an
+    /// in-place copy, and online, the 4k random-read IOPS and p99 of a served disk during a
+    /// reencryption against without (as root: the page cache is dropped before every job).
+    Reencrypt {
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        #[arg(long, default_value = "8G")]
+        size: String,
+        /// Where the image goes (a real filesystem; kept with --keep-images).
+        #[arg(long, default_value = "/var/tmp/cryptblk-bench-reencrypt")]
+        dir: PathBuf,
+        /// Seconds of each online measurement.
+        #[arg(long, default_value_t = 5.0)]
+        runtime: f64,
+        #[arg(long, default_value = "reencrypt-results.jsonl")]
+        results: PathBuf,
+        #[arg(long)]
+        cryptblk: Option<PathBuf>,
+        #[arg(long)]
+        vu_bench: Option<PathBuf>,
+        #[arg(long)]
+        keep_images: bool,
+    },
+    /// Shared-storage hand-offs of a LUKS2 RBD disk between two daemons (`migrate-start
+    /// --shared`), idle and under a 4k write load, on a throwaway Ceph cluster: each
+    /// hand-off's downtime, one JSON line per hand-off, and a summary against the targets.
+    Handoff {
+        /// Idle and loaded hand-offs each.
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
+        /// The disk's payload (at least 8M).
+        #[arg(long, default_value = "64M")]
+        size: String,
+        #[arg(long, default_value = "handoff-results.jsonl")]
+        results: PathBuf,
+        /// The cryptblk binary (default: `cargo build --release`, then target/release).
+        #[arg(long)]
+        cryptblk: Option<PathBuf>,
+    },
     /// The device's ceiling for an encryptor: O_DIRECT reads with io_uring on one thread, each
     /// completed buffer left alone, read once, or decrypted in place before the next read
     /// into it (JSON on stdout).
@@ -166,6 +207,46 @@ fn run() -> Result<()> {
             })?;
             println!("{result}");
             Ok(())
+        }
+        Cmd::Handoff {
+            rounds,
+            size,
+            results,
+            cryptblk,
+        } => {
+            let (cryptblk, _) = binaries(cryptblk, None)?;
+            handoff::run(&handoff::Options {
+                rounds,
+                size: config::parse_size(&size)?,
+                cryptblk,
+                results,
+            })
+        }
+        Cmd::Reencrypt {
+            rounds,
+            size,
+            dir,
+            runtime,
+            results,
+            cryptblk,
+            vu_bench,
+            keep_images,
+        } => {
+            let (cryptblk, vu_bench) = binaries(cryptblk, vu_bench)?;
+            let workload = *config.workload("rr4k-d32-q1")?;
+            reencrypt::run(
+                &reencrypt::Options {
+                    rounds,
+                    size: config::parse_size(&size)?,
+                    dir,
+                    runtime,
+                    cryptblk,
+                    vu_bench,
+                    results,
+                    keep_images,
+                },
+                &workload,
+            )
         }
         Cmd::List => {
             for (name, p) in &config.presets {

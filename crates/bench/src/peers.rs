@@ -91,10 +91,13 @@ pub fn command(
             match transport {
                 Transport::Vhost => {
                     // vu_bench's memory comes from libblkio, which does not seal it against
-                    // shrinking: the server must be told to map it anyway.
+                    // shrinking: the server must be told to map it anyway. Its rings hold
+                    // three descriptors per request (512 entries at depth 128), more than the
+                    // server's default of 256: offer the largest ring.
                     cmd.arg("--vhost-user-blk")
                         .arg(socket)
                         .args(["--num-queues", &queues.to_string()])
+                        .args(["--queue-size", "1024"])
                         .arg("--unsealed-memory");
                 }
                 Transport::Nbd => {
@@ -282,7 +285,7 @@ mod tests {
         };
         assert_eq!(
             cmd("a", Transport::Vhost, 2),
-            "cryptblk serve --vhost-user-blk /w/a.sock --num-queues 2 --unsealed-memory --image /i/luks2.img --key-file /i/key --cache none"
+            "cryptblk serve --vhost-user-blk /w/a.sock --num-queues 2 --queue-size 1024 --unsealed-memory --image /i/luks2.img --key-file /i/key --cache none"
         );
         assert_eq!(
             cmd("d", Transport::Nbd, 1),

@@ -1,0 +1,518 @@
+//! `cryptblk-bench handoff`: the downtime of a shared-storage hand-off of a LUKS2 RBD disk
+//! between two daemons (`migrate-start --shared`), idle and under a 4k random-write load;
+//! was the hand-off section of `scripts/bench-rbd.sh`.
+//!
+//! Two daemons, A serving the disk "vol" and B without a disk, on a throwaway single-node
+//! cluster. A pattern is written through A first. Each hand-off: the daemon without the disk
+//! listens (`migrate-incoming --nbd-export`), the holder runs `migrate-start --shared` and
+//! `migrate-switchover`, and once the receiver lists the disk as attached the old holder
+//! removes it; the receiver holds it for the next hand-off. Idle and loaded hand-offs
+//! alternate as idle, loaded; loaded, idle; ... so that both kinds run in both directions.
+//! Loaded: fio's nbd engine writes 4k at random (depth 32, above the pattern) into the
+//! holder's export from 2 s before the switchover until the receiver serves the disk (fio
+//! then sees the fenced holder's errors; they are ignored). The figure is the holder's
+//! `downtime-ms` (migrate-status: from its fence until the receiver holds the image's lock
+//! and answered). At the end the pattern must read back through the last holder.
+use crate::images::{self, POOL};
+use crate::{clients, procfs};
+use anyhow::{bail, Context, Result};
+use cryptblk_testutil::ceph::Cluster;
+use serde::Serialize;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+/// The targets of the hand-off (milliseconds of downtime): idle and under load.
+const IDLE_TARGET_MS: f64 = 100.0;
+const LOADED_TARGET_MS: f64 = 500.0;
+
+/// Where the pattern goes in the payload, and where the load's writes start (above it).
+const PATTERN_AT: u64 = 1 << 20;
+const PATTERN_LEN: u64 = 1 << 20;
+const LOAD_FROM: u64 = 4 << 20;
+
+pub struct Options {
+    pub rounds: u32,
+    pub size: u64,
+    pub cryptblk: PathBuf,
+    pub results: PathBuf,
+}
+
+/// One hand-off, one JSON line of the results file.
+#[derive(Debug, Serialize)]
+pub struct HandoffRecord {
+    pub commit: String,
+    pub machine: crate::record::Machine,
+    pub started: u64,
+    pub load1: f64,
+    pub n: u32,
+    pub from: &'static str,
+    pub to: &'static str,
+    pub loaded: bool,
+    pub downtime_ms: f64,
+    /// fio's write IOPS into the holder over the loaded hand-off (its errors after the fence
+    /// are expected).
+    pub fio_write_iops: Option<f64>,
+}
+
+/// A daemon of the hand-off: its process, control and NBD sockets and log.
+struct Daemon {
+    name: &'static str,
+    child: Child,
+    ctl: PathBuf,
+    nbd: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn start(name: &'static str, cryptblk: &Path, work: &Path, disk: &[&str]) -> Result<Daemon> {
+        let ctl = work.join(format!("{name}.ctl"));
+        let nbd = work.join(format!("{name}.nbd"));
+        let log = work.join(format!("{name}.log"));
+        let mut cmd = Command::new(cryptblk);
+        cmd.arg("serve")
+            .args(disk)
+            .arg("--nbd")
+            .arg(format!("unix:{}", nbd.display()))
+            .arg("--control")
+            .arg(&ctl)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log)?)
+            .stderr(std::fs::File::create(&log)?);
+        clients::show(&cmd);
+        let child = cmd.spawn().context("starting cryptblk serve")?;
+        let mut daemon = Daemon {
+            name,
+            child,
+            ctl,
+            nbd,
+            log,
+        };
+        let start = Instant::now();
+        while daemon.try_ctl(cryptblk, &["disk-list"]).is_err() {
+            if let Some(status) = daemon.child.try_wait()? {
+                bail!(
+                    "daemon {name} exited at start ({status}): {}",
+                    daemon.tail()
+                );
+            }
+            if start.elapsed() > Duration::from_secs(90) {
+                bail!(
+                    "daemon {name}: no control socket after 90 s: {}",
+                    daemon.tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(daemon)
+    }
+
+    fn uri(&self) -> String {
+        format!("nbd+unix:///vol?socket={}", self.nbd.display())
+    }
+
+    /// `cryptblk ctl` on this daemon: its JSON answer.
+    fn try_ctl(&self, cryptblk: &Path, args: &[&str]) -> Result<Value> {
+        let out = Command::new(cryptblk)
+            .arg("ctl")
+            .arg("--socket")
+            .arg(&self.ctl)
+            .args(args)
+            .output()
+            .context("running cryptblk ctl")?;
+        if !out.status.success() {
+            bail!(
+                "cryptblk ctl {} on daemon {}: {}",
+                args.join(" "),
+                self.name,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        serde_json::from_slice(&out.stdout).context("parsing ctl's answer")
+    }
+
+    fn ctl(&self, cryptblk: &Path, args: &[&str]) -> Result<Value> {
+        eprintln!("+ cryptblk ctl ({}) {}", self.name, args.join(" "));
+        self.try_ctl(cryptblk, args)
+            .with_context(|| format!("daemon {}'s log ends: {}", self.name, self.tail()))
+    }
+
+    fn has_disk(&self, cryptblk: &Path) -> bool {
+        self.try_ctl(cryptblk, &["disk-list"]).is_ok_and(|v| {
+            v["disks"].as_array().is_some_and(|disks| {
+                disks
+                    .iter()
+                    .any(|d| d["name"] == "vol" && d["state"] == "attached")
+            })
+        })
+    }
+
+    /// The last lines of the daemon's log, for an error.
+    fn tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// qemu-io on an export; fails unless every command succeeded and every pattern matched.
+fn qemu_io(uri: &str, what: &str, commands: &[String]) -> Result<()> {
+    let mut cmd = Command::new("qemu-io");
+    cmd.args(["-f", "raw"]);
+    for c in commands {
+        cmd.args(["-c", c]);
+    }
+    cmd.arg(uri);
+    clients::show(&cmd);
+    let out = cmd.output().context("running qemu-io")?;
+    let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() || text.contains("fail") || text.contains("Pattern verification") {
+        bail!("{what}: qemu-io: {}", text.trim());
+    }
+    Ok(())
+}
+
+/// The loaded hand-off's writer: fio on the holder's export, stopped by SIGTERM.
+struct Load {
+    child: Child,
+    output: PathBuf,
+}
+
+impl Load {
+    fn start(uri: &str, size: u64, output: PathBuf) -> Result<Load> {
+        let mut cmd = Command::new("fio");
+        cmd.args([
+            "--ioengine=nbd",
+            "--name=handoff",
+            "--rw=randwrite",
+            "--bs=4k",
+        ])
+        .args([
+            "--iodepth=32",
+            "--numjobs=1",
+            "--time_based",
+            "--runtime=120",
+        ])
+        .args(["--continue_on_error=all", "--output-format=json"])
+        .arg(format!("--uri={uri}"))
+        .arg(format!("--offset={LOAD_FROM}"))
+        .arg(format!("--size={}", size - LOAD_FROM))
+        .arg(format!("--output={}", output.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        clients::show(&cmd);
+        let mut child = cmd.spawn().context("starting fio")?;
+        std::thread::sleep(Duration::from_secs(2));
+        if let Some(status) = child.try_wait()? {
+            bail!("fio ended before the switchover ({status})");
+        }
+        Ok(Load { child, output })
+    }
+
+    /// Stops fio and returns its write IOPS (fio writes its JSON on SIGTERM).
+    fn stop(mut self) -> Option<f64> {
+        // SAFETY: kill(2) on our own child's PID, which `wait` has not reaped yet.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let start = Instant::now();
+        while matches!(self.child.try_wait(), Ok(None)) && start.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // fio notes the signal before its JSON, and the job ends with the fenced holder's
+        // errors: only the write IOPS are read.
+        let text = std::fs::read_to_string(&self.output).ok()?;
+        let json: Value = serde_json::from_str(&text[text.find('{')?..]).ok()?;
+        json["jobs"][0]["write"]["iops"].as_f64()
+    }
+}
+
+/// Runs `rounds` idle and `rounds` loaded hand-offs; appends a record per hand-off to the
+/// results file and prints the summary against the targets.
+pub fn run(o: &Options) -> Result<()> {
+    for tool in ["ceph-mon", "rbd", "qemu-io", "fio"] {
+        if Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .map_or(true, |out| !out.status.success())
+        {
+            bail!("{tool} is not installed: scripts/install-deps.sh installs it");
+        }
+    }
+    if o.size < 2 * LOAD_FROM {
+        bail!(
+            "--size must be at least {} MiB for the hand-off",
+            (2 * LOAD_FROM) >> 20
+        );
+    }
+    let work = std::env::temp_dir().join(format!("cryptblk-handoff-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let result = run_in(o, &work);
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
+
+fn run_in(o: &Options, work: &Path) -> Result<()> {
+    eprintln!("+ starting a single-node Ceph cluster (memstore OSD)");
+    let cluster = Cluster::start();
+    let key = work.join("key");
+    std::fs::write(&key, "bench")?;
+    let key_arg = key.to_string_lossy().into_owned();
+    let image = format!("rbd:{POOL}/vol:conf={}", cluster.conf.display());
+    images::run(
+        Command::new(&o.cryptblk)
+            .args(["format", "--batch-mode", "--key-file", &key_arg])
+            .args(["--pbkdf", "pbkdf2", "--iter-time", "10"])
+            .arg(&image)
+            .arg(o.size.to_string()),
+    )?;
+    let a = Daemon::start(
+        "A",
+        &o.cryptblk,
+        work,
+        &["--image", &image, "--name", "vol", "--key-file", &key_arg],
+    )?;
+    let b = Daemon::start("B", &o.cryptblk, work, &[])?;
+    let pattern = |op: &str| format!("{op} -P 0x5a {PATTERN_AT} {PATTERN_LEN}");
+    qemu_io(
+        &a.uri(),
+        "writing the pattern through A",
+        &[pattern("write"), "flush".into()],
+    )?;
+    let machine = procfs::machine();
+    let commit = procfs::commit();
+    let setup = Setup {
+        o,
+        work,
+        image: &image,
+        key: &key_arg,
+    };
+    let daemons = [&a, &b];
+    let mut holder = 0usize;
+    let mut records = Vec::new();
+    for round in 0..o.rounds {
+        // Alternating holders, "idle, loaded" every round would always load one direction.
+        let order = if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for loaded in order {
+            let n = records.len() as u32 + 1;
+            let (from, to) = (daemons[holder], daemons[1 - holder]);
+            let load1 = procfs::load1();
+            eprintln!(
+                "hand-off {n} of {}: {} -> {}, {} (load average {load1})",
+                2 * o.rounds,
+                from.name,
+                to.name,
+                if loaded { "loaded" } else { "idle" }
+            );
+            let started = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let (downtime_ms, fio_write_iops) = hand_off(&setup, from, to, loaded, n)?;
+            eprintln!("  downtime {downtime_ms:.1} ms");
+            let record = HandoffRecord {
+                commit: commit.clone(),
+                machine: machine.clone(),
+                started,
+                load1,
+                n,
+                from: from.name,
+                to: to.name,
+                loaded,
+                downtime_ms,
+                fio_write_iops,
+            };
+            append(&o.results, &record)?;
+            records.push(record);
+            holder = 1 - holder;
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+    qemu_io(
+        &daemons[holder].uri(),
+        "reading the pattern back through the last holder",
+        &[pattern("read")],
+    )?;
+    print!("{}", summary(&records));
+    drop(cluster);
+    Ok(())
+}
+
+/// What every hand-off shares: the options, the work directory, the image and its key file.
+struct Setup<'a> {
+    o: &'a Options,
+    work: &'a Path,
+    image: &'a str,
+    key: &'a str,
+}
+
+/// One hand-off from `from` to `to`: the holder's downtime in ms, and fio's write IOPS when
+/// `loaded`.
+fn hand_off(
+    s: &Setup,
+    from: &Daemon,
+    to: &Daemon,
+    loaded: bool,
+    n: u32,
+) -> Result<(f64, Option<f64>)> {
+    let (o, work, image, key) = (s.o, s.work, s.image, s.key);
+    let bin = &o.cryptblk;
+    let listen = format!("unix:{}", work.join(format!("mig.{n}.sock")).display());
+    to.ctl(
+        bin,
+        &[
+            "migrate-incoming",
+            "vol",
+            "--image",
+            image,
+            "--listen",
+            &listen,
+            "--key-file",
+            key,
+            "--nbd-export",
+        ],
+    )?;
+    let started = from.ctl(bin, &["migrate-start", "vol", "--to", &listen, "--shared"])?;
+    if started["shared"] != true {
+        bail!("migrate-start --shared did not start a shared migration: {started}");
+    }
+    let load = if loaded {
+        Some(Load::start(
+            &from.uri(),
+            o.size,
+            work.join(format!("fio.{n}.json")),
+        )?)
+    } else {
+        None
+    };
+    from.ctl(bin, &["migrate-switchover", "vol"])?;
+    let start = Instant::now();
+    let status = loop {
+        let status = from.ctl(bin, &["migrate-status", "vol"])?;
+        match status["phase"].as_str() {
+            Some("completed") => break status,
+            Some("failed" | "cancelled") => bail!("hand-off {n}: {status}"),
+            _ if start.elapsed() > Duration::from_secs(120) => {
+                bail!("hand-off {n} not completed after 120 s: {status}")
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    let downtime_ms = status["outgoing"]["downtime-ms"]
+        .as_f64()
+        .with_context(|| format!("migrate-status has no outgoing downtime-ms: {status}"))?;
+    let start = Instant::now();
+    while !to.has_disk(bin) {
+        if start.elapsed() > Duration::from_secs(30) {
+            bail!(
+                "hand-off {n}: daemon {} never listed vol as attached",
+                to.name
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let fio_write_iops = load.and_then(Load::stop);
+    from.ctl(bin, &["disk-remove", "vol"])?;
+    Ok((downtime_ms, fio_write_iops))
+}
+
+fn append(path: &Path, record: &HandoffRecord) -> Result<()> {
+    use std::io::Write;
+    let mut line = serde_json::to_string(record)?;
+    line.push('\n');
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(line.as_bytes()))
+        .with_context(|| format!("appending to {}", path.display()))
+}
+
+/// The markdown summary: every hand-off, then median and max of each kind against its target.
+fn summary(records: &[HandoffRecord]) -> String {
+    let mut out = String::from("| # | from | to | kind | downtime ms | fio write IOPS |\n");
+    out += "|---|---|---|---|---:|---:|\n";
+    for r in records {
+        out += &format!(
+            "| {} | {} | {} | {} | {:.1} | {} |\n",
+            r.n,
+            r.from,
+            r.to,
+            if r.loaded { "loaded" } else { "idle" },
+            r.downtime_ms,
+            r.fio_write_iops.map_or("-".into(), |i| format!("{i:.0}"))
+        );
+    }
+    out += "\n| kind | hand-offs | median ms | max ms | target ms | max within target |\n";
+    out += "|---|---:|---:|---:|---:|---|\n";
+    for (loaded, target) in [(false, IDLE_TARGET_MS), (true, LOADED_TARGET_MS)] {
+        let mut ms: Vec<f64> = records
+            .iter()
+            .filter(|r| r.loaded == loaded)
+            .map(|r| r.downtime_ms)
+            .collect();
+        if ms.is_empty() {
+            continue;
+        }
+        ms.sort_by(f64::total_cmp);
+        let median = crate::stats::median(&ms).unwrap_or(f64::NAN);
+        let max = ms[ms.len() - 1];
+        out += &format!(
+            "| {} | {} | {median:.1} | {max:.1} | < {target:.0} | {} |\n",
+            if loaded { "loaded" } else { "idle" },
+            ms.len(),
+            if max < target { "yes" } else { "no" }
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(n: u32, loaded: bool, downtime_ms: f64) -> HandoffRecord {
+        HandoffRecord {
+            commit: "c".into(),
+            machine: procfs::machine(),
+            started: 0,
+            load1: 0.0,
+            n,
+            from: "A",
+            to: "B",
+            loaded,
+            downtime_ms,
+            fio_write_iops: loaded.then_some(1000.0),
+        }
+    }
+
+    #[test]
+    fn the_summary_judges_the_worst_hand_off_of_each_kind() {
+        let text = summary(&[
+            record(1, false, 20.0),
+            record(2, true, 300.0),
+            record(3, true, 700.0),
+            record(4, false, 40.0),
+        ]);
+        assert!(
+            text.contains("| idle | 2 | 30.0 | 40.0 | < 100 | yes |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| loaded | 2 | 500.0 | 700.0 | < 500 | no |"),
+            "{text}"
+        );
+    }
+}
