@@ -58,6 +58,30 @@ impl Running {
         }
         Ok(())
     }
+
+    /// SIGTERM, then SIGKILL if the server has not exited within `grace`, saying so: SPDK
+    /// v24.01's vhost target can hang in its shutdown after a client left ("Timeout waiting
+    /// for event: stop session") and then ignores SIGTERM.
+    pub fn stop_or_kill(mut self, grace: Duration) -> Result<()> {
+        // SAFETY: kill(2) on our own child, not reaped yet.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if self.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.child.kill()?;
+        self.child.wait()?;
+        let tail = self.log_tail();
+        eprintln!(
+            "  the server did not exit within {} s of SIGTERM: killed; its log ends:\n{}",
+            grace.as_secs(),
+            tail.lines().last().unwrap_or_default()
+        );
+        Ok(())
+    }
 }
 
 impl Drop for Running {

@@ -316,7 +316,11 @@ fn measure(cx: &Bench, step: &Step) -> Result<Record> {
                     Some(pid),
                 )?,
             };
-            server.stop()?;
+            if hugepages {
+                server.stop_or_kill(std::time::Duration::from_secs(10))?;
+            } else {
+                server.stop()?;
+            }
             m
         }
     };
