@@ -3,8 +3,7 @@
 //! in-repo harness in `common`. It checks what blkio reads from the device (capacity,
 //! alignment, limits), many requests in flight on two queues at once with every byte
 //! verified, FLUSH, WRITE_ZEROES, reconnects, a read-only export, and that a LUKS2 image
-//! written this way decrypts to the same data when opened afresh; and the patched blkio's
-//! `hugepages` property (vendor/README.md), what the SPDK peer of the benchmark needs.
+//! written this way decrypts to the same data when opened afresh.
 use cryptblk_testutil::vhost_user as common;
 
 use std::mem::MaybeUninit;
@@ -75,20 +74,9 @@ fn check<T>(r: blkio::Result<T>, what: &str) -> T {
 
 impl Client {
     fn connect(socket: &Path, num_queues: i32, read_only: bool, mem_len: usize) -> Client {
-        Self::connect_with(socket, num_queues, read_only, mem_len, false)
-    }
-
-    fn connect_with(
-        socket: &Path,
-        num_queues: i32,
-        read_only: bool,
-        mem_len: usize,
-        hugepages: bool,
-    ) -> Client {
         let mut blkio = check(Blkio::new("virtio-blk-vhost-user"), "new");
         check(blkio.set_str("path", socket.to_str().unwrap()), "set path");
         check(blkio.set_bool("read-only", read_only), "set read-only");
-        check(blkio.set_bool("hugepages", hugepages), "set hugepages");
         check(blkio.connect(), "connect");
         check(blkio.set_i32("num-queues", num_queues), "set num-queues");
         let started = check(blkio.start(), "start");
@@ -465,62 +453,4 @@ fn depth_64_on_two_queues_in_every_cache_mode_and_engine() {
             }
         }
     }
-}
-
-/// 2 MiB hugepages still available in the system pool: `HugePages_Free` less `HugePages_Rsvd`
-/// (pages a shared mapping reserved but did not touch yet), from /proc/meminfo.
-fn free_hugepages() -> u64 {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
-    let field = |name: &str| -> u64 {
-        meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map_or(0, |v| v.trim().parse().unwrap())
-    };
-    field("HugePages_Free:") - field("HugePages_Rsvd:")
-}
-
-/// With `hugepages` set, the rings and the buffers blkio allocates are 2 MiB hugetlb pages
-/// (what SPDK's vhost target needs): the region is 2 MiB-aligned, the system's free hugepages
-/// drop while it is mapped, and I/O through it reads back what was written.
-#[test]
-fn hugepages_property_puts_rings_and_buffers_in_hugepages() {
-    // Rings (one page) + a 4 MiB buffer region (two pages).
-    let before = free_hugepages();
-    if before < 3 {
-        eprintln!(
-            "SKIP: {before} free 2 MiB hugepages, 3 needed (echo 16 > /proc/sys/vm/nr_hugepages)"
-        );
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let img = raw_image(dir.path(), 8 * MIB);
-    let daemon = Daemon::start(open_raw(&img, true), opts(1));
-    {
-        let mut client = Client::connect_with(&daemon.socket, 1, false, 4 * MIB as usize, true);
-        assert_eq!(client.u64_prop("mem-region-alignment"), 2 * MIB);
-        assert_eq!(client.region.addr % (2 * MIB as usize), 0);
-        assert!(
-            free_hugepages() <= before - 3,
-            "blkio did not use hugepages"
-        );
-        let len = 4 * MIB as usize;
-        client.mem().copy_from_slice(&pattern(len, 7));
-        assert_eq!(client.write(0, 2 * MIB, 0, MIB as usize), 0);
-        client.mem()[..MIB as usize].fill(0);
-        assert_eq!(client.read(0, 2 * MIB, 0, MIB as usize), 0);
-        assert!(client.mem()[..MIB as usize] == pattern(len, 7)[..MIB as usize]);
-        // A length that is not whole hugepages is refused with a message saying so.
-        let err = client
-            .blkio
-            .alloc_mem_region(MIB as usize)
-            .err()
-            .expect("a 1 MiB region with 2 MiB hugepages");
-        assert!(err.to_string().contains("mem-region-alignment"), "{err}");
-    }
-    daemon.stop();
-    let on_disk = std::fs::read(&img).unwrap();
-    assert!(
-        on_disk[2 * MIB as usize..3 * MIB as usize] == pattern(4 * MIB as usize, 7)[..MIB as usize]
-    );
 }

@@ -1,14 +1,21 @@
-//! libblkio (with the patch in vendor/README.md) against SPDK's vhost target, the benchmark's
-//! peer (e): DPDK's vhost offers no CONFIGURE_MEM_SLOTS, so every memory region goes in a
-//! SET_MEM_TABLE (sent whole again when a region is added while the queue runs), and SPDK needs
-//! the client's memory in 2 MiB hugepages. Needs an SPDK build (`SPDK_DIR`, from
-//! scripts/build-spdk.sh) and free hugepages; skipped, saying so, without them.
+//! The patch libblkio carries for SPDK (vendor/README.md): its `hugepages` property against
+//! `Server` (rings and buffers in 2 MiB hugetlb pages), and the patched client against SPDK's
+//! vhost target, the benchmark's peer (e): DPDK's vhost offers no CONFIGURE_MEM_SLOTS, so
+//! every memory region goes in a SET_MEM_TABLE (sent whole again when a region is added while
+//! the queue runs), and SPDK needs the client's memory in hugepages. Each test needs free
+//! hugepages, the second an SPDK build (`SPDK_DIR`, from scripts/build-spdk.sh); they are
+//! skipped, saying so, without them.
+use cryptblk_testutil::vhost_user::{pattern, Daemon};
+
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blkio::{Blkio, Blkioq, Completion, MemoryRegion, ReqFlags};
+use cryptblk_block::{OpenOptions, RawFile};
+use cryptblk_vhost_user_blk::ServeOptions;
 
 const MIB: usize = 1 << 20;
 
@@ -36,11 +43,7 @@ fn start_spdk(dir: &Path) -> Result<Spdk, String> {
     if !vhost.is_file() {
         return Err(format!("{} not built", vhost.display()));
     }
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
-    let free: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("HugePages_Free:"))
-        .map_or(0, |v| v.trim().parse().unwrap());
+    let free = free_hugepages();
     if free < 256 {
         return Err(format!("{free} free 2 MiB hugepages, 256 needed"));
     }
@@ -88,6 +91,100 @@ fn start_spdk(dir: &Path) -> Result<Spdk, String> {
     rpc_py(&["bdev_malloc_create", "-b", "Malloc0", "64", "4096"]);
     rpc_py(&["vhost_create_blk_controller", "vhost.0", "Malloc0"]);
     Ok(server)
+}
+
+/// 2 MiB hugepages still available in the system pool: `HugePages_Free` less `HugePages_Rsvd`
+/// (pages a shared mapping reserved but did not touch yet), from /proc/meminfo.
+fn free_hugepages() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let field = |name: &str| -> u64 {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    field("HugePages_Free:") - field("HugePages_Rsvd:")
+}
+
+/// With `hugepages` set, the rings and the buffers blkio allocates are 2 MiB hugetlb pages:
+/// the region is 2 MiB-aligned, the system's free hugepages drop while it is mapped, I/O
+/// through it reads back what was written, and a region of part of a page is refused.
+#[test]
+fn hugepages_property_puts_rings_and_buffers_in_hugepages() {
+    // Rings (one page) + a 4 MiB buffer region (two pages).
+    let before = free_hugepages();
+    if before < 3 {
+        eprintln!(
+            "SKIP: {before} free 2 MiB hugepages, 3 needed (echo 16 > /proc/sys/vm/nr_hugepages)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("disk.raw");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(8 * MIB as u64)
+        .unwrap();
+    let rw = OpenOptions {
+        writable: true,
+        lock: true,
+    };
+    let opts = ServeOptions {
+        num_queues: 1,
+        // libblkio's memfds are not sealed against shrinking.
+        unsealed_memory: true,
+        ..Default::default()
+    };
+    let daemon = Daemon::start(Arc::new(RawFile::open(&img, rw).unwrap()), opts);
+    let want = pattern(MIB, 7);
+    {
+        let mut blkio = check(Blkio::new("virtio-blk-vhost-user"), "new");
+        check(
+            blkio.set_str("path", daemon.socket.to_str().unwrap()),
+            "path",
+        );
+        check(blkio.set_bool("hugepages", true), "hugepages");
+        check(blkio.connect(), "connect");
+        let mut q = check(blkio.start(), "start").queues.remove(0);
+        let align = check(blkio.get_u64("mem-region-alignment"), "alignment");
+        assert_eq!(align, 2 * MIB as u64);
+        let region = check(blkio.alloc_mem_region(4 * MIB), "alloc");
+        check(blkio.map_mem_region(&region), "map");
+        assert_eq!(region.addr % (2 * MIB), 0);
+        put(&region, &pattern(4 * MIB, 3));
+        assert!(
+            free_hugepages() <= before - 3,
+            "blkio did not use hugepages"
+        );
+        put(&region, &want);
+        q.write(
+            2 * MIB as u64,
+            region.addr as *const u8,
+            MIB,
+            0,
+            ReqFlags::empty(),
+        );
+        assert_eq!(run_one(&mut q), 0);
+        put(&region, &vec![0; MIB]);
+        q.read(
+            2 * MIB as u64,
+            region.addr as *mut u8,
+            MIB,
+            0,
+            ReqFlags::empty(),
+        );
+        assert_eq!(run_one(&mut q), 0);
+        assert!(bytes(&region, MIB) == want);
+        // A length that is not whole hugepages is refused with a message saying so.
+        let err = blkio
+            .alloc_mem_region(MIB)
+            .err()
+            .expect("a 1 MiB region with 2 MiB hugepages");
+        assert!(err.to_string().contains("mem-region-alignment"), "{err}");
+    }
+    daemon.stop();
+    let on_disk = std::fs::read(&img).unwrap();
+    assert!(on_disk[2 * MIB..3 * MIB] == want[..]);
 }
 
 fn run_one(q: &mut Blkioq) -> i32 {
