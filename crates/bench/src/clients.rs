@@ -61,8 +61,12 @@ pub fn vu_bench(
     runtime: f64,
     size: u64,
     server: u32,
+    hugepages: bool,
 ) -> Result<Measurement> {
     let mut cmd = Command::new(vu);
+    if hugepages {
+        cmd.arg("--hugepages");
+    }
     cmd.arg("--socket")
         .arg(socket)
         .args(["--rw", w.rw.name()])
@@ -108,8 +112,17 @@ fn parse_vu(stdout: &str) -> Result<Measurement> {
 
 /// The server's CPU over `seconds` with a connected vu_bench that submits nothing, then its
 /// VmRSS / VmHWM.
-pub fn idle(vu: &Path, socket: &Path, seconds: f64, server: u32) -> Result<Measurement> {
+pub fn idle(
+    vu: &Path,
+    socket: &Path,
+    seconds: f64,
+    server: u32,
+    hugepages: bool,
+) -> Result<Measurement> {
     let mut cmd = Command::new(vu);
+    if hugepages {
+        cmd.arg("--hugepages");
+    }
     cmd.arg("--socket")
         .arg(socket)
         .args(["--idle", &(seconds + 2.0).to_string(), "--queues", "1"])

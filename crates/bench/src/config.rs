@@ -43,6 +43,16 @@ pub enum Server {
     Fio,
     Cryptblk,
     Qsd,
+    /// SPDK's vhost target, an aio bdev on the image (vhost-user-blk only).
+    Spdk,
+    /// SPDK's vhost target, a crypto vbdev (AES_XTS, accel framework) over an aio bdev.
+    SpdkCrypto,
+}
+
+impl Server {
+    pub fn is_spdk(self) -> bool {
+        matches!(self, Server::Spdk | Server::SpdkCrypto)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
@@ -274,8 +284,16 @@ impl Config {
             );
         }
         for id in &p.peers {
-            if self.peer(id)?.server == Server::Fio {
+            let peer = self.peer(id)?;
+            if peer.server == Server::Fio {
                 bail!("peer '{id}' is fio: only the ceiling may be");
+            }
+            if peer.server.is_spdk()
+                && (peer.image != Image::Raw
+                    || p.storage.kind != StorageKind::File
+                    || p.transports != [Transport::Vhost])
+            {
+                bail!("peer '{id}' is SPDK: it serves the raw image file over vhost only (image = \"raw\", storage.kind = \"file\", transports = [\"vhost\"])");
             }
         }
         for w in &p.workloads {
@@ -361,7 +379,7 @@ mod tests {
     #[test]
     fn shipped_presets_load_and_name_every_script_peer() {
         let c = Config::load(None).unwrap();
-        for name in ["disk", "serve", "nbd", "rbd", "demo"] {
+        for name in ["disk", "serve", "nbd", "rbd", "demo", "spdk"] {
             c.preset(name).unwrap();
         }
         let disk = c.preset("disk").unwrap();
@@ -381,6 +399,28 @@ mod tests {
         let err = format!("{:#}", Config::load(Some(path.path())).unwrap_err());
         assert!(
             err.contains("'zz'") && err.contains("preset 'demo'"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn spdk_peers_serve_the_raw_image_over_vhost_only() {
+        let c = Config::load(None).unwrap();
+        let spdk = c.preset("spdk").unwrap();
+        assert_eq!(spdk.peers, ["a", "d", "e", "e-plain"]);
+        assert_eq!(c.peer("e").unwrap().server, Server::SpdkCrypto);
+        assert_eq!(c.peer("e-plain").unwrap().server, Server::Spdk);
+        // The same preset with NBD added is refused, naming the peer and what it can do.
+        let text = DEFAULT_CONFIG.replace(
+            "peers = [\"a\", \"d\", \"e\", \"e-plain\"]\ntransports = [\"vhost\"]",
+            "peers = [\"a\", \"d\", \"e\", \"e-plain\"]\ntransports = [\"vhost\", \"nbd\"]",
+        );
+        assert_ne!(text, DEFAULT_CONFIG);
+        let path = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(path.path(), text).unwrap();
+        let err = format!("{:#}", Config::load(Some(path.path())).unwrap_err());
+        assert!(
+            err.contains("peer 'e' is SPDK") && err.contains("vhost only"),
             "{err}"
         );
     }

@@ -16,6 +16,7 @@ mod record;
 mod reencrypt;
 mod report;
 mod runner;
+mod spdk;
 mod stats;
 
 use anyhow::{bail, Context, Result};
@@ -42,7 +43,7 @@ struct Cli {
 enum Cmd {
     /// Measures a preset; appends one JSON line per measurement to the results file.
     Run {
-        /// disk, serve, nbd, rbd or demo (see `list`).
+        /// disk, serve, nbd, rbd, demo or spdk (see `list`).
         #[arg(long)]
         preset: String,
         #[arg(long, default_value = "bench-results.jsonl")]

@@ -1,5 +1,6 @@
 //! Starting a server peer, waiting until it serves, stopping it: `cryptblk serve` and
-//! qemu-storage-daemon, each exporting one image over vhost-user-blk or NBD on a UNIX socket.
+//! qemu-storage-daemon, each exporting one image over vhost-user-blk or NBD on a UNIX socket
+//! (SPDK's vhost target starts in `spdk.rs`, and stops here).
 use crate::config::{Cache, Image, Peer, Server, Transport};
 use crate::images::{Images, RbdStore, POOL};
 use anyhow::{bail, Context, Result};
@@ -15,6 +16,15 @@ pub struct Running {
 }
 
 impl Running {
+    pub fn new(child: Child, socket: PathBuf, log: PathBuf) -> Running {
+        Running { child, socket, log }
+    }
+
+    /// The exit status once the server has exited.
+    pub fn exited(&mut self) -> Result<Option<std::process::ExitStatus>> {
+        Ok(self.child.try_wait()?)
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -24,7 +34,7 @@ impl Running {
         format!("nbd+unix:///vol?socket={}", self.socket.display())
     }
 
-    fn log_tail(&self) -> String {
+    pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(15)..].join("\n")
@@ -46,6 +56,30 @@ impl Running {
                 self.log_tail()
             );
         }
+        Ok(())
+    }
+
+    /// SIGTERM, then SIGKILL if the server has not exited within `grace`, saying so: SPDK
+    /// v24.01's vhost target can hang in its shutdown after a client left ("Timeout waiting
+    /// for event: stop session") and then ignores SIGTERM.
+    pub fn stop_or_kill(mut self, grace: Duration) -> Result<()> {
+        // SAFETY: kill(2) on our own child, not reaped yet.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if self.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.child.kill()?;
+        self.child.wait()?;
+        let tail = self.log_tail();
+        eprintln!(
+            "  the server did not exit within {} s of SIGTERM: killed; its log ends:\n{}",
+            grace.as_secs(),
+            tail.lines().last().unwrap_or_default()
+        );
         Ok(())
     }
 }
@@ -74,6 +108,7 @@ pub fn command(
     let mut cmd;
     match peer.server {
         Server::Fio => bail!("fio is a client, not a server"),
+        Server::Spdk | Server::SpdkCrypto => bail!("SPDK's vhost target starts in spdk.rs"),
         Server::Cryptblk => {
             cmd = Command::new(cryptblk);
             cmd.arg("serve");

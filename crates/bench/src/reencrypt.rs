@@ -156,6 +156,7 @@ pub fn run(o: &Options, online_workload: &Workload) -> Result<()> {
                 o.runtime,
                 o.size,
                 server.pid(),
+                false,
             )?;
             if what == "during" {
                 ctl_call(&o.cryptblk, &ctl, &["reencrypt-pause", "vol"])?;

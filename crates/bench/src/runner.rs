@@ -1,7 +1,7 @@
 //! Runs a preset: prepares the images, walks the interleaved plan (a fresh server per run),
 //! and appends one record per measurement to the results file as soon as it is taken.
 use crate::clients::{self, Measurement};
-use crate::config::{parse_size, Cache, Config, Image, Preset, Rw, StorageKind, Transport};
+use crate::config::{parse_size, Cache, Config, Image, Preset, Rw, Server, StorageKind, Transport};
 use crate::fio;
 use crate::images::{self, Images};
 use crate::peers;
@@ -9,6 +9,7 @@ use crate::plan::{self, Step};
 use crate::procfs;
 use crate::rbd;
 use crate::record::{self, cpu_us_per_io, Machine, Record, WorkloadRecord};
+use crate::spdk::Spdk;
 use anyhow::{bail, Context, Result};
 use cryptblk_testutil::ceph::Cluster;
 use std::collections::BTreeSet;
@@ -41,6 +42,8 @@ struct Bench<'a> {
     storage: String,
     machine: Machine,
     commit: String,
+    /// The SPDK build, when the preset has SPDK peers and it is usable here.
+    spdk: Option<Spdk>,
 }
 
 /// Measures the preset; returns the records taken (also appended to the results file).
@@ -57,6 +60,27 @@ pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Recor
             bail!("{} not found: build it (cargo build --release -p cryptblk -p cryptblk-vhost-user-blk --bin cryptblk --example vu_bench) or name it with --cryptblk / --vu-bench", tool.display());
         }
     }
+    let (spdk, without_spdk);
+    let preset = if preset
+        .peers
+        .iter()
+        .any(|p| config.peers[p].server.is_spdk())
+    {
+        match Spdk::find() {
+            Ok(found) => {
+                spdk = Some(found);
+                preset
+            }
+            Err(why) => {
+                spdk = None;
+                without_spdk = skip_spdk(config, preset, &why);
+                &without_spdk
+            }
+        }
+    } else {
+        spdk = None;
+        preset
+    };
     let mut which: BTreeSet<Image> = preset.peers.iter().map(|p| config.peers[p].image).collect();
     which.insert(Image::Raw);
     // Sockets need short paths (108 bytes): a private directory under /tmp.
@@ -89,6 +113,7 @@ pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Recor
         storage: prepared.storage,
         machine: procfs::machine(),
         commit: procfs::commit(),
+        spdk,
     };
     let steps = plan::expand(config, preset, opts.rounds.unwrap_or(preset.rounds))?;
     eprintln!(
@@ -130,6 +155,17 @@ pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Recor
     // Stops the Ceph daemons (rbd preset) only now.
     drop(prepared.cluster);
     outcome.map(|()| taken)
+}
+
+/// The preset without its SPDK peers (and the ratios naming them), saying so and why.
+fn skip_spdk(config: &Config, preset: &Preset, why: &str) -> Preset {
+    let is_spdk = |p: &String| config.peers[p].server.is_spdk();
+    let skipped: Vec<&String> = preset.peers.iter().filter(|p| is_spdk(p)).collect();
+    eprintln!("skipping the SPDK peers {skipped:?}: {why}");
+    let mut kept = preset.clone();
+    kept.peers.retain(|p| !is_spdk(p));
+    kept.ratios.retain(|(x, y)| !is_spdk(x) && !is_spdk(y));
+    kept
 }
 
 /// The images, where they are, and what belongs to the storage.
@@ -242,18 +278,25 @@ fn measure(cx: &Bench, step: &Step) -> Result<Record> {
                 (None, true) => bail!("peer {} needs --baseline", step.peer),
                 (_, false) => &cx.opts.cryptblk,
             };
-            let cmd = peers::command(peer, binary, &cx.images, t, w.queues, cx.cache, &socket)?;
-            let server = peers::start(
-                cmd,
-                &socket,
-                &cx.work.join(format!("{}.log", step.peer)),
-                t,
-                cx.images.size,
-            )?;
+            let log = cx.work.join(format!("{}.log", step.peer));
+            let hugepages = peer.server.is_spdk();
+            let server = if hugepages {
+                let spdk = cx
+                    .spdk
+                    .as_ref()
+                    .context("SPDK peer without an SPDK build")?;
+                let crypto = peer.server == Server::SpdkCrypto;
+                let image = cx.images.path(peer.image);
+                spdk.start(&image, crypto, &cx.work.join(&step.peer), &log)?
+            } else {
+                let cmd = peers::command(peer, binary, &cx.images, t, w.queues, cx.cache, &socket)?;
+                peers::start(cmd, &socket, &log, t, cx.images.size)?
+            };
+            let socket = server.socket.clone();
             let pid = server.pid();
             let m = match (t, w.rw) {
                 (Transport::Vhost, Rw::Idle) => {
-                    clients::idle(&cx.opts.vu_bench, &socket, cx.runtime, pid)?
+                    clients::idle(&cx.opts.vu_bench, &socket, cx.runtime, pid, hugepages)?
                 }
                 (Transport::Vhost, _) => clients::vu_bench(
                     &cx.opts.vu_bench,
@@ -262,6 +305,7 @@ fn measure(cx: &Bench, step: &Step) -> Result<Record> {
                     cx.runtime,
                     cx.images.size,
                     pid,
+                    hugepages,
                 )?,
                 (Transport::Nbd, Rw::Copy) => clients::nbdcopy(&server.uri(), cx.images.size, pid)?,
                 (Transport::Nbd, _) => fio::run(
@@ -272,7 +316,11 @@ fn measure(cx: &Bench, step: &Step) -> Result<Record> {
                     Some(pid),
                 )?,
             };
-            server.stop()?;
+            if hugepages {
+                server.stop_or_kill(std::time::Duration::from_secs(10))?;
+            } else {
+                server.stop()?;
+            }
             m
         }
     };
@@ -309,4 +357,21 @@ fn measure(cx: &Bench, step: &Step) -> Result<Record> {
         server_rss_kib: m.server_rss_kib,
         server_hwm_kib: m.server_hwm_kib,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_spdk_its_peers_and_their_ratios_are_skipped() {
+        let c = Config::load(None).unwrap();
+        let kept = skip_spdk(&c, c.preset("spdk").unwrap(), "SPDK_DIR is not set");
+        assert_eq!(kept.peers, ["a", "d"]);
+        assert_eq!(kept.ratios, [("a".to_string(), "f".to_string())]);
+        assert!(!plan::expand(&c, &kept, 1)
+            .unwrap()
+            .iter()
+            .any(|s| s.peer.starts_with('e')));
+    }
 }

@@ -12,6 +12,9 @@
 //! blocking `do_io(min_completions = 1)` (the queue's completion eventfd, no busy polling).
 //! Requests are aligned to `bs`, within the first `--size` bytes (default: the whole disk);
 //! sequential workloads start each queue at its own slice of that area and wrap around.
+//! `--hugepages` puts the rings and buffers in 2 MiB hugepages (libblkio's `hugepages` property,
+//! vendor/README.md): SPDK's vhost target needs it; the system must have free hugepages
+//! (`/proc/sys/vm/nr_hugepages`).
 //! `--once` makes one pass over the area instead of running for `--runtime` (use
 //! `--rw write --once` to fill a disk before timing reads). Prints one JSON line:
 //! `{"iops":..,"mib_s":..,"lat_avg_us":..,"lat_max_us":..,"queue_ios":[..],"queue_balance":..,...}`
@@ -38,7 +41,7 @@ use histogram::Histogram;
 
 const USAGE: &str = "usage: vu_bench --socket PATH --rw randread|randwrite|read|write \
 [--bs BYTES (4096)] [--iodepth N (32)] [--queues N (1)] [--runtime SECS (10)] [--size BYTES] \
-[--queue-size N] [--once] [--server-pid PID] | vu_bench --socket PATH --idle SECS [--queues N]";
+[--queue-size N] [--once] [--hugepages] [--server-pid PID] | vu_bench --socket PATH --idle SECS [--queues N]";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Rw {
@@ -75,6 +78,7 @@ struct Args {
     size: Option<u64>,
     queue_size: Option<i32>,
     once: bool,
+    hugepages: bool,
     idle: Option<f64>,
     server_pid: Option<u32>,
 }
@@ -109,6 +113,7 @@ fn parse_args() -> Args {
         size: None,
         queue_size: None,
         once: false,
+        hugepages: false,
         idle: None,
         server_pid: None,
     };
@@ -121,6 +126,10 @@ fn parse_args() -> Args {
         }
         if flag == "--once" {
             a.once = true;
+            continue;
+        }
+        if flag == "--hugepages" {
+            a.hugepages = true;
             continue;
         }
         let val = it
@@ -306,6 +315,7 @@ fn main() {
     let a = parse_args();
     let mut blkio = check(Blkio::new("virtio-blk-vhost-user"), "blkio");
     check(blkio.set_str("path", &a.socket), "path");
+    check(blkio.set_bool("hugepages", a.hugepages), "hugepages");
     check(blkio.connect(), &format!("connect to {}", a.socket));
     let capacity = check(blkio.get_u64("capacity"), "capacity");
     let max_queues = check(blkio.get_i32("max-queues"), "max-queues") as usize;
@@ -343,7 +353,12 @@ fn main() {
     let started = check(blkio.start(), "start");
 
     let per_queue = a.iodepth * a.bs;
-    let len = (per_queue * a.queues).next_multiple_of(4096);
+    // mem-region-alignment: 1 normally, 2 MiB with --hugepages.
+    let region_align = check(
+        blkio.get_u64("mem-region-alignment"),
+        "mem-region-alignment",
+    );
+    let len = (per_queue * a.queues).next_multiple_of(4096.max(region_align as usize));
     let region = check(blkio.alloc_mem_region(len), "alloc_mem_region");
     // SAFETY: blkio just allocated and mapped `len` bytes at `region.addr` for us; nothing
     // else uses them yet.
