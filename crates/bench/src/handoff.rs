@@ -334,7 +334,7 @@ fn run_in(o: &Options, work: &Path) -> Result<()> {
                 downtime_ms,
                 fio_write_iops,
             };
-            append(&o.results, &record)?;
+            crate::record::append(&o.results, &record)?;
             records.push(record);
             holder = 1 - holder;
             std::thread::sleep(Duration::from_secs(1));
@@ -426,18 +426,6 @@ fn hand_off(
     let fio_write_iops = load.and_then(Load::stop);
     from.ctl(bin, &["disk-remove", "vol"])?;
     Ok((downtime_ms, fio_write_iops))
-}
-
-fn append(path: &Path, record: &HandoffRecord) -> Result<()> {
-    use std::io::Write;
-    let mut line = serde_json::to_string(record)?;
-    line.push('\n');
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .and_then(|mut f| f.write_all(line.as_bytes()))
-        .with_context(|| format!("appending to {}", path.display()))
 }
 
 /// The markdown summary: every hand-off, then median and max of each kind against its target.

@@ -69,8 +69,9 @@ pub fn cpu_us_per_io(cpu_pct: Option<f64>, iops: Option<f64>) -> Option<f64> {
     }
 }
 
-/// Appends one record as one line and flushes it, so an interrupted run keeps what it measured.
-pub fn append(path: &Path, record: &Record) -> Result<()> {
+/// Appends one record (of any of the harness's kinds) as one line and flushes it, so an
+/// interrupted run keeps what it measured.
+pub fn append(path: &Path, record: &impl Serialize) -> Result<()> {
     let mut line = serde_json::to_string(record)?;
     line.push('\n');
     let mut f = std::fs::OpenOptions::new()

@@ -92,7 +92,7 @@ pub fn run(o: &Options, online_workload: &Workload) -> Result<()> {
                 mib_s: Some(mib / seconds),
                 ..clone_base(&base)
             };
-            append(&o.results, &s)?;
+            crate::record::append(&o.results, &s)?;
             offline.push(s);
         }
     }
@@ -175,7 +175,7 @@ pub fn run(o: &Options, online_workload: &Workload) -> Result<()> {
                 lat_p999_us: m.lat_p999_us,
                 ..clone_base(&base)
             };
-            append(&o.results, &s)?;
+            crate::record::append(&o.results, &s)?;
             online.push(s);
         }
         server.stop()?;
@@ -269,18 +269,6 @@ fn ctl_call(cryptblk: &Path, ctl: &Path, args: &[&str]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn append(path: &Path, s: &Sample) -> Result<()> {
-    use std::io::Write;
-    let mut line = serde_json::to_string(s)?;
-    line.push('\n');
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .and_then(|mut f| f.write_all(line.as_bytes()))
-        .with_context(|| format!("appending to {}", path.display()))
 }
 
 /// Median and worst round of `num(round) / den(round)` over the rounds that have both.

@@ -2,6 +2,7 @@
 //! (init, each hotzone, the final wipe and commit): whatever the crash point, the image is
 //! either still the untouched plaintext (no header yet) or resumes to a LUKS2 volume whose
 //! first `size - reduce` bytes are the original plaintext.
+use super::tests::Crashy;
 use super::*;
 use crate::io::HeaderIo;
 use crate::luks2::Luks2Header;
@@ -14,34 +15,6 @@ use std::sync::Arc;
 const PASS: &[u8] = b"encrypt me";
 const SIZE: u64 = 3 << 20;
 const REDUCE: u64 = 1 << 20;
-
-/// A file whose writes fail once `budget` of them have been done: a crash at that write.
-struct Crashy {
-    file: File,
-    budget: Cell<usize>,
-}
-
-impl HeaderIo for Crashy {
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        HeaderIo::read_exact_at(&self.file, buf, offset)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        if self.budget.get() == 0 {
-            return Err(std::io::Error::other("injected crash"));
-        }
-        self.budget.set(self.budget.get() - 1);
-        HeaderIo::write_all_at(&self.file, buf, offset)
-    }
-    fn size(&self) -> std::io::Result<u64> {
-        HeaderIo::size(&self.file)
-    }
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        HeaderIo::set_len(&self.file, len)
-    }
-    fn sync_data(&self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fn params_with(reduce: u64) -> EncryptParams {
     EncryptParams { reduce, ..params() }

@@ -13,10 +13,11 @@ use std::sync::Arc;
 const PASS: &[u8] = b"reencrypt me";
 const DATA: u64 = 2 << 20;
 
-/// A file whose writes fail once `budget` of them have been done: a crash at that write.
-struct Crashy {
-    file: File,
-    budget: Cell<usize>,
+/// A file whose writes fail once `budget` of them have been done: a crash at that write
+/// (the encryption tests inject theirs with it too).
+pub(super) struct Crashy {
+    pub(super) file: File,
+    pub(super) budget: Cell<usize>,
 }
 
 impl HeaderIo for Crashy {
