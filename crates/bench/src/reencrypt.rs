@@ -160,6 +160,7 @@ pub fn run(o: &Options, online_workload: &Workload) -> Result<()> {
             )?;
             if what == "during" {
                 ctl_call(&o.cryptblk, &ctl, &["reencrypt-pause", "vol"])?;
+                wait_paused(&o.cryptblk, &ctl)?;
             }
             eprintln!(
                 "  round {round} online {what}: {:.0} IOPS, p99 {:.0} µs",
@@ -250,25 +251,27 @@ fn timed(cmd: &mut Command) -> Result<f64> {
 fn ctl_call(cryptblk: &Path, ctl: &Path, args: &[&str]) -> Result<()> {
     let mut cmd = Command::new(cryptblk);
     cmd.arg("ctl").arg("--socket").arg(ctl).args(args);
-    timed(&mut cmd)?;
-    if args[0] == "reencrypt-pause" {
-        // Paused once the current hotzone commits.
-        let start = Instant::now();
-        loop {
-            let out = Command::new(cryptblk)
-                .arg("ctl")
-                .arg("--socket")
-                .arg(ctl)
-                .args(["reencrypt-status", "vol"])
-                .output()?;
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-            if v["phase"] != "running" || start.elapsed() > Duration::from_secs(30) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+    timed(&mut cmd).map(drop)
+}
+
+/// Waits (up to 30 s) until the reencryption is no longer running: a pause takes effect once
+/// the current hotzone commits.
+fn wait_paused(cryptblk: &Path, ctl: &Path) -> Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        let out = Command::new(cryptblk)
+            .arg("ctl")
+            .arg("--socket")
+            .arg(ctl)
+            .args(["reencrypt-status", "vol"])
+            .output()?;
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if status["phase"] != "running" {
+            return Ok(());
         }
+        std::thread::sleep(Duration::from_millis(100));
     }
-    Ok(())
+    bail!("the reencryption was still running 30 s after reencrypt-pause")
 }
 
 /// Median and worst round of `num(round) / den(round)` over the rounds that have both.
@@ -351,4 +354,53 @@ fn summary(offline: &[Sample], online: &[Sample]) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(part: &'static str, round: u32, what: &'static str, v: f64) -> Sample {
+        Sample {
+            commit: "c".into(),
+            machine: procfs::machine(),
+            part,
+            round,
+            what,
+            seconds: (part == "offline").then_some(v),
+            mib_s: None,
+            iops: (part == "online").then_some(v),
+            lat_p99_us: (part == "online").then_some(v / 100.0),
+            lat_p999_us: None,
+        }
+    }
+
+    #[test]
+    fn the_summary_gives_speed_ratios_as_time_over_time_and_the_worst_round() {
+        let offline = [
+            sample("offline", 1, "cryptsetup", 30.0),
+            sample("offline", 1, "cryptblk", 10.0),
+            sample("offline", 1, "copy", 8.0),
+            sample("offline", 2, "cryptsetup", 20.0),
+            sample("offline", 2, "cryptblk", 10.0),
+            sample("offline", 2, "copy", 9.0),
+        ];
+        let online = [
+            sample("online", 1, "without", 1000.0),
+            sample("online", 1, "during", 900.0),
+            sample("online", 2, "without", 1000.0),
+            sample("online", 2, "during", 700.0),
+        ];
+        let text = summary(&offline, &online);
+        // cryptsetup took 3x and 2x as long: cryptblk is 2.5x as fast, worst round 2x.
+        assert!(
+            text.contains("| cryptblk / cryptsetup (speed) | 2.50 (worst 2.00) |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| cryptblk / in-place copy (speed) | 0.85 (worst 0.80) |"),
+            "{text}"
+        );
+        assert!(text.contains("| 0.80 (worst 0.70) | >= 0.8 |"), "{text}");
+    }
 }
