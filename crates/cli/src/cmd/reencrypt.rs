@@ -128,19 +128,22 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
     let outcome = std::thread::scope(|scope| {
         scope.spawn(|| reporter.run_until(&progress, || finished.load(Ordering::Acquire)));
         let result = (|| -> Result<bool> {
-            loop {
-                if interrupt.flag.load(Ordering::Relaxed) {
-                    r.checkpoint()?;
-                    return Ok(false);
-                }
+            let interrupted = || interrupt.flag.load(Ordering::Relaxed);
+            if !interrupted() {
+                // Nothing else writes the image (it is locked since it was opened), so the next
+                // hotzone can be read while this one is rewritten.
                 let rep = r
-                    .step(hotzone)
+                    .run_reading_ahead(hotzone, &file, |rep| {
+                        progress.done.store(rep.done, Ordering::Relaxed);
+                        !interrupted()
+                    })
                     .with_context(|| format!("reencrypting {path}"))?;
-                progress.done.store(rep.done, Ordering::Relaxed);
                 if rep.done >= rep.total {
                     return Ok(true);
                 }
             }
+            r.checkpoint()?;
+            Ok(false)
         })();
         finished.store(true, Ordering::Release);
         result

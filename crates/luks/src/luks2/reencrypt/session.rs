@@ -1,16 +1,6 @@
 //! An unlocked reencryption: both keys verified against the metadata, plaintext reads across
-//! the old and new segments, crash recovery of an interrupted hotzone, and the forward loop
-//! that rewrites one hotzone at a time in cryptsetup's commit order:
-//!
-//! 1. read the hotzone's old ciphertext;
-//! 2. store a hash per block (checksum) or the ciphertext itself (journal) in the reencrypt
-//!    keyslot area and commit the "hot" segments, which flag the hotzone;
-//! 3. decrypt, encrypt, write, sync;
-//! 4. commit the "post" segments that move the boundary past the hotzone.
-//!
-//! A crash between 2 and 4 leaves blocks that are old (hash matches) or new (it does not),
-//! which recovery sorts out; a journal holds the whole old hotzone. With resilience `none` cryptsetup commits nothing until the end
-//! (a crash loses the hotzone), and so does this loop.
+//! the old and new segments, crash recovery of an interrupted hotzone (`recovery.rs`), and the
+//! loop that rewrites one hotzone after another (`hotzone.rs`, `read_ahead.rs`).
 use super::layout::{self, ExtentCipher, KeyRole, SegmentExtent};
 use super::stale::StaleBlocks;
 use super::{digest, unsupported, ReencryptDirection, ReencryptMode, ReencryptState, Resilience};
@@ -38,13 +28,13 @@ pub struct Reencryption<'f> {
     pub(super) new_cipher: Option<Arc<dyn SectorCipher>>,
     /// The keyslot the passphrase opened for the old key.
     pub(super) keyslot: Option<usize>,
-    pool: Arc<CryptoPool>,
+    pub(super) pool: Arc<CryptoPool>,
     file_len: u64,
     pub(super) stale: Option<StaleBlocks>,
     /// Resilience `none`: post segments exist only in memory until the end or a stop.
     pub(super) uncommitted: bool,
     /// The hotzone's buffer, kept between steps.
-    hotzone: Vec<u8>,
+    pub(super) hotzone: Vec<u8>,
 }
 
 fn make_cipher(seg: &Segment, key: &SecretKey) -> Result<Arc<dyn SectorCipher>> {
@@ -273,7 +263,7 @@ impl<'f> Reencryption<'f> {
         Ok(())
     }
 
-    fn checksum_params(&self) -> Option<(HashAlg, u64)> {
+    pub(super) fn checksum_params(&self) -> Option<(HashAlg, u64)> {
         match self.state.resilience {
             Resilience::Checksum { hash, block_size } => Some((hash, u64::from(block_size))),
             _ => None,
@@ -347,7 +337,7 @@ impl<'f> Reencryption<'f> {
         self.reparse()
     }
 
-    fn reparse(&mut self) -> Result<()> {
+    pub(super) fn reparse(&mut self) -> Result<()> {
         self.state = ReencryptState::parse(&self.hdr.meta)?
             .ok_or_else(|| LuksError::Corrupt("reencryption state vanished".into()))?;
         Ok(())
@@ -369,116 +359,6 @@ impl<'f> Reencryption<'f> {
             ));
         }
         Ok(())
-    }
-
-    /// Rewrite the next hotzone of at most `max_len` bytes. Returns the progress after it.
-    pub fn step(&mut self, max_len: u64) -> Result<StepReport> {
-        if super::encrypt::is_encrypt_datashift(&self.state) {
-            return self.step_encrypt();
-        }
-        self.ensure_forward_reencrypt()?;
-        if self.stale.is_some() {
-            self.recover()?;
-        }
-        let total = self.device_size()?;
-        let done = self.done_bytes()?;
-        if done >= total {
-            return Ok(StepReport { done, total });
-        }
-        let align = self.alignment();
-        let mut len = max_len.min(total - done);
-        len -= len % align;
-        if len == 0 {
-            return Err(LuksError::InvalidArgument(format!(
-                "hotzone size {max_len} is below the {align}-byte alignment"
-            )));
-        }
-        let data_base = self
-            .hdr
-            .meta
-            .segments
-            .get(&self.state.segment_new)
-            .map(|s| s.offset)
-            .unwrap_or(0);
-        // One buffer for every hotzone (a fresh one is mapped and faulted in again each time,
-        // which costs more system time than the copy into it), aligned for a `DirectFile`.
-        let mut backing = std::mem::take(&mut self.hotzone);
-        backing.resize(len as usize + crate::DIRECT_ALIGN, 0);
-        let at = backing.as_ptr().align_offset(crate::DIRECT_ALIGN);
-        let buf = &mut backing[at..at + len as usize];
-        crate::io::read_at(self.file, data_base + done, buf, "hotzone")?;
-        let checksum = self.checksum_params();
-        if let Some((hash, block)) = checksum {
-            let sums =
-                super::checksums::block_checksums(hash, block as usize, buf, self.pool.threads());
-            if sums.len() as u64 > self.state.area_size {
-                return Err(LuksError::InvalidArgument(format!(
-                    "hotzone of {len} bytes needs more checksums than the area holds"
-                )));
-            }
-            self.file.write_all_at(&sums, self.state.area_offset)?;
-            self.file.sync_data()?;
-            let mut meta = self.hdr.meta.clone();
-            let hot = layout::hot_segments(&meta, &self.state, total, done, len)?;
-            layout::install_segments(&mut meta, &self.state, hot)?;
-            self.commit_meta(meta)?;
-        }
-        let journal = self.state.resilience == Resilience::Journal;
-        if journal {
-            if len > self.state.area_size {
-                return Err(LuksError::InvalidArgument(format!(
-                    "hotzone of {len} bytes does not fit the {}-byte journal",
-                    self.state.area_size
-                )));
-            }
-            self.file.write_all_at(buf, self.state.area_offset)?;
-            self.file.sync_data()?;
-            let mut meta = self.hdr.meta.clone();
-            let hot = layout::hot_segments(&meta, &self.state, total, done, len)?;
-            layout::install_segments(&mut meta, &self.state, hot)?;
-            self.commit_meta(meta)?;
-        }
-        self.crypt(KeyRole::Old, Direction::Decrypt, done, buf)?;
-        self.crypt(KeyRole::New, Direction::Encrypt, done, buf)?;
-        self.file.write_all_at(buf, data_base + done)?;
-        let mut meta = self.hdr.meta.clone();
-        let post = layout::post_segments(&meta, &self.state, total, done + len)?;
-        layout::install_segments(&mut meta, &self.state, post)?;
-        if checksum.is_some() || journal {
-            self.file.sync_data()?;
-            self.commit_meta(meta)?;
-        } else {
-            self.hdr.meta = meta;
-            self.reparse()?;
-            self.uncommitted = true;
-        }
-        self.hotzone = backing;
-        Ok(StepReport {
-            done: done + len,
-            total,
-        })
-    }
-
-    /// Hotzones are whole checksum blocks, or whole sectors of both layouts.
-    pub fn alignment(&self) -> u64 {
-        match self.checksum_params() {
-            Some((_, block)) => block,
-            None => {
-                let ss = |c: &Option<Arc<dyn SectorCipher>>| {
-                    c.as_ref().map_or(512, |c| c.sector_size() as u64)
-                };
-                ss(&self.old_cipher).max(ss(&self.new_cipher)).max(4096)
-            }
-        }
-    }
-
-    /// The largest hotzone the resilience area allows.
-    pub fn max_hotzone(&self) -> u64 {
-        match self.checksum_params() {
-            Some((hash, block)) => self.state.area_size / hash.digest_len() as u64 * block,
-            None if self.state.resilience == Resilience::Journal => self.state.area_size,
-            None => u64::MAX,
-        }
     }
 
     /// Make what the loop did durable when stopping early (resilience `none` keeps the

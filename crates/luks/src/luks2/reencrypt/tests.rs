@@ -191,7 +191,18 @@ fn crash_at_every_write_recovers_journal() {
     crash_at_every_write(ResilienceChoice::Journal);
 }
 
+/// The same with the offline loop that reads each next hotzone ahead (from a second handle:
+/// only the rewrite's writes crash).
+#[test]
+fn crash_at_every_write_reading_ahead_recovers() {
+    crash_at_every_write_with(ResilienceChoice::Checksum(crate::HashAlg::Sha256), true);
+}
+
 fn crash_at_every_write(resilience: ResilienceChoice) {
+    crash_at_every_write_with(resilience, false);
+}
+
+fn crash_at_every_write_with(resilience: ResilienceChoice, read_ahead: bool) {
     let plain = plain();
     let mut crash_at = 0;
     loop {
@@ -204,7 +215,11 @@ fn crash_at_every_write(resilience: ResilienceChoice) {
         };
         let completed = (|| -> crate::Result<()> {
             let mut r = open(&crashy)?;
-            while r.step(256 << 10)?.done < DATA {}
+            if read_ahead {
+                r.run_reading_ahead(256 << 10, &file, |_| true)?;
+            } else {
+                while r.step(256 << 10)?.done < DATA {}
+            }
             r.finish()?;
             Ok(())
         })()
@@ -264,4 +279,53 @@ fn none_checkpoint_keeps_the_progress() {
     while r.step(1 << 20).unwrap().done < DATA {}
     r.finish().unwrap();
     check_final(&file, &plain);
+}
+
+/// The read-ahead loop stops when told to after a whole hotzone, with the boundary durable
+/// (checksum resilience commits each one), and a new session finishes the work.
+#[test]
+fn reading_ahead_stops_between_hotzones() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = plain();
+    let file = image(dir.path(), &plain);
+    init(&file, ResilienceChoice::Checksum(crate::HashAlg::Sha256));
+    let mut r = open(&file).unwrap();
+    let mut seen = Vec::new();
+    let rep = r
+        .run_reading_ahead(384 << 10, &file, |rep| {
+            seen.push(rep.done);
+            seen.len() < 2
+        })
+        .unwrap();
+    assert_eq!(seen, [384 << 10, 768 << 10]);
+    assert_eq!(rep.done, 768 << 10);
+    assert!(read_all(&r) == plain);
+    drop(r);
+    let mut r = open(&file).unwrap();
+    assert_eq!(r.done_bytes().unwrap(), 768 << 10);
+    // The last hotzone is shorter (2 MiB is not a multiple of 384 KiB).
+    let rep = r.run_reading_ahead(384 << 10, &file, |_| true).unwrap();
+    assert_eq!((rep.done, rep.total), (DATA, DATA));
+    r.finish().unwrap();
+    check_final(&file, &plain);
+}
+
+/// A hotzone that does not begin at the boundary is refused before anything is written.
+#[test]
+fn a_hotzone_off_the_boundary_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = plain();
+    let file = image(dir.path(), &plain);
+    init(&file, ResilienceChoice::Checksum(crate::HashAlg::Sha256));
+    let mut r = open(&file).unwrap();
+    let ahead = r.hotzone_at(256 << 10, 256 << 10).unwrap().unwrap();
+    let mut buf = vec![0u8; 256 << 10];
+    let err = r.rewrite(ahead, &mut buf).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("does not begin at the reencryption boundary"),
+        "{err}"
+    );
+    assert_eq!(r.done_bytes().unwrap(), 0);
+    assert!(read_all(&r) == plain);
 }
