@@ -5,6 +5,7 @@ mod ceiling;
 mod chart;
 mod clients;
 mod config;
+mod control;
 mod convert;
 mod fio;
 mod handoff;
@@ -141,6 +142,9 @@ enum Cmd {
     /// `cryptblk convert` against `qemu-img convert` (raw -> LUKS and raw -> raw on disk,
     /// raw -> LUKS on tmpfs against cp), single-thread AES-XTS against openssl, peak RSS.
     Convert(convert::Args),
+    /// The control socket under churn: fio's 4k random reads alone, beside loops of `ctl`
+    /// disk-add/disk-list/stats/disk-remove, beside bare process starts; the round trips.
+    Control(control::Args),
     /// The device's ceiling for an encryptor: O_DIRECT reads with io_uring on one thread, each
     /// completed buffer left alone, read once, or decrypted in place before the next read
     /// into it (JSON on stdout).
@@ -217,6 +221,11 @@ fn run() -> Result<()> {
         Cmd::Convert(args) => {
             let cryptblk = cryptblk_binary(args.cryptblk.clone())?;
             convert::run(&args.options(cryptblk)?)
+        }
+        Cmd::Control(args) => {
+            let cryptblk = cryptblk_binary(args.cryptblk.clone())?;
+            let workload = *config.workload("rr4k-d32-q1")?;
+            control::run(&args.options(cryptblk)?, &workload)
         }
         Cmd::Handoff {
             rounds,
