@@ -125,8 +125,8 @@ pub fn run(o: &Options, workload: &Workload) -> Result<()> {
     if !o.size.is_multiple_of(4096) || !o.small.is_multiple_of(4096) {
         bail!("--size and --small must be multiples of 4096 bytes");
     }
-    if o.loops == 0 {
-        bail!("--loops must be at least 1");
+    if o.loops == 0 || o.rounds == 0 {
+        bail!("--loops and --rounds must be at least 1");
     }
     let enghelp = Command::new("fio").arg("--enghelp=nbd").output();
     if !enghelp.is_ok_and(|out| out.status.success()) {

@@ -141,6 +141,9 @@ const DISK_JOBS: [Job; 4] = [
 ];
 
 pub fn run(o: &Options) -> Result<()> {
+    if o.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
     if o.parts.is_empty() {
         bail!("--parts names no part: give disk, cipher and/or tmpfs");
     }
