@@ -135,7 +135,7 @@ pub fn prepare(
 }
 
 /// `size` bytes of xorshift output: does not compress, ~1 GB/s to write.
-fn random_file(path: &Path, size: u64) -> Result<()> {
+pub(crate) fn random_file(path: &Path, size: u64) -> Result<()> {
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
     );

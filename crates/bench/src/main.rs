@@ -5,6 +5,8 @@ mod ceiling;
 mod chart;
 mod clients;
 mod config;
+mod control;
+mod convert;
 mod fio;
 mod handoff;
 mod images;
@@ -15,9 +17,11 @@ mod rbd;
 mod record;
 mod reencrypt;
 mod report;
+mod rounds;
 mod runner;
 mod spdk;
 mod stats;
+mod workdir;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -135,6 +139,12 @@ enum Cmd {
         #[arg(long)]
         cryptblk: Option<PathBuf>,
     },
+    /// `cryptblk convert` against `qemu-img convert` (raw -> LUKS and raw -> raw on disk,
+    /// raw -> LUKS on tmpfs against cp), single-thread AES-XTS against openssl, peak RSS.
+    Convert(convert::Args),
+    /// The control socket under churn: fio's 4k random reads alone, beside loops of `ctl`
+    /// disk-add/disk-list/stats/disk-remove, beside bare process starts; the round trips.
+    Control(control::Args),
     /// The device's ceiling for an encryptor: O_DIRECT reads with io_uring on one thread, each
     /// completed buffer left alone, read once, or decrypted in place before the next read
     /// into it (JSON on stdout).
@@ -207,6 +217,15 @@ fn run() -> Result<()> {
             })?;
             println!("{result}");
             Ok(())
+        }
+        Cmd::Convert(args) => {
+            let cryptblk = cryptblk_binary(args.cryptblk.clone())?;
+            convert::run(&args.options(cryptblk)?)
+        }
+        Cmd::Control(args) => {
+            let cryptblk = cryptblk_binary(args.cryptblk.clone())?;
+            let workload = *config.workload("rr4k-d32-q1")?;
+            control::run(&args.options(cryptblk)?, &workload)
         }
         Cmd::Handoff {
             rounds,
@@ -384,6 +403,14 @@ fn baseline_pairs(records: &[record::Record]) -> Vec<(String, String)> {
         .filter(|x| peers.contains(x))
         .map(|x| (x.to_string(), config::baseline_id(x)))
         .collect()
+}
+
+/// The cryptblk binary named, or a release build of it (and vu_bench) from this workspace.
+fn cryptblk_binary(cryptblk: Option<PathBuf>) -> Result<PathBuf> {
+    match cryptblk {
+        Some(c) => Ok(c),
+        None => Ok(binaries(None, None)?.0),
+    }
 }
 
 /// The binaries named, or a release build of both from this workspace.
