@@ -12,6 +12,7 @@ mod peers;
 mod plan;
 mod procfs;
 mod rbd;
+mod read_path;
 mod record;
 mod reencrypt;
 mod report;
@@ -135,6 +136,10 @@ enum Cmd {
         #[arg(long)]
         cryptblk: Option<PathBuf>,
     },
+    /// The encrypted path against the plain one on a real disk: fio on each file, the
+    /// encryptor's ceiling, cryptblk serving the raw twin and the LUKS2 image (and an older
+    /// binary); one JSON line per run, ratios per workload (as root).
+    ReadPath(read_path::Args),
     /// The device's ceiling for an encryptor: O_DIRECT reads with io_uring on one thread, each
     /// completed buffer left alone, read once, or decrypted in place before the next read
     /// into it (JSON on stdout).
@@ -207,6 +212,10 @@ fn run() -> Result<()> {
             })?;
             println!("{result}");
             Ok(())
+        }
+        Cmd::ReadPath(mut a) => {
+            let (cryptblk, vu_bench) = binaries(a.cryptblk.take(), a.vu_bench.take())?;
+            read_path::run(&a, &config, cryptblk, vu_bench)
         }
         Cmd::Handoff {
             rounds,
