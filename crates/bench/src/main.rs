@@ -8,6 +8,7 @@ mod config;
 mod fio;
 mod handoff;
 mod images;
+mod migrate;
 mod peers;
 mod plan;
 mod procfs;
@@ -140,6 +141,9 @@ enum Cmd {
     /// encryptor's ceiling, cryptblk serving the raw twin and the LUKS2 image (and an older
     /// binary); one JSON line per run, ratios per workload (as root).
     ReadPath(read_path::Args),
+    /// Postcopy on-demand read latency and a precopy migration, one run of
+    /// crates/migration/examples/postcopy_latency per configuration; one JSON line each.
+    Migrate(migrate::Args),
     /// The device's ceiling for an encryptor: O_DIRECT reads with io_uring on one thread, each
     /// completed buffer left alone, read once, or decrypted in place before the next read
     /// into it (JSON on stdout).
@@ -217,6 +221,7 @@ fn run() -> Result<()> {
             let (cryptblk, vu_bench) = binaries(a.cryptblk.take(), a.vu_bench.take())?;
             read_path::run(&a, &config, cryptblk, vu_bench)
         }
+        Cmd::Migrate(a) => migrate::run(&a),
         Cmd::Handoff {
             rounds,
             size,
