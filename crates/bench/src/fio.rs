@@ -17,6 +17,12 @@ pub enum Target<'a> {
         path: &'a Path,
         direct: bool,
     },
+    /// `size` bytes of a file from `offset` on, with O_DIRECT (a LUKS image's payload).
+    Region {
+        path: &'a Path,
+        offset: u64,
+        size: u64,
+    },
     Nbd {
         uri: String,
     },
@@ -187,6 +193,12 @@ pub fn run(
             cmd.arg(format!("--filename={}", path.display()))
                 .arg("--ioengine=io_uring")
                 .arg(format!("--direct={}", u8::from(*direct)));
+        }
+        Target::Region { path, offset, size } => {
+            cmd.arg(format!("--filename={}", path.display()))
+                .args(["--ioengine=io_uring", "--direct=1"])
+                .arg(format!("--offset={offset}"))
+                .arg(format!("--size={size}"));
         }
         Target::Nbd { uri } => {
             cmd.arg("--ioengine=nbd").arg(format!("--uri={uri}"));

@@ -10,10 +10,12 @@ mod convert;
 mod fio;
 mod handoff;
 mod images;
+mod migrate;
 mod peers;
 mod plan;
 mod procfs;
 mod rbd;
+mod read_path;
 mod record;
 mod reencrypt;
 mod report;
@@ -145,6 +147,13 @@ enum Cmd {
     /// The control socket under churn: fio's 4k random reads alone, beside loops of `ctl`
     /// disk-add/disk-list/stats/disk-remove, beside bare process starts; the round trips.
     Control(control::Args),
+    /// The encrypted path against the plain one on a real disk: fio on each file, the
+    /// encryptor's ceiling, cryptblk serving the raw twin and the LUKS2 image (and an older
+    /// binary); one JSON line per run, ratios per workload (as root).
+    ReadPath(read_path::Args),
+    /// Postcopy on-demand read latency and a precopy migration, one run of
+    /// crates/migration/examples/postcopy_latency per configuration; one JSON line each.
+    Migrate(migrate::Args),
     /// The device's ceiling for an encryptor: O_DIRECT reads with io_uring on one thread, each
     /// completed buffer left alone, read once, or decrypted in place before the next read
     /// into it (JSON on stdout).
@@ -227,6 +236,11 @@ fn run() -> Result<()> {
             let workload = *config.workload("rr4k-d32-q1")?;
             control::run(&args.options(cryptblk)?, &workload)
         }
+        Cmd::ReadPath(mut a) => {
+            let (cryptblk, vu_bench) = binaries(a.cryptblk.take(), a.vu_bench.take())?;
+            read_path::run(&a, &config, cryptblk, vu_bench)
+        }
+        Cmd::Migrate(a) => migrate::run(&a),
         Cmd::Handoff {
             rounds,
             size,

@@ -17,7 +17,10 @@
 //! - (c) full preempt: urgent answers between the slices (16 KiB) of a bulk chunk.
 //!
 //! Each configuration runs in a child process of this example (the example re-executes itself),
-//! so that the migration threads left behind when the measurement stops die with it. The child
+//! so that the migration threads left behind when the measurement stops die with it
+//! (`cryptblk-bench migrate` runs the children itself, one per configuration and round:
+//! `CRYPTBLK_POSTCOPY_LATENCY_CHILD=source` writes the source image, `latency` and `big` print
+//! a `RESULT key=value ...` line that crates/bench/src/migrate.rs parses). The child
 //! migrates a raw image of `--size` bytes (non-zero data, so every chunk travels as data) over
 //! loopback TCP with the link limited to 1 Gbit/s (`max_bandwidth = 125_000_000`, one link for
 //! both channels), switches over to postcopy at once, and then reads random 4 KiB blocks on the
@@ -740,6 +743,7 @@ fn main() {
     let res = parse_args().and_then(|a| match std::env::var(CHILD_ENV).as_deref() {
         Ok("latency") => child_latency(&a),
         Ok("big") => child_big(&a),
+        Ok("source") => make_source(a.source.as_ref().ok_or("--source missing")?, a.size),
         _ => parent(&a),
     });
     match res {
