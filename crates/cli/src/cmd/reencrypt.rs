@@ -1,6 +1,6 @@
-//! `cryptblk reencrypt IMAGE`: cryptsetup's offline `reencrypt` for LUKS2 image files. The
-//! work is in `cryptblk_luks::luks2::reencrypt`; here are the options, the passphrase, the
-//! lock on the file, progress and signals.
+//! `cryptblk reencrypt IMAGE`: cryptsetup's offline `reencrypt` for LUKS2 image files and RBD
+//! images. The work is in `cryptblk_luks::luks2::reencrypt`; here are the options, the
+//! passphrase, the lock on the image, progress and signals.
 use crate::args::{Cli, ReencryptArgs, ResilienceMode};
 use crate::convert::interrupt::InterruptFlag;
 use crate::convert::pipeline::Progress;
@@ -11,7 +11,7 @@ use crate::secrets::read_passphrase;
 use anyhow::{bail, Context, Result};
 use cryptblk_crypto::{CipherSpec, Mode};
 use cryptblk_luks::luks2::reencrypt::{InitParams, Reencryption, ResilienceChoice};
-use cryptblk_luks::{HashAlg, LuksError, LuksImage, LuksVersion};
+use cryptblk_luks::{HashAlg, HeaderIo, LuksError, LuksImage, LuksVersion};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use zeroize::Zeroizing;
@@ -50,19 +50,27 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
     // Registered first, so a signal during the (possibly long) KDF or the init commit stops
     // the run cleanly instead of killing it.
     let interrupt = InterruptFlag::register()?;
-    let file = super::key::open_file_for_update(&a.image, "re-encrypting")?;
-    // The hotzones bypass the page cache where the filesystem allows it.
-    let file = cryptblk_luks::DirectFile::new(file, &a.image);
+    let file: Box<dyn HeaderIo + Sync> = match crate::rbd::rbd_name(&a.image) {
+        // Opened writable, an RBD image is under its exclusive lock: a daemon serving it
+        // makes this an "in use" error.
+        Some(name) => Box::new(crate::rbd::open(name, true)?),
+        None => {
+            let file = super::key::open_file_for_update(&a.image, "re-encrypting")?;
+            // The hotzones bypass the page cache where the filesystem allows it.
+            Box::new(cryptblk_luks::DirectFile::new(file, &a.image))
+        }
+    };
+    let file = &*file;
     let path = a.image.display().to_string();
     let mut encrypt_passphrase = None;
     if a.encrypt {
-        encrypt_passphrase = super::reencrypt_encrypt::init_unless_luks(cli, a, &file, &path)?;
+        encrypt_passphrase = super::reencrypt_encrypt::init_unless_luks(cli, a, file, &path)?;
         if a.init_only && encrypt_passphrase.is_some() {
             return Ok(());
         }
     }
     let (image, warnings) =
-        LuksImage::read(&file).with_context(|| format!("reading the LUKS header of {path}"))?;
+        LuksImage::read(file).with_context(|| format!("reading the LUKS header of {path}"))?;
     for w in &warnings {
         eprintln!("cryptblk: warning: {path}: {w}");
     }
@@ -70,7 +78,7 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
     let (mut hdr, passphrase) = match image {
         LuksImage::V2(h) => (h, None),
         LuksImage::V1(v1) => {
-            let (h, passphrase) = convert_luks1_first(a, &file, &v1, &path, &unlock)?;
+            let (h, passphrase) = convert_luks1_first(a, file, &v1, &path, &unlock)?;
             (h, Some(passphrase))
         }
     };
@@ -98,14 +106,14 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
             )));
         }
         let params = init_params(a, &hdr, resilience)?;
-        hdr.reencrypt_init(&file, &passphrase, &unlock, &params)
+        hdr.reencrypt_init(file, &passphrase, &unlock, &params)
             .with_context(|| format!("starting the reencryption of {path}"))?;
         if a.init_only {
             return Ok(());
         }
     }
     let mut r = Reencryption::open(
-        &file,
+        file,
         hdr,
         &passphrase,
         &unlock,
@@ -130,10 +138,10 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
         let result = (|| -> Result<bool> {
             let interrupted = || interrupt.flag.load(Ordering::Relaxed);
             if !interrupted() {
-                // Nothing else writes the image (it is locked since it was opened), so the next
+                // Nothing else writes the image (locked since it was opened), so the next
                 // hotzone can be read while this one is rewritten.
                 let rep = r
-                    .run_reading_ahead(hotzone, &file, |rep| {
+                    .run_reading_ahead(hotzone, file, |rep| {
                         progress.done.store(rep.done, Ordering::Relaxed);
                         !interrupted()
                     })

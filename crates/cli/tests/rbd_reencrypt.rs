@@ -1,0 +1,161 @@
+//! `cryptblk reencrypt rbd:...` on a throwaway single-node Ceph cluster: a LUKS2 disk in RBD
+//! gets a new volume key of another size (several hotzones, read ahead), refused while a
+//! daemon serves it; a plaintext RBD image is encrypted in place. librbd's own encryption
+//! (QEMU's rbd driver with `encrypt.format=luks2`) reads the results.
+mod common;
+
+use common::*;
+use cryptblk_testutil::ceph;
+
+fn qemu_io(target: &[String], cmds: &[&str]) {
+    let mut args = target.to_vec();
+    for c in cmds {
+        args.push("-c".into());
+        args.push((*c).into());
+    }
+    let out = tool("qemu-io", &args);
+    out.ok();
+    assert!(
+        !out.stdout.contains("fail") && !out.stdout.contains("Pattern verification failed"),
+        "{cmds:?}: {}",
+        out.stdout
+    );
+}
+
+/// qemu-io's arguments for `image` through librbd: decrypted by librbd with `key`, or raw.
+fn librbd(cluster: &ceph::Cluster, image: &str, key: Option<&std::path::Path>) -> Vec<String> {
+    let mut opts = format!(
+        "driver=rbd,pool=rbd,image={image},conf={}",
+        cluster.conf.display()
+    );
+    let mut args = Vec::new();
+    if let Some(key) = key {
+        args.push("--object".to_string());
+        args.push(format!("secret,id=s0,file={}", s(key)));
+        opts.push_str(",encrypt.format=luks2,encrypt.key-secret=s0");
+    }
+    args.push("--image-opts".to_string());
+    args.push(opts);
+    args
+}
+
+/// The volume key's size in bits (its keyslot's), and whether a reencryption is still
+/// recorded (a `reencrypt` keyslot).
+fn key_bits_and_reencrypting(image: &str) -> (u64, bool) {
+    let out = cryptblk(["dump", "--json", image]);
+    out.ok();
+    let dump: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let keyslots = dump["keyslots"].as_array().unwrap();
+    let bits: Vec<u64> = keyslots
+        .iter()
+        .filter(|k| k["type"] == "luks2")
+        .map(|k| k["key_bits"].as_u64().unwrap())
+        .collect();
+    assert_eq!(bits.len(), 1, "{dump}");
+    (bits[0], keyslots.iter().any(|k| k["type"] == "reencrypt"))
+}
+
+#[test]
+fn rbd_images_are_reencrypted_and_encrypted_offline() {
+    let Some(cluster) = ceph::start() else {
+        return;
+    };
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", &passphrase("rbd-reencrypt"));
+
+    // A LUKS2 disk (512-bit key) with data written by librbd at both ends.
+    let name = cluster.name("rekeyed");
+    cryptblk([
+        "format",
+        "--batch-mode",
+        "--key-file",
+        s(&key),
+        "--pbkdf",
+        "pbkdf2",
+        "--iter-time",
+        "10",
+        &name,
+        "24M",
+    ])
+    .ok();
+    let encrypted = librbd(&cluster, "rekeyed", Some(&key));
+    qemu_io(&encrypted, &["write -P 0x5a 0 1M", "write -P 0x3c 23M 1M"]);
+    assert_eq!(key_bits_and_reencrypting(&name), (512, false));
+
+    // Served by a daemon, the image is under its lock: "in use", nothing changed.
+    let control = dir.path().join("ctl.sock");
+    let socket = dir.path().join("nbd.sock");
+    let serve = ServeProcess::start(
+        &[
+            "--control",
+            s(&control),
+            "--image",
+            &name,
+            "--key-file",
+            s(&key),
+            "--name",
+            "rekeyed",
+            "--nbd",
+            &format!("unix:{}", s(&socket)),
+        ],
+        &control,
+    );
+    cryptblk(["reencrypt", "--key-file", s(&key), &name]).expect_code(code::IN_USE);
+    assert_eq!(serve.terminate(), 0);
+    assert_eq!(key_bits_and_reencrypting(&name), (512, false));
+
+    // A new 256-bit volume key, 4 MiB hotzones: librbd reads the data with it.
+    cryptblk([
+        "reencrypt",
+        "--key-file",
+        s(&key),
+        "--key-size",
+        "256",
+        "--hotzone-size",
+        "4M",
+        "--pbkdf",
+        "pbkdf2",
+        "--iter-time",
+        "10",
+        &name,
+    ])
+    .ok();
+    assert_eq!(key_bits_and_reencrypting(&name), (256, false));
+    qemu_io(&encrypted, &["read -P 0x5a 0 1M", "read -P 0x3c 23M 1M"]);
+
+    // A plaintext RBD image encrypted in place, 8 MiB given up at its end for the header.
+    let plain = cluster.name("plain");
+    cluster.rbd(&["create", "--size", "24M", "plain"]);
+    let raw = librbd(&cluster, "plain", None);
+    qemu_io(&raw, &["write -P 0x71 0 1M", "write -P 0x17 15M 1M"]);
+    cryptblk([
+        "reencrypt",
+        "--encrypt",
+        "--reduce-device-size",
+        "8M",
+        "--key-file",
+        s(&key),
+        "--pbkdf",
+        "pbkdf2",
+        "--iter-time",
+        "10",
+        &plain,
+    ])
+    .ok();
+    assert!(!key_bits_and_reencrypting(&plain).1);
+    // cryptsetup's layout: a 4 MiB header (half the reduction) before a dynamic payload of
+    // 20 MiB whose first 16 MiB (the image less the reduction) hold the data.
+    let dump = cryptblk(["dump", "--json", &plain]);
+    dump.ok();
+    let dump: serde_json::Value = serde_json::from_str(&dump.stdout).unwrap();
+    assert_eq!(dump["data_offset"], 4 << 20, "{dump}");
+    let decrypted = librbd(&cluster, "plain", Some(&key));
+    let info = tool("qemu-img", [&["info".to_string()][..], &decrypted].concat());
+    info.ok();
+    assert!(
+        info.stdout.contains("virtual size: 20 MiB"),
+        "{}",
+        info.stdout
+    );
+    qemu_io(&decrypted, &["read -P 0x71 0 1M", "read -P 0x17 15M 1M"]);
+}
