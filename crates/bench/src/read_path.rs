@@ -21,7 +21,7 @@
 use crate::ceiling::{self, Touch};
 use crate::clients::{self, Measurement};
 use crate::config::{self, Cache, Config, Image, Rw, Transport};
-use crate::record::{self, cpu_us_per_io, Record, WorkloadRecord};
+use crate::record::{self, Record, WorkloadRecord};
 use crate::{fio, images, peers, procfs};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeSet;
@@ -327,20 +327,7 @@ fn measure(cx: &Bench, round: u32, spec: &Spec, peer: &str) -> Result<Option<Rec
             depth: spec.depth,
             queues: a.queues,
         },
-        started,
-        load1,
-        window_s: m.window_s,
-        iops: m.iops,
-        mib_s: m.mib_s,
-        lat_mean_us: m.lat_mean_us,
-        lat_p50_us: m.lat_p50_us,
-        lat_p99_us: m.lat_p99_us,
-        lat_p999_us: m.lat_p999_us,
-        server_cpu_pct: m.server_cpu_pct,
-        client_cpu_pct: m.client_cpu_pct,
-        server_cpu_us_per_io: cpu_us_per_io(m.server_cpu_pct, m.iops),
-        server_rss_kib: None,
-        server_hwm_kib: None,
+        ..Record::measured(started, load1, &m)
     }))
 }
 

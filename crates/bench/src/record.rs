@@ -5,14 +5,14 @@ use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::Path;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Machine {
     pub nproc: u32,
     pub cpu_model: String,
     pub kernel: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct WorkloadRecord {
     pub name: String,
     pub rw: String,
@@ -21,7 +21,7 @@ pub struct WorkloadRecord {
     pub queues: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     /// `git rev-parse HEAD` of the tree measured (with `-dirty` if it had changes).
     pub commit: String,
@@ -58,6 +58,30 @@ pub struct Record {
     /// The server's VmRSS / VmHWM after the run (idle runs).
     pub server_rss_kib: Option<u64>,
     pub server_hwm_kib: Option<u64>,
+}
+
+impl Record {
+    /// What measurement `m` (started at `started`, load average `load1`) gives a record; the
+    /// caller names the run (commit, peer, workload, ...) with struct update syntax.
+    pub fn measured(started: u64, load1: f64, m: &crate::clients::Measurement) -> Record {
+        Record {
+            started,
+            load1,
+            window_s: m.window_s,
+            iops: m.iops,
+            mib_s: m.mib_s,
+            lat_mean_us: m.lat_mean_us,
+            lat_p50_us: m.lat_p50_us,
+            lat_p99_us: m.lat_p99_us,
+            lat_p999_us: m.lat_p999_us,
+            server_cpu_pct: m.server_cpu_pct,
+            client_cpu_pct: m.client_cpu_pct,
+            server_cpu_us_per_io: cpu_us_per_io(m.server_cpu_pct, m.iops),
+            server_rss_kib: m.server_rss_kib,
+            server_hwm_kib: m.server_hwm_kib,
+            ..Record::default()
+        }
+    }
 }
 
 /// µs of CPU per request: `cpu_pct` percent of a core over a second is `cpu_pct * 10^4` µs,

@@ -8,7 +8,7 @@ use crate::peers;
 use crate::plan::{self, Step};
 use crate::procfs;
 use crate::rbd;
-use crate::record::{self, cpu_us_per_io, Machine, Record, WorkloadRecord};
+use crate::record::{self, Machine, Record, WorkloadRecord};
 use crate::spdk::Spdk;
 use anyhow::{bail, Context, Result};
 use cryptblk_testutil::ceph::Cluster;
@@ -342,20 +342,7 @@ fn measure(cx: &Bench, step: &Step) -> Result<Record> {
             depth: w.depth,
             queues: w.queues,
         },
-        started,
-        load1,
-        window_s: m.window_s,
-        iops: m.iops,
-        mib_s: m.mib_s,
-        lat_mean_us: m.lat_mean_us,
-        lat_p50_us: m.lat_p50_us,
-        lat_p99_us: m.lat_p99_us,
-        lat_p999_us: m.lat_p999_us,
-        server_cpu_pct: m.server_cpu_pct,
-        client_cpu_pct: m.client_cpu_pct,
-        server_cpu_us_per_io: cpu_us_per_io(m.server_cpu_pct, m.iops),
-        server_rss_kib: m.server_rss_kib,
-        server_hwm_kib: m.server_hwm_kib,
+        ..Record::measured(started, load1, &m)
     })
 }
 
