@@ -125,6 +125,7 @@ impl Worker {
     /// sleep in epoll. Returns whether answers wait for a signal.
     pub(super) fn submit_and_answer(&mut self, ring: &Ring) -> bool {
         self.unsubmitted = 0;
+        self.unsubmitted_bytes = 0;
         if let Err(e) = self.io.submit() {
             tracing::error!(disk = %self.ctx.name, "submitting I/O: {e}");
         }

@@ -205,8 +205,9 @@ struct Worker {
     /// Spare segment lists, so popping allocates nothing in steady state.
     spare_segments: Vec<Vec<Segment>>,
     iov: Vec<IoVec>,
-    /// Requests pushed since the last submit.
+    /// Requests pushed since the last submit, and the bytes they read or write.
     unsubmitted: usize,
+    unsubmitted_bytes: u64,
     /// Take no more requests from the ring (`Drain`, `Exit`).
     draining: bool,
     waiters: Vec<Waiter>,
@@ -250,6 +251,7 @@ impl Worker {
             spare_segments: Vec::new(),
             iov: Vec::new(),
             unsubmitted: 0,
+            unsubmitted_bytes: 0,
             draining: false,
             waiters: Vec::new(),
             inbox,

@@ -25,6 +25,15 @@ use crate::GuestMem;
 /// 550k / 420k; 4 and 8 less than 16, 24 no more.
 const SUBMIT_BATCH: usize = 16;
 
+/// Bytes of reads and writes pushed since the last submit that send the batch to the device
+/// early. An encrypted volume encrypts each write as it is pushed, so a batch of 16 64 KiB
+/// writes was 1 MiB of encryption (about 120 µs here) before the first of them reached the
+/// device. Measured (`cryptblk-bench read-path`, 64 KiB writes at depth 16 on ext4, LUKS2,
+/// each against the previous binary in the same rounds): 128 KiB gave 1.37x the IOPS of
+/// batches of 16, 64 KiB a further 1.15x; the LUKS2 server then writes as fast as fio does
+/// on the same payload (0.97-0.99).
+const SUBMIT_BYTES: u64 = 64 << 10;
+
 impl Worker {
     /// Serves the ring after a kick, a start or an enable: after a start (or an enable), first
     /// what a predecessor daemon left in the inflight record, then every available request; submits,
@@ -135,7 +144,9 @@ impl Worker {
             // A long run of requests goes to the device in batches, each answered as soon
             // as it completes: the guest gets its first completions (and refills its queue)
             // while later requests are still being popped, instead of after the whole run.
-            if self.unsubmitted >= SUBMIT_BATCH && (self.submit_and_answer(ring) || answered) {
+            let batch_full =
+                self.unsubmitted >= SUBMIT_BATCH || self.unsubmitted_bytes >= SUBMIT_BYTES;
+            if batch_full && (self.submit_and_answer(ring) || answered) {
                 signal(&ring.vring)?;
                 answered = false;
             }
@@ -202,6 +213,10 @@ impl Worker {
             return answer(&mut self.spare_segments, segments, used_len);
         }
         self.unsubmitted += 1;
+        if !request.iov.is_empty() {
+            // A read or a write (discards and write-zeroes carry no buffers).
+            self.unsubmitted_bytes += request.len;
+        }
         self.requests[usize::from(tag)] = Some(Pending {
             head,
             req,
