@@ -28,15 +28,16 @@ pub struct Measurement {
 
 /// Prints a command line before it runs, so every figure can be reproduced by hand.
 pub fn show(cmd: &Command) {
+    eprintln!("+ {}", command_line(cmd));
+}
+
+/// `cmd` as one line: the program and its arguments, space-separated.
+pub fn command_line(cmd: &Command) -> String {
     let args: Vec<String> = cmd
         .get_args()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    eprintln!(
-        "+ {} {}",
-        cmd.get_program().to_string_lossy(),
-        args.join(" ")
-    );
+    format!("{} {}", cmd.get_program().to_string_lossy(), args.join(" "))
 }
 
 /// vu_bench's JSON line (fields it has printed since the bash harness, plus the percentiles

@@ -275,14 +275,6 @@ mod tests {
     use super::*;
     use crate::config::Config;
 
-    fn argv(cmd: &Command) -> String {
-        let args: Vec<String> = cmd
-            .get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
-        format!("{} {}", cmd.get_program().to_string_lossy(), args.join(" "))
-    }
-
     #[test]
     fn every_disk_peer_gets_the_command_line_of_the_bash_harness() {
         let c = Config::load(None).unwrap();
@@ -294,7 +286,7 @@ mod tests {
         };
         let s = Path::new("/w/a.sock");
         let cmd = |p: &str, t, q| {
-            argv(
+            crate::clients::command_line(
                 &command(
                     c.peer(p).unwrap(),
                     Path::new("cryptblk"),
@@ -329,7 +321,7 @@ mod tests {
         };
         let on_rbd = |p: &str| {
             let peer = c.peer(p).unwrap();
-            argv(
+            crate::clients::command_line(
                 &command(
                     peer,
                     Path::new("cryptblk"),

@@ -7,21 +7,6 @@ mod common;
 use common::*;
 use cryptblk_testutil::ceph;
 
-fn qemu_io(target: &[String], cmds: &[&str]) {
-    let mut args = target.to_vec();
-    for c in cmds {
-        args.push("-c".into());
-        args.push((*c).into());
-    }
-    let out = tool("qemu-io", &args);
-    out.ok();
-    assert!(
-        !out.stdout.contains("fail") && !out.stdout.contains("Pattern verification failed"),
-        "{cmds:?}: {}",
-        out.stdout
-    );
-}
-
 /// qemu-io's arguments for `image` through librbd: decrypted by librbd with `key`, or raw.
 fn librbd(cluster: &ceph::Cluster, image: &str, key: Option<&std::path::Path>) -> Vec<String> {
     let mut opts = format!(
@@ -79,7 +64,7 @@ fn rbd_images_are_reencrypted_and_encrypted_offline() {
     ])
     .ok();
     let encrypted = librbd(&cluster, "rekeyed", Some(&key));
-    qemu_io(&encrypted, &["write -P 0x5a 0 1M", "write -P 0x3c 23M 1M"]);
+    qemu_io_cmds(&encrypted, &["write -P 0x5a 0 1M", "write -P 0x3c 23M 1M"]);
     assert_eq!(key_bits_and_reencrypting(&name), (512, false));
 
     // Served by a daemon, the image is under its lock: "in use", nothing changed.
@@ -121,13 +106,13 @@ fn rbd_images_are_reencrypted_and_encrypted_offline() {
     ])
     .ok();
     assert_eq!(key_bits_and_reencrypting(&name), (256, false));
-    qemu_io(&encrypted, &["read -P 0x5a 0 1M", "read -P 0x3c 23M 1M"]);
+    qemu_io_cmds(&encrypted, &["read -P 0x5a 0 1M", "read -P 0x3c 23M 1M"]);
 
     // A plaintext RBD image encrypted in place, 8 MiB given up at its end for the header.
     let plain = cluster.name("plain");
     cluster.rbd(&["create", "--size", "24M", "plain"]);
     let raw = librbd(&cluster, "plain", None);
-    qemu_io(&raw, &["write -P 0x71 0 1M", "write -P 0x17 15M 1M"]);
+    qemu_io_cmds(&raw, &["write -P 0x71 0 1M", "write -P 0x17 15M 1M"]);
     cryptblk([
         "reencrypt",
         "--encrypt",
@@ -157,5 +142,5 @@ fn rbd_images_are_reencrypted_and_encrypted_offline() {
         "{}",
         info.stdout
     );
-    qemu_io(&decrypted, &["read -P 0x71 0 1M", "read -P 0x17 15M 1M"]);
+    qemu_io_cmds(&decrypted, &["read -P 0x71 0 1M", "read -P 0x17 15M 1M"]);
 }

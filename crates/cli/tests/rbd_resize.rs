@@ -13,17 +13,6 @@ fn nbd_size(uri: &str) -> u64 {
     out.stdout.trim().parse().unwrap()
 }
 
-fn qemu_io(target: &[String], cmds: &[&str]) {
-    let mut args = target.to_vec();
-    for c in cmds {
-        args.push("-c".into());
-        args.push((*c).into());
-    }
-    let out = tool("qemu-io", &args);
-    out.ok();
-    assert!(!out.stdout.contains("fail"), "{cmds:?}: {}", out.stdout);
-}
-
 #[test]
 fn luks2_in_rbd_grows_offline_and_while_served() {
     let Some(cluster) = ceph::start() else {
@@ -54,7 +43,7 @@ fn luks2_in_rbd_grows_offline_and_while_served() {
             cluster.conf.display()
         ),
     ];
-    qemu_io(&librbd, &["write -P 0x5a 15M 1M"]);
+    qemu_io_cmds(&librbd, &["write -P 0x5a 15M 1M"]);
 
     // Offline: the RBD image grows by what the payload gains.
     let image_size = |cluster: &ceph::Cluster| -> u64 {
@@ -90,7 +79,7 @@ fn luks2_in_rbd_grows_offline_and_while_served() {
     assert_eq!(result["size"], 32 * MIB, "{result}");
     assert_eq!(nbd_size(&uri), 32 * MIB);
     let nbd = vec!["-f".to_string(), "raw".to_string(), uri.clone()];
-    qemu_io(&nbd, &["read -P 0x5a 15M 1M", "write -P 0x77 31M 1M"]);
+    qemu_io_cmds(&nbd, &["read -P 0x5a 15M 1M", "write -P 0x77 31M 1M"]);
     assert_eq!(serve.terminate(), 0);
     assert_eq!(image_size(&cluster), before + 16 * MIB);
 
@@ -102,5 +91,5 @@ fn luks2_in_rbd_grows_offline_and_while_served() {
         "{}",
         info.stdout
     );
-    qemu_io(&librbd, &["read -P 0x5a 15M 1M", "read -P 0x77 31M 1M"]);
+    qemu_io_cmds(&librbd, &["read -P 0x5a 15M 1M", "read -P 0x77 31M 1M"]);
 }

@@ -195,14 +195,6 @@ pub fn target(dir: &Path) -> PathBuf {
 mod tests {
     use super::*;
 
-    fn argv(cmd: &Command) -> String {
-        let args: Vec<String> = cmd
-            .get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
-        format!("{} {}", cmd.get_program().to_string_lossy(), args.join(" "))
-    }
-
     #[test]
     fn jobs_get_the_command_lines_of_the_bash_benchmark() {
         let t = Tools {
@@ -212,7 +204,7 @@ mod tests {
             key: Path::new("/w/key"),
         };
         let (src, out) = (Path::new("/w/src.raw"), Path::new("/w/out"));
-        let line = |job| argv(&command(job, &t, src, out).unwrap());
+        let line = |job| crate::clients::command_line(&command(job, &t, src, out).unwrap());
         assert_eq!(
             line(Job::CryptblkLuks),
             "/b/cryptblk --threads 2 convert -f raw -O luks2 --cipher aes-xts-plain64 --key-size 512 \

@@ -217,6 +217,19 @@ where
     run_cmd(cmd)
 }
 
+/// Runs `qemu-io` on `target` (its image arguments) with each of `cmds` as a `-c` command, and
+/// fails if any of them reports a failure (qemu-io exits 0 after a failed `read -P`).
+pub fn qemu_io_cmds(target: &[String], cmds: &[&str]) {
+    let mut args = target.to_vec();
+    for c in cmds {
+        args.push("-c".into());
+        args.push((*c).into());
+    }
+    let out = tool("qemu-io", &args);
+    out.ok();
+    assert!(!out.stdout.contains("fail"), "{cmds:?}: {}", out.stdout);
+}
+
 /// `qemu-img` for commands that calibrate a KDF (creating or converting to LUKS): QEMU's
 /// calibration fails at random with "Unable to get accurate CPU usage"; see
 /// [`cryptblk_testutil::qemu_img_kdf`], which retries only that failure.
