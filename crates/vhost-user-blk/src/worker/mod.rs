@@ -205,7 +205,7 @@ struct Worker {
     /// Spare segment lists, so popping allocates nothing in steady state.
     spare_segments: Vec<Vec<Segment>>,
     iov: Vec<IoVec>,
-    /// Requests pushed since the last submit, and the bytes they read or write.
+    /// Requests pushed since the last submit, and the bytes they write.
     unsubmitted: usize,
     unsubmitted_bytes: u64,
     /// Take no more requests from the ring (`Drain`, `Exit`).

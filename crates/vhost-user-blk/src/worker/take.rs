@@ -4,6 +4,8 @@
 use std::io;
 use std::sync::Arc;
 
+use cryptblk_block::aio::IoOp;
+
 use vhost_user_backend::VringT;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::QueueT;
@@ -25,13 +27,17 @@ use crate::GuestMem;
 /// 550k / 420k; 4 and 8 less than 16, 24 no more.
 const SUBMIT_BATCH: usize = 16;
 
-/// Bytes of reads and writes pushed since the last submit that send the batch to the device
-/// early. An encrypted volume encrypts each write as it is pushed, so a batch of 16 64 KiB
-/// writes was 1 MiB of encryption (about 120 µs here) before the first of them reached the
-/// device. Measured (`cryptblk-bench read-path`, 64 KiB writes at depth 16 on ext4, LUKS2,
-/// each against the previous binary in the same rounds): 128 KiB gave 1.37x the IOPS of
-/// batches of 16, 64 KiB a further 1.15x; the LUKS2 server then writes as fast as fio does
-/// on the same payload (0.97-0.99).
+/// Bytes of writes pushed since the last submit that send the batch to the device early. An
+/// encrypted volume encrypts each write as it is pushed, so a batch of 16 64 KiB writes was
+/// 1 MiB of encryption (about 120 µs here) before the first of them reached the device.
+/// Measured (`cryptblk-bench read-path`, 64 KiB writes at depth 16 on ext4, LUKS2, each
+/// against the previous binary in the same rounds): 128 KiB gave 1.37x the IOPS of batches
+/// of 16, 64 KiB a further 1.15x; the LUKS2 server then writes as fast as fio does on the
+/// same payload (0.97-0.99). Reads are decrypted after they complete, so going early gains
+/// them little (on ext4, 64 KiB reads batched by 16 made 0.95 of one by one, median of three
+/// rounds from 0.83 to 0.99), and on tmpfs, where the `threads` engine runs a batch of
+/// one on the queue's own thread instead of waking a pool thread, counting them made 64 KiB
+/// reads one core's work: 0.61x (`cryptblk-bench run --preset serve --baseline`).
 const SUBMIT_BYTES: u64 = 64 << 10;
 
 impl Worker {
@@ -213,8 +219,7 @@ impl Worker {
             return answer(&mut self.spare_segments, segments, used_len);
         }
         self.unsubmitted += 1;
-        if !request.iov.is_empty() {
-            // A read or a write (discards and write-zeroes carry no buffers).
+        if request.op == IoOp::Write {
             self.unsubmitted_bytes += request.len;
         }
         self.requests[usize::from(tag)] = Some(Pending {
