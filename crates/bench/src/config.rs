@@ -23,6 +23,9 @@ pub struct Peer {
     pub name: String,
     pub server: Server,
     pub image: Image,
+    /// More arguments for `cryptblk serve` (a cryptblk peer only), e.g. `["--poll-us", "50"]`.
+    #[serde(default)]
+    pub serve_args: Vec<String>,
     /// Served by the baseline binary (`run --baseline`), not the one measured.
     #[serde(skip)]
     pub baseline: bool,
@@ -288,6 +291,9 @@ impl Config {
             if peer.server == Server::Fio {
                 bail!("peer '{id}' is fio: only the ceiling may be");
             }
+            if !peer.serve_args.is_empty() && peer.server != Server::Cryptblk {
+                bail!("peer '{id}' has serve_args, which only a cryptblk peer takes");
+            }
             if peer.server.is_spdk()
                 && (peer.image != Image::Raw
                     || p.storage.kind != StorageKind::File
@@ -399,6 +405,25 @@ mod tests {
         let err = format!("{:#}", Config::load(Some(path.path())).unwrap_err());
         assert!(
             err.contains("'zz'") && err.contains("preset 'demo'"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn serve_args_belong_to_cryptblk_peers_only() {
+        let c = Config::load(None).unwrap();
+        assert_eq!(c.peer("a-poll").unwrap().serve_args, ["--poll-us", "50"]);
+        assert!(c.peer("a").unwrap().serve_args.is_empty());
+        let text = DEFAULT_CONFIG.replace(
+            "name = \"qemu-storage-daemon, raw\"\nserver = \"qsd\"\nimage = \"raw\"",
+            "name = \"qemu-storage-daemon, raw\"\nserver = \"qsd\"\nimage = \"raw\"\nserve_args = [\"-x\"]",
+        );
+        assert_ne!(text, DEFAULT_CONFIG);
+        let path = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(path.path(), text).unwrap();
+        let err = format!("{:#}", Config::load(Some(path.path())).unwrap_err());
+        assert!(
+            err.contains("peer 'c' has serve_args") && err.contains("only a cryptblk peer"),
             "{err}"
         );
     }

@@ -23,6 +23,7 @@ mod rounds;
 mod runner;
 mod spdk;
 mod stats;
+mod targets;
 mod workdir;
 
 use anyhow::{bail, Context, Result};
@@ -99,6 +100,13 @@ enum Cmd {
         /// Print new/old ratios per row against this older results file instead.
         #[arg(long, value_name = "OLD.jsonl")]
         compare: Option<PathBuf>,
+        /// Check the speed targets instead: each target on each row it names, its median
+        /// and worst round against the limit, and by how much a missed one misses.
+        #[arg(long, conflicts_with_all = ["compare", "charts"])]
+        targets: bool,
+        /// With --targets: one JSON object per line instead of a table.
+        #[arg(long, requires = "targets")]
+        json: bool,
     },
     /// The presets, their peers, transports and workloads.
     List,
@@ -351,6 +359,8 @@ fn run() -> Result<()> {
             results,
             charts,
             compare,
+            targets,
+            json,
         } => {
             let mut records = Vec::new();
             for path in &results {
@@ -365,6 +375,17 @@ fn run() -> Result<()> {
                         .collect::<Vec<_>>()
                         .join(", ")
                 );
+            }
+            if targets {
+                let verdicts = targets::check(&records);
+                if json {
+                    for v in &verdicts {
+                        println!("{}", serde_json::to_string(v)?);
+                    }
+                } else {
+                    print!("{}", targets::markdown(&verdicts));
+                }
+                return Ok(());
             }
             let twins = baseline_pairs(&records);
             let pairs = |preset: &str| {

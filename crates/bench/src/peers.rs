@@ -147,6 +147,7 @@ pub fn command(
             if cache == Cache::None {
                 cmd.args(["--cache", "none"]);
             }
+            cmd.args(&peer.serve_args);
         }
         Server::Qsd => {
             cmd = Command::new("qemu-storage-daemon");
@@ -306,6 +307,11 @@ mod tests {
         assert_eq!(
             cmd("d", Transport::Nbd, 1),
             "cryptblk serve --nbd unix:/w/a.sock --name vol --image /i/raw.img --cache none"
+        );
+        // A peer's own serve arguments come last.
+        assert_eq!(
+            cmd("a-poll", Transport::Vhost, 1),
+            "cryptblk serve --vhost-user-blk /w/a.sock --num-queues 1 --queue-size 1024 --unsealed-memory --image /i/luks2.img --key-file /i/key --cache none --poll-us 50"
         );
         assert_eq!(
             cmd("b", Transport::Nbd, 1),

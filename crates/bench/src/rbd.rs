@@ -97,6 +97,7 @@ pub fn prepare(
                 crate::config::Server::Qsd
             },
             image,
+            serve_args: Vec::new(),
             baseline: false,
         };
         let socket = work.join("fill.sock");
