@@ -5,6 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+# Debian 12's cryptsetup (2.6.1) cannot decrypt an image whose header is at its head; 2.7 can,
+# and the `reencrypt --decrypt` interop tests drive it: built once into /var/tmp (about a
+# minute), found through CRYPTSETUP27.
+CRYPTSETUP27=$(scripts/build-cryptsetup27.sh)
+export CRYPTSETUP27
 # Incremental compilation state is for edit-compile loops; on a one-off run it only fills the
 # disk (3-4 GiB for this workspace).
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"

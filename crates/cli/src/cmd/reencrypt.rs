@@ -33,7 +33,7 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
         return Err(unsupported("reencryption layout", "data shift", "--reduce-device-size is for --encrypt; cryptblk does not move the data of a LUKS2 image"));
     }
     if a.decrypt {
-        return Err(unsupported("reencryption mode", "decrypt", "decrypting in place is not implemented (cryptsetup 2.6 needs a detached --header for it, which cryptblk does not support); use `cryptblk convert -O raw` to a new file"));
+        return Err(unsupported("reencryption mode", "decrypt", "decrypting in place is not implemented: cryptblk has no detached --header, which in-place decryption exports the header to. cryptsetup 2.7 or later does it: `cryptsetup reencrypt --decrypt --header NEW-FILE --force-offline-reencrypt IMAGE` (the data moves to offset 0; Debian 12's 2.6 cannot). Or make a plaintext copy: `cryptblk convert -O raw IMAGE COPY`"));
     }
     let resilience = match a.resilience {
         ResilienceMode::Checksum => ResilienceChoice::Checksum(HashAlg::parse(&a.resilience_hash)?),
