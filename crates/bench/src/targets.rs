@@ -49,6 +49,14 @@ impl Limit {
         }
     }
 
+    /// How far `v` is on the wrong side of the limit (0 when met).
+    fn shortfall(self, v: f64) -> f64 {
+        match self {
+            Limit::AtLeast(l) => (l - v).max(0.0),
+            Limit::AtMost(l) => (v - l).max(0.0),
+        }
+    }
+
     fn text(self) -> String {
         match self {
             Limit::AtLeast(l) => format!(">= {l}"),
@@ -158,6 +166,8 @@ pub struct Verdict {
     pub worst: f64,
     pub limit: String,
     pub met: bool,
+    /// How far the median is on the wrong side of the limit; `None` when met.
+    pub missed_by: Option<f64>,
 }
 
 /// The records of one round of a row.
@@ -259,6 +269,7 @@ pub fn check(records: &[Record]) -> Vec<Verdict> {
                 worst,
                 limit: t.limit.text(),
                 met: t.limit.met(m),
+                missed_by: (!t.limit.met(m)).then(|| t.limit.shortfall(m)),
             });
         }
     }
@@ -271,15 +282,9 @@ pub fn markdown(verdicts: &[Verdict]) -> String {
         "| target | row | median (worst round) | limit | verdict |\n|---|---|---|---|---|\n",
     );
     for v in verdicts {
-        let verdict = if v.met {
-            "met".to_string()
-        } else {
-            let limit: f64 = v
-                .limit
-                .trim_start_matches(['<', '>', '=', ' '])
-                .parse()
-                .unwrap_or(f64::NAN);
-            format!("**missed** by {:.2}", (v.median - limit).abs())
+        let verdict = match v.missed_by {
+            None => "met".to_string(),
+            Some(by) => format!("**missed** by {by:.2}"),
         };
         let _ = writeln!(
             out,
@@ -334,6 +339,7 @@ mod tests {
         assert_eq!(v.len(), 2, "{v:?}");
         let nbd = v.iter().find(|v| v.transport == "nbd").unwrap();
         assert!(!nbd.met);
+        assert!((nbd.missed_by.unwrap() - 0.01).abs() < 1e-9, "{nbd:?}");
         assert!((nbd.median - 0.94).abs() < 1e-9, "{nbd:?}");
         assert!((nbd.worst - 0.90).abs() < 1e-9, "{nbd:?}");
         assert_eq!(nbd.rounds, 3);
