@@ -284,6 +284,9 @@ pub fn markdown(verdicts: &[Verdict]) -> String {
     for v in verdicts {
         let verdict = match v.missed_by {
             None => "met".to_string(),
+            // Two decimals would print a near miss as "by 0.00".
+            Some(by) if by < 0.001 => "**missed** by less than 0.001".to_string(),
+            Some(by) if by < 0.01 => format!("**missed** by {by:.3}"),
             Some(by) => format!("**missed** by {by:.2}"),
         };
         let _ = writeln!(
