@@ -9,32 +9,6 @@ mod common;
 use common::*;
 use std::path::{Path, PathBuf};
 
-/// Where scripts/build-cryptsetup27.sh puts the binary unless told otherwise.
-const DEFAULT_CRYPTSETUP27: &str = "/var/tmp/cryptsetup-2.7.5/sbin/cryptsetup";
-
-/// The cryptsetup 2.7 binary: `$CRYPTSETUP27`, else the build script's default path.
-fn cryptsetup27() -> PathBuf {
-    let path = std::env::var_os("CRYPTSETUP27")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_CRYPTSETUP27));
-    assert!(
-        path.is_file(),
-        "cryptsetup 2.7 is not at {} (set CRYPTSETUP27 or run scripts/build-cryptsetup27.sh, \
-         which scripts/test.sh runs)",
-        path.display()
-    );
-    let version = tool(s(&path), ["--version"]);
-    version.ok();
-    assert!(
-        version.stdout.starts_with("cryptsetup 2.")
-            && !version.stdout.starts_with("cryptsetup 2.6"),
-        "{} is not cryptsetup 2.7 or later: {}",
-        path.display(),
-        version.stdout
-    );
-    path
-}
-
 /// A LUKS2 image made by the system's cryptsetup (2.6) whose payload starts with `plain`.
 fn luks2_image(dir: &Path, key: &Path, plain: &[u8]) -> PathBuf {
     cryptsetup_encrypt_in_place(dir, "img", plain, key, CS_CHEAP_PBKDF2)

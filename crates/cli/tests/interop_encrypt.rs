@@ -1,5 +1,6 @@
 //! `cryptblk reencrypt --encrypt --reduce-device-size` (in-place encryption of a plaintext
-//! image, cryptsetup's datashift layout) against the real cryptsetup 2.6: the same bytes
+//! image, cryptsetup's datashift layout) against the real cryptsetup 2.6 (and 2.7, Debian 13's,
+//! built by scripts/build-cryptsetup27.sh, for the three hand-overs): the same bytes
 //! survive in the same place as with cryptsetup, either tool finishes what the other started
 //! or left after SIGKILL, and the payload always decrypts to the original plaintext through
 //! cryptblk and through an independent path (cryptsetup's volume key + openssl's AES-XTS).
@@ -177,9 +178,18 @@ fn cryptblk_encrypts_with_4k_sectors_and_a_256_bit_key() {
 
 #[test]
 fn cryptsetup_init_only_cryptblk_finishes() {
+    cs_init_only_cryptblk_finishes("cryptsetup");
+}
+
+#[test]
+fn cryptsetup27_init_only_cryptblk_finishes() {
+    cs_init_only_cryptblk_finishes(s(&cryptsetup27()));
+}
+
+fn cs_init_only_cryptblk_finishes(cs: &str) {
     let c = case("cs-init", 24 * MIB);
     tool(
-        "cryptsetup",
+        cs,
         cs_reencrypt(
             &c,
             &["--encrypt", "--reduce-device-size", "4M", "--init-only"],
@@ -218,24 +228,42 @@ const KILL_SIZE: u64 = 96 * MIB;
 
 #[test]
 fn cryptblk_killed_cryptsetup_resumes() {
+    cb_killed_cryptsetup_resumes("cryptsetup");
+}
+
+#[test]
+fn cryptblk_killed_cryptsetup27_resumes() {
+    cb_killed_cryptsetup_resumes(s(&cryptsetup27()));
+}
+
+fn cb_killed_cryptsetup_resumes(cs: &str) {
     let c = case("cb-killed", KILL_SIZE);
     let mut cmd = Command::new(bin());
     cmd.args(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "1M"]));
     kill_midway(cmd, &c.img, 40);
     assert!(in_reencryption(&c.img), "cryptblk finished before the kill");
     tool(
-        "cryptsetup",
+        cs,
         ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)],
     )
     .ok();
-    tool("cryptsetup", cs_reencrypt(&c, &["--resume-only"])).ok();
+    tool(cs, cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, MIB, 512);
 }
 
 #[test]
 fn cryptsetup_killed_cryptblk_resumes() {
+    cs_killed_cryptblk_resumes("cryptsetup");
+}
+
+#[test]
+fn cryptsetup27_killed_cryptblk_resumes() {
+    cs_killed_cryptblk_resumes(s(&cryptsetup27()));
+}
+
+fn cs_killed_cryptblk_resumes(cs: &str) {
     let c = case("cs-killed", KILL_SIZE);
-    let mut cmd = Command::new("cryptsetup");
+    let mut cmd = Command::new(cs);
     cmd.args(cs_reencrypt(
         &c,
         &["--encrypt", "--reduce-device-size", "1M"],

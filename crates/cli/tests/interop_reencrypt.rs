@@ -1,7 +1,8 @@
-//! `cryptblk reencrypt` against the real cryptsetup 2.6 (`--force-offline-reencrypt`): each tool
-//! finishes what the other started or left after SIGKILL, and the result always decrypts to the
-//! original plaintext through cryptblk and through an independent path (cryptsetup's volume key
-//! + openssl's AES-XTS on sampled sectors).
+//! `cryptblk reencrypt` against the real cryptsetup 2.6 (`--force-offline-reencrypt`), and
+//! against 2.7 (Debian 13's, built by scripts/build-cryptsetup27.sh) for the three hand-overs:
+//! each tool finishes what the other started or left after SIGKILL, and the result always
+//! decrypts to the original plaintext through cryptblk and through an independent path
+//! (cryptsetup's volume key + openssl's AES-XTS on sampled sectors).
 mod common;
 
 use common::*;
@@ -149,13 +150,16 @@ fn independent_check(c: &Case, sector: u64, key_bits: usize) {
 /// New layout for the interop cases: 4096-byte sectors and a 512-bit aes-xts key.
 const NEW_LAYOUT: &[&str] = &["--sector-size", "4096", "--key-size", "512"];
 
-fn cs_init_cryptblk_finishes(resilience: &str) {
+/// The system's cryptsetup (2.6 on Debian 12).
+const CRYPTSETUP: &str = "cryptsetup";
+
+fn cs_init_cryptblk_finishes(cs: &str, resilience: &str) {
     let c = case(&format!("cs-init-{resilience}"));
     let args = cs_reencrypt(
         &c,
         &[&["--init-only", "--resilience", resilience], NEW_LAYOUT].concat(),
     );
-    tool("cryptsetup", &args).ok();
+    tool(cs, &args).ok();
     assert!(in_reencryption(&c.img));
     cryptblk(cryptblk_reencrypt_args(
         &c,
@@ -167,30 +171,40 @@ fn cs_init_cryptblk_finishes(resilience: &str) {
 
 #[test]
 fn cryptsetup_init_only_checksum_cryptblk_finishes() {
-    cs_init_cryptblk_finishes("checksum");
+    cs_init_cryptblk_finishes(CRYPTSETUP, "checksum");
+}
+
+#[test]
+fn cryptsetup27_init_only_checksum_cryptblk_finishes() {
+    cs_init_cryptblk_finishes(s(&cryptsetup27()), "checksum");
 }
 
 #[test]
 fn cryptsetup_init_only_none_cryptblk_finishes() {
-    cs_init_cryptblk_finishes("none");
+    cs_init_cryptblk_finishes(CRYPTSETUP, "none");
 }
 
 #[test]
 fn cryptsetup_init_only_journal_cryptblk_finishes() {
-    cs_init_cryptblk_finishes("journal");
+    cs_init_cryptblk_finishes(CRYPTSETUP, "journal");
 }
 
 #[test]
 fn cryptsetup_killed_cryptblk_resumes() {
-    cs_killed_cryptblk_resumes("checksum");
+    cs_killed_cryptblk_resumes(CRYPTSETUP, "checksum");
+}
+
+#[test]
+fn cryptsetup27_killed_cryptblk_resumes() {
+    cs_killed_cryptblk_resumes(s(&cryptsetup27()), "checksum");
 }
 
 #[test]
 fn cryptsetup_killed_cryptblk_resumes_journal() {
-    cs_killed_cryptblk_resumes("journal");
+    cs_killed_cryptblk_resumes(CRYPTSETUP, "journal");
 }
 
-fn cs_killed_cryptblk_resumes(resilience: &str) {
+fn cs_killed_cryptblk_resumes(cs: &str, resilience: &str) {
     let c = case(&format!("cs-killed-{resilience}"));
     let args = cs_reencrypt(
         &c,
@@ -200,7 +214,7 @@ fn cs_killed_cryptblk_resumes(resilience: &str) {
         ]
         .concat(),
     );
-    let mut cmd = Command::new(cryptblk_testutil::tool("cryptsetup"));
+    let mut cmd = Command::new(cryptblk_testutil::tool(cs));
     cmd.args(&args);
     kill_midway(cmd, &c.img, 40);
     assert!(
@@ -218,15 +232,20 @@ fn cs_killed_cryptblk_resumes(resilience: &str) {
 
 #[test]
 fn cryptblk_killed_cryptsetup_resumes() {
-    cb_killed_cryptsetup_resumes("checksum");
+    cb_killed_cryptsetup_resumes(CRYPTSETUP, "checksum");
+}
+
+#[test]
+fn cryptblk_killed_cryptsetup27_resumes() {
+    cb_killed_cryptsetup_resumes(s(&cryptsetup27()), "checksum");
 }
 
 #[test]
 fn cryptblk_killed_cryptsetup_resumes_journal() {
-    cb_killed_cryptsetup_resumes("journal");
+    cb_killed_cryptsetup_resumes(CRYPTSETUP, "journal");
 }
 
-fn cb_killed_cryptsetup_resumes(resilience: &str) {
+fn cb_killed_cryptsetup_resumes(cs: &str, resilience: &str) {
     let c = case(&format!("cb-killed-{resilience}"));
     let mut cmd = Command::new(bin());
     cmd.args(cryptblk_reencrypt_args(
@@ -241,11 +260,11 @@ fn cb_killed_cryptsetup_resumes(resilience: &str) {
     assert!(in_reencryption(&c.img), "cryptblk finished before the kill");
     // After a crash cryptsetup wants `repair` (its hotzone recovery) before resuming.
     tool(
-        "cryptsetup",
+        cs,
         ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)],
     )
     .ok();
-    tool("cryptsetup", cs_reencrypt(&c, &["--resume-only"])).ok();
+    tool(cs, cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, 4096, 512);
 }
 
