@@ -156,6 +156,10 @@ const TARGETS: &[Target] = &[
 /// One target on one row of the result files.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Verdict {
+    /// The run of the files the row comes from, from 1: a new run starts where a round a peer
+    /// was already measured in comes again (a second run of a preset, appended or in another
+    /// file); the table names it only for a row measured in more than one run.
+    pub run: usize,
     pub target: String,
     pub preset: String,
     pub transport: String,
@@ -207,17 +211,48 @@ impl Round<'_> {
     }
 }
 
+/// The run each record belongs to, counting from 0 in file order. Every run names its rounds
+/// the same way (`r1/...`), so a second run of the same preset, appended to the same file or
+/// given as another file, starts where a peer's measurement of a round over a transport comes
+/// again.
+fn runs(records: &[Record]) -> Vec<usize> {
+    let mut run = 0;
+    let mut seen = std::collections::HashSet::new();
+    records
+        .iter()
+        .map(|r| {
+            let key = (
+                r.preset.as_str(),
+                r.group.as_str(),
+                r.peer.as_str(),
+                r.transport.as_str(),
+            );
+            if !r.ceiling && !seen.insert(key) {
+                run += 1;
+                seen.clear();
+                seen.insert(key);
+            }
+            run
+        })
+        .collect()
+}
+
 /// Every target checked on every row of `records` it applies to, in the order of `TARGETS`
 /// and then of the rows.
 pub fn check(records: &[Record]) -> Vec<Verdict> {
+    let runs = runs(records);
     let mut out = Vec::new();
     for t in TARGETS {
-        // Rows (transport, workload) -> rounds (group) -> records, ceilings included.
-        let mut rows: BTreeMap<(&str, &str, &str), BTreeMap<&str, Vec<&Record>>> = BTreeMap::new();
-        for r in records
+        // Rows (run, preset, transport, workload) -> rounds (group) -> records, ceilings
+        // included.
+        type Row<'a> = (usize, &'a str, &'a str, &'a str);
+        let mut rows: BTreeMap<Row, BTreeMap<&str, Vec<&Record>>> = BTreeMap::new();
+        for (i, r) in records
             .iter()
-            .filter(|r| t.presets.contains(&r.preset.as_str()))
+            .enumerate()
+            .filter(|(_, r)| t.presets.contains(&r.preset.as_str()))
         {
+            let run = runs[i];
             let workload = r.workload.name.as_str();
             let wanted = match t.workload {
                 Some(w) => w == workload,
@@ -230,8 +265,11 @@ pub fn check(records: &[Record]) -> Vec<Verdict> {
             let mut transports: Vec<&str> = if r.ceiling {
                 records
                     .iter()
-                    .filter(|o| !o.ceiling && o.group == r.group && o.preset == r.preset)
-                    .map(|o| o.transport.as_str())
+                    .zip(&runs)
+                    .filter(|(o, &n)| {
+                        n == run && !o.ceiling && o.group == r.group && o.preset == r.preset
+                    })
+                    .map(|(o, _)| o.transport.as_str())
                     .collect()
             } else {
                 vec![r.transport.as_str()]
@@ -242,11 +280,13 @@ pub fn check(records: &[Record]) -> Vec<Verdict> {
                 if t.transport.is_some_and(|want| want != tr) {
                     continue;
                 }
-                let round = rows.entry((r.preset.as_str(), tr, workload)).or_default();
+                let round = rows
+                    .entry((run, r.preset.as_str(), tr, workload))
+                    .or_default();
                 round.entry(r.group.as_str()).or_default().push(r);
             }
         }
-        for ((preset, transport, workload), rounds) in rows {
+        for ((run, preset, transport, workload), rounds) in rows {
             let per_round: Vec<f64> = rounds
                 .into_values()
                 .filter_map(|rs| Round(rs).figure(t.figure))
@@ -260,6 +300,7 @@ pub fn check(records: &[Record]) -> Vec<Verdict> {
                 .reduce(|a, b| t.limit.worse(a, b))
                 .unwrap_or(m);
             out.push(Verdict {
+                run: run + 1,
                 target: t.what.to_string(),
                 preset: preset.to_string(),
                 transport: transport.to_string(),
@@ -281,7 +322,22 @@ pub fn markdown(verdicts: &[Verdict]) -> String {
     let mut out = String::from(
         "| target | row | median (worst round) | limit | verdict |\n|---|---|---|---|---|\n",
     );
+    let repeated = |v: &Verdict| {
+        verdicts
+            .iter()
+            .filter(|o| {
+                (&o.target, &o.preset, &o.transport, &o.workload)
+                    == (&v.target, &v.preset, &v.transport, &v.workload)
+            })
+            .count()
+            > 1
+    };
     for v in verdicts {
+        let run = if repeated(v) {
+            format!("run {}, ", v.run)
+        } else {
+            String::new()
+        };
         let verdict = match v.missed_by {
             None => "met".to_string(),
             // Two decimals would print a near miss as "by 0.00".
@@ -291,7 +347,7 @@ pub fn markdown(verdicts: &[Verdict]) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} {} {} ({} rounds) | {:.2} ({:.2}) | {} | {} |",
+            "| {} | {} {} {} ({run}{} rounds) | {:.2} ({:.2}) | {} | {} |",
             v.target,
             v.preset,
             v.transport,
@@ -384,6 +440,29 @@ mod tests {
         assert!(cpu.met);
         // No raw peer in these records: the LUKS2-minus-raw target has no row.
         assert!(!v.iter().any(|v| v.target.contains("minus raw")), "{v:?}");
+    }
+
+    #[test]
+    fn two_runs_of_the_same_rows_are_checked_apart() {
+        // The same preset measured twice, both runs naming their round r1: a/d 0.8, then 1.0.
+        let mut recs = Vec::new();
+        for a in [80.0, 100.0] {
+            for mut r in [
+                run("disk", "r1/w", "f", "file", 120.0),
+                run("disk", "r1/w", "a", "vhost", a),
+                run("disk", "r1/w", "d", "vhost", 100.0),
+                run("disk", "r1/w", "f", "file", 120.0),
+            ] {
+                r.workload.name = "w64k-d16".into();
+                recs.push(r);
+            }
+        }
+        let v = check(&recs);
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert_eq!((v[0].run, v[0].median, v[0].met), (1, 0.8, false));
+        assert_eq!((v[1].run, v[1].median, v[1].met), (2, 1.0, true));
+        let md = markdown(&v);
+        assert!(md.contains("disk vhost w64k-d16 (run 2, 1 rounds)"), "{md}");
     }
 
     #[test]
