@@ -1,11 +1,30 @@
 use super::*;
 
-/// The `VmFlags:` of the mapping that starts at `address`, from /proc/self/smaps.
+/// The `VmFlags:` of the mapping that holds `address`, from /proc/self/smaps. (Not the one
+/// that starts there: the kernel merges a key's mapping with a neighbour of the same flags,
+/// such as another test's key made at the same time.)
 fn vm_flags(address: usize) -> Vec<String> {
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let start = format!("{address:x}-");
-    let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start));
-    assert!(lines.next().is_some(), "no mapping at {start} in smaps");
+    let holds = |line: &str| {
+        let Some((range, _)) = line.split_once(' ') else {
+            return false;
+        };
+        let Some((start, end)) = range.split_once('-') else {
+            return false;
+        };
+        match (
+            usize::from_str_radix(start, 16),
+            usize::from_str_radix(end, 16),
+        ) {
+            (Ok(start), Ok(end)) => (start..end).contains(&address),
+            _ => false,
+        }
+    };
+    let mut lines = smaps.lines().skip_while(|l| !holds(l));
+    assert!(
+        lines.next().is_some(),
+        "no mapping holds {address:x} in smaps"
+    );
     let flags = lines
         .find_map(|l| l.strip_prefix("VmFlags:"))
         .expect("a VmFlags line");
