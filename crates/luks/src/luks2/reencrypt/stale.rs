@@ -23,9 +23,11 @@ pub(super) struct StaleBlocks {
 impl StaleBlocks {
     /// Sorts the blocks of the interrupted hotzone `hot` into old and new: with resilience
     /// `journal` all are old (the journal holds their old ciphertext, in blocks of
-    /// `alignment`), with `checksum` those whose hash still matches the stored one.
+    /// `alignment`), with `checksum` those whose hash still matches the stored one. The
+    /// checksums are in the header's keyslots area (`file`), the hotzone on `data`.
     pub(super) fn classify(
         file: &dyn HeaderIo,
+        data: &dyn HeaderIo,
         state: &ReencryptState,
         hot: &SegmentExtent,
         alignment: u64,
@@ -45,7 +47,12 @@ impl StaleBlocks {
                 journal: Some(state.area_offset),
             });
         }
-        let Resilience::Checksum { hash, block_size } = state.resilience else {
+        // A decryption's moved segment is protected by checksums too (datashift-checksum).
+        let (Resilience::Checksum { hash, block_size }
+        | Resilience::DatashiftChecksum {
+            hash, block_size, ..
+        }) = state.resilience
+        else {
             return Err(unsupported(
                 "recovery of an interrupted hotzone with resilience",
                 state.resilience.name(),
@@ -74,7 +81,7 @@ impl StaleBlocks {
         let mut buf = vec![0u8; block as usize];
         for i in 0..count {
             crate::io::read_at(
-                file,
+                data,
                 hot.device_offset + i as u64 * block,
                 &mut buf,
                 "hotzone",

@@ -1,0 +1,239 @@
+//! Decryption to a detached header through cryptblk alone: init, the shifted hotzones, the
+//! moved segment and the end, and a crash injected at every write of a run (header or data)
+//! after which the read-only view and then recovery give back the original plaintext.
+use super::*;
+use crate::io::HeaderIo;
+use crate::luks2::Luks2Header;
+use crate::{FormatOptions, LuksError, PbkdfOptions, UnlockOptions};
+use cryptblk_crypto::{default_engine_for, CipherSpec, CryptoPool, Direction, SecretKey};
+use std::cell::Cell;
+use std::fs::File;
+use std::sync::Arc;
+
+const PASS: &[u8] = b"decrypt me";
+/// A small data offset (the data shift), so that the volume spans several hotzones.
+const D: u64 = 512 << 10;
+/// Four shifted hotzones (the last one short) after the 512 KiB moved segment.
+const DATA: u64 = (2 << 20) + (256 << 10);
+
+/// Writes fail once `budget` of them (on either file) have been done: a crash there.
+struct Crashing<'a> {
+    file: &'a File,
+    budget: &'a Cell<usize>,
+}
+
+impl HeaderIo for Crashing<'_> {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        HeaderIo::read_exact_at(self.file, buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        if self.budget.get() == 0 {
+            return Err(std::io::Error::other("injected crash"));
+        }
+        self.budget.set(self.budget.get() - 1);
+        HeaderIo::write_all_at(self.file, buf, offset)
+    }
+    fn size(&self) -> std::io::Result<u64> {
+        HeaderIo::size(self.file)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        HeaderIo::set_len(self.file, len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn pbkdf() -> PbkdfOptions {
+    PbkdfOptions::pbkdf2_iterations(crate::HashAlg::Sha256, 1000)
+}
+
+fn rw(path: &std::path::Path) -> File {
+    File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap()
+}
+
+fn plain() -> Vec<u8> {
+    (0..DATA).map(|i| (i * 13 + i / 4091) as u8).collect()
+}
+
+/// An aes-xts-256 image (4096-byte sectors) with its header in the first `D` bytes and
+/// `plain` encrypted behind it.
+fn image(path: &std::path::Path, plain: &[u8]) -> File {
+    let file = rw(path);
+    let spec = CipherSpec::parse_luks2("aes-xts-plain64", 32).unwrap();
+    let mut opts = FormatOptions::luks2(spec.clone(), 4096);
+    opts.pbkdf = pbkdf();
+    let key = SecretKey::random(32).unwrap();
+    Luks2Header::format_at(&file, &opts, PASS, &key, Some(plain.len() as u64), D).unwrap();
+    let mut ct = plain.to_vec();
+    default_engine_for(&spec)
+        .unwrap()
+        .new_cipher(&spec, &key, 4096)
+        .unwrap()
+        .crypt(Direction::Encrypt, 0, &mut ct)
+        .unwrap();
+    file.set_len(D + plain.len() as u64).unwrap();
+    HeaderIo::write_all_at(&file, &ct, D).unwrap();
+    file
+}
+
+fn params() -> DecryptParams {
+    DecryptParams {
+        hash: crate::HashAlg::Sha256,
+        moved_len: None,
+        keyslot: None,
+        pbkdf: pbkdf(),
+    }
+}
+
+fn open<'a>(hdr: &'a dyn HeaderIo, img: &'a dyn HeaderIo) -> Result<Reencryption<'a>> {
+    let (h, _) = Luks2Header::read_detached(hdr)?;
+    Reencryption::open_detached(
+        hdr,
+        img,
+        h,
+        PASS,
+        &UnlockOptions::default(),
+        None,
+        Arc::new(CryptoPool::new(2)),
+    )
+}
+
+fn run_to_end(r: &mut Reencryption<'_>) -> Result<()> {
+    while r.step(u64::MAX)?.done < DATA {}
+    r.finish().map(drop)
+}
+
+/// The image holds `plain` at offset 0 and random bytes where its last `D` were; the header
+/// is the final one (one linear segment, no keyslots or requirement).
+fn check_final(hdr: &File, img: &File, plain: &[u8], ciphertext_tail: &[u8]) {
+    let mut buf = vec![0u8; plain.len()];
+    HeaderIo::read_exact_at(img, &mut buf, 0).unwrap();
+    assert!(buf == plain, "the plaintext at offset 0 differs");
+    let mut tail = vec![0u8; D as usize];
+    HeaderIo::read_exact_at(img, &mut tail, DATA).unwrap();
+    assert!(
+        tail != ciphertext_tail,
+        "the image's last D bytes were not wiped"
+    );
+    let (h, _) = Luks2Header::read_detached(hdr).unwrap();
+    let meta = h.metadata();
+    assert!(meta.keyslots.is_empty() && meta.digests.is_empty());
+    assert!(meta.config.requirements.is_none());
+    assert_eq!(meta.segments.len(), 1);
+    assert_eq!(meta.segments["0"].kind, "linear");
+    assert_eq!(meta.segments["0"].offset, 0);
+}
+
+#[test]
+fn init_steps_and_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = plain();
+    let img = image(&dir.path().join("img"), &plain);
+    let mut tail = vec![0u8; D as usize];
+    HeaderIo::read_exact_at(&img, &mut tail, DATA).unwrap();
+    let hdr = rw(&dir.path().join("hdr"));
+
+    // A wrong passphrase writes nothing.
+    let before = std::fs::read(dir.path().join("img")).unwrap();
+    assert!(matches!(
+        decrypt_init(&img, &hdr, b"wrong", &UnlockOptions::default(), &params()),
+        Err(LuksError::WrongPassphrase)
+    ));
+    assert_eq!(HeaderIo::size(&hdr).unwrap(), 0);
+    assert!(std::fs::read(dir.path().join("img")).unwrap() == before);
+
+    let h = decrypt_init(&img, &hdr, PASS, &UnlockOptions::default(), &params()).unwrap();
+    assert!(h.is_detached());
+    assert!(Luks2Header::read(&img).is_err(), "the image is still LUKS");
+    let st = h.reencrypt_state().unwrap().unwrap();
+    assert_eq!(st.version, 3);
+    let mut r = open(&hdr, &img).unwrap();
+    assert_eq!(r.device_size().unwrap(), DATA);
+    let mut buf = vec![0u8; DATA as usize];
+    r.read(0, &mut buf).unwrap();
+    assert!(buf == plain, "read after init");
+    let mut dones = Vec::new();
+    loop {
+        let rep = r.step(u64::MAX).unwrap();
+        r.read(0, &mut buf).unwrap();
+        assert!(buf == plain, "read after the step to {}", rep.done);
+        dones.push(rep.done);
+        if rep.done >= rep.total {
+            break;
+        }
+    }
+    // Four shifted hotzones of D (the last 256 KiB), then the moved segment.
+    assert_eq!(
+        dones,
+        [D, 2 * D, 3 * D, DATA - D, DATA],
+        "progress after each hotzone"
+    );
+    r.finish().unwrap();
+    check_final(&hdr, &img, &plain, &tail);
+}
+
+#[test]
+fn a_crash_at_any_write_reads_back_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = plain();
+    let img_path = dir.path().join("img");
+    let hdr_path = dir.path().join("hdr");
+    let img = image(&img_path, &plain);
+    let mut tail = vec![0u8; D as usize];
+    HeaderIo::read_exact_at(&img, &mut tail, DATA).unwrap();
+    let hdr = rw(&hdr_path);
+    decrypt_init(&img, &hdr, PASS, &UnlockOptions::default(), &params()).unwrap();
+    let pristine_img = std::fs::read(&img_path).unwrap();
+    let pristine_hdr = std::fs::read(&hdr_path).unwrap();
+
+    let mut crashes = 0;
+    for budget in 0.. {
+        std::fs::write(&img_path, &pristine_img).unwrap();
+        std::fs::write(&hdr_path, &pristine_hdr).unwrap();
+        let (img, hdr) = (rw(&img_path), rw(&hdr_path));
+        let left = Cell::new(budget);
+        let crashed = {
+            let (cimg, chdr) = (
+                Crashing {
+                    file: &img,
+                    budget: &left,
+                },
+                Crashing {
+                    file: &hdr,
+                    budget: &left,
+                },
+            );
+            let mut r = open(&chdr, &cimg).unwrap();
+            run_to_end(&mut r).is_err()
+        };
+        if !crashed {
+            check_final(&hdr, &img, &plain, &tail);
+            break;
+        }
+        crashes += 1;
+        let (h, _) = Luks2Header::read_detached(&hdr).unwrap();
+        if h.reencrypt_state().unwrap().is_none() {
+            // The crash came after the final commit: the data is plaintext already.
+            check_final(&hdr, &img, &plain, &tail);
+            continue;
+        }
+        // Read-only, before recovery: whatever the crash left, the volume reads back.
+        let mut r = open(&hdr, &img).unwrap();
+        let mut buf = vec![0u8; DATA as usize];
+        r.read(0, &mut buf).unwrap();
+        assert!(
+            buf == plain,
+            "read-only view after a crash at write {budget}"
+        );
+        run_to_end(&mut r).unwrap();
+        check_final(&hdr, &img, &plain, &tail);
+    }
+    assert!(crashes > 20, "only {crashes} writes were crash points");
+}
