@@ -1,16 +1,21 @@
-//! `cryptblk reencrypt --decrypt` against the real cryptsetup 2.7 (built by
+//! `cryptblk reencrypt --decrypt --header FILE IMAGE` against the real cryptsetup 2.7 (built by
 //! scripts/build-cryptsetup27.sh; Debian 12's 2.6.1 cannot decrypt an image whose header is
-//! at its head). cryptblk does not decrypt in place yet: it refuses before touching the image,
-//! and the way out its error names does decrypt that image, so the advice stays true.
+//! at its head): either tool starts the decryption, the other finishes it, also after the one
+//! that started was killed mid-way; the plaintext ends up at offset 0 of the image, byte for
+//! byte the volume that was encrypted.
 //!
 //! No cryptsetup 2.7 fails the test (it is never skipped): scripts/test.sh builds it.
 mod common;
 
 use common::*;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// Where scripts/build-cryptsetup27.sh puts the binary unless told otherwise.
 const DEFAULT_CRYPTSETUP27: &str = "/var/tmp/cryptsetup-2.7.5/sbin/cryptsetup";
+/// The volume: the data shift of the images below is 8 MiB, so this is a dozen hotzones.
+const VOLUME: u64 = 96 * MIB;
 
 /// The cryptsetup 2.7 binary: `$CRYPTSETUP27`, else the build script's default path.
 fn cryptsetup27() -> PathBuf {
@@ -35,68 +40,354 @@ fn cryptsetup27() -> PathBuf {
     path
 }
 
-/// A LUKS2 image made by the system's cryptsetup (2.6) whose payload starts with `plain`.
+/// A LUKS2 image made by the system's cryptsetup (2.6) whose volume is `plain` (data offset
+/// 8 MiB, so the image is the volume plus 8 MiB).
 fn luks2_image(dir: &Path, key: &Path, plain: &[u8]) -> PathBuf {
-    cryptsetup_encrypt_in_place(dir, "img", plain, key, CS_CHEAP_PBKDF2)
+    let img = cryptsetup_encrypt_in_place(dir, "img", plain, key, CS_CHEAP_PBKDF2);
+    let len = std::fs::metadata(&img).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .set_len(len - 8 * MIB)
+        .unwrap();
+    img
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    key: PathBuf,
+    plain: Vec<u8>,
+    img: PathBuf,
+    hdr: PathBuf,
+}
+
+fn setup(tag: &str, seed: u64) -> Setup {
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", &passphrase(tag));
+    let plain_path = dir.path().join("plain");
+    random_file(&plain_path, VOLUME, seed);
+    let plain = read(&plain_path);
+    std::fs::remove_file(&plain_path).unwrap();
+    let img = luks2_image(dir.path(), &key, &plain);
+    let hdr = dir.path().join("img.hdr");
+    Setup {
+        dir,
+        key,
+        plain,
+        img,
+        hdr,
+    }
+}
+
+/// cryptsetup 2.7's `reencrypt --decrypt --header` with `extra` options.
+fn cs27_args<'a>(t: &'a Setup, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "reencrypt",
+        "--decrypt",
+        "--header",
+        s(&t.hdr),
+        "--force-offline-reencrypt",
+        "--batch-mode",
+        "--key-file",
+        s(&t.key),
+    ];
+    args.extend_from_slice(extra);
+    args.push(s(&t.img));
+    args
+}
+
+fn cryptblk_args<'a>(t: &'a Setup, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "reencrypt",
+        "--decrypt",
+        "--header",
+        s(&t.hdr),
+        "--key-file",
+        s(&t.key),
+    ];
+    args.extend_from_slice(extra);
+    args.push(s(&t.img));
+    args
+}
+
+/// The image holds the plaintext at offset 0, and the header file says the decryption is
+/// over (no keyslots, no requirement) to both tools.
+#[track_caller]
+fn check_decrypted(t: &Setup, by: &str) {
+    let image = read(&t.img);
+    assert_eq!(
+        image.len() as u64,
+        VOLUME + 8 * MIB,
+        "{by}: the image size changed"
+    );
+    assert_same_bytes(&image[..t.plain.len()], &t.plain, by);
+    let dump = tool(s(&cryptsetup27()), ["luksDump", s(&t.hdr)]);
+    dump.ok();
+    assert!(
+        !dump.stdout.contains("online-reencrypt") && !dump.stdout.contains("luks2"),
+        "{by}: the header still has a reencryption or keyslots:\n{}",
+        dump.stdout
+    );
+    assert!(
+        dump.stdout.contains("linear"),
+        "{by}: no linear segment in the final header:\n{}",
+        dump.stdout
+    );
+    // The image is a plain disk now: no LUKS header left for cryptblk to find.
+    cryptblk(["dump", s(&t.img)]).expect_code(code::DAMAGED);
+}
+
+/// The header file's JSON (primary copy).
+fn header_json(hdr: &Path) -> serde_json::Value {
+    let bytes = read_prefix(hdr, 16384);
+    let end = 4096 + bytes[4096..].iter().position(|&b| b == 0).unwrap();
+    serde_json::from_slice(&bytes[4096..end]).unwrap()
+}
+
+fn seqid(hdr: &Path) -> u64 {
+    let bytes = read_prefix(hdr, 24);
+    u64::from_be_bytes(bytes[16..24].try_into().unwrap())
+}
+
+fn in_hotzone(hdr: &Path) -> bool {
+    header_json(hdr).to_string().contains("in-reencryption")
+}
+
+/// Run `program args` and SIGKILL it once the header file has seen `commits` more commits;
+/// returns whether it was still running then (false: it finished first).
+fn kill_after_commits(program: &str, args: &[&str], hdr: &Path, commits: u64) -> bool {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut start = None;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{program} {args:?} failed: {status}");
+            return false;
+        }
+        if hdr.is_file() && std::fs::metadata(hdr).unwrap().len() >= 24 {
+            let now = seqid(hdr);
+            let first = *start.get_or_insert(now);
+            if now >= first + commits {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "{program}: no progress");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    true
 }
 
 #[test]
-fn decrypt_is_refused_before_any_write_and_the_named_cryptsetup_27_way_decrypts() {
-    let cs27 = cryptsetup27();
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("decrypt-refused"));
-    let plain_path = dir.path().join("plain");
-    random_file(&plain_path, 24 * MIB, 23);
-    let plain = read(&plain_path);
-    let img = luks2_image(dir.path(), &key, &plain);
-    let before = read(&img);
+fn cryptblk_decrypts_to_a_new_header_file() {
+    let t = setup("decrypt-alone", 23);
+    let before = read(&t.img);
 
-    let refused = cryptblk([
+    // Without --header: refused before any read or write, naming the way.
+    let refused = cryptblk(["reencrypt", "--decrypt", "--key-file", s(&t.key), s(&t.img)]);
+    refused.expect_code(code::USAGE);
+    refused.error_line(&["--decrypt needs --header"]);
+    // A wrong passphrase: exit 2, no header file, the image untouched.
+    let wrong = t.dir.path().join("wrong");
+    std::fs::write(&wrong, "not the passphrase").unwrap();
+    cryptblk([
         "reencrypt",
         "--decrypt",
+        "--header",
+        s(&t.hdr),
         "--key-file",
-        s(&key),
-        "-p",
-        s(&img),
-    ]);
-    refused.expect_code(code::UNSUPPORTED);
-    let line = refused.error_line(&["decrypt", "--header", "cryptsetup 2.7", "convert -O raw"]);
+        s(&wrong),
+        s(&t.img),
+    ])
+    .expect_code(code::WRONG_PASSPHRASE);
+    assert!(!t.hdr.exists(), "a refused --decrypt left a header file");
+    // An existing FILE, even empty, is read as a header (as cryptsetup does) and refused.
+    std::fs::write(&t.hdr, b"").unwrap();
+    let existing = cryptblk(cryptblk_args(&t, &[]));
+    existing.expect_code(code::DAMAGED);
+    existing.error_line(&["not a valid LUKS2 header"]);
+    std::fs::remove_file(&t.hdr).unwrap();
     assert!(
-        line.contains(
-            "cryptsetup reencrypt --decrypt --header NEW-FILE --force-offline-reencrypt IMAGE"
-        ),
-        "the refusal does not give the cryptsetup command line: {line}"
-    );
-    assert!(
-        read(&img) == before,
+        read(&t.img) == before,
         "a refused --decrypt changed the image"
     );
 
-    // The command the refusal names, on the same image: the plaintext ends up at offset 0 and
-    // the header in the new file.
-    let header = dir.path().join("img.hdr");
+    cryptblk(cryptblk_args(&t, &["-p"])).ok();
+    check_decrypted(&t, "decrypted by cryptblk");
+}
+
+#[test]
+fn cryptsetup27_init_only_then_cryptblk_resumes() {
+    let t = setup("decrypt-cs-init", 24);
+    tool(s(&cryptsetup27()), cs27_args(&t, &["--init-only"])).ok();
+    cryptblk([
+        "reencrypt",
+        "--resume-only",
+        "--header",
+        s(&t.hdr),
+        "--key-file",
+        s(&t.key),
+        s(&t.img),
+    ])
+    .ok();
+    check_decrypted(&t, "started by cryptsetup 2.7, finished by cryptblk");
+}
+
+#[test]
+fn cryptblk_init_only_then_cryptsetup27_resumes() {
+    let t = setup("decrypt-cb-init", 25);
+    cryptblk(cryptblk_args(&t, &["--init-only"])).ok();
+    // The metadata is cryptsetup 2.7's: the same segments, keyslot and requirement.
+    let json = header_json(&t.hdr);
+    assert_eq!(
+        json["config"]["requirements"]["mandatory"],
+        serde_json::json!(["online-reencrypt-v3"])
+    );
+    let segments = json["segments"].as_object().unwrap();
+    assert_eq!(segments.len(), 5, "{json}");
+    assert_eq!(json["segments"]["0"]["offset"], "0");
+    assert_eq!(json["segments"]["0"]["size"], (8 * MIB).to_string());
+    assert_eq!(json["segments"]["1"]["offset"], (16 * MIB).to_string());
+    assert_eq!(
+        json["segments"]["1"]["iv_tweak"],
+        (8 * MIB / 512).to_string()
+    );
+    assert_eq!(json["segments"]["4"]["type"], "linear");
+    tool(s(&cryptsetup27()), cs27_args(&t, &["--resume-only"])).ok();
+    check_decrypted(&t, "started by cryptblk, finished by cryptsetup 2.7");
+}
+
+/// The metadata without what is random or timed (salts, digest values, iteration counts).
+fn comparable(mut json: serde_json::Value) -> serde_json::Value {
+    for d in json["digests"].as_object_mut().unwrap().values_mut() {
+        let d = d.as_object_mut().unwrap();
+        for field in ["salt", "digest", "iterations"] {
+            d.remove(field);
+        }
+    }
+    for k in json["keyslots"].as_object_mut().unwrap().values_mut() {
+        if let Some(kdf) = k.get_mut("kdf").and_then(|v| v.as_object_mut()) {
+            kdf.remove("salt");
+        }
+    }
+    json
+}
+
+#[test]
+fn cryptblk_init_only_leaves_what_cryptsetup27_init_only_leaves() {
+    let t = setup("decrypt-same-init", 28);
+    let twin = Setup {
+        dir: tempdir(),
+        key: t.key.clone(),
+        plain: Vec::new(),
+        img: t.dir.path().join("twin.img"),
+        hdr: t.dir.path().join("twin.hdr"),
+    };
+    std::fs::copy(&t.img, &twin.img).unwrap();
+    tool(s(&cryptsetup27()), cs27_args(&t, &["--init-only"])).ok();
+    cryptblk(cryptblk_args(&twin, &["--init-only"])).ok();
+    assert!(
+        read(&t.img) == read(&twin.img),
+        "the image after cryptblk's --init-only differs from the one after cryptsetup 2.7's"
+    );
+    assert_eq!(
+        comparable(header_json(&twin.hdr)),
+        comparable(header_json(&t.hdr)),
+        "cryptblk's header metadata differs from cryptsetup 2.7's"
+    );
+    assert_eq!(
+        std::fs::metadata(&twin.hdr).unwrap().len(),
+        std::fs::metadata(&t.hdr).unwrap().len(),
+        "the header files differ in size"
+    );
+}
+
+#[test]
+fn cryptblk_killed_mid_way_then_cryptsetup27_repairs_and_resumes() {
+    let t = setup("decrypt-cb-killed", 26);
+    let pristine = read(&t.img);
+    // Kill until one kill lands inside a hotzone: each hotzone is two commits (flag it, move
+    // the boundary past it), so the number of commits to wait for alternates in parity.
+    let mut in_hot = false;
+    for attempt in 0..8 {
+        std::fs::write(&t.img, &pristine).unwrap();
+        let _ = std::fs::remove_file(&t.hdr);
+        cryptblk(cryptblk_args(&t, &["--init-only"])).ok();
+        let args = [
+            "reencrypt",
+            "--resume-only",
+            "--header",
+            s(&t.hdr),
+            "--key-file",
+            s(&t.key),
+            s(&t.img),
+        ];
+        assert!(
+            kill_after_commits(bin(), &args, &t.hdr, 2 + attempt),
+            "cryptblk finished before the kill"
+        );
+        in_hot = in_hotzone(&t.hdr);
+        if in_hot {
+            break;
+        }
+    }
+    assert!(in_hot, "no kill landed inside a hotzone in 8 tries");
+    let cs27 = cryptsetup27();
     tool(
         s(&cs27),
         [
-            "reencrypt",
-            "--decrypt",
-            "--header",
-            s(&header),
-            "--force-offline-reencrypt",
+            "repair",
             "--batch-mode",
+            "--header",
+            s(&t.hdr),
             "--key-file",
-            s(&key),
-            s(&img),
+            s(&t.key),
+            s(&t.img),
         ],
     )
     .ok();
-    let after = read(&img);
-    assert_same_bytes(
-        &after[..plain.len()],
-        &plain,
-        "the image decrypted by cryptsetup 2.7",
-    );
-    assert!(header.is_file(), "cryptsetup 2.7 wrote no header file");
-    // The image is a plain disk now: no LUKS header left for cryptblk to find.
-    cryptblk(["dump", s(&img)]).expect_code(code::DAMAGED);
+    tool(s(&cs27), cs27_args(&t, &["--resume-only"])).ok();
+    check_decrypted(&t, "cryptblk killed, finished by cryptsetup 2.7");
+}
+
+#[test]
+fn cryptsetup27_killed_mid_way_then_cryptblk_resumes() {
+    let t = setup("decrypt-cs-killed", 27);
+    let cs27 = cryptsetup27();
+    let pristine = read(&t.img);
+    let mut in_hot = false;
+    for attempt in 0..8 {
+        std::fs::write(&t.img, &pristine).unwrap();
+        let _ = std::fs::remove_file(&t.hdr);
+        tool(s(&cs27), cs27_args(&t, &["--init-only"])).ok();
+        let args = cs27_args(&t, &["--resume-only"]);
+        assert!(
+            kill_after_commits(s(&cs27), &args, &t.hdr, 2 + attempt),
+            "cryptsetup finished before the kill"
+        );
+        in_hot = in_hotzone(&t.hdr);
+        if in_hot {
+            break;
+        }
+    }
+    assert!(in_hot, "no kill landed inside a hotzone in 8 tries");
+    cryptblk([
+        "reencrypt",
+        "--resume-only",
+        "--header",
+        s(&t.hdr),
+        "--key-file",
+        s(&t.key),
+        s(&t.img),
+    ])
+    .ok();
+    check_decrypted(&t, "cryptsetup 2.7 killed, finished by cryptblk");
 }
