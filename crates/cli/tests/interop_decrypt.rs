@@ -224,47 +224,6 @@ fn cryptblk_decrypts_to_a_new_header_file() {
     check_decrypted(&t, "decrypted by cryptblk");
 }
 
-#[test]
-fn cryptsetup27_init_only_then_cryptblk_resumes() {
-    let t = setup("decrypt-cs-init", 24);
-    tool(s(&cryptsetup27()), cs27_args(&t, &["--init-only"])).ok();
-    cryptblk([
-        "reencrypt",
-        "--resume-only",
-        "--header",
-        s(&t.hdr),
-        "--key-file",
-        s(&t.key),
-        s(&t.img),
-    ])
-    .ok();
-    check_decrypted(&t, "started by cryptsetup 2.7, finished by cryptblk");
-}
-
-#[test]
-fn cryptblk_init_only_then_cryptsetup27_resumes() {
-    let t = setup("decrypt-cb-init", 25);
-    cryptblk(cryptblk_args(&t, &["--init-only"])).ok();
-    // The metadata is cryptsetup 2.7's: the same segments, keyslot and requirement.
-    let json = header_json(&t.hdr);
-    assert_eq!(
-        json["config"]["requirements"]["mandatory"],
-        serde_json::json!(["online-reencrypt-v3"])
-    );
-    let segments = json["segments"].as_object().unwrap();
-    assert_eq!(segments.len(), 5, "{json}");
-    assert_eq!(json["segments"]["0"]["offset"], "0");
-    assert_eq!(json["segments"]["0"]["size"], (8 * MIB).to_string());
-    assert_eq!(json["segments"]["1"]["offset"], (16 * MIB).to_string());
-    assert_eq!(
-        json["segments"]["1"]["iv_tweak"],
-        (8 * MIB / 512).to_string()
-    );
-    assert_eq!(json["segments"]["4"]["type"], "linear");
-    tool(s(&cryptsetup27()), cs27_args(&t, &["--resume-only"])).ok();
-    check_decrypted(&t, "started by cryptblk, finished by cryptsetup 2.7");
-}
-
 /// The metadata without what is random or timed (salts, digest values, iteration counts).
 fn comparable(mut json: serde_json::Value) -> serde_json::Value {
     for d in json["digests"].as_object_mut().unwrap().values_mut() {
@@ -281,32 +240,72 @@ fn comparable(mut json: serde_json::Value) -> serde_json::Value {
     json
 }
 
-#[test]
-fn cryptblk_init_only_leaves_what_cryptsetup27_init_only_leaves() {
-    let t = setup("decrypt-same-init", 28);
+/// cryptblk's `--init-only` and cryptsetup 2.7's (with the options `extra`) on two copies of
+/// an image leave the same bytes and the same metadata; then each tool finishes the other's.
+fn same_init_and_each_finishes_the_other(tag: &str, seed: u64, extra: &[&str]) {
+    let t = setup(tag, seed);
     let twin = Setup {
         dir: tempdir(),
         key: t.key.clone(),
-        plain: Vec::new(),
+        plain: t.plain.clone(),
         img: t.dir.path().join("twin.img"),
         hdr: t.dir.path().join("twin.hdr"),
     };
     std::fs::copy(&t.img, &twin.img).unwrap();
-    tool(s(&cryptsetup27()), cs27_args(&t, &["--init-only"])).ok();
-    cryptblk(cryptblk_args(&twin, &["--init-only"])).ok();
+    let mut init = vec!["--init-only"];
+    init.extend_from_slice(extra);
+    tool(s(&cryptsetup27()), cs27_args(&t, &init)).ok();
+    cryptblk(cryptblk_args(&twin, &init)).ok();
     assert!(
         read(&t.img) == read(&twin.img),
-        "the image after cryptblk's --init-only differs from the one after cryptsetup 2.7's"
+        "{extra:?}: the image after cryptblk's --init-only differs from the one after cryptsetup 2.7's"
     );
     assert_eq!(
         comparable(header_json(&twin.hdr)),
         comparable(header_json(&t.hdr)),
-        "cryptblk's header metadata differs from cryptsetup 2.7's"
+        "{extra:?}: cryptblk's header metadata differs from cryptsetup 2.7's"
     );
     assert_eq!(
         std::fs::metadata(&twin.hdr).unwrap().len(),
         std::fs::metadata(&t.hdr).unwrap().len(),
         "the header files differ in size"
+    );
+    tool(s(&cryptsetup27()), cs27_args(&twin, &["--resume-only"])).ok();
+    check_decrypted(&twin, "started by cryptblk, finished by cryptsetup 2.7");
+    cryptblk([
+        "reencrypt",
+        "--resume-only",
+        "--header",
+        s(&t.hdr),
+        "--key-file",
+        s(&t.key),
+        s(&t.img),
+    ])
+    .ok();
+    check_decrypted(&t, "started by cryptsetup 2.7, finished by cryptblk");
+}
+
+#[test]
+fn cryptblk_init_only_leaves_what_cryptsetup27_init_only_leaves() {
+    same_init_and_each_finishes_the_other("decrypt-same-init", 28, &[]);
+}
+
+#[test]
+fn a_journal_for_the_moved_segment_works_both_ways_too() {
+    // The journal holds the moved segment itself, which must fit the free keyslots area
+    // (a little under the 8 MiB data offset here): cryptsetup and cryptblk both refuse more.
+    let t = setup("decrypt-journal-refused", 29);
+    let refused = cryptblk(cryptblk_args(
+        &t,
+        &["--resilience", "journal", "--init-only"],
+    ));
+    refused.expect_code(code::USAGE);
+    refused.error_line(&["datashift-journal", "--hotzone-size"]);
+    assert!(!t.hdr.exists(), "a refused --decrypt left a header file");
+    same_init_and_each_finishes_the_other(
+        "decrypt-journal",
+        30,
+        &["--resilience", "journal", "--hotzone-size", "4M"],
     );
 }
 

@@ -7,13 +7,13 @@
 //! existing one must be the detached header of a decryption in progress (cryptsetup reads an
 //! existing FILE, even an empty one, as a header and refuses it otherwise; so does this).
 use super::reencrypt::run_to_end;
-use crate::args::{Cli, ReencryptArgs};
+use crate::args::{Cli, ReencryptArgs, ResilienceMode};
 use crate::convert::interrupt::InterruptFlag;
 use crate::exit::UsageError;
 use crate::options::{crypto_pool, pbkdf_options, unlock_options};
 use crate::secrets::read_passphrase;
 use anyhow::{bail, Context, Result};
-use cryptblk_luks::luks2::reencrypt::{decrypt_init, DecryptParams, Reencryption};
+use cryptblk_luks::luks2::reencrypt::{decrypt_init, DecryptParams, MovedResilience, Reencryption};
 use cryptblk_luks::luks2::Luks2Header;
 use cryptblk_luks::{HashAlg, HeaderIo, LuksError, LuksImage, LuksVersion};
 use std::fs::File;
@@ -128,14 +128,22 @@ fn init(
             .into())
         }
     }
-    let passphrase = read_passphrase(a.key_file.as_deref(), "Enter passphrase: ")?;
-    let hash = HashAlg::parse(&a.resilience_hash)?;
+    // cryptsetup's meanings for a decryption: the moved segment is protected by checksums
+    // (datashift-checksum) or a journal (datashift-journal); the rest by the data shift.
+    let resilience = match a.resilience {
+        ResilienceMode::Checksum => MovedResilience::Checksum(HashAlg::parse(&a.resilience_hash)?),
+        ResilienceMode::Journal => MovedResilience::Journal,
+        ResilienceMode::None | ResilienceMode::Datashift => bail!(UsageError(
+            "--decrypt takes --resilience checksum (the default) or journal: the data moves, which is its own protection, except for the part decrypted in place last".into()
+        )),
+    };
     let params = DecryptParams {
-        hash,
+        resilience,
         moved_len: a.hotzone_size,
         keyslot: a.key_slot,
         pbkdf: pbkdf_options(&a.pbkdf, HashAlg::parse(&a.hash)?, LuksVersion::V2)?,
     };
+    let passphrase = read_passphrase(a.key_file.as_deref(), "Enter passphrase: ")?;
     let hpath = header.display().to_string();
     let file = std::fs::OpenOptions::new()
         .read(true)

@@ -1,6 +1,7 @@
 //! Decrypting an image in place to a detached header, as `cryptsetup reencrypt --decrypt
 //! --header FILE` (2.7 and later) does it: mode `decrypt`, direction `forward`, resilience
-//! `datashift-checksum`, requirement `online-reencrypt-v3`.
+//! `datashift-checksum` (or `datashift-journal`, with `--resilience journal`), requirement
+//! `online-reencrypt-v3`.
 //!
 //! Layout, with `D` the old data offset (the header and keyslots area at the image's head)
 //! and `M` = `moved_len` = min(D, 20 MiB, the volume) unless `--hotzone-size` says less:
@@ -24,7 +25,9 @@
 //!   decrypted in place, protected by a checksum of each `sector_size` block of its
 //!   ciphertext stored in the keyslot area before the hot segments
 //!   (`[linear @0 len M, in-reencryption][linear @M dynamic]`) are committed; after a crash a
-//!   block whose hash still matches is ciphertext, the others are plaintext already;
+//!   block whose hash still matches is ciphertext, the others are plaintext already. With
+//!   `datashift-journal` the keyslot area holds the moved segment's ciphertext instead, and
+//!   recovery decrypts all of it from there;
 //! - finish: the last D bytes of the image (old ciphertext of data already decrypted) are
 //!   overwritten with random bytes; the header keeps one `linear @0 dynamic` segment and no
 //!   keyslots, digests or requirement. The plaintext volume is the image minus its last D
@@ -53,19 +56,38 @@ use zeroize::Zeroizing;
 pub(super) fn is_decrypt_datashift(state: &ReencryptState) -> bool {
     state.mode == ReencryptMode::Decrypt
         && state.direction == ReencryptDirection::Forward
-        && matches!(state.resilience, Resilience::DatashiftChecksum { .. })
+        && matches!(
+            state.resilience,
+            Resilience::DatashiftChecksum { .. } | Resilience::DatashiftJournal { .. }
+        )
         && state.segment_moved.is_some()
 }
 
+/// How the moved segment, decrypted in place, survives a crash.
+#[derive(Debug, Clone, Copy)]
+enum MovedProtection {
+    /// A hash of each `block` bytes of its ciphertext in the keyslot area.
+    Checksum { hash: HashAlg, block: u64 },
+    /// Its ciphertext itself in the keyslot area.
+    Journal,
+}
+
 impl Reencryption<'_> {
-    /// The data shift and the moved segment's checksum parameters.
-    fn decrypt_params(&self) -> Result<(u64, HashAlg, u64)> {
+    /// The data shift and how the moved segment is protected.
+    fn decrypt_params(&self) -> Result<(u64, MovedProtection)> {
         match self.state.resilience {
             Resilience::DatashiftChecksum {
                 shift,
                 hash,
                 block_size,
-            } => Ok((shift, hash, u64::from(block_size))),
+            } => Ok((
+                shift,
+                MovedProtection::Checksum {
+                    hash,
+                    block: u64::from(block_size),
+                },
+            )),
+            Resilience::DatashiftJournal { shift } => Ok((shift, MovedProtection::Journal)),
             _ => Err(corrupt("not a decryption with a data shift")),
         }
     }
@@ -215,23 +237,30 @@ impl Reencryption<'_> {
     /// 0 at init) is decrypted in place, so the checksums of its ciphertext blocks go to the
     /// keyslot area before the segments that flag it are committed.
     fn decrypt_moved(&mut self, live: &[Segment]) -> Result<()> {
-        let (_, hash, block) = self.decrypt_params()?;
+        let (_, protection) = self.decrypt_params()?;
         let moved = self.backup(&self.state.segment_moved.clone())?;
         let len = fixed(&moved)?;
-        if !len.is_multiple_of(block) {
-            return Err(corrupt("the moved segment is not whole checksum blocks"));
-        }
         let mut hot = vec![self.plain_at(0, Some(len), true)?];
         hot.extend(live.get(1).cloned());
         let mut buf = Zeroizing::new(vec![0u8; len as usize]);
         crate::io::read_at(self.data, moved.offset, &mut buf, "moved segment")?;
-        let sums = block_checksums(hash, block as usize, &buf, self.pool.threads());
-        if sums.len() as u64 > self.state.area_size {
+        let sums;
+        let area: &[u8] = match protection {
+            MovedProtection::Checksum { hash, block } => {
+                if !len.is_multiple_of(block) {
+                    return Err(corrupt("the moved segment is not whole checksum blocks"));
+                }
+                sums = block_checksums(hash, block as usize, &buf, self.pool.threads());
+                &sums
+            }
+            MovedProtection::Journal => &buf,
+        };
+        if area.len() as u64 > self.state.area_size {
             return Err(corrupt(
-                "the moved segment's checksums do not fit the reencryption keyslot area",
+                "the moved segment's protection does not fit the reencryption keyslot area",
             ));
         }
-        self.file.write_all_at(&sums, self.state.area_offset)?;
+        self.file.write_all_at(area, self.state.area_offset)?;
         self.file.sync_data()?;
         self.install_decrypt(hot)?;
         self.crypt(KeyRole::Old, Direction::Decrypt, 0, &mut buf)?;
@@ -243,7 +272,8 @@ impl Reencryption<'_> {
 
     /// Put the hotzone a crash interrupted right, as cryptsetup does: a shifted one is
     /// decrypted again from its intact source; in the moved one, the blocks whose checksum
-    /// still matches are ciphertext and are decrypted, the others are plaintext already.
+    /// still matches are ciphertext and are decrypted, the others are plaintext already (with
+    /// a journal, all of it is decrypted from the journal).
     pub(super) fn recover_decrypt(&mut self) -> Result<()> {
         let (shift, ..) = self.decrypt_params()?;
         if self.stale.is_none() {
@@ -277,7 +307,11 @@ impl Reencryption<'_> {
             let mut buf = Zeroizing::new(vec![0u8; stale.block as usize]);
             for (i, _) in stale.old.iter().enumerate().filter(|(_, o)| **o) {
                 let pos = stale.start + i as u64 * stale.block;
-                crate::io::read_at(self.data, offset + pos, &mut buf, "moved hotzone block")?;
+                let (io, from) = match stale.journal {
+                    Some(journal) => (self.file, journal + (pos - stale.start)),
+                    None => (self.data, offset + pos),
+                };
+                crate::io::read_at(io, from, &mut buf, "moved hotzone block")?;
                 self.crypt(KeyRole::Old, Direction::Decrypt, pos, &mut buf)?;
                 self.data.write_all_at(&buf, offset + pos)?;
             }

@@ -23,11 +23,20 @@ use zeroize::Zeroizing;
 /// (LUKS2_DEFAULT_NONE_REENCRYPTION_LENGTH).
 pub const DEFAULT_MOVED_MAX: u64 = 20 << 20;
 
+/// How the moved segment (decrypted in place, last) is protected against a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MovedResilience {
+    /// `datashift-checksum` (cryptsetup's default): a hash of each 4 KiB block of its
+    /// ciphertext (`--resilience-hash`, sha256 by default).
+    Checksum(HashAlg),
+    /// `datashift-journal` (`--resilience journal`): its ciphertext itself.
+    Journal,
+}
+
 /// What `--decrypt --header FILE` needs.
 #[derive(Debug, Clone)]
 pub struct DecryptParams {
-    /// Hash of the moved segment's checksums (`--resilience-hash`, cryptsetup's sha256).
-    pub hash: HashAlg,
+    pub resilience: MovedResilience,
     /// `--hotzone-size`: the moved segment's length; `None` for cryptsetup's default.
     pub moved_len: Option<u64>,
     /// The keyslot the passphrase must open (`--key-slot`).
@@ -152,15 +161,23 @@ pub fn decrypt_init(
     let (start, end) = keyslots_range(hdr.bin.hdr_size, &meta)
         .ok_or_else(|| LuksError::Corrupt("keyslots area overflows".into()))?;
     let (area_offset, area_size) = largest_gap(&meta, start, end);
-    let protects = area_size / params.hash.digest_len() as u64 * block;
+    let mut area_extra = serde_json::Map::new();
+    let (kind, protects) = match params.resilience {
+        MovedResilience::Checksum(hash) => {
+            area_extra.insert("hash".into(), Value::from(hash.name()));
+            area_extra.insert("sector_size".into(), Value::from(block));
+            (
+                "datashift-checksum",
+                area_size / hash.digest_len() as u64 * block,
+            )
+        }
+        MovedResilience::Journal => ("datashift-journal", area_size),
+    };
     if protects < moved_len {
         return Err(invalid(format!(
-            "the free keyslots area ({area_size} bytes) holds checksums for {protects} bytes, the moved segment is {moved_len}; use a smaller --hotzone-size"
+            "the free keyslots area ({area_size} bytes) protects {protects} bytes with {kind}, the moved segment is {moved_len}; use a smaller --hotzone-size"
         )));
     }
-    let mut area_extra = serde_json::Map::new();
-    area_extra.insert("hash".into(), Value::from(params.hash.name()));
-    area_extra.insert("sector_size".into(), Value::from(block));
     area_extra.insert("shift_size".into(), Value::from(shift.to_string()));
     let mut slot_extra = serde_json::Map::new();
     slot_extra.insert("mode".into(), Value::from("decrypt"));
@@ -172,7 +189,7 @@ pub fn decrypt_init(
             key_size: 1,
             af: None,
             area: Area {
-                kind: "datashift-checksum".into(),
+                kind: kind.into(),
                 offset: area_offset,
                 size: area_size,
                 encryption: None,

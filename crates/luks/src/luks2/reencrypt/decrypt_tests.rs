@@ -13,7 +13,8 @@ use std::sync::Arc;
 const PASS: &[u8] = b"decrypt me";
 /// A small data offset (the data shift), so that the volume spans several hotzones.
 const D: u64 = 512 << 10;
-/// Four shifted hotzones (the last one short) after the 512 KiB moved segment.
+/// Four shifted hotzones after the moved segment (512 KiB, the last hotzone 256 KiB; or
+/// 256 KiB, all hotzones 512 KiB).
 const DATA: u64 = (2 << 20) + (256 << 10);
 
 /// Writes fail once `budget` of them (on either file) have been done: a crash there.
@@ -83,10 +84,19 @@ fn image(path: &std::path::Path, plain: &[u8]) -> File {
     file
 }
 
-fn params() -> DecryptParams {
+/// The moved segment: the default (D) with checksums; with a journal, what the keyslots area
+/// left by a 512 KiB data offset holds.
+fn moved_len(resilience: MovedResilience) -> u64 {
+    match resilience {
+        MovedResilience::Checksum(_) => D,
+        MovedResilience::Journal => 256 << 10,
+    }
+}
+
+fn params(resilience: MovedResilience) -> DecryptParams {
     DecryptParams {
-        hash: crate::HashAlg::Sha256,
-        moved_len: None,
+        resilience,
+        moved_len: Some(moved_len(resilience)).filter(|&m| m != D),
         keyslot: None,
         pbkdf: pbkdf(),
     }
@@ -131,8 +141,19 @@ fn check_final(hdr: &File, img: &File, plain: &[u8], ciphertext_tail: &[u8]) {
     assert_eq!(meta.segments["0"].offset, 0);
 }
 
+const RESILIENCES: [MovedResilience; 2] = [
+    MovedResilience::Checksum(crate::HashAlg::Sha256),
+    MovedResilience::Journal,
+];
+
 #[test]
 fn init_steps_and_finish() {
+    for resilience in RESILIENCES {
+        init_steps_and_finish_with(resilience);
+    }
+}
+
+fn init_steps_and_finish_with(resilience: MovedResilience) {
     let dir = tempfile::tempdir().unwrap();
     let plain = plain();
     let img = image(&dir.path().join("img"), &plain);
@@ -143,17 +164,35 @@ fn init_steps_and_finish() {
     // A wrong passphrase writes nothing.
     let before = std::fs::read(dir.path().join("img")).unwrap();
     assert!(matches!(
-        decrypt_init(&img, &hdr, b"wrong", &UnlockOptions::default(), &params()),
+        decrypt_init(
+            &img,
+            &hdr,
+            b"wrong",
+            &UnlockOptions::default(),
+            &params(resilience)
+        ),
         Err(LuksError::WrongPassphrase)
     ));
     assert_eq!(HeaderIo::size(&hdr).unwrap(), 0);
     assert!(std::fs::read(dir.path().join("img")).unwrap() == before);
 
-    let h = decrypt_init(&img, &hdr, PASS, &UnlockOptions::default(), &params()).unwrap();
+    let h = decrypt_init(
+        &img,
+        &hdr,
+        PASS,
+        &UnlockOptions::default(),
+        &params(resilience),
+    )
+    .unwrap();
     assert!(h.is_detached());
     assert!(Luks2Header::read(&img).is_err(), "the image is still LUKS");
     let st = h.reencrypt_state().unwrap().unwrap();
     assert_eq!(st.version, 3);
+    let kind = match resilience {
+        MovedResilience::Checksum(_) => "datashift-checksum",
+        MovedResilience::Journal => "datashift-journal",
+    };
+    assert_eq!(st.resilience.name(), kind);
     let mut r = open(&hdr, &img).unwrap();
     assert_eq!(r.device_size().unwrap(), DATA);
     let mut buf = vec![0u8; DATA as usize];
@@ -169,10 +208,10 @@ fn init_steps_and_finish() {
             break;
         }
     }
-    // Four shifted hotzones of D (the last 256 KiB), then the moved segment.
+    // Four shifted hotzones, then the moved segment.
     assert_eq!(
         dones,
-        [D, 2 * D, 3 * D, DATA - D, DATA],
+        [D, 2 * D, 3 * D, DATA - moved_len(resilience), DATA],
         "progress after each hotzone"
     );
     r.finish().unwrap();
@@ -181,6 +220,12 @@ fn init_steps_and_finish() {
 
 #[test]
 fn a_crash_at_any_write_reads_back_and_recovers() {
+    for resilience in RESILIENCES {
+        a_crash_at_any_write_with(resilience);
+    }
+}
+
+fn a_crash_at_any_write_with(resilience: MovedResilience) {
     let dir = tempfile::tempdir().unwrap();
     let plain = plain();
     let img_path = dir.path().join("img");
@@ -189,7 +234,14 @@ fn a_crash_at_any_write_reads_back_and_recovers() {
     let mut tail = vec![0u8; D as usize];
     HeaderIo::read_exact_at(&img, &mut tail, DATA).unwrap();
     let hdr = rw(&hdr_path);
-    decrypt_init(&img, &hdr, PASS, &UnlockOptions::default(), &params()).unwrap();
+    decrypt_init(
+        &img,
+        &hdr,
+        PASS,
+        &UnlockOptions::default(),
+        &params(resilience),
+    )
+    .unwrap();
     let pristine_img = std::fs::read(&img_path).unwrap();
     let pristine_hdr = std::fs::read(&hdr_path).unwrap();
 

@@ -23,7 +23,7 @@ mod recovery;
 mod session;
 mod stale;
 
-pub use decrypt_init::{decrypt_init, DecryptParams, DEFAULT_MOVED_MAX};
+pub use decrypt_init::{decrypt_init, DecryptParams, MovedResilience, DEFAULT_MOVED_MAX};
 pub use encrypt::{encrypt_init, min_reduce, EncryptParams, MAX_REDUCE};
 pub use init::{InitParams, ResilienceChoice};
 pub use layout::{ExtentCipher, KeyRole, SegmentExtent};

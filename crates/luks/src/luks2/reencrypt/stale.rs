@@ -32,7 +32,11 @@ impl StaleBlocks {
         hot: &SegmentExtent,
         alignment: u64,
     ) -> Result<StaleBlocks> {
-        if state.resilience == Resilience::Journal {
+        // A decryption's moved segment may be journalled too (datashift-journal).
+        if matches!(
+            state.resilience,
+            Resilience::Journal | Resilience::DatashiftJournal { .. }
+        ) {
             let block = alignment;
             if hot.len > state.area_size || !hot.len.is_multiple_of(block) {
                 return Err(LuksError::Corrupt(format!(
