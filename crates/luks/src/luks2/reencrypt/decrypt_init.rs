@@ -4,7 +4,8 @@
 //! crash leaves an intact image plus a copy of its header); the image's LUKS2 magics wiped;
 //! the first `moved_len` bytes of ciphertext copied from the old data offset to offset 0 (the
 //! header copy in FILE still describes the untouched data at the old offset); then FILE's one
-//! header commit that starts the reencryption.
+//! header commit that starts the reencryption. A step that fails (an I/O error, not a crash)
+//! puts the header back into the image, which is then as it was.
 use super::init::{first_free, largest_gap};
 use super::{
     digest, ReencryptState, FLAG_BACKUP_FINAL, FLAG_BACKUP_MOVED, FLAG_BACKUP_PREVIOUS,
@@ -63,7 +64,7 @@ pub fn decrypt_init(
     unlock: &UnlockOptions,
     params: &DecryptParams,
 ) -> Result<Luks2Header> {
-    let (mut hdr, _) = Luks2Header::read(image)?;
+    let (hdr, _) = Luks2Header::read(image)?;
     crate::luks2::ensure_writable(&hdr)?;
     let (seg_id, seg) = hdr.segment().map(|(i, s)| (i.to_string(), s.clone()))?;
     if seg_id != "0" || seg.size != SegmentSize::Dynamic || seg.iv_tweak.unwrap_or(0) != 0 {
@@ -230,38 +231,39 @@ pub fn decrypt_init(
     meta.digests.insert(rd_id, rd);
     drop(old_key);
 
-    // 1. The header and keyslots area to FILE, as `luksHeaderBackup` writes it.
-    copy_range(image, header_out, end)?;
-    // 2. The image is no LUKS device any more (the copy in FILE describes it).
+    // 1. The header and keyslots area to FILE, as `luksHeaderBackup` writes it; the copy in
+    //    memory puts the image back should a later step fail (cryptsetup restores it too).
+    let mut original = vec![0u8; end as usize];
+    crate::io::read_at(image, 0, &mut original, "LUKS2 header and keyslots area")?;
+    header_out.set_len(end)?;
+    header_out.write_all_at(&original, 0)?;
+    header_out.sync_all()?;
     let hdr_size = hdr.bin.hdr_size;
-    for at in [0, hdr_size] {
-        image.write_all_at(&[0u8; 6], at)?;
+    let started = (|| -> Result<Luks2Header> {
+        // 2. The image is no LUKS device any more (the copy in FILE describes it).
+        for at in [0, hdr_size] {
+            image.write_all_at(&[0u8; 6], at)?;
+        }
+        image.sync_data()?;
+        // 3. The first moved_len bytes of ciphertext to offset 0.
+        let mut moved = Zeroizing::new(vec![0u8; moved_len as usize]);
+        crate::io::read_at(image, shift, &mut moved, "ciphertext to move")?;
+        image.write_all_at(&moved, 0)?;
+        image.sync_data()?;
+        drop(moved);
+        // 4. One commit in FILE starts the decryption.
+        let mut hdr = hdr;
+        hdr.placement = Placement::Detached;
+        hdr.meta = meta;
+        hdr.commit(header_out)?;
+        Ok(hdr)
+    })();
+    if started.is_err() {
+        // The data at the old offset is untouched until the commit: the old header makes it
+        // the image it was (best effort: the error that stopped the init is the one to see).
+        let _ = image
+            .write_all_at(&original, 0)
+            .and_then(|()| image.sync_data());
     }
-    image.sync_data()?;
-    // 3. The first moved_len bytes of ciphertext to offset 0.
-    let mut moved = Zeroizing::new(vec![0u8; moved_len as usize]);
-    crate::io::read_at(image, shift, &mut moved, "ciphertext to move")?;
-    image.write_all_at(&moved, 0)?;
-    image.sync_data()?;
-    drop(moved);
-    // 4. One commit in FILE starts the decryption.
-    hdr.placement = Placement::Detached;
-    hdr.meta = meta;
-    hdr.commit(header_out)?;
-    Ok(hdr)
-}
-
-/// Copy `[0, len)` of `from` to a new file `to` and make it durable.
-fn copy_range(from: &dyn HeaderIo, to: &dyn HeaderIo, len: u64) -> Result<()> {
-    to.set_len(len)?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(buf.len() as u64) as usize;
-        crate::io::read_at(from, done, &mut buf[..n], "LUKS2 header and keyslots area")?;
-        to.write_all_at(&buf[..n], done)?;
-        done += n as u64;
-    }
-    to.sync_all()?;
-    Ok(())
+    started
 }

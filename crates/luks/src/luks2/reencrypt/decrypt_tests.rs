@@ -45,6 +45,36 @@ impl HeaderIo for Crashing<'_> {
     }
 }
 
+/// The `n`th write (on either file) fails, the others succeed: an I/O error at that point.
+struct FailOnce<'a> {
+    file: &'a File,
+    writes: &'a Cell<usize>,
+    fail_at: usize,
+}
+
+impl HeaderIo for FailOnce<'_> {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        HeaderIo::read_exact_at(self.file, buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        let n = self.writes.get();
+        self.writes.set(n + 1);
+        if n == self.fail_at {
+            return Err(std::io::Error::other("injected I/O error"));
+        }
+        HeaderIo::write_all_at(self.file, buf, offset)
+    }
+    fn size(&self) -> std::io::Result<u64> {
+        HeaderIo::size(self.file)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        HeaderIo::set_len(self.file, len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 fn pbkdf() -> PbkdfOptions {
     PbkdfOptions::pbkdf2_iterations(crate::HashAlg::Sha256, 1000)
 }
@@ -288,4 +318,41 @@ fn a_crash_at_any_write_with(resilience: MovedResilience) {
         check_final(&hdr, &img, &plain, &tail);
     }
     assert!(crashes > 20, "only {crashes} writes were crash points");
+}
+
+#[test]
+fn an_init_that_fails_puts_the_image_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = plain();
+    let img_path = dir.path().join("img");
+    let hdr_path = dir.path().join("hdr");
+    drop(image(&img_path, &plain));
+    let pristine = std::fs::read(&img_path).unwrap();
+    let mut failures = 0;
+    for fail_at in 0.. {
+        std::fs::write(&img_path, &pristine).unwrap();
+        std::fs::write(&hdr_path, b"").unwrap();
+        let (img, hdr) = (rw(&img_path), rw(&hdr_path));
+        let writes = Cell::new(0);
+        let fimg = FailOnce {
+            file: &img,
+            writes: &writes,
+            fail_at,
+        };
+        let fhdr = FailOnce {
+            file: &hdr,
+            writes: &writes,
+            fail_at,
+        };
+        let params = params(RESILIENCES[0]);
+        if decrypt_init(&fimg, &fhdr, PASS, &UnlockOptions::default(), &params).is_ok() {
+            break;
+        }
+        failures += 1;
+        assert!(
+            std::fs::read(&img_path).unwrap() == pristine,
+            "an init failing at write {fail_at} left the image changed"
+        );
+    }
+    assert!(failures >= 5, "only {failures} writes could fail");
 }
