@@ -390,3 +390,47 @@ fn cryptsetup27_killed_mid_way_then_cryptblk_resumes() {
     .ok();
     check_decrypted(&t, "cryptsetup 2.7 killed, finished by cryptblk");
 }
+
+#[test]
+fn sigterm_stops_after_the_hotzone_and_cryptsetup27_resumes_without_repair() {
+    let t = setup("decrypt-sigterm", 31);
+    let mut child = Command::new(bin())
+        .args(cryptblk_args(&t, &[]))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut start = None;
+    loop {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "cryptblk finished before the signal"
+        );
+        if t.hdr.is_file() && std::fs::metadata(&t.hdr).unwrap().len() >= 24 {
+            let now = seqid(&t.hdr);
+            if now >= *start.get_or_insert(now) + 4 {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    tool("kill", ["-TERM", &child.id().to_string()]).ok();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code::OTHER), "{stderr}");
+    assert!(
+        stderr.contains("interrupted")
+            && stderr.contains(&format!("--resume-only --header {}", s(&t.hdr))),
+        "the message does not say how to continue: {stderr}"
+    );
+    // Stopped cleanly: no hotzone is left flagged, so cryptsetup resumes without repair.
+    assert!(!in_hotzone(&t.hdr), "a hotzone is left flagged");
+    tool(s(&cryptsetup27()), cs27_args(&t, &["--resume-only"])).ok();
+    check_decrypted(
+        &t,
+        "cryptblk stopped by SIGTERM, finished by cryptsetup 2.7",
+    );
+}
