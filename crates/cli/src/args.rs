@@ -531,9 +531,14 @@ pub struct ReencryptArgs {
     /// Encrypt a plaintext image in place (needs --reduce-device-size).
     #[arg(long, conflicts_with = "decrypt")]
     pub encrypt: bool,
-    /// Decrypt the image in place (not implemented yet).
+    /// Decrypt the image in place: the header goes to --header FILE (which must not exist),
+    /// the plaintext to offset 0 of the image (cryptsetup 2.7's layout).
     #[arg(long)]
     pub decrypt: bool,
+    /// The detached header: with --decrypt, the new file the header is exported to; to
+    /// continue (--resume-only), the file a decryption left.
+    #[arg(long, value_name = "FILE")]
+    pub header: Option<PathBuf>,
     /// With --encrypt: the header takes half of it and the data moves up by the other half;
     /// the last SIZE bytes of the plaintext are given up (cryptsetup recommends 32M).
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]

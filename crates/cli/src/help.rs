@@ -15,7 +15,13 @@ Without --init-only or --resume-only, starts a reencryption (or continues the on
 and runs it to the end. A reencryption started or interrupted by cryptsetup continues here, and
 one started or interrupted here continues with `cryptsetup reencrypt --resume-only
 --force-offline-reencrypt`. SIGINT/SIGTERM stop after the current hotzone; kill -9 loses nothing
-with --resilience checksum or journal (the next run recovers the hotzone).";
+with --resilience checksum or journal (the next run recovers the hotzone).
+
+--decrypt --header FILE decrypts in place as cryptsetup 2.7 does: the header goes to FILE (a
+new file; an existing one is read as the header of a decryption in progress), the plaintext
+to offset 0 of the image, the image's last data-offset bytes are overwritten with random
+data at the end. Continue with `--resume-only --header FILE IMAGE` here or with cryptsetup
+2.7's `reencrypt --resume-only --header FILE`.";
 
 /// `cryptblk resize --help`: what changes, and the exit statuses a script may see.
 pub const RESIZE: &str = "\

@@ -1,76 +1,411 @@
-//! `cryptblk reencrypt --decrypt` against the real cryptsetup 2.7 (built by
+//! `cryptblk reencrypt --decrypt --header FILE IMAGE` against the real cryptsetup 2.7 (built by
 //! scripts/build-cryptsetup27.sh; Debian 12's 2.6.1 cannot decrypt an image whose header is
-//! at its head). cryptblk does not decrypt in place yet: it refuses before touching the image,
-//! and the way out its error names does decrypt that image, so the advice stays true.
+//! at its head): either tool starts the decryption, the other finishes it, also after the one
+//! that started was killed mid-way; the plaintext ends up at offset 0 of the image, byte for
+//! byte the volume that was encrypted.
 //!
 //! No cryptsetup 2.7 fails the test (it is never skipped): scripts/test.sh builds it.
 mod common;
 
 use common::*;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-/// A LUKS2 image made by the system's cryptsetup (2.6) whose payload starts with `plain`.
+/// The volume: the data shift of the images below is 8 MiB, so this is a dozen hotzones.
+const VOLUME: u64 = 96 * MIB;
+
+/// A LUKS2 image made by the system's cryptsetup (2.6) whose volume is `plain` (data offset
+/// 8 MiB, so the image is the volume plus 8 MiB).
 fn luks2_image(dir: &Path, key: &Path, plain: &[u8]) -> PathBuf {
-    cryptsetup_encrypt_in_place(dir, "img", plain, key, CS_CHEAP_PBKDF2)
+    let img = cryptsetup_encrypt_in_place(dir, "img", plain, key, CS_CHEAP_PBKDF2);
+    let len = std::fs::metadata(&img).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .set_len(len - 8 * MIB)
+        .unwrap();
+    img
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    key: PathBuf,
+    plain: Vec<u8>,
+    img: PathBuf,
+    hdr: PathBuf,
+}
+
+fn setup(tag: &str, seed: u64) -> Setup {
+    let dir = tempdir();
+    let key = key_file(dir.path(), "key", &passphrase(tag));
+    let plain_path = dir.path().join("plain");
+    random_file(&plain_path, VOLUME, seed);
+    let plain = read(&plain_path);
+    std::fs::remove_file(&plain_path).unwrap();
+    let img = luks2_image(dir.path(), &key, &plain);
+    let hdr = dir.path().join("img.hdr");
+    Setup {
+        dir,
+        key,
+        plain,
+        img,
+        hdr,
+    }
+}
+
+/// cryptsetup 2.7's `reencrypt --decrypt --header` with `extra` options.
+fn cs27_args<'a>(t: &'a Setup, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "reencrypt",
+        "--decrypt",
+        "--header",
+        s(&t.hdr),
+        "--force-offline-reencrypt",
+        "--batch-mode",
+        "--key-file",
+        s(&t.key),
+    ];
+    args.extend_from_slice(extra);
+    args.push(s(&t.img));
+    args
+}
+
+fn cryptblk_args<'a>(t: &'a Setup, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "reencrypt",
+        "--decrypt",
+        "--header",
+        s(&t.hdr),
+        "--key-file",
+        s(&t.key),
+    ];
+    args.extend_from_slice(extra);
+    args.push(s(&t.img));
+    args
+}
+
+/// The image holds the plaintext at offset 0, and the header file says the decryption is
+/// over (no keyslots, no requirement) to both tools.
+#[track_caller]
+fn check_decrypted(t: &Setup, by: &str) {
+    let image = read(&t.img);
+    assert_eq!(
+        image.len() as u64,
+        VOLUME + 8 * MIB,
+        "{by}: the image size changed"
+    );
+    assert_same_bytes(&image[..t.plain.len()], &t.plain, by);
+    let dump = tool(s(&cryptsetup27()), ["luksDump", s(&t.hdr)]);
+    dump.ok();
+    assert!(
+        !dump.stdout.contains("online-reencrypt") && !dump.stdout.contains("luks2"),
+        "{by}: the header still has a reencryption or keyslots:\n{}",
+        dump.stdout
+    );
+    assert!(
+        dump.stdout.contains("linear"),
+        "{by}: no linear segment in the final header:\n{}",
+        dump.stdout
+    );
+    // The image is a plain disk now: no LUKS header left for cryptblk to find.
+    cryptblk(["dump", s(&t.img)]).expect_code(code::DAMAGED);
+}
+
+/// The header file's JSON (primary copy).
+fn header_json(hdr: &Path) -> serde_json::Value {
+    let bytes = read_prefix(hdr, 16384);
+    let end = 4096 + bytes[4096..].iter().position(|&b| b == 0).unwrap();
+    serde_json::from_slice(&bytes[4096..end]).unwrap()
+}
+
+fn seqid(hdr: &Path) -> u64 {
+    let bytes = read_prefix(hdr, 24);
+    u64::from_be_bytes(bytes[16..24].try_into().unwrap())
+}
+
+fn in_hotzone(hdr: &Path) -> bool {
+    header_json(hdr).to_string().contains("in-reencryption")
+}
+
+/// Run `program args` and SIGKILL it once the header file has seen `commits` more commits;
+/// returns whether it was still running then (false: it finished first).
+fn kill_after_commits(program: &str, args: &[&str], hdr: &Path, commits: u64) -> bool {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut start = None;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{program} {args:?} failed: {status}");
+            return false;
+        }
+        if hdr.is_file() && std::fs::metadata(hdr).unwrap().len() >= 24 {
+            let now = seqid(hdr);
+            let first = *start.get_or_insert(now);
+            if now >= first + commits {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "{program}: no progress");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    true
 }
 
 #[test]
-fn decrypt_is_refused_before_any_write_and_the_named_cryptsetup_27_way_decrypts() {
-    let cs27 = cryptsetup27();
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("decrypt-refused"));
-    let plain_path = dir.path().join("plain");
-    random_file(&plain_path, 24 * MIB, 23);
-    let plain = read(&plain_path);
-    let img = luks2_image(dir.path(), &key, &plain);
-    let before = read(&img);
+fn cryptblk_decrypts_to_a_new_header_file() {
+    let t = setup("decrypt-alone", 23);
+    let before = read(&t.img);
 
-    let refused = cryptblk([
+    // Without --header: refused before any read or write, naming the way.
+    let refused = cryptblk(["reencrypt", "--decrypt", "--key-file", s(&t.key), s(&t.img)]);
+    refused.expect_code(code::USAGE);
+    refused.error_line(&["--decrypt needs --header"]);
+    // A wrong passphrase: exit 2, no header file, the image untouched.
+    let wrong = t.dir.path().join("wrong");
+    std::fs::write(&wrong, "not the passphrase").unwrap();
+    cryptblk([
         "reencrypt",
         "--decrypt",
+        "--header",
+        s(&t.hdr),
         "--key-file",
-        s(&key),
-        "-p",
-        s(&img),
-    ]);
-    refused.expect_code(code::UNSUPPORTED);
-    let line = refused.error_line(&["decrypt", "--header", "cryptsetup 2.7", "convert -O raw"]);
+        s(&wrong),
+        s(&t.img),
+    ])
+    .expect_code(code::WRONG_PASSPHRASE);
+    assert!(!t.hdr.exists(), "a refused --decrypt left a header file");
+    // An existing FILE, even empty, is read as a header (as cryptsetup does) and refused.
+    std::fs::write(&t.hdr, b"").unwrap();
+    let existing = cryptblk(cryptblk_args(&t, &[]));
+    existing.expect_code(code::DAMAGED);
+    existing.error_line(&["not a valid LUKS2 header"]);
+    std::fs::remove_file(&t.hdr).unwrap();
     assert!(
-        line.contains(
-            "cryptsetup reencrypt --decrypt --header NEW-FILE --force-offline-reencrypt IMAGE"
-        ),
-        "the refusal does not give the cryptsetup command line: {line}"
-    );
-    assert!(
-        read(&img) == before,
+        read(&t.img) == before,
         "a refused --decrypt changed the image"
     );
 
-    // The command the refusal names, on the same image: the plaintext ends up at offset 0 and
-    // the header in the new file.
-    let header = dir.path().join("img.hdr");
+    cryptblk(cryptblk_args(&t, &["-p"])).ok();
+    check_decrypted(&t, "decrypted by cryptblk");
+}
+
+/// The metadata without what is random or timed (salts, digest values, iteration counts).
+fn comparable(mut json: serde_json::Value) -> serde_json::Value {
+    for d in json["digests"].as_object_mut().unwrap().values_mut() {
+        let d = d.as_object_mut().unwrap();
+        for field in ["salt", "digest", "iterations"] {
+            d.remove(field);
+        }
+    }
+    for k in json["keyslots"].as_object_mut().unwrap().values_mut() {
+        if let Some(kdf) = k.get_mut("kdf").and_then(|v| v.as_object_mut()) {
+            kdf.remove("salt");
+        }
+    }
+    json
+}
+
+/// cryptblk's `--init-only` and cryptsetup 2.7's (with the options `extra`) on two copies of
+/// an image leave the same bytes and the same metadata; then each tool finishes the other's.
+fn same_init_and_each_finishes_the_other(tag: &str, seed: u64, extra: &[&str]) {
+    let t = setup(tag, seed);
+    let twin = Setup {
+        dir: tempdir(),
+        key: t.key.clone(),
+        plain: t.plain.clone(),
+        img: t.dir.path().join("twin.img"),
+        hdr: t.dir.path().join("twin.hdr"),
+    };
+    std::fs::copy(&t.img, &twin.img).unwrap();
+    let mut init = vec!["--init-only"];
+    init.extend_from_slice(extra);
+    tool(s(&cryptsetup27()), cs27_args(&t, &init)).ok();
+    cryptblk(cryptblk_args(&twin, &init)).ok();
+    assert!(
+        read(&t.img) == read(&twin.img),
+        "{extra:?}: the image after cryptblk's --init-only differs from the one after cryptsetup 2.7's"
+    );
+    assert_eq!(
+        comparable(header_json(&twin.hdr)),
+        comparable(header_json(&t.hdr)),
+        "{extra:?}: cryptblk's header metadata differs from cryptsetup 2.7's"
+    );
+    assert_eq!(
+        std::fs::metadata(&twin.hdr).unwrap().len(),
+        std::fs::metadata(&t.hdr).unwrap().len(),
+        "the header files differ in size"
+    );
+    tool(s(&cryptsetup27()), cs27_args(&twin, &["--resume-only"])).ok();
+    check_decrypted(&twin, "started by cryptblk, finished by cryptsetup 2.7");
+    cryptblk([
+        "reencrypt",
+        "--resume-only",
+        "--header",
+        s(&t.hdr),
+        "--key-file",
+        s(&t.key),
+        s(&t.img),
+    ])
+    .ok();
+    check_decrypted(&t, "started by cryptsetup 2.7, finished by cryptblk");
+}
+
+#[test]
+fn cryptblk_init_only_leaves_what_cryptsetup27_init_only_leaves() {
+    same_init_and_each_finishes_the_other("decrypt-same-init", 28, &[]);
+}
+
+#[test]
+fn a_journal_for_the_moved_segment_works_both_ways_too() {
+    // The journal holds the moved segment itself, which must fit the free keyslots area
+    // (a little under the 8 MiB data offset here): cryptsetup and cryptblk both refuse more.
+    let t = setup("decrypt-journal-refused", 29);
+    let refused = cryptblk(cryptblk_args(
+        &t,
+        &["--resilience", "journal", "--init-only"],
+    ));
+    refused.expect_code(code::USAGE);
+    refused.error_line(&["datashift-journal", "--hotzone-size"]);
+    assert!(!t.hdr.exists(), "a refused --decrypt left a header file");
+    same_init_and_each_finishes_the_other(
+        "decrypt-journal",
+        30,
+        &["--resilience", "journal", "--hotzone-size", "4M"],
+    );
+}
+
+#[test]
+fn cryptblk_killed_mid_way_then_cryptsetup27_repairs_and_resumes() {
+    let t = setup("decrypt-cb-killed", 26);
+    let pristine = read(&t.img);
+    // Kill until one kill lands inside a hotzone: each hotzone is two commits (flag it, move
+    // the boundary past it), so the number of commits to wait for alternates in parity.
+    let mut in_hot = false;
+    for attempt in 0..8 {
+        std::fs::write(&t.img, &pristine).unwrap();
+        let _ = std::fs::remove_file(&t.hdr);
+        cryptblk(cryptblk_args(&t, &["--init-only"])).ok();
+        let args = [
+            "reencrypt",
+            "--resume-only",
+            "--header",
+            s(&t.hdr),
+            "--key-file",
+            s(&t.key),
+            s(&t.img),
+        ];
+        assert!(
+            kill_after_commits(bin(), &args, &t.hdr, 2 + attempt),
+            "cryptblk finished before the kill"
+        );
+        in_hot = in_hotzone(&t.hdr);
+        if in_hot {
+            break;
+        }
+    }
+    assert!(in_hot, "no kill landed inside a hotzone in 8 tries");
+    let cs27 = cryptsetup27();
     tool(
         s(&cs27),
         [
-            "reencrypt",
-            "--decrypt",
-            "--header",
-            s(&header),
-            "--force-offline-reencrypt",
+            "repair",
             "--batch-mode",
+            "--header",
+            s(&t.hdr),
             "--key-file",
-            s(&key),
-            s(&img),
+            s(&t.key),
+            s(&t.img),
         ],
     )
     .ok();
-    let after = read(&img);
-    assert_same_bytes(
-        &after[..plain.len()],
-        &plain,
-        "the image decrypted by cryptsetup 2.7",
+    tool(s(&cs27), cs27_args(&t, &["--resume-only"])).ok();
+    check_decrypted(&t, "cryptblk killed, finished by cryptsetup 2.7");
+}
+
+#[test]
+fn cryptsetup27_killed_mid_way_then_cryptblk_resumes() {
+    let t = setup("decrypt-cs-killed", 27);
+    let cs27 = cryptsetup27();
+    let pristine = read(&t.img);
+    let mut in_hot = false;
+    for attempt in 0..8 {
+        std::fs::write(&t.img, &pristine).unwrap();
+        let _ = std::fs::remove_file(&t.hdr);
+        tool(s(&cs27), cs27_args(&t, &["--init-only"])).ok();
+        let args = cs27_args(&t, &["--resume-only"]);
+        assert!(
+            kill_after_commits(s(&cs27), &args, &t.hdr, 2 + attempt),
+            "cryptsetup finished before the kill"
+        );
+        in_hot = in_hotzone(&t.hdr);
+        if in_hot {
+            break;
+        }
+    }
+    assert!(in_hot, "no kill landed inside a hotzone in 8 tries");
+    cryptblk([
+        "reencrypt",
+        "--resume-only",
+        "--header",
+        s(&t.hdr),
+        "--key-file",
+        s(&t.key),
+        s(&t.img),
+    ])
+    .ok();
+    check_decrypted(&t, "cryptsetup 2.7 killed, finished by cryptblk");
+}
+
+#[test]
+fn sigterm_stops_after_the_hotzone_and_cryptsetup27_resumes_without_repair() {
+    let t = setup("decrypt-sigterm", 31);
+    let mut child = Command::new(bin())
+        .args(cryptblk_args(&t, &[]))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut start = None;
+    loop {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "cryptblk finished before the signal"
+        );
+        if t.hdr.is_file() && std::fs::metadata(&t.hdr).unwrap().len() >= 24 {
+            let now = seqid(&t.hdr);
+            if now >= *start.get_or_insert(now) + 4 {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    tool("kill", ["-TERM", &child.id().to_string()]).ok();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code::OTHER), "{stderr}");
+    assert!(
+        stderr.contains("interrupted")
+            && stderr.contains(&format!("--resume-only --header {}", s(&t.hdr))),
+        "the message does not say how to continue: {stderr}"
     );
-    assert!(header.is_file(), "cryptsetup 2.7 wrote no header file");
-    // The image is a plain disk now: no LUKS header left for cryptblk to find.
-    cryptblk(["dump", s(&img)]).expect_code(code::DAMAGED);
+    // Stopped cleanly: no hotzone is left flagged, so cryptsetup resumes without repair.
+    assert!(!in_hotzone(&t.hdr), "a hotzone is left flagged");
+    tool(s(&cryptsetup27()), cs27_args(&t, &["--resume-only"])).ok();
+    check_decrypted(
+        &t,
+        "cryptblk stopped by SIGTERM, finished by cryptsetup 2.7",
+    );
 }

@@ -3,29 +3,10 @@
 mod common_core;
 
 use common_core::*;
-use cryptblk_luks::luks2::binary::compute_checksum;
 use cryptblk_luks::luks2::Luks2Header;
-use cryptblk_luks::{HashAlg, LuksError};
+use cryptblk_luks::LuksError;
 use std::fs::File;
 use std::path::Path;
-
-const HDR: u64 = 16384;
-
-/// Replace the JSON of both copies, re-checksumming them.
-fn rewrite_json(img: &Path, edit: &dyn Fn(&str) -> String) {
-    for off in [0, HDR] {
-        let mut area = read_range(img, off, HDR as usize);
-        let end = 4096 + area[4096..].iter().position(|&b| b == 0).unwrap();
-        let json = std::str::from_utf8(&area[4096..end]).unwrap().to_string();
-        let new = edit(&json);
-        assert_ne!(new, json, "edit did not apply");
-        area[4096..].fill(0);
-        area[4096..4096 + new.len()].copy_from_slice(new.as_bytes());
-        let sum = compute_checksum(HashAlg::Sha256, &area).unwrap();
-        area[448..448 + 64].copy_from_slice(&sum);
-        write_range(img, off, &area);
-    }
-}
 
 fn base_image(dir: &Path) -> std::path::PathBuf {
     let key = write_key(dir, "key", b"pw");

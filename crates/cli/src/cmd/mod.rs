@@ -8,6 +8,7 @@ pub mod format;
 pub mod key;
 pub mod man;
 pub mod reencrypt;
+mod reencrypt_decrypt;
 mod reencrypt_encrypt;
 pub mod resize;
 pub mod serve;

@@ -32,8 +32,8 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
     if a.reduce_device_size.is_some() && !a.encrypt {
         return Err(unsupported("reencryption layout", "data shift", "--reduce-device-size is for --encrypt; cryptblk does not move the data of a LUKS2 image"));
     }
-    if a.decrypt {
-        return Err(unsupported("reencryption mode", "decrypt", "decrypting in place is not implemented: cryptblk has no detached --header, which in-place decryption exports the header to. cryptsetup 2.7 or later does it: `cryptsetup reencrypt --decrypt --header NEW-FILE --force-offline-reencrypt IMAGE` (the data moves to offset 0; Debian 12's 2.6 cannot). Or make a plaintext copy: `cryptblk convert -O raw IMAGE COPY`"));
+    if a.decrypt || a.header.is_some() {
+        return super::reencrypt_decrypt::run(cli, a);
     }
     let resilience = match a.resilience {
         ResilienceMode::Checksum => ResilienceChoice::Checksum(HashAlg::parse(&a.resilience_hash)?),
@@ -112,7 +112,7 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
             return Ok(());
         }
     }
-    let mut r = Reencryption::open(
+    let r = Reencryption::open(
         file,
         hdr,
         &passphrase,
@@ -122,6 +122,19 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
     )
     .with_context(|| format!("opening the reencryption of {path}"))?;
     drop(passphrase);
+    run_to_end(a, file, r, &path, &interrupt, "")
+}
+
+/// Recover an interrupted hotzone, rewrite the rest with progress, and finish; a signal stops
+/// after the current hotzone with the reencryption saved.
+pub(super) fn run_to_end(
+    a: &ReencryptArgs,
+    file: &(dyn HeaderIo + Sync),
+    mut r: Reencryption<'_>,
+    path: &str,
+    interrupt: &InterruptFlag,
+    resume_options: &str,
+) -> Result<()> {
     if r.is_interrupted() {
         r.recover()
             .with_context(|| format!("recovering the interrupted hotzone of {path}"))?;
@@ -158,7 +171,7 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
     });
     reporter.finish(progress.done.load(Ordering::Relaxed));
     if !outcome? {
-        bail!("{path}: interrupted; the reencryption is saved, continue it with `cryptblk reencrypt --resume-only`");
+        bail!("{path}: interrupted; the reencryption is saved, continue it with `cryptblk reencrypt --resume-only{resume_options} {path}`");
     }
     r.finish()
         .with_context(|| format!("finishing the reencryption of {path}"))?;

@@ -135,6 +135,7 @@ impl Luks2Header {
             },
             salts,
             meta,
+            placement: super::validate::Placement::Attached,
         };
         // Check label length etc. before touching the file.
         hdr.encode_copy(HeaderCopy::Primary)?;

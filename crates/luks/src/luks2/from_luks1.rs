@@ -321,6 +321,7 @@ fn new_header(
         },
         salts,
         meta,
+        placement: super::validate::Placement::Attached,
     })
 }
 

@@ -2,7 +2,7 @@
 //! refers to it; a removal rewrites the header before wiping the area.
 use super::json::{Af, Area, KdfJson, Keyslot};
 use super::unlock::{digest_matches, material_len};
-use super::validate::{keyslots_range, validate, MAX_KEYSLOTS};
+use super::validate::{keyslots_range, validate_placed, MAX_KEYSLOTS};
 use super::write::{b64, random_bytes, round_up, SALT_BYTES};
 use super::{ensure_writable, parse_cipher, Luks2Header};
 use crate::io::zero_range;
@@ -214,7 +214,7 @@ impl Luks2Header {
             }
         }
         // Refuse before destroying anything if the header without this slot would be invalid.
-        if let Err(e) = validate(&self.meta, self.bin.hdr_size) {
+        if let Err(e) = validate_placed(&self.meta, self.bin.hdr_size, self.placement) {
             self.meta = before;
             return Err(LuksError::InvalidArgument(format!(
                 "refusing to write invalid metadata: {e}"

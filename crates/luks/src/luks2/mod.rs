@@ -23,6 +23,7 @@ use binary::BinaryHeader;
 use cryptblk_crypto::{CipherSpec, SecretKey};
 use json::{Digest, Metadata, Segment, SegmentSize};
 
+use validate::Placement;
 pub use validate::MAX_KEYSLOTS;
 
 /// A parsed, validated LUKS2 header (the copy that was chosen when reading).
@@ -32,22 +33,42 @@ pub struct Luks2Header {
     /// The binary header salts of the (primary, secondary) copies, kept across rewrites.
     salts: [[u8; binary::SALT_LEN]; 2],
     meta: Metadata,
+    /// Attached (data behind the header on the same device) or detached (the header is a
+    /// file of its own; segment offsets count on a separate data device).
+    placement: Placement,
 }
 
 impl Luks2Header {
     /// Read and validate both copies; use the valid one with the higher seqid. Warnings report
     /// a damaged or stale copy.
     pub fn read(file: &dyn HeaderIo) -> Result<(Self, Vec<String>)> {
-        let (copy, warnings) = read::read_header(file)?;
+        Self::read_placed(file, Placement::Attached)
+    }
+
+    /// Read a detached header (cryptsetup's `--header FILE`): `file` holds the header and the
+    /// keyslots area only, the data segments lie on another device from its offset 0. Only
+    /// for callers that keep the two apart; the attached `read` never accepts such a header.
+    pub fn read_detached(file: &dyn HeaderIo) -> Result<(Self, Vec<String>)> {
+        Self::read_placed(file, Placement::Detached)
+    }
+
+    fn read_placed(file: &dyn HeaderIo, placement: Placement) -> Result<(Self, Vec<String>)> {
+        let (copy, warnings) = read::read_header(file, placement)?;
         let salts = [copy.bin.salt, copy.bin.salt];
         Ok((
             Luks2Header {
                 bin: copy.bin,
                 salts,
                 meta: copy.meta,
+                placement,
             },
             warnings,
         ))
+    }
+
+    /// Whether the header is detached from its data (read with `read_detached`).
+    pub fn is_detached(&self) -> bool {
+        self.placement == Placement::Detached
     }
 
     pub fn uuid(&self) -> &str {

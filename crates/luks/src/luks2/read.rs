@@ -1,7 +1,7 @@
 //! Reading both metadata copies and choosing the one to trust.
 use super::binary::{compute_checksum, BinaryHeader, HeaderCopy, BINARY_SIZE, VALID_HDR_SIZES};
 use super::json::Metadata;
-use super::validate::validate;
+use super::validate::{validate_placed, Placement};
 use crate::io::HeaderIo;
 use crate::{HashAlg, LuksError, Result};
 
@@ -33,6 +33,7 @@ fn read_copy(
     file_len: u64,
     offset: u64,
     copy: HeaderCopy,
+    placement: Placement,
 ) -> std::result::Result<ValidCopy, CopyError> {
     if file_len < offset.saturating_add(BINARY_SIZE as u64) {
         return Err(CopyError::Absent(format!(
@@ -91,7 +92,7 @@ fn read_copy(
         .ok_or_else(|| CopyError::Damaged("JSON metadata is not NUL-terminated".to_string()))?;
     let meta: Metadata = serde_json::from_slice(json_area.get(..end).unwrap_or_default())
         .map_err(|e| CopyError::Damaged(format!("invalid JSON metadata: {e}")))?;
-    validate(&meta, bin.hdr_size)
+    validate_placed(&meta, bin.hdr_size, placement)
         .map_err(|e| CopyError::Damaged(format!("invalid metadata: {e}")))?;
     Ok(ValidCopy { bin, meta })
 }
@@ -101,10 +102,11 @@ fn read_copy(
 fn probe_secondary(
     file: &dyn HeaderIo,
     file_len: u64,
+    placement: Placement,
 ) -> std::result::Result<ValidCopy, CopyError> {
     let mut damaged = None;
     for &off in &VALID_HDR_SIZES {
-        match read_copy(file, file_len, off, HeaderCopy::Secondary) {
+        match read_copy(file, file_len, off, HeaderCopy::Secondary, placement) {
             Ok(c) => return Ok(c),
             Err(CopyError::Absent(_)) => {}
             Err(e) => {
@@ -118,13 +120,19 @@ fn probe_secondary(
 }
 
 /// Read both copies and return the valid one with the higher seqid, plus warnings about the
-/// other copy.
-pub fn read_header(file: &dyn HeaderIo) -> Result<(ValidCopy, Vec<String>)> {
+/// other copy. `placement` says where the data segments may lie.
+pub fn read_header(file: &dyn HeaderIo, placement: Placement) -> Result<(ValidCopy, Vec<String>)> {
     let file_len = file.size()?;
-    let primary = read_copy(file, file_len, 0, HeaderCopy::Primary);
+    let primary = read_copy(file, file_len, 0, HeaderCopy::Primary, placement);
     let secondary = match &primary {
-        Ok(p) => read_copy(file, file_len, p.bin.hdr_size, HeaderCopy::Secondary),
-        Err(_) => probe_secondary(file, file_len),
+        Ok(p) => read_copy(
+            file,
+            file_len,
+            p.bin.hdr_size,
+            HeaderCopy::Secondary,
+            placement,
+        ),
+        Err(_) => probe_secondary(file, file_len, placement),
     };
     let mut warnings = Vec::new();
     match (primary, secondary) {

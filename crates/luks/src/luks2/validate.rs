@@ -37,7 +37,22 @@ pub fn keyslots_range(hdr_size: u64, meta: &Metadata) -> Option<(u64, u64)> {
     Some((start, start.checked_add(meta.config.keyslots_size)?))
 }
 
+/// Where the data segments live relative to the header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Header and data share one device: every segment lies behind the keyslots area.
+    Attached,
+    /// The header is a file of its own (cryptsetup's `--header`): segment offsets count
+    /// from the start of a separate data device, so 0 is a valid one.
+    Detached,
+}
+
+/// Validate metadata whose data segments follow it on the same device.
 pub fn validate(meta: &Metadata, hdr_size: u64) -> Result<(), String> {
+    validate_placed(meta, hdr_size, Placement::Attached)
+}
+
+pub fn validate_placed(meta: &Metadata, hdr_size: u64, placement: Placement) -> Result<(), String> {
     let json_size = hdr_size.saturating_sub(BINARY_SIZE as u64);
     if meta.config.json_size != json_size {
         return Err(format!(
@@ -178,9 +193,9 @@ pub fn validate(meta: &Metadata, hdr_size: u64) -> Result<(), String> {
         // An in-place encryption's `backup-previous` describes the plaintext as it was,
         // from offset 0, before the header took its place.
         let plaintext_backup = seg.kind == "linear" && super::reencrypt::is_backup(seg);
-        if seg.offset < area_end && !plaintext_backup {
+        if placement == Placement::Attached && seg.offset < area_end && !plaintext_backup {
             return Err(format!(
-                "{}: {} lies inside the header and keyslots area (ends at {area_end}); detached headers are not supported",
+                "{}: {} lies inside the header and keyslots area (ends at {area_end}): this header describes data on another device (a detached header, cryptsetup's --header); give the data image separately (`cryptblk reencrypt --header THIS-FILE IMAGE`)",
                 f("offset"),
                 seg.offset
             ));

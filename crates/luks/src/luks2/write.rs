@@ -2,7 +2,7 @@
 //! synced before the secondary is touched, so an interrupted update leaves one intact copy
 //! (the old or the new state) for readers to pick by seqid.
 use super::binary::{compute_checksum, BinaryHeader, HeaderCopy, BINARY_SIZE, CSUM_LEN};
-use super::validate::validate;
+use super::validate::validate_placed;
 use super::Luks2Header;
 use crate::io::HeaderIo;
 use crate::{HashAlg, LuksError, Result};
@@ -78,7 +78,7 @@ impl Luks2Header {
     /// Commit the in-memory metadata: bump seqid, primary, sync, secondary, sync. The metadata
     /// is validated first so we never write a header we would refuse to read.
     pub(super) fn commit(&mut self, file: &dyn HeaderIo) -> Result<()> {
-        validate(&self.meta, self.bin.hdr_size).map_err(|e| {
+        validate_placed(&self.meta, self.bin.hdr_size, self.placement).map_err(|e| {
             LuksError::InvalidArgument(format!("refusing to write invalid metadata: {e}"))
         })?;
         self.bin.seqid = self

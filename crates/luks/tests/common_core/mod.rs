@@ -143,6 +143,43 @@ pub fn cryptsetup_volume_key(img: &Path, keyfile: &Path) -> Vec<u8> {
     hex::decode(hexs).unwrap()
 }
 
+/// Where scripts/build-cryptsetup27.sh puts cryptsetup 2.7 unless told otherwise.
+const DEFAULT_CRYPTSETUP27: &str = "/var/tmp/cryptsetup-2.7.5/sbin/cryptsetup";
+
+/// cryptsetup 2.7 (Debian 12's 2.6 cannot decrypt to a detached header): `$CRYPTSETUP27`,
+/// else the build script's default path. Its absence fails the test: scripts/test.sh builds it.
+pub fn cryptsetup27() -> PathBuf {
+    let path = std::env::var_os("CRYPTSETUP27")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CRYPTSETUP27));
+    assert!(
+        path.is_file(),
+        "cryptsetup 2.7 is not at {} (set CRYPTSETUP27 or run scripts/build-cryptsetup27.sh, \
+         which scripts/test.sh runs)",
+        path.display()
+    );
+    path
+}
+
+/// Size of one LUKS2 header copy as cryptsetup writes it by default.
+pub const HDR: u64 = 16384;
+
+/// Replace the JSON of both header copies in `img`, re-checksumming them.
+pub fn rewrite_json(img: &Path, edit: &dyn Fn(&str) -> String) {
+    for off in [0, HDR] {
+        let mut area = read_range(img, off, HDR as usize);
+        let end = 4096 + area[4096..].iter().position(|&b| b == 0).unwrap();
+        let json = std::str::from_utf8(&area[4096..end]).unwrap().to_string();
+        let new = edit(&json);
+        assert_ne!(new, json, "edit did not apply");
+        area[4096..].fill(0);
+        area[4096..4096 + new.len()].copy_from_slice(new.as_bytes());
+        let sum = cryptblk_luks::luks2::binary::compute_checksum(HashAlg::Sha256, &area).unwrap();
+        area[448..448 + 64].copy_from_slice(&sum);
+        write_range(img, off, &area);
+    }
+}
+
 // ---- LUKS2 through cryptblk ----
 
 pub fn read(p: &Path) -> (Luks2Header, Vec<String>) {

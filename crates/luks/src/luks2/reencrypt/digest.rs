@@ -3,7 +3,8 @@
 //! segments. It stops anyone who can edit the JSON (and fix its checksum) from steering a
 //! reencryption, e.g. by swapping the old and new segment, without knowing the keys.
 //!
-//! Byte layout (cryptsetup 2.4+): 'v', '0' + version; the old key, then the new key (each only
+//! Byte layout (cryptsetup 2.4+): 'v', '0' + version (the requirement's: 2, or 3 for a
+//! decryption with a data shift, cryptsetup 2.7, whose layout is otherwise the same); the old key, then the new key (each only
 //! if it exists, the new one only if it differs); the keyslot's mode, direction, area type,
 //! area offset and size (plus hash and block size for checksum types, shift size for datashift
 //! types); then the previous, final and (if present) moved backup segments, each as type,
@@ -126,7 +127,7 @@ pub(super) fn verification_data(
         Resilience::Datashift { shift } | Resilience::DatashiftJournal { shift } => {
             out.extend_from_slice(&shift.to_be_bytes())
         }
-        Resilience::DatashiftChecksum { shift } => {
+        Resilience::DatashiftChecksum { shift, .. } => {
             checksum(&mut out)?;
             out.extend_from_slice(&shift.to_be_bytes());
         }

@@ -111,7 +111,7 @@ fn linear(offset: u64, size: u64, flag: Option<&str>) -> Segment {
     }
 }
 
-fn fixed(seg: &Segment) -> Result<u64> {
+pub(super) fn fixed(seg: &Segment) -> Result<u64> {
     match seg.size {
         SegmentSize::Fixed(n) => Ok(n),
         SegmentSize::Dynamic => Err(LuksError::Corrupt(
@@ -276,14 +276,14 @@ impl Reencryption<'_> {
         }
     }
 
-    fn backup(&self, id: &Option<String>) -> Result<Segment> {
+    pub(super) fn backup(&self, id: &Option<String>) -> Result<Segment> {
         id.as_ref()
             .and_then(|id| self.hdr.meta.segments.get(id))
             .cloned()
             .ok_or_else(|| LuksError::Corrupt("a backup segment vanished".into()))
     }
 
-    fn live_segments(&self) -> Vec<Segment> {
+    pub(super) fn live_segments(&self) -> Vec<Segment> {
         let mut live: Vec<(u64, Segment)> = self
             .hdr
             .meta
@@ -399,10 +399,10 @@ impl Reencryption<'_> {
             })?
         };
         let mut buf = Zeroizing::new(vec![0u8; len as usize]);
-        crate::io::read_at(self.file, source, &mut buf, "plaintext hotzone")?;
+        crate::io::read_at(self.data, source, &mut buf, "plaintext hotzone")?;
         self.crypt(KeyRole::New, Direction::Encrypt, offset, &mut buf)?;
-        self.file.write_all_at(&buf, hot[r].offset)?;
-        self.file.sync_data()?;
+        self.data.write_all_at(&buf, hot[r].offset)?;
+        self.data.sync_data()?;
 
         // cryptsetup's _enc_create_segments_shift_after.
         let mut post: Vec<Segment> = hot[..r].to_vec();
@@ -459,11 +459,11 @@ impl Reencryption<'_> {
         while done < len {
             let n = (len - done).min(1 << 20);
             let noise = SecretKey::random(n as usize)?;
-            self.file
+            self.data
                 .write_all_at(noise.as_bytes(), moved.offset + done)?;
             done += n;
         }
-        self.file.sync_data()?;
+        self.data.sync_data()?;
         Ok(())
     }
 }

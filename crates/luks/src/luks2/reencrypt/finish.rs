@@ -16,10 +16,15 @@ impl Reencryption<'_> {
             ));
         }
         if self.uncommitted {
-            self.file.sync_data()?;
+            self.data.sync_data()?;
         }
-        // As cryptsetup: the plaintext copy an encryption moved to the end goes first.
-        self.wipe_moved_segment()?;
+        // As cryptsetup: the plaintext copy an encryption moved to the end goes first; a
+        // decryption's last `shift` bytes (ciphertext of data now plaintext below) likewise.
+        if super::decrypt::is_decrypt_datashift(&self.state) {
+            self.wipe_shifted_tail()?;
+        } else {
+            self.wipe_moved_segment()?;
+        }
         let st = self.state.clone();
         let mut meta = self.hdr.meta.clone();
         let mut fin = meta

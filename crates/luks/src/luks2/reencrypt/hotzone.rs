@@ -42,6 +42,9 @@ impl Reencryption<'_> {
         if super::encrypt::is_encrypt_datashift(&self.state) {
             return self.step_encrypt();
         }
+        if super::decrypt::is_decrypt_datashift(&self.state) {
+            return self.step_decrypt();
+        }
         self.ensure_forward_reencrypt()?;
         if self.stale.is_some() {
             self.recover()?;
@@ -57,7 +60,7 @@ impl Reencryption<'_> {
         // which costs more system time than the copy into it), aligned for a `DirectFile`.
         let mut backing = std::mem::take(&mut self.hotzone);
         let buf = aligned_hotzone(&mut backing, hz.len);
-        let rewritten = crate::io::read_at(self.file, hz.device_offset, buf, "hotzone")
+        let rewritten = crate::io::read_at(self.data, hz.device_offset, buf, "hotzone")
             .and_then(|()| self.rewrite(hz, buf));
         self.hotzone = backing;
         rewritten
@@ -158,12 +161,12 @@ impl Reencryption<'_> {
         let total = self.device_size()?;
         self.crypt(KeyRole::Old, Direction::Decrypt, done, buf)?;
         self.crypt(KeyRole::New, Direction::Encrypt, done, buf)?;
-        self.file.write_all_at(buf, hz.device_offset)?;
+        self.data.write_all_at(buf, hz.device_offset)?;
         let mut meta = self.hdr.meta.clone();
         let post = layout::post_segments(&meta, &self.state, total, done + len)?;
         layout::install_segments(&mut meta, &self.state, post)?;
         if let Resilience::Checksum { .. } | Resilience::Journal = self.state.resilience {
-            self.file.sync_data()?;
+            self.data.sync_data()?;
             self.commit_meta(meta)?;
         } else {
             self.hdr.meta = meta;

@@ -267,14 +267,14 @@ impl Luks2Header {
     }
 }
 
-fn first_free<T>(map: &std::collections::BTreeMap<String, T>) -> usize {
+pub(super) fn first_free<T>(map: &std::collections::BTreeMap<String, T>) -> usize {
     (0..)
         .find(|i: &usize| !map.contains_key(&i.to_string()))
         .unwrap_or(0)
 }
 
 /// The largest 4096-aligned free range of the keyslots area `[start, end)`.
-fn largest_gap(meta: &crate::luks2::json::Metadata, start: u64, end: u64) -> (u64, u64) {
+pub(super) fn largest_gap(meta: &crate::luks2::json::Metadata, start: u64, end: u64) -> (u64, u64) {
     let mut used: Vec<(u64, u64)> = meta
         .keyslots
         .values()

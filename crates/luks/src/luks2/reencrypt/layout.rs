@@ -174,7 +174,13 @@ pub fn live_extents(
 
 /// A copy of backup segment `model` placed at volume offset `start` (length `len`, or to the
 /// end of the device), without backup flags.
-fn placed(model: &Segment, data_offset: u64, start: u64, len: Option<u64>, hot: bool) -> Segment {
+pub(super) fn placed(
+    model: &Segment,
+    data_offset: u64,
+    start: u64,
+    len: Option<u64>,
+    hot: bool,
+) -> Segment {
     let mut seg = model.clone();
     seg.offset = data_offset.saturating_add(start);
     seg.size = len.map_or(SegmentSize::Dynamic, SegmentSize::Fixed);
@@ -310,6 +316,11 @@ pub fn install_segments(
         .as_ref()
         .and_then(|id| meta.segments.get(id))
     {
+        // A decryption's moved segment is ciphertext: bound to the old key, as cryptsetup
+        // binds it (an encryption's is plaintext, bound to none).
+        if moved.kind == "crypt" {
+            old_ids.push((n + 2).to_string());
+        }
         segments.insert((n + 2).to_string(), moved.clone());
     }
     meta.segments = segments;

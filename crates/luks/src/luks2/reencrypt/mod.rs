@@ -2,12 +2,15 @@
 //! direction, resilience area), two backup segments that describe the old and the new data
 //! layout (`backup-previous`, `backup-final`), the live segments in between (one of them
 //! `in-reencryption` after a crash), the `online-reencrypt-v2` requirement, and a digest that
-//! binds all of it to both volume keys.
+//! binds all of it to both volume keys. cryptsetup 2.7's in-place decryption to a detached
+//! header (`online-reencrypt-v3`, resilience `datashift-checksum`) is in `decrypt.rs`.
 //!
 //! Nothing here is trusted before `verify_digest` has checked the metadata against the keys:
 //! the header's checksum only proves the JSON is intact, not that it belongs to these keys.
 
 mod checksums;
+mod decrypt;
+mod decrypt_init;
 mod digest;
 mod encrypt;
 mod finish;
@@ -20,6 +23,7 @@ mod recovery;
 mod session;
 mod stale;
 
+pub use decrypt_init::{decrypt_init, DecryptParams, MovedResilience, DEFAULT_MOVED_MAX};
 pub use encrypt::{encrypt_init, min_reduce, EncryptParams, MAX_REDUCE};
 pub use init::{InitParams, ResilienceChoice};
 pub use layout::{ExtentCipher, KeyRole, SegmentExtent};
@@ -33,7 +37,8 @@ use serde_json::Value;
 /// The requirement flags cryptsetup writes for an online (LUKS2) reencryption, by version.
 /// Version 1 ("online-reencrypt") predates the metadata digest and is not accepted.
 pub const REQUIREMENT_V2: &str = "online-reencrypt-v2";
-const REQUIREMENT_V3: &str = "online-reencrypt-v3";
+/// cryptsetup 2.7 sets version 3 for a decryption with a data shift (older ones refuse it).
+pub const REQUIREMENT_V3: &str = "online-reencrypt-v3";
 
 /// Segment flags.
 pub const FLAG_BACKUP_PREVIOUS: &str = "backup-previous";
@@ -76,22 +81,21 @@ pub enum Resilience {
     None,
     /// A hash of every `block_size` bytes of old ciphertext is stored before the hotzone is
     /// rewritten; after a crash, blocks whose hash still matches are old, the others new.
-    Checksum {
-        hash: HashAlg,
-        block_size: u32,
-    },
+    Checksum { hash: HashAlg, block_size: u32 },
     /// The hotzone's plaintext is journalled (encrypted) in the keyslot area.
     Journal,
     /// Data moves by `shift` bytes, so the old copy survives the write.
-    Datashift {
-        shift: u64,
-    },
+    Datashift { shift: u64 },
+    /// Decryption with a data shift (cryptsetup 2.7, `online-reencrypt-v3`): the hotzones
+    /// move by `shift` like `Datashift`; the first `shift` bytes, moved to offset 0 at the
+    /// start, are decrypted in place last, protected as `Checksum` is.
     DatashiftChecksum {
         shift: u64,
+        hash: HashAlg,
+        block_size: u32,
     },
-    DatashiftJournal {
-        shift: u64,
-    },
+    /// As `DatashiftChecksum`, with the moved segment protected as `Journal` is.
+    DatashiftJournal { shift: u64 },
 }
 
 impl Resilience {
@@ -285,8 +289,12 @@ impl ReencryptState {
             "journal" => Resilience::Journal,
             "datashift" => Resilience::Datashift { shift: shift()? },
             "datashift-checksum" => {
-                checksum()?;
-                Resilience::DatashiftChecksum { shift: shift()? }
+                let (hash, block_size) = checksum()?;
+                Resilience::DatashiftChecksum {
+                    shift: shift()?,
+                    hash,
+                    block_size,
+                }
             }
             "datashift-journal" => Resilience::DatashiftJournal { shift: shift()? },
             other => return Err(corrupt(format!("{aplace}.type '{other}' is unknown"))),
@@ -401,6 +409,8 @@ pub(super) fn unsupported(what: &'static str, name: &str, hint: &str) -> LuksErr
     }
 }
 
+#[cfg(test)]
+mod decrypt_tests;
 #[cfg(test)]
 mod encrypt_tests;
 #[cfg(test)]

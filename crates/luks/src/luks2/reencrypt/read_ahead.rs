@@ -12,6 +12,7 @@
 //! The hotzones are disjoint and lie above the boundary, which no step writes; but a served
 //! disk's guest may write there between two steps, so the daemon's driver steps one hotzone
 //! at a time instead.
+use super::decrypt::is_decrypt_datashift;
 use super::encrypt::is_encrypt_datashift;
 use super::hotzone::{aligned_hotzone, Hotzone};
 use super::session::{Reencryption, StepReport};
@@ -27,15 +28,15 @@ impl Reencryption<'_> {
     /// Rewrite hotzones of at most `max_len` bytes until the volume is done or `keep_going`,
     /// called with the progress after each one, returns false. `io` is the image this
     /// reencryption writes, shared with the thread that reads ahead; nothing else may write
-    /// the image meanwhile. Modes the read-ahead does not cover (encryption with a data
-    /// shift) run one step at a time.
+    /// the image meanwhile. Modes the read-ahead does not cover (encryption and decryption
+    /// with a data shift) run one step at a time.
     pub fn run_reading_ahead(
         &mut self,
         max_len: u64,
         io: &(dyn HeaderIo + Sync),
         mut keep_going: impl FnMut(StepReport) -> bool,
     ) -> Result<StepReport> {
-        if is_encrypt_datashift(&self.state) {
+        if is_encrypt_datashift(&self.state) || is_decrypt_datashift(&self.state) {
             loop {
                 let rep = self.step(max_len)?;
                 if rep.done >= rep.total || !keep_going(rep) {

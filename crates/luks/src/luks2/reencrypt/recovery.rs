@@ -14,6 +14,9 @@ impl Reencryption<'_> {
         if super::encrypt::is_encrypt_datashift(&self.state) && self.is_interrupted() {
             return self.recover_datashift();
         }
+        if super::decrypt::is_decrypt_datashift(&self.state) && self.is_interrupted() {
+            return self.recover_decrypt();
+        }
         let Some(stale) = self.stale.clone() else {
             return Ok(());
         };
@@ -27,16 +30,16 @@ impl Reencryption<'_> {
         let base = data_start.ok_or_else(|| LuksError::Corrupt("hotzone vanished".into()))?;
         for (i, _) in stale.old.iter().enumerate().filter(|(_, o)| **o) {
             let pos = stale.start + i as u64 * stale.block;
-            let from = match stale.journal {
-                Some(journal) => journal + (pos - stale.start),
-                None => base + pos,
+            let (io, from) = match stale.journal {
+                Some(journal) => (self.file, journal + (pos - stale.start)),
+                None => (self.data, base + pos),
             };
-            crate::io::read_at(self.file, from, &mut buf, "hotzone block")?;
+            crate::io::read_at(io, from, &mut buf, "hotzone block")?;
             self.crypt(KeyRole::Old, Direction::Decrypt, pos, &mut buf)?;
             self.crypt(KeyRole::New, Direction::Encrypt, pos, &mut buf)?;
-            self.file.write_all_at(&buf, base + pos)?;
+            self.data.write_all_at(&buf, base + pos)?;
         }
-        self.file.sync_data()?;
+        self.data.sync_data()?;
         let done = stale.start + stale.old.len() as u64 * stale.block;
         let total = self.device_size()?;
         let mut meta = self.hdr.meta.clone();

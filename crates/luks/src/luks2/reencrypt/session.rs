@@ -19,7 +19,10 @@ pub struct StepReport {
 }
 
 pub struct Reencryption<'f> {
+    /// The header and its keyslots area (with the reencrypt keyslot's checksums or journal).
     pub(super) file: &'f dyn HeaderIo,
+    /// The data segments: the same device as `file`, or a separate one for a detached header.
+    pub(super) data: &'f dyn HeaderIo,
     pub(super) hdr: Luks2Header,
     pub(super) state: ReencryptState,
     old_key: Option<SecretKey>,
@@ -29,6 +32,7 @@ pub struct Reencryption<'f> {
     /// The keyslot the passphrase opened for the old key.
     pub(super) keyslot: Option<usize>,
     pub(super) pool: Arc<CryptoPool>,
+    /// The data device's length.
     file_len: u64,
     pub(super) stale: Option<StaleBlocks>,
     /// Resilience `none`: post segments exist only in memory until the end or a stop.
@@ -59,12 +63,49 @@ impl<'f> Reencryption<'f> {
         keyslot: Option<usize>,
         pool: Arc<CryptoPool>,
     ) -> Result<Self> {
+        if hdr.is_detached() {
+            return Err(LuksError::InvalidArgument(
+                "the header is detached from its data; open it with `open_detached` and the data device".into(),
+            ));
+        }
+        Self::open_on(file, file, hdr, passphrase, opts, keyslot, pool)
+    }
+
+    /// As `open`, for a detached header (`Luks2Header::read_detached`): `header` is the file
+    /// that holds it (and the keyslots area), `data` the device its segments describe.
+    pub fn open_detached(
+        header: &'f dyn HeaderIo,
+        data: &'f dyn HeaderIo,
+        hdr: Luks2Header,
+        passphrase: &[u8],
+        opts: &UnlockOptions,
+        keyslot: Option<usize>,
+        pool: Arc<CryptoPool>,
+    ) -> Result<Self> {
+        if !hdr.is_detached() {
+            return Err(LuksError::InvalidArgument(
+                "the header was read as attached to its data; read it with `read_detached`".into(),
+            ));
+        }
+        Self::open_on(header, data, hdr, passphrase, opts, keyslot, pool)
+    }
+
+    fn open_on(
+        file: &'f dyn HeaderIo,
+        data: &'f dyn HeaderIo,
+        hdr: Luks2Header,
+        passphrase: &[u8],
+        opts: &UnlockOptions,
+        keyslot: Option<usize>,
+        pool: Arc<CryptoPool>,
+    ) -> Result<Self> {
         let state = ReencryptState::parse(&hdr.meta)?.ok_or_else(|| {
             LuksError::InvalidArgument(
                 "the image is not in reencryption (no online-reencrypt requirement)".into(),
             )
         })?;
-        let datashift = super::encrypt::is_encrypt_datashift(&state);
+        let decrypt_datashift = super::decrypt::is_decrypt_datashift(&state);
+        let datashift = super::encrypt::is_encrypt_datashift(&state) || decrypt_datashift;
         if !datashift
             && (state.segment_moved.is_some()
                 || !matches!(
@@ -75,7 +116,7 @@ impl<'f> Reencryption<'f> {
             return Err(unsupported(
                 "reencryption resilience",
                 state.resilience.name(),
-                "cryptblk moves data only to encrypt a plaintext image (encrypt, backward, datashift); finish this one with `cryptsetup reencrypt --resume-only`",
+                "cryptblk moves data only to encrypt a plaintext image (encrypt, backward, datashift) or to decrypt one to a detached header (decrypt, forward, datashift-checksum); finish this one with `cryptsetup reencrypt --resume-only`",
             ));
         }
         let unlock = |d: &Option<String>| -> Result<Option<(usize, SecretKey)>> {
@@ -139,9 +180,10 @@ impl<'f> Reencryption<'f> {
             (Some(k), s) if s.kind == "crypt" => Some(make_cipher(&s, k)?),
             _ => None,
         };
-        let file_len = file.size()?;
+        let file_len = data.size()?;
         let mut me = Reencryption {
             file,
+            data,
             hdr,
             state,
             old_key,
@@ -156,15 +198,25 @@ impl<'f> Reencryption<'f> {
             hotzone: Vec::new(),
         };
         let extents = me.extents()?;
-        if let Some(hot) = extents.iter().find(|e| e.in_reencryption && !datashift) {
+        // A data shift keeps the hotzone's source intact, except for a decryption's moved
+        // segment, decrypted in place under checksums.
+        let classified =
+            |e: &SegmentExtent| !datashift || (decrypt_datashift && e.logical_start == 0);
+        if let Some(hot) = extents.iter().find(|e| e.in_reencryption && classified(e)) {
             me.stale = Some(StaleBlocks::classify(
                 me.file,
+                me.data,
                 &me.state,
                 hot,
                 me.alignment(),
             )?);
         }
         Ok(me)
+    }
+
+    /// The data device's length when the reencryption was opened.
+    pub(super) fn data_len(&self) -> Result<u64> {
+        Ok(self.file_len)
     }
 
     pub fn state(&self) -> &ReencryptState {
@@ -182,6 +234,9 @@ impl<'f> Reencryption<'f> {
 
     /// The volume size in bytes.
     pub fn device_size(&self) -> Result<u64> {
+        if super::decrypt::is_decrypt_datashift(&self.state) {
+            return self.decrypt_total();
+        }
         Ok(self.extents()?.last().map_or(0, SegmentExtent::end))
     }
 
@@ -194,6 +249,9 @@ impl<'f> Reencryption<'f> {
     pub fn done_bytes(&self) -> Result<u64> {
         if self.state.mode == ReencryptMode::Encrypt {
             return self.encrypt_done_bytes();
+        }
+        if super::decrypt::is_decrypt_datashift(&self.state) {
+            return self.decrypt_done_bytes();
         }
         let ext = self.extents()?;
         let new_prefix = ext
@@ -282,7 +340,7 @@ impl<'f> Reencryption<'f> {
             let to = end.min(e.end());
             let part = &mut buf[(from - offset) as usize..(to - offset) as usize];
             crate::io::read_at(
-                self.file,
+                self.data,
                 e.device_offset + (from - e.logical_start),
                 part,
                 "volume data",
@@ -303,10 +361,16 @@ impl<'f> Reencryption<'f> {
                                 "reencryption journal",
                             )?;
                         }
-                        let role = if old { KeyRole::Old } else { KeyRole::New };
-                        self.crypt(role, Direction::Decrypt, p, chunk)?;
+                        // A decryption's new blocks are plaintext.
+                        if old || self.new_cipher.is_some() {
+                            let role = if old { KeyRole::Old } else { KeyRole::New };
+                            self.crypt(role, Direction::Decrypt, p, chunk)?;
+                        }
                         p = stop;
                     }
+                }
+                (None, true) if super::decrypt::is_decrypt_datashift(&self.state) => {
+                    self.read_shifted_hotzone(&e, from, part)?;
                 }
                 _ => {
                     if let Some(role) = self
@@ -365,7 +429,7 @@ impl<'f> Reencryption<'f> {
     /// boundary in memory until then).
     pub fn checkpoint(&mut self) -> Result<()> {
         if self.uncommitted {
-            self.file.sync_data()?;
+            self.data.sync_data()?;
             let meta = self.hdr.meta.clone();
             self.commit_meta(meta)?;
             self.uncommitted = false;

@@ -23,14 +23,20 @@ pub(super) struct StaleBlocks {
 impl StaleBlocks {
     /// Sorts the blocks of the interrupted hotzone `hot` into old and new: with resilience
     /// `journal` all are old (the journal holds their old ciphertext, in blocks of
-    /// `alignment`), with `checksum` those whose hash still matches the stored one.
+    /// `alignment`), with `checksum` those whose hash still matches the stored one. The
+    /// checksums are in the header's keyslots area (`file`), the hotzone on `data`.
     pub(super) fn classify(
         file: &dyn HeaderIo,
+        data: &dyn HeaderIo,
         state: &ReencryptState,
         hot: &SegmentExtent,
         alignment: u64,
     ) -> Result<StaleBlocks> {
-        if state.resilience == Resilience::Journal {
+        // A decryption's moved segment may be journalled too (datashift-journal).
+        if matches!(
+            state.resilience,
+            Resilience::Journal | Resilience::DatashiftJournal { .. }
+        ) {
             let block = alignment;
             if hot.len > state.area_size || !hot.len.is_multiple_of(block) {
                 return Err(LuksError::Corrupt(format!(
@@ -45,7 +51,12 @@ impl StaleBlocks {
                 journal: Some(state.area_offset),
             });
         }
-        let Resilience::Checksum { hash, block_size } = state.resilience else {
+        // A decryption's moved segment is protected by checksums too (datashift-checksum).
+        let (Resilience::Checksum { hash, block_size }
+        | Resilience::DatashiftChecksum {
+            hash, block_size, ..
+        }) = state.resilience
+        else {
             return Err(unsupported(
                 "recovery of an interrupted hotzone with resilience",
                 state.resilience.name(),
@@ -74,7 +85,7 @@ impl StaleBlocks {
         let mut buf = vec![0u8; block as usize];
         for i in 0..count {
             crate::io::read_at(
-                file,
+                data,
                 hot.device_offset + i as u64 * block,
                 &mut buf,
                 "hotzone",
