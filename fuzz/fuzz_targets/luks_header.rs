@@ -1,5 +1,5 @@
-//! Arbitrary bytes as a LUKS image: reading and describing the header must never panic, hang
-//! or allocate without bound, whatever the file holds.
+//! Arbitrary bytes as a LUKS image (and as a detached LUKS2 header): reading and describing
+//! the header must never panic, hang or allocate without bound, whatever the file holds.
 #![no_main]
 
 use cryptblk_luks::LuksImage;
@@ -26,5 +26,11 @@ fuzz_target!(|data: &[u8]| {
             let _ = h.reencrypt_state();
             let _ = h.reencrypt_extents(data.len() as u64);
         }
+    }
+    // The same bytes as a detached header (`reencrypt --decrypt --header FILE`), whose
+    // segments may start at offset 0 of another device.
+    if let Ok((h, _warnings)) = cryptblk_luks::luks2::Luks2Header::read_detached(&file) {
+        let _ = h.reencrypt_state();
+        let _ = h.reencrypt_extents(data.len() as u64);
     }
 });
