@@ -182,11 +182,18 @@ impl Guest {
     /// Tells the guest's restart-verify job to finish its round (`stop` on its console) and
     /// asserts that it ends within 300 s having passed every round. Returns its console log.
     pub fn stop_and_assert_passed(&mut self) -> String {
+        // Said again every two seconds until the guest ends, and the console kept open
+        // meanwhile: one "stop" written and the console closed went unread once (CI, the guest
+        // running 130 more rounds).
         let mut stdin = self.stdin.take().expect("the guest's console input");
-        stdin.write_all(b"stop\n").unwrap();
-        drop(stdin);
         let deadline = Instant::now() + Duration::from_secs(300);
+        let mut say_stop = Instant::now();
         let status = loop {
+            if Instant::now() >= say_stop {
+                // Fails only once the guest has ended (a closed pipe), which the wait sees.
+                let _ = stdin.write_all(b"stop\n").and_then(|()| stdin.flush());
+                say_stop = Instant::now() + Duration::from_secs(2);
+            }
             if let Some(status) = self.child.try_wait().unwrap() {
                 break status;
             }
