@@ -7,14 +7,10 @@
 //! header commit that starts the reencryption. A step that fails (an I/O error, not a crash)
 //! puts the header back into the image, which is then as it was.
 use super::init::{first_free, largest_gap};
-use super::{
-    digest, ReencryptState, FLAG_BACKUP_FINAL, FLAG_BACKUP_MOVED, FLAG_BACKUP_PREVIOUS,
-    REQUIREMENT_V3,
-};
+use super::{digest, FLAG_BACKUP_FINAL, FLAG_BACKUP_MOVED, FLAG_BACKUP_PREVIOUS, REQUIREMENT_V3};
 use crate::io::HeaderIo;
-use crate::luks2::json::{Area, Digest, Keyslot, Requirements, Segment, SegmentSize};
+use crate::luks2::json::{Area, Keyslot, Requirements, Segment, SegmentSize};
 use crate::luks2::validate::{keyslots_range, Placement, MAX_KEYSLOTS};
-use crate::luks2::write::b64;
 use crate::luks2::Luks2Header;
 use crate::{HashAlg, LuksError, PbkdfOptions, Result, UnlockOptions};
 use serde_json::Value;
@@ -210,25 +206,15 @@ pub fn decrypt_init(
         })
         .mandatory
         .push(REQUIREMENT_V3.into());
-    // A placeholder makes the state parse; the real digest covers the final metadata.
     let rd_id = first_free(&meta.digests).to_string();
-    meta.digests.insert(
-        rd_id.clone(),
-        Digest {
-            kind: "pbkdf2".into(),
-            keyslots: vec![slot_id],
-            segments: Vec::new(),
-            hash: "sha256".into(),
-            iterations: 1000,
-            salt: b64(&[0u8; 32]),
-            digest: b64(&[0u8; 32]),
-            extra: Default::default(),
-        },
-    );
-    let state = ReencryptState::parse(&meta)?
-        .ok_or_else(|| LuksError::Corrupt("reencryption state not built".into()))?;
-    let rd = digest::create(&meta, &state, Some(&old_key), None, &params.pbkdf)?;
-    meta.digests.insert(rd_id, rd);
+    digest::bind(
+        &mut meta,
+        &rd_id,
+        &slot_id,
+        Some(&old_key),
+        None,
+        &params.pbkdf,
+    )?;
     drop(old_key);
 
     // 1. The header and keyslots area to FILE, as `luksHeaderBackup` writes it; the copy in

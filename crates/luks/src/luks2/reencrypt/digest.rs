@@ -166,6 +166,37 @@ pub(super) fn verify(
 }
 
 /// A new digest over the current metadata (for a reencryption cryptblk starts).
+/// Binds the reencryption keyslot `slot` of `meta` to the volume keys with digest `id`, over
+/// the reencryption metadata as it now stands (the rest of it must be final). A placeholder
+/// under `id` first makes the state parse; the digest then replaces it.
+pub(super) fn bind(
+    meta: &mut Metadata,
+    id: &str,
+    slot: &str,
+    old_key: Option<&SecretKey>,
+    new_key: Option<&SecretKey>,
+    pbkdf: &PbkdfOptions,
+) -> Result<()> {
+    meta.digests.insert(
+        id.to_string(),
+        Digest {
+            kind: "pbkdf2".into(),
+            keyslots: vec![slot.to_string()],
+            segments: Vec::new(),
+            hash: "sha256".into(),
+            iterations: 1000,
+            salt: b64(&[0u8; 32]),
+            digest: b64(&[0u8; 32]),
+            extra: Default::default(),
+        },
+    );
+    let state = ReencryptState::parse(meta)?
+        .ok_or_else(|| LuksError::Corrupt("reencryption state not built".into()))?;
+    let rd = create(meta, &state, old_key, new_key, pbkdf)?;
+    meta.digests.insert(id.to_string(), rd);
+    Ok(())
+}
+
 pub(super) fn create(
     meta: &Metadata,
     state: &ReencryptState,

@@ -20,8 +20,7 @@ use super::{
     REQUIREMENT_V2,
 };
 use crate::io::HeaderIo;
-use crate::luks2::json::{parse_u64, Area, Digest, Keyslot, Requirements, Segment, SegmentSize};
-use crate::luks2::write::b64;
+use crate::luks2::json::{parse_u64, Area, Keyslot, Requirements, Segment, SegmentSize};
 use crate::luks2::Luks2Header;
 use crate::{FormatOptions, LuksError, Result};
 use cryptblk_crypto::{Direction, SecretKey};
@@ -225,24 +224,14 @@ pub fn encrypt_init(
         mandatory: vec![REQUIREMENT_V2.into()],
         extra: Default::default(),
     });
-    // A placeholder makes the state parse; the real digest covers the final metadata.
-    meta.digests.insert(
-        "1".into(),
-        Digest {
-            kind: "pbkdf2".into(),
-            keyslots: vec![slot_id],
-            segments: Vec::new(),
-            hash: "sha256".into(),
-            iterations: 1000,
-            salt: b64(&[0u8; 32]),
-            digest: b64(&[0u8; 32]),
-            extra: Default::default(),
-        },
-    );
-    let state = ReencryptState::parse(&meta)?
-        .ok_or_else(|| LuksError::Corrupt("reencryption state not built".into()))?;
-    let rd = digest::create(&meta, &state, None, Some(&new_key), &params.format.pbkdf)?;
-    meta.digests.insert("1".into(), rd);
+    digest::bind(
+        &mut meta,
+        "1",
+        &slot_id,
+        None,
+        Some(&new_key),
+        &params.format.pbkdf,
+    )?;
     hdr.meta = meta;
     hdr.commit(&mem)?;
 

@@ -238,25 +238,15 @@ impl Luks2Header {
                 extra: Default::default(),
             });
         reqs.mandatory.push(REQUIREMENT_V2.into());
-        // A placeholder digest makes the state parse; the real one covers the final metadata.
-        let rd_id = first_free(&meta.digests);
-        meta.digests.insert(
-            rd_id.to_string(),
-            Digest {
-                kind: "pbkdf2".into(),
-                keyslots: vec![reenc_slot.to_string()],
-                segments: Vec::new(),
-                hash: "sha256".into(),
-                iterations: 1000,
-                salt: b64(&[0u8; 32]),
-                digest: b64(&[0u8; 32]),
-                extra: Default::default(),
-            },
-        );
-        let state = ReencryptState::parse(&meta)?
-            .ok_or_else(|| LuksError::Corrupt("reencryption state not built".into()))?;
-        let rd = digest::create(&meta, &state, Some(&old_key), Some(&new_key), &params.pbkdf)?;
-        meta.digests.insert(rd_id.to_string(), rd);
+        let rd_id = first_free(&meta.digests).to_string();
+        digest::bind(
+            &mut meta,
+            &rd_id,
+            &reenc_slot.to_string(),
+            Some(&old_key),
+            Some(&new_key),
+            &params.pbkdf,
+        )?;
 
         let before = std::mem::replace(&mut self.meta, meta);
         if let Err(e) = self.commit(file) {
