@@ -97,7 +97,10 @@ fn check_decrypted(t: &Setup, by: &str) {
         "{by}: the image size changed"
     );
     assert_same_bytes(&image[..t.plain.len()], &t.plain, by);
-    let dump = tool(s(&cryptsetup27()), ["luksDump", s(&t.hdr)]);
+    let dump = tool(
+        s(&cryptblk_testutil::cryptsetup27()),
+        ["luksDump", s(&t.hdr)],
+    );
     dump.ok();
     assert!(
         !dump.stdout.contains("online-reencrypt") && !dump.stdout.contains("luks2"),
@@ -229,7 +232,7 @@ fn same_init_and_each_finishes_the_other(tag: &str, seed: u64, extra: &[&str]) {
     std::fs::copy(&t.img, &twin.img).unwrap();
     let mut init = vec!["--init-only"];
     init.extend_from_slice(extra);
-    tool(s(&cryptsetup27()), cs27_args(&t, &init)).ok();
+    tool(s(&cryptblk_testutil::cryptsetup27()), cs27_args(&t, &init)).ok();
     cryptblk(cryptblk_args(&twin, &init)).ok();
     assert!(
         read(&t.img) == read(&twin.img),
@@ -245,7 +248,11 @@ fn same_init_and_each_finishes_the_other(tag: &str, seed: u64, extra: &[&str]) {
         std::fs::metadata(&t.hdr).unwrap().len(),
         "the header files differ in size"
     );
-    tool(s(&cryptsetup27()), cs27_args(&twin, &["--resume-only"])).ok();
+    tool(
+        s(&cryptblk_testutil::cryptsetup27()),
+        cs27_args(&twin, &["--resume-only"]),
+    )
+    .ok();
     check_decrypted(&twin, "started by cryptblk, finished by cryptsetup 2.7");
     cryptblk([
         "reencrypt",
@@ -314,7 +321,7 @@ fn cryptblk_killed_mid_way_then_cryptsetup27_repairs_and_resumes() {
         }
     }
     assert!(in_hot, "no kill landed inside a hotzone in 8 tries");
-    let cs27 = cryptsetup27();
+    let cs27 = cryptblk_testutil::cryptsetup27();
     tool(
         s(&cs27),
         [
@@ -335,7 +342,7 @@ fn cryptblk_killed_mid_way_then_cryptsetup27_repairs_and_resumes() {
 #[test]
 fn cryptsetup27_killed_mid_way_then_cryptblk_resumes() {
     let t = setup("decrypt-cs-killed", 27);
-    let cs27 = cryptsetup27();
+    let cs27 = cryptblk_testutil::cryptsetup27();
     let pristine = read(&t.img);
     let mut in_hot = false;
     for attempt in 0..8 {
@@ -403,7 +410,11 @@ fn sigterm_stops_after_the_hotzone_and_cryptsetup27_resumes_without_repair() {
     );
     // Stopped cleanly: no hotzone is left flagged, so cryptsetup resumes without repair.
     assert!(!in_hotzone(&t.hdr), "a hotzone is left flagged");
-    tool(s(&cryptsetup27()), cs27_args(&t, &["--resume-only"])).ok();
+    tool(
+        s(&cryptblk_testutil::cryptsetup27()),
+        cs27_args(&t, &["--resume-only"]),
+    )
+    .ok();
     check_decrypted(
         &t,
         "cryptblk stopped by SIGTERM, finished by cryptsetup 2.7",

@@ -183,7 +183,7 @@ fn cryptsetup_init_only_cryptblk_finishes() {
 
 #[test]
 fn cryptsetup27_init_only_cryptblk_finishes() {
-    cs_init_only_cryptblk_finishes(s(&cryptsetup27()));
+    cs_init_only_cryptblk_finishes(s(&cryptblk_testutil::cryptsetup27()));
 }
 
 fn cs_init_only_cryptblk_finishes(cs: &str) {
@@ -233,7 +233,7 @@ fn cryptblk_killed_cryptsetup_resumes() {
 
 #[test]
 fn cryptblk_killed_cryptsetup27_resumes() {
-    cb_killed_cryptsetup_resumes(s(&cryptsetup27()));
+    cb_killed_cryptsetup_resumes(s(&cryptblk_testutil::cryptsetup27()));
 }
 
 fn cb_killed_cryptsetup_resumes(cs: &str) {
@@ -258,7 +258,7 @@ fn cryptsetup_killed_cryptblk_resumes() {
 
 #[test]
 fn cryptsetup27_killed_cryptblk_resumes() {
-    cs_killed_cryptblk_resumes(s(&cryptsetup27()));
+    cs_killed_cryptblk_resumes(s(&cryptblk_testutil::cryptsetup27()));
 }
 
 fn cs_killed_cryptblk_resumes(cs: &str) {

@@ -176,7 +176,7 @@ fn cryptsetup_init_only_checksum_cryptblk_finishes() {
 
 #[test]
 fn cryptsetup27_init_only_checksum_cryptblk_finishes() {
-    cs_init_cryptblk_finishes(s(&cryptsetup27()), "checksum");
+    cs_init_cryptblk_finishes(s(&cryptblk_testutil::cryptsetup27()), "checksum");
 }
 
 #[test]
@@ -196,7 +196,7 @@ fn cryptsetup_killed_cryptblk_resumes() {
 
 #[test]
 fn cryptsetup27_killed_cryptblk_resumes() {
-    cs_killed_cryptblk_resumes(s(&cryptsetup27()), "checksum");
+    cs_killed_cryptblk_resumes(s(&cryptblk_testutil::cryptsetup27()), "checksum");
 }
 
 #[test]
@@ -237,7 +237,7 @@ fn cryptblk_killed_cryptsetup_resumes() {
 
 #[test]
 fn cryptblk_killed_cryptsetup27_resumes() {
-    cb_killed_cryptsetup_resumes(s(&cryptsetup27()), "checksum");
+    cb_killed_cryptsetup_resumes(s(&cryptblk_testutil::cryptsetup27()), "checksum");
 }
 
 #[test]

@@ -56,7 +56,7 @@ fn image(dir: &Path, key: &Path, plain: &[u8]) -> PathBuf {
 /// `cryptsetup reencrypt --decrypt --header HDR --init-only` by 2.7: returns the header file.
 fn init_by_cryptsetup27(dir: &Path, key: &Path, img: &Path, extra: &[&str]) -> PathBuf {
     let hdr = dir.join("img.hdr");
-    let out = Command::new(cryptsetup27())
+    let out = Command::new(cryptblk_testutil::cryptsetup27())
         .args(["reencrypt", "--decrypt", "--header", s(&hdr)])
         .args(["--force-offline-reencrypt", "--init-only", "--batch-mode"])
         .args(extra)

@@ -107,6 +107,37 @@ pub fn tool(name: &str) -> PathBuf {
     );
 }
 
+/// Where scripts/build-cryptsetup27.sh puts cryptsetup 2.7 unless told otherwise.
+pub const DEFAULT_CRYPTSETUP27: &str = "/var/tmp/cryptsetup-2.7.5/sbin/cryptsetup";
+
+/// cryptsetup 2.7 (Debian 13's; Debian 12's 2.6 cannot decrypt to a detached header):
+/// `$CRYPTSETUP27`, else the build script's default path. Panics when it is missing or older:
+/// a missing interop tool fails the suite, it never skips it (scripts/test.sh builds it).
+pub fn cryptsetup27() -> PathBuf {
+    let path = std::env::var_os("CRYPTSETUP27")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CRYPTSETUP27));
+    assert!(
+        path.is_file(),
+        "cryptsetup 2.7 is not at {} (set CRYPTSETUP27 or run scripts/build-cryptsetup27.sh, \
+         which scripts/test.sh runs)",
+        path.display()
+    );
+    let out = std::process::Command::new(&path)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", path.display()));
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && version.starts_with("cryptsetup 2.")
+            && !version.starts_with("cryptsetup 2.6"),
+        "{} is not cryptsetup 2.7 or later: {version}",
+        path.display()
+    );
+    path
+}
+
 /// Stops `child` (a daemon a test spawned) with SIGTERM and waits up to 30 s for it to exit;
 /// returns its exit code (-1 when a signal ended it).
 pub fn terminate(mut child: std::process::Child) -> i32 {

@@ -510,30 +510,3 @@ impl Drop for ServeProcess {
         }
     }
 }
-
-/// Where scripts/build-cryptsetup27.sh puts the binary unless told otherwise.
-pub const DEFAULT_CRYPTSETUP27: &str = "/var/tmp/cryptsetup-2.7.5/sbin/cryptsetup";
-
-/// The cryptsetup 2.7 binary: `$CRYPTSETUP27`, else the build script's default path. Its
-/// absence fails the test (never a skip): scripts/test.sh builds it.
-pub fn cryptsetup27() -> PathBuf {
-    let path = std::env::var_os("CRYPTSETUP27")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_CRYPTSETUP27));
-    assert!(
-        path.is_file(),
-        "cryptsetup 2.7 is not at {} (set CRYPTSETUP27 or run scripts/build-cryptsetup27.sh, \
-         which scripts/test.sh runs)",
-        path.display()
-    );
-    let version = tool(s(&path), ["--version"]);
-    version.ok();
-    assert!(
-        version.stdout.starts_with("cryptsetup 2.")
-            && !version.stdout.starts_with("cryptsetup 2.6"),
-        "{} is not cryptsetup 2.7 or later: {}",
-        path.display(),
-        version.stdout
-    );
-    path
-}

@@ -143,24 +143,6 @@ pub fn cryptsetup_volume_key(img: &Path, keyfile: &Path) -> Vec<u8> {
     hex::decode(hexs).unwrap()
 }
 
-/// Where scripts/build-cryptsetup27.sh puts cryptsetup 2.7 unless told otherwise.
-const DEFAULT_CRYPTSETUP27: &str = "/var/tmp/cryptsetup-2.7.5/sbin/cryptsetup";
-
-/// cryptsetup 2.7 (Debian 12's 2.6 cannot decrypt to a detached header): `$CRYPTSETUP27`,
-/// else the build script's default path. Its absence fails the test: scripts/test.sh builds it.
-pub fn cryptsetup27() -> PathBuf {
-    let path = std::env::var_os("CRYPTSETUP27")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_CRYPTSETUP27));
-    assert!(
-        path.is_file(),
-        "cryptsetup 2.7 is not at {} (set CRYPTSETUP27 or run scripts/build-cryptsetup27.sh, \
-         which scripts/test.sh runs)",
-        path.display()
-    );
-    path
-}
-
 /// Size of one LUKS2 header copy as cryptsetup writes it by default.
 pub const HDR: u64 = 16384;
 
