@@ -6,12 +6,24 @@
 //!   volume keeps `D = file - R` bytes of the plaintext (the last `R` bytes are given up);
 //! - init copies the first `S` bytes of plaintext (which the header will overwrite) to the
 //!   end of the file (`backup-moved-segment`), then writes the header in one go;
-//! - hotzones of `S` bytes run from the end to the start: each is read as plaintext, the
-//!   metadata flags it `in-reencryption`, it is encrypted to `S` bytes further up and the
-//!   boundary moves down. The hotzone's source and destination never overlap, so after a
-//!   crash the flagged hotzone is simply encrypted again from its (intact) source;
-//! - the last hotzone (volume offset 0) reads the moved copy, and once every byte is
+//! - hotzones run from the end to the start: each is read as plaintext, the metadata flags
+//!   it `in-reencryption`, it is encrypted to `S` bytes further up and the boundary moves
+//!   down. A hotzone is at most `S` bytes (cryptsetup's size; `step(max_len)` takes less when
+//!   asked, so a served disk's requests wait for small hotzones only), so its source and
+//!   destination never overlap and after a crash the flagged hotzone is simply encrypted
+//!   again from its (intact) source, whatever its size (cryptsetup recovers a flagged hotzone
+//!   by the size of its segment, and computes the next one from what is left, so it can take
+//!   over from any commit);
+//! - the last hotzone (volume offset 0) reads the moved copy, whole: cryptsetup refuses to
+//!   resume once the plaintext left is less than `S` while other segments are live, so the
+//!   part in place is finished first and the moved part never split. Once every byte is
 //!   encrypted the moved copy is overwritten with random bytes.
+//!
+//! cryptsetup then lets the volume run to the end of the image (its last segment becomes
+//! `dynamic`), `S` bytes more than during the encryption. A disk served while it is encrypted
+//! must keep its size instead ([`Reencryption::keep_volume_size`]): the daemon grows the image
+//! by `R` before `encrypt_init`, the volume stays `N` = image - `R` bytes throughout, and the
+//! finished image is truncated to the data offset plus `N`.
 use super::layout::{self, KeyRole};
 use super::session::{Reencryption, StepReport};
 use super::{
@@ -26,6 +38,7 @@ use crate::{FormatOptions, LuksError, Result};
 use cryptblk_crypto::{Direction, SecretKey};
 use serde_json::Value;
 use std::cell::RefCell;
+use std::ops::Range;
 use zeroize::Zeroizing;
 
 /// cryptsetup's ceiling for `--reduce-device-size`.
@@ -126,6 +139,77 @@ pub fn encrypt_init(
     passphrase: &[u8],
     params: &EncryptParams,
 ) -> Result<Luks2Header> {
+    encrypt_prepare(file.size()?, passphrase, params)?.apply(file)
+}
+
+/// A header made for the encryption of an image of a given length, not yet written: the
+/// first half of `encrypt_init`, which holds the slow part (the keyslot's key derivation)
+/// and touches no file, so a served disk is fenced off only for `apply`'s copy and write.
+pub struct PreparedEncryption {
+    hdr: Luks2Header,
+    /// The header and keyslots area, `shift` bytes, as they go to the image's head.
+    image: Vec<u8>,
+    /// The image's length the header was made for.
+    len: u64,
+    /// Where the plaintext the header covers goes, and how much of it there is.
+    moved_at: u64,
+    moved_len: u64,
+}
+
+impl std::fmt::Debug for PreparedEncryption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedEncryption")
+            .field("len", &self.len)
+            .field("moved_at", &self.moved_at)
+            .field("moved_len", &self.moved_len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PreparedEncryption {
+    /// Move the plaintext the header covers to the end of `file` (durably), then write the
+    /// header over it. `file` must have the length the header was made for. When the
+    /// header's write fails, the plaintext is put back at the head (a torn write leaves
+    /// neither the disk nor a LUKS2 image otherwise); the copy at the end stays.
+    pub fn apply(self, file: &dyn HeaderIo) -> Result<Luks2Header> {
+        let len = file.size()?;
+        if len != self.len {
+            return Err(invalid(format!(
+                "the image is {len} bytes, the encryption header was made for {}",
+                self.len
+            )));
+        }
+        // cryptsetup's order: a crash between the two leaves a plaintext image whose first
+        // S bytes are also at the end.
+        let mut head = Zeroizing::new(vec![0u8; self.moved_len as usize]);
+        crate::io::read_at(file, 0, &mut head, "plaintext to move")?;
+        file.write_all_at(&head, self.moved_at)?;
+        file.sync_data()?;
+        let written = file
+            .write_all_at(&self.image, 0)
+            .and_then(|()| file.sync_data());
+        if let Err(e) = written {
+            // Best effort: the error that matters is the header's.
+            let _ = file.write_all_at(&head, 0).and_then(|()| file.sync_data());
+            return Err(e.into());
+        }
+        Ok(self.hdr)
+    }
+
+    /// The header `apply` writes.
+    pub fn header(&self) -> &Luks2Header {
+        &self.hdr
+    }
+}
+
+/// Make the header that starts encrypting an image of `len` bytes (its new volume key, the
+/// keyslot for `passphrase`, the reencryption metadata), without touching the image: the
+/// limits `encrypt_init` checks are checked here.
+pub fn encrypt_prepare(
+    len: u64,
+    passphrase: &[u8],
+    params: &EncryptParams,
+) -> Result<PreparedEncryption> {
     let reduce = params.reduce;
     let ss = u64::from(params.format.sector_size);
     let min = min_reduce(params.format.cipher.key_bytes());
@@ -136,7 +220,6 @@ pub fn encrypt_init(
         )));
     }
     let shift = reduce / 2;
-    let len = file.size()?;
     let data = len.checked_sub(reduce).filter(|&d| d > 0).ok_or_else(|| {
         invalid(format!(
             "the image ({len} bytes) is too small to encrypt with --reduce-device-size {reduce}: nothing of it would be left"
@@ -234,19 +317,13 @@ pub fn encrypt_init(
     )?;
     hdr.meta = meta;
     hdr.commit(&mem)?;
-
-    // The plaintext the header is about to cover goes to the end first and is made durable;
-    // only then is the header written over it (cryptsetup's order: a crash in between leaves
-    // a plaintext image whose first S bytes are also at the end).
-    let mut head = Zeroizing::new(vec![0u8; moved_len as usize]);
-    crate::io::read_at(file, 0, &mut head, "plaintext to move")?;
-    file.write_all_at(&head, moved_at)?;
-    file.sync_data()?;
-    drop(head);
-    let image = mem.0.into_inner();
-    file.write_all_at(&image, 0)?;
-    file.sync_data()?;
-    Ok(hdr)
+    Ok(PreparedEncryption {
+        hdr,
+        image: mem.0.into_inner(),
+        len,
+        moved_at,
+        moved_len,
+    })
 }
 
 /// Whether `state` is the layout this module drives.
@@ -262,6 +339,54 @@ impl Reencryption<'_> {
         match self.state.resilience {
             Resilience::Datashift { shift } => shift,
             _ => 0,
+        }
+    }
+
+    /// Keep the volume at its size during the encryption, `N`, to the end, instead of
+    /// letting it grow by the shift at the last hotzone as cryptsetup does: the last
+    /// hotzone's merged segment stays fixed at `N`, `finish` keeps it so and truncates the
+    /// image to the data offset plus `N` (the tail held the moved copy, wiped by then).
+    ///
+    /// For a disk served while it is encrypted, whose guest must not see its size change.
+    /// The choice is not stored in the header (cryptsetup would not keep it): call this on
+    /// every `Reencryption` of such a disk before `recover` or `step`, since the recovery of
+    /// an interrupted last hotzone commits the merged segment too; once a last hotzone has
+    /// committed a `dynamic` segment the volume already runs to the image's end, and stays
+    /// so. A forward key-to-key reencryption keeps its size anyway (nothing to do); any other
+    /// layout (a decryption's volume grows by design) is refused.
+    pub fn keep_volume_size(&mut self) -> Result<()> {
+        if is_encrypt_datashift(&self.state) {
+            self.keep_size = true;
+            return Ok(());
+        }
+        if self.state.mode == ReencryptMode::Reencrypt
+            && self.state.direction == ReencryptDirection::Forward
+            && self.state.segment_moved.is_none()
+        {
+            return Ok(());
+        }
+        Err(unsupported(
+            "fixed volume size",
+            self.state.mode.name(),
+            "the volume keeps its size only in an in-place encryption (encrypt, backward, datashift) or a forward key-to-key reencryption",
+        ))
+    }
+
+    /// The fixed size `finish` gives the final segment, if any: an encryption's last hotzone
+    /// left a single segment, fixed at the volume's size when it was kept (cryptsetup's is
+    /// always `dynamic`), and finishing keeps what that commit said. So a session that did
+    /// not ask to keep the size after a crash there does not grow the volume, and one that
+    /// asks too late (the segment is `dynamic`) does not shrink it.
+    pub(super) fn encrypt_final_size(&self) -> Option<u64> {
+        if !is_encrypt_datashift(&self.state) {
+            return None;
+        }
+        match self.live_segments().as_slice() {
+            [only] if only.kind == "crypt" => match only.size {
+                SegmentSize::Fixed(n) => Some(n),
+                SegmentSize::Dynamic => None,
+            },
+            _ => None,
         }
     }
 
@@ -297,15 +422,19 @@ impl Reencryption<'_> {
             .sum())
     }
 
-    /// Encrypt the next hotzone (cryptsetup's size: the data shift, whatever `--hotzone-size`
-    /// says, so either tool can continue from any commit).
-    pub(super) fn step_encrypt(&mut self) -> Result<StepReport> {
-        if self.is_interrupted() {
-            self.recover_datashift()?;
-        }
-        let total = self
-            .backup(&Some(self.state.segment_old.clone()))
-            .and_then(|s| fixed(&s))?;
+    /// The volume's size while it is encrypted (the plaintext kept: the backup-previous
+    /// segment's size).
+    pub(super) fn encrypt_total(&self) -> Result<u64> {
+        self.backup(&Some(self.state.segment_old.clone()))
+            .and_then(|s| fixed(&s))
+    }
+
+    /// Where the next hotzone of at most `max_len` bytes (already aligned) lies: its volume
+    /// offset and length, `None` once every byte is encrypted. Mirrors cryptsetup's
+    /// `reencrypt_offset_backward_moved`, with the length capped: the top of the plaintext
+    /// still in place, at most the shift (source and destination must not overlap); then the
+    /// moved part, whole. Assumes no hotzone is flagged (recovery runs first).
+    fn encrypt_next(&self, max_len: u64) -> Result<Option<(u64, u64)>> {
         let shift = self.shift();
         let live = self.live_segments();
         let linear_len: u64 = live
@@ -314,24 +443,61 @@ impl Reencryption<'_> {
             .map(fixed)
             .sum::<Result<u64>>()?;
         if linear_len == 0 {
-            return Ok(StepReport { done: total, total });
+            return Ok(None);
         }
-        // cryptsetup's reencrypt_offset_backward_moved.
-        let (offset, len) = if live.len() > 1 {
-            if linear_len < shift {
-                return Err(unsupported(
-                    "encryption layout",
-                    "plaintext shorter than the data shift",
-                    "finish with `cryptsetup reencrypt --resume-only`",
-                ));
-            }
-            match linear_len - shift {
-                t if t != 0 && t < shift => (shift, t),
-                t => (t, shift),
-            }
-        } else {
-            (0, linear_len)
+        if live.len() == 1 {
+            // Less plaintext than the shift: all of it was moved, one hotzone.
+            return Ok(Some((0, linear_len)));
+        }
+        // The first live segment is the moved part (volume [0, shift)); the rest of the
+        // plaintext is in place right after it.
+        let in_place = linear_len.checked_sub(shift).ok_or_else(|| {
+            unsupported(
+                "encryption layout",
+                "plaintext shorter than the data shift",
+                "finish with `cryptsetup reencrypt --resume-only`",
+            )
+        })?;
+        if in_place == 0 {
+            return Ok(Some((0, shift)));
+        }
+        let len = in_place.min(shift).min(max_len);
+        Ok(Some((shift + in_place - len, len)))
+    }
+
+    /// `max_len` rounded down to the alignment; an error when nothing is left of it.
+    fn encrypt_limit(&self, max_len: u64) -> Result<u64> {
+        let align = self.alignment();
+        match max_len - max_len % align {
+            0 => Err(LuksError::InvalidArgument(format!(
+                "hotzone size {max_len} is below the {align}-byte alignment"
+            ))),
+            n => Ok(n),
+        }
+    }
+
+    /// The volume range the next encryption step rewrites (see `next_hotzone`).
+    pub(super) fn encrypt_next_range(&self, max_len: u64) -> Result<Option<Range<u64>>> {
+        let limit = self.encrypt_limit(max_len)?;
+        Ok(self
+            .encrypt_next(limit)?
+            .map(|(offset, len)| offset..offset + len))
+    }
+
+    /// Encrypt the next hotzone: the top `min(max_len, shift)` bytes (aligned) of the
+    /// plaintext in place, or, once that is done, the moved part whole. A hotzone a crash
+    /// interrupted is encrypted again first.
+    pub(super) fn step_encrypt(&mut self, max_len: u64) -> Result<StepReport> {
+        let limit = self.encrypt_limit(max_len)?;
+        if self.is_interrupted() {
+            self.recover_datashift()?;
+        }
+        let total = self.encrypt_total()?;
+        let Some((offset, len)) = self.encrypt_next(limit)? else {
+            return Ok(StepReport { done: total, total });
         };
+        let live = self.live_segments();
+        // The hotzone is the top of the last linear segment: shrink that one below it.
         let sg = live
             .iter()
             .rposition(|s| s.kind == "linear")
@@ -368,6 +534,22 @@ impl Reencryption<'_> {
         self.encrypt_hotzone()
     }
 
+    /// Where the plaintext of a hotzone stored at `offset` is read from: the moved copy for
+    /// the first one (volume offset 0), `shift` bytes below it otherwise.
+    fn hotzone_source(&self, first: bool, offset: u64) -> Result<u64> {
+        if first {
+            return Ok(self.backup(&self.state.segment_moved.clone())?.offset);
+        }
+        offset
+            .checked_sub(self.shift())
+            .ok_or_else(|| LuksError::Corrupt("the hotzone's source lies before the image".into()))
+    }
+
+    /// The plaintext source of the flagged hotzone `e` (an extent of the live segments).
+    pub(super) fn encrypt_hotzone_source(&self, e: &layout::SegmentExtent) -> Result<u64> {
+        self.hotzone_source(e.logical_start == 0, e.device_offset)
+    }
+
     /// Encrypt the hotzone the live segments flag, then commit the segments after it.
     fn encrypt_hotzone(&mut self) -> Result<()> {
         let hot = self.live_segments();
@@ -380,13 +562,7 @@ impl Reencryption<'_> {
         let offset = hot[r].offset.checked_sub(fin.offset).ok_or_else(|| {
             LuksError::Corrupt("the hotzone lies before the new data offset".into())
         })?;
-        let source = if r == 0 {
-            self.backup(&self.state.segment_moved.clone())?.offset
-        } else {
-            hot[r].offset.checked_sub(self.shift()).ok_or_else(|| {
-                LuksError::Corrupt("the hotzone's source lies before the image".into())
-            })?
-        };
+        let source = self.hotzone_source(r == 0, hot[r].offset)?;
         let mut buf = Zeroizing::new(vec![0u8; len as usize]);
         crate::io::read_at(self.data, source, &mut buf, "plaintext hotzone")?;
         self.crypt(KeyRole::New, Direction::Encrypt, offset, &mut buf)?;
@@ -410,7 +586,19 @@ impl Reencryption<'_> {
             }
         };
         if r == 0 {
-            merged.size = SegmentSize::Dynamic;
+            // The last hotzone: cryptsetup lets the volume run to the image's end from here
+            // (`dynamic`), which takes in the moved copy's `S` bytes. Keeping the size
+            // leaves the merged segment at the volume's size, so no commit ever shows a
+            // served disk a larger volume.
+            if !self.keep_size {
+                merged.size = SegmentSize::Dynamic;
+            } else if fixed(&merged)? != self.encrypt_total()? {
+                return Err(LuksError::Corrupt(format!(
+                    "the encrypted segments add up to {:?} bytes, the volume has {}",
+                    merged.size,
+                    self.encrypt_total()?
+                )));
+            }
         }
         post.push(merged);
         self.install(post)

@@ -1,5 +1,10 @@
 //! Ending a reencryption the way cryptsetup does: one commit that leaves a plain LUKS2 header
 //! (the new segment, the new key's keyslots and digest), then wiping the old key's keyslots.
+//! An encryption that kept the volume's size (`keep_volume_size`) commits its final segment at
+//! that size, where cryptsetup makes it `dynamic`, cuts the image at the volume's end, and
+//! then makes the segment `dynamic` again: the image is then exactly what luksFormat and the
+//! data would give (which a later key rotation, for one, requires), and a crash at any point
+//! leaves a volume of the size kept.
 use super::session::Reencryption;
 use crate::luks2::json::SegmentSize;
 use crate::{LuksError, Result};
@@ -33,7 +38,9 @@ impl Reencryption<'_> {
             .cloned()
             .ok_or_else(|| LuksError::Corrupt("no final segment".into()))?;
         fin.extra.remove("flags");
-        fin.size = SegmentSize::Dynamic;
+        let fixed_size = self.encrypt_final_size();
+        fin.size = fixed_size.map_or(SegmentSize::Dynamic, SegmentSize::Fixed);
+        let data_end = fixed_size.map(|n| fin.offset + n);
         meta.segments = [("0".to_string(), fin)].into_iter().collect();
         let mut removed = vec![st.keyslot.clone()];
         if st.digest_old != st.digest_new {
@@ -73,6 +80,25 @@ impl Reencryption<'_> {
             return Err(e);
         }
         self.uncommitted = false;
+        // The volume kept its size: what lies past it is the wiped moved copy. A crash before
+        // the truncation leaves a longer image whose volume is still the fixed size.
+        if let Some(end) = data_end {
+            if self.data.size()? > end {
+                self.data.set_len(end)?;
+                self.data.sync_data()?;
+                self.file_len = end;
+            }
+            if self.data.size()? == end {
+                let before = self.hdr.meta.clone();
+                if let Some(seg) = self.hdr.meta.segments.get_mut("0") {
+                    seg.size = SegmentSize::Dynamic;
+                }
+                if let Err(e) = self.hdr.commit(self.file) {
+                    self.hdr.meta = before;
+                    return Err(e);
+                }
+            }
+        }
         for a in areas {
             crate::io::zero_range(self.file, a.offset, a.size)?;
         }

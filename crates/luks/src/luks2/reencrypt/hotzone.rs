@@ -15,6 +15,7 @@ use super::session::{Reencryption, StepReport};
 use super::Resilience;
 use crate::{LuksError, Result};
 use cryptblk_crypto::{Direction, SectorCipher};
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Where a hotzone lies: `len` bytes from `start` bytes into the volume, at `device_offset`
@@ -40,7 +41,7 @@ impl Reencryption<'_> {
     /// Rewrite the next hotzone of at most `max_len` bytes. Returns the progress after it.
     pub fn step(&mut self, max_len: u64) -> Result<StepReport> {
         if super::encrypt::is_encrypt_datashift(&self.state) {
-            return self.step_encrypt();
+            return self.step_encrypt(max_len);
         }
         if super::decrypt::is_decrypt_datashift(&self.state) {
             return self.step_decrypt();
@@ -64,6 +65,26 @@ impl Reencryption<'_> {
             .and_then(|()| self.rewrite(hz, buf));
         self.hotzone = backing;
         rewritten
+    }
+
+    /// The volume range the next `step(max_len)` rewrites, for a data path to fence off
+    /// before stepping (requests touching it wait until the step has returned); `None` once
+    /// every byte is done. A forward reencryption's begins at the boundary; an in-place
+    /// encryption's is the top of the plaintext still in place, then the moved part whole.
+    /// A hotzone a crash interrupted is recovered first (`recover`), which this refuses.
+    pub fn next_hotzone(&self, max_len: u64) -> Result<Option<Range<u64>>> {
+        if self.is_interrupted() {
+            return Err(LuksError::InvalidArgument(
+                "a hotzone interrupted by a crash must be recovered first".into(),
+            ));
+        }
+        if super::encrypt::is_encrypt_datashift(&self.state) {
+            return self.encrypt_next_range(max_len);
+        }
+        self.ensure_forward_reencrypt()?;
+        Ok(self
+            .hotzone_at(self.done_bytes()?, max_len)?
+            .map(|hz| hz.start..hz.start + hz.len))
     }
 
     /// The hotzone of at most `max_len` bytes that begins `start` bytes into the volume (where

@@ -54,6 +54,28 @@ impl Luks2Header {
         }
     }
 
+    /// The cipher the data ends up in, for a volume key of `key_bytes`: during a
+    /// reencryption the `backup-final` segment's (the data segment `cipher_spec` reads may be
+    /// a live segment with a non-zero IV base, or the old key's), otherwise the data
+    /// segment's. A decryption ends in plaintext: that is an error.
+    pub fn final_cipher_spec(&self, key_bytes: usize) -> Result<CipherSpec> {
+        let Some(state) = ReencryptState::parse(&self.meta)? else {
+            return self.cipher_spec();
+        };
+        let fin =
+            self.meta.segments.get(&state.segment_new).ok_or_else(|| {
+                LuksError::Corrupt(format!("segment {} vanished", state.segment_new))
+            })?;
+        if fin.kind != "crypt" {
+            return Err(invalid(format!(
+                "this {} ends in a plaintext ({}) segment",
+                state.mode.name(),
+                fin.kind
+            )));
+        }
+        super::super::parse_cipher(fin.encryption.as_deref().unwrap_or_default(), key_bytes)
+    }
+
     /// Mark the image for reencryption to a new volume key. Returns the new keyslot's id.
     pub fn reencrypt_init(
         &mut self,

@@ -43,7 +43,9 @@ pub struct SegmentExtent {
     /// Offset of the first byte in the image.
     pub device_offset: u64,
     pub cipher: ExtentCipher,
-    /// The hotzone a crash interrupted: its blocks are old or new, see the session's recovery.
+    /// The hotzone a crash interrupted: its blocks are old or new, see the session's recovery
+    /// (an in-place encryption's may be half written; its plaintext is still at its source,
+    /// the moved copy or `shift` bytes below). Recover it before serving it.
     pub in_reencryption: bool,
 }
 

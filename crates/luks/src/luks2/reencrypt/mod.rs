@@ -24,7 +24,9 @@ mod session;
 mod stale;
 
 pub use decrypt_init::{decrypt_init, DecryptParams, MovedResilience, DEFAULT_MOVED_MAX};
-pub use encrypt::{encrypt_init, min_reduce, EncryptParams, MAX_REDUCE};
+pub use encrypt::{
+    encrypt_init, encrypt_prepare, min_reduce, EncryptParams, PreparedEncryption, MAX_REDUCE,
+};
 pub use init::{InitParams, ResilienceChoice};
 pub use layout::{ExtentCipher, KeyRole, SegmentExtent};
 pub use online::OnlineSegments;
@@ -411,6 +413,8 @@ pub(super) fn unsupported(what: &'static str, name: &str, hint: &str) -> LuksErr
 
 #[cfg(test)]
 mod decrypt_tests;
+#[cfg(test)]
+mod encrypt_online_tests;
 #[cfg(test)]
 mod encrypt_tests;
 #[cfg(test)]

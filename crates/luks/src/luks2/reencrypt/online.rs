@@ -1,5 +1,8 @@
 //! What a data path needs to serve a volume while it is re-encrypted in place: both ciphers,
-//! where the payload starts, and the boundary between the new and the old segment.
+//! where the payload starts, and the boundary between the new and the old segment. An
+//! in-place encryption (a plaintext disk encrypted while served) has three extents and data
+//! that moves; it is served by `extents()` and `cipher_of`, not by `OnlineSegments`.
+use super::encrypt::is_encrypt_datashift;
 use super::session::Reencryption;
 use super::{unsupported, ReencryptDirection, ReencryptMode};
 use crate::{LuksError, Result};
@@ -27,6 +30,13 @@ impl Reencryption<'_> {
     pub fn online_segments(&self) -> Result<OnlineSegments> {
         self.ensure_servable()?;
         let state = self.state();
+        if is_encrypt_datashift(state) {
+            return Err(unsupported(
+                "online reencryption layout",
+                "encrypt",
+                "an in-place encryption has more than two segments; serve it by `extents()`",
+            ));
+        }
         if self.is_interrupted() {
             return Err(LuksError::InvalidArgument(
                 "a hotzone interrupted by a crash must be recovered first".into(),
@@ -73,15 +83,19 @@ impl Reencryption<'_> {
     }
 
     /// Refuse, before anything is written (recovery included), a reencryption no data path
-    /// follows: an in-place encryption or decryption (the data moves), or a backward run.
+    /// follows. Served are a forward key-to-key reencryption and an in-place encryption in
+    /// the layout cryptblk (and cryptsetup) writes: encrypt, backward, datashift, with the
+    /// moved part at the image's end (`extents()` describes each of its states). Refused are
+    /// decryptions and every other direction or resilience.
     pub fn ensure_servable(&self) -> Result<()> {
         let state = self.state();
-        if state.mode != ReencryptMode::Reencrypt || state.direction != ReencryptDirection::Forward
-        {
+        let forward_reencrypt = state.mode == ReencryptMode::Reencrypt
+            && state.direction == ReencryptDirection::Forward;
+        if !forward_reencrypt && !is_encrypt_datashift(state) {
             return Err(unsupported(
                 "online reencryption",
                 state.mode.name(),
-                "cryptblk serves forward key-to-key reencryptions only; finish this one offline first with `cryptblk reencrypt --resume-only IMAGE` (or cryptsetup's)",
+                "cryptblk serves forward key-to-key reencryptions and in-place encryptions (encrypt, backward, datashift) only; finish this one offline first with `cryptblk reencrypt --resume-only IMAGE` (or cryptsetup's)",
             ));
         }
         Ok(())

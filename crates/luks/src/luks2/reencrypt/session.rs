@@ -33,12 +33,14 @@ pub struct Reencryption<'f> {
     pub(super) keyslot: Option<usize>,
     pub(super) pool: Arc<CryptoPool>,
     /// The data device's length.
-    file_len: u64,
+    pub(super) file_len: u64,
     pub(super) stale: Option<StaleBlocks>,
     /// Resilience `none`: post segments exist only in memory until the end or a stop.
     pub(super) uncommitted: bool,
     /// The hotzone's buffer, kept between steps.
     pub(super) hotzone: Vec<u8>,
+    /// An encryption keeps the volume's size to the end (`keep_volume_size`).
+    pub(super) keep_size: bool,
 }
 
 fn make_cipher(seg: &Segment, key: &SecretKey) -> Result<Arc<dyn SectorCipher>> {
@@ -196,6 +198,7 @@ impl<'f> Reencryption<'f> {
             stale: None,
             uncommitted: false,
             hotzone: Vec::new(),
+            keep_size: false,
         };
         let extents = me.extents()?;
         // A data shift keeps the hotzone's source intact, except for a decryption's moved
@@ -227,12 +230,20 @@ impl<'f> Reencryption<'f> {
         &self.hdr
     }
 
-    /// The live segments as volume extents.
+    /// The live segments as volume extents, in volume order, covering `[0, device_size())`
+    /// (a data path serves each from its device offset, decrypting `Crypt` ones with
+    /// `cipher_of(role)`). An in-place encryption shows the moved part (`Plain`, volume
+    /// `[0, shift)`, stored at the image's end), the plaintext in place (`Plain`, device
+    /// offset = volume offset) and the encrypted top (`Crypt`, `shift` bytes further up).
+    /// An extent `in_reencryption` is a hotzone a crash interrupted: `recover` it before
+    /// serving (`read` gives its contents meanwhile).
     pub fn extents(&self) -> Result<Vec<SegmentExtent>> {
         layout::live_extents(&self.hdr.meta, &self.state, self.file_len)
     }
 
-    /// The volume size in bytes.
+    /// The volume size in bytes. An in-place encryption's is the plaintext kept (`N`) until
+    /// its last hotzone, after which it runs to the image's end unless the size is kept
+    /// (`keep_volume_size`).
     pub fn device_size(&self) -> Result<u64> {
         if super::decrypt::is_decrypt_datashift(&self.state) {
             return self.decrypt_total();
@@ -245,7 +256,8 @@ impl<'f> Reencryption<'f> {
         self.state.hot_segment.is_some()
     }
 
-    /// Bytes of the volume already in the new layout (forward direction).
+    /// Bytes of the volume already in the new layout: a forward reencryption's below the
+    /// boundary, an encryption's encrypted ones (at the volume's top).
     pub fn done_bytes(&self) -> Result<u64> {
         if self.state.mode == ReencryptMode::Encrypt {
             return self.encrypt_done_bytes();
@@ -269,6 +281,16 @@ impl<'f> Reencryption<'f> {
                 ReencryptMode::Encrypt => Some(KeyRole::Old),
                 _ => Some(KeyRole::New),
             },
+        }
+    }
+
+    /// The cipher of the `role` key, for a data path serving the `Crypt` extents of that
+    /// role; `None` where that side is plaintext (an encryption's old key, a decryption's
+    /// new one).
+    pub fn cipher_of(&self, role: KeyRole) -> Option<Arc<dyn SectorCipher>> {
+        match role {
+            KeyRole::Old => self.old_cipher.clone(),
+            KeyRole::New => self.new_cipher.clone(),
         }
     }
 
@@ -371,6 +393,16 @@ impl<'f> Reencryption<'f> {
                 }
                 (None, true) if super::decrypt::is_decrypt_datashift(&self.state) => {
                     self.read_shifted_hotzone(&e, from, part)?;
+                }
+                (None, true) if super::encrypt::is_encrypt_datashift(&self.state) => {
+                    // Part written or not, the hotzone's plaintext source is intact.
+                    let source = self.encrypt_hotzone_source(&e)?;
+                    crate::io::read_at(
+                        self.data,
+                        source + (from - e.logical_start),
+                        part,
+                        "plaintext hotzone",
+                    )?;
                 }
                 _ => {
                     if let Some(role) = self
