@@ -71,7 +71,7 @@ fn not_holder(op: &'static str) -> BlockError {
 
 impl BlockDevice for HostImage {
     fn size(&self) -> u64 {
-        self.file.size()
+        BlockDevice::size(&self.file)
     }
     fn read_only(&self) -> bool {
         false

@@ -10,7 +10,9 @@ use std::sync::OnceLock;
 pub(crate) struct TrackState {
     pub(super) bitmap: OnceLock<DirtyBitmap>,
     pub(super) granularity: u64,
-    pub(super) payload_offset: u64,
+    /// Where volume offset 0 lies in the image file; moves when a raw disk is encrypted in
+    /// place (its data shifts up by the header), never while tracking.
+    pub(super) payload_offset: AtomicU64,
     pub(super) tracking: AtomicBool,
     pub(super) fenced: AtomicBool,
     /// Operations between their fence check and their completion.

@@ -33,7 +33,7 @@ impl std::fmt::Debug for DirtyTracker {
         f.debug_struct("DirtyTracker")
             .field("size", &self.inner.size())
             .field("granularity", &self.state.granularity)
-            .field("payload_offset", &self.state.payload_offset)
+            .field("payload_offset", &self.payload_offset())
             .field("tracking", &self.is_tracking())
             .field("fenced", &self.is_fenced())
             .field(
@@ -69,7 +69,7 @@ impl DirtyTracker {
             state: Arc::new(TrackState {
                 bitmap: OnceLock::new(),
                 granularity,
-                payload_offset,
+                payload_offset: AtomicU64::new(payload_offset),
                 tracking: AtomicBool::new(false),
                 fenced: AtomicBool::new(false),
                 in_flight: AtomicU64::new(0),
@@ -91,7 +91,26 @@ impl DirtyTracker {
     }
 
     pub fn payload_offset(&self) -> u64 {
-        self.state.payload_offset
+        self.state.payload_offset.load(Ordering::Acquire)
+    }
+
+    /// Moves the payload to `offset` bytes into the image file: a raw disk encrypted in place
+    /// now has its data behind a LUKS2 header. Refused while tracking (a migration copies the
+    /// file by these offsets) and off the dirty granularity.
+    pub fn set_payload_offset(&self, offset: u64) -> Result<(), MigrationError> {
+        if self.is_tracking() {
+            return Err(MigrationError::InvalidOptions(
+                "the payload cannot move while a migration tracks the disk".into(),
+            ));
+        }
+        if !offset.is_multiple_of(self.state.granularity) {
+            return Err(MigrationError::InvalidOptions(format!(
+                "the payload offset {offset} is not a multiple of the {}-byte dirty granularity",
+                self.state.granularity
+            )));
+        }
+        self.state.payload_offset.store(offset, Ordering::Release);
+        Ok(())
     }
 
     /// Marks every block dirty (the first pass has to send everything) and turns tracking on.
@@ -142,7 +161,7 @@ impl DirtyTracker {
 
     /// The image-file range holding the ciphertext of `len` plaintext bytes at `offset`.
     pub fn file_range(&self, offset: u64, len: u64) -> (u64, u64) {
-        (offset + self.state.payload_offset, len)
+        (offset + self.payload_offset(), len)
     }
 }
 
