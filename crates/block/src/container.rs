@@ -56,8 +56,7 @@ impl Container for RawFile {
         self.path()
     }
     fn header_io(&self) -> &dyn HeaderIo {
-        // The buffered descriptor: header I/O is small and unaligned.
-        self.file()
+        self
     }
     /// A punched hole (sparse and zero); zeros written where the filesystem cannot punch.
     fn zero_range(&self, offset: u64, len: u64) -> Result<(), BlockError> {
@@ -66,5 +65,31 @@ impl Container for RawFile {
     }
     fn set_len(&self, len: u64) -> Result<(), BlockError> {
         RawFile::set_len(self, len)
+    }
+}
+
+/// The header code's view of the file: the buffered descriptor (header I/O is small and
+/// unaligned), with its length kept in step with the size the file's queues check requests
+/// against. (An encryption in place grows the image, and cuts it at its end, through here.)
+impl HeaderIo for RawFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(self.file(), buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(self.file(), buf, offset)?;
+        self.grew_to(offset + buf.len() as u64);
+        Ok(())
+    }
+    fn size(&self) -> std::io::Result<u64> {
+        Ok(BlockDevice::size(self))
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        RawFile::set_len(self, len).map_err(std::io::Error::other)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.file().sync_data()
+    }
+    fn sync_all(&self) -> std::io::Result<()> {
+        self.file().sync_all()
     }
 }

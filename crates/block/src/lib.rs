@@ -26,7 +26,7 @@ pub mod stats;
 
 pub use aligned::{is_direct_aligned, AlignedBuf, DIRECT_IO_ALIGN};
 pub use container::{Container, SharedStorage};
-pub use crypt::{CryptDevice, CryptLayout, SegmentMap, DRAIN_TIMEOUT};
+pub use crypt::{CryptDevice, CryptLayout, SegmentCiphers, SegmentMap, DRAIN_TIMEOUT};
 pub use device::{BlockDevice, Extent, ExtentKind};
 pub use error::{BlockError, BlockErrorKind};
 pub use format::{probe_format, Format};

@@ -126,6 +126,75 @@ pub fn resize_raw(
     })
 }
 
+impl CryptDevice {
+    /// Resizes the volume this device serves to `size` bytes: a LUKS payload as
+    /// `LuksVolume::resize` does (`file` is its image), a plaintext one (a raw image) by the
+    /// image itself. Refused while a reencryption's parts are served.
+    pub fn resize(
+        &self,
+        file: &dyn Container,
+        size: u64,
+        allow_shrink: bool,
+    ) -> Result<Resized, ResizeError> {
+        if self.segments().is_split() {
+            return Err(ResizeError::Image {
+                name: file.name().to_path_buf(),
+                len: size,
+                source: BlockError::unsupported(
+                    "the volume is in mid-reencryption: finish it (`cryptblk ctl reencrypt-start`) before resizing",
+                ),
+            });
+        }
+        if self.segments().is_plaintext() {
+            resize_plaintext(file, self, size, allow_shrink)
+        } else {
+            resize_luks_payload(file, Some(self), size, allow_shrink)
+        }
+    }
+}
+
+/// A raw image served as a plaintext volume: growing, the image grows before the volume's
+/// range check admits the new bytes; shrinking, the range check refuses the cut bytes before
+/// the image is cut.
+fn resize_plaintext(
+    file: &dyn Container,
+    device: &CryptDevice,
+    size: u64,
+    allow_shrink: bool,
+) -> Result<Resized, ResizeError> {
+    let name = file.name().to_path_buf();
+    let old = device.size();
+    check(&name, old, size, RAW_SECTOR, allow_shrink)?;
+    let image_err = |len, source| ResizeError::Image {
+        name: name.clone(),
+        len,
+        source,
+    };
+    if size > old {
+        let old_len = file.size();
+        if size > old_len {
+            file.set_len(size).map_err(|e| image_err(size, e))?;
+        }
+        if let Err(e) = device.set_size(size) {
+            if size > old_len {
+                undo(file.set_len(old_len), &name);
+            }
+            return Err(image_err(size, e));
+        }
+    } else if size < old {
+        device.set_size(size).map_err(|e| image_err(size, e))?;
+        if let Err(e) = file.set_len(size) {
+            undo(device.set_size(old), &name);
+            return Err(image_err(size, e));
+        }
+    }
+    Ok(Resized {
+        old,
+        new: size,
+        header_updated: false,
+    })
+}
+
 impl LuksVolume {
     /// Resizes the decrypted payload to `size` bytes (a whole number of encryption sectors):
     /// the image grows or shrinks to the payload's end, and a fixed-length LUKS2 segment is

@@ -9,11 +9,14 @@
 //! sector cannot lose either update.
 
 mod drain;
+mod follow;
+mod plain;
 mod segments;
 mod stage;
 mod zero_holes;
 
 pub use drain::DRAIN_TIMEOUT;
+pub use follow::SegmentCiphers;
 pub use segments::SegmentMap;
 
 pub(crate) use zero_holes::ZeroHolesCipher;
@@ -23,6 +26,7 @@ use crate::bounce::BouncePool;
 use crate::device::check_range;
 use crate::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind};
 use cryptblk_crypto::{CryptoError, CryptoPool, Direction, SectorCipher};
+use segments::Storage;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -70,11 +74,15 @@ pub struct CryptLayout {
     pub read_only: bool,
 }
 
-/// A decrypted view of an encrypted payload. Cheap to share: queues opened on it
-/// (`pipeline`) hold the same state.
+/// A decrypted view of a payload: encrypted with one key, or plaintext (a raw disk served so
+/// that it can be encrypted while it serves), or, during an online reencryption, in the parts
+/// its LUKS2 header describes. Cheap to share and to clone: clones and the queues opened on
+/// it (`pipeline`) hold the same state.
+#[derive(Clone)]
 pub struct CryptDevice {
-    core: Arc<CryptCore>,
-    /// Which cipher serves which part of the payload (two during an online reencryption).
+    /// The storage the volume was opened with: its backend, and its layout when encrypted.
+    opened: Storage,
+    /// Which storage serves which part of the payload (several during a reencryption).
     segments: Arc<SegmentMap>,
 }
 
@@ -95,7 +103,10 @@ pub(crate) struct CryptCore {
 
 impl std::fmt::Debug for CryptDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.core.fmt(f)
+        match &self.opened {
+            Storage::Encrypted(core) => core.fmt(f),
+            Storage::Plain(plain) => plain.fmt(f),
+        }
     }
 }
 
@@ -120,27 +131,42 @@ impl CryptDevice {
     ) -> Result<Self, BlockError> {
         let core = Arc::new(CryptCore::new(backend, layout, cipher, pool)?);
         Ok(CryptDevice {
-            segments: SegmentMap::new(core.clone()),
-            core,
+            segments: SegmentMap::new(Storage::Encrypted(core.clone()), core.size.clone()),
+            opened: Storage::Encrypted(core),
         })
     }
 
+    /// All of `backend` as plaintext, byte for byte: a raw disk, which an online encryption
+    /// (`cryptblk ctl reencrypt-start --encrypt`) can then turn into a LUKS2 volume of the
+    /// same size while it serves. The size is the backend's now; `set_size` moves it.
+    pub fn plaintext(backend: Arc<dyn BlockDevice>, read_only: bool) -> CryptDevice {
+        let size = Arc::new(AtomicU64::new(backend.size()));
+        let plain = Arc::new(plain::PlainCore {
+            backend,
+            data_offset: 0,
+            size: size.clone(),
+            read_only,
+        });
+        CryptDevice {
+            segments: SegmentMap::new(Storage::Plain(plain.clone()), size),
+            opened: Storage::Plain(plain),
+        }
+    }
+
     /// The segment map, through which an online reencryption moves the payload from the old
-    /// cipher to the new one while the device serves.
+    /// layout to the new one while the device serves.
     pub fn segments(&self) -> &Arc<SegmentMap> {
         &self.segments
     }
 
-    pub fn layout(&self) -> &CryptLayout {
-        &self.core.layout
-    }
-
     pub fn backend(&self) -> &Arc<dyn BlockDevice> {
-        &self.core.backend
+        self.opened.backend()
     }
 
-    pub fn cipher(&self) -> &Arc<dyn SectorCipher> {
-        &self.core.cipher
+    /// The cipher serving the volume (the new one once a reencryption finished); `None`
+    /// while the volume is plaintext.
+    pub fn cipher(&self) -> Option<Arc<dyn SectorCipher>> {
+        self.segments.cipher()
     }
 
     /// Resizes the payload to `size` bytes (an online resize; `layout().payload_size` stays
@@ -148,14 +174,13 @@ impl CryptDevice {
     /// and cuts it only afterwards when the payload shrinks: requests are checked against the
     /// new size from the moment this returns, on every queue.
     pub fn set_size(&self, size: u64) -> Result<(), BlockError> {
-        let core = &self.core;
         // Whole sectors of every cipher serving the payload (after a reencryption to larger
         // sectors, the new one's).
-        let (_, routes) = self.segments.snapshot();
+        let routes = self.segments.routes();
         let sector = routes
-            .new
+            .parts
             .iter()
-            .fold(routes.old.sector, |s, new| s.max(new.sector));
+            .fold(1, |s, part| s.max(part.storage.sector()));
         if !size.is_multiple_of(sector) {
             return Err(BlockError::new(
                 BlockErrorKind::Unaligned,
@@ -165,18 +190,24 @@ impl CryptDevice {
                 ),
             ));
         }
-        let backend = core.backend.size();
-        if core.layout.data_offset.saturating_add(size) > backend {
+        // The part the new end falls in must fit the backend (during a reencryption the
+        // parts lie at different offsets; resizes are refused then, but the check holds).
+        let backend = self.opened.backend().size();
+        let last = routes
+            .parts
+            .partition_point(|p| p.start < size)
+            .saturating_sub(1);
+        let data_offset = routes.parts[last].storage.data_offset();
+        if data_offset.saturating_add(size) > backend {
             return Err(BlockError::new(
                 BlockErrorKind::OutOfRange,
                 format!(
-                    "a payload of {size} bytes at offset {} does not fit the {backend}-byte \
-                     device",
-                    core.layout.data_offset
+                    "a payload of {size} bytes at offset {data_offset} does not fit the \
+                     {backend}-byte device"
                 ),
             ));
         }
-        core.size.store(size, Ordering::Release);
+        self.segments.size_cell().store(size, Ordering::Release);
         Ok(())
     }
 }
@@ -229,6 +260,31 @@ impl CryptCore {
             CryptCore::new(self.backend.clone(), self.layout, cipher, self.pool.clone())?;
         // The payload a resize may have moved since the open, not the layout's.
         core.size = self.size.clone();
+        Ok(Arc::new(core))
+    }
+
+    /// One encrypted part of a payload whose parts lie at different places (a reencryption
+    /// that moves data): volume offset `v` is backend offset `data_offset + v`, its IV sector
+    /// `iv_offset + v / sector` (wrapping). Only the part's own range must fit the backend,
+    /// which the LUKS2 metadata it comes from was checked for.
+    fn part(
+        backend: Arc<dyn BlockDevice>,
+        cipher: Arc<dyn SectorCipher>,
+        pool: Arc<CryptoPool>,
+        data_offset: u64,
+        iv_offset: u64,
+        size: Arc<AtomicU64>,
+        read_only: bool,
+    ) -> Result<Arc<CryptCore>, BlockError> {
+        let layout = CryptLayout {
+            data_offset: 0,
+            payload_size: 0,
+            iv_offset,
+            read_only,
+        };
+        let mut core = CryptCore::new(backend, layout, cipher, pool)?;
+        core.layout.data_offset = data_offset;
+        core.size = size;
         Ok(Arc::new(core))
     }
 
@@ -464,13 +520,13 @@ impl BlockDevice for CryptCore {
 
 impl BlockDevice for CryptDevice {
     fn size(&self) -> u64 {
-        self.core.size()
+        self.segments.size()
     }
     fn logical_block_size(&self) -> u32 {
-        self.core.logical_block_size()
+        BlockDevice::logical_block_size(self.segments.as_ref())
     }
     fn read_only(&self) -> bool {
-        self.core.read_only()
+        BlockDevice::read_only(self.segments.as_ref())
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
         self.segments.read_at(buf, offset)
@@ -482,7 +538,7 @@ impl BlockDevice for CryptDevice {
         self.segments.write_at(buf, offset)
     }
     fn flush(&self) -> Result<(), BlockError> {
-        self.core.flush()
+        self.opened.backend().flush()
     }
     fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         if self.read_only() {
@@ -491,7 +547,7 @@ impl BlockDevice for CryptDevice {
         self.segments.discard(offset, len)
     }
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
-        self.core.block_status(offset, len)
+        self.segments.block_status(offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         if self.read_only() {
@@ -500,6 +556,10 @@ impl BlockDevice for CryptDevice {
         self.segments.write_zeroes(offset, len)
     }
     fn pipeline(&self, opts: &QueueOptions) -> Option<Result<Pipeline, BlockError>> {
-        Some(stage::open(self.core.clone(), self.segments.clone(), opts))
+        Some(stage::open(
+            self.opened.backend(),
+            self.segments.clone(),
+            opts,
+        ))
     }
 }

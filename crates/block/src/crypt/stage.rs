@@ -21,12 +21,14 @@
 //!   sector, write-zeroes — runs on the volume's synchronous path on the I/O thread pool. Those
 //!   are rare: clients are told the sector size as the logical block size.
 //!
-//! The cipher of a request comes from the volume's segment map (`segments.rs`): one segment,
-//! or during an online reencryption the new cipher below a moving boundary and the old one
-//! above the hotzone; a request touching the hotzone or crossing the boundary goes to the
-//! synchronous path, which splits it. Checking the map costs one plain load per request.
+//! The storage of a request comes from the volume's segment map (`segments.rs`): one part, or
+//! during an online reencryption the parts its header describes; a request touching the
+//! hotzone or crossing parts goes to the synchronous path, which splits it. Checking the map
+//! costs one plain load per request. A plaintext part (a raw disk, or what an online
+//! encryption has not reached yet) is passed through as it is, at its own data offset: every
+//! raw disk is served through this stage, so that it can be encrypted while it serves.
 
-use super::segments::{Routes, SegmentMap, StageCounts};
+use super::segments::{Routes, SegmentMap, StageCounts, Storage};
 use super::{whole_sectors, CryptCore};
 use crate::aio::{
     open_pipeline, Admit, Bounds, IoOp, IoQueue, Pipeline, QueueOptions, SlotRequest, Stage,
@@ -36,49 +38,52 @@ use crate::{AlignedBuf, BlockDevice, BlockError};
 use std::sync::atomic::{compiler_fence, Ordering};
 use std::sync::Arc;
 
-/// The volume's pipeline: its backend's, with this volume's range check and stages in front
+/// The volume's pipeline: its backend's, with this volume's range check and stage in front
 /// and the segment map's synchronous methods as the synchronous path.
 pub(super) fn open(
-    core: Arc<CryptCore>,
+    backend: &Arc<dyn BlockDevice>,
     segments: Arc<SegmentMap>,
     opts: &QueueOptions,
 ) -> Result<Pipeline, BlockError> {
-    let mut pipeline = open_pipeline(&core.backend, opts)?;
-    let offloaded = pipeline.offload(Arc::new(VolumeCrypto {
-        base: core.clone(),
-        segments: segments.clone(),
-    }));
-    // The size is read per request: an online resize changes it while the queues run.
-    let sized = core.clone();
-    pipeline.set_bounds(Bounds::live(
-        Arc::new(move || sized.size()),
-        core.read_only(),
-    ));
-    let capacity = pipeline.capacity();
+    let mut pipeline = open_pipeline(backend, opts)?;
     let counts = Arc::new(StageCounts::default());
     segments.register(&counts);
     let (generation, routes) = segments.snapshot();
+    // A volume encrypted at one data offset stays so (a key-to-key reencryption keeps the
+    // offset; only an encryption brings plaintext parts, and it starts from a raw disk), so
+    // the crypto can be handed to the engine's transfer threads for the queue's lifetime.
+    let offloaded = match routes.uniformly_encrypted() {
+        Some(base) => pipeline.offload(Arc::new(VolumeCrypto {
+            base: base.clone(),
+            segments: segments.clone(),
+        })),
+        None => false,
+    };
+    // The size is read per request: an online resize changes it while the queues run.
+    let sized = segments.clone();
+    pipeline.set_bounds(Bounds::live(
+        Arc::new(move || sized.size()),
+        BlockDevice::read_only(segments.as_ref()),
+    ));
+    let capacity = pipeline.capacity();
     pipeline.push_front(Box::new(CryptStage {
         segments: segments.clone(),
         counts,
         generation,
-        routes,
+        routes: [routes.clone(), routes],
         offloaded,
         ciphertext: (0..capacity).map(|_| None).collect(),
         routed: vec![Routed::default(); capacity],
-    }));
-    pipeline.push_front(Box::new(WholeSectorDiscard {
-        sector: core.sector,
     }));
     let volume: Arc<dyn BlockDevice> = segments;
     pipeline.set_sync_path(volume);
     Ok(pipeline)
 }
 
-/// Where a request in flight was sent, and the generation parity it is counted under.
+/// Where a request in flight was sent: the part of the routes of its generation parity.
 #[derive(Clone, Copy, Default)]
 struct Routed {
-    new: bool,
+    part: u8,
     parity: u8,
 }
 
@@ -88,9 +93,11 @@ struct CryptStage {
     segments: Arc<SegmentMap>,
     /// This queue's requests in flight by generation parity, for the reencryption driver.
     counts: Arc<StageCounts>,
-    /// The generation `routes` is a copy of.
+    /// The generation `routes[generation & 1]` is a copy of.
     generation: u64,
-    routes: Routes,
+    /// The routes of the current generation and of the one before it, by parity: a request
+    /// completes with the storage it was admitted to (see `segments.rs`).
+    routes: [Routes; 2],
     /// The backend's engine runs the crypto on its transfer threads (`Pipeline::offload`).
     offloaded: bool,
     /// A write's ciphertext, by slot, until the write completes.
@@ -99,9 +106,9 @@ struct CryptStage {
 }
 
 impl CryptStage {
-    /// Counts a request in under the current generation (refreshing the copy of the map when
-    /// it changed): the count is stored before the generation is loaded, which is what the
-    /// driver's `membarrier` pairs with.
+    /// Counts a request in under the current generation (refreshing the copy of the routes
+    /// when it changed): the count is stored before the generation is loaded, which is what
+    /// the driver's `membarrier` pairs with.
     fn count_in(&mut self) -> usize {
         loop {
             let parity = (self.generation & 1) as usize;
@@ -111,27 +118,9 @@ impl CryptStage {
                 return parity;
             }
             self.counts.add(parity, -1);
-            (self.generation, self.routes) = self.segments.snapshot();
-        }
-    }
-
-    /// The cipher of all of `len` bytes at `offset` (and whether it is the new one); `None`
-    /// when the range touches the hotzone or crosses the boundary.
-    fn route(&self, offset: u64, len: u64) -> Option<(&Arc<CryptCore>, bool)> {
-        let r = &self.routes;
-        match &r.new {
-            None => Some((&r.old, false)),
-            Some(new) if offset + len <= r.boundary => Some((new, true)),
-            Some(_) if offset >= r.fence => Some((&r.old, false)),
-            Some(_) => None,
-        }
-    }
-
-    fn core_of(&self, routed: Routed) -> &Arc<CryptCore> {
-        match (&self.routes.new, routed.new) {
-            (Some(new), true) => new,
-            // After a reencryption finished, the new cipher is the only one (`old`).
-            _ => &self.routes.old,
+            let (generation, routes) = self.segments.snapshot();
+            self.generation = generation;
+            self.routes[(generation & 1) as usize] = routes;
         }
     }
 }
@@ -158,7 +147,7 @@ impl Stage for CryptStage {
         }
         let parity = self.count_in();
         // SAFETY: forwarded (this function's contract).
-        let admit = unsafe { self.admit_counted(slot, transfer) };
+        let admit = unsafe { self.admit_counted(slot, parity, transfer) };
         if matches!(admit, Admit::Pass) {
             self.routed[slot].parity = parity as u8;
         } else {
@@ -177,22 +166,25 @@ impl Stage for CryptStage {
             return 0;
         }
         let routed = self.routed[slot];
-        let ciphertext = self.ciphertext[slot].take();
-        let core = self.core_of(routed).clone();
-        if let Some(buf) = ciphertext {
-            core.bounce.put_back(buf);
-        }
-        // The stages in front of this one do not move reads: the caller's offset is the
-        // payload offset this stage saw.
-        let work = if caller.op != IoOp::Read || result.is_err() || self.offloaded {
-            0
-        } else {
-            // SAFETY: a completed read's buffers, valid until its completion is handed out
-            // (this function's contract).
-            if let Err(e) = unsafe { core.decrypt_iov(caller.offset, &caller.iov) } {
-                *result = Err(e);
+        let work = match &self.routes[routed.parity as usize].parts[routed.part as usize].storage {
+            Storage::Plain(_) => 0,
+            Storage::Encrypted(core) => {
+                if let Some(buf) = self.ciphertext[slot].take() {
+                    core.bounce.put_back(buf);
+                }
+                // The stages in front of this one do not move reads: the caller's offset is
+                // the payload offset this stage saw.
+                if caller.op != IoOp::Read || result.is_err() || self.offloaded {
+                    0
+                } else {
+                    // SAFETY: a completed read's buffers, valid until its completion is
+                    // handed out (this function's contract).
+                    if let Err(e) = unsafe { core.decrypt_iov(caller.offset, &caller.iov) } {
+                        *result = Err(e);
+                    }
+                    caller.len
+                }
             }
-            caller.len
         };
         // Counted out only now: the driver may rewrite this range once the count is zero.
         self.counts.add(routed.parity as usize, -1);
@@ -207,16 +199,31 @@ impl Stage for CryptStage {
 }
 
 impl CryptStage {
-    /// `admit` for a request counted in.
+    /// `admit` for a request counted in under `parity`.
     ///
     /// # Safety
     /// As `Stage::admit`.
-    unsafe fn admit_counted(&mut self, slot: usize, transfer: &mut SlotRequest) -> Admit {
-        let Some((core, new)) = self.route(transfer.offset, transfer.len) else {
+    unsafe fn admit_counted(
+        &mut self,
+        slot: usize,
+        parity: usize,
+        transfer: &mut SlotRequest,
+    ) -> Admit {
+        let routes = &self.routes[parity];
+        let Some(part) = routes.route(transfer.offset, transfer.len) else {
             return Admit::Synchronous;
         };
-        let core = core.clone();
-        self.routed[slot].new = new;
+        self.routed[slot].part = part as u8;
+        let core = match &routes.parts[part].storage {
+            // Offloaded crypto would transform it: never on such a queue (see `open`), but
+            // the synchronous path is right whatever the engine does.
+            Storage::Plain(_) if self.offloaded => return Admit::Synchronous,
+            Storage::Plain(plain) => {
+                transfer.offset += plain.data_offset;
+                return Admit::Pass;
+            }
+            Storage::Encrypted(core) => core,
+        };
         match transfer.op {
             IoOp::Read | IoOp::Write if !sector_aligned(transfer, core.sector) => {
                 return Admit::Synchronous
@@ -238,7 +245,8 @@ impl CryptStage {
                 transfer.set_buffer(bounce.as_mut_ptr(), len);
                 self.ciphertext[slot] = Some(bounce);
             }
-            // The new segment's sectors may be larger than the discard rounding in front.
+            // Only whole encryption sectors are discarded: discarding a partial one would
+            // destroy its neighbours. A discard holding no whole sector finishes at once.
             IoOp::Discard => match whole_sectors(transfer.offset, transfer.len, core.sector) {
                 Some((offset, len)) => {
                     transfer.offset = offset;
@@ -253,36 +261,10 @@ impl CryptStage {
     }
 }
 
-/// Only whole encryption sectors are discarded: discarding a partial one would destroy its
-/// neighbours. A discard holding no whole sector finishes at once.
-struct WholeSectorDiscard {
-    sector: u64,
-}
-
-impl Stage for WholeSectorDiscard {
-    unsafe fn admit(
-        &mut self,
-        _slot: usize,
-        _caller: &SlotRequest,
-        transfer: &mut SlotRequest,
-    ) -> Admit {
-        if transfer.op != IoOp::Discard {
-            return Admit::Pass;
-        }
-        match whole_sectors(transfer.offset, transfer.len, self.sector) {
-            Some((offset, len)) => {
-                transfer.offset = offset;
-                transfer.len = len;
-                Admit::Pass
-            }
-            None => Admit::Finish(Ok(())),
-        }
-    }
-}
-
 /// The volume's crypto as work for the `threads` engine's transfer threads (`Offload`): each
 /// request is decrypted or encrypted by the thread that reads or writes it, in the backend's
-/// offsets, with the cipher the crypt stage routed it to.
+/// offsets, with the cipher the crypt stage routed it to. Only on a volume encrypted at one
+/// data offset (`Routes::uniformly_encrypted`).
 struct VolumeCrypto {
     base: Arc<CryptCore>,
     segments: Arc<SegmentMap>,
@@ -291,11 +273,15 @@ struct VolumeCrypto {
 impl VolumeCrypto {
     /// The cipher of a request (payload offset, length): the one the volume was opened with
     /// until a reencryption changes the map.
-    fn core(&self, offset: u64, len: u64) -> Arc<CryptCore> {
+    fn core(&self, offset: u64, len: u64) -> Result<Arc<CryptCore>, BlockError> {
         if self.segments.generation() == 0 {
-            return self.base.clone();
+            return Ok(self.base.clone());
         }
-        self.segments.core_for(offset, len)
+        self.segments.core_for(offset, len).ok_or_else(|| {
+            BlockError::unsupported(format!(
+                "{len} bytes at {offset} on the offloaded crypto path are not in one encrypted part"
+            ))
+        })
     }
 }
 
@@ -306,7 +292,7 @@ fn iov_len(iov: &[IoVec]) -> u64 {
 impl Offload for VolumeCrypto {
     unsafe fn after_read(&self, offset: u64, iov: &[IoVec]) -> Result<(), BlockError> {
         let off = offset - self.base.layout.data_offset;
-        let core = self.core(off, iov_len(iov));
+        let core = self.core(off, iov_len(iov))?;
         // SAFETY: forwarded (the segments are readable and writable, this function's
         // contract); the crypt stage only passes whole sectors.
         unsafe { core.decrypt_iov(off, iov) }
@@ -319,7 +305,7 @@ impl Offload for VolumeCrypto {
         out: *mut u8,
     ) -> Result<(), BlockError> {
         let off = offset - self.base.layout.data_offset;
-        let core = self.core(off, iov_len(iov));
+        let core = self.core(off, iov_len(iov))?;
         // SAFETY: forwarded: `out` holds the whole request, disjoint from the segments.
         unsafe { core.encrypt_iov(off, iov, out) }
     }

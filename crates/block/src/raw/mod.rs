@@ -247,6 +247,11 @@ impl RawFile {
         Ok(())
     }
 
+    /// A write through the header's descriptor reached `end`: a file grows to hold it.
+    pub(crate) fn grew_to(&self, end: u64) {
+        self.files.size.fetch_max(end, Ordering::AcqRel);
+    }
+
     /// Deallocates `len` bytes at `offset` (they then read as zeros) without changing the size.
     pub fn punch_hole(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         self.files.punch_hole(offset, len)
