@@ -3,12 +3,14 @@
 use crate::error::{Context, Error, Result};
 use crate::key_file::{read_key_file, Passphrase};
 use crate::secret::{decrypt_secret, MasterKey};
-use cryptblk_block::{BlockDevice, Container, Format, OpenOptions, RawFile};
+use cryptblk_block::{
+    BlockDevice, Container, CryptDevice, Format, OpenOptions, RawFile, SegmentMap,
+};
 use cryptblk_control::api::{key_source, DiskConfig, KeySource};
 use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::UnlockOptions;
 use cryptblk_migration::DirtyTracker;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 /// Dirty tracking granularity of a raw image (a LUKS image tracks its encryption sectors).
 const RAW_TRACKING_GRANULARITY: u64 = 4096;
@@ -18,23 +20,65 @@ pub struct OpenedImage {
     /// What the exports serve: the disk behind its dirty tracker (idle until a migration).
     pub device: Arc<dyn BlockDevice>,
     pub tracker: Arc<DirtyTracker>,
-    /// The image (file or RBD image) under the encryption, which a migration copies.
+    /// The image (file or RBD image) under the encryption, which a migration copies and
+    /// whose header keyslot changes and reencryptions update.
     pub file: Arc<dyn Container>,
-    pub format: Format,
     /// The LUKS UUID or the image file name.
     pub serial: String,
-    /// The sector-crypto engine serving a LUKS image.
-    pub engine: Option<&'static str>,
-    /// A LUKS image's cipher as LUKS2 names it (`aes-xts-plain64`) and its key size in bits
-    /// (what the metrics show; never the key).
-    pub cipher: Option<(String, usize)>,
-    /// The LUKS image's container, for header updates (`key-add`, `key-remove`) while
-    /// attached.
-    pub luks_file: Option<Arc<dyn Container>>,
-    /// A LUKS volume's segment map, which an online reencryption moves (`reencrypt`).
-    pub segments: Option<Arc<cryptblk_block::SegmentMap>>,
-    /// The unlocked LUKS volume under the tracker, for `disk-resize`.
-    pub volume: Option<Arc<cryptblk_block::LuksVolume>>,
+    /// The volume under the tracker: a LUKS image's decrypted payload, or a raw image as one
+    /// plaintext part, which an online encryption turns into a LUKS2 volume while it serves.
+    pub volume: CryptDevice,
+    /// What the LUKS header says of the image; a raw image gets it when an online encryption
+    /// writes its header.
+    luks: RwLock<Option<LuksFacts>>,
+}
+
+/// What the metrics and `disk-list` show of a LUKS image (never its key).
+#[derive(Debug, Clone)]
+pub struct LuksFacts {
+    /// The sector-crypto engine serving it.
+    pub engine: &'static str,
+    /// The cipher as LUKS2 names it (`aes-xts-plain64`) and its key size in bits.
+    pub cipher: String,
+    pub key_bits: usize,
+}
+
+impl LuksFacts {
+    /// The facts of a volume encrypted with `spec` on `engine`.
+    pub fn new(spec: &cryptblk_crypto::CipherSpec, engine: &'static str) -> LuksFacts {
+        LuksFacts {
+            engine,
+            cipher: spec.to_luks2_string(),
+            key_bits: spec.key_bytes() * 8,
+        }
+    }
+}
+
+impl OpenedImage {
+    pub fn format(&self) -> Format {
+        match self.luks() {
+            Some(_) => Format::Luks,
+            None => Format::Raw,
+        }
+    }
+
+    /// The LUKS facts, `None` for a raw image.
+    pub fn luks(&self) -> Option<LuksFacts> {
+        self.luks
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The image has become LUKS2 (an online encryption wrote its header).
+    pub(crate) fn set_luks(&self, facts: LuksFacts) {
+        *self.luks.write().unwrap_or_else(PoisonError::into_inner) = Some(facts);
+    }
+
+    /// Which storage serves which part of the volume (several during a reencryption).
+    pub fn segments(&self) -> &Arc<SegmentMap> {
+        self.volume.segments()
+    }
 }
 
 /// What opening needs besides the disk's configuration.
@@ -156,14 +200,21 @@ fn open_container(config: &DiskConfig) -> Result<(Arc<dyn Container>, Format)> {
 
 fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
     let serial = volume.header().uuid().to_string();
-    let engine = volume.device().cipher().engine_name();
-    let cipher = volume
+    let engine = volume
+        .device()
+        .cipher()
+        .map_or("none", |cipher| cipher.engine_name());
+    let facts = volume
         .header()
         .cipher_spec()
-        .ok()
-        .map(|spec| (spec.to_luks2_string(), spec.key_bytes() * 8));
+        .map(|spec| LuksFacts::new(&spec, engine))
+        .unwrap_or(LuksFacts {
+            engine,
+            cipher: String::new(),
+            key_bits: 0,
+        });
     let file = volume.container().clone();
-    let segments = Some(volume.device().segments().clone());
+    let crypt = volume.device().clone();
     let payload_offset = volume.header().data_offset();
     let granularity = u64::from(volume.header().sector_size());
     let volume = Arc::new(volume);
@@ -174,38 +225,36 @@ fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
     Ok(OpenedImage {
         device: tracker.clone(),
         tracker,
-        file: file.clone(),
-        format: Format::Luks,
+        file,
         serial,
-        engine: Some(engine),
-        cipher,
-        luks_file: Some(file),
-        segments,
-        volume: Some(volume),
+        volume: crypt,
+        luks: RwLock::new(Some(facts)),
     })
 }
 
+/// A raw image is served as one plaintext part of a volume (not the file directly), so that
+/// an online encryption can turn it into LUKS2 while it serves; its queues pay one plain load
+/// per request for that (`cryptblk_block::SegmentMap`).
 fn raw_image(raw: Arc<dyn Container>) -> Result<OpenedImage> {
     let serial = raw
         .name()
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    let read_only = raw.read_only();
+    let backend: Arc<dyn BlockDevice> = raw.clone();
+    let volume = CryptDevice::plaintext(backend, read_only);
     let tracker = Arc::new(
-        DirtyTracker::new(raw.clone(), 0, RAW_TRACKING_GRANULARITY)
+        DirtyTracker::new(Arc::new(volume.clone()), 0, RAW_TRACKING_GRANULARITY)
             .context("setting up dirty tracking")?,
     );
     Ok(OpenedImage {
         device: tracker.clone(),
         tracker,
         file: raw,
-        format: Format::Raw,
         serial,
-        engine: None,
-        cipher: None,
-        luks_file: None,
-        segments: None,
-        volume: None,
+        volume,
+        luks: RwLock::new(None),
     })
 }
 

@@ -86,13 +86,14 @@ pub(crate) fn required_source<'a>(given: KeyParams<'a>, prefix: &str) -> Result<
 }
 
 pub(crate) fn luks_file(disk: &AttachedDisk) -> Result<Arc<dyn cryptblk_block::Container>> {
-    disk.image.luks_file.clone().ok_or_else(|| {
-        Error::conflict(format!(
+    match disk.image.luks() {
+        Some(_) => Ok(disk.image.file.clone()),
+        None => Err(Error::conflict(format!(
             "disk \"{}\" is {}, not LUKS: it has no keyslots",
             disk.name(),
-            disk.image.format.name()
-        ))
-    })
+            disk.image.format().name()
+        ))),
+    }
 }
 
 /// The key derivation of a new keyslot: `pbkdf` (default argon2id on LUKS2, pbkdf2 on LUKS1),

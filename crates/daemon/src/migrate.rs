@@ -154,6 +154,13 @@ impl Daemon {
         if let Some(n) = p.max_passes {
             opts.max_passes = n;
         }
+        // The image file is copied by offset: a disk whose data is moving behind a new
+        // header (an encryption in place, paused) has no one offset to copy it by.
+        if disk.image.segments().single_data_offset() != Some(disk.image.tracker.payload_offset()) {
+            return Err(Error::busy(format!(
+                "disk \"{name}\" is in mid-encryption (its data is moving behind its new LUKS2 header): finish it with reencrypt-start before migrating"
+            )));
+        }
         let ticket = disk.activity.begin_start(name)?;
         let started = if p.shared {
             SourceMigration::start_shared(

@@ -257,7 +257,7 @@ impl Daemon {
             None => None,
         };
         let nbd_exported = self.exports_nbd(&config);
-        let reencryption = crate::reencrypt::ReencryptJob::new(image.segments.as_deref());
+        let reencryption = crate::reencrypt::ReencryptJob::new(image.segments());
         let disk = Arc::new(AttachedDisk {
             config,
             image,
@@ -456,7 +456,7 @@ fn describe(disk: &AttachedDisk) -> DiskInfo {
         image: c.image.path().to_path_buf(),
         state: DiskState::Attached,
         attached: Some(AttachedInfo {
-            format: disk.image.format.name().to_string(),
+            format: disk.image.format().name().to_string(),
             size: disk.image.device.size(),
             block_size: disk.image.device.logical_block_size(),
             readonly: disk.read_only(),
@@ -464,7 +464,7 @@ fn describe(disk: &AttachedDisk) -> DiskInfo {
             num_queues: c.num_queues,
             nbd_export: disk.nbd_exported,
             discard: c.discard,
-            engine: disk.image.engine.map(str::to_string),
+            engine: disk.image.luks().map(|l| l.engine.to_string()),
             cache: c.cache,
             aio: c.aio,
         }),

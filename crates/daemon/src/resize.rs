@@ -11,7 +11,7 @@
 use crate::disk::AttachedDisk;
 use crate::error::{Error, Result};
 use crate::registry::Daemon;
-use cryptblk_block::{resize_raw, ResizeError};
+use cryptblk_block::ResizeError;
 use cryptblk_control::api::{DiskResizeParams, DiskResized};
 
 impl Daemon {
@@ -70,10 +70,10 @@ impl Daemon {
 }
 
 fn resize(disk: &AttachedDisk, size: u64, allow_shrink: bool) -> Result<cryptblk_block::Resized> {
-    let result = match &disk.image.volume {
-        Some(volume) => volume.resize(size, allow_shrink),
-        None => resize_raw(disk.image.file.as_ref(), size, allow_shrink),
-    };
+    let result = disk
+        .image
+        .volume
+        .resize(disk.image.file.as_ref(), size, allow_shrink);
     result.map_err(|e| match e {
         e if e.is_bad_request() => Error::usage(e.to_string()),
         e @ ResizeError::Image { .. } => Error::caused(

@@ -48,7 +48,7 @@ impl Daemon {
         });
         DiskStats {
             name: disk.name().to_string(),
-            engine: disk.image.engine.map(str::to_string),
+            engine: disk.image.luks().map(|l| l.engine.to_string()),
             vhost_user_blk,
             nbd,
             total: counters(&total),

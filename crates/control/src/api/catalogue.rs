@@ -259,7 +259,7 @@ pub const METHODS: &[MethodSpec] = &[
     },
     MethodSpec {
         name: "reencrypt-start",
-        summary: "Replace a served LUKS2 disk's volume key (or cipher, key size, sector size) while it serves, or continue a paused reencryption.",
+        summary: "Replace a served LUKS2 disk's volume key (or cipher, key size, sector size) while it serves, encrypt a served raw disk in place (encrypt), or continue a paused one.",
         params: &[
             NAME,
             opt("key-file", KeyFile, "File holding a passphrase of the disk (read by the daemon); it also protects the new volume key. This, key-fd or key-secret."),
@@ -267,12 +267,14 @@ pub const METHODS: &[MethodSpec] = &[
             opt("key-secret", Base64, "The passphrase encrypted with the daemon's master key (serve --master-key-file): base64 of the AES-256-CBC ciphertext, PKCS#7 padded (as QEMU's secret object with keyid), instead of key-file."),
             opt("key-secret-iv", Base64, "Base64 of the 16-byte IV key-secret was encrypted with (fresh for each secret)."),
             opt("resilience", Choice(&["checksum", "journal", "none"]), "How a hotzone a crash interrupts is recovered (default checksum; none loses that hotzone, as in cryptsetup)."),
-            opt("cipher", Text, "The new cipher, e.g. aes-xts-plain64 (default: the current one)."),
-            opt("key-size", Count, "Bits of the new volume key (default: the current size)."),
-            opt("sector-size", Count, "Bytes of the new encryption sector, 512 to 4096 (default: the current one)."),
+            opt("cipher", Text, "The new cipher, e.g. aes-xts-plain64 (default: the current one; with encrypt, aes-xts-plain64)."),
+            opt("key-size", Count, "Bits of the new volume key (default: the current size; with encrypt or a new cipher, 512 for XTS, else 256)."),
+            opt("sector-size", Count, "Bytes of the new encryption sector, 512 to 4096 (default: the current one; with encrypt, 512)."),
             opt("max-bandwidth", Bytes, "Bytes per second the reencryption reads and writes (default 64M; 0: no limit)."),
             opt("pbkdf", Choice(&["pbkdf2", "argon2i", "argon2id"]), "Key derivation for the new volume key's keyslot (default argon2id)."),
             opt("iter-time", Millis, "Target unlock time of that keyslot in milliseconds (default 2000)."),
+            opt("encrypt", Flag, "The disk is raw: encrypt it in place as LUKS2 without changing its size; from the moment this returns its image is LUKS2, attached with this passphrase."),
+            opt("reduce-device-size", Bytes, "With encrypt: bytes for the LUKS2 header and the data shift, as cryptsetup's --reduce-device-size (default 32M): the image grows by them while the encryption runs and ends half of them larger than the disk."),
         ],
     },
     MethodSpec {

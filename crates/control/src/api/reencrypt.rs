@@ -49,6 +49,14 @@ pub struct ReencryptStartParams {
     /// Milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iter_time: Option<u32>,
+    /// The disk is raw: encrypt it in place as LUKS2, keeping its size (the passphrase
+    /// protects its first keyslot).
+    #[serde(default)]
+    pub encrypt: bool,
+    /// With `encrypt`: bytes for the header and the data shift (cryptsetup's
+    /// `--reduce-device-size`); the image grows by them while the encryption runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reduce_device_size: Option<u64>,
 }
 
 impl ReencryptStartParams {
@@ -90,7 +98,12 @@ pub struct Hotzone {
 pub struct ReencryptStatus {
     pub name: String,
     pub phase: ReencryptPhase,
-    /// Volume bytes in the new segment.
+    /// What the run does: `reencrypt` (a new volume key) or `encrypt` (a raw disk in
+    /// place); absent before one starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Volume bytes in the new layout (for an encryption: encrypted, counted from the
+    /// volume's end, which it works down from).
     pub bytes_done: u64,
     pub bytes_total: u64,
     /// Bytes per second over this run.

@@ -65,7 +65,7 @@ impl Daemon {
             "Always 1 for each attached disk, with its image, format, host cache mode and I/O engine.",
         );
         for d in &disks {
-            let format = d.image.format.name();
+            let format = d.image.format().name();
             e.sample(
                 "cryptblk_disk_info",
                 &[
@@ -97,7 +97,8 @@ impl Daemon {
             "Always 1 for each LUKS disk: the sector-crypto engine chosen and the cipher.",
         );
         for d in &disks {
-            if let (Some(engine), Some((cipher, bits))) = (d.image.engine, &d.image.cipher) {
+            if let Some(luks) = d.image.luks() {
+                let (engine, cipher, bits) = (luks.engine, &luks.cipher, luks.key_bits);
                 e.sample(
                     "cryptblk_crypto_engine_info",
                     &[
@@ -456,7 +457,7 @@ fn render_io(e: &mut Exposition, series: &[Series]) {
 fn render_reencryption(e: &mut Exposition, disks: &[std::sync::Arc<crate::disk::AttachedDisk>]) {
     let progress: Vec<(&str, u64)> = disks
         .iter()
-        .filter(|d| d.image.segments.is_some())
+        .filter(|d| d.image.luks().is_some())
         .map(|d| (d.name(), d.reencryption.bytes_done()))
         .collect();
     e.family(

@@ -2,13 +2,14 @@
 //! then for each hotzone fences it off from the asynchronous path, rewrites it under the
 //! hotzone lock with `Reencryption::step` (cryptsetup's commit order, crash-safe per the
 //! resilience mode), moves the boundary, and sleeps as long as the bandwidth limit asks.
-use super::{Progress, ReencryptJob};
+use super::{Mode, Progress, ReencryptJob};
+use crate::disk::AttachedDisk;
 use crate::error::{chain, Context, Error, Result};
 use crate::key_file::Passphrase;
 use crossbeam_channel::Sender;
 use cryptblk_block::{Container, SegmentMap};
 use cryptblk_control::api::{Hotzone, ReencryptPhase, ReencryptStartParams, Resilience};
-use cryptblk_crypto::{CipherSpec, CryptoPool, Mode};
+use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::luks1::Luks1Header;
 use cryptblk_luks::luks2::from_luks1::convert_luks1;
 use cryptblk_luks::luks2::reencrypt::{
@@ -21,12 +22,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Largest hotzone: what requests touching it may wait for while it is rewritten.
-const MAX_HOTZONE: u64 = 4 << 20;
+pub(super) const MAX_HOTZONE: u64 = 4 << 20;
 /// Longest sleep between two looks at the pause flag.
 const PAUSE_POLL: Duration = Duration::from_millis(50);
 
 pub(super) struct Run {
     pub name: String,
+    pub mode: Mode,
+    /// The disk: an encryption makes its record LUKS once the header is written.
+    pub disk: Arc<AttachedDisk>,
     pub file: Arc<dyn Container>,
     pub segments: Arc<SegmentMap>,
     pub passphrase: Passphrase,
@@ -38,35 +42,41 @@ pub(super) struct Run {
 }
 
 impl Run {
-    /// Runs to the end, a pause or an error; `ready` hears whether it got going.
+    /// Runs to the end, a pause or an error; `ready` hears whether it got going (an error
+    /// before that is its answer, and the status stays as it was).
     pub(super) fn run(self, ready: Sender<Result<()>>) {
-        let io = self.file.header_io();
-        let mut r = match self.open(io) {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = ready.send(Err(e));
-                return;
-            }
+        let mut ready = Some(ready);
+        let outcome = match self.mode {
+            Mode::Reencrypt => self.rotate(&mut ready),
+            Mode::Encrypt => self.encrypt(&mut ready),
         };
-        let outcome = self.rewrite(io, &mut r, Some(ready));
         let name = &self.name;
         match outcome {
-            Ok(true) => {
-                if let Err(e) = self.segments.finish() {
-                    tracing::warn!(disk = %name, "the old volume key stays in memory until the requests still in flight complete: {e}");
+            Err(e) if ready.is_some() => {
+                if let Some(tx) = ready.take() {
+                    let _ = tx.send(Err(e));
                 }
+            }
+            Ok(true) => {
                 self.job.update(|p| {
                     p.phase = ReencryptPhase::Finished;
                     p.hotzone = None;
                 });
-                tracing::info!(disk = %name, "reencryption finished: the old volume key is gone");
+                match self.mode {
+                    Mode::Reencrypt => {
+                        tracing::info!(disk = %name, "reencryption finished: the old volume key is gone")
+                    }
+                    Mode::Encrypt => {
+                        tracing::info!(disk = %name, "encryption finished: the disk is LUKS2")
+                    }
+                }
             }
             Ok(false) => {
                 self.job.update(|p| {
                     p.phase = ReencryptPhase::Paused;
                     p.hotzone = None;
                 });
-                tracing::info!(disk = %name, done = self.segments.committed(), "reencryption paused");
+                tracing::info!(disk = %name, done = self.job.bytes_done(), "reencryption paused");
             }
             Err(e) => {
                 let message = chain(&e);
@@ -78,6 +88,19 @@ impl Run {
                 });
             }
         }
+    }
+
+    /// A new volume key: to the end (true) or a pause (false).
+    fn rotate(&self, ready: &mut Option<Sender<Result<()>>>) -> Result<bool> {
+        let io = self.file.header_io();
+        let mut r = self.open(io)?;
+        if !self.rewrite(io, &mut r, ready)? {
+            return Ok(false);
+        }
+        if let Err(e) = self.segments.finish() {
+            tracing::warn!(disk = %self.name, "the old volume key stays in memory until the requests still in flight complete: {e}");
+        }
+        Ok(true)
     }
 
     /// Starts the reencryption in the header unless one is there, unlocks both keys, and puts
@@ -141,6 +164,7 @@ impl Run {
         let cipher = Some(online.new_cipher_name.clone());
         self.job.update(|p: &mut Progress| {
             p.phase = ReencryptPhase::Running;
+            p.mode = Some(Mode::Reencrypt);
             p.done = online.done;
             p.total = online.size;
             p.run_start = Some((online.done, Instant::now()));
@@ -175,31 +199,8 @@ impl Run {
     fn init_params(&self, hdr: &Luks2Header) -> Result<InitParams> {
         let p = &self.params;
         let current = hdr.cipher_spec().context("reading the current cipher")?;
-        let name = p
-            .cipher
-            .clone()
-            .unwrap_or_else(|| current.to_luks2_string());
-        let bits = match p.key_size {
-            Some(b) => b as usize,
-            None if p.cipher.is_none() => current.key_bytes() * 8,
-            None => {
-                let probe = CipherSpec::parse_luks2(&name, 32)
-                    .or_else(|_| CipherSpec::parse_luks2(&name, 64))
-                    .map_err(|e| Error::caused(format!("cipher {name}"), e))?;
-                if probe.mode() == Mode::Xts {
-                    512
-                } else {
-                    256
-                }
-            }
-        };
-        if !bits.is_multiple_of(8) {
-            return Err(Error::invalid_params(format!(
-                "key-size {bits} is not a whole number of bytes"
-            )));
-        }
-        let cipher = CipherSpec::parse_luks2(&name, bits / 8)
-            .map_err(|e| Error::caused(format!("cipher {name} with a {bits}-bit key"), e))?;
+        let cipher =
+            super::encrypt::chosen_cipher(p.cipher.as_deref(), p.key_size, Some(&current))?;
         if let Some(s) = p.sector_size {
             if !(512..=4096).contains(&s) || !s.is_power_of_two() {
                 return Err(Error::invalid_params(format!(
@@ -226,7 +227,7 @@ impl Run {
         &self,
         io: &dyn cryptblk_luks::HeaderIo,
         r: &mut Reencryption<'_>,
-        mut ready: Option<Sender<Result<()>>>,
+        ready: &mut Option<Sender<Result<()>>>,
     ) -> Result<bool> {
         let align = r.alignment();
         let mut hotzone = MAX_HOTZONE.min(r.max_hotzone());
@@ -326,7 +327,7 @@ impl Run {
 
     /// Sleeps until `rewritten` bytes since `started` are within the bandwidth limit (or a
     /// pause is asked for).
-    fn throttle(&self, started: Instant, rewritten: u64) {
+    pub(super) fn throttle(&self, started: Instant, rewritten: u64) {
         if self.max_bandwidth == 0 {
             return;
         }

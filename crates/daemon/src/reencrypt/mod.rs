@@ -1,15 +1,19 @@
 //! `reencrypt-start`, `reencrypt-status`, `reencrypt-pause`: replacing a served LUKS2 disk's
-//! volume key while it serves (cryptsetup's LUKS2 reencryption, forward, in place). The work
-//! runs on a thread of its own (`driver`); the data path follows it through the volume's
-//! segment map (`cryptblk_block::SegmentMap`).
+//! volume key while it serves (cryptsetup's LUKS2 reencryption, forward, in place), or
+//! encrypting a served raw disk in place (`encrypt`: cryptsetup's `reencrypt --encrypt`,
+//! backward, with a data shift, on the image grown by the header area so that the disk keeps
+//! its size). The work runs on a thread of its own (`driver`, `encrypt`); the data path
+//! follows it through the volume's segment map (`cryptblk_block::SegmentMap`).
 //!
 //! One reencryption at a time per disk, and never alongside a migration or a keyslot change:
 //! each refuses the other as busy (`activity`). A disk attached in mid-reencryption (a daemon
-//! restarted, or cryptsetup stopped part-way) serves both segments at once and continues on
+//! restarted, or cryptsetup stopped part-way) serves its segments at once and continues on
 //! `reencrypt-start`.
 mod driver;
+mod encrypt;
 
-use crate::error::{Error, Result};
+use crate::disk::AttachedDisk;
+use crate::error::{Context, Error, Result};
 use crate::key_file::read_key_source;
 use crate::registry::Daemon;
 use cryptblk_control::api::{Hotzone, ReencryptPhase, ReencryptStartParams, ReencryptStatus};
@@ -30,9 +34,28 @@ pub(crate) struct ReencryptJob {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
+/// What a run does to the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// A new volume key (cipher, key size, sector size) for a LUKS2 disk.
+    Reencrypt,
+    /// A raw disk encrypted in place.
+    Encrypt,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Reencrypt => "reencrypt",
+            Mode::Encrypt => "encrypt",
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Progress {
     phase: ReencryptPhase,
+    mode: Option<Mode>,
     done: u64,
     total: u64,
     /// Where this run started: bytes done then, and when.
@@ -46,14 +69,28 @@ struct Progress {
 
 impl ReencryptJob {
     /// The job of a disk just attached: paused when its image is in mid-reencryption.
-    pub(crate) fn new(segments: Option<&cryptblk_block::SegmentMap>) -> Arc<ReencryptJob> {
-        let (phase, done, total) = match segments {
-            Some(m) if m.is_split() => (ReencryptPhase::Paused, m.committed(), m.size()),
-            _ => (ReencryptPhase::Idle, 0, 0),
+    pub(crate) fn new(segments: &cryptblk_block::SegmentMap) -> Arc<ReencryptJob> {
+        let (phase, done, total) = if segments.is_split() {
+            (
+                ReencryptPhase::Paused,
+                segments.committed(),
+                segments.size(),
+            )
+        } else {
+            (ReencryptPhase::Idle, 0, 0)
         };
+        // Parts at different offsets are an encryption's (its data moves); a key-to-key
+        // reencryption keeps the payload where it is.
+        let mode = segments
+            .is_split()
+            .then(|| match segments.single_data_offset() {
+                Some(_) => Mode::Reencrypt,
+                None => Mode::Encrypt,
+            });
         Arc::new(ReencryptJob {
             status: Mutex::new(Progress {
                 phase,
+                mode,
                 done,
                 total,
                 run_start: None,
@@ -92,6 +129,7 @@ impl ReencryptJob {
         ReencryptStatus {
             name: name.to_string(),
             phase: p.phase,
+            mode: p.mode.map(|m| m.name().to_string()),
             bytes_done: p.done,
             bytes_total: p.total,
             rate,
@@ -128,9 +166,9 @@ impl ReencryptJob {
 }
 
 impl Daemon {
-    /// Starts (or continues) the reencryption of an attached LUKS2 disk. Returns once both
-    /// keys are unlocked and the rewriting has begun; a wrong passphrase or an image this
-    /// cannot handle is an error here, with the image untouched.
+    /// Starts (or continues) the reencryption of an attached LUKS2 disk, or the encryption
+    /// of a raw one. Returns once the keys are unlocked and the rewriting has begun; a wrong
+    /// passphrase or an image this cannot handle is an error here, with the image untouched.
     pub fn reencrypt_start(
         &self,
         p: &ReencryptStartParams,
@@ -139,12 +177,9 @@ impl Daemon {
         let name = p.name.as_str();
         let source = crate::keys::required_source(p.key_params(), "key")?;
         let disk = self.attached(name)?;
-        let file = crate::keys::luks_file(&disk)?;
-        let segments = disk.image.segments.clone().ok_or_else(|| {
-            Error::conflict(format!(
-                "disk \"{name}\" is not LUKS: nothing to re-encrypt"
-            ))
-        })?;
+        let mode = run_mode(&disk, p)?;
+        let file = disk.image.file.clone();
+        let segments = disk.image.segments().clone();
         if disk.read_only() {
             return Err(Error::usage(format!(
                 "disk \"{name}\" is read-only: re-encrypting writes every sector"
@@ -162,6 +197,8 @@ impl Daemon {
         let max_bandwidth = p.max_bandwidth.unwrap_or(DEFAULT_MAX_BANDWIDTH);
         let run = driver::Run {
             name: name.to_string(),
+            mode,
+            disk: disk.clone(),
             file,
             segments,
             passphrase,
@@ -216,4 +253,36 @@ impl Daemon {
         });
         Ok(job.status(name))
     }
+}
+
+/// Whether `reencrypt-start` replaces a LUKS2 disk's key or encrypts a raw disk (or continues
+/// the one its header has under way), refusing the ones that ask for the other.
+fn run_mode(disk: &AttachedDisk, p: &ReencryptStartParams) -> Result<Mode> {
+    let name = disk.name();
+    if disk.image.luks().is_none() {
+        if !p.encrypt {
+            return Err(Error::conflict(format!(
+                "disk \"{name}\" is raw, not LUKS: there is no volume key to replace; to encrypt it in place, add encrypt (ctl reencrypt-start --encrypt)"
+            )));
+        }
+        return Ok(Mode::Encrypt);
+    }
+    let (header, _) = cryptblk_luks::LuksImage::read(disk.image.file.header_io())
+        .with_context(|| format!("reading the LUKS header of disk \"{name}\""))?;
+    let encrypting = match &header {
+        cryptblk_luks::LuksImage::V2(h) => h
+            .reencrypt_state()
+            .context("reading the reencryption state")?
+            .is_some_and(|s| s.mode == cryptblk_luks::luks2::reencrypt::ReencryptMode::Encrypt),
+        cryptblk_luks::LuksImage::V1(_) => false,
+    };
+    if encrypting {
+        return Ok(Mode::Encrypt);
+    }
+    if p.encrypt {
+        return Err(Error::conflict(format!(
+            "disk \"{name}\" is LUKS already: leave out encrypt to give it a new volume key"
+        )));
+    }
+    Ok(Mode::Reencrypt)
 }
