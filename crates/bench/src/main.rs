@@ -7,6 +7,7 @@ mod clients;
 mod config;
 mod control;
 mod convert;
+mod encrypt_online;
 mod fio;
 mod handoff;
 mod images;
@@ -132,6 +133,10 @@ enum Cmd {
         vu_bench: Option<PathBuf>,
         #[arg(long)]
         keep_images: bool,
+        /// Encrypt a served raw disk in place instead (online only: its 4k random reads
+        /// while the encryption runs against while it is paused).
+        #[arg(long)]
+        encrypt: bool,
     },
     /// Shared-storage hand-offs of a LUKS2 RBD disk between two daemons (`migrate-start
     /// --shared`), idle and under a 4k write load, on a throwaway Ceph cluster: each
@@ -272,22 +277,25 @@ fn run() -> Result<()> {
             cryptblk,
             vu_bench,
             keep_images,
+            encrypt,
         } => {
             let (cryptblk, vu_bench) = binaries(cryptblk, vu_bench)?;
             let workload = *config.workload("rr4k-d32-q1")?;
-            reencrypt::run(
-                &reencrypt::Options {
-                    rounds,
-                    size: config::parse_size(&size)?,
-                    dir,
-                    runtime,
-                    cryptblk,
-                    vu_bench,
-                    results,
-                    keep_images,
-                },
-                &workload,
-            )
+            let options = reencrypt::Options {
+                rounds,
+                size: config::parse_size(&size)?,
+                dir,
+                runtime,
+                cryptblk,
+                vu_bench,
+                results,
+                keep_images,
+            };
+            if encrypt {
+                encrypt_online::run(&options, &workload)
+            } else {
+                reencrypt::run(&options, &workload)
+            }
         }
         Cmd::List => {
             for (name, p) in &config.presets {

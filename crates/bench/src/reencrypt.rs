@@ -29,18 +29,18 @@ pub struct Options {
 }
 
 #[derive(Debug, Serialize)]
-struct Sample {
-    commit: String,
-    machine: crate::record::Machine,
-    part: &'static str,
-    round: u32,
+pub(crate) struct Sample {
+    pub commit: String,
+    pub machine: crate::record::Machine,
+    pub part: &'static str,
+    pub round: u32,
     /// offline: cryptsetup, cryptblk or copy; online: without or during.
-    what: &'static str,
-    seconds: Option<f64>,
-    mib_s: Option<f64>,
-    iops: Option<f64>,
-    lat_p99_us: Option<f64>,
-    lat_p999_us: Option<f64>,
+    pub what: &'static str,
+    pub seconds: Option<f64>,
+    pub mib_s: Option<f64>,
+    pub iops: Option<f64>,
+    pub lat_p99_us: Option<f64>,
+    pub lat_p999_us: Option<f64>,
 }
 
 const OFFLINE: [&str; 3] = ["cryptsetup", "cryptblk", "copy"];
@@ -248,7 +248,7 @@ fn timed(cmd: &mut Command) -> Result<f64> {
     Ok(start.elapsed().as_secs_f64())
 }
 
-fn ctl_call(cryptblk: &Path, ctl: &Path, args: &[&str]) -> Result<()> {
+pub(crate) fn ctl_call(cryptblk: &Path, ctl: &Path, args: &[&str]) -> Result<()> {
     let mut cmd = Command::new(cryptblk);
     cmd.arg("ctl").arg("--socket").arg(ctl).args(args);
     timed(&mut cmd).map(drop)
@@ -256,7 +256,7 @@ fn ctl_call(cryptblk: &Path, ctl: &Path, args: &[&str]) -> Result<()> {
 
 /// Waits (up to 30 s) until the reencryption is no longer running: a pause takes effect once
 /// the current hotzone commits.
-fn wait_paused(cryptblk: &Path, ctl: &Path) -> Result<()> {
+pub(crate) fn wait_paused(cryptblk: &Path, ctl: &Path) -> Result<()> {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(30) {
         let out = Command::new(cryptblk)
@@ -275,7 +275,7 @@ fn wait_paused(cryptblk: &Path, ctl: &Path) -> Result<()> {
 }
 
 /// Median and worst round of `num(round) / den(round)` over the rounds that have both.
-fn ratio(
+pub(crate) fn ratio(
     samples: &[Sample],
     part: &str,
     f: impl Fn(&Sample) -> Option<f64>,
