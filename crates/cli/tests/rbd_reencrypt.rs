@@ -1,7 +1,8 @@
 //! `cryptblk reencrypt rbd:...` on a throwaway single-node Ceph cluster: a LUKS2 disk in RBD
 //! gets a new volume key of another size (several hotzones, read ahead), refused while a
-//! daemon serves it; a plaintext RBD image is encrypted in place. librbd's own encryption
-//! (QEMU's rbd driver with `encrypt.format=luks2`) reads the results.
+//! daemon serves it; a plaintext RBD image is encrypted in place offline, and another while a
+//! daemon serves it (`ctl reencrypt-start --encrypt`), keeping its size. librbd's own
+//! encryption (QEMU's rbd driver with `encrypt.format=luks2`) reads the results.
 mod common;
 
 use common::*;
@@ -41,7 +42,7 @@ fn key_bits_and_reencrypting(image: &str) -> (u64, bool) {
 }
 
 #[test]
-fn rbd_images_are_reencrypted_and_encrypted_offline() {
+fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
     let Some(cluster) = ceph::start() else {
         return;
     };
@@ -143,4 +144,97 @@ fn rbd_images_are_reencrypted_and_encrypted_offline() {
         info.stdout
     );
     qemu_io_cmds(&decrypted, &["read -P 0x71 0 1M", "read -P 0x17 15M 1M"]);
+
+    // A plaintext RBD image served over NBD, encrypted while a client writes it: the disk
+    // keeps its 24 MiB, the image ends as the 4 MiB header and the disk.
+    let online = cluster.name("online");
+    cluster.rbd(&["create", "--size", "24M", "online"]);
+    let control = dir.path().join("ctl-online.sock");
+    let socket = dir.path().join("nbd-online.sock");
+    let nbd_arg = format!("unix:{}", s(&socket));
+    let serve_args = |with_key: bool| {
+        let mut args = vec![
+            "--control",
+            s(&control),
+            "--image",
+            &online,
+            "--name",
+            "online",
+            "--nbd",
+            &nbd_arg,
+        ];
+        if with_key {
+            args.extend(["--key-file", s(&key)]);
+        }
+        args
+    };
+    let serve = ServeProcess::start(&serve_args(false), &control);
+    let mut c = cryptblk_testutil::nbd::NbdClient::connect(&socket, "online").unwrap();
+    let pattern = |byte: u8| vec![byte; MIB as usize];
+    c.write(0, &pattern(0x61), false).unwrap();
+    c.write(23 * MIB, &pattern(0x62), false).unwrap();
+    c.flush().unwrap();
+    let st = ctl_json(
+        &control,
+        &[
+            "reencrypt-start",
+            "online",
+            "--encrypt",
+            "--key-file",
+            s(&key),
+            "--reduce-device-size",
+            "8M",
+            "--pbkdf",
+            "pbkdf2",
+            "--iter-time",
+            "10",
+            "--max-bandwidth",
+            "8M",
+        ],
+    );
+    assert_eq!(st["mode"], "encrypt", "{st}");
+    // Written while it runs, on both sides of wherever the boundary is.
+    c.write(12 * MIB, &pattern(0x63), false).unwrap();
+    c.write(MIB, &pattern(0x64), false).unwrap();
+    c.flush().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let st = ctl_json(&control, &["reencrypt-status", "online"]);
+        if st["phase"] == "finished" {
+            break;
+        }
+        assert!(st["last-error"].is_null(), "{st}");
+        assert!(std::time::Instant::now() < deadline, "not finished: {st}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for (at, byte) in [(0, 0x61), (MIB, 0x64), (12 * MIB, 0x63), (23 * MIB, 0x62)] {
+        assert!(c.read(at, MIB as u32).unwrap() == pattern(byte), "{byte:#x} at {at}");
+    }
+    drop(c);
+    assert_eq!(serve.terminate(), 0);
+    assert!(!key_bits_and_reencrypting(&online).1);
+    let decrypted = librbd(&cluster, "online", Some(&key));
+    let info = tool("qemu-img", [&["info".to_string()][..], &decrypted].concat());
+    info.ok();
+    assert!(
+        info.stdout.contains("virtual size: 24 MiB"),
+        "{}",
+        info.stdout
+    );
+    qemu_io_cmds(
+        &decrypted,
+        &[
+            "read -P 0x61 0 1M",
+            "read -P 0x64 1M 1M",
+            "read -P 0x63 12M 1M",
+            "read -P 0x62 23M 1M",
+        ],
+    );
+    // Attached again with its passphrase, it is an ordinary LUKS2 disk of the same size.
+    let serve = ServeProcess::start(&serve_args(true), &control);
+    let mut c = cryptblk_testutil::nbd::NbdClient::connect(&socket, "online").unwrap();
+    assert_eq!(c.export.size, 24 * MIB);
+    assert!(c.read(12 * MIB, MIB as u32).unwrap() == pattern(0x63));
+    drop(c);
+    assert_eq!(serve.terminate(), 0);
 }

@@ -169,7 +169,7 @@ impl CryptDevice {
         self.segments.cipher()
     }
 
-    /// Resizes the payload to `size` bytes (an online resize; `layout().payload_size` stays
+    /// Resizes the payload to `size` bytes (an online resize; the layout it opened with stays
     /// the size at open). The caller has already grown the backend when the payload grows,
     /// and cuts it only afterwards when the payload shrinks: requests are checked against the
     /// new size from the moment this returns, on every queue.
