@@ -220,12 +220,14 @@ impl Pipeline {
         }
     }
 
-    /// Collects what the engines finished.
+    /// Collects what the engines finished (the synchronous path's only while it has requests:
+    /// every queue has one, and most never use it).
     fn reap(&mut self) {
         let finished = &mut self.finished;
         self.engine
             .reap(&mut |slot, result| finished.push_back((slot, result)));
-        if let Some(sync) = self.sync_path.as_mut() {
+        let busy = self.sync_busy > 0;
+        if let Some(sync) = self.sync_path.as_mut().filter(|_| busy) {
             let mut back = 0;
             sync.reap(&mut |slot, result| {
                 back += 1;
@@ -276,7 +278,8 @@ impl IoQueue for Pipeline {
     }
 
     fn submit(&mut self) -> Result<(), BlockError> {
-        if let Some(sync) = self.sync_path.as_mut() {
+        let busy = self.sync_busy > 0;
+        if let Some(sync) = self.sync_path.as_mut().filter(|_| busy) {
             sync.submit()?;
         }
         self.engine.submit()

@@ -108,6 +108,10 @@ impl Routes {
         if offset < self.fence.1 && end > self.fence.0 {
             return None;
         }
+        // A disk nothing is changing: one part.
+        if self.parts.len() == 1 {
+            return Some(0);
+        }
         let i = self
             .parts
             .partition_point(|p| p.start <= offset)

@@ -146,14 +146,39 @@ impl Stage for CryptStage {
             return Admit::Pass;
         }
         let parity = self.count_in();
-        // SAFETY: forwarded (this function's contract).
-        let admit = unsafe { self.admit_counted(slot, parity, transfer) };
-        if matches!(admit, Admit::Pass) {
-            self.routed[slot].parity = parity as u8;
-        } else {
+        let routes = &self.routes[parity];
+        // Each way out returns at once (a request not passed on is counted out again): the
+        // plaintext pass-through, every raw disk's path, then moves no `Admit` around.
+        let Some(part) = routes.route(transfer.offset, transfer.len) else {
             self.counts.add(parity, -1);
+            return Admit::Synchronous;
+        };
+        self.routed[slot] = Routed {
+            part: part as u8,
+            parity: parity as u8,
+        };
+        match &routes.parts[part].storage {
+            Storage::Plain(plain) if !self.offloaded => {
+                transfer.offset += plain.data_offset;
+                Admit::Pass
+            }
+            // Offloaded crypto would transform it: never on such a queue (see `open`), but
+            // the synchronous path is right whatever the engine does.
+            Storage::Plain(_) => {
+                self.counts.add(parity, -1);
+                Admit::Synchronous
+            }
+            Storage::Encrypted(core) => {
+                // SAFETY: forwarded (this function's contract).
+                let admit = unsafe {
+                    admit_encrypted(core, &mut self.ciphertext[slot], self.offloaded, transfer)
+                };
+                if !matches!(admit, Admit::Pass) {
+                    self.counts.add(parity, -1);
+                }
+                admit
+            }
         }
-        admit
     }
 
     unsafe fn complete(
@@ -168,23 +193,16 @@ impl Stage for CryptStage {
         let routed = self.routed[slot];
         let work = match &self.routes[routed.parity as usize].parts[routed.part as usize].storage {
             Storage::Plain(_) => 0,
-            Storage::Encrypted(core) => {
-                if let Some(buf) = self.ciphertext[slot].take() {
-                    core.bounce.put_back(buf);
-                }
-                // The stages in front of this one do not move reads: the caller's offset is
-                // the payload offset this stage saw.
-                if caller.op != IoOp::Read || result.is_err() || self.offloaded {
-                    0
-                } else {
-                    // SAFETY: a completed read's buffers, valid until its completion is
-                    // handed out (this function's contract).
-                    if let Err(e) = unsafe { core.decrypt_iov(caller.offset, &caller.iov) } {
-                        *result = Err(e);
-                    }
-                    caller.len
-                }
-            }
+            // SAFETY: forwarded (this function's contract).
+            Storage::Encrypted(core) => unsafe {
+                complete_encrypted(
+                    core,
+                    &mut self.ciphertext[slot],
+                    self.offloaded,
+                    caller,
+                    result,
+                )
+            },
         };
         // Counted out only now: the driver may rewrite this range once the count is zero.
         self.counts.add(routed.parity as usize, -1);
@@ -198,67 +216,81 @@ impl Stage for CryptStage {
     }
 }
 
-impl CryptStage {
-    /// `admit` for a request counted in under `parity`.
-    ///
-    /// # Safety
-    /// As `Stage::admit`.
-    unsafe fn admit_counted(
-        &mut self,
-        slot: usize,
-        parity: usize,
-        transfer: &mut SlotRequest,
-    ) -> Admit {
-        let routes = &self.routes[parity];
-        let Some(part) = routes.route(transfer.offset, transfer.len) else {
-            return Admit::Synchronous;
-        };
-        self.routed[slot].part = part as u8;
-        let core = match &routes.parts[part].storage {
-            // Offloaded crypto would transform it: never on such a queue (see `open`), but
-            // the synchronous path is right whatever the engine does.
-            Storage::Plain(_) if self.offloaded => return Admit::Synchronous,
-            Storage::Plain(plain) => {
-                transfer.offset += plain.data_offset;
-                return Admit::Pass;
-            }
-            Storage::Encrypted(core) => core,
-        };
-        match transfer.op {
-            IoOp::Read | IoOp::Write if !sector_aligned(transfer, core.sector) => {
-                return Admit::Synchronous
-            }
-            IoOp::WriteZeroes => return Admit::Synchronous,
-            IoOp::Write if !self.offloaded => {
-                let len = transfer.len as usize;
-                let mut bounce = core.bounce.take_owned(len);
-                // SAFETY: the segments are the write being pushed (readable for the call, per
-                // this function's contract); the bounce buffer holds the whole request and is
-                // our own allocation, disjoint from them.
-                let encrypted = unsafe {
-                    core.encrypt_iov(transfer.offset, &transfer.iov, bounce.as_mut_ptr())
-                };
-                if let Err(e) = encrypted {
-                    core.bounce.put_back(bounce);
-                    return Admit::Finish(Err(e));
-                }
-                transfer.set_buffer(bounce.as_mut_ptr(), len);
-                self.ciphertext[slot] = Some(bounce);
-            }
-            // Only whole encryption sectors are discarded: discarding a partial one would
-            // destroy its neighbours. A discard holding no whole sector finishes at once.
-            IoOp::Discard => match whole_sectors(transfer.offset, transfer.len, core.sector) {
-                Some((offset, len)) => {
-                    transfer.offset = offset;
-                    transfer.len = len;
-                }
-                None => return Admit::Finish(Ok(())),
-            },
-            IoOp::Flush | IoOp::Read | IoOp::Write => {}
+/// `admit` of a request routed to an encrypted part. Not inlined: a plaintext part's requests
+/// (every raw disk's) then pass through the stage without this path's register pressure.
+///
+/// # Safety
+/// As `Stage::admit`.
+#[inline(never)]
+unsafe fn admit_encrypted(
+    core: &CryptCore,
+    ciphertext: &mut Option<AlignedBuf>,
+    offloaded: bool,
+    transfer: &mut SlotRequest,
+) -> Admit {
+    match transfer.op {
+        IoOp::Read | IoOp::Write if !sector_aligned(transfer, core.sector) => {
+            return Admit::Synchronous
         }
-        transfer.offset += core.layout.data_offset;
-        Admit::Pass
+        IoOp::WriteZeroes => return Admit::Synchronous,
+        IoOp::Write if !offloaded => {
+            let len = transfer.len as usize;
+            let mut bounce = core.bounce.take_owned(len);
+            // SAFETY: the segments are the write being pushed (readable for the call, per
+            // this function's contract); the bounce buffer holds the whole request and is our
+            // own allocation, disjoint from them.
+            let encrypted =
+                unsafe { core.encrypt_iov(transfer.offset, &transfer.iov, bounce.as_mut_ptr()) };
+            if let Err(e) = encrypted {
+                core.bounce.put_back(bounce);
+                return Admit::Finish(Err(e));
+            }
+            transfer.set_buffer(bounce.as_mut_ptr(), len);
+            *ciphertext = Some(bounce);
+        }
+        // Only whole encryption sectors are discarded: discarding a partial one would destroy
+        // its neighbours. A discard holding no whole sector finishes at once.
+        IoOp::Discard => match whole_sectors(transfer.offset, transfer.len, core.sector) {
+            Some((offset, len)) => {
+                transfer.offset = offset;
+                transfer.len = len;
+            }
+            None => return Admit::Finish(Ok(())),
+        },
+        IoOp::Flush | IoOp::Read | IoOp::Write => {}
     }
+    transfer.offset += core.layout.data_offset;
+    Admit::Pass
+}
+
+/// `complete` of a request an encrypted part served: its ciphertext buffer back to the pool,
+/// a read decrypted in place (unless the engine's threads did it). Returns the bytes of
+/// crypto done.
+///
+/// # Safety
+/// As `Stage::complete`.
+#[inline(never)]
+unsafe fn complete_encrypted(
+    core: &CryptCore,
+    ciphertext: &mut Option<AlignedBuf>,
+    offloaded: bool,
+    caller: &SlotRequest,
+    result: &mut Result<(), BlockError>,
+) -> u64 {
+    if let Some(buf) = ciphertext.take() {
+        core.bounce.put_back(buf);
+    }
+    // The stages in front of this one do not move reads: the caller's offset is the payload
+    // offset this stage saw.
+    if caller.op != IoOp::Read || result.is_err() || offloaded {
+        return 0;
+    }
+    // SAFETY: a completed read's buffers, valid until its completion is handed out (this
+    // function's contract).
+    if let Err(e) = unsafe { core.decrypt_iov(caller.offset, &caller.iov) } {
+        *result = Err(e);
+    }
+    caller.len
 }
 
 /// The volume's crypto as work for the `threads` engine's transfer threads (`Offload`): each
