@@ -208,7 +208,10 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     for (at, byte) in [(0, 0x61), (MIB, 0x64), (12 * MIB, 0x63), (23 * MIB, 0x62)] {
-        assert!(c.read(at, MIB as u32).unwrap() == pattern(byte), "{byte:#x} at {at}");
+        assert!(
+            c.read(at, MIB as u32).unwrap() == pattern(byte),
+            "{byte:#x} at {at}"
+        );
     }
     drop(c);
     assert_eq!(serve.terminate(), 0);
