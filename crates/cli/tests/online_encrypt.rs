@@ -434,6 +434,21 @@ fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
         code::USAGE,
         &["reduce-device-size", "32M"],
     );
+    // One cryptsetup takes, but whose data shift is not whole 4 KiB blocks, which the
+    // disk's migration tracking moves by.
+    refused(
+        &[
+            "reencrypt-start",
+            "vol",
+            "--encrypt",
+            "--key-file",
+            key,
+            "--reduce-device-size",
+            &(8 * MIB + 1024).to_string(),
+        ],
+        code::USAGE,
+        &["multiple of 8192"],
+    );
     refused(
         &["key-add", "vol", "--key-file", key, "--new-key-file", key],
         code::OTHER,

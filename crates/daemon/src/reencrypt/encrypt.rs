@@ -138,6 +138,16 @@ impl Run {
         }
         let size = self.segments.size();
         let params = self.encrypt_params()?;
+        // The data moves up by half the reduction, which a migration's dirty blocks must
+        // divide (they map volume offsets to file offsets whole).
+        let granularity = self.disk.image.tracker.granularity();
+        if !(params.reduce / 2).is_multiple_of(granularity) {
+            return Err(Error::usage(format!(
+                "reduce-device-size {}: use a multiple of {} bytes (the data moves up by half of it, in whole {granularity}-byte blocks); cryptsetup recommends 32M",
+                params.reduce,
+                2 * granularity
+            )));
+        }
         let sector = u64::from(params.format.sector_size);
         if !size.is_multiple_of(sector) {
             return Err(Error::usage(format!(
