@@ -128,15 +128,9 @@ impl Run {
                 .with_context(|| format!("starting the reencryption of {image}"))?;
             tracing::info!(disk = %self.name, "reencryption initialised in the header");
         }
-        let mut r = Reencryption::open(
-            io,
-            hdr,
-            &self.passphrase,
-            &self.unlock,
-            None,
-            self.pool.clone(),
-        )
-        .with_context(|| format!("opening the reencryption of {image}"))?;
+        let mut r = self
+            .unlock_reencryption(io, hdr)
+            .with_context(|| format!("opening the reencryption of {image}"))?;
         let online = r
             .online_segments()
             .or_else(|_| {
@@ -308,11 +302,37 @@ impl Run {
 
     /// Recovers an interrupted hotzone from what the header says; returns the boundary.
     fn recover(&self, io: &dyn cryptblk_luks::HeaderIo) -> Result<u64> {
-        let (header, _) = LuksImage::read(io).context("reading the LUKS header")?;
+        let mut r = self.reopen(io)?;
+        r.recover().context("recovering the hotzone")?;
+        r.done_bytes().context("reading the boundary")
+    }
+
+    /// The reencryption the image's LUKS2 header has under way, unlocked anew with the run's
+    /// passphrase (after a failed step, or once an encryption has written its header).
+    pub(super) fn reopen<'f>(
+        &self,
+        io: &'f dyn cryptblk_luks::HeaderIo,
+    ) -> Result<Reencryption<'f>> {
+        let image = self.file.name().display().to_string();
+        let (header, _) =
+            LuksImage::read(io).with_context(|| format!("reading the LUKS header of {image}"))?;
         let LuksImage::V2(hdr) = header else {
-            return Err(Error::conflict("the header is no longer LUKS2"));
+            return Err(Error::conflict(format!(
+                "{image}: the header is no longer LUKS2"
+            )));
         };
-        let mut r = Reencryption::open(
+        self.unlock_reencryption(io, hdr)
+            .with_context(|| format!("opening the reencryption of {image}"))
+    }
+
+    /// Both keys of `hdr`'s reencryption, unlocked with the run's passphrase and checked
+    /// against the reencryption digest.
+    fn unlock_reencryption<'f>(
+        &self,
+        io: &'f dyn cryptblk_luks::HeaderIo,
+        hdr: Luks2Header,
+    ) -> cryptblk_luks::Result<Reencryption<'f>> {
+        Reencryption::open(
             io,
             hdr,
             &self.passphrase,
@@ -320,9 +340,6 @@ impl Run {
             None,
             self.pool.clone(),
         )
-        .context("reopening the reencryption")?;
-        r.recover().context("recovering the hotzone")?;
-        r.done_bytes().context("reading the boundary")
     }
 
     /// Sleeps until `rewritten` bytes since `started` are within the bandwidth limit (or a

@@ -30,8 +30,7 @@ use cryptblk_crypto::{CipherSpec, Mode as CipherMode};
 use cryptblk_luks::luks2::reencrypt::{
     encrypt_prepare, EncryptParams, KeyRole, Reencryption, SegmentExtent,
 };
-use cryptblk_luks::luks2::Luks2Header;
-use cryptblk_luks::{FormatOptions, HashAlg, HeaderIo, LuksImage, LuksVersion};
+use cryptblk_luks::{FormatOptions, HashAlg, HeaderIo, LuksVersion};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -50,16 +49,7 @@ impl Run {
         if self.disk.image.luks().is_none() {
             self.start_encryption(io, &image)?;
         }
-        let hdr = read_luks2(io, &image)?;
-        let mut r = Reencryption::open(
-            io,
-            hdr,
-            &self.passphrase,
-            &self.unlock,
-            None,
-            self.pool.clone(),
-        )
-        .with_context(|| format!("opening the encryption of {image}"))?;
+        let mut r = self.reopen(io)?;
         r.keep_volume_size().context("keeping the disk's size")?;
         let ciphers = SegmentCiphers {
             old: r
@@ -300,16 +290,7 @@ impl Run {
         ciphers: &SegmentCiphers,
         rewrite: &std::sync::RwLockWriteGuard<'_, ()>,
     ) -> Result<()> {
-        let hdr = read_luks2(io, &self.file.name().display().to_string())?;
-        let mut r = Reencryption::open(
-            io,
-            hdr,
-            &self.passphrase,
-            &self.unlock,
-            None,
-            self.pool.clone(),
-        )
-        .context("reopening the encryption")?;
+        let mut r = self.reopen(io)?;
         r.keep_volume_size().context("keeping the disk's size")?;
         r.recover().context("recovering the hotzone")?;
         self.segments
@@ -412,18 +393,6 @@ pub(super) fn chosen_cipher(
     }
     CipherSpec::parse_luks2(&name, bits / 8)
         .map_err(|e| Error::caused(format!("cipher {name} with a {bits}-bit key"), e))
-}
-
-/// The LUKS2 header of the image (an encryption's, once started).
-fn read_luks2(io: &dyn HeaderIo, image: &str) -> Result<Luks2Header> {
-    let (header, _) =
-        LuksImage::read(io).with_context(|| format!("reading the LUKS header of {image}"))?;
-    match header {
-        LuksImage::V2(hdr) => Ok(hdr),
-        LuksImage::V1(_) => Err(Error::conflict(format!(
-            "{image} is LUKS1: it is not being encrypted"
-        ))),
-    }
 }
 
 /// The cipher the encryption writes, as its header names it.
