@@ -6,8 +6,8 @@
 //! default rate ("during"). The ratio of the two is what the guest loses to the work; the p99
 //! shows what requests that hit a hotzone wait. One JSON line per measurement.
 use crate::config::{Image, Workload};
-use crate::reencrypt::{ctl_call, ratio, wait_paused, Options, Sample};
-use crate::{clients, images, peers, procfs};
+use crate::reencrypt::{ctl_call, ratio, serve_online, wait_paused, Options, Sample};
+use crate::{clients, images, procfs};
 use anyhow::{Context, Result};
 use std::collections::BTreeSet;
 
@@ -25,32 +25,7 @@ pub fn run(o: &Options, workload: &Workload) -> Result<()> {
     let image = work.join("disk.img");
     eprintln!("+ copying the raw image to {}", image.display());
     std::fs::copy(imgs.path(Image::Raw), &image).context("copying the raw image")?;
-    let socket = work.join("vu.sock");
-    let ctl = work.join("ctl.sock");
-    let mut serve = std::process::Command::new(&o.cryptblk);
-    serve
-        .args([
-            "serve",
-            "--name",
-            "vol",
-            "--cache",
-            "none",
-            "--unsealed-memory",
-        ])
-        .args(["--queue-size", "1024"])
-        .arg("--image")
-        .arg(&image)
-        .arg("--vhost-user-blk")
-        .arg(&socket)
-        .arg("--control")
-        .arg(&ctl);
-    let server = peers::start(
-        serve,
-        &socket,
-        &work.join("serve.log"),
-        crate::config::Transport::Vhost,
-        o.size,
-    )?;
+    let (server, socket, ctl) = serve_online(o, &image, &work, None)?;
     let start = |first: bool| {
         let mut args = vec!["reencrypt-start", "vol", "--key-file", key.as_str()];
         if first {

@@ -104,33 +104,7 @@ pub fn run(o: &Options, online_workload: &Workload) -> Result<()> {
             ["during", "without"]
         };
         let work = o.dir.join("reencrypt-online");
-        std::fs::create_dir_all(&work)?;
-        let socket = work.join("vu.sock");
-        let ctl = work.join("ctl.sock");
-        let mut serve = Command::new(&o.cryptblk);
-        serve
-            .args([
-                "serve",
-                "--name",
-                "vol",
-                "--cache",
-                "none",
-                "--unsealed-memory",
-            ])
-            .args(["--queue-size", "1024", "--key-file", &key])
-            .arg("--image")
-            .arg(&image)
-            .arg("--vhost-user-blk")
-            .arg(&socket)
-            .arg("--control")
-            .arg(&ctl);
-        let server = peers::start(
-            serve,
-            &socket,
-            &work.join("serve.log"),
-            crate::config::Transport::Vhost,
-            o.size,
-        )?;
+        let (server, socket, ctl) = serve_online(o, &image, &work, Some(&key))?;
         for what in order {
             procfs::drop_caches(&[&image])?;
             if what == "during" {
@@ -246,6 +220,48 @@ fn timed(cmd: &mut Command) -> Result<f64> {
         );
     }
     Ok(start.elapsed().as_secs_f64())
+}
+
+/// `image` served as disk "vol" over vhost-user-blk (`cache=none`) with a control socket,
+/// for the online measurements; its sockets and log go in `work`. Returns the server and its
+/// vhost-user and control sockets.
+pub(crate) fn serve_online(
+    o: &Options,
+    image: &Path,
+    work: &Path,
+    key: Option<&str>,
+) -> Result<(peers::Running, PathBuf, PathBuf)> {
+    std::fs::create_dir_all(work)?;
+    let socket = work.join("vu.sock");
+    let ctl = work.join("ctl.sock");
+    let mut serve = Command::new(&o.cryptblk);
+    serve
+        .args([
+            "serve",
+            "--name",
+            "vol",
+            "--cache",
+            "none",
+            "--unsealed-memory",
+        ])
+        .args(["--queue-size", "1024"])
+        .arg("--image")
+        .arg(image)
+        .arg("--vhost-user-blk")
+        .arg(&socket)
+        .arg("--control")
+        .arg(&ctl);
+    if let Some(key) = key {
+        serve.args(["--key-file", key]);
+    }
+    let server = peers::start(
+        serve,
+        &socket,
+        &work.join("serve.log"),
+        crate::config::Transport::Vhost,
+        o.size,
+    )?;
+    Ok((server, socket, ctl))
 }
 
 pub(crate) fn ctl_call(cryptblk: &Path, ctl: &Path, args: &[&str]) -> Result<()> {
