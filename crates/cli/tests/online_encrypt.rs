@@ -5,12 +5,9 @@
 //! independent decryption (cryptsetup's volume key, openssl's AES).
 mod common;
 
+use common::online::{done_bytes, Model, OnlineDisk};
 use common::*;
-use cryptblk_testutil::nbd::NbdClient;
-use rand::{Rng, RngCore, SeedableRng};
 use serde_json::Value;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 /// The disk the client sees.
 const SIZE: u64 = 32 * MIB;
@@ -18,103 +15,48 @@ const SIZE: u64 = 32 * MIB;
 const REDUCE: &str = "8M";
 const SHIFT: u64 = 4 * MIB;
 
-struct Disk {
-    dir: tempfile::TempDir,
-    img: PathBuf,
-    key: PathBuf,
-}
-
-impl Disk {
+impl OnlineDisk {
     /// A raw image of `SIZE` zero bytes and the passphrase the encryption will be given.
-    fn new(tag: &str) -> Disk {
+    fn new(tag: &str) -> OnlineDisk {
         let dir = tempdir();
         let key = key_file(dir.path(), "key", &passphrase(tag));
         let img = dir.path().join("disk.raw");
         std::fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
-        Disk { dir, img, key }
+        OnlineDisk { dir, img, key }
     }
 
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    /// `serve` with the image as disk "vol", NBD and a control socket; `--key-file` once the
-    /// image is LUKS2 (from the moment the encryption started).
+    /// `serve` with the image as disk "vol"; `--key-file` once the image is LUKS2 (from the
+    /// moment the encryption started).
     fn serve(&self, with_key: bool) -> ServeProcess {
         self.serve_with(with_key, &[])
     }
 
     fn serve_with(&self, with_key: bool, extra: &[&str]) -> ServeProcess {
-        let (control, nbd) = (self.path("ctl.sock"), self.path("nbd.sock"));
-        let _ = std::fs::remove_file(&control);
-        let _ = std::fs::remove_file(&nbd);
-        let nbd_arg = format!("unix:{}", s(&nbd));
-        let mut args = vec![
-            "--image",
-            s(&self.img),
-            "--name",
-            "vol",
-            "--nbd",
-            &nbd_arg,
-            "--control",
-            s(&control),
-        ];
+        let mut args = Vec::new();
         if with_key {
             args.extend(["--key-file", s(&self.key)]);
         }
         args.extend_from_slice(extra);
-        ServeProcess::start(&args, &control)
-    }
-
-    fn nbd(&self) -> NbdClient {
-        NbdClient::connect(&self.path("nbd.sock"), "vol").unwrap()
-    }
-
-    fn ctl(&self, args: &[&str]) -> Out {
-        ctl(&self.path("ctl.sock"), args)
-    }
-
-    fn status(&self) -> Value {
-        ctl_json(&self.path("ctl.sock"), &["reencrypt-status", "vol"])
+        self.serve_args(&args)
     }
 
     /// `reencrypt-start --encrypt` at `bandwidth` bytes/s (or the continuation of one).
     fn start(&self, bandwidth: &str) -> Value {
-        ctl_json(
-            &self.path("ctl.sock"),
-            &[
-                "reencrypt-start",
-                "vol",
-                "--encrypt",
-                "--key-file",
-                s(&self.key),
-                "--reduce-device-size",
-                REDUCE,
-                "--pbkdf",
-                "pbkdf2",
-                "--iter-time",
-                "1",
-                "--max-bandwidth",
-                bandwidth,
-            ],
-        )
-    }
-
-    /// Waits until `reencrypt-status` satisfies `done`; panics after 2 minutes.
-    fn wait(&self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let st = self.status();
-            if done(&st) {
-                return st;
-            }
-            assert!(st["last-error"].is_null(), "encryption failed: {st}");
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}: {st}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.ctl_json(&[
+            "reencrypt-start",
+            "vol",
+            "--encrypt",
+            "--key-file",
+            s(&self.key),
+            "--reduce-device-size",
+            REDUCE,
+            "--pbkdf",
+            "pbkdf2",
+            "--iter-time",
+            "1",
+            "--max-bandwidth",
+            bandwidth,
+        ])
     }
 
     fn luks_dump(&self) -> String {
@@ -148,95 +90,35 @@ impl Disk {
     }
 }
 
-/// What the disk holds, as the client wrote it.
-struct Model {
-    data: Vec<u8>,
-    rng: rand::rngs::StdRng,
-}
-
-impl Model {
-    fn new() -> Model {
-        Model {
-            data: vec![0; SIZE as usize],
-            rng: rand::rngs::StdRng::seed_from_u64(41),
-        }
-    }
-
-    fn write(&mut self, c: &mut NbdClient, offset: u64, len: usize) {
-        let mut buf = vec![0u8; len];
-        self.rng.fill_bytes(&mut buf);
-        c.write(offset, &buf, false).unwrap();
-        self.data[offset as usize..offset as usize + len].copy_from_slice(&buf);
-    }
-
-    fn fill(&mut self, c: &mut NbdClient) {
-        for off in (0..SIZE).step_by(MIB as usize) {
-            self.write(c, off, MIB as usize);
-        }
-        c.flush().unwrap();
-    }
-
-    fn check(&self, c: &mut NbdClient, offset: u64, len: usize, when: &str) {
-        let got = c.read(offset, len as u32).unwrap();
-        assert_same_bytes(
-            &got,
-            &self.data[offset as usize..offset as usize + len],
-            &format!("{len} bytes at {offset} {when}"),
-        );
-    }
-
-    fn check_all(&self, c: &mut NbdClient, when: &str) {
-        for off in (0..SIZE).step_by(MIB as usize) {
-            self.check(c, off, MIB as usize, when);
-        }
-    }
-
-    /// A round of mixed I/O: around the boundary `at` (below, across, above), across the end
-    /// of the part moved to the image's end (`SHIFT`), and at random.
-    fn round(&mut self, c: &mut NbdClient, at: u64) {
-        let around =
-            |p: u64, d: i64| (p as i64 + d).clamp(0, (SIZE - 64 * 1024) as i64) as u64 / 512 * 512;
-        for (p, d) in [
-            (at, -(MIB as i64)),
-            (at, -4096),
-            (at, -512),
-            (at, 0),
-            (at, 512),
-            (at, MIB as i64),
-            (SHIFT, -4096),
-            (0, 0),
-        ] {
-            let off = around(p, d);
-            self.write(c, off, 8192 + 512);
-            self.check(c, off, 16384, "near a boundary");
-        }
-        for _ in 0..8 {
-            let len = self.rng.gen_range(1..=32) * 512;
-            let off = self.rng.gen_range(0..(SIZE - len as u64) / 512) * 512;
-            if self.rng.gen_bool(0.5) {
-                self.write(c, off, len);
-            } else {
-                self.check(c, off, len, "at random");
-            }
-        }
-    }
-}
-
-fn done_bytes(st: &Value) -> u64 {
-    st["bytes-done"].as_u64().unwrap()
-}
-
 /// The boundary an encryption has reached: it works from the disk's end down.
 fn boundary(st: &Value) -> u64 {
     SIZE - done_bytes(st)
 }
 
-#[test]
-fn raw_disk_encrypted_in_place_while_read_and_written() {
-    let disk = Disk::new("online-encrypt");
+/// A raw disk filled through NBD, its encryption started at 2 MiB/s, written around the
+/// boundary once at least `done` bytes are encrypted, then the daemon SIGKILLed (perhaps
+/// inside a hotzone).
+fn killed_mid_encryption(tag: &str, done: u64) -> (OnlineDisk, Model) {
+    let disk = OnlineDisk::new(tag);
     let daemon = disk.serve(false);
     let mut c = disk.nbd();
-    let mut model = Model::new();
+    let mut model = Model::new(SIZE, 41, &[SHIFT, 0]);
+    model.fill(&mut c);
+    disk.start("2M");
+    let st = disk.wait("encrypted bytes", |st| done_bytes(st) >= done);
+    model.round(&mut c, boundary(&st));
+    c.flush().unwrap();
+    drop(c);
+    drop(daemon);
+    (disk, model)
+}
+
+#[test]
+fn raw_disk_encrypted_in_place_while_read_and_written() {
+    let disk = OnlineDisk::new("online-encrypt");
+    let daemon = disk.serve(false);
+    let mut c = disk.nbd();
+    let mut model = Model::new(SIZE, 41, &[SHIFT, 0]);
     model.fill(&mut c);
     assert_eq!(disk.status()["phase"], "idle");
 
@@ -249,17 +131,7 @@ fn raw_disk_encrypted_in_place_while_read_and_written() {
     // (cryptsetup cannot look while the daemon holds the image's lock.)
     assert_eq!(read_prefix(&disk.img, 6), b"LUKS\xba\xbe");
     assert_eq!(disk.len(), SIZE + 2 * SHIFT);
-    let mut rounds = 0;
-    loop {
-        let st = disk.status();
-        if st["phase"] == "finished" {
-            break;
-        }
-        assert!(st["last-error"].is_null(), "{st}");
-        model.round(&mut c, boundary(&st));
-        c.flush().unwrap();
-        rounds += 1;
-    }
+    let rounds = disk.io_until_finished(&mut c, &mut model, boundary);
     assert!(
         rounds >= 3,
         "the I/O did not overlap the encryption ({rounds} rounds)"
@@ -271,7 +143,7 @@ fn raw_disk_encrypted_in_place_while_read_and_written() {
     let mut c = disk.nbd();
     assert_eq!(c.export.size, SIZE);
     model.check_all(&mut c, "through a new connection");
-    let list = ctl_json(&disk.path("ctl.sock"), &["disk-list"]);
+    let list = disk.ctl_json(&["disk-list"]);
     assert_eq!(list["disks"][0]["format"], "luks", "{list}");
     assert_eq!(list["disks"][0]["size"].as_u64(), Some(SIZE), "{list}");
     drop(c);
@@ -281,17 +153,7 @@ fn raw_disk_encrypted_in_place_while_read_and_written() {
 
 #[test]
 fn daemon_killed_mid_encryption_serves_on_restart_and_cryptblk_finishes() {
-    let disk = Disk::new("encrypt-restart");
-    let daemon = disk.serve(false);
-    let mut c = disk.nbd();
-    let mut model = Model::new();
-    model.fill(&mut c);
-    disk.start("2M");
-    let st = disk.wait("6 MiB encrypted", |st| done_bytes(st) >= 6 * MIB);
-    model.round(&mut c, boundary(&st));
-    c.flush().unwrap();
-    drop(c);
-    drop(daemon); // SIGKILL
+    let (disk, mut model) = killed_mid_encryption("encrypt-restart", 6 * MIB);
 
     // The image is LUKS2 in mid-encryption now: attached with the passphrase, it serves at
     // once, the same size, and waits for reencrypt-start.
@@ -313,27 +175,16 @@ fn daemon_killed_mid_encryption_serves_on_restart_and_cryptblk_finishes() {
     out.error_line(&["mid-encryption"]);
 
     // Continued (with `--encrypt` or without: the header says what runs), to the end.
-    let st = ctl_json(
-        &disk.path("ctl.sock"),
-        &[
-            "reencrypt-start",
-            "vol",
-            "--key-file",
-            s(&disk.key),
-            "--max-bandwidth",
-            "16M",
-        ],
-    );
+    let st = disk.ctl_json(&[
+        "reencrypt-start",
+        "vol",
+        "--key-file",
+        s(&disk.key),
+        "--max-bandwidth",
+        "16M",
+    ]);
     assert_eq!(st["mode"], "encrypt", "{st}");
-    loop {
-        let st = disk.status();
-        if st["phase"] == "finished" {
-            break;
-        }
-        assert!(st["last-error"].is_null(), "{st}");
-        model.round(&mut c, boundary(&st));
-        c.flush().unwrap();
-    }
+    disk.io_until_finished(&mut c, &mut model, boundary);
     model.check_all(&mut c, "after the encryption");
     drop(c);
     assert_eq!(daemon.terminate(), 0);
@@ -342,17 +193,7 @@ fn daemon_killed_mid_encryption_serves_on_restart_and_cryptblk_finishes() {
 
 #[test]
 fn daemon_killed_mid_encryption_cryptsetup_finishes() {
-    let disk = Disk::new("encrypt-handover");
-    let daemon = disk.serve(false);
-    let mut c = disk.nbd();
-    let mut model = Model::new();
-    model.fill(&mut c);
-    disk.start("2M");
-    let st = disk.wait("4 MiB encrypted", |st| done_bytes(st) >= 4 * MIB);
-    model.round(&mut c, boundary(&st));
-    c.flush().unwrap();
-    drop(c);
-    drop(daemon); // SIGKILL, perhaps inside a hotzone
+    let (disk, model) = killed_mid_encryption("encrypt-handover", 4 * MIB);
 
     // A restart recovers a hotzone the kill interrupted; a stop leaves the header between
     // hotzones, which cryptsetup resumes.
@@ -390,10 +231,10 @@ fn daemon_killed_mid_encryption_cryptsetup_finishes() {
 /// an encrypted disk is then an ordinary LUKS2 disk: keys, resizes and migrations work.
 #[test]
 fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
-    let disk = Disk::new("encrypt-refusals");
+    let disk = OnlineDisk::new("encrypt-refusals");
     let daemon = disk.serve(false);
     let mut c = disk.nbd();
-    let mut model = Model::new();
+    let mut model = Model::new(SIZE, 41, &[SHIFT, 0]);
     model.fill(&mut c);
     let key = s(&disk.key);
     let refused = |args: &[&str], code: i32, needles: &[&str]| {
@@ -504,7 +345,7 @@ fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
 /// A read-only raw disk cannot be encrypted: every sector is written.
 #[test]
 fn a_read_only_raw_disk_is_not_encrypted() {
-    let disk = Disk::new("encrypt-readonly");
+    let disk = OnlineDisk::new("encrypt-readonly");
     let daemon = disk.serve_with(false, &["--readonly"]);
     let out = disk.ctl(&[
         "reencrypt-start",

@@ -4,25 +4,17 @@
 //! independent decryption (cryptsetup's volume key, openssl's AES).
 mod common;
 
+use common::online::{done_bytes, Model, OnlineDisk};
 use common::*;
-use cryptblk_testutil::nbd::NbdClient;
-use rand::{Rng, RngCore, SeedableRng};
 use serde_json::Value;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Payload of each image: enough hotzones at a low bandwidth for I/O to land mid-way.
 const SIZE: u64 = 32 * MIB;
 
-struct Disk {
-    dir: tempfile::TempDir,
-    img: PathBuf,
-    key: PathBuf,
-}
-
-impl Disk {
+impl OnlineDisk {
     /// A LUKS2 image with 512-byte sectors and a 256-bit aes-xts key (as QEMU makes them).
-    fn new(tag: &str) -> Disk {
+    fn new(tag: &str) -> OnlineDisk {
         let dir = tempdir();
         let key = key_file(dir.path(), "key", &passphrase(tag));
         let img = dir.path().join("disk.luks");
@@ -39,12 +31,12 @@ impl Disk {
         args.extend_from_slice(CHEAP_PBKDF2);
         args.extend([s(&img), "32M"]);
         cryptblk(&args).ok();
-        Disk { dir, img, key }
+        OnlineDisk { dir, img, key }
     }
 
     /// A LUKS1 image as QEMU makes it: aes-xts-plain64 with a 256-bit key, 512-byte
     /// sectors, the payload right after the eighth keyslot area.
-    fn qemu_luks1(tag: &str) -> Disk {
+    fn qemu_luks1(tag: &str) -> OnlineDisk {
         let dir = tempdir();
         let key = key_file(dir.path(), "key", &passphrase(tag));
         let img = dir.path().join("disk.luks");
@@ -61,90 +53,39 @@ impl Disk {
             "32M",
         ])
         .ok();
-        Disk { dir, img, key }
+        OnlineDisk { dir, img, key }
     }
 
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    /// `serve` with the image as disk "vol", NBD and a control socket.
+    /// `serve` with the image as disk "vol" and its passphrase.
     fn serve(&self) -> ServeProcess {
         self.serve_with(&[])
     }
 
     /// `serve` as above, with `extra` options.
     fn serve_with(&self, extra: &[&str]) -> ServeProcess {
-        let (control, nbd) = (self.path("ctl.sock"), self.path("nbd.sock"));
-        let _ = std::fs::remove_file(&control);
-        let _ = std::fs::remove_file(&nbd);
-        let nbd_arg = format!("unix:{}", s(&nbd));
-        let mut args = vec![
-            "--image",
-            s(&self.img),
-            "--key-file",
-            s(&self.key),
-            "--name",
-            "vol",
-            "--nbd",
-            &nbd_arg,
-            "--control",
-            s(&control),
-        ];
+        let mut args = vec!["--key-file", s(&self.key)];
         args.extend_from_slice(extra);
-        ServeProcess::start(&args, &control)
-    }
-
-    fn nbd(&self) -> NbdClient {
-        NbdClient::connect(&self.path("nbd.sock"), "vol").unwrap()
-    }
-
-    fn ctl(&self, args: &[&str]) -> Out {
-        ctl(&self.path("ctl.sock"), args)
-    }
-
-    fn status(&self) -> Value {
-        ctl_json(&self.path("ctl.sock"), &["reencrypt-status", "vol"])
+        self.serve_args(&args)
     }
 
     /// `reencrypt-start` to 4096-byte sectors and a 512-bit key at `bandwidth` bytes/s.
     fn start(&self, bandwidth: &str) -> Value {
-        ctl_json(
-            &self.path("ctl.sock"),
-            &[
-                "reencrypt-start",
-                "vol",
-                "--key-file",
-                s(&self.key),
-                "--sector-size",
-                "4096",
-                "--key-size",
-                "512",
-                "--pbkdf",
-                "pbkdf2",
-                "--iter-time",
-                "1",
-                "--max-bandwidth",
-                bandwidth,
-            ],
-        )
-    }
-
-    /// Waits until `reencrypt-status` satisfies `done`; panics after 2 minutes.
-    fn wait(&self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let st = self.status();
-            if done(&st) {
-                return st;
-            }
-            assert!(st["last-error"].is_null(), "reencryption failed: {st}");
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}: {st}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.ctl_json(&[
+            "reencrypt-start",
+            "vol",
+            "--key-file",
+            s(&self.key),
+            "--sector-size",
+            "4096",
+            "--key-size",
+            "512",
+            "--pbkdf",
+            "pbkdf2",
+            "--iter-time",
+            "1",
+            "--max-bandwidth",
+            bandwidth,
+        ])
     }
 
     fn in_reencryption(&self) -> bool {
@@ -168,101 +109,20 @@ impl Disk {
     }
 }
 
-/// What the disk holds, as the client wrote it.
-struct Model {
-    data: Vec<u8>,
-    rng: rand::rngs::StdRng,
-}
-
-impl Model {
-    fn new() -> Model {
-        Model {
-            data: vec![0; SIZE as usize],
-            rng: rand::rngs::StdRng::seed_from_u64(23),
-        }
-    }
-
-    /// Writes random bytes at `offset` (512-byte aligned, so requests that are not whole new
-    /// 4096-byte sectors take the read-modify-write path below the boundary).
-    fn write(&mut self, c: &mut NbdClient, offset: u64, len: usize) {
-        let mut buf = vec![0u8; len];
-        self.rng.fill_bytes(&mut buf);
-        c.write(offset, &buf, false).unwrap();
-        self.data[offset as usize..offset as usize + len].copy_from_slice(&buf);
-    }
-
-    fn fill(&mut self, c: &mut NbdClient) {
-        for off in (0..SIZE).step_by(MIB as usize) {
-            self.write(c, off, MIB as usize);
-        }
-        c.flush().unwrap();
-    }
-
-    /// Reads `len` bytes at `offset` and compares them with what was written.
-    fn check(&self, c: &mut NbdClient, offset: u64, len: usize, when: &str) {
-        let got = c.read(offset, len as u32).unwrap();
-        assert_same_bytes(
-            &got,
-            &self.data[offset as usize..offset as usize + len],
-            &format!("{len} bytes at {offset} {when}"),
-        );
-    }
-
-    fn check_all(&self, c: &mut NbdClient, when: &str) {
-        for off in (0..SIZE).step_by(MIB as usize) {
-            self.check(c, off, MIB as usize, when);
-        }
-    }
-
-    /// A round of mixed I/O: around the boundary `at` (below, across, above) and at random.
-    fn round(&mut self, c: &mut NbdClient, at: u64) {
-        let around =
-            |d: i64| (at as i64 + d).clamp(0, (SIZE - 64 * 1024) as i64) as u64 / 512 * 512;
-        for d in [-(MIB as i64), -4096, -512, 0, 512, 4096, MIB as i64] {
-            let off = around(d);
-            self.write(c, off, 8192 + 512);
-            self.check(c, off, 16384, "near the boundary");
-        }
-        for _ in 0..8 {
-            let len = self.rng.gen_range(1..=32) * 512;
-            let off = self.rng.gen_range(0..(SIZE - len as u64) / 512) * 512;
-            if self.rng.gen_bool(0.5) {
-                self.write(c, off, len);
-            } else {
-                self.check(c, off, len, "at random");
-            }
-        }
-    }
-}
-
-fn done_bytes(st: &Value) -> u64 {
-    st["bytes-done"].as_u64().unwrap()
-}
-
 #[test]
 fn volume_key_rotated_while_the_disk_is_read_and_written() {
-    let disk = Disk::new("online");
+    let disk = OnlineDisk::new("online");
     let old_key = xts::cryptsetup_volume_key(&disk.img, &disk.key);
     let daemon = disk.serve();
     let mut c = disk.nbd();
-    let mut model = Model::new();
+    let mut model = Model::new(SIZE, 23, &[]);
     model.fill(&mut c);
     assert_eq!(disk.status()["phase"], "idle");
 
     let st = disk.start("8M");
     assert_eq!(st["phase"], "running", "{st}");
     assert_eq!(st["resilience"], "checksum", "{st}");
-    let mut rounds = 0;
-    loop {
-        let st = disk.status();
-        if st["phase"] == "finished" {
-            break;
-        }
-        assert!(st["last-error"].is_null(), "{st}");
-        model.round(&mut c, done_bytes(&st));
-        c.flush().unwrap();
-        rounds += 1;
-    }
+    let rounds = disk.io_until_finished(&mut c, &mut model, done_bytes);
     assert!(
         rounds >= 3,
         "the I/O did not overlap the reencryption ({rounds} rounds)"
@@ -277,11 +137,11 @@ fn volume_key_rotated_while_the_disk_is_read_and_written() {
 
 #[test]
 fn daemon_killed_mid_reencryption_serves_on_restart_and_either_tool_finishes() {
-    let disk = Disk::new("restart");
+    let disk = OnlineDisk::new("restart");
     let old_key = xts::cryptsetup_volume_key(&disk.img, &disk.key);
     let daemon = disk.serve();
     let mut c = disk.nbd();
-    let mut model = Model::new();
+    let mut model = Model::new(SIZE, 23, &[]);
     model.fill(&mut c);
     disk.start("2M");
     let st = disk.wait("4 MiB done", |st| done_bytes(st) >= 4 * MIB);
@@ -330,13 +190,13 @@ fn daemon_killed_mid_reencryption_serves_on_restart_and_either_tool_finishes() {
 
 #[test]
 fn paused_reencryption_resumes_and_refuses_migration_while_it_runs() {
-    let disk = Disk::new("busy");
+    let disk = OnlineDisk::new("busy");
     let old_key = xts::cryptsetup_volume_key(&disk.img, &disk.key);
     // The `threads` engine runs each request's crypto on the thread that transfers it: the
     // segment a request was routed to must reach that thread too.
     let daemon = disk.serve_with(&["--aio", "threads"]);
     let mut c = disk.nbd();
-    let mut model = Model::new();
+    let mut model = Model::new(SIZE, 23, &[]);
     model.fill(&mut c);
     // A wrong passphrase is refused at once and leaves the header alone.
     // (cryptsetup cannot look while the daemon holds the image's lock: its header's seqid
@@ -369,7 +229,7 @@ fn paused_reencryption_resumes_and_refuses_migration_while_it_runs() {
     add.expect_code(code::IN_USE);
 
     // Paused: the boundary stays, the data reads back, and the start continues it.
-    let st = ctl_json(&disk.path("ctl.sock"), &["reencrypt-pause", "vol"]);
+    let st = disk.ctl_json(&["reencrypt-pause", "vol"]);
     assert!(st["phase"] == "pausing" || st["phase"] == "paused", "{st}");
     let paused = disk.wait("the pause", |st| st["phase"] == "paused");
     std::thread::sleep(Duration::from_millis(300));
@@ -396,11 +256,11 @@ fn paused_reencryption_resumes_and_refuses_migration_while_it_runs() {
 
 #[test]
 fn served_qemu_luks1_disk_gets_a_luks2_header_then_a_new_key() {
-    let disk = Disk::qemu_luks1("online-luks1");
+    let disk = OnlineDisk::qemu_luks1("online-luks1");
     let old_key = xts::cryptsetup_volume_key(&disk.img, &disk.key);
     let daemon = disk.serve();
     let mut c = disk.nbd();
-    let mut model = Model::new();
+    let mut model = Model::new(SIZE, 23, &[]);
     model.fill(&mut c);
 
     // A wrong passphrase is refused before the header changes.
@@ -416,15 +276,7 @@ fn served_qemu_luks1_disk_gets_a_luks2_header_then_a_new_key() {
 
     let st = disk.start("16M");
     assert_eq!(st["phase"], "running", "{st}");
-    loop {
-        let st = disk.status();
-        if st["phase"] == "finished" {
-            break;
-        }
-        assert!(st["last-error"].is_null(), "{st}");
-        model.round(&mut c, done_bytes(&st));
-        c.flush().unwrap();
-    }
+    disk.io_until_finished(&mut c, &mut model, done_bytes);
     model.check_all(&mut c, "after the conversion and reencryption");
     drop(c);
     assert_eq!(daemon.terminate(), 0);

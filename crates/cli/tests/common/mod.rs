@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
 pub mod guest;
+pub mod online;
 pub mod secret;
 pub mod xts;
 
