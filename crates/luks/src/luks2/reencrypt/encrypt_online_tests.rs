@@ -44,11 +44,16 @@ fn grown_image(dir: &Path, plain: &[u8]) -> File {
     file
 }
 
-/// Open the reencryption with the size kept, as the daemon does on every attach.
-fn open_kept(file: &dyn HeaderIo) -> crate::Result<Reencryption<'_>> {
+/// The encryption as cryptsetup runs it, without keeping the volume's size.
+fn open_as_cryptsetup(file: &dyn HeaderIo) -> crate::Result<Reencryption<'_>> {
     let (hdr, _) = Luks2Header::read(file)?;
     let pool = Arc::new(CryptoPool::new(2));
-    let mut r = Reencryption::open(file, hdr, PASS, &UnlockOptions::default(), None, pool)?;
+    Reencryption::open(file, hdr, PASS, &UnlockOptions::default(), None, pool)
+}
+
+/// Open the reencryption with the size kept, as the daemon does on every attach.
+fn open_kept(file: &dyn HeaderIo) -> crate::Result<Reencryption<'_>> {
+    let mut r = open_as_cryptsetup(file)?;
     r.keep_volume_size()?;
     Ok(r)
 }
@@ -185,10 +190,7 @@ fn without_keeping_the_size_the_volume_grows_as_cryptsetups_does() {
     let plain = plain();
     let file = grown_image(dir.path(), &plain);
     encrypt_init(&file, PASS, &params()).unwrap();
-    let (hdr, _) = Luks2Header::read(&file).unwrap();
-    let pool = Arc::new(CryptoPool::new(2));
-    let mut r =
-        Reencryption::open(&file, hdr, PASS, &UnlockOptions::default(), None, pool).unwrap();
+    let mut r = open_as_cryptsetup(&file).unwrap();
     while r.step(HOTZONE).unwrap().done < N {
         assert_eq!(r.device_size().unwrap(), N);
     }
@@ -213,10 +215,7 @@ fn a_kept_size_survives_a_session_without_the_option() {
     let mut r = open_kept(&file).unwrap();
     while r.step(HOTZONE).unwrap().done < N {}
     drop(r);
-    let (hdr, _) = Luks2Header::read(&file).unwrap();
-    let pool = Arc::new(CryptoPool::new(2));
-    let mut r =
-        Reencryption::open(&file, hdr, PASS, &UnlockOptions::default(), None, pool).unwrap();
+    let mut r = open_as_cryptsetup(&file).unwrap();
     assert_eq!(r.device_size().unwrap(), N);
     r.finish().unwrap();
     drop(r);
@@ -232,10 +231,7 @@ fn keeping_the_size_too_late_does_not_shrink_the_volume() {
     let plain = plain();
     let file = grown_image(dir.path(), &plain);
     encrypt_init(&file, PASS, &params()).unwrap();
-    let (hdr, _) = Luks2Header::read(&file).unwrap();
-    let pool = Arc::new(CryptoPool::new(2));
-    let mut r =
-        Reencryption::open(&file, hdr, PASS, &UnlockOptions::default(), None, pool).unwrap();
+    let mut r = open_as_cryptsetup(&file).unwrap();
     while r.step(HOTZONE).unwrap().done < N {}
     drop(r);
     let mut r = open_kept(&file).unwrap();
