@@ -2,7 +2,7 @@
 use crate::args::{Cli, LuksFormatArgs, LuksType, PbkdfArgs, PbkdfChoice};
 use crate::exit::UsageError;
 use anyhow::Result;
-use cryptblk_crypto::{CipherSpec, CryptoPool, Mode};
+use cryptblk_crypto::{CipherSpec, CryptoPool};
 use cryptblk_luks::kdf::Argon2Variant;
 use cryptblk_luks::{FormatOptions, HashAlg, LuksVersion, PbkdfKind, PbkdfOptions, UnlockOptions};
 use std::sync::Arc;
@@ -67,10 +67,10 @@ pub fn format_options(args: &LuksFormatArgs) -> Result<FormatOptions> {
         LuksType::Luks2 => LuksVersion::V2,
     };
     let hash = HashAlg::parse(&args.hash)?;
-    let probe = CipherSpec::parse_luks2(&args.cipher, 32)
-        .or_else(|_| CipherSpec::parse_luks2(&args.cipher, 64))?;
-    let default_bits = if probe.mode() == Mode::Xts { 512 } else { 256 };
-    let bits = args.key_size.unwrap_or(default_bits);
+    let bits = match args.key_size {
+        Some(bits) => bits,
+        None => CipherSpec::default_key_bits(&args.cipher)?,
+    };
     if !bits.is_multiple_of(8) {
         return Err(UsageError(format!("--key-size {bits} is not a whole number of bytes")).into());
     }

@@ -106,6 +106,13 @@ impl CipherSpec {
         }
     }
 
+    /// cryptsetup's default key size for a joined cipher name, in bits: 512 for XTS (two
+    /// 256-bit keys), 256 for the other modes.
+    pub fn default_key_bits(joined: &str) -> Result<usize, CryptoError> {
+        let probe = Self::parse_luks2(joined, 32).or_else(|_| Self::parse_luks2(joined, 64))?;
+        Ok(if probe.mode == Mode::Xts { 512 } else { 256 })
+    }
+
     fn check_key_size(&self) -> Result<(), CryptoError> {
         let (ok, expected) = match self.mode {
             Mode::Xts => (
@@ -180,6 +187,19 @@ impl fmt::Display for CipherSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_key_sizes_are_cryptsetups() {
+        assert_eq!(
+            CipherSpec::default_key_bits("aes-xts-plain64").unwrap(),
+            512
+        );
+        assert_eq!(
+            CipherSpec::default_key_bits("aes-cbc-essiv:sha256").unwrap(),
+            256
+        );
+        assert!(CipherSpec::default_key_bits("serpent-xts-plain64").is_err());
+    }
 
     #[test]
     fn parses_luks_names() {

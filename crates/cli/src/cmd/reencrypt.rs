@@ -9,7 +9,7 @@ use crate::exit::UsageError;
 use crate::options::{crypto_pool, pbkdf_options, unlock_options};
 use crate::secrets::read_passphrase;
 use anyhow::{bail, Context, Result};
-use cryptblk_crypto::{CipherSpec, Mode};
+use cryptblk_crypto::CipherSpec;
 use cryptblk_luks::luks2::reencrypt::{InitParams, Reencryption, ResilienceChoice};
 use cryptblk_luks::{HashAlg, HeaderIo, LuksError, LuksImage, LuksVersion};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -216,15 +216,7 @@ fn init_params(
     let bits = match a.key_size {
         Some(b) => b,
         None if a.cipher.is_none() => current.key_bytes() * 8,
-        None => {
-            let probe = CipherSpec::parse_luks2(&name, 32)
-                .or_else(|_| CipherSpec::parse_luks2(&name, 64))?;
-            if probe.mode() == Mode::Xts {
-                512
-            } else {
-                256
-            }
-        }
+        None => CipherSpec::default_key_bits(&name)?,
     };
     if !bits.is_multiple_of(8) {
         bail!(UsageError(format!(

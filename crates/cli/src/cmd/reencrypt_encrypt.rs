@@ -6,7 +6,7 @@ use crate::exit::UsageError;
 use crate::options::pbkdf_options;
 use crate::secrets::read_passphrase;
 use anyhow::{bail, Context, Result};
-use cryptblk_crypto::{CipherSpec, Mode};
+use cryptblk_crypto::CipherSpec;
 use cryptblk_luks::luks2::reencrypt::{encrypt_init, EncryptParams};
 use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, LuksVersion};
 use zeroize::Zeroizing;
@@ -54,15 +54,7 @@ pub fn init_unless_luks(
     let name = a.cipher.as_deref().unwrap_or(DEFAULT_CIPHER);
     let bits = match a.key_size {
         Some(b) => b,
-        None => {
-            let probe =
-                CipherSpec::parse_luks2(name, 32).or_else(|_| CipherSpec::parse_luks2(name, 64))?;
-            if probe.mode() == Mode::Xts {
-                512
-            } else {
-                256
-            }
-        }
+        None => CipherSpec::default_key_bits(name)?,
     };
     if !bits.is_multiple_of(8) {
         bail!(UsageError(format!(

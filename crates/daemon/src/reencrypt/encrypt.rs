@@ -26,7 +26,7 @@ use crate::image::LuksFacts;
 use crossbeam_channel::Sender;
 use cryptblk_block::{data_cipher, SegmentCiphers};
 use cryptblk_control::api::{Hotzone, ReencryptPhase};
-use cryptblk_crypto::{CipherSpec, Mode as CipherMode};
+use cryptblk_crypto::CipherSpec;
 use cryptblk_luks::luks2::reencrypt::{
     encrypt_prepare, EncryptParams, KeyRole, Reencryption, SegmentExtent,
 };
@@ -375,16 +375,8 @@ pub(super) fn chosen_cipher(
     let bits = match (bits, current) {
         (Some(b), _) => b as usize,
         (None, Some(c)) if !named => c.key_bytes() * 8,
-        (None, _) => {
-            let probe = CipherSpec::parse_luks2(&name, 32)
-                .or_else(|_| CipherSpec::parse_luks2(&name, 64))
-                .map_err(|e| Error::caused(format!("cipher {name}"), e))?;
-            if probe.mode() == CipherMode::Xts {
-                512
-            } else {
-                256
-            }
-        }
+        (None, _) => CipherSpec::default_key_bits(&name)
+            .map_err(|e| Error::caused(format!("cipher {name}"), e))?,
     };
     if !bits.is_multiple_of(8) {
         return Err(Error::invalid_params(format!(
