@@ -9,7 +9,6 @@ use cryptblk_testutil::vhost_user as frontend;
 use common::*;
 use cryptblk_testutil::nbd::NbdClient;
 use frontend::{pattern, Guest, S_IOERR, S_OK};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -26,22 +25,7 @@ fn serve_limited(args: &[&str], log: &Path) -> Child {
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).unwrap())
         .env_remove("RUST_LOG");
-    // SAFETY: between fork and exec only async-signal-safe calls (setrlimit, signal) run.
-    unsafe {
-        cmd.pre_exec(|| {
-            let limit = libc::rlimit {
-                rlim_cur: LIMIT,
-                rlim_max: LIMIT,
-            };
-            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // Without this the kernel would kill the process (SIGXFSZ) instead of failing
-            // the write with EFBIG.
-            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-            Ok(())
-        });
-    }
+    limit_file_size(&mut cmd, LIMIT);
     cmd.spawn().unwrap()
 }
 

@@ -342,6 +342,39 @@ fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
     assert_same_bytes(&out[..SIZE as usize], &model.data, "after the resize");
 }
 
+/// A filesystem that refuses to grow the image (a file size limit here; a full disk or a
+/// quota alike) fails the start with the reason, and the disk serves on, raw, at its size.
+#[test]
+fn an_image_that_cannot_grow_is_not_encrypted_and_serves_on() {
+    let disk = OnlineDisk::new("encrypt-efbig");
+    let daemon = disk.serve_limited(&[], Some(SIZE + MIB));
+    let mut c = disk.nbd();
+    let mut model = Model::new(SIZE, 43, &[]);
+    model.fill(&mut c);
+    let out = disk.ctl(&[
+        "reencrypt-start",
+        "vol",
+        "--encrypt",
+        "--key-file",
+        s(&disk.key),
+        "--reduce-device-size",
+        REDUCE,
+        "--pbkdf",
+        "pbkdf2",
+        "--iter-time",
+        "1",
+    ]);
+    out.expect_code(code::IO);
+    out.error_line(&["growing", "File too large"]);
+    assert_eq!(disk.len(), SIZE, "the image changed size");
+    assert!(read_prefix(&disk.img, 6) != b"LUKS\xba\xbe");
+    assert_eq!(disk.status()["phase"], "idle");
+    model.check_all(&mut c, "after the refused start");
+    model.round(&mut c, SIZE / 2);
+    drop(c);
+    assert_eq!(daemon.terminate(), 0);
+}
+
 /// A read-only raw disk cannot be encrypted: every sector is written.
 #[test]
 fn a_read_only_raw_disk_is_not_encrypted() {

@@ -470,6 +470,28 @@ pub fn cryptsetup_encrypt_in_place(
     img
 }
 
+/// Makes the kernel refuse `cmd`'s writes at or past `limit` bytes into a file with EFBIG
+/// (`RLIMIT_FSIZE`), as a full filesystem or a quota would refuse them.
+pub fn limit_file_size(cmd: &mut Command, limit: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec only async-signal-safe calls (setrlimit, signal) run.
+    unsafe {
+        cmd.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Without this the kernel would kill the process (SIGXFSZ) instead of failing
+            // the write with EFBIG.
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+}
+
 /// A `cryptblk serve` process for a test: started with `args`, ready once `ready` exists;
 /// killed when dropped (a failing test leaves no daemon behind), stopped with SIGTERM by
 /// `terminate`.
@@ -479,15 +501,30 @@ pub struct ServeProcess(Option<std::process::Child>);
 #[allow(dead_code)]
 impl ServeProcess {
     pub fn start(args: &[&str], ready: &Path) -> ServeProcess {
-        let mut child = Command::new(bin())
-            .arg("serve")
+        Self::start_cmd(Self::command(args), ready)
+    }
+
+    /// As `start`, with the daemon's file writes at or past `limit` bytes refused
+    /// (`limit_file_size`).
+    pub fn start_with_file_limit(args: &[&str], ready: &Path, limit: u64) -> ServeProcess {
+        let mut cmd = Self::command(args);
+        limit_file_size(&mut cmd, limit);
+        Self::start_cmd(cmd, ready)
+    }
+
+    fn command(args: &[&str]) -> Command {
+        let mut cmd = Command::new(bin());
+        cmd.arg("serve")
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
-            .env_remove("RUST_LOG")
-            .spawn()
-            .unwrap();
+            .env_remove("RUST_LOG");
+        cmd
+    }
+
+    fn start_cmd(mut cmd: Command, ready: &Path) -> ServeProcess {
+        let mut child = cmd.spawn().unwrap();
         cryptblk_testutil::wait_for_path(ready, &mut child);
         ServeProcess(Some(child))
     }

@@ -22,6 +22,12 @@ impl OnlineDisk {
 
     /// `serve` with the image as disk "vol", NBD and a control socket, and `extra` options.
     pub fn serve_args(&self, extra: &[&str]) -> ServeProcess {
+        self.serve_limited(extra, None)
+    }
+
+    /// As `serve_args`, with the daemon's file writes at or past `file_limit` bytes refused
+    /// (EFBIG, as a full filesystem refuses them).
+    pub fn serve_limited(&self, extra: &[&str], file_limit: Option<u64>) -> ServeProcess {
         let (control, nbd) = (self.path("ctl.sock"), self.path("nbd.sock"));
         let _ = std::fs::remove_file(&control);
         let _ = std::fs::remove_file(&nbd);
@@ -37,7 +43,10 @@ impl OnlineDisk {
             super::s(&control),
         ];
         args.extend_from_slice(extra);
-        ServeProcess::start(&args, &control)
+        match file_limit {
+            Some(limit) => ServeProcess::start_with_file_limit(&args, &control, limit),
+            None => ServeProcess::start(&args, &control),
+        }
     }
 
     pub fn nbd(&self) -> NbdClient {
