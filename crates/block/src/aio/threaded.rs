@@ -267,8 +267,8 @@ impl<E: BlockingIo> Engine for ThreadedEngine<E> {
             let result = std::mem::replace(&mut job.result, Ok(()));
             let slot = job.slot;
             job.req.iov.clear();
-            job.scratch.trim();
-            job.transformed.trim();
+            job.scratch.release();
+            job.transformed.release();
             self.idle[slot] = Some(job);
             out(slot, result);
         }
