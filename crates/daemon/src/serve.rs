@@ -48,6 +48,9 @@ pub struct ServeConfig {
     /// Name disks in messages by name and image (several disks from a config file) rather
     /// than by image alone.
     pub name_disks: bool,
+    /// Bytes of request data every queue of every disk may make the daemon hold at once, all
+    /// together (`--memory-budget`); `None` for the default (`memory::budget`).
+    pub memory_budget: Option<u64>,
 }
 
 /// Runs the daemon until SIGTERM/SIGINT (then returns `Ok` once every disk is flushed and
@@ -65,6 +68,13 @@ pub fn serve(config: ServeConfig) -> Result<()> {
             )));
         }
     }
+    let budget = crate::memory::budget(config.memory_budget).map_err(Error::usage)?;
+    crate::memory::apply(&budget);
+    tracing::info!(
+        "memory budget for request data: {} MiB ({})",
+        budget.bytes >> 20,
+        budget.source
+    );
     let manager = ServiceManager::from_env();
     if let Some(m) = &manager {
         m.status(&format!(

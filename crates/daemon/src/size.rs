@@ -1,4 +1,5 @@
-//! Byte sizes as users type them: `4096`, `64M`, `1.5G`, `10GiB` (binary units, like qemu-img).
+//! Byte sizes as users type them: `4096`, `64M`, `1.5G`, `10GiB` (binary units, like qemu-img),
+//! on the command line and in `--config` files.
 
 /// Parse a size with an optional K/M/G/T suffix (powers of 1024; a trailing `B`/`iB` allowed).
 pub fn parse_size(text: &str) -> Result<u64, String> {

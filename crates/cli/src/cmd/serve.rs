@@ -6,7 +6,7 @@ use crate::options::{crypto_pool, unlock_options};
 use crate::secrets::read_passphrase;
 use anyhow::{Context, Result};
 use cryptblk_control::api::{DiskConfig, ImageName};
-use cryptblk_daemon::config::{load_config_file, ConfigFileError};
+use cryptblk_daemon::config::{load_serve_file, ConfigFileError, ServeFile};
 use cryptblk_daemon::{ServeConfig, StartDisk};
 use cryptblk_nbd::AllowList;
 use cryptblk_nbd::{ConnectionLimits, NbdAddress, TlsCreds};
@@ -28,18 +28,25 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
         .map(cryptblk_daemon::secret::MasterKey::from_file)
         .transpose()
         .context("--master-key-file")?;
+    let mut file_budget = None;
     let disks = match (&a.config, &a.image) {
-        (Some(path), _) => load_config_file(path)
-            .map_err(|e| match e {
+        (Some(path), _) => {
+            let ServeFile {
+                disks,
+                memory_budget,
+            } = load_serve_file(path).map_err(|e| match e {
                 ConfigFileError::Invalid { .. } => UsageError(e.to_string()).into(),
                 ConfigFileError::Read { .. } => anyhow::Error::from(e),
-            })?
-            .into_iter()
-            .map(|config| StartDisk {
-                config,
-                passphrase: None,
-            })
-            .collect(),
+            })?;
+            file_budget = memory_budget;
+            disks
+                .into_iter()
+                .map(|config| StartDisk {
+                    config,
+                    passphrase: None,
+                })
+                .collect()
+        }
         (None, Some(_)) => vec![single_disk(a)?],
         (None, None) if a.control.is_some() => Vec::new(),
         (None, None) => {
@@ -102,6 +109,7 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
         unlock: unlock_options(cli),
         master_key,
         name_disks: a.config.is_some(),
+        memory_budget: a.memory_budget.or(file_budget),
     })?;
     Ok(())
 }
