@@ -139,6 +139,7 @@ if [ -S "$work/metrics.sock" ]; then
 fi
 sleep 0.3
 kill "$sampler" 2>/dev/null || true
+wait "$sampler" 2>/dev/null || true
 sampler=""
 
 summary=$(jq -s -c --arg budget "$budget" --argjson disks "$disks" --argjson clients "$clients" \
@@ -150,7 +151,7 @@ summary=$(jq -s -c --arg budget "$budget" --argjson disks "$disks" --argjson cli
   | ($s | map(select(.phase == "idle-after")) | last) as $after
   | ([$c[] | select(.queue_ios != null) | .runtime_s as $r | .queue_ios[] / $r] | sort) as $q
   | def pct(p): if ($q | length) > 0 then $q[(($q | length) - 1) * p | floor] | floor else null end;
-  | {record: "summary", binary: $binary, budget: $budget, disks: $disks, clients: $clients,
+  {record: "summary", binary: $binary, budget: $budget, disks: $disks, clients: $clients,
      queues: ($q | length),
      idle_before_rss_anon_mib: ($before.rss_anon_kib / 1024 | floor),
      peak_rss_anon_mib: ($busy | map(.rss_anon_kib) | max / 1024 | floor),
