@@ -4,21 +4,28 @@
 //! Every queue (a virtqueue's pipeline, an NBD connection) takes a [`BudgetShare`] and reserves
 //! the bytes a request may make the process hold (its ciphertext, a bounce buffer, an NBD
 //! payload) before admitting it, and releases them when the request is done. When the budget
-//! has no room, the request is not refused: the share joins a wait list and the request waits
-//! in its queue, in order. Bytes released are granted to the waiting shares in turn, the one at
-//! the head first, before anyone else may reserve: whoever waits is served within one turn of
-//! the others, whatever they submit, and the bytes granted are the share's at once (no one
+//! has no room, the request is not refused: the share joins the wait list and the request waits
+//! in its queue, in order. While anyone waits, nobody reserves past the list: bytes released
+//! are granted to the waiting shares, and the bytes granted are the share's at once (no one
 //! takes them between the grant and the owner's wake-up). The owner learns of a grant through
 //! its share's [`Notifier`], the eventfd its event loop already waits on: nobody polls.
 //!
-//! Two lists make the turns: shares that hold nothing wait in `hungry`, served before those
-//! that hold some (`fed`). So a queue with nothing in flight gets its first request in at the
-//! next release whatever the busy ones want, and a busy queue cannot take more than its turn
-//! while others wait; a request of any size (up to the limit) is served once it is at the head,
-//! because nobody behind it is served before it.
+//! Who is granted first: the waiting share that holds the least (the oldest of those that hold
+//! equally). So a queue with nothing in flight gets its first request in at the next release
+//! whatever the busy ones want, a queue that took much while nobody waited gets nothing more
+//! until the others hold as much, and while all are busy the budget ends up split evenly
+//! between them. Nobody is served past the chosen share, even with room for a smaller
+//! request: a request of any size (up to the limit) is served once its share holds the least,
+//! which it does as its requests complete.
 //!
-//! The fast path, with nobody waiting, is one load and one compare-and-swap to reserve and one
-//! subtraction and one load to release. The wait lists' lock is taken only while someone waits.
+//! The fast path touches nothing shared: a share reserves from the budget a little more than a
+//! request needs (`CREDIT_CHUNK`, at most 1/64 of the limit) and serves the next requests from
+//! that credit; what its requests give back goes to the credit, which returns to the budget
+//! beyond two chunks, at once while anyone waits, and whole when the queue goes idle
+//! ([`BudgetShare::return_credit`]). Measured on the tmpfs benchmark, a reservation and a
+//! release of the budget's shared counters per request (three atomic read-modify-writes on a
+//! line both cores wrote) cost 0.4 to 1.1 µs per 4 KiB read on two queues. The wait list's
+//! lock is taken only while someone waits.
 
 use crate::aio::Notifier;
 use std::collections::VecDeque;
@@ -27,6 +34,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 /// No limit: the process budget of a program that did not set one.
 pub const UNLIMITED: u64 = u64::MAX;
+
+/// What a share reserves at once beyond a request's charge (at most 1/64 of the limit).
+const CREDIT_CHUNK: u64 = 256 << 10;
 
 /// Shares woken per pass over the wait lists; the lock is let go before the wake-ups (eventfd
 /// writes) and taken again for the next pass.
@@ -40,12 +50,27 @@ pub struct MemoryBudget {
 }
 
 struct Shared {
-    limit: AtomicU64,
-    /// Bytes reserved by the shares, granted ones included.
-    reserved: AtomicU64,
-    /// Shares in the wait lists: while any is, every reservation goes through the lists.
-    waiting: AtomicUsize,
+    /// Read at every request; written when the limit changes or a share starts or stops
+    /// waiting.
+    read_mostly: ReadMostly,
+    /// Written when a share takes or returns credit, and while shares wait.
+    counters: Counters,
     lists: Mutex<WaitLists>,
+}
+
+/// On a cache line of its own, so that reading it costs no transfer from the CPU that last
+/// wrote `Counters`.
+#[repr(align(128))]
+struct ReadMostly {
+    limit: AtomicU64,
+    /// Shares in the wait list: while any is, every reservation goes through the list.
+    waiting: AtomicUsize,
+}
+
+#[repr(align(128))]
+struct Counters {
+    /// Bytes reserved by the shares (their credit and grants included).
+    reserved: AtomicU64,
     /// The most bytes reserved at once.
     peak: AtomicU64,
     /// Reservations that had to wait.
@@ -54,10 +79,8 @@ struct Shared {
 
 #[derive(Default)]
 struct WaitLists {
-    /// Shares that held nothing when they began to wait, oldest first.
-    hungry: VecDeque<Waiter>,
-    /// Shares that held some, oldest first.
-    fed: VecDeque<Waiter>,
+    /// Waiting shares, oldest first.
+    waiters: VecDeque<Waiter>,
 }
 
 struct Waiter {
@@ -67,6 +90,9 @@ struct Waiter {
 
 /// What a share's granter and owner both see.
 struct ShareState {
+    /// Bytes the share holds (grants collected included): written by its owner only, read by
+    /// the granter to choose whom to serve.
+    held: AtomicU64,
     /// Bytes granted while it waited, not yet collected by the owner.
     granted: AtomicU64,
     /// In a wait list (changed under the lists' lock).
@@ -91,12 +117,16 @@ impl MemoryBudget {
     pub fn new(limit: u64) -> Self {
         MemoryBudget {
             shared: Arc::new(Shared {
-                limit: AtomicU64::new(limit.max(1)),
-                reserved: AtomicU64::new(0),
-                waiting: AtomicUsize::new(0),
+                read_mostly: ReadMostly {
+                    limit: AtomicU64::new(limit.max(1)),
+                    waiting: AtomicUsize::new(0),
+                },
+                counters: Counters {
+                    reserved: AtomicU64::new(0),
+                    peak: AtomicU64::new(0),
+                    waits: AtomicU64::new(0),
+                },
                 lists: Mutex::new(WaitLists::default()),
-                peak: AtomicU64::new(0),
-                waits: AtomicU64::new(0),
             }),
         }
     }
@@ -111,22 +141,25 @@ impl MemoryBudget {
     /// Changes the limit. Meant for a program's start, before its queues run; a lower limit
     /// while bytes are reserved only makes new reservations wait longer.
     pub fn set_limit(&self, limit: u64) {
-        self.shared.limit.store(limit.max(1), Ordering::SeqCst);
+        self.shared
+            .read_mostly
+            .limit
+            .store(limit.max(1), Ordering::SeqCst);
         self.shared.grant();
     }
 
     pub fn limit(&self) -> u64 {
-        self.shared.limit.load(Ordering::Relaxed)
+        self.shared.read_mostly.limit.load(Ordering::Relaxed)
     }
 
     pub fn usage(&self) -> BudgetUsage {
         let s = &self.shared;
         BudgetUsage {
-            limit: s.limit.load(Ordering::Relaxed),
-            reserved: s.reserved.load(Ordering::Relaxed),
-            peak: s.peak.load(Ordering::Relaxed),
-            waiting: s.waiting.load(Ordering::Relaxed),
-            waits: s.waits.load(Ordering::Relaxed),
+            limit: s.read_mostly.limit.load(Ordering::Relaxed),
+            reserved: s.counters.reserved.load(Ordering::Relaxed),
+            peak: s.counters.peak.load(Ordering::Relaxed),
+            waiting: s.read_mostly.waiting.load(Ordering::Relaxed),
+            waits: s.counters.waits.load(Ordering::Relaxed),
         }
     }
 
@@ -135,11 +168,12 @@ impl MemoryBudget {
         BudgetShare {
             budget: self.clone(),
             state: Arc::new(ShareState {
+                held: AtomicU64::new(0),
                 granted: AtomicU64::new(0),
                 queued: AtomicBool::new(false),
                 wake,
             }),
-            held: 0,
+            credit: 0,
         }
     }
 }
@@ -159,20 +193,22 @@ impl Shared {
 
     /// Adds `bytes` to the reserved total if that stays within the limit.
     fn try_add(&self, bytes: u64) -> bool {
-        let limit = self.limit.load(Ordering::Relaxed);
-        let mut current = self.reserved.load(Ordering::SeqCst);
+        let limit = self.read_mostly.limit.load(Ordering::Relaxed);
+        let mut current = self.counters.reserved.load(Ordering::SeqCst);
         loop {
             let Some(next) = current.checked_add(bytes).filter(|&n| n <= limit) else {
                 return false;
             };
-            match self.reserved.compare_exchange_weak(
+            match self.counters.reserved.compare_exchange_weak(
                 current,
                 next,
                 Ordering::SeqCst,
                 Ordering::SeqCst,
             ) {
                 Ok(_) => {
-                    self.peak.fetch_max(next, Ordering::Relaxed);
+                    if next > self.counters.peak.load(Ordering::Relaxed) {
+                        self.counters.peak.fetch_max(next, Ordering::Relaxed);
+                    }
                     return true;
                 }
                 Err(now) => current = now,
@@ -184,16 +220,16 @@ impl Shared {
         if bytes == 0 {
             return;
         }
-        self.reserved.fetch_sub(bytes, Ordering::SeqCst);
+        self.counters.reserved.fetch_sub(bytes, Ordering::SeqCst);
         // Pairs with the waiter's increment before its last try (`BudgetShare::try_reserve`):
         // either it saw these bytes free, or this sees it waiting.
-        if self.waiting.load(Ordering::SeqCst) > 0 {
+        if self.read_mostly.waiting.load(Ordering::SeqCst) > 0 {
             self.grant();
         }
     }
 
-    /// Grants what is free to the waiting shares, the head of `hungry` first, then of `fed`,
-    /// until the head's bytes do not fit; wakes each share granted.
+    /// Grants what is free to the waiting shares, the one holding the least first, until its
+    /// bytes do not fit; wakes each share granted.
     fn grant(&self) {
         loop {
             let mut woken: [Option<Arc<ShareState>>; WAKE_BATCH] = Default::default();
@@ -204,21 +240,22 @@ impl Shared {
                     if n == WAKE_BATCH {
                         break true;
                     }
-                    let WaitLists { hungry, fed } = &mut *lists;
-                    let list = if hungry.is_empty() { fed } else { hungry };
-                    let Some(head) = list.front() else {
+                    let Some((index, bytes)) = lists.neediest() else {
                         break false;
                     };
-                    if !self.try_add(head.bytes) {
+                    if !self.try_add(bytes) {
                         break false;
                     }
-                    let Some(head) = list.pop_front() else {
+                    let Some(chosen) = lists.waiters.remove(index) else {
                         break false;
                     };
-                    head.share.granted.fetch_add(head.bytes, Ordering::SeqCst);
-                    head.share.queued.store(false, Ordering::SeqCst);
-                    self.waiting.fetch_sub(1, Ordering::SeqCst);
-                    woken[n] = Some(head.share);
+                    chosen
+                        .share
+                        .granted
+                        .fetch_add(chosen.bytes, Ordering::SeqCst);
+                    chosen.share.queued.store(false, Ordering::SeqCst);
+                    self.read_mostly.waiting.fetch_sub(1, Ordering::SeqCst);
+                    woken[n] = Some(chosen.share);
                     n += 1;
                 }
             };
@@ -232,13 +269,28 @@ impl Shared {
     }
 }
 
+impl WaitLists {
+    /// The waiter to serve next (its index and the bytes it waits for): the one whose share
+    /// holds the least, the oldest of those that hold equally.
+    fn neediest(&self) -> Option<(usize, u64)> {
+        let mut best: Option<(usize, u64, u64)> = None;
+        for (index, waiter) in self.waiters.iter().enumerate() {
+            let held = waiter.share.held.load(Ordering::Relaxed);
+            if best.is_none_or(|(_, least, _)| held < least) {
+                best = Some((index, held, waiter.bytes));
+            }
+        }
+        best.map(|(index, _, bytes)| (index, bytes))
+    }
+}
+
 /// One queue's part of a budget. Used by its owner's thread only; the bytes it still holds
 /// are released when it drops.
 pub struct BudgetShare {
     budget: MemoryBudget,
     state: Arc<ShareState>,
-    /// Bytes reserved by this share and not released (grants collected included).
-    held: u64,
+    /// Reserved from the budget (counted in `held`) and not given to a request yet.
+    credit: u64,
 }
 
 impl BudgetShare {
@@ -249,7 +301,12 @@ impl BudgetShare {
 
     /// Bytes this share holds.
     pub fn held(&self) -> u64 {
-        self.held
+        self.state.held.load(Ordering::Relaxed)
+    }
+
+    /// Only the owner changes what its share holds: a plain store, no read-modify-write.
+    fn set_held(&self, held: u64) {
+        self.state.held.store(held, Ordering::Relaxed);
     }
 
     /// Whether the share waits for a grant (its owner should not ask again before one came).
@@ -264,10 +321,10 @@ impl BudgetShare {
     }
 
     /// Reserves `charge` bytes (from [`charge_for`](Self::charge_for)) for a request: returns
-    /// the bytes now held for it, `charge` reserved now if there is room and nobody waits
-    /// ahead, or the grant the share waited for (what it asked for then). Otherwise `None`:
-    /// the share joins the wait list for `charge` (unless it waits already) and the owner asks
-    /// again once woken. Never blocks.
+    /// the bytes now held for it, `charge` taken from the share's credit or reserved now if
+    /// there is room and nobody waits, or the grant the share waited for (what it asked for
+    /// then). Otherwise `None`: the share gives its credit back and joins the wait list for
+    /// `charge` (unless it waits already), and the owner asks again once woken. Never blocks.
     pub fn try_reserve(&mut self, charge: u64) -> Option<u64> {
         if charge == 0 {
             return Some(0);
@@ -282,53 +339,110 @@ impl BudgetShare {
                 return Some(granted);
             }
         }
-        let shared = &self.budget.shared;
-        if shared.waiting.load(Ordering::SeqCst) == 0 && shared.try_add(charge) {
-            self.held += charge;
+        if self.credit >= charge {
+            self.credit -= charge;
             return Some(charge);
         }
+        let shared = &self.budget.shared;
+        if shared.read_mostly.waiting.load(Ordering::SeqCst) == 0 {
+            let need = charge - self.credit;
+            let more = need.max(self.chunk());
+            let taken = if shared.try_add(more) {
+                Some(more)
+            } else if more > need && shared.try_add(need) {
+                Some(need)
+            } else {
+                None
+            };
+            if let Some(taken) = taken {
+                self.set_held(self.held() + taken);
+                self.credit = self.credit + taken - charge;
+                return Some(charge);
+            }
+        }
+        // The slow path waits for the whole charge, holding no credit meanwhile.
+        self.return_credit();
+        let shared = &self.budget.shared;
         let mut lists = shared.lists();
         // Announced before the last try: a release either frees bytes this try sees, or sees
         // the announcement and grants from the list once this lock is let go.
-        shared.waiting.fetch_add(1, Ordering::SeqCst);
-        let hungry = self.held == 0;
-        let ahead = if hungry {
-            !lists.hungry.is_empty()
-        } else {
-            !lists.hungry.is_empty() || !lists.fed.is_empty()
-        };
-        if !ahead && shared.try_add(charge) {
-            shared.waiting.fetch_sub(1, Ordering::SeqCst);
-            self.held += charge;
+        shared.read_mostly.waiting.fetch_add(1, Ordering::SeqCst);
+        if lists.waiters.is_empty() && shared.try_add(charge) {
+            shared.read_mostly.waiting.fetch_sub(1, Ordering::SeqCst);
+            self.set_held(self.held() + charge);
             return Some(charge);
         }
-        let waiter = Waiter {
+        self.state.queued.store(true, Ordering::SeqCst);
+        lists.waiters.push_back(Waiter {
             share: self.state.clone(),
             bytes: charge,
-        };
-        self.state.queued.store(true, Ordering::SeqCst);
-        if hungry {
-            lists.hungry.push_back(waiter);
-        } else {
-            lists.fed.push_back(waiter);
+        });
+        shared.counters.waits.fetch_add(1, Ordering::Relaxed);
+        drop(lists);
+        // There may be room this share is now the first in line for (it holds less than
+        // those who wait for more than is free).
+        shared.grant();
+        if !self.is_waiting() {
+            let granted = self.take_grant();
+            if granted > 0 {
+                return Some(granted);
+            }
         }
-        shared.waits.fetch_add(1, Ordering::Relaxed);
         None
+    }
+
+    /// What the share takes at once beyond a request's charge: whole 4 KiB, none for a budget
+    /// too small to spare it.
+    fn chunk(&self) -> u64 {
+        CREDIT_CHUNK.min(self.budget.limit() / 64) / 4096 * 4096
+    }
+
+    /// Gives the share's credit back to the budget (the queue is idle: nothing of it should
+    /// stay reserved for requests that may not come).
+    pub fn return_credit(&mut self) {
+        let credit = std::mem::take(&mut self.credit);
+        if credit > 0 {
+            self.set_held(self.held() - credit);
+            self.budget.shared.release(credit);
+        }
     }
 
     /// Bytes granted since the last call (the charge the share waited for, or 0), now held.
     pub fn take_grant(&mut self) -> u64 {
         let granted = self.state.granted.swap(0, Ordering::SeqCst);
-        self.held += granted;
+        if granted > 0 {
+            self.set_held(self.held() + granted);
+        }
         granted
     }
 
-    /// Gives back `charge` bytes this share reserved.
+    /// Gives back `charge` bytes a request of this share held: to the share's credit, and
+    /// from there to the budget beyond two chunks, or all of it while anyone waits.
     pub fn release(&mut self, charge: u64) {
-        debug_assert!(charge <= self.held, "releasing more than the share holds");
-        let charge = charge.min(self.held);
-        self.held -= charge;
-        self.budget.shared.release(charge);
+        let in_use = self.held() - self.credit;
+        debug_assert!(
+            charge <= in_use,
+            "releasing more than the share's requests hold"
+        );
+        self.credit += charge.min(in_use);
+        let keep = if self
+            .budget
+            .shared
+            .read_mostly
+            .waiting
+            .load(Ordering::SeqCst)
+            > 0
+        {
+            0
+        } else if self.credit > 2 * self.chunk() {
+            self.chunk()
+        } else {
+            return;
+        };
+        let back = self.credit - keep;
+        self.credit = keep;
+        self.set_held(self.held() - back);
+        self.budget.shared.release(back);
     }
 
     /// Reserves `charge` bytes, blocking until they are granted (for a thread that serves one
@@ -364,20 +478,21 @@ impl BudgetShare {
             let mut lists = shared.lists();
             if self.state.queued.swap(false, Ordering::SeqCst) {
                 let me = Arc::as_ptr(&self.state);
-                lists.hungry.retain(|w| Arc::as_ptr(&w.share) != me);
-                lists.fed.retain(|w| Arc::as_ptr(&w.share) != me);
-                shared.waiting.fetch_sub(1, Ordering::SeqCst);
+                lists.waiters.retain(|w| Arc::as_ptr(&w.share) != me);
+                shared.read_mostly.waiting.fetch_sub(1, Ordering::SeqCst);
             }
         }
-        let granted = self.take_grant();
-        self.release(granted);
+        let granted = self.state.granted.swap(0, Ordering::SeqCst);
+        shared.release(granted);
     }
 }
 
 impl Drop for BudgetShare {
     fn drop(&mut self) {
         self.leave_wait_list();
-        let held = std::mem::take(&mut self.held);
+        let held = self.held();
+        self.credit = 0;
+        self.set_held(0);
         self.budget.shared.release(held);
     }
 }
@@ -385,7 +500,8 @@ impl Drop for BudgetShare {
 impl std::fmt::Debug for BudgetShare {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BudgetShare")
-            .field("held", &self.held)
+            .field("held", &self.held())
+            .field("credit", &self.credit)
             .field("waiting", &self.is_waiting())
             .finish()
     }
@@ -416,6 +532,40 @@ mod tests {
         drop(a);
         assert_eq!(budget.usage().reserved, 0);
         assert_eq!(budget.usage().peak, 100);
+    }
+
+    #[test]
+    fn requests_are_served_from_the_share_s_credit_which_goes_back_when_idle() {
+        let budget = MemoryBudget::new(1 << 30);
+        let mut a = share(&budget);
+        // The first 4 KiB request reserves a chunk; the next ones come out of it.
+        assert_eq!(a.try_reserve(4096), Some(4096));
+        assert_eq!(budget.usage().reserved, CREDIT_CHUNK);
+        for _ in 1..64 {
+            assert_eq!(a.try_reserve(4096), Some(4096));
+        }
+        assert_eq!(budget.usage().reserved, CREDIT_CHUNK);
+        assert_eq!(a.try_reserve(4096), Some(4096));
+        assert_eq!(budget.usage().reserved, 2 * CREDIT_CHUNK);
+        // Released: kept as credit up to two chunks, one chunk kept when more comes back.
+        for _ in 0..65 {
+            a.release(4096);
+        }
+        assert_eq!(budget.usage().reserved, 2 * CREDIT_CHUNK);
+        assert_eq!(a.held(), 2 * CREDIT_CHUNK);
+        a.return_credit();
+        assert_eq!((a.held(), budget.usage().reserved), (0, 0));
+        // While anyone waits, what a request gives back goes to the budget at once.
+        let small = MemoryBudget::new(64 * CREDIT_CHUNK);
+        let mut busy = share(&small);
+        let mut waiter = share(&small);
+        assert_eq!(busy.try_reserve(63 * CREDIT_CHUNK), Some(63 * CREDIT_CHUNK));
+        assert_eq!(busy.try_reserve(4096), Some(4096));
+        assert_eq!(small.usage().reserved, 64 * CREDIT_CHUNK);
+        assert!(waiter.try_reserve(CREDIT_CHUNK).is_none());
+        busy.release(4096);
+        assert_eq!(waiter.take_grant(), CREDIT_CHUNK);
+        assert_eq!(busy.held(), 63 * CREDIT_CHUNK);
     }
 
     #[test]
@@ -493,6 +643,31 @@ mod tests {
         assert_eq!((idle.take_grant(), busy.take_grant()), (10, 0));
         other.release(10);
         assert_eq!(busy.take_grant(), 10);
+    }
+
+    #[test]
+    fn room_goes_to_whoever_holds_least_until_the_shares_even_out() {
+        let budget = MemoryBudget::new(100);
+        let mut greedy = share(&budget);
+        let mut modest = share(&budget);
+        // The greedy queue took 80 while nobody waited; the modest one 10.
+        assert_eq!(greedy.try_reserve(80), Some(80));
+        assert_eq!(modest.try_reserve(10), Some(10));
+        assert_eq!(greedy.try_reserve(10), Some(10));
+        assert!(greedy.try_reserve(10).is_none());
+        assert!(modest.try_reserve(10).is_none());
+        // Each release goes to the modest queue while it holds less, though the greedy one
+        // waited first.
+        for expected_modest in [20, 30, 40, 50] {
+            greedy.release(10);
+            assert_eq!(modest.take_grant(), 10);
+            assert_eq!(modest.held(), expected_modest);
+            assert!(modest.try_reserve(10).is_none());
+        }
+        assert_eq!(greedy.take_grant(), 0);
+        // Now the greedy one (40 + its 10 waited for) and the modest one (50) are even.
+        greedy.release(10);
+        assert_eq!((greedy.take_grant(), modest.take_grant()), (10, 0));
     }
 
     #[test]

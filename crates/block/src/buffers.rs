@@ -6,6 +6,9 @@
 //! - Classes go from 4 KiB to 4 MiB in steps of 1.5x and 2x (4, 8, 12, 16, 24, 32, 48 KiB, ...),
 //!   so a buffer is at most 1.5 times the request it serves (the budget charges a request its
 //!   class, [`class_size`]). Larger requests get a buffer of their own, freed when given back.
+//! - The lists are kept per CPU (`Shard`), so a queue's thread takes and gives back buffers
+//!   without a cache line another CPU writes; a CPU whose list of a class is empty takes from
+//!   another's.
 //! - What the cache keeps is bounded for the whole process ([`set_keep_limit`], 32 MiB unless
 //!   changed), whatever the number of queues and volumes.
 //! - What was not used goes back to the system: a reclaimer thread looks at each class every
@@ -91,26 +94,20 @@ struct FreeList {
     low: usize,
 }
 
-struct Cache {
+/// The lists of one CPU: a buffer goes back to the shard of the CPU that gives it back and is
+/// taken from the shard of the CPU that takes it (from another one when that is empty), so a
+/// queue's thread takes and gives back on lists and counters its CPU already holds. Aligned so
+/// that no two shards share a cache line.
+#[repr(align(128))]
+struct Shard {
     classes: Vec<Class>,
-    /// Bytes of the buffers on the free lists.
+    /// Bytes of the buffers on this shard's lists.
     kept: AtomicU64,
-    keep_limit: AtomicU64,
-    reclaimer_started: AtomicBool,
-    /// Set when buffers were put on a list; the reclaimer sleeps on it while the cache is
-    /// empty.
-    filled: (Mutex<bool>, Condvar),
 }
 
-fn cache() -> &'static Cache {
-    static CACHE: OnceLock<Cache> = OnceLock::new();
-    CACHE.get_or_init(|| Cache::new(true))
-}
-
-impl Cache {
-    /// `reclaimed`: a reclaimer thread looks at it (started with the first buffer kept).
-    fn new(reclaimed: bool) -> Self {
-        Cache {
+impl Shard {
+    fn new() -> Self {
+        Shard {
             classes: (0..CLASSES)
                 .map(|i| Class {
                     capacity: class_capacity(i),
@@ -118,10 +115,66 @@ impl Cache {
                 })
                 .collect(),
             kept: AtomicU64::new(0),
+        }
+    }
+
+    fn pop(&self, index: usize) -> Option<AlignedBuf> {
+        let buf = {
+            let mut free = lock(&self.classes[index].free);
+            let buf = free.bufs.pop();
+            free.low = free.low.min(free.bufs.len());
+            buf
+        }?;
+        self.kept.fetch_sub(buf.len() as u64, Ordering::Relaxed);
+        Some(buf)
+    }
+}
+
+struct Cache {
+    /// One per CPU (at most `MAX_SHARDS`).
+    shards: Vec<Shard>,
+    keep_limit: AtomicU64,
+    reclaimer_started: AtomicBool,
+    /// The reclaimer sleeps until a buffer is kept (it found the cache empty).
+    reclaimer_asleep: AtomicBool,
+    wake: (Mutex<()>, Condvar),
+}
+
+/// Shards at most, whatever the number of CPUs.
+const MAX_SHARDS: usize = 64;
+
+fn cache() -> &'static Cache {
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    CACHE.get_or_init(|| {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Cache::new(true, cpus.min(MAX_SHARDS))
+    })
+}
+
+impl Cache {
+    /// `reclaimed`: a reclaimer thread looks at it (started with the first buffer kept).
+    fn new(reclaimed: bool, shards: usize) -> Self {
+        Cache {
+            shards: (0..shards.max(1)).map(|_| Shard::new()).collect(),
             keep_limit: AtomicU64::new(DEFAULT_KEEP),
             reclaimer_started: AtomicBool::new(!reclaimed),
-            filled: (Mutex::new(false), Condvar::new()),
+            reclaimer_asleep: AtomicBool::new(false),
+            wake: (Mutex::new(()), Condvar::new()),
         }
+    }
+
+    /// The shard of the CPU this thread runs on.
+    fn local(&self) -> usize {
+        // SAFETY: sched_getcpu has no preconditions; it returns -1 on failure (then shard 0).
+        let cpu = unsafe { libc::sched_getcpu() };
+        usize::try_from(cpu).unwrap_or(0) % self.shards.len()
+    }
+
+    fn kept(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.kept.load(Ordering::Relaxed))
+            .sum()
     }
 
     fn take(&'static self, len: usize) -> PooledBuf {
@@ -131,20 +184,10 @@ impl Cache {
                 cache: self,
             };
         };
-        let class = &self.classes[index];
-        let reused = {
-            let mut free = lock(&class.free);
-            let buf = free.bufs.pop();
-            free.low = free.low.min(free.bufs.len());
-            buf
-        };
-        let buf = match reused {
-            Some(buf) => {
-                self.kept.fetch_sub(buf.len() as u64, Ordering::Relaxed);
-                buf
-            }
-            None => AlignedBuf::zeroed(class.capacity),
-        };
+        let local = self.local();
+        let n = self.shards.len();
+        let reused = (0..n).find_map(|k| self.shards[(local + k) % n].pop(index));
+        let buf = reused.unwrap_or_else(|| AlignedBuf::zeroed(class_capacity(index)));
         PooledBuf {
             buf: Some(buf),
             cache: self,
@@ -152,25 +195,28 @@ impl Cache {
     }
 
     fn give_back(&'static self, buf: AlignedBuf) {
-        let Some(index) = class_index(buf.len()).filter(|&i| self.classes[i].capacity == buf.len())
-        else {
+        let Some(index) = class_index(buf.len()).filter(|&i| class_capacity(i) == buf.len()) else {
             return;
         };
         let size = buf.len() as u64;
         let limit = self.keep_limit.load(Ordering::Relaxed);
-        if self.kept.fetch_add(size, Ordering::Relaxed) + size > limit {
-            self.kept.fetch_sub(size, Ordering::Relaxed);
+        let shard = &self.shards[self.local()];
+        // Within its part of the limit a shard keeps the buffer without looking at the others.
+        let within = shard.kept.load(Ordering::Relaxed) + size <= limit / self.shards.len() as u64
+            || self.kept() + size <= limit;
+        if !within {
             return;
         }
-        lock(&self.classes[index].free).bufs.push(buf);
+        lock(&shard.classes[index].free).bufs.push(buf);
+        shard.kept.fetch_add(size, Ordering::SeqCst);
         if !self.reclaimer_started.load(Ordering::Relaxed) {
             self.start_reclaimer();
         }
-        let (filled, wake) = &self.filled;
-        let mut filled = lock(filled);
-        if !*filled {
-            *filled = true;
-            wake.notify_one();
+        // Pairs with the reclaimer's store before it looks at `kept` a last time.
+        if self.reclaimer_asleep.load(Ordering::SeqCst) {
+            let _guard = lock(&self.wake.0);
+            self.reclaimer_asleep.store(false, Ordering::SeqCst);
+            self.wake.1.notify_one();
         }
     }
 
@@ -189,53 +235,61 @@ impl Cache {
 
     fn reclaim_forever(&self) {
         loop {
-            {
-                let (filled, wake) = &self.filled;
-                let mut filled = lock(filled);
-                while !*filled {
-                    filled = wake.wait(filled).unwrap_or_else(PoisonError::into_inner);
-                }
-                *filled = false;
-            }
-            // Look again every period for as long as anything is kept.
+            // Look every period for as long as anything is kept.
             loop {
                 std::thread::sleep(RECLAIM_PERIOD);
                 if self.reclaim_unused() > 0 {
                     give_free_pages_back();
                 }
-                if self.kept.load(Ordering::Relaxed) == 0 {
+                if self.kept() == 0 {
                     break;
                 }
+            }
+            // Then sleep until a buffer is kept again.
+            self.reclaimer_asleep.store(true, Ordering::SeqCst);
+            let mut guard = lock(&self.wake.0);
+            while self.reclaimer_asleep.load(Ordering::SeqCst) {
+                if self.kept() > 0 {
+                    self.reclaimer_asleep.store(false, Ordering::SeqCst);
+                    break;
+                }
+                guard = self
+                    .wake
+                    .1
+                    .wait(guard)
+                    .unwrap_or_else(PoisonError::into_inner);
             }
         }
     }
 
-    /// Frees, in every class, the buffers that stayed on the list since the last look (and
-    /// any over the keep limit); returns the bytes freed.
+    /// Frees, in every class of every shard, the buffers that stayed on the list since the
+    /// last look (and any over the keep limit); returns the bytes freed.
     fn reclaim_unused(&self) -> u64 {
         let mut freed = 0u64;
         let limit = self.keep_limit.load(Ordering::Relaxed);
-        for class in &self.classes {
-            let unused: Vec<AlignedBuf> = {
-                let mut free = lock(&class.free);
-                let mut n = free.low.min(free.bufs.len());
-                let kept = self.kept.load(Ordering::Relaxed);
-                if kept > limit {
-                    let over = (kept - limit).div_ceil(class.capacity as u64);
-                    n = n.max(
-                        usize::try_from(over)
-                            .unwrap_or(usize::MAX)
-                            .min(free.bufs.len()),
-                    );
-                }
-                let unused = free.bufs.drain(..n).collect();
-                free.low = free.bufs.len();
-                unused
-            };
-            let bytes = (unused.len() * class.capacity) as u64;
-            self.kept.fetch_sub(bytes, Ordering::Relaxed);
-            freed += bytes;
-            drop(unused);
+        for shard in &self.shards {
+            for class in &shard.classes {
+                let unused: Vec<AlignedBuf> = {
+                    let mut free = lock(&class.free);
+                    let mut n = free.low.min(free.bufs.len());
+                    let kept = self.kept();
+                    if kept > limit {
+                        let over = (kept - limit).div_ceil(class.capacity as u64);
+                        n = n.max(
+                            usize::try_from(over)
+                                .unwrap_or(usize::MAX)
+                                .min(free.bufs.len()),
+                        );
+                    }
+                    let unused = free.bufs.drain(..n).collect();
+                    free.low = free.bufs.len();
+                    unused
+                };
+                let bytes = (unused.len() * class.capacity) as u64;
+                shard.kept.fetch_sub(bytes, Ordering::Relaxed);
+                freed += bytes;
+                drop(unused);
+            }
         }
         freed
     }
@@ -254,7 +308,7 @@ pub fn set_keep_limit(bytes: u64) {
 
 /// Bytes of free buffers the cache holds now.
 pub fn kept_bytes() -> u64 {
-    cache().kept.load(Ordering::Relaxed)
+    cache().kept()
 }
 
 /// A buffer of at least `len` bytes (its class's capacity), aligned for direct I/O, contents
@@ -347,51 +401,78 @@ mod tests {
     }
 
     /// A cache of its own, without a reclaimer thread: the test looks for it.
-    fn private_cache() -> &'static Cache {
-        Box::leak(Box::new(Cache::new(false)))
+    fn private_cache(shards: usize) -> &'static Cache {
+        Box::leak(Box::new(Cache::new(false, shards)))
+    }
+
+    fn free_len(cache: &Cache, len: usize) -> usize {
+        let index = class_index(len).unwrap();
+        cache
+            .shards
+            .iter()
+            .map(|s| lock(&s.classes[index].free).bufs.len())
+            .sum()
     }
 
     #[test]
     fn buffers_come_back_to_their_class_and_are_reused() {
-        let cache = private_cache();
+        let cache = private_cache(1);
         let first = cache.take(3 << 20);
         let address = first.as_ptr();
         assert_eq!(first.capacity(), 3 << 20);
         assert_eq!(first.as_ptr() as usize % crate::DIRECT_IO_ALIGN, 0);
         drop(first);
-        assert_eq!(cache.kept.load(Ordering::Relaxed), 3 << 20);
+        assert_eq!(cache.kept(), 3 << 20);
         let again = cache.take((3 << 20) - 5);
         assert_eq!(again.as_ptr(), address);
-        assert_eq!(cache.kept.load(Ordering::Relaxed), 0);
+        assert_eq!(cache.kept(), 0);
         let oversized = cache.take(MAX_CLASS + 1);
         assert_eq!(oversized.capacity(), MAX_CLASS + 4096);
         drop(oversized);
-        assert_eq!(cache.kept.load(Ordering::Relaxed), 0);
+        assert_eq!(cache.kept(), 0);
+    }
+
+    #[test]
+    fn a_cpu_takes_from_another_s_list_when_its_own_is_empty() {
+        let cache = private_cache(64);
+        // Whatever CPU this runs on, the buffer lands in one shard and is found from any.
+        drop(cache.take(64 << 10));
+        assert_eq!((cache.kept(), free_len(cache, 64 << 10)), (64 << 10, 1));
+        let shard = cache
+            .shards
+            .iter()
+            .position(|s| s.kept.load(Ordering::Relaxed) > 0)
+            .unwrap();
+        let other = (shard + 1) % cache.shards.len();
+        let n = cache.shards.len();
+        let found =
+            (0..n).find_map(|k| cache.shards[(other + k) % n].pop(class_index(64 << 10).unwrap()));
+        assert!(found.is_some());
+        assert_eq!(cache.kept(), 0);
     }
 
     #[test]
     fn what_is_kept_is_bounded() {
-        let cache = private_cache();
+        let cache = private_cache(4);
         cache.keep_limit.store(1 << 20, Ordering::Relaxed);
         let held: Vec<PooledBuf> = (0..5).map(|_| cache.take(256 << 10)).collect();
         drop(held);
-        assert_eq!(cache.kept.load(Ordering::Relaxed), 1 << 20);
+        assert_eq!(cache.kept(), 1 << 20);
     }
 
     #[test]
     fn unused_buffers_are_freed_by_the_next_looks() {
-        let cache = private_cache();
-        let class = &cache.classes[class_index(64 << 10).unwrap()];
+        let cache = private_cache(1);
         let held: Vec<PooledBuf> = (0..4).map(|_| cache.take(64 << 10)).collect();
         drop(held);
         // All four were in use during this period: kept.
         assert_eq!(cache.reclaim_unused(), 0);
-        assert_eq!(lock(&class.free).bufs.len(), 4);
+        assert_eq!(free_len(cache, 64 << 10), 4);
         // One in use during the next: the other three are freed.
         drop(cache.take(64 << 10));
         assert_eq!(cache.reclaim_unused(), 3 * (64 << 10));
-        assert_eq!(lock(&class.free).bufs.len(), 1);
+        assert_eq!(free_len(cache, 64 << 10), 1);
         assert_eq!(cache.reclaim_unused(), 64 << 10);
-        assert_eq!(cache.kept.load(Ordering::Relaxed), 0);
+        assert_eq!(cache.kept(), 0);
     }
 }

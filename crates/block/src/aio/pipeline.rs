@@ -364,6 +364,12 @@ impl IoQueue for Pipeline {
         if !self.waiting.is_empty() {
             self.start_waiting();
         }
+        if self.in_flight == 0 {
+            // Idle: what the share reserved ahead for requests that may not come goes back.
+            if let Some(share) = self.budget.as_mut() {
+                share.return_credit();
+            }
+        }
         if !self.finished.is_empty() {
             self.notifier.notify();
         }

@@ -559,6 +559,9 @@ impl Connection<'_, '_> {
         // The buffer goes back to the cache before its bytes go back to the budget.
         drop(job.buf);
         self.budget.release(job.reserved);
+        if self.requests == 0 {
+            self.budget.return_credit();
+        }
     }
 
     /// Writes queued replies as far as the socket takes them, several per `writev`.

@@ -159,5 +159,7 @@ pub(super) fn serve(
         }
         reply.shrink_to(KEEP_BUFFER);
         budget.release(reserved);
+        // Between requests the connection holds nothing of the budget.
+        budget.return_credit();
     }
 }
