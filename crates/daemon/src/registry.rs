@@ -18,9 +18,9 @@ use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::UnlockOptions;
 use cryptblk_migration::{IncomingMigration, Phase};
 use cryptblk_nbd::{Export, ExportRegistry};
-use cryptblk_vhost_user_blk::{FrontendEvent, ServeOptions, Server};
+use cryptblk_vhost_user_blk::{Acceptor, FrontendEvent, ServeOptions, Server};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long `disk-remove` waits for a migration start under way to give up (the start is
@@ -68,6 +68,8 @@ pub struct Daemon {
     events: Sender<Event>,
     pub(crate) started: Instant,
     pub(crate) master_key: Option<MasterKey>,
+    /// Accepts frontends on every disk's vhost-user socket (started with the first one).
+    acceptor: OnceLock<Acceptor>,
 }
 
 /// A disk whose image is open and unlocked but not exported yet (see `Daemon::prepare`).
@@ -88,7 +90,21 @@ impl Daemon {
             events: options.events,
             started: Instant::now(),
             master_key: options.master_key,
+            acceptor: OnceLock::new(),
         })
+    }
+
+    /// The vhost-user acceptor, started the first time a disk needs it.
+    pub(crate) fn acceptor(&self) -> Result<&Acceptor> {
+        if let Some(acceptor) = self.acceptor.get() {
+            return Ok(acceptor);
+        }
+        let started = Acceptor::start().context("starting the vhost-user acceptor")?;
+        // Two first disks at once: one acceptor wins, the other's thread ends at once.
+        if let Err(spare) = self.acceptor.set(started) {
+            spare.shutdown();
+        }
+        Ok(self.acceptor.get().expect("set above"))
     }
 
     fn disks(&self) -> MutexGuard<'_, BTreeMap<String, DiskEntry>> {
@@ -235,23 +251,22 @@ impl Daemon {
                 let stop = server.stop_handle();
                 let events = self.events.clone();
                 let name = config.name.clone();
-                let thread = std::thread::Builder::new()
-                    .name(format!("vhost-{name}"))
-                    .spawn(move || {
-                        let result = server.run();
-                        if let Err(e) = &result {
+                let served = self
+                    .acceptor()?
+                    .serve(
+                        server,
+                        Some(Box::new(move |e| {
                             let _ = events.send(Event::ServerFailed {
-                                disk: name,
-                                error: chain(e),
+                                disk: name.clone(),
+                                error: chain(&e),
                             });
-                        }
-                        result
-                    })
-                    .context("starting the vhost-user-blk server thread")?;
+                        })),
+                    )
+                    .context("starting the vhost-user-blk server")?;
                 Some(VhostExport {
                     socket: socket.clone(),
                     stop,
-                    thread: Mutex::new(Some(thread)),
+                    served,
                 })
             }
             None => None,
@@ -417,6 +432,9 @@ impl Daemon {
                 tracing::error!(disk = %name, "{}", chain(&e));
                 first_error.get_or_insert(e);
             }
+        }
+        if let Some(acceptor) = self.acceptor.get() {
+            acceptor.shutdown();
         }
         first_error.map_or(Ok(()), Err)
     }
