@@ -312,6 +312,19 @@ impl Served {
         self.listening.server.finish()
     }
 
+    /// The listening socket and its file's identity, to hand over to a successor daemon.
+    pub fn listener(
+        &self,
+    ) -> (
+        std::os::fd::BorrowedFd<'_>,
+        cryptblk_net::unix_socket::FileId,
+    ) {
+        (
+            self.listening.server.listener_fd(),
+            self.listening.server.file_id(),
+        )
+    }
+
     /// Becomes ready when `StopHandle::stop` is called (for `Server::run`).
     pub(crate) fn stopped_signal(&self) -> crossbeam_channel::Receiver<()> {
         self.listening.server.shared.stopped.1.clone()
