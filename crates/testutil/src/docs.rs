@@ -406,6 +406,21 @@ pub fn broken_references(root: &Path, pages: &[Page]) -> Vec<String> {
                 }
             }
         }
+        // `cargo test ... --test NAME`: some crate has that test target.
+        for c in code.iter().filter(|c| c.text.contains("cargo test")) {
+            let words: Vec<&str> = c.text.split_whitespace().collect();
+            for pair in words.windows(2).filter(|w| w[0] == "--test") {
+                if !test_target_exists(root, pair[1]) {
+                    problems.push(format!(
+                        "{}:{}: no test target {} (crates/*/tests/{}.rs)",
+                        page.path.display(),
+                        c.line,
+                        pair[1],
+                        pair[1]
+                    ));
+                }
+            }
+        }
         for c in code.iter().filter(|c| !c.fenced) {
             let path = c.text.trim().trim_end_matches([':', '.', ',']);
             let repository_path = [
@@ -426,6 +441,17 @@ pub fn broken_references(root: &Path, pages: &[Page]) -> Vec<String> {
         }
     }
     problems
+}
+
+/// Whether a crate of the workspace has the integration test `name` (tests/NAME.rs or
+/// tests/NAME/main.rs).
+fn test_target_exists(root: &Path, name: &str) -> bool {
+    std::fs::read_dir(root.join("crates")).is_ok_and(|crates| {
+        crates.filter_map(|e| e.ok()).any(|c| {
+            let tests = c.path().join("tests");
+            tests.join(format!("{name}.rs")).exists() || tests.join(name).join("main.rs").exists()
+        })
+    })
 }
 
 /// The targets of `[text](target)` links in a line of prose.
@@ -572,25 +598,23 @@ mod tests {
         std::fs::create_dir_all(root.join("docs")).unwrap();
         std::fs::create_dir_all(root.join("crates/a")).unwrap();
         std::fs::write(root.join("crates/a/one.rs"), "").unwrap();
+        std::fs::create_dir_all(root.join("crates/a/tests")).unwrap();
+        std::fs::write(root.join("crates/a/tests/good.rs"), "").unwrap();
         std::fs::write(root.join("docs/y.md"), "# Title\n## Part two\n").unwrap();
         let pages = page(
-            "[ok](y.md#part-two) [bad](y.md#part-three) [gone](z.md)\n`crates/a/one.rs` `crates/a/{one,two}.rs` `crates/a/o*` `crates/b`\n```\n[not](a link)\n```\n",
+            "[ok](y.md#part-two) [bad](y.md#part-three) [gone](z.md)\n`cargo test -p a --test good --test gone`\n`crates/a/one.rs` `crates/a/{one,two}.rs` `crates/a/o*` `crates/b`\n```\n[not](a link)\n```\n",
         );
         let problems = broken_references(&root, &pages);
-        assert_eq!(problems.len(), 4, "{problems:#?}");
-        assert!(
-            problems[0].contains("part-three: no such heading"),
-            "{problems:#?}"
-        );
-        assert!(problems[1].contains("no docs/z.md"), "{problems:#?}");
-        assert!(
-            problems[2].contains("`crates/a/{one,two}.rs` does not exist"),
-            "{problems:#?}"
-        );
-        assert!(
-            problems[3].contains("`crates/b` does not exist"),
-            "{problems:#?}"
-        );
+        assert_eq!(problems.len(), 5, "{problems:#?}");
+        for (problem, expected) in problems.iter().zip([
+            "part-three: no such heading",
+            "no docs/z.md",
+            "no test target gone",
+            "`crates/a/{one,two}.rs` does not exist",
+            "`crates/b` does not exist",
+        ]) {
+            assert!(problem.contains(expected), "{problems:#?}");
+        }
         std::fs::remove_dir_all(&root).unwrap();
     }
 
