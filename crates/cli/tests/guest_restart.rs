@@ -3,7 +3,7 @@
 //! (1 MiB writes at depth 8 and 4 KiB writes at depth 24, fsync every 8 writes, every block
 //! read back and crc32c-verified, `verify_fatal`) while the test kills the daemon with
 //! `kill -9` and starts a new one, 8 times, then upgrades it once: SIGTERM, and the new daemon
-//! started from another binary file once the old one has drained and exited (README:
+//! started from another binary file once the old one has drained and exited (docs/operations.md:
 //! "Upgrading"). QEMU 7.2 reconnects by itself (`-chardev socket,...,reconnect=1`). Every fio
 //! round must pass, and nothing may hang: a restarted daemon the VM does not come back to, or a
 //! guest that does not finish, fails the test after a bounded wait.

@@ -4,6 +4,7 @@
 //!   way to skip a test when they are absent ([`skip`]).
 //! - `luks` (feature `luks`): LUKS2 images that are cheap to open.
 //! - [`x509`]: TLS credentials in QEMU's `tls-creds-x509` layout, made with the openssl CLI.
+//! - [`docs`]: the project's pages checked against the command line and the tree.
 //! - `vhost_user` (feature `vhost-user`): an in-process vhost-user-blk frontend.
 //! - `nbd` (feature `nbd`): NBD test clients, strict and byte-level.
 //! - `ceph` (feature `ceph`): a throwaway single-node Ceph cluster for RBD tests.
@@ -11,6 +12,7 @@
 #[cfg(feature = "ceph")]
 pub mod ceph;
 pub mod corpus;
+pub mod docs;
 #[cfg(feature = "luks")]
 pub mod luks;
 #[cfg(feature = "nbd")]

@@ -33,17 +33,27 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
     let disks = match (&a.config, &a.image) {
         // A successor gets its disks from the daemon it takes over from.
         _ if take_over.is_some() => Vec::new(),
-        (Some(path), _) => load_config_file(path)
-            .map_err(|e| match e {
+        (Some(path), _) => {
+            let disks = load_config_file(path).map_err(|e| match e {
                 ConfigFileError::Invalid { .. } => UsageError(e.to_string()).into(),
                 ConfigFileError::Read { .. } => anyhow::Error::from(e),
-            })?
-            .into_iter()
-            .map(|config| StartDisk {
-                config,
-                passphrase: None,
-            })
-            .collect(),
+            })?;
+            if disks.is_empty() && a.control.is_none() {
+                return Err(UsageError(format!(
+                    "{}: no [[disk]] in the file; give --control PATH to start without disks \
+                     and add them later",
+                    path.display()
+                ))
+                .into());
+            }
+            disks
+                .into_iter()
+                .map(|config| StartDisk {
+                    config,
+                    passphrase: None,
+                })
+                .collect()
+        }
         (None, Some(_)) => vec![single_disk(a)?],
         (None, None) if a.control.is_some() => Vec::new(),
         (None, None) => {

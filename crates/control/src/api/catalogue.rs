@@ -1,5 +1,5 @@
 //! The methods as a table: names, what each param is and what it means. `cryptblk ctl` builds
-//! its verbs, flags and help from it, and the protocol reference (`ctl --help`, the README) is
+//! its verbs, flags and help from it, and the protocol reference (`ctl --help`, docs/serving.md) is
 //! generated from it; a test checks it against the param types of [`super::methods`].
 
 /// What a param holds, which decides how `ctl` takes it and how the reference writes it.
@@ -304,7 +304,7 @@ pub fn method(name: &str) -> Option<&'static MethodSpec> {
 }
 
 /// The methods and their params, one method per line group, for `ctl --help` and the
-/// README: `disk-add {"name": str, "image": path, "key-file"?: path, ...}`.
+/// docs/serving.md: `disk-add {"name": str, "image": path, "key-file"?: path, ...}`.
 pub fn methods_reference() -> String {
     let mut out = String::new();
     for m in METHODS {
