@@ -66,6 +66,26 @@ impl Daemon {
     }
 }
 
+/// Kills every daemon process it was told of when dropped, so that a failing test leaves none
+/// behind (an upgraded daemon is not a child of the test, so nothing else would).
+#[derive(Default)]
+struct Reaper(std::sync::Mutex<Vec<u32>>);
+
+impl Reaper {
+    fn track(&self, pid: u32) {
+        self.0.lock().unwrap().push(pid);
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for pid in self.0.lock().unwrap().drain(..) {
+            // SAFETY: kill(2) on a process this test started; it may be gone already.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+    }
+}
+
 fn kill(pid: u32) {
     // SAFETY: kill(2) on the daemon this test started (or its successor).
     unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
@@ -124,7 +144,9 @@ fn guest_fio_verify_survives_upgrades_and_kills_without_key_derivation() {
         control: control.clone(),
     };
     let socket = path("d0.sock");
+    let reaper = Reaper::default();
     let mut child = daemon.start();
+    reaper.track(child.id());
     wait_for(&socket, &mut child, &daemon);
     let mut pid = child.id();
 
@@ -142,10 +164,12 @@ fn guest_fio_verify_survives_upgrades_and_kills_without_key_derivation() {
             let answer = common::ctl_json(&daemon.control, &["upgrade"]);
             assert_eq!(answer["without-kdf"], DISKS, "{answer}");
             pid = answer["pid"].as_u64().unwrap() as u32;
+            reaper.track(pid);
         } else {
             kill(pid);
             child = daemon.start();
             pid = child.id();
+            reaper.track(pid);
         }
         pauses.push((event % 2 == 0, daemon.wait_started(before) - asked));
     }

@@ -142,6 +142,15 @@ impl Daemon {
         Ok(())
     }
 
+    /// Marks an upgrade as under way (under the registry's lock, so that a `disk-add` either
+    /// has reserved its name before, and is seen by `adding`, or is refused); returns whether
+    /// one was already.
+    pub(crate) fn begin_upgrade(&self) -> bool {
+        let _disks = self.disks();
+        self.upgrading
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// A disk being added, if any.
     pub(crate) fn adding(&self) -> Option<String> {
         self.disks()
@@ -209,6 +218,9 @@ impl Daemon {
             )));
         }
         let mut disks = self.disks();
+        // Checked under the registry's lock, which the upgrade holds while it sets the flag
+        // and looks for disks being added: a disk is either handed over or refused.
+        self.refuse_while_upgrading()?;
         if disks.contains_key(&config.name) {
             return Err(Error::conflict(format!(
                 "a disk named \"{}\" is already attached",

@@ -1,7 +1,8 @@
 //! Running the daemon. Every disk named at start is checked first (its configuration), then
-//! the NBD server and the control socket start, and the disks are opened and unlocked in
-//! parallel (`start`), each exported as soon as its key is derived; a disk that cannot be
-//! opened fails the whole start, and every socket is removed again. A daemon started to take
+//! the disks are opened and unlocked in parallel (`start`), each served on its vhost-user
+//! socket as soon as its key is derived; a disk that cannot be opened fails the whole start,
+//! and every socket is removed again. The NBD server and the control socket start once every
+//! disk serves (who waits for them finds every export there). A daemon started to take
 //! over from a running one (`--take-over-fd`, `handover`) gets its disks, sockets and keys
 //! from it instead. It then serves until SIGTERM or SIGINT, until a server fails, or until it
 //! hands over to a successor (`ctl upgrade`), and stops every disk cleanly. Under systemd
@@ -170,13 +171,6 @@ pub fn serve(mut config: ServeConfig) -> Result<()> {
             predecessor.serving();
         }
         None => {
-            start_servers(
-                &config,
-                &daemon,
-                registry.as_ref(),
-                InheritedServers::default(),
-                &mut servers,
-            )?;
             if let Some(m) = &manager {
                 m.status(&format!(
                     "opening and unlocking {} disk(s)",
@@ -186,9 +180,21 @@ pub fn serve(mut config: ServeConfig) -> Result<()> {
             let budget = UnlockBudget::new(config.unlock_memory_kib);
             let disks = std::mem::take(&mut config.disks);
             let name_disks = config.name_disks;
-            if let Err(e) = attach_all(&daemon, disks, name_disks, &budget, |disk, info| {
-                log_serving(disk, info, name_disks)
+            if let Err(e) = attach_all(&daemon, disks, name_disks, &budget, |disk, info, took| {
+                log_serving(disk, info, name_disks, took)
             }) {
+                let _ = daemon.shutdown();
+                return Err(e);
+            }
+            // The NBD and control sockets appear once every disk of the start serves, so that
+            // whoever waits for them finds every export and disk there.
+            if let Err(e) = start_servers(
+                &config,
+                &daemon,
+                registry.as_ref(),
+                InheritedServers::default(),
+                &mut servers,
+            ) {
                 servers.stop_front();
                 let _ = daemon.shutdown();
                 servers.stop_nbd();
@@ -392,7 +398,12 @@ fn duplicate(socket: &cryptblk_net::ListeningSocket) -> Result<cryptblk_net::Lis
 
 /// One line a person reads ("serving vm1.luks (luks) on vhost-user-blk /run/vm1.sock"), with
 /// the disk as a field for log shippers.
-fn log_serving(disk: &DiskConfig, info: &cryptblk_control::api::DiskInfo, name_disks: bool) {
+fn log_serving(
+    disk: &DiskConfig,
+    info: &cryptblk_control::api::DiskInfo,
+    name_disks: bool,
+    opened_in: Duration,
+) {
     let format = info.attached.as_ref().map_or("?", |a| a.format.as_str());
     let exports: Vec<String> = disk
         .vhost_user_blk
@@ -407,6 +418,7 @@ fn log_serving(disk: &DiskConfig, info: &cryptblk_control::api::DiskInfo, name_d
         .collect();
     tracing::info!(
         disk = %disk.name,
+        opened_ms = opened_in.as_millis() as u64,
         "serving {} ({format}) on {}",
         label(disk, name_disks),
         exports.join(", ")

@@ -87,7 +87,7 @@ pub fn attach_all(
     disks: Vec<StartDisk>,
     name_disks: bool,
     budget: &UnlockBudget,
-    serving: impl Fn(&DiskConfig, &DiskInfo) + Sync,
+    serving: impl Fn(&DiskConfig, &DiskInfo, std::time::Duration) + Sync,
 ) -> Result<()> {
     let workers = std::thread::available_parallelism()
         .map_or(1, usize::from)
@@ -114,11 +114,13 @@ pub fn attach_all(
                 while let Some(StartDisk { config, passphrase }) = next() {
                     let what = label(&config, name_disks);
                     let reserved = budget.reserve(unlock_memory_kib(daemon, &config));
+                    let unlocking = std::time::Instant::now();
                     let prepared = daemon.prepare(config.clone(), Secret::Passphrase(passphrase));
+                    let took = unlocking.elapsed();
                     drop(reserved);
                     let attached = prepared.and_then(|p| daemon.publish(p));
                     match attached {
-                        Ok(info) => serving(&config, &info),
+                        Ok(info) => serving(&config, &info, took),
                         Err(e) => {
                             failure
                                 .lock()

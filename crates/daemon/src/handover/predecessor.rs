@@ -26,7 +26,7 @@ impl Daemon {
     /// serves on, unchanged, and the error says why.
     pub(crate) fn upgrade(self: &Arc<Self>, params: &UpgradeParams) -> Result<Upgraded> {
         let started = Instant::now();
-        if self.upgrading.swap(true, Ordering::SeqCst) {
+        if self.begin_upgrade() {
             return Err(Error::busy("an upgrade is already under way"));
         }
         let result = self.try_upgrade(params, started);
@@ -45,6 +45,13 @@ impl Daemon {
             ));
         };
         let disks = self.disks_to_hand_over()?;
+        // No keyslot change, resize, migration or reencryption starts on a disk from here on
+        // (the successor reads the headers as they are now): held until this process exits,
+        // or dropped with the upgrade's failure.
+        let header_changes = disks
+            .iter()
+            .map(|d| d.activity.begin_header_change(d.name()))
+            .collect::<Result<Vec<_>>>()?;
         let program = params
             .binary
             .clone()
@@ -72,20 +79,16 @@ impl Daemon {
         // From here on the successor owns the disks: what follows cannot be undone, so it
         // goes on whatever fails (each failure is logged).
         let mut longest_gap = Duration::ZERO;
-        for disk in &disks {
+        let count = disks.len();
+        for disk in disks {
             let released = Instant::now();
-            self.release(disk);
-            if let Err(e) = channel.send(
-                &Message::Released {
-                    name: disk.name().to_string(),
-                },
-                &[],
-                &[],
-            ) {
-                tracing::error!(
-                    "upgrade: telling the new daemon disk \"{}\" is free: {e}",
-                    disk.name()
-                );
+            let name = disk.name().to_string();
+            self.release(&disk);
+            // The last reference here: an RBD image closes (its lock is free) before the
+            // successor is told it may open it.
+            drop(disk);
+            if let Err(e) = channel.send(&Message::Released { name: name.clone() }, &[], &[]) {
+                tracing::error!("upgrade: telling the new daemon disk \"{name}\" is free: {e}");
             }
             longest_gap = longest_gap.max(released.elapsed());
         }
@@ -108,11 +111,12 @@ impl Daemon {
             Err(e) => tracing::error!("upgrade: no word from the new daemon that it serves: {e}"),
         }
         let _ = process.events.send(crate::Event::HandedOver);
+        std::mem::forget(header_changes);
         // The successor is not ours to wait for: it lives on when this process exits.
         std::mem::forget(child);
         Ok(Upgraded {
             pid,
-            disks: disks.len(),
+            disks: count,
             without_kdf,
             took_ms: started.elapsed().as_millis() as u64,
             longest_gap_ms: longest_gap.as_millis() as u64,

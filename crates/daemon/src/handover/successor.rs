@@ -14,6 +14,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The servers' listening sockets the predecessor handed over.
 #[derive(Default)]
@@ -260,17 +261,41 @@ fn receive_servers(state: ServerState, fds: Vec<OwnedFd>) -> Result<InheritedSer
     })
 }
 
+/// How long an RBD image released by the predecessor may still show its lock as held (the
+/// predecessor's last reference to it may go a moment after it said the disk is free).
+const RBD_LOCK_WAIT: Duration = Duration::from_secs(15);
+
+/// Opens an RBD image the predecessor released, with the keys handed over, retrying while
+/// its lock still looks held.
+fn open_released_rbd(
+    daemon: &Daemon,
+    config: DiskConfig,
+    keys: Option<Vec<cryptblk_luks::KnownKey>>,
+) -> Result<PreparedDisk> {
+    let deadline = Instant::now() + RBD_LOCK_WAIT;
+    loop {
+        let secret = match &keys {
+            Some(keys) => Secret::Keys(
+                keys.iter()
+                    .map(cryptblk_luks::KnownKey::duplicate)
+                    .collect(),
+            ),
+            None => Secret::Passphrase(None),
+        };
+        match daemon.prepare_on(config.clone(), None, secret) {
+            Err(e) if e.kind() == ErrorKind::InUse && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Serves a released disk (an RBD image is opened now, with the keys handed over).
 fn publish(daemon: &Daemon, name: &str, (disk, listener): (HandedDisk, Option<InheritedSocket>)) {
     let prepared = match disk {
         HandedDisk::Opened(prepared) => Ok(prepared),
-        HandedDisk::Later(config, keys) => {
-            let secret = match keys {
-                Some(keys) => Secret::Keys(keys),
-                None => Secret::Passphrase(None),
-            };
-            daemon.prepare_on(config, None, secret)
-        }
+        HandedDisk::Later(config, keys) => open_released_rbd(daemon, config, keys),
     };
     match prepared.and_then(|p| daemon.publish_on(p, listener)) {
         Ok(_) => tracing::info!(disk = %name, "serving (taken over)"),
