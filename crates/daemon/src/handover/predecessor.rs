@@ -98,7 +98,7 @@ impl Daemon {
                 "MAINPID={pid}\nSTATUS=handed over to process {pid}"
             ));
         }
-        if let Err(e) = channel.send(&Message::Done, &[], &[]) {
+        if let Err(e) = channel.send(&Message::Done {}, &[], &[]) {
             tracing::error!("upgrade: telling the new daemon to start its servers: {e}");
         }
         let _ = channel.set_timeout(Some(SERVING_WAIT));
@@ -270,7 +270,7 @@ fn send_state(
         fds.push(socket.fd.as_fd());
     }
     channel.send(&Message::Servers(servers), &[], &fds)?;
-    channel.send(&Message::EndOfState, &[], &[])
+    channel.send(&Message::EndOfState {}, &[], &[])
 }
 
 fn socket_state(socket: &cryptblk_net::ListeningSocket) -> SocketState {

@@ -88,7 +88,7 @@ pub fn take_over(daemon: &Arc<Daemon>, fd: OwnedFd) -> Result<(InheritedServers,
                 None => tracing::warn!(disk = %name, "released, but never handed over"),
             },
             Ok(Received {
-                message: Message::Done,
+                message: Message::Done {},
                 ..
             }) => break,
             Ok(other) => tracing::warn!("hand-over: unexpected {:?}", other.message),
@@ -141,7 +141,7 @@ fn receive_state(daemon: &Arc<Daemon>, channel: &Channel) -> Result<State> {
                 disks.insert(name, (disk, listener));
             }
             Message::Servers(state) => servers = receive_servers(state, fds)?,
-            Message::EndOfState => return Ok((disks, servers, without_kdf)),
+            Message::EndOfState {} => return Ok((disks, servers, without_kdf)),
             other => return Err(protocol(&other)),
         }
     }
