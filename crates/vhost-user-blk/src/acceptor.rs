@@ -7,9 +7,9 @@
 //! before), and an idle disk costs a socket and no thread: the connection's thread, its
 //! vhost-user message thread and its queue workers exist while the frontend is connected.
 //!
-//! `pause` stops accepting on every listener without closing any (connections being served go
-//! on), so that a successor daemon can take the listeners over; `resume` undoes it when the
-//! hand-over is called off.
+//! A daemon handing its disks to a successor (an upgrade) needs nothing of the acceptor: the
+//! successor serves a disk's listener only once this daemon has stopped serving that disk
+//! (`Served::stop`), which takes the listener out of the epoll set.
 
 use std::collections::HashMap;
 use std::io;
@@ -43,14 +43,8 @@ struct Inner {
     quit: AtomicBool,
     disks: Mutex<HashMap<u64, Arc<Listening>>>,
     next_token: AtomicU64,
-    /// Held while an event is handled, and by `pause`, so that once `pause` returns no
-    /// accept is under way.
-    accepting: Mutex<Paused>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
-
-/// Whether the acceptor is paused (a hand-over is under way).
-struct Paused(bool);
 
 /// A disk in the acceptor.
 struct Listening {
@@ -84,7 +78,6 @@ impl Acceptor {
             quit: AtomicBool::new(false),
             disks: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(WAKE + 1),
-            accepting: Mutex::new(Paused(false)),
             thread: Mutex::new(None),
         });
         inner.epoll.ctl(
@@ -100,7 +93,7 @@ impl Acceptor {
         Ok(Acceptor { inner })
     }
 
-    /// Starts accepting frontends for `server`'s disk (at once, unless paused).
+    /// Starts accepting frontends for `server`'s disk.
     pub fn serve(
         &self,
         server: Server,
@@ -113,50 +106,19 @@ impl Acceptor {
             state: Mutex::new(ConnectionState::default()),
             on_failure,
         });
-        let paused = lock(&self.inner.accepting);
         lock(&self.inner.disks).insert(token, listening.clone());
-        let events = if paused.0 {
-            EventSet::ONE_SHOT
-        } else {
-            EventSet::IN | EventSet::ONE_SHOT
-        };
         if let Err(e) = self.inner.epoll.ctl(
             ControlOperation::Add,
             listening.server.listener.as_raw_fd(),
-            EpollEvent::new(events, token),
+            EpollEvent::new(EventSet::IN | EventSet::ONE_SHOT, token),
         ) {
             lock(&self.inner.disks).remove(&token);
             return Err(e.into());
         }
-        drop(paused);
         Ok(Served {
             inner: self.inner.clone(),
             listening,
         })
-    }
-
-    /// Accepts no new frontend on any disk until `resume`; connections being served go on.
-    /// Once this returns, no accept is under way.
-    pub fn pause(&self) {
-        let mut paused = lock(&self.inner.accepting);
-        paused.0 = true;
-        for listening in lock(&self.inner.disks).values() {
-            // Disarmed listeners stay disarmed; armed ones are disarmed here.
-            let _ = self.inner.epoll.ctl(
-                ControlOperation::Modify,
-                listening.server.listener.as_raw_fd(),
-                EpollEvent::new(EventSet::ONE_SHOT, listening.token),
-            );
-        }
-    }
-
-    /// Accepts again after `pause` (a hand-over that was called off).
-    pub fn resume(&self) {
-        let mut paused = lock(&self.inner.accepting);
-        paused.0 = false;
-        for listening in lock(&self.inner.disks).values() {
-            self.inner.arm_unless_busy(listening);
-        }
     }
 
     /// Ends the accepting thread (the disks should have been stopped first).
@@ -200,11 +162,6 @@ impl Inner {
 
     /// Takes the pending connection of a listener that fired (it is disarmed now).
     fn accept(self: &Arc<Self>, listening: &Arc<Listening>) {
-        let paused = lock(&self.accepting);
-        if paused.0 {
-            // Stays disarmed: `resume` arms it, or the successor daemon takes the connection.
-            return;
-        }
         let server = &listening.server;
         match crate::accept::accept_allowed(
             &server.listener,
@@ -229,12 +186,7 @@ impl Inner {
                         let result = conn.server.serve_connection(stream);
                         lock(&conn.state).serving = false;
                         match result {
-                            Ok(()) => {
-                                let _paused = lock(&inner.accepting);
-                                if !_paused.0 {
-                                    inner.arm_unless_busy(&conn);
-                                }
-                            }
+                            Ok(()) => inner.arm_unless_busy(&conn),
                             Err(e) => conn.fail(e),
                         }
                     });
