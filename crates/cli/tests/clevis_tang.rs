@@ -38,17 +38,7 @@ fn clevis_bind(t: &TestDir, img: &Path, key: &Path, url: &str) -> String {
     let cfg = format!("{{\"url\":\"{url}\"}}");
     tool(
         "clevis",
-        [
-            "luks",
-            "bind",
-            "-y",
-            "-d",
-            s(img),
-            "-k",
-            s(key),
-            "tang",
-            &cfg,
-        ],
+        argv!("luks bind -y -d {} -k {} tang {}", img, key, &cfg),
     )
     .ok();
     let pass = tool("clevis", ["luks", "pass", "-d", s(img), "-s", "1"]);
@@ -120,13 +110,7 @@ fn a_disk_bound_by_clevis_to_tang_is_served_with_no_key() {
     // tang down: no key given fails, naming the token and the server, exit 5 (I/O).
     let url = tang.url.clone();
     tang.stop();
-    let out = cryptblk([
-        "serve",
-        "--image",
-        s(&img),
-        "--nbd",
-        &format!("unix:{}", s(&sock)),
-    ]);
+    let out = cryptblk(argv!("serve --image {} --nbd unix:{}", img, sock));
     out.expect_code(code::IO);
     out.error_line(&["clevis token 0", &url, "unreachable"]);
     assert!(
@@ -138,15 +122,12 @@ fn a_disk_bound_by_clevis_to_tang_is_served_with_no_key() {
     assert_served_data(&data, &serve(&t, &img).key(&key).start());
 
     // Both failing: a wrong key file and tang down name both, exit 2 (the key file came first).
-    let out = cryptblk([
-        "serve",
-        "--image",
-        s(&img),
-        "--key-file",
-        s(&wrong),
-        "--nbd",
-        &format!("unix:{}", s(&sock)),
-    ]);
+    let out = cryptblk(argv!(
+        "serve --image {} --key-file {} --nbd unix:{}",
+        img,
+        wrong,
+        sock
+    ));
     out.expect_code(code::WRONG_PASSPHRASE);
     out.error_line(&["no keyslot matches", "clevis token 0", &url]);
 
@@ -154,13 +135,7 @@ fn a_disk_bound_by_clevis_to_tang_is_served_with_no_key() {
     tang.restart();
     tang.replace_keys();
     assert_eq!(tang.url, url);
-    let out = cryptblk([
-        "serve",
-        "--image",
-        s(&img),
-        "--nbd",
-        &format!("unix:{}", s(&sock)),
-    ]);
+    let out = cryptblk(argv!("serve --image {} --nbd unix:{}", img, sock));
     out.expect_code(code::WRONG_PASSPHRASE);
     out.error_line(&["clevis token 0", &url, "has no key"]);
 }

@@ -41,27 +41,16 @@ fn attach_detach_stats_and_keys_at_run_time() {
     assert!(disk_names(&daemon.ctl_ok(&["disk-list"])).is_empty());
 
     let va = t.path("a.sock");
-    let added = daemon.ctl_ok(&[
-        "disk-add",
-        "a",
-        "--image",
-        s(&raw),
-        "--vhost-user-blk",
-        s(&va),
-    ]);
+    let added = daemon.ctl_ok(&argv!("disk-add a --image {} --vhost-user-blk {}", raw, va));
     assert_eq!(added["name"], "a");
     assert_eq!(added["format"], "raw");
     let vc = t.path("c.sock");
-    let added = daemon.ctl_ok(&[
-        "disk-add",
-        "c",
-        "--image",
-        s(&luks),
-        "--key-file",
-        s(&key),
-        "--vhost-user-blk",
-        s(&vc),
-    ]);
+    let added = daemon.ctl_ok(&argv!(
+        "disk-add c --image {} --key-file {} --vhost-user-blk {}",
+        luks,
+        key,
+        vc
+    ));
     assert_eq!(added["block-size"], 4096);
     assert!(added["engine"].is_string(), "{added}");
 
@@ -69,16 +58,12 @@ fn attach_detach_stats_and_keys_at_run_time() {
     let mut guest = Guest::connect(&va, 1, 256);
     let data = pattern(64 * 1024, 7);
     assert_eq!(guest.write(0, 0, &data), S_OK);
-    let out = daemon.ctl(&[
-        "disk-add",
-        "c2",
-        "--image",
-        s(&other_luks),
-        "--key-file",
-        s(&wrong),
-        "--vhost-user-blk",
-        s(&t.path("c2.sock")),
-    ]);
+    let out = daemon.ctl(&argv!(
+        "disk-add c2 --image {} --key-file {} --vhost-user-blk {}",
+        other_luks,
+        wrong,
+        t.path("c2.sock")
+    ));
     out.expect_code(code::WRONG_PASSPHRASE);
     out.error_line(&["passphrase"]);
     let mut rpc = daemon.rpc();
@@ -132,14 +117,7 @@ fn attach_detach_stats_and_keys_at_run_time() {
     let err = rpc.call("stats", json!({"name": "a"})).unwrap_err();
     assert_eq!(err["code"], -32010, "{err}");
     // The image is closed and unlocked: it can be attached again.
-    daemon.ctl_ok(&[
-        "disk-add",
-        "a",
-        "--image",
-        s(&raw),
-        "--vhost-user-blk",
-        s(&va),
-    ]);
+    daemon.ctl_ok(&argv!("disk-add a --image {} --vhost-user-blk {}", raw, va));
     let mut guest = Guest::connect(&va, 1, 256);
     let (st, back) = guest.read(0, 0, data.len());
     assert_eq!(st, S_OK);

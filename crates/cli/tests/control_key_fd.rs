@@ -5,6 +5,7 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -31,7 +32,11 @@ fn pipe_holding(bytes: &[u8]) -> OwnedFd {
 
 /// `cryptblk ctl --socket CONTROL ARGS` with each `(n, bytes)` of `fds` as a pipe holding
 /// `bytes` on descriptor n, as `3< <(vault read ...)` would set it up.
-fn ctl_with_fds(control: &Path, args: &[&str], fds: &[(RawFd, &[u8])]) -> Out {
+fn ctl_with_fds<S: AsRef<OsStr> + std::fmt::Debug>(
+    control: &Path,
+    args: &[S],
+    fds: &[(RawFd, &[u8])],
+) -> Out {
     // Moved above the targets first, so no dup2 overwrites a pipe another one still needs.
     let pipes: Vec<(RawFd, OwnedFd)> = fds
         .iter()
@@ -68,7 +73,7 @@ fn ctl_with_fds(control: &Path, args: &[&str], fds: &[(RawFd, &[u8])]) -> Out {
     let output = cmd.output().unwrap();
     drop(pipes);
     Out {
-        what: format!("ctl {}", args.join(" ")),
+        what: format!("ctl {args:?}"),
         code: output.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
@@ -126,15 +131,7 @@ fn a_passphrase_in_a_pipe_opens_a_disk_and_changes_its_keyslots() {
 
     // A wrong passphrase by descriptor: the usual wrong-key error, nothing attached.
     let wrong = passphrase("keyfd-wrong");
-    let add = [
-        "disk-add",
-        "vol",
-        "--image",
-        s(&img),
-        "--nbd-export",
-        "--key-fd",
-        "3",
-    ];
+    let add = argv!("disk-add vol --image {} --nbd-export --key-fd 3", img);
     let out = ctl_with_fds(&ctl_sock, &add, &[(3, wrong.as_bytes())]);
     out.expect_code(code::WRONG_PASSPHRASE);
     assert!(!out.stderr.contains(&wrong), "{}", out.stderr);
@@ -174,18 +171,11 @@ fn a_passphrase_in_a_pipe_opens_a_disk_and_changes_its_keyslots() {
 
     // `--key-file -`: ctl passes its stdin; the new passphrase opens the disk, data intact.
     let out = cryptblk_stdin(
-        [
-            "ctl",
-            "--socket",
-            s(&ctl_sock),
-            "disk-add",
-            "vol",
-            "--image",
-            s(&img),
-            "--nbd-export",
-            "--key-file",
-            "-",
-        ],
+        argv!(
+            "ctl --socket {} disk-add vol --image {} --nbd-export --key-file -",
+            ctl_sock,
+            img
+        ),
         new.as_bytes(),
     );
     out.ok();

@@ -37,17 +37,12 @@ fn a_secret_under_the_master_key_opens_a_disk_and_changes_its_keyslots() {
         .start();
     let secret = seal(&master, &pass);
     let add = |given: &Secret| {
-        daemon.ctl(&[
-            "disk-add",
-            "vol",
-            "--image",
-            s(&img),
-            "--nbd-export",
-            "--key-secret",
+        daemon.ctl(&argv!(
+            "disk-add vol --image {} --nbd-export --key-secret {} --key-secret-iv {}",
+            img,
             &given.data,
-            "--key-secret-iv",
-            &given.iv,
-        ])
+            &given.iv
+        ))
     };
 
     // Encrypted under another master key: refused by name, nothing attached.
@@ -80,22 +75,7 @@ fn a_secret_under_the_master_key_opens_a_disk_and_changes_its_keyslots() {
     let new = passphrase("secret-new");
     let new_secret = seal(&master, &new);
     let key_add = |old: &Secret| {
-        daemon.ctl(&[
-            "key-add",
-            "vol",
-            "--key-secret",
-            &old.data,
-            "--key-secret-iv",
-            &old.iv,
-            "--new-key-secret",
-            &new_secret.data,
-            "--new-key-secret-iv",
-            &new_secret.iv,
-            "--pbkdf",
-            "pbkdf2",
-            "--iter-time",
-            "1",
-        ])
+        daemon.ctl(&argv!("key-add vol --key-secret {} --key-secret-iv {} --new-key-secret {} --new-key-secret-iv {} --pbkdf pbkdf2 --iter-time 1", &old.data, &old.iv, &new_secret.data, &new_secret.iv))
     };
     key_add(&foreign).error_line(&["key-secret did not decrypt"]);
     let out = key_add(&wrong_iv);
@@ -120,14 +100,11 @@ fn a_secret_under_the_master_key_opens_a_disk_and_changes_its_keyslots() {
     add(&new_secret).ok();
     daemon.qemu_io("vol", &read);
     daemon
-        .ctl(&[
-            "key-remove",
-            "vol",
-            "--key-secret",
+        .ctl(&argv!(
+            "key-remove vol --key-secret {} --key-secret-iv {}",
             &new_secret.data,
-            "--key-secret-iv",
-            &new_secret.iv,
-        ])
+            &new_secret.iv
+        ))
         .ok();
     daemon.ctl_ok(&["disk-remove", "vol"]);
     assert!(!img.opens_with(&new_key), "key-remove did not remove it");
@@ -167,16 +144,12 @@ fn without_a_usable_master_key_secrets_are_refused() {
 
     // Started without one: the request says how to fix it; nothing attached.
     let daemon = serve(&t).start();
-    let out = daemon.ctl(&[
-        "disk-add",
-        "vol",
-        "--image",
-        s(&img),
-        "--key-secret",
+    let out = daemon.ctl(&argv!(
+        "disk-add vol --image {} --key-secret {} --key-secret-iv {}",
+        img,
         &secret.data,
-        "--key-secret-iv",
-        &secret.iv,
-    ]);
+        &secret.iv
+    ));
     out.expect_code(code::USAGE);
     out.error_line(&["the daemon has no master key: start serve with --master-key-file"]);
     let list = daemon.ctl_ok(&["disk-list"]);
@@ -195,13 +168,11 @@ fn without_a_usable_master_key_secrets_are_refused() {
         (&t.root().to_path_buf(), "is a directory"),
     ] {
         let control = t.path("refused.sock");
-        let out = cryptblk([
-            "serve",
-            "--control",
-            s(&control),
-            "--master-key-file",
-            s(path),
-        ]);
+        let out = cryptblk(argv!(
+            "serve --control {} --master-key-file {}",
+            control,
+            path
+        ));
         out.expect_code(code::USAGE);
         out.error_line(&["--master-key-file", said]);
         assert!(!control.exists(), "a refused start left its socket");
@@ -248,18 +219,7 @@ fn ctl_sends_the_ciphertext_never_the_passphrase() {
     let (old_secret, new_secret) = (seal(&master, &old), seal(&master, &new));
     ctl(
         &sock,
-        &[
-            "key-add",
-            "vol",
-            "--key-secret",
-            &old_secret.data,
-            "--key-secret-iv",
-            &old_secret.iv,
-            "--new-key-secret",
-            &new_secret.data,
-            "--new-key-secret-iv",
-            &new_secret.iv,
-        ],
+        &argv!("key-add vol --key-secret {} --key-secret-iv {} --new-key-secret {} --new-key-secret-iv {}", &old_secret.data, &old_secret.iv, &new_secret.data, &new_secret.iv),
     )
     .ok();
     let sent = recorder.join().unwrap();
@@ -287,17 +247,12 @@ fn reencrypt_start_and_migrate_incoming_take_secrets_too() {
     let secret = seal(&master, &pass);
     let foreign = foreign_secret(&master, &pass);
     daemon
-        .ctl(&[
-            "disk-add",
-            "vol",
-            "--image",
-            s(&img),
-            "--nbd-export",
-            "--key-secret",
+        .ctl(&argv!(
+            "disk-add vol --image {} --nbd-export --key-secret {} --key-secret-iv {}",
+            img,
             &secret.data,
-            "--key-secret-iv",
-            &secret.iv,
-        ])
+            &secret.iv
+        ))
         .ok();
     daemon.qemu_io("vol", &["write -P 0xc3 1M 2M"]);
 
@@ -305,36 +260,24 @@ fn reencrypt_start_and_migrate_incoming_take_secrets_too() {
     // anything listens or is created.
     let incoming = t.path("in.luks");
     let listen = t.path("mig.sock");
-    let out = daemon.ctl(&[
-        "migrate-incoming",
-        "in",
-        "--image",
-        s(&incoming),
-        "--listen",
-        &format!("unix:{}", s(&listen)),
-        "--key-secret",
+    let out = daemon.ctl(&argv!(
+        "migrate-incoming in --image {} --listen unix:{} --key-secret {} --key-secret-iv {}",
+        incoming,
+        listen,
         &foreign.data,
-        "--key-secret-iv",
-        &foreign.iv,
-    ]);
+        &foreign.iv
+    ));
     out.error_line(&["key-secret did not decrypt"]);
     assert!(!listen.exists() && !incoming.exists());
 
     // reencrypt-start: refused with a foreign secret; with the right one the volume key is
     // replaced while the disk serves, and the data stays.
     let start = |given: &Secret| {
-        daemon.ctl(&[
-            "reencrypt-start",
-            "vol",
-            "--key-secret",
+        daemon.ctl(&argv!(
+            "reencrypt-start vol --key-secret {} --key-secret-iv {} --pbkdf pbkdf2 --iter-time 1",
             &given.data,
-            "--key-secret-iv",
-            &given.iv,
-            "--pbkdf",
-            "pbkdf2",
-            "--iter-time",
-            "1",
-        ])
+            &given.iv
+        ))
     };
     start(&foreign).error_line(&["key-secret did not decrypt"]);
     assert_eq!(daemon.ctl_ok(&["reencrypt-status", "vol"])["phase"], "idle");

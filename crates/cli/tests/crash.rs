@@ -154,15 +154,8 @@ fn nbd_client_against_qemu_nbd() {
     let img = t.raw("q.raw", 4 * MIB);
     let sock = t.path("q.sock");
     let mut cmd = Command::new(cryptblk_testutil::tool("qemu-nbd"));
-    cmd.arg(format!("--socket={}", s(&sock))).args([
-        "-f",
-        "raw",
-        "-x",
-        "disk",
-        "--persistent",
-        "--shared=8",
-        s(&img),
-    ]);
+    cmd.arg(format!("--socket={}", s(&sock)))
+        .args(argv!("-f raw -x disk --persistent --shared=8 {}", img));
     let mut qemu = Process::spawn(cmd, t.path("qemu-nbd.log"));
     qemu.wait_for_socket(&sock);
 
@@ -760,15 +753,12 @@ fn check_image(
     );
     let out = dir.join("check.raw");
     let _ = std::fs::remove_file(&out);
-    let conv = cryptblk([
-        "convert",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(old),
-        s(img),
-        s(&out),
-    ]);
+    let conv = cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        old,
+        img,
+        out
+    ));
     assert_eq!(
         conv.code, 0,
         "cryptblk cannot open the image with the old passphrase {context}:\n{conv:?}"

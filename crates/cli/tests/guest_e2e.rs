@@ -131,7 +131,8 @@ fn guest_fio_on_qemu_made_luks1_over_vhost_user_blk() {
     );
     tool(
         "qemu-img",
-        [
+        argv!(
+            "{} {} {} {} {} {} {} {}",
             os("convert"),
             os("--object"),
             std::ffi::OsStr::new(&secret),
@@ -139,8 +140,8 @@ fn guest_fio_on_qemu_made_luks1_over_vhost_user_blk() {
             std::ffi::OsStr::new(&image_opts),
             os("-O"),
             os("raw"),
-            out.as_os_str(),
-        ],
+            out.as_os_str()
+        ),
     )
     .ok();
     let data = std::fs::read(&out).unwrap();

@@ -210,20 +210,7 @@ fn guest_fio_across_disk_migration(postcopy: bool) {
 
     // The destination daemon has no disk; it receives "vol" into a new image.
     let mut dst_daemon = serve(&t, "dst").start();
-    let incoming = dst_daemon.ctl_ok(&[
-        "migrate-incoming",
-        "vol",
-        "--image",
-        s(&dst_img),
-        "--key-file",
-        s(&key),
-        "--listen",
-        "tcp:127.0.0.1:0",
-        "--vhost-user-blk",
-        s(&dst_sock),
-        "--num-queues",
-        "2",
-    ]);
+    let incoming = dst_daemon.ctl_ok(&argv!("migrate-incoming vol --image {} --key-file {} --listen tcp:127.0.0.1:0 --vhost-user-blk {} --num-queues 2", dst_img, key, dst_sock));
     let listen = incoming["listen"].as_str().unwrap().to_string();
     let mut start = vec!["migrate-start", "vol", "--to", &listen];
     if postcopy {

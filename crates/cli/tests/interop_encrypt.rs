@@ -43,16 +43,11 @@ fn cb_encrypt(c: &Case, extra: &[&str]) -> Vec<String> {
 }
 
 fn cs_reencrypt(c: &Case, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "reencrypt",
-        "--force-offline-reencrypt",
-        "--batch-mode",
-        "--key-file",
-        s(&c.key),
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
+    let mut args: Vec<String> = ["reencrypt", "--force-offline-reencrypt", "--batch-mode"]
+        .iter()
+        .chain(&["--key-file", s(&c.key)])
+        .map(|a| a.to_string())
+        .collect();
     args.extend(CS_CHEAP_PBKDF2.iter().map(|a| a.to_string()));
     args.extend(extra.iter().map(|a| a.to_string()));
     args.push(s(&c.img).to_string());

@@ -20,18 +20,12 @@ fn check_qemu_made_luks1(name: &str, create_opts: &str) {
     let key = key_file(dir.path(), "key", &passphrase(name));
     let img = dir.path().join("img.luks");
     let o = format!("key-secret=s0,{create_opts},iter-time=10");
-    qemu_img_kdf([
-        "create",
-        "-q",
-        "-f",
-        "luks",
-        "--object",
+    qemu_img_kdf(argv!(
+        "create -q -f luks --object {} -o {} {} 6M",
         &secret_arg(&key),
-        "-o",
         &o,
-        s(&img),
-        "6M",
-    ])
+        img
+    ))
     .ok();
     tool(
         "qemu-io",
@@ -52,16 +46,12 @@ fn check_qemu_made_luks1(name: &str, create_opts: &str) {
     let by_qemu = dir.path().join("qemu.raw");
     tool(
         "qemu-img",
-        [
-            "convert",
-            "--object",
+        argv!(
+            "convert --object {} --image-opts {} -O raw {}",
             &secret_arg(&key),
-            "--image-opts",
             &luks_opts(&img),
-            "-O",
-            "raw",
-            s(&by_qemu),
-        ],
+            by_qemu
+        ),
     )
     .ok();
     let expected = read(&by_qemu);
@@ -138,14 +128,12 @@ fn check_cryptblk_luks1_in_qemu(name: &str, size: u64, extra: &[&str]) {
     let raw_opts = format!("driver=raw,file.filename={}", s(&src));
     let cmp = tool(
         "qemu-img",
-        [
-            "compare",
-            "--object",
+        argv!(
+            "compare --object {} --image-opts {} {}",
             &secret_arg(&key),
-            "--image-opts",
             &luks_opts(&img),
-            &raw_opts,
-        ],
+            &raw_opts
+        ),
     );
     assert_eq!(
         cmp.code, 0,
@@ -228,17 +216,7 @@ fn qcow2_fixture() -> (
     let base_qcow2 = d.join("base.qcow2");
     tool(
         "qemu-img",
-        [
-            "convert",
-            "-q",
-            "-c",
-            "-f",
-            "raw",
-            "-O",
-            "qcow2",
-            s(&base_raw),
-            s(&base_qcow2),
-        ],
+        argv!("convert -q -c -f raw -O qcow2 {} {}", base_raw, base_qcow2),
     )
     .ok();
     let map = tool("qemu-img", ["map", "--output=json", s(&base_qcow2)]);
@@ -255,17 +233,7 @@ fn qcow2_fixture() -> (
     let overlay = d.join("overlay.qcow2");
     tool(
         "qemu-img",
-        [
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-b",
-            s(&base_qcow2),
-            "-F",
-            "qcow2",
-            s(&overlay),
-        ],
+        argv!("create -q -f qcow2 -b {} -F qcow2 {}", base_qcow2, overlay),
     )
     .ok();
     tool(

@@ -214,36 +214,24 @@ fn migration_refusals_and_cancel() {
     // An existing file is never the target of a migration.
     let existing = t.path("existing.img");
     std::fs::write(&existing, b"precious").unwrap();
-    let out = dst.ctl(&[
-        "migrate-incoming",
-        "vol",
-        "--image",
-        s(&existing),
-        "--listen",
-        "tcp:127.0.0.1:0",
-        "--nbd-export",
-    ]);
+    let out = dst.ctl(&argv!(
+        "migrate-incoming vol --image {} --listen tcp:127.0.0.1:0 --nbd-export",
+        existing
+    ));
     assert_ne!(out.code, 0);
     out.error_line(&["already exists"]);
     assert_eq!(std::fs::read(&existing).unwrap(), b"precious");
 
     let listen = incoming(&dst, &dst_img, key, &[]);
-    src.ctl_ok(&[
-        "migrate-start",
-        "vol",
-        "--to",
-        &listen,
-        "--max-bandwidth",
-        "2M",
-    ]);
-    let out = src.ctl(&[
-        "key-add",
-        "vol",
-        "--key-file",
-        s(key),
-        "--new-key-file",
-        s(&new_key),
-    ]);
+    src.ctl_ok(&argv!(
+        "migrate-start vol --to {} --max-bandwidth 2M",
+        &listen
+    ));
+    let out = src.ctl(&argv!(
+        "key-add vol --key-file {} --new-key-file {}",
+        key,
+        new_key
+    ));
     assert_ne!(out.code, 0);
     out.error_line(&["migrated"]);
     // So is a resize: the destination's image is being made at the old size.
@@ -267,14 +255,11 @@ fn migration_refusals_and_cancel() {
         |list| !dst_img.exists() && list["disks"].as_array().unwrap().is_empty(),
     );
     // And after the migration, keyslot changes and resizes work again.
-    src.ctl_ok(&[
-        "key-add",
-        "vol",
-        "--key-file",
-        s(key),
-        "--new-key-file",
-        s(&new_key),
-    ]);
+    src.ctl_ok(&argv!(
+        "key-add vol --key-file {} --new-key-file {}",
+        key,
+        new_key
+    ));
     src.ctl_ok(&["disk-resize", "vol", &grown]);
 }
 
@@ -341,16 +326,10 @@ fn postcopy_cut_between_daemons_pauses_and_recovers() {
     let listen = incoming(&dst, &dst_img, img.key(), &[]);
     let proxy = Proxy::start(listen.trim_start_matches("tcp:").to_string());
     let via_proxy = format!("tcp:{}", proxy.addr);
-    src.ctl_ok(&[
-        "migrate-start",
-        "vol",
-        "--to",
-        &via_proxy,
-        "--postcopy",
-        "--preempt",
-        "--max-bandwidth",
-        "4M",
-    ]);
+    src.ctl_ok(&argv!(
+        "migrate-start vol --to {} --postcopy --preempt --max-bandwidth 4M",
+        &via_proxy
+    ));
     write(&src, &mut expected, 0x21, 3 * MIB, 64 * 1024);
     src.ctl_ok(&["migrate-postcopy", "vol"]);
     dst.wait_migrate("vol", "postcopy");

@@ -147,14 +147,10 @@ fn daemon_killed_mid_encryption_serves_on_restart_and_cryptblk_finishes() {
     out.error_line(&["mid-encryption"]);
 
     // Continued (with `--encrypt` or without: the header says what runs), to the end.
-    let st = daemon.ctl_ok(&[
-        "reencrypt-start",
-        "vol",
-        "--key-file",
-        s(&disk.key),
-        "--max-bandwidth",
-        "16M",
-    ]);
+    let st = daemon.ctl_ok(&argv!(
+        "reencrypt-start vol --key-file {} --max-bandwidth 16M",
+        disk.key
+    ));
     assert_eq!(st["mode"], "encrypt", "{st}");
     io_until_finished(&daemon, &mut c, &mut model, boundary);
     model.check_all(&mut c, "after the encryption");
@@ -176,15 +172,11 @@ fn daemon_killed_mid_encryption_cryptsetup_finishes() {
     assert_eq!(daemon.terminate(), 0);
     tool(
         "cryptsetup",
-        [
-            "reencrypt",
-            "--resume-only",
-            "--force-offline-reencrypt",
-            "--batch-mode",
-            "--key-file",
-            s(&disk.key),
-            s(&disk.img),
-        ],
+        argv!(
+            "reencrypt --resume-only --force-offline-reencrypt --batch-mode --key-file {} {}",
+            disk.key,
+            disk.img
+        ),
     )
     .ok();
     // cryptsetup ends its encryptions with a segment to the image's end: the disk's bytes,
@@ -209,61 +201,47 @@ fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
     let mut model = Model::new(SIZE, 41, &[SHIFT, 0]);
     model.fill(&mut c);
     let key = s(&disk.key);
-    let refused = |args: &[&str], code: i32, needles: &[&str]| {
+    let refused = |args: &[std::ffi::OsString], code: i32, needles: &[&str]| {
         let out = daemon.ctl(args);
         out.expect_code(code);
         out.error_line(needles);
     };
     // Without --encrypt there is no key to replace.
     refused(
-        &["reencrypt-start", "vol", "--key-file", key],
+        &argv!("reencrypt-start vol --key-file {}", key),
         code::OTHER,
         &["raw", "--encrypt"],
     );
     // The data shift is the resilience; a header area too small for one keyslot.
     refused(
-        &[
-            "reencrypt-start",
-            "vol",
-            "--encrypt",
-            "--key-file",
-            key,
-            "--resilience",
-            "checksum",
-        ],
+        &argv!(
+            "reencrypt-start vol --encrypt --key-file {} --resilience checksum",
+            key
+        ),
         code::USAGE,
         &["data shift", "resilience"],
     );
     refused(
-        &[
-            "reencrypt-start",
-            "vol",
-            "--encrypt",
-            "--key-file",
-            key,
-            "--reduce-device-size",
-            "64K",
-        ],
+        &argv!(
+            "reencrypt-start vol --encrypt --key-file {} --reduce-device-size 64K",
+            key
+        ),
         code::USAGE,
         &["reduce-device-size", "32M"],
     );
     // One cryptsetup takes, but whose data shift is not whole 4 KiB blocks, which the
     // disk's migration tracking moves by.
     refused(
-        &[
-            "reencrypt-start",
-            "vol",
-            "--encrypt",
-            "--key-file",
+        &argv!(
+            "reencrypt-start vol --encrypt --key-file {} --reduce-device-size {}",
             key,
-            "--reduce-device-size",
-            &(8 * MIB + 1024).to_string(),
-        ],
+            &(8 * MIB + 1024).to_string()
+        ),
         code::USAGE,
         &["multiple of 8192"],
     );
     refused(
-        &["key-add", "vol", "--key-file", key, "--new-key-file", key],
+        &argv!("key-add vol --key-file {} --new-key-file {}", key, key),
         code::OTHER,
         &["raw", "not LUKS"],
     );
@@ -278,17 +256,14 @@ fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
     // refused, a resize (the header's segment and the image), a migration not busy.
     let second = disk.t.key("second");
     daemon
-        .ctl(&[
-            "key-add",
-            "vol",
-            "--key-file",
+        .ctl(&argv!(
+            "key-add vol --key-file {} --new-key-file {}",
             key,
-            "--new-key-file",
-            s(&second),
-        ])
+            second
+        ))
         .ok();
     refused(
-        &["reencrypt-start", "vol", "--encrypt", "--key-file", key],
+        &argv!("reencrypt-start vol --encrypt --key-file {}", key),
         code::OTHER,
         &["LUKS already"],
     );
@@ -298,14 +273,9 @@ fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
     let mut c = daemon.nbd("vol");
     assert_eq!(c.export.size, SIZE + MIB);
     model.check_all(&mut c, "after the resize");
-    let out = daemon.ctl(&[
-        "migrate-start",
-        "vol",
-        "--to",
-        "tcp:127.0.0.1:9",
-        "--connect-timeout",
-        "200",
-    ]);
+    let out = daemon.ctl(&argv!(
+        "migrate-start vol --to tcp:127.0.0.1:9 --connect-timeout 200"
+    ));
     assert_ne!(out.code, code::IN_USE, "{out:?}");
     drop(c);
     assert_eq!(daemon.terminate(), 0);
@@ -343,13 +313,10 @@ fn an_image_that_cannot_grow_is_not_encrypted_and_serves_on() {
 fn a_read_only_raw_disk_is_not_encrypted() {
     let disk = raw_disk();
     let mut daemon = disk.serve().arg("--readonly").start();
-    let out = daemon.ctl(&[
-        "reencrypt-start",
-        "vol",
-        "--encrypt",
-        "--key-file",
-        s(&disk.key),
-    ]);
+    let out = daemon.ctl(&argv!(
+        "reencrypt-start vol --encrypt --key-file {}",
+        disk.key
+    ));
     out.expect_code(code::USAGE);
     out.error_line(&["read-only"]);
     assert_eq!(len(&disk), SIZE);

@@ -175,14 +175,11 @@ fn paused_reencryption_resumes_and_refuses_migration_while_it_runs() {
     let again = daemon.ctl(&["reencrypt-start", "vol", "--key-file", s(&disk.key)]);
     again.expect_code(code::IN_USE);
     let new_key = disk.t.key("new");
-    let add = daemon.ctl(&[
-        "key-add",
-        "vol",
-        "--key-file",
-        s(&disk.key),
-        "--new-key-file",
-        s(&new_key),
-    ]);
+    let add = daemon.ctl(&argv!(
+        "key-add vol --key-file {} --new-key-file {}",
+        disk.key,
+        new_key
+    ));
     add.expect_code(code::IN_USE);
 
     // Paused: the boundary stays, the data reads back, and the start continues it.
@@ -197,14 +194,9 @@ fn paused_reencryption_resumes_and_refuses_migration_while_it_runs() {
     daemon.wait_reencrypt("vol", "the end", |st| st["phase"] == "finished");
     model.check_all(&mut c, "after the reencryption");
     // Once finished, a migration is no longer refused as busy (it fails to connect instead).
-    let out = daemon.ctl(&[
-        "migrate-start",
-        "vol",
-        "--to",
-        "tcp:127.0.0.1:9",
-        "--connect-timeout",
-        "200",
-    ]);
+    let out = daemon.ctl(&argv!(
+        "migrate-start vol --to tcp:127.0.0.1:9 --connect-timeout 200"
+    ));
     assert_ne!(out.code, code::IN_USE, "{out:?}");
     drop(c);
     assert_eq!(daemon.terminate(), 0);

@@ -28,17 +28,12 @@ fn qemu_decrypt(cluster: &Cluster, image: &str, format: &str, key: &Path, out: &
     let _ = std::fs::remove_file(out);
     tool(
         "qemu-img",
-        [
-            "dd",
-            "--object",
+        argv!(
+            "dd --object {} --image-opts -O raw bs=1M {} of={}",
             &secret(key),
-            "--image-opts",
-            "-O",
-            "raw",
-            "bs=1M",
             &format!("if={}", qemu_rbd_opts(cluster, image, format)),
-            &format!("of={}", s(out)),
-        ],
+            out
+        ),
     )
     .ok();
     read(out)
@@ -47,15 +42,12 @@ fn qemu_decrypt(cluster: &Cluster, image: &str, format: &str, key: &Path, out: &
 /// The whole decrypted disk as cryptblk reads it.
 fn cryptblk_decrypt_rbd(cluster: &Cluster, image: &str, key: &Path, out: &Path) -> Vec<u8> {
     let _ = std::fs::remove_file(out);
-    cryptblk([
-        "convert",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(key),
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        key,
         &cluster.name(image),
-        s(out),
-    ])
+        out
+    ))
     .ok();
     read(out)
 }
@@ -154,16 +146,12 @@ fn made_by_librbd_opens_in_cryptblk(cluster: &Cluster, d: &TestDir, key: &Path) 
     let mut data = by_librbd.clone();
     data[20 * MIB as usize..21 * MIB as usize].fill(0x77);
     std::fs::write(&patch, &data).unwrap();
-    cryptblk([
-        "convert",
-        "-n",
-        "-O",
-        "luks",
-        "--key-file",
-        s(key),
-        s(&patch),
-        &cluster.name("lib2"),
-    ])
+    cryptblk(argv!(
+        "convert -n -O luks --key-file {} {} {}",
+        key,
+        patch,
+        &cluster.name("lib2")
+    ))
     .ok();
     let after = qemu_decrypt(cluster, "lib2", "luks2", key, &d.path("lib2.after"));
     assert_same_bytes(
@@ -198,19 +186,13 @@ fn made_by_cryptblk_opens_in_librbd(cluster: &Cluster, d: &TestDir, key: &Path) 
     let src = d.path("mixed.raw");
     mixed_file(&src, 24 * MIB, 5);
     for (target, format, qemu_format) in [("ours2", "luks2", "luks2"), ("ours1", "luks1", "luks")] {
-        cryptblk([
-            "convert",
-            "-O",
+        cryptblk(argv!(
+            "convert -O {} --key-file {} --pbkdf pbkdf2 --iter-time 10 {} {}",
             format,
-            "--key-file",
-            s(key),
-            "--pbkdf",
-            "pbkdf2",
-            "--iter-time",
-            "10",
-            s(&src),
-            &cluster.name(target),
-        ])
+            key,
+            src,
+            &cluster.name(target)
+        ))
         .ok();
         let by_librbd = qemu_decrypt(cluster, target, qemu_format, key, &d.path("back.raw"));
         assert_same_bytes(&by_librbd, &read(&src), "librbd decrypts cryptblk's image");
@@ -364,19 +346,12 @@ fn format_dump_and_key_change(cluster: &Cluster, d: &TestDir, key: &Path) {
     let info = dump_json(Path::new(&cluster.name("fmt")));
     assert_eq!(info["data_offset"], 16 * MIB, "{info}");
     let second = d.key("second");
-    cryptblk([
-        "key",
-        "add",
-        "--key-file",
-        s(key),
-        "--new-key-file",
-        s(&second),
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "10",
-        &cluster.name("fmt"),
-    ])
+    cryptblk(argv!(
+        "key add --key-file {} --new-key-file {} --pbkdf pbkdf2 --iter-time 10 {}",
+        key,
+        second,
+        &cluster.name("fmt")
+    ))
     .ok();
     qemu_io(cluster, "fmt", "luks2", &second, &["write -P 0x44 0 4k"]);
     let by_us = cryptblk_decrypt_rbd(cluster, "fmt", &second, &d.path("fmt.raw"));
@@ -386,17 +361,11 @@ fn format_dump_and_key_change(cluster: &Cluster, d: &TestDir, key: &Path) {
 
     // In place, as `rbd encryption format` does: payload = image - header.
     cluster.rbd(&["create", "--size", "20M", "rbd/inplace"]);
-    cryptblk([
-        "format",
-        "--batch-mode",
-        "--key-file",
-        s(key),
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "10",
-        &cluster.name("inplace"),
-    ])
+    cryptblk(argv!(
+        "format --batch-mode --key-file {} --pbkdf pbkdf2 --iter-time 10 {}",
+        key,
+        &cluster.name("inplace")
+    ))
     .ok();
     let by_librbd = qemu_decrypt(cluster, "inplace", "luks2", key, &d.path("inplace.raw"));
     assert_eq!(by_librbd.len(), 4 * MIB as usize);
@@ -406,15 +375,12 @@ fn errors_name_the_problem(cluster: &Cluster, d: &TestDir, key: &Path) {
     let out = d.path("never.raw");
     // A wrong passphrase.
     let wrong = d.key("wrong");
-    cryptblk([
-        "convert",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(&wrong),
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        wrong,
         &cluster.name("lib2"),
-        s(&out),
-    ])
+        out
+    ))
     .expect_code(code::WRONG_PASSPHRASE);
     // A missing image names itself.
     cryptblk(["dump", &cluster.name("missing")])
@@ -426,15 +392,12 @@ fn errors_name_the_problem(cluster: &Cluster, d: &TestDir, key: &Path) {
         .error_line(&["rbd:POOL/IMAGE"]);
     // A new target never overwrites an existing image.
     let src = d.path("mixed.raw");
-    cryptblk([
-        "convert",
-        "-O",
-        "luks2",
-        "--key-file",
-        s(key),
-        s(&src),
-        &cluster.name("ours2"),
-    ])
+    cryptblk(argv!(
+        "convert -O luks2 --key-file {} {} {}",
+        key,
+        src,
+        &cluster.name("ours2")
+    ))
     .expect_code(code::USAGE)
     .error_line(&["already exists"]);
     assert!(!out.exists());
@@ -442,15 +405,12 @@ fn errors_name_the_problem(cluster: &Cluster, d: &TestDir, key: &Path) {
 
 /// Another writer (`cryptblk key add`) is refused on `name`: a daemon holds its lock.
 fn refused_as_locked(name: &str, key: &Path) {
-    cryptblk([
-        "key",
-        "add",
-        "--key-file",
-        s(key),
-        "--new-key-file",
-        s(key),
-        name,
-    ])
+    cryptblk(argv!(
+        "key add --key-file {} --new-key-file {} {}",
+        key,
+        key,
+        name
+    ))
     .expect_code(code::IN_USE)
     .error_line(&["locked"]);
 }
@@ -500,11 +460,12 @@ fn a_paused_osd_stalls_only_its_disk(cluster: &Cluster, d: &TestDir, key: &Path)
     let paused = cluster.pause_osd();
     let io = ["write -P 0x2f 1M 128k", "flush", "read -P 0x2f 1M 128k"];
     let stalled = {
-        let target = [
+        let target = argv!(
+            "{} {} {}",
             "-f".to_string(),
             "raw".to_string(),
-            daemon.nbd_uri("remote"),
-        ];
+            daemon.nbd_uri("remote")
+        );
         std::thread::spawn(move || qemu_io_out(&target, &io))
     };
     std::thread::sleep(std::time::Duration::from_secs(1));
@@ -589,17 +550,13 @@ fn hands_a_shared_image_over_without_copying(cluster: &Cluster, d: &TestDir, key
     // listeners get disk names of their own.
     let incoming = |disk: &str, image: &str| {
         let listen = format!("unix:{}", s(&d.path(&format!("sh-{disk}.sock"))));
-        destination.ctl_ok(&[
-            "migrate-incoming",
+        destination.ctl_ok(&argv!(
+            "migrate-incoming {} --image {} --listen {} --key-file {} --nbd-export",
             disk,
-            "--image",
             image,
-            "--listen",
             &listen,
-            "--key-file",
-            s(key),
-            "--nbd-export",
-        ]);
+            key
+        ));
         listen
     };
     // A destination that would copy into a new image refuses a shared source...
@@ -686,17 +643,12 @@ fn migrate_vol(
     before.push("flush");
     source.qemu_io("vol", &before);
     let listen = format!("unix:{}", s(&d.path(&format!("{tag}-mig.sock"))));
-    destination.ctl_ok(&[
-        "migrate-incoming",
-        "vol",
-        "--image",
+    destination.ctl_ok(&argv!(
+        "migrate-incoming vol --image {} --listen {} --key-file {} --nbd-export",
         target,
-        "--listen",
         &listen,
-        "--key-file",
-        s(key),
-        "--nbd-export",
-    ]);
+        key
+    ));
     source.ctl_ok(&["migrate-start", "vol", "--to", &listen]);
     source.ctl_ok(&["migrate-switchover", "vol"]);
     source.wait_migrate("vol", "completed");

@@ -64,20 +64,11 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
     assert_eq!(key_bits_and_reencrypting(&name), (512, false));
 
     // A new 256-bit volume key, 4 MiB hotzones: librbd reads the data with it.
-    cryptblk([
-        "reencrypt",
-        "--key-file",
-        s(&key),
-        "--key-size",
-        "256",
-        "--hotzone-size",
-        "4M",
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "10",
-        &name,
-    ])
+    cryptblk(argv!(
+        "reencrypt --key-file {} --key-size 256 --hotzone-size 4M --pbkdf pbkdf2 --iter-time 10 {}",
+        key,
+        &name
+    ))
     .ok();
     assert_eq!(key_bits_and_reencrypting(&name), (256, false));
     qemu_io_cmds(&encrypted, &["read -P 0x5a 0 1M", "read -P 0x3c 23M 1M"]);
@@ -87,19 +78,7 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
     cluster.rbd(&["create", "--size", "24M", "plain"]);
     let raw = librbd(&cluster, "plain", None);
     qemu_io_cmds(&raw, &["write -P 0x71 0 1M", "write -P 0x17 15M 1M"]);
-    cryptblk([
-        "reencrypt",
-        "--encrypt",
-        "--reduce-device-size",
-        "8M",
-        "--key-file",
-        s(&key),
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "10",
-        &plain,
-    ])
+    cryptblk(argv!("reencrypt --encrypt --reduce-device-size 8M --key-file {} --pbkdf pbkdf2 --iter-time 10 {}", key, &plain))
     .ok();
     assert!(!key_bits_and_reencrypting(&plain).1);
     // cryptsetup's layout: a 4 MiB header (half the reduction) before a dynamic payload of

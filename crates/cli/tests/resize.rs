@@ -81,18 +81,11 @@ fn offline_resize_of_a_qemu_made_luks1_image() {
     let dir = tempdir();
     let key = key_file(dir.path(), "key", &passphrase("resize-luks1"));
     let img = dir.path().join("img.luks");
-    qemu_img_kdf([
-        "create",
-        "-q",
-        "-f",
-        "luks",
-        "--object",
+    qemu_img_kdf(argv!(
+        "create -q -f luks --object {} -o key-secret=s0,iter-time=10 {} 6M",
         &secret_arg(&key),
-        "-o",
-        "key-secret=s0,iter-time=10",
-        s(&img),
-        "6M",
-    ])
+        img
+    ))
     .ok();
     qemu_io_luks(
         &img,
@@ -107,13 +100,11 @@ fn offline_resize_of_a_qemu_made_luks1_image() {
     assert_eq!(file_len(&img), before + 4 * MIB);
     let info = tool(
         "qemu-img",
-        [
-            "info",
-            "--object",
+        argv!(
+            "info --object {} --image-opts {}",
             &secret_arg(&key),
-            "--image-opts",
-            &luks_opts(&img),
-        ],
+            &luks_opts(&img)
+        ),
     );
     info.ok();
     assert!(

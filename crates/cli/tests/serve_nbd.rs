@@ -72,14 +72,7 @@ fn disks_added_at_run_time_are_listed_as_exports() {
     random_file(&a, 2 * MIB, 1);
     let b = t.raw("b.raw", 4 * MIB);
     daemon.ctl_ok(&["disk-add", "a", "--image", s(&a), "--nbd-export"]);
-    daemon.ctl_ok(&[
-        "disk-add",
-        "b",
-        "--image",
-        s(&b),
-        "--nbd-export",
-        "--discard",
-    ]);
+    daemon.ctl_ok(&argv!("disk-add b --image {} --nbd-export --discard", b));
     let uri = |name: &str| daemon.nbd_uri(name);
     let trim = |name: &str| tool("nbdinfo", ["--can", "trim", &uri(name)]).code == 0;
     assert!(

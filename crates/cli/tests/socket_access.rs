@@ -41,38 +41,12 @@ fn sockets_get_the_owner_and_mode_asked_for() {
     let image2 = t.path("raw2.img");
     std::fs::copy(&image, &image2).unwrap();
     let control = s(daemon.control());
-    cryptblk([
-        "ctl",
-        "-s",
-        control,
-        "disk-add",
-        "vm2",
-        "--image",
-        s(&image2),
-        "--vhost-user-blk",
-        s(&vm2),
-        "--socket-owner",
-        ":nogroup",
-        "--socket-mode",
-        "0600",
-    ])
+    cryptblk(argv!("ctl -s {} disk-add vm2 --image {} --vhost-user-blk {} --socket-owner :nogroup --socket-mode 0600", control, image2, vm2))
     .ok();
     assert_eq!(owner_and_mode(&vm2), (0, nogroup, 0o600));
 
     // An unknown user: a usage error naming it, and no socket.
-    let out = cryptblk([
-        "ctl",
-        "-s",
-        control,
-        "disk-add",
-        "vm3",
-        "--image",
-        s(&image2),
-        "--vhost-user-blk",
-        s(&vm3),
-        "--socket-owner",
-        "no-such-user-cryptblk",
-    ]);
+    let out = cryptblk(argv!("ctl -s {} disk-add vm3 --image {} --vhost-user-blk {} --socket-owner no-such-user-cryptblk", control, image2, vm3));
     out.expect_code(code::USAGE);
     assert!(
         out.stderr.contains("no user \"no-such-user-cryptblk\""),
