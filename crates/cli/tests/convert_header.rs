@@ -11,10 +11,6 @@ use std::path::{Path, PathBuf};
 
 const PLAIN: u64 = 6 * MIB;
 
-fn secret_arg(key: &Path) -> String {
-    format!("secret,id=s0,file={}", s(key))
-}
-
 struct Case {
     dir: tempfile::TempDir,
     img: PathBuf,
@@ -40,7 +36,7 @@ fn fill(dir: tempfile::TempDir, img: PathBuf, key: PathBuf, extra_keys: usize) -
     std::fs::write(&raw, &plain).unwrap();
     tool(
         "qemu-img",
-        argv!("convert -n --object {} -f raw {} --target-image-opts driver=luks,key-secret=s0,file.filename={}", &secret_arg(&key), raw, img),
+        argv!("convert -n --object {} -f raw {} --target-image-opts driver=luks,key-secret=s0,file.filename={}", &qemu_secret(&key), raw, img),
     )
     .ok();
     let mut keys = vec![key];
@@ -79,7 +75,7 @@ fn qemu_case(name: &str, opts: &str, extra_keys: usize) -> Case {
     let img = dir.path().join("img.luks");
     qemu_img_kdf(argv!(
         "create -q -f luks --object {} -o {} {} {}",
-        &secret_arg(&key),
+        &qemu_secret(&key),
         &format!("key-secret=s0,iter-time=10{opts}"),
         img,
         &PLAIN.to_string()

@@ -237,37 +237,23 @@ fn check_luks1_qemu_data(name: &str, format_opts: &[&str]) {
     args.push(s(&img));
     tool("cryptsetup", &args).ok();
 
-    let secret = format!("secret,id=s0,file={}", s(&key));
-    let opts = format!("driver=luks,key-secret=s0,file.filename={}", s(&img));
-    tool(
-        "qemu-io",
-        [
-            "--object",
-            &secret,
-            "--image-opts",
-            &opts,
-            "-c",
-            "write -P 0x5a 0 64k",
-            "-c",
-            "write -P 0xa5 1M 512",
-            "-c",
-            "write -P 0x3c 2M 96k",
-            "-c",
-            "write -z 2144k 4k",
-        ],
-    )
-    .ok();
+    let qemu = qemu_luks(&img, &key);
+    let writes = [
+        "write -P 0x5a 0 64k",
+        "write -P 0xa5 1M 512",
+        "write -P 0x3c 2M 96k",
+        "write -z 2144k 4k",
+    ];
+    qemu_io_cmds(&qemu, &writes);
     let by_qemu = dir.path().join("qemu.raw");
-    tool(
-        "qemu-img",
-        argv!(
-            "convert --object {} --image-opts {} -O raw {}",
-            &secret,
-            &opts,
-            by_qemu
-        ),
-    )
-    .ok();
+    let (secret, opts) = (qemu_secret(&key), qemu_luks_opts(&img));
+    let convert = argv!(
+        "convert --object {} --image-opts {} -O raw {}",
+        secret,
+        opts,
+        by_qemu
+    );
+    tool("qemu-img", convert).ok();
     let by_cryptblk = cryptblk_decrypt(&img, &key, &dir.path().join("cryptblk.raw"));
     let expected = read(&by_qemu);
     assert_same_bytes(
@@ -441,20 +427,7 @@ fn keyslot_gaps_luks1() {
     )
     .ok();
     // Known data through QEMU, read back through keyslot 5 after slot 0 is gone.
-    let secret = format!("secret,id=s0,file={}", s(&k0));
-    let opts = format!("driver=luks,key-secret=s0,file.filename={}", s(&img));
-    tool(
-        "qemu-io",
-        [
-            "--object",
-            &secret,
-            "--image-opts",
-            &opts,
-            "-c",
-            "write -P 0x77 0 1M",
-        ],
-    )
-    .ok();
+    qemu_io_cmds(&qemu_luks(&img, &k0), &["write -P 0x77 0 1M"]);
     tool(
         "cryptsetup",
         argv!("luksAddKey --batch-mode --key-file {} --key-slot 5 --pbkdf-force-iterations 1000 {} {}", k0, img, k5),

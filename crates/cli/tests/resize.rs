@@ -8,38 +8,8 @@ mod common;
 use common::*;
 use std::path::Path;
 
-fn secret_arg(key: &Path) -> String {
-    format!("secret,id=s0,file={}", s(key))
-}
-
-fn luks_opts(img: &Path) -> String {
-    format!("driver=luks,key-secret=s0,file.filename={}", s(img))
-}
-
 fn file_len(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().len()
-}
-
-/// `qemu-io` on a LUKS image through QEMU's own driver; every command must succeed.
-fn qemu_io_luks(img: &Path, key: &Path, commands: &[&str]) -> Out {
-    let mut args = vec![
-        "--object".to_string(),
-        secret_arg(key),
-        "--image-opts".to_string(),
-        luks_opts(img),
-    ];
-    for c in commands {
-        args.push("-c".into());
-        args.push(c.to_string());
-    }
-    let out = tool("qemu-io", &args);
-    out.ok();
-    assert!(
-        !out.stdout.contains("Pattern verification failed"),
-        "{commands:?}: {}",
-        out.stdout
-    );
-    out
 }
 
 /// The "Data segments" part of `cryptsetup luksDump`.
@@ -78,33 +48,21 @@ fn make_segment_fixed(img: &Path, size: u64) {
 
 #[test]
 fn offline_resize_of_a_qemu_made_luks1_image() {
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("resize-luks1"));
-    let img = dir.path().join("img.luks");
-    qemu_img_kdf(argv!(
-        "create -q -f luks --object {} -o key-secret=s0,iter-time=10 {} 6M",
-        &secret_arg(&key),
-        img
-    ))
-    .ok();
-    qemu_io_luks(
-        &img,
-        &key,
-        &["write -P 0x5a 0 64k", "write -P 0xa5 6080k 64k"],
-    );
+    let t = TestDir::new();
+    let key = t.key("key");
+    let img = t.luks1_by_qemu("img.luks", "6M", &key, "iter-time=10");
+    let qemu = qemu_luks(&img, &key);
+    qemu_io_cmds(&qemu, &["write -P 0x5a 0 64k", "write -P 0xa5 6080k 64k"]);
     let before = file_len(&img);
 
     let out = cryptblk(["resize", s(&img), "10M"]);
     out.ok();
     assert!(out.stderr.contains("6291456 -> 10485760"), "{}", out.stderr);
     assert_eq!(file_len(&img), before + 4 * MIB);
+    let (secret, opts) = (qemu_secret(&key), qemu_luks_opts(&img));
     let info = tool(
         "qemu-img",
-        argv!(
-            "info --object {} --image-opts {}",
-            &secret_arg(&key),
-            &luks_opts(&img)
-        ),
+        argv!("info --object {} --image-opts {}", secret, opts),
     );
     info.ok();
     assert!(
@@ -114,9 +72,8 @@ fn offline_resize_of_a_qemu_made_luks1_image() {
         info.stdout
     );
     // What was there is still there (the old end included), and QEMU writes past it.
-    qemu_io_luks(
-        &img,
-        &key,
+    qemu_io_cmds(
+        &qemu,
         &[
             "read -P 0x5a 0 64k",
             "read -P 0xa5 6080k 64k",
