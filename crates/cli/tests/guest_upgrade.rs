@@ -11,178 +11,96 @@
 
 mod common;
 
-use common::guest::{build_guest, Guest, BOUND, STARTED};
-use common::{bin, cryptblk, key_file, s, tool, MIB};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use common::*;
 use std::time::{Duration, Instant};
 
+/// What the daemon logs (RUST_LOG=info) when the VM has started its queues.
+const STARTED: &str = "vhost-user frontend: Started";
 /// Disks the daemon serves (the guest uses the first).
 const DISKS: usize = 3;
 /// Upgrades and kills, alternating.
 const EVENTS: usize = 6;
 
-struct Daemon {
-    args: Vec<String>,
-    log: PathBuf,
-    control: PathBuf,
-}
-
-impl Daemon {
-    fn start(&self) -> Child {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        Command::new(bin())
-            .args(&self.args)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start cryptblk serve")
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until the VM has started its queues more than `before` times in all.
-    fn wait_started(&self, before: usize) -> Instant {
-        let deadline = Instant::now() + BOUND;
-        loop {
-            if self.log().matches(STARTED).count() > before {
-                return Instant::now();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the VM did not come back within {BOUND:?}:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-/// Kills every daemon process it was told of when dropped, so that a failing test leaves none
-/// behind (an upgraded daemon is not a child of the test, so nothing else would).
-#[derive(Default)]
-struct Reaper(std::sync::Mutex<Vec<u32>>);
-
-impl Reaper {
-    fn track(&self, pid: u32) {
-        self.0.lock().unwrap().push(pid);
-    }
-}
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        for pid in self.0.lock().unwrap().drain(..) {
-            // SAFETY: kill(2) on a process this test started; it may be gone already.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-        }
-    }
-}
-
-fn kill(pid: u32) {
-    // SAFETY: kill(2) on the daemon this test started (or its successor).
-    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| !st.contains(") Z "))
-    {
-        assert!(Instant::now() < deadline, "pid {pid} survived SIGKILL");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+/// Waits until the VM has started its queues more than `before` times in the log (a
+/// successor's lines follow its predecessor's in the same file).
+fn wait_started(daemon: &Daemon, before: usize) -> Instant {
+    wait_until(BOUND, || {
+        (daemon.log().matches(STARTED).count() > before).then(Instant::now)
+    })
+    .unwrap_or_else(|| panic!("the VM did not come back within {BOUND:?}:\n{}", daemon.log()))
 }
 
 #[test]
 fn guest_fio_verify_survives_upgrades_and_kills_without_key_derivation() {
-    if tool("cryptsetup", ["--version"]).code != 0 {
-        cryptblk_testutil::skip("cryptsetup is not installed (scripts/install-deps.sh)");
-        return;
-    }
-    let artifacts = build_guest();
-    let dir = common::tempdir();
-    let path = |name: &str| dir.path().join(name);
-    let key = key_file(dir.path(), "key", &common::passphrase("guest-upgrade"));
-    let first = path("d0.luks");
-    cryptblk(["format", "-q", "--key-file", s(&key), s(&first), "64M"]).ok();
+    let t = TestDir::new();
+    let key = t.key("key");
+    // cryptblk's defaults: LUKS2, argon2id benchmarked to about 2 s; copies with UUIDs of
+    // their own (the key cache names keys by UUID).
+    let first = t.path("d0.luks");
+    cryptblk(argv!("format -q --key-file {} {} 64M", key, first)).ok();
     let mut config = String::new();
     for i in 0..DISKS {
-        let image = path(&format!("d{i}.luks"));
+        let image = t.path(&format!("d{i}.luks"));
         if i > 0 {
-            tool("cp", ["--sparse=always", s(&first), s(&image)]).ok();
+            tool("cp", argv!("--sparse=always {} {}", first, image)).ok();
         }
         let uuid = tool("uuidgen", ["-r"]).stdout.trim().to_string();
-        tool("cryptsetup", ["luksUUID", "-q", "--uuid", &uuid, s(&image)]).ok();
+        tool("cryptsetup", argv!("luksUUID -q --uuid {} {}", uuid, image)).ok();
         config.push_str(&format!(
             "[[disk]]\nname = \"d{i}\"\nimage = \"{}\"\nkey-file = \"{}\"\nvhost-user-blk = \"{}\"\nnum-queues = 2\n\n",
             s(&image),
             s(&key),
-            s(&path(&format!("d{i}.sock")))
+            s(&t.path(&format!("d{i}.sock")))
         ));
     }
-    std::fs::write(path("disks.toml"), config).unwrap();
-    let control = path("ctl.sock");
-    let daemon = Daemon {
-        args: [
-            "serve",
-            "--config",
-            s(&path("disks.toml")),
-            "--control",
-            s(&control),
-            "--key-cache",
-            "keyring",
-            "--key-cache-timeout",
-            "120",
-        ]
-        .map(String::from)
-        .to_vec(),
-        log: path("serve.log"),
-        control: control.clone(),
-    };
-    let socket = path("d0.sock");
-    let reaper = Reaper::default();
-    let mut child = daemon.start();
-    reaper.track(child.id());
-    wait_for(&socket, &mut child, &daemon);
-    let mut pid = child.id();
+    std::fs::write(t.path("disks.toml"), config).unwrap();
+    let mut daemon = t
+        .serve()
+        .config(&t.path("disks.toml"))
+        .control()
+        .args(&["--key-cache", "keyring", "--key-cache-timeout", "120"])
+        .log_level("info")
+        .start();
 
-    let mut guest = Guest::start_restart_verify(&artifacts, &socket, 32 * MIB, dir.path());
-    daemon.wait_started(0);
+    let mut guest = VmConfig::vhost_user(&t.path("d0.sock"))
+        .queues(2)
+        .reconnect(1)
+        .console_input()
+        .job("restart-verify", 32 * MIB)
+        .timeout(600)
+        .boot(t.root(), "guest");
+    wait_started(&daemon, 0);
     guest.wait_for_console("FIO-JSON-BEGIN 1", "fio never started", BOUND);
 
     let mut pauses = Vec::new();
+    let mut from_cache = 0;
     for event in 0..EVENTS {
         std::thread::sleep(Duration::from_millis(700));
         guest.assert_running();
         let before = daemon.log().matches(STARTED).count();
         let asked = Instant::now();
-        if event % 2 == 0 {
-            let answer = common::ctl_json(&daemon.control, &["upgrade"]);
+        let upgrade = event % 2 == 0;
+        if upgrade {
+            let answer = daemon.upgrade();
             assert_eq!(answer["without-kdf"], DISKS, "{answer}");
-            pid = answer["pid"].as_u64().unwrap() as u32;
-            reaper.track(pid);
         } else {
-            kill(pid);
-            child = daemon.start();
-            pid = child.id();
-            reaper.track(pid);
+            daemon.kill9();
+            daemon.restart();
+            let log = daemon.log();
+            from_cache += log
+                .matches("opened with the volume key from the key cache")
+                .count();
         }
-        pauses.push((event % 2 == 0, daemon.wait_started(before) - asked));
+        pauses.push((upgrade, wait_started(&daemon, before) - asked));
     }
     std::thread::sleep(Duration::from_millis(700));
     let console = guest.stop_and_assert_passed();
-
-    let log = daemon.log();
     assert_eq!(
-        log.matches("opened with the volume key from the key cache")
-            .count(),
+        from_cache,
         DISKS * EVENTS / 2,
-        "a restart after a kill derived a key:\n{log}"
+        "a restart after a kill derived a key"
     );
+
     let ms = |d: &Duration| format!("{:.0}", d.as_secs_f64() * 1000.0);
     let list = |upgrade: bool| {
         pauses
@@ -198,20 +116,9 @@ fn guest_fio_verify_survives_upgrades_and_kills_without_key_derivation() {
         list(false),
         console.matches("FIO-JSON-END").count()
     );
+    // Detaching removes the cached keys: nothing of this test stays in the keyring.
     for i in 0..DISKS {
-        common::ctl(&control, &["disk-remove", &format!("d{i}"), "--force"]).ok();
+        daemon.ctl_ok(&["disk-remove", &format!("d{i}"), "--force"]);
     }
-    kill(pid);
-    let _ = child.try_wait();
-}
-
-fn wait_for(socket: &Path, child: &mut Child, daemon: &Daemon) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !socket.exists() {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("cryptblk serve exited {status}:\n{}", daemon.log());
-        }
-        assert!(Instant::now() < deadline, "no socket:\n{}", daemon.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert_eq!(daemon.terminate(), 0);
 }
