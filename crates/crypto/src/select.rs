@@ -2,9 +2,13 @@
 //! spec, so it is measured, not assumed: the first request for each spec shape times every
 //! supporting engine on a few hundred KiB and the winner is remembered for the process.
 //!
-//! `CRYPTBLK_ENGINE=openssl|rustcrypto` skips the measurement and forces an engine (for
-//! benchmarking and for working around a misbehaving library); it is an error if the forced
-//! engine cannot do the spec.
+//! Candidates: `vaes` (our AES-XTS on 256-bit VAES registers; x86-64 CPUs with VAES and
+//! VPCLMULQDQ), `openssl` (its AVX-512 XTS where the CPU shows AVX-512, AES-NI otherwise)
+//! and `rustcrypto` (portable). Engines that cannot run a spec on this CPU do not take part.
+//!
+//! `CRYPTBLK_ENGINE=vaes|openssl|rustcrypto` skips the measurement and forces an engine (for
+//! benchmarking, for tests and CI that must exercise every path, and for working around a
+//! misbehaving engine); it is an error if the forced engine cannot do the spec on this CPU.
 
 use crate::engine::{openssl::OpensslEngine, rustcrypto::RustCryptoEngine};
 use crate::{CipherSpec, CryptoError, Direction, Engine, SecretKey};
@@ -19,9 +23,18 @@ const PROBE_BYTES: usize = 256 * 1024;
 const PROBE_SECTOR: usize = 4096;
 const PROBE_ROUNDS: usize = 3;
 
-/// Every engine compiled in, fastest-expected first.
+/// Every engine name `CRYPTBLK_ENGINE` accepts, on any architecture.
+pub const ENGINE_NAMES: &[&str] = &["vaes", "openssl", "rustcrypto"];
+
+/// Every engine compiled in, fastest-expected first. An engine may still not support a
+/// spec on this CPU (`vaes` without VAES): ask `Engine::supports`.
 pub fn engines() -> Vec<Arc<dyn Engine>> {
-    vec![Arc::new(OpensslEngine), Arc::new(RustCryptoEngine)]
+    vec![
+        #[cfg(target_arch = "x86_64")]
+        Arc::new(crate::engine::vaes::VaesEngine),
+        Arc::new(OpensslEngine),
+        Arc::new(RustCryptoEngine),
+    ]
 }
 
 /// The portable engine (RustCrypto), used for cross-checks and as the fallback.
@@ -35,21 +48,7 @@ pub fn default_engine_for(spec: &CipherSpec) -> Result<Arc<dyn Engine>, CryptoEr
     crate::iv::check_supported(spec)?;
     let all = engines();
     if let Ok(forced) = std::env::var(ENGINE_ENV) {
-        let forced = forced.trim().to_ascii_lowercase();
-        let engine = all
-            .into_iter()
-            .find(|e| e.name() == forced)
-            .ok_or_else(|| CryptoError::Unsupported {
-                what: "engine (from CRYPTBLK_ENGINE; known: openssl, rustcrypto)",
-                name: forced.clone(),
-            })?;
-        if !engine.supports(spec) {
-            return Err(CryptoError::Unsupported {
-                what: "spec for the engine forced by CRYPTBLK_ENGINE",
-                name: format!("{spec} on {forced}"),
-            });
-        }
-        return Ok(engine);
+        return forced_engine(spec, &forced, all);
     }
 
     static CHOICE: OnceLock<Mutex<HashMap<String, &'static str>>> = OnceLock::new();
@@ -73,6 +72,35 @@ pub fn default_engine_for(spec: &CipherSpec) -> Result<Arc<dyn Engine>, CryptoEr
             what: "engine",
             name: name.to_string(),
         })
+}
+
+/// The engine `CRYPTBLK_ENGINE` names, if it can do `spec` here; otherwise the reason.
+fn forced_engine(
+    spec: &CipherSpec,
+    forced: &str,
+    all: Vec<Arc<dyn Engine>>,
+) -> Result<Arc<dyn Engine>, CryptoError> {
+    let forced = forced.trim().to_ascii_lowercase();
+    let Some(engine) = all.into_iter().find(|e| e.name() == forced) else {
+        return Err(CryptoError::Unsupported {
+            what: if ENGINE_NAMES.contains(&forced.as_str()) {
+                "engine (from CRYPTBLK_ENGINE) on this architecture (vaes is x86-64 only)"
+            } else {
+                "engine (from CRYPTBLK_ENGINE; known: vaes, openssl, rustcrypto)"
+            },
+            name: forced,
+        });
+    };
+    if !engine.supports(spec) {
+        // The engine's own refusal says why (a CPU feature it lacks, a key size it lacks).
+        let key = SecretKey::random(spec.key_bytes())?;
+        engine.new_cipher(spec, &key, PROBE_SECTOR)?;
+        return Err(CryptoError::Unsupported {
+            what: "spec for the engine forced by CRYPTBLK_ENGINE",
+            name: format!("{spec} on {forced}"),
+        });
+    }
+    Ok(engine)
 }
 
 fn measure_best(spec: &CipherSpec, all: &[Arc<dyn Engine>]) -> Result<&'static str, CryptoError> {

@@ -19,12 +19,47 @@ fn env_var_forces_engine_and_rejects_unknown_or_unsupported() {
         .expect("forced openssl accepted AES-192-XTS");
     assert!(matches!(err, CryptoError::Unsupported { .. }), "{err}");
 
+    // vaes: forced where the CPU has VAES, and otherwise refused with what is missing.
+    std::env::set_var(ENGINE_ENV, "vaes");
+    match default_engine_for(&xts512) {
+        Ok(engine) => {
+            assert_eq!(engine.name(), "vaes");
+            assert!(vaes_cpu(), "vaes forced on a CPU without VAES");
+            // It has no AES-192-XTS either, and says it is its own limit.
+            let err = default_engine_for(&xts384)
+                .err()
+                .expect("forced vaes accepted AES-192-XTS");
+            assert!(matches!(err, CryptoError::Unsupported { .. }), "{err}");
+            assert!(err.to_string().contains("vaes"), "{err}");
+        }
+        Err(err) => {
+            assert!(!vaes_cpu(), "vaes refused on a CPU with VAES: {err}");
+            assert!(matches!(err, CryptoError::Unsupported { .. }), "{err}");
+            assert!(err.to_string().contains("vaes"), "{err}");
+        }
+    }
+
     std::env::set_var(ENGINE_ENV, "qat");
     let err = default_engine_for(&xts512)
         .err()
         .expect("unknown engine accepted");
     assert!(err.to_string().contains("qat"), "{err}");
+    assert!(
+        err.to_string().contains("vaes, openssl, rustcrypto"),
+        "{err}"
+    );
 
     std::env::remove_var(ENGINE_ENV);
     assert!(default_engine_for(&xts512).is_ok());
+}
+
+/// Asked independently of the engine.
+fn vaes_cpu() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("aes")
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("vaes")
+        && std::arch::is_x86_feature_detected!("vpclmulqdq");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
