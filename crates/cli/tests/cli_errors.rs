@@ -642,6 +642,7 @@ fn usage_errors_exit_1() {
         vec!["convert", "-O", "qcow2", k, i],
         vec!["dump", "--bogus", i],
         vec!["--threads", "many", "bench"],
+        vec!["--crypto-engine", "qat", "bench"],
     ];
     for args in cases {
         let out = cryptblk(&args);

@@ -9,11 +9,13 @@
 //! `CRYPTBLK_ENGINE=vaes|openssl|rustcrypto` skips the measurement and forces an engine (for
 //! benchmarking, for tests and CI that must exercise every path, and for working around a
 //! misbehaving engine); it is an error if the forced engine cannot do the spec on this CPU.
+//! `force_engine` does the same from a program (the CLI's `--crypto-engine`) and takes
+//! precedence over the variable.
 
 use crate::engine::{openssl::OpensslEngine, rustcrypto::RustCryptoEngine};
 use crate::{CipherSpec, CryptoError, Direction, Engine, SecretKey};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 /// Environment variable that forces an engine by name.
@@ -37,6 +39,36 @@ pub fn engines() -> Vec<Arc<dyn Engine>> {
     ]
 }
 
+/// The engine `force_engine` set, which overrides `CRYPTBLK_ENGINE`.
+static FORCED: RwLock<Option<&'static str>> = RwLock::new(None);
+
+/// Forces every later `default_engine_for` in this process to `name` (one of
+/// `ENGINE_NAMES`, any case), or with `None` returns to `CRYPTBLK_ENGINE` or the measured
+/// choice. Refuses a name that is not an engine compiled into this build (vaes off x86-64).
+pub fn force_engine(name: Option<&str>) -> Result<(), CryptoError> {
+    let name = match name {
+        None => None,
+        Some(name) => {
+            let lower = name.trim().to_ascii_lowercase();
+            let engine = engines().into_iter().find(|e| e.name() == lower);
+            Some(engine.ok_or_else(|| unknown_engine(lower))?.name())
+        }
+    };
+    *FORCED.write().unwrap_or_else(|p| p.into_inner()) = name;
+    Ok(())
+}
+
+fn unknown_engine(name: String) -> CryptoError {
+    CryptoError::Unsupported {
+        what: if ENGINE_NAMES.contains(&name.as_str()) {
+            "crypto engine on this architecture (vaes is x86-64 only)"
+        } else {
+            "crypto engine (known: vaes, openssl, rustcrypto)"
+        },
+        name,
+    }
+}
+
 /// The portable engine (RustCrypto), used for cross-checks and as the fallback.
 pub fn portable_engine() -> Arc<dyn Engine> {
     Arc::new(RustCryptoEngine)
@@ -47,8 +79,12 @@ pub fn portable_engine() -> Arc<dyn Engine> {
 pub fn default_engine_for(spec: &CipherSpec) -> Result<Arc<dyn Engine>, CryptoError> {
     crate::iv::check_supported(spec)?;
     let all = engines();
+    let forced = *FORCED.read().unwrap_or_else(|p| p.into_inner());
+    if let Some(forced) = forced {
+        return forced_engine(spec, forced, "--crypto-engine", all);
+    }
     if let Ok(forced) = std::env::var(ENGINE_ENV) {
-        return forced_engine(spec, &forced, all);
+        return forced_engine(spec, &forced, ENGINE_ENV, all);
     }
 
     static CHOICE: OnceLock<Mutex<HashMap<String, &'static str>>> = OnceLock::new();
@@ -74,30 +110,38 @@ pub fn default_engine_for(spec: &CipherSpec) -> Result<Arc<dyn Engine>, CryptoEr
         })
 }
 
-/// The engine `CRYPTBLK_ENGINE` names, if it can do `spec` here; otherwise the reason.
+/// The engine `forced` names (set by `by`: the variable or the option), if it can do
+/// `spec` here; otherwise the reason.
 fn forced_engine(
     spec: &CipherSpec,
     forced: &str,
+    by: &str,
     all: Vec<Arc<dyn Engine>>,
 ) -> Result<Arc<dyn Engine>, CryptoError> {
     let forced = forced.trim().to_ascii_lowercase();
     let Some(engine) = all.into_iter().find(|e| e.name() == forced) else {
-        return Err(CryptoError::Unsupported {
-            what: if ENGINE_NAMES.contains(&forced.as_str()) {
-                "engine (from CRYPTBLK_ENGINE) on this architecture (vaes is x86-64 only)"
-            } else {
-                "engine (from CRYPTBLK_ENGINE; known: vaes, openssl, rustcrypto)"
-            },
-            name: forced,
-        });
+        return Err(unknown_engine(format!("{forced} (from {by})")));
     };
     if !engine.supports(spec) {
-        // The engine's own refusal says why (a CPU feature it lacks, a key size it lacks).
-        let key = SecretKey::random(spec.key_bytes())?;
-        engine.new_cipher(spec, &key, PROBE_SECTOR)?;
+        #[cfg(target_arch = "x86_64")]
+        let missing = if engine.name() == crate::engine::vaes::NAME {
+            crate::engine::vaes::missing_cpu_features()
+        } else {
+            Vec::new()
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let missing: Vec<&str> = Vec::new();
+        let why = if missing.is_empty() {
+            "it does not implement this cipher".to_string()
+        } else {
+            format!("this CPU lacks {}", missing.join(", "))
+        };
         return Err(CryptoError::Unsupported {
-            what: "spec for the engine forced by CRYPTBLK_ENGINE",
-            name: format!("{spec} on {forced}"),
+            what: "cipher for the crypto engine forced",
+            name: format!(
+                "{spec} on {forced}, forced by {by}: {why}; leave the choice to cryptblk \
+                 or force another engine"
+            ),
         });
     }
     Ok(engine)

@@ -1,7 +1,7 @@
 //! `CRYPTBLK_ENGINE` forces the engine. Its own test binary, because the variable is
 //! process-wide and would race with measured choices in other tests.
 
-use cryptblk_crypto::{default_engine_for, CipherSpec, CryptoError, ENGINE_ENV};
+use cryptblk_crypto::{default_engine_for, force_engine, CipherSpec, CryptoError, ENGINE_ENV};
 
 #[test]
 fn env_var_forces_engine_and_rejects_unknown_or_unsupported() {
@@ -51,6 +51,28 @@ fn env_var_forces_engine_and_rejects_unknown_or_unsupported() {
 
     std::env::remove_var(ENGINE_ENV);
     assert!(default_engine_for(&xts512).is_ok());
+
+    // The program's own choice (the CLI's --crypto-engine) wins over the variable, and
+    // `None` hands the choice back.
+    std::env::set_var(ENGINE_ENV, "openssl");
+    force_engine(Some("RustCrypto")).unwrap();
+    assert_eq!(default_engine_for(&xts512).unwrap().name(), "rustcrypto");
+    force_engine(Some("openssl")).unwrap();
+    let err = default_engine_for(&xts384)
+        .err()
+        .expect("forced openssl accepted AES-192-XTS");
+    assert!(err.to_string().contains("--crypto-engine"), "{err}");
+    let err = force_engine(Some("qat")).unwrap_err();
+    assert!(err.to_string().contains("qat"), "{err}");
+    assert_eq!(
+        default_engine_for(&xts512).unwrap().name(),
+        "openssl",
+        "a refused name changed the forced engine"
+    );
+    force_engine(None).unwrap();
+    std::env::set_var(ENGINE_ENV, "rustcrypto");
+    assert_eq!(default_engine_for(&xts512).unwrap().name(), "rustcrypto");
+    std::env::remove_var(ENGINE_ENV);
 }
 
 /// Asked independently of the engine.

@@ -504,6 +504,13 @@ impl ServeProcess {
         Self::start_cmd(Self::command(args), ready)
     }
 
+    /// As `start`, with these environment variables set for the daemon.
+    pub fn start_with_env(args: &[&str], ready: &Path, env: &[(&str, &str)]) -> ServeProcess {
+        let mut cmd = Self::command(args);
+        cmd.envs(env.iter().copied());
+        Self::start_cmd(cmd, ready)
+    }
+
     /// As `start`, with the daemon's file writes at or past `limit` bytes refused
     /// (`limit_file_size`).
     pub fn start_with_file_limit(args: &[&str], ready: &Path, limit: u64) -> ServeProcess {
