@@ -31,9 +31,9 @@ pub struct Cli {
     /// Sector-crypto engine for every disk and image this command opens: vaes (AES-XTS on
     /// 256-bit VAES registers, x86-64 CPUs with VAES), openssl, or rustcrypto (portable).
     /// Default: the fastest engine for each cipher, measured on this CPU at its first use
-    /// (`cryptblk bench` shows them all). A cipher the forced engine cannot run is refused.
-    #[arg(long, global = true, value_name = "NAME",
-          value_parser = clap::builder::PossibleValuesParser::new(cryptblk_crypto::ENGINE_NAMES.iter().copied()))]
+    /// (`cryptblk bench` shows them all). A cipher the forced engine cannot run is refused;
+    /// with a list (vaes,openssl) each cipher takes the first listed engine that runs it.
+    #[arg(long, global = true, value_name = "NAME[,NAME]", value_parser = parse_engine_list)]
     pub crypto_engine: Option<String>,
 
     /// Refuse to unlock argon2 keyslots needing more memory than this many KiB.
@@ -317,6 +317,24 @@ pub enum LogFormat {
 
 fn parse_cache_mode(s: &str) -> Result<ImageCacheMode, cryptblk_block::UnknownName> {
     s.parse()
+}
+
+/// One engine name, or several separated by commas, each one cryptblk knows.
+fn parse_engine_list(s: &str) -> Result<String, String> {
+    let names: Vec<String> = s
+        .split(',')
+        .map(|n| n.trim().to_ascii_lowercase())
+        .collect();
+    match names
+        .iter()
+        .find(|n| !cryptblk_crypto::ENGINE_NAMES.contains(&n.as_str()))
+    {
+        Some(bad) => Err(format!(
+            "unknown crypto engine '{bad}' (known: {})",
+            cryptblk_crypto::ENGINE_NAMES.join(", ")
+        )),
+        None => Ok(names.join(",")),
+    }
 }
 
 fn parse_aio_engine(s: &str) -> Result<AioEngine, cryptblk_block::UnknownName> {

@@ -8,9 +8,11 @@
 //!
 //! `CRYPTBLK_ENGINE=vaes|openssl|rustcrypto` skips the measurement and forces an engine (for
 //! benchmarking, for tests and CI that must exercise every path, and for working around a
-//! misbehaving engine); it is an error if the forced engine cannot do the spec on this CPU.
-//! `force_engine` does the same from a program (the CLI's `--crypto-engine`) and takes
-//! precedence over the variable.
+//! misbehaving engine); it is an error if the forced engine cannot do the spec on this CPU,
+//! never a silent switch. A comma-separated list (`vaes,openssl`) forces the first listed
+//! engine that can do each spec, so a whole test suite can run on an engine that lacks some
+//! ciphers (vaes has no CBC) while the others go to the next name. `force_engine` does the
+//! same from a program (the CLI's `--crypto-engine`) and takes precedence over the variable.
 
 use crate::engine::{openssl::OpensslEngine, rustcrypto::RustCryptoEngine};
 use crate::{CipherSpec, CryptoError, Direction, Engine, SecretKey};
@@ -39,23 +41,38 @@ pub fn engines() -> Vec<Arc<dyn Engine>> {
     ]
 }
 
-/// The engine `force_engine` set, which overrides `CRYPTBLK_ENGINE`.
-static FORCED: RwLock<Option<&'static str>> = RwLock::new(None);
+/// The engines `force_engine` set, in order of preference; overrides `CRYPTBLK_ENGINE`.
+static FORCED: RwLock<Option<Vec<&'static str>>> = RwLock::new(None);
 
-/// Forces every later `default_engine_for` in this process to `name` (one of
-/// `ENGINE_NAMES`, any case), or with `None` returns to `CRYPTBLK_ENGINE` or the measured
-/// choice. Refuses a name that is not an engine compiled into this build (vaes off x86-64).
-pub fn force_engine(name: Option<&str>) -> Result<(), CryptoError> {
-    let name = match name {
+/// Forces every later `default_engine_for` in this process to `names`: one of
+/// `ENGINE_NAMES` (any case), or several separated by commas, each spec taking the first
+/// that can run it. `None` returns to `CRYPTBLK_ENGINE` or the measured choice. Refuses a name
+/// that is not an engine compiled into this build (vaes off x86-64), changing nothing.
+pub fn force_engine(names: Option<&str>) -> Result<(), CryptoError> {
+    let forced = match names {
         None => None,
-        Some(name) => {
-            let lower = name.trim().to_ascii_lowercase();
-            let engine = engines().into_iter().find(|e| e.name() == lower);
-            Some(engine.ok_or_else(|| unknown_engine(lower))?.name())
-        }
+        Some(names) => Some(engine_list(names)?),
     };
-    *FORCED.write().unwrap_or_else(|p| p.into_inner()) = name;
+    *FORCED.write().unwrap_or_else(|p| p.into_inner()) = forced;
     Ok(())
+}
+
+/// The engine names of a comma-separated list, each compiled into this build.
+fn engine_list(names: &str) -> Result<Vec<&'static str>, CryptoError> {
+    let all = engines();
+    let list = names
+        .split(',')
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .map(|n| match all.iter().find(|e| e.name() == n) {
+            Some(e) => Ok(e.name()),
+            None => Err(unknown_engine(n)),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if list.is_empty() {
+        return Err(unknown_engine(names.to_string()));
+    }
+    Ok(list)
 }
 
 fn unknown_engine(name: String) -> CryptoError {
@@ -79,11 +96,18 @@ pub fn portable_engine() -> Arc<dyn Engine> {
 pub fn default_engine_for(spec: &CipherSpec) -> Result<Arc<dyn Engine>, CryptoError> {
     crate::iv::check_supported(spec)?;
     let all = engines();
-    let forced = *FORCED.read().unwrap_or_else(|p| p.into_inner());
+    let forced = FORCED.read().unwrap_or_else(|p| p.into_inner()).clone();
     if let Some(forced) = forced {
-        return forced_engine(spec, forced, "--crypto-engine", all);
+        return forced_engine(spec, &forced, "--crypto-engine", all);
     }
-    if let Ok(forced) = std::env::var(ENGINE_ENV) {
+    if let Ok(names) = std::env::var(ENGINE_ENV) {
+        let forced = engine_list(&names).map_err(|e| match e {
+            CryptoError::Unsupported { what, name } => CryptoError::Unsupported {
+                what,
+                name: format!("{name} (from {ENGINE_ENV})"),
+            },
+            other => other,
+        })?;
         return forced_engine(spec, &forced, ENGINE_ENV, all);
     }
 
@@ -110,41 +134,49 @@ pub fn default_engine_for(spec: &CipherSpec) -> Result<Arc<dyn Engine>, CryptoEr
         })
 }
 
-/// The engine `forced` names (set by `by`: the variable or the option), if it can do
-/// `spec` here; otherwise the reason.
+/// The first engine of `forced` (set by `by`: the variable or the option) that can do `spec`
+/// here; otherwise the reason.
 fn forced_engine(
     spec: &CipherSpec,
-    forced: &str,
+    forced: &[&'static str],
     by: &str,
     all: Vec<Arc<dyn Engine>>,
 ) -> Result<Arc<dyn Engine>, CryptoError> {
-    let forced = forced.trim().to_ascii_lowercase();
-    let Some(engine) = all.into_iter().find(|e| e.name() == forced) else {
-        return Err(unknown_engine(format!("{forced} (from {by})")));
-    };
-    if !engine.supports(spec) {
-        #[cfg(target_arch = "x86_64")]
-        let missing = if engine.name() == crate::engine::vaes::NAME {
-            crate::engine::vaes::missing_cpu_features()
-        } else {
-            Vec::new()
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let missing: Vec<&str> = Vec::new();
-        let why = if missing.is_empty() {
-            "it does not implement this cipher".to_string()
-        } else {
-            format!("this CPU lacks {}", missing.join(", "))
-        };
-        return Err(CryptoError::Unsupported {
-            what: "cipher for the crypto engine forced",
-            name: format!(
-                "{spec} on {forced}, forced by {by}: {why}; leave the choice to cryptblk \
-                 or force another engine"
-            ),
-        });
+    let mut listed = all
+        .into_iter()
+        .filter(|e| forced.contains(&e.name()))
+        .collect::<Vec<_>>();
+    // In the order the list gives, not the order engines are compiled in.
+    listed.sort_by_key(|e| forced.iter().position(|n| *n == e.name()));
+    if let Some(engine) = listed.iter().find(|e| e.supports(spec)) {
+        return Ok(engine.clone());
     }
-    Ok(engine)
+    let why = listed
+        .iter()
+        .map(|e| format!("{} {}", e.name(), why_not(e.as_ref())))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Err(CryptoError::Unsupported {
+        what: "cipher for the crypto engine forced",
+        name: format!(
+            "{spec} on {}, forced by {by}: {why}; leave the choice to cryptblk or force \
+             another engine",
+            forced.join(",")
+        ),
+    })
+}
+
+/// Why `engine` cannot run a spec it does not support: a CPU it cannot run on, or the cipher.
+fn why_not(engine: &dyn Engine) -> String {
+    #[cfg(target_arch = "x86_64")]
+    if engine.name() == crate::engine::vaes::NAME {
+        let missing = crate::engine::vaes::missing_cpu_features();
+        if !missing.is_empty() {
+            return format!("needs a CPU with {}", missing.join(", "));
+        }
+    }
+    let _ = engine;
+    "does not implement this cipher".to_string()
 }
 
 fn measure_best(spec: &CipherSpec, all: &[Arc<dyn Engine>]) -> Result<&'static str, CryptoError> {

@@ -72,6 +72,42 @@ fn env_var_forces_engine_and_rejects_unknown_or_unsupported() {
     force_engine(None).unwrap();
     std::env::set_var(ENGINE_ENV, "rustcrypto");
     assert_eq!(default_engine_for(&xts512).unwrap().name(), "rustcrypto");
+
+    // A list: each spec takes the first listed engine that runs it, in the list's order.
+    let cbc = CipherSpec::parse_luks2("aes-cbc-essiv:sha256", 32).unwrap();
+    std::env::set_var(ENGINE_ENV, "rustcrypto, openssl");
+    assert_eq!(default_engine_for(&xts512).unwrap().name(), "rustcrypto");
+    std::env::set_var(ENGINE_ENV, "openssl,rustcrypto");
+    assert_eq!(default_engine_for(&xts512).unwrap().name(), "openssl");
+    assert_eq!(default_engine_for(&xts384).unwrap().name(), "rustcrypto");
+    std::env::set_var(ENGINE_ENV, "vaes,openssl");
+    let first = default_engine_for(&xts512).unwrap().name();
+    assert_eq!(first, if vaes_cpu() { "vaes" } else { "openssl" });
+    assert_eq!(default_engine_for(&cbc).unwrap().name(), "openssl");
+    // No listed engine runs it: every one says why.
+    let err = default_engine_for(&xts384)
+        .err()
+        .expect("vaes,openssl accepted AES-192-XTS");
+    assert!(err.to_string().contains("vaes,openssl"), "{err}");
+    assert!(
+        err.to_string().contains("openssl does not implement"),
+        "{err}"
+    );
+    std::env::set_var(ENGINE_ENV, "openssl,qat");
+    let err = default_engine_for(&xts512)
+        .err()
+        .expect("qat in a list accepted");
+    assert!(err.to_string().contains("qat"), "{err}");
+    force_engine(Some("vaes,rustcrypto")).unwrap();
+    assert_eq!(default_engine_for(&cbc).unwrap().name(), "rustcrypto");
+    assert!(force_engine(Some("rustcrypto,qat")).is_err());
+    assert!(force_engine(Some(" , ")).is_err());
+    assert_eq!(
+        default_engine_for(&cbc).unwrap().name(),
+        "rustcrypto",
+        "a refused list changed the forced engines"
+    );
+    force_engine(None).unwrap();
     std::env::remove_var(ENGINE_ENV);
 }
 
