@@ -6,9 +6,10 @@
 //! Per call, the IVs of up to 16 sectors are encrypted into their first tweaks in one pass
 //! (16 blocks in flight, so a run of short sectors does not wait for the latency of each
 //! sector's tweak encryption in turn), then each sector runs through the loop, 8 blocks per
-//! iteration. Supports AES-128-XTS and
-//! AES-256-XTS (256- and 512-bit keys) with every IV generator XTS allows (plain, plain64,
-//! plain64be) and every sector size the trait allows; keys with equal halves too.
+//! iteration. Supports AES-128-XTS and AES-256-XTS (256- and 512-bit keys) with every IV
+//! generator XTS allows (plain, plain64, plain64be), every sector size the trait allows
+//! (powers of two from 512 to 4096 bytes: whole 128-byte iterations), and keys whose halves
+//! are equal.
 //!
 //! Constant time by construction: AES rounds in hardware, tweak arithmetic without branches
 //! or table lookups, no secret-dependent memory address.
@@ -77,7 +78,7 @@ impl Engine for VaesEngine {
         if !missing.is_empty() {
             return Err(CryptoError::Unsupported {
                 what: "CPU for the vaes engine (it needs AES-NI, AVX2, VAES and VPCLMULQDQ; \
-                       leave CRYPTBLK_ENGINE unset to use another engine); missing",
+                       let cryptblk choose the engine, or force another); missing",
                 name: missing.join(" "),
             });
         }
