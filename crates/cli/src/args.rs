@@ -15,7 +15,8 @@ use std::path::PathBuf;
         "Fast userspace encrypted block storage: LUKS1/LUKS2 images with parallel sector crypto.\n\n",
         "Passphrases are read from --key-file PATH (the whole file, as cryptsetup does; '-' reads stdin, ",
         "/dev/fd/N works), or asked for without echo when stdin is a terminal. They are never taken from ",
-        "the command line.\n\nEnvironment: CRYPTBLK_ENGINE=openssl|rustcrypto forces a crypto engine; ",
+        "the command line.\n\nEnvironment: CRYPTBLK_ENGINE=vaes|openssl|rustcrypto forces a crypto engine ",
+        "as --crypto-engine does (the option wins); ",
         "RUST_LOG=debug shows what cryptblk decides."
     )
 )]
@@ -26,6 +27,14 @@ pub struct Cli {
     /// Crypto worker threads (default: one per CPU).
     #[arg(long, global = true, value_name = "N")]
     pub threads: Option<usize>,
+
+    /// Sector-crypto engine for every disk and image this command opens: vaes (AES-XTS on
+    /// 256-bit VAES registers, x86-64 CPUs with VAES), openssl, or rustcrypto (portable).
+    /// Default: the fastest engine for each cipher, measured on this CPU at its first use
+    /// (`cryptblk bench` shows them all). A cipher the forced engine cannot run is refused;
+    /// with a list (vaes,openssl) each cipher takes the first listed engine that runs it.
+    #[arg(long, global = true, value_name = "NAME[,NAME]", value_parser = parse_engine_list)]
+    pub crypto_engine: Option<String>,
 
     /// Refuse to unlock argon2 keyslots needing more memory than this many KiB.
     #[arg(long, global = true, value_name = "KIB", default_value_t = 4 * 1024 * 1024)]
@@ -327,6 +336,24 @@ pub enum LogFormat {
 
 fn parse_cache_mode(s: &str) -> Result<ImageCacheMode, cryptblk_block::UnknownName> {
     s.parse()
+}
+
+/// One engine name, or several separated by commas, each one cryptblk knows.
+fn parse_engine_list(s: &str) -> Result<String, String> {
+    let names: Vec<String> = s
+        .split(',')
+        .map(|n| n.trim().to_ascii_lowercase())
+        .collect();
+    match names
+        .iter()
+        .find(|n| !cryptblk_crypto::ENGINE_NAMES.contains(&n.as_str()))
+    {
+        Some(bad) => Err(format!(
+            "unknown crypto engine '{bad}' (known: {})",
+            cryptblk_crypto::ENGINE_NAMES.join(", ")
+        )),
+        None => Ok(names.join(",")),
+    }
 }
 
 fn parse_aio_engine(s: &str) -> Result<AioEngine, cryptblk_block::UnknownName> {

@@ -545,6 +545,8 @@ fn usage_errors_exit_1() {
         vec!["convert", "-O", "qcow2", k, i],
         vec!["dump", "--bogus", i],
         vec!["--threads", "many", "bench"],
+        vec!["--crypto-engine", "qat", "bench"],
+        vec!["--crypto-engine", "vaes,qat", "bench"],
     ];
     for args in cases {
         let out = cryptblk(&args);
