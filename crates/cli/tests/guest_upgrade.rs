@@ -27,7 +27,12 @@ fn wait_started(daemon: &Daemon, before: usize) -> Instant {
     wait_until(BOUND, || {
         (daemon.log().matches(STARTED).count() > before).then(Instant::now)
     })
-    .unwrap_or_else(|| panic!("the VM did not come back within {BOUND:?}:\n{}", daemon.log()))
+    .unwrap_or_else(|| {
+        panic!(
+            "the VM did not come back within {BOUND:?}:\n{}",
+            daemon.log()
+        )
+    })
 }
 
 #[test]

@@ -17,78 +17,62 @@
 
 mod common;
 
-use common::{bin, cryptblk, key_file, s, tool};
-use cryptblk_testutil::nbd::NbdClient;
-use cryptblk_testutil::vhost_user::{Guest, S_OK};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use common::*;
 use std::time::{Duration, Instant};
 
 const DISKS: usize = 30;
-/// A disk's payload (the LUKS2 header adds 16 MiB; copies are sparse).
-const PAYLOAD: &str = "4M";
 
 struct Host {
-    dir: tempfile::TempDir,
+    t: TestDir,
     names: Vec<String>,
-    config: PathBuf,
-    control: PathBuf,
-    nbd: PathBuf,
-    log: PathBuf,
 }
 
 impl Host {
-    fn args(&self) -> Vec<String> {
-        [
-            "serve",
-            "--config",
-            s(&self.config),
-            "--control",
-            s(&self.control),
-            "--nbd",
-            &format!("unix:{}", s(&self.nbd)),
-            "--key-cache",
-            "keyring",
-            "--key-cache-timeout",
-            "120",
-        ]
-        .map(String::from)
-        .to_vec()
+    /// Thirty images at the default KDF and a config file serving them.
+    fn new() -> Host {
+        let t = TestDir::new();
+        let key = t.key("key");
+        let first = t.path("d0.luks");
+        cryptblk(argv!("format -q --key-file {} {} 4M", key, first)).ok();
+        let mut config = String::new();
+        let mut names = Vec::new();
+        for i in 0..DISKS {
+            let name = format!("d{i}");
+            let image = t.path(&format!("{name}.luks"));
+            if i > 0 {
+                tool("cp", argv!("--sparse=always {} {}", first, image)).ok();
+            }
+            // A fresh UUID each run: the key cache names keys by it.
+            let uuid = tool("uuidgen", ["-r"]).stdout.trim().to_string();
+            tool("cryptsetup", argv!("luksUUID -q --uuid {} {}", uuid, image)).ok();
+            config.push_str(&format!(
+                "[[disk]]\nname = \"{name}\"\nimage = \"{}\"\nkey-file = \"{}\"\nvhost-user-blk = \"{}\"\n\n",
+                s(&image),
+                s(&key),
+                s(&t.path(&format!("{name}.sock")))
+            ));
+            names.push(name);
+        }
+        std::fs::write(t.path("disks.toml"), config).unwrap();
+        Host { t, names }
     }
 
-    /// Starts `cryptblk serve` (logging to `log`, appended: successors write there too).
-    fn start(&self) -> Child {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        Command::new(bin())
-            .args(self.args())
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start cryptblk serve")
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// One disk's block 0 read over NBD, if its export answers now.
-    fn read(&self, name: &str) -> Option<Vec<u8>> {
-        let mut client = NbdClient::connect(&self.nbd, name).ok()?;
-        let data = client.read(0, 4096).ok()?;
-        let _ = client.disconnect();
-        Some(data)
+    /// `tag` names the daemon's sockets and log (a restart after a kill gets its own).
+    fn serve(&self, tag: &str) -> Serve {
+        self.t
+            .serve_as(tag)
+            .config(&self.t.path("disks.toml"))
+            .control()
+            .nbd()
+            .args(&["--key-cache", "keyring", "--key-cache-timeout", "120"])
+            .log_level("info")
     }
 
     /// Polls every disk until `probe` says it answered; returns when each first did, counted
     /// from `since`.
     fn wait_all(
         &self,
+        daemon: &Daemon,
         since: Instant,
         bound: Duration,
         mut probe: impl FnMut(usize, &str) -> bool,
@@ -104,7 +88,7 @@ impl Host {
                     .filter(|(_, a)| a.is_none())
                     .map(|(i, _)| &self.names[i])
                     .collect::<Vec<_>>(),
-                self.log()
+                daemon.log()
             );
             for (i, name) in self.names.iter().enumerate() {
                 if answered[i].is_none() && probe(i, name) {
@@ -116,9 +100,17 @@ impl Host {
         answered.into_iter().map(Option::unwrap).collect()
     }
 
+    /// Disk `name`'s first block over NBD, if its export answers now.
+    fn read(&self, daemon: &Daemon, name: &str) -> Option<Vec<u8>> {
+        let mut client = NbdClient::connect(daemon.nbd_socket(), name).ok()?;
+        let data = client.read(0, 4096).ok()?;
+        let _ = client.disconnect();
+        Some(data)
+    }
+
     /// Whether disk `i` answers a read of its first block over NBD with its pattern.
-    fn verified(&self, i: usize, name: &str) -> bool {
-        match self.read(name) {
+    fn verified(&self, daemon: &Daemon, i: usize, name: &str) -> bool {
+        match self.read(daemon, name) {
             Some(data) => {
                 assert_eq!(data, pattern(i), "disk {name} read back other data");
                 true
@@ -130,93 +122,17 @@ impl Host {
     /// Whether disk `name` answers a read over its vhost-user socket (what a VM uses; the NBD
     /// server appears only once every disk of the start serves).
     fn vhost_answers(&self, name: &str) -> bool {
-        let socket = self.dir.path().join(format!("{name}.sock"));
+        let socket = self.t.path(&format!("{name}.sock"));
         if !socket.exists() {
             return false;
         }
-        let mut guest = Guest::connect(&socket, 1, 256);
-        guest.read(0, 0, 4096).0 == S_OK
+        let mut guest = frontend::Guest::connect(&socket, 1, 256);
+        guest.read(0, 0, 4096).0 == frontend::S_OK
     }
 }
 
 fn pattern(i: usize) -> Vec<u8> {
     (0..4096).map(|b| (b * 7 + i * 13) as u8).collect()
-}
-
-fn host() -> Host {
-    let dir = common::tempdir();
-    let key = key_file(dir.path(), "key", &common::passphrase("host-restart"));
-    let first = dir.path().join("d0.luks");
-    // cryptblk's defaults: LUKS2, argon2id benchmarked to about 2 s.
-    cryptblk(["format", "-q", "--key-file", s(&key), s(&first), PAYLOAD]).ok();
-    let mut config = String::new();
-    let mut names = Vec::new();
-    for i in 0..DISKS {
-        let name = format!("d{i}");
-        let image = dir.path().join(format!("{name}.luks"));
-        if i > 0 {
-            tool("cp", ["--sparse=always", s(&first), s(&image)]).ok();
-        }
-        // A fresh UUID each run: the key cache names keys by it.
-        let uuid = tool("uuidgen", ["-r"]).stdout.trim().to_string();
-        tool("cryptsetup", ["luksUUID", "-q", "--uuid", &uuid, s(&image)]).ok();
-        config.push_str(&format!(
-            "[[disk]]\nname = \"{name}\"\nimage = \"{}\"\nkey-file = \"{}\"\nvhost-user-blk = \"{}\"\n\n",
-            s(&image),
-            s(&key),
-            s(&dir.path().join(format!("{name}.sock")))
-        ));
-        names.push(name);
-    }
-    let config_path = dir.path().join("disks.toml");
-    std::fs::write(&config_path, config).unwrap();
-    Host {
-        control: dir.path().join("ctl.sock"),
-        nbd: dir.path().join("nbd.sock"),
-        log: dir.path().join("serve.log"),
-        config: config_path,
-        names,
-        dir,
-    }
-}
-
-/// Kills every daemon process it was told of when dropped, so that a failing test leaves none
-/// behind (an upgraded daemon is not a child of the test, so nothing else would).
-#[derive(Default)]
-struct Reaper(std::sync::Mutex<Vec<u32>>);
-
-impl Reaper {
-    fn track(&self, pid: u32) {
-        self.0.lock().unwrap().push(pid);
-    }
-}
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        for pid in self.0.lock().unwrap().drain(..) {
-            // SAFETY: kill(2) on a process this test started; it may be gone already.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-        }
-    }
-}
-
-fn kill(pid: u32) {
-    // SAFETY: kill(2) on a daemon process this test started (directly, or as its upgrade).
-    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-    let gone = Instant::now();
-    while Path::new(&format!("/proc/{pid}")).exists() {
-        // A child of ours lingers as a zombie until reaped: reaping is the caller's.
-        if std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|stat| stat.contains(") Z "))
-        {
-            break;
-        }
-        assert!(
-            gone.elapsed() < Duration::from_secs(10),
-            "pid {pid} survived SIGKILL"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -226,18 +142,12 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 #[test]
 fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
-    if tool("cryptsetup", ["--version"]).code != 0 {
-        cryptblk_testutil::skip("cryptsetup is not installed (scripts/install-deps.sh)");
-        return;
-    }
-    let host = host();
-    let reaper = Reaper::default();
+    let host = Host::new();
 
     // A cold start: nothing cached, every key derived; disks serve as they are unlocked.
     let started = Instant::now();
-    let mut first = host.start();
-    reaper.track(first.id());
-    let cold = host.wait_all(started, Duration::from_secs(300), |_, name| {
+    let mut daemon = host.serve("first").spawn();
+    let cold = host.wait_all(&daemon, started, Duration::from_secs(300), |_, name| {
         host.vhost_answers(name)
     });
     let earliest = *cold.iter().min().unwrap();
@@ -246,11 +156,10 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
         "cold start: first disk after {earliest:?}, median {:?}, last {latest:?}",
         median(cold.clone())
     );
-    // Disks come as they are unlocked, several at a time: the last long after the first.
     // Within 3 s (a default keyslot's KDF takes about 2 s), or, on a machine so busy that the
     // KDF itself took longer, within a second of the fastest disk's own unlock: the first disk
     // never waits for the others.
-    let fastest_unlock = host
+    let fastest_unlock = daemon
         .log()
         .lines()
         .filter_map(|l| {
@@ -268,25 +177,29 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
         earliest < Duration::from_secs(3).max(fastest_unlock + Duration::from_secs(1)),
         "the first disk served after {earliest:?} (the fastest unlock took {fastest_unlock:?})"
     );
+    // Disks come as they are unlocked, a few at a time: the last long after the first.
     assert!(
         latest > earliest * 4,
         "the disks did not come one by one as they were unlocked: {cold:?}"
     );
     // Every disk serves: the NBD server is up.
-    host.wait_all(Instant::now(), Duration::from_secs(30), |_, name| {
-        host.read(name).is_some()
-    });
+    host.wait_all(
+        &daemon,
+        Instant::now(),
+        Duration::from_secs(30),
+        |_, name| host.read(&daemon, name).is_some(),
+    );
     for (i, name) in host.names.iter().enumerate() {
-        let mut client = NbdClient::connect(&host.nbd, name).unwrap();
+        let mut client = daemon.nbd(name);
         client.write(0, &pattern(i), true).unwrap();
         client.disconnect().unwrap();
     }
 
     // The upgrade: a new process takes the disks and keys over.
     let asked = Instant::now();
-    let answer = common::ctl_json(&host.control, &["upgrade"]);
-    let upgraded = host.wait_all(asked, Duration::from_secs(30), |i, name| {
-        host.verified(i, name)
+    let answer = daemon.upgrade();
+    let upgraded = host.wait_all(&daemon, asked, Duration::from_secs(30), |i, name| {
+        host.verified(&daemon, i, name)
     });
     let last = *upgraded.iter().max().unwrap();
     eprintln!("upgrade: {answer}; last disk verified after {last:?}");
@@ -296,19 +209,13 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
         last < Duration::from_secs(2),
         "after the upgrade the last disk answered after {last:?}"
     );
-    let successor = answer["pid"].as_u64().unwrap() as u32;
-    reaper.track(successor);
-    // The predecessor exits by itself.
-    let status = first.wait().unwrap();
-    assert!(status.success(), "the upgraded-from daemon exited {status}");
 
     // SIGKILL and a new daemon: the key cache opens every disk without a KDF.
-    kill(successor);
+    daemon.kill9();
     let restarted = Instant::now();
-    let second = host.start();
-    reaper.track(second.id());
-    let recovered = host.wait_all(restarted, Duration::from_secs(30), |i, name| {
-        host.verified(i, name)
+    let mut daemon = host.serve("restarted").spawn();
+    let recovered = host.wait_all(&daemon, restarted, Duration::from_secs(30), |i, name| {
+        host.verified(&daemon, i, name)
     });
     let last = *recovered.iter().max().unwrap();
     eprintln!("kill -9 + restart with the key cache: last disk verified after {last:?}");
@@ -316,7 +223,7 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
         last < Duration::from_secs(2),
         "after the restart the last disk answered after {last:?}"
     );
-    let log = host.log();
+    let log = daemon.log();
     assert_eq!(
         log.matches("opened with the volume key from the key cache")
             .count(),
@@ -326,8 +233,7 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
 
     // Detaching removes a disk's cached key: nothing of this test stays in the keyring.
     for name in &host.names {
-        common::ctl(&host.control, &["disk-remove", name, "--force"]).ok();
+        daemon.ctl_ok(&["disk-remove", name, "--force"]);
     }
-    assert_eq!(cryptblk_testutil::terminate(second), 0);
-    drop(host.dir);
+    assert_eq!(daemon.terminate(), code::OK);
 }
