@@ -22,7 +22,8 @@ const DISKS: usize = 3;
 const EVENTS: usize = 6;
 
 /// Waits until the VM has started its queues more than `before` times in the log (a
-/// successor's lines follow its predecessor's in the same file).
+/// successor's lines follow its predecessor's in the same file; a restarted daemon writes a
+/// log of its own).
 fn wait_started(daemon: &Daemon, before: usize) -> Instant {
     wait_until(BOUND, || {
         (daemon.log().matches(STARTED).count() > before).then(Instant::now)
@@ -82,10 +83,11 @@ fn guest_fio_verify_survives_upgrades_and_kills_without_key_derivation() {
     for event in 0..EVENTS {
         std::thread::sleep(Duration::from_millis(700));
         guest.assert_running();
-        let before = daemon.log().matches(STARTED).count();
         let asked = Instant::now();
         let upgrade = event % 2 == 0;
+        let mut before = 0;
         if upgrade {
+            before = daemon.log().matches(STARTED).count();
             let answer = daemon.upgrade();
             assert_eq!(answer["without-kdf"], DISKS, "{answer}");
         } else {
