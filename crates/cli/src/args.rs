@@ -307,6 +307,25 @@ pub struct ServeArgs {
     /// holds guest memory and cipher key schedules). By default it is not dumpable.
     #[arg(long)]
     pub allow_core_dumps: bool,
+    /// Keep each LUKS disk's volume keys in the kernel keyring of the daemon's user
+    /// (`keyring`), so that a daemon restarted after a crash or a kill opens its disks without
+    /// a key derivation; off by default: any process of that user can read them meanwhile
+    /// (README: "Security model").
+    #[arg(long, value_name = "WHERE", value_parser = ["keyring", "off"], default_value = "off")]
+    pub key_cache: String,
+    /// How long cached keys outlive the daemon that last renewed them (it renews them while
+    /// it runs; a detached disk's key goes at once).
+    #[arg(long, value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub key_cache_timeout: u64,
+    /// Memory the key derivations at start may use at once (disks are unlocked in parallel,
+    /// one per core, each as its costliest keyslot allows; K, M, G suffixes). Default: half
+    /// the memory available at start.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub unlock_memory: Option<u64>,
+    /// Take over from a running daemon over this inherited descriptor (what `ctl upgrade`
+    /// starts the new daemon with; not for use by hand).
+    #[arg(long = "take-over-fd", value_name = "FD", hide = true)]
+    pub take_over_fd: Option<i32>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

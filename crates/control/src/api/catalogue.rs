@@ -287,6 +287,13 @@ pub const METHODS: &[MethodSpec] = &[
         summary: "Stop a disk's online reencryption once the hotzone being rewritten is committed; reencrypt-start continues it.",
         params: &[NAME],
     },
+    MethodSpec {
+        name: "upgrade",
+        summary: "Hand every disk, socket and volume key to a new daemon process (a new version) without a key derivation; VMs reconnect to the same sockets; this daemon then exits.",
+        params: &[
+            opt("binary", Path, "The program to start as the new daemon (default: the daemon's own program path, as the package manager left it)."),
+        ],
+    },
 ];
 
 /// Keys a config file may spell differently from the method's param (file key, param).
