@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Replaced by cryptblk-bench (crates/bench; README "Running the benchmarks"): the throughput part is preset 'rbd' (arguments go to `cryptblk-bench run`, e.g. --rounds 1 --runtime 2), the shared-storage hand-off part is `cryptblk-bench handoff` (HANDOFF_ROUNDS idle and loaded hand-offs, default 5; 0 skips it).
+# Replaced by cryptblk-bench (crates/bench; docs/benchmarks.md): the throughput part is preset 'rbd' (arguments go to `cryptblk-bench run`, e.g. --rounds 1 --runtime 2), the shared-storage hand-off part is `cryptblk-bench handoff` (HANDOFF_ROUNDS idle and loaded hand-offs, default 5; 0 skips it).
 set -euo pipefail
 bench() { cargo run --release --locked -q --manifest-path "$(dirname "$0")/../Cargo.toml" -p cryptblk-bench -- "$@"; }
 bench run --preset rbd "$@"

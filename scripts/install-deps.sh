@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages cryptblk's tests and benchmarks drive (the real peers: qemu-img,
-# qemu-io, cryptsetup, clevis and a tang server) plus what the vendored OpenSSL build and the
-# fuzz targets' libFuzzer (C++) need. Idempotent; uses sudo when not root.
+# qemu-io, cryptsetup, clevis and a tang server) plus what the vendored OpenSSL build, the
+# fuzz targets' libFuzzer (C++) and the Debian package's build and checks (dpkg-dev, lintian,
+# man-db; scripts/build-deb.sh installs cargo-deb with cargo) need. Idempotent; uses sudo when not root.
 # `--spdk` adds what scripts/build-spdk.sh needs to build SPDK against the system DPDK (the
 # benchmark's peer (e); CI does not build SPDK, so it is not in the default set).
 set -euo pipefail
@@ -12,7 +13,8 @@ declare -A want=(
   [jq]=jq [nbdinfo]=libnbd-bin [nbdcopy]=libnbd-bin [qemu-storage-daemon]=qemu-system-common
   [ceph-mon]=ceph-mon [ceph-osd]=ceph-osd [rbd]=ceph-common [/usr/lib/x86_64-linux-gnu/librbd.so.1]=librbd1
   [/usr/lib/x86_64-linux-gnu/qemu/block-rbd.so]=qemu-block-extra [uuidgen]=uuid-runtime
-  [groff]=groff-base [systemd-analyze]=systemd
+  [groff]=groff-base [systemd-analyze]=systemd [man]=man-db
+  [lintian]=lintian [dpkg-shlibdeps]=dpkg-dev [addgroup]=adduser
   [virt-xml-validate]=libvirt-clients [xmllint]=libxml2-utils [libvirtd]=libvirt-daemon-system
   [/usr/lib/python3/dist-packages/prometheus_client/parser.py]=python3-prometheus-client
   [clevis]=clevis [clevis-luks-bind]=clevis-luks [jose]=jose [/usr/libexec/tangd]=tang [socat]=socat

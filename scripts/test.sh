@@ -26,7 +26,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 # The last binaries cargo runs are doc-test harnesses with nothing in them; end with one line
 # that totals every test binary's result instead.
 log=$(mktemp)
-trap 'rm -f "$log" "$log.fuzz"' EXIT
+trap 'rm -f "$log" "$log.fuzz" "$log.deb"' EXIT
 # Tests write images of up to 1 GiB each into $TMPDIR, several binaries' worth at once. On a
 # machine whose disk the build has nearly filled they would fail with ENOSPC in ways that say
 # nothing about cryptblk, so their temporary files go to RAM (/dev/shm) instead when the disk
@@ -40,12 +40,23 @@ if [ "${tmp_free:-0}" -lt $((4 << 20)) ] && [ "${shm_free:-0}" -gt $((8 << 20)) 
   TMPDIR=$(mktemp -d /dev/shm/cryptblk-test.XXXXXX)
   export TMPDIR
   echo "less than 4 GiB free for temporary files: tests use $TMPDIR"
-  trap 'rm -f "$log" "$log.fuzz"; rm -rf "$TMPDIR"' EXIT
+  trap 'rm -f "$log" "$log.fuzz" "$log.deb"; rm -rf "$TMPDIR"' EXIT
 fi
 set +e
 cargo test --workspace --locked "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+if [ "$status" -eq 0 ]; then
+  # The Debian package, built from the binary the tests just used, checked by lintian and,
+  # as root, installed, checked as an operator would and purged (scripts/test-deb.sh).
+  if ! scripts/test-deb.sh >"$log.deb" 2>&1; then
+    cat "$log.deb"
+    echo "the Debian package (scripts/test-deb.sh) fails"
+    status=1
+  else
+    tail -n 1 "$log.deb"
+  fi
+fi
 if [ "$status" -eq 0 ]; then
   # Every fuzz target still builds against the crates it fuzzes, on stable: libFuzzer is
   # linked, without the sanitizer instrumentation `cargo fuzz` adds. Same target directory,

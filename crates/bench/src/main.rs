@@ -7,6 +7,7 @@ mod clients;
 mod config;
 mod control;
 mod convert;
+mod docs;
 mod encrypt_online;
 mod fio;
 mod handoff;
@@ -93,8 +94,12 @@ enum Cmd {
     },
     /// Markdown tables (and with --charts, SVG charts) from one or more results files.
     Report {
-        #[arg(required = true)]
+        #[arg(required_unless_present = "docs")]
         results: Vec<PathBuf>,
+        /// Render the tables of this markdown page again from the records its markers name
+        /// (`<!-- cryptblk-bench report [--targets] FILE... -->`), in place.
+        #[arg(long, value_name = "PAGE", conflicts_with_all = ["results", "compare", "charts", "targets"])]
+        docs: Option<PathBuf>,
         /// Write SVG charts (IOPS and server CPU per I/O, per preset and transport) here.
         #[arg(long)]
         charts: Option<PathBuf>,
@@ -364,11 +369,35 @@ fn run() -> Result<()> {
             Ok(())
         }
         Cmd::Report {
+            docs: Some(page), ..
+        } => {
+            let text = std::fs::read_to_string(&page)
+                .with_context(|| format!("reading {}", page.display()))?;
+            let root = page
+                .canonicalize()
+                .with_context(|| format!("{}", page.display()))?
+                .parent()
+                .and_then(Path::parent)
+                .map(Path::to_path_buf)
+                .context("the page has no directory above its own")?;
+            let rendered = docs::render_page(&text, &|b| render_block(&config, &root, b))
+                .with_context(|| format!("in {}", page.display()))?;
+            if rendered == text {
+                eprintln!("{}: up to date", page.display());
+            } else {
+                std::fs::write(&page, rendered)
+                    .with_context(|| format!("writing {}", page.display()))?;
+                eprintln!("{}: tables rendered again", page.display());
+            }
+            Ok(())
+        }
+        Cmd::Report {
             results,
             charts,
             compare,
             targets,
             json,
+            docs: None,
         } => {
             let mut records = Vec::new();
             for path in &results {
@@ -395,12 +424,7 @@ fn run() -> Result<()> {
                 }
                 return Ok(());
             }
-            let twins = baseline_pairs(&records);
-            let pairs = |preset: &str| {
-                let mut pairs = ratios(&config, preset);
-                pairs.extend(twins.iter().cloned());
-                pairs
-            };
+            let pairs = report_pairs(&config, &records);
             let rows = stats::summarize(&records, &pairs);
             if let Some(old) = compare {
                 let old_rows = stats::summarize(&record::load(&old)?, &pairs);
@@ -416,6 +440,34 @@ fn run() -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// The pairs of peers a report shows for a preset: the preset's own, and every baseline twin
+/// among the records.
+fn report_pairs<'a>(
+    config: &'a Config,
+    records: &[record::Record],
+) -> impl Fn(&str) -> Vec<(String, String)> + 'a {
+    let twins = baseline_pairs(records);
+    move |preset: &str| {
+        let mut pairs = ratios(config, preset);
+        pairs.extend(twins.iter().cloned());
+        pairs
+    }
+}
+
+/// One block of a `--docs` page: what `report [--targets] FILE...` prints for its files
+/// (relative to `root`), headings moved down to sit under the page's own.
+fn render_block(config: &Config, root: &Path, block: &docs::Block) -> Result<String> {
+    let mut records = Vec::new();
+    for file in &block.files {
+        records.extend(record::load(&root.join(file))?);
+    }
+    if block.targets {
+        return Ok(targets::markdown(&targets::check(&records)));
+    }
+    let rows = stats::summarize(&records, &report_pairs(config, &records));
+    Ok(docs::demote_headings(&report::markdown(&records, &rows)))
 }
 
 fn transport(s: &str) -> Result<config::Transport, String> {

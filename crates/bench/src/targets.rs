@@ -77,7 +77,8 @@ struct Target {
     limit: Limit,
 }
 
-/// Issue 24's targets (same machine, same run; medians of per-round figures).
+/// Issue 24's and issue 34's targets (same machine, same run; medians of per-round
+/// figures).
 const TARGETS: &[Target] = &[
     Target {
         what: "saturation, 4k random reads at depth 128: LUKS2 / fio",
@@ -142,6 +143,38 @@ const TARGETS: &[Target] = &[
         workload: Some("idle"),
         figure: Figure::IdleCpu("a"),
         limit: Limit::AtMost(0.5),
+    },
+    Target {
+        what: "tmpfs 64k reads at depth 32: LUKS2 on the vaes engine / raw",
+        presets: &["engines"],
+        transport: Some("vhost"),
+        workload: Some("r64k-d32"),
+        figure: Figure::Iops("a-vaes", "d"),
+        limit: Limit::AtLeast(0.6),
+    },
+    Target {
+        what: "server CPU per 4k read: vaes engine / openssl engine",
+        presets: &["engines"],
+        transport: Some("vhost"),
+        workload: Some("rr4k-d32-q1"),
+        figure: Figure::CpuPerIo("a-vaes", "a-openssl"),
+        limit: Limit::AtMost(1.0),
+    },
+    Target {
+        what: "server CPU per 4k write: vaes engine / openssl engine",
+        presets: &["engines"],
+        transport: Some("vhost"),
+        workload: Some("rw4k-d32-q1"),
+        figure: Figure::CpuPerIo("a-vaes", "a-openssl"),
+        limit: Limit::AtMost(1.0),
+    },
+    Target {
+        what: "disk 4k random reads at depth 128: LUKS2 on the vaes engine / raw",
+        presets: &["engines-disk"],
+        transport: Some("vhost"),
+        workload: Some("rr4k-d128-q1"),
+        figure: Figure::Iops("a-vaes", "d"),
+        limit: Limit::AtLeast(0.96),
     },
     Target {
         what: "Ceph: LUKS2 / qsd raw, every workload and transport",

@@ -1,5 +1,5 @@
 //! Measures, on one thread, what one encrypted 64 KiB read costs along three paths, to decide
-//! whether mapping the image into memory would pay (see "Serving VMs" in the README):
+//! whether mapping the image into memory would pay (see "Serving VMs over vhost-user-blk" in docs/performance.md):
 //!
 //! - `pread + decrypt`: what `CryptDevice` does: the kernel copies the page cache into the
 //!   caller's buffer, which is then decrypted in place (two passes over the data);

@@ -27,6 +27,11 @@ pub trait Container: BlockDevice {
     fn shared_storage(&self) -> Option<&dyn SharedStorage> {
         None
     }
+    /// The open image file whose lock keeps other processes out, for a successor daemon to
+    /// take over without the lock lapsing; `None` where there is no such file (RBD).
+    fn locked_file(&self) -> Option<&std::fs::File> {
+        None
+    }
     /// Grows or shrinks the image to `len` bytes (a resize); `size()` reports the new length
     /// once it holds. On an error the image keeps its old length.
     fn set_len(&self, len: u64) -> Result<(), BlockError> {
@@ -65,6 +70,9 @@ impl Container for RawFile {
     }
     fn set_len(&self, len: u64) -> Result<(), BlockError> {
         RawFile::set_len(self, len)
+    }
+    fn locked_file(&self) -> Option<&std::fs::File> {
+        Some(RawFile::locked_file(self))
     }
 }
 

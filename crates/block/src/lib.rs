@@ -38,7 +38,8 @@ pub use io_options::{AioEngine, CacheMode, UnknownName};
 pub use latency_buckets::{BucketCounts, LatencyBuckets, LATENCY_BOUNDS_NS, LATENCY_BUCKETS};
 pub use luks_reencrypting::data_cipher;
 pub use luks_volume::{
-    open_luks_volume, open_luks_volume_on, LuksVolume, VolumeError, VolumeOptions,
+    open_luks_volume, open_luks_volume_on, open_luks_volume_with, LuksVolume, VolumeError,
+    VolumeOptions,
 };
 pub use qcow2::{Qcow2, MAX_BACKING_DEPTH};
 pub use raw::{IoSettings, OpenOptions, RawFile};

@@ -1,5 +1,5 @@
 //! Opening a LUKS2 image that is in the middle of a reencryption (`online-reencrypt-v2`): the
-//! volume keys are unlocked with the passphrase and checked against the reencryption digest,
+//! volume keys are unlocked with the passphrase (or were known already) and checked against the reencryption digest,
 //! a hotzone a crash interrupted is recovered (as cryptsetup does on its next run), and the
 //! volume serves the new segment below the boundary and the old one above it; or, for an
 //! encryption in place, the live segments as the header lists them (plaintext below the
@@ -13,7 +13,7 @@ use cryptblk_luks::luks2::reencrypt::{
     ExtentCipher, KeyRole, ReencryptMode, Reencryption, Resilience,
 };
 use cryptblk_luks::luks2::Luks2Header;
-use cryptblk_luks::{LuksError, LuksImage};
+use cryptblk_luks::{KnownKey, LuksError, LuksImage, Unlocker};
 use std::sync::Arc;
 
 /// The cipher a volume on `file` uses: never-written sectors read as zeros where the
@@ -29,7 +29,7 @@ pub fn data_cipher(file: &dyn Container, cipher: Arc<dyn SectorCipher>) -> Arc<d
 pub(crate) fn open(
     file: Arc<dyn Container>,
     header: Luks2Header,
-    passphrase: &[u8],
+    unlocker: Unlocker<'_>,
     opts: &VolumeOptions,
     pool: Arc<CryptoPool>,
 ) -> Result<LuksVolume, VolumeError> {
@@ -38,10 +38,10 @@ pub(crate) fn open(
         path: path.clone(),
         source,
     };
-    let mut r = Reencryption::open(
+    let mut r = Reencryption::open_with(
         file.header_io(),
         header,
-        passphrase,
+        unlocker,
         &opts.unlock,
         None,
         pool.clone(),
@@ -62,11 +62,12 @@ pub(crate) fn open(
         r.recover().map_err(luks_err)?;
         tracing::warn!(image = %path.display(), "recovered the hotzone a crash interrupted during the reencryption");
     }
+    let known_keys = r.known_keys().map_err(luks_err)?;
     if r.state().mode == ReencryptMode::Encrypt {
-        return open_encrypting(file.clone(), r, pool);
+        return open_encrypting(file.clone(), r, pool, known_keys);
     }
     let segments = r.online_segments().map_err(luks_err)?;
-    let keyslot = r.opened_keyslot().unwrap_or(0);
+    let keyslot = r.opened_keyslot();
     let header = r.into_header();
     let layout = CryptLayout {
         data_offset: segments.data_offset,
@@ -92,6 +93,7 @@ pub(crate) fn open(
         file,
         LuksImage::V2(header),
         keyslot,
+        known_keys,
     ))
 }
 
@@ -101,6 +103,7 @@ fn open_encrypting(
     file: Arc<dyn Container>,
     r: Reencryption<'_>,
     pool: Arc<CryptoPool>,
+    known_keys: Vec<KnownKey>,
 ) -> Result<LuksVolume, VolumeError> {
     let path = file.name().to_path_buf();
     let luks_err = |source| VolumeError::Luks {
@@ -147,11 +150,13 @@ fn open_encrypting(
     }
     let done = r.done_bytes().map_err(luks_err)?;
     tracing::info!(image = %path.display(), encrypted = done, size, "serving a plaintext image in mid-encryption");
+    let r_keyslot = r.opened_keyslot();
     let header = r.into_header();
     Ok(LuksVolume::assemble(
         device,
         file,
         cryptblk_luks::LuksImage::V2(header),
-        0,
+        r_keyslot,
+        known_keys,
     ))
 }

@@ -6,7 +6,7 @@ use crate::{
     OpenOptions, RawFile,
 };
 use cryptblk_crypto::{default_engine_for, CryptoError, CryptoPool, SecretKey};
-use cryptblk_luks::{LuksError, LuksImage, UnlockOptions};
+use cryptblk_luks::{KnownKey, LuksError, LuksImage, UnlockOptions, Unlocker};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -76,8 +76,10 @@ pub struct LuksVolume {
     device: CryptDevice,
     container: Arc<dyn Container>,
     header: LuksImage,
-    keyslot: usize,
+    keyslot: Option<usize>,
     warnings: Vec<String>,
+    /// On locked pages, wiped on drop (`SecretKey`).
+    known_keys: Vec<KnownKey>,
 }
 
 impl std::fmt::Debug for LuksVolume {
@@ -122,6 +124,16 @@ pub fn open_luks_volume_on(
     passphrase: &[u8],
     opts: &VolumeOptions,
 ) -> Result<LuksVolume, VolumeError> {
+    open_luks_volume_with(file, Unlocker::Passphrase(passphrase), opts)
+}
+
+/// As `open_luks_volume_on`, with a passphrase or with volume keys already known
+/// (`Unlocker::Keys`: a restarted daemon's, opened without a KDF).
+pub fn open_luks_volume_with(
+    file: Arc<dyn Container>,
+    unlocker: Unlocker<'_>,
+    opts: &VolumeOptions,
+) -> Result<LuksVolume, VolumeError> {
     let path = file.name().to_path_buf();
     let path = path.as_path();
     let luks_err = |source| VolumeError::Luks {
@@ -135,8 +147,7 @@ pub fn open_luks_volume_on(
     let pool = opts.pool.clone().unwrap_or_else(shared_pool);
     if let LuksImage::V2(h) = &header {
         if h.reencrypt_state().map_err(luks_err)?.is_some() {
-            let mut volume =
-                crate::luks_reencrypting::open(file, h.clone(), passphrase, opts, pool)?;
+            let mut volume = crate::luks_reencrypting::open(file, h.clone(), unlocker, opts, pool)?;
             volume.warnings = warnings;
             return Ok(volume);
         }
@@ -152,9 +163,9 @@ pub fn open_luks_volume_on(
     // Refuse a truncated image before spending seconds in the KDF.
     header.data_size(file.size()).map_err(luks_err)?;
     let (keyslot, key) = header
-        .unlock(file.header_io(), passphrase, &opts.unlock)
+        .unlock_with(file.header_io(), unlocker, &opts.unlock)
         .map_err(luks_err)?;
-    let mut volume = LuksVolume::from_unlocked(file, header, keyslot, &key, pool)?;
+    let mut volume = LuksVolume::with_key(file, header, keyslot, &key, pool)?;
     volume.warnings = warnings;
     Ok(volume)
 }
@@ -166,6 +177,17 @@ impl LuksVolume {
         file: Arc<dyn Container>,
         header: LuksImage,
         keyslot: usize,
+        key: &SecretKey,
+        pool: Arc<CryptoPool>,
+    ) -> Result<LuksVolume, VolumeError> {
+        Self::with_key(file, header, Some(keyslot), key, pool)
+    }
+
+    /// The volume over `file` with its volume key, opened by `keyslot` or known already.
+    fn with_key(
+        file: Arc<dyn Container>,
+        header: LuksImage,
+        keyslot: Option<usize>,
         key: &SecretKey,
         pool: Arc<CryptoPool>,
     ) -> Result<LuksVolume, VolumeError> {
@@ -198,21 +220,27 @@ impl LuksVolume {
         let backend: Arc<dyn BlockDevice> = file.clone();
         let device =
             CryptDevice::new(backend, layout, cipher, pool).map_err(|e| e.with_path(&path))?;
+        let known_keys = vec![KnownKey {
+            key: SecretKey::from_slice(key.as_bytes()),
+            digest: header.volume_key_fingerprint().map_err(luks_err)?,
+        }];
         Ok(LuksVolume {
             device,
             container: file,
             header,
             keyslot,
             warnings: Vec::new(),
+            known_keys,
         })
     }
 
-    /// A volume from its parts (the header as read, the keyslot that opened it).
+    /// A volume from its parts (the header as read, the keyslot that opened it, its keys).
     pub(crate) fn assemble(
         device: CryptDevice,
         container: Arc<dyn Container>,
         header: LuksImage,
-        keyslot: usize,
+        keyslot: Option<usize>,
+        known_keys: Vec<KnownKey>,
     ) -> LuksVolume {
         LuksVolume {
             device,
@@ -220,6 +248,7 @@ impl LuksVolume {
             header,
             keyslot,
             warnings: Vec::new(),
+            known_keys,
         }
     }
 
@@ -235,9 +264,16 @@ impl LuksVolume {
         &self.header
     }
 
-    /// The keyslot that accepted the passphrase.
-    pub fn keyslot(&self) -> usize {
+    /// The keyslot that accepted the passphrase (`None` when the volume was opened with
+    /// its volume keys known).
+    pub fn keyslot(&self) -> Option<usize> {
         self.keyslot
+    }
+
+    /// The volume keys it was opened with and their digests' fingerprints (two in the middle
+    /// of a reencryption), so that a successor daemon can open it again without a KDF.
+    pub fn known_keys(&self) -> &[KnownKey] {
+        &self.known_keys
     }
 
     /// Non-fatal findings from reading the header (e.g. a damaged secondary LUKS2 copy).

@@ -90,7 +90,7 @@ fn luks1_interop_with_qemu_both_directions() {
     let mut model = expected;
     {
         let vol = open_luks_volume(&img, PW, &rw()).unwrap();
-        assert_eq!(vol.keyslot(), 0);
+        assert_eq!(vol.keyslot(), Some(0));
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
         for _ in 0..60 {
             let len = rng.gen_range(1..200_000usize);

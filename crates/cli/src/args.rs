@@ -15,7 +15,8 @@ use std::path::PathBuf;
         "Fast userspace encrypted block storage: LUKS1/LUKS2 images with parallel sector crypto.\n\n",
         "Passphrases are read from --key-file PATH (the whole file, as cryptsetup does; '-' reads stdin, ",
         "/dev/fd/N works), or asked for without echo when stdin is a terminal. They are never taken from ",
-        "the command line.\n\nEnvironment: CRYPTBLK_ENGINE=openssl|rustcrypto forces a crypto engine; ",
+        "the command line.\n\nEnvironment: CRYPTBLK_ENGINE=vaes|openssl|rustcrypto forces a crypto engine ",
+        "as --crypto-engine does (the option wins); ",
         "RUST_LOG=debug shows what cryptblk decides."
     )
 )]
@@ -26,6 +27,14 @@ pub struct Cli {
     /// Crypto worker threads (default: one per CPU).
     #[arg(long, global = true, value_name = "N")]
     pub threads: Option<usize>,
+
+    /// Sector-crypto engine for every disk and image this command opens: vaes (AES-XTS on
+    /// 256-bit VAES registers, x86-64 CPUs with VAES), openssl, or rustcrypto (portable).
+    /// Default: the fastest engine for each cipher, measured on this CPU at its first use
+    /// (`cryptblk bench` shows them all). A cipher the forced engine cannot run is refused;
+    /// with a list (vaes,openssl) each cipher takes the first listed engine that runs it.
+    #[arg(long, global = true, value_name = "NAME[,NAME]", value_parser = parse_engine_list)]
+    pub crypto_engine: Option<String>,
 
     /// Refuse to unlock argon2 keyslots needing more memory than this many KiB.
     #[arg(long, global = true, value_name = "KIB", default_value_t = 4 * 1024 * 1024)]
@@ -304,6 +313,25 @@ pub struct ServeArgs {
     /// holds guest memory and cipher key schedules). By default it is not dumpable.
     #[arg(long)]
     pub allow_core_dumps: bool,
+    /// Keep each LUKS disk's volume keys in the kernel keyring of the daemon's user
+    /// (`keyring`), so that a daemon restarted after a crash or a kill opens its disks without
+    /// a key derivation; off by default: any process of that user can read them meanwhile
+    /// (README: "Security model").
+    #[arg(long, value_name = "WHERE", value_parser = ["keyring", "off"], default_value = "off")]
+    pub key_cache: String,
+    /// How long cached keys outlive the daemon that last renewed them (it renews them while
+    /// it runs; a detached disk's key goes at once).
+    #[arg(long, value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub key_cache_timeout: u64,
+    /// Memory the key derivations at start may use at once (disks are unlocked in parallel,
+    /// one per core, each as its costliest keyslot allows; K, M, G suffixes). Default: half
+    /// the memory available at start.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub unlock_memory: Option<u64>,
+    /// Take over from a running daemon over this inherited descriptor (what `ctl upgrade`
+    /// starts the new daemon with; not for use by hand).
+    #[arg(long = "take-over-fd", value_name = "FD", hide = true)]
+    pub take_over_fd: Option<i32>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -314,6 +342,24 @@ pub enum LogFormat {
 
 fn parse_cache_mode(s: &str) -> Result<ImageCacheMode, cryptblk_block::UnknownName> {
     s.parse()
+}
+
+/// One engine name, or several separated by commas, each one cryptblk knows.
+fn parse_engine_list(s: &str) -> Result<String, String> {
+    let names: Vec<String> = s
+        .split(',')
+        .map(|n| n.trim().to_ascii_lowercase())
+        .collect();
+    match names
+        .iter()
+        .find(|n| !cryptblk_crypto::ENGINE_NAMES.contains(&n.as_str()))
+    {
+        Some(bad) => Err(format!(
+            "unknown crypto engine '{bad}' (known: {})",
+            cryptblk_crypto::ENGINE_NAMES.join(", ")
+        )),
+        None => Ok(names.join(",")),
+    }
 }
 
 fn parse_aio_engine(s: &str) -> Result<AioEngine, cryptblk_block::UnknownName> {

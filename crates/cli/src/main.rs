@@ -27,6 +27,11 @@ fn main() {
         }
     };
     init_logging(&cli.command);
+    if let Err(err) = cryptblk_crypto::force_engine(cli.crypto_engine.as_deref()) {
+        // A name clap accepted but this build lacks (vaes off x86-64).
+        eprintln!("cryptblk: --crypto-engine: {err}");
+        std::process::exit(exit::USAGE);
+    }
 
     let result = match cli.command {
         Command::Format(ref a) => cmd::format::run(&cli, a),

@@ -45,19 +45,14 @@ impl Fixture {
         std::fs::remove_file(self.path("check.raw")).unwrap();
     }
 
-    fn decrypt_cmd(&self, key: &Path) -> Vec<String> {
-        [
-            "convert",
-            "-O",
-            "raw",
-            "--source-key-file",
-            s(key),
-            s(&self.img),
-            s(&self.path("out.raw")),
-        ]
-        .iter()
-        .map(|a| a.to_string())
-        .collect()
+    fn decrypt_cmd(&self, key: &Path) -> Vec<std::ffi::OsString> {
+        let out = self.path("out.raw");
+        argv!(
+            "convert -O raw --source-key-file {} {} {}",
+            key,
+            self.img,
+            out
+        )
     }
 }
 
@@ -75,36 +70,17 @@ fn wrong_passphrase_exit_2() {
         .error_line(&["no keyslot matches"]);
     assert!(!f.path("out.raw").exists());
     let new = key_file(f.dir.path(), "new", &passphrase("err-wrong-new"));
-    cryptblk([
-        "key",
-        "add",
-        "--key-file",
-        s(&wrong),
-        "--new-key-file",
-        s(&new),
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        s(&f.img),
-    ])
+    cryptblk(argv!(
+        "key add --key-file {} --new-key-file {} --pbkdf pbkdf2 --pbkdf-force-iterations 1000 {}",
+        wrong,
+        new,
+        f.img
+    ))
     .expect_code(code::WRONG_PASSPHRASE)
     .error_line(&["no keyslot matches"]);
     cryptblk(["key", "remove", "--key-file", s(&wrong), s(&f.img)])
         .expect_code(code::WRONG_PASSPHRASE);
-    cryptblk([
-        "key",
-        "change",
-        "--key-file",
-        s(&wrong),
-        "--new-key-file",
-        s(&new),
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        s(&f.img),
-    ])
+    cryptblk(argv!("key change --key-file {} --new-key-file {} --pbkdf pbkdf2 --pbkdf-force-iterations 1000 {}", wrong, new, f.img))
     .expect_code(code::WRONG_PASSPHRASE);
     assert!(
         read(&f.img) == before,
@@ -129,20 +105,7 @@ fn unsupported_cipher_at_format_exit_3() {
     let key = key_file(dir.path(), "key", &passphrase("serpent-fmt"));
     let img = dir.path().join("img");
     for cipher in ["serpent-xts-plain64", "twofish-cbc-essiv:sha256"] {
-        let out = cryptblk([
-            "format",
-            "-q",
-            "--cipher",
-            cipher,
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-            s(&key),
-            s(&img),
-            "4M",
-        ]);
+        let out = cryptblk(argv!("format -q --cipher {} --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file {} {} 4M", cipher, key, img));
         out.expect_code(code::UNSUPPORTED)
             .error_line(&[cipher.split('-').next().unwrap()]);
         assert!(
@@ -151,16 +114,11 @@ fn unsupported_cipher_at_format_exit_3() {
             img.display()
         );
     }
-    let out = cryptblk([
-        "format",
-        "-q",
-        "--hash",
-        "whirlpool",
-        "--key-file",
-        s(&key),
-        s(&img),
-        "4M",
-    ]);
+    let out = cryptblk(argv!(
+        "format -q --hash whirlpool --key-file {} {} 4M",
+        key,
+        img
+    ));
     out.expect_code(code::UNSUPPORTED)
         .error_line(&["whirlpool"]);
     assert!(!img.exists());
@@ -184,15 +142,12 @@ fn unsupported_cipher_in_corpus_image_exit_3() {
         let img = d.join(image);
         let before = read(&img);
         let out_path = dir.path().join("out.raw");
-        let out = cryptblk([
-            "convert",
-            "-O",
-            "raw",
-            "--source-key-file",
-            s(&keyfile),
-            s(&img),
-            s(&out_path),
-        ]);
+        let out = cryptblk(argv!(
+            "convert -O raw --source-key-file {} {} {}",
+            keyfile,
+            img,
+            out_path
+        ));
         out.expect_code(code::UNSUPPORTED).error_line(&[name]);
         assert!(!out_path.exists());
         assert!(read(&img) == before, "{image} was modified");
@@ -210,17 +165,12 @@ fn zeroed_luks1_magic_exit_4() {
         .error_line(&[s(&f.img)]);
     // Told it is LUKS (-f luks), convert reports the damage; probing alone sees a raw file.
     let out = f.path("out.raw");
-    cryptblk([
-        "convert",
-        "-f",
-        "luks",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(&f.key),
-        s(&f.img),
-        s(&out),
-    ])
+    cryptblk(argv!(
+        "convert -f luks -O raw --source-key-file {} {} {}",
+        f.key,
+        f.img,
+        out
+    ))
     .expect_code(code::DAMAGED)
     .error_line(&["not a LUKS"]);
     assert!(!out.exists());
@@ -337,7 +287,7 @@ fn argon2_memory_above_limit_exit_7() {
             "4",
         ],
     );
-    let mut args = vec!["--max-pbkdf-memory".to_string(), "1024".to_string()];
+    let mut args = argv!("--max-pbkdf-memory 1024");
     args.extend(f.decrypt_cmd(&f.key));
     cryptblk(&args)
         .expect_code(code::RESOURCE_LIMIT)
@@ -350,7 +300,7 @@ fn argon2_memory_above_limit_exit_7() {
 #[test]
 fn pbkdf_iterations_above_limit_exit_7() {
     let f = fixture("err-iter", "luks1", &["--pbkdf-force-iterations", "2000"]);
-    let mut args = vec!["--max-pbkdf-iterations".to_string(), "1999".to_string()];
+    let mut args = argv!("--max-pbkdf-iterations 1999");
     args.extend(f.decrypt_cmd(&f.key));
     cryptblk(&args)
         .expect_code(code::RESOURCE_LIMIT)
@@ -386,15 +336,12 @@ fn missing_file_exit_5_names_path() {
         .expect_code(code::IO)
         .error_line(&[s(&missing)]);
     let out = dir.path().join("out.raw");
-    cryptblk([
-        "convert",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(&key),
-        s(&missing),
-        s(&out),
-    ])
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        key,
+        missing,
+        out
+    ))
     .expect_code(code::IO)
     .error_line(&[s(&missing)]);
     assert!(!out.exists());
@@ -413,16 +360,10 @@ fn missing_key_file_is_a_clear_error() {
     assert!(!f.path("out.raw").exists());
     // No --key-file at all and nothing on stdin: refused, nothing created.
     let img = f.path("new.img");
-    let out = cryptblk([
-        "format",
-        "-q",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        s(&img),
-        "4M",
-    ]);
+    let out = cryptblk(argv!(
+        "format -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 {} 4M",
+        img
+    ));
     assert_ne!(
         out.code, 0,
         "format without any passphrase succeeded: {out:?}"
@@ -446,18 +387,11 @@ fn key_files_are_checked_before_reading() {
     let dir = tempdir();
     let img = dir.path().join("new.img");
     let format = |key: &Path| {
-        cryptblk([
-            "format",
-            "-q",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-            s(key),
-            s(&img),
-            "4M",
-        ])
+        cryptblk(argv!(
+            "format -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file {} {} 4M",
+            key,
+            img
+        ))
     };
     format(dir.path())
         .expect_code(code::USAGE)
@@ -490,15 +424,7 @@ fn passphrase_from_stdin() {
     let out = f.path("stdin.raw");
     let pass = passphrase("err-stdin");
     cryptblk_stdin(
-        [
-            "convert",
-            "-O",
-            "raw",
-            "--source-key-file",
-            "-",
-            s(&f.img),
-            s(&out),
-        ],
+        argv!("convert -O raw --source-key-file - {} {}", f.img, out),
         pass.as_bytes(),
     )
     .ok();
@@ -509,15 +435,7 @@ fn passphrase_from_stdin() {
     );
     // Both passphrases from stdin cannot work: refused as a usage problem before anything runs.
     let res = cryptblk_stdin(
-        [
-            "key",
-            "add",
-            "--key-file",
-            "-",
-            "--new-key-file",
-            "-",
-            s(&f.img),
-        ],
+        argv!("key add --key-file - --new-key-file - {}", f.img),
         pass.as_bytes(),
     );
     assert_ne!(res.code, 0);
@@ -539,15 +457,7 @@ fn removing_last_keyslot_needs_force() {
         "the refused removal modified the image"
     );
     f.assert_intact();
-    cryptblk([
-        "key",
-        "remove",
-        "--force",
-        "--key-file",
-        s(&f.key),
-        s(&f.img),
-    ])
-    .ok();
+    cryptblk(argv!("key remove --force --key-file {} {}", f.key, f.img)).ok();
     cryptblk(f.decrypt_cmd(&f.key)).expect_code(code::WRONG_PASSPHRASE);
 }
 
@@ -560,18 +470,11 @@ fn format_existing_file_with_size_refused() {
         .map(|i| (i * 7 % 251) as u8)
         .collect();
     std::fs::write(&img, &content).unwrap();
-    cryptblk([
-        "format",
-        "-q",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--key-file",
-        s(&key),
-        s(&img),
-        "4M",
-    ])
+    cryptblk(argv!(
+        "format -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file {} {} 4M",
+        key,
+        img
+    ))
     .expect_code(code::USAGE)
     .error_line(&["exists"]);
     assert!(
@@ -642,6 +545,8 @@ fn usage_errors_exit_1() {
         vec!["convert", "-O", "qcow2", k, i],
         vec!["dump", "--bogus", i],
         vec!["--threads", "many", "bench"],
+        vec!["--crypto-engine", "qat", "bench"],
+        vec!["--crypto-engine", "vaes,qat", "bench"],
     ];
     for args in cases {
         let out = cryptblk(&args);
@@ -880,16 +785,12 @@ fn locked_image_exit_6() {
         .error_line(&["in use"]);
     let src = f.path("src.raw");
     std::fs::write(&src, vec![1u8; 4096]).unwrap();
-    cryptblk([
-        "convert",
-        "-n",
-        "-O",
-        "luks",
-        "--key-file",
-        s(&f.key),
-        s(&src),
-        s(&f.img),
-    ])
+    cryptblk(argv!(
+        "convert -n -O luks --key-file {} {} {}",
+        f.key,
+        src,
+        f.img
+    ))
     .expect_code(code::IN_USE);
     assert!(read(&f.img) == before, "a locked image was modified");
     drop(holder);

@@ -2,103 +2,15 @@
 //! statistics, keyslot changes on an attached disk, concurrent clients, malformed requests;
 //! through `cryptblk ctl` and raw JSON-RPC lines.
 mod common;
-use cryptblk_testutil::vhost_user as frontend;
 
 use common::*;
 use frontend::{pattern, Guest, S_OK};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-struct Daemon {
-    process: ServeProcess,
-    control: PathBuf,
-}
-
-impl Daemon {
-    fn start(dir: &Path, extra: &[&str]) -> Daemon {
-        let control = dir.join("ctl.sock");
-        let mut args = vec!["--control", s(&control)];
-        args.extend_from_slice(extra);
-        let process = ServeProcess::start(&args, &control);
-        Daemon { process, control }
-    }
-
-    fn ctl(&self, args: &[&str]) -> Out {
-        ctl(&self.control, args)
-    }
-
-    /// `ctl` that must succeed; returns its JSON result.
-    fn ctl_ok(&self, args: &[&str]) -> Value {
-        ctl_json(&self.control, args)
-    }
-
-    /// SIGTERM; returns the exit code.
-    fn stop(self) -> i32 {
-        self.process.terminate()
-    }
-}
-
-/// One JSON-RPC connection speaking raw lines.
-struct Rpc {
-    reader: BufReader<UnixStream>,
-    writer: UnixStream,
-    next_id: u64,
-}
-
-impl Rpc {
-    fn connect(path: &Path) -> Rpc {
-        let stream = UnixStream::connect(path).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(60)))
-            .unwrap();
-        Rpc {
-            reader: BufReader::new(stream.try_clone().unwrap()),
-            writer: stream,
-            next_id: 1,
-        }
-    }
-
-    fn line(&mut self, line: &str) -> Value {
-        self.writer.write_all(line.as_bytes()).unwrap();
-        self.writer.write_all(b"\n").unwrap();
-        let mut reply = String::new();
-        self.reader.read_line(&mut reply).unwrap();
-        serde_json::from_str(&reply).unwrap_or_else(|e| panic!("{e}: {reply:?}"))
-    }
-
-    /// Calls `method`; Ok(result) or Err(error object).
-    fn call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let reply = self.line(
-            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
-        );
-        assert_eq!(reply["jsonrpc"], "2.0");
-        assert_eq!(reply["id"], id);
-        match reply.get("error") {
-            Some(e) => Err(e.clone()),
-            None => Ok(reply["result"].clone()),
-        }
-    }
-}
-
-fn raw_image(dir: &Path, name: &str, size: u64) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::File::create(&p).unwrap().set_len(size).unwrap();
-    p
-}
-
-fn luks2_image(dir: &Path, name: &str, key: &Path) -> PathBuf {
-    let img = dir.join(name);
-    format_luks2(&img, key, "8M");
-    img
-}
 
 fn disk_names(list: &Value) -> Vec<String> {
     list["disks"]
@@ -111,45 +23,34 @@ fn disk_names(list: &Value) -> Vec<String> {
 
 #[test]
 fn attach_detach_stats_and_keys_at_run_time() {
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("ctl"));
-    let wrong = key_file(dir.path(), "wrong", &passphrase("ctl-wrong"));
-    let new_key = key_file(dir.path(), "new", &passphrase("ctl-new"));
-    let raw = raw_image(dir.path(), "a.raw", 4 * MIB);
-    let luks = luks2_image(dir.path(), "c.luks", &key);
-    let other_luks = luks2_image(dir.path(), "d.luks", &key);
-    let daemon = Daemon::start(dir.path(), &[]);
+    let t = TestDir::new();
+    let key = t.key("key");
+    let wrong = t.key("wrong");
+    let new_key = t.key("new");
+    let raw = t.raw("a.raw", 4 * MIB);
+    let luks = t.luks2("c.luks", "8M", &key);
+    let other_luks = t.luks2("d.luks", "8M", &key);
+    let mut daemon = t.serve().control().start();
 
     // Only the owner may talk to the daemon.
-    let mode = std::fs::metadata(&daemon.control)
+    let mode = std::fs::metadata(daemon.control())
         .unwrap()
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600, "control socket mode {mode:o}");
     assert!(disk_names(&daemon.ctl_ok(&["disk-list"])).is_empty());
 
-    let va = dir.path().join("a.sock");
-    let added = daemon.ctl_ok(&[
-        "disk-add",
-        "a",
-        "--image",
-        s(&raw),
-        "--vhost-user-blk",
-        s(&va),
-    ]);
+    let va = t.path("a.sock");
+    let added = daemon.ctl_ok(&argv!("disk-add a --image {} --vhost-user-blk {}", raw, va));
     assert_eq!(added["name"], "a");
     assert_eq!(added["format"], "raw");
-    let vc = dir.path().join("c.sock");
-    let added = daemon.ctl_ok(&[
-        "disk-add",
-        "c",
-        "--image",
-        s(&luks),
-        "--key-file",
-        s(&key),
-        "--vhost-user-blk",
-        s(&vc),
-    ]);
+    let vc = t.path("c.sock");
+    let added = daemon.ctl_ok(&argv!(
+        "disk-add c --image {} --key-file {} --vhost-user-blk {}",
+        luks,
+        key,
+        vc
+    ));
     assert_eq!(added["block-size"], 4096);
     assert!(added["engine"].is_string(), "{added}");
 
@@ -157,24 +58,20 @@ fn attach_detach_stats_and_keys_at_run_time() {
     let mut guest = Guest::connect(&va, 1, 256);
     let data = pattern(64 * 1024, 7);
     assert_eq!(guest.write(0, 0, &data), S_OK);
-    let out = daemon.ctl(&[
-        "disk-add",
-        "c2",
-        "--image",
-        s(&other_luks),
-        "--key-file",
-        s(&wrong),
-        "--vhost-user-blk",
-        s(&dir.path().join("c2.sock")),
-    ]);
+    let out = daemon.ctl(&argv!(
+        "disk-add c2 --image {} --key-file {} --vhost-user-blk {}",
+        other_luks,
+        wrong,
+        t.path("c2.sock")
+    ));
     out.expect_code(code::WRONG_PASSPHRASE);
     out.error_line(&["passphrase"]);
-    let mut rpc = Rpc::connect(&daemon.control);
+    let mut rpc = daemon.rpc();
     let err = rpc
         .call(
             "disk-add",
             json!({"name": "c3", "image": s(&other_luks), "key-file": s(&wrong),
-                   "vhost-user-blk": s(&dir.path().join("c3.sock"))}),
+                   "vhost-user-blk": s(&t.path("c3.sock"))}),
         )
         .unwrap_err();
     assert_eq!(err["code"], -32002, "{err}");
@@ -183,11 +80,11 @@ fn attach_detach_stats_and_keys_at_run_time() {
         .call(
             "disk-add",
             json!({"name": "c4", "image": s(&luks), "key-file": s(&key),
-                   "vhost-user-blk": s(&dir.path().join("c4.sock"))}),
+                   "vhost-user-blk": s(&t.path("c4.sock"))}),
         )
         .unwrap_err();
     assert_eq!(err["code"], -32006, "{err}");
-    assert!(!dir.path().join("c4.sock").exists());
+    assert!(!t.path("c4.sock").exists());
     let (st, back) = guest.read(0, 0, data.len());
     assert_eq!(st, S_OK);
     assert_same_bytes(&back, &data, "disk a after failed disk-adds");
@@ -220,14 +117,7 @@ fn attach_detach_stats_and_keys_at_run_time() {
     let err = rpc.call("stats", json!({"name": "a"})).unwrap_err();
     assert_eq!(err["code"], -32010, "{err}");
     // The image is closed and unlocked: it can be attached again.
-    daemon.ctl_ok(&[
-        "disk-add",
-        "a",
-        "--image",
-        s(&raw),
-        "--vhost-user-blk",
-        s(&va),
-    ]);
+    daemon.ctl_ok(&argv!("disk-add a --image {} --vhost-user-blk {}", raw, va));
     let mut guest = Guest::connect(&va, 1, 256);
     let (st, back) = guest.read(0, 0, data.len());
     assert_eq!(st, S_OK);
@@ -235,7 +125,7 @@ fn attach_detach_stats_and_keys_at_run_time() {
     drop(guest);
 
     // Keyslots of an attached LUKS disk: add a passphrase, remove the old one.
-    let cheap = ["--pbkdf", "pbkdf2", "--iter-time", "50"];
+    let cheap = CTL_CHEAP_KDF;
     let mut args = vec![
         "key-add",
         "c",
@@ -264,9 +154,11 @@ fn attach_detach_stats_and_keys_at_run_time() {
     assert_ne!(out.code, 0);
     assert!(out.stderr.contains("last"), "{}", out.stderr);
 
-    assert_eq!(daemon.stop(), code::OK);
+    assert_eq!(daemon.terminate(), code::OK);
     assert!(
-        !daemon_socket_exists(dir.path()),
+        ["ctl.sock", "a.sock", "c.sock"]
+            .iter()
+            .all(|n| !t.path(n).exists()),
         "sockets left after SIGTERM"
     );
     // Only the new passphrase opens the image now.
@@ -274,17 +166,11 @@ fn attach_detach_stats_and_keys_at_run_time() {
     assert!(!cryptsetup_accepts(&luks, &key));
 }
 
-fn daemon_socket_exists(dir: &Path) -> bool {
-    ["ctl.sock", "a.sock", "c.sock"]
-        .iter()
-        .any(|n| dir.join(n).exists())
-}
-
 #[test]
 fn malformed_requests_get_json_rpc_errors() {
-    let dir = tempdir();
-    let daemon = Daemon::start(dir.path(), &[]);
-    let mut rpc = Rpc::connect(&daemon.control);
+    let t = TestDir::new();
+    let mut daemon = t.serve().control().start();
+    let mut rpc = daemon.rpc();
     let r = rpc.line("{not json");
     assert_eq!(r["error"]["code"], -32700, "{r}");
     let r = rpc.line(r#"{"jsonrpc":"2.0","id":1,"method":7}"#);
@@ -316,7 +202,7 @@ fn malformed_requests_get_json_rpc_errors() {
         .call(
             "disk-add",
             json!({"name": "x", "image": "/nonexistent/x.raw",
-                                "vhost-user-blk": s(&dir.path().join("x.sock"))}),
+                                "vhost-user-blk": s(&t.path("x.sock"))}),
         )
         .unwrap_err();
     assert!(
@@ -327,9 +213,9 @@ fn malformed_requests_get_json_rpc_errors() {
         "{err}"
     );
     // A socket path that names an existing file is refused; the file is untouched.
-    let precious = dir.path().join("precious.raw");
+    let precious = t.path("precious.raw");
     std::fs::write(&precious, b"keep me").unwrap();
-    let img = raw_image(dir.path(), "x.raw", MIB);
+    let img = t.raw("x.raw", MIB);
     let err = rpc
         .call(
             "disk-add",
@@ -347,7 +233,7 @@ fn malformed_requests_get_json_rpc_errors() {
     assert_eq!(err["code"], -32010, "{err}");
     // The connection still works after all that.
     assert!(disk_names(&rpc.call("disk-list", json!({})).unwrap()).is_empty());
-    assert_eq!(daemon.stop(), code::OK);
+    assert_eq!(daemon.terminate(), code::OK);
 }
 
 /// Several clients attach and detach disks at once while a VM-like client keeps doing
@@ -355,20 +241,11 @@ fn malformed_requests_get_json_rpc_errors() {
 /// stalls behind them.
 #[test]
 fn concurrent_control_clients_while_io_runs() {
-    let dir = tempdir();
-    let steady = raw_image(dir.path(), "steady.raw", 8 * MIB);
-    let vs = dir.path().join("steady.sock");
-    let daemon = Daemon::start(
-        dir.path(),
-        &[
-            "--image",
-            s(&steady),
-            "--name",
-            "steady",
-            "--vhost-user-blk",
-            s(&vs),
-        ],
-    );
+    let t = TestDir::new();
+    let steady = t.raw("steady.raw", 8 * MIB);
+    let vs = t.path("steady.sock");
+    let serve = t.serve().control().disk(&steady).name("steady");
+    let mut daemon = serve.vhost_user_at(&vs).start();
     let stop = Arc::new(AtomicBool::new(false));
     let io_rounds = Arc::new(AtomicU64::new(0));
     let io = {
@@ -394,7 +271,7 @@ fn concurrent_control_clients_while_io_runs() {
     let images: Vec<Vec<PathBuf>> = (0..CLIENTS)
         .map(|c| {
             (0..ROUNDS)
-                .map(|r| raw_image(dir.path(), &format!("d{c}-{r}.raw"), MIB))
+                .map(|r| t.raw(&format!("d{c}-{r}.raw"), MIB).path)
                 .collect()
         })
         .collect();
@@ -402,8 +279,8 @@ fn concurrent_control_clients_while_io_runs() {
         .into_iter()
         .enumerate()
         .map(|(c, imgs)| {
-            let control = daemon.control.clone();
-            let dir = dir.path().to_path_buf();
+            let control = daemon.control().to_path_buf();
+            let dir = t.root().to_path_buf();
             std::thread::spawn(move || {
                 let mut rpc = Rpc::connect(&control);
                 for (r, img) in imgs.iter().enumerate() {
@@ -441,5 +318,5 @@ fn concurrent_control_clients_while_io_runs() {
         disk_names(&daemon.ctl_ok(&["disk-list"])),
         ["steady".to_string()]
     );
-    assert_eq!(daemon.stop(), code::OK);
+    assert_eq!(daemon.terminate(), code::OK);
 }

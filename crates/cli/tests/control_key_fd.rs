@@ -5,95 +5,18 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// `serve --control --nbd`, its log (at debug level, to catch any leak) in a file.
-struct Daemon {
-    child: std::process::Child,
-    control: PathBuf,
-    nbd: PathBuf,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn start(dir: &Path) -> Daemon {
-        let control = dir.join("ctl.sock");
-        let nbd = dir.join("nbd.sock");
-        let log = dir.join("serve.log");
-        let mut child = Command::new(bin())
-            .args(["serve", "--control", s(&control), "--nbd"])
-            .arg(format!("unix:{}", s(&nbd)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .env("RUST_LOG", "debug")
-            .spawn()
-            .unwrap();
-        cryptblk_testutil::wait_for_path(&control, &mut child);
-        Daemon {
-            child,
-            control,
-            nbd,
-            log,
-        }
-    }
-
-    fn uri(&self, name: &str) -> String {
-        format!("nbd+unix:///{name}?socket={}", self.nbd.display())
-    }
-
-    /// How many descriptors the daemon has open.
-    fn open_fds(&self) -> usize {
-        self.fd_list().len()
-    }
-
-    /// What the daemon's descriptors are open on.
-    fn fd_list(&self) -> Vec<String> {
-        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
-            .unwrap()
-            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-            .map(|l| l.display().to_string())
-            .collect()
-    }
-
-    /// Waits (up to 5 s) until the daemon has `count` descriptors open; returns the last count.
-    fn wait_open_fds(&self, count: usize) -> usize {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let now = self.open_fds();
-            if now == count || Instant::now() > deadline {
-                return now;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Fails if `secret` shows up in the daemon's log or its command line.
-    fn assert_never_shows(&self, secret: &str) {
-        let log = std::fs::read_to_string(&self.log).unwrap();
-        assert!(
-            !log.contains(secret),
-            "the passphrase is in the log:\n{log}"
-        );
-        let cmdline = std::fs::read(format!("/proc/{}/cmdline", self.child.id())).unwrap();
-        assert!(
-            !String::from_utf8_lossy(&cmdline).contains(secret),
-            "the passphrase is on the daemon's command line"
-        );
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `serve --control --nbd`, its log at debug level (to catch any leak).
+fn daemon(t: &TestDir) -> Daemon {
+    t.serve().control().nbd().log_level("debug").start()
 }
 
 /// A pipe already holding `bytes`, its write end closed: what `vault read ... |` gives.
@@ -109,7 +32,11 @@ fn pipe_holding(bytes: &[u8]) -> OwnedFd {
 
 /// `cryptblk ctl --socket CONTROL ARGS` with each `(n, bytes)` of `fds` as a pipe holding
 /// `bytes` on descriptor n, as `3< <(vault read ...)` would set it up.
-fn ctl_with_fds(control: &Path, args: &[&str], fds: &[(RawFd, &[u8])]) -> Out {
+fn ctl_with_fds<S: AsRef<OsStr> + std::fmt::Debug>(
+    control: &Path,
+    args: &[S],
+    fds: &[(RawFd, &[u8])],
+) -> Out {
     // Moved above the targets first, so no dup2 overwrites a pipe another one still needs.
     let pipes: Vec<(RawFd, OwnedFd)> = fds
         .iter()
@@ -146,7 +73,7 @@ fn ctl_with_fds(control: &Path, args: &[&str], fds: &[(RawFd, &[u8])]) -> Out {
     let output = cmd.output().unwrap();
     drop(pipes);
     Out {
-        what: format!("ctl {}", args.join(" ")),
+        what: format!("ctl {args:?}"),
         code: output.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
@@ -194,26 +121,17 @@ fn raw_request(control: &Path, request: Value, fds: &[RawFd]) -> Value {
 
 #[test]
 fn a_passphrase_in_a_pipe_opens_a_disk_and_changes_its_keyslots() {
-    let dir = tempdir();
-    let pass = passphrase("keyfd-old");
+    let t = TestDir::new();
     // Only to format the image (and to let the helpers check no output shows it).
-    let key = key_file(dir.path(), "setup.key", &pass);
-    let img = dir.path().join("vol.luks");
-    format_luks2(&img, &key, "8M");
-    let daemon = Daemon::start(dir.path());
-    let ctl_sock = daemon.control.clone();
+    let key = t.key("setup.key");
+    let pass = key.passphrase.clone();
+    let img = t.luks2("vol.luks", "8M", &key);
+    let daemon = daemon(&t);
+    let ctl_sock = daemon.control().to_path_buf();
 
     // A wrong passphrase by descriptor: the usual wrong-key error, nothing attached.
     let wrong = passphrase("keyfd-wrong");
-    let add = [
-        "disk-add",
-        "vol",
-        "--image",
-        s(&img),
-        "--nbd-export",
-        "--key-fd",
-        "3",
-    ];
+    let add = argv!("disk-add vol --image {} --nbd-export --key-fd 3", img);
     let out = ctl_with_fds(&ctl_sock, &add, &[(3, wrong.as_bytes())]);
     out.expect_code(code::WRONG_PASSPHRASE);
     assert!(!out.stderr.contains(&wrong), "{}", out.stderr);
@@ -221,16 +139,7 @@ fn a_passphrase_in_a_pipe_opens_a_disk_and_changes_its_keyslots() {
     // The right one: attached; data written over NBD reads back.
     let out = ctl_with_fds(&ctl_sock, &add, &[(3, pass.as_bytes())]);
     out.ok();
-    let vol = daemon.uri("vol");
-    let io = [
-        "-f",
-        "raw",
-        "-c",
-        "write -P 0x3c 64k 128k",
-        "-c",
-        "read -P 0x3c 64k 128k",
-    ];
-    tool("qemu-io", io.iter().copied().chain([vol.as_str()])).ok();
+    daemon.qemu_io("vol", &["write -P 0x3c 64k 128k", "read -P 0x3c 64k 128k"]);
 
     // key-add with both passphrases by descriptor.
     let new = passphrase("keyfd-new");
@@ -253,35 +162,24 @@ fn a_passphrase_in_a_pipe_opens_a_disk_and_changes_its_keyslots() {
     out.ok();
     assert!(!out.stdout.contains(&new) && !out.stderr.contains(&new));
     // cryptsetup waits for the lock the daemon holds on a served image: check it detached.
-    ctl_json(&ctl_sock, &["disk-remove", "vol"]);
-    let new_key = key_file(dir.path(), "check.key", &new);
+    daemon.ctl_ok(&["disk-remove", "vol"]);
+    let new_key = t.key_with("check.key", &new);
     assert!(
-        cryptsetup_accepts(&img, &new_key),
+        img.opens_with(&new_key),
         "the new keyslot does not open the image"
     );
 
     // `--key-file -`: ctl passes its stdin; the new passphrase opens the disk, data intact.
     let out = cryptblk_stdin(
-        [
-            "ctl",
-            "--socket",
-            s(&ctl_sock),
-            "disk-add",
-            "vol",
-            "--image",
-            s(&img),
-            "--nbd-export",
-            "--key-file",
-            "-",
-        ],
+        argv!(
+            "ctl --socket {} disk-add vol --image {} --nbd-export --key-file -",
+            ctl_sock,
+            img
+        ),
         new.as_bytes(),
     );
     out.ok();
-    tool(
-        "qemu-io",
-        ["-f", "raw", "-c", "read -P 0x3c 64k 128k", vol.as_str()],
-    )
-    .ok();
+    daemon.qemu_io("vol", &["read -P 0x3c 64k 128k"]);
 
     // key-remove by descriptor: the keyslot the new passphrase opens goes, the old stays.
     let out = ctl_with_fds(
@@ -290,12 +188,9 @@ fn a_passphrase_in_a_pipe_opens_a_disk_and_changes_its_keyslots() {
         &[(3, new.as_bytes())],
     );
     out.ok();
-    ctl_json(&ctl_sock, &["disk-remove", "vol"]);
-    assert!(
-        !cryptsetup_accepts(&img, &new_key),
-        "key-remove did not remove it"
-    );
-    assert!(cryptsetup_accepts(&img, &key));
+    daemon.ctl_ok(&["disk-remove", "vol"]);
+    assert!(!img.opens_with(&new_key), "key-remove did not remove it");
+    assert!(img.opens_with(&key));
 
     daemon.assert_never_shows(&pass);
     daemon.assert_never_shows(&new);
@@ -304,18 +199,17 @@ fn a_passphrase_in_a_pipe_opens_a_disk_and_changes_its_keyslots() {
 
 #[test]
 fn descriptors_not_passed_or_too_many_are_refused_and_closed() {
-    let dir = tempdir();
-    let pass = passphrase("keyfd-refused");
-    let key = key_file(dir.path(), "setup.key", &pass);
-    let img = dir.path().join("vol.luks");
-    format_luks2(&img, &key, "8M");
-    let daemon = Daemon::start(dir.path());
+    let t = TestDir::new();
+    let key = t.key("setup.key");
+    let pass = key.passphrase.clone();
+    let img = t.luks2("vol.luks", "8M", &key);
+    let daemon = daemon(&t);
     // Every connection below ends, so the daemon comes back to this many descriptors.
-    let before = daemon.open_fds();
+    let before = daemon.open_fds().len();
 
     // key-fd naming a descriptor that did not come with the request.
     let reply = raw_request(
-        &daemon.control,
+        daemon.control(),
         json!({"jsonrpc": "2.0", "id": 1, "method": "disk-add",
                "params": {"name": "vol", "image": s(&img), "key-fd": 0}}),
         &[],
@@ -329,7 +223,7 @@ fn descriptors_not_passed_or_too_many_are_refused_and_closed() {
     // Both a key file and a descriptor: refused, naming both.
     let pipe = pipe_holding(pass.as_bytes());
     let reply = raw_request(
-        &daemon.control,
+        daemon.control(),
         json!({"jsonrpc": "2.0", "id": 2, "method": "disk-add",
                "params": {"name": "vol", "image": s(&img), "key-fd": 0, "key-file": s(&key)}}),
         &[pipe.as_raw_fd()],
@@ -346,7 +240,7 @@ fn descriptors_not_passed_or_too_many_are_refused_and_closed() {
     let pipes: Vec<OwnedFd> = (0..5).map(|_| pipe_holding(pass.as_bytes())).collect();
     let raw: Vec<RawFd> = pipes.iter().map(|p| p.as_raw_fd()).collect();
     let reply = raw_request(
-        &daemon.control,
+        daemon.control(),
         json!({"jsonrpc": "2.0", "id": 3, "method": "disk-add",
                "params": {"name": "vol", "image": s(&img), "key-fd": 0}}),
         &raw,
@@ -359,26 +253,26 @@ fn descriptors_not_passed_or_too_many_are_refused_and_closed() {
             .contains("more than 4 file descriptors"),
         "{reply}"
     );
-    let list = ctl_json(&daemon.control, &["disk-list"]);
+    let list = daemon.ctl_ok(&["disk-list"]);
     assert_eq!(list["disks"].as_array().map(Vec::len), Some(0), "{list}");
     // Descriptors a request does not name are closed too.
     let reply = raw_request(
-        &daemon.control,
+        daemon.control(),
         json!({"jsonrpc": "2.0", "id": 4, "method": "disk-list"}),
         &raw[..2],
     );
     assert!(reply.get("result").is_some(), "{reply}");
     for _ in 0..3 {
         raw_request(
-            &daemon.control,
+            daemon.control(),
             json!({"jsonrpc": "2.0", "id": 5, "method": "disk-list"}),
             &raw,
         );
     }
-    assert_eq!(
-        daemon.wait_open_fds(before),
-        before,
-        "the daemon kept passed descriptors"
-    );
+    let back = wait_until(Duration::from_secs(5), || {
+        (daemon.open_fds().len() == before).then_some(before)
+    });
+    let now = back.unwrap_or_else(|| daemon.open_fds().len());
+    assert_eq!(now, before, "the daemon kept passed descriptors");
     daemon.assert_never_shows(&pass);
 }

@@ -9,106 +9,40 @@ use common::secret::*;
 use common::*;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixListener;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-/// `serve --control --nbd` with `extra` args, its log at trace level in a file.
-struct Daemon {
-    child: std::process::Child,
-    control: PathBuf,
-    nbd: PathBuf,
-    log: PathBuf,
+/// `serve --control --nbd` (and `serve`'s options), its log at trace level.
+fn serve(t: &TestDir) -> Serve {
+    t.serve().control().nbd().log_level("trace")
 }
 
-impl Daemon {
-    fn start(dir: &Path, extra: &[&str]) -> Daemon {
-        let control = dir.join("ctl.sock");
-        let nbd = dir.join("nbd.sock");
-        let log = dir.join("serve.log");
-        let _ = std::fs::remove_file(&control);
-        let mut child = Command::new(bin())
-            .args(["serve", "--control", s(&control), "--nbd"])
-            .arg(format!("unix:{}", s(&nbd)))
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .env("RUST_LOG", "trace")
-            .spawn()
-            .unwrap();
-        cryptblk_testutil::wait_for_path(&control, &mut child);
-        Daemon {
-            child,
-            control,
-            nbd,
-            log,
-        }
-    }
-
-    fn uri(&self, name: &str) -> String {
-        format!("nbd+unix:///{name}?socket={}", self.nbd.display())
-    }
-
-    fn ctl(&self, args: &[&str]) -> Out {
-        ctl(&self.control, args)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap()
-    }
-
-    /// Fails if `secret` shows up in the daemon's log or its command line.
-    fn assert_never_shows(&self, secret: &str) {
-        let log = self.log();
-        assert!(
-            !log.contains(secret),
-            "the passphrase is in the log:\n{log}"
-        );
-        let cmdline = std::fs::read(format!("/proc/{}/cmdline", self.child.id())).unwrap();
-        assert!(
-            !String::from_utf8_lossy(&cmdline).contains(secret),
-            "the passphrase is on the daemon's command line"
-        );
-    }
+/// A LUKS2 image "vol.luks" and its key file (only to format the image and check it
+/// afterwards, as cryptsetup would).
+fn image(t: &TestDir) -> (Image, String) {
+    let key = t.key("setup.key");
+    let pass = key.passphrase.clone();
+    (t.luks2("vol.luks", "8M", &key), pass)
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn keyslots(img: &Path) -> usize {
-    dump_json(img)["keyslots"]
-        .as_array()
-        .expect("keyslots")
-        .len()
+fn keyslots(img: &Image) -> usize {
+    img.dump()["keyslots"].as_array().expect("keyslots").len()
 }
 
 #[test]
 fn a_secret_under_the_master_key_opens_a_disk_and_changes_its_keyslots() {
-    let dir = tempdir();
-    let pass = passphrase("secret-old");
-    // Only to format the image and check it afterwards, as cryptsetup would.
-    let key = key_file(dir.path(), "setup.key", &pass);
-    let img = dir.path().join("vol.luks");
-    format_luks2(&img, &key, "8M");
-    let (master_path, master) = master_key_file(dir.path(), "master.key");
-    let daemon = Daemon::start(dir.path(), &["--master-key-file", s(&master_path)]);
+    let t = TestDir::new();
+    let (img, pass) = image(&t);
+    let (master_path, master) = master_key_file(t.root(), "master.key");
+    let daemon = serve(&t)
+        .args(&["--master-key-file", s(&master_path)])
+        .start();
     let secret = seal(&master, &pass);
     let add = |given: &Secret| {
-        daemon.ctl(&[
-            "disk-add",
-            "vol",
-            "--image",
-            s(&img),
-            "--nbd-export",
-            "--key-secret",
+        daemon.ctl(&argv!(
+            "disk-add vol --image {} --nbd-export --key-secret {} --key-secret-iv {}",
+            img,
             &given.data,
-            "--key-secret-iv",
-            &given.iv,
-        ])
+            &given.iv
+        ))
     };
 
     // Encrypted under another master key: refused by name, nothing attached.
@@ -130,74 +64,51 @@ fn a_secret_under_the_master_key_opens_a_disk_and_changes_its_keyslots() {
         ..seal(&master, &pass)
     };
     add(&bad_iv).error_line(&["key-secret-iv holds 8 bytes, not 16"]);
-    let list = ctl_json(&daemon.control, &["disk-list"]);
+    let list = daemon.ctl_ok(&["disk-list"]);
     assert_eq!(list["disks"].as_array().map(Vec::len), Some(0), "{list}");
 
     // The right secret: attached; data written over NBD reads back.
     add(&secret).ok();
-    let vol = daemon.uri("vol");
-    let io = ["-f", "raw", "-c", "write -P 0x5a 64k 128k"];
-    tool("qemu-io", io.iter().copied().chain([vol.as_str()])).ok();
+    daemon.qemu_io("vol", &["write -P 0x5a 64k 128k"]);
 
     // key-add: a secret that does not decrypt changes nothing and the disk keeps serving.
     let new = passphrase("secret-new");
     let new_secret = seal(&master, &new);
     let key_add = |old: &Secret| {
-        daemon.ctl(&[
-            "key-add",
-            "vol",
-            "--key-secret",
-            &old.data,
-            "--key-secret-iv",
-            &old.iv,
-            "--new-key-secret",
-            &new_secret.data,
-            "--new-key-secret-iv",
-            &new_secret.iv,
-            "--pbkdf",
-            "pbkdf2",
-            "--iter-time",
-            "1",
-        ])
+        daemon.ctl(&argv!("key-add vol --key-secret {} --key-secret-iv {} --new-key-secret {} --new-key-secret-iv {} --pbkdf pbkdf2 --iter-time 1", &old.data, &old.iv, &new_secret.data, &new_secret.iv))
     };
     key_add(&foreign).error_line(&["key-secret did not decrypt"]);
     let out = key_add(&wrong_iv);
     out.expect_code(code::WRONG_PASSPHRASE);
     out.error_line(&["unlocking with key-secret", "key-secret-iv"]);
-    let read = ["-f", "raw", "-c", "read -P 0x5a 64k 128k"];
-    tool("qemu-io", read.iter().copied().chain([vol.as_str()])).ok();
+    let read = ["read -P 0x5a 64k 128k"];
+    daemon.qemu_io("vol", &read);
     // Both passphrases as secrets: a new keyslot.
     key_add(&secret).ok();
-    ctl_json(&daemon.control, &["disk-remove", "vol"]);
+    daemon.ctl_ok(&["disk-remove", "vol"]);
     assert_eq!(keyslots(&img), 2, "exactly one keyslot was added");
-    let new_key = key_file(dir.path(), "check.key", &new);
+    let new_key = t.key_with("check.key", &new);
     assert!(
-        cryptsetup_accepts(&img, &new_key),
+        img.opens_with(&new_key),
         "the new keyslot does not open the image"
     );
     // What the secret-unlocked disk wrote is the right plaintext under the LUKS key.
-    let plain = cryptblk_decrypt(&img, &key, &dir.path().join("plain.raw"));
+    let plain = img.decrypt(&t.path("plain.raw"));
     assert!(plain[64 << 10..192 << 10].iter().all(|&b| b == 0x5a));
 
     // The new passphrase, as a secret, opens the disk; key-remove by secret removes it.
     add(&new_secret).ok();
-    tool("qemu-io", read.iter().copied().chain([vol.as_str()])).ok();
+    daemon.qemu_io("vol", &read);
     daemon
-        .ctl(&[
-            "key-remove",
-            "vol",
-            "--key-secret",
+        .ctl(&argv!(
+            "key-remove vol --key-secret {} --key-secret-iv {}",
             &new_secret.data,
-            "--key-secret-iv",
-            &new_secret.iv,
-        ])
+            &new_secret.iv
+        ))
         .ok();
-    ctl_json(&daemon.control, &["disk-remove", "vol"]);
-    assert!(
-        !cryptsetup_accepts(&img, &new_key),
-        "key-remove did not remove it"
-    );
-    assert!(cryptsetup_accepts(&img, &key));
+    daemon.ctl_ok(&["disk-remove", "vol"]);
+    assert!(!img.opens_with(&new_key), "key-remove did not remove it");
+    assert!(img.opens_with(img.key()));
 
     // Every refusal above was logged (at the most verbose level the daemon has), without it.
     assert!(daemon.log().contains("refused: key-secret did not decrypt"));
@@ -207,7 +118,7 @@ fn a_secret_under_the_master_key_opens_a_disk_and_changes_its_keyslots() {
 
     // A config file may name the passphrase as a secret too: it then holds no passphrase in
     // clear, only what the master key opens.
-    let config = dir.path().join("disks.toml");
+    let config = t.path("disks.toml");
     std::fs::write(
         &config,
         format!(
@@ -218,78 +129,65 @@ fn a_secret_under_the_master_key_opens_a_disk_and_changes_its_keyslots() {
         ),
     )
     .unwrap();
-    let daemon = Daemon::start(
-        dir.path(),
-        &["--config", s(&config), "--master-key-file", s(&master_path)],
-    );
-    tool(
-        "qemu-io",
-        read.iter().copied().chain([daemon.uri("vol").as_str()]),
-    )
-    .ok();
+    let daemon = serve(&t).config(&config);
+    let daemon = daemon.args(&["--master-key-file", s(&master_path)]).start();
+    daemon.qemu_io("vol", &read);
     daemon.assert_never_shows(&pass);
 }
 
 #[test]
 fn without_a_usable_master_key_secrets_are_refused() {
-    let dir = tempdir();
-    let pass = passphrase("secret-nomaster");
-    let key = key_file(dir.path(), "setup.key", &pass);
-    let img = dir.path().join("vol.luks");
-    format_luks2(&img, &key, "8M");
-    let (_, master) = master_key_file(dir.path(), "master.key");
+    let t = TestDir::new();
+    let (img, pass) = image(&t);
+    let (_, master) = master_key_file(t.root(), "master.key");
     let secret = seal(&master, &pass);
 
     // Started without one: the request says how to fix it; nothing attached.
-    let daemon = Daemon::start(dir.path(), &[]);
-    let out = daemon.ctl(&[
-        "disk-add",
-        "vol",
-        "--image",
-        s(&img),
-        "--key-secret",
+    let daemon = serve(&t).start();
+    let out = daemon.ctl(&argv!(
+        "disk-add vol --image {} --key-secret {} --key-secret-iv {}",
+        img,
         &secret.data,
-        "--key-secret-iv",
-        &secret.iv,
-    ]);
+        &secret.iv
+    ));
     out.expect_code(code::USAGE);
     out.error_line(&["the daemon has no master key: start serve with --master-key-file"]);
-    let list = ctl_json(&daemon.control, &["disk-list"]);
+    let list = daemon.ctl_ok(&["disk-list"]);
     assert_eq!(list["disks"].as_array().map(Vec::len), Some(0), "{list}");
     daemon.assert_never_shows(&pass);
     drop(daemon);
 
     // A master key file that is not 32 bytes, or is a directory: serve refuses to start.
-    let short = dir.path().join("short.key");
+    let short = t.path("short.key");
     std::fs::write(&short, &master[..31]).unwrap();
-    let hex_text = dir.path().join("hex.key");
+    let hex_text = t.path("hex.key");
     std::fs::write(&hex_text, hex::encode(&master)).unwrap();
     for (path, said) in [
         (&short, "holds 31 bytes, not exactly 32"),
         (&hex_text, "holds more than 32 bytes"),
-        (&dir.path().to_path_buf(), "is a directory"),
+        (&t.root().to_path_buf(), "is a directory"),
     ] {
-        let control = dir.path().join("refused.sock");
-        let out = cryptblk([
-            "serve",
-            "--control",
-            s(&control),
-            "--master-key-file",
-            s(path),
-        ]);
+        let control = t.path("refused.sock");
+        let out = cryptblk(argv!(
+            "serve --control {} --master-key-file {}",
+            control,
+            path
+        ));
         out.expect_code(code::USAGE);
         out.error_line(&["--master-key-file", said]);
         assert!(!control.exists(), "a refused start left its socket");
     }
 
     // One its group may read: used, with a warning like a key file's.
-    let (open_path, _) = master_key_file(dir.path(), "open.key");
+    let (open_path, _) = master_key_file(t.root(), "open.key");
     std::fs::set_permissions(
         &open_path,
         std::os::unix::fs::PermissionsExt::from_mode(0o640),
     )
     .unwrap();
-    let daemon = Daemon::start(dir.path(), &["--master-key-file", s(&open_path)]);
+    let daemon = serve(&t)
+        .args(&["--master-key-file", s(&open_path)])
+        .start();
     let log = daemon.log();
     assert!(
         log.contains("master key file") && log.contains("is readable by its group"),
@@ -300,8 +198,8 @@ fn without_a_usable_master_key_secrets_are_refused() {
 #[test]
 fn ctl_sends_the_ciphertext_never_the_passphrase() {
     // A stand-in daemon that records the request line ctl sends and answers it.
-    let dir = tempdir();
-    let sock = dir.path().join("recorder.sock");
+    let t = TestDir::new();
+    let sock = t.path("recorder.sock");
     let listener = UnixListener::bind(&sock).unwrap();
     let recorder = std::thread::spawn(move || {
         let (stream, _) = listener.accept().unwrap();
@@ -315,24 +213,13 @@ fn ctl_sends_the_ciphertext_never_the_passphrase() {
             .unwrap();
         line
     });
-    let (_, master) = master_key_file(dir.path(), "master.key");
+    let (_, master) = master_key_file(t.root(), "master.key");
     let old = passphrase("secret-wire-old");
     let new = passphrase("secret-wire-new");
     let (old_secret, new_secret) = (seal(&master, &old), seal(&master, &new));
     ctl(
         &sock,
-        &[
-            "key-add",
-            "vol",
-            "--key-secret",
-            &old_secret.data,
-            "--key-secret-iv",
-            &old_secret.iv,
-            "--new-key-secret",
-            &new_secret.data,
-            "--new-key-secret-iv",
-            &new_secret.iv,
-        ],
+        &argv!("key-add vol --key-secret {} --key-secret-iv {} --new-key-secret {} --new-key-secret-iv {}", &old_secret.data, &old_secret.iv, &new_secret.data, &new_secret.iv),
     )
     .ok();
     let sent = recorder.join().unwrap();
@@ -351,94 +238,61 @@ fn ctl_sends_the_ciphertext_never_the_passphrase() {
 
 #[test]
 fn reencrypt_start_and_migrate_incoming_take_secrets_too() {
-    let dir = tempdir();
-    let pass = passphrase("secret-rotate");
-    let key = key_file(dir.path(), "setup.key", &pass);
-    let img = dir.path().join("vol.luks");
-    format_luks2(&img, &key, "8M");
-    let (master_path, master) = master_key_file(dir.path(), "master.key");
-    let daemon = Daemon::start(dir.path(), &["--master-key-file", s(&master_path)]);
+    let t = TestDir::new();
+    let (img, pass) = image(&t);
+    let (master_path, master) = master_key_file(t.root(), "master.key");
+    let daemon = serve(&t)
+        .args(&["--master-key-file", s(&master_path)])
+        .start();
     let secret = seal(&master, &pass);
     let foreign = foreign_secret(&master, &pass);
     daemon
-        .ctl(&[
-            "disk-add",
-            "vol",
-            "--image",
-            s(&img),
-            "--nbd-export",
-            "--key-secret",
+        .ctl(&argv!(
+            "disk-add vol --image {} --nbd-export --key-secret {} --key-secret-iv {}",
+            img,
             &secret.data,
-            "--key-secret-iv",
-            &secret.iv,
-        ])
+            &secret.iv
+        ))
         .ok();
-    let vol = daemon.uri("vol");
-    let io = ["-f", "raw", "-c", "write -P 0xc3 1M 2M"];
-    tool("qemu-io", io.iter().copied().chain([vol.as_str()])).ok();
+    daemon.qemu_io("vol", &["write -P 0xc3 1M 2M"]);
 
     // migrate-incoming: a secret that does not decrypt fails the request at once, before
     // anything listens or is created.
-    let incoming = dir.path().join("in.luks");
-    let listen = dir.path().join("mig.sock");
-    let out = daemon.ctl(&[
-        "migrate-incoming",
-        "in",
-        "--image",
-        s(&incoming),
-        "--listen",
-        &format!("unix:{}", s(&listen)),
-        "--key-secret",
+    let incoming = t.path("in.luks");
+    let listen = t.path("mig.sock");
+    let out = daemon.ctl(&argv!(
+        "migrate-incoming in --image {} --listen unix:{} --key-secret {} --key-secret-iv {}",
+        incoming,
+        listen,
         &foreign.data,
-        "--key-secret-iv",
-        &foreign.iv,
-    ]);
+        &foreign.iv
+    ));
     out.error_line(&["key-secret did not decrypt"]);
     assert!(!listen.exists() && !incoming.exists());
 
     // reencrypt-start: refused with a foreign secret; with the right one the volume key is
     // replaced while the disk serves, and the data stays.
     let start = |given: &Secret| {
-        daemon.ctl(&[
-            "reencrypt-start",
-            "vol",
-            "--key-secret",
+        daemon.ctl(&argv!(
+            "reencrypt-start vol --key-secret {} --key-secret-iv {} --pbkdf pbkdf2 --iter-time 1",
             &given.data,
-            "--key-secret-iv",
-            &given.iv,
-            "--pbkdf",
-            "pbkdf2",
-            "--iter-time",
-            "1",
-        ])
+            &given.iv
+        ))
     };
     start(&foreign).error_line(&["key-secret did not decrypt"]);
-    assert_eq!(
-        ctl_json(&daemon.control, &["reencrypt-status", "vol"])["phase"],
-        "idle"
-    );
-    let before = dump_json(&img);
+    assert_eq!(daemon.ctl_ok(&["reencrypt-status", "vol"])["phase"], "idle");
+    let before = img.dump();
     start(&secret).ok();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        let st = ctl_json(&daemon.control, &["reencrypt-status", "vol"]);
-        if st["phase"] == "finished" {
-            break;
-        }
-        assert!(st["last-error"].is_null(), "reencryption failed: {st}");
-        assert!(std::time::Instant::now() < deadline, "timed out: {st}");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let read = ["-f", "raw", "-c", "read -P 0xc3 1M 2M"];
-    tool("qemu-io", read.iter().copied().chain([vol.as_str()])).ok();
-    ctl_json(&daemon.control, &["disk-remove", "vol"]);
+    daemon.wait_reencrypt("vol", "the end", |st| st["phase"] == "finished");
+    daemon.qemu_io("vol", &["read -P 0xc3 1M 2M"]);
+    daemon.ctl_ok(&["disk-remove", "vol"]);
     assert_ne!(
-        dump_json(&img)["digests"],
+        img.dump()["digests"],
         before["digests"],
         "the volume key was not replaced"
     );
-    assert!(cryptsetup_accepts(&img, &key));
-    let plain = cryptblk_decrypt(&img, &key, &dir.path().join("plain.raw"));
+    assert!(img.opens_with(img.key()));
+    let plain = img.decrypt(&t.path("plain.raw"));
     assert!(plain[1 << 20..3 << 20].iter().all(|&b| b == 0xc3));
     daemon.assert_never_shows(&pass);
 }

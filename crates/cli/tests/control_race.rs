@@ -154,15 +154,12 @@ fn client_rounds(setup: &Setup, seed: u64) -> Vec<String> {
 
 #[test]
 fn racing_control_requests_never_hang() {
-    let dir = tempdir();
-    let dir = dir.path();
-    let key = key_file(dir, "key", &passphrase("race-1"));
-    let key2 = key_file(dir, "key2", &passphrase("race-2"));
-    let image = dir.join("vol.luks");
-    format_luks2(&image, &key, "4M");
-
-    let control = dir.join("ctl.sock");
-    let daemon = ServeProcess::start(&["--control", s(&control)], &control);
+    let t = TestDir::new();
+    let key = t.key("key");
+    let key2 = t.key("key2");
+    let image = t.luks2("vol.luks", "4M", &key).path;
+    let mut daemon = t.serve().control().start();
+    let control = daemon.control().to_path_buf();
     let stop = Arc::new(AtomicBool::new(false));
     // Accepts into the backlog and never answers.
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -171,12 +168,12 @@ fn racing_control_requests_never_hang() {
             sink_destination(stop.clone()),
             format!("tcp:{}", silent.local_addr().unwrap()),
             hang_up_destination(stop.clone()),
-            format!("unix:{}", dir.join("nobody.sock").display()),
+            format!("unix:{}", t.path("nobody.sock").display()),
         ],
         control: control.clone(),
         image,
-        key,
-        key2,
+        key: key.path,
+        key2: key2.path,
     };
     disk_add(&mut Client::connect(&control).unwrap(), &setup).unwrap();
 

@@ -132,17 +132,12 @@ fn luks1_to_luks2_reencrypt() {
     let src = d.join("src.raw");
     mixed_file(&src, 3 * MIB, 3);
     let l1 = d.join("a.luks1");
-    cryptblk([
-        "convert",
-        "-O",
-        "luks1",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--key-file",
-        s(&k1),
-        s(&src),
-        s(&l1),
-    ])
+    cryptblk(argv!(
+        "convert -O luks1 --pbkdf-force-iterations 1000 --key-file {} {} {}",
+        k1,
+        src,
+        l1
+    ))
     .ok();
     let l2 = d.join("b.luks2");
     let mut args = vec![
@@ -249,15 +244,12 @@ fn wrong_source_passphrase_leaves_nothing_behind() {
     cryptblk(&args).ok();
     let before = files_in(d);
 
-    let out = cryptblk([
-        "convert",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(&bad),
-        s(&enc),
-        s(&d.join("out.raw")),
-    ]);
+    let out = cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        bad,
+        enc,
+        d.join("out.raw")
+    ));
     out.expect_code(code::WRONG_PASSPHRASE)
         .error_line(&["no keyslot matches"]);
     assert_eq!(
@@ -269,15 +261,12 @@ fn wrong_source_passphrase_leaves_nothing_behind() {
     // An existing file at the target name is not touched by a failed convert.
     let existing = d.join("keep.raw");
     std::fs::write(&existing, b"precious").unwrap();
-    cryptblk([
-        "convert",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(&bad),
-        s(&enc),
-        s(&existing),
-    ])
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        bad,
+        enc,
+        existing
+    ))
     .expect_code(code::WRONG_PASSPHRASE);
     assert_eq!(read(&existing), b"precious");
 }
@@ -361,16 +350,12 @@ fn write_into_existing_luks_keeps_header() {
 
         let src = d.join("src.raw");
         mixed_file(&src, 4 * MIB, 9);
-        cryptblk([
-            "convert",
-            "-n",
-            "-O",
-            "luks",
-            "--key-file",
-            s(&key),
-            s(&src),
-            s(&img),
-        ])
+        cryptblk(argv!(
+            "convert -n -O luks --key-file {} {} {}",
+            key,
+            src,
+            img
+        ))
         .ok();
         let dump_after = dump_json(&img);
         assert_eq!(
@@ -404,17 +389,7 @@ fn write_into_existing_raw_keeps_tail() {
     std::fs::write(&target, vec![0xeeu8; 6 * MIB as usize]).unwrap();
     let src = d.join("src.raw");
     mixed_file(&src, 4 * MIB, 21);
-    cryptblk([
-        "convert",
-        "-n",
-        "-f",
-        "raw",
-        "-O",
-        "raw",
-        s(&src),
-        s(&target),
-    ])
-    .ok();
+    cryptblk(argv!("convert -n -f raw -O raw {} {}", src, target)).ok();
     let out = read(&target);
     assert_eq!(out.len() as u64, 6 * MIB, "-n must not truncate the target");
     assert_same_bytes(
@@ -494,15 +469,12 @@ fn convert_1gib_rss_is_bounded() {
     // Spot-check the end of the payload decrypts: convert back only a header + data check via -n
     // would be as large, so read the whole image back through cryptblk but into /dev/null-like raw.
     let back = d.join("back.raw");
-    cryptblk([
-        "convert",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(&key),
-        s(&enc),
-        s(&back),
-    ])
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        key,
+        enc,
+        back
+    ))
     .ok();
     let f = std::fs::File::open(&back).unwrap();
     use std::os::unix::fs::FileExt;
@@ -537,15 +509,7 @@ fn interrupt_removes_the_partial_target() {
         .unwrap();
     let dst = d.join("out.luks");
     let child = std::process::Command::new(bin())
-        .args([
-            "convert",
-            "-O",
-            "luks2",
-            "--chunk-size",
-            "4K",
-            "--key-file",
-            s(&key),
-        ])
+        .args(argv!("convert -O luks2 --chunk-size 4K --key-file {}", key))
         .args(CHEAP_PBKDF2)
         .args([s(&src), s(&dst)])
         .stdin(std::process::Stdio::null())

@@ -11,10 +11,6 @@ use std::path::{Path, PathBuf};
 
 const PLAIN: u64 = 6 * MIB;
 
-fn secret_arg(key: &Path) -> String {
-    format!("secret,id=s0,file={}", s(key))
-}
-
 struct Case {
     dir: tempfile::TempDir,
     img: PathBuf,
@@ -40,17 +36,7 @@ fn fill(dir: tempfile::TempDir, img: PathBuf, key: PathBuf, extra_keys: usize) -
     std::fs::write(&raw, &plain).unwrap();
     tool(
         "qemu-img",
-        [
-            "convert",
-            "-n",
-            "--object",
-            &secret_arg(&key),
-            "-f",
-            "raw",
-            s(&raw),
-            "--target-image-opts",
-            &format!("driver=luks,key-secret=s0,file.filename={}", s(&img)),
-        ],
+        argv!("convert -n --object {} -f raw {} --target-image-opts driver=luks,key-secret=s0,file.filename={}", &qemu_secret(&key), raw, img),
     )
     .ok();
     let mut keys = vec![key];
@@ -87,18 +73,13 @@ fn qemu_case(name: &str, opts: &str, extra_keys: usize) -> Case {
     let dir = tempdir();
     let key = key_file(dir.path(), "key", &passphrase(name));
     let img = dir.path().join("img.luks");
-    qemu_img_kdf([
-        "create",
-        "-q",
-        "-f",
-        "luks",
-        "--object",
-        &secret_arg(&key),
-        "-o",
+    qemu_img_kdf(argv!(
+        "create -q -f luks --object {} -o {} {} {}",
+        &qemu_secret(&key),
         &format!("key-secret=s0,iter-time=10{opts}"),
-        s(&img),
-        &PLAIN.to_string(),
-    ])
+        img,
+        &PLAIN.to_string()
+    ))
     .ok();
     fill(dir, img, key, extra_keys)
 }
@@ -109,18 +90,12 @@ fn cryptsetup_case(name: &str, extra_keys: usize) -> Case {
     let key = key_file(dir.path(), "key", &passphrase(name));
     let img = dir.path().join("img.luks");
     std::fs::write(&img, vec![0u8; (PLAIN + 2 * MIB) as usize]).unwrap();
-    let args = [
-        &["luksFormat", "--type", "luks1", "--batch-mode"][..],
-        &[
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-            s(&key),
-            s(&img),
-        ],
-    ]
-    .concat();
-    tool("cryptsetup", &args).ok();
+    let format = argv!(
+        "luksFormat --type luks1 --batch-mode --pbkdf-force-iterations 1000 --key-file {} {}",
+        key,
+        img
+    );
+    tool("cryptsetup", format).ok();
     fill(dir, img, key, extra_keys)
 }
 
@@ -268,18 +243,9 @@ fn reencrypt_turns_a_qemu_luks1_disk_into_luks2_with_4k_sectors() {
     // aes-xts with a 256-bit key, as older QEMU made them.
     let c = qemu_case("qemu-reenc", ",cipher-alg=aes-128,cipher-mode=xts", 0);
     let old_key = cryptsetup_volume_key(&c.img, &c.keys[0]);
-    let args = [
-        &[
-            "reencrypt",
-            "--key-file",
-            s(&c.keys[0]),
-            "--sector-size",
-            "4096",
-        ][..],
-        CHEAP_PBKDF2,
-        &[s(&c.img)],
-    ]
-    .concat();
+    let mut args = argv!("reencrypt --key-file {} --sector-size 4096", c.keys[0]);
+    args.extend(CHEAP_PBKDF2.iter().map(Into::into));
+    args.push(c.img.clone().into());
     let out = cryptblk(&args);
     out.ok();
     assert!(

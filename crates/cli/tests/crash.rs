@@ -20,9 +20,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use serde_json::Value;
 use std::collections::HashMap;
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -36,196 +35,6 @@ fn seed_for(test: &str) -> u64 {
     };
     eprintln!("{test}: seed {seed} (replay with CRYPTBLK_CRASH_SEED={seed})");
     seed
-}
-
-// ---------------------------------------------------------------------------------------------
-// Processes
-// ---------------------------------------------------------------------------------------------
-
-/// A `cryptblk serve` (or `qemu-nbd`) process; killed on drop.
-struct Proc {
-    child: Option<Child>,
-    what: String,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn spawn(program: &Path, args: &[&str], log: PathBuf) -> Proc {
-        let log_file = std::fs::File::create(&log).unwrap();
-        let mut cmd = Command::new(program);
-        cmd.args(args)
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().unwrap())
-            .stderr(log_file)
-            .env_remove("RUST_LOG");
-        let what = format!("{} {}", program.display(), args.join(" "));
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run `{what}`: {e}"));
-        Proc {
-            child: Some(child),
-            what,
-            log,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn pid(&self) -> libc::pid_t {
-        libc::pid_t::try_from(self.child.as_ref().unwrap().id()).unwrap()
-    }
-
-    /// Waits until `socket` accepts connections (a stale socket file left by a killed daemon
-    /// does not count). Panics if the process exits first.
-    fn wait_for_socket(&mut self, socket: &Path) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "`{}` exited early: {status}\n--- its output\n{}",
-                    self.what,
-                    self.log()
-                );
-            }
-            if UnixStream::connect(socket).is_ok() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "`{}`: nothing accepts on {} after 30 s\n--- its output\n{}",
-                self.what,
-                socket.display(),
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn signal_and_wait(mut self, signal: libc::c_int) -> std::process::ExitStatus {
-        let pid = self.pid();
-        // SAFETY: kill(2) on a child this test spawned and has not reaped yet.
-        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
-        let mut child = self.child.take().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "`{}` did not exit on signal {signal}",
-                self.what
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// SIGKILL; the daemon gets no chance to flush or clean up.
-    fn kill9(self) {
-        use std::os::unix::process::ExitStatusExt;
-        let status = self.signal_and_wait(libc::SIGKILL);
-        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
-    }
-
-    /// SIGTERM; returns the exit code.
-    fn terminate(self) -> i32 {
-        let what = self.what.clone();
-        let log = self.log.clone();
-        let status = self.signal_and_wait(libc::SIGTERM);
-        status.code().unwrap_or_else(|| {
-            panic!(
-                "`{what}` died on SIGTERM: {status}\n--- its output\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            )
-        })
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-struct Served {
-    proc: Proc,
-    nbd: PathBuf,
-    control: Option<PathBuf>,
-}
-
-/// `cryptblk serve --image IMG [--key-file KEY] --name NAME --nbd unix:SOCK [--control CTL]`,
-/// ready for connections.
-fn serve(
-    dir: &Path,
-    img: &Path,
-    key: Option<&Path>,
-    name: &str,
-    control: bool,
-    tag: &str,
-) -> Served {
-    serve_with(dir, img, key, name, control, tag, &[])
-}
-
-/// `serve` with more arguments (e.g. `--cache MODE`).
-fn serve_with(
-    dir: &Path,
-    img: &Path,
-    key: Option<&Path>,
-    name: &str,
-    control: bool,
-    tag: &str,
-    extra: &[&str],
-) -> Served {
-    let nbd = dir.join("nbd.sock");
-    let ctl = dir.join("ctl.sock");
-    let nbd_arg = format!("unix:{}", s(&nbd));
-    let mut args = vec![
-        "serve",
-        "--image",
-        s(img),
-        "--name",
-        name,
-        "--nbd",
-        &nbd_arg,
-    ];
-    if let Some(key) = key {
-        args.extend(["--key-file", s(key)]);
-    }
-    if control {
-        args.extend(["--control", s(&ctl)]);
-    }
-    args.extend_from_slice(extra);
-    let mut proc = Proc::spawn(
-        Path::new(bin()),
-        &args,
-        dir.join(format!("serve-{tag}.log")),
-    );
-    proc.wait_for_socket(&nbd);
-    if control {
-        proc.wait_for_socket(&ctl);
-    }
-    Served {
-        proc,
-        nbd,
-        control: control.then_some(ctl),
-    }
-}
-
-#[track_caller]
-fn nbd_connect(socket: &Path, name: &str) -> NbdClient {
-    NbdClient::connect(socket, name)
-        .unwrap_or_else(|e| panic!("NBD connect to {} export {name:?}: {e}", socket.display()))
-}
-
-fn luks2_image(dir: &Path, name: &str, key: &Path, size: &str) -> PathBuf {
-    let img = dir.join(name);
-    format_luks2(&img, key, size);
-    img
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -341,28 +150,13 @@ fn block_checker_rejects_lost_torn_and_foreign_blocks() {
 /// The test client speaks NBD correctly: checked against qemu-nbd, the reference server.
 #[test]
 fn nbd_client_against_qemu_nbd() {
-    let dir = tempdir();
-    let img = dir.path().join("q.raw");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(4 * MIB)
-        .unwrap();
-    let sock = dir.path().join("q.sock");
-    let sock_arg = format!("--socket={}", s(&sock));
-    let mut qemu = Proc::spawn(
-        &cryptblk_testutil::tool("qemu-nbd"),
-        &[
-            &sock_arg,
-            "-f",
-            "raw",
-            "-x",
-            "disk",
-            "--persistent",
-            "--shared=8",
-            s(&img),
-        ],
-        dir.path().join("qemu-nbd.log"),
-    );
+    let t = TestDir::new();
+    let img = t.raw("q.raw", 4 * MIB);
+    let sock = t.path("q.sock");
+    let mut cmd = Command::new(cryptblk_testutil::tool("qemu-nbd"));
+    cmd.arg(format!("--socket={}", s(&sock)))
+        .args(argv!("-f raw -x disk --persistent --shared=8 {}", img));
+    let mut qemu = Process::spawn(cmd, t.path("qemu-nbd.log"));
     qemu.wait_for_socket(&sock);
 
     // An unknown export is refused with NBD_REP_ERR_UNKNOWN.
@@ -379,7 +173,7 @@ fn nbd_client_against_qemu_nbd() {
         other => panic!("export \"nope\": expected NBD_REP_ERR_UNKNOWN, got {other:?}"),
     }
 
-    let mut c = nbd_connect(&sock, "disk");
+    let mut c = NbdClient::connect(&sock, "disk").unwrap();
     eprintln!("qemu-nbd export: {:?}", c.export);
     assert_eq!(c.export.size, 4 * MIB);
     for flag in [
@@ -440,13 +234,13 @@ fn nbd_client_against_qemu_nbd() {
     assert_same_bytes(&whole, &read(&img), "qemu-nbd export vs image file");
     c.disconnect().unwrap();
     // A second connection sees the same data (and qemu-nbd is still there: --persistent).
-    let mut c2 = nbd_connect(&sock, "disk");
+    let mut c2 = NbdClient::connect(&sock, "disk").unwrap();
     assert_eq!(
         decode(&c2.read(3 * 3 * BLOCK as u64, BLOCK as u32).unwrap()).unwrap(),
         (3, 7)
     );
     c2.disconnect().unwrap();
-    let _ = qemu.terminate();
+    qemu.terminate();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -640,31 +434,17 @@ fn check_block(
 
 fn crash_writes(kind: &str, cache: &str, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed ^ fnv1a(kind.as_bytes()) ^ fnv1a(cache.as_bytes()));
-    let dir = tempdir();
-    let (img, key) = if kind == "luks2" {
-        let key = key_file(dir.path(), "key", &passphrase("crash-luks"));
-        (luks2_image(dir.path(), "disk.luks", &key, "4M"), Some(key))
+    let t = TestDir::new();
+    let img = if kind == "luks2" {
+        t.luks2("disk.luks", "4M", &t.key("key"))
     } else {
-        let img = dir.path().join("disk.raw");
-        std::fs::File::create(&img)
-            .unwrap()
-            .set_len(4 * MIB)
-            .unwrap();
-        (img, None)
+        t.raw("disk.raw", 4 * MIB)
     };
     let name = "crashdisk";
-    let cache_args = ["--cache", cache];
-    let served = serve_with(
-        dir.path(),
-        &img,
-        key.as_deref(),
-        name,
-        false,
-        "first",
-        &cache_args,
-    );
+    let serve = t.serve().disk(&img).name(name).nbd();
+    let mut daemon = serve.args(&["--cache", cache]).start();
 
-    let mut first = nbd_connect(&served.nbd, name);
+    let mut first = daemon.nbd(name);
     let export = first.export.clone();
     eprintln!("[{kind}] export {export:?}");
     assert!(
@@ -726,7 +506,7 @@ fn crash_writes(kind: &str, cache: &str, seed: u64) {
         .collect();
     let threads: Vec<_> = (0..CONNECTIONS)
         .map(|c| {
-            let client = nbd_connect(&served.nbd, name);
+            let client = daemon.nbd(name);
             let blocks: Vec<u64> = (c as u64 * per_conn..(c as u64 + 1) * per_conn).collect();
             let initial = prefilled.then_some(0);
             let report = WriterReport {
@@ -752,7 +532,7 @@ fn crash_writes(kind: &str, cache: &str, seed: u64) {
         std::thread::sleep(Duration::from_millis(1));
     }
     let killed_at = t0.elapsed();
-    served.proc.kill9();
+    daemon.kill9();
     let reports: Vec<WriterReport> = threads
         .into_iter()
         .map(|t| t.join().expect("a writer thread panicked"))
@@ -811,16 +591,8 @@ fn crash_writes(kind: &str, cache: &str, seed: u64) {
     }
 
     // Restart on the same image and read every block back.
-    let served = serve_with(
-        dir.path(),
-        &img,
-        key.as_deref(),
-        name,
-        false,
-        "second",
-        &cache_args,
-    );
-    let mut reader = nbd_connect(&served.nbd, name);
+    daemon.restart();
+    let mut reader = daemon.nbd(name);
     assert_eq!(reader.export.size, export.size);
     let data = reader
         .read_range(0, export.size, 64 * 1024, 8)
@@ -850,16 +622,16 @@ fn crash_writes(kind: &str, cache: &str, seed: u64) {
         "{} of {checked} blocks are wrong after SIGKILL and restart:\n{}\n{context}\n--- first serve log\n{}",
         bad.len(),
         bad.iter().take(30).cloned().collect::<Vec<_>>().join("\n"),
-        std::fs::read_to_string(dir.path().join("serve-first.log")).unwrap_or_default()
+        std::fs::read_to_string(t.path("serve-0.log")).unwrap_or_default()
     );
     eprintln!(
         "[{kind}] all {checked} blocks hold a record at least as new as acknowledged \
          ({newer_than_acked} newer than acknowledged)"
     );
-    assert_eq!(served.proc.terminate(), code::OK);
+    assert_eq!(daemon.terminate(), code::OK);
 
     // The same bytes through an independent path: the image file itself, or cryptblk convert.
-    match &key {
+    match &img.key {
         None => {
             let file = read(&img);
             assert_same_bytes(
@@ -868,8 +640,8 @@ fn crash_writes(kind: &str, cache: &str, seed: u64) {
                 "raw image file vs NBD read-back",
             );
         }
-        Some(key) => {
-            let plain = cryptblk_decrypt(&img, key, &dir.path().join("plain.raw"));
+        Some(_) => {
+            let plain = img.decrypt(&t.path("plain.raw"));
             assert_same_bytes(
                 &plain[..data.len()],
                 &data,
@@ -981,15 +753,12 @@ fn check_image(
     );
     let out = dir.join("check.raw");
     let _ = std::fs::remove_file(&out);
-    let conv = cryptblk([
-        "convert",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(old),
-        s(img),
-        s(&out),
-    ]);
+    let conv = cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        old,
+        img,
+        out
+    ));
     assert_eq!(
         conv.code, 0,
         "cryptblk cannot open the image with the old passphrase {context}:\n{conv:?}"
@@ -1097,20 +866,20 @@ fn key_add_survives_kill_9_at_any_point() {
     const ROUNDS: usize = 12;
     let seed = seed_for("key_add_survives_kill_9_at_any_point");
     let mut rng = StdRng::seed_from_u64(seed);
-    let dir = tempdir();
-    let d = dir.path();
-    let old = key_file(d, "old", &passphrase("crash-old"));
-    let img = luks2_image(d, "keys.luks", &old, "4M");
+    let t = TestDir::new();
+    let d = t.root();
+    let old = t.key("old");
+    let img = t.luks2("keys.luks", "4M", &old);
     let name = "keys";
 
     // A payload to recognise, and the durations of an uninterrupted key-add and key-remove.
     let payload: Vec<u8> = (0..64u64).flat_map(|b| record(b, 1)).collect();
-    let cal_key = key_file(d, "cal", &passphrase("crash-cal"));
-    let served = serve(d, &img, Some(&old), name, true, "calibrate");
-    let mut c = nbd_connect(&served.nbd, name);
+    let cal_key = t.key("cal");
+    let mut daemon = t.serve().disk(&img).name(name).nbd().control().start();
+    let mut c = daemon.nbd(name);
     c.write(0, &payload, true).unwrap();
     c.disconnect().unwrap();
-    let ctl = served.control.clone().unwrap();
+    let ctl = daemon.control().to_path_buf();
     // Cheap, but calibrated: the KDF benchmark runs inside the daemon like in production.
     let add_args = |new: &Path| -> Vec<String> {
         let a = [
@@ -1132,7 +901,7 @@ fn key_add_survives_kill_9_at_any_point() {
     };
     let t_add = ctl_timed(&ctl, add_args(&cal_key));
     let t_remove = ctl_timed(&ctl, remove_args(&cal_key));
-    assert_eq!(served.proc.terminate(), code::OK);
+    assert_eq!(daemon.terminate(), code::OK);
     eprintln!("uninterrupted: key-add {t_add:?}, key-remove {t_remove:?}");
     check_image(
         d,
@@ -1149,18 +918,14 @@ fn key_add_survives_kill_9_at_any_point() {
     let mut remove_delays = KillDelays::new(t_remove);
     let mut outcomes = Vec::new();
     for round in 0..ROUNDS {
-        let new = key_file(
-            d,
-            &format!("new{round}"),
-            &passphrase(&format!("crash-new{round}")),
-        );
+        let new = t.key(&format!("new{round}"));
         // key-add, killed.
         let delay = add_delays.next(round, &mut rng);
-        let served = serve(d, &img, Some(&old), name, true, &format!("add{round}"));
-        let (t, h) = ctl_in_background(served.control.as_ref().unwrap(), add_args(&new));
-        std::thread::sleep(delay.saturating_sub(t.elapsed()));
-        let killed_at = t.elapsed();
-        served.proc.kill9();
+        daemon.restart();
+        let (started, h) = ctl_in_background(&ctl, add_args(&new));
+        std::thread::sleep(delay.saturating_sub(started.elapsed()));
+        let killed_at = started.elapsed();
+        daemon.kill9();
         let result = h.join().unwrap();
         let context = format!(
             "(seed {seed}, round {round}: key-add killed {killed_at:?} after starting `cryptblk ctl`, \
@@ -1197,11 +962,11 @@ fn key_add_survives_kill_9_at_any_point() {
 
         // key-remove of that slot, killed.
         let delay = remove_delays.next(round, &mut rng);
-        let served = serve(d, &img, Some(&old), name, true, &format!("remove{round}"));
-        let (t, h) = ctl_in_background(served.control.as_ref().unwrap(), remove_args(&new));
-        std::thread::sleep(delay.saturating_sub(t.elapsed()));
-        let killed_at = t.elapsed();
-        served.proc.kill9();
+        daemon.restart();
+        let (started, h) = ctl_in_background(&ctl, remove_args(&new));
+        std::thread::sleep(delay.saturating_sub(started.elapsed()));
+        let killed_at = started.elapsed();
+        daemon.kill9();
         let result = h.join().unwrap();
         let context = format!(
             "(seed {seed}, round {round}: key-remove killed {killed_at:?} after starting `cryptblk ctl`, \

@@ -1,4 +1,4 @@
-//! `cryptblk ctl --help`, each verb's help and the README list the same methods and params as
+//! `cryptblk ctl --help`, each verb's help and docs/serving.md list the same methods and params as
 //! the daemon accepts (the param types' own field names, `api::accepted_params`).
 mod common;
 
@@ -34,13 +34,16 @@ fn ctl_help_lists_every_method_and_param_the_daemon_accepts() {
 }
 
 #[test]
-fn readme_lists_the_methods_the_daemon_accepts() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+fn the_serving_page_lists_the_methods_the_daemon_accepts() {
+    let page = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/serving.md"
+    ))
+    .unwrap();
     let reference = methods_reference();
     assert!(
-        readme.contains(&format!("```text\n{reference}  ```")),
-        "README.md's method list is out of date; it should read:\n{reference}"
+        page.contains(&format!("```text\n{reference}  ```")),
+        "docs/serving.md's method list is out of date; it should read:\n{reference}"
     );
     for m in METHODS {
         for param in accepted_params(m.name).unwrap() {

@@ -22,54 +22,19 @@
 
 mod common;
 
-use common::guest::{build_guest, host_digest, scripts, Serve};
-use common::MIB;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use common::*;
+use std::process::Command;
+
 /// fio's block size for the jobs (run-guest.sh's default).
 const BS: u64 = 64 * 1024;
 /// The start of fio's verify header (fio 3.33, `struct verify_header`): magic, type, len.
 const FIO_VERIFY_MAGIC: u16 = 0xacca;
 
-/// Boots the guest on `disk` (run-guest.sh's disk arguments) with `job` over the first `size`
-/// bytes; returns the console. Panics with the console's tail unless the guest passed.
-fn boot(artifacts: &Path, disk: &[&str], job: &str, size: u64, log: &Path) -> String {
-    let out = Command::new(scripts().join("run-guest.sh"))
-        .args(disk)
-        .args(["--job", job, "--size", &size.to_string()])
-        .args(["--bs", &BS.to_string(), "--timeout", "300"])
-        .arg("--artifacts")
-        .arg(artifacts)
-        .arg("--log")
-        .arg(log)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run scripts/guest/run-guest.sh");
-    let console = std::fs::read_to_string(log).unwrap_or_default();
-    if !out.status.success() {
-        let tail: Vec<&str> = console.lines().rev().take(40).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        panic!(
-            "guest {job} did not pass ({}):\n{}\n--- console tail ---\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr),
-            tail.join("\n")
-        );
-    }
-    assert!(
-        console.lines().any(|l| l == "GUEST-RESULT: PASS"),
-        "{console}"
-    );
-    console
-}
-
-/// The "GUEST-SHA256: <hex>" digest the guest printed of the bytes it read back.
-fn guest_digest(console: &str) -> String {
-    console
-        .lines()
-        .find_map(|l| l.strip_prefix("GUEST-SHA256: "))
-        .map(|d| d.trim().to_string())
-        .unwrap_or_else(|| panic!("no GUEST-SHA256 line in the console:\n{console}"))
+/// Boots the guest on `disk` with `job` over the first `size` bytes; returns the console.
+/// Panics with the console's tail unless the guest passed.
+fn boot(t: &TestDir, disk: VmConfig, job: &str, size: u64) -> String {
+    let vm = disk.job(job, size).bs(BS).timeout(300);
+    vm.run(t.root(), job)
 }
 
 /// Every `BS` block of `data` starts with fio's verify header for its own offset.
@@ -90,24 +55,12 @@ fn assert_fio_pattern(data: &[u8]) {
 
 #[test]
 fn guest_fio_write_verify_on_raw_virtio_disk() {
-    let artifacts = build_guest();
-    let dir = tempfile::tempdir().unwrap();
-    let disk = dir.path().join("disk.raw");
+    let t = TestDir::new();
     let disk_size = 64 * MIB;
     let size = 32 * MIB;
-    std::fs::File::create(&disk)
-        .unwrap()
-        .set_len(disk_size)
-        .unwrap();
-    let disk_arg = disk.to_str().unwrap();
+    let disk = t.raw("disk.raw", disk_size);
 
-    let console = boot(
-        &artifacts,
-        &["--disk-raw", disk_arg],
-        "write-verify",
-        size,
-        &dir.path().join("write.log"),
-    );
+    let console = boot(&t, VmConfig::raw_disk(&disk), "write-verify", size);
     let data = std::fs::read(&disk).unwrap();
     assert_eq!(data.len() as u64, disk_size);
     assert_fio_pattern(&data[..size as usize]);
@@ -118,103 +71,36 @@ fn guest_fio_write_verify_on_raw_virtio_disk() {
     assert_eq!(guest_digest(&console), host_digest(&data[..size as usize]));
 
     // A fresh guest verifies the pattern from the disk alone.
-    let console = boot(
-        &artifacts,
-        &["--disk-raw", disk_arg],
-        "read-verify",
-        size,
-        &dir.path().join("read.log"),
-    );
+    let console = boot(&t, VmConfig::raw_disk(&disk), "read-verify", size);
     assert_eq!(guest_digest(&console), host_digest(&data[..size as usize]));
-}
-
-fn cryptblk_ok(args: &[&std::ffi::OsStr]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_cryptblk"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cryptblk {args:?}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[test]
 fn guest_fio_on_luks2_over_vhost_user_blk_two_queues() {
-    let artifacts = build_guest();
-    let dir = tempfile::tempdir().unwrap();
-    let path = |name: &str| dir.path().join(name);
-    let (key, img, socket, out) = (
-        path("key"),
-        path("img.luks"),
-        path("vub.sock"),
-        path("out.raw"),
-    );
-    std::fs::write(&key, b"guest end-to-end passphrase").unwrap();
-    let os = |s: &'static str| std::ffi::OsStr::new(s);
-    cryptblk_ok(&[
-        os("format"),
-        os("--type"),
-        os("luks2"),
-        os("--pbkdf"),
-        os("pbkdf2"),
-        os("--pbkdf-force-iterations"),
-        os("1000"),
-        os("--key-file"),
-        key.as_os_str(),
-        img.as_os_str(),
-        os("64M"),
-    ]);
+    let t = TestDir::new();
+    let img = t.luks2("img.luks", "64M", &t.key("key"));
     let size = 32 * MIB;
-    let daemon = Serve::start(
-        Path::new(env!("CARGO_BIN_EXE_cryptblk")),
-        &[
-            os("--vhost-user-blk"),
-            socket.as_os_str(),
-            os("--image"),
-            img.as_os_str(),
-            os("--key-file"),
-            key.as_os_str(),
-            os("--num-queues"),
-            os("2"),
-        ],
-        &socket,
-        path("serve.log"),
-    );
-    let disk = [
-        "--vhost-user-blk",
-        socket.to_str().unwrap(),
-        "--queues",
-        "2",
-    ];
+    let serve = t
+        .serve()
+        .vhost_user()
+        .disk(&img)
+        .args(&["--num-queues", "2"]);
+    let mut daemon = serve.log_level("info").start();
+    let disk = VmConfig::vhost_user(daemon.vhost_socket()).queues(2);
 
-    let console = boot(&artifacts, &disk, "write-verify", size, &path("write.log"));
+    let console = boot(&t, disk.clone(), "write-verify", size);
     assert!(
         console.contains("2 queue(s)"),
         "the guest did not get 2 queues:\n{console}"
     );
     let written = guest_digest(&console);
     // QEMU is gone; the daemon takes the next guest, which verifies the pattern again.
-    let console = boot(&artifacts, &disk, "read-verify", size, &path("read.log"));
+    let console = boot(&t, disk, "read-verify", size);
     assert_eq!(guest_digest(&console), written);
-    let output = daemon.output();
-    let status = daemon.terminate();
-    assert!(status.success(), "cryptblk serve: {status}\n{output}");
+    assert_eq!(daemon.terminate(), 0, "cryptblk serve:\n{}", daemon.log());
 
     // The image decrypts on the host to exactly what the guests wrote and read.
-    cryptblk_ok(&[
-        os("convert"),
-        os("-O"),
-        os("raw"),
-        os("--source-key-file"),
-        key.as_os_str(),
-        img.as_os_str(),
-        out.as_os_str(),
-    ]);
-    let data = std::fs::read(&out).unwrap();
+    let data = img.decrypt(&t.path("out.raw"));
     assert!(data.len() as u64 >= size);
     assert_fio_pattern(&data[..size as usize]);
     assert_eq!(host_digest(&data[..size as usize]), written);
@@ -222,62 +108,31 @@ fn guest_fio_on_luks2_over_vhost_user_blk_two_queues() {
 
 #[test]
 fn guest_fio_on_qemu_made_luks1_over_vhost_user_blk() {
-    let artifacts = build_guest();
-    let dir = tempfile::tempdir().unwrap();
-    let path = |name: &str| dir.path().join(name);
-    let (key, img, socket, out) = (
-        path("key"),
-        path("img.luks1"),
-        path("vub.sock"),
-        path("out.raw"),
-    );
-    std::fs::write(&key, b"guest end-to-end luks1 passphrase").unwrap();
-    let os = |s: &'static str| std::ffi::OsStr::new(s);
-    let secret = format!("secret,id=sec0,file={}", key.display());
+    let t = TestDir::new();
+    let key = t.key("key");
+    let out = t.path("out.raw");
     // QEMU writes LUKS1: AES-256-XTS (512-bit key), plain64 IVs, a cheap PBKDF2 keyslot.
-    common::qemu_img_kdf([
-        os("create"),
-        os("-q"),
-        os("-f"),
-        os("luks"),
-        os("--object"),
-        std::ffi::OsStr::new(&secret),
-        os("-o"),
-        os("key-secret=sec0,cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,iter-time=10"),
-        img.as_os_str(),
-        os("64M"),
-    ])
-    .ok();
+    let cipher = "cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,iter-time=10";
+    let img = t.luks1_by_qemu("img.luks1", "64M", &key, cipher);
     let size = 32 * MIB;
-    let daemon = Serve::start(
-        Path::new(env!("CARGO_BIN_EXE_cryptblk")),
-        &[
-            os("--vhost-user-blk"),
-            socket.as_os_str(),
-            os("--image"),
-            img.as_os_str(),
-            os("--key-file"),
-            key.as_os_str(),
-        ],
-        &socket,
-        path("serve.log"),
-    );
-    let disk = ["--vhost-user-blk", socket.to_str().unwrap()];
-    let console = boot(&artifacts, &disk, "write-verify", size, &path("write.log"));
-    let written = guest_digest(&console);
-    let output = daemon.output();
+    let mut daemon = t.serve().vhost_user().disk(&img).log_level("info").start();
+    let vm = VmConfig::vhost_user(daemon.vhost_socket());
+    let written = guest_digest(&boot(&t, vm, "write-verify", size));
+    let output = daemon.log();
     assert!(output.contains("(luks"), "not served as LUKS: {output}");
-    let status = daemon.terminate();
-    assert!(status.success(), "cryptblk serve: {status}\n{output}");
+    assert_eq!(daemon.terminate(), 0, "cryptblk serve:\n{output}");
 
     // QEMU's LUKS driver decrypts the image on the host to exactly what the guest wrote.
+    let secret = format!("secret,id=sec0,file={}", s(&key));
+    let os = std::ffi::OsStr::new;
     let image_opts = format!(
         "driver=luks,key-secret=sec0,file.driver=file,file.filename={}",
         img.display()
     );
-    common::tool(
+    tool(
         "qemu-img",
-        [
+        argv!(
+            "{} {} {} {} {} {} {} {}",
             os("convert"),
             os("--object"),
             std::ffi::OsStr::new(&secret),
@@ -285,8 +140,8 @@ fn guest_fio_on_qemu_made_luks1_over_vhost_user_blk() {
             std::ffi::OsStr::new(&image_opts),
             os("-O"),
             os("raw"),
-            out.as_os_str(),
-        ],
+            out.as_os_str()
+        ),
     )
     .ok();
     let data = std::fs::read(&out).unwrap();
@@ -307,44 +162,16 @@ fn guest_fio_on_luks2_in_rbd_over_vhost_user_blk() {
     let Some(cluster) = cryptblk_testutil::ceph::start() else {
         return;
     };
-    let artifacts = build_guest();
-    let dir = tempfile::tempdir().unwrap();
-    let path = |name: &str| dir.path().join(name);
-    let (key, socket, out) = (path("key"), path("vub.sock"), path("out.raw"));
-    std::fs::write(&key, b"guest on rbd passphrase").unwrap();
+    let t = TestDir::new();
+    let key = t.key("key");
+    let out = t.path("out.raw");
     let image = cluster.name("guest");
-    let os = |s: &'static str| std::ffi::OsStr::new(s);
-    cryptblk_ok(&[
-        os("format"),
-        os("--pbkdf"),
-        os("pbkdf2"),
-        os("--pbkdf-force-iterations"),
-        os("1000"),
-        os("--key-file"),
-        key.as_os_str(),
-        std::ffi::OsStr::new(&image),
-        os("32M"),
-    ]);
+    format_luks2(std::path::Path::new(&image), &key, "32M");
     let size = 32 * MIB;
-    let daemon = Serve::start(
-        Path::new(env!("CARGO_BIN_EXE_cryptblk")),
-        &[
-            os("--vhost-user-blk"),
-            socket.as_os_str(),
-            os("--image"),
-            std::ffi::OsStr::new(&image),
-            os("--key-file"),
-            key.as_os_str(),
-        ],
-        &socket,
-        path("serve.log"),
-    );
-    let disk = ["--vhost-user-blk", socket.to_str().unwrap()];
-    let console = boot(&artifacts, &disk, "write-verify", size, &path("write.log"));
-    let written = guest_digest(&console);
-    let output = daemon.output();
-    let status = daemon.terminate();
-    assert!(status.success(), "cryptblk serve: {status}\n{output}");
+    let mut daemon = t.serve().vhost_user().image(&image).key(&key).start();
+    let vm = VmConfig::vhost_user(daemon.vhost_socket());
+    let written = guest_digest(&boot(&t, vm, "write-verify", size));
+    assert_eq!(daemon.terminate(), 0, "cryptblk serve:\n{}", daemon.log());
 
     let opts = format!(
         "if=driver=rbd,pool=rbd,image=guest,conf={},encrypt.format=luks2,encrypt.key-secret=s0",

@@ -10,11 +10,10 @@
 
 mod common;
 
-use common::guest::{build_guest, host_digest};
-use common::{cryptblk, ctl, key_file, passphrase, s, MIB};
+use common::*;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const URI: &str = "qemu:///system";
@@ -90,21 +89,6 @@ impl Drop for Libvirt {
                 unsafe { libc::kill(pid, libc::SIGTERM) };
             }
         }
-    }
-}
-
-struct Serve(Child, PathBuf);
-
-impl Serve {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.1).unwrap_or_default()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
@@ -248,46 +232,22 @@ fn libvirt_domain_on_a_cryptblk_disk() {
         );
         return;
     }
-    let artifacts = build_guest();
-    let dir = tempfile::tempdir().unwrap();
+    let artifacts = artifacts();
+    let t = TestDir::new();
     // QEMU runs as libvirt-qemu: it must reach the sockets and the console file in here.
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let path = |name: &str| dir.path().join(name);
+    std::fs::set_permissions(t.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = |name: &str| t.path(name);
     let size = 16 * MIB;
-    let key = key_file(dir.path(), "key", &passphrase("libvirt"));
-    let (img, img2) = (path("vm.luks"), path("data.raw"));
-    for (image, args) in [(&img, vec!["--type", "luks2"]), (&img2, vec![])] {
-        if args.is_empty() {
-            std::fs::File::create(image).unwrap().set_len(size).unwrap();
-            continue;
-        }
-        let mut all = vec!["format", "--key-file", s(&key), "--pbkdf", "pbkdf2"];
-        all.extend(["--pbkdf-force-iterations", "1000"]);
-        all.extend(args);
-        all.extend([s(image), "64M"]);
-        cryptblk(all).ok();
-    }
-    let (socket, socket2, control) = (path("vm.sock"), path("data.sock"), path("control.sock"));
-    let serve_log = path("serve.log");
-    let child = Command::new(common::bin())
-        .arg("serve")
-        .args(["--image", s(&img), "--key-file", s(&key)])
-        .args(["--vhost-user-blk", s(&socket), "--num-queues", "2"])
-        .args(["--socket-owner", "libvirt-qemu", "--socket-mode", "0600"])
-        .args(["--control", s(&control)])
-        .stdin(Stdio::null())
-        .stderr(std::fs::File::create(&serve_log).unwrap())
-        .spawn()
-        .unwrap();
-    let serve = Serve(child, serve_log);
-    wait_for(
-        "the control socket",
-        Duration::from_secs(30),
-        || control.exists(),
-        || serve.log(),
-    );
+    let key = t.key("key");
+    let img = t.luks2("vm.luks", "64M", &key);
+    let img2 = t.raw("data.raw", size);
+    let (socket, socket2) = (path("vm.sock"), path("data.sock"));
+    let access = ["--socket-owner", "libvirt-qemu", "--socket-mode", "0600"];
+    let serve = t.serve().disk(&img).vhost_user_at(&socket);
+    let serve = serve.args(&["--num-queues", "2"]).args(&access).control();
+    let mut serve = serve.start();
 
-    let _libvirt = Libvirt::start(dir.path());
+    let _libvirt = Libvirt::start(t.root());
     // QEMU (as libvirt-qemu) binds the console socket of the second boot in here.
     let console_dir = path("console");
     std::fs::create_dir(&console_dir).unwrap();
@@ -297,7 +257,7 @@ fn libvirt_domain_on_a_cryptblk_disk() {
     // is attached to the running domain and detached again.
     let console_socket = console_dir.join("console.sock");
     let boot = Boot::start(
-        dir.path(),
+        t.root(),
         &artifacts,
         "restart-verify",
         size,
@@ -314,24 +274,10 @@ fn libvirt_domain_on_a_cryptblk_disk() {
         || console.text().contains("FIO-JSON-BEGIN 1"),
         || console.text(),
     );
-    ctl(
-        &control,
-        &[
-            "disk-add",
-            "data",
-            "--image",
-            s(&img2),
-            "--vhost-user-blk",
-            s(&socket2),
-            "--num-queues",
-            "2",
-            "--socket-owner",
-            "libvirt-qemu",
-            "--socket-mode",
-            "0600",
-        ],
-    )
-    .ok();
+    let mut add = vec!["disk-add", "data", "--image", s(&img2), "--vhost-user-blk"];
+    add.extend([s(&socket2), "--num-queues", "2"]);
+    add.extend_from_slice(&access);
+    serve.ctl_ok(&add);
     std::fs::write(path("data.xml"), disk_xml(&socket2, "vdb")).unwrap();
     virsh(&["attach-device", &boot.name, s(&path("data.xml")), "--live"]);
     let connected = format!("vhost-user frontend connected on {}", socket2.display());
@@ -348,7 +294,7 @@ fn libvirt_domain_on_a_cryptblk_disk() {
     wait_for(
         "the detached disk to be removable",
         Duration::from_secs(60),
-        || ctl(&control, &["disk-remove", "data"]).code == 0,
+        || serve.ctl(&["disk-remove", "data"]).code == 0,
         || serve.log(),
     );
     console.send(b"stop\n");
@@ -369,7 +315,7 @@ fn libvirt_domain_on_a_cryptblk_disk() {
     // to what the guest read back.
     let console_file = path("console.log");
     let boot = Boot::start(
-        dir.path(),
+        t.root(),
         &artifacts,
         "write-verify",
         size,
@@ -396,26 +342,7 @@ fn libvirt_domain_on_a_cryptblk_disk() {
         .to_owned();
     drop(boot);
 
-    let mut serve = serve;
-    // SAFETY: kill(2) on our own child, not yet reaped.
-    unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
-    let status = serve.0.wait().unwrap();
-    assert!(
-        status.success(),
-        "cryptblk serve: {status}\n{}",
-        serve.log()
-    );
-    let out = path("out.raw");
-    cryptblk([
-        "convert",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(&key),
-        s(&img),
-        s(&out),
-    ])
-    .ok();
-    let data = std::fs::read(&out).unwrap();
+    assert_eq!(serve.terminate(), 0, "cryptblk serve:\n{}", serve.log());
+    let data = img.decrypt(&path("out.raw"));
     assert_eq!(host_digest(&data[..size as usize]), digest);
 }

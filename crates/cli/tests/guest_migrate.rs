@@ -24,19 +24,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use common::*;
+use serde_json::json;
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::guest::{build_guest, host_digest};
-use common::MIB;
-use serde_json::{json, Value};
-
-/// Guest RAM (a shared memfd, as vhost-user needs).
-const RAM: &str = "512M";
+/// The guest's kernel command line: its init is /migrate-init.
+const APPEND: &str = "console=ttyS0 quiet panic=-1 rdinit=/migrate-init";
 /// Size of the LUKS2 image.
 const DISK: u64 = 32 * MIB;
 /// Bytes of /dev/vda the fio job writes and verifies.
@@ -135,271 +130,11 @@ fn migrate_initramfs(artifacts: &Path, out: &Path) {
     std::fs::write(out, data).unwrap();
 }
 
-/// A `cryptblk serve` with `args`, logging the vhost-user frontend's events and the daemon's
-/// (`RUST_LOG=cryptblk_vhost_user_blk=info,cryptblk_daemon=info`) to `log`, driven through its
-/// control socket;
-/// killed when dropped.
-struct Serve {
-    child: Child,
-    log: PathBuf,
-    control: PathBuf,
-}
-
-impl Serve {
-    fn start(control: PathBuf, args: &[&str], log: PathBuf) -> Serve {
-        let child = Command::new(common::bin())
-            .arg("serve")
-            .arg("--control")
-            .arg(&control)
-            .args(args)
-            .env(
-                "RUST_LOG",
-                "warn,cryptblk_vhost_user_blk=info,cryptblk_daemon=info",
-            )
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start cryptblk serve");
-        let mut serve = Serve {
-            child,
-            log,
-            control,
-        };
-        serve.wait_path(&serve.control.clone(), Duration::from_secs(60));
-        serve
-    }
-
-    /// Waits until `path` exists (a socket the daemon binds).
-    fn wait_path(&mut self, path: &Path, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while !path.exists() {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("cryptblk serve exited {status}: {}", self.output());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {} after {timeout:?}: {}",
-                path.display(),
-                self.output()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// `cryptblk ctl` on this daemon; its JSON answer.
-    fn ctl(&self, args: &[&str]) -> Value {
-        let out = common::ctl(&self.control, args);
-        assert_eq!(
-            out.code,
-            0,
-            "cryptblk ctl {args:?}: {}{}\n--- daemon ---\n{}",
-            out.stdout,
-            out.stderr,
-            self.output()
-        );
-        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
-    }
-
-    /// Polls `migrate-status vol` until `phase`; panics on failed/cancelled or after 2 minutes.
-    fn wait_phase(&self, phase: &str) -> Value {
-        common::wait_migrate_phase(
-            |args| self.ctl(args),
-            phase,
-            || format!("\n--- daemon ---\n{}", self.output()),
-        )
-    }
-
-    /// SIGTERM; the exit status (the daemon flushes and exits 0).
-    fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
-        // SAFETY: kill(2) on a child this test spawned and has not reaped.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "cryptblk serve ignored SIGTERM: {}",
-                self.output()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A QEMU process, killed when dropped.
-struct Qemu {
-    child: Child,
-    console: PathBuf,
-    log: PathBuf,
-    qmp: PathBuf,
-}
-
-impl Qemu {
-    /// Starts QEMU with the guest on the vhost-user-blk `socket`; `incoming` makes it a
-    /// migration destination.
-    fn start(
-        name: &str,
-        dir: &Path,
-        artifacts: &Path,
-        initrd: &Path,
-        socket: &Path,
-        incoming: Option<&str>,
-    ) -> Qemu {
-        let console = dir.join(format!("{name}.console"));
-        let log = dir.join(format!("{name}.qemu.log"));
-        let qmp = dir.join(format!("{name}.qmp"));
-        let mut cmd = Command::new("qemu-system-x86_64");
-        cmd.args([
-            "-accel",
-            "tcg,thread=multi",
-            "-cpu",
-            "max",
-            "-m",
-            RAM,
-            "-smp",
-            "2",
-        ])
-        .args([
-            "-display",
-            "none",
-            "-nodefaults",
-            "-no-user-config",
-            "-no-reboot",
-        ])
-        .arg("-serial")
-        .arg(format!("file:{}", console.display()))
-        .arg("-qmp")
-        .arg(format!("unix:{},server=on,wait=off", qmp.display()))
-        .arg("-kernel")
-        .arg(artifacts.join("vmlinuz"))
-        .arg("-initrd")
-        .arg(initrd)
-        .args([
-            "-append",
-            "console=ttyS0 quiet panic=-1 rdinit=/migrate-init",
-        ])
-        .arg("-object")
-        .arg(format!("memory-backend-memfd,id=mem,size={RAM},share=on"))
-        .args(["-numa", "node,memdev=mem"])
-        .arg("-chardev")
-        .arg(format!("socket,id=c0,path={}", socket.display()))
-        .args(["-device", "vhost-user-blk-pci,chardev=c0,num-queues=2"]);
-        if let Some(uri) = incoming {
-            cmd.args(["-incoming", uri]);
-        }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start qemu-system-x86_64 (apt-get install qemu-system-x86)");
-        Qemu {
-            child,
-            console,
-            log,
-            qmp,
-        }
-    }
-
-    fn console(&self) -> String {
-        String::from_utf8_lossy(&std::fs::read(&self.console).unwrap_or_default()).replace('\r', "")
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "--- qemu log ---\n{}\n--- console ---\n{}",
-            std::fs::read_to_string(&self.log).unwrap_or_default(),
-            self.console()
-        )
-    }
-
-    fn qmp(&mut self) -> Qmp {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(stream) = UnixStream::connect(&self.qmp) {
-                return Qmp::new(stream);
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("QEMU exited {status}\n{}", self.describe());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no QMP socket\n{}",
-                self.describe()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Qemu {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A QMP connection (one command at a time; events are skipped).
-struct Qmp {
-    reader: BufReader<UnixStream>,
-    writer: UnixStream,
-}
-
-impl Qmp {
-    fn new(stream: UnixStream) -> Qmp {
-        stream
-            .set_read_timeout(Some(Duration::from_secs(60)))
-            .unwrap();
-        let mut qmp = Qmp {
-            reader: BufReader::new(stream.try_clone().unwrap()),
-            writer: stream,
-        };
-        let greeting = qmp.read();
-        assert!(
-            greeting.get("QMP").is_some(),
-            "not a QMP greeting: {greeting}"
-        );
-        qmp.execute("qmp_capabilities", json!({}));
-        qmp
-    }
-
-    fn read(&mut self) -> Value {
-        let mut line = String::new();
-        let n = self.reader.read_line(&mut line).expect("read from QMP");
-        assert!(n > 0, "QMP connection closed");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad QMP line {line:?}: {e}"))
-    }
-
-    /// Runs a command; returns its "return" value, panics on an "error".
-    fn execute(&mut self, command: &str, arguments: Value) -> Value {
-        let msg = json!({ "execute": command, "arguments": arguments });
-        writeln!(self.writer, "{msg}").unwrap();
-        loop {
-            let v = self.read();
-            if v.get("event").is_some() {
-                continue;
-            }
-            if let Some(r) = v.get("return") {
-                return r.clone();
-            }
-            panic!("QMP {command}: {v}");
-        }
-    }
+/// `cryptblk serve` with a control socket, logging the vhost-user frontend's events and the
+/// daemon's.
+fn serve(t: &TestDir, tag: &str) -> Serve {
+    let log = "warn,cryptblk_vhost_user_blk=info,cryptblk_daemon=info";
+    t.serve_as(tag).control().log_level(log)
 }
 
 /// The "TICK <n>" numbers of a console (a tick may follow other output on its line).
@@ -411,32 +146,6 @@ fn ticks(console: &str) -> Vec<u64> {
             rest.trim().parse().ok()
         })
         .collect()
-}
-
-/// Waits until the console of `qemu` satisfies `done`; panics if the guest reports a failure
-/// or QEMU exits.
-fn wait_console(qemu: &mut Qemu, what: &str, timeout: Duration, done: impl Fn(&str) -> bool) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let console = qemu.console();
-        assert!(
-            !console.contains("GUEST-FAIL"),
-            "the guest failed\n{}",
-            qemu.describe()
-        );
-        if done(&console) {
-            return;
-        }
-        if let Some(status) = qemu.child.try_wait().unwrap() {
-            panic!("QEMU exited {status}\n{}", qemu.describe());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not after {timeout:?}\n{}",
-            qemu.describe()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// The value of the console line `PREFIX<value>`.
@@ -457,53 +166,39 @@ fn free_port() -> u16 {
 fn guest_fio_across_disk_migration(postcopy: bool) {
     let _serial = GUEST.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
-    let artifacts = build_guest();
-    let dir = tempfile::tempdir().unwrap();
-    let path = |name: &str| dir.path().join(name);
+    let artifacts = artifacts();
+    let t = TestDir::new();
+    let path = |name: &str| t.path(name);
     let initrd = path("initramfs-migrate.cpio.gz");
     migrate_initramfs(&artifacts, &initrd);
 
     // The source image: LUKS2 over random content (so unwritten regions are not zero).
     let (raw, key, src_img, dst_img) = (
         path("content.raw"),
-        path("key"),
+        t.key("key"),
         path("src.luks"),
         path("dst.luks"),
     );
-    common::random_file(&raw, DISK, 0x5eed);
-    std::fs::write(&key, b"guest migration passphrase").unwrap();
+    random_file(&raw, DISK, 0x5eed);
     let mut convert = vec!["convert"];
-    convert.extend_from_slice(common::CHEAP_PBKDF2);
-    convert.extend([
-        "--key-file",
-        common::s(&key),
-        common::s(&raw),
-        common::s(&src_img),
-    ]);
-    common::cryptblk(&convert).ok();
+    convert.extend_from_slice(CHEAP_PBKDF2);
+    convert.extend(["--key-file", s(&key), s(&raw), s(&src_img)]);
+    cryptblk(&convert).ok();
 
     let (src_sock, dst_sock) = (path("src.sock"), path("dst.sock"));
-    let src_daemon = Serve::start(
-        path("src-ctl.sock"),
-        &[
-            "--vhost-user-blk",
-            common::s(&src_sock),
-            "--image",
-            common::s(&src_img),
-            "--key-file",
-            common::s(&key),
-            "--name",
-            "vol",
-            "--num-queues",
-            "2",
-        ],
-        path("src.serve.log"),
-    );
+    let src_daemon = serve(&t, "src").vhost_user_at(&src_sock).image(&src_img);
+    let src_daemon = src_daemon
+        .key(&key)
+        .name("vol")
+        .args(&["--num-queues", "2"]);
+    let mut src_daemon = src_daemon.start();
     assert!(src_sock.exists(), "no {}", src_sock.display());
-    let mut src = Qemu::start("src", dir.path(), &artifacts, &initrd, &src_sock, None);
+    let kernel = artifacts.join("vmlinuz");
+    let vm = |socket: &Path| QemuConfig::new(&kernel, &initrd, APPEND, socket).queues(2);
+    let mut src = vm(&src_sock).start(t.root(), "src");
 
     // The guest boots on the source and fio is writing (a few seconds into its write phase).
-    wait_console(&mut src, "fio started", Duration::from_secs(300), |c| {
+    src.wait_console("fio started", Duration::from_secs(300), |c| {
         c.contains("FIO_START") && ticks(c).len() >= 4
     });
     assert!(
@@ -514,21 +209,8 @@ fn guest_fio_across_disk_migration(postcopy: bool) {
     eprintln!("fio running on the source after {:?}", started.elapsed());
 
     // The destination daemon has no disk; it receives "vol" into a new image.
-    let mut dst_daemon = Serve::start(path("dst-ctl.sock"), &[], path("dst.serve.log"));
-    let incoming = dst_daemon.ctl(&[
-        "migrate-incoming",
-        "vol",
-        "--image",
-        common::s(&dst_img),
-        "--key-file",
-        common::s(&key),
-        "--listen",
-        "tcp:127.0.0.1:0",
-        "--vhost-user-blk",
-        common::s(&dst_sock),
-        "--num-queues",
-        "2",
-    ]);
+    let mut dst_daemon = serve(&t, "dst").start();
+    let incoming = dst_daemon.ctl_ok(&argv!("migrate-incoming vol --image {} --key-file {} --listen tcp:127.0.0.1:0 --vhost-user-blk {} --num-queues 2", dst_img, key, dst_sock));
     let listen = incoming["listen"].as_str().unwrap().to_string();
     let mut start = vec!["migrate-start", "vol", "--to", &listen];
     if postcopy {
@@ -537,21 +219,14 @@ fn guest_fio_across_disk_migration(postcopy: bool) {
         // reads them.
         start.extend(["--postcopy", "--preempt", "--max-bandwidth", "1536K"]);
     }
-    let st = src_daemon.ctl(&start);
+    let st = src_daemon.ctl_ok(&start);
     assert_eq!(st["phase"], "precopy", "{st:#}");
     // The destination binds its vhost-user-blk socket once the image header has arrived.
-    dst_daemon.wait_path(&dst_sock, Duration::from_secs(60));
+    dst_daemon.wait_for_path(&dst_sock);
 
     let port = free_port();
     let uri = format!("tcp:127.0.0.1:{port}");
-    let mut dst = Qemu::start(
-        "dst",
-        dir.path(),
-        &artifacts,
-        &initrd,
-        &dst_sock,
-        Some(&uri),
-    );
+    let mut dst = vm(&dst_sock).incoming(&uri).start(t.root(), "dst");
     let mut src_qmp = src.qmp();
     let mut dst_qmp = dst.qmp();
     src_qmp.execute(
@@ -599,7 +274,7 @@ fn guest_fio_across_disk_migration(postcopy: bool) {
         // learns of it when the source's sender next looks, after the chunk in flight.)
         let deadline = Instant::now() + Duration::from_secs(30);
         let st = loop {
-            let st = dst_daemon.ctl(&["migrate-status", "vol"]);
+            let st = dst_daemon.ctl_ok(&["migrate-status", "vol"]);
             if st["phase"] != "precopy" || Instant::now() > deadline {
                 break st;
             }
@@ -615,7 +290,7 @@ fn guest_fio_across_disk_migration(postcopy: bool) {
             "{st:#}"
         );
     }
-    let src_log = src_daemon.output();
+    let src_log = src_daemon.log();
     assert!(
         src_log.contains("Stopped { dirty_logging: true }")
             && src_log.contains("VM stopped, switching over"),
@@ -636,15 +311,15 @@ fn guest_fio_across_disk_migration(postcopy: bool) {
 
     // fio finishes on the destination: the rest of the writes, the backlog verifies and the
     // final verify pass all go through the destination daemon.
-    wait_console(&mut dst, "fio done", Duration::from_secs(180), |c| {
+    dst.wait_console("fio done", Duration::from_secs(180), |c| {
         c.contains("GUEST-DONE")
     });
     eprintln!("guest done after {:?}", started.elapsed());
 
     // The stop for migration switched the disk over; both daemons see the migration through
     // (postcopy: once the destination has fetched or received every block).
-    let src_status = src_daemon.wait_phase("completed");
-    let dst_status = dst_daemon.wait_phase("completed");
+    let src_status = src_daemon.wait_migrate("vol", "completed");
+    let dst_status = dst_daemon.wait_migrate("vol", "completed");
     eprintln!("source: {src_status:#}\ndestination: {dst_status:#}");
     let out = &src_status["outgoing"];
     assert_eq!(out["postcopy"], postcopy, "{src_status:#}");
@@ -670,7 +345,7 @@ fn guest_fio_across_disk_migration(postcopy: bool) {
         );
     }
     // From here on only the destination QEMU and daemon exist.
-    drop(src_daemon);
+    src_daemon.kill9();
 
     let console = dst.console();
     assert_eq!(
@@ -699,24 +374,21 @@ fn guest_fio_across_disk_migration(postcopy: bool) {
     drop(dst);
 
     // The received image, detached, decrypts to what the guest read back at the end.
-    dst_daemon.ctl(&["disk-remove", "vol", "--force"]);
-    let got = common::cryptblk_decrypt(&dst_img, &key, &path("dst.raw"));
+    dst_daemon.ctl_ok(&["disk-remove", "vol", "--force"]);
+    let got = cryptblk_decrypt(&dst_img, &key, &path("dst.raw"));
     assert!(got.len() as u64 >= FIO_SIZE, "{} bytes", got.len());
     assert_eq!(
         host_digest(&got[..FIO_SIZE as usize]),
         guest_sum,
         "the destination image differs from what the guest read"
     );
-    let output = dst_daemon.output();
+    let output = dst_daemon.log();
     assert!(
         output.contains("Started") && !output.contains("dirty_logging: true"),
         "destination daemon events:\n{output}"
     );
-    let status = dst_daemon.terminate();
-    assert!(
-        status.success(),
-        "destination cryptblk serve: {status}\n{output}"
-    );
+    let code = dst_daemon.terminate();
+    assert_eq!(code, 0, "destination cryptblk serve:\n{output}");
     eprintln!("total {:?}", started.elapsed());
 }
 

@@ -9,92 +9,40 @@
 
 mod common;
 
-use common::guest::{build_guest, host_digest, scripts};
 use common::*;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Bound on the guest's boot and on its whole run (TCG boots in about 10-15 s).
-const BOUND: Duration = Duration::from_secs(300);
+/// Bound on the guest's boot (TCG boots in about 10-15 s).
+const BOOT: Duration = Duration::from_secs(300);
 
 #[test]
 fn guest_sees_a_grown_luks2_disk_without_a_reboot() {
-    let artifacts = build_guest();
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("guest-resize"));
-    let img = dir.path().join("disk.luks");
-    format_luks2(&img, &key, "32M");
-    let control = dir.path().join("ctl.sock");
-    let socket = dir.path().join("vub.sock");
-    let serve = ServeProcess::start(
-        &[
-            "--control",
-            s(&control),
-            "--image",
-            s(&img),
-            "--key-file",
-            s(&key),
-            "--name",
-            "vm-disk",
-            "--vhost-user-blk",
-            s(&socket),
-        ],
-        &socket,
-    );
-    let console_log = dir.path().join("console.log");
+    let t = TestDir::new();
+    let img = t.luks2("disk.luks", "32M", &t.key("key"));
+    let serve = t.serve().control().disk(&img).name("vm-disk");
+    let mut daemon = serve.vhost_user().start();
     let (old, new) = (32 * MIB, 48 * MIB);
-    let mut guest = Command::new(scripts().join("run-guest.sh"))
-        .args(["--vhost-user-blk", s(&socket)])
-        .args(["--job", "resize-grow", "--size", &old.to_string()])
-        .args(["--timeout", "300", "--artifacts", s(&artifacts)])
-        .arg("--log")
-        .arg(&console_log)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run scripts/guest/run-guest.sh");
-    let console = || std::fs::read_to_string(&console_log).unwrap_or_default();
+    let vm = VmConfig::vhost_user(daemon.vhost_socket()).job("resize-grow", old);
+    let mut guest = vm.timeout(300).boot(t.root(), "guest");
 
     // The guest has booted on the old size and waits.
-    let deadline = Instant::now() + BOUND;
-    while !console().contains("guest: waiting for /dev/vda to grow past 65536 sectors") {
-        if let Some(status) = guest.try_wait().unwrap() {
-            panic!("the guest ended ({status}) before waiting:\n{}", console());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the guest did not boot:\n{}",
-            console()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let result = ctl_json(&control, &["disk-resize", "vm-disk", "48M"]);
+    let waiting = "guest: waiting for /dev/vda to grow past 65536 sectors";
+    guest.wait_for_console(waiting, "the guest did not boot", BOOT);
+    let result = daemon.ctl_ok(&["disk-resize", "vm-disk", "48M"]);
     assert_eq!(result["old-size"], old, "{result}");
     assert_eq!(result["size"], new, "{result}");
     assert_eq!(result["guest-notified"], true, "{result}");
 
-    let out = guest.wait_with_output().unwrap();
-    let console = console();
-    assert!(
-        out.status.success(),
-        "the guest did not pass ({}): {}\n{console}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let console = guest.wait_passed();
     assert!(
         console.contains("guest: /dev/vda grew from 65536 to 98304 sectors"),
         "{console}"
     );
-    let written = console
-        .lines()
-        .find_map(|l| l.strip_prefix("GUEST-SHA256: "))
-        .map(|d| d.trim().to_string())
-        .unwrap_or_else(|| panic!("no GUEST-SHA256 line:\n{console}"));
-    assert_eq!(serve.terminate(), 0);
+    let written = guest_digest(&console);
+    assert_eq!(daemon.terminate(), 0);
 
     // The host decrypts the grown image: what the guest wrote past the old end is there.
-    let data = cryptblk_decrypt(&img, &key, &dir.path().join("out.raw"));
+    let data = img.decrypt(&t.path("out.raw"));
     assert_eq!(data.len() as u64, new);
     assert_eq!(host_digest(&data[old as usize..]), written);
 }

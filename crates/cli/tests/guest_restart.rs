@@ -3,7 +3,7 @@
 //! (1 MiB writes at depth 8 and 4 KiB writes at depth 24, fsync every 8 writes, every block
 //! read back and crc32c-verified, `verify_fatal`) while the test kills the daemon with
 //! `kill -9` and starts a new one, 8 times, then upgrades it once: SIGTERM, and the new daemon
-//! started from another binary file once the old one has drained and exited (README:
+//! started from another binary file once the old one has drained and exited (docs/operations.md:
 //! "Upgrading"). QEMU 7.2 reconnects by itself (`-chardev socket,...,reconnect=1`). Every fio
 //! round must pass, and nothing may hang: a restarted daemon the VM does not come back to, or a
 //! guest that does not finish, fails the test after a bounded wait.
@@ -14,11 +14,11 @@
 
 mod common;
 
-use common::guest::{build_guest, Guest, Serve, BOUND};
-use common::MIB;
-use std::ffi::OsStr;
-use std::path::Path;
+use common::*;
 use std::time::{Duration, Instant};
+
+/// What the daemon logs (RUST_LOG=info) when the VM has started its queues.
+const STARTED: &str = "vhost-user frontend: Started";
 
 /// kill -9 restarts, then one SIGTERM restart onto another binary (an upgrade).
 const KILLS: usize = 8;
@@ -58,46 +58,29 @@ fn round_max_latencies(console: &str) -> Vec<f64> {
 
 #[test]
 fn guest_fio_verify_survives_daemon_kills_and_restarts() {
-    let artifacts = build_guest();
-    let dir = tempfile::tempdir().unwrap();
-    let path = |name: &str| dir.path().join(name);
-    let (key, img, socket) = (path("key"), path("img.luks"), path("vub.sock"));
-    std::fs::write(&key, b"guest restart passphrase").unwrap();
-    let os = OsStr::new;
-    common::cryptblk([
-        os("format"),
-        os("--type"),
-        os("luks2"),
-        os("--pbkdf"),
-        os("pbkdf2"),
-        os("--pbkdf-force-iterations"),
-        os("1000"),
-        os("--key-file"),
-        key.as_os_str(),
-        img.as_os_str(),
-        os("64M"),
-    ])
-    .ok();
-    let args = [
-        os("--vhost-user-blk"),
-        socket.as_os_str(),
-        os("--image"),
-        img.as_os_str(),
-        os("--key-file"),
-        key.as_os_str(),
-        os("--num-queues"),
-        os("2"),
-    ];
-    let installed = Path::new(env!("CARGO_BIN_EXE_cryptblk"));
+    let t = TestDir::new();
+    let img = t.luks2("img.luks", "64M", &t.key("key"));
     // The upgrade installs a new binary file (a copy: a test has one version of cryptblk) that
     // the next start runs; the running daemon keeps its own, as after `apt upgrade`.
-    let upgraded = path("cryptblk-upgraded");
-    std::fs::copy(installed, &upgraded).unwrap();
-    let mut serve = Serve::start(installed, &args, &socket, path("serve-0.log"));
+    let upgraded = t.path("cryptblk-upgraded");
+    std::fs::copy(bin(), &upgraded).unwrap();
+    let serve = t
+        .serve()
+        .vhost_user()
+        .disk(&img)
+        .args(&["--num-queues", "2"]);
+    let mut serve = serve.log_level("info").start();
 
-    let mut guest = Guest::start_restart_verify(&artifacts, &socket, 32 * MIB, dir.path());
+    let vm = VmConfig::vhost_user(serve.vhost_socket())
+        .queues(2)
+        .reconnect(1);
+    let vm = vm
+        .console_input()
+        .job("restart-verify", 32 * MIB)
+        .timeout(600);
+    let mut guest = vm.boot(t.root(), "guest");
     // The guest booted and fio runs.
-    serve.wait_started();
+    serve.wait_log(STARTED, BOUND);
     guest.wait_for_console("FIO-JSON-BEGIN 1", "fio never started", BOUND);
 
     let mut rng = rand::thread_rng();
@@ -108,36 +91,21 @@ fn guest_fio_verify_survives_daemon_kills_and_restarts() {
         guest.assert_running();
         let killed = Instant::now();
         if restart <= KILLS {
-            serve.kill();
+            serve.kill9();
+            serve.restart();
         } else {
-            let output = serve.output();
-            let status = serve.terminate();
-            assert!(
-                status.success(),
-                "cryptblk serve on SIGTERM: {status}\n{output}"
-            );
+            let code = serve.terminate();
+            assert_eq!(code, 0, "cryptblk serve on SIGTERM:\n{}", serve.log());
+            serve.restart_with(|serve| serve.binary(&upgraded));
         }
-        let binary = if restart <= KILLS {
-            installed
-        } else {
-            &upgraded
-        };
-        serve = Serve::start(
-            binary,
-            &args,
-            &socket,
-            path(&format!("serve-{restart}.log")),
-        );
-        let started = serve.wait_started();
+        let started = serve.wait_log(STARTED, BOUND);
         pauses.push(started - killed);
     }
     std::thread::sleep(running());
 
     // The guest finishes its round and must have passed every one.
     let console = guest.stop_and_assert_passed();
-    let output = serve.output();
-    let status = serve.terminate();
-    assert!(status.success(), "cryptblk serve: {status}\n{output}");
+    assert_eq!(serve.terminate(), 0, "cryptblk serve:\n{}", serve.log());
 
     let ms = |d: &Duration| format!("{:.0}", d.as_secs_f64() * 1000.0);
     let kills: Vec<String> = pauses[..KILLS].iter().map(ms).collect();

@@ -47,15 +47,12 @@ fn check_known_plaintext(name: &str, extra: &[&str], expect_cipher: &str, expect
     // And a wrong passphrase is refused with the documented status, writing nothing.
     let wrong = key_file(dir.path(), "wrong", &passphrase(&format!("{name}-wrong")));
     let target = dir.path().join("wrong.raw");
-    cryptblk([
-        "convert",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(&wrong),
-        s(&img),
-        s(&target),
-    ])
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        wrong,
+        img,
+        target
+    ))
     .expect_code(code::WRONG_PASSPHRASE);
     assert!(
         !target.exists(),
@@ -240,41 +237,23 @@ fn check_luks1_qemu_data(name: &str, format_opts: &[&str]) {
     args.push(s(&img));
     tool("cryptsetup", &args).ok();
 
-    let secret = format!("secret,id=s0,file={}", s(&key));
-    let opts = format!("driver=luks,key-secret=s0,file.filename={}", s(&img));
-    tool(
-        "qemu-io",
-        [
-            "--object",
-            &secret,
-            "--image-opts",
-            &opts,
-            "-c",
-            "write -P 0x5a 0 64k",
-            "-c",
-            "write -P 0xa5 1M 512",
-            "-c",
-            "write -P 0x3c 2M 96k",
-            "-c",
-            "write -z 2144k 4k",
-        ],
-    )
-    .ok();
+    let qemu = qemu_luks(&img, &key);
+    let writes = [
+        "write -P 0x5a 0 64k",
+        "write -P 0xa5 1M 512",
+        "write -P 0x3c 2M 96k",
+        "write -z 2144k 4k",
+    ];
+    qemu_io_cmds(&qemu, &writes);
     let by_qemu = dir.path().join("qemu.raw");
-    tool(
-        "qemu-img",
-        [
-            "convert",
-            "--object",
-            &secret,
-            "--image-opts",
-            &opts,
-            "-O",
-            "raw",
-            s(&by_qemu),
-        ],
-    )
-    .ok();
+    let (secret, opts) = (qemu_secret(&key), qemu_luks_opts(&img));
+    let convert = argv!(
+        "convert --object {} --image-opts {} -O raw {}",
+        secret,
+        opts,
+        by_qemu
+    );
+    tool("qemu-img", convert).ok();
     let by_cryptblk = cryptblk_decrypt(&img, &key, &dir.path().join("cryptblk.raw"));
     let expected = read(&by_qemu);
     assert_same_bytes(
@@ -406,14 +385,7 @@ fn keyslot_gaps_luks2() {
     tool("cryptsetup", &add).ok();
     tool(
         "cryptsetup",
-        [
-            "luksKillSlot",
-            "--batch-mode",
-            "--key-file",
-            s(&k5),
-            s(&img),
-            "0",
-        ],
+        argv!("luksKillSlot --batch-mode --key-file {} {} 0", k5, img),
     )
     .ok();
 
@@ -425,15 +397,12 @@ fn keyslot_gaps_luks2() {
         "payload unlocked through keyslot 5",
     );
     let target = dir.path().join("old.raw");
-    cryptblk([
-        "convert",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(&k0),
-        s(&img),
-        s(&target),
-    ])
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        k0,
+        img,
+        target
+    ))
     .expect_code(code::WRONG_PASSPHRASE)
     .error_line(&["no keyslot matches"]);
 }
@@ -450,60 +419,23 @@ fn keyslot_gaps_luks1() {
         .unwrap();
     tool(
         "cryptsetup",
-        [
-            "luksFormat",
-            "--type",
-            "luks1",
-            "--batch-mode",
-            "--key-file",
-            s(&k0),
-            "--pbkdf-force-iterations",
-            "1000",
-            s(&img),
-        ],
+        argv!(
+            "luksFormat --type luks1 --batch-mode --key-file {} --pbkdf-force-iterations 1000 {}",
+            k0,
+            img
+        ),
     )
     .ok();
     // Known data through QEMU, read back through keyslot 5 after slot 0 is gone.
-    let secret = format!("secret,id=s0,file={}", s(&k0));
-    let opts = format!("driver=luks,key-secret=s0,file.filename={}", s(&img));
+    qemu_io_cmds(&qemu_luks(&img, &k0), &["write -P 0x77 0 1M"]);
     tool(
-        "qemu-io",
-        [
-            "--object",
-            &secret,
-            "--image-opts",
-            &opts,
-            "-c",
-            "write -P 0x77 0 1M",
-        ],
+        "cryptsetup",
+        argv!("luksAddKey --batch-mode --key-file {} --key-slot 5 --pbkdf-force-iterations 1000 {} {}", k0, img, k5),
     )
     .ok();
     tool(
         "cryptsetup",
-        [
-            "luksAddKey",
-            "--batch-mode",
-            "--key-file",
-            s(&k0),
-            "--key-slot",
-            "5",
-            "--pbkdf-force-iterations",
-            "1000",
-            s(&img),
-            s(&k5),
-        ],
-    )
-    .ok();
-    tool(
-        "cryptsetup",
-        [
-            "luksKillSlot",
-            "--batch-mode",
-            "--key-file",
-            s(&k5),
-            s(&img),
-            "0",
-        ],
+        argv!("luksKillSlot --batch-mode --key-file {} {} 0", k5, img),
     )
     .ok();
 
@@ -513,15 +445,12 @@ fn keyslot_gaps_luks1() {
         out[..MIB as usize].iter().all(|&b| b == 0x77),
         "QEMU's pattern read through keyslot 5"
     );
-    cryptblk([
-        "convert",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(&k0),
-        s(&img),
-        s(&dir.path().join("old.raw")),
-    ])
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        k0,
+        img,
+        dir.path().join("old.raw")
+    ))
     .expect_code(code::WRONG_PASSPHRASE);
 }
 
@@ -531,16 +460,12 @@ fn check_rekey_roundtrip(img: &Path, key: &Path, dir: &Path, payload_len: u64) {
     let src = dir.join("src.raw");
     let data_len = payload_len - 512 * 1024;
     mixed_file(&src, data_len, 7);
-    cryptblk([
-        "convert",
-        "-n",
-        "-O",
-        "luks",
-        "--key-file",
-        s(key),
-        s(&src),
-        s(img),
-    ])
+    cryptblk(argv!(
+        "convert -n -O luks --key-file {} {} {}",
+        key,
+        src,
+        img
+    ))
     .ok();
     let before = cryptblk_decrypt(img, key, &dir.join("before.raw"));
     assert_same_bytes(

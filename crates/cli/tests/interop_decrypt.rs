@@ -134,7 +134,12 @@ fn in_hotzone(hdr: &Path) -> bool {
 
 /// Run `program args` and SIGKILL it once the header file has seen `commits` more commits;
 /// returns whether it was still running then (false: it finished first).
-fn kill_after_commits(program: &str, args: &[&str], hdr: &Path, commits: u64) -> bool {
+fn kill_after_commits<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(
+    program: &str,
+    args: &[S],
+    hdr: &Path,
+    commits: u64,
+) -> bool {
     let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
@@ -176,15 +181,12 @@ fn cryptblk_decrypts_to_a_new_header_file() {
     // A wrong passphrase: exit 2, no header file, the image untouched.
     let wrong = t.dir.path().join("wrong");
     std::fs::write(&wrong, "not the passphrase").unwrap();
-    cryptblk([
-        "reencrypt",
-        "--decrypt",
-        "--header",
-        s(&t.hdr),
-        "--key-file",
-        s(&wrong),
-        s(&t.img),
-    ])
+    cryptblk(argv!(
+        "reencrypt --decrypt --header {} --key-file {} {}",
+        t.hdr,
+        wrong,
+        t.img
+    ))
     .expect_code(code::WRONG_PASSPHRASE);
     assert!(!t.hdr.exists(), "a refused --decrypt left a header file");
     // An existing FILE, even empty, is read as a header (as cryptsetup does) and refused.
@@ -254,15 +256,12 @@ fn same_init_and_each_finishes_the_other(tag: &str, seed: u64, extra: &[&str]) {
     )
     .ok();
     check_decrypted(&twin, "started by cryptblk, finished by cryptsetup 2.7");
-    cryptblk([
-        "reencrypt",
-        "--resume-only",
-        "--header",
-        s(&t.hdr),
-        "--key-file",
-        s(&t.key),
-        s(&t.img),
-    ])
+    cryptblk(argv!(
+        "reencrypt --resume-only --header {} --key-file {} {}",
+        t.hdr,
+        t.key,
+        t.img
+    ))
     .ok();
     check_decrypted(&t, "started by cryptsetup 2.7, finished by cryptblk");
 }
@@ -302,15 +301,12 @@ fn cryptblk_killed_mid_way_then_cryptsetup27_repairs_and_resumes() {
         std::fs::write(&t.img, &pristine).unwrap();
         let _ = std::fs::remove_file(&t.hdr);
         cryptblk(cryptblk_args(&t, &["--init-only"])).ok();
-        let args = [
-            "reencrypt",
-            "--resume-only",
-            "--header",
-            s(&t.hdr),
-            "--key-file",
-            s(&t.key),
-            s(&t.img),
-        ];
+        let args = argv!(
+            "reencrypt --resume-only --header {} --key-file {} {}",
+            t.hdr,
+            t.key,
+            t.img
+        );
         assert!(
             kill_after_commits(bin(), &args, &t.hdr, 2 + attempt),
             "cryptblk finished before the kill"
@@ -324,15 +320,12 @@ fn cryptblk_killed_mid_way_then_cryptsetup27_repairs_and_resumes() {
     let cs27 = cryptblk_testutil::cryptsetup27();
     tool(
         s(&cs27),
-        [
-            "repair",
-            "--batch-mode",
-            "--header",
-            s(&t.hdr),
-            "--key-file",
-            s(&t.key),
-            s(&t.img),
-        ],
+        argv!(
+            "repair --batch-mode --header {} --key-file {} {}",
+            t.hdr,
+            t.key,
+            t.img
+        ),
     )
     .ok();
     tool(s(&cs27), cs27_args(&t, &["--resume-only"])).ok();
@@ -360,15 +353,12 @@ fn cryptsetup27_killed_mid_way_then_cryptblk_resumes() {
         }
     }
     assert!(in_hot, "no kill landed inside a hotzone in 8 tries");
-    cryptblk([
-        "reencrypt",
-        "--resume-only",
-        "--header",
-        s(&t.hdr),
-        "--key-file",
-        s(&t.key),
-        s(&t.img),
-    ])
+    cryptblk(argv!(
+        "reencrypt --resume-only --header {} --key-file {} {}",
+        t.hdr,
+        t.key,
+        t.img
+    ))
     .ok();
     check_decrypted(&t, "cryptsetup 2.7 killed, finished by cryptblk");
 }

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 struct Case {
-    _dir: tempfile::TempDir,
+    t: TestDir,
     img: PathBuf,
     key: PathBuf,
     /// The plaintext file as it was.
@@ -22,18 +22,13 @@ struct Case {
 /// A plaintext image of `size` random bytes, its first 4 KiB zero (so the header's seqid
 /// reads 0 until a header is written, see `kill_midway`).
 fn case(name: &str, size: u64) -> Case {
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase(name));
+    let t = TestDir::new();
+    let key = key_file(t.root(), "key", &passphrase(name));
     let mut plain = vec![0u8; size as usize];
     rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut plain[4096..]);
-    let img = dir.path().join("img");
+    let img = t.path("img");
     std::fs::write(&img, &plain).unwrap();
-    Case {
-        _dir: dir,
-        img,
-        key,
-        plain,
-    }
+    Case { t, img, key, plain }
 }
 
 fn cb_encrypt(c: &Case, extra: &[&str]) -> Vec<String> {
@@ -48,16 +43,11 @@ fn cb_encrypt(c: &Case, extra: &[&str]) -> Vec<String> {
 }
 
 fn cs_reencrypt(c: &Case, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "reencrypt",
-        "--force-offline-reencrypt",
-        "--batch-mode",
-        "--key-file",
-        s(&c.key),
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
+    let mut args: Vec<String> = ["reencrypt", "--force-offline-reencrypt", "--batch-mode"]
+        .iter()
+        .chain(&["--key-file", s(&c.key)])
+        .map(|a| a.to_string())
+        .collect();
     args.extend(CS_CHEAP_PBKDF2.iter().map(|a| a.to_string()));
     args.extend(extra.iter().map(|a| a.to_string()));
     args.push(s(&c.img).to_string());
@@ -286,25 +276,10 @@ fn cryptblk_killed_then_served_converted_and_resumed() {
     assert!(in_reencryption(&c.img));
     // The daemon serves it as it is (recovering a hotzone the kill interrupted): the volume
     // the encryption keeps, the image minus the reduction, reads as the plaintext.
-    let (control, nbd) = (c.img.with_extension("ctl"), c.img.with_extension("nbd"));
-    let nbd_arg = format!("unix:{}", s(&nbd));
-    let daemon = ServeProcess::start(
-        &[
-            "--image",
-            s(&c.img),
-            "--key-file",
-            s(&c.key),
-            "--name",
-            "vol",
-            "--nbd",
-            &nbd_arg,
-            "--control",
-            s(&control),
-        ],
-        &control,
-    );
+    let serve = c.t.serve().image(&c.img).key(&c.key).name("vol");
+    let mut daemon = serve.nbd().control().start();
     let kept = c.plain.len() - MIB as usize;
-    let mut client = cryptblk_testutil::nbd::NbdClient::connect(&nbd, "vol").unwrap();
+    let mut client = daemon.nbd("vol");
     assert_eq!(client.export.size, kept as u64);
     for off in (0..kept).step_by(MIB as usize) {
         let len = MIB.min((kept - off) as u64) as u32;
@@ -312,7 +287,7 @@ fn cryptblk_killed_then_served_converted_and_resumed() {
         assert_same_bytes(&got, &c.plain[off..off + len as usize], "served mid-way");
     }
     drop(client);
-    let st = ctl_json(&control, &["reencrypt-status", "vol"]);
+    let st = daemon.ctl_ok(&["reencrypt-status", "vol"]);
     assert_eq!(st["phase"], "paused", "{st}");
     assert_eq!(st["mode"], "encrypt", "{st}");
     assert_eq!(daemon.terminate(), 0);

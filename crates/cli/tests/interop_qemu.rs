@@ -3,70 +3,34 @@
 mod common;
 
 use common::*;
-use std::path::Path;
-
-fn secret_arg(key: &Path) -> String {
-    format!("secret,id=s0,file={}", s(key))
-}
-
-fn luks_opts(img: &Path) -> String {
-    format!("driver=luks,key-secret=s0,file.filename={}", s(img))
-}
 
 /// An image made by `qemu-img create -f luks`, written by qemu-io: cryptblk's raw conversion is
 /// byte-identical to qemu-img's.
 fn check_qemu_made_luks1(name: &str, create_opts: &str) {
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase(name));
-    let img = dir.path().join("img.luks");
-    let o = format!("key-secret=s0,{create_opts},iter-time=10");
-    qemu_img_kdf([
-        "create",
-        "-q",
-        "-f",
-        "luks",
-        "--object",
-        &secret_arg(&key),
-        "-o",
-        &o,
-        s(&img),
-        "6M",
-    ])
-    .ok();
-    tool(
-        "qemu-io",
-        [
-            "--object",
-            &secret_arg(&key),
-            "--image-opts",
-            &luks_opts(&img),
-            "-c",
-            "write -P 0x5a 0 128k",
-            "-c",
-            "write -P 0xc3 3M 4k",
-            "-c",
-            "write -P 0x01 6143k 1k",
-        ],
-    )
-    .ok();
-    let by_qemu = dir.path().join("qemu.raw");
+    let t = TestDir::new();
+    let key = t.key("key");
+    let options = format!("{create_opts},iter-time=10");
+    let img = t.luks1_by_qemu("img.luks", "6M", &key, &options);
+    let writes = [
+        "write -P 0x5a 0 128k",
+        "write -P 0xc3 3M 4k",
+        "write -P 0x01 6143k 1k",
+    ];
+    qemu_io_cmds(&qemu_luks(&img, &key), &writes);
+    let by_qemu = t.path("qemu.raw");
     tool(
         "qemu-img",
-        [
-            "convert",
-            "--object",
-            &secret_arg(&key),
-            "--image-opts",
-            &luks_opts(&img),
-            "-O",
-            "raw",
-            s(&by_qemu),
-        ],
+        argv!(
+            "convert --object {} --image-opts {} -O raw {}",
+            &qemu_secret(&key),
+            &qemu_luks_opts(&img),
+            by_qemu
+        ),
     )
     .ok();
     let expected = read(&by_qemu);
     assert_eq!(expected.len() as u64, 6 * MIB);
-    let ours = cryptblk_decrypt(&img, &key, &dir.path().join("cryptblk.raw"));
+    let ours = img.decrypt(&t.path("cryptblk.raw"));
     assert_same_bytes(
         &ours,
         &expected,
@@ -138,14 +102,12 @@ fn check_cryptblk_luks1_in_qemu(name: &str, size: u64, extra: &[&str]) {
     let raw_opts = format!("driver=raw,file.filename={}", s(&src));
     let cmp = tool(
         "qemu-img",
-        [
-            "compare",
-            "--object",
-            &secret_arg(&key),
-            "--image-opts",
-            &luks_opts(&img),
-            &raw_opts,
-        ],
+        argv!(
+            "compare --object {} --image-opts {} {}",
+            &qemu_secret(&key),
+            &qemu_luks_opts(&img),
+            &raw_opts
+        ),
     );
     assert_eq!(
         cmp.code, 0,
@@ -157,9 +119,9 @@ fn check_cryptblk_luks1_in_qemu(name: &str, size: u64, extra: &[&str]) {
         "qemu-io",
         [
             "--object",
-            &secret_arg(&key),
+            &qemu_secret(&key),
             "--image-opts",
-            &luks_opts(&img),
+            &qemu_luks_opts(&img),
             "-c",
             "write -P 0x9e 512k 8k",
         ],
@@ -228,17 +190,7 @@ fn qcow2_fixture() -> (
     let base_qcow2 = d.join("base.qcow2");
     tool(
         "qemu-img",
-        [
-            "convert",
-            "-q",
-            "-c",
-            "-f",
-            "raw",
-            "-O",
-            "qcow2",
-            s(&base_raw),
-            s(&base_qcow2),
-        ],
+        argv!("convert -q -c -f raw -O qcow2 {} {}", base_raw, base_qcow2),
     )
     .ok();
     let map = tool("qemu-img", ["map", "--output=json", s(&base_qcow2)]);
@@ -255,17 +207,7 @@ fn qcow2_fixture() -> (
     let overlay = d.join("overlay.qcow2");
     tool(
         "qemu-img",
-        [
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-b",
-            s(&base_qcow2),
-            "-F",
-            "qcow2",
-            s(&overlay),
-        ],
+        argv!("create -q -f qcow2 -b {} -F qcow2 {}", base_qcow2, overlay),
     )
     .ok();
     tool(

@@ -43,16 +43,11 @@ fn case(name: &str) -> Case {
 }
 
 fn cs_reencrypt(c: &Case, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "reencrypt",
-        "--force-offline-reencrypt",
-        "--batch-mode",
-        "--key-file",
-        s(&c.key),
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
+    let mut args: Vec<String> = ["reencrypt", "--force-offline-reencrypt", "--batch-mode"]
+        .iter()
+        .chain(&["--key-file", s(&c.key)])
+        .map(|a| a.to_string())
+        .collect();
     args.extend(CS_CHEAP_PBKDF2.iter().map(|a| a.to_string()));
     args.extend(extra.iter().map(|a| a.to_string()));
     args.push(s(&c.img).to_string());
@@ -282,15 +277,12 @@ fn cryptblk_killed_cryptblk_resumes() {
     // interrupted a hotzone (recovery writes, and convert opens read-only), refuses it
     // naming the way out.
     let converted = c.img.with_extension("x");
-    let out = cryptblk([
-        "convert",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(&c.key),
-        s(&c.img),
-        s(&converted),
-    ]);
+    let out = cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        c.key,
+        c.img,
+        converted
+    ));
     if out.code == 0 {
         assert_same_bytes(
             &read(&converted)[..PLAIN as usize],
@@ -411,18 +403,7 @@ fn several_keyslots_need_key_slot() {
     let other = key_file(c.img.parent().unwrap(), "other", "second passphrase");
     tool(
         "cryptsetup",
-        [
-            "luksAddKey",
-            "--batch-mode",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-            s(&c.key),
-            s(&c.img),
-            s(&other),
-        ],
+        argv!("luksAddKey --batch-mode --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file {} {} {}", c.key, c.img, other),
     )
     .ok();
     let before = read(&c.img);

@@ -6,11 +6,7 @@
 mod common;
 
 use common::*;
-use cryptblk_testutil::nbd::NbdClient;
-use cryptblk_testutil::vhost_user::{Desc, Guest, S_OK, VIRTIO_BLK_T_OUT};
-use cryptblk_testutil::{terminate, wait_for_path};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use common::frontend::{Desc, Guest, S_OK, VIRTIO_BLK_T_OUT};
 use std::time::{Duration, Instant};
 
 const BUDGET_MIB: u64 = 64;
@@ -18,18 +14,6 @@ const BUDGET_MIB: u64 = 64;
 const CACHE_MIB: u64 = 8;
 /// Room for what is not request data: thread stacks, rings, slot tables, allocator slack.
 const FIXED_MIB: u64 = 24;
-
-fn spawn_serve(args: &[&str]) -> Child {
-    Command::new(bin())
-        .arg("serve")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .env_remove("RUST_LOG")
-        .spawn()
-        .unwrap()
-}
 
 /// A field of /proc/PID/status, in KiB.
 fn status_kib(pid: u32, field: &str) -> u64 {
@@ -67,13 +51,6 @@ fn wait_for_give_back(pid: u32, idle_kib: u64, slack_mib: u64, limit: Duration) 
     }
 }
 
-fn luks_disk(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let key = key_file(dir, &format!("{name}.key"), &passphrase(name));
-    let img = dir.join(format!("{name}.luks"));
-    format_luks2(&img, &key, "64M");
-    (img, key)
-}
-
 /// Eight disks, one queue each, every queue filled with 64 writes of almost 4 MiB (aliased
 /// descriptors over 16 KiB of guest memory): 254 MiB of ciphertext at once without a
 /// daemon-wide budget (each queue's own bound is 32 MiB), at most 64 MiB with one.
@@ -83,27 +60,23 @@ fn busy_vhost_queues_share_one_budget_and_give_it_back() {
     const SEG: u32 = 16 << 10;
     const SEGS: usize = 254;
     const REQUESTS: usize = 64;
-    let dir = tempdir();
+    let t = TestDir::new();
     let mut config = format!("memory-budget = \"{BUDGET_MIB}M\"\n");
     let mut sockets = Vec::new();
     for d in 0..DISKS {
-        let (img, key) = luks_disk(dir.path(), &format!("d{d}"));
-        let sock = dir.path().join(format!("d{d}.sock"));
+        let image = t.luks2(&format!("d{d}.luks"), "64M", &t.key(&format!("d{d}.key")));
+        let sock = t.path(&format!("d{d}.sock"));
         config.push_str(&format!(
             "[[disk]]\nname = \"d{d}\"\nimage = \"{}\"\nkey-file = \"{}\"\nvhost-user-blk = \"{}\"\n",
-            img.display(),
-            key.display(),
-            sock.display()
+            s(&image.path),
+            s(image.key()),
+            s(&sock)
         ));
         sockets.push(sock);
     }
-    let config_file = dir.path().join("disks.toml");
-    std::fs::write(&config_file, config).unwrap();
-    let mut child = spawn_serve(&["--config", s(&config_file)]);
-    for sock in &sockets {
-        wait_for_path(sock, &mut child);
-    }
-    let pid = child.id();
+    std::fs::write(t.path("disks.toml"), config).unwrap();
+    let mut daemon = t.serve().config(&t.path("disks.toml")).start();
+    let pid = daemon.pid();
     let mut guests: Vec<Guest> = sockets.iter().map(|s| Guest::connect(s, 1, 256)).collect();
     let mut statuses = Vec::new();
     for guest in &mut guests {
@@ -159,7 +132,7 @@ fn busy_vhost_queues_share_one_budget_and_give_it_back() {
     let took = wait_for_give_back(pid, idle_kib, 8, Duration::from_secs(10));
     eprintln!("private memory back within 8 MiB of idle after {took:?}");
     drop(guests);
-    assert_eq!(terminate(child), code::OK);
+    assert_eq!(daemon.terminate(), code::OK);
 }
 
 /// Six NBD connections, each keeping four 16 MiB writes in flight (what one connection may
@@ -171,26 +144,17 @@ fn nbd_connections_wait_for_the_budget_and_all_writes_succeed() {
     const WRITES: usize = 12;
     const WINDOW: usize = 4;
     const LEN: usize = 16 << 20;
-    let dir = tempdir();
-    let (img, key) = luks_disk(dir.path(), "nbd");
-    let sock = dir.path().join("nbd.sock");
-    let mut child = spawn_serve(&[
-        "--image",
-        s(&img),
-        "--key-file",
-        s(&key),
-        "--name",
-        "nbd",
-        "--nbd",
-        &format!("unix:{}", sock.display()),
-        "--memory-budget",
-        &format!("{BUDGET_MIB}M"),
-    ]);
-    wait_for_path(&sock, &mut child);
-    let pid = child.id();
-    let clients: Vec<NbdClient> = (0..CONNECTIONS)
-        .map(|_| NbdClient::connect(&sock, "nbd").unwrap())
-        .collect();
+    let t = TestDir::new();
+    let image = t.luks2("nbd.luks", "64M", &t.key("nbd.key"));
+    let mut daemon = t
+        .serve()
+        .disk(&image)
+        .name("nbd")
+        .nbd()
+        .args(&["--memory-budget", &format!("{BUDGET_MIB}M")])
+        .start();
+    let pid = daemon.pid();
+    let clients: Vec<NbdClient> = (0..CONNECTIONS).map(|_| daemon.nbd("nbd")).collect();
     let idle_kib = status_kib(pid, "RssAnon:");
     let before_kib = status_kib(pid, "VmRSS:");
     reset_peak(pid);
@@ -234,5 +198,5 @@ fn nbd_connections_wait_for_the_budget_and_all_writes_succeed() {
     );
     let took = wait_for_give_back(pid, idle_kib, 8, Duration::from_secs(10));
     eprintln!("private memory back within 8 MiB of idle after {took:?}");
-    assert_eq!(terminate(child), code::OK);
+    assert_eq!(daemon.terminate(), code::OK);
 }

@@ -7,8 +7,7 @@
 mod common;
 
 use common::*;
-use cryptblk_testutil::nbd::NbdClient;
-use cryptblk_testutil::vhost_user::{Guest, S_OK};
+use frontend::S_OK;
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -71,44 +70,21 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
         cryptblk_testutil::skip("python3-prometheus-client is not installed");
         return;
     }
-    let dir = tempdir();
-    let secret = passphrase("metrics");
-    let key = key_file(dir.path(), "key", &secret);
-    let img = dir.path().join("disk.luks");
-    format_luks2(&img, &key, "16M");
+    let t = TestDir::new();
+    let key = t.key("key");
+    let secret = key.passphrase.clone();
+    let img = t.luks2("disk.luks", "16M", &key);
 
     // A name with characters the format must escape in label values.
     let name = "vm \"one\" \\ data";
-    let nbd = dir.path().join("nbd.sock");
-    let vhost = dir.path().join("vhost.sock");
-    let control = dir.path().join("ctl.sock");
-    let metrics = dir.path().join("metrics.sock");
-    let serve = ServeProcess::start(
-        &[
-            "--image",
-            s(&img),
-            "--key-file",
-            s(&key),
-            "--name",
-            name,
-            "--nbd",
-            &format!("unix:{}", s(&nbd)),
-            "--vhost-user-blk",
-            s(&vhost),
-            "--num-queues",
-            "2",
-            "--control",
-            s(&control),
-            "--metrics",
-            &format!("unix:{}", s(&metrics)),
-        ],
-        &metrics,
-    );
+    let serve = t.serve().disk(&img).name(name).nbd().control().metrics();
+    let mut daemon = serve.vhost_user().args(&["--num-queues", "2"]).start();
+    let metrics = daemon.metrics_socket().to_path_buf();
 
     const READS: u64 = 37;
     const WRITES: u64 = 11;
     const FLUSHES: u64 = 3;
-    let mut client = NbdClient::connect(&nbd, name).unwrap();
+    let mut client = daemon.nbd(name);
     for i in 0..WRITES {
         client.write(i * 8192, &[i as u8 + 1; 8192], false).unwrap();
     }
@@ -120,7 +96,7 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
     }
     client.disconnect().unwrap();
     const VHOST_READS: u64 = 5;
-    let mut guest = Guest::connect(&vhost, 2, 256);
+    let mut guest = daemon.frontend(2, 256);
     for i in 0..VHOST_READS {
         let (status, _) = guest.read(1, i * 8, 4096);
         assert_eq!(status, S_OK);
@@ -281,7 +257,7 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
     value(&samples, "cryptblk_build_info", &[]);
 
     // `ctl stats` counts the same requests.
-    let stats = ctl_json(&control, &["stats"]);
+    let stats = daemon.ctl_ok(&["stats"]);
     let nbd_stats = &stats["disks"][0]["nbd"];
     assert_eq!(nbd_stats["read-ops"], READS, "{stats}");
     assert_eq!(nbd_stats["write-bytes"], WRITES * 8192, "{stats}");
@@ -317,6 +293,6 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
     );
     drop(idle);
 
-    assert_eq!(serve.terminate(), 0);
+    assert_eq!(daemon.terminate(), 0);
     assert!(!metrics.exists(), "the metrics socket is removed at exit");
 }

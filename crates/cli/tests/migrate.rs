@@ -5,70 +5,17 @@
 mod common;
 
 use common::*;
-use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-struct Daemon {
-    _process: ServeProcess,
-    control: PathBuf,
-    nbd: PathBuf,
-}
-
-impl Daemon {
-    /// A daemon with a control socket and an NBD server, and `extra` disk arguments.
-    fn start(dir: &Path, tag: &str, extra: &[&str]) -> Daemon {
-        let control = dir.join(format!("{tag}-ctl.sock"));
-        let nbd = dir.join(format!("{tag}-nbd.sock"));
-        let nbd_arg = format!("unix:{}", s(&nbd));
-        let mut args = vec!["--control", s(&control), "--nbd", &nbd_arg];
-        args.extend_from_slice(extra);
-        let process = ServeProcess::start(&args, &control);
-        Daemon {
-            _process: process,
-            control,
-            nbd,
-        }
-    }
-
-    fn ctl(&self, args: &[&str]) -> Value {
-        ctl_json(&self.control, args)
-    }
-
-    fn uri(&self) -> String {
-        format!("nbd+unix:///vol?socket={}", self.nbd.display())
-    }
-
-    fn wait_phase(&self, phase: &str) -> Value {
-        wait_migrate_phase(|args| self.ctl(args), phase, String::new)
-    }
-}
-
-/// qemu-io commands on an NBD export; any failed command or pattern mismatch fails the test.
-fn qemu_io(uri: &str, cmds: &[String]) {
-    let mut args = vec!["-f".to_string(), "raw".to_string()];
-    for c in cmds {
-        args.push("-c".into());
-        args.push(c.clone());
-    }
-    args.push(uri.to_string());
-    let out = tool("qemu-io", &args);
-    out.ok();
-    assert!(
-        !out.stdout.contains("failed") && !out.stderr.contains("failed"),
-        "qemu-io {cmds:?}: {}{}",
-        out.stdout,
-        out.stderr
-    );
-}
-
-/// Writes `pattern` at `off` through qemu-io and records it in `expected`.
-fn write(uri: &str, expected: &mut [u8], pattern: u8, off: u64, len: u64) {
-    qemu_io(
-        uri,
+/// Writes `pattern` at `off` through qemu-io on `daemon`'s export "vol", reads it back, and
+/// records it in `expected`.
+fn write(daemon: &Daemon, expected: &mut [u8], pattern: u8, off: u64, len: u64) {
+    daemon.qemu_io(
+        "vol",
         &[
-            format!("write -P {pattern:#x} {off} {len}"),
-            format!("read -P {pattern:#x} {off} {len}"),
+            &format!("write -P {pattern:#x} {off} {len}"),
+            &format!("read -P {pattern:#x} {off} {len}"),
         ],
     );
     expected[off as usize..(off + len) as usize].fill(pattern);
@@ -78,8 +25,8 @@ fn write(uri: &str, expected: &mut [u8], pattern: u8, off: u64, len: u64) {
 /// through its NBD export from random data when `fill`) the test knows, and a destination with
 /// no disk yet.
 struct TwoDaemons {
-    dir: tempfile::TempDir,
-    key: PathBuf,
+    t: TestDir,
+    img: Image,
     dst_img: PathBuf,
     size: u64,
     src: Daemon,
@@ -102,32 +49,28 @@ fn incoming(dst: &Daemon, dst_img: &Path, key: &Path, extra: &[&str]) -> String 
         "--nbd-export",
     ];
     args.extend_from_slice(extra);
-    dst.ctl(&args)["listen"].as_str().unwrap().to_string()
+    dst.ctl_ok(&args)["listen"].as_str().unwrap().to_string()
 }
 
-fn two_daemons(tag: &str, seed: u64, fill: bool) -> TwoDaemons {
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase(tag));
-    let src_img = dir.path().join("src.luks");
-    let dst_img = dir.path().join("dst.luks");
+fn two_daemons(seed: u64, fill: bool) -> TwoDaemons {
+    let t = TestDir::new();
+    let img = t.luks2("src.luks", "32M", &t.key("key"));
+    let dst_img = t.path("dst.luks");
     let size = 32 * MIB;
-    format_luks2(&src_img, &key, "32M");
-    let disk = [
-        "--image",
-        s(&src_img),
-        "--key-file",
-        s(&key),
-        "--name",
-        "vol",
-    ];
-    let src = Daemon::start(dir.path(), "src", &disk);
-    let dst = Daemon::start(dir.path(), "dst", &[]);
+    let src = t
+        .serve_as("src")
+        .control()
+        .nbd()
+        .disk(&img)
+        .name("vol")
+        .start();
+    let dst = t.serve_as("dst").control().nbd().start();
     let mut expected = Vec::new();
     if fill {
-        let initial = dir.path().join("initial.raw");
+        let initial = t.path("initial.raw");
         random_file(&initial, size, seed);
         expected = read(&initial);
-        let uri = src.uri();
+        let uri = src.nbd_uri("vol");
         tool(
             "qemu-img",
             ["convert", "-n", "-f", "raw", "-O", "raw", s(&initial), &uri],
@@ -135,8 +78,8 @@ fn two_daemons(tag: &str, seed: u64, fill: bool) -> TwoDaemons {
         .ok();
     }
     TwoDaemons {
-        dir,
-        key,
+        t,
+        img,
         dst_img,
         size,
         src,
@@ -147,15 +90,16 @@ fn two_daemons(tag: &str, seed: u64, fill: bool) -> TwoDaemons {
 
 fn two_daemon_migration(postcopy: bool, tls: bool) {
     let TwoDaemons {
-        dir,
-        key,
+        t,
+        img,
         dst_img,
         src,
         dst,
         mut expected,
         ..
-    } = two_daemons("migrate", 21, true);
-    let creds = dir.path().join("creds");
+    } = two_daemons(21, true);
+    let key = img.key();
+    let creds = t.path("creds");
     let mut tls_args: Vec<&str> = Vec::new();
     if tls {
         std::fs::create_dir(&creds).unwrap();
@@ -163,7 +107,7 @@ fn two_daemon_migration(postcopy: bool, tls: bool) {
         tls_args = vec!["--tls-creds", s(&creds)];
     }
 
-    let listen = incoming(&dst, &dst_img, &key, &tls_args);
+    let listen = incoming(&dst, &dst_img, key, &tls_args);
 
     let mut start = vec![
         "migrate-start",
@@ -177,7 +121,7 @@ fn two_daemon_migration(postcopy: bool, tls: bool) {
         start.extend(["--postcopy", "--preempt"]);
     }
     start.extend_from_slice(&tls_args);
-    let st = src.ctl(&start);
+    let st = src.ctl_ok(&start);
     assert_eq!(st["phase"], "precopy", "{st:#}");
 
     // Guest writes on the source while precopy copies (and recopies) the disk.
@@ -185,59 +129,59 @@ fn two_daemon_migration(postcopy: bool, tls: bool) {
         .into_iter()
         .enumerate()
     {
-        write(&src.uri(), &mut expected, 0x30 + i as u8, off, 256 * 1024);
+        write(&src, &mut expected, 0x30 + i as u8, off, 256 * 1024);
         std::thread::sleep(Duration::from_millis(100));
     }
-    let st = src.ctl(&["migrate-status", "vol"]);
+    let st = src.ctl_ok(&["migrate-status", "vol"]);
     assert_eq!(st["outgoing"]["phase"], "precopy", "{st:#}");
 
     if postcopy {
-        src.ctl(&["migrate-postcopy", "vol"]);
-        let st = dst.wait_phase("postcopy");
+        src.ctl_ok(&["migrate-postcopy", "vol"]);
+        let st = dst.wait_migrate("vol", "postcopy");
         assert!(
             st["incoming"]["missing-blocks"].as_u64().unwrap() > 0,
             "postcopy should begin with blocks missing: {st:#}"
         );
         // The destination serves at once: reads of what the source wrote (fetched on demand),
         // and new writes, partial sectors included.
-        qemu_io(
-            &dst.uri(),
+        dst.qemu_io(
+            "vol",
             &[
-                format!("read -P 0x33 {} 262144", 31 * MIB),
-                format!("read -P 0x31 {} 262144", 5 * MIB),
+                &format!("read -P 0x33 {} 262144", 31 * MIB),
+                &format!("read -P 0x31 {} 262144", 5 * MIB),
             ],
         );
-        write(&dst.uri(), &mut expected, 0x55, 20 * MIB, 64 * 1024);
-        write(&dst.uri(), &mut expected, 0x66, 30 * MIB + 512, 1024);
-        let st = dst.wait_phase("completed");
+        write(&dst, &mut expected, 0x55, 20 * MIB, 64 * 1024);
+        write(&dst, &mut expected, 0x66, 30 * MIB + 512, 1024);
+        let st = dst.wait_migrate("vol", "completed");
         let on_demand = &st["incoming"]["on-demand"];
         assert!(on_demand["requests"].as_u64().unwrap() > 0, "{st:#}");
         assert!(
             on_demand["latency-us"]["p99"].as_u64().unwrap() > 0,
             "{st:#}"
         );
-        src.wait_phase("completed");
+        src.wait_migrate("vol", "completed");
     } else {
-        src.ctl(&["migrate-switchover", "vol"]);
-        src.wait_phase("completed");
-        dst.wait_phase("completed");
+        src.ctl_ok(&["migrate-switchover", "vol"]);
+        src.wait_migrate("vol", "completed");
+        dst.wait_migrate("vol", "completed");
     }
     // The source is fenced: a client there gets errors, not stale data.
-    let out = tool("qemu-io", ["-f", "raw", "-c", "read 0 4096", &src.uri()]);
+    let out = src.qemu_io_out("vol", &["read 0 4096"]);
     assert!(
         out.code != 0 || out.stdout.contains("error") || out.stderr.contains("error"),
         "the source still serves after the handover: {}{}",
         out.stdout,
         out.stderr
     );
-    let st = src.ctl(&["migrate-status", "vol"]);
+    let st = src.ctl_ok(&["migrate-status", "vol"]);
     assert!(st["outgoing"]["downtime-ms"].as_f64().is_some(), "{st:#}");
 
     // The destination keeps serving after completion; then, detached, its image decrypts to
     // exactly what was written on both sides.
-    write(&dst.uri(), &mut expected, 0x77, 0, 4096);
-    dst.ctl(&["disk-remove", "vol"]);
-    let got = cryptblk_decrypt(&dst_img, &key, &dir.path().join("dst.raw"));
+    write(&dst, &mut expected, 0x77, 0, 4096);
+    dst.ctl_ok(&["disk-remove", "vol"]);
+    let got = cryptblk_decrypt(&dst_img, key, &t.path("dst.raw"));
     assert_same_bytes(&got, &expected, "destination image");
 }
 
@@ -257,94 +201,66 @@ fn postcopy_preempt_between_two_daemons_over_tls() {
 #[test]
 fn migration_refusals_and_cancel() {
     let TwoDaemons {
-        dir,
-        key,
+        t,
+        img,
         dst_img,
         src,
         dst,
         ..
-    } = two_daemons("refuse", 0, false);
-    let new_key = key_file(dir.path(), "new", &passphrase("refuse-new"));
-    let ctl = |d: &Daemon, args: &[&str]| ctl(&d.control, args);
+    } = two_daemons(0, false);
+    let key = img.key();
+    let new_key = t.key("new");
 
     // An existing file is never the target of a migration.
-    let existing = dir.path().join("existing.img");
+    let existing = t.path("existing.img");
     std::fs::write(&existing, b"precious").unwrap();
-    let out = ctl(
-        &dst,
-        &[
-            "migrate-incoming",
-            "vol",
-            "--image",
-            s(&existing),
-            "--listen",
-            "tcp:127.0.0.1:0",
-            "--nbd-export",
-        ],
-    );
+    let out = dst.ctl(&argv!(
+        "migrate-incoming vol --image {} --listen tcp:127.0.0.1:0 --nbd-export",
+        existing
+    ));
     assert_ne!(out.code, 0);
     out.error_line(&["already exists"]);
     assert_eq!(std::fs::read(&existing).unwrap(), b"precious");
 
-    let listen = incoming(&dst, &dst_img, &key, &[]);
-    src.ctl(&[
-        "migrate-start",
-        "vol",
-        "--to",
-        &listen,
-        "--max-bandwidth",
-        "2M",
-    ]);
-    let out = ctl(
-        &src,
-        &[
-            "key-add",
-            "vol",
-            "--key-file",
-            s(&key),
-            "--new-key-file",
-            s(&new_key),
-        ],
-    );
+    let listen = incoming(&dst, &dst_img, key, &[]);
+    src.ctl_ok(&argv!(
+        "migrate-start vol --to {} --max-bandwidth 2M",
+        &listen
+    ));
+    let out = src.ctl(&argv!(
+        "key-add vol --key-file {} --new-key-file {}",
+        key,
+        new_key
+    ));
     assert_ne!(out.code, 0);
     out.error_line(&["migrated"]);
     // So is a resize: the destination's image is being made at the old size.
-    let size = src.ctl(&["disk-list"])["disks"][0]["size"]
+    let size = src.ctl_ok(&["disk-list"])["disks"][0]["size"]
         .as_u64()
         .unwrap();
     let grown = format!("{}K", (size >> 10) + 1024);
-    ctl(&src, &["disk-resize", "vol", &grown])
+    src.ctl(&["disk-resize", "vol", &grown])
         .expect_code(6)
         .error_line(&["migrated", "size"]);
 
-    src.ctl(&["migrate-cancel", "vol"]);
-    src.wait_phase("cancelled");
+    src.ctl_ok(&["migrate-cancel", "vol"]);
+    src.wait_migrate("vol", "cancelled");
     // The source serves on, writable.
-    qemu_io(
-        &src.uri(),
-        &["write -P 0x42 0 4096".into(), "read -P 0x42 0 4096".into()],
-    );
+    src.qemu_io("vol", &["write -P 0x42 0 4096", "read -P 0x42 0 4096"]);
     // The destination dropped the disk and its partial image.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while dst_img.exists()
-        || !dst.ctl(&["disk-list"])["disks"]
-            .as_array()
-            .unwrap()
-            .is_empty()
-    {
-        assert!(Instant::now() < deadline, "{:#}", dst.ctl(&["disk-list"]));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    dst.wait_ctl(
+        &["disk-list"],
+        "the disk dropped",
+        Duration::from_secs(30),
+        |list| !dst_img.exists() && list["disks"].as_array().unwrap().is_empty(),
+    );
     // And after the migration, keyslot changes and resizes work again.
-    src.ctl(&[
-        "key-add",
-        "vol",
-        "--key-file",
-        s(&key),
-        "--new-key-file",
-        s(&new_key),
-    ]);
-    src.ctl(&["disk-resize", "vol", &grown]);
+    src.ctl_ok(&argv!(
+        "key-add vol --key-file {} --new-key-file {}",
+        key,
+        new_key
+    ));
+    src.ctl_ok(&["disk-resize", "vol", &grown]);
 }
 
 /// A TCP forwarder the test can cut, standing for the network between the daemons.
@@ -399,50 +315,34 @@ impl Proxy {
 #[test]
 fn postcopy_cut_between_daemons_pauses_and_recovers() {
     let TwoDaemons {
-        dir,
-        key,
+        t,
+        img,
         dst_img,
         size,
         src,
         dst,
         mut expected,
-        ..
-    } = two_daemons("recover", 31, true);
-    let listen = incoming(&dst, &dst_img, &key, &[]);
+    } = two_daemons(31, true);
+    let listen = incoming(&dst, &dst_img, img.key(), &[]);
     let proxy = Proxy::start(listen.trim_start_matches("tcp:").to_string());
     let via_proxy = format!("tcp:{}", proxy.addr);
-    src.ctl(&[
-        "migrate-start",
-        "vol",
-        "--to",
-        &via_proxy,
-        "--postcopy",
-        "--preempt",
-        "--max-bandwidth",
-        "4M",
-    ]);
-    write(&src.uri(), &mut expected, 0x21, 3 * MIB, 64 * 1024);
-    src.ctl(&["migrate-postcopy", "vol"]);
-    dst.wait_phase("postcopy");
-    write(&dst.uri(), &mut expected, 0x22, 9 * MIB, 64 * 1024);
+    src.ctl_ok(&argv!(
+        "migrate-start vol --to {} --postcopy --preempt --max-bandwidth 4M",
+        &via_proxy
+    ));
+    write(&src, &mut expected, 0x21, 3 * MIB, 64 * 1024);
+    src.ctl_ok(&["migrate-postcopy", "vol"]);
+    dst.wait_migrate("vol", "postcopy");
+    write(&dst, &mut expected, 0x22, 9 * MIB, 64 * 1024);
 
     proxy.cut();
-    src.wait_phase("postcopy-paused");
-    dst.wait_phase("postcopy-paused");
+    src.wait_migrate("vol", "postcopy-paused");
+    dst.wait_migrate("vol", "postcopy-paused");
     // The end of the disk is sent last: reading it now has to wait for the recovery.
     let reader = {
-        let uri = dst.uri();
+        let target = ["-f".to_string(), "raw".to_string(), dst.nbd_uri("vol")];
         std::thread::spawn(move || {
-            let out = tool(
-                "qemu-io",
-                [
-                    "-f",
-                    "raw",
-                    "-c",
-                    &format!("read -v {} 4096", size - 4096),
-                    &uri,
-                ],
-            );
+            let out = qemu_io_out(&target, &[&format!("read -v {} 4096", size - 4096)]);
             out.ok();
             out.stdout
         })
@@ -452,7 +352,7 @@ fn postcopy_cut_between_daemons_pauses_and_recovers() {
         !reader.is_finished(),
         "a read of a missing block returned while paused"
     );
-    src.ctl(&["migrate-recover", "vol", "--to", &listen]);
+    src.ctl_ok(&["migrate-recover", "vol", "--to", &listen]);
     let dump = reader.join().unwrap();
     // `read -v` prints the bytes; their first 16 must be what the source had there.
     let tail = &expected[(size - 4096) as usize..(size - 4096 + 16) as usize];
@@ -461,9 +361,9 @@ fn postcopy_cut_between_daemons_pauses_and_recovers() {
         dump.contains(&hex.join(" ")),
         "the waiting read got other data:\n{dump}"
     );
-    src.wait_phase("completed");
-    dst.wait_phase("completed");
-    dst.ctl(&["disk-remove", "vol"]);
-    let got = cryptblk_decrypt(&dst_img, &key, &dir.path().join("dst.raw"));
+    src.wait_migrate("vol", "completed");
+    dst.wait_migrate("vol", "completed");
+    dst.ctl_ok(&["disk-remove", "vol"]);
+    let got = cryptblk_decrypt(&dst_img, img.key(), &t.path("dst.raw"));
     assert_same_bytes(&got, &expected, "destination image after recovery");
 }

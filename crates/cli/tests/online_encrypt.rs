@@ -5,7 +5,7 @@
 //! independent decryption (cryptsetup's volume key, openssl's AES).
 mod common;
 
-use common::online::{done_bytes, Model, OnlineDisk};
+use common::online::{done_bytes, io_until_finished, status, Model, OnlineDisk};
 use common::*;
 use serde_json::Value;
 
@@ -15,79 +15,51 @@ const SIZE: u64 = 32 * MIB;
 const REDUCE: &str = "8M";
 const SHIFT: u64 = 4 * MIB;
 
-impl OnlineDisk {
-    /// A raw image of `SIZE` zero bytes and the passphrase the encryption will be given.
-    fn new(tag: &str) -> OnlineDisk {
-        let dir = tempdir();
-        let key = key_file(dir.path(), "key", &passphrase(tag));
-        let img = dir.path().join("disk.raw");
-        std::fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
-        OnlineDisk { dir, img, key }
-    }
+/// A raw image of `SIZE` zero bytes and the passphrase the encryption will be given.
+fn raw_disk() -> OnlineDisk {
+    let t = TestDir::new();
+    let key = t.key("key");
+    let img = t.raw("disk.raw", SIZE).path;
+    OnlineDisk { t, img, key }
+}
 
-    /// `serve` with the image as disk "vol"; `--key-file` once the image is LUKS2 (from the
-    /// moment the encryption started).
-    fn serve(&self, with_key: bool) -> ServeProcess {
-        self.serve_with(with_key, &[])
-    }
+/// `reencrypt-start --encrypt` at `bandwidth` bytes/s (or the continuation of one).
+fn start(daemon: &Daemon, disk: &OnlineDisk, bandwidth: &str) -> Value {
+    let mut args = vec!["reencrypt-start", "vol", "--encrypt", "--key-file"];
+    args.extend([s(&disk.key), "--reduce-device-size", REDUCE]);
+    args.extend_from_slice(CTL_CHEAP_KDF);
+    args.extend(["--max-bandwidth", bandwidth]);
+    daemon.ctl_ok(&args)
+}
 
-    fn serve_with(&self, with_key: bool, extra: &[&str]) -> ServeProcess {
-        let mut args = Vec::new();
-        if with_key {
-            args.extend(["--key-file", s(&self.key)]);
-        }
-        args.extend_from_slice(extra);
-        self.serve_args(&args)
-    }
+fn luks_dump(disk: &OnlineDisk) -> String {
+    let out = tool("cryptsetup", ["luksDump", s(&disk.img)]);
+    out.ok();
+    out.stdout
+}
 
-    /// `reencrypt-start --encrypt` at `bandwidth` bytes/s (or the continuation of one).
-    fn start(&self, bandwidth: &str) -> Value {
-        self.ctl_json(&[
-            "reencrypt-start",
-            "vol",
-            "--encrypt",
-            "--key-file",
-            s(&self.key),
-            "--reduce-device-size",
-            REDUCE,
-            "--pbkdf",
-            "pbkdf2",
-            "--iter-time",
-            "1",
-            "--max-bandwidth",
-            bandwidth,
-        ])
-    }
+fn len(disk: &OnlineDisk) -> u64 {
+    std::fs::metadata(&disk.img).unwrap().len()
+}
 
-    fn luks_dump(&self) -> String {
-        let out = tool("cryptsetup", ["luksDump", s(&self.img)]);
-        out.ok();
-        out.stdout
-    }
-
-    fn len(&self) -> u64 {
-        std::fs::metadata(&self.img).unwrap().len()
-    }
-
-    /// The image is an ordinary LUKS2 one: the header, then exactly the disk's `SIZE` bytes
-    /// encrypted with a fresh 512-bit aes-xts key in 512-byte sectors; cryptsetup opens it,
-    /// and it decrypts (through cryptblk and through openssl) to `plain`.
-    fn check_final(&self, plain: &[u8]) {
-        let dump = self.luks_dump();
-        assert!(!dump.contains("online-reencrypt"), "not finished:\n{dump}");
-        assert!(dump.contains("length: (whole device)"), "{dump}");
-        assert_eq!(self.len(), SHIFT + SIZE, "the image is not header + disk");
-        let json = dump_json(&self.img);
-        assert_eq!(json["data_offset"].as_u64(), Some(SHIFT), "{json}");
-        assert_eq!(json["sector_size"].as_u64(), Some(512), "{json}");
-        assert!(cryptsetup_accepts(&self.img, &self.key));
-        let key_hex = xts::cryptsetup_volume_key(&self.img, &self.key);
-        assert_eq!(key_hex.len(), 128, "a 512-bit key: {key_hex}");
-        xts::check_sampled_sectors(&self.img, &key_hex, 512, plain);
-        let out = cryptblk_decrypt(&self.img, &self.key, &self.path("plain.raw"));
-        assert_eq!(out.len() as u64, SIZE, "the decrypted volume's size");
-        assert_same_bytes(&out, plain, "cryptblk's decryption");
-    }
+/// The image is an ordinary LUKS2 one: the header, then exactly the disk's `SIZE` bytes
+/// encrypted with a fresh 512-bit aes-xts key in 512-byte sectors; cryptsetup opens it, and it
+/// decrypts (through cryptblk and through openssl) to `plain`.
+fn check_final(disk: &OnlineDisk, plain: &[u8]) {
+    let dump = luks_dump(disk);
+    assert!(!dump.contains("online-reencrypt"), "not finished:\n{dump}");
+    assert!(dump.contains("length: (whole device)"), "{dump}");
+    assert_eq!(len(disk), SHIFT + SIZE, "the image is not header + disk");
+    let json = dump_json(&disk.img);
+    assert_eq!(json["data_offset"].as_u64(), Some(SHIFT), "{json}");
+    assert_eq!(json["sector_size"].as_u64(), Some(512), "{json}");
+    assert!(cryptsetup_accepts(&disk.img, &disk.key));
+    let key_hex = xts::cryptsetup_volume_key(&disk.img, &disk.key);
+    assert_eq!(key_hex.len(), 128, "a 512-bit key: {key_hex}");
+    xts::check_sampled_sectors(&disk.img, &key_hex, 512, plain);
+    let out = cryptblk_decrypt(&disk.img, &disk.key, &disk.path("plain.raw"));
+    assert_eq!(out.len() as u64, SIZE, "the decrypted volume's size");
+    assert_same_bytes(&out, plain, "cryptblk's decryption");
 }
 
 /// The boundary an encryption has reached: it works from the disk's end down.
@@ -98,31 +70,31 @@ fn boundary(st: &Value) -> u64 {
 /// A raw disk filled through NBD, its encryption started at 2 MiB/s, written around the
 /// boundary once at least `done` bytes are encrypted, then the daemon SIGKILLed (perhaps
 /// inside a hotzone).
-fn killed_mid_encryption(tag: &str, done: u64) -> (OnlineDisk, Model) {
-    let disk = OnlineDisk::new(tag);
-    let daemon = disk.serve(false);
-    let mut c = disk.nbd();
+fn killed_mid_encryption(done: u64) -> (OnlineDisk, Model) {
+    let disk = raw_disk();
+    let mut daemon = disk.serve().start();
+    let mut c = daemon.nbd("vol");
     let mut model = Model::new(SIZE, 41, &[SHIFT, 0]);
     model.fill(&mut c);
-    disk.start("2M");
-    let st = disk.wait("encrypted bytes", |st| done_bytes(st) >= done);
+    start(&daemon, &disk, "2M");
+    let st = daemon.wait_reencrypt("vol", "encrypted bytes", |st| done_bytes(st) >= done);
     model.round(&mut c, boundary(&st));
     c.flush().unwrap();
     drop(c);
-    drop(daemon);
+    daemon.kill9();
     (disk, model)
 }
 
 #[test]
 fn raw_disk_encrypted_in_place_while_read_and_written() {
-    let disk = OnlineDisk::new("online-encrypt");
-    let daemon = disk.serve(false);
-    let mut c = disk.nbd();
+    let disk = raw_disk();
+    let mut daemon = disk.serve().start();
+    let mut c = daemon.nbd("vol");
     let mut model = Model::new(SIZE, 41, &[SHIFT, 0]);
     model.fill(&mut c);
-    assert_eq!(disk.status()["phase"], "idle");
+    assert_eq!(status(&daemon)["phase"], "idle");
 
-    let st = disk.start("8M");
+    let st = start(&daemon, &disk, "8M");
     assert_eq!(st["phase"], "running", "{st}");
     assert_eq!(st["mode"], "encrypt", "{st}");
     assert_eq!(st["resilience"], "datashift", "{st}");
@@ -130,38 +102,38 @@ fn raw_disk_encrypted_in_place_while_read_and_written() {
     // From the start the image is LUKS2, grown by the header area; the disk is not.
     // (cryptsetup cannot look while the daemon holds the image's lock.)
     assert_eq!(read_prefix(&disk.img, 6), b"LUKS\xba\xbe");
-    assert_eq!(disk.len(), SIZE + 2 * SHIFT);
-    let rounds = disk.io_until_finished(&mut c, &mut model, boundary);
+    assert_eq!(len(&disk), SIZE + 2 * SHIFT);
+    let rounds = io_until_finished(&daemon, &mut c, &mut model, boundary);
     assert!(
         rounds >= 3,
         "the I/O did not overlap the encryption ({rounds} rounds)"
     );
     model.check_all(&mut c, "after the encryption");
-    assert_eq!(done_bytes(&disk.status()), SIZE);
+    assert_eq!(done_bytes(&status(&daemon)), SIZE);
     // A new client sees the size the first one saw.
     drop(c);
-    let mut c = disk.nbd();
+    let mut c = daemon.nbd("vol");
     assert_eq!(c.export.size, SIZE);
     model.check_all(&mut c, "through a new connection");
-    let list = disk.ctl_json(&["disk-list"]);
+    let list = daemon.ctl_ok(&["disk-list"]);
     assert_eq!(list["disks"][0]["format"], "luks", "{list}");
     assert_eq!(list["disks"][0]["size"].as_u64(), Some(SIZE), "{list}");
     drop(c);
     assert_eq!(daemon.terminate(), 0);
-    disk.check_final(&model.data);
+    check_final(&disk, &model.data);
 }
 
 #[test]
 fn daemon_killed_mid_encryption_serves_on_restart_and_cryptblk_finishes() {
-    let (disk, mut model) = killed_mid_encryption("encrypt-restart", 6 * MIB);
+    let (disk, mut model) = killed_mid_encryption(6 * MIB);
 
     // The image is LUKS2 in mid-encryption now: attached with the passphrase, it serves at
     // once, the same size, and waits for reencrypt-start.
-    assert!(disk.luks_dump().contains("online-reencrypt"));
-    let daemon = disk.serve(true);
-    let mut c = disk.nbd();
+    assert!(luks_dump(&disk).contains("online-reencrypt"));
+    let mut daemon = disk.serve().key(&disk.key).start();
+    let mut c = daemon.nbd("vol");
     assert_eq!(c.export.size, SIZE);
-    let st = disk.status();
+    let st = status(&daemon);
     assert_eq!(st["phase"], "paused", "{st}");
     assert_eq!(st["mode"], "encrypt", "{st}");
     let before = done_bytes(&st);
@@ -170,54 +142,46 @@ fn daemon_killed_mid_encryption_serves_on_restart_and_cryptblk_finishes() {
     model.round(&mut c, boundary(&st));
     c.flush().unwrap();
     // A migration cannot copy a disk whose data is moving.
-    let out = disk.ctl(&["migrate-start", "vol", "--to", "tcp:127.0.0.1:9"]);
+    let out = daemon.ctl(&["migrate-start", "vol", "--to", "tcp:127.0.0.1:9"]);
     out.expect_code(code::IN_USE);
     out.error_line(&["mid-encryption"]);
 
     // Continued (with `--encrypt` or without: the header says what runs), to the end.
-    let st = disk.ctl_json(&[
-        "reencrypt-start",
-        "vol",
-        "--key-file",
-        s(&disk.key),
-        "--max-bandwidth",
-        "16M",
-    ]);
+    let st = daemon.ctl_ok(&argv!(
+        "reencrypt-start vol --key-file {} --max-bandwidth 16M",
+        disk.key
+    ));
     assert_eq!(st["mode"], "encrypt", "{st}");
-    disk.io_until_finished(&mut c, &mut model, boundary);
+    io_until_finished(&daemon, &mut c, &mut model, boundary);
     model.check_all(&mut c, "after the encryption");
     drop(c);
     assert_eq!(daemon.terminate(), 0);
-    disk.check_final(&model.data);
+    check_final(&disk, &model.data);
 }
 
 #[test]
 fn daemon_killed_mid_encryption_cryptsetup_finishes() {
-    let (disk, model) = killed_mid_encryption("encrypt-handover", 4 * MIB);
+    let (disk, model) = killed_mid_encryption(4 * MIB);
 
     // A restart recovers a hotzone the kill interrupted; a stop leaves the header between
     // hotzones, which cryptsetup resumes.
-    let daemon = disk.serve(true);
-    let mut c = disk.nbd();
+    let mut daemon = disk.serve().key(&disk.key).start();
+    let mut c = daemon.nbd("vol");
     model.check_all(&mut c, "after the restart");
     drop(c);
     assert_eq!(daemon.terminate(), 0);
     tool(
         "cryptsetup",
-        [
-            "reencrypt",
-            "--resume-only",
-            "--force-offline-reencrypt",
-            "--batch-mode",
-            "--key-file",
-            s(&disk.key),
-            s(&disk.img),
-        ],
+        argv!(
+            "reencrypt --resume-only --force-offline-reencrypt --batch-mode --key-file {} {}",
+            disk.key,
+            disk.img
+        ),
     )
     .ok();
     // cryptsetup ends its encryptions with a segment to the image's end: the disk's bytes,
     // then the wiped copy of its first part (what cryptsetup does with its own).
-    let dump = disk.luks_dump();
+    let dump = luks_dump(&disk);
     assert!(!dump.contains("online-reencrypt"), "{dump}");
     assert!(cryptsetup_accepts(&disk.img, &disk.key));
     let key_hex = xts::cryptsetup_volume_key(&disk.img, &disk.key);
@@ -231,109 +195,87 @@ fn daemon_killed_mid_encryption_cryptsetup_finishes() {
 /// an encrypted disk is then an ordinary LUKS2 disk: keys, resizes and migrations work.
 #[test]
 fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
-    let disk = OnlineDisk::new("encrypt-refusals");
-    let daemon = disk.serve(false);
-    let mut c = disk.nbd();
+    let disk = raw_disk();
+    let mut daemon = disk.serve().start();
+    let mut c = daemon.nbd("vol");
     let mut model = Model::new(SIZE, 41, &[SHIFT, 0]);
     model.fill(&mut c);
     let key = s(&disk.key);
-    let refused = |args: &[&str], code: i32, needles: &[&str]| {
-        let out = disk.ctl(args);
+    let refused = |args: &[std::ffi::OsString], code: i32, needles: &[&str]| {
+        let out = daemon.ctl(args);
         out.expect_code(code);
         out.error_line(needles);
     };
     // Without --encrypt there is no key to replace.
     refused(
-        &["reencrypt-start", "vol", "--key-file", key],
+        &argv!("reencrypt-start vol --key-file {}", key),
         code::OTHER,
         &["raw", "--encrypt"],
     );
     // The data shift is the resilience; a header area too small for one keyslot.
     refused(
-        &[
-            "reencrypt-start",
-            "vol",
-            "--encrypt",
-            "--key-file",
-            key,
-            "--resilience",
-            "checksum",
-        ],
+        &argv!(
+            "reencrypt-start vol --encrypt --key-file {} --resilience checksum",
+            key
+        ),
         code::USAGE,
         &["data shift", "resilience"],
     );
     refused(
-        &[
-            "reencrypt-start",
-            "vol",
-            "--encrypt",
-            "--key-file",
-            key,
-            "--reduce-device-size",
-            "64K",
-        ],
+        &argv!(
+            "reencrypt-start vol --encrypt --key-file {} --reduce-device-size 64K",
+            key
+        ),
         code::USAGE,
         &["reduce-device-size", "32M"],
     );
     // One cryptsetup takes, but whose data shift is not whole 4 KiB blocks, which the
     // disk's migration tracking moves by.
     refused(
-        &[
-            "reencrypt-start",
-            "vol",
-            "--encrypt",
-            "--key-file",
+        &argv!(
+            "reencrypt-start vol --encrypt --key-file {} --reduce-device-size {}",
             key,
-            "--reduce-device-size",
-            &(8 * MIB + 1024).to_string(),
-        ],
+            &(8 * MIB + 1024).to_string()
+        ),
         code::USAGE,
         &["multiple of 8192"],
     );
     refused(
-        &["key-add", "vol", "--key-file", key, "--new-key-file", key],
+        &argv!("key-add vol --key-file {} --new-key-file {}", key, key),
         code::OTHER,
         &["raw", "not LUKS"],
     );
-    assert_eq!(disk.len(), SIZE, "a refusal grew the image");
-    assert_eq!(disk.status()["phase"], "idle");
+    assert_eq!(len(&disk), SIZE, "a refusal grew the image");
+    assert_eq!(status(&daemon)["phase"], "idle");
     model.check_all(&mut c, "after the refusals");
     assert!(read_prefix(&disk.img, 6) != b"LUKS\xba\xbe");
 
-    disk.start("0");
-    disk.wait("the end", |st| st["phase"] == "finished");
+    start(&daemon, &disk, "0");
+    daemon.wait_reencrypt("vol", "the end", |st| st["phase"] == "finished");
     // An ordinary LUKS2 disk now, in the same daemon: a second passphrase, --encrypt
     // refused, a resize (the header's segment and the image), a migration not busy.
-    let second = key_file(disk.dir.path(), "second", &passphrase("encrypt-second"));
-    disk.ctl(&[
-        "key-add",
-        "vol",
-        "--key-file",
-        key,
-        "--new-key-file",
-        s(&second),
-    ])
-    .ok();
+    let second = disk.t.key("second");
+    daemon
+        .ctl(&argv!(
+            "key-add vol --key-file {} --new-key-file {}",
+            key,
+            second
+        ))
+        .ok();
     refused(
-        &["reencrypt-start", "vol", "--encrypt", "--key-file", key],
+        &argv!("reencrypt-start vol --encrypt --key-file {}", key),
         code::OTHER,
         &["LUKS already"],
     );
-    disk.ctl(&["disk-resize", "vol", &(SIZE + MIB).to_string()])
-        .ok();
-    assert_eq!(disk.len(), SHIFT + SIZE + MIB);
+    daemon.ctl_ok(&["disk-resize", "vol", &(SIZE + MIB).to_string()]);
+    assert_eq!(len(&disk), SHIFT + SIZE + MIB);
     drop(c);
-    let mut c = disk.nbd();
+    let mut c = daemon.nbd("vol");
     assert_eq!(c.export.size, SIZE + MIB);
     model.check_all(&mut c, "after the resize");
-    let out = disk.ctl(&[
-        "migrate-start",
-        "vol",
-        "--to",
-        "tcp:127.0.0.1:9",
-        "--connect-timeout",
-        "200",
-    ]);
+    let out = daemon.ctl(&argv!(
+        "migrate-start vol --to tcp:127.0.0.1:9 --connect-timeout 200"
+    ));
     assert_ne!(out.code, code::IN_USE, "{out:?}");
     drop(c);
     assert_eq!(daemon.terminate(), 0);
@@ -346,29 +288,20 @@ fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
 /// quota alike) fails the start with the reason, and the disk serves on, raw, at its size.
 #[test]
 fn an_image_that_cannot_grow_is_not_encrypted_and_serves_on() {
-    let disk = OnlineDisk::new("encrypt-efbig");
-    let daemon = disk.serve_limited(&[], Some(SIZE + MIB));
-    let mut c = disk.nbd();
+    let disk = raw_disk();
+    let mut daemon = disk.serve().file_size_limit(SIZE + MIB).start();
+    let mut c = daemon.nbd("vol");
     let mut model = Model::new(SIZE, 43, &[]);
     model.fill(&mut c);
-    let out = disk.ctl(&[
-        "reencrypt-start",
-        "vol",
-        "--encrypt",
-        "--key-file",
-        s(&disk.key),
-        "--reduce-device-size",
-        REDUCE,
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "1",
-    ]);
+    let mut args = vec!["reencrypt-start", "vol", "--encrypt", "--key-file"];
+    args.extend([s(&disk.key), "--reduce-device-size", REDUCE]);
+    args.extend_from_slice(CTL_CHEAP_KDF);
+    let out = daemon.ctl(&args);
     out.expect_code(code::IO);
     out.error_line(&["growing", "File too large"]);
-    assert_eq!(disk.len(), SIZE, "the image changed size");
+    assert_eq!(len(&disk), SIZE, "the image changed size");
     assert!(read_prefix(&disk.img, 6) != b"LUKS\xba\xbe");
-    assert_eq!(disk.status()["phase"], "idle");
+    assert_eq!(status(&daemon)["phase"], "idle");
     model.check_all(&mut c, "after the refused start");
     model.round(&mut c, SIZE / 2);
     drop(c);
@@ -378,17 +311,14 @@ fn an_image_that_cannot_grow_is_not_encrypted_and_serves_on() {
 /// A read-only raw disk cannot be encrypted: every sector is written.
 #[test]
 fn a_read_only_raw_disk_is_not_encrypted() {
-    let disk = OnlineDisk::new("encrypt-readonly");
-    let daemon = disk.serve_with(false, &["--readonly"]);
-    let out = disk.ctl(&[
-        "reencrypt-start",
-        "vol",
-        "--encrypt",
-        "--key-file",
-        s(&disk.key),
-    ]);
+    let disk = raw_disk();
+    let mut daemon = disk.serve().arg("--readonly").start();
+    let out = daemon.ctl(&argv!(
+        "reencrypt-start vol --encrypt --key-file {}",
+        disk.key
+    ));
     out.expect_code(code::USAGE);
     out.error_line(&["read-only"]);
-    assert_eq!(disk.len(), SIZE);
+    assert_eq!(len(&disk), SIZE);
     assert_eq!(daemon.terminate(), 0);
 }

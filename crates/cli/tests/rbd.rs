@@ -28,17 +28,12 @@ fn qemu_decrypt(cluster: &Cluster, image: &str, format: &str, key: &Path, out: &
     let _ = std::fs::remove_file(out);
     tool(
         "qemu-img",
-        [
-            "dd",
-            "--object",
+        argv!(
+            "dd --object {} --image-opts -O raw bs=1M {} of={}",
             &secret(key),
-            "--image-opts",
-            "-O",
-            "raw",
-            "bs=1M",
             &format!("if={}", qemu_rbd_opts(cluster, image, format)),
-            &format!("of={}", s(out)),
-        ],
+            out
+        ),
     )
     .ok();
     read(out)
@@ -47,37 +42,19 @@ fn qemu_decrypt(cluster: &Cluster, image: &str, format: &str, key: &Path, out: &
 /// The whole decrypted disk as cryptblk reads it.
 fn cryptblk_decrypt_rbd(cluster: &Cluster, image: &str, key: &Path, out: &Path) -> Vec<u8> {
     let _ = std::fs::remove_file(out);
-    cryptblk([
-        "convert",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(key),
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        key,
         &cluster.name(image),
-        s(out),
-    ])
+        out
+    ))
     .ok();
     read(out)
 }
 
 fn qemu_io(cluster: &Cluster, image: &str, format: &str, key: &Path, cmds: &[&str]) {
-    let mut args = vec![
-        "--object".to_owned(),
-        secret(key),
-        "--image-opts".to_owned(),
-        qemu_rbd_opts(cluster, image, format),
-    ];
-    for c in cmds {
-        args.push("-c".into());
-        args.push((*c).into());
-    }
-    let out = tool("qemu-io", &args);
-    out.ok();
-    assert!(
-        !out.stdout.contains("failed") && !out.stdout.contains("Pattern verification"),
-        "qemu-io {cmds:?}:\n{}",
-        out.stdout
-    );
+    let opts = qemu_rbd_opts(cluster, image, format);
+    qemu_io_cmds(&["--object", &secret(key), "--image-opts", &opts], cmds);
 }
 
 #[test]
@@ -85,9 +62,9 @@ fn luks_on_rbd_against_librbd_and_qemu() {
     let Some(cluster) = ceph::start() else {
         return;
     };
-    let dir = tempdir();
-    let d = dir.path();
-    let key = key_file(d, "key", &passphrase("rbd"));
+    let t = TestDir::new();
+    let d = &t;
+    let key = t.key("key");
 
     made_by_librbd_opens_in_cryptblk(&cluster, d, &key);
     made_by_cryptblk_opens_in_librbd(&cluster, d, &key);
@@ -111,7 +88,7 @@ fn luks_on_rbd_against_librbd_and_qemu() {
 /// do not exist and past the written end of one that does, but the decryption of zeros below
 /// it (measured on this cluster: payload 4 MiB..7.97 MiB, under a write at 7.97 MiB). cryptblk
 /// returns zeros for every never-written sector; the two agree on everything written.
-fn made_by_librbd_opens_in_cryptblk(cluster: &Cluster, d: &Path, key: &Path) {
+fn made_by_librbd_opens_in_cryptblk(cluster: &Cluster, d: &TestDir, key: &Path) {
     cluster.rbd(&["create", "--size", "64M", "rbd/lib2"]);
     cluster.rbd(&["encryption", "format", "rbd/lib2", "luks2", s(key)]);
     // Written: the first MiB, 4 KiB inside an otherwise unwritten object, and a 64 KiB run
@@ -131,12 +108,12 @@ fn made_by_librbd_opens_in_cryptblk(cluster: &Cluster, d: &Path, key: &Path) {
     for (p, off, len) in writes {
         expected[off..off + len].fill(p);
     }
-    let by_librbd = qemu_decrypt(cluster, "lib2", "luks2", key, &d.join("lib2.qemu"));
-    let by_us = cryptblk_decrypt_rbd(cluster, "lib2", key, &d.join("lib2.ours"));
+    let by_librbd = qemu_decrypt(cluster, "lib2", "luks2", key, &d.path("lib2.qemu"));
+    let by_us = cryptblk_decrypt_rbd(cluster, "lib2", key, &d.path("lib2.ours"));
     // convert skipped what was never written (it reads as zeros): the copy is sparse.
     let allocated = {
         use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(d.join("lib2.ours")).unwrap().blocks() * 512
+        std::fs::metadata(d.path("lib2.ours")).unwrap().blocks() * 512
     };
     assert!(
         allocated < 16 * MIB,
@@ -165,22 +142,18 @@ fn made_by_librbd_opens_in_cryptblk(cluster: &Cluster, d: &Path, key: &Path) {
     assert_eq!(info["data_offset"], 16 * MIB, "{info}");
 
     // cryptblk writes into it (-n), librbd reads it.
-    let patch = d.join("patch.raw");
+    let patch = d.path("patch.raw");
     let mut data = by_librbd.clone();
     data[20 * MIB as usize..21 * MIB as usize].fill(0x77);
     std::fs::write(&patch, &data).unwrap();
-    cryptblk([
-        "convert",
-        "-n",
-        "-O",
-        "luks",
-        "--key-file",
-        s(key),
-        s(&patch),
-        &cluster.name("lib2"),
-    ])
+    cryptblk(argv!(
+        "convert -n -O luks --key-file {} {} {}",
+        key,
+        patch,
+        &cluster.name("lib2")
+    ))
     .ok();
-    let after = qemu_decrypt(cluster, "lib2", "luks2", key, &d.join("lib2.after"));
+    let after = qemu_decrypt(cluster, "lib2", "luks2", key, &d.path("lib2.after"));
     assert_same_bytes(
         &after,
         &data,
@@ -191,8 +164,8 @@ fn made_by_librbd_opens_in_cryptblk(cluster: &Cluster, d: &Path, key: &Path) {
     cluster.rbd(&["create", "--size", "32M", "rbd/lib1"]);
     cluster.rbd(&["encryption", "format", "rbd/lib1", "luks1", s(key)]);
     qemu_io(cluster, "lib1", "luks", key, &["write -P 0x1e 512 7k"]);
-    let by_librbd = qemu_decrypt(cluster, "lib1", "luks", key, &d.join("lib1.qemu"));
-    let by_us = cryptblk_decrypt_rbd(cluster, "lib1", key, &d.join("lib1.ours"));
+    let by_librbd = qemu_decrypt(cluster, "lib1", "luks", key, &d.path("lib1.qemu"));
+    let by_us = cryptblk_decrypt_rbd(cluster, "lib1", key, &d.path("lib1.ours"));
     assert_eq!(by_us.len(), by_librbd.len(), "the same payload size");
     let written = 512..512 + 7 * 1024;
     assert!(by_us[written.clone()].iter().all(|&b| b == 0x1e));
@@ -209,31 +182,25 @@ fn made_by_librbd_opens_in_cryptblk(cluster: &Cluster, d: &Path, key: &Path) {
 
 /// `cryptblk convert -O luks2|luks1` into a new RBD image: librbd (QEMU `encrypt.format=`)
 /// decrypts the source back, holes and zero runs included.
-fn made_by_cryptblk_opens_in_librbd(cluster: &Cluster, d: &Path, key: &Path) {
-    let src = d.join("mixed.raw");
+fn made_by_cryptblk_opens_in_librbd(cluster: &Cluster, d: &TestDir, key: &Path) {
+    let src = d.path("mixed.raw");
     mixed_file(&src, 24 * MIB, 5);
     for (target, format, qemu_format) in [("ours2", "luks2", "luks2"), ("ours1", "luks1", "luks")] {
-        cryptblk([
-            "convert",
-            "-O",
+        cryptblk(argv!(
+            "convert -O {} --key-file {} --pbkdf pbkdf2 --iter-time 10 {} {}",
             format,
-            "--key-file",
-            s(key),
-            "--pbkdf",
-            "pbkdf2",
-            "--iter-time",
-            "10",
-            s(&src),
-            &cluster.name(target),
-        ])
+            key,
+            src,
+            &cluster.name(target)
+        ))
         .ok();
-        let by_librbd = qemu_decrypt(cluster, target, qemu_format, key, &d.join("back.raw"));
+        let by_librbd = qemu_decrypt(cluster, target, qemu_format, key, &d.path("back.raw"));
         assert_same_bytes(&by_librbd, &read(&src), "librbd decrypts cryptblk's image");
-        let by_us = cryptblk_decrypt_rbd(cluster, target, key, &d.join("back2.raw"));
+        let by_us = cryptblk_decrypt_rbd(cluster, target, key, &d.path("back2.raw"));
         assert_same_bytes(&by_us, &read(&src), "cryptblk reads its own RBD image back");
     }
     // QEMU's own LUKS1 layered over rbd (no librbd encryption) reads the LUKS1 image too.
-    let out = d.join("layered.raw");
+    let out = d.path("layered.raw");
     tool(
         "qemu-img",
         [
@@ -263,15 +230,15 @@ fn made_by_cryptblk_opens_in_librbd(cluster: &Cluster, d: &Path, key: &Path) {
 }
 
 /// Raw images in and out of RBD, compared with `rbd export` / `rbd import`.
-fn raw_images_both_ways(cluster: &Cluster, d: &Path) {
-    let src = d.join("plain.raw");
+fn raw_images_both_ways(cluster: &Cluster, d: &TestDir) {
+    let src = d.path("plain.raw");
     mixed_file(&src, 12 * MIB, 6);
     cryptblk(["convert", "-O", "raw", s(&src), &cluster.name("plain")]).ok();
-    let exported = d.join("plain.export");
+    let exported = d.path("plain.export");
     cluster.rbd(&["export", "rbd/plain", s(&exported)]);
     assert_same_files(&exported, &src);
     // A hole of whole RADOS objects (4 MiB) in the source stays unallocated: the image is thin.
-    let sparse = d.join("sparse.raw");
+    let sparse = d.path("sparse.raw");
     random_file(&sparse, 4 * MIB, 7);
     {
         use std::os::unix::fs::FileExt;
@@ -292,39 +259,27 @@ fn raw_images_both_ways(cluster: &Cluster, d: &Path) {
         "two objects of four: {du}"
     );
     cluster.rbd(&["import", s(&src), "rbd/imported"]);
-    let back = d.join("imported.raw");
+    let back = d.path("imported.raw");
     cryptblk(["convert", "-O", "raw", &cluster.name("imported"), s(&back)]).ok();
     assert_same_files(&back, &src);
 }
 
 /// A LUKS2 image made by cryptsetup and `rbd import`ed serves over NBD, and `qemu-img
 /// compare` finds the plaintext cryptsetup encrypted.
-fn cryptsetup_made_and_rbd_imported(cluster: &Cluster, d: &Path, key: &Path) {
-    let plain = d.join("cs.plain");
+fn cryptsetup_made_and_rbd_imported(cluster: &Cluster, d: &TestDir, key: &Path) {
+    let plain = d.path("cs.plain");
     mixed_file(&plain, 8 * MIB, 8);
-    let img = cryptsetup_encrypt_in_place(d, "cs.luks", &read(&plain), key, CS_CHEAP_PBKDF2);
+    let img = cryptsetup_encrypt_in_place(d.root(), "cs.luks", &read(&plain), key, CS_CHEAP_PBKDF2);
     cluster.rbd(&["import", s(&img), "rbd/cs"]);
-    let socket = d.join("cs.sock");
-    let name = cluster.name("cs");
-    let daemon = ServeProcess::start(
-        &[
-            "--image",
-            &name,
-            "--key-file",
-            s(key),
-            "--readonly",
-            "--nbd",
-            &format!("unix:{}", s(&socket)),
-        ],
-        &socket,
-    );
+    let serve = d.serve_as("cs").image(cluster.name("cs")).key(key);
+    let mut daemon = serve.arg("--readonly").nbd().start();
     // cryptsetup's payload is 8 MiB longer than the plaintext (the data offset is half the
     // 16 MiB it reserved): compare the plaintext's length.
     let served = format!(
         "driver=raw,size={},file.driver=nbd,file.server.type=unix,file.server.path={},\
          file.export=cs",
         8 * MIB,
-        s(&socket)
+        s(daemon.nbd_socket())
     );
     let plain_opts = format!("driver=raw,file.filename={}", s(&plain));
     let out = tool(
@@ -342,38 +297,17 @@ fn cryptsetup_made_and_rbd_imported(cluster: &Cluster, d: &Path, key: &Path) {
 
 /// `serve --image rbd:...` over NBD: QEMU's NBD client writes and reads, librbd then reads
 /// the same data; while served, the image's exclusive lock keeps other writers out.
-fn serve_over_nbd_under_the_exclusive_lock(cluster: &Cluster, d: &Path, key: &Path) {
-    format_luks2(&cluster.name("served"), key, "32M").ok();
-    let socket = d.join("nbd.sock");
+fn serve_over_nbd_under_the_exclusive_lock(cluster: &Cluster, d: &TestDir, key: &Path) {
     let name = cluster.name("served");
-    let daemon = ServeProcess::start(
-        &[
-            "--image",
-            &name,
-            "--key-file",
-            s(key),
-            "--nbd",
-            &format!("unix:{}", s(&socket)),
-        ],
-        &socket,
-    );
-    let uri = format!("nbd+unix:///served?socket={}", s(&socket));
-    let out = tool(
-        "qemu-io",
-        [
-            "-f",
-            "raw",
-            &uri,
-            "-c",
-            "write -P 0x6b 4M 256k",
-            "-c",
-            "read -P 0x6b 4M 256k",
-            "-c",
-            "read -P 0 0 64k",
-        ],
-    );
-    out.ok();
-    assert!(!out.stdout.contains("fail"), "{}", out.stdout);
+    format_luks2(Path::new(&name), key, "32M");
+    let mut daemon = d.serve().image(&name).key(key).nbd().start();
+    let uri = daemon.nbd_uri("served");
+    let io = [
+        "write -P 0x6b 4M 256k",
+        "read -P 0x6b 4M 256k",
+        "read -P 0 0 64k",
+    ];
+    daemon.qemu_io("served", &io);
     // Block status: what was never written reads as zeros, and NBD clients are told so (QEMU's
     // mirror and backup jobs, qemu-img convert, skip it); what was written is data.
     let map = tool("qemu-img", ["map", "--output=json", "-f", "raw", &uri]);
@@ -388,18 +322,13 @@ fn serve_over_nbd_under_the_exclusive_lock(cluster: &Cluster, d: &Path, key: &Pa
     // A second writer is refused while the daemon holds the lock, naming the reason.
     refused_as_locked(&name, key);
     // So is a second daemon: two daemons never write one image.
-    let other = d.join("other.sock");
-    cryptblk([
-        "serve",
-        "--image",
-        &name,
-        "--key-file",
-        s(key),
-        "--nbd",
-        &format!("unix:{}", s(&other)),
-    ])
-    .expect_code(code::IN_USE)
-    .error_line(&["rbd/served", "locked by"]);
+    d.serve_as("other")
+        .image(&name)
+        .key(key)
+        .nbd()
+        .run()
+        .expect_code(code::IN_USE)
+        .error_line(&["rbd/served", "locked by"]);
     assert_eq!(daemon.terminate(), 0);
     qemu_io(
         cluster,
@@ -412,62 +341,46 @@ fn serve_over_nbd_under_the_exclusive_lock(cluster: &Cluster, d: &Path, key: &Pa
 
 /// `format` creates (SIZE) or formats in place; `dump` and `key add` work on `rbd:` names and
 /// librbd opens the image with the added passphrase.
-fn format_dump_and_key_change(cluster: &Cluster, d: &Path, key: &Path) {
-    format_luks2(&cluster.name("fmt"), key, "8M").ok();
+fn format_dump_and_key_change(cluster: &Cluster, d: &TestDir, key: &Path) {
+    format_luks2(Path::new(&cluster.name("fmt")), key, "8M");
     let info = dump_json(Path::new(&cluster.name("fmt")));
     assert_eq!(info["data_offset"], 16 * MIB, "{info}");
-    let second = key_file(d, "second", &passphrase("rbd-second"));
-    cryptblk([
-        "key",
-        "add",
-        "--key-file",
-        s(key),
-        "--new-key-file",
-        s(&second),
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "10",
-        &cluster.name("fmt"),
-    ])
+    let second = d.key("second");
+    cryptblk(argv!(
+        "key add --key-file {} --new-key-file {} --pbkdf pbkdf2 --iter-time 10 {}",
+        key,
+        second,
+        &cluster.name("fmt")
+    ))
     .ok();
     qemu_io(cluster, "fmt", "luks2", &second, &["write -P 0x44 0 4k"]);
-    let by_us = cryptblk_decrypt_rbd(cluster, "fmt", &second, &d.join("fmt.raw"));
+    let by_us = cryptblk_decrypt_rbd(cluster, "fmt", &second, &d.path("fmt.raw"));
     assert_eq!(by_us.len(), 8 * MIB as usize);
     assert!(by_us[..4096].iter().all(|&b| b == 0x44));
     assert!(by_us[4096..].iter().all(|&b| b == 0));
 
     // In place, as `rbd encryption format` does: payload = image - header.
     cluster.rbd(&["create", "--size", "20M", "rbd/inplace"]);
-    cryptblk([
-        "format",
-        "--batch-mode",
-        "--key-file",
-        s(key),
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "10",
-        &cluster.name("inplace"),
-    ])
+    cryptblk(argv!(
+        "format --batch-mode --key-file {} --pbkdf pbkdf2 --iter-time 10 {}",
+        key,
+        &cluster.name("inplace")
+    ))
     .ok();
-    let by_librbd = qemu_decrypt(cluster, "inplace", "luks2", key, &d.join("inplace.raw"));
+    let by_librbd = qemu_decrypt(cluster, "inplace", "luks2", key, &d.path("inplace.raw"));
     assert_eq!(by_librbd.len(), 4 * MIB as usize);
 }
 
-fn errors_name_the_problem(cluster: &Cluster, d: &Path, key: &Path) {
-    let out = d.join("never.raw");
+fn errors_name_the_problem(cluster: &Cluster, d: &TestDir, key: &Path) {
+    let out = d.path("never.raw");
     // A wrong passphrase.
-    let wrong = key_file(d, "wrong", &passphrase("rbd-wrong"));
-    cryptblk([
-        "convert",
-        "-O",
-        "raw",
-        "--source-key-file",
-        s(&wrong),
+    let wrong = d.key("wrong");
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        wrong,
         &cluster.name("lib2"),
-        s(&out),
-    ])
+        out
+    ))
     .expect_code(code::WRONG_PASSPHRASE);
     // A missing image names itself.
     cryptblk(["dump", &cluster.name("missing")])
@@ -478,138 +391,59 @@ fn errors_name_the_problem(cluster: &Cluster, d: &Path, key: &Path) {
         .expect_code(code::USAGE)
         .error_line(&["rbd:POOL/IMAGE"]);
     // A new target never overwrites an existing image.
-    let src = d.join("mixed.raw");
-    cryptblk([
-        "convert",
-        "-O",
-        "luks2",
-        "--key-file",
-        s(key),
-        s(&src),
-        &cluster.name("ours2"),
-    ])
+    let src = d.path("mixed.raw");
+    cryptblk(argv!(
+        "convert -O luks2 --key-file {} {} {}",
+        key,
+        src,
+        &cluster.name("ours2")
+    ))
     .expect_code(code::USAGE)
     .error_line(&["already exists"]);
     assert!(!out.exists());
 }
 
-/// `cryptblk format` of a new LUKS2 image (`size`; `image` a path or an `rbd:` name) with a
-/// cheap PBKDF; its output.
-fn format_luks2(image: &str, key: &Path, size: &str) -> Out {
-    cryptblk([
-        "format",
-        "--batch-mode",
-        "--key-file",
-        s(key),
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "10",
-        image,
-        size,
-    ])
-}
-
 /// Another writer (`cryptblk key add`) is refused on `name`: a daemon holds its lock.
 fn refused_as_locked(name: &str, key: &Path) {
-    cryptblk([
-        "key",
-        "add",
-        "--key-file",
-        s(key),
-        "--new-key-file",
-        s(key),
-        name,
-    ])
+    cryptblk(argv!(
+        "key add --key-file {} --new-key-file {} {}",
+        key,
+        key,
+        name
+    ))
     .expect_code(code::IN_USE)
     .error_line(&["locked"]);
 }
 
-/// NBD `qemu-io` commands on export `export` of the daemon at `socket`; the output.
-fn nbd_io(socket: &Path, export: &str, cmds: &[&str]) -> Out {
-    let uri = format!("nbd+unix:///{export}?socket={}", s(socket));
-    let mut args = vec!["-f".to_owned(), "raw".to_owned(), uri];
-    for c in cmds {
-        args.push("-c".into());
-        args.push((*c).into());
-    }
-    tool("qemu-io", &args)
-}
-
-fn assert_io_ok(out: &Out) {
-    out.ok();
-    assert!(
-        !out.stdout.contains("fail") && !out.stdout.contains("Pattern verification"),
-        "{}",
-        out.stdout
-    );
-}
-
 /// `kill -9` of the daemon after a flushed write: a new daemon takes the image's lock (the
 /// cluster breaks the dead client's) and the write is there.
-fn kill_9_keeps_flushed_writes(cluster: &Cluster, d: &Path, key: &Path) {
-    let name = cluster.name("served");
-    let socket = d.join("k9.sock");
-    let nbd = format!("unix:{}", s(&socket));
-    let args = ["--image", &name, "--key-file", s(key), "--nbd", &nbd];
-    let daemon = ServeProcess::start(&args, &socket);
-    assert_io_ok(&nbd_io(
-        &socket,
-        "served",
-        &["write -P 0x9e 7M 96k", "flush"],
-    ));
-    drop(daemon); // SIGKILL
-    let _ = std::fs::remove_file(&socket);
+fn kill_9_keeps_flushed_writes(cluster: &Cluster, d: &TestDir, key: &Path) {
+    let serve = d.serve_as("k9").image(cluster.name("served")).key(key);
+    let mut daemon = serve.nbd().start();
+    daemon.qemu_io("served", &["write -P 0x9e 7M 96k", "flush"]);
+    daemon.kill9();
     // The lock of a dead client is broken once the cluster notices it is gone (measured: ~3 s
     // here); until then a restart is refused as "in use", and systemd's Restart= retries it.
     let start = std::time::Instant::now();
-    let daemon = loop {
-        let mut child = std::process::Command::new(bin())
-            .arg("serve")
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let status = loop {
-            if socket.exists() {
-                break None;
-            }
-            if let Some(status) = child.try_wait().unwrap() {
-                break Some(status);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        };
-        match status {
-            None => break child,
-            Some(status) => {
-                assert_eq!(
-                    status.code(),
-                    Some(code::IN_USE),
-                    "restart failed: {status}"
-                );
-                assert!(
-                    start.elapsed() < std::time::Duration::from_secs(60),
-                    "the dead daemon's lock was not broken within 60 s"
-                );
-                std::thread::sleep(std::time::Duration::from_millis(500));
-            }
-        }
-    };
-    let mut daemon = daemon;
-    assert_io_ok(&nbd_io(&socket, "served", &["read -P 0x9e 7M 96k"]));
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    while let Err(refused) = daemon.try_restart() {
+        assert_eq!(refused.code, code::IN_USE, "restart failed: {refused}");
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "the dead daemon's lock was not broken within 60 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    daemon.qemu_io("served", &["read -P 0x9e 7M 96k"]);
+    daemon.kill9();
 }
 
 /// An OSD that stops answering mid-I/O: the RBD disk's requests wait (librados' OSD op
 /// timeout is 30 s) and complete when it answers again; the daemon's other disk (a local
 /// file) keeps serving meanwhile.
-fn a_paused_osd_stalls_only_its_disk(cluster: &Cluster, d: &Path, key: &Path) {
-    let local = d.join("local.raw");
+fn a_paused_osd_stalls_only_its_disk(cluster: &Cluster, d: &TestDir, key: &Path) {
+    let local = d.path("local.raw");
     random_file(&local, 4 * MIB, 9);
-    let config = d.join("two.toml");
+    let config = d.path("two.toml");
     std::fs::write(
         &config,
         format!(
@@ -621,24 +455,22 @@ fn a_paused_osd_stalls_only_its_disk(cluster: &Cluster, d: &Path, key: &Path) {
         ),
     )
     .unwrap();
-    let socket = d.join("two.sock");
-    let nbd = format!("unix:{}", s(&socket));
-    let daemon = ServeProcess::start(&["--config", s(&config), "--nbd", &nbd], &socket);
-    assert_io_ok(&nbd_io(&socket, "remote", &["read -P 0x9e 7M 96k"]));
+    let mut daemon = d.serve_as("two").config(&config).nbd().start();
+    daemon.qemu_io("remote", &["read -P 0x9e 7M 96k"]);
     let paused = cluster.pause_osd();
+    let io = ["write -P 0x2f 1M 128k", "flush", "read -P 0x2f 1M 128k"];
     let stalled = {
-        let socket = socket.clone();
-        std::thread::spawn(move || {
-            nbd_io(
-                &socket,
-                "remote",
-                &["write -P 0x2f 1M 128k", "flush", "read -P 0x2f 1M 128k"],
-            )
-        })
+        let target = argv!(
+            "{} {} {}",
+            "-f".to_string(),
+            "raw".to_string(),
+            daemon.nbd_uri("remote")
+        );
+        std::thread::spawn(move || qemu_io_out(&target, &io))
     };
     std::thread::sleep(std::time::Duration::from_secs(1));
     let started = std::time::Instant::now();
-    let out = nbd_io(&socket, "local", &["read -v 0 16"]);
+    let out = daemon.qemu_io_out("local", &["read -v 0 16"]);
     out.ok();
     assert!(
         started.elapsed() < std::time::Duration::from_secs(10),
@@ -660,15 +492,14 @@ fn a_paused_osd_stalls_only_its_disk(cluster: &Cluster, d: &Path, key: &Path) {
     );
     std::thread::sleep(std::time::Duration::from_secs(2));
     drop(paused);
-    let out = stalled.join().unwrap();
-    assert_io_ok(&out);
+    assert_io_ok(&stalled.join().unwrap(), &io);
     assert_eq!(daemon.terminate(), 0);
 }
 
 /// A disk served from RBD migrates live to a daemon that receives it into a local file (the
 /// existing precopy stream, ciphertext only): the destination serves what was written.
-fn migrates_out_of_rbd_into_a_file(cluster: &Cluster, d: &Path, key: &Path) {
-    let received = d.join("received.luks");
+fn migrates_out_of_rbd_into_a_file(cluster: &Cluster, d: &TestDir, key: &Path) {
+    let received = d.path("received.luks");
     migrate_vol(
         d,
         key,
@@ -677,15 +508,14 @@ fn migrates_out_of_rbd_into_a_file(cluster: &Cluster, d: &Path, key: &Path) {
         s(&received),
         &["write -P 0x4d 3M 1M"],
         &["read -P 0x4d 3M 1M", "read -P 0x9e 7M 96k"],
-        |_, _| {},
     );
 }
 
 /// A local LUKS2 disk migrates live into a new RBD image on the other daemon: the destination
 /// serves what was written, and librbd's encryption reads it from the image afterwards.
-fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &Path, key: &Path) {
-    let local = d.join("local.luks");
-    format_luks2(s(&local), key, "16M").ok();
+fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &TestDir, key: &Path) {
+    let local = d.path("local.luks");
+    format_luks2(&local, key, "16M");
     migrate_vol(
         d,
         key,
@@ -694,7 +524,6 @@ fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &Path, key: &Path) {
         &cluster.name("received"),
         &["write -P 0x3c 5M 1M"],
         &["read -P 0x3c 5M 1M", "write -P 0x3d 9M 64k"],
-        |_, _| {},
     );
     qemu_io(
         cluster,
@@ -710,114 +539,63 @@ fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &Path, key: &Path) {
 /// its own writes land in the image (librbd's encryption reads both afterwards), and the
 /// source can no longer write. A mismatched pair (shared source, copying destination, or the
 /// other way round) is refused before anything moves.
-fn hands_a_shared_image_over_without_copying(cluster: &Cluster, d: &Path, key: &Path) {
+fn hands_a_shared_image_over_without_copying(cluster: &Cluster, d: &TestDir, key: &Path) {
     let name = cluster.name("shared");
-    format_luks2(&name, key, "32M").ok();
-    let (a_nbd, a_ctl) = (d.join("sh-a.nbd"), d.join("sh-a.ctl"));
-    let (b_nbd, b_ctl) = (d.join("sh-b.nbd"), d.join("sh-b.ctl"));
-    let source = ServeProcess::start(
-        &[
-            "--image",
-            &name,
-            "--name",
-            "vol",
-            "--key-file",
-            s(key),
-            "--nbd",
-            &format!("unix:{}", s(&a_nbd)),
-            "--control",
-            s(&a_ctl),
-        ],
-        &a_ctl,
-    );
-    let destination = ServeProcess::start(
-        &[
-            "--nbd",
-            &format!("unix:{}", s(&b_nbd)),
-            "--control",
-            s(&b_ctl),
-        ],
-        &b_ctl,
-    );
-    assert_io_ok(&nbd_io(&a_nbd, "vol", &["write -P 0x5a 2M 1M", "flush"]));
+    format_luks2(Path::new(&name), key, "32M");
+    let serve = d.serve_as("sh-a").image(&name).name("vol").key(key);
+    let mut source = serve.nbd().control().start();
+    let mut destination = d.serve_as("sh-b").nbd().control().start();
+    source.qemu_io("vol", &["write -P 0x5a 2M 1M", "flush"]);
     // A refused source leaves the destination listening (for the right one): the refusals'
     // listeners get disk names of their own.
     let incoming = |disk: &str, image: &str| {
-        let listen = format!("unix:{}", s(&d.join(format!("sh-{disk}.sock"))));
-        ctl_json(
-            &b_ctl,
-            &[
-                "migrate-incoming",
-                disk,
-                "--image",
-                image,
-                "--listen",
-                &listen,
-                "--key-file",
-                s(key),
-                "--nbd-export",
-            ],
-        );
+        let listen = format!("unix:{}", s(&d.path(&format!("sh-{disk}.sock"))));
+        destination.ctl_ok(&argv!(
+            "migrate-incoming {} --image {} --listen {} --key-file {} --nbd-export",
+            disk,
+            image,
+            &listen,
+            key
+        ));
         listen
     };
     // A destination that would copy into a new image refuses a shared source...
-    let listen = incoming("new-file", s(&d.join("copy.luks")));
-    ctl(
-        &a_ctl,
-        &["migrate-start", "vol", "--to", &listen, "--shared"],
-    )
-    .expect_code(code::OTHER)
-    .error_line(&["hands over shared storage", "creates a new image"]);
+    let listen = incoming("new-file", s(&d.path("copy.luks")));
+    source
+        .ctl(&["migrate-start", "vol", "--to", &listen, "--shared"])
+        .expect_code(code::OTHER)
+        .error_line(&["hands over shared storage", "creates a new image"]);
     // ...and one on the shared image refuses a source that would copy.
     let listen = incoming("copying", &name);
-    ctl(&a_ctl, &["migrate-start", "vol", "--to", &listen])
+    source
+        .ctl(&["migrate-start", "vol", "--to", &listen])
         .expect_code(code::OTHER)
         .error_line(&["takes over the existing image rbd:rbd/shared", "--shared"]);
-    assert!(!d.join("copy.luks").exists());
+    assert!(!d.path("copy.luks").exists());
     for refused in ["new-file", "copying"] {
-        ctl_json(&b_ctl, &["migrate-cancel", refused]);
+        destination.ctl_ok(&["migrate-cancel", refused]);
     }
-    assert_io_ok(&nbd_io(&a_nbd, "vol", &["read -P 0x5a 2M 1M"]));
+    source.qemu_io("vol", &["read -P 0x5a 2M 1M"]);
 
     let listen = incoming("vol", &name);
-    let started = ctl_json(
-        &a_ctl,
-        &["migrate-start", "vol", "--to", &listen, "--shared"],
-    );
+    let started = source.ctl_ok(&["migrate-start", "vol", "--to", &listen, "--shared"]);
     assert_eq!(started["shared"], true, "{started}");
-    ctl_json(&a_ctl, &["migrate-switchover", "vol"]);
-    let done = wait_migrate_phase(|args| ctl_json(&a_ctl, args), "completed", String::new);
+    source.ctl_ok(&["migrate-switchover", "vol"]);
+    let done = source.wait_migrate("vol", "completed");
     let outgoing = &done["outgoing"];
     assert_eq!(outgoing["bytes-sent"], 0, "nothing is copied: {done}");
     eprintln!("shared hand-off downtime: {} ms", outgoing["downtime-ms"]);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let attached = || {
-        let list = ctl_json(&b_ctl, &["disk-list"]);
-        list["disks"].as_array().is_some_and(|d| {
-            d.iter()
-                .any(|d| d["name"] == "vol" && d["state"] == "attached")
-        })
-    };
-    while !attached() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the handed-over disk was never attached"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert_io_ok(&nbd_io(
-        &b_nbd,
-        "vol",
-        &["read -P 0x5a 2M 1M", "write -P 0x5b 6M 64k", "flush"],
-    ));
+    wait_attached(&destination, "the handed-over disk");
+    let io = ["read -P 0x5a 2M 1M", "write -P 0x5b 6M 64k", "flush"];
+    destination.qemu_io("vol", &io);
     // The source handed its lock over: it cannot write, and detaching it touches nothing.
-    let fenced = nbd_io(&a_nbd, "vol", &["write -P 0x66 6M 64k"]);
+    let fenced = source.qemu_io_out("vol", &["write -P 0x66 6M 64k"]);
     assert!(
         fenced.stdout.contains("failed") || fenced.code != 0,
         "the source still wrote after the hand-off: {}",
         fenced.stdout
     );
-    ctl_json(&a_ctl, &["disk-remove", "vol"]);
+    source.ctl_ok(&["disk-remove", "vol"]);
     // The destination holds the lock now.
     refused_as_locked(&name, key);
     assert_eq!(destination.terminate(), 0);
@@ -831,79 +609,52 @@ fn hands_a_shared_image_over_without_copying(cluster: &Cluster, d: &Path, key: &
     );
 }
 
+/// Waits (at most 30 s) until the disk "vol" of `daemon` is attached.
+fn wait_attached(daemon: &Daemon, what: &str) {
+    let bound = std::time::Duration::from_secs(30);
+    daemon.wait_ctl(&["disk-list"], &format!("{what} attached"), bound, |list| {
+        list["disks"].as_array().is_some_and(|d| {
+            d.iter()
+                .any(|d| d["name"] == "vol" && d["state"] == "attached")
+        })
+    });
+}
+
 /// Serves `source` as disk "vol" on one daemon, runs `before` on it over NBD, migrates it
 /// (precopy, then switchover) into `target` on a second daemon, runs `after` there, and stops
-/// both. `refusals(destination control socket, listen address)` runs before the real
-/// `migrate-incoming`.
-#[allow(clippy::too_many_arguments)]
+/// both.
 fn migrate_vol(
-    d: &Path,
+    d: &TestDir,
     key: &Path,
     tag: &str,
     source: &str,
     target: &str,
     before: &[&str],
     after: &[&str],
-    refusals: impl FnOnce(&Path, &str),
 ) {
-    let (a_nbd, a_ctl) = (
-        d.join(format!("{tag}-a.nbd")),
-        d.join(format!("{tag}-a.ctl")),
-    );
-    let (b_nbd, b_ctl) = (
-        d.join(format!("{tag}-b.nbd")),
-        d.join(format!("{tag}-b.ctl")),
-    );
-    let a_nbd_addr = format!("unix:{}", s(&a_nbd));
-    let b_nbd_addr = format!("unix:{}", s(&b_nbd));
-    let source = ServeProcess::start(
-        &[
-            "--image",
-            source,
-            "--name",
-            "vol",
-            "--key-file",
-            s(key),
-            "--nbd",
-            &a_nbd_addr,
-            "--control",
-            s(&a_ctl),
-        ],
-        &a_ctl,
-    );
-    let destination = ServeProcess::start(&["--nbd", &b_nbd_addr, "--control", s(&b_ctl)], &b_ctl);
+    let serve = d
+        .serve_as(&format!("{tag}-a"))
+        .image(source)
+        .name("vol")
+        .key(key);
+    let mut source = serve.nbd().control().start();
+    let mut destination = d.serve_as(&format!("{tag}-b")).nbd().control().start();
     let mut before = before.to_vec();
     before.push("flush");
-    assert_io_ok(&nbd_io(&a_nbd, "vol", &before));
-    let listen = format!("unix:{}", s(&d.join(format!("{tag}-mig.sock"))));
-    refusals(&b_ctl, &listen);
-    ctl_json(
-        &b_ctl,
-        &[
-            "migrate-incoming",
-            "vol",
-            "--image",
-            target,
-            "--listen",
-            &listen,
-            "--key-file",
-            s(key),
-            "--nbd-export",
-        ],
-    );
-    ctl_json(&a_ctl, &["migrate-start", "vol", "--to", &listen]);
-    ctl_json(&a_ctl, &["migrate-switchover", "vol"]);
-    wait_migrate_phase(|args| ctl_json(&a_ctl, args), "completed", String::new);
+    source.qemu_io("vol", &before);
+    let listen = format!("unix:{}", s(&d.path(&format!("{tag}-mig.sock"))));
+    destination.ctl_ok(&argv!(
+        "migrate-incoming vol --image {} --listen {} --key-file {} --nbd-export",
+        target,
+        &listen,
+        key
+    ));
+    source.ctl_ok(&["migrate-start", "vol", "--to", &listen]);
+    source.ctl_ok(&["migrate-switchover", "vol"]);
+    source.wait_migrate("vol", "completed");
     // The received disk is attached (its LUKS volume unlocked) right after the stream ends.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while ctl_json(&b_ctl, &["disk-list"])["disks"][0]["state"] != "attached" {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the received disk was never attached"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert_io_ok(&nbd_io(&b_nbd, "vol", after));
+    wait_attached(&destination, "the received disk");
+    destination.qemu_io("vol", after);
     assert_eq!(destination.terminate(), 0);
     assert_eq!(source.terminate(), 0);
 }

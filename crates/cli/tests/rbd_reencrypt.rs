@@ -46,65 +46,29 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
     let Some(cluster) = ceph::start() else {
         return;
     };
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("rbd-reencrypt"));
+    let t = TestDir::new();
+    let key = t.key("key");
 
     // A LUKS2 disk (512-bit key) with data written by librbd at both ends.
     let name = cluster.name("rekeyed");
-    cryptblk([
-        "format",
-        "--batch-mode",
-        "--key-file",
-        s(&key),
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "10",
-        &name,
-        "24M",
-    ])
-    .ok();
+    format_luks2(std::path::Path::new(&name), &key, "24M");
     let encrypted = librbd(&cluster, "rekeyed", Some(&key));
     qemu_io_cmds(&encrypted, &["write -P 0x5a 0 1M", "write -P 0x3c 23M 1M"]);
     assert_eq!(key_bits_and_reencrypting(&name), (512, false));
 
     // Served by a daemon, the image is under its lock: "in use", nothing changed.
-    let control = dir.path().join("ctl.sock");
-    let socket = dir.path().join("nbd.sock");
-    let serve = ServeProcess::start(
-        &[
-            "--control",
-            s(&control),
-            "--image",
-            &name,
-            "--key-file",
-            s(&key),
-            "--name",
-            "rekeyed",
-            "--nbd",
-            &format!("unix:{}", s(&socket)),
-        ],
-        &control,
-    );
+    let serve = t.serve().control().image(&name).key(&key).name("rekeyed");
+    let mut daemon = serve.nbd().start();
     cryptblk(["reencrypt", "--key-file", s(&key), &name]).expect_code(code::IN_USE);
-    assert_eq!(serve.terminate(), 0);
+    assert_eq!(daemon.terminate(), 0);
     assert_eq!(key_bits_and_reencrypting(&name), (512, false));
 
     // A new 256-bit volume key, 4 MiB hotzones: librbd reads the data with it.
-    cryptblk([
-        "reencrypt",
-        "--key-file",
-        s(&key),
-        "--key-size",
-        "256",
-        "--hotzone-size",
-        "4M",
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "10",
-        &name,
-    ])
+    cryptblk(argv!(
+        "reencrypt --key-file {} --key-size 256 --hotzone-size 4M --pbkdf pbkdf2 --iter-time 10 {}",
+        key,
+        &name
+    ))
     .ok();
     assert_eq!(key_bits_and_reencrypting(&name), (256, false));
     qemu_io_cmds(&encrypted, &["read -P 0x5a 0 1M", "read -P 0x3c 23M 1M"]);
@@ -114,19 +78,7 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
     cluster.rbd(&["create", "--size", "24M", "plain"]);
     let raw = librbd(&cluster, "plain", None);
     qemu_io_cmds(&raw, &["write -P 0x71 0 1M", "write -P 0x17 15M 1M"]);
-    cryptblk([
-        "reencrypt",
-        "--encrypt",
-        "--reduce-device-size",
-        "8M",
-        "--key-file",
-        s(&key),
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "10",
-        &plain,
-    ])
+    cryptblk(argv!("reencrypt --encrypt --reduce-device-size 8M --key-file {} --pbkdf pbkdf2 --iter-time 10 {}", key, &plain))
     .ok();
     assert!(!key_bits_and_reencrypting(&plain).1);
     // cryptsetup's layout: a 4 MiB header (half the reduction) before a dynamic payload of
@@ -149,64 +101,30 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
     // keeps its 24 MiB, the image ends as the 4 MiB header and the disk.
     let online = cluster.name("online");
     cluster.rbd(&["create", "--size", "24M", "online"]);
-    let control = dir.path().join("ctl-online.sock");
-    let socket = dir.path().join("nbd-online.sock");
-    let nbd_arg = format!("unix:{}", s(&socket));
-    let serve_args = |with_key: bool| {
-        let mut args = vec![
-            "--control",
-            s(&control),
-            "--image",
-            &online,
-            "--name",
-            "online",
-            "--nbd",
-            &nbd_arg,
-        ];
-        if with_key {
-            args.extend(["--key-file", s(&key)]);
-        }
-        args
-    };
-    let serve = ServeProcess::start(&serve_args(false), &control);
-    let mut c = cryptblk_testutil::nbd::NbdClient::connect(&socket, "online").unwrap();
+    let serve = t.serve_as("online").control().image(&online).name("online");
+    let mut daemon = serve.nbd().start();
+    let mut c = daemon.nbd("online");
     let pattern = |byte: u8| vec![byte; MIB as usize];
     c.write(0, &pattern(0x61), false).unwrap();
     c.write(23 * MIB, &pattern(0x62), false).unwrap();
     c.flush().unwrap();
-    let st = ctl_json(
-        &control,
-        &[
-            "reencrypt-start",
-            "online",
-            "--encrypt",
-            "--key-file",
-            s(&key),
-            "--reduce-device-size",
-            "8M",
-            "--pbkdf",
-            "pbkdf2",
-            "--iter-time",
-            "10",
-            "--max-bandwidth",
-            "8M",
-        ],
-    );
+    let mut start = vec![
+        "reencrypt-start",
+        "online",
+        "--encrypt",
+        "--key-file",
+        s(&key),
+    ];
+    start.extend(["--reduce-device-size", "8M"]);
+    start.extend_from_slice(CTL_CHEAP_KDF);
+    start.extend(["--max-bandwidth", "8M"]);
+    let st = daemon.ctl_ok(&start);
     assert_eq!(st["mode"], "encrypt", "{st}");
     // Written while it runs, on both sides of wherever the boundary is.
     c.write(12 * MIB, &pattern(0x63), false).unwrap();
     c.write(MIB, &pattern(0x64), false).unwrap();
     c.flush().unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        let st = ctl_json(&control, &["reencrypt-status", "online"]);
-        if st["phase"] == "finished" {
-            break;
-        }
-        assert!(st["last-error"].is_null(), "{st}");
-        assert!(std::time::Instant::now() < deadline, "not finished: {st}");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    daemon.wait_reencrypt("online", "the end", |st| st["phase"] == "finished");
     for (at, byte) in [(0, 0x61), (MIB, 0x64), (12 * MIB, 0x63), (23 * MIB, 0x62)] {
         assert!(
             c.read(at, MIB as u32).unwrap() == pattern(byte),
@@ -214,7 +132,7 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
         );
     }
     drop(c);
-    assert_eq!(serve.terminate(), 0);
+    assert_eq!(daemon.terminate(), 0);
     assert!(!key_bits_and_reencrypting(&online).1);
     let decrypted = librbd(&cluster, "online", Some(&key));
     let info = tool("qemu-img", [&["info".to_string()][..], &decrypted].concat());
@@ -234,10 +152,10 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
         ],
     );
     // Attached again with its passphrase, it is an ordinary LUKS2 disk of the same size.
-    let serve = ServeProcess::start(&serve_args(true), &control);
-    let mut c = cryptblk_testutil::nbd::NbdClient::connect(&socket, "online").unwrap();
+    daemon.restart_with(|serve| serve.key(&key));
+    let mut c = daemon.nbd("online");
     assert_eq!(c.export.size, 24 * MIB);
     assert!(c.read(12 * MIB, MIB as u32).unwrap() == pattern(0x63));
     drop(c);
-    assert_eq!(serve.terminate(), 0);
+    assert_eq!(daemon.terminate(), 0);
 }

@@ -18,22 +18,10 @@ fn luks2_in_rbd_grows_offline_and_while_served() {
     let Some(cluster) = ceph::start() else {
         return;
     };
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("rbd-resize"));
+    let t = TestDir::new();
+    let key = t.key("key");
     let name = cluster.name("grown");
-    cryptblk([
-        "format",
-        "--batch-mode",
-        "--key-file",
-        s(&key),
-        "--pbkdf",
-        "pbkdf2",
-        "--iter-time",
-        "10",
-        &name,
-        "16M",
-    ])
-    .ok();
+    format_luks2(std::path::Path::new(&name), &key, "16M");
     let librbd = vec![
         "--object".to_string(),
         format!("secret,id=s0,file={}", s(&key)),
@@ -56,31 +44,15 @@ fn luks2_in_rbd_grows_offline_and_while_served() {
     assert_eq!(image_size(&cluster), before + 8 * MIB);
 
     // Online: served over NBD, grown again; new clients see it and write past the old end.
-    let control = dir.path().join("ctl.sock");
-    let socket = dir.path().join("nbd.sock");
-    let serve = ServeProcess::start(
-        &[
-            "--control",
-            s(&control),
-            "--image",
-            &name,
-            "--key-file",
-            s(&key),
-            "--name",
-            "grown",
-            "--nbd",
-            &format!("unix:{}", s(&socket)),
-        ],
-        &control,
-    );
-    let uri = format!("nbd+unix:///grown?socket={}", s(&socket));
+    let serve = t.serve().control().image(&name).key(&key).name("grown");
+    let mut daemon = serve.nbd().start();
+    let uri = daemon.nbd_uri("grown");
     assert_eq!(nbd_size(&uri), 24 * MIB);
-    let result = ctl_json(&control, &["disk-resize", "grown", "32M"]);
+    let result = daemon.ctl_ok(&["disk-resize", "grown", "32M"]);
     assert_eq!(result["size"], 32 * MIB, "{result}");
     assert_eq!(nbd_size(&uri), 32 * MIB);
-    let nbd = vec!["-f".to_string(), "raw".to_string(), uri.clone()];
-    qemu_io_cmds(&nbd, &["read -P 0x5a 15M 1M", "write -P 0x77 31M 1M"]);
-    assert_eq!(serve.terminate(), 0);
+    daemon.qemu_io("grown", &["read -P 0x5a 15M 1M", "write -P 0x77 31M 1M"]);
+    assert_eq!(daemon.terminate(), 0);
     assert_eq!(image_size(&cluster), before + 16 * MIB);
 
     // librbd's encryption reads the grown disk: 32 MiB, both patterns.

@@ -8,38 +8,8 @@ mod common;
 use common::*;
 use std::path::Path;
 
-fn secret_arg(key: &Path) -> String {
-    format!("secret,id=s0,file={}", s(key))
-}
-
-fn luks_opts(img: &Path) -> String {
-    format!("driver=luks,key-secret=s0,file.filename={}", s(img))
-}
-
 fn file_len(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().len()
-}
-
-/// `qemu-io` on a LUKS image through QEMU's own driver; every command must succeed.
-fn qemu_io_luks(img: &Path, key: &Path, commands: &[&str]) -> Out {
-    let mut args = vec![
-        "--object".to_string(),
-        secret_arg(key),
-        "--image-opts".to_string(),
-        luks_opts(img),
-    ];
-    for c in commands {
-        args.push("-c".into());
-        args.push(c.to_string());
-    }
-    let out = tool("qemu-io", &args);
-    out.ok();
-    assert!(
-        !out.stdout.contains("Pattern verification failed"),
-        "{commands:?}: {}",
-        out.stdout
-    );
-    out
 }
 
 /// The "Data segments" part of `cryptsetup luksDump`.
@@ -78,42 +48,21 @@ fn make_segment_fixed(img: &Path, size: u64) {
 
 #[test]
 fn offline_resize_of_a_qemu_made_luks1_image() {
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("resize-luks1"));
-    let img = dir.path().join("img.luks");
-    qemu_img_kdf([
-        "create",
-        "-q",
-        "-f",
-        "luks",
-        "--object",
-        &secret_arg(&key),
-        "-o",
-        "key-secret=s0,iter-time=10",
-        s(&img),
-        "6M",
-    ])
-    .ok();
-    qemu_io_luks(
-        &img,
-        &key,
-        &["write -P 0x5a 0 64k", "write -P 0xa5 6080k 64k"],
-    );
+    let t = TestDir::new();
+    let key = t.key("key");
+    let img = t.luks1_by_qemu("img.luks", "6M", &key, "iter-time=10");
+    let qemu = qemu_luks(&img, &key);
+    qemu_io_cmds(&qemu, &["write -P 0x5a 0 64k", "write -P 0xa5 6080k 64k"]);
     let before = file_len(&img);
 
     let out = cryptblk(["resize", s(&img), "10M"]);
     out.ok();
     assert!(out.stderr.contains("6291456 -> 10485760"), "{}", out.stderr);
     assert_eq!(file_len(&img), before + 4 * MIB);
+    let (secret, opts) = (qemu_secret(&key), qemu_luks_opts(&img));
     let info = tool(
         "qemu-img",
-        [
-            "info",
-            "--object",
-            &secret_arg(&key),
-            "--image-opts",
-            &luks_opts(&img),
-        ],
+        argv!("info --object {} --image-opts {}", secret, opts),
     );
     info.ok();
     assert!(
@@ -123,9 +72,8 @@ fn offline_resize_of_a_qemu_made_luks1_image() {
         info.stdout
     );
     // What was there is still there (the old end included), and QEMU writes past it.
-    qemu_io_luks(
-        &img,
-        &key,
+    qemu_io_cmds(
+        &qemu,
         &[
             "read -P 0x5a 0 64k",
             "read -P 0xa5 6080k 64k",
@@ -263,15 +211,11 @@ fn offline_resize_refusals_leave_the_image_as_it_was() {
     assert!(out.stderr.contains("qemu-img resize"), "{}", out.stderr);
 
     // A raw image that a daemon serves is locked: in use.
-    let raw = dir.path().join("disk.raw");
-    std::fs::File::create(&raw).unwrap().set_len(MIB).unwrap();
-    let sock = dir.path().join("nbd.sock");
-    let serve = ServeProcess::start(
-        &["--image", s(&raw), "--nbd", &format!("unix:{}", s(&sock))],
-        &sock,
-    );
+    let t = TestDir::new();
+    let raw = t.raw("disk.raw", MIB);
+    let mut daemon = t.serve().disk(&raw).nbd().start();
     cryptblk(["resize", s(&raw), "2M"]).expect_code(6);
-    assert_eq!(serve.terminate(), 0);
+    assert_eq!(daemon.terminate(), 0);
     cryptblk(["resize", s(&raw), "2M"]).ok();
     let info = tool("qemu-img", ["info", "-f", "raw", s(&raw)]);
     assert!(
@@ -281,65 +225,34 @@ fn offline_resize_refusals_leave_the_image_as_it_was() {
     );
 }
 
-fn uri(name: &str, socket: &Path) -> String {
-    format!("nbd+unix:///{name}?socket={}", socket.display())
-}
-
 fn nbd_size(vol: &str) -> u64 {
     let out = tool("nbdinfo", ["--size", vol]);
     out.ok();
     out.stdout.trim().parse().unwrap()
 }
 
-/// `qemu-io` on an NBD export; every command must succeed and every pattern match.
-fn qemu_io_nbd(vol: &str, commands: &[String]) {
-    let mut args = vec!["-f".to_string(), "raw".to_string(), vol.to_string()];
-    for c in commands {
-        args.push("-c".into());
-        args.push(c.clone());
-    }
-    let out = tool("qemu-io", &args);
-    out.ok();
-    assert!(!out.stdout.contains("failed"), "{}", out.stdout);
-}
-
 #[test]
 fn disk_resize_of_a_served_luks2_disk_over_nbd() {
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("resize-online"));
-    let img = dir.path().join("disk.luks");
-    format_luks2(&img, &key, "8M");
-    let control = dir.path().join("ctl.sock");
-    let sock = dir.path().join("nbd.sock");
-    let serve = ServeProcess::start(
-        &[
-            "--control",
-            s(&control),
-            "--image",
-            s(&img),
-            "--key-file",
-            s(&key),
-            "--name",
-            "vol",
-            "--nbd",
-            &format!("unix:{}", s(&sock)),
-        ],
-        &control,
-    );
-    let vol = uri("vol", &sock);
+    let t = TestDir::new();
+    let img = t.luks2("disk.luks", "8M", &t.key("key"));
+    let mut daemon = t.serve().control().disk(&img).name("vol").nbd().start();
+    let vol = daemon.nbd_uri("vol");
     assert_eq!(nbd_size(&vol), 8 * MIB);
 
     // A client keeps writing the last MiB before the old end while the disk grows three
     // times: every write lands (its connection keeps the size it was told).
-    let writes: Vec<String> = (0..256u64)
-        .map(|i| format!("write -P {} {} 4k", i % 250 + 1, 7 * MIB + i * 4096))
-        .collect();
-    let writer = {
-        let (vol, writes) = (vol.clone(), writes.clone());
-        std::thread::spawn(move || qemu_io_nbd(&vol, &writes))
-    };
+    let target = ["-f".to_string(), "raw".to_string(), vol.clone()];
+    let writer = std::thread::spawn(move || {
+        let writes: Vec<String> = (0..256u64)
+            .map(|i| format!("write -P {} {} 4k", i % 250 + 1, 7 * MIB + i * 4096))
+            .collect();
+        qemu_io_cmds(
+            &target,
+            &writes.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+    });
     for size in ["9M", "10M", "12M"] {
-        let result = ctl_json(&control, &["disk-resize", "vol", size]);
+        let result = daemon.ctl_ok(&["disk-resize", "vol", size]);
         assert_eq!(result["name"], "vol");
         // No vhost-user frontend: nobody to tell.
         assert_eq!(result["guest-notified"], false);
@@ -348,23 +261,20 @@ fn disk_resize_of_a_served_luks2_disk_over_nbd() {
     let reads: Vec<String> = (0..256u64)
         .map(|i| format!("read -P {} {} 4k", i % 250 + 1, 7 * MIB + i * 4096))
         .collect();
-    qemu_io_nbd(&vol, &reads);
+    daemon.qemu_io("vol", &reads.iter().map(String::as_str).collect::<Vec<_>>());
     // New connections see the new size, and it takes data.
     assert_eq!(nbd_size(&vol), 12 * MIB);
-    qemu_io_nbd(
-        &vol,
-        &["write -P 0x6b 11M 1M".into(), "read -P 0x6b 11M 1M".into()],
-    );
-    let list = ctl_json(&control, &["disk-list"]);
+    daemon.qemu_io("vol", &["write -P 0x6b 11M 1M", "read -P 0x6b 11M 1M"]);
+    let list = daemon.ctl_ok(&["disk-list"]);
     assert_eq!(list["disks"][0]["size"], 12 * MIB);
 
     // The filesystem refuses the next size (a file size limit on the daemon): the error says
     // so, and the disk goes on at its old size.
     let len = file_len(&img);
-    let pid = serve.id().to_string();
+    let pid = daemon.pid().to_string();
     let limit = format!("--fsize={len}:{len}");
     tool("prlimit", ["--pid", &pid, &limit]).ok();
-    let refused = ctl(&control, &["disk-resize", "vol", "16M"]);
+    let refused = daemon.ctl(&["disk-resize", "vol", "16M"]);
     refused.expect_code(5);
     assert!(
         refused.stderr.contains("File too large"),
@@ -374,22 +284,22 @@ fn disk_resize_of_a_served_luks2_disk_over_nbd() {
     assert!(refused.stderr.contains("refused"), "{}", refused.stderr);
     assert_eq!(file_len(&img), len);
     assert_eq!(nbd_size(&vol), 12 * MIB);
-    qemu_io_nbd(
-        &vol,
+    daemon.qemu_io(
+        "vol",
         &[
-            "write -P 0x2e 12284k 4k".into(),
-            "read -P 0x2e 12284k 4k".into(),
-            "read -P 0x6b 11M 1020k".into(),
+            "write -P 0x2e 12284k 4k",
+            "read -P 0x2e 12284k 4k",
+            "read -P 0x6b 11M 1020k",
         ],
     );
     // A shrink is refused unless allowed.
-    let shrink = ctl(&control, &["disk-resize", "vol", "4M"]);
+    let shrink = daemon.ctl(&["disk-resize", "vol", "4M"]);
     shrink.expect_code(1);
     assert!(shrink.stderr.contains("allow-shrink"), "{}", shrink.stderr);
-    assert_eq!(serve.terminate(), 0);
+    assert_eq!(daemon.terminate(), 0);
 
     // On the host, the image decrypts to 12 MiB with everything written.
-    let data = cryptblk_decrypt(&img, &key, &dir.path().join("out.raw"));
+    let data = img.decrypt(&t.path("out.raw"));
     assert_eq!(data.len() as u64, 12 * MIB);
     for i in 0..256usize {
         let at = 7 * MIB as usize + i * 4096;

@@ -2,44 +2,24 @@
 //! vhost-user-blk crate's tests) connects, does I/O, disconnects; SIGTERM stops the daemon with
 //! exit 0 and everything acknowledged is in the image.
 mod common;
-use cryptblk_testutil::vhost_user as frontend;
 
 use common::*;
-use cryptblk_testutil::{terminate, wait_for_path};
-use frontend::{pattern, Desc, Guest, S_OK};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-
-fn spawn_serve(args: &[&str]) -> Child {
-    Command::new(bin())
-        .arg("serve")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .env_remove("RUST_LOG")
-        .spawn()
-        .unwrap()
-}
+use frontend::{pattern, Desc, S_OK};
 
 #[test]
 fn serve_raw_reconnect_and_sigterm() {
-    let dir = tempdir();
-    let img = dir.path().join("disk.raw");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(4 * MIB)
-        .unwrap();
-    let sock = dir.path().join("blk.sock");
-    let mut child = spawn_serve(&["--vhost-user-blk", s(&sock), "--image", s(&img)]);
-    wait_for_path(&sock, &mut child);
+    let t = TestDir::new();
+    let img = t.raw("disk.raw", 4 * MIB);
+    let mut daemon = t.serve().vhost_user().disk(&img).start();
     // A second daemon on the same image is refused: the image is locked.
-    let other = dir.path().join("other.sock");
-    cryptblk(["serve", "--vhost-user-blk", s(&other), "--image", s(&img)])
+    t.serve_as("other")
+        .vhost_user()
+        .disk(&img)
+        .run()
         .expect_code(code::IN_USE);
     let data = pattern(64 * 1024, 11);
     {
-        let mut guest = Guest::connect(&sock, 1, 256);
+        let mut guest = daemon.frontend(1, 256);
         assert!(
             guest.features & (1 << 13) == 0,
             "DISCARD offered without --discard"
@@ -52,11 +32,11 @@ fn serve_raw_reconnect_and_sigterm() {
     }
     {
         // A second frontend after the first went away sees the data.
-        let mut guest = Guest::connect(&sock, 1, 256);
+        let mut guest = daemon.frontend(1, 256);
         assert_eq!(guest.read(0, 8, data.len()), (S_OK, data.clone()));
     }
-    assert_eq!(terminate(child), code::OK);
-    assert!(!sock.exists(), "socket left behind");
+    assert_eq!(daemon.terminate(), code::OK);
+    assert!(!daemon.vhost_socket().exists(), "socket left behind");
     assert_same_bytes(
         &read(&img)[8 * 512..8 * 512 + data.len()],
         &data,
@@ -66,28 +46,17 @@ fn serve_raw_reconnect_and_sigterm() {
 
 #[test]
 fn serve_luks2_two_queues_sigterm_with_requests_in_flight() {
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("serve"));
-    let img = dir.path().join("disk.luks");
-    let mut args = vec!["format", "-q", "--key-file", s(&key)];
-    args.extend_from_slice(CHEAP_PBKDF2);
-    args.extend([s(&img), "8M"]);
-    cryptblk(&args).ok();
-    let uuid = dump_json(&img)["uuid"].as_str().unwrap().to_string();
+    let t = TestDir::new();
+    let img = t.luks2("disk.luks", "8M", &t.key("key"));
+    let uuid = img.dump()["uuid"].as_str().unwrap().to_string();
 
-    let sock = dir.path().join("blk.sock");
-    let mut child = spawn_serve(&[
-        "--vhost-user-blk",
-        s(&sock),
-        "--image",
-        s(&img),
-        "--key-file",
-        s(&key),
-        "--num-queues",
-        "2",
-    ]);
-    wait_for_path(&sock, &mut child);
-    let mut guest = Guest::connect(&sock, 2, 256);
+    let serve = t
+        .serve()
+        .vhost_user()
+        .disk(&img)
+        .args(&["--num-queues", "2"]);
+    let mut daemon = serve.start();
+    let mut guest = daemon.frontend(2, 256);
     let (st, id) = guest.get_id(1);
     assert_eq!(st, S_OK);
     assert_eq!(&id[..], &uuid.as_bytes()[..20]);
@@ -127,7 +96,7 @@ fn serve_luks2_two_queues_sigterm_with_requests_in_flight() {
         batch.push((status, off, data));
     }
     guest.kick(0);
-    assert_eq!(terminate(child), code::OK);
+    assert_eq!(daemon.terminate(), code::OK);
     let acked: Vec<bool> = batch
         .iter()
         .map(|(status, _, _)| guest.status(*status) == S_OK)
@@ -139,7 +108,7 @@ fn serve_luks2_two_queues_sigterm_with_requests_in_flight() {
         batch.len()
     );
 
-    let plain = cryptblk_decrypt(&img, &key, &dir.path().join("plain.raw"));
+    let plain = img.decrypt(&t.path("plain.raw"));
     assert_same_bytes(&plain[..16 * bs], &expected[..16 * bs], "decrypted image");
     for ((_, off, data), acked) in batch.iter().zip(&acked) {
         let got = &plain[*off..*off + bs];
@@ -156,100 +125,54 @@ fn serve_luks2_two_queues_sigterm_with_requests_in_flight() {
 
 #[test]
 fn serve_usage_and_passphrase_errors() {
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("serve-err"));
-    let bad = key_file(dir.path(), "bad", &passphrase("serve-wrong"));
-    let img = dir.path().join("disk.luks");
-    let mut args = vec!["format", "-q", "--key-file", s(&key)];
-    args.extend_from_slice(CHEAP_PBKDF2);
-    args.extend([s(&img), "4M"]);
-    cryptblk(&args).ok();
-    let sock = dir.path().join("blk.sock");
-    let base = ["serve", "--vhost-user-blk", s(&sock), "--image", s(&img)];
-    let with = |extra: &[&str]| {
-        let mut v: Vec<&str> = base.to_vec();
-        v.extend_from_slice(extra);
-        cryptblk(v)
-    };
-    with(&["--key-file", s(&bad)]).expect_code(code::WRONG_PASSPHRASE);
+    let t = TestDir::new();
+    let key = t.key("key");
+    let img = t.luks2("disk.luks", "4M", &key);
+    let serve = t.serve().vhost_user().image(&img.path);
+    let with = |extra: &[&str]| serve.clone().args(extra).run();
+    with(&["--key-file", s(&t.key("bad"))]).expect_code(code::WRONG_PASSPHRASE);
     with(&["--key-file", s(&key), "--queue-size", "1000"]).expect_code(code::USAGE);
     with(&["--key-file", s(&key), "--num-queues", "0"]).expect_code(code::USAGE);
-    let raw = dir.path().join("disk.raw");
-    std::fs::File::create(&raw).unwrap().set_len(MIB).unwrap();
-    cryptblk([
-        "serve",
-        "--vhost-user-blk",
-        s(&sock),
-        "--image",
-        s(&raw),
-        "--key-file",
-        s(&key),
-    ])
-    .expect_code(code::USAGE);
-    assert!(!sock.exists());
+    let raw = t.raw("disk.raw", MIB);
+    let serve = t.serve().vhost_user().image(&raw.path).key(&key);
+    serve.run().expect_code(code::USAGE);
+    assert!(!t.path("vhost.sock").exists());
 }
 
 #[test]
 fn serve_discard_punches_holes_in_a_raw_image() {
-    let help = Command::new(bin())
-        .args(["serve", "--help"])
-        .output()
-        .unwrap();
-    let help = String::from_utf8_lossy(&help.stdout);
+    let help = cryptblk(["serve", "--help"]).stdout;
     assert!(help.contains("--discard"), "{help}");
     assert!(help.contains("allow_discards"), "{help}");
 
-    let dir = tempdir();
-    let img = dir.path().join("disk.raw");
+    let t = TestDir::new();
+    let img = t.path("disk.raw");
     std::fs::write(&img, vec![0x5au8; (2 * MIB) as usize]).unwrap();
-    let sock = dir.path().join("blk.sock");
-    let mut child = spawn_serve(&[
-        "--vhost-user-blk",
-        s(&sock),
-        "--image",
-        s(&img),
-        "--discard",
-    ]);
-    wait_for_path(&sock, &mut child);
+    let mut daemon = t.serve().vhost_user().image(&img).arg("--discard").start();
     {
-        let mut guest = Guest::connect(&sock, 1, 256);
+        let mut guest = daemon.frontend(1, 256);
         assert!(guest.features & (1 << 13) != 0, "DISCARD not offered");
         // 64 KiB at offset 64 KiB.
         assert_eq!(guest.discard(0, 128, 128, 0), S_OK);
         assert_eq!(guest.read(0, 128, 64 * 1024), (S_OK, vec![0u8; 64 * 1024]));
         assert_eq!(guest.read(0, 0, 512), (S_OK, vec![0x5au8; 512]));
     }
-    assert_eq!(terminate(child), code::OK);
+    assert_eq!(daemon.terminate(), code::OK);
     let on_disk = read(&img);
     assert!(on_disk[64 * 1024..128 * 1024].iter().all(|&b| b == 0));
     assert!(on_disk[128 * 1024..].iter().all(|&b| b == 0x5a));
 }
 
-/// A LUKS2 image of `size` with cheap keyslots, and its key file.
-fn luks_image(dir: &Path, name: &str, size: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-    let key = key_file(dir, &format!("{name}.key"), &passphrase(name));
-    let img = dir.join(format!("{name}.luks"));
-    let mut args = vec!["format", "-q", "--key-file", s(&key)];
-    args.extend_from_slice(CHEAP_PBKDF2);
-    args.extend([s(&img), size]);
-    cryptblk(&args).ok();
-    (img, key)
-}
-
 #[test]
 fn serve_config_two_disks_raw_and_luks() {
-    let dir = tempdir();
-    let raw = dir.path().join("data.raw");
-    std::fs::File::create(&raw)
-        .unwrap()
-        .set_len(4 * MIB)
-        .unwrap();
-    let (luks, key) = luks_image(dir.path(), "root", "4M");
-    let raw_sock = dir.path().join("data.sock");
-    let luks_sock = dir.path().join("root.sock");
+    let t = TestDir::new();
+    let raw = t.raw("data.raw", 4 * MIB);
+    let luks = t.luks2("root.luks", "4M", &t.key("root.key"));
+    let raw_sock = t.path("data.sock");
+    let luks_sock = t.path("root.sock");
     // Relative paths (the raw disk) resolve against the config file's directory, not the
     // daemon's working directory.
-    let config = dir.path().join("serve.toml");
+    let config = t.path("serve.toml");
     std::fs::write(
         &config,
         format!(
@@ -268,29 +191,20 @@ num-queues = 2
 queue-size = 128
 "#,
             s(&luks),
-            s(&key),
+            s(luks.key()),
             s(&luks_sock)
         ),
     )
     .unwrap();
-    let mut child = Command::new(bin())
-        .args(["serve", "--config", s(&config)])
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .env_remove("RUST_LOG")
-        .spawn()
-        .unwrap();
-    wait_for_path(&raw_sock, &mut child);
-    wait_for_path(&luks_sock, &mut child);
+    let root = std::path::Path::new("/");
+    let mut daemon = t.serve().config(&config).current_dir(root).start();
 
     let raw_data = pattern(64 * 1024, 21);
     let luks_data = pattern(96 * 1024, 22);
     {
         // Both frontends connected at once: each disk has its own server thread.
-        let mut data_guest = Guest::connect(&raw_sock, 1, 256);
-        let mut root_guest = Guest::connect(&luks_sock, 2, 128);
+        let mut data_guest = frontend::Guest::connect(&raw_sock, 1, 256);
+        let mut root_guest = frontend::Guest::connect(&luks_sock, 2, 128);
         assert_eq!(data_guest.write(0, 16, &raw_data), S_OK);
         assert_eq!(root_guest.write(1, 64, &luks_data), S_OK);
         assert_eq!(
@@ -310,7 +224,7 @@ queue-size = 128
         assert_eq!(st, S_OK);
         assert_eq!(&id[..8], b"vm1-root");
     }
-    assert_eq!(terminate(child), code::OK);
+    assert_eq!(daemon.terminate(), code::OK);
     assert!(!raw_sock.exists(), "socket left behind");
     assert!(!luks_sock.exists(), "socket left behind");
     assert_same_bytes(
@@ -318,7 +232,7 @@ queue-size = 128
         &raw_data,
         "raw disk",
     );
-    let plain = cryptblk_decrypt(&luks, &key, &dir.path().join("plain.raw"));
+    let plain = luks.decrypt(&t.path("plain.raw"));
     assert_same_bytes(
         &plain[64 * 512..64 * 512 + luks_data.len()],
         &luks_data,
@@ -328,15 +242,15 @@ queue-size = 128
 
 #[test]
 fn serve_config_errors() {
-    let dir = tempdir();
-    let raw = dir.path().join("a.raw");
-    std::fs::File::create(&raw).unwrap().set_len(MIB).unwrap();
-    let (luks, key) = luks_image(dir.path(), "b", "2M");
-    let wrong = key_file(dir.path(), "wrong", &passphrase("b-wrong"));
-    let sock_a = dir.path().join("a.sock");
-    let sock_b = dir.path().join("b.sock");
-    let config = dir.path().join("serve.toml");
-    let write_config = |second_extra: &str, key: &Path| {
+    let t = TestDir::new();
+    let raw = t.raw("a.raw", MIB);
+    let key = t.key("b.key");
+    let luks = t.luks2("b.luks", "2M", &key);
+    let wrong = t.key("wrong");
+    let sock_a = t.path("a.sock");
+    let sock_b = t.path("b.sock");
+    let config = t.path("serve.toml");
+    let write_config = |second_extra: &str, key: &Key| {
         std::fs::write(
             &config,
             format!(
@@ -357,26 +271,24 @@ fn serve_config_errors() {
     out.error_line(&["num-queue", "disk-b"]);
     assert!(!sock_a.exists() && !sock_b.exists());
 
-    // A wrong key for the second disk: exit 2 naming it; the first disk was opened but its
-    // socket was never bound.
+    // A wrong key for the second disk: exit 2 naming it; the first disk may have served
+    // while the second was being unlocked (each disk serves as soon as it is unlocked), but
+    // the start fails as a whole and leaves no socket behind.
     write_config("", &wrong);
     let out = cryptblk(["serve", "--config", s(&config)]);
     out.expect_code(code::WRONG_PASSPHRASE);
     out.error_line(&["disk-b"]);
-    assert!(
-        !sock_a.exists(),
-        "first disk's socket bound before every disk was unlocked"
-    );
+    assert!(!sock_a.exists(), "the first disk's socket left behind");
     assert!(!sock_b.exists());
 
     // A missing image fails the start the same way (exit 5, naming the disk).
-    std::fs::rename(&raw, dir.path().join("gone.raw")).unwrap();
+    std::fs::rename(&raw, t.path("gone.raw")).unwrap();
     write_config("", &key);
     let out = cryptblk(["serve", "--config", s(&config)]);
     out.expect_code(code::IO);
     out.error_line(&["disk-a"]);
     assert!(!sock_a.exists() && !sock_b.exists());
-    std::fs::rename(dir.path().join("gone.raw"), &raw).unwrap();
+    std::fs::rename(t.path("gone.raw"), &raw).unwrap();
 
     // Duplicate names and duplicate sockets are refused.
     std::fs::write(
@@ -409,11 +321,7 @@ fn serve_config_errors() {
     assert!(!sock_a.exists() && !sock_b.exists());
 
     // The format is documented in --help.
-    let help = Command::new(bin())
-        .args(["serve", "--help"])
-        .output()
-        .unwrap();
-    let help = String::from_utf8_lossy(&help.stdout);
+    let help = cryptblk(["serve", "--help"]).stdout;
     for needle in [
         "--config",
         "[[disk]]",
@@ -450,20 +358,11 @@ fn aliased_large_writes_keep_the_daemon_within_the_queue_budget() {
     const SEG: u32 = 16 << 10;
     const SEGS: usize = 254;
     const REQUESTS: usize = 64;
-    let dir = tempdir();
-    let (img, key) = luks_image(dir.path(), "budget", "64M");
-    let sock = dir.path().join("blk.sock");
-    let mut child = spawn_serve(&[
-        "--vhost-user-blk",
-        s(&sock),
-        "--image",
-        s(&img),
-        "--key-file",
-        s(&key),
-    ]);
-    wait_for_path(&sock, &mut child);
-    let mut guest = Guest::connect(&sock, 1, 256);
-    let before = peak_rss_kib(child.id());
+    let t = TestDir::new();
+    let img = t.luks2("budget.luks", "64M", &t.key("budget.key"));
+    let mut daemon = t.serve().vhost_user().disk(&img).start();
+    let mut guest = daemon.frontend(1, 256);
+    let before = peak_rss_kib(daemon.pid());
     let data = guest.alloc(0, SEG);
     let mut statuses = Vec::new();
     for r in 0..REQUESTS {
@@ -493,7 +392,7 @@ fn aliased_large_writes_keep_the_daemon_within_the_queue_budget() {
     for (r, status) in statuses.iter().enumerate() {
         assert_eq!(guest.status(*status), S_OK, "write {r}");
     }
-    let grown_mib = (peak_rss_kib(child.id()) - before) / 1024;
+    let grown_mib = (peak_rss_kib(daemon.pid()) - before) / 1024;
     eprintln!("peak RSS grew by {grown_mib} MiB for {REQUESTS} writes of 4 MiB");
     // The budget is 32 MiB per queue; the rest is the buffer cache's kept buffers and noise.
     assert!(
@@ -501,5 +400,5 @@ fn aliased_large_writes_keep_the_daemon_within_the_queue_budget() {
         "the daemon's peak RSS grew by {grown_mib} MiB: more than one queue's data budget"
     );
     drop(guest);
-    assert_eq!(terminate(child), code::OK);
+    assert_eq!(daemon.terminate(), code::OK);
 }

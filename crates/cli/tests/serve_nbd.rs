@@ -3,48 +3,15 @@
 mod common;
 
 use common::*;
-use std::path::{Path, PathBuf};
-
-fn spawn_serve(args: &[&str], ready: &Path) -> ServeProcess {
-    ServeProcess::start(args, ready)
-}
-
-fn terminate(serve: ServeProcess) -> i32 {
-    serve.terminate()
-}
-
-fn uri(name: &str, socket: &Path) -> String {
-    format!("nbd+unix:///{name}?socket={}", socket.display())
-}
-
-fn luks2(dir: &Path, key: &Path, size: &str) -> PathBuf {
-    let img = dir.join("disk.luks");
-    format_luks2(&img, key, size);
-    img
-}
 
 #[test]
 fn luks2_over_nbd_with_qemu_img_qemu_io_nbdinfo_and_nbdcopy() {
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("nbd"));
-    let img = luks2(dir.path(), &key, "16M");
-    let source = dir.path().join("source.raw");
+    let t = TestDir::new();
+    let img = t.luks2("disk.luks", "16M", &t.key("key"));
+    let source = t.path("source.raw");
     mixed_file(&source, 16 * MIB, 11);
-    let sock = dir.path().join("nbd.sock");
-    let child = spawn_serve(
-        &[
-            "--image",
-            s(&img),
-            "--key-file",
-            s(&key),
-            "--name",
-            "vol",
-            "--nbd",
-            &format!("unix:{}", s(&sock)),
-        ],
-        &sock,
-    );
-    let vol = uri("vol", &sock);
+    let mut daemon = t.serve().disk(&img).name("vol").nbd().start();
+    let vol = daemon.nbd_uri("vol");
 
     // qemu-img writes the whole disk through the export, then compares it back.
     tool(
@@ -84,65 +51,35 @@ fn luks2_over_nbd_with_qemu_img_qemu_io_nbdinfo_and_nbdcopy() {
     .ok();
 
     // nbdcopy out with four connections equals what was written.
-    let copy = dir.path().join("copy.raw");
+    let copy = t.path("copy.raw");
     tool("nbdcopy", ["--connections=4", &vol, s(&copy)]).ok();
     let mut expected = read(&source);
     expected[MIB as usize..MIB as usize + 256 * 1024].fill(0x5a);
     assert_same_bytes(&read(&copy), &expected, "nbdcopy of the export");
 
     // After SIGTERM the image decrypts (by cryptblk convert) to the same bytes.
-    assert_eq!(terminate(child), code::OK);
-    assert!(!sock.exists(), "NBD socket left behind");
-    let plain = cryptblk_decrypt(&img, &key, &dir.path().join("plain.raw"));
+    assert_eq!(daemon.terminate(), code::OK);
+    assert!(!daemon.nbd_socket().exists(), "NBD socket left behind");
+    let plain = img.decrypt(&t.path("plain.raw"));
     assert_same_bytes(&plain, &expected, "decrypted image");
 }
 
 #[test]
 fn disks_added_at_run_time_are_listed_as_exports() {
-    let dir = tempdir();
-    let control = dir.path().join("ctl.sock");
-    let sock = dir.path().join("nbd.sock");
-    let child = spawn_serve(
-        &[
-            "--control",
-            s(&control),
-            "--nbd",
-            &format!("unix:{}", s(&sock)),
-        ],
-        &control,
-    );
-    let (a, b) = (dir.path().join("a.raw"), dir.path().join("b.raw"));
+    let t = TestDir::new();
+    let mut daemon = t.serve().control().nbd().start();
+    let a = t.path("a.raw");
     random_file(&a, 2 * MIB, 1);
-    std::fs::File::create(&b).unwrap().set_len(4 * MIB).unwrap();
-    cryptblk([
-        "ctl",
-        "-s",
-        s(&control),
-        "disk-add",
-        "a",
-        "--image",
-        s(&a),
-        "--nbd-export",
-    ])
-    .ok();
-    cryptblk([
-        "ctl",
-        "-s",
-        s(&control),
-        "disk-add",
-        "b",
-        "--image",
-        s(&b),
-        "--nbd-export",
-        "--discard",
-    ])
-    .ok();
-    let trim = |name: &str| tool("nbdinfo", ["--can", "trim", &uri(name, &sock)]).code == 0;
+    let b = t.raw("b.raw", 4 * MIB);
+    daemon.ctl_ok(&["disk-add", "a", "--image", s(&a), "--nbd-export"]);
+    daemon.ctl_ok(&argv!("disk-add b --image {} --nbd-export --discard", b));
+    let uri = |name: &str| daemon.nbd_uri(name);
+    let trim = |name: &str| tool("nbdinfo", ["--can", "trim", &uri(name)]).code == 0;
     assert!(
         !trim("a") && trim("b"),
         "TRIM must follow the disk's discard setting"
     );
-    let list = tool("nbdinfo", ["--list", "--json", &uri("", &sock)]);
+    let list = tool("nbdinfo", ["--list", "--json", &uri("")]);
     list.ok();
     let v: serde_json::Value = serde_json::from_str(&list.stdout).unwrap();
     let mut names: Vec<&str> = v["exports"]
@@ -154,15 +91,15 @@ fn disks_added_at_run_time_are_listed_as_exports() {
     names.sort_unstable();
     assert_eq!(names, ["a", "b"], "{}", list.stdout);
     // The sparse raw disk shows its hole to block-status clients.
-    let map = tool("nbdinfo", ["--map", &uri("b", &sock)]);
+    let map = tool("nbdinfo", ["--map", &uri("b")]);
     map.ok();
     assert!(map.stdout.contains("hole"), "{}", map.stdout);
 
-    cryptblk(["ctl", "-s", s(&control), "disk-remove", "a"]).ok();
-    let out = tool("nbdinfo", ["--size", &uri("a", &sock)]);
+    daemon.ctl_ok(&["disk-remove", "a"]);
+    let out = tool("nbdinfo", ["--size", &uri("a")]);
     assert_ne!(out.code, 0, "a removed disk is still exported");
-    let out = tool("nbdinfo", ["--size", &uri("b", &sock)]);
+    let out = tool("nbdinfo", ["--size", &uri("b")]);
     out.ok();
     assert_eq!(out.stdout.trim(), (4 * MIB).to_string());
-    assert_eq!(terminate(child), code::OK);
+    assert_eq!(daemon.terminate(), code::OK);
 }

@@ -2,11 +2,12 @@
 //! `libvirt-qemu` and cannot connect to a root-owned 0755 socket): `serve --socket-owner
 //! --socket-mode`, the same keys through `ctl disk-add`, and an unknown user refused before
 //! anything is bound.
+mod common;
+
+use common::*;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
-use std::process::{Command, Stdio};
-
-use cryptblk_testutil::wait_for_path as wait_for;
+use std::process::Command;
 
 fn owner_and_mode(path: &Path) -> (u32, u32, u32) {
     let m = std::fs::symlink_metadata(path).unwrap();
@@ -25,98 +26,40 @@ fn sockets_get_the_owner_and_mode_asked_for() {
         cryptblk_testutil::skip("changing a socket's owner needs root");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("raw.img");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(4 << 20)
-        .unwrap();
-    let (vm1, vm2, control) = (
-        dir.path().join("vm1.sock"),
-        dir.path().join("vm2.sock"),
-        dir.path().join("control.sock"),
-    );
+    let t = TestDir::new();
+    let image = t.raw("raw.img", 4 << 20);
+    let (vm1, vm2, vm3) = (t.path("vm1.sock"), t.path("vm2.sock"), t.path("vm3.sock"));
     let nobody = id("-u", "nobody");
     let nogroup = id("-g", "nobody");
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_cryptblk"))
-        .arg("serve")
-        .arg("--image")
-        .arg(&image)
-        .arg("--vhost-user-blk")
-        .arg(&vm1)
-        .args([
-            "--socket-owner",
-            &format!("nobody:{nogroup}"),
-            "--socket-mode",
-            "0660",
-        ])
-        .arg("--control")
-        .arg(&control)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for(&control, &mut serve);
+    let owner = format!("nobody:{nogroup}");
+    let access = ["--socket-owner", &owner, "--socket-mode", "0660"];
+    let serve = t.serve().disk(&image).vhost_user_at(&vm1).args(&access);
+    let mut daemon = serve.control().start();
     assert_eq!(owner_and_mode(&vm1), (nobody, nogroup, 0o660));
 
     // The same through the control socket, on a second disk (a copy: the first holds the lock).
-    let image2 = dir.path().join("raw2.img");
+    let image2 = t.path("raw2.img");
     std::fs::copy(&image, &image2).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_cryptblk"))
-        .arg("ctl")
-        .arg("-s")
-        .arg(&control)
-        .args(["disk-add", "vm2", "--image"])
-        .arg(&image2)
-        .arg("--vhost-user-blk")
-        .arg(&vm2)
-        .args(["--socket-owner", ":nogroup", "--socket-mode", "0600"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let control = s(daemon.control());
+    cryptblk(argv!("ctl -s {} disk-add vm2 --image {} --vhost-user-blk {} --socket-owner :nogroup --socket-mode 0600", control, image2, vm2))
+    .ok();
     assert_eq!(owner_and_mode(&vm2), (0, nogroup, 0o600));
 
     // An unknown user: a usage error naming it, and no socket.
-    let vm3 = dir.path().join("vm3.sock");
-    let out = Command::new(env!("CARGO_BIN_EXE_cryptblk"))
-        .arg("ctl")
-        .arg("-s")
-        .arg(&control)
-        .args(["disk-add", "vm3", "--image"])
-        .arg(&image2)
-        .arg("--vhost-user-blk")
-        .arg(&vm3)
-        .args(["--socket-owner", "no-such-user-cryptblk"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let out = cryptblk(argv!("ctl -s {} disk-add vm3 --image {} --vhost-user-blk {} --socket-owner no-such-user-cryptblk", control, image2, vm3));
+    out.expect_code(code::USAGE);
     assert!(
-        stderr.contains("no user \"no-such-user-cryptblk\""),
-        "{stderr}"
+        out.stderr.contains("no user \"no-such-user-cryptblk\""),
+        "{}",
+        out.stderr
     );
     assert!(!vm3.exists());
+    assert_eq!(daemon.terminate(), 0);
 
-    // SAFETY: kill(2) on our own child, not yet reaped.
-    unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) };
-    assert!(serve.wait().unwrap().success());
-
-    let out = Command::new(env!("CARGO_BIN_EXE_cryptblk"))
-        .arg("serve")
-        .arg("--image")
-        .arg(&image)
-        .arg("--vhost-user-blk")
-        .arg(&vm1)
-        .args(["--socket-mode", "rw-rw----"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("octal"), "{stderr}");
+    let mode = ["--socket-mode", "rw-rw----"];
+    let out = t.serve().disk(&image).vhost_user_at(&vm1).args(&mode).run();
+    out.expect_code(code::USAGE);
+    assert!(out.stderr.contains("octal"), "{}", out.stderr);
     assert!(!vm1.exists());
 }
 

@@ -2,14 +2,13 @@
 //! socket `$NOTIFY_SOCKET` names (READY=1 only once the LUKS disk is unlocked and every socket
 //! is bound, STOPPING=1 when SIGTERM arrives, STATUS= lines), and the unit file in
 //! contrib/systemd passes `systemd-analyze verify`.
+mod common;
+
+use common::*;
 use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
-
-fn run(args: &[&std::ffi::OsStr]) {
-    cryptblk_testutil::run_tool(env!("CARGO_BIN_EXE_cryptblk"), args);
-}
 
 fn receive(socket: &UnixDatagram) -> String {
     let mut buf = [0u8; 4096];
@@ -21,65 +20,31 @@ fn receive(socket: &UnixDatagram) -> String {
 
 #[test]
 fn serve_notifies_ready_after_unlock_and_bind_then_stopping() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = |name: &str| dir.path().join(name);
-    let key = path("key");
-    std::fs::write(&key, b"notify-test-passphrase").unwrap();
-    let image = path("disk.luks");
-    let os = |s: &Path| s.as_os_str().to_owned();
-    run(&[
-        "format".as_ref(),
-        "--key-file".as_ref(),
-        &os(&key),
-        "--pbkdf".as_ref(),
-        "pbkdf2".as_ref(),
-        "--pbkdf-force-iterations".as_ref(),
-        "1000".as_ref(),
-        &os(&image),
-        "16M".as_ref(),
-    ]);
-    let notify = UnixDatagram::bind(path("notify")).unwrap();
+    let t = TestDir::new();
+    let key = t.key_with("key", "notify-test-passphrase");
+    let image = t.luks2("disk.luks", "16M", &key);
+    let notify = UnixDatagram::bind(t.path("notify")).unwrap();
     notify
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    let (vhost, control) = (path("vm1.sock"), path("control.sock"));
-    let serve = Command::new(env!("CARGO_BIN_EXE_cryptblk"))
-        .arg("serve")
-        .arg("--image")
-        .arg(&image)
-        .arg("--key-file")
-        .arg(&key)
-        .arg("--vhost-user-blk")
-        .arg(&vhost)
-        .arg("--control")
-        .arg(&control)
-        .env("NOTIFY_SOCKET", path("notify"))
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let serve = t.serve().disk(&image).vhost_user_at(&t.path("vm1.sock"));
+    let serve = serve.env("NOTIFY_SOCKET", s(&t.path("notify")));
+    let mut daemon = serve.clone().control().spawn();
 
     let first = receive(&notify);
     assert_eq!(first, "STATUS=opening and unlocking 1 disk(s)");
     let ready = receive(&notify);
     assert_eq!(ready, "READY=1\nSTATUS=serving 1 disk(s): disk.luks");
     // Ready means usable: the disk's socket and the control socket accept connections now.
-    UnixStream::connect(&vhost).expect("vhost-user-blk socket accepts after READY=1");
-    UnixStream::connect(&control).expect("control socket accepts after READY=1");
+    UnixStream::connect(daemon.vhost_socket())
+        .expect("vhost-user-blk socket accepts after READY=1");
+    UnixStream::connect(daemon.control()).expect("control socket accepts after READY=1");
 
-    // SAFETY: kill(2) on our own child, not yet reaped.
-    assert_eq!(unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(daemon.terminate(), 0, "{}", daemon.log());
     let stopping = receive(&notify);
     assert!(
         stopping.starts_with("STOPPING=1\nSTATUS=stopping"),
         "{stopping}"
-    );
-    let out = serve.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
     );
     // Nothing after STOPPING=1.
     notify.set_nonblocking(true).unwrap();
@@ -88,18 +53,7 @@ fn serve_notifies_ready_after_unlock_and_bind_then_stopping() {
 
     // A wrong key never reports READY=1: the start fails first.
     std::fs::write(&key, b"not the passphrase").unwrap();
-    let failed = Command::new(env!("CARGO_BIN_EXE_cryptblk"))
-        .arg("serve")
-        .arg("--image")
-        .arg(&image)
-        .arg("--key-file")
-        .arg(&key)
-        .arg("--vhost-user-blk")
-        .arg(&vhost)
-        .env("NOTIFY_SOCKET", path("notify"))
-        .output()
-        .unwrap();
-    assert_eq!(failed.status.code(), Some(2));
+    assert_eq!(serve.run().code, 2);
     notify.set_nonblocking(false).unwrap();
     assert_eq!(receive(&notify), "STATUS=opening and unlocking 1 disk(s)");
     notify.set_nonblocking(true).unwrap();

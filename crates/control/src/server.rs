@@ -26,6 +26,8 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The stop request, seen by the server, its stop handles and its connection threads.
 struct StopSignal {
     stopping: AtomicBool,
+    /// The socket belongs to a successor daemon: its file stays at its path.
+    handed_over: AtomicBool,
     /// Writing a byte here wakes the accept loop out of `poll`; non-blocking, so `stop` never
     /// blocks even if the buffer is already full of earlier wake-ups.
     wake: UnixStream,
@@ -50,6 +52,13 @@ impl StopHandle {
     pub fn stop(&self) {
         self.stop.stopping.store(true, Ordering::SeqCst);
         let _ = (&self.stop.wake).write(&[1]);
+    }
+
+    /// As `stop`, for a daemon handing its control socket to a successor that took the
+    /// listener over: the socket file stays where it is.
+    pub fn hand_over(&self) {
+        self.stop.handed_over.store(true, Ordering::SeqCst);
+        self.stop();
     }
 }
 
@@ -95,6 +104,31 @@ impl ControlServer {
             source: e,
         })?;
         let (listener, file) = socket::bind_private(&path)?;
+        Self::serving(path, listener, file, handler)
+    }
+
+    /// Serves on a control socket a predecessor daemon handed over: `file` names the socket
+    /// file it created at `path` (absolute), which stays where it is.
+    pub fn from_listener(
+        path: PathBuf,
+        listener: UnixListener,
+        file: FileId,
+        handler: Arc<dyn Handler>,
+    ) -> Result<ControlServer, Error> {
+        Self::serving(path, listener, file, handler)
+    }
+
+    /// The listening socket and its file's identity, to hand over to a successor daemon.
+    pub fn listener(&self) -> Option<(&UnixListener, FileId)> {
+        self.listener.as_ref().map(|l| (l, self.file))
+    }
+
+    fn serving(
+        path: PathBuf,
+        listener: UnixListener,
+        file: FileId,
+        handler: Arc<dyn Handler>,
+    ) -> Result<ControlServer, Error> {
         let io = |what, source| Error::Io {
             what,
             path: path.clone(),
@@ -118,6 +152,7 @@ impl ControlServer {
             handler,
             stop: Arc::new(StopSignal {
                 stopping: AtomicBool::new(false),
+                handed_over: AtomicBool::new(false),
                 wake,
             }),
             wake_rx,
@@ -275,7 +310,10 @@ impl ControlServer {
 
     /// Closes the listener and removes the socket file, if it is still the one we created.
     fn close(&mut self) {
-        if self.listener.take().is_some() && FileId::of(&self.path) == Some(self.file) {
+        if self.listener.take().is_some()
+            && !self.stop.handed_over.load(Ordering::SeqCst)
+            && FileId::of(&self.path) == Some(self.file)
+        {
             let _ = std::fs::remove_file(&self.path);
         }
     }

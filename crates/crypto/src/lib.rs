@@ -7,7 +7,8 @@
 //!   `spec.cipher_name()`, `spec.cipher_mode()`, `spec.key_bytes()`.
 //! - `SecretKey`: zeroized key bytes.
 //! - `trait Engine` / `trait SectorCipher` / `Direction`.
-//! - `engines()`, `default_engine_for(&spec)` (measured choice, cached), `portable_engine()`.
+//! - `engines()`, `default_engine_for(&spec)` (measured choice, cached), `portable_engine()`,
+//!   `force_engine(Some(name))` (what `CRYPTBLK_ENGINE` does, from a program).
 //! - `CryptoPool::new(threads)`, `CryptoPool::with_default_threads()`,
 //!   `pool.crypt(&cipher, dir, first_sector, &mut data)`, out of place
 //!   `pool.crypt_into(&cipher, dir, first_sector, &src, &mut dst)`, for memory that must not
@@ -15,9 +16,11 @@
 //!   dst_ptr, len)` (and `SectorCipher::crypt_raw`).
 //! - `bench::run_bench(&BenchOptions) -> BenchReport` for `cryptblk bench`.
 //!
-//! Engines: `openssl` (vendored OpenSSL 3, VAES/AES-NI; AES-128/256-XTS and AES-CBC) and
-//! `rustcrypto` (portable; everything incl. AES-192-XTS). `default_engine_for` measures them
-//! once per spec shape; `CRYPTBLK_ENGINE=openssl|rustcrypto` overrides. See ENGINES.md.
+//! Engines: `vaes` (ours: AES-128/256-XTS on 256-bit VAES registers, x86-64 CPUs with VAES
+//! and VPCLMULQDQ), `openssl` (vendored OpenSSL 3, AVX-512 VAES or AES-NI; AES-128/256-XTS and
+//! AES-CBC) and `rustcrypto` (portable; everything incl. AES-192-XTS). `default_engine_for`
+//! measures them once per spec shape; `CRYPTBLK_ENGINE=vaes|openssl|rustcrypto` overrides.
+//! See ENGINES.md.
 
 use std::sync::Arc;
 
@@ -32,7 +35,9 @@ mod spec;
 
 pub use error::CryptoError;
 pub use key::SecretKey;
-pub use select::{default_engine_for, engines, portable_engine, ENGINE_ENV};
+pub use select::{
+    default_engine_for, engines, force_engine, portable_engine, ENGINE_ENV, ENGINE_NAMES,
+};
 pub use spec::{CipherSpec, IvMode, Mode};
 
 /// Which way a run of sectors is transformed.

@@ -5,7 +5,7 @@
 //! below the inline threshold are done on the caller's thread, because waking another core
 //! costs more than it saves. (The request path calls this once per request and only a request
 //! above the threshold reaches the workers: sharing a batch of small requests made the queue's
-//! thread wait for a descheduled worker, see ARCHITECTURE.md.)
+//! thread wait for a descheduled worker, see docs/performance.md.)
 //!
 //! Workers block on a channel when idle: no polling, no spinning.
 

@@ -2,14 +2,22 @@
 //! spec, so it is measured, not assumed: the first request for each spec shape times every
 //! supporting engine on a few hundred KiB and the winner is remembered for the process.
 //!
-//! `CRYPTBLK_ENGINE=openssl|rustcrypto` skips the measurement and forces an engine (for
-//! benchmarking and for working around a misbehaving library); it is an error if the forced
-//! engine cannot do the spec.
+//! Candidates: `vaes` (our AES-XTS on 256-bit VAES registers; x86-64 CPUs with VAES and
+//! VPCLMULQDQ), `openssl` (its AVX-512 XTS where the CPU shows AVX-512, AES-NI otherwise)
+//! and `rustcrypto` (portable). Engines that cannot run a spec on this CPU do not take part.
+//!
+//! `CRYPTBLK_ENGINE=vaes|openssl|rustcrypto` skips the measurement and forces an engine (for
+//! benchmarking, for tests and CI that must exercise every path, and for working around a
+//! misbehaving engine); it is an error if the forced engine cannot do the spec on this CPU,
+//! never a silent switch. A comma-separated list (`vaes,openssl`) forces the first listed
+//! engine that can do each spec, so a whole test suite can run on an engine that lacks some
+//! ciphers (vaes has no CBC) while the others go to the next name. `force_engine` does the
+//! same from a program (the CLI's `--crypto-engine`) and takes precedence over the variable.
 
 use crate::engine::{openssl::OpensslEngine, rustcrypto::RustCryptoEngine};
 use crate::{CipherSpec, CryptoError, Direction, Engine, SecretKey};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 /// Environment variable that forces an engine by name.
@@ -19,9 +27,63 @@ const PROBE_BYTES: usize = 256 * 1024;
 const PROBE_SECTOR: usize = 4096;
 const PROBE_ROUNDS: usize = 3;
 
-/// Every engine compiled in, fastest-expected first.
+/// Every engine name `CRYPTBLK_ENGINE` accepts, on any architecture.
+pub const ENGINE_NAMES: &[&str] = &["vaes", "openssl", "rustcrypto"];
+
+/// Every engine compiled in, fastest-expected first. An engine may still not support a
+/// spec on this CPU (`vaes` without VAES): ask `Engine::supports`.
 pub fn engines() -> Vec<Arc<dyn Engine>> {
-    vec![Arc::new(OpensslEngine), Arc::new(RustCryptoEngine)]
+    vec![
+        #[cfg(target_arch = "x86_64")]
+        Arc::new(crate::engine::vaes::VaesEngine),
+        Arc::new(OpensslEngine),
+        Arc::new(RustCryptoEngine),
+    ]
+}
+
+/// The engines `force_engine` set, in order of preference; overrides `CRYPTBLK_ENGINE`.
+static FORCED: RwLock<Option<Vec<&'static str>>> = RwLock::new(None);
+
+/// Forces every later `default_engine_for` in this process to `names`: one of
+/// `ENGINE_NAMES` (any case), or several separated by commas, each spec taking the first
+/// that can run it. `None` returns to `CRYPTBLK_ENGINE` or the measured choice. Refuses a name
+/// that is not an engine compiled into this build (vaes off x86-64), changing nothing.
+pub fn force_engine(names: Option<&str>) -> Result<(), CryptoError> {
+    let forced = match names {
+        None => None,
+        Some(names) => Some(engine_list(names)?),
+    };
+    *FORCED.write().unwrap_or_else(|p| p.into_inner()) = forced;
+    Ok(())
+}
+
+/// The engine names of a comma-separated list, each compiled into this build.
+fn engine_list(names: &str) -> Result<Vec<&'static str>, CryptoError> {
+    let all = engines();
+    let list = names
+        .split(',')
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .map(|n| match all.iter().find(|e| e.name() == n) {
+            Some(e) => Ok(e.name()),
+            None => Err(unknown_engine(n)),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if list.is_empty() {
+        return Err(unknown_engine(names.to_string()));
+    }
+    Ok(list)
+}
+
+fn unknown_engine(name: String) -> CryptoError {
+    CryptoError::Unsupported {
+        what: if ENGINE_NAMES.contains(&name.as_str()) {
+            "crypto engine on this architecture (vaes is x86-64 only)"
+        } else {
+            "crypto engine (known: vaes, openssl, rustcrypto)"
+        },
+        name,
+    }
 }
 
 /// The portable engine (RustCrypto), used for cross-checks and as the fallback.
@@ -34,22 +96,19 @@ pub fn portable_engine() -> Arc<dyn Engine> {
 pub fn default_engine_for(spec: &CipherSpec) -> Result<Arc<dyn Engine>, CryptoError> {
     crate::iv::check_supported(spec)?;
     let all = engines();
-    if let Ok(forced) = std::env::var(ENGINE_ENV) {
-        let forced = forced.trim().to_ascii_lowercase();
-        let engine = all
-            .into_iter()
-            .find(|e| e.name() == forced)
-            .ok_or_else(|| CryptoError::Unsupported {
-                what: "engine (from CRYPTBLK_ENGINE; known: openssl, rustcrypto)",
-                name: forced.clone(),
-            })?;
-        if !engine.supports(spec) {
-            return Err(CryptoError::Unsupported {
-                what: "spec for the engine forced by CRYPTBLK_ENGINE",
-                name: format!("{spec} on {forced}"),
-            });
-        }
-        return Ok(engine);
+    let forced = FORCED.read().unwrap_or_else(|p| p.into_inner()).clone();
+    if let Some(forced) = forced {
+        return forced_engine(spec, &forced, "--crypto-engine", all);
+    }
+    if let Ok(names) = std::env::var(ENGINE_ENV) {
+        let forced = engine_list(&names).map_err(|e| match e {
+            CryptoError::Unsupported { what, name } => CryptoError::Unsupported {
+                what,
+                name: format!("{name} (from {ENGINE_ENV})"),
+            },
+            other => other,
+        })?;
+        return forced_engine(spec, &forced, ENGINE_ENV, all);
     }
 
     static CHOICE: OnceLock<Mutex<HashMap<String, &'static str>>> = OnceLock::new();
@@ -73,6 +132,51 @@ pub fn default_engine_for(spec: &CipherSpec) -> Result<Arc<dyn Engine>, CryptoEr
             what: "engine",
             name: name.to_string(),
         })
+}
+
+/// The first engine of `forced` (set by `by`: the variable or the option) that can do `spec`
+/// here; otherwise the reason.
+fn forced_engine(
+    spec: &CipherSpec,
+    forced: &[&'static str],
+    by: &str,
+    all: Vec<Arc<dyn Engine>>,
+) -> Result<Arc<dyn Engine>, CryptoError> {
+    let mut listed = all
+        .into_iter()
+        .filter(|e| forced.contains(&e.name()))
+        .collect::<Vec<_>>();
+    // In the order the list gives, not the order engines are compiled in.
+    listed.sort_by_key(|e| forced.iter().position(|n| *n == e.name()));
+    if let Some(engine) = listed.iter().find(|e| e.supports(spec)) {
+        return Ok(engine.clone());
+    }
+    let why = listed
+        .iter()
+        .map(|e| format!("{} {}", e.name(), why_not(e.as_ref())))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Err(CryptoError::Unsupported {
+        what: "cipher for the crypto engine forced",
+        name: format!(
+            "{spec} on {}, forced by {by}: {why}; leave the choice to cryptblk or force \
+             another engine",
+            forced.join(",")
+        ),
+    })
+}
+
+/// Why `engine` cannot run a spec it does not support: a CPU it cannot run on, or the cipher.
+fn why_not(engine: &dyn Engine) -> String {
+    #[cfg(target_arch = "x86_64")]
+    if engine.name() == crate::engine::vaes::NAME {
+        let missing = crate::engine::vaes::missing_cpu_features();
+        if !missing.is_empty() {
+            return format!("needs a CPU with {}", missing.join(", "));
+        }
+    }
+    let _ = engine;
+    "does not implement this cipher".to_string()
 }
 
 fn measure_best(spec: &CipherSpec, all: &[Arc<dyn Engine>]) -> Result<&'static str, CryptoError> {

@@ -1,19 +1,18 @@
 //! One attached disk: its image open (and unlocked) and its exports running.
 use crate::activity::DiskActivity;
-use crate::error::{Context, Error, Result};
+use crate::error::{Context, Result};
 use crate::image::OpenedImage;
 use cryptblk_block::{BlockDevice, IoStats};
 use cryptblk_control::api::DiskConfig;
-use cryptblk_vhost_user_blk::{ServeOptions, StopHandle};
+use cryptblk_vhost_user_blk::{ServeOptions, Served, StopHandle};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 
-/// A running vhost-user-blk server of one disk.
+/// A disk's vhost-user-blk socket, served by the daemon's acceptor.
 pub struct VhostExport {
     pub socket: PathBuf,
     pub stop: StopHandle,
-    pub thread: Mutex<Option<JoinHandle<Result<(), cryptblk_vhost_user_blk::Error>>>>,
+    pub served: Served,
 }
 
 /// An attached disk.
@@ -55,32 +54,16 @@ impl AttachedDisk {
         self.config.readonly || self.image.device.read_only()
     }
 
-    /// Stops the vhost-user server (its in-flight requests finish, the disk is flushed) and
-    /// waits for its thread.
+    /// Stops serving the vhost-user socket: its frontend's requests in flight finish, the
+    /// connection closes, the disk is flushed.
     pub fn stop_vhost(&self) -> Result<()> {
         let Some(vhost) = &self.vhost else {
             return Ok(());
         };
-        vhost.stop.stop();
-        let thread = vhost
-            .thread
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(thread) = thread {
-            match thread.join() {
-                Ok(result) => result.with_context(|| {
-                    format!("vhost-user-blk server on {}", vhost.socket.display())
-                })?,
-                Err(_) => {
-                    return Err(Error::new(
-                        cryptblk_control::api::ErrorKind::Other,
-                        "the vhost-user-blk server thread panicked",
-                    ))
-                }
-            }
-        }
-        Ok(())
+        vhost
+            .served
+            .stop()
+            .with_context(|| format!("vhost-user-blk server on {}", vhost.socket.display()))
     }
 }
 

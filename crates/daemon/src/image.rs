@@ -1,6 +1,7 @@
 //! Opening a disk's image: probed, locked, and for LUKS unlocked, behind the dirty tracker a
 //! migration uses.
 use crate::error::{Context, Error, Result};
+use crate::key_cache::KeyCache;
 use crate::key_file::{read_key_file, Passphrase};
 use crate::secret::{decrypt_secret, MasterKey};
 use cryptblk_block::{
@@ -8,9 +9,9 @@ use cryptblk_block::{
 };
 use cryptblk_control::api::{key_source, DiskConfig, KeySource};
 use cryptblk_crypto::CryptoPool;
-use cryptblk_luks::UnlockOptions;
+use cryptblk_luks::{KnownKey, LuksError, UnlockOptions, Unlocker};
 use cryptblk_migration::DirtyTracker;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 /// Dirty tracking granularity of a raw image (a LUKS image tracks its encryption sectors).
 const RAW_TRACKING_GRANULARITY: u64 = 4096;
@@ -31,6 +32,36 @@ pub struct OpenedImage {
     /// What the LUKS header says of the image; a raw image gets it when an online encryption
     /// writes its header.
     luks: RwLock<Option<LuksFacts>>,
+    /// The volume keys serving it, for a successor daemon or the key cache (`VolumeKeys`).
+    keys: Mutex<Option<VolumeKeys>>,
+    /// Opened with volume keys already known (handed over, or cached): no key derivation.
+    pub without_kdf: bool,
+}
+
+/// A LUKS volume's keys as a restarted daemon needs them: its UUID (the key cache's name for
+/// it) and each key with its digest's fingerprint.
+pub struct VolumeKeys {
+    pub uuid: String,
+    pub keys: Vec<KnownKey>,
+}
+
+impl VolumeKeys {
+    pub fn duplicate(&self) -> VolumeKeys {
+        VolumeKeys {
+            uuid: self.uuid.clone(),
+            keys: self.keys.iter().map(KnownKey::duplicate).collect(),
+        }
+    }
+}
+
+/// The secret a disk is opened with.
+pub enum Secret {
+    /// A passphrase the caller has (asked on a terminal), else the disk's configured key
+    /// source; then the header's clevis tokens.
+    Passphrase(Option<Passphrase>),
+    /// Volume keys a predecessor daemon handed over; the passphrase path when they no longer
+    /// match the header.
+    Keys(Vec<KnownKey>),
 }
 
 /// What the metrics and `disk-list` show of a LUKS image (never its key).
@@ -79,6 +110,32 @@ impl OpenedImage {
     pub fn segments(&self) -> &Arc<SegmentMap> {
         self.volume.segments()
     }
+
+    /// A copy of the volume keys serving the disk (`None` for a raw one).
+    pub(crate) fn volume_keys(&self) -> Option<VolumeKeys> {
+        self.keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(VolumeKeys::duplicate)
+    }
+
+    /// The volume keys changed (a reencryption started or finished, an encryption began), or
+    /// became known; the key cache follows when there is one.
+    pub(crate) fn set_volume_keys(&self, keys: VolumeKeys, cache: Option<&KeyCache>) {
+        remember(cache, &keys);
+        *self.keys.lock().unwrap_or_else(PoisonError::into_inner) = Some(keys);
+    }
+}
+
+/// Puts a volume's keys in the key cache, if there is one (a failure is logged: the disk
+/// serves on, only a restart after a crash will need the passphrase again).
+fn remember(cache: Option<&KeyCache>, keys: &VolumeKeys) {
+    if let Some(cache) = cache {
+        if let Err(e) = cache.store(&keys.uuid, &keys.keys) {
+            tracing::warn!(uuid = %keys.uuid, "not cached: {e}");
+        }
+    }
 }
 
 /// What opening needs besides the disk's configuration.
@@ -87,43 +144,39 @@ pub struct OpenContext<'a> {
     pub unlock: &'a UnlockOptions,
     /// Decrypts a configured `key-secret`.
     pub master_key: Option<&'a MasterKey>,
+    /// Volume keys that outlive the process (`serve --key-cache`).
+    pub key_cache: Option<&'a KeyCache>,
 }
 
 /// Opens (and for LUKS, unlocks) the image of `config` with an exclusive lock (a file's
-/// `flock`, an RBD image's exclusive lock). The passphrase is `passphrase` when the caller has
-/// one (asked on a terminal), else the configured key file's; when there is none or it opens
-/// no keyslot, the header's clevis tokens are tried (`token_unlock`).
+/// `flock`, an RBD image's exclusive lock). A LUKS volume opens with the keys `secret` hands
+/// over or the key cache holds when they still match its header (no key derivation), else
+/// with the passphrase `secret` has (asked on a terminal) or the configured key source's;
+/// when there is none or it opens no keyslot, the header's clevis tokens are tried
+/// (`token_unlock`).
+///
+/// `inherited` is the image file a predecessor daemon handed over, open and locked.
 pub fn open_image(
     config: &DiskConfig,
-    passphrase: Option<Passphrase>,
+    inherited: Option<std::fs::File>,
+    secret: Secret,
     cx: &OpenContext<'_>,
 ) -> Result<OpenedImage> {
     let name = config.image.path();
-    let (container, format) = open_container(config)?;
+    let (container, format) = open_container(config, inherited)?;
     match format {
         Format::Luks => {
-            // The passphrase given, then the header's clevis tokens.
-            let given = match passphrase {
-                Some(p) => Some(p),
-                None => configured_passphrase(config, cx)?,
-            };
-            let volume = crate::token_unlock::open_luks(
-                container,
-                given,
-                &cryptblk_block::VolumeOptions {
-                    writable: !config.readonly,
-                    unlock: cx.unlock.clone(),
-                    pool: Some(cx.pool.clone()),
-                    ..Default::default()
-                },
-            )?;
+            let (volume, without_kdf) =
+                unlock_luks(config, container, secret, !config.readonly, cx)?;
             for warning in volume.warnings() {
                 tracing::warn!(disk = %config.name, image = %name.display(), "{warning}");
             }
-            luks_image(volume)
+            let mut image = luks_image(volume, cx.key_cache)?;
+            image.without_kdf = without_kdf;
+            Ok(image)
         }
         Format::Raw => {
-            if has_key(config) || passphrase.is_some() {
+            if has_key(config) || matches!(secret, Secret::Passphrase(Some(_))) {
                 return Err(Error::usage(format!(
                     "a key file is given, but {} is raw, not LUKS",
                     name.display()
@@ -133,6 +186,55 @@ pub fn open_image(
         }
         other => Err(unservable(name, other)),
     }
+}
+
+/// Unlocks the LUKS volume on `container`: with known keys first (handed over, or the key
+/// cache's), then a passphrase.
+fn unlock_luks(
+    config: &DiskConfig,
+    container: Arc<dyn Container>,
+    secret: Secret,
+    writable: bool,
+    cx: &OpenContext<'_>,
+) -> Result<(cryptblk_block::LuksVolume, bool)> {
+    let opts = cryptblk_block::VolumeOptions {
+        writable,
+        unlock: cx.unlock.clone(),
+        pool: Some(cx.pool.clone()),
+        ..Default::default()
+    };
+    let (known, source, given) = match secret {
+        Secret::Keys(keys) => (Some(keys), "the predecessor daemon", None),
+        Secret::Passphrase(given) => (cached_keys(&container, cx), "the key cache", given),
+    };
+    if let Some(keys) = known {
+        match cryptblk_block::open_luks_volume_with(container.clone(), Unlocker::Keys(&keys), &opts)
+        {
+            Ok(volume) => {
+                tracing::info!(disk = %config.name, "opened with the volume key from {source} (no key derivation)");
+                return Ok((volume, true));
+            }
+            Err(cryptblk_block::VolumeError::Luks {
+                source: LuksError::KnownKeyStale(_),
+                ..
+            }) => {
+                tracing::warn!(disk = %config.name, "the volume key from {source} no longer matches the header (re-encrypted or re-formatted since); unlocking with the passphrase");
+            }
+            Err(e) => return Err(Error::caused("opening the LUKS volume", e)),
+        }
+    }
+    let given = match given {
+        Some(p) => Some(p),
+        None => configured_passphrase(config, cx)?,
+    };
+    crate::token_unlock::open_luks(container, given, &opts).map(|volume| (volume, false))
+}
+
+/// The key cache's keys for the LUKS volume on `container`, if there is a cache and an entry.
+fn cached_keys(container: &Arc<dyn Container>, cx: &OpenContext<'_>) -> Option<Vec<KnownKey>> {
+    let cache = cx.key_cache?;
+    let (header, _) = cryptblk_luks::LuksImage::read(container.header_io()).ok()?;
+    cache.lookup(header.uuid())
 }
 
 /// The passphrase the disk's configuration names: its key file, or its `key-secret` decrypted
@@ -165,7 +267,10 @@ fn unservable(name: &std::path::Path, format: Format) -> Error {
 /// Opens what holds the image, locked, and says what format it is in. A file is probed (and
 /// opened only when it is LUKS or raw); an RBD image is LUKS when it starts with the LUKS
 /// magic (as `rbd encryption format` and QEMU's `encrypt.format=` write it), else raw.
-fn open_container(config: &DiskConfig) -> Result<(Arc<dyn Container>, Format)> {
+fn open_container(
+    config: &DiskConfig,
+    inherited: Option<std::fs::File>,
+) -> Result<(Arc<dyn Container>, Format)> {
     let writable = !config.readonly;
     if let Some(name) = config.image.rbd() {
         let device = crate::rbd::open(name, writable)?;
@@ -186,20 +291,32 @@ fn open_container(config: &DiskConfig) -> Result<(Arc<dyn Container>, Format)> {
         cache: config.cache,
         aio: config.aio,
     };
-    let file = RawFile::open_with(
-        path,
-        OpenOptions {
-            writable,
-            lock: true,
-        },
-        io,
-    )
+    let opts = OpenOptions {
+        writable,
+        lock: true,
+    };
+    let file = match inherited {
+        Some(file) => RawFile::from_inherited(file, path, opts, io),
+        None => RawFile::open_with(path, opts, io),
+    }
     .context("opening the image")?;
     Ok((Arc::new(file), format))
 }
 
-fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
+fn luks_image(
+    volume: cryptblk_block::LuksVolume,
+    key_cache: Option<&KeyCache>,
+) -> Result<OpenedImage> {
     let serial = volume.header().uuid().to_string();
+    let keys = VolumeKeys {
+        uuid: serial.clone(),
+        keys: volume
+            .known_keys()
+            .iter()
+            .map(KnownKey::duplicate)
+            .collect(),
+    };
+    remember(key_cache, &keys);
     let engine = volume
         .device()
         .cipher()
@@ -229,6 +346,8 @@ fn luks_image(volume: cryptblk_block::LuksVolume) -> Result<OpenedImage> {
         serial,
         volume: crypt,
         luks: RwLock::new(Some(facts)),
+        keys: Mutex::new(Some(keys)),
+        without_kdf: false,
     })
 }
 
@@ -255,6 +374,8 @@ fn raw_image(raw: Arc<dyn Container>) -> Result<OpenedImage> {
         serial,
         volume,
         luks: RwLock::new(None),
+        keys: Mutex::new(None),
+        without_kdf: false,
     })
 }
 
@@ -271,22 +392,9 @@ pub fn open_received(
     file.read_at(&mut magic, 0)
         .context("reading the received header")?;
     let mut image = if magic == *b"LUKS\xba\xbe" {
-        let given = match passphrase {
-            Some(p) => Some(p),
-            None => configured_passphrase(config, cx)?,
-        };
-        let volume = crate::token_unlock::open_luks(
-            file,
-            given,
-            &cryptblk_block::VolumeOptions {
-                writable: true,
-                unlock: cx.unlock.clone(),
-                pool: Some(cx.pool.clone()),
-                ..Default::default()
-            },
-        )
-        .map_err(|e| e.context("opening the received LUKS volume"))?;
-        luks_image(volume)?
+        let (volume, _) = unlock_luks(config, file, Secret::Passphrase(passphrase), true, cx)
+            .map_err(|e| e.context("opening the received LUKS volume"))?;
+        luks_image(volume, cx.key_cache)?
     } else {
         if has_key(config) || passphrase.is_some() {
             return Err(Error::usage(

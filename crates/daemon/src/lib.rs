@@ -10,7 +10,9 @@ pub mod config;
 mod disk;
 mod dumps;
 pub mod error;
+mod handover;
 mod image;
+pub mod key_cache;
 pub mod key_file;
 mod keys;
 pub mod memory;
@@ -26,16 +28,20 @@ pub mod secret;
 mod serve;
 pub mod size;
 pub mod socket_access;
+mod start;
 mod stats;
 mod token_unlock;
 
 pub use cryptblk_net::Address;
 pub use dumps::{forbid_core_dumps, is_dumpable};
 pub use error::{chain, kind_of, Error, Result};
+pub use handover::{restart_args, TAKE_OVER_OPTION};
+pub use image::Secret;
 pub use keys::pbkdf_options;
 pub use registry::{Daemon, DaemonOptions, PreparedDisk};
 pub use rpc::ControlHandler;
 pub use serve::{ignore_file_size_signal, serve, ServeConfig, StartDisk};
+pub use start::UnlockBudget;
 
 /// Something the serve loop must react to.
 #[derive(Debug)]
@@ -44,4 +50,6 @@ pub enum Event {
     Signal(i32),
     /// A disk's server stopped with an error (not by a stop request).
     ServerFailed { disk: String, error: String },
+    /// An upgrade handed everything to a successor daemon: exit, touching nothing.
+    HandedOver,
 }

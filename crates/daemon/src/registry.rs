@@ -7,8 +7,8 @@
 use crate::activity::DiskActivity;
 use crate::disk::{serve_options, AttachedDisk, VhostExport, WithoutDiscard};
 use crate::error::{chain, Context, Error, Result};
-use crate::image::{open_image, OpenContext, OpenedImage};
-use crate::key_file::Passphrase;
+use crate::image::{open_image, OpenContext, OpenedImage, Secret};
+use crate::key_cache::KeyCache;
 use crate::secret::MasterKey;
 use crate::Event;
 use crossbeam_channel::Sender;
@@ -18,9 +18,9 @@ use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::UnlockOptions;
 use cryptblk_migration::{IncomingMigration, Phase};
 use cryptblk_nbd::{Export, ExportRegistry};
-use cryptblk_vhost_user_blk::{FrontendEvent, ServeOptions, Server};
+use cryptblk_vhost_user_blk::{Acceptor, FrontendEvent, ServeOptions, Server};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long `disk-remove` waits for a migration start under way to give up (the start is
@@ -55,6 +55,8 @@ pub struct DaemonOptions {
     pub events: Sender<Event>,
     /// Decrypts the passphrases sent as `key-secret` (`serve --master-key-file`).
     pub master_key: Option<MasterKey>,
+    /// Keeps volume keys in the kernel keyring for a restart after a crash (`--key-cache`).
+    pub key_cache: Option<KeyCache>,
 }
 
 pub struct Daemon {
@@ -68,12 +70,36 @@ pub struct Daemon {
     events: Sender<Event>,
     pub(crate) started: Instant,
     pub(crate) master_key: Option<MasterKey>,
+    pub(crate) key_cache: Option<Arc<KeyCache>>,
+    /// The daemon is stopping for good or handing over: detached disks keep their cached keys
+    /// (a restart or the successor needs them).
+    keep_cached_keys: std::sync::atomic::AtomicBool,
+    /// Accepts frontends on every disk's vhost-user socket (started with the first one).
+    acceptor: OnceLock<Acceptor>,
+    /// How to start a successor, and the servers to hand it (`handover`).
+    pub(crate) process: Mutex<Option<crate::handover::Process>>,
+    /// An upgrade is under way: requests that change disks are refused.
+    pub(crate) upgrading: std::sync::atomic::AtomicBool,
+}
+
+/// A vhost-user listening socket a predecessor daemon handed over.
+pub struct InheritedSocket {
+    pub listener: std::os::unix::net::UnixListener,
+    pub path: std::path::PathBuf,
+    pub file: cryptblk_net::unix_socket::FileId,
 }
 
 /// A disk whose image is open and unlocked but not exported yet (see `Daemon::prepare`).
 pub struct PreparedDisk {
     pub config: DiskConfig,
     pub(crate) image: OpenedImage,
+}
+
+impl PreparedDisk {
+    /// Opened with volume keys known already (handed over or cached): no key derivation.
+    pub fn opened_without_kdf(&self) -> bool {
+        self.image.without_kdf
+    }
 }
 
 impl Daemon {
@@ -88,7 +114,62 @@ impl Daemon {
             events: options.events,
             started: Instant::now(),
             master_key: options.master_key,
+            key_cache: options.key_cache.map(Arc::new),
+            keep_cached_keys: std::sync::atomic::AtomicBool::new(false),
+            acceptor: OnceLock::new(),
+            process: Mutex::new(None),
+            upgrading: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Where servers report their failure (and an upgrade its end) to the serve loop.
+    pub(crate) fn events(&self) -> Sender<Event> {
+        self.events.clone()
+    }
+
+    /// Lets `upgrade` start a successor and hand it the servers (the serve loop's part).
+    pub fn set_process(&self, process: crate::handover::Process) {
+        *self.process.lock().unwrap_or_else(PoisonError::into_inner) = Some(process);
+    }
+
+    /// Refuses a request that would change disks while an upgrade hands them over.
+    pub(crate) fn refuse_while_upgrading(&self) -> Result<()> {
+        if self.upgrading.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::busy(
+                "an upgrade is handing the disks to a new daemon; retry once it has answered",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Marks an upgrade as under way (under the registry's lock, so that a `disk-add` either
+    /// has reserved its name before, and is seen by `adding`, or is refused); returns whether
+    /// one was already.
+    pub(crate) fn begin_upgrade(&self) -> bool {
+        let _disks = self.disks();
+        self.upgrading
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A disk being added, if any.
+    pub(crate) fn adding(&self) -> Option<String> {
+        self.disks()
+            .iter()
+            .find(|(_, d)| matches!(d, DiskEntry::Adding(_)))
+            .map(|(name, _)| name.clone())
+    }
+
+    /// The vhost-user acceptor, started the first time a disk needs it.
+    pub(crate) fn acceptor(&self) -> Result<&Acceptor> {
+        if let Some(acceptor) = self.acceptor.get() {
+            return Ok(acceptor);
+        }
+        let started = Acceptor::start().context("starting the vhost-user acceptor")?;
+        // Two first disks at once: one acceptor wins, the other's thread ends at once.
+        if let Err(spare) = self.acceptor.set(started) {
+            spare.shutdown();
+        }
+        Ok(self.acceptor.get().expect("set above"))
     }
 
     fn disks(&self) -> MutexGuard<'_, BTreeMap<String, DiskEntry>> {
@@ -104,13 +185,14 @@ impl Daemon {
             pool: &self.pool,
             unlock: &self.unlock,
             master_key: self.master_key.as_ref(),
+            key_cache: self.key_cache.as_deref(),
         }
     }
 
     /// Opens, unlocks and exports a disk. On any failure nothing of it remains (no socket, no
     /// export, the image closed) and the other disks are untouched.
     pub fn add_disk(&self, config: DiskConfig) -> Result<DiskInfo> {
-        let prepared = self.prepare(config, None)?;
+        let prepared = self.prepare(config, Secret::Passphrase(None))?;
         self.publish(prepared)
     }
 
@@ -136,6 +218,9 @@ impl Daemon {
             )));
         }
         let mut disks = self.disks();
+        // Checked under the registry's lock, which the upgrade holds while it sets the flag
+        // and looks for disks being added: a disk is either handed over or refused.
+        self.refuse_while_upgrading()?;
         if disks.contains_key(&config.name) {
             return Err(Error::conflict(format!(
                 "a disk named \"{}\" is already attached",
@@ -173,16 +258,22 @@ impl Daemon {
     }
 
     /// First half of `add_disk`: reserves the name (and socket) and opens and unlocks the
-    /// image, exporting nothing yet. At start-up every disk is prepared before any is
-    /// published, so one bad key fails the start before any socket exists. `passphrase`, when
-    /// given, is used instead of the configured key file (asked on a terminal).
-    pub fn prepare(
+    /// image, exporting nothing yet. `secret` is what opens it: a passphrase asked on a
+    /// terminal (else the configured key source), or the volume keys a predecessor daemon
+    /// handed over.
+    pub fn prepare(&self, config: DiskConfig, secret: Secret) -> Result<PreparedDisk> {
+        self.prepare_on(config, None, secret)
+    }
+
+    /// As `prepare`, on the image file a predecessor daemon handed over (open and locked).
+    pub(crate) fn prepare_on(
         &self,
         config: DiskConfig,
-        passphrase: Option<Passphrase>,
+        inherited: Option<std::fs::File>,
+        secret: Secret,
     ) -> Result<PreparedDisk> {
         self.reserve(&config)?;
-        match open_image(&config, passphrase, &self.open_context()) {
+        match open_image(&config, inherited, secret, &self.open_context()) {
             Ok(image) => Ok(PreparedDisk { config, image }),
             Err(e) => {
                 self.unreserve(&config.name);
@@ -193,8 +284,17 @@ impl Daemon {
 
     /// Second half of `add_disk`: binds the disk's exports and makes it visible.
     pub fn publish(&self, prepared: PreparedDisk) -> Result<DiskInfo> {
+        self.publish_on(prepared, None)
+    }
+
+    /// As `publish`, serving the vhost-user socket a predecessor daemon handed over.
+    pub(crate) fn publish_on(
+        &self,
+        prepared: PreparedDisk,
+        inherited: Option<InheritedSocket>,
+    ) -> Result<DiskInfo> {
         let name = prepared.config.name.clone();
-        match self.attach(prepared) {
+        match self.attach(prepared, inherited) {
             Ok(disk) => {
                 let info = describe(&disk);
                 self.disks().insert(name.clone(), DiskEntry::Attached(disk));
@@ -213,7 +313,11 @@ impl Daemon {
         self.unreserve(&prepared.config.name);
     }
 
-    fn attach(&self, prepared: PreparedDisk) -> Result<Arc<AttachedDisk>> {
+    fn attach(
+        &self,
+        prepared: PreparedDisk,
+        inherited: Option<InheritedSocket>,
+    ) -> Result<Arc<AttachedDisk>> {
         let PreparedDisk { config, image } = prepared;
         let activity = DiskActivity::new();
         let vhost = match &config.vhost_user_blk {
@@ -226,8 +330,17 @@ impl Daemon {
                     allowed_peer: access.peer,
                     ..serve_options(&config, &image.serial)
                 };
-                let mut server = Server::bind(socket, image.device.clone(), opts)
-                    .context("starting the vhost-user-blk server")?;
+                let mut server = match inherited {
+                    Some(s) if &s.path == socket => Server::from_listener(
+                        s.listener,
+                        s.path,
+                        s.file,
+                        image.device.clone(),
+                        opts,
+                    ),
+                    _ => Server::bind(socket, image.device.clone(), opts),
+                }
+                .context("starting the vhost-user-blk server")?;
                 server.set_event_listener(switchover_on_vm_stop(
                     config.name.clone(),
                     activity.clone(),
@@ -235,23 +348,22 @@ impl Daemon {
                 let stop = server.stop_handle();
                 let events = self.events.clone();
                 let name = config.name.clone();
-                let thread = std::thread::Builder::new()
-                    .name(format!("vhost-{name}"))
-                    .spawn(move || {
-                        let result = server.run();
-                        if let Err(e) = &result {
+                let served = self
+                    .acceptor()?
+                    .serve(
+                        server,
+                        Some(Box::new(move |e| {
                             let _ = events.send(Event::ServerFailed {
-                                disk: name,
-                                error: chain(e),
+                                disk: name.clone(),
+                                error: chain(&e),
                             });
-                        }
-                        result
-                    })
-                    .context("starting the vhost-user-blk server thread")?;
+                        })),
+                    )
+                    .context("starting the vhost-user-blk server")?;
                 Some(VhostExport {
                     socket: socket.clone(),
                     stop,
-                    thread: Mutex::new(Some(thread)),
+                    served,
                 })
             }
             None => None,
@@ -292,6 +404,16 @@ impl Daemon {
     /// Detaches a disk: no new client can open it, in-flight requests finish, the image is
     /// flushed and closed. Refused while a VM is connected over vhost-user unless `force`.
     pub fn remove_disk(&self, name: &str, force: bool) -> Result<()> {
+        self.detach(name, force, false)
+    }
+
+    /// Detaches a disk a successor daemon has taken over: its cached keys stay (the socket
+    /// file stays too: its vhost-user server was marked handed over).
+    pub(crate) fn detach_for_handover(&self, name: &str) -> Result<()> {
+        self.detach(name, true, true)
+    }
+
+    fn detach(&self, name: &str, force: bool, keep_keys: bool) -> Result<()> {
         let disk = {
             let mut disks = self.disks();
             let disk = match disks.get(name) {
@@ -360,6 +482,15 @@ impl Daemon {
         if let Err(e) = flushed {
             first_error.get_or_insert(Error::caused("flushing the image", e));
         }
+        if let (Some(cache), Some(keys)) = (&self.key_cache, disk.image.volume_keys()) {
+            if !keep_keys
+                && !self
+                    .keep_cached_keys
+                    .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                cache.remove(&keys.uuid);
+            }
+        }
         match first_error {
             Some(e) => Err(e.context(format!("detaching disk \"{name}\""))),
             None => {
@@ -408,8 +539,11 @@ impl Daemon {
             .collect()
     }
 
-    /// Detaches every disk (VMs are cut off); returns the first error.
+    /// Detaches every disk (VMs are cut off); returns the first error. Cached keys stay for
+    /// the daemon's next start (they expire unless it comes).
     pub fn shutdown(&self) -> Result<()> {
+        self.keep_cached_keys
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let names: Vec<String> = self.disks().keys().cloned().collect();
         let mut first_error = None;
         for name in names {
@@ -417,6 +551,9 @@ impl Daemon {
                 tracing::error!(disk = %name, "{}", chain(&e));
                 first_error.get_or_insert(e);
             }
+        }
+        if let Some(acceptor) = self.acceptor.get() {
+            acceptor.shutdown();
         }
         first_error.map_or(Ok(()), Err)
     }

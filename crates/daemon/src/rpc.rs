@@ -42,6 +42,9 @@ impl Handler for ControlHandler {
 impl ControlHandler {
     fn dispatch(&self, request: Request, fds: &mut PassedFds) -> Result<Value> {
         let d = &self.daemon;
+        if changes_disks(&request) {
+            d.refuse_while_upgrading()?;
+        }
         match request {
             Request::DiskAdd(mut config) => {
                 require_absolute_paths(&config).map_err(|e| Error::invalid_params(e.0))?;
@@ -56,14 +59,18 @@ impl ControlHandler {
                 let passphrase = optional_passphrase(config.key_params(), fds, d)?;
                 config.key_fd = None;
                 let secret = config.key_secret.is_some();
-                let prepared = d.prepare(config, passphrase).map_err(|e| {
-                    // CBC cannot tell a wrong IV: it shows as a wrong passphrase.
-                    if secret && e.kind() == ErrorKind::WrongPassphrase {
-                        e.context("unlocking with key-secret (decrypted; is key-secret-iv right?)")
-                    } else {
-                        e
-                    }
-                })?;
+                let prepared = d
+                    .prepare(config, crate::Secret::Passphrase(passphrase))
+                    .map_err(|e| {
+                        // CBC cannot tell a wrong IV: it shows as a wrong passphrase.
+                        if secret && e.kind() == ErrorKind::WrongPassphrase {
+                            e.context(
+                                "unlocking with key-secret (decrypted; is key-secret-iv right?)",
+                            )
+                        } else {
+                            e
+                        }
+                    })?;
                 json(d.publish(prepared)?)
             }
             Request::DiskRemove(p) => {
@@ -137,8 +144,27 @@ impl ControlHandler {
             }
             Request::ReencryptStatus(p) => json(d.reencrypt_status(&p.name)?),
             Request::ReencryptPause(p) => json(d.reencrypt_pause(&p.name)?),
+            Request::Upgrade(p) => {
+                if let Some(path) = &p.binary {
+                    check_absolute(path)?;
+                }
+                json(d.upgrade(&p)?)
+            }
         }
     }
+}
+
+/// Whether a request changes what the daemon serves (refused while an upgrade hands the
+/// disks over); reading requests are answered throughout.
+fn changes_disks(r: &Request) -> bool {
+    !matches!(
+        r,
+        Request::DiskList(_)
+            | Request::Stats(_)
+            | Request::MigrateStatus(_)
+            | Request::ReencryptStatus(_)
+            | Request::Upgrade(_)
+    )
 }
 
 /// The disk a request concerns, for its log line.
@@ -160,6 +186,7 @@ fn request_disk(r: &Request) -> Option<&str> {
         Request::MigrateRecover(p) => Some(&p.name),
         Request::ReencryptStart(p) => Some(&p.name),
         Request::ReencryptStatus(p) | Request::ReencryptPause(p) => Some(&p.name),
+        Request::Upgrade(_) => None,
     }
 }
 

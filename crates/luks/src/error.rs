@@ -36,6 +36,10 @@ pub enum LuksError {
         limit: u64,
         option: &'static str,
     },
+    /// The volume keys at hand (a predecessor daemon's, the key cache's) are not the ones the
+    /// header's digest describes now: the volume was re-encrypted or re-formatted since.
+    #[error("the known volume key does not match the header's digest {0} (the volume's key changed since it was recorded); unlock it with its passphrase")]
+    KnownKeyStale(&'static str),
     #[error("{0}")]
     InvalidArgument(String),
     #[error("keyslot {0} is not usable: {1}")]

@@ -4,7 +4,10 @@ use crate::io::read_at;
 use crate::io::HeaderIo;
 use crate::luks1::{is_luks1, Luks1Header};
 use crate::luks2::Luks2Header;
-use crate::{FormatOptions, LuksError, LuksVersion, PbkdfOptions, Result, UnlockOptions};
+use crate::{
+    DigestFingerprint, FormatOptions, LuksError, LuksVersion, PbkdfOptions, Result, UnlockOptions,
+    Unlocker,
+};
 use cryptblk_crypto::{CipherSpec, SecretKey};
 
 mod dump_text;
@@ -113,8 +116,32 @@ impl LuksImage {
         both!(self, h => h.unlock(file, passphrase, opts))
     }
 
+    /// Opens the volume key with a passphrase (trying the keyslots) or with a known key
+    /// (matched by the digest's fingerprint, no KDF); the keyslot is `None` for a known key.
+    pub fn unlock_with(
+        &self,
+        file: &dyn HeaderIo,
+        unlocker: Unlocker<'_>,
+        opts: &UnlockOptions,
+    ) -> Result<(Option<usize>, SecretKey)> {
+        both!(self, h => h.unlock_with(file, unlocker, opts))
+    }
+
+    /// The fingerprint of the digest the data's volume key must match (`KnownKey`).
+    pub fn volume_key_fingerprint(&self) -> Result<DigestFingerprint> {
+        both!(self, h => h.volume_key_fingerprint())
+    }
+
     pub fn verify_volume_key(&self, key: &SecretKey) -> Result<()> {
         both!(self, h => h.verify_volume_key(key))
+    }
+
+    /// The most memory (KiB) one keyslot's KDF needs: argon2's cost, 0 for PBKDF2 (LUKS1).
+    pub fn unlock_memory_kib(&self) -> u64 {
+        match self {
+            LuksImage::V1(_) => 0,
+            LuksImage::V2(h) => h.unlock_memory_kib(),
+        }
     }
 
     /// Create a header with a fresh random volume key in keyslot 0; returns the key too.

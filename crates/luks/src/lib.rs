@@ -21,6 +21,7 @@ mod io;
 pub mod kdf;
 mod kdf_cost;
 pub mod keyslot_area;
+mod known_key;
 pub mod luks1;
 
 pub use direct_file::{DirectFile, DIRECT_ALIGN};
@@ -28,6 +29,7 @@ pub use error::{LuksError, Result};
 pub use hash::HashAlg;
 pub use image::LuksImage;
 pub use io::HeaderIo;
+pub use known_key::{DigestFingerprint, KnownKey, Unlocker};
 mod options;
 pub use options::{
     FormatOptions, LuksVersion, PbkdfKind, PbkdfOptions, UnlockOptions,

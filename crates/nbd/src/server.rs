@@ -56,6 +56,12 @@ impl StopHandle {
         }
     }
 
+    /// The listening socket now belongs to a successor daemon: a Unix socket's file stays
+    /// where it is when the server stops. (Stopping never shuts the shared socket down.)
+    pub fn hand_over(&self) {
+        self.state.waker.hand_over();
+    }
+
     fn is_stopped(&self) -> bool {
         self.state.stopped.load(Ordering::SeqCst)
     }
@@ -122,11 +128,44 @@ impl NbdServer {
         };
         let listener =
             Listener::bind(addr, Some(UNIX_SOCKET_MODE)).map_err(|e| bind_error(e.source))?;
-        let local_addr = match listener.local_addr().map_err(bind_error)? {
+        Self::serving(listener, exports, tls, authz).map_err(bind_error)
+    }
+
+    /// Serves on a listening socket a predecessor daemon handed over (bound, with TLS or
+    /// without, as that daemon's was: the checks of `bind` were made when it was bound).
+    pub fn from_listener(
+        listener: Listener,
+        exports: Arc<ExportRegistry>,
+        tls: Option<TlsCreds>,
+    ) -> Result<Self, Error> {
+        let address = listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let (tls, authz) = match tls {
+            Some(creds) => (Some(creds.config), creds.authz),
+            None => (None, None),
+        };
+        Self::serving(listener, exports, tls, authz)
+            .map_err(|source| Error::Bind { address, source })
+    }
+
+    /// The listening socket, to hand over to a successor daemon.
+    pub fn listener(&self) -> &Listener {
+        &self.listener
+    }
+
+    fn serving(
+        listener: Listener,
+        exports: Arc<ExportRegistry>,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        authz: Option<Arc<crate::AllowList>>,
+    ) -> std::io::Result<Self> {
+        let local_addr = match listener.local_addr()? {
             NbdAddress::Unix(path) => path.display().to_string(),
             NbdAddress::Tcp(host_port) => host_port,
         };
-        let waker = listener.waker().map_err(bind_error)?;
+        let waker = listener.waker()?;
         Ok(NbdServer {
             listener,
             local_addr,

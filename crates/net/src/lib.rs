@@ -22,5 +22,5 @@ pub mod unix_socket;
 
 pub use address::{Address, AddressError};
 pub use limits::{ConnectionGate, ConnectionLimits, ConnectionPermit, LimitExceeded};
-pub use listener::{BindError, Listener, ListenerWaker};
+pub use listener::{BindError, Listener, ListenerWaker, ListeningSocket};
 pub use stream::{connect, Stream};

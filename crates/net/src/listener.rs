@@ -1,11 +1,17 @@
 //! Listening on an address.
+//!
+//! A waiting `accept` is woken through a pipe of the listener's own, never by shutting the
+//! socket down: the listening socket may be shared with a successor daemon that took it over
+//! (`hand_over`), which must go on accepting on it.
 use crate::unix_socket::{bind_private, remove_if_ours, FileId, SocketFile};
 use crate::{Address, Stream};
-use std::io;
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::fd::OwnedFd;
+use std::io::{self, Write};
+use std::net::TcpListener;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Why an address could not be bound; the message names the address.
 #[derive(Debug, thiserror::Error)]
@@ -16,10 +22,12 @@ pub struct BindError {
     pub source: io::Error,
 }
 
-/// A bound listening socket. A Unix socket's file is removed when it drops.
+/// A bound listening socket. A Unix socket's file is removed when it drops, unless it was
+/// handed over to a successor.
 #[derive(Debug)]
 pub struct Listener {
     inner: Inner,
+    wake: Arc<Wake>,
 }
 
 #[derive(Debug)]
@@ -28,17 +36,42 @@ enum Inner {
     Tcp(TcpListener),
 }
 
-/// Wakes a thread blocked in [`Listener::accept`] from another thread: the accept fails (or
-/// returns a dead connection) so that the thread can see it should stop. Works even when the
-/// socket file is gone.
 #[derive(Debug)]
-pub struct ListenerWaker(Stream);
+struct Wake {
+    /// Readable once `wake` was called.
+    rx: UnixStream,
+    tx: UnixStream,
+    handed_over: AtomicBool,
+}
+
+/// A listening socket on its way to a successor daemon: the descriptor, the address it is
+/// bound to and, for a Unix socket, its file's identity (`Listener::from_inherited`).
+#[derive(Debug)]
+pub struct ListeningSocket {
+    pub fd: std::os::fd::OwnedFd,
+    pub address: Address,
+    pub file: Option<FileId>,
+}
+
+impl ListeningSocket {
+    pub fn into_listener(self) -> io::Result<Listener> {
+        Listener::from_inherited(self.fd, &self.address, self.file)
+    }
+}
+
+/// Wakes a thread blocked in [`Listener::accept`] from another thread: the accept fails with
+/// `Interrupted` so that the thread can see it should stop.
+#[derive(Debug, Clone)]
+pub struct ListenerWaker(Arc<Wake>);
 
 impl ListenerWaker {
     pub fn wake(&self) {
-        // shutdown(2) on a listening socket makes a blocked accept() return (Linux); the
-        // stream type is only what std offers for calling it on the duplicated descriptor.
-        self.0.shutdown(Shutdown::Both);
+        let _ = (&self.0.tx).write(&[1]);
+    }
+
+    /// The socket now belongs to a successor daemon: its file stays when the listener drops.
+    pub fn hand_over(&self) {
+        self.0.handed_over.store(true, Ordering::SeqCst);
     }
 }
 
@@ -60,7 +93,50 @@ impl Listener {
             }
             Address::Tcp(hp) => Inner::Tcp(TcpListener::bind(hp.as_str()).map_err(error)?),
         };
-        Ok(Listener { inner })
+        Self::with_inner(inner).map_err(error)
+    }
+
+    /// A listening socket a predecessor daemon handed over, bound at `address` (for a Unix
+    /// socket, `file` names the socket file it created there).
+    pub fn from_inherited(
+        fd: std::os::fd::OwnedFd,
+        address: &Address,
+        file: Option<FileId>,
+    ) -> io::Result<Listener> {
+        let inner = match (address, file) {
+            (Address::Unix(path), Some(id)) => {
+                Inner::Unix(UnixListener::from(fd), path.clone(), id)
+            }
+            (Address::Tcp(_), None) => Inner::Tcp(TcpListener::from(fd)),
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a Unix socket needs its file's identity, a TCP one none",
+                ))
+            }
+        };
+        Self::with_inner(inner)
+    }
+
+    fn with_inner(inner: Inner) -> io::Result<Listener> {
+        // Polled first; a connection that vanishes between the poll and the accept must not
+        // block the thread where it no longer sees a wake-up. (Accepted sockets do not
+        // inherit O_NONBLOCK on Linux.)
+        match &inner {
+            Inner::Unix(l, _, _) => l.set_nonblocking(true)?,
+            Inner::Tcp(l) => l.set_nonblocking(true)?,
+        }
+        let (rx, tx) = UnixStream::pair()?;
+        rx.set_nonblocking(true)?;
+        tx.set_nonblocking(true)?;
+        Ok(Listener {
+            inner,
+            wake: Arc::new(Wake {
+                rx,
+                tx,
+                handed_over: AtomicBool::new(false),
+            }),
+        })
     }
 
     /// The address actually bound (a TCP port 0 resolved).
@@ -71,16 +147,85 @@ impl Listener {
         })
     }
 
-    /// Waits for a connection; returns it and who is on the other end (for messages).
+    /// The socket file's identity (a Unix socket), for a successor taking the listener over.
+    pub fn file_id(&self) -> Option<FileId> {
+        match &self.inner {
+            Inner::Unix(_, _, id) => Some(*id),
+            Inner::Tcp(_) => None,
+        }
+    }
+
+    /// A copy of the listening socket with its address, to hand over to a successor daemon
+    /// (taken before the listener moves to its serving thread).
+    pub fn handover_copy(&self) -> io::Result<ListeningSocket> {
+        Ok(ListeningSocket {
+            fd: self.socket_fd().try_clone_to_owned()?,
+            address: self.local_addr()?,
+            file: self.file_id(),
+        })
+    }
+
+    /// The listening socket.
+    pub fn socket_fd(&self) -> BorrowedFd<'_> {
+        match &self.inner {
+            Inner::Unix(l, _, _) => l.as_fd(),
+            Inner::Tcp(l) => l.as_fd(),
+        }
+    }
+
+    /// Waits for a connection; returns it and who is on the other end (for messages). After
+    /// [`ListenerWaker::wake`], fails with `Interrupted` (every call from then on).
     pub fn accept(&self) -> io::Result<(Stream, String)> {
+        loop {
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.socket_fd().as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.wake.rx.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: `fds` is a live array of two initialised pollfd whose descriptors `self`
+            // owns for the whole call; the length passed matches it.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if fds[1].revents != 0 {
+                // The byte is never read, so later calls return at once too.
+                return Err(io::Error::new(
+                    io::ErrorKind::Interrupted,
+                    "the listener was asked to stop",
+                ));
+            }
+            if fds[0].revents != 0 {
+                match self.accept_now() {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    accepted => return accepted,
+                }
+            }
+        }
+    }
+
+    fn accept_now(&self) -> io::Result<(Stream, String)> {
         match &self.inner {
             Inner::Tcp(l) => {
                 let (s, peer) = l.accept()?;
+                s.set_nonblocking(false)?;
                 s.set_nodelay(true)?;
                 Ok((Stream::Tcp(s), peer.to_string()))
             }
             Inner::Unix(l, p, _) => {
                 let (s, _) = l.accept()?;
+                s.set_nonblocking(false)?;
                 Ok((Stream::Unix(s), format!("unix:{}", p.display())))
             }
         }
@@ -88,17 +233,16 @@ impl Listener {
 
     /// A handle that wakes `accept` from another thread.
     pub fn waker(&self) -> io::Result<ListenerWaker> {
-        Ok(ListenerWaker(match &self.inner {
-            Inner::Tcp(l) => Stream::Tcp(TcpStream::from(OwnedFd::from(l.try_clone()?))),
-            Inner::Unix(l, _, _) => Stream::Unix(UnixStream::from(OwnedFd::from(l.try_clone()?))),
-        }))
+        Ok(ListenerWaker(self.wake.clone()))
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
         if let Inner::Unix(_, p, id) = &self.inner {
-            remove_if_ours(p, *id);
+            if !self.wake.handed_over.load(Ordering::SeqCst) {
+                remove_if_ours(p, *id);
+            }
         }
     }
 }

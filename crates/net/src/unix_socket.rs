@@ -136,6 +136,15 @@ pub struct FileId {
 }
 
 impl FileId {
+    /// Device and inode numbers, e.g. to tell a successor daemon which file is the socket's.
+    pub fn parts(&self) -> (u64, u64) {
+        (self.dev, self.ino)
+    }
+
+    pub fn from_parts(dev: u64, ino: u64) -> FileId {
+        FileId { dev, ino }
+    }
+
     pub fn of(path: &Path) -> Option<FileId> {
         let meta = fs::symlink_metadata(path).ok()?;
         Some(FileId {

@@ -4,6 +4,7 @@
 //!   way to skip a test when they are absent ([`skip`]).
 //! - `luks` (feature `luks`): LUKS2 images that are cheap to open.
 //! - [`x509`]: TLS credentials in QEMU's `tls-creds-x509` layout, made with the openssl CLI.
+//! - [`docs`]: the project's pages checked against the command line and the tree.
 //! - `vhost_user` (feature `vhost-user`): an in-process vhost-user-blk frontend.
 //! - `nbd` (feature `nbd`): NBD test clients, strict and byte-level.
 //! - `ceph` (feature `ceph`): a throwaway single-node Ceph cluster for RBD tests.
@@ -11,6 +12,7 @@
 #[cfg(feature = "ceph")]
 pub mod ceph;
 pub mod corpus;
+pub mod docs;
 #[cfg(feature = "luks")]
 pub mod luks;
 #[cfg(feature = "nbd")]
@@ -70,23 +72,6 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// Waits up to 30 s for `path` (a socket a daemon binds) to appear; panics if `child` exits
-/// first or time runs out.
-pub fn wait_for_path(path: &Path, child: &mut std::process::Child) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !path.exists() {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("serve exited early: {status}");
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
 /// The path of an external tool the test needs (`qemu-img`, `cryptsetup`, `nbdinfo`, ...),
 /// searched in the system's binary folders, then in `PATH`. Panics when it is missing: a
 /// missing interop tool fails the suite, it never skips it.
@@ -136,25 +121,6 @@ pub fn cryptsetup27() -> PathBuf {
         path.display()
     );
     path
-}
-
-/// Stops `child` (a daemon a test spawned) with SIGTERM and waits up to 30 s for it to exit;
-/// returns its exit code (-1 when a signal ended it).
-pub fn terminate(mut child: std::process::Child) -> i32 {
-    let pid = libc::pid_t::try_from(child.id()).unwrap();
-    // SAFETY: kill(2) on a child this test spawned and has not reaped.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code().unwrap_or(-1);
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "serve did not stop on SIGTERM"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
 }
 
 /// Runs `program args`; panics with its output unless it succeeds, so that a fixture that

@@ -8,11 +8,9 @@
 //! - Crypto runs per request, on the queue's thread, and never waits for another thread: a
 //!   read is decrypted and handed out as soon as it completes, one by one, so the owner answers
 //!   each read while the next is still being decrypted; the pipeline's drain gives the thread
-//!   back after 64 KiB of decryption, with the notifier set again. (Sharing a batch's crypto
-//!   with pool helpers made the thread wait for a helper that a busy host had descheduled:
-//!   measured on 2 vCPUs, it served a half to two thirds of the same server's plain
-//!   throughput, see `ARCHITECTURE.md`.) A request larger than the pool's inline threshold is
-//!   still split over the pool (`CryptoPool::crypt_raw`).
+//!   back after 64 KiB of decryption, with the notifier set again. Only a request larger than
+//!   the pool's inline threshold is split over the pool (`CryptoPool::crypt_raw`). (The
+//!   designs measured against this one: docs/performance.md, "The request path".)
 //! - On an engine that runs each transfer on a pool thread (`threads`), the crypto is handed
 //!   to those threads instead (`Pipeline::offload`, `VolumeCrypto` below): each request is
 //!   decrypted or encrypted by the thread that transfers it, so a batch's crypto is spread as

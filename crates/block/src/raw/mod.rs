@@ -89,6 +89,41 @@ impl RawFile {
         if opts.lock {
             lock_file(&file, opts.writable).map_err(|e| e.with_path(path))?;
         }
+        Self::with_file(file, path, opts, settings)
+    }
+
+    /// The image a predecessor daemon had open (and locked: the lock belongs to the open file
+    /// it handed over, so it never lapses), opened by it with these `opts` and `settings`.
+    /// `path` must still name that very file, since a direct-I/O descriptor is opened by it.
+    pub fn from_inherited(
+        file: File,
+        path: impl AsRef<Path>,
+        opts: OpenOptions,
+        settings: IoSettings,
+    ) -> Result<Self, BlockError> {
+        use std::os::unix::fs::MetadataExt;
+        let path = path.as_ref();
+        let held = file
+            .metadata()
+            .map_err(|e| BlockError::io("stat", e).with_path(path))?;
+        let named =
+            std::fs::metadata(path).map_err(|e| BlockError::io("stat", e).with_path(path))?;
+        if (held.dev(), held.ino()) != (named.dev(), named.ino()) {
+            return Err(BlockError::new(
+                BlockErrorKind::Io,
+                "the path no longer names the image the predecessor daemon had open (moved or replaced)",
+            )
+            .with_path(path));
+        }
+        Self::with_file(file, path, opts, settings)
+    }
+
+    fn with_file(
+        file: File,
+        path: &Path,
+        opts: OpenOptions,
+        settings: IoSettings,
+    ) -> Result<Self, BlockError> {
         let size = file_size(&file).map_err(|e| e.with_path(path))?;
         let mut raw = RawFile {
             files: Arc::new(Files {
@@ -133,6 +168,11 @@ impl RawFile {
             raw.aio = AioEngine::Threads;
         }
         Ok(raw)
+    }
+
+    /// The open (and locked) image file, to hand over to a successor daemon.
+    pub fn locked_file(&self) -> &File {
+        &self.files.buffered
     }
 
     /// Creates a new sparse file of `size` bytes (refusing to overwrite an existing one) and

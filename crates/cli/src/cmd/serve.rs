@@ -22,12 +22,14 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
         cryptblk_daemon::forbid_core_dumps()?;
     }
     // Read once, before any disk needs it; a bad file fails the start.
+    // (A successor reads it again: the predecessor's copy stays in its own memory.)
     let master_key = a
         .master_key_file
         .as_deref()
         .map(cryptblk_daemon::secret::MasterKey::from_file)
         .transpose()
         .context("--master-key-file")?;
+    let take_over = a.take_over_fd.map(inherited_fd).transpose()?;
     let mut file_budget = None;
     let disks = match (&a.config, &a.image) {
         (Some(path), _) => {
@@ -39,14 +41,26 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
                 ConfigFileError::Read { .. } => anyhow::Error::from(e),
             })?;
             file_budget = memory_budget;
+            if disks.is_empty() && a.control.is_none() && take_over.is_none() {
+                return Err(UsageError(format!(
+                    "{}: no [[disk]] in the file; give --control PATH to start without disks \
+                     and add them later",
+                    path.display()
+                ))
+                .into());
+            }
             disks
                 .into_iter()
                 .map(|config| StartDisk {
                     config,
                     passphrase: None,
                 })
+                .filter(|_| take_over.is_none())
                 .collect()
         }
+        // A successor gets its disks from the daemon it takes over from (a config file
+        // still gives its settings).
+        _ if take_over.is_some() => Vec::new(),
         (None, Some(_)) => vec![single_disk(a)?],
         (None, None) if a.control.is_some() => Vec::new(),
         (None, None) => {
@@ -110,8 +124,40 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
         master_key,
         name_disks: a.config.is_some(),
         memory_budget: a.memory_budget.or(file_budget),
+        key_cache: (a.key_cache == "keyring")
+            .then(|| std::time::Duration::from_secs(a.key_cache_timeout)),
+        unlock_memory_kib: a
+            .unlock_memory
+            .map_or_else(cryptblk_daemon::UnlockBudget::default_kib, |bytes| {
+                bytes >> 10
+            }),
+        take_over,
+        restart: Some(restart_command()?),
     })?;
     Ok(())
+}
+
+/// The descriptor a predecessor daemon passed down (`--take-over-fd`), checked to be open.
+fn inherited_fd(fd: i32) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: F_GETFD only asks whether `fd` is open; it changes nothing.
+    if fd < 3 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(UsageError(format!(
+            "--take-over-fd {fd}: no such descriptor (this option is for `ctl upgrade` only)"
+        ))
+        .into());
+    }
+    // SAFETY: the descriptor is open (checked above) and nothing else in this process owns
+    // it: it was inherited for exactly this use.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// The program file and arguments that start this daemon again, for `ctl upgrade`: the path
+/// as it was at start (a package upgrade puts the new version there), the same arguments.
+fn restart_command() -> Result<(std::path::PathBuf, Vec<std::ffi::OsString>)> {
+    let program = std::env::current_exe().context("finding the daemon's own program file")?;
+    let args = cryptblk_daemon::restart_args(std::env::args_os().skip(1));
+    Ok((program, args))
 }
 
 /// The disk of `--image` and its options. A LUKS image without `--key-file` gets its

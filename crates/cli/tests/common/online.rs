@@ -1,106 +1,53 @@
 //! A served disk that an online reencryption or encryption changes while an NBD client reads
-//! and writes it: the daemon's sockets, `reencrypt-status` and its waits, and a model of what
-//! the client wrote, checked around the boundary as it moves.
-use super::{assert_same_bytes, ctl, ctl_json, Out, ServeProcess, MIB};
+//! and writes it: the daemon's start and `reencrypt-status`, and a model of what the client
+//! wrote, checked around the boundary as it moves.
+use super::{assert_same_bytes, Daemon, Key, Serve, TestDir, MIB};
 use cryptblk_testutil::nbd::NbdClient;
 use rand::{Rng, RngCore, SeedableRng};
 use serde_json::Value;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 /// A disk's image and passphrase in a directory of their own, served as disk "vol".
 pub struct OnlineDisk {
-    pub dir: tempfile::TempDir,
+    pub t: TestDir,
     pub img: PathBuf,
-    pub key: PathBuf,
+    pub key: Key,
 }
 
 impl OnlineDisk {
     pub fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+        self.t.path(name)
     }
 
-    /// `serve` with the image as disk "vol", NBD and a control socket, and `extra` options.
-    pub fn serve_args(&self, extra: &[&str]) -> ServeProcess {
-        self.serve_limited(extra, None)
+    /// `serve` with the image as disk "vol", NBD and a control socket (no key: add one).
+    pub fn serve(&self) -> Serve {
+        self.t.serve().image(&self.img).name("vol").nbd().control()
     }
+}
 
-    /// As `serve_args`, with the daemon's file writes at or past `file_limit` bytes refused
-    /// (EFBIG, as a full filesystem refuses them).
-    pub fn serve_limited(&self, extra: &[&str], file_limit: Option<u64>) -> ServeProcess {
-        let (control, nbd) = (self.path("ctl.sock"), self.path("nbd.sock"));
-        let _ = std::fs::remove_file(&control);
-        let _ = std::fs::remove_file(&nbd);
-        let nbd_arg = format!("unix:{}", super::s(&nbd));
-        let mut args = vec![
-            "--image",
-            super::s(&self.img),
-            "--name",
-            "vol",
-            "--nbd",
-            &nbd_arg,
-            "--control",
-            super::s(&control),
-        ];
-        args.extend_from_slice(extra);
-        match file_limit {
-            Some(limit) => ServeProcess::start_with_file_limit(&args, &control, limit),
-            None => ServeProcess::start(&args, &control),
+/// `reencrypt-status vol`.
+pub fn status(daemon: &Daemon) -> Value {
+    daemon.ctl_ok(&["reencrypt-status", "vol"])
+}
+
+/// Runs rounds of `model`'s I/O around the boundary `boundary(status)` until the run
+/// finishes; returns how many rounds overlapped it.
+pub fn io_until_finished(
+    daemon: &Daemon,
+    c: &mut NbdClient,
+    model: &mut Model,
+    boundary: impl Fn(&Value) -> u64,
+) -> usize {
+    let mut rounds = 0;
+    loop {
+        let st = status(daemon);
+        if st["phase"] == "finished" {
+            return rounds;
         }
-    }
-
-    pub fn nbd(&self) -> NbdClient {
-        NbdClient::connect(&self.path("nbd.sock"), "vol").unwrap()
-    }
-
-    pub fn ctl(&self, args: &[&str]) -> Out {
-        ctl(&self.path("ctl.sock"), args)
-    }
-
-    pub fn ctl_json(&self, args: &[&str]) -> Value {
-        ctl_json(&self.path("ctl.sock"), args)
-    }
-
-    pub fn status(&self) -> Value {
-        self.ctl_json(&["reencrypt-status", "vol"])
-    }
-
-    /// Waits until `reencrypt-status` satisfies `done`; panics after 2 minutes or on an error.
-    pub fn wait(&self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let st = self.status();
-            if done(&st) {
-                return st;
-            }
-            assert!(st["last-error"].is_null(), "the run failed: {st}");
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}: {st}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Runs rounds of `model`'s I/O around the boundary `boundary(status)` until the run
-    /// finishes; returns how many rounds overlapped it.
-    pub fn io_until_finished(
-        &self,
-        c: &mut NbdClient,
-        model: &mut Model,
-        boundary: impl Fn(&Value) -> u64,
-    ) -> usize {
-        let mut rounds = 0;
-        loop {
-            let st = self.status();
-            if st["phase"] == "finished" {
-                return rounds;
-            }
-            assert!(st["last-error"].is_null(), "{st}");
-            model.round(c, boundary(&st));
-            c.flush().unwrap();
-            rounds += 1;
-        }
+        assert!(st["last-error"].is_null(), "{st}");
+        model.round(c, boundary(&st));
+        c.flush().unwrap();
+        rounds += 1;
     }
 }
 

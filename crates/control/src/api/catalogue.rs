@@ -1,5 +1,5 @@
 //! The methods as a table: names, what each param is and what it means. `cryptblk ctl` builds
-//! its verbs, flags and help from it, and the protocol reference (`ctl --help`, the README) is
+//! its verbs, flags and help from it, and the protocol reference (`ctl --help`, docs/serving.md) is
 //! generated from it; a test checks it against the param types of [`super::methods`].
 
 /// What a param holds, which decides how `ctl` takes it and how the reference writes it.
@@ -287,6 +287,13 @@ pub const METHODS: &[MethodSpec] = &[
         summary: "Stop a disk's online reencryption once the hotzone being rewritten is committed; reencrypt-start continues it.",
         params: &[NAME],
     },
+    MethodSpec {
+        name: "upgrade",
+        summary: "Hand every disk, socket and volume key to a new daemon process (a new version) without a key derivation; VMs reconnect to the same sockets; this daemon then exits.",
+        params: &[
+            opt("binary", Path, "The program to start as the new daemon (default: the daemon's own program path, as the package manager left it)."),
+        ],
+    },
 ];
 
 /// Keys a config file may spell differently from the method's param (file key, param).
@@ -297,7 +304,7 @@ pub fn method(name: &str) -> Option<&'static MethodSpec> {
 }
 
 /// The methods and their params, one method per line group, for `ctl --help` and the
-/// README: `disk-add {"name": str, "image": path, "key-file"?: path, ...}`.
+/// docs/serving.md: `disk-add {"name": str, "image": path, "key-file"?: path, ...}`.
 pub fn methods_reference() -> String {
     let mut out = String::new();
     for m in METHODS {

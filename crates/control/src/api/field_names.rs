@@ -74,6 +74,7 @@ pub fn accepted_params(method: &str) -> Option<Vec<&'static str>> {
         "migrate-recover" => fields::<MigrateRecoverParams>(),
         "reencrypt-start" => fields::<super::ReencryptStartParams>(),
         "reencrypt-status" | "reencrypt-pause" => fields::<NameParams>(),
+        "upgrade" => fields::<UpgradeParams>(),
         _ => return None,
     };
     Some(all.difference(&aliases).copied().collect())

@@ -209,6 +209,16 @@ pub struct MigrateRecoverParams {
     pub to: String,
 }
 
+/// `upgrade`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct UpgradeParams {
+    /// The program to run as the successor (default: the daemon's own program file, as it
+    /// is now on disk, e.g. a new version a package put there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binary: Option<PathBuf>,
+}
+
 /// A request the daemon understands, its params checked.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Request {
@@ -229,6 +239,7 @@ pub enum Request {
     ReencryptStart(super::ReencryptStartParams),
     ReencryptStatus(NameParams),
     ReencryptPause(NameParams),
+    Upgrade(UpgradeParams),
 }
 
 impl Request {
@@ -259,6 +270,7 @@ impl Request {
             "reencrypt-start" => Request::ReencryptStart(from(params)?),
             "reencrypt-status" => Request::ReencryptStatus(from(params)?),
             "reencrypt-pause" => Request::ReencryptPause(from(params)?),
+            "upgrade" => Request::Upgrade(from(params)?),
             other => return Err(RpcError::method_not_found(other)),
         })
     }
@@ -282,6 +294,7 @@ impl Request {
             Request::ReencryptStart(_) => "reencrypt-start",
             Request::ReencryptStatus(_) => "reencrypt-status",
             Request::ReencryptPause(_) => "reencrypt-pause",
+            Request::Upgrade(_) => "upgrade",
         }
     }
 }

@@ -21,7 +21,7 @@ pub use key_source::{key_source, KeyParams, KeySource};
 pub use methods::{
     DiskRemoveParams, DiskResizeParams, KeyAddParams, KeyRemoveParams, MigrateIncomingParams,
     MigrateRecoverParams, MigrateStartParams, MigrateSwitchoverParams, NameParams, NoParams, Pbkdf,
-    Request, StatsParams, DEFAULT_CONNECT_TIMEOUT_MS,
+    Request, StatsParams, UpgradeParams, DEFAULT_CONNECT_TIMEOUT_MS,
 };
 pub use reencrypt::{Hotzone, ReencryptPhase, ReencryptStartParams, ReencryptStatus, Resilience};
 pub use results::*;

@@ -54,6 +54,23 @@ pub struct DiskRemoved {
     pub removed: String,
 }
 
+/// `upgrade`'s answer, sent once the new daemon serves every disk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Upgraded {
+    /// The new daemon's process id.
+    pub pid: u32,
+    /// Disks handed over.
+    pub disks: usize,
+    /// Of them, opened with the volume keys handed over (no key derivation).
+    pub without_kdf: usize,
+    /// From the request until the new daemon served every disk, in milliseconds.
+    pub took_ms: u64,
+    /// The longest a disk was served by neither daemon, in milliseconds (from this daemon
+    /// closing its connection to the new one accepting; a VM adds its own reconnect delay).
+    pub longest_gap_ms: u64,
+}
+
 /// Counters of one queue, one export or a whole disk.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

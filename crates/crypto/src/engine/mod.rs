@@ -1,7 +1,9 @@
-//! The engines: a portable one on RustCrypto and a fast one on OpenSSL.
+//! The engines: our own VAES AES-XTS on x86-64, OpenSSL, and a portable one on RustCrypto.
 
 pub(crate) mod openssl;
 pub(crate) mod rustcrypto;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod vaes;
 mod xts;
 
 use crate::CryptoError;

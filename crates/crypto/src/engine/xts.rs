@@ -1,8 +1,8 @@
 //! XTS over a RustCrypto block cipher, batched per sector.
 //!
 //! The `xts-mode` crate encrypts one block per cipher call. With `aes` 0.9 every call goes
-//! through run-time backend dispatch and, on VAES machines, round-key broadcasts, which
-//! measured ~0.15 GB/s. Here all tweaks of a batch are XORed in first, the whole batch goes
+//! through run-time backend dispatch and, on VAES machines, round-key broadcasts (its speed:
+//! `ENGINES.md`). Here all tweaks of a batch are XORed in first, the whole batch goes
 //! through `encrypt_blocks` (which the `aes` crate pipelines 8-32 blocks wide), and the tweaks
 //! are XORed again. Sectors are whole blocks (512..4096 bytes), so ciphertext stealing is never
 //! needed. The `xts-mode` crate stays as the test reference for this code.

@@ -15,14 +15,31 @@ use crate::registry::Daemon;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-/// Binds `address` and serves it on a thread of its own; logs the address bound (a TCP port
-/// 0 resolved), which is how a caller learns it.
+/// A running metrics endpoint.
+pub struct Metrics {
+    pub stop: MetricsStop,
+    pub thread: JoinHandle<()>,
+    /// A copy of its listening socket, for a successor daemon.
+    pub socket: cryptblk_net::ListeningSocket,
+}
+
+/// Binds `address` (or takes `inherited`, the socket a predecessor daemon handed over) and
+/// serves it on a thread of its own; logs the address bound (a TCP port 0 resolved), which is
+/// how a caller learns it.
 pub fn start(
     address: &cryptblk_net::Address,
+    inherited: Option<cryptblk_net::Listener>,
     daemon: Arc<Daemon>,
-) -> Result<(MetricsStop, JoinHandle<()>)> {
-    let server = MetricsServer::bind(address, daemon)
-        .map_err(|e| Error::caused(format!("metrics endpoint on {address}"), e))?;
+) -> Result<Metrics> {
+    let server = match inherited {
+        Some(listener) => MetricsServer::on(listener, daemon),
+        None => MetricsServer::bind(address, daemon)
+            .map_err(|e| Error::caused(format!("metrics endpoint on {address}"), e))?,
+    };
+    let socket = server
+        .listener()
+        .handover_copy()
+        .context("the metrics endpoint's socket")?;
     let bound = server
         .local_addr()
         .context("the metrics endpoint's address")?;
@@ -38,5 +55,9 @@ pub fn start(
             }
         })
         .context("starting the metrics thread")?;
-    Ok((stop, thread))
+    Ok(Metrics {
+        stop,
+        thread,
+        socket,
+    })
 }

@@ -33,6 +33,7 @@ pub struct MetricsServer {
 }
 
 /// Ends [`MetricsServer::run`] from another thread.
+#[derive(Clone)]
 pub struct MetricsStop {
     stopping: Arc<AtomicBool>,
     waker: ListenerWaker,
@@ -43,17 +44,32 @@ impl MetricsStop {
         self.stopping.store(true, Ordering::SeqCst);
         self.waker.wake();
     }
+
+    /// As `stop`, when a successor daemon took the listening socket over (its file stays).
+    pub fn hand_over(&self) {
+        self.waker.hand_over();
+        self.stop();
+    }
 }
 
 impl MetricsServer {
     /// Binds `address` (a Unix socket file gets the umask's mode: metrics hold no secret).
     pub fn bind(address: &Address, daemon: Arc<Daemon>) -> Result<MetricsServer, BindError> {
-        Ok(MetricsServer {
-            listener: Listener::bind(address, None)?,
+        Ok(Self::on(Listener::bind(address, None)?, daemon))
+    }
+
+    /// Serves on `listener` (bound here, or handed over by a predecessor daemon).
+    pub fn on(listener: Listener, daemon: Arc<Daemon>) -> MetricsServer {
+        MetricsServer {
+            listener,
             daemon,
             stopping: Arc::default(),
             gate: ConnectionGate::new(LIMITS),
-        })
+        }
+    }
+
+    pub fn listener(&self) -> &Listener {
+        &self.listener
     }
 
     /// The address bound (a TCP port 0 resolved).

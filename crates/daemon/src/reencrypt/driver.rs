@@ -39,6 +39,8 @@ pub(super) struct Run {
     pub pool: Arc<CryptoPool>,
     pub unlock: UnlockOptions,
     pub job: Arc<ReencryptJob>,
+    /// Where the volume keys go when they change (`--key-cache`).
+    pub key_cache: Option<Arc<crate::key_cache::KeyCache>>,
 }
 
 impl Run {
@@ -131,6 +133,7 @@ impl Run {
         let mut r = self
             .unlock_reencryption(io, hdr)
             .with_context(|| format!("opening the reencryption of {image}"))?;
+        self.record_session_keys(&r);
         let online = r
             .online_segments()
             .or_else(|_| {
@@ -244,6 +247,7 @@ impl Run {
             let done = r.done_bytes().context("reading the boundary")?;
             if done >= total {
                 r.finish().context("finishing the reencryption")?;
+                self.record_final_key(r);
                 return Ok(true);
             }
             let len = hotzone.min(total - done);
@@ -340,6 +344,40 @@ impl Run {
             None,
             self.pool.clone(),
         )
+    }
+
+    /// The disk's volume keys are now the session's (both while it runs), for a successor
+    /// daemon and the key cache.
+    pub(super) fn record_session_keys(&self, r: &Reencryption<'_>) {
+        match r.known_keys() {
+            Ok(keys) => self.record_keys(r, keys),
+            Err(e) => {
+                tracing::warn!(disk = %self.name, "the volume keys are not recorded for a restart: {e}")
+            }
+        }
+    }
+
+    /// After the finish: the new key alone, with the digest the header now names.
+    pub(super) fn record_final_key(&self, r: &Reencryption<'_>) {
+        let (Some(key), Ok(digest)) = (r.new_key(), r.header().volume_key_fingerprint()) else {
+            tracing::warn!(disk = %self.name, "the new volume key is not recorded for a restart");
+            return;
+        };
+        let key = cryptblk_luks::KnownKey {
+            key: cryptblk_crypto::SecretKey::from_slice(key.as_bytes()),
+            digest,
+        };
+        self.record_keys(r, vec![key]);
+    }
+
+    fn record_keys(&self, r: &Reencryption<'_>, keys: Vec<cryptblk_luks::KnownKey>) {
+        self.disk.image.set_volume_keys(
+            crate::image::VolumeKeys {
+                uuid: r.header().uuid().to_string(),
+                keys,
+            },
+            self.key_cache.as_deref(),
+        );
     }
 
     /// Sleeps until `rewritten` bytes since `started` are within the bandwidth limit (or a

@@ -84,6 +84,7 @@ impl Run {
         self.disk
             .image
             .set_luks(LuksFacts::new(&spec, new.engine_name()));
+        self.record_session_keys(&r);
         let total = r.device_size().context("reading the volume size")?;
         let done = r.done_bytes().context("reading the boundary")?;
         let cipher_name = format!(
@@ -320,6 +321,7 @@ impl Run {
             .unwrap_or_default();
         r.finish()
             .with_context(|| format!("finishing the encryption of {image}"))?;
+        self.record_final_key(r);
         {
             let rewrite = self.segments.hotzone_write();
             self.segments

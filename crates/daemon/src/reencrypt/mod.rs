@@ -156,6 +156,15 @@ impl ReencryptJob {
         }
     }
 
+    /// Whether a reencryption thread is running (not paused or finished).
+    pub(crate) fn is_running(&self) -> bool {
+        self.thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|t| !t.is_finished())
+    }
+
     /// Bytes rewritten so far (the metrics' counter).
     pub(crate) fn bytes_done(&self) -> u64 {
         self.status
@@ -207,6 +216,7 @@ impl Daemon {
             pool: self.pool.clone(),
             unlock: self.unlock.clone(),
             job: job.clone(),
+            key_cache: self.key_cache.clone(),
         };
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
         let thread = std::thread::Builder::new()

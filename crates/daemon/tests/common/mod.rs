@@ -21,6 +21,7 @@ pub fn daemon() -> Arc<Daemon> {
         nbd_tls: false,
         events,
         master_key: None,
+        key_cache: None,
     })
 }
 

@@ -10,7 +10,10 @@ use crate::io::{read_at, write_at, zero_range};
 use crate::kdf::{self, Kdf};
 use crate::kdf_cost;
 use crate::keyslot_area::{decrypt_area, encrypt_area};
-use crate::{FormatOptions, HashAlg, LuksError, PbkdfKind, PbkdfOptions, Result, UnlockOptions};
+use crate::{
+    DigestFingerprint, FormatOptions, HashAlg, LuksError, PbkdfKind, PbkdfOptions, Result,
+    UnlockOptions, Unlocker,
+};
 use cryptblk_crypto::{CipherSpec, CryptoError, SecretKey};
 use phdr::{Keyslot, Phdr, DIGEST_LEN, NUM_KEYSLOTS, PHDR_SIZE, SALT_LEN, SECTOR};
 use zeroize::Zeroizing;
@@ -157,6 +160,39 @@ impl Luks1Header {
             Some(e) if !tried_cleanly || matches!(e, LuksError::PbkdfCostLimit { .. }) => Err(e),
             _ => Err(LuksError::WrongPassphrase),
         }
+    }
+
+    /// Opens the volume key with a passphrase or a known key (`Unlocker`); the keyslot is
+    /// `None` for a known key.
+    pub fn unlock_with(
+        &self,
+        file: &dyn HeaderIo,
+        unlocker: Unlocker<'_>,
+        opts: &UnlockOptions,
+    ) -> Result<(Option<usize>, SecretKey)> {
+        match unlocker {
+            Unlocker::Passphrase(passphrase) => self
+                .unlock(file, passphrase, opts)
+                .map(|(slot, key)| (Some(slot), key)),
+            Unlocker::Keys(_) => {
+                self.usable()?;
+                match unlocker.known(self.volume_key_fingerprint()?) {
+                    Some(Some(key)) if key.len() == self.key_bytes() => Ok((None, key)),
+                    _ => Err(LuksError::KnownKeyStale("(LUKS1)")),
+                }
+            }
+        }
+    }
+
+    /// The fingerprint of the header's volume-key digest (`known_key`).
+    pub fn volume_key_fingerprint(&self) -> Result<DigestFingerprint> {
+        Ok(DigestFingerprint::of(&[
+            b"luks1",
+            self.hash()?.name().as_bytes(),
+            &self.phdr.mk_digest_iter.to_le_bytes(),
+            &self.phdr.mk_digest_salt,
+            &self.phdr.mk_digest,
+        ]))
     }
 
     fn try_slot(

@@ -18,7 +18,7 @@ mod validate;
 mod write;
 
 use crate::io::HeaderIo;
-use crate::{LuksError, Result, UnlockOptions};
+use crate::{DigestFingerprint, LuksError, Result, UnlockOptions, Unlocker};
 use binary::BinaryHeader;
 use cryptblk_crypto::{CipherSpec, SecretKey};
 use json::{Digest, Metadata, Segment, SegmentSize};
@@ -206,6 +206,18 @@ impl Luks2Header {
         ids
     }
 
+    /// The most memory one keyslot's KDF takes (argon2's cost; 0 when every keyslot is
+    /// PBKDF2), in KiB: what unlocking with a passphrase may need at once.
+    pub fn unlock_memory_kib(&self) -> u64 {
+        self.meta
+            .keyslots
+            .values()
+            .filter_map(|k| k.kdf.as_ref()?.memory)
+            .map(u64::from)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Why this image must not be modified or activated, if it must not.
     pub fn read_only_reason(&self) -> Option<String> {
         let req = self
@@ -243,6 +255,25 @@ impl Luks2Header {
         opts: &UnlockOptions,
     ) -> Result<(usize, SecretKey)> {
         unlock::unlock(self, file, passphrase, opts)
+    }
+
+    /// Opens the data segment's volume key with a passphrase or a known key (`Unlocker`);
+    /// the keyslot is `None` for a known key.
+    pub fn unlock_with(
+        &self,
+        file: &dyn HeaderIo,
+        unlocker: Unlocker<'_>,
+        opts: &UnlockOptions,
+    ) -> Result<(Option<usize>, SecretKey)> {
+        ensure_writable(self)?;
+        let (_, digest) = self.segment_digest()?;
+        unlock::unlock_digest_with(self, file, unlocker, opts, digest, None)
+    }
+
+    /// The fingerprint of the data segment's digest (`known_key`).
+    pub fn volume_key_fingerprint(&self) -> Result<DigestFingerprint> {
+        let (_, digest) = self.segment_digest()?;
+        Ok(unlock::fingerprint(digest))
     }
 
     pub fn verify_volume_key(&self, key: &SecretKey) -> Result<()> {

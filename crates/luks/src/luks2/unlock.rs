@@ -4,7 +4,9 @@ use super::validate::b64;
 use super::{ensure_writable, parse_cipher, Luks2Header};
 use crate::io::HeaderIo;
 use crate::kdf::{self, Argon2Variant, Kdf};
-use crate::{af, keyslot_area, HashAlg, LuksError, Result, UnlockOptions};
+use crate::{
+    af, keyslot_area, DigestFingerprint, HashAlg, LuksError, Result, UnlockOptions, Unlocker,
+};
 use cryptblk_crypto::SecretKey;
 use zeroize::Zeroizing;
 
@@ -37,6 +39,18 @@ pub fn kdf_of(slot_id: &str, k: &KdfJson) -> Result<Kdf> {
             hint: "cryptblk supports pbkdf2, argon2i and argon2id".to_string(),
         }),
     }
+}
+
+/// The fingerprint of a digest as stored (`known_key`): its fields as the header spells them.
+pub fn fingerprint(digest: &Digest) -> DigestFingerprint {
+    DigestFingerprint::of(&[
+        b"luks2",
+        digest.kind.as_bytes(),
+        digest.hash.as_bytes(),
+        &digest.iterations.to_le_bytes(),
+        digest.salt.as_bytes(),
+        digest.digest.as_bytes(),
+    ])
 }
 
 /// Whether `key` is the volume key `digest` describes (PBKDF2 of the key, constant-time compare).
@@ -151,6 +165,28 @@ pub fn unlock(
     ensure_writable(hdr)?;
     let (_, digest) = hdr.segment_digest()?;
     unlock_digest(hdr, file, passphrase, opts, digest, None)
+}
+
+/// The volume key of `digest`: a known one whose fingerprint matches (no keyslot opened:
+/// `None`), or the passphrase tried on its keyslots as `unlock_digest` does.
+pub fn unlock_digest_with(
+    hdr: &Luks2Header,
+    file: &dyn HeaderIo,
+    unlocker: Unlocker<'_>,
+    opts: &UnlockOptions,
+    digest: &Digest,
+    only_slot: Option<usize>,
+) -> Result<(Option<usize>, SecretKey)> {
+    match unlocker {
+        Unlocker::Passphrase(passphrase) => {
+            unlock_digest(hdr, file, passphrase, opts, digest, only_slot)
+                .map(|(slot, key)| (Some(slot), key))
+        }
+        Unlocker::Keys(_) => match unlocker.known(fingerprint(digest)) {
+            Some(Some(key)) => Ok((None, key)),
+            _ => Err(LuksError::KnownKeyStale("(LUKS2)")),
+        },
+    }
 }
 
 /// Try the keyslots bound to `digest` (only `only_slot` if given): high priority first,

@@ -1,12 +1,13 @@
 //! The transmission phase: reading requests, running them against the device, replying.
 //!
-//! - `pipelined`: plain connections. The connection thread reads requests and pushes them
-//!   into an asynchronous I/O queue of the export's device (an io_uring ring on a raw file or
-//!   a LUKS volume over one), sending each burst with one system call; a completion thread
-//!   sleeps on the queue's eventfd, collects finished requests and sends their replies
-//!   (several in one `writev`). NBD replies carry the request's cookie, so they may complete
-//!   in any order: one connection keeps up to `ConnectionConfig::queue_depth` requests (fio's
-//!   iodepth) in flight on the device. Payload bytes in flight are capped per connection.
+//! - `pipelined`: plain connections. One thread per connection runs an event loop over the
+//!   non-blocking socket and an asynchronous I/O queue of the export's device (an io_uring
+//!   ring on a raw file or a LUKS volume over one): it pushes every request its read buffer
+//!   holds, sends each burst with one system call, collects finished requests from the
+//!   queue's eventfd and writes their replies (several in one `writev`); no other thread takes
+//!   part. NBD replies carry the request's cookie, so they may complete in any order: one
+//!   connection keeps up to `ConnectionConfig::queue_depth` requests (fio's iodepth) in
+//!   flight on the device. Payload bytes in flight are capped per connection.
 //! - `sequential`: TLS connections, one request at a time on the connection thread: a rustls
 //!   stream is one state machine that cannot be split into independent read and write halves
 //!   without a lock around every record, and correctness comes first there.

@@ -7,7 +7,7 @@ use super::{digest, unsupported, ReencryptDirection, ReencryptMode, ReencryptSta
 use crate::io::HeaderIo;
 use crate::luks2::json::{Metadata, Segment};
 use crate::luks2::Luks2Header;
-use crate::{HashAlg, LuksError, Result, UnlockOptions};
+use crate::{HashAlg, KnownKey, LuksError, Result, UnlockOptions, Unlocker};
 use cryptblk_crypto::{default_engine_for, CryptoPool, Direction, SecretKey, SectorCipher};
 use std::sync::Arc;
 
@@ -65,12 +65,32 @@ impl<'f> Reencryption<'f> {
         keyslot: Option<usize>,
         pool: Arc<CryptoPool>,
     ) -> Result<Self> {
+        Self::open_with(
+            file,
+            hdr,
+            Unlocker::Passphrase(passphrase),
+            opts,
+            keyslot,
+            pool,
+        )
+    }
+
+    /// As `open`, with the volume keys already known instead of a passphrase when `unlocker`
+    /// has them (a restarted daemon's; no KDF runs).
+    pub fn open_with(
+        file: &'f dyn HeaderIo,
+        hdr: Luks2Header,
+        unlocker: Unlocker<'_>,
+        opts: &UnlockOptions,
+        keyslot: Option<usize>,
+        pool: Arc<CryptoPool>,
+    ) -> Result<Self> {
         if hdr.is_detached() {
             return Err(LuksError::InvalidArgument(
                 "the header is detached from its data; open it with `open_detached` and the data device".into(),
             ));
         }
-        Self::open_on(file, file, hdr, passphrase, opts, keyslot, pool)
+        Self::open_on(file, file, hdr, unlocker, opts, keyslot, pool)
     }
 
     /// As `open`, for a detached header (`Luks2Header::read_detached`): `header` is the file
@@ -89,14 +109,22 @@ impl<'f> Reencryption<'f> {
                 "the header was read as attached to its data; read it with `read_detached`".into(),
             ));
         }
-        Self::open_on(header, data, hdr, passphrase, opts, keyslot, pool)
+        Self::open_on(
+            header,
+            data,
+            hdr,
+            Unlocker::Passphrase(passphrase),
+            opts,
+            keyslot,
+            pool,
+        )
     }
 
     fn open_on(
         file: &'f dyn HeaderIo,
         data: &'f dyn HeaderIo,
         hdr: Luks2Header,
-        passphrase: &[u8],
+        unlocker: Unlocker<'_>,
         opts: &UnlockOptions,
         keyslot: Option<usize>,
         pool: Arc<CryptoPool>,
@@ -121,7 +149,7 @@ impl<'f> Reencryption<'f> {
                 "cryptblk moves data only to encrypt a plaintext image (encrypt, backward, datashift) or to decrypt one to a detached header (decrypt, forward, datashift-checksum); finish this one with `cryptsetup reencrypt --resume-only`",
             ));
         }
-        let unlock = |d: &Option<String>| -> Result<Option<(usize, SecretKey)>> {
+        let unlock = |d: &Option<String>| -> Result<Option<(Option<usize>, SecretKey)>> {
             match d {
                 None => Ok(None),
                 Some(id) => {
@@ -130,15 +158,15 @@ impl<'f> Reencryption<'f> {
                         .digests
                         .get(id)
                         .ok_or_else(|| LuksError::Corrupt(format!("digest {id} vanished")))?;
-                    let (slot, k) = crate::luks2::unlock::unlock_digest(
-                        &hdr, file, passphrase, opts, dg, keyslot,
+                    let (slot, k) = crate::luks2::unlock::unlock_digest_with(
+                        &hdr, file, unlocker, opts, dg, keyslot,
                     )?;
                     Ok(Some((slot, k)))
                 }
             }
         };
         let (opened_slot, old_key) = match unlock(&state.digest_old)? {
-            Some((slot, key)) => (Some(slot), Some(key)),
+            Some((slot, key)) => (slot, Some(key)),
             None => (None, None),
         };
         let new_key = if state.digest_new == state.digest_old {
@@ -155,7 +183,7 @@ impl<'f> Reencryption<'f> {
                         .digests
                         .get(id)
                         .ok_or_else(|| LuksError::Corrupt(format!("digest {id} vanished")))?;
-                    let (_, k) = crate::luks2::unlock::unlock_digest(&hdr, file, passphrase, opts, dg, None)
+                    let (_, k) = crate::luks2::unlock::unlock_digest_with(&hdr, file, unlocker, opts, dg, None)
                         .map_err(|e| match e {
                             LuksError::WrongPassphrase => LuksError::InvalidArgument(
                                 "the passphrase opens the old volume key but no keyslot of the new one; cryptblk needs one passphrase for both".into(),
@@ -481,5 +509,33 @@ impl<'f> Reencryption<'f> {
 
     pub fn old_key(&self) -> Option<&SecretKey> {
         self.old_key.as_ref()
+    }
+
+    /// The volume keys open now, each with the fingerprint of its digest, for a successor
+    /// daemon or the key cache to open the volume again without a KDF (`Unlocker::Keys`).
+    pub fn known_keys(&self) -> Result<Vec<KnownKey>> {
+        let mut known = Vec::new();
+        for (digest, key) in [
+            (&self.state.digest_old, &self.old_key),
+            (&self.state.digest_new, &self.new_key),
+        ] {
+            let (Some(id), Some(key)) = (digest, key) else {
+                continue;
+            };
+            let dg = self
+                .hdr
+                .meta
+                .digests
+                .get(id)
+                .ok_or_else(|| LuksError::Corrupt(format!("digest {id} vanished")))?;
+            let digest = crate::luks2::unlock::fingerprint(dg);
+            if known.iter().all(|k: &KnownKey| k.digest != digest) {
+                known.push(KnownKey {
+                    key: SecretKey::from_slice(key.as_bytes()),
+                    digest,
+                });
+            }
+        }
+        Ok(known)
     }
 }
