@@ -1,5 +1,10 @@
 //! Heap buffers aligned for direct I/O. O_DIRECT transfers DMA straight from user memory,
 //! which the kernel only accepts at block-aligned addresses; `Vec<u8>` gives no such promise.
+//!
+//! Buffers of `MAPPED_FROM` bytes and more are anonymous mappings of their own: zero pages
+//! until written, and returned to the kernel when freed. From the C allocator they would sit in
+//! the arena of the thread that freed them, and a burst of them spread over many threads'
+//! arenas stays resident after it ends (an arena gives memory back only from its top).
 
 use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
 use std::ptr::NonNull;
@@ -7,6 +12,8 @@ use std::ptr::NonNull;
 /// Alignment of buffer addresses, file offsets and lengths for direct I/O. 4096 satisfies
 /// every logical block size Linux block devices use.
 pub const DIRECT_IO_ALIGN: usize = 4096;
+/// Buffers at least this large are mappings of their own.
+const MAPPED_FROM: usize = 64 << 10;
 
 /// A fixed-capacity byte buffer whose start is aligned to `DIRECT_IO_ALIGN`. Zero-filled when
 /// made; derefs to its whole capacity.
@@ -25,6 +32,9 @@ impl AlignedBuf {
     /// A zeroed buffer of `len` bytes (rounded up to at least one alignment unit).
     pub fn zeroed(len: usize) -> Self {
         let len = len.max(1);
+        if len >= MAPPED_FROM {
+            return Self::mapped(len);
+        }
         let layout = Self::layout(len);
         // SAFETY: the layout has a non-zero size (len >= 1) and a valid power-of-two alignment.
         let raw = unsafe { alloc_zeroed(layout) };
@@ -32,6 +42,26 @@ impl AlignedBuf {
             handle_alloc_error(layout)
         };
         AlignedBuf { ptr, len }
+    }
+
+    /// A private anonymous mapping (page-aligned, zero-filled by the kernel).
+    fn mapped(len: usize) -> Self {
+        // SAFETY: a new anonymous private mapping at an address the kernel picks: no existing
+        // memory is touched; the result is checked below.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        match NonNull::new(raw.cast::<u8>()).filter(|_| raw != libc::MAP_FAILED) {
+            Some(ptr) => AlignedBuf { ptr, len },
+            None => handle_alloc_error(Self::layout(len)),
+        }
     }
 
     fn layout(len: usize) -> Layout {
@@ -49,6 +79,12 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if self.len >= MAPPED_FROM {
+            // SAFETY: ptr and len are the mapping made in `mapped`, unmapped once, here; no
+            // reference into it outlives self.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+            return;
+        }
         // SAFETY: ptr was returned by the global allocator for exactly this layout and is
         // freed once, here.
         unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
@@ -86,7 +122,15 @@ mod tests {
 
     #[test]
     fn buffers_are_aligned_zeroed_and_writable() {
-        for len in [1, 512, 4096, 1 << 20] {
+        for len in [
+            1,
+            512,
+            4096,
+            MAPPED_FROM - 1,
+            MAPPED_FROM,
+            1 << 20,
+            (1 << 20) + 3,
+        ] {
             let mut b = AlignedBuf::zeroed(len);
             assert_eq!(b.len(), len);
             assert_eq!(b.as_ptr() as usize % DIRECT_IO_ALIGN, 0);

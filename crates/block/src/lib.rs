@@ -8,7 +8,8 @@
 
 pub mod aio;
 mod aligned;
-mod bounce;
+pub mod budget;
+pub mod buffers;
 mod container;
 mod crypt;
 mod device;
@@ -25,6 +26,8 @@ mod resize;
 pub mod stats;
 
 pub use aligned::{is_direct_aligned, AlignedBuf, DIRECT_IO_ALIGN};
+pub use budget::{BudgetShare, BudgetUsage, MemoryBudget};
+pub use buffers::PooledBuf;
 pub use container::{Container, SharedStorage};
 pub use crypt::{CryptDevice, CryptLayout, SegmentCiphers, SegmentMap, DRAIN_TIMEOUT};
 pub use device::{BlockDevice, Extent, ExtentKind};

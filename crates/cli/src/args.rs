@@ -287,6 +287,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = cryptblk_nbd::DEFAULT_CONNECTION_LIMITS.per_peer as u32,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub nbd_max_connections_per_peer: u32,
+    /// Bytes of request data (ciphertext, bounce buffers, NBD payloads) all disks' queues may
+    /// make the daemon hold at once, together: past it requests wait their turn, they do not
+    /// fail. Default: 1/16 of RAM (or of the cgroup's memory.max), 64M to 1G; at least 64M.
+    /// Overrides a --config file's `memory-budget`.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub memory_budget: Option<u64>,
     /// Listen for control requests (JSON-RPC 2.0, one per line; see `cryptblk ctl`) on this
     /// UNIX socket, created with mode 0600. With it the daemon may start without disks.
     #[arg(long, value_name = "PATH")]

@@ -62,6 +62,8 @@ default: the holes show anyone with the image which blocks are unused.
 
 --config FILE serves several disks, one socket and one thread each, from a TOML file:
 
+  memory-budget = \"1G\"                # optional: as --memory-budget (which overrides it)
+
   [[disk]]
   name = \"vm1-root\"                   # in logs; the GET_ID serial unless `serial` is set
   image = \"/var/lib/vm1.luks\"
@@ -105,6 +107,13 @@ cap the connections served at once; more are closed and logged.
 disk-add, disk-remove, disk-resize, disk-list, stats, key-add, key-remove and the
 migrate-* methods; `cryptblk ctl --help` lists them with their parameters. With --control
 the daemon may start with no disk.
+
+--memory-budget SIZE bounds the request data (an encrypted write's ciphertext, a bounce
+buffer, an NBD payload) all queues of all disks make the daemon hold at once: a request
+that does not fit waits in its queue, never fails, and the room freed goes to the waiting
+queues in turn, a queue with nothing in flight first. Default: 1/16 of RAM (or of the
+cgroup's memory.max), between 64M and 1G. Freed buffers are kept for reuse (at most an
+eighth of the budget, up to 32 MiB) and given back to the system after a second unused.
 
 --metrics unix:PATH or tcp:HOST:PORT answers HTTP GET /metrics in Prometheus's text
 format: per disk and queue request counts, bytes, errors, requests in flight and latency

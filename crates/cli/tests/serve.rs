@@ -394,7 +394,7 @@ fn aliased_large_writes_keep_the_daemon_within_the_queue_budget() {
     }
     let grown_mib = (peak_rss_kib(daemon.pid()) - before) / 1024;
     eprintln!("peak RSS grew by {grown_mib} MiB for {REQUESTS} writes of 4 MiB");
-    // The budget is 32 MiB per queue; the rest is the bounce pool's kept buffers and noise.
+    // The budget is 32 MiB per queue; the rest is the buffer cache's kept buffers and noise.
     assert!(
         grown_mib < 80,
         "the daemon's peak RSS grew by {grown_mib} MiB: more than one queue's data budget"

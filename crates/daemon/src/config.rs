@@ -100,33 +100,81 @@ pub enum ConfigFileError {
     Invalid { path: PathBuf, message: String },
 }
 
-/// Reads a `--config` file: `[[disk]]` tables, each a [`DiskConfig`]. Relative paths are
-/// resolved against the file's directory; a disk without `serial` answers GET_ID with its
-/// name. A file without any `[[disk]]` (comments only, as the packaged example) gives none:
-/// whether a daemon may start without disks is its caller's decision (with a control
-/// socket it may).
-pub fn load_config_file(path: &Path) -> Result<Vec<DiskConfig>, ConfigFileError> {
+/// What a `--config` file holds: the disks, and the daemon's settings given there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeFile {
+    pub disks: Vec<DiskConfig>,
+    /// `memory-budget`: bytes (a number, or a string with a K/M/G/T suffix).
+    pub memory_budget: Option<u64>,
+}
+
+/// The keys of a `--config` file besides the `[[disk]]` tables.
+const SETTINGS: [&str; 1] = ["memory-budget"];
+
+/// Reads a `--config` file: `[[disk]]` tables, each a [`DiskConfig`], and the daemon's
+/// settings (`memory-budget`). Relative paths are resolved against the file's directory; a
+/// disk without `serial` answers GET_ID with its name. A file without any `[[disk]]`
+/// (comments only, as the packaged example) gives none: whether a daemon may start without
+/// disks is its caller's decision (with a control socket it may).
+pub fn load_serve_file(path: &Path) -> Result<ServeFile, ConfigFileError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigFileError::Read {
         path: path.to_path_buf(),
         source,
     })?;
     let base = path.parent().unwrap_or(Path::new(""));
-    parse_config(&text, base).map_err(|e| ConfigFileError::Invalid {
+    parse_serve_file(&text, base).map_err(|e| ConfigFileError::Invalid {
         path: path.to_path_buf(),
         message: e.0,
     })
 }
 
-/// Parses config text; relative paths are resolved against `base`.
-pub fn parse_config(text: &str, base: &Path) -> Result<Vec<DiskConfig>, InvalidConfig> {
-    parse_disks(text, base).map_err(InvalidConfig)
+/// The disks of a `--config` file (see [`load_serve_file`]).
+pub fn load_config_file(path: &Path) -> Result<Vec<DiskConfig>, ConfigFileError> {
+    load_serve_file(path).map(|file| file.disks)
 }
 
-fn parse_disks(text: &str, base: &Path) -> Result<Vec<DiskConfig>, String> {
-    let table: toml::Table = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
-    if let Some(key) = table.keys().find(|k| k.as_str() != "disk") {
+/// Parses config text; relative paths are resolved against `base`.
+pub fn parse_config(text: &str, base: &Path) -> Result<Vec<DiskConfig>, InvalidConfig> {
+    parse_serve_file(text, base).map(|file| file.disks)
+}
+
+/// Parses config text with its settings; relative paths are resolved against `base`.
+pub fn parse_serve_file(text: &str, base: &Path) -> Result<ServeFile, InvalidConfig> {
+    let table: toml::Table = toml::from_str(text)
+        .map_err(|e| toml_error(text, &e))
+        .map_err(InvalidConfig)?;
+    let memory_budget = table
+        .get("memory-budget")
+        .map(memory_budget)
+        .transpose()
+        .map_err(InvalidConfig)?;
+    let disks = parse_disks(&table, base).map_err(InvalidConfig)?;
+    Ok(ServeFile {
+        disks,
+        memory_budget,
+    })
+}
+
+/// `memory-budget = 268435456` or `memory-budget = "256M"`.
+fn memory_budget(value: &toml::Value) -> Result<u64, String> {
+    let bytes = match value {
+        toml::Value::Integer(n) => u64::try_from(*n).map_err(|_| "negative".to_string()),
+        toml::Value::String(text) => crate::size::parse_size(text),
+        _ => Err("not a size".to_string()),
+    };
+    bytes
+        .and_then(|b| crate::memory::budget(Some(b)).map(|budget| budget.bytes))
+        .map_err(|e| format!("memory-budget: {e} (give bytes, or a string such as \"256M\")"))
+}
+
+fn parse_disks(table: &toml::Table, base: &Path) -> Result<Vec<DiskConfig>, String> {
+    if let Some(key) = table
+        .keys()
+        .find(|k| k.as_str() != "disk" && !SETTINGS.contains(&k.as_str()))
+    {
         return Err(format!(
-            "unknown key `{key}` (the file holds [[disk]] tables only)"
+            "unknown key `{key}` (the file holds [[disk]] tables and {})",
+            SETTINGS.join(", ")
         ));
     }
     let entries = match table.get("disk") {
@@ -302,6 +350,31 @@ aio = "threads"
         let e = parse("extra = 1\n[[disk]]\nname = \"x\"\nimage = \"i\"\nvhost-user-blk = \"s\"\n")
             .unwrap_err();
         assert!(e.contains("extra"), "{e}");
+    }
+
+    #[test]
+    fn a_config_file_sets_the_memory_budget() {
+        let disk = "[[disk]]\nname = \"a\"\nimage = \"/a.raw\"\n";
+        let file = |head: &str| parse_serve_file(&format!("{head}\n{disk}"), Path::new("/"));
+        assert_eq!(file("").unwrap().memory_budget, None);
+        assert_eq!(
+            file("memory-budget = \"256M\"").unwrap().memory_budget,
+            Some(256 << 20)
+        );
+        assert_eq!(
+            file("memory-budget = 134217728").unwrap().memory_budget,
+            Some(128 << 20)
+        );
+        let e = file("memory-budget = \"1M\"").unwrap_err().0;
+        assert!(
+            e.contains("memory-budget") && e.contains("at least 64 MiB"),
+            "{e}"
+        );
+        let e = file("memory-budget = \"lots\"").unwrap_err().0;
+        assert!(e.contains("memory-budget") && e.contains("lots"), "{e}");
+        let e = file("memory-budget = true").unwrap_err().0;
+        assert!(e.contains("memory-budget: not a size"), "{e}");
+        assert_eq!(file("memory-budget = \"1G\"").unwrap().disks.len(), 1);
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub struct ServeConfig {
     /// Name disks in messages by name and image (several disks from a config file) rather
     /// than by image alone.
     pub name_disks: bool,
+    /// Bytes of request data every queue of every disk may make the daemon hold at once, all
+    /// together (`--memory-budget`); `None` for the default (`memory::budget`).
+    pub memory_budget: Option<u64>,
     /// Keep each disk's volume keys in the kernel keyring, for this long after the daemon
     /// last renewed them (`--key-cache keyring`), so a restart after a crash needs no KDF.
     pub key_cache: Option<Duration>,
@@ -126,6 +129,13 @@ pub fn serve(mut config: ServeConfig) -> Result<()> {
             }
         }
     }
+    let budget = crate::memory::budget(config.memory_budget).map_err(Error::usage)?;
+    crate::memory::apply(&budget);
+    tracing::info!(
+        "memory budget for request data: {} MiB ({})",
+        budget.bytes >> 20,
+        budget.source
+    );
     let manager = ServiceManager::from_env();
     ignore_file_size_signal()?;
     let mut signals = signal_hook::iterator::Signals::new([

@@ -64,20 +64,18 @@ impl SlotRequest {
     }
 }
 
-/// A bounce buffer an engine keeps per slot (or job) from one request to the next.
+/// A bounce buffer a slot (or job) holds while its request runs, from the process's cache
+/// (`buffers`): given back when the request is done, so an idle queue holds none.
 #[derive(Default)]
 pub(crate) struct Scratch {
-    pub buf: Option<crate::AlignedBuf>,
+    pub buf: Option<crate::PooledBuf>,
 }
-
-/// Bounce buffers up to this size stay with their job for the next request.
-const KEEP_SCRATCH: usize = 1 << 20;
 
 impl Scratch {
     /// A buffer of at least `len` bytes (contents unspecified).
     pub fn take(&mut self, len: usize) -> &mut [u8] {
         if self.buf.as_ref().is_none_or(|b| b.len() < len) {
-            self.buf = Some(crate::AlignedBuf::zeroed(len));
+            self.buf = Some(crate::buffers::take(len));
         }
         match self.buf.as_deref_mut() {
             Some(buf) => &mut buf[..len],
@@ -85,11 +83,9 @@ impl Scratch {
         }
     }
 
-    /// Lets go of a buffer too large to keep.
-    pub fn trim(&mut self) {
-        if self.buf.as_ref().is_some_and(|b| b.len() > KEEP_SCRATCH) {
-            self.buf = None;
-        }
+    /// Gives the buffer back to the cache (the request is done).
+    pub fn release(&mut self) {
+        self.buf = None;
     }
 }
 

@@ -13,6 +13,14 @@
 //! that fills a deep queue with the largest requests (a guest chaining aliased descriptors)
 //! makes the daemon hold at most the budget per queue, not queue depth x request size.
 //!
+//! Beyond its own bound, a queue reserves what a read or write may make the process hold (the
+//! request's buffer class, `buffers::class_size`) from the process's memory budget
+//! ([`MemoryBudget`], one for every queue of the daemon) before passing it on, and gives it
+//! back when the request is handed out. Where the budget has no room the request waits in the
+//! same list, in order; the budget grants the bytes to this queue in its turn and says so
+//! through the queue's eventfd, and the next `drain` passes the request on. So a queue never
+//! fails a request for memory, and never polls for it.
+//!
 //! A drain hands out finished requests until the stages report `WORK_PER_DRAIN` bytes of data
 //! work (decryption), then gives the thread back with the notifier set again: decrypting memory
 //! a device has just written runs at a few GB/s, so a burst of large reads would otherwise
@@ -22,6 +30,7 @@ use super::{
     device_io, Admit, Bounds, Completion, Engine, IoOp, IoQueue, IoRequest, Notifier, Offload,
     QueueFull, QueueOptions, SlotRequest, Stage,
 };
+use crate::budget::{BudgetShare, MemoryBudget};
 use crate::{BlockDevice, BlockError};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
@@ -45,6 +54,8 @@ struct RequestSlot {
     admitted: usize,
     /// Its bytes counted against the data budget while it runs.
     charged: u64,
+    /// Its bytes reserved from the memory budget while it runs.
+    reserved: u64,
     busy: bool,
 }
 
@@ -67,8 +78,11 @@ pub struct Pipeline {
     transfer: SlotRequest,
     /// Bytes of the requests passed to the stages and not handed out yet.
     data_in_flight: u64,
-    /// Requests waiting for room in the data budget, oldest first.
+    /// Requests waiting for room in the data budget or the memory budget, oldest first.
     waiting: VecDeque<usize>,
+    /// This queue's share of the memory budget (none where the caller reserves the memory
+    /// for its requests itself: `set_budget`).
+    budget: Option<BudgetShare>,
 }
 
 impl Pipeline {
@@ -88,7 +102,7 @@ impl Pipeline {
             sync_busy: 0,
             stages: Vec::new(),
             bounds,
-            notifier,
+            notifier: notifier.clone(),
             slots: (0..capacity).map(|_| RequestSlot::default()).collect(),
             free: (0..capacity).rev().collect(),
             in_flight: 0,
@@ -96,7 +110,20 @@ impl Pipeline {
             transfer: SlotRequest::default(),
             data_in_flight: 0,
             waiting: VecDeque::with_capacity(capacity),
+            budget: Some(MemoryBudget::process().share(notifier)),
         })
+    }
+
+    /// Reserves this queue's requests from `budget` instead of the process's; `None` where
+    /// the caller reserves what its requests make the process hold itself (an NBD connection
+    /// holds each payload from its arrival to its reply, longer than the request runs here).
+    /// Only with nothing in flight; false, and nothing changes, otherwise.
+    pub fn set_budget(&mut self, budget: Option<&MemoryBudget>) -> bool {
+        if self.in_flight > 0 {
+            return false;
+        }
+        self.budget = budget.map(|b| b.share(self.notifier.clone()));
+        true
     }
 
     /// Any `BlockDevice` served by its synchronous methods on the I/O thread pool, through
@@ -180,6 +207,26 @@ impl Pipeline {
         self.data_in_flight == 0 || self.data_in_flight + bytes <= DATA_BUDGET
     }
 
+    /// Reserves what the request at `index` may make the process hold, now or with the
+    /// grant the queue waited for; false when it must wait (the share then waits for it).
+    fn reserve(&mut self, index: usize, bytes: u64) -> bool {
+        let Some(share) = self.budget.as_mut() else {
+            return true;
+        };
+        if bytes == 0 {
+            return true;
+        }
+        let charge = share.charge_for(crate::buffers::class_size(bytes as usize) as u64);
+        // A grant the queue waited for is this request's: it is the oldest waiting.
+        match share.try_reserve(charge) {
+            Some(reserved) => {
+                self.slots[index].reserved = reserved;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Charges the request to the budget and passes it on; one finished on the way waits in
     /// the finished list.
     ///
@@ -204,7 +251,7 @@ impl Pipeline {
                 let req = &self.slots[index].req;
                 data_bytes(req.op, req.len)
             };
-            if !self.has_room(bytes) {
+            if !self.has_room(bytes) || !self.reserve(index, bytes) {
                 break;
             }
             self.waiting.pop_front();
@@ -262,13 +309,14 @@ impl IoQueue for Pipeline {
         slot.admitted = 0;
         slot.busy = true;
         slot.charged = 0;
+        slot.reserved = 0;
         if let Err(e) = self.bounds.check(req) {
             self.finished.push_back((index, Err(e)));
             self.notifier.notify();
             return Ok(());
         }
         let bytes = data_bytes(req.op, req.len);
-        if !self.waiting.is_empty() || !self.has_room(bytes) {
+        if !self.waiting.is_empty() || !self.has_room(bytes) || !self.reserve(index, bytes) {
             self.waiting.push_back(index);
             return Ok(());
         }
@@ -302,6 +350,10 @@ impl IoQueue for Pipeline {
             slot.busy = false;
             slot.req.iov.clear();
             self.data_in_flight -= std::mem::take(&mut slot.charged);
+            let reserved = std::mem::take(&mut slot.reserved);
+            if let Some(share) = self.budget.as_mut().filter(|_| reserved > 0) {
+                share.release(reserved);
+            }
             self.free.push(index);
             self.in_flight -= 1;
             out(Completion {
@@ -312,6 +364,12 @@ impl IoQueue for Pipeline {
         if !self.waiting.is_empty() {
             self.start_waiting();
         }
+        if self.in_flight == 0 {
+            // Idle: what the share reserved ahead for requests that may not come goes back.
+            if let Some(share) = self.budget.as_mut() {
+                share.return_credit();
+            }
+        }
         if !self.finished.is_empty() {
             self.notifier.notify();
         }
@@ -321,8 +379,9 @@ impl IoQueue for Pipeline {
         if !self.finished.is_empty() || self.in_flight == 0 {
             return;
         }
-        if self.sync_busy > 0 {
-            // Both engines signal the one eventfd: wait on it rather than on either.
+        if self.sync_busy > 0 || !self.waiting.is_empty() {
+            // Both engines and the memory budget signal the one eventfd: wait on it rather
+            // than on either engine (which may hold nothing while requests wait for memory).
             self.notifier.wait();
         } else {
             self.engine.wait();

@@ -123,6 +123,9 @@ impl<E: BlockingIo> PoolShared<E> {
             Err(BlockError::new(BlockErrorKind::Io, "I/O engine panicked")
                 .with_op(job.req.op.name()))
         });
+        // Back to the cache from the thread (and CPU) that took them.
+        job.scratch.release();
+        job.transformed.release();
         // EWMA with weight 1/8; a lost update between threads only delays adaptation.
         let took = u64::try_from(began.elapsed().as_nanos()).unwrap_or(UNMEASURED_NS);
         let avg = self.avg_ns.load(Ordering::Relaxed);
@@ -267,8 +270,6 @@ impl<E: BlockingIo> Engine for ThreadedEngine<E> {
             let result = std::mem::replace(&mut job.result, Ok(()));
             let slot = job.slot;
             job.req.iov.clear();
-            job.scratch.trim();
-            job.transformed.trim();
             self.idle[slot] = Some(job);
             out(slot, result);
         }

@@ -2,7 +2,7 @@
 //! with a `SectorCipher` on the crypto worker pool.
 //!
 //! Aligned I/O is the fast path: reads decrypt in place in the caller's buffer, writes encrypt
-//! from the caller's buffer into a reused bounce buffer in one pass (the caller's data is never
+//! from the caller's buffer into a bounce buffer from the process's cache in one pass (the caller's data is never
 //! modified). I/O that is not aligned to the encryption sector is served by read-modify-write
 //! of the edge sectors; that is correct but slow, and concurrent RMW of one sector is
 //! serialised by a striped lock so that two unaligned writes to different bytes of the same
@@ -22,7 +22,6 @@ pub use segments::SegmentMap;
 pub(crate) use zero_holes::ZeroHolesCipher;
 
 use crate::aio::{IoVec, Pipeline, QueueOptions};
-use crate::bounce::BouncePool;
 use crate::device::check_range;
 use crate::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind};
 use cryptblk_crypto::{CryptoError, CryptoPool, Direction, SectorCipher};
@@ -97,7 +96,6 @@ pub(crate) struct CryptCore {
     /// of one payload under other ciphers (a reencryption's new segment) and its segment map.
     size: Arc<AtomicU64>,
     sector: u64,
-    bounce: BouncePool,
     rmw_locks: Box<[Mutex<()>]>,
 }
 
@@ -240,7 +238,6 @@ impl CryptCore {
                 ))
             }
         }
-        let threads = pool.threads();
         Ok(CryptCore {
             backend,
             cipher,
@@ -248,8 +245,6 @@ impl CryptCore {
             layout,
             size: Arc::new(AtomicU64::new(size)),
             sector,
-            // One spare buffer per worker-sized burst of concurrent writers is plenty.
-            bounce: BouncePool::new(WRITE_CHUNK, threads.clamp(2, 16)),
             rmw_locks: (0..RMW_STRIPES).map(|_| Mutex::new(())).collect(),
         })
     }
@@ -474,10 +469,11 @@ impl BlockDevice for CryptCore {
         while done < end {
             let n = chunk_max.min(end - done);
             let off = offset + done as u64;
-            let mut bounce = self.bounce.take(n);
-            self.encrypt_into(off, &buf[done..done + n], &mut bounce)?;
+            let mut bounce = crate::buffers::take(n);
+            let bounce = &mut bounce[..n];
+            self.encrypt_into(off, &buf[done..done + n], bounce)?;
             self.backend
-                .write_at(&bounce, self.layout.data_offset + off)?;
+                .write_at(bounce, self.layout.data_offset + off)?;
             done += n;
         }
         if done < buf.len() {

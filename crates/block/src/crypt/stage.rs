@@ -2,7 +2,8 @@
 //!
 //! - A read goes into the caller's buffers (guest memory) and is decrypted there in place when
 //!   it completes: with O_DIRECT that is one DMA plus one pass of decryption.
-//! - A write is encrypted at admission from the caller's buffers into a pooled bounce buffer
+//! - A write is encrypted at admission from the caller's buffers into a bounce buffer from
+//!   the process's cache (`buffers`)
 //!   (never in place: the caller's data must not change), which is what the engine writes.
 //! - Crypto runs per request, on the queue's thread, and never waits for another thread: a
 //!   read is decrypted and handed out as soon as it completes, one by one, so the owner answers
@@ -32,7 +33,8 @@ use crate::aio::{
     open_pipeline, Admit, Bounds, IoOp, IoQueue, Pipeline, QueueOptions, SlotRequest, Stage,
 };
 use crate::aio::{IoVec, Offload};
-use crate::{AlignedBuf, BlockDevice, BlockError};
+use crate::buffers::{self, PooledBuf};
+use crate::{BlockDevice, BlockError};
 use std::sync::atomic::{compiler_fence, Ordering};
 use std::sync::Arc;
 
@@ -99,7 +101,7 @@ struct CryptStage {
     /// The backend's engine runs the crypto on its transfer threads (`Pipeline::offload`).
     offloaded: bool,
     /// A write's ciphertext, by slot, until the write completes.
-    ciphertext: Vec<Option<AlignedBuf>>,
+    ciphertext: Vec<Option<PooledBuf>>,
     routed: Vec<Routed>,
 }
 
@@ -222,7 +224,7 @@ impl Stage for CryptStage {
 #[inline(never)]
 unsafe fn admit_encrypted(
     core: &CryptCore,
-    ciphertext: &mut Option<AlignedBuf>,
+    ciphertext: &mut Option<PooledBuf>,
     offloaded: bool,
     transfer: &mut SlotRequest,
 ) -> Admit {
@@ -233,14 +235,13 @@ unsafe fn admit_encrypted(
         IoOp::WriteZeroes => return Admit::Synchronous,
         IoOp::Write if !offloaded => {
             let len = transfer.len as usize;
-            let mut bounce = core.bounce.take_owned(len);
+            let mut bounce = buffers::take(len);
             // SAFETY: the segments are the write being pushed (readable for the call, per
             // this function's contract); the bounce buffer holds the whole request and is our
             // own allocation, disjoint from them.
             let encrypted =
                 unsafe { core.encrypt_iov(transfer.offset, &transfer.iov, bounce.as_mut_ptr()) };
             if let Err(e) = encrypted {
-                core.bounce.put_back(bounce);
                 return Admit::Finish(Err(e));
             }
             transfer.set_buffer(bounce.as_mut_ptr(), len);
@@ -261,7 +262,7 @@ unsafe fn admit_encrypted(
     Admit::Pass
 }
 
-/// `complete` of a request an encrypted part served: its ciphertext buffer back to the pool,
+/// `complete` of a request an encrypted part served: its ciphertext buffer back to the cache,
 /// a read decrypted in place (unless the engine's threads did it). Returns the bytes of
 /// crypto done.
 ///
@@ -270,14 +271,13 @@ unsafe fn admit_encrypted(
 #[inline(never)]
 unsafe fn complete_encrypted(
     core: &CryptCore,
-    ciphertext: &mut Option<AlignedBuf>,
+    ciphertext: &mut Option<PooledBuf>,
     offloaded: bool,
     caller: &SlotRequest,
     result: &mut Result<(), BlockError>,
 ) -> u64 {
-    if let Some(buf) = ciphertext.take() {
-        core.bounce.put_back(buf);
-    }
+    // Back to the cache.
+    drop(ciphertext.take());
     // The stages in front of this one do not move reads: the caller's offset is the payload
     // offset this stage saw.
     if caller.op != IoOp::Read || result.is_err() || offloaded {

@@ -4,7 +4,7 @@
 use super::direct::{DioAlign, Route};
 use crate::aio::IoVec;
 use crate::device::check_range;
-use crate::{AlignedBuf, BlockError, CacheMode};
+use crate::{BlockError, CacheMode};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
@@ -70,8 +70,9 @@ impl Files {
         let route = f.route(buf.as_ptr() as usize, buf.len(), offset);
         let fd = f.fd_for(route);
         let result = if route == Route::Bounce {
-            let mut bounce = AlignedBuf::zeroed(buf.len());
-            read_full(fd, &mut bounce, offset).map(|()| buf.copy_from_slice(&bounce))
+            let mut bounce = crate::buffers::take(buf.len());
+            let bounce = &mut bounce[..buf.len()];
+            read_full(fd, bounce, offset).map(|()| buf.copy_from_slice(bounce))
         } else {
             read_full(fd, buf, offset)
         };
@@ -88,9 +89,10 @@ impl Files {
         let route = f.route(buf.as_ptr() as usize, buf.len(), offset);
         let fd = f.fd_for(route);
         let result = if route == Route::Bounce {
-            let mut bounce = AlignedBuf::zeroed(buf.len());
+            let mut bounce = crate::buffers::take(buf.len());
+            let bounce = &mut bounce[..buf.len()];
             bounce.copy_from_slice(buf);
-            fd.write_all_at(&bounce, offset)
+            fd.write_all_at(bounce, offset)
         } else {
             fd.write_all_at(buf, offset)
         };

@@ -271,7 +271,7 @@ impl UringEngine {
         slot.op = None;
         slot.iov.clear();
         slot.work.clear();
-        slot.bounce.trim();
+        slot.bounce.release();
     }
 }
 

@@ -6,7 +6,7 @@ use crate::options::{crypto_pool, unlock_options};
 use crate::secrets::read_passphrase;
 use anyhow::{Context, Result};
 use cryptblk_control::api::{DiskConfig, ImageName};
-use cryptblk_daemon::config::{load_config_file, ConfigFileError};
+use cryptblk_daemon::config::{load_serve_file, ConfigFileError, ServeFile};
 use cryptblk_daemon::{ServeConfig, StartDisk};
 use cryptblk_nbd::AllowList;
 use cryptblk_nbd::{ConnectionLimits, NbdAddress, TlsCreds};
@@ -30,15 +30,18 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
         .transpose()
         .context("--master-key-file")?;
     let take_over = a.take_over_fd.map(inherited_fd).transpose()?;
+    let mut file_budget = None;
     let disks = match (&a.config, &a.image) {
-        // A successor gets its disks from the daemon it takes over from.
-        _ if take_over.is_some() => Vec::new(),
         (Some(path), _) => {
-            let disks = load_config_file(path).map_err(|e| match e {
+            let ServeFile {
+                disks,
+                memory_budget,
+            } = load_serve_file(path).map_err(|e| match e {
                 ConfigFileError::Invalid { .. } => UsageError(e.to_string()).into(),
                 ConfigFileError::Read { .. } => anyhow::Error::from(e),
             })?;
-            if disks.is_empty() && a.control.is_none() {
+            file_budget = memory_budget;
+            if disks.is_empty() && a.control.is_none() && take_over.is_none() {
                 return Err(UsageError(format!(
                     "{}: no [[disk]] in the file; give --control PATH to start without disks \
                      and add them later",
@@ -52,8 +55,12 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
                     config,
                     passphrase: None,
                 })
+                .filter(|_| take_over.is_none())
                 .collect()
         }
+        // A successor gets its disks from the daemon it takes over from (a config file
+        // still gives its settings).
+        _ if take_over.is_some() => Vec::new(),
         (None, Some(_)) => vec![single_disk(a)?],
         (None, None) if a.control.is_some() => Vec::new(),
         (None, None) => {
@@ -116,6 +123,7 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<()> {
         unlock: unlock_options(cli),
         master_key,
         name_disks: a.config.is_some(),
+        memory_budget: a.memory_budget.or(file_budget),
         key_cache: (a.key_cache == "keyring")
             .then(|| std::time::Duration::from_secs(a.key_cache_timeout)),
         unlock_memory_kib: a

@@ -58,6 +58,7 @@ impl Daemon {
             self.started.elapsed().as_secs_f64(),
         );
         self.render_pool(&mut e);
+        render_memory(&mut e);
 
         e.family(
             "cryptblk_disk_info",
@@ -379,6 +380,48 @@ fn kind_labels(s: &Series, kind: IoKind) -> Vec<(&str, &str)> {
     let mut labels = s.labels();
     labels.push(("op", kind.name()));
     labels
+}
+
+/// The memory budget every queue reserves from, and the buffer cache.
+fn render_memory(e: &mut Exposition) {
+    let usage = cryptblk_block::MemoryBudget::process().usage();
+    let gauges: [(&str, &str, u64); 5] = [
+        (
+            "cryptblk_memory_budget_bytes",
+            "The memory budget for request data (--memory-budget).",
+            usage.limit,
+        ),
+        (
+            "cryptblk_memory_reserved_bytes",
+            "Bytes of the budget reserved by requests under way.",
+            usage.reserved,
+        ),
+        (
+            "cryptblk_memory_reserved_peak_bytes",
+            "The most bytes of the budget reserved at once since the start.",
+            usage.peak,
+        ),
+        (
+            "cryptblk_memory_waiting_queues",
+            "Queues (virtqueues, NBD connections) waiting for room in the budget.",
+            usage.waiting as u64,
+        ),
+        (
+            "cryptblk_memory_cached_bytes",
+            "Free request buffers kept for reuse (given back after a second unused).",
+            cryptblk_block::buffers::kept_bytes(),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        e.family(name, Kind::Gauge, help);
+        e.sample(name, &[], value);
+    }
+    e.family(
+        "cryptblk_memory_waits_total",
+        Kind::Counter,
+        "Requests that waited for room in the memory budget.",
+    );
+    e.sample("cryptblk_memory_waits_total", &[], usage.waits);
 }
 
 fn render_io(e: &mut Exposition, series: &[Series]) {

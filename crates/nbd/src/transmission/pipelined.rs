@@ -14,6 +14,14 @@
 //! Back-pressure: at most `queue_depth` requests and `max_pending_bytes` payload bytes are
 //! under way (from parsing to the end of their reply). A client silent in the middle of a
 //! request, or not taking replies, for `io_timeout` is disconnected.
+//!
+//! Memory: before a READ or WRITE is taken from the read buffer, the connection reserves what
+//! it may make the daemon hold until its reply is sent (the payload buffer, and for a WRITE a
+//! second buffer of its size for the ciphertext or a bounce the queue may make) from the
+//! daemon's memory budget (`MemoryBudget`); its queue then reserves nothing itself. Where the
+//! budget has no room the connection stops taking requests until the budget grants them,
+//! which wakes it through an eventfd of its own; meanwhile the client is not timed out.
+//! Payload buffers come from the daemon's buffer cache and go back to it with the reply.
 
 use super::reply::{
     block_status, read_reply_header, refuse_oversized_write, reply_status, ReplyBuffer,
@@ -23,21 +31,20 @@ use super::{check_request, errno_of, io_kind, ConnectionConfig, Session};
 use crate::protocol::*;
 use crate::socket::Socket;
 use crate::Error;
-use cryptblk_block::aio::{open_queue, Completion, IoOp, IoQueue, IoRequest, IoVec, QueueOptions};
-use cryptblk_block::{AlignedBuf, BlockError};
+use cryptblk_block::aio::{
+    open_pipeline, Completion, IoOp, IoQueue, IoRequest, IoVec, Notifier, QueueOptions,
+};
+use cryptblk_block::buffers::{self, PooledBuf};
+use cryptblk_block::{BlockError, BudgetShare, MemoryBudget};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Read buffer: large enough to take a burst of queued 4 KiB writes in one `read`.
 const READ_BUFFER_LEN: usize = 256 << 10;
-/// Pooled buffers above this size are freed instead of kept, so one 32 MiB request does not
-/// pin 32 MiB for the rest of the connection.
-const MAX_POOLED_BUFFER: usize = 1 << 20;
-/// What an idle connection keeps in pooled buffers at most.
-const MAX_POOLED_BYTES: usize = 8 << 20;
 /// Replies written per `writev` at most (two iovecs each; IOV_MAX is 1024).
 const REPLIES_PER_WRITE: usize = 256;
 
@@ -46,7 +53,9 @@ struct Job {
     request: RequestHeader,
     started: Instant,
     /// READ: the data read; WRITE: the payload.
-    buf: Option<AlignedBuf>,
+    buf: Option<PooledBuf>,
+    /// Bytes reserved from the memory budget until the reply is sent.
+    reserved: u64,
     /// TRIM / WRITE_ZEROES with FUA: a flush follows before the reply.
     flush_after: bool,
 }
@@ -87,33 +96,6 @@ impl Reply {
     }
 }
 
-/// Aligned buffers for READ data and WRITE payloads, reused across requests.
-#[derive(Default)]
-struct BufferPool {
-    idle: Vec<AlignedBuf>,
-    bytes: usize,
-}
-
-impl BufferPool {
-    /// A buffer of at least `len` bytes (contents unspecified).
-    fn take(&mut self, len: usize) -> AlignedBuf {
-        if let Some(i) = self.idle.iter().position(|b| b.len() >= len) {
-            let buf = self.idle.swap_remove(i);
-            self.bytes -= buf.len();
-            return buf;
-        }
-        // Whole 4 KiB units, so a buffer serves the next request of a similar size.
-        AlignedBuf::zeroed(len.max(1).next_multiple_of(4096))
-    }
-
-    fn put(&mut self, buf: AlignedBuf) {
-        if buf.len() <= MAX_POOLED_BUFFER && self.bytes + buf.len() <= MAX_POOLED_BYTES {
-            self.bytes += buf.len();
-            self.idle.push(buf);
-        }
-    }
-}
-
 /// A WRITE whose payload is still arriving.
 struct PartialWrite {
     job: Job,
@@ -140,7 +122,10 @@ struct Connection<'s, 'e> {
     requests: usize,
     bytes: u64,
     max_requests: usize,
-    buffers: BufferPool,
+    /// The connection's share of the daemon's memory budget.
+    budget: BudgetShare,
+    /// Set when the budget grants what the connection waited for.
+    budget_wake: Arc<Notifier>,
     completions: Vec<Completion>,
     /// The client sent DISC: no more requests.
     eof: bool,
@@ -161,9 +146,13 @@ pub(super) fn serve(
     config: &ConnectionConfig,
 ) -> Result<(), Error> {
     let depth = config.queue_depth.max(1);
-    let queue = open_queue(&session.export.device, &QueueOptions { depth })
+    let mut pipeline = open_pipeline(&session.export.device, &QueueOptions { depth })
         .map_err(|e| Error::Protocol(format!("opening the export's I/O queue: {e}")))?;
+    // The connection reserves for its requests, for as long as it holds them.
+    pipeline.set_budget(None);
+    let queue: Box<dyn IoQueue> = Box::new(pipeline);
     let capacity = queue.capacity();
+    let budget_wake = Arc::new(Notifier::new()?);
     socket.set_nonblocking(true)?;
     let mut conn = Connection {
         session,
@@ -181,7 +170,8 @@ pub(super) fn serve(
         requests: 0,
         bytes: 0,
         max_requests: capacity,
-        buffers: BufferPool::default(),
+        budget: MemoryBudget::process().share(budget_wake.clone()),
+        budget_wake,
         completions: Vec::new(),
         eof: false,
         peer_closed: false,
@@ -263,7 +253,7 @@ impl Connection<'_, '_> {
 
     /// Whether a complete request header waits in the read buffer and the budget takes it.
     fn next_request_fits(&self) -> bool {
-        if self.eof || self.error.is_some() || self.partial.is_some() {
+        if self.eof || self.error.is_some() || self.partial.is_some() || self.budget.is_waiting() {
             return false;
         }
         let Some(header) = self.rbuf.get(self.start..self.start + REQUEST_HEADER_LEN) else {
@@ -279,6 +269,23 @@ impl Connection<'_, '_> {
             // Anything else (a malformed header included) is handled by parsing.
             _ => !self.budget_full(0),
         }
+    }
+
+    /// Reserves what `request` may make the daemon hold until its reply is sent (its payload
+    /// buffer; for a WRITE also the queue's copy of it), now or with the grant the connection
+    /// waited for; `None` when it must wait.
+    fn reserve(&mut self, request: &RequestHeader) -> Option<u64> {
+        let copies = match request.command {
+            // Oversized writes are refused without reading their payload.
+            CMD_WRITE if request.length <= MAX_PAYLOAD => 2,
+            CMD_READ if request.length <= MAX_PAYLOAD => 1,
+            _ => return Some(0),
+        };
+        let buffer = buffers::class_size(request.length as usize) as u64;
+        let charge = self.budget.charge_for(copies * buffer);
+        // A grant the connection waited for is this request's: the one at the head of the
+        // read buffer.
+        self.budget.try_reserve(charge)
     }
 
     fn budget_full(&self, bytes: u64) -> bool {
@@ -334,6 +341,10 @@ impl Connection<'_, '_> {
             if self.budget_full(payload) {
                 return;
             }
+            let Some(reserved) = self.reserve(&request) else {
+                // Taken once the budget grants it (the wake-up comes through `budget_wake`).
+                return;
+            };
             self.start += REQUEST_HEADER_LEN;
             let stats = &self.session.export.stats;
             let started = stats.begin();
@@ -343,6 +354,7 @@ impl Connection<'_, '_> {
                 request,
                 started,
                 buf: None,
+                reserved,
                 flush_after: matches!(request.command, CMD_TRIM | CMD_WRITE_ZEROES)
                     && request.flags & CMD_FLAG_FUA != 0,
             };
@@ -356,7 +368,7 @@ impl Connection<'_, '_> {
                 return;
             }
             if request.command == CMD_WRITE {
-                job.buf = Some(self.buffers.take(request.length as usize));
+                job.buf = Some(buffers::take(request.length as usize));
                 self.partial = Some(PartialWrite { job, filled: 0 });
                 continue;
             }
@@ -400,7 +412,7 @@ impl Connection<'_, '_> {
             }
         };
         if op == IoOp::Read {
-            job.buf = Some(self.buffers.take(request.length as usize));
+            job.buf = Some(buffers::take(request.length as usize));
         }
         self.push(job, op);
     }
@@ -544,8 +556,11 @@ impl Connection<'_, '_> {
         if matches!(request.command, CMD_READ | CMD_WRITE) {
             self.bytes -= u64::from(request.length);
         }
-        if let Some(buf) = job.buf {
-            self.buffers.put(buf);
+        // The buffer goes back to the cache before its bytes go back to the budget.
+        drop(job.buf);
+        self.budget.release(job.reserved);
+        if self.requests == 0 {
+            self.budget.return_credit();
         }
     }
 
@@ -606,6 +621,7 @@ impl Connection<'_, '_> {
             && self.error.is_none()
             && (self.partial.is_some() || !self.budget_full(0))
             && self.end - self.start < self.rbuf.len();
+        let budget_waiting = self.budget.is_waiting();
         let want_write = !self.replies.is_empty();
         let mut events = 0;
         if want_read {
@@ -629,11 +645,18 @@ impl Connection<'_, '_> {
                 },
                 revents: 0,
             },
+            libc::pollfd {
+                fd: self.budget_wake.as_raw_fd(),
+                events: if budget_waiting { libc::POLLIN } else { 0 },
+                revents: 0,
+            },
         ];
         // Between requests with nothing in flight the client may stay silent forever; in the
-        // middle of one, or with replies it does not take, only for `io_timeout`.
-        let stuck =
-            self.partial.is_some() || (self.end > self.start && !self.budget_full(0)) || want_write;
+        // middle of one, or with replies it does not take, only for `io_timeout`. Waiting for
+        // the daemon's memory is not the client's doing.
+        let stuck = self.partial.is_some()
+            || (self.end > self.start && !self.budget_full(0) && !budget_waiting)
+            || want_write;
         let timeout_ms = if stuck {
             let left = self
                 .config
@@ -643,8 +666,8 @@ impl Connection<'_, '_> {
         } else {
             -1
         };
-        // SAFETY: two valid pollfd structs, length 2.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+        // SAFETY: three valid pollfd structs, length 3.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, timeout_ms) };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -658,6 +681,10 @@ impl Connection<'_, '_> {
                  replies; closing",
                 self.config.io_timeout.as_secs()
             )));
+        }
+        if fds[2].revents != 0 {
+            // The grant itself is collected by the next parse.
+            self.budget_wake.clear();
         }
         if want_read && fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
             self.read_socket()?;

@@ -36,6 +36,14 @@ impl ReplyBuffer {
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.data[..self.len]
     }
+
+    /// Lets go of the allocation when it is larger than `max` bytes (after a large reply).
+    pub(crate) fn shrink_to(&mut self, max: usize) {
+        if self.data.capacity() > max {
+            self.data = Vec::new();
+            self.len = 0;
+        }
+    }
 }
 
 /// Writes a reply that carries no data.

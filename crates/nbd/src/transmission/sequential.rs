@@ -1,5 +1,11 @@
 //! TLS connections: one request at a time on the connection thread, through the device's
 //! synchronous interface (see the module above for why).
+//!
+//! Memory: before a READ or a WRITE's payload is read, the connection reserves what the
+//! request may make the daemon hold (the payload or the reply's data, and for a WRITE its
+//! encrypted copy) from the daemon's memory budget, waiting for a grant when it has no room,
+//! and gives it back once the reply is sent. Buffers beyond `KEEP_BUFFER` are let go after the
+//! request, so an idle connection holds little.
 
 use super::reply::{
     block_status, read_reply_header, refuse_oversized_write, reply_status, ReplyBuffer,
@@ -9,9 +15,14 @@ use super::{check_request, errno_of, io_kind, read_request_header, Session};
 use crate::protocol::*;
 use crate::socket::Socket;
 use crate::Error;
-use cryptblk_block::{BlockError, IoKind};
+use cryptblk_block::aio::Notifier;
+use cryptblk_block::{buffers, BlockError, IoKind, MemoryBudget};
 use std::io::{Read, Write};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Buffers up to this size stay with the connection for its next request.
+const KEEP_BUFFER: usize = 1 << 20;
 
 /// Checks and runs a request, leaving its complete reply in `out`. Returns
 /// whether it succeeded (for the statistics).
@@ -99,6 +110,7 @@ pub(super) fn serve(
     let stats = &session.export.stats;
     let mut payload = Vec::new();
     let mut reply = ReplyBuffer::default();
+    let mut budget = MemoryBudget::process().share(Arc::new(Notifier::new()?));
     loop {
         let Some(request) = read_request_header(stream)? else {
             return Ok(());
@@ -107,6 +119,15 @@ pub(super) fn serve(
             return Ok(());
         }
         let started = stats.begin();
+        let copies = match request.command {
+            CMD_WRITE if request.length <= MAX_PAYLOAD => 2,
+            CMD_READ if request.length <= MAX_PAYLOAD => 1,
+            _ => 0,
+        };
+        let charge =
+            budget.charge_for(copies * buffers::class_size(request.length as usize) as u64);
+        // Nothing else to do meanwhile: one request at a time.
+        let reserved = budget.reserve_blocking(charge, || false).unwrap_or(0);
         let data = if request.command == CMD_WRITE {
             if request.length > MAX_PAYLOAD {
                 let error = refuse_oversized_write(session, &request, &mut reply);
@@ -133,5 +154,12 @@ pub(super) fn serve(
             started,
             ok,
         );
+        if payload.capacity() > KEEP_BUFFER {
+            payload = Vec::new();
+        }
+        reply.shrink_to(KEEP_BUFFER);
+        budget.release(reserved);
+        // Between requests the connection holds nothing of the budget.
+        budget.return_credit();
     }
 }
