@@ -25,6 +25,26 @@ pub fn command_line(cmd: &Command) -> String {
     format!("{} {}", cmd.get_program().to_string_lossy(), args.join(" "))
 }
 
+/// `cryptblk ctl --socket CTL ARGS...`: the daemon's JSON answer; a failed call is an error
+/// with ctl's message.
+pub fn ctl(cryptblk: &Path, socket: &Path, args: &[&str]) -> Result<serde_json::Value> {
+    let out = Command::new(cryptblk)
+        .arg("ctl")
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .context("running cryptblk ctl")?;
+    if !out.status.success() {
+        bail!(
+            "cryptblk ctl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("parsing ctl's answer")
+}
+
 /// vu_bench's JSON line (fields it has printed since the bash harness, plus the percentiles
 /// and the CPU over its window).
 #[derive(Deserialize)]

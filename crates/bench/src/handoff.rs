@@ -14,12 +14,13 @@
 //! `downtime-ms` (migrate-status: from its fence until the receiver holds the image's lock
 //! and answered). At the end the pattern must read back through the last holder. The
 //! targets (every hand-off within 100 ms idle, 500 ms loaded) are in the table.
-use crate::clients;
 use crate::config::Config;
+use crate::config::Transport;
 use crate::engine::{self, Driver, Measured};
 use crate::images::{self, POOL};
 use crate::plan::{Fits, Step};
 use crate::sample::{Metrics, Sample};
+use crate::{clients, peers};
 use anyhow::{bail, Context, Result};
 use cryptblk_testutil::ceph::Cluster;
 use serde_json::Value;
@@ -39,51 +40,40 @@ pub struct Options {
     pub results: PathBuf,
 }
 
-/// A daemon of the hand-off: its process, control and NBD sockets and log.
+/// A daemon of the hand-off: its process (killed when dropped), control and NBD sockets.
 struct Daemon {
     name: &'static str,
-    child: Child,
+    server: peers::Running,
     ctl: PathBuf,
-    nbd: PathBuf,
-    log: PathBuf,
+    cryptblk: PathBuf,
 }
 
 impl Daemon {
     fn start(name: &'static str, cryptblk: &Path, work: &Path, disk: &[&str]) -> Result<Daemon> {
         let ctl = work.join(format!("{name}.ctl"));
         let nbd = work.join(format!("{name}.nbd"));
-        let log = work.join(format!("{name}.log"));
         let mut cmd = Command::new(cryptblk);
         cmd.arg("serve")
             .args(disk)
             .arg("--nbd")
             .arg(format!("unix:{}", nbd.display()))
             .arg("--control")
-            .arg(&ctl)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log)?)
-            .stderr(std::fs::File::create(&log)?);
-        clients::show(&cmd);
-        let child = cmd.spawn().context("starting cryptblk serve")?;
-        let mut daemon = Daemon {
+            .arg(&ctl);
+        let log = work.join(format!("{name}.log"));
+        // Listening on the NBD socket (B has no disk to export yet), then answering ctl.
+        let server = peers::start(cmd, &nbd, &log, Transport::Vhost, 0)?;
+        let daemon = Daemon {
             name,
-            child,
+            server,
             ctl,
-            nbd,
-            log,
+            cryptblk: cryptblk.to_path_buf(),
         };
         let start = Instant::now();
-        while daemon.try_ctl(cryptblk, &["disk-list"]).is_err() {
-            if let Some(status) = daemon.child.try_wait()? {
-                bail!(
-                    "daemon {name} exited at start ({status}): {}",
-                    daemon.tail()
-                );
-            }
+        while clients::ctl(cryptblk, &daemon.ctl, &["disk-list"]).is_err() {
             if start.elapsed() > Duration::from_secs(90) {
                 bail!(
                     "daemon {name}: no control socket after 90 s: {}",
-                    daemon.tail()
+                    daemon.server.log_tail()
                 );
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -92,57 +82,28 @@ impl Daemon {
     }
 
     fn uri(&self) -> String {
-        format!("nbd+unix:///vol?socket={}", self.nbd.display())
+        self.server.uri()
     }
 
-    /// `cryptblk ctl` on this daemon: its JSON answer.
-    fn try_ctl(&self, cryptblk: &Path, args: &[&str]) -> Result<Value> {
-        let out = Command::new(cryptblk)
-            .arg("ctl")
-            .arg("--socket")
-            .arg(&self.ctl)
-            .args(args)
-            .output()
-            .context("running cryptblk ctl")?;
-        if !out.status.success() {
-            bail!(
-                "cryptblk ctl {} on daemon {}: {}",
-                args.join(" "),
-                self.name,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        serde_json::from_slice(&out.stdout).context("parsing ctl's answer")
-    }
-
-    fn ctl(&self, cryptblk: &Path, args: &[&str]) -> Result<Value> {
+    fn ctl(&self, args: &[&str]) -> Result<Value> {
         eprintln!("+ cryptblk ctl ({}) {}", self.name, args.join(" "));
-        self.try_ctl(cryptblk, args)
-            .with_context(|| format!("daemon {}'s log ends: {}", self.name, self.tail()))
+        clients::ctl(&self.cryptblk, &self.ctl, args).with_context(|| {
+            format!(
+                "daemon {}'s log ends: {}",
+                self.name,
+                self.server.log_tail()
+            )
+        })
     }
 
-    fn has_disk(&self, cryptblk: &Path) -> bool {
-        self.try_ctl(cryptblk, &["disk-list"]).is_ok_and(|v| {
+    fn has_disk(&self) -> bool {
+        clients::ctl(&self.cryptblk, &self.ctl, &["disk-list"]).is_ok_and(|v| {
             v["disks"].as_array().is_some_and(|disks| {
                 disks
                     .iter()
                     .any(|d| d["name"] == "vol" && d["state"] == "attached")
             })
         })
-    }
-
-    /// The last lines of the daemon's log, for an error.
-    fn tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(15)..].join("\n")
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -374,23 +335,19 @@ fn hand_off(
     n: u32,
 ) -> Result<(f64, Option<f64>)> {
     let (o, work, image, key) = (s.o, s.work, s.image, s.key);
-    let bin = &o.cryptblk;
     let listen = format!("unix:{}", work.join(format!("mig.{n}.sock")).display());
-    to.ctl(
-        bin,
-        &[
-            "migrate-incoming",
-            "vol",
-            "--image",
-            image,
-            "--listen",
-            &listen,
-            "--key-file",
-            key,
-            "--nbd-export",
-        ],
-    )?;
-    let started = from.ctl(bin, &["migrate-start", "vol", "--to", &listen, "--shared"])?;
+    to.ctl(&[
+        "migrate-incoming",
+        "vol",
+        "--image",
+        image,
+        "--listen",
+        &listen,
+        "--key-file",
+        key,
+        "--nbd-export",
+    ])?;
+    let started = from.ctl(&["migrate-start", "vol", "--to", &listen, "--shared"])?;
     if started["shared"] != true {
         bail!("migrate-start --shared did not start a shared migration: {started}");
     }
@@ -403,10 +360,10 @@ fn hand_off(
     } else {
         None
     };
-    from.ctl(bin, &["migrate-switchover", "vol"])?;
+    from.ctl(&["migrate-switchover", "vol"])?;
     let start = Instant::now();
     let status = loop {
-        let status = from.ctl(bin, &["migrate-status", "vol"])?;
+        let status = from.ctl(&["migrate-status", "vol"])?;
         match status["phase"].as_str() {
             Some("completed") => break status,
             Some("failed" | "cancelled") => bail!("hand-off {n}: {status}"),
@@ -420,7 +377,7 @@ fn hand_off(
         .as_f64()
         .with_context(|| format!("migrate-status has no outgoing downtime-ms: {status}"))?;
     let start = Instant::now();
-    while !to.has_disk(bin) {
+    while !to.has_disk() {
         if start.elapsed() > Duration::from_secs(30) {
             bail!(
                 "hand-off {n}: daemon {} never listed vol as attached",
@@ -430,6 +387,6 @@ fn hand_off(
         std::thread::sleep(Duration::from_millis(100));
     }
     let fio_write_iops = load.and_then(Load::stop);
-    from.ctl(bin, &["disk-remove", "vol"])?;
+    from.ctl(&["disk-remove", "vol"])?;
     Ok((downtime_ms, fio_write_iops))
 }

@@ -23,8 +23,9 @@ use crate::engine::{self, Driver, Measured};
 use crate::plan::{Fits, Step};
 use crate::procfs;
 use crate::sample::{Metrics, Sample};
+use crate::workdir::free_bytes;
 use anyhow::{bail, Context, Result};
-use example::{build_example, child, free_bytes};
+use example::{build_example, child};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 

@@ -155,10 +155,9 @@ impl Reencrypt<'_> {
         })
     }
 
-    fn ctl(&self, ctl: &Path, args: &[&str]) -> Result<()> {
-        let mut cmd = Command::new(&self.o.cryptblk);
-        cmd.arg("ctl").arg("--socket").arg(ctl).args(args);
-        timed(&mut cmd).map(drop)
+    fn ctl(&self, ctl: &Path, args: &[&str]) -> Result<serde_json::Value> {
+        eprintln!("+ cryptblk ctl {}", args.join(" "));
+        clients::ctl(&self.o.cryptblk, ctl, args)
     }
 
     /// Pauses the reencryption and waits (up to 30 s) until it no longer runs: a pause takes
@@ -167,14 +166,7 @@ impl Reencrypt<'_> {
         self.ctl(ctl, &["reencrypt-pause", "vol"])?;
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(30) {
-            let out = Command::new(&self.o.cryptblk)
-                .arg("ctl")
-                .arg("--socket")
-                .arg(ctl)
-                .args(["reencrypt-status", "vol"])
-                .output()?;
-            let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-            if status["phase"] != "running" {
+            if self.ctl(ctl, &["reencrypt-status", "vol"])?["phase"] != "running" {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(100));
