@@ -52,8 +52,6 @@ struct Reencrypt<'a> {
     image: PathBuf,
     key: String,
     online: Option<Served>,
-    /// Whether an online reencryption was started (and must be finished at the end).
-    started: bool,
 }
 
 pub fn run(o: &Options, config: &Config, workload: &Workload) -> Result<Vec<Sample>> {
@@ -82,7 +80,6 @@ pub fn run(o: &Options, config: &Config, workload: &Workload) -> Result<Vec<Samp
         image: imgs.path(which),
         key: imgs.key.to_string_lossy().into_owned(),
         online: None,
-        started: false,
     };
     if o.encrypt {
         let work = o.dir.join("encrypt-online");
@@ -96,6 +93,8 @@ pub fn run(o: &Options, config: &Config, workload: &Workload) -> Result<Vec<Samp
             &[
                 "reencrypt-start",
                 "vol",
+                "--key-file",
+                &d.key,
                 "--encrypt",
                 "--pbkdf",
                 "pbkdf2",
@@ -166,7 +165,8 @@ impl Reencrypt<'_> {
         self.ctl(ctl, &["reencrypt-pause", "vol"])?;
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(30) {
-            if self.ctl(ctl, &["reencrypt-status", "vol"])?["phase"] != "running" {
+            let status = self.ctl(ctl, &["reencrypt-status", "vol"])?;
+            if !matches!(status["phase"].as_str(), Some("running" | "pausing")) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -190,7 +190,6 @@ impl Reencrypt<'_> {
                 args.extend(["--pbkdf", "pbkdf2", "--iter-time", "10"]);
             }
             self.ctl(&served.ctl, &args)?;
-            self.started = true;
         }
         let m = clients::vu_bench(
             &self.o.vu_bench,
@@ -269,10 +268,12 @@ impl Driver for Reencrypt<'_> {
     }
 
     fn finish(&mut self) -> Result<()> {
+        let mut paused = false;
         if let Some(s) = self.online.take() {
+            paused = self.ctl(&s.ctl, &["reencrypt-status", "vol"])?["phase"] == "paused";
             s.server.stop()?;
         }
-        if self.started && !self.o.encrypt {
+        if paused && !self.o.encrypt {
             // Leave a whole image behind, not one paused mid-way.
             eprintln!("+ finishing the paused reencryption");
             timed(

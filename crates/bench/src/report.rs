@@ -35,7 +35,7 @@ fn main_metric<'a>(row: &Row, metrics: &'a [String]) -> Option<&'a str> {
 }
 
 pub fn markdown(config: &Config, samples: &[Sample]) -> String {
-    let rows = summary::rows(samples, false);
+    let rows = summary::rows(samples, true);
     let mut out = String::new();
     for preset in distinct(rows.iter().map(|(_, r)| r.preset)) {
         let mine: Vec<&Sample> = samples.iter().filter(|r| r.preset == preset).collect();
@@ -58,7 +58,7 @@ pub fn markdown(config: &Config, samples: &[Sample]) -> String {
             rounds,
             median(&mine.iter().map(|r| r.window_s).collect::<Vec<_>>()).unwrap_or(0.0),
             metric::show("", median(&loads)),
-            metric::show("", loads.iter().copied().reduce(f64::max))
+            metric::show("", loads.iter().copied().filter(|l| l.is_finite()).reduce(f64::max))
         );
         let _ = writeln!(
             out,
@@ -113,11 +113,7 @@ fn table_main(out: &mut String, transport: &str, rows: &[&Row], metrics: &[Strin
     }
     let _ = writeln!(out, "{head}\n{rule}");
     for (r, m) in with {
-        let mut line = format!(
-            "| {} | {} |",
-            r.workload.name,
-            metric::show(m, r.median(None, m))
-        );
+        let mut line = format!("| {} | {} |", r.name(), metric::show(m, r.median(None, m)));
         for a in &arms {
             let cell = if r.arms.iter().any(|(id, _)| id == a) {
                 format!(
@@ -158,7 +154,7 @@ fn table_figures(out: &mut String, rows: &[&Row], figures: &[crate::config::Figu
         if c.iter().all(Option::is_none) {
             continue;
         }
-        let mut line = format!("| {} |", r.workload.name);
+        let mut line = format!("| {} |", r.name());
         for &i in &columns {
             let _ = write!(line, " {} |", Spread::show(c[i]));
         }
@@ -179,7 +175,7 @@ fn table_detail(out: &mut String, rows: &[&Row], metrics: &[String]) {
     let _ = writeln!(out, "{head}\n{rule}");
     for r in rows {
         for (a, name) in &r.arms {
-            let mut line = format!("| {} | ({a}) {name} |", r.workload.name);
+            let mut line = format!("| {} | ({a}) {name} |", r.name());
             for m in &shown {
                 let _ = write!(line, " {} |", metric::show(m, r.median(Some(a), m)));
             }

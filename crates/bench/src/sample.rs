@@ -203,6 +203,8 @@ mod legacy {
             },
             window_s: metrics.get("seconds").unwrap_or(0.0),
             metrics,
+            // Not taken then.
+            load1: f64::NAN,
             ..Sample::default()
         })
     }

@@ -98,6 +98,10 @@ impl<'a> Round<'a> {
 
 /// The samples of one experiment, transport and workload, by round.
 pub struct Row<'a> {
+    /// The run of the files the row comes from (see `rows`), and whether the same row was
+    /// measured in another run too.
+    pub run: usize,
+    pub repeated: bool,
     pub preset: &'a str,
     pub transport: &'a str,
     pub workload: &'a WorkloadRecord,
@@ -107,6 +111,15 @@ pub struct Row<'a> {
 }
 
 impl Row<'_> {
+    /// The workload as the tables name the row: with its run when there were several.
+    pub fn name(&self) -> String {
+        if self.repeated {
+            format!("{} (run {})", self.workload.name, self.run + 1)
+        } else {
+            self.workload.name.clone()
+        }
+    }
+
     pub fn runs(&self) -> impl Iterator<Item = &Sample> {
         self.rounds.iter().flat_map(|r| r.runs.iter().copied())
     }
@@ -213,6 +226,8 @@ pub fn rows(samples: &[Sample], split_runs: bool) -> Vec<(usize, Row<'_>)> {
         let row = rows.entry(key).or_insert_with(|| {
             order.push(key);
             Row {
+                run,
+                repeated: false,
                 preset: &s.preset,
                 transport: &s.transport,
                 workload: &s.workload,
@@ -233,10 +248,16 @@ pub fn rows(samples: &[Sample], split_runs: bool) -> Vec<(usize, Row<'_>)> {
             }),
         }
     }
+    let repeated: std::collections::HashSet<(&str, &str, &str)> = order
+        .iter()
+        .filter(|k| k.0 > 0)
+        .map(|k| (k.1, k.2, k.3))
+        .collect();
     order
         .into_iter()
         .map(|key| {
             let mut row = rows.remove(&key).expect("every key has its row");
+            row.repeated = repeated.contains(&(key.1, key.2, key.3));
             for round in &mut row.rounds {
                 let at = (key.0, row.preset, round.group);
                 round.ceilings = ceilings.get(&at).cloned().unwrap_or_default();
