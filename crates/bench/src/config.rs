@@ -38,6 +38,23 @@ pub enum Driver {
     EngineCpu,
 }
 
+impl Driver {
+    /// The command that runs an experiment of this driver.
+    pub fn command(self) -> &'static str {
+        match self {
+            Driver::Matrix => "run --preset NAME",
+            Driver::ReadPath => "read-path",
+            Driver::Reencrypt => "reencrypt",
+            Driver::EncryptOnline => "reencrypt --encrypt",
+            Driver::Convert => "convert",
+            Driver::Control => "control",
+            Driver::Handoff => "handoff",
+            Driver::Migrate => "migrate",
+            Driver::EngineCpu => "engine-cpu",
+        }
+    }
+}
+
 /// How the arms of a round follow each other.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -314,9 +314,10 @@ fn run() -> Result<()> {
                 println!("{name}: {}", p.description);
                 if p.driver != config::Driver::Matrix {
                     println!(
-                        "  {:?} experiment: arms {}, {} round(s)",
-                        p.driver,
+                        "  `cryptblk-bench {}`: arms {}; workloads {}; {} round(s)",
+                        p.driver.command(),
                         p.peers.join(" "),
+                        p.workloads.join(" "),
                         p.rounds
                     );
                     continue;
@@ -356,8 +357,8 @@ fn run() -> Result<()> {
             let table = config.preset(&preset)?;
             if table.driver != config::Driver::Matrix {
                 bail!(
-                    "preset '{preset}' is a {:?} experiment: `cryptblk-bench list` names the command that runs it",
-                    table.driver
+                    "preset '{preset}' is run by `cryptblk-bench {}` (with its own options)",
+                    table.driver.command()
                 );
             }
             let mut chosen = table.narrowed(
