@@ -105,11 +105,17 @@ pub fn run(o: &Options, config: &Config, workload: &Workload) -> Result<Vec<Samp
         d.pause(&served.ctl)?;
         d.online = Some(served);
     }
-    let samples = engine::run(name, preset, o.rounds, &mut d, &o.results)?;
-    if o.encrypt && !o.keep_images {
-        std::fs::remove_file(&d.image)?;
+    let samples = engine::run(name, preset, o.rounds, &mut d, &o.results);
+    if !o.keep_images {
+        // What this run wrote into --dir, and nothing else of it.
+        for made in [imgs.path(which), imgs.key.clone(), d.image.clone()] {
+            let _ = std::fs::remove_file(made);
+        }
+        for work in ["reencrypt-online", "encrypt-online"] {
+            let _ = std::fs::remove_dir_all(o.dir.join(work));
+        }
     }
-    Ok(samples)
+    samples
 }
 
 impl Reencrypt<'_> {
