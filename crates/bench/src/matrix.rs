@@ -1,20 +1,17 @@
-//! Runs a preset: prepares the images, walks the interleaved plan (a fresh server per run),
-//! and appends one record per measurement to the results file as soon as it is taken.
-use crate::clients::{self, Measurement};
+//! The serving matrix's driver (`run`): servers (peers) of the preset's images over
+//! vhost-user-blk and NBD, a fresh server per run, measured by vu_bench, fio and nbdcopy; the
+//! ceiling is fio on the image itself.
 use crate::config::{parse_size, Cache, Config, Image, Preset, Rw, Server, StorageKind, Transport};
-use crate::fio;
+use crate::engine::{self, Driver, Measured};
 use crate::images::{self, Images};
-use crate::peers;
-use crate::plan::{self, Step};
-use crate::procfs;
-use crate::rbd;
-use crate::record::{self, Machine, Record, WorkloadRecord};
+use crate::plan::{Fits, Step};
+use crate::sample::{Sample, WorkloadRecord};
 use crate::spdk::Spdk;
+use crate::{clients, fio, peers, procfs, rbd};
 use anyhow::{bail, Context, Result};
 use cryptblk_testutil::ceph::Cluster;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 pub struct Options {
     pub preset: String,
@@ -30,8 +27,37 @@ pub struct Options {
     pub keep_images: bool,
 }
 
+/// Which peers run which workloads over which transports.
+pub struct MatrixFits<'a> {
+    pub config: &'a Config,
+    pub preset: &'a Preset,
+}
+
+impl Fits for MatrixFits<'_> {
+    fn transports(&self, _: &str) -> Vec<String> {
+        self.preset
+            .transports
+            .iter()
+            .map(|t| t.name().into())
+            .collect()
+    }
+
+    /// Idle clients are vhost-user ones (libblkio); nbdcopy is an NBD client.
+    fn fits(&self, _: &str, transport: &str, workload: &str) -> bool {
+        match self.config.workloads[workload].rw {
+            Rw::Idle => transport == "vhost",
+            Rw::Copy => transport == "nbd",
+            _ => true,
+        }
+    }
+
+    fn has_ceiling(&self, workload: &str) -> bool {
+        self.config.workloads[workload].rw.is_io()
+    }
+}
+
 struct Bench<'a> {
-    config: &'a Config,
+    fits: MatrixFits<'a>,
     opts: &'a Options,
     images: Images,
     image_files: Vec<PathBuf>,
@@ -40,14 +66,12 @@ struct Bench<'a> {
     cache: Cache,
     drop_caches: bool,
     storage: String,
-    machine: Machine,
-    commit: String,
     /// The SPDK build, when the preset has SPDK peers and it is usable here.
     spdk: Option<Spdk>,
 }
 
-/// Measures the preset; returns the records taken (also appended to the results file).
-pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Record>> {
+/// Measures the preset; returns the samples taken (also appended to the results file).
+pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Sample>> {
     let size = parse_size(opts.size.as_deref().unwrap_or(&preset.storage.size))?;
     if !size.is_multiple_of(65536) {
         bail!("the image size must be a multiple of 64 KiB (got {size} bytes)");
@@ -97,8 +121,8 @@ pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Recor
             return Err(e);
         }
     };
-    let cx = Bench {
-        config,
+    let mut cx = Bench {
+        fits: MatrixFits { config, preset },
         opts,
         image_files: if prepared.drop_caches {
             prepared.images.all(&which)
@@ -111,50 +135,17 @@ pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Recor
         cache: preset.storage.cache,
         drop_caches: prepared.drop_caches,
         storage: prepared.storage,
-        machine: procfs::machine(),
-        commit: procfs::commit(),
         spdk,
     };
-    let steps = plan::expand(config, preset, opts.rounds.unwrap_or(preset.rounds))?;
-    eprintln!(
-        "{} measurements of {:.0} s; results appended to {}",
-        steps.len(),
-        cx.runtime,
-        opts.results.display()
-    );
-    let mut taken = Vec::new();
-    let outcome = steps.iter().try_for_each(|step| {
-        let rec = measure(&cx, step).with_context(|| {
-            format!(
-                "round {} {} peer {} {}",
-                step.round,
-                step.workload,
-                step.peer,
-                step.transport.map_or("(ceiling)", Transport::name)
-            )
-        })?;
-        eprintln!(
-            "  {} {}: {} IOPS, {} MiB/s, server CPU {} %, {} µs/IO, load {:.2}",
-            rec.group,
-            rec.peer,
-            rec.iops.map_or("-".into(), |v| format!("{v:.0}")),
-            rec.mib_s.map_or("-".into(), |v| format!("{v:.1}")),
-            rec.server_cpu_pct.map_or("-".into(), |v| format!("{v:.1}")),
-            rec.server_cpu_us_per_io
-                .map_or("-".into(), |v| format!("{v:.2}")),
-            rec.load1
-        );
-        record::append(&opts.results, &rec)?;
-        taken.push(rec);
-        Ok(())
-    });
+    let rounds = opts.rounds.unwrap_or(preset.rounds);
+    let outcome = engine::run(&opts.preset, preset, rounds, &mut cx, &opts.results);
     let _ = std::fs::remove_dir_all(&work);
     if !opts.keep_images {
         let _ = std::fs::remove_dir_all(&cx.images.dir);
     }
     // Stops the Ceph daemons (rbd preset) only now.
     drop(prepared.cluster);
-    outcome.map(|()| taken)
+    outcome
 }
 
 /// The preset without its SPDK peers (and the ratios naming them), saying so and why.
@@ -164,7 +155,8 @@ fn skip_spdk(config: &Config, preset: &Preset, why: &str) -> Preset {
     eprintln!("skipping the SPDK peers {skipped:?}: {why}");
     let mut kept = preset.clone();
     kept.peers.retain(|p| !is_spdk(p));
-    kept.ratios.retain(|(x, y)| !is_spdk(x) && !is_spdk(y));
+    kept.ratios
+        .retain(|f| !std::iter::once(&f.x).chain(&f.y).any(&is_spdk));
     kept
 }
 
@@ -244,18 +236,60 @@ fn on_rbd(opts: &Options, size: u64, which: &BTreeSet<Image>, work: &Path) -> Re
     })
 }
 
-fn measure(cx: &Bench, step: &Step) -> Result<Record> {
-    let w = cx.config.workload(&step.workload)?;
-    let peer = cx.config.peer(&step.peer)?;
-    let started = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+impl Fits for Bench<'_> {
+    fn transports(&self, w: &str) -> Vec<String> {
+        self.fits.transports(w)
+    }
+    fn fits(&self, p: &str, t: &str, w: &str) -> bool {
+        self.fits.fits(p, t, w)
+    }
+    fn has_ceiling(&self, w: &str) -> bool {
+        self.fits.has_ceiling(w)
+    }
+}
+
+impl Driver for Bench<'_> {
+    fn storage(&self) -> String {
+        self.storage.clone()
+    }
+
+    fn peer_name(&self, peer: &str) -> String {
+        self.fits
+            .config
+            .peers
+            .get(peer)
+            .map_or(peer.into(), |p| p.name.clone())
+    }
+
+    fn workload(&self, name: &str) -> WorkloadRecord {
+        let w = &self.fits.config.workloads[name];
+        WorkloadRecord {
+            name: name.into(),
+            rw: w.rw.name().into(),
+            bs: w.bs,
+            depth: w.depth,
+            queues: w.queues,
+        }
+    }
+
+    fn measure(&mut self, step: &Step) -> Result<Measured> {
+        measure(self, step)
+    }
+}
+
+fn measure(cx: &Bench, step: &Step) -> Result<Measured> {
+    let w = cx.fits.config.workload(&step.workload)?;
+    let peer = cx.fits.config.peer(&step.peer)?;
     if cx.drop_caches {
         let files: Vec<&Path> = cx.image_files.iter().map(PathBuf::as_path).collect();
         procfs::drop_caches(&files)?;
     }
-    let load1 = procfs::load1();
-    let m: Measurement = match step.transport {
+    let transport = match step.transport.as_str() {
+        "vhost" => Some(Transport::Vhost),
+        "nbd" => Some(Transport::Nbd),
+        _ => None,
+    };
+    Ok(match transport {
         None => {
             let path = cx.images.path(peer.image);
             let target = match &cx.images.rbd {
@@ -323,26 +357,6 @@ fn measure(cx: &Bench, step: &Step) -> Result<Record> {
             }
             m
         }
-    };
-    Ok(Record {
-        commit: cx.commit.clone(),
-        machine: cx.machine.clone(),
-        preset: cx.opts.preset.clone(),
-        storage: cx.storage.clone(),
-        round: step.round,
-        group: step.group.clone(),
-        peer: step.peer.clone(),
-        peer_name: peer.name.clone(),
-        transport: step.transport.map_or("file", Transport::name).to_string(),
-        ceiling: step.is_ceiling(),
-        workload: WorkloadRecord {
-            name: step.workload.clone(),
-            rw: w.rw.name().to_string(),
-            bs: w.bs,
-            depth: w.depth,
-            queues: w.queues,
-        },
-        ..Record::measured(started, load1, &m)
     })
 }
 
@@ -355,9 +369,12 @@ mod tests {
         let c = Config::load(None).unwrap();
         let kept = skip_spdk(&c, c.preset("spdk").unwrap(), "SPDK_DIR is not set");
         assert_eq!(kept.peers, ["a", "d"]);
-        assert_eq!(kept.ratios, [("a".to_string(), "f".to_string())]);
-        assert!(!plan::expand(&c, &kept, 1)
-            .unwrap()
+        assert_eq!(kept.ratios, [crate::config::Figure::pair("a", "f")]);
+        let fits = MatrixFits {
+            config: &c,
+            preset: &kept,
+        };
+        assert!(!crate::plan::expand(&kept, 1, &fits)
             .iter()
             .any(|s| s.peer.starts_with('e')));
     }

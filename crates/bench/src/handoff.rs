@@ -1,4 +1,4 @@
-//! `cryptblk-bench handoff`: the downtime of a shared-storage hand-off of a LUKS2 RBD disk
+//! The hand-off driver (`cryptblk-bench handoff`, preset `handoff`): the downtime of a shared-storage hand-off of a LUKS2 RBD disk
 //! between two daemons (`migrate-start --shared`), idle and under a 4k random-write load;
 //! was the hand-off section of `scripts/bench-rbd.sh`.
 //!
@@ -12,22 +12,21 @@
 //! holder's export from 2 s before the switchover until the receiver serves the disk (fio
 //! then sees the fenced holder's errors; they are ignored). The figure is the holder's
 //! `downtime-ms` (migrate-status: from its fence until the receiver holds the image's lock
-//! and answered). At the end the pattern must read back through the last holder.
-mod summary;
-
+//! and answered). At the end the pattern must read back through the last holder. The
+//! targets (every hand-off within 100 ms idle, 500 ms loaded) are in the table.
+use crate::config::Config;
+use crate::config::Transport;
+use crate::engine::{self, Driver, Measured};
 use crate::images::{self, POOL};
-use crate::{clients, procfs};
+use crate::plan::{Fits, Step};
+use crate::sample::{Metrics, Sample};
+use crate::{clients, peers};
 use anyhow::{bail, Context, Result};
 use cryptblk_testutil::ceph::Cluster;
-use serde::Serialize;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime};
-
-/// The targets of the hand-off (milliseconds of downtime): idle and under load.
-const IDLE_TARGET_MS: f64 = 100.0;
-const LOADED_TARGET_MS: f64 = 500.0;
+use std::time::{Duration, Instant};
 
 /// Where the pattern goes in the payload, and where the load's writes start (above it).
 const PATTERN_AT: u64 = 1 << 20;
@@ -41,68 +40,40 @@ pub struct Options {
     pub results: PathBuf,
 }
 
-/// One hand-off, one JSON line of the results file.
-#[derive(Debug, Serialize)]
-pub struct HandoffRecord {
-    pub commit: String,
-    pub machine: crate::record::Machine,
-    pub started: u64,
-    pub load1: f64,
-    pub n: u32,
-    pub from: &'static str,
-    pub to: &'static str,
-    pub loaded: bool,
-    pub downtime_ms: f64,
-    /// fio's write IOPS into the holder over the loaded hand-off (its errors after the fence
-    /// are expected).
-    pub fio_write_iops: Option<f64>,
-}
-
-/// A daemon of the hand-off: its process, control and NBD sockets and log.
+/// A daemon of the hand-off: its process (killed when dropped), control and NBD sockets.
 struct Daemon {
     name: &'static str,
-    child: Child,
+    server: peers::Running,
     ctl: PathBuf,
-    nbd: PathBuf,
-    log: PathBuf,
+    cryptblk: PathBuf,
 }
 
 impl Daemon {
     fn start(name: &'static str, cryptblk: &Path, work: &Path, disk: &[&str]) -> Result<Daemon> {
         let ctl = work.join(format!("{name}.ctl"));
         let nbd = work.join(format!("{name}.nbd"));
-        let log = work.join(format!("{name}.log"));
         let mut cmd = Command::new(cryptblk);
         cmd.arg("serve")
             .args(disk)
             .arg("--nbd")
             .arg(format!("unix:{}", nbd.display()))
             .arg("--control")
-            .arg(&ctl)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log)?)
-            .stderr(std::fs::File::create(&log)?);
-        clients::show(&cmd);
-        let child = cmd.spawn().context("starting cryptblk serve")?;
-        let mut daemon = Daemon {
+            .arg(&ctl);
+        let log = work.join(format!("{name}.log"));
+        // Listening on the NBD socket (B has no disk to export yet), then answering ctl.
+        let server = peers::start(cmd, &nbd, &log, Transport::Vhost, 0)?;
+        let daemon = Daemon {
             name,
-            child,
+            server,
             ctl,
-            nbd,
-            log,
+            cryptblk: cryptblk.to_path_buf(),
         };
         let start = Instant::now();
-        while daemon.try_ctl(cryptblk, &["disk-list"]).is_err() {
-            if let Some(status) = daemon.child.try_wait()? {
-                bail!(
-                    "daemon {name} exited at start ({status}): {}",
-                    daemon.tail()
-                );
-            }
+        while clients::ctl(cryptblk, &daemon.ctl, &["disk-list"]).is_err() {
             if start.elapsed() > Duration::from_secs(90) {
                 bail!(
                     "daemon {name}: no control socket after 90 s: {}",
-                    daemon.tail()
+                    daemon.server.log_tail()
                 );
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -111,57 +82,28 @@ impl Daemon {
     }
 
     fn uri(&self) -> String {
-        format!("nbd+unix:///vol?socket={}", self.nbd.display())
+        self.server.uri()
     }
 
-    /// `cryptblk ctl` on this daemon: its JSON answer.
-    fn try_ctl(&self, cryptblk: &Path, args: &[&str]) -> Result<Value> {
-        let out = Command::new(cryptblk)
-            .arg("ctl")
-            .arg("--socket")
-            .arg(&self.ctl)
-            .args(args)
-            .output()
-            .context("running cryptblk ctl")?;
-        if !out.status.success() {
-            bail!(
-                "cryptblk ctl {} on daemon {}: {}",
-                args.join(" "),
-                self.name,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        serde_json::from_slice(&out.stdout).context("parsing ctl's answer")
-    }
-
-    fn ctl(&self, cryptblk: &Path, args: &[&str]) -> Result<Value> {
+    fn ctl(&self, args: &[&str]) -> Result<Value> {
         eprintln!("+ cryptblk ctl ({}) {}", self.name, args.join(" "));
-        self.try_ctl(cryptblk, args)
-            .with_context(|| format!("daemon {}'s log ends: {}", self.name, self.tail()))
+        clients::ctl(&self.cryptblk, &self.ctl, args).with_context(|| {
+            format!(
+                "daemon {}'s log ends: {}",
+                self.name,
+                self.server.log_tail()
+            )
+        })
     }
 
-    fn has_disk(&self, cryptblk: &Path) -> bool {
-        self.try_ctl(cryptblk, &["disk-list"]).is_ok_and(|v| {
+    fn has_disk(&self) -> bool {
+        clients::ctl(&self.cryptblk, &self.ctl, &["disk-list"]).is_ok_and(|v| {
             v["disks"].as_array().is_some_and(|disks| {
                 disks
                     .iter()
                     .any(|d| d["name"] == "vol" && d["state"] == "attached")
             })
         })
-    }
-
-    /// The last lines of the daemon's log, for an error.
-    fn tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(15)..].join("\n")
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -238,9 +180,10 @@ impl Load {
     }
 }
 
-/// Runs `rounds` idle and `rounds` loaded hand-offs; appends a record per hand-off to the
-/// results file and prints the summary against the targets.
-pub fn run(o: &Options) -> Result<()> {
+/// Runs `rounds` idle and `rounds` loaded hand-offs; appends a sample per hand-off to the
+/// results file.
+pub fn run(o: &Options, config: &Config) -> Result<Vec<Sample>> {
+    let preset = config.preset("handoff")?;
     for tool in ["ceph-mon", "rbd", "qemu-io", "fio"] {
         if Command::new("sh")
             .args(["-c", &format!("command -v {tool}")])
@@ -258,12 +201,12 @@ pub fn run(o: &Options) -> Result<()> {
     }
     let work = std::env::temp_dir().join(format!("cryptblk-handoff-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
-    let result = run_in(o, &work);
+    let result = run_in(o, preset, &work);
     let _ = std::fs::remove_dir_all(&work);
     result
 }
 
-fn run_in(o: &Options, work: &Path) -> Result<()> {
+fn run_in(o: &Options, preset: &crate::config::Preset, work: &Path) -> Result<Vec<Sample>> {
     eprintln!("+ starting a single-node Ceph cluster (memstore OSD)");
     let cluster = Cluster::start();
     let key = work.join("key");
@@ -284,72 +227,94 @@ fn run_in(o: &Options, work: &Path) -> Result<()> {
         &["--image", &image, "--name", "vol", "--key-file", &key_arg],
     )?;
     let b = Daemon::start("B", &o.cryptblk, work, &[])?;
-    let pattern = |op: &str| format!("{op} -P 0x5a {PATTERN_AT} {PATTERN_LEN}");
     qemu_io(
         &a.uri(),
         "writing the pattern through A",
         &[pattern("write"), "flush".into()],
     )?;
-    let machine = procfs::machine();
-    let commit = procfs::commit();
-    let setup = Setup {
-        o,
-        work,
-        image: &image,
-        key: &key_arg,
+    let mut d = Handoffs {
+        setup: Setup {
+            o,
+            work,
+            image: &image,
+            key: &key_arg,
+        },
+        daemons: [a, b],
+        holder: 0,
+        n: 0,
     };
-    let daemons = [&a, &b];
-    let mut holder = 0usize;
-    let mut records = Vec::new();
-    for round in 0..o.rounds {
-        // Alternating holders, "idle, loaded" every round would always load one direction.
-        let order = if round % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        };
-        for loaded in order {
-            let n = records.len() as u32 + 1;
-            let (from, to) = (daemons[holder], daemons[1 - holder]);
-            let load1 = procfs::load1();
-            eprintln!(
-                "hand-off {n} of {}: {} -> {}, {} (load average {load1})",
-                2 * o.rounds,
-                from.name,
-                to.name,
-                if loaded { "loaded" } else { "idle" }
-            );
-            let started = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            let (downtime_ms, fio_write_iops) = hand_off(&setup, from, to, loaded, n)?;
-            eprintln!("  downtime {downtime_ms:.1} ms");
-            let record = HandoffRecord {
-                commit: commit.clone(),
-                machine: machine.clone(),
-                started,
-                load1,
-                n,
-                from: from.name,
-                to: to.name,
-                loaded,
-                downtime_ms,
-                fio_write_iops,
-            };
-            crate::record::append(&o.results, &record)?;
-            records.push(record);
-            holder = 1 - holder;
-            std::thread::sleep(Duration::from_secs(1));
+    let samples = engine::run("handoff", preset, o.rounds, &mut d, &o.results)?;
+    drop(d);
+    drop(cluster);
+    Ok(samples)
+}
+
+fn pattern(op: &str) -> String {
+    format!("{op} -P 0x5a {PATTERN_AT} {PATTERN_LEN}")
+}
+
+/// The two daemons and which one holds the disk.
+struct Handoffs<'a> {
+    setup: Setup<'a>,
+    daemons: [Daemon; 2],
+    holder: usize,
+    /// Hand-offs so far.
+    n: u32,
+}
+
+impl Fits for Handoffs<'_> {
+    fn transports(&self, _: &str) -> Vec<String> {
+        vec!["nbd".into()]
+    }
+    fn fits(&self, _: &str, _: &str, _: &str) -> bool {
+        true
+    }
+    fn has_ceiling(&self, _: &str) -> bool {
+        false
+    }
+}
+
+impl Driver for Handoffs<'_> {
+    fn storage(&self) -> String {
+        format!(
+            "Ceph RBD (one monitor, one memstore OSD, this machine), {} MiB",
+            self.setup.o.size >> 20
+        )
+    }
+
+    fn peer_name(&self, peer: &str) -> String {
+        match peer {
+            "idle" => "hand-off of an idle disk".into(),
+            _ => "hand-off under fio's 4k random writes (depth 32)".into(),
         }
     }
-    qemu_io(
-        &daemons[holder].uri(),
-        "reading the pattern back through the last holder",
-        &[pattern("read")],
-    )?;
-    print!("{}", summary::summary(&records));
-    drop(cluster);
-    Ok(())
+
+    fn measure(&mut self, step: &Step) -> Result<Measured> {
+        self.n += 1;
+        let (from, to) = (&self.daemons[self.holder], &self.daemons[1 - self.holder]);
+        eprintln!(
+            "hand-off {}: {} -> {}, {}",
+            self.n, from.name, to.name, step.peer
+        );
+        let loaded = step.peer == "loaded";
+        let (downtime_ms, fio_write_iops) = hand_off(&self.setup, from, to, loaded, self.n)?;
+        self.holder = 1 - self.holder;
+        std::thread::sleep(Duration::from_secs(1));
+        Ok(Measured {
+            window_s: downtime_ms / 1e3,
+            metrics: Metrics::default()
+                .with("downtime_ms", Some(downtime_ms))
+                .with("fio_write_iops", fio_write_iops),
+        })
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        qemu_io(
+            &self.daemons[self.holder].uri(),
+            "reading the pattern back through the last holder",
+            &[pattern("read")],
+        )
+    }
 }
 
 /// What every hand-off shares: the options, the work directory, the image and its key file.
@@ -370,23 +335,19 @@ fn hand_off(
     n: u32,
 ) -> Result<(f64, Option<f64>)> {
     let (o, work, image, key) = (s.o, s.work, s.image, s.key);
-    let bin = &o.cryptblk;
     let listen = format!("unix:{}", work.join(format!("mig.{n}.sock")).display());
-    to.ctl(
-        bin,
-        &[
-            "migrate-incoming",
-            "vol",
-            "--image",
-            image,
-            "--listen",
-            &listen,
-            "--key-file",
-            key,
-            "--nbd-export",
-        ],
-    )?;
-    let started = from.ctl(bin, &["migrate-start", "vol", "--to", &listen, "--shared"])?;
+    to.ctl(&[
+        "migrate-incoming",
+        "vol",
+        "--image",
+        image,
+        "--listen",
+        &listen,
+        "--key-file",
+        key,
+        "--nbd-export",
+    ])?;
+    let started = from.ctl(&["migrate-start", "vol", "--to", &listen, "--shared"])?;
     if started["shared"] != true {
         bail!("migrate-start --shared did not start a shared migration: {started}");
     }
@@ -399,10 +360,10 @@ fn hand_off(
     } else {
         None
     };
-    from.ctl(bin, &["migrate-switchover", "vol"])?;
+    from.ctl(&["migrate-switchover", "vol"])?;
     let start = Instant::now();
     let status = loop {
-        let status = from.ctl(bin, &["migrate-status", "vol"])?;
+        let status = from.ctl(&["migrate-status", "vol"])?;
         match status["phase"].as_str() {
             Some("completed") => break status,
             Some("failed" | "cancelled") => bail!("hand-off {n}: {status}"),
@@ -416,7 +377,7 @@ fn hand_off(
         .as_f64()
         .with_context(|| format!("migrate-status has no outgoing downtime-ms: {status}"))?;
     let start = Instant::now();
-    while !to.has_disk(bin) {
+    while !to.has_disk() {
         if start.elapsed() > Duration::from_secs(30) {
             bail!(
                 "hand-off {n}: daemon {} never listed vol as attached",
@@ -426,6 +387,6 @@ fn hand_off(
         std::thread::sleep(Duration::from_millis(100));
     }
     let fio_write_iops = load.and_then(Load::stop);
-    from.ctl(bin, &["disk-remove", "vol"])?;
+    from.ctl(&["disk-remove", "vol"])?;
     Ok((downtime_ms, fio_write_iops))
 }
