@@ -23,6 +23,7 @@ mod reencrypt;
 mod report;
 mod rounds;
 mod runner;
+mod soak;
 mod spdk;
 mod stats;
 mod targets;
@@ -172,6 +173,10 @@ enum Cmd {
     /// Postcopy on-demand read latency and a precopy migration, one run of
     /// crates/migration/examples/postcopy_latency per configuration; one JSON line each.
     Migrate(migrate::Args),
+    /// One daemon serving many disks for a long while: clients arriving and leaving with
+    /// verified data, upgrades, kills and attach/detach churn; RSS, threads and descriptors
+    /// every second (JSON records, an SVG chart, a summary; non-zero exit past a tolerance).
+    Soak(soak::Args),
     /// The device's ceiling for an encryptor: O_DIRECT reads with io_uring on one thread, each
     /// completed buffer left alone, read once, or decrypted in place before the next read
     /// into it (JSON on stdout).
@@ -259,6 +264,7 @@ fn run() -> Result<()> {
             read_path::run(&a, &config, cryptblk, vu_bench)
         }
         Cmd::Migrate(a) => migrate::run(&a),
+        Cmd::Soak(a) => soak::run(&a, &cryptblk_binary(a.cryptblk.clone())?),
         Cmd::Handoff {
             rounds,
             size,
