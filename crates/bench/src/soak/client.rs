@@ -23,6 +23,9 @@ const STALL: Duration = Duration::from_secs(30);
 const RECONNECT: Duration = Duration::from_secs(60);
 /// How often a waiting vhost-user request looks whether an event happened.
 const POLL: Duration = Duration::from_millis(50);
+/// How long a vhost-user handshake may go unanswered, with no event under way, before the
+/// disk counts as not accepting (libblkio's connect has no timeout of its own).
+const HANDSHAKE: Duration = Duration::from_secs(20);
 
 /// What the workers, the sampler and the events share.
 pub struct Fleet {
@@ -171,7 +174,7 @@ fn connect(fleet: &Fleet, disk: &Disk, nbd: bool) -> Option<Conn> {
     loop {
         let daemon_at = fleet.daemon_changes.load(Ordering::SeqCst);
         let disk_at = disk.changes.load(Ordering::SeqCst);
-        if !disk.attached.load(Ordering::SeqCst) && disk_at % 2 == 0 {
+        if !disk.attached.load(Ordering::SeqCst) && disk_at.is_multiple_of(2) {
             return None;
         }
         let link = if nbd {
@@ -179,7 +182,21 @@ fn connect(fleet: &Fleet, disk: &Disk, nbd: bool) -> Option<Conn> {
                 .map(Link::Nbd)
                 .map_err(|e| e.to_string())
         } else {
-            Vhost::connect(disk).map(Link::Vhost)
+            match vhost_handshake(fleet, disk) {
+                Some(result) => result.map(Link::Vhost),
+                None => {
+                    fleet.fail(
+                        "client",
+                        format!(
+                            "disk {}: the daemon left a vhost-user connection unanswered for \
+                             {HANDSHAKE:?} with no event under way (not accepted from the \
+                             socket's backlog)",
+                            disk.name
+                        ),
+                    );
+                    return None;
+                }
+            }
         };
         match link {
             Ok(link) => {
@@ -298,10 +315,39 @@ impl Conn {
     }
 }
 
+/// libblkio's connect and handshake on a thread of its own, so that a daemon that never
+/// accepts cannot hang the worker: `None` if it did not finish within [`HANDSHAKE`] (the
+/// thread is left blocked; it ends when the daemon closes the socket).
+fn vhost_handshake(fleet: &Fleet, disk: &Disk) -> Option<Result<Vhost, String>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let socket = disk.socket.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(Vhost::connect(&socket));
+    });
+    let mut quiet = Instant::now();
+    loop {
+        match rx.recv_timeout(POLL) {
+            Ok(result) => return Some(result),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Some(Err("the handshake thread ended without an answer".into()))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let d = fleet.daemon_changes.load(Ordering::SeqCst);
+                let k = disk.changes.load(Ordering::SeqCst);
+                if !d.is_multiple_of(2) || !k.is_multiple_of(2) {
+                    quiet = Instant::now();
+                } else if quiet.elapsed() > HANDSHAKE {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
 fn cut(fleet: &Fleet, disk: &Disk, daemon_at: u64, disk_at: u64) -> bool {
     let d = fleet.daemon_changes.load(Ordering::SeqCst);
     let k = disk.changes.load(Ordering::SeqCst);
-    d != daemon_at || k != disk_at || d % 2 == 1 || k % 2 == 1
+    d != daemon_at || k != disk_at || !d.is_multiple_of(2) || !k.is_multiple_of(2)
 }
 
 /// A libblkio vhost-user-blk connection with one queue and a buffer for the largest request.
@@ -313,12 +359,12 @@ struct Vhost {
 }
 
 impl Vhost {
-    fn connect(disk: &Disk) -> Result<Vhost, String> {
+    fn connect(socket: &std::path::Path) -> Result<Vhost, String> {
         fn e(what: &'static str) -> impl Fn(blkio::Error) -> String {
             move |err| format!("libblkio: {what}: {err}")
         }
         let mut b = Blkio::new("virtio-blk-vhost-user").map_err(e("new"))?;
-        let path = disk.socket.to_str().ok_or("socket path is not UTF-8")?;
+        let path = socket.to_str().ok_or("socket path is not UTF-8")?;
         b.set_str("path", path).map_err(e("path"))?;
         b.connect().map_err(e("connect"))?;
         b.set_i32("num-queues", 1).map_err(e("num-queues"))?;
