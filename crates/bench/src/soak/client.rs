@@ -105,65 +105,83 @@ fn session(
     length: Duration,
 ) {
     let until = Instant::now() + length;
-    let Some(mut conn) = connect(fleet, disk, nbd) else {
+    let mut conn = connect(fleet, disk, nbd);
+    if conn.is_none() {
         return;
-    };
+    }
     fleet.connected.fetch_add(1, Ordering::SeqCst);
+    let result = requests(fleet, worker, disk, model, rng, buf, nbd, until, &mut conn);
+    fleet.connected.fetch_sub(1, Ordering::SeqCst);
+    if let Some(conn) = conn {
+        conn.close();
+    }
+    if let Err((kind, detail)) = result {
+        fleet.fail(kind, detail);
+    }
+}
+
+/// The session's requests until `until`; a dropped connection is closed before the next one
+/// is made (the daemon serves one frontend per disk: a second connection would wait behind
+/// the first). `conn` is `None` afterwards if the disk went away.
+#[allow(clippy::too_many_arguments)]
+fn requests(
+    fleet: &Fleet,
+    worker: usize,
+    disk: &Disk,
+    model: &mut Model,
+    rng: &mut StdRng,
+    buf: &mut [u8],
+    nbd: bool,
+    until: Instant,
+    conn: &mut Option<Conn>,
+) -> Result<(), (&'static str, String)> {
     while Instant::now() < until && !fleet.stop.load(Ordering::SeqCst) {
         let count = rng.gen_range(1..=MAX_BLOCKS.min(model.blocks()));
         let first = rng.gen_range(0..=model.blocks() - count);
         let data = &mut buf[..count as usize * BLOCK];
         let generation = rng.gen_bool(0.5).then(|| model.begin_write(first, data));
         let started = fleet.now_ns();
-        loop {
-            match conn.transfer(
+        let transport = loop {
+            let Some(c) = conn.as_mut() else {
+                // Detached for good: a write stays in doubt in the model.
+                return Ok(());
+            };
+            match c.transfer(
                 fleet,
                 disk,
                 generation.is_some(),
                 first * BLOCK as u64,
                 data,
             ) {
-                Outcome::Done => break,
-                Outcome::Dropped => match connect(fleet, disk, nbd) {
-                    Some(c) => conn = c,
-                    // Detached for good: the write stays in doubt in the model.
-                    None => {
-                        fleet.connected.fetch_sub(1, Ordering::SeqCst);
-                        return;
-                    }
-                },
+                Outcome::Done => break c.transport(),
+                Outcome::Dropped => {
+                    *conn = None;
+                    *conn = connect(fleet, disk, nbd);
+                }
                 Outcome::Failed(why) => {
-                    fleet.fail(
+                    return Err((
                         "client",
                         format!(
                             "disk {} ({}): {why}",
                             disk.name,
                             if nbd { "nbd" } else { "vhost-user" }
                         ),
-                    );
-                    fleet.connected.fetch_sub(1, Ordering::SeqCst);
-                    return;
+                    ))
                 }
             }
-        }
+        };
         match generation {
             Some(g) => model.acknowledged(first, count, g),
             None => {
                 if let Err(m) = model.check(first, data) {
-                    fleet.fail(
-                        "verify",
-                        format!("{} over {}: {m}", disk.name, conn.transport()),
-                    );
-                    fleet.connected.fetch_sub(1, Ordering::SeqCst);
-                    return;
+                    return Err(("verify", format!("{} over {transport}: {m}", disk.name)));
                 }
             }
         }
         fleet.ops.fetch_add(1, Ordering::Relaxed);
         fleet.progress[worker].store(started + 1, Ordering::SeqCst);
     }
-    conn.close();
-    fleet.connected.fetch_sub(1, Ordering::SeqCst);
+    Ok(())
 }
 
 /// A new connection to `disk`, retried while it should come (the daemon restarting, the disk
