@@ -264,7 +264,10 @@ fn run() -> Result<()> {
             read_path::run(&a, &config, cryptblk, vu_bench)
         }
         Cmd::Migrate(a) => migrate::run(&a),
-        Cmd::Soak(a) => soak::run(&a, &cryptblk_binary(a.cryptblk.clone())?),
+        Cmd::Soak(a) => match &a.from {
+            Some(results) => soak::report_again(&a, results),
+            None => soak::run(&a, &cryptblk_binary(a.cryptblk.clone())?),
+        },
         Cmd::Handoff {
             rounds,
             size,

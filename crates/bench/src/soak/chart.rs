@@ -13,7 +13,27 @@ fn event_colour(kind: &str) -> RGBColor {
     }
 }
 
+/// At most this many points per line: a long run's samples are bucketed, each bucket drawn
+/// as its largest values (an upper envelope: a peak is never smoothed away).
+const MAX_POINTS: usize = 400;
+
+fn envelope(samples: &[Sample]) -> Vec<Sample> {
+    let per = samples.len().div_ceil(MAX_POINTS).max(1);
+    samples
+        .chunks(per)
+        .map(|c| Sample {
+            t_s: c[0].t_s,
+            rss_kib: c.iter().map(|s| s.rss_kib).max().unwrap_or(0),
+            anon_kib: c.iter().map(|s| s.anon_kib).max().unwrap_or(0),
+            threads: c.iter().map(|s| s.threads).max().unwrap_or(0),
+            fds: c.iter().map(|s| s.fds).max().unwrap_or(0),
+            ..c[0]
+        })
+        .collect()
+}
+
 pub fn render(title: &str, samples: &[Sample], events: &[Event]) -> Result<String> {
+    let samples = &envelope(samples)[..];
     let minutes = samples.last().map_or(1.0, |s| s.t_s / 60.0).max(0.1);
     type Series<'a> = (&'a str, RGBColor, Box<dyn Fn(&Sample) -> f64>);
     let panels: [(&str, Vec<Series>); 3] = [
@@ -138,5 +158,16 @@ mod tests {
         // The kill's line in each panel.
         assert_eq!(svg.matches("#D22828").count(), 3, "{svg}");
         assert!(svg.contains("RssAnon") && svg.contains("descriptors"));
+        // An hour of samples: 400 points a line, the peak kept.
+        let mut long: Vec<Sample> = (0..3600)
+            .map(|t| Sample {
+                t_s: t as f64,
+                ..samples[0]
+            })
+            .collect();
+        long[1234].anon_kib = 99_000;
+        let e = envelope(&long);
+        assert_eq!(e.len(), 400);
+        assert_eq!(e.iter().map(|s| s.anon_kib).max(), Some(99_000));
     }
 }

@@ -30,8 +30,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use summary::Tolerances;
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct Args {
+    /// Measure nothing: print the summary and write the chart of this earlier results file
+    /// again (with the tolerances and warm-up given now).
+    #[arg(long, value_name = "RESULTS.jsonl")]
+    pub from: Option<PathBuf>,
     /// Disks in the config file (a third raw, the rest LUKS2 with a cheap pbkdf2 keyslot).
     #[arg(long, default_value_t = 200)]
     pub disks: usize,
@@ -248,17 +252,60 @@ pub fn run(args: &Args, cryptblk: &Path) -> Result<()> {
     let stopped = daemon.stop();
 
     let records = fleet.recorder.records();
+    let summary = report(&records, args)?;
+    fleet
+        .recorder
+        .push(SoakRecord::Summary(Box::new(summary.clone())))?;
+    eprintln!("soak: daemon log in {}", daemon.log().display());
+    outcome?;
+    let status = stopped?;
+    if status != 0 {
+        bail!("the daemon exited with wait status {status:#x} on SIGTERM");
+    }
+    verdict(&summary)
+}
+
+/// `--from RESULTS`: the summary and the chart of an earlier run's records again (with this
+/// run's tolerances and warm-up), nothing measured.
+pub fn report_again(args: &Args, results: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(results)
+        .with_context(|| format!("reading {}", results.display()))?;
+    let mut records = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let record: SoakRecord = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: not a soak record", results.display(), i + 1))?;
+        if !matches!(record, SoakRecord::Summary(_)) {
+            records.push(record);
+        }
+    }
+    let args = Args {
+        results: results.to_path_buf(),
+        ..args.clone()
+    };
+    verdict(&report(&records, &args)?)
+}
+
+fn verdict(summary: &summary::Summary) -> Result<()> {
+    if !summary.failed.is_empty() {
+        bail!("the soak failed: {}", summary.failed.join("; "));
+    }
+    Ok(())
+}
+
+/// Prints the summary of `records` and writes their chart.
+fn report(records: &[SoakRecord], args: &Args) -> Result<summary::Summary> {
     let tolerances = Tolerances {
         rss_slope_mib_h: args.max_rss_slope,
         idle_anon_growth_mib: args.max_idle_anon_growth,
         idle_thread_growth: args.max_idle_thread_growth,
         idle_fd_growth: args.max_idle_fd_growth,
     };
-    let summary = summary::summarize(&records, args.warmup, tolerances);
+    let summary = summary::summarize(records, args.warmup, tolerances);
     print!("{}", summary::markdown(&summary));
-    fleet
-        .recorder
-        .push(SoakRecord::Summary(Box::new(summary.clone())))?;
     let samples: Vec<Sample> = records
         .iter()
         .filter_map(|r| match r {
@@ -277,27 +324,30 @@ pub fn run(args: &Args, cryptblk: &Path) -> Result<()> {
         .chart
         .clone()
         .unwrap_or_else(|| args.results.with_extension("svg"));
-    let title = format!(
-        "cryptblk soak: {} disks (+{} churned), {} clients, {:.0} min, --memory-budget {}",
-        args.disks, args.pool, args.clients, args.minutes, args.memory_budget
-    );
+    let title = records
+        .iter()
+        .find_map(|r| match r {
+            SoakRecord::Start {
+                disks,
+                pool,
+                clients,
+                minutes,
+                memory_budget,
+                ..
+            } => Some(format!(
+                "cryptblk soak: {disks} disks (+{pool} churned), {clients} clients, {minutes:.0} min, --memory-budget {memory_budget}"
+            )),
+            _ => None,
+        })
+        .unwrap_or_else(|| "cryptblk soak".into());
     std::fs::write(&chart_path, chart::render(&title, &samples, &events)?)
         .with_context(|| format!("writing {}", chart_path.display()))?;
     eprintln!(
-        "soak: records in {}, chart in {}, daemon log in {}",
+        "soak: records in {}, chart in {}",
         args.results.display(),
-        chart_path.display(),
-        daemon.log().display()
+        chart_path.display()
     );
-    outcome?;
-    let status = stopped?;
-    if status != 0 {
-        bail!("the daemon exited with wait status {status:#x} on SIGTERM");
-    }
-    if !summary.failed.is_empty() {
-        bail!("the soak failed: {}", summary.failed.join("; "));
-    }
-    Ok(())
+    Ok(summary)
 }
 
 fn sample_every_second(fleet: &Fleet, pid: &AtomicU32, sampling: &AtomicBool) {
@@ -412,7 +462,8 @@ fn pause(fleet: &Fleet, at_ns: u64, at: Instant) -> Option<Duration> {
 }
 
 /// A detach of an attached pool disk, an attach of a detached one, and a detach + attach of
-/// one a client is on (it reconnects to it); the two kinds picked from held disks first.
+/// one a client is on (it reconnects to it); the detached ones picked among disks a client
+/// holds first (`disk-remove --force`: a VM's disk pulled from under it).
 fn churn(
     fleet: &Fleet,
     daemon: &Daemon,
