@@ -6,6 +6,7 @@ use crate::clients::{command_line, show};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -86,6 +87,21 @@ impl Daemon {
             .stdout(Stdio::null())
             .stderr(log)
             .env("RUST_LOG", "info");
+        // libblkio makes its memfds and eventfds without close-on-exec: a daemon restarted
+        // while clients are connected would inherit this process's client descriptors and
+        // count them as its own. Marked close-on-exec rather than closed: the pipe that reports
+        // a failed exec to the parent stays usable.
+        // SAFETY: close_range(2) is async-signal-safe and changes only the child's own
+        // descriptor table, after fork and before exec; 0-2 are the redirections above.
+        unsafe {
+            cmd.pre_exec(|| {
+                let flags = libc::CLOSE_RANGE_CLOEXEC;
+                if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, flags) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         show(&cmd);
         let child = cmd
             .spawn()
