@@ -25,6 +25,7 @@ mod read_path;
 mod reencrypt;
 mod report;
 mod sample;
+mod soak;
 mod spdk;
 mod summary;
 mod workdir;
@@ -177,6 +178,10 @@ enum Cmd {
     /// per CPU-second of the measuring thread (a shared machine's load changes wall-clock
     /// figures, far less the thread's own CPU time).
     EngineCpu(engine_cpu::Args),
+    /// One daemon serving many disks for a long while: clients arriving and leaving with
+    /// verified data, upgrades, kills and attach/detach churn; RSS, threads and descriptors
+    /// every second (JSON records, an SVG chart, a summary; non-zero exit past a tolerance).
+    Soak(soak::Args),
     /// The device's ceiling for an encryptor: O_DIRECT reads with io_uring on one thread, each
     /// completed buffer left alone, read once, or decrypted in place before the next read
     /// into it (JSON on stdout).
@@ -268,6 +273,10 @@ fn run() -> Result<()> {
         }
         Cmd::Migrate(a) => summarize(&config, &migrate::run(&a, &config)?),
         Cmd::EngineCpu(a) => summarize(&config, &engine_cpu::run(&a, &config)?),
+        Cmd::Soak(a) => match &a.from {
+            Some(results) => soak::report_again(&a, results),
+            None => soak::run(&a, &cryptblk_binary(a.cryptblk.clone())?),
+        },
         Cmd::Handoff {
             rounds,
             size,
