@@ -144,7 +144,17 @@ pub fn pull(
     };
     let previous = load_resume(dir);
     let resume = match previous {
-        Some(r) if same_pull(&r, &wanted, options.checkpoint.as_deref()) => Some(r),
+        Some(r) if same_pull(&r, &wanted, options.checkpoint.as_deref()) => {
+            if partial_files_hold(dir, &r) {
+                Some(r)
+            } else {
+                note(&format!(
+                    "discarding the interrupted pull of checkpoint {:?}: its partial files are missing or shorter than recorded",
+                    r.checkpoint
+                ));
+                None
+            }
+        }
         Some(r) => {
             note(&format!(
                 "discarding the interrupted pull of checkpoint {:?} ({} of {} bytes looked at): this pull is a different one",
@@ -236,7 +246,7 @@ pub fn pull(
             });
         }
     }
-    let entry = state.finish(dir, &options.uri, uri_for_record(&uri))?;
+    let entry = state.finish(dir, uri.to_string())?;
     chain.entries.push(entry.clone());
     chain.disk_size = disk_size;
     chain.store(dir)?;
@@ -246,10 +256,6 @@ pub fn pull(
     Ok(PullReport { entry, resumed_at })
 }
 
-fn uri_for_record(uri: &NbdUri) -> String {
-    uri.to_string()
-}
-
 fn same_pull(previous: &Resume, wanted: &Resume, checkpoint: Option<&str>) -> bool {
     previous.index == wanted.index
         && previous.kind == wanted.kind
@@ -257,6 +263,13 @@ fn same_pull(previous: &Resume, wanted: &Resume, checkpoint: Option<&str>) -> bo
         && previous.bitmap == wanted.bitmap
         && previous.disk_size == wanted.disk_size
         && checkpoint.is_none_or(|c| c == previous.checkpoint)
+}
+
+/// Whether the partial files still hold at least what `r` says is durable.
+fn partial_files_hold(dir: &Path, r: &Resume) -> bool {
+    let len = |name: &str| std::fs::metadata(dir.join(name)).map(|m| m.len()).ok();
+    len(EXTENTS_PARTIAL).is_some_and(|l| l >= r.extents_bytes && r.extents_bytes >= 8)
+        && len(DATA_PARTIAL).is_some_and(|l| l >= r.data_bytes)
 }
 
 fn load_resume(dir: &Path) -> Option<Resume> {
@@ -424,7 +437,7 @@ impl Partial {
     }
 
     /// Renames the partial files to the entry's names and describes the entry.
-    fn finish(mut self, dir: &Path, _given_uri: &str, source: String) -> Result<Entry, Error> {
+    fn finish(mut self, dir: &Path, source: String) -> Result<Entry, Error> {
         self.make_durable()?;
         let r = self.record.clone();
         let extents_name = format!("{:04}-{}.extents", r.index, r.checkpoint);

@@ -73,7 +73,10 @@ fn qemu_io(image: &Path, cmds: &[&str]) {
 
 /// The disk's bytes as QEMU reads them.
 fn snapshot(image: &Path, out: &Path) -> Vec<u8> {
-    run("qemu-img", &["convert", "-f", "qcow2", "-O", "raw", s(image), s(out)]);
+    run(
+        "qemu-img",
+        &["convert", "-f", "qcow2", "-O", "raw", s(image), s(out)],
+    );
     std::fs::read(out).unwrap()
 }
 
@@ -107,7 +110,12 @@ fn a_chain_pulled_from_qemu_nbd_restores_every_checkpoint() {
     // Data in three places (one of them zeroes written as data), then the checkpoint c0.
     qemu_io(
         &image,
-        &["write -P 0x11 0 9M", "write -P 0x22 20M 4k", "write -z 30M 1M", "write -P 0x33 63M 1M"],
+        &[
+            "write -P 0x11 0 9M",
+            "write -P 0x22 20M 4k",
+            "write -z 30M 1M",
+            "write -P 0x33 63M 1M",
+        ],
     );
     run("qemu-img", &["bitmap", "--add", s(&image), "c0"]);
     let at_c0 = snapshot(&image, &dir.join("c0.raw"));
@@ -128,7 +136,10 @@ fn a_chain_pulled_from_qemu_nbd_restores_every_checkpoint() {
             },
             |_| {},
         );
-        assert!(matches!(stopped, Err(Error::Interrupted { .. })), "{stopped:?}");
+        assert!(
+            matches!(stopped, Err(Error::Interrupted { .. })),
+            "{stopped:?}"
+        );
         let mut notes = Vec::new();
         let report = pull(
             &options(&nbd.uri, &chain, false, "c0"),
@@ -178,9 +189,16 @@ fn a_chain_pulled_from_qemu_nbd_restores_every_checkpoint() {
             "checkpoint {name} restored differs from the disk then"
         );
         // Sparse: only what the chain holds is allocated.
-        assert!(allocated(&out) <= 20 * MIB, "{name}: {} allocated", allocated(&out));
+        assert!(
+            allocated(&out) <= 20 * MIB,
+            "{name}: {} allocated",
+            allocated(&out)
+        );
     }
-    assert!(verify(&chain, |_, _| {}).unwrap().iter().all(|c| c.problem.is_none()));
+    assert!(verify(&chain, |_, _| {})
+        .unwrap()
+        .iter()
+        .all(|c| c.problem.is_none()));
 
     // A flipped byte in c2's data: verify names c2 alone; restoring c3 refuses, naming c2,
     // and leaves no image behind; c1 still restores.

@@ -81,7 +81,7 @@ impl Source {
     /// Writes `pattern` repeated over `len` bytes at payload offset `at` (4 KiB sectors), as an
     /// encrypting frontend would: ciphertext through the served export.
     fn write_plain(&mut self, at: usize, len: usize, pattern: &[u8]) {
-        assert!(at % 4096 == 0 && len % 4096 == 0);
+        assert!(at.is_multiple_of(4096) && len.is_multiple_of(4096));
         for (i, b) in self.plain[at..at + len].iter_mut().enumerate() {
             *b = pattern[i % pattern.len()];
         }

@@ -353,7 +353,7 @@ impl<S: Read + Write> Client<S> {
                     )?;
                     let mut f = Fields::new(&payload);
                     let chunk_id = f.u32("a block-status chunk")?;
-                    if f.rest().is_empty() || f.rest().len() % 8 != 0 {
+                    if f.rest().is_empty() || !f.rest().len().is_multiple_of(8) {
                         return Err(Error::protocol(format!(
                             "a block-status chunk of {} bytes (4 + 8 per extent)",
                             chunk.length
@@ -486,7 +486,7 @@ impl<S: Read + Write> Client<S> {
         offset: u64,
         failure: &mut Option<Error>,
     ) -> Result<Option<Chunk>, Error> {
-        loop {
+        for _ in 0..MAX_CHUNKS_PER_REPLY {
             let r = &mut self.stream;
             let magic = read_u32(r)?;
             if magic == SIMPLE_REPLY_MAGIC {
@@ -542,6 +542,7 @@ impl<S: Read + Write> Client<S> {
                 return Ok(None);
             }
         }
+        Err(too_many_chunks())
     }
 
     fn unexpected_chunk(&mut self, chunk: &Chunk) -> Result<(), Error> {
