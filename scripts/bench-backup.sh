@@ -39,9 +39,8 @@ drop() {
 cold=yes
 # Runs one copier; prints "wall cpu".
 run() {
-  local t
-  t=$( { /usr/bin/time -f '%e %U %S' "$@" >/dev/null 2>/dev/null; } 2>&1 | tail -1)
-  awk '{ printf "%.3f %.3f\n", $1, $2 + $3 }' <<<"$t"
+  /usr/bin/time -o "$dir/time.txt" -f '%e %U %S' "$@" >/dev/null 2>&1
+  awk '{ printf "%.3f %.3f\n", $1, $2 + $3 }' "$dir/time.txt"
 }
 declare -a r_peer r_ceiling
 echo "size ${size_mib} MiB, ${rounds} rounds, binary $bin"
