@@ -132,7 +132,7 @@ pub struct BackupPullArgs {
     #[arg(short = 'p', long = "progress", value_enum, num_args = 0..=1, require_equals = true,
           default_missing_value = "bar", value_name = "MODE")]
     pub progress: Option<ProgressMode>,
-    /// The export: nbd+unix:///EXPORT?socket=PATH or nbd://HOST[:PORT]/EXPORT.
+    /// The export: nbd+unix:///EXPORT?socket=PATH or nbd://HOST:PORT/EXPORT (PORT 10809 when left out).
     pub uri: String,
     /// The chain's directory (created if missing).
     pub dir: PathBuf,
