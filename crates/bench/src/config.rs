@@ -59,7 +59,8 @@ impl Driver {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Order {
-    /// Ceiling, every arm, ceiling: each run has a ceiling measured next to it.
+    /// Ceiling, every arm, ceiling: each run has a ceiling measured next to it; the arms run
+    /// the other way round every other round, so no arm always has the same place.
     #[default]
     Around,
     /// Every arm once, each round starting one arm later (two arms: alternating), so that a
