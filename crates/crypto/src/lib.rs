@@ -135,6 +135,35 @@ pub(crate) fn check_same_len(src: &[u8], dst: &[u8]) -> Result<(), CryptoError> 
     }
 }
 
+/// `SectorCipher::crypt` for an engine whose `crypt_raw` reads and writes memory natively:
+/// the slice goes in as one pointer for both sides.
+pub(crate) fn crypt_via_raw(
+    cipher: &(impl SectorCipher + ?Sized),
+    dir: Direction,
+    first_sector: u64,
+    data: &mut [u8],
+) -> Result<(), CryptoError> {
+    let p = data.as_mut_ptr();
+    // SAFETY: `data` is an exclusive borrow of `data.len()` bytes for the whole call, used
+    // only through `p`.
+    unsafe { cipher.crypt_raw(dir, first_sector, p, p, data.len()) }
+}
+
+/// `SectorCipher::crypt_into` for an engine whose `crypt_raw` reads and writes memory
+/// natively: one pass from `src` to `dst`.
+pub(crate) fn crypt_into_via_raw(
+    cipher: &(impl SectorCipher + ?Sized),
+    dir: Direction,
+    first_sector: u64,
+    src: &[u8],
+    dst: &mut [u8],
+) -> Result<(), CryptoError> {
+    check_same_len(src, dst)?;
+    // SAFETY: `src` and `dst` are borrows of the same length for the whole call; a shared and
+    // an exclusive borrow never overlap.
+    unsafe { cipher.crypt_raw(dir, first_sector, src.as_ptr(), dst.as_mut_ptr(), src.len()) }
+}
+
 /// A provider of sector ciphers.
 pub trait Engine: Send + Sync {
     fn name(&self) -> &'static str;

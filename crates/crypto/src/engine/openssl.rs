@@ -286,10 +286,7 @@ impl SectorCipher for OpensslCipher {
     }
 
     fn crypt(&self, dir: Direction, first_sector: u64, data: &mut [u8]) -> Result<(), CryptoError> {
-        let p = data.as_mut_ptr();
-        // SAFETY: `data` is an exclusive borrow of `data.len()` bytes for the whole call,
-        // used only through `p`.
-        unsafe { self.crypt_raw(dir, first_sector, p, p, data.len()) }
+        crate::crypt_via_raw(self, dir, first_sector, data)
     }
 
     fn crypt_into(
@@ -299,10 +296,7 @@ impl SectorCipher for OpensslCipher {
         src: &[u8],
         dst: &mut [u8],
     ) -> Result<(), CryptoError> {
-        crate::check_same_len(src, dst)?;
-        // SAFETY: `src` and `dst` are borrows of the same length for the whole call; a shared
-        // and an exclusive borrow never overlap.
-        unsafe { self.crypt_raw(dir, first_sector, src.as_ptr(), dst.as_mut_ptr(), src.len()) }
+        crate::crypt_into_via_raw(self, dir, first_sector, src, dst)
     }
 
     unsafe fn crypt_raw(
