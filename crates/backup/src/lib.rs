@@ -24,6 +24,7 @@ mod error;
 pub mod extents;
 pub mod manifest;
 mod pull;
+mod read_ahead;
 mod replay;
 mod restore;
 mod verify;

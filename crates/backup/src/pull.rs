@@ -2,8 +2,9 @@
 //!
 //! A full pull copies the extents `base:allocation` reports allocated (not reading as
 //! zeroes); an incremental copies those `qemu:dirty-bitmap:NAME` reports dirty. Block status is
-//! asked for one window (1 GiB) at a time and the data read in 4 MiB requests, so memory stays
-//! the same whatever the disk's size. Data that reads as zeroes (per 64 KiB) is recorded as a
+//! asked for one window (1 GiB) at a time and the data read in 4 MiB requests, on a thread
+//! that reads ahead of the one storing (`read_ahead`), so memory stays the same whatever the
+//! disk's size. Data that reads as zeroes (per 64 KiB) is recorded as a
 //! zero extent and not stored.
 //!
 //! Resuming: the entry is written to `pull.extents.partial` and `pull.data.partial`; every
@@ -16,6 +17,7 @@ use crate::durable;
 use crate::error::{Error, IoContext};
 use crate::extents::{Kind, Record, Writer};
 use crate::manifest::{self, Entry, EntryKind, FileDigest, Manifest};
+use crate::read_ahead::{Pulled, ReadAhead};
 use cryptblk_nbd_client::{
     Client, NbdUri, BASE_ALLOCATION, DIRTY_BITMAP_PREFIX, STATE_DIRTY, STATE_ZERO,
 };
@@ -26,8 +28,6 @@ use std::io::{BufWriter, Read, Write};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-const STATUS_WINDOW: u64 = 1 << 30;
-const READ_CHUNK: usize = 4 << 20;
 const ZERO_BLOCK: usize = 64 << 10;
 const DURABLE_EVERY: u64 = 256 << 20;
 
@@ -126,7 +126,7 @@ pub fn pull(
         manifest::check_name(name).map_err(Error::Usage)?;
     }
 
-    let mut client = Client::connect(&uri, &[&context])?;
+    let client = Client::connect(&uri, &[&context])?;
     let disk_size = client.info().size;
     let index = chain.entries.len();
 
@@ -193,59 +193,49 @@ pub fn pull(
     };
     let resumed_at = (state.record.cursor > 0).then_some(state.record.cursor);
 
-    let want = |flags: u32| match kind {
+    let want = move |flags: u32| match kind {
         EntryKind::Full => flags & STATE_ZERO == 0,
         EntryKind::Incremental => flags & STATE_DIRTY != 0,
     };
-    let mut buf = vec![0u8; READ_CHUNK];
-    let mut extents = Vec::new();
-    let mut since_durable = 0u64;
-    while state.record.cursor < disk_size {
-        let window = (disk_size - state.record.cursor).min(STATUS_WINDOW) as u32;
-        client.block_status(&context, state.record.cursor, window, &mut extents)?;
-        let mut pos = state.record.cursor;
-        for e in &extents {
-            let end = pos + e.length;
-            if want(e.flags) {
-                while pos < end {
-                    let n = (end - pos).min(READ_CHUNK as u64) as usize;
-                    client.read(pos, &mut buf[..n])?;
-                    state.append(pos, &buf[..n])?;
-                    pos += n as u64;
-                    state.record.cursor = pos;
-                    since_durable += n as u64;
-                    let report = Progress {
-                        position: pos,
-                        total: disk_size,
-                        copied: state.record.data_bytes,
-                    };
-                    if progress(&report).is_break() {
-                        state.make_durable()?;
-                        return Err(Error::Interrupted {
-                            copied: state.record.data_bytes,
-                        });
-                    }
-                    if since_durable >= DURABLE_EVERY {
-                        state.make_durable()?;
-                        since_durable = 0;
-                    }
+    let start = state.record.cursor;
+    let client = std::thread::scope(|scope| -> Result<Client, Error> {
+        let reader = ReadAhead::start(scope, client, context, start, disk_size, want);
+        let mut since_durable = 0u64;
+        while let Some(pulled) = reader.next() {
+            let report_now = match pulled? {
+                Pulled::Data { pos, buf, len } => {
+                    state.append(pos, &buf[..len])?;
+                    reader.recycle(buf);
+                    state.record.cursor = pos + len as u64;
+                    since_durable += len as u64;
+                    true
                 }
+                Pulled::Skipped { to, window_end } => {
+                    state.record.cursor = to;
+                    window_end
+                }
+            };
+            if !report_now {
+                continue;
             }
-            pos = end;
-            state.record.cursor = pos;
-        }
-        let report = Progress {
-            position: pos,
-            total: disk_size,
-            copied: state.record.data_bytes,
-        };
-        if progress(&report).is_break() {
-            state.make_durable()?;
-            return Err(Error::Interrupted {
+            let report = Progress {
+                position: state.record.cursor,
+                total: disk_size,
                 copied: state.record.data_bytes,
-            });
+            };
+            if progress(&report).is_break() {
+                state.make_durable()?;
+                return Err(Error::Interrupted {
+                    copied: state.record.data_bytes,
+                });
+            }
+            if since_durable >= DURABLE_EVERY {
+                state.make_durable()?;
+                since_durable = 0;
+            }
         }
-    }
+        Ok(reader.finish())
+    })?;
     let entry = state.finish(dir, uri.to_string())?;
     chain.entries.push(entry.clone());
     chain.disk_size = disk_size;
