@@ -5,8 +5,8 @@
 //! queues are idle.
 mod common;
 
-use common::*;
 use common::frontend::{Desc, Guest, S_OK, VIRTIO_BLK_T_OUT};
+use common::*;
 use std::time::{Duration, Instant};
 
 const BUDGET_MIB: u64 = 64;

@@ -1,6 +1,7 @@
 //! Opening a disk's image: probed, locked, and for LUKS unlocked, behind the dirty tracker a
 //! migration uses.
 use crate::error::{Context, Error, Result};
+use crate::io_options;
 use crate::key_cache::KeyCache;
 use crate::key_file::{read_key_file, Passphrase};
 use crate::secret::{decrypt_secret, MasterKey};
@@ -288,8 +289,8 @@ fn open_container(
         return Err(unservable(path, format));
     }
     let io = cryptblk_block::IoSettings {
-        cache: config.cache,
-        aio: config.aio,
+        cache: io_options::cache_mode(config.cache),
+        aio: io_options::aio_engine(config.aio),
     };
     let opts = OpenOptions {
         writable,

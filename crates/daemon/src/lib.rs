@@ -12,6 +12,7 @@ mod dumps;
 pub mod error;
 mod handover;
 mod image;
+mod io_options;
 pub mod key_cache;
 pub mod key_file;
 mod keys;

@@ -1,6 +1,6 @@
 //! What a disk is: the one configuration written in a `serve --config` file's `[[disk]]`
 //! table, sent as `disk-add`'s params and built from `serve`'s single-disk options.
-use cryptblk_block::{AioEngine, CacheMode};
+use super::{AioEngine, CacheMode};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::{Path, PathBuf};
