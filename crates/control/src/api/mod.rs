@@ -8,6 +8,7 @@ mod field_names;
 mod io_options;
 mod key_source;
 mod methods;
+mod passphrase_params;
 mod reencrypt;
 mod results;
 
