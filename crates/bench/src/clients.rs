@@ -3,28 +3,12 @@
 //! connected client that submits nothing), and `nbdcopy` of the whole disk.
 use crate::config::Workload;
 use crate::procfs::{cpu_pct, memory_kib, process_ticks};
+pub use crate::record::Measurement;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// What one run measured, over its window.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Measurement {
-    pub window_s: f64,
-    pub iops: Option<f64>,
-    pub mib_s: Option<f64>,
-    pub lat_mean_us: Option<f64>,
-    pub lat_p50_us: Option<f64>,
-    pub lat_p99_us: Option<f64>,
-    pub lat_p999_us: Option<f64>,
-    pub server_cpu_pct: Option<f64>,
-    pub client_cpu_pct: Option<f64>,
-    /// The server's VmRSS / VmHWM after an idle run, in KiB.
-    pub server_rss_kib: Option<u64>,
-    pub server_hwm_kib: Option<u64>,
-}
 
 /// Prints a command line before it runs, so every figure can be reproduced by hand.
 pub fn show(cmd: &Command) {

@@ -5,6 +5,23 @@ use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::Path;
 
+/// What one run measured, over its window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Measurement {
+    pub window_s: f64,
+    pub iops: Option<f64>,
+    pub mib_s: Option<f64>,
+    pub lat_mean_us: Option<f64>,
+    pub lat_p50_us: Option<f64>,
+    pub lat_p99_us: Option<f64>,
+    pub lat_p999_us: Option<f64>,
+    pub server_cpu_pct: Option<f64>,
+    pub client_cpu_pct: Option<f64>,
+    /// The server's VmRSS / VmHWM after an idle run, in KiB.
+    pub server_rss_kib: Option<u64>,
+    pub server_hwm_kib: Option<u64>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Machine {
     pub nproc: u32,
@@ -63,7 +80,7 @@ pub struct Record {
 impl Record {
     /// What measurement `m` (started at `started`, load average `load1`) gives a record; the
     /// caller names the run (commit, peer, workload, ...) with struct update syntax.
-    pub fn measured(started: u64, load1: f64, m: &crate::clients::Measurement) -> Record {
+    pub fn measured(started: u64, load1: f64, m: &Measurement) -> Record {
         Record {
             started,
             load1,

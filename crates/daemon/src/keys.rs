@@ -3,7 +3,7 @@
 use crate::activity::HeaderChange;
 use crate::disk::AttachedDisk;
 use crate::error::{Context, Error, Result};
-use crate::key_file::{read_key_source, unlocking_with};
+use crate::key_source::{read_key_source, unlocking_with};
 use crate::registry::Daemon;
 use cryptblk_control::api::{
     key_source, KeyAddParams, KeyParams, KeyRemoveParams, KeySource, Pbkdf,

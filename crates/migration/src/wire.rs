@@ -535,7 +535,7 @@ fn read_frame_with<R: Read + ?Sized>(r: &mut R, idle_ok: bool) -> Result<Frame, 
             }
             Ok(n) => got += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if idle_ok && got == 0 && crate::channel::is_timeout(&e) => {}
+            Err(e) if idle_ok && got == 0 && is_timeout(&e) => {}
             Err(e) => return Err(WireError::Io(e)),
         }
     }
@@ -591,6 +591,14 @@ pub fn write_chunk<W: Write + ?Sized>(
     w.write_all(&chunk_prefix(offset, data))?;
     w.write_all(data)?;
     Ok(())
+}
+
+/// Whether an I/O error is a socket timeout firing.
+pub fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@
 //! a generation is published only once every request of the one before the previous has
 //! completed (`Drain`). A stage therefore keeps the routes of both, by parity, and finds the
 //! storage of a completing request in the routes it was admitted under.
-use super::drain::{Drain, DRAIN_TIMEOUT};
+use super::drain::{Drain, StageCounts, DRAIN_TIMEOUT};
 use super::plain::PlainCore;
 use super::CryptCore;
 use crate::{BlockDevice, BlockError, Extent};
@@ -139,24 +139,6 @@ impl Routes {
     /// The end of part `i` in a volume of `size` bytes.
     fn end_of(&self, i: usize, size: u64) -> u64 {
         self.parts.get(i + 1).map_or(size, |next| next.start)
-    }
-}
-
-/// A stage's requests in flight, by generation parity; only the stage's thread writes them.
-#[derive(Default)]
-pub(crate) struct StageCounts {
-    pub(super) in_flight: [AtomicU64; 2],
-}
-
-impl StageCounts {
-    /// Adds `delta` (+1 or -1) to the count of `parity`. Only the owning stage calls this,
-    /// from one thread, so a load and a store suffice.
-    pub(crate) fn add(&self, parity: usize, delta: i64) {
-        let c = &self.in_flight[parity];
-        c.store(
-            c.load(Ordering::Relaxed).wrapping_add_signed(delta),
-            Ordering::Relaxed,
-        );
     }
 }
 

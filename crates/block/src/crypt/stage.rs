@@ -27,7 +27,8 @@
 //! encryption has not reached yet) is passed through as it is, at its own data offset: every
 //! raw disk is served through this stage, so that it can be encrypted while it serves.
 
-use super::segments::{Routes, SegmentMap, StageCounts, Storage};
+use super::drain::StageCounts;
+use super::segments::{Routes, SegmentMap, Storage};
 use super::{whole_sectors, CryptCore};
 use crate::aio::{
     open_pipeline, Admit, Bounds, IoOp, IoQueue, Pipeline, QueueOptions, SlotRequest, Stage,

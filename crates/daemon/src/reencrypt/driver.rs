@@ -197,7 +197,7 @@ impl Run {
         let p = &self.params;
         let current = hdr.cipher_spec().context("reading the current cipher")?;
         let cipher =
-            super::encrypt::chosen_cipher(p.cipher.as_deref(), p.key_size, Some(&current))?;
+            super::new_cipher::chosen_cipher(p.cipher.as_deref(), p.key_size, Some(&current))?;
         if let Some(s) = p.sector_size {
             if !(512..=4096).contains(&s) || !s.is_power_of_two() {
                 return Err(Error::invalid_params(format!(

@@ -11,10 +11,11 @@
 //! `reencrypt-start`.
 mod driver;
 mod encrypt;
+mod new_cipher;
 
 use crate::disk::AttachedDisk;
 use crate::error::{Context, Error, Result};
-use crate::key_file::read_key_source;
+use crate::key_source::read_key_source;
 use crate::registry::Daemon;
 use cryptblk_control::api::{Hotzone, ReencryptPhase, ReencryptStartParams, ReencryptStatus};
 use cryptblk_control::PassedFds;
