@@ -5,13 +5,12 @@ use crate::io_options;
 use crate::key_cache::KeyCache;
 use crate::key_file::{read_key_file, Passphrase};
 use crate::secret::{decrypt_secret, MasterKey};
-use cryptblk_block::{
-    BlockDevice, Container, CryptDevice, Format, OpenOptions, RawFile, SegmentMap,
-};
+use cryptblk_block::{BlockDevice, Container, Format, OpenOptions, RawFile};
 use cryptblk_control::api::{key_source, DiskConfig, KeySource};
 use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::{KnownKey, LuksError, UnlockOptions, Unlocker};
 use cryptblk_migration::DirtyTracker;
+use cryptblk_volume::{CryptDevice, SegmentMap};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 /// Dirty tracking granularity of a raw image (a LUKS image tracks its encryption sectors).
@@ -197,8 +196,8 @@ fn unlock_luks(
     secret: Secret,
     writable: bool,
     cx: &OpenContext<'_>,
-) -> Result<(cryptblk_block::LuksVolume, bool)> {
-    let opts = cryptblk_block::VolumeOptions {
+) -> Result<(cryptblk_volume::LuksVolume, bool)> {
+    let opts = cryptblk_volume::VolumeOptions {
         writable,
         unlock: cx.unlock.clone(),
         pool: Some(cx.pool.clone()),
@@ -209,13 +208,16 @@ fn unlock_luks(
         Secret::Passphrase(given) => (cached_keys(&container, cx), "the key cache", given),
     };
     if let Some(keys) = known {
-        match cryptblk_block::open_luks_volume_with(container.clone(), Unlocker::Keys(&keys), &opts)
-        {
+        match cryptblk_volume::open_luks_volume_with(
+            container.clone(),
+            Unlocker::Keys(&keys),
+            &opts,
+        ) {
             Ok(volume) => {
                 tracing::info!(disk = %config.name, "opened with the volume key from {source} (no key derivation)");
                 return Ok((volume, true));
             }
-            Err(cryptblk_block::VolumeError::Luks {
+            Err(cryptblk_volume::VolumeError::Luks {
                 source: LuksError::KnownKeyStale(_),
                 ..
             }) => {
@@ -305,7 +307,7 @@ fn open_container(
 }
 
 fn luks_image(
-    volume: cryptblk_block::LuksVolume,
+    volume: cryptblk_volume::LuksVolume,
     key_cache: Option<&KeyCache>,
 ) -> Result<OpenedImage> {
     let serial = volume.header().uuid().to_string();
@@ -354,7 +356,7 @@ fn luks_image(
 
 /// A raw image is served as one plaintext part of a volume (not the file directly), so that
 /// an online encryption can turn it into LUKS2 while it serves; its queues pay one plain load
-/// per request for that (`cryptblk_block::SegmentMap`).
+/// per request for that (`cryptblk_volume::SegmentMap`).
 fn raw_image(raw: Arc<dyn Container>) -> Result<OpenedImage> {
     let serial = raw
         .name()

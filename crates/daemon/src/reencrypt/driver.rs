@@ -7,7 +7,7 @@ use crate::disk::AttachedDisk;
 use crate::error::{chain, Context, Error, Result};
 use crate::key_file::Passphrase;
 use crossbeam_channel::Sender;
-use cryptblk_block::{Container, SegmentMap};
+use cryptblk_block::Container;
 use cryptblk_control::api::{Hotzone, ReencryptPhase, ReencryptStartParams, Resilience};
 use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::luks1::Luks1Header;
@@ -17,6 +17,7 @@ use cryptblk_luks::luks2::reencrypt::{
 };
 use cryptblk_luks::luks2::Luks2Header;
 use cryptblk_luks::{HashAlg, LuksImage, LuksVersion, UnlockOptions};
+use cryptblk_volume::SegmentMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -152,7 +153,7 @@ impl Run {
                 )));
             }
         } else {
-            let cipher = cryptblk_block::data_cipher(self.file.as_ref(), online.new.clone());
+            let cipher = cryptblk_volume::data_cipher(self.file.as_ref(), online.new.clone());
             self.segments
                 .split(cipher, online.done)
                 .context("serving the new segment")?;

@@ -25,13 +25,13 @@ use super::Mode;
 use crate::error::{chain, Context, Error, Result};
 use crate::image::LuksFacts;
 use crossbeam_channel::Sender;
-use cryptblk_block::{data_cipher, SegmentCiphers};
 use cryptblk_control::api::{Hotzone, ReencryptPhase};
 use cryptblk_crypto::CipherSpec;
 use cryptblk_luks::luks2::reencrypt::{
     encrypt_prepare, EncryptParams, KeyRole, Reencryption, SegmentExtent,
 };
 use cryptblk_luks::{FormatOptions, HashAlg, HeaderIo, LuksVersion};
+use cryptblk_volume::{data_cipher, SegmentCiphers};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 

@@ -3,7 +3,7 @@
 //! encrypting a served raw disk in place (`encrypt`: cryptsetup's `reencrypt --encrypt`,
 //! backward, with a data shift, on the image grown by the header area so that the disk keeps
 //! its size). The work runs on a thread of its own (`driver`, `encrypt`); the data path
-//! follows it through the volume's segment map (`cryptblk_block::SegmentMap`).
+//! follows it through the volume's segment map (`cryptblk_volume::SegmentMap`).
 //!
 //! One reencryption at a time per disk, and never alongside a migration or a keyslot change:
 //! each refuses the other as busy (`activity`). A disk attached in mid-reencryption (a daemon
@@ -70,7 +70,7 @@ struct Progress {
 
 impl ReencryptJob {
     /// The job of a disk just attached: paused when its image is in mid-reencryption.
-    pub(crate) fn new(segments: &cryptblk_block::SegmentMap) -> Arc<ReencryptJob> {
+    pub(crate) fn new(segments: &cryptblk_volume::SegmentMap) -> Arc<ReencryptJob> {
         let (phase, done, total) = if segments.is_split() {
             (
                 ReencryptPhase::Paused,

@@ -30,12 +30,12 @@
 use super::drain::StageCounts;
 use super::segments::{Routes, SegmentMap, Storage};
 use super::{whole_sectors, CryptCore};
-use crate::aio::{
+use cryptblk_block::aio::{
     open_pipeline, Admit, Bounds, IoOp, IoQueue, Pipeline, QueueOptions, SlotRequest, Stage,
 };
-use crate::aio::{IoVec, Offload};
-use crate::buffers::{self, PooledBuf};
-use crate::{BlockDevice, BlockError};
+use cryptblk_block::aio::{IoVec, Offload};
+use cryptblk_block::buffers::{self, PooledBuf};
+use cryptblk_block::{BlockDevice, BlockError};
 use std::sync::atomic::{compiler_fence, Ordering};
 use std::sync::Arc;
 

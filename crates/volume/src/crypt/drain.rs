@@ -8,7 +8,7 @@
 //! The counts are kept per generation *parity*, so stragglers left behind by a wait that gave
 //! up must be seen to finish before any later generation is published: the generation after
 //! next has their parity, and new requests would join their count.
-use crate::{BlockError, BlockErrorKind};
+use cryptblk_block::{BlockError, BlockErrorKind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};

@@ -30,7 +30,7 @@
 use super::drain::{Drain, StageCounts, DRAIN_TIMEOUT};
 use super::plain::PlainCore;
 use super::CryptCore;
-use crate::{BlockDevice, BlockError, Extent};
+use cryptblk_block::{BlockDevice, BlockError, Extent};
 use cryptblk_crypto::SectorCipher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockWriteGuard, Weak};
@@ -524,14 +524,14 @@ impl BlockDevice for SegmentMap {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
-        crate::device::check_range("read", offset, buf.len() as u64, BlockDevice::size(self))?;
+        cryptblk_block::check_range("read", offset, buf.len() as u64, BlockDevice::size(self))?;
         self.split_request(offset, buf.len() as u64, |dev, at, from, n| {
             dev.read_at(&mut buf[from..from + n], at)
         })
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
-        crate::device::check_range("write", offset, buf.len() as u64, BlockDevice::size(self))?;
+        cryptblk_block::check_range("write", offset, buf.len() as u64, BlockDevice::size(self))?;
         self.split_request(offset, buf.len() as u64, |dev, at, from, n| {
             dev.write_at(&buf[from..from + n], at)
         })
@@ -543,20 +543,20 @@ impl BlockDevice for SegmentMap {
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        crate::device::check_range("discard", offset, len, BlockDevice::size(self))?;
+        cryptblk_block::check_range("discard", offset, len, BlockDevice::size(self))?;
         self.split_request(offset, len, |dev, at, _, n| dev.discard(at, n as u64))
     }
 
     /// Plaintext parts zero their backend's range; encrypted ones write encrypted zeros.
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        crate::device::check_range("write zeroes", offset, len, BlockDevice::size(self))?;
+        cryptblk_block::check_range("write zeroes", offset, len, BlockDevice::size(self))?;
         self.split_request(offset, len, |dev, at, _, n| dev.write_zeroes(at, n as u64))
     }
 
     /// The first part's answer (an encrypted part's is always data; a plaintext part's is its
     /// backend's allocation), clipped to that part.
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
-        crate::device::check_range("block_status", offset, 0, BlockDevice::size(self))?;
+        cryptblk_block::check_range("block_status", offset, 0, BlockDevice::size(self))?;
         let routes = self.routes();
         let size = BlockDevice::size(self);
         let len = len.min(size - offset);
