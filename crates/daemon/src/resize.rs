@@ -72,8 +72,8 @@ impl Daemon {
 fn resize(disk: &AttachedDisk, size: u64, allow_shrink: bool) -> Result<cryptblk_volume::Resized> {
     let result = disk
         .image
-        .volume
-        .resize(disk.image.file.as_ref(), size, allow_shrink);
+        .crypt
+        .resize(disk.image.container.as_ref(), size, allow_shrink);
     result.map_err(|e| match e {
         e if e.is_bad_request() => Error::usage(e.to_string()),
         e @ ResizeError::Image { .. } => Error::caused(

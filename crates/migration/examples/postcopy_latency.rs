@@ -44,8 +44,9 @@
 
 use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
 use cryptblk_migration::{
-    DirtyTracker, IncomingMigration, MigrationAddress, Phase, SourceMigration, SourceOptions,
+    IncomingMigration, MigrationAddress, Phase, SourceMigration, SourceOptions,
 };
+use cryptblk_volume::DirtyTracker;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

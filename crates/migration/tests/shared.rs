@@ -13,9 +13,9 @@ use cryptblk_block::{
 };
 use cryptblk_luks::HeaderIo;
 use cryptblk_migration::{
-    DirtyTracker, IncomingMigration, IncomingStore, MigrationAddress, Phase, SourceMigration,
-    SourceOptions,
+    IncomingMigration, IncomingStore, MigrationAddress, Phase, SourceMigration, SourceOptions,
 };
+use cryptblk_volume::DirtyTracker;
 use cryptblk_volume::{open_luks_volume_on, LuksVolume, VolumeOptions};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

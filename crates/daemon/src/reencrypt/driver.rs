@@ -372,13 +372,12 @@ impl Run {
     }
 
     fn record_keys(&self, r: &Reencryption<'_>, keys: Vec<cryptblk_luks::KnownKey>) {
-        self.disk.image.set_volume_keys(
-            crate::image::VolumeKeys {
-                uuid: r.header().uuid().to_string(),
-                keys,
-            },
-            self.key_cache.as_deref(),
-        );
+        let keys = cryptblk_volume::VolumeKeys {
+            uuid: r.header().uuid().to_string(),
+            keys,
+        };
+        crate::image::remember(self.key_cache.as_deref(), &keys);
+        self.disk.image.set_volume_keys(keys);
     }
 
     /// Sleeps until `rewritten` bytes since `started` are within the bandwidth limit (or a

@@ -23,7 +23,6 @@ use super::driver::{Run, MAX_HOTZONE};
 use super::new_cipher::chosen_cipher;
 use super::Mode;
 use crate::error::{chain, Context, Error, Result};
-use crate::image::LuksFacts;
 use crossbeam_channel::Sender;
 use cryptblk_control::api::{Hotzone, ReencryptPhase};
 use cryptblk_crypto::CipherSpec;
@@ -31,6 +30,7 @@ use cryptblk_luks::luks2::reencrypt::{
     encrypt_prepare, EncryptParams, KeyRole, Reencryption, SegmentExtent,
 };
 use cryptblk_luks::{FormatOptions, HashAlg, HeaderIo, LuksVersion};
+use cryptblk_volume::LuksFacts;
 use cryptblk_volume::{data_cipher, SegmentCiphers};
 use std::sync::atomic::Ordering;
 use std::time::Instant;

@@ -188,7 +188,7 @@ impl Daemon {
         let source = crate::keys::required_source(p.key_params(), "key")?;
         let disk = self.attached(name)?;
         let mode = run_mode(&disk, p)?;
-        let file = disk.image.file.clone();
+        let file = disk.image.container.clone();
         let segments = disk.image.segments().clone();
         if disk.read_only() {
             return Err(Error::usage(format!(
@@ -278,7 +278,7 @@ fn run_mode(disk: &AttachedDisk, p: &ReencryptStartParams) -> Result<Mode> {
         }
         return Ok(Mode::Encrypt);
     }
-    let (header, _) = cryptblk_luks::LuksImage::read(disk.image.file.header_io())
+    let (header, _) = cryptblk_luks::LuksImage::read(disk.image.container.header_io())
         .with_context(|| format!("reading the LUKS header of disk \"{name}\""))?;
     let encrypting = match &header {
         cryptblk_luks::LuksImage::V2(h) => h

@@ -3,7 +3,8 @@
 #![allow(dead_code)]
 
 use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
-use cryptblk_migration::{DirtyTracker, IncomingDisk, IncomingMigration};
+use cryptblk_migration::{IncomingDisk, IncomingMigration};
+use cryptblk_volume::DirtyTracker;
 use cryptblk_volume::{open_luks_volume_on, LuksVolume, VolumeOptions};
 use rand::{Rng, SeedableRng};
 use std::io::{Read, Write};
