@@ -15,8 +15,13 @@
 # rss_anon_kib, rss_file_kib, rss_shmem_kib, threads, fds), one "client" record per client
 # (vu_bench's line: queue_ios, iops, runtime_s, exit status), and a "summary" record: idle
 # RssAnon before the clients, peak RssAnon and VmRSS under load, RssAnon after IDLE seconds,
-# each queue's IOPS (min, 10th percentile, median, 90th, max, min/max), client errors, and the
-# daemon's cryptblk_memory_* metrics at the end (budget, peak reserved, waits). Prints it.
+# each queue's IOPS (min, 10th percentile, median, 90th, max, min/max) as its client timed it
+# and as the daemon counted it over one window in which all clients run (window_*: from 30 %
+# to 70 % of the run; the clients start one after another, so their own runs overlap only in
+# part), client errors, and the
+# daemon's cryptblk_memory_* metrics at the end (budget, peak reserved, waits), and the load
+# average before the clients start and when they have left (the machine may be shared).
+# Prints it.
 #
 # Guest memory (the clients' buffers, mapped by the daemon) is the clients' memory and shows in
 # RssShmem; the daemon's own memory is RssAnon (+ RssFile: its binary). The budget bounds
@@ -41,7 +46,7 @@ while [ $# -gt 0 ]; do
     --vu-bench) vu=$2; shift 2 ;;
     --results) results=$2; shift 2 ;;
     --serve-arg) serve_args+=("$2"); shift 2 ;;
-    *) sed -n '2,22p' "$0" >&2; exit 1 ;;
+    *) sed -n '2,28p' "$0" >&2; exit 1 ;;
   esac
 done
 if [ "$clients" -gt "$disks" ]; then
@@ -74,11 +79,10 @@ for i in $(seq 1 "$disks"); do
 done
 
 : > "$results"
-args=(serve --control "$work/ctl.sock")
+args=(serve --control "$work/ctl.sock" --metrics "unix:$work/metrics.sock")
 case $budget in
-  none) ;;
-  default) args+=(--metrics "unix:$work/metrics.sock") ;;
-  *) args+=(--memory-budget "$budget" --metrics "unix:$work/metrics.sock") ;;
+  none | default) ;;
+  *) args+=(--memory-budget "$budget") ;;
 esac
 "$cryptblk" "${args[@]}" "${serve_args[@]}" 2> "$work/serve.log" &
 daemon=$!
@@ -112,6 +116,7 @@ sample &
 sampler=$!
 sleep 2
 
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo load > "$phase_file"
 pids=()
 for i in $(seq 1 "$clients"); do
@@ -120,6 +125,24 @@ for i in $(seq 1 "$clients"); do
     > "$work/client$i.json" 2> "$work/client$i.err" &
   pids+=($!)
 done
+# Each queue's writes counted by the daemon over one window in which every client runs (the
+# clients start one after another and each times its own run, so their own figures cover
+# windows that overlap only in part): from 30 % to 70 % of the run.
+writes_by_queue() {
+  curl -s --unix-socket "$work/metrics.sock" http://localhost/metrics |
+    awk '/^cryptblk_io_requests_total\{/ && /op="write"/ && /export="vhost-user-blk"/ {
+      match($0, /disk="[^"]*"/); d = substr($0, RSTART + 6, RLENGTH - 7)
+      match($0, /queue="[^"]*"/); q = substr($0, RSTART + 7, RLENGTH - 8)
+      printf "%s/%s %s\n", d, q, $NF }' | sort
+}
+sleep "$(echo "$runtime * 0.3" | bc)"
+window_start=$(date +%s.%N)
+writes_by_queue > "$work/writes-start"
+sleep "$(echo "$runtime * 0.4" | bc)"
+writes_by_queue > "$work/writes-end"
+window_s=$(printf '%.3f' "$(echo "$(date +%s.%N) - $window_start" | bc)")
+window_iops=$(join "$work/writes-start" "$work/writes-end" |
+  awk -v w="$window_s" '$3 > $2 { printf "%s%.1f", sep, ($3 - $2) / w; sep = "," } BEGIN { printf "[" } END { print "]" }')
 for i in $(seq 1 "$clients"); do
   status=0
   wait "${pids[$((i - 1))]}" || status=$?
@@ -129,29 +152,32 @@ for i in $(seq 1 "$clients"); do
     --arg err "$(head -c 500 "$work/client$i.err")" \
     '{record: "client", disk: $disk, status: $status, stderr: $err} + .' >> "$results"
 done
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 echo idle-after > "$phase_file"
 sleep "$idle"
 echo done > "$phase_file"
-budget_metrics='{}'
-if [ -S "$work/metrics.sock" ]; then
-  budget_metrics=$(curl -s --unix-socket "$work/metrics.sock" http://localhost/metrics |
+budget_metrics=$(curl -s --unix-socket "$work/metrics.sock" http://localhost/metrics |
     awk '/^cryptblk_memory_/ { printf "%s\"%s\":%s", sep, $1, $2; sep="," } BEGIN { printf "{" } END { print "}" }')
-fi
 sleep 0.3
 kill "$sampler" 2>/dev/null || true
 wait "$sampler" 2>/dev/null || true
 sampler=""
 
 summary=$(jq -s -c --arg budget "$budget" --argjson disks "$disks" --argjson clients "$clients" \
-  --argjson idle "$idle" --arg binary "$cryptblk" --argjson metrics "$budget_metrics" '
+  --argjson idle "$idle" --arg binary "$cryptblk" --argjson metrics "$budget_metrics" \
+  --arg load_before "$load_before" --arg load_after "$load_after" \
+  --argjson window_iops "$window_iops" --argjson window_s "$window_s" '
   (map(select(.record == "sample"))) as $s
   | (map(select(.record == "client"))) as $c
   | ($s | map(select(.phase == "idle-before")) | last) as $before
   | ($s | map(select(.phase == "load" or .phase == "idle-after"))) as $busy
   | ($s | map(select(.phase == "idle-after")) | last) as $after
   | ([$c[] | select(.queue_ios != null) | .runtime_s as $r | .queue_ios[] / $r] | sort) as $q
-  | def pct(p): if ($q | length) > 0 then $q[(($q | length) - 1) * p | floor] | floor else null end;
+  | ($window_iops | sort) as $w
+  | def wpct(p): if ($w | length) > 0 then $w[(($w | length) - 1) * p | floor] | floor else null end;
+  def pct(p): if ($q | length) > 0 then $q[(($q | length) - 1) * p | floor] | floor else null end;
   {record: "summary", binary: $binary, budget: $budget, disks: $disks, clients: $clients,
+     load_avg_before: $load_before, load_avg_after_clients: $load_after,
      queues: ($q | length),
      idle_before_rss_anon_mib: ($before.rss_anon_kib / 1024 | floor),
      peak_rss_anon_mib: ($busy | map(.rss_anon_kib) | max / 1024 | floor),
@@ -167,6 +193,11 @@ summary=$(jq -s -c --arg budget "$budget" --argjson disks "$disks" --argjson cli
      queue_iops_min: ($q | min | floor), queue_iops_p10: pct(0.1), queue_iops_median: pct(0.5),
      queue_iops_p90: pct(0.9), queue_iops_max: ($q | max | floor),
      queue_iops_min_over_max: (if ($q | length) > 0 then (($q | min) / ($q | max) * 1000 | floor) / 1000 else null end),
+     window_s: ($window_s * 100 | floor / 100), window_queues: ($w | length),
+     window_queue_iops_min: wpct(0), window_queue_iops_p10: wpct(0.1),
+     window_queue_iops_median: wpct(0.5), window_queue_iops_p90: wpct(0.9),
+     window_queue_iops_max: wpct(1),
+     window_queue_iops_min_over_max: (if ($w | length) > 0 then (($w | min) / ($w | max) * 1000 | floor) / 1000 else null end),
      client_errors: ([$c[] | select(.status != 0)] | length),
      budget_metrics: $metrics}' "$results")
 echo "$summary" >> "$results"

@@ -1,7 +1,7 @@
 //! Charts as SVG (plotters, SVG backend only): per preset and transport, a grouped bar chart of
 //! IOPS per workload and peer (the ceiling first), one of server CPU per I/O, and the latency
 //! distribution: one chart each of the p50, p99 and p99.9 latency per workload and peer.
-use crate::stats::Row;
+use crate::summary::Row;
 use anyhow::{anyhow, Context, Result};
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
@@ -36,6 +36,15 @@ impl Figure {
             Figure::LatP999 => "latency p99.9, µs (median over rounds)",
         }
     }
+    fn metric(self) -> &'static str {
+        match self {
+            Figure::Iops => "iops",
+            Figure::CpuPerIo => "server_cpu_us_per_io",
+            Figure::LatP50 => "lat_p50_us",
+            Figure::LatP99 => "lat_p99_us",
+            Figure::LatP999 => "lat_p999_us",
+        }
+    }
     fn file(self) -> &'static str {
         match self {
             Figure::Iops => "iops",
@@ -58,14 +67,14 @@ fn series(rows: &[&Row], figure: Figure) -> Vec<Series> {
     if matches!(figure, Figure::Iops) {
         out.push(Series {
             name: "ceiling (fio on the image)".into(),
-            values: rows.iter().map(|r| r.ceiling_iops).collect(),
+            values: rows.iter().map(|r| r.median(None, "iops")).collect(),
         });
     }
     let mut peers: Vec<(&str, &str)> = Vec::new();
     for r in rows {
-        for p in &r.peers {
-            if !peers.iter().any(|(id, _)| *id == p.peer) {
-                peers.push((&p.peer, &p.name));
+        for &(id, name) in &r.arms {
+            if !peers.iter().any(|(p, _)| *p == id) {
+                peers.push((id, name));
             }
         }
     }
@@ -74,16 +83,7 @@ fn series(rows: &[&Row], figure: Figure) -> Vec<Series> {
             name: format!("({id}) {name}"),
             values: rows
                 .iter()
-                .map(|r| {
-                    let p = r.peers.iter().find(|p| p.peer == id)?;
-                    match figure {
-                        Figure::Iops => p.iops,
-                        Figure::CpuPerIo => p.server_cpu_us_per_io,
-                        Figure::LatP50 => p.lat_p50_us,
-                        Figure::LatP99 => p.lat_p99_us,
-                        Figure::LatP999 => p.lat_p999_us,
-                    }
-                })
+                .map(|r| r.median(Some(id), figure.metric()))
                 .collect(),
         });
     }
@@ -91,19 +91,22 @@ fn series(rows: &[&Row], figure: Figure) -> Vec<Series> {
 }
 
 /// Writes the charts of every preset and transport into `dir`; returns the files written.
-pub fn write_all(rows: &[Row], dir: &Path) -> Result<Vec<PathBuf>> {
+pub fn write_all(rows: &[&Row], dir: &Path) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut keys: Vec<(&str, &str)> = Vec::new();
     for r in rows {
-        if !keys.contains(&(r.preset.as_str(), r.transport.as_str())) {
-            keys.push((&r.preset, &r.transport));
+        if !keys.contains(&(r.preset, r.transport)) {
+            keys.push((r.preset, r.transport));
         }
     }
     let mut written = Vec::new();
     for (preset, transport) in keys {
         let mine: Vec<&Row> = rows
             .iter()
-            .filter(|r| r.preset == preset && r.transport == transport && r.ceiling_iops.is_some())
+            .copied()
+            .filter(|r| {
+                r.preset == preset && r.transport == transport && r.median(None, "iops").is_some()
+            })
             .collect();
         if mine.is_empty() {
             continue;
@@ -191,8 +194,7 @@ fn render(title: &str, rows: &[&Row], figure: Figure) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::tests::sample;
-    use crate::stats::summarize;
+    use crate::sample::tests::sample;
 
     #[test]
     fn charts_are_svg_files_naming_every_peer_and_workload() {
@@ -203,7 +205,8 @@ mod tests {
             sample(g, "d", "vhost", 90.0),
             sample(g, "f", "file", 100.0),
         ];
-        let rows = summarize(&recs, &|_| vec![]);
+        let rows = crate::summary::rows(&recs, false);
+        let rows: Vec<&Row> = rows.iter().map(|(_, r)| r).collect();
         let dir = tempfile::tempdir().unwrap();
         let files = write_all(&rows, dir.path()).unwrap();
         let names: Vec<String> = files

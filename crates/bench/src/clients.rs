@@ -2,8 +2,9 @@
 //! window and the server's CPU over it), an idle vu_bench (server CPU and memory with a
 //! connected client that submits nothing), and `nbdcopy` of the whole disk.
 use crate::config::Workload;
+use crate::engine::Measured;
 use crate::procfs::{cpu_pct, memory_kib, process_ticks};
-pub use crate::record::Measurement;
+use crate::sample::Metrics;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::Path;
@@ -22,6 +23,26 @@ pub fn command_line(cmd: &Command) -> String {
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     format!("{} {}", cmd.get_program().to_string_lossy(), args.join(" "))
+}
+
+/// `cryptblk ctl --socket CTL ARGS...`: the daemon's JSON answer; a failed call is an error
+/// with ctl's message.
+pub fn ctl(cryptblk: &Path, socket: &Path, args: &[&str]) -> Result<serde_json::Value> {
+    let out = Command::new(cryptblk)
+        .arg("ctl")
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .context("running cryptblk ctl")?;
+    if !out.status.success() {
+        bail!(
+            "cryptblk ctl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("parsing ctl's answer")
 }
 
 /// vu_bench's JSON line (fields it has printed since the bash harness, plus the percentiles
@@ -47,7 +68,7 @@ pub fn vu_bench(
     size: u64,
     server: u32,
     hugepages: bool,
-) -> Result<Measurement> {
+) -> Result<Measured> {
     let mut cmd = Command::new(vu);
     if hugepages {
         cmd.arg("--hugepages");
@@ -75,23 +96,26 @@ pub fn vu_bench(
     parse_vu(&String::from_utf8_lossy(&out.stdout))
 }
 
-fn parse_vu(stdout: &str) -> Result<Measurement> {
+fn parse_vu(stdout: &str) -> Result<Measured> {
     let line = stdout
         .lines()
         .rfind(|l| l.starts_with('{'))
         .context("vu_bench printed no JSON line")?;
     let v: VuOutput = serde_json::from_str(line).context("parsing vu_bench's JSON line")?;
-    Ok(Measurement {
+    Ok(Measured {
         window_s: v.runtime_s,
-        iops: Some(v.iops),
-        mib_s: Some(v.mib_s),
-        lat_mean_us: Some(v.lat_avg_us),
-        lat_p50_us: v.lat_p50_us,
-        lat_p99_us: v.lat_p99_us,
-        lat_p999_us: v.lat_p999_us,
-        server_cpu_pct: v.server_cpu_pct,
-        client_cpu_pct: v.client_cpu_pct,
-        ..Measurement::default()
+        metrics: io_metrics(
+            Some(v.iops),
+            Some(v.mib_s),
+            [
+                Some(v.lat_avg_us),
+                v.lat_p50_us,
+                v.lat_p99_us,
+                v.lat_p999_us,
+            ],
+            v.server_cpu_pct,
+        )
+        .with("client_cpu_pct", v.client_cpu_pct),
     })
 }
 
@@ -103,7 +127,7 @@ pub fn idle(
     seconds: f64,
     server: u32,
     hugepages: bool,
-) -> Result<Measurement> {
+) -> Result<Measured> {
     let mut cmd = Command::new(vu);
     if hugepages {
         cmd.arg("--hugepages");
@@ -126,17 +150,17 @@ pub fn idle(
     if !status.success() {
         bail!("the idle vu_bench client failed ({status})");
     }
-    Ok(Measurement {
+    Ok(Measured {
         window_s: secs,
-        server_cpu_pct: cpu_pct(c1.saturating_sub(c0), secs),
-        server_rss_kib,
-        server_hwm_kib,
-        ..Measurement::default()
+        metrics: Metrics::default()
+            .with("server_cpu_pct", cpu_pct(c1.saturating_sub(c0), secs))
+            .with("server_rss_kib", server_rss_kib.map(|k| k as f64))
+            .with("server_hwm_kib", server_hwm_kib.map(|k| k as f64)),
     })
 }
 
 /// `nbdcopy URI null:`: the whole disk out of the server, timed.
-pub fn nbdcopy(uri: &str, size: u64, server: u32) -> Result<Measurement> {
+pub fn nbdcopy(uri: &str, size: u64, server: u32) -> Result<Measured> {
     let mut cmd = Command::new("nbdcopy");
     cmd.args([uri, "null:"]);
     show(&cmd);
@@ -152,12 +176,34 @@ pub fn nbdcopy(uri: &str, size: u64, server: u32) -> Result<Measurement> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    Ok(Measurement {
+    Ok(Measured {
         window_s: secs,
-        mib_s: Some(size as f64 / secs / (1 << 20) as f64),
-        server_cpu_pct: cpu_pct(c1.saturating_sub(c0), secs),
-        ..Measurement::default()
+        metrics: Metrics::default()
+            .with("mib_s", Some(size as f64 / secs / (1 << 20) as f64))
+            .with("server_cpu_pct", cpu_pct(c1.saturating_sub(c0), secs)),
     })
+}
+
+/// The figures of a run of I/O: IOPS, MiB/s, latency (mean, p50, p99, p99.9, µs), the
+/// server's CPU and its CPU per request.
+pub fn io_metrics(
+    iops: Option<f64>,
+    mib_s: Option<f64>,
+    [mean, p50, p99, p999]: [Option<f64>; 4],
+    server_cpu_pct: Option<f64>,
+) -> Metrics {
+    Metrics::default()
+        .with("iops", iops)
+        .with("mib_s", mib_s)
+        .with("lat_mean_us", mean)
+        .with("lat_p50_us", p50)
+        .with("lat_p99_us", p99)
+        .with("lat_p999_us", p999)
+        .with("server_cpu_pct", server_cpu_pct)
+        .with(
+            "server_cpu_us_per_io",
+            crate::sample::cpu_us_per_io(server_cpu_pct, iops),
+        )
 }
 
 #[cfg(test)]
@@ -169,7 +215,11 @@ mod tests {
         let old = r#"{"iops":25000.0,"mib_s":97.66,"lat_avg_us":1270.5,"lat_max_us":9000.0,"queue_ios":[50000],"queue_balance":1.000,"rw":"randread","bs":4096,"iodepth":32,"queues":1,"runtime_s":2.001,"ios":50000,"area_bytes":268435456}"#;
         let m = parse_vu(old).unwrap();
         assert_eq!(
-            (m.iops, m.lat_p99_us, m.window_s),
+            (
+                m.metrics.get("iops"),
+                m.metrics.get("lat_p99_us"),
+                m.window_s
+            ),
             (Some(25000.0), None, 2.001)
         );
         let new = old.replace(
@@ -177,7 +227,9 @@ mod tests {
             "\"lat_p50_us\":1100.0,\"lat_p99_us\":3000.0,\"lat_p999_us\":7000.0,\"server_cpu_pct\":61.5,\"client_cpu_pct\":30.0,\"area_bytes\"",
         );
         let m = parse_vu(&format!("some log line\n{new}\n")).unwrap();
-        assert_eq!(m.lat_p999_us, Some(7000.0));
-        assert_eq!(m.server_cpu_pct, Some(61.5));
+        assert_eq!(m.metrics.get("lat_p999_us"), Some(7000.0));
+        assert_eq!(m.metrics.get("server_cpu_pct"), Some(61.5));
+        // 61.5 % of a core at 25,000 IOPS: 24.6 µs per request.
+        assert!((m.metrics.get("server_cpu_us_per_io").unwrap() - 24.6).abs() < 1e-9);
     }
 }

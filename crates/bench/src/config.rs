@@ -1,5 +1,7 @@
-//! The benchmark matrix as data: peers, workloads and named presets (`presets.toml`, shipped in
-//! the binary; another file with `--config`).
+//! The experiment table (`presets.toml`, shipped in the binary; another file with `--config`):
+//! every experiment is a preset, a table entry that names the driver that runs it, its arms
+//! (peers) and workloads, the metrics its report shows, the per-round ratios it compares and
+//! how its rounds interleave; the speed targets are entries of the same file.
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -14,6 +16,164 @@ pub struct Config {
     pub peers: BTreeMap<String, Peer>,
     pub workloads: BTreeMap<String, Workload>,
     pub presets: BTreeMap<String, Preset>,
+    #[serde(default)]
+    pub targets: Vec<Target>,
+}
+
+/// What runs an experiment's steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Driver {
+    /// Servers (peers) over transports, measured by fio and vu_bench (`run`).
+    #[default]
+    Matrix,
+    ReadPath,
+    Reencrypt,
+    EncryptOnline,
+    Convert,
+    Control,
+    Handoff,
+    Migrate,
+    /// Two crypto engines per CPU-second of the measuring thread, in this process.
+    EngineCpu,
+}
+
+impl Driver {
+    /// The command that runs an experiment of this driver.
+    pub fn command(self) -> &'static str {
+        match self {
+            Driver::Matrix => "run --preset NAME",
+            Driver::ReadPath => "read-path",
+            Driver::Reencrypt => "reencrypt",
+            Driver::EncryptOnline => "reencrypt --encrypt",
+            Driver::Convert => "convert",
+            Driver::Control => "control",
+            Driver::Handoff => "handoff",
+            Driver::Migrate => "migrate",
+            Driver::EngineCpu => "engine-cpu",
+        }
+    }
+}
+
+/// How the arms of a round follow each other.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Order {
+    /// Ceiling, every arm, ceiling: each run has a ceiling measured next to it.
+    #[default]
+    Around,
+    /// Every arm once, each round starting one arm later (two arms: alternating), so that a
+    /// slow spell of the machine hits no arm more than another.
+    Rotate,
+}
+
+/// Which way a figure is good: the worst round is the lowest for a speed-up, the highest for
+/// a time or a cost that should stay small.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Better {
+    Higher,
+    Lower,
+}
+
+/// How a figure of two arms is formed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Op {
+    /// x's metric over y's.
+    #[default]
+    Over,
+    /// x's metric minus y's.
+    Minus,
+}
+
+/// A per-round figure: x's metric (alone, or against y's in the same round). y may be the
+/// ceiling's peer, whose runs around the round stand for it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Figure {
+    pub x: String,
+    #[serde(default)]
+    pub y: Option<String>,
+    #[serde(default = "iops")]
+    pub metric: String,
+    #[serde(default)]
+    pub op: Op,
+    /// Which way the ratio is good (default: the metric's own way).
+    #[serde(default)]
+    pub better: Option<Better>,
+}
+
+fn iops() -> String {
+    "iops".into()
+}
+
+impl Figure {
+    /// x/y of IOPS, the pair form of the table (`["a", "d"]`).
+    pub fn pair(x: &str, y: &str) -> Figure {
+        Figure {
+            x: x.into(),
+            y: Some(y.into()),
+            metric: iops(),
+            op: Op::Over,
+            better: None,
+        }
+    }
+
+    pub fn label(&self) -> String {
+        let metric = if self.metric == "iops" {
+            String::new()
+        } else {
+            format!(" {}", crate::metric::info(&self.metric).label)
+        };
+        match (&self.y, self.op) {
+            (None, _) => format!("{}{metric}", self.x),
+            (Some(y), Op::Over) => format!("{}/{y}{metric}", self.x),
+            (Some(y), Op::Minus) => format!("{}-{y}{metric}", self.x),
+        }
+    }
+}
+
+/// `["a", "d"]` (IOPS of a over d) or `{ x = "a", y = "d", metric = "seconds", ... }`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum FigureEntry {
+    Pair(String, String),
+    Full(Figure),
+}
+
+fn figures<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Figure>, D::Error> {
+    Ok(Vec::<FigureEntry>::deserialize(d)?
+        .into_iter()
+        .map(|e| match e {
+            FigureEntry::Pair(x, y) => Figure::pair(&x, &y),
+            FigureEntry::Full(f) => f,
+        })
+        .collect())
+}
+
+/// A speed target: a figure's median over rounds on every row it names against a limit.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Target {
+    pub what: String,
+    /// The experiments whose samples it applies to.
+    pub presets: Vec<String>,
+    /// None: every transport the samples have.
+    #[serde(default)]
+    pub transport: Option<String>,
+    /// None: every workload (idle runs aside).
+    #[serde(default)]
+    pub workload: Option<String>,
+    #[serde(flatten)]
+    pub figure: Figure,
+    #[serde(default)]
+    pub at_least: Option<f64>,
+    #[serde(default)]
+    pub at_most: Option<f64>,
+    /// Judge the worst round instead of the median (a hand-off must never be slow).
+    #[serde(default)]
+    pub judge_worst: bool,
 }
 
 /// What serves the disk, and which image it serves.
@@ -158,26 +318,51 @@ impl Transport {
 #[serde(deny_unknown_fields)]
 pub struct Preset {
     pub description: String,
-    /// The peer measured before and after every group of runs.
+    #[serde(default)]
+    pub driver: Driver,
+    #[serde(default)]
+    pub order: Order,
+    /// Every round of a workload before the next workload (else rounds outermost).
+    #[serde(default)]
+    pub workload_major: bool,
+    /// The metrics the report shows, in order (the first is the main one); default: the
+    /// matrix's.
+    #[serde(default = "crate::metric::matrix")]
+    pub metrics: Vec<String>,
+    /// The peer measured before and after every group of runs ("" for none).
+    #[serde(default)]
     pub ceiling: String,
     /// One ceiling per round and workload around every transport's runs (else one per
     /// transport).
     #[serde(default)]
     pub shared_ceiling: bool,
     pub peers: Vec<String>,
-    pub transports: Vec<Transport>,
-    pub workloads: Vec<String>,
-    /// Pairs (x, y) whose per-round IOPS ratio x/y the report shows, next to every peer's ratio
-    /// to the ceiling.
     #[serde(default)]
-    pub ratios: Vec<(String, String)>,
+    pub transports: Vec<Transport>,
+    #[serde(default)]
+    pub workloads: Vec<String>,
+    /// Figures (x over y per round, IOPS unless named) the report shows, next to every
+    /// peer's ratio to the ceiling.
+    #[serde(default, deserialize_with = "figures")]
+    pub ratios: Vec<Figure>,
+    #[serde(default = "three")]
     pub rounds: u32,
     /// Seconds per measurement.
+    #[serde(default = "five")]
     pub runtime: f64,
+    #[serde(default)]
     pub storage: Storage,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+fn three() -> u32 {
+    3
+}
+
+fn five() -> f64 {
+    5.0
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Storage {
     pub kind: StorageKind,
@@ -185,23 +370,27 @@ pub struct Storage {
     #[serde(default)]
     pub dir: Option<String>,
     /// Payload size of every image: `256M`, `8G`, or bytes.
+    #[serde(default)]
     pub size: String,
+    #[serde(default)]
     pub cache: Cache,
     /// Whether `dir` must (true) or must not (false) be tmpfs.
     #[serde(default)]
     pub tmpfs: Option<bool>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum StorageKind {
+    #[default]
     File,
     Rbd,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Cache {
+    #[default]
     /// Page cache bypassed everywhere: cryptblk `--cache none`, QEMU `cache.direct=on,
     /// aio=io_uring`, fio `--direct=1`.
     None,
@@ -258,7 +447,7 @@ impl Config {
                     ..peer
                 },
             );
-            preset.ratios.push((id.clone(), twin.clone()));
+            preset.ratios.push(Figure::pair(id, &twin));
             peers.push(twin);
         }
         preset.peers = peers;
@@ -276,10 +465,26 @@ impl Config {
             .with_context(|| format!("no workload '{id}' in [workloads]"))
     }
 
-    /// Every name a preset uses exists and fits: the ceiling is fio, servers are not, ratio
-    /// pairs name the preset's peers.
+    /// Every name a preset uses exists and fits: ratios name the preset's peers; a matrix's
+    /// ceiling is fio, its servers are not.
     fn check(&self, name: &str) -> Result<()> {
         let p = self.preset(name)?;
+        for f in &p.ratios {
+            for id in std::iter::once(&f.x).chain(&f.y) {
+                if *id != p.ceiling && !p.peers.contains(id) && !id.starts_with('@') {
+                    bail!(
+                        "ratio {} names '{id}', which is not one of the preset's peers",
+                        f.label()
+                    );
+                }
+            }
+        }
+        if p.rounds == 0 || p.runtime <= 0.0 {
+            bail!("rounds and runtime must not be zero");
+        }
+        if p.driver != Driver::Matrix {
+            return Ok(());
+        }
         if self.peer(&p.ceiling)?.server != Server::Fio {
             bail!(
                 "the ceiling '{}' must be a peer with server = \"fio\"",
@@ -305,15 +510,8 @@ impl Config {
         for w in &p.workloads {
             self.workload(w)?;
         }
-        for (x, y) in &p.ratios {
-            for id in [x, y] {
-                if *id != p.ceiling && !p.peers.contains(id) {
-                    bail!("ratio {x}/{y} names '{id}', which is not one of the preset's peers");
-                }
-            }
-        }
-        if p.rounds == 0 || p.runtime <= 0.0 || p.transports.is_empty() {
-            bail!("rounds, runtime and transports must not be zero or empty");
+        if p.transports.is_empty() {
+            bail!("a matrix preset names its transports");
         }
         parse_size(&p.storage.size)?;
         if p.storage.kind == StorageKind::File && p.storage.dir.is_none() {
@@ -352,10 +550,10 @@ impl Preset {
         if p.transports.is_empty() || p.workloads.is_empty() {
             bail!("nothing left to measure");
         }
-        p.ratios.retain(|(x, y)| {
-            [x, y]
-                .iter()
-                .all(|id| **id == p.ceiling || p.peers.contains(id))
+        p.ratios.retain(|f| {
+            std::iter::once(&f.x)
+                .chain(&f.y)
+                .all(|id| *id == p.ceiling || p.peers.contains(id))
         });
         Ok(p)
     }
@@ -465,8 +663,7 @@ mod tests {
         assert_eq!(p.transports, [Transport::Nbd]);
         assert_eq!(p.workloads, ["w64k-d16"]);
         // a/b and c/f name peers no longer measured; a/d and d/f stay.
-        let pair = |x: &str, y: &str| (x.to_string(), y.to_string());
-        assert_eq!(p.ratios, [pair("a", "d"), pair("d", "f")]);
+        assert_eq!(p.ratios, [Figure::pair("a", "d"), Figure::pair("d", "f")]);
         let err = disk.narrowed(Some(&["zz".into()]), None, None).unwrap_err();
         assert!(err.to_string().contains("\"zz\""), "{err}");
     }
@@ -480,9 +677,8 @@ mod tests {
         assert_eq!(disk.peers, ["a", "a-base", "b", "c", "d", "d-base"]);
         assert!(c.peer("a-base").unwrap().baseline && !c.peer("a").unwrap().baseline);
         assert_eq!(c.peer("a-base").unwrap().image, Image::Luks2);
-        let pair = |x: &str, y: &str| (x.to_string(), y.to_string());
-        assert!(disk.ratios.contains(&pair("a", "a-base")));
-        assert!(disk.ratios.contains(&pair("d", "d-base")));
+        assert!(disk.ratios.contains(&Figure::pair("a", "a-base")));
+        assert!(disk.ratios.contains(&Figure::pair("d", "d-base")));
     }
 
     #[test]

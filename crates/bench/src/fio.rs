@@ -3,8 +3,8 @@
 //! (`--thread`), and fio's `exec_prerun`/`exec_postrun` hooks, which run after the engine has
 //! connected and after the last I/O, take the time and the CPU of fio and of the server: the
 //! CPU figures cover exactly the measured window, not fio's start-up.
-use crate::clients::Measurement;
 use crate::config::{Rw, Workload};
+use crate::engine::Measured;
 use crate::procfs::{cpu_pct, stat_ticks};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
@@ -165,7 +165,7 @@ pub fn run(
     w: &Workload,
     runtime: f64,
     server: Option<u32>,
-) -> Result<Measurement> {
+) -> Result<Measured> {
     let rw = match w.rw {
         Rw::Randread | Rw::Randwrite | Rw::Read | Rw::Write => w.rw.name(),
         other => bail!("fio does not run '{}' workloads", other.name()),
@@ -231,17 +231,19 @@ pub fn run(
         (Some(a), Some(b)) => cpu_pct(b.saturating_sub(a), window_s),
         _ => None,
     };
-    Ok(Measurement {
+    let f = figures;
+    Ok(Measured {
         window_s,
-        iops: Some(figures.iops),
-        mib_s: Some(figures.bytes_per_s / (1 << 20) as f64),
-        lat_mean_us: figures.lat_mean_us,
-        lat_p50_us: figures.lat_p50_us,
-        lat_p99_us: figures.lat_p99_us,
-        lat_p999_us: figures.lat_p999_us,
-        server_cpu_pct,
-        client_cpu_pct: cpu_pct(post.fio_ticks.saturating_sub(pre.fio_ticks), window_s),
-        ..Measurement::default()
+        metrics: crate::clients::io_metrics(
+            Some(f.iops),
+            Some(f.bytes_per_s / (1 << 20) as f64),
+            [f.lat_mean_us, f.lat_p50_us, f.lat_p99_us, f.lat_p999_us],
+            server_cpu_pct,
+        )
+        .with(
+            "client_cpu_pct",
+            cpu_pct(post.fio_ticks.saturating_sub(pre.fio_ticks), window_s),
+        ),
     })
 }
 

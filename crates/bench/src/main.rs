@@ -1,6 +1,7 @@
-//! cryptblk-bench: the benchmark harness (not a test). `run` measures a preset of the matrix in
-//! `presets.toml` and appends one JSON record per measurement to a results file; `report`
-//! renders markdown tables and SVG charts from such files and compares two of them.
+//! cryptblk-bench: the benchmark harness (not a test). Every experiment is an entry of the
+//! table in `presets.toml`; the engine runs it in interleaved rounds and appends one sample
+//! per measurement to a results file; `report` renders markdown tables, SVG charts and the
+//! target checks from such files and compares two of them.
 mod ceiling;
 mod chart;
 mod clients;
@@ -8,24 +9,25 @@ mod config;
 mod control;
 mod convert;
 mod docs;
-mod encrypt_online;
+mod engine;
+mod engine_cpu;
 mod fio;
 mod handoff;
 mod images;
+mod matrix;
+mod metric;
 mod migrate;
 mod peers;
 mod plan;
 mod procfs;
 mod rbd;
 mod read_path;
-mod record;
 mod reencrypt;
 mod report;
-mod rounds;
-mod runner;
+mod sample;
+mod soak;
 mod spdk;
-mod stats;
-mod targets;
+mod summary;
 mod workdir;
 
 use anyhow::{bail, Context, Result};
@@ -172,6 +174,14 @@ enum Cmd {
     /// Postcopy on-demand read latency and a precopy migration, one run of
     /// crates/migration/examples/postcopy_latency per configuration; one JSON line each.
     Migrate(migrate::Args),
+    /// Two sector-crypto engines against each other in this process, in interleaved rounds,
+    /// per CPU-second of the measuring thread (a shared machine's load changes wall-clock
+    /// figures, far less the thread's own CPU time).
+    EngineCpu(engine_cpu::Args),
+    /// One daemon serving many disks for a long while: clients arriving and leaving with
+    /// verified data, upgrades, kills and attach/detach churn; RSS, threads and descriptors
+    /// every second (JSON records, an SVG chart, a summary; non-zero exit past a tolerance).
+    Soak(soak::Args),
     /// The device's ceiling for an encryptor: O_DIRECT reads with io_uring on one thread, each
     /// completed buffer left alone, read once, or decrypted in place before the next read
     /// into it (JSON on stdout).
@@ -247,18 +257,26 @@ fn run() -> Result<()> {
         }
         Cmd::Convert(args) => {
             let cryptblk = cryptblk_binary(args.cryptblk.clone())?;
-            convert::run(&args.options(cryptblk)?)
+            let samples = convert::run(&args.options(cryptblk)?, &config)?;
+            summarize(&config, &samples)
         }
         Cmd::Control(args) => {
             let cryptblk = cryptblk_binary(args.cryptblk.clone())?;
             let workload = *config.workload("rr4k-d32-q1")?;
-            control::run(&args.options(cryptblk)?, &workload)
+            let samples = control::run(&args.options(cryptblk)?, &config, &workload)?;
+            summarize(&config, &samples)
         }
         Cmd::ReadPath(mut a) => {
             let (cryptblk, vu_bench) = binaries(a.cryptblk.take(), a.vu_bench.take())?;
-            read_path::run(&a, &config, cryptblk, vu_bench)
+            let samples = read_path::run(&a, &config, cryptblk, vu_bench)?;
+            summarize(&config, &samples)
         }
-        Cmd::Migrate(a) => migrate::run(&a),
+        Cmd::Migrate(a) => summarize(&config, &migrate::run(&a, &config)?),
+        Cmd::EngineCpu(a) => summarize(&config, &engine_cpu::run(&a, &config)?),
+        Cmd::Soak(a) => match &a.from {
+            Some(results) => soak::report_again(&a, results),
+            None => soak::run(&a, &cryptblk_binary(a.cryptblk.clone())?),
+        },
         Cmd::Handoff {
             rounds,
             size,
@@ -266,12 +284,13 @@ fn run() -> Result<()> {
             cryptblk,
         } => {
             let (cryptblk, _) = binaries(cryptblk, None)?;
-            handoff::run(&handoff::Options {
+            let options = handoff::Options {
                 rounds,
                 size: config::parse_size(&size)?,
                 cryptblk,
                 results,
-            })
+            };
+            summarize(&config, &handoff::run(&options, &config)?)
         }
         Cmd::Reencrypt {
             rounds,
@@ -295,16 +314,23 @@ fn run() -> Result<()> {
                 vu_bench,
                 results,
                 keep_images,
+                encrypt,
             };
-            if encrypt {
-                encrypt_online::run(&options, &workload)
-            } else {
-                reencrypt::run(&options, &workload)
-            }
+            summarize(&config, &reencrypt::run(&options, &config, &workload)?)
         }
         Cmd::List => {
             for (name, p) in &config.presets {
                 println!("{name}: {}", p.description);
+                if p.driver != config::Driver::Matrix {
+                    println!(
+                        "  `cryptblk-bench {}`: arms {}; workloads {}; {} round(s)",
+                        p.driver.command(),
+                        p.peers.join(" "),
+                        p.workloads.join(" "),
+                        p.rounds
+                    );
+                    continue;
+                }
                 println!(
                     "  peers {} (ceiling {}), transports {}, {} round(s) of {} s, storage {:?} {} {}",
                     p.peers.join(" "),
@@ -337,7 +363,14 @@ fn run() -> Result<()> {
             transports,
             workloads,
         } => {
-            let mut chosen = config.preset(&preset)?.narrowed(
+            let table = config.preset(&preset)?;
+            if table.driver != config::Driver::Matrix {
+                bail!(
+                    "preset '{preset}' is run by `cryptblk-bench {}` (with its own options)",
+                    table.driver.command()
+                );
+            }
+            let mut chosen = table.narrowed(
                 peers.as_deref(),
                 transports.as_deref(),
                 workloads.as_deref(),
@@ -347,10 +380,10 @@ fn run() -> Result<()> {
                 config.add_baseline(&mut chosen);
             }
             let (cryptblk, vu_bench) = binaries(cryptblk, vu_bench)?;
-            let records = runner::run(
+            let samples = matrix::run(
                 &config,
                 &chosen,
-                &runner::Options {
+                &matrix::Options {
                     preset,
                     results,
                     rounds,
@@ -364,9 +397,7 @@ fn run() -> Result<()> {
                 },
             )?;
             // The tables of this run; `report` renders any set of result files.
-            let rows = stats::summarize(&records, &|_: &str| chosen.ratios.clone());
-            print!("{}", report::markdown(&records, &rows));
-            Ok(())
+            summarize(&config, &samples)
         }
         Cmd::Report {
             docs: Some(page), ..
@@ -399,13 +430,13 @@ fn run() -> Result<()> {
             json,
             docs: None,
         } => {
-            let mut records = Vec::new();
+            let mut samples = Vec::new();
             for path in &results {
-                records.extend(record::load(path)?);
+                samples.extend(sample::load(path)?);
             }
-            if records.is_empty() {
+            if samples.is_empty() {
                 bail!(
-                    "no records in {}",
+                    "no samples in {}",
                     results
                         .iter()
                         .map(|p| p.display().to_string())
@@ -414,25 +445,27 @@ fn run() -> Result<()> {
                 );
             }
             if targets {
-                let verdicts = targets::check(&records);
+                let verdicts = summary::verdicts(&samples, &config.targets);
                 if json {
                     for v in &verdicts {
                         println!("{}", serde_json::to_string(v)?);
                     }
                 } else {
-                    print!("{}", targets::markdown(&verdicts));
+                    print!("{}", report::targets(&verdicts));
                 }
                 return Ok(());
             }
-            let pairs = report_pairs(&config, &records);
-            let rows = stats::summarize(&records, &pairs);
             if let Some(old) = compare {
-                let old_rows = stats::summarize(&record::load(&old)?, &pairs);
-                print!("{}", report::compare(&old_rows, &rows));
+                print!(
+                    "{}",
+                    report::compare(&config, &sample::load(&old)?, &samples)
+                );
                 return Ok(());
             }
-            print!("{}", report::markdown(&records, &rows));
+            print!("{}", report::markdown(&config, &samples));
             if let Some(dir) = charts {
+                let rows = summary::rows(&samples, false);
+                let rows: Vec<&summary::Row> = rows.iter().map(|(_, r)| r).collect();
                 for file in chart::write_all(&rows, &dir)? {
                     eprintln!("wrote {}", file.display());
                 }
@@ -442,32 +475,30 @@ fn run() -> Result<()> {
     }
 }
 
-/// The pairs of peers a report shows for a preset: the preset's own, and every baseline twin
-/// among the records.
-fn report_pairs<'a>(
-    config: &'a Config,
-    records: &[record::Record],
-) -> impl Fn(&str) -> Vec<(String, String)> + 'a {
-    let twins = baseline_pairs(records);
-    move |preset: &str| {
-        let mut pairs = ratios(config, preset);
-        pairs.extend(twins.iter().cloned());
-        pairs
+/// What a run prints: the tables of its samples and the targets they meet or miss.
+fn summarize(config: &Config, samples: &[sample::Sample]) -> Result<()> {
+    print!("{}", report::markdown(config, samples));
+    let verdicts = summary::verdicts(samples, &config.targets);
+    if !verdicts.is_empty() {
+        print!("\n{}", report::targets(&verdicts));
     }
+    Ok(())
 }
 
 /// One block of a `--docs` page: what `report [--targets] FILE...` prints for its files
 /// (relative to `root`), headings moved down to sit under the page's own.
 fn render_block(config: &Config, root: &Path, block: &docs::Block) -> Result<String> {
-    let mut records = Vec::new();
+    let mut samples = Vec::new();
     for file in &block.files {
-        records.extend(record::load(&root.join(file))?);
+        samples.extend(sample::load(&root.join(file))?);
     }
     if block.targets {
-        return Ok(targets::markdown(&targets::check(&records)));
+        return Ok(report::targets(&summary::verdicts(
+            &samples,
+            &config.targets,
+        )));
     }
-    let rows = stats::summarize(&records, &report_pairs(config, &records));
-    Ok(docs::demote_headings(&report::markdown(&records, &rows)))
+    Ok(docs::demote_headings(&report::markdown(config, &samples)))
 }
 
 fn transport(s: &str) -> Result<config::Transport, String> {
@@ -476,28 +507,6 @@ fn transport(s: &str) -> Result<config::Transport, String> {
         "nbd" => Ok(config::Transport::Nbd),
         _ => Err(format!("'{s}' is not a transport (vhost, nbd)")),
     }
-}
-
-/// The pairs of peers whose ratios a preset's tables show (none for a preset not in the
-/// config: its records still get every peer's ratio to the ceiling).
-fn ratios(config: &Config, preset: &str) -> Vec<(String, String)> {
-    config
-        .presets
-        .get(preset)
-        .map(|p| p.ratios.clone())
-        .unwrap_or_default()
-}
-
-/// (X, X-base) for every baseline twin among the records: a run with `--baseline` shows the
-/// new binary against the old one.
-fn baseline_pairs(records: &[record::Record]) -> Vec<(String, String)> {
-    let peers: std::collections::BTreeSet<&str> = records.iter().map(|r| r.peer.as_str()).collect();
-    peers
-        .iter()
-        .filter_map(|p| p.strip_suffix(config::BASELINE_SUFFIX))
-        .filter(|x| peers.contains(x))
-        .map(|x| (x.to_string(), config::baseline_id(x)))
-        .collect()
 }
 
 /// The cryptblk binary named, or a release build of it (and vu_bench) from this workspace.

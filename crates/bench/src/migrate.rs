@@ -1,4 +1,4 @@
-//! `cryptblk-bench migrate`: on-demand read latency on a migration destination during
+//! The migration driver (`cryptblk-bench migrate`, preset `migrate`): on-demand read latency on a migration destination during
 //! postcopy, and the total time and downtime of a precopy migration of a bigger disk.
 //!
 //! Each measurement is one child process of crates/migration/examples/postcopy_latency
@@ -18,22 +18,21 @@
 //! Precopy: a `--big-size` disk with one random 4 KiB write per ms on the source until the
 //! first sweep is done and < 8 MiB is dirty, then the switchover: total time, downtime (fence
 //! to destination complete), bytes sent, passes.
-use crate::{config, procfs, record};
+use crate::config::{self, Config};
+use crate::engine::{self, Driver, Measured};
+use crate::plan::{Fits, Step};
+use crate::procfs;
+use crate::sample::{Metrics, Sample};
+use crate::workdir::free_bytes;
 use anyhow::{bail, Context, Result};
-use example::{build_example, child, free_bytes};
+use example::{build_example, child};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
 mod example;
 mod result;
-mod summary;
 
 pub use result::{Latency, Precopy};
-
-/// The postcopy link: 1 Gbit/s.
-const LINK_BYTES_PER_S: u64 = 125_000_000;
-/// The precopy run's bulk chunks (fixed in the example).
-const PRECOPY_CHUNK: u64 = 2 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -114,42 +113,7 @@ pub struct Args {
     pub postcopy_latency: Option<PathBuf>,
 }
 
-/// One JSON line of the results file.
-#[derive(Serialize)]
-struct Line<'a, R: Serialize> {
-    commit: &'a str,
-    machine: &'a record::Machine,
-    /// `latency` or `precopy_total`.
-    kind: &'static str,
-    round: u32,
-    disk_size: u64,
-    chunk_size: u64,
-    /// Postcopy: latency's mode and what it turns on.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    mode: Option<Mode>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    preempt: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    break_chunks: Option<bool>,
-    /// Postcopy: pacer or proxy; precopy: always the pacer.
-    link: Link,
-    /// Bytes/s of the link (None: uncapped).
-    max_bandwidth: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    duration_s: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    interval_ms: Option<f64>,
-    #[serde(flatten)]
-    result: &'a R,
-}
-
-/// What the summary needs of each run.
-pub struct Runs {
-    pub latency: Vec<(u32, u64, Mode, Latency)>,
-    pub precopy: Vec<(u32, Precopy)>,
-}
-
-pub fn run(a: &Args) -> Result<()> {
+pub fn run(a: &Args, config: &Config) -> Result<Vec<Sample>> {
     let size = config::parse_size(&a.size)?;
     let big_size = config::parse_size(&a.big_size)?;
     let mut chunks = Vec::new();
@@ -199,187 +163,172 @@ pub fn run(a: &Args) -> Result<()> {
     }
     let work = base.join(format!("cryptblk-bench-migrate.{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
-    let outcome = measure_all(a, &example, &work, size, big_size, &chunks, big_bandwidth);
-    let _ = std::fs::remove_dir_all(&work);
-    let runs = outcome?;
-    print!(
-        "{}",
-        summary::markdown(
-            &runs,
-            &summary::Setting {
-                size,
-                big_size,
-                big_bandwidth,
-                link: a.link,
-                duration: a.duration,
-                interval: a.interval,
-                chunks: &chunks,
-                modes: &a.modes,
-            }
-        )
-    );
-    Ok(())
-}
-
-fn measure_all(
-    a: &Args,
-    example: &Path,
-    work: &Path,
-    size: u64,
-    big_size: u64,
-    chunks: &[u64],
-    big_bandwidth: Option<u64>,
-) -> Result<Runs> {
-    let source = work.join("src.raw");
-    let path = |p: &Path| p.display().to_string();
-    child(
-        example,
+    let mut preset = config.preset("migrate")?.clone();
+    preset.workloads = chunks.iter().map(|c| chunk_name(*c)).collect();
+    preset.peers = a.modes.iter().map(|m| m.letter().to_string()).collect();
+    if !a.skip_big {
+        preset.workloads.push("precopy".into());
+        preset.peers.push("precopy".into());
+    }
+    let mut d = Migrate {
+        a,
+        example: &example,
+        work: &work,
+        source: work.join("src.raw"),
+        size,
+        big_size,
+        big_bandwidth,
+    };
+    let outcome = child(
+        &example,
         "source",
         &[
             "--source".into(),
-            path(&source),
+            d.source.display().to_string(),
             "--size".into(),
             size.to_string(),
         ],
-    )?;
-    let (commit, machine) = (procfs::commit(), procfs::machine());
-    let mut runs = Runs {
-        latency: Vec::new(),
-        precopy: Vec::new(),
-    };
-    let link = match a.link {
-        Link::Pacer => "pacer",
-        Link::Proxy => "proxy",
-    };
-    for round in 1..=a.rounds {
-        for &chunk in chunks {
-            for &mode in &a.modes {
-                eprintln!(
-                    "round {round}: chunk {} KiB, ({}) {} ...",
-                    chunk >> 10,
-                    mode.letter(),
-                    mode.describe()
-                );
-                let out = child(
-                    example,
-                    "latency",
-                    &[
-                        "--chunk".into(),
-                        chunk.to_string(),
-                        "--mode".into(),
-                        mode.letter().into(),
-                        "--source".into(),
-                        path(&source),
-                        "--workdir".into(),
-                        path(work),
-                        "--duration-secs".into(),
-                        a.duration.to_string(),
-                        "--interval-ms".into(),
-                        a.interval.to_string(),
-                        "--link".into(),
-                        link.into(),
-                    ],
-                )?;
-                let l = Latency::parse(&out)?;
-                eprintln!(
-                    "  {} waiting reads: avg {} p99 {} ({} blocks still missing at the end)",
-                    l.count,
-                    summary::fmt_us(l.avg_us),
-                    summary::fmt_us(l.p99_us),
-                    l.missing_end
-                );
-                record::append(
-                    &a.results,
-                    &Line {
-                        commit: &commit,
-                        machine: &machine,
-                        kind: "latency",
-                        round,
-                        disk_size: size,
-                        chunk_size: chunk,
-                        mode: Some(mode),
-                        preempt: Some(mode != Mode::A),
-                        break_chunks: Some(mode == Mode::C),
-                        link: a.link,
-                        max_bandwidth: Some(LINK_BYTES_PER_S),
-                        duration_s: Some(a.duration),
-                        interval_ms: Some(a.interval),
-                        result: &l,
-                    },
-                )?;
-                runs.latency.push((round, chunk, mode, l));
-            }
-        }
-        if a.skip_big {
-            continue;
-        }
-        eprintln!("round {round}: precopy of {} MiB ...", big_size >> 20);
-        let out = child(
-            example,
-            "big",
-            &[
-                "--big-size".into(),
-                big_size.to_string(),
-                "--big-max-bandwidth".into(),
-                big_bandwidth.map_or("none".into(), |b| b.to_string()),
-                "--workdir".into(),
-                path(work),
-            ],
-        )?;
-        let p = Precopy::parse(&out)?;
-        record::append(
-            &a.results,
-            &Line {
-                commit: &commit,
-                machine: &machine,
-                kind: "precopy_total",
-                round,
-                disk_size: big_size,
-                chunk_size: PRECOPY_CHUNK,
-                mode: None,
-                preempt: None,
-                break_chunks: None,
-                link: Link::Pacer,
-                max_bandwidth: big_bandwidth,
-                duration_s: None,
-                interval_ms: None,
-                result: &p,
-            },
-        )?;
-        runs.precopy.push((round, p));
+    )
+    .and_then(|_| engine::run("migrate", &preset, a.rounds, &mut d, &a.results));
+    let _ = std::fs::remove_dir_all(&work);
+    outcome
+}
+
+/// A chunk size as its workload is named: `64K`, `2M`.
+fn chunk_name(bytes: u64) -> String {
+    if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
+        format!("{}M", bytes >> 20)
+    } else {
+        format!("{}K", bytes >> 10)
     }
-    Ok(runs)
+}
+
+struct Migrate<'a> {
+    a: &'a Args,
+    example: &'a Path,
+    work: &'a Path,
+    source: PathBuf,
+    size: u64,
+    big_size: u64,
+    big_bandwidth: Option<u64>,
+}
+
+impl Fits for Migrate<'_> {
+    fn transports(&self, _: &str) -> Vec<String> {
+        vec!["tcp".into()]
+    }
+    fn fits(&self, peer: &str, _: &str, workload: &str) -> bool {
+        (peer == "precopy") == (workload == "precopy")
+    }
+    fn has_ceiling(&self, _: &str) -> bool {
+        false
+    }
+}
+
+impl Driver for Migrate<'_> {
+    fn storage(&self) -> String {
+        format!(
+            "{} MiB raw disk, link 1 Gbit/s ({}), {:.0} s of reads every {:.0} ms; precopy of {} MiB at {}",
+            self.size >> 20,
+            match self.a.link {
+                Link::Pacer => "the sender's pacer",
+                Link::Proxy => "shaping proxy, fair queueing",
+            },
+            self.a.duration,
+            self.a.interval,
+            self.big_size >> 20,
+            self.big_bandwidth
+                .map_or("loopback".into(), |b| format!("{b} bytes/s"))
+        )
+    }
+
+    fn peer_name(&self, peer: &str) -> String {
+        match peer {
+            "a" => Mode::A.describe().into(),
+            "b" => Mode::B.describe().into(),
+            "c" => Mode::C.describe().into(),
+            _ => "precopy, a 4 KiB random write per ms until switchover".into(),
+        }
+    }
+
+    fn measure(&mut self, step: &Step) -> Result<Measured> {
+        let path = |p: &Path| p.display().to_string();
+        let figures = if step.peer == "precopy" {
+            let out = child(
+                self.example,
+                "big",
+                &[
+                    "--big-size".into(),
+                    self.big_size.to_string(),
+                    "--big-max-bandwidth".into(),
+                    self.big_bandwidth.map_or("none".into(), |b| b.to_string()),
+                    "--workdir".into(),
+                    path(self.work),
+                ],
+            )?;
+            serde_json::to_value(Precopy::parse(&out)?)?
+        } else {
+            let chunk = config::parse_size(&step.workload)?;
+            let link = match self.a.link {
+                Link::Pacer => "pacer",
+                Link::Proxy => "proxy",
+            };
+            let out = child(
+                self.example,
+                "latency",
+                &[
+                    "--chunk".into(),
+                    chunk.to_string(),
+                    "--mode".into(),
+                    step.peer.clone(),
+                    "--source".into(),
+                    path(&self.source),
+                    "--workdir".into(),
+                    path(self.work),
+                    "--duration-secs".into(),
+                    self.a.duration.to_string(),
+                    "--interval-ms".into(),
+                    self.a.interval.to_string(),
+                    "--link".into(),
+                    link.into(),
+                ],
+            )?;
+            serde_json::to_value(Latency::parse(&out)?)?
+        };
+        let metrics: Metrics = serde_json::from_value(figures)?;
+        Ok(Measured {
+            window_s: metrics
+                .get("measured_s")
+                .or(metrics.get("total_s"))
+                .unwrap_or(0.0),
+            metrics,
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::result::tests::{LATENCY_OUT, PRECOPY_OUT};
     use super::*;
 
-    use super::result::tests::LATENCY_OUT;
-
     #[test]
-    fn a_record_line_carries_the_configuration_and_the_figures() {
-        let l = Latency::parse(LATENCY_OUT).unwrap();
-        let line = Line {
-            commit: "c",
-            machine: &procfs::machine(),
-            kind: "latency",
-            round: 2,
-            disk_size: 1 << 30,
-            chunk_size: 65536,
-            mode: Some(Mode::C),
-            preempt: Some(true),
-            break_chunks: Some(true),
-            link: Link::Proxy,
-            max_bandwidth: Some(LINK_BYTES_PER_S),
-            duration_s: Some(8.0),
-            interval_ms: Some(5.0),
-            result: &l,
-        };
-        let v: serde_json::Value = serde_json::to_value(&line).unwrap();
-        assert_eq!(v["mode"], "c");
-        assert_eq!(v["link"], "proxy");
-        assert_eq!(v["avg_us"], 266.4);
-        assert_eq!(v["round"], 2);
+    fn a_childs_result_line_becomes_the_samples_metrics() {
+        let l: Metrics = serde_json::from_value(
+            serde_json::to_value(Latency::parse(LATENCY_OUT).unwrap()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(l.get("avg_us"), Some(266.4));
+        assert_eq!(l.get("count"), Some(97.0));
+        let nan = PRECOPY_OUT.replace("downtime_ms=265.31", "downtime_ms=NaN");
+        let p: Metrics =
+            serde_json::from_value(serde_json::to_value(Precopy::parse(&nan).unwrap()).unwrap())
+                .unwrap();
+        assert_eq!(p.get("downtime_ms"), None);
+        assert_eq!(p.get("passes"), Some(2.0));
+        assert_eq!(
+            [64 << 10, 2 << 20, 64 << 20].map(chunk_name),
+            ["64K", "2M", "64M"]
+        );
+        assert_eq!(config::parse_size("64K").unwrap(), 64 << 10);
     }
 }

@@ -1,6 +1,6 @@
 //! What the kernel tells about processes and the machine: CPU time of a process, load, memory,
 //! the machine's identity; dropping the page cache.
-use crate::record::Machine;
+use crate::sample::Machine;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::process::Command;

@@ -15,27 +15,24 @@
 //! - `d`: cryptblk serving the raw twin; `a`: cryptblk serving the LUKS2 image;
 //! - `o`: an older cryptblk (`--old`) serving the LUKS2 image.
 //!
-//! One JSON record per run (the `run` format, preset `read-path`, fraw as the ceiling, so
-//! `report` renders them too), then the medians and the worst per-round ratios of a/d, a/fluks,
-//! a/fdec, fdec/fluks (the machine's toll for decrypting at all) and o/d.
+//! One sample per run (preset `read-path`, fraw as the ceiling); the table's figures are
+//! a/d, a/fluks, a/fdec, fdec/fluks (the machine's toll for decrypting at all) and o/d.
 use crate::ceiling::{self, Touch};
-use crate::clients::{self, Measurement};
+use crate::clients;
 use crate::config::{self, Cache, Config, Image, Rw, Transport};
-use crate::record::{self, Record, WorkloadRecord};
+use crate::engine::{self, Driver, Measured};
+use crate::plan::{Fits, Step};
+use crate::sample::{Metrics, Sample, WorkloadRecord};
 use crate::{fio, images, peers, procfs};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 mod spec;
-mod summary;
 
 pub use spec::Spec;
-
-/// The preset name the records carry.
-const PRESET: &str = "read-path";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -77,15 +74,6 @@ pub struct Args {
     pub results: PathBuf,
 }
 
-/// The peers of every round, in the order they run.
-fn peer_ids(old: bool) -> Vec<&'static str> {
-    let mut v = vec!["fraw", "fluks", "fdec", "d", "a"];
-    if old {
-        v.push("o");
-    }
-    v
-}
-
 fn peer_name(id: &str) -> &'static str {
     match id {
         "fraw" => "fio on the raw twin (ceiling)",
@@ -106,17 +94,25 @@ struct Bench<'a> {
     data_offset: u64,
     work: PathBuf,
     storage: String,
-    machine: record::Machine,
-    commit: String,
 }
 
-pub fn run(args: &Args, config: &Config, cryptblk: PathBuf, vu_bench: PathBuf) -> Result<()> {
+pub fn run(
+    args: &Args,
+    config: &Config,
+    cryptblk: PathBuf,
+    vu_bench: PathBuf,
+) -> Result<Vec<Sample>> {
     let size = config::parse_size(&args.size)?;
     if !size.is_multiple_of(65536) {
         bail!("--size must be a multiple of 64 KiB (got {size} bytes)");
     }
-    if args.rounds == 0 || args.queues == 0 || args.runtime <= 0.0 {
-        bail!("--rounds, --queues and --runtime must be positive");
+    if args.queues == 0 || args.runtime <= 0.0 {
+        bail!("--queues and --runtime must be positive");
+    }
+    let mut preset = config.preset("read-path")?.clone();
+    preset.workloads = args.workloads.iter().map(|w| w.name(args.queues)).collect();
+    if args.old.is_none() {
+        preset.peers.retain(|p| p != "o");
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -154,7 +150,7 @@ pub fn run(args: &Args, config: &Config, cryptblk: PathBuf, vu_bench: PathBuf) -
         std::env::temp_dir().join(format!("cryptblk-bench-read-path.{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
     let outcome = data_offset(&cryptblk, &images.path(Image::Luks2)).and_then(|data_offset| {
-        let cx = Bench {
+        let mut cx = Bench {
             args,
             config,
             cryptblk,
@@ -167,71 +163,88 @@ pub fn run(args: &Args, config: &Config, cryptblk: PathBuf, vu_bench: PathBuf) -
                 args.dir.display(),
                 size >> 20
             ),
-            machine: procfs::machine(),
-            commit: procfs::commit(),
         };
-        measure_all(&cx)
+        engine::run("read-path", &preset, args.rounds, &mut cx, &args.results)
     });
     let _ = std::fs::remove_dir_all(&work);
     if !args.keep_images {
         let _ = std::fs::remove_dir_all(&images.dir);
     }
-    let records = outcome?;
-    let names: Vec<String> = args.workloads.iter().map(|w| w.name(args.queues)).collect();
-    print!(
-        "{}",
-        summary::markdown(&records, &names, args.old.is_some())
-    );
-    Ok(())
+    outcome
 }
 
-fn measure_all(cx: &Bench) -> Result<Vec<Record>> {
-    let a = cx.args;
-    eprintln!(
-        "{} round(s) of {} workload(s), {} s per run; results appended to {}",
-        a.rounds,
-        a.workloads.len(),
-        a.runtime,
-        a.results.display()
-    );
-    let mut taken = Vec::new();
-    for round in 1..=a.rounds {
-        for spec in &a.workloads {
-            for peer in peer_ids(a.old.is_some()) {
-                let name = spec.name(a.queues);
-                let rec = measure(cx, round, spec, peer)
-                    .with_context(|| format!("round {round} {name} peer {peer}"))?;
-                let Some(rec) = rec else { continue };
-                eprintln!(
-                    "round {round} {name:<18} {peer:<6} {:>9} IOPS  server CPU/IO {} µs",
-                    rec.iops.map_or("-".into(), |v| format!("{v:.0}")),
-                    rec.server_cpu_us_per_io
-                        .map_or("-".into(), |v| format!("{v:.2}"))
-                );
-                record::append(&a.results, &rec)?;
-                taken.push(rec);
-            }
-        }
+impl Bench<'_> {
+    fn spec(&self, name: &str) -> Result<&Spec> {
+        let q = self.args.queues;
+        self.args
+            .workloads
+            .iter()
+            .find(|w| w.name(q) == name)
+            .context("a workload not given")
     }
-    Ok(taken)
 }
 
-/// One run; None for a peer that does not run this workload (fdec: reads, one queue).
-fn measure(cx: &Bench, round: u32, spec: &Spec, peer: &str) -> Result<Option<Record>> {
+impl Fits for Bench<'_> {
+    fn transports(&self, _: &str) -> Vec<String> {
+        vec!["vhost".into()]
+    }
+
+    /// The encryptor's ceiling runs reads on one queue only.
+    fn fits(&self, peer: &str, _: &str, workload: &str) -> bool {
+        peer != "fdec" || self.args.queues == 1 && self.spec(workload).is_ok_and(|s| s.reads())
+    }
+
+    fn has_ceiling(&self, _: &str) -> bool {
+        true
+    }
+
+    fn transport_of(&self, peer: &str, transport: &str) -> String {
+        if peer.starts_with('f') {
+            "file"
+        } else {
+            transport
+        }
+        .into()
+    }
+}
+
+impl Driver for Bench<'_> {
+    fn storage(&self) -> String {
+        self.storage.clone()
+    }
+
+    fn peer_name(&self, peer: &str) -> String {
+        peer_name(peer).into()
+    }
+
+    fn workload(&self, name: &str) -> WorkloadRecord {
+        let (q, spec) = (self.args.queues, self.spec(name));
+        spec.map_or_else(
+            |_| WorkloadRecord::default(),
+            |s| WorkloadRecord {
+                name: name.into(),
+                rw: s.rw.name().into(),
+                bs: s.bs,
+                depth: s.depth,
+                queues: q,
+            },
+        )
+    }
+
+    fn measure(&mut self, step: &Step) -> Result<Measured> {
+        measure(self, step)
+    }
+}
+
+fn measure(cx: &Bench, step: &Step) -> Result<Measured> {
     let a = cx.args;
+    let spec = cx.spec(&step.workload)?;
     let w = spec.workload(a.queues);
     let raw = cx.images.path(Image::Raw);
     let luks = cx.images.path(Image::Luks2);
-    if peer == "fdec" && !(spec.reads() && a.queues == 1) {
-        return Ok(None);
-    }
     procfs::drop_caches(&[raw.as_path(), luks.as_path()])?;
-    let started = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let load1 = procfs::load1();
     let size = cx.images.size;
-    let m: Measurement = match peer {
+    Ok(match step.peer.as_str() {
         "fraw" => fio::run(
             &cx.work,
             &fio::Target::File {
@@ -265,12 +278,12 @@ fn measure(cx: &Bench, round: u32, spec: &Spec, peer: &str) -> Result<Option<Rec
                 touch: Touch::Decrypt,
             })?;
             let iops = out["iops"].as_f64().context("the ceiling gave no IOPS")?;
-            Measurement {
+            Measured {
                 window_s: a.runtime,
-                iops: Some(iops),
-                mib_s: Some(iops * spec.bs as f64 / (1 << 20) as f64),
-                lat_mean_us: out["lat_avg_us"].as_f64(),
-                ..Measurement::default()
+                metrics: Metrics::default()
+                    .with("iops", Some(iops))
+                    .with("mib_s", Some(iops * spec.bs as f64 / (1 << 20) as f64))
+                    .with("lat_mean_us", out["lat_avg_us"].as_f64()),
             }
         }
         served => {
@@ -303,32 +316,7 @@ fn measure(cx: &Bench, round: u32, spec: &Spec, peer: &str) -> Result<Option<Rec
             server.stop()?;
             m
         }
-    };
-    let transport = if peer.starts_with('f') {
-        "file"
-    } else {
-        "vhost"
-    };
-    Ok(Some(Record {
-        commit: cx.commit.clone(),
-        machine: cx.machine.clone(),
-        preset: PRESET.into(),
-        storage: cx.storage.clone(),
-        round,
-        group: format!("r{round}/{}", spec.name(a.queues)),
-        peer: peer.into(),
-        peer_name: peer_name(peer).into(),
-        transport: transport.into(),
-        ceiling: peer == "fraw",
-        workload: WorkloadRecord {
-            name: spec.name(a.queues),
-            rw: spec.rw.name().into(),
-            bs: spec.bs,
-            depth: spec.depth,
-            queues: a.queues,
-        },
-        ..Record::measured(started, load1, &m)
-    }))
+    })
 }
 
 /// Where the LUKS2 payload starts (`cryptblk dump --json`).
@@ -379,7 +367,10 @@ mod tests {
     fn the_encryptors_ceiling_runs_only_for_reads() {
         assert!(Spec::parse("randread:4096:32").unwrap().reads());
         assert!(!Spec::parse("randwrite:4096:32").unwrap().reads());
-        assert_eq!(peer_ids(false), ["fraw", "fluks", "fdec", "d", "a"]);
-        assert_eq!(peer_ids(true).last(), Some(&"o"));
+        let c = Config::load(None).unwrap();
+        assert_eq!(
+            c.preset("read-path").unwrap().peers,
+            ["fluks", "fdec", "d", "a", "o"]
+        );
     }
 }

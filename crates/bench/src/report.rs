@@ -1,36 +1,50 @@
-//! Markdown tables rendered from the records, and the per-row comparison of two result files.
-use crate::record::Record;
-use crate::stats::{median, Ratio, Row};
+//! The one report, for every experiment: per experiment and transport, the main metric of
+//! each arm with its ratio to the ceiling, the experiment's figures (per-round ratios), every
+//! metric of every arm; the targets table; and the per-row comparison of two result files.
+use crate::config::Config;
+use crate::metric::{self, ADDED_LATENCY};
+use crate::sample::Sample;
+use crate::summary::{self, median, Row, Spread, Verdict};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-fn opt(v: Option<f64>, digits: usize) -> String {
-    v.map_or_else(|| "n/a".to_string(), |x| format!("{x:.digits$}"))
-}
-
-fn ratio(r: Option<Ratio>) -> String {
-    r.map_or_else(
-        || "n/a".to_string(),
-        |r| format!("{:.2}, worst {:.2}", r.median, r.worst),
-    )
-}
-
-/// Tables per preset and transport: IOPS with each peer's ratio to the ceiling, the chosen
-/// pairs' ratios, then latency and CPU per peer.
-pub fn markdown(records: &[Record], rows: &[Row]) -> String {
-    let mut out = String::new();
-    let mut presets: Vec<&str> = Vec::new();
-    for r in rows {
-        if !presets.contains(&r.preset.as_str()) {
-            presets.push(&r.preset);
+fn distinct<'a>(items: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    for i in items {
+        if !out.contains(&i) {
+            out.push(i);
         }
     }
-    for preset in presets {
-        let mine: Vec<&Record> = records.iter().filter(|r| r.preset == preset).collect();
+    out
+}
+
+/// The metrics an experiment's tables show (the table's, else the matrix's).
+fn metrics_of(config: &Config, preset: &str) -> Vec<String> {
+    config
+        .presets
+        .get(preset)
+        .map_or_else(metric::matrix, |p| p.metrics.clone())
+}
+
+/// The first of `metrics` that the row's runs carry: what its main table shows.
+fn main_metric<'a>(row: &Row, metrics: &'a [String]) -> Option<&'a str> {
+    metrics
+        .iter()
+        .map(String::as_str)
+        .find(|m| *m != ADDED_LATENCY && row.runs().any(|r| r.get(m).is_some()))
+}
+
+pub fn markdown(config: &Config, samples: &[Sample]) -> String {
+    let rows = summary::rows(samples, true);
+    let mut out = String::new();
+    for preset in distinct(rows.iter().map(|(_, r)| r.preset)) {
+        let mine: Vec<&Sample> = samples.iter().filter(|r| r.preset == preset).collect();
         let first = mine[0];
         let rounds = mine.iter().map(|r| r.round).max().unwrap_or(0);
         let commits = distinct(mine.iter().map(|r| r.commit.as_str()));
         let loads: Vec<f64> = mine.iter().map(|r| r.load1).collect();
+        let metrics = metrics_of(config, preset);
+        let figures = summary::figures(config, samples, preset);
         let _ = writeln!(out, "## Preset `{preset}`\n");
         let _ = writeln!(
             out,
@@ -43,70 +57,73 @@ pub fn markdown(records: &[Record], rows: &[Row]) -> String {
             commits.join(", "),
             rounds,
             median(&mine.iter().map(|r| r.window_s).collect::<Vec<_>>()).unwrap_or(0.0),
-            opt(median(&loads), 2),
-            opt(loads.iter().copied().reduce(f64::max), 2)
+            metric::show("", median(&loads)),
+            metric::show("", loads.iter().copied().filter(|l| l.is_finite()).reduce(f64::max))
         );
         let _ = writeln!(
             out,
-            "- IOPS are medians over rounds; ratios are medians of per-round ratios, each against \
-             the ceiling (fio on the image) measured next to the run, with the worst round.\n"
+            "- Figures are medians over rounds; ratios are medians of per-round ratios, each \
+             against the ceiling or the arm measured next to the run, with the worst round.\n"
         );
-        let transports = distinct(
-            rows.iter()
-                .filter(|r| r.preset == preset)
-                .map(|r| r.transport.as_str()),
-        );
-        for t in transports {
-            let trows: Vec<&Row> = rows
+        let mine_rows: Vec<&Row> = rows
+            .iter()
+            .map(|(_, r)| r)
+            .filter(|r| r.preset == preset)
+            .collect();
+        for t in distinct(mine_rows.iter().map(|r| r.transport)) {
+            let trows: Vec<&Row> = mine_rows
                 .iter()
-                .filter(|r| r.preset == preset && r.transport == t)
+                .copied()
+                .filter(|r| r.transport == t)
                 .collect();
-            table_iops(&mut out, t, &trows);
-            table_pairs(&mut out, &trows);
-            table_detail(&mut out, &trows);
+            table_main(&mut out, t, &trows, &metrics);
+            table_figures(&mut out, &trows, &figures);
+            table_detail(&mut out, &trows, &metrics);
         }
     }
     out
 }
 
-fn distinct<'a>(items: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
-    let mut out = Vec::new();
-    for i in items {
-        if !out.contains(&i) {
-            out.push(i);
-        }
-    }
-    out
-}
-
-fn table_iops(out: &mut String, transport: &str, rows: &[&Row]) {
-    let io: Vec<&&Row> = rows.iter().filter(|r| r.ceiling_iops.is_some()).collect();
-    if io.is_empty() {
-        return;
-    }
-    let peers = distinct(
-        io.iter()
-            .flat_map(|r| r.peers.iter().map(|p| p.peer.as_str())),
-    );
-    let names: BTreeMap<&str, &str> = io
+/// Workloads x arms: the main metric's median and its ratio to the ceiling (rows that had a
+/// ceiling).
+fn table_main(out: &mut String, transport: &str, rows: &[&Row], metrics: &[String]) {
+    let with: Vec<(&Row, &str)> = rows
         .iter()
-        .flat_map(|r| r.peers.iter().map(|p| (p.peer.as_str(), p.name.as_str())))
+        .filter_map(|r| Some((*r, main_metric(r, metrics)?)))
+        .filter(|(r, m)| r.median(None, m).is_some())
         .collect();
-    let _ = writeln!(out, "### {transport}: IOPS, ratio to the ceiling\n");
+    let Some((_, main)) = with.first().copied() else {
+        return;
+    };
+    let arms = distinct(with.iter().flat_map(|(r, _)| r.arms.iter().map(|a| a.0)));
+    let names: BTreeMap<&str, &str> = with
+        .iter()
+        .flat_map(|(r, _)| r.arms.iter().copied())
+        .collect();
+    let _ = writeln!(
+        out,
+        "### {transport}: {}, ratio to the ceiling\n",
+        metric::label(main)
+    );
     let mut head = "| workload | ceiling |".to_string();
     let mut rule = "|---|---:|".to_string();
-    for p in &peers {
-        let _ = write!(head, " ({p}) {} |", names[p]);
+    for a in &arms {
+        let _ = write!(head, " ({a}) {} |", names[a]);
         rule.push_str("---:|");
     }
     let _ = writeln!(out, "{head}\n{rule}");
-    for r in io {
-        let mut line = format!("| {} | {} |", r.workload.name, opt(r.ceiling_iops, 0));
-        for p in &peers {
-            let cell = r.peers.iter().find(|f| f.peer == *p).map_or_else(
-                || "-".to_string(),
-                |f| format!("{} ({})", opt(f.iops, 0), ratio(f.to_ceiling)),
-            );
+    for (r, m) in with {
+        let mut line = format!("| {} | {} |", r.name(), metric::show(m, r.median(None, m)));
+        for a in &arms {
+            let cell = if r.arms.iter().any(|(id, _)| id == a) {
+                format!(
+                    "{} ({})",
+                    metric::show(m, r.median(Some(a), m)),
+                    Spread::show(r.to_ceiling(a, m))
+                )
+            } else {
+                "-".to_string()
+            };
             let _ = write!(line, " {cell} |");
         }
         let _ = writeln!(out, "{line}");
@@ -114,150 +131,190 @@ fn table_iops(out: &mut String, transport: &str, rows: &[&Row]) {
     let _ = writeln!(out);
 }
 
-fn table_pairs(out: &mut String, rows: &[&Row]) {
-    let Some(first) = rows.iter().find(|r| !r.pairs.is_empty()) else {
+/// Workloads x the experiment's figures (the rows and columns that have a value).
+fn table_figures(out: &mut String, rows: &[&Row], figures: &[crate::config::Figure]) {
+    let cells: Vec<Vec<Option<Spread>>> = rows
+        .iter()
+        .map(|r| figures.iter().map(|f| r.spread(f)).collect())
+        .collect();
+    let columns: Vec<usize> = (0..figures.len())
+        .filter(|&i| cells.iter().any(|c| c[i].is_some()))
+        .collect();
+    if columns.is_empty() {
         return;
-    };
+    }
     let mut head = "| workload |".to_string();
     let mut rule = "|---|".to_string();
-    for (x, y, _) in &first.pairs {
-        let _ = write!(head, " {x}/{y} |");
+    for &i in &columns {
+        let _ = write!(head, " {} |", rows[0].resolve(&figures[i]).label());
         rule.push_str("---:|");
     }
     let _ = writeln!(out, "{head}\n{rule}");
-    for r in rows.iter().filter(|r| r.ceiling_iops.is_some()) {
-        let mut line = format!("| {} |", r.workload.name);
-        for (_, _, q) in &r.pairs {
-            let _ = write!(line, " {} |", ratio(*q));
+    for (r, c) in rows.iter().zip(&cells) {
+        if c.iter().all(Option::is_none) {
+            continue;
+        }
+        let mut line = format!("| {} |", r.name());
+        for &i in &columns {
+            let _ = write!(line, " {} |", Spread::show(c[i]));
         }
         let _ = writeln!(out, "{line}");
     }
     let _ = writeln!(out);
 }
 
-fn table_detail(out: &mut String, rows: &[&Row]) {
-    let _ = writeln!(
-        out,
-        "| workload | peer | IOPS | MiB/s | lat mean µs | added to ceiling's | p50 | p99 | p99.9 | server CPU % | server µs/IO | client CPU % | server RSS MiB |"
-    );
-    let _ = writeln!(
-        out,
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    );
+/// Workload and arm x every metric of the experiment.
+fn table_detail(out: &mut String, rows: &[&Row], metrics: &[String]) {
+    let shown: Vec<&str> = metrics.iter().map(String::as_str).collect();
+    let mut head = "| workload | peer |".to_string();
+    let mut rule = "|---|---|".to_string();
+    for m in &shown {
+        let _ = write!(head, " {} |", metric::label(m));
+        rule.push_str("---:|");
+    }
+    let _ = writeln!(out, "{head}\n{rule}");
     for r in rows {
-        for p in &r.peers {
-            let _ = writeln!(
-                out,
-                "| {} | ({}) {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                r.workload.name,
-                p.peer,
-                p.name,
-                opt(p.iops, 0),
-                opt(p.mib_s, 1),
-                opt(p.lat_mean_us, 1),
-                opt(p.added_lat_us, 1),
-                opt(p.lat_p50_us, 1),
-                opt(p.lat_p99_us, 1),
-                opt(p.lat_p999_us, 1),
-                opt(p.server_cpu_pct, 1),
-                opt(p.server_cpu_us_per_io, 2),
-                opt(p.client_cpu_pct, 1),
-                opt(p.server_rss_kib.map(|k| k / 1024.0), 0),
-            );
+        for (a, name) in &r.arms {
+            let mut line = format!("| {} | ({a}) {name} |", r.name());
+            for m in &shown {
+                let _ = write!(line, " {} |", metric::show(m, r.median(Some(a), m)));
+            }
+            let _ = writeln!(out, "{line}");
         }
     }
     let _ = writeln!(out);
 }
 
-/// A row of a comparison: (preset, transport, workload, peer).
-type RowKey = (String, String, String, String);
-/// Median IOPS, server µs per I/O, ratio to the ceiling.
-type RowFigures = (Option<f64>, Option<f64>, Option<f64>);
+/// The verdicts as a markdown table; a missed target says by how much.
+pub fn targets(verdicts: &[Verdict]) -> String {
+    let mut out = String::from(
+        "| target | row | median (worst round) | limit | verdict |\n|---|---|---|---|---|\n",
+    );
+    let repeated = |v: &Verdict| {
+        verdicts
+            .iter()
+            .filter(|o| {
+                (&o.target, &o.preset, &o.transport, &o.workload)
+                    == (&v.target, &v.preset, &v.transport, &v.workload)
+            })
+            .count()
+            > 1
+    };
+    for v in verdicts {
+        let run = if repeated(v) {
+            format!("run {}, ", v.run)
+        } else {
+            String::new()
+        };
+        let verdict = match v.missed_by {
+            None => "met".to_string(),
+            // Two decimals would print a near miss as "by 0.00".
+            Some(by) if by < 0.001 => "**missed** by less than 0.001".to_string(),
+            Some(by) if by < 0.01 => format!("**missed** by {by:.3}"),
+            Some(by) => format!("**missed** by {by:.2}"),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} {} {} ({run}{} rounds) | {:.2} ({:.2}) | {} | {} |",
+            v.target,
+            v.preset,
+            v.transport,
+            v.workload,
+            v.rounds,
+            v.median,
+            v.worst,
+            v.limit,
+            verdict
+        );
+    }
+    if verdicts.is_empty() {
+        out.push_str("| (no row of these files is one a target names) | | | | |\n");
+    }
+    out
+}
 
-fn index(rows: &[Row]) -> BTreeMap<RowKey, RowFigures> {
-    let mut m = BTreeMap::new();
-    for r in rows {
-        let key = |p: &str| {
+/// A row of a comparison: (preset, transport, workload, arm) -> (main metric, server µs per
+/// I/O, ratio to the ceiling).
+type Index = BTreeMap<(String, String, String, String), [Option<f64>; 3]>;
+
+fn index(config: &Config, samples: &[Sample]) -> Index {
+    let mut m = Index::new();
+    for (_, r) in summary::rows(samples, false) {
+        let metrics = metrics_of(config, r.preset);
+        let Some(main) = main_metric(&r, &metrics) else {
+            continue;
+        };
+        let key = |a: &str| {
             (
-                r.preset.clone(),
-                r.transport.clone(),
+                r.preset.to_string(),
+                r.transport.to_string(),
                 r.workload.name.clone(),
-                p.to_string(),
+                a.to_string(),
             )
         };
-        if r.ceiling_iops.is_some() {
-            m.insert(key("ceiling"), (r.ceiling_iops, None, Some(1.0)));
+        if let Some(c) = r.median(None, main) {
+            m.insert(key("ceiling"), [Some(c), None, Some(1.0)]);
         }
-        for p in &r.peers {
+        for (a, _) in &r.arms {
             m.insert(
-                key(&p.peer),
-                (
-                    p.iops,
-                    p.server_cpu_us_per_io,
-                    p.to_ceiling.map(|q| q.median),
-                ),
+                key(a),
+                [
+                    r.median(Some(a), main),
+                    r.median(Some(a), "server_cpu_us_per_io"),
+                    r.to_ceiling(a, main).map(|q| q.median),
+                ],
             );
         }
     }
     m
 }
 
-/// New over old, row by row (preset, transport, workload, peer; the ceiling too): median IOPS,
-/// server µs per I/O, and the ratio to the ceiling, which cancels a machine that got faster.
-pub fn compare(old: &[Row], new: &[Row]) -> String {
-    type Key<'a> = (&'a str, &'a str, &'a str, &'a str);
-    let (o, n) = (index(old), index(new));
+/// New over old, row by row (preset, transport, workload, arm; the ceiling too): the main
+/// metric, server µs per I/O, and the ratio to the ceiling, which cancels a machine that got
+/// faster.
+pub fn compare(config: &Config, old: &[Sample], new: &[Sample]) -> String {
+    let (o, n) = (index(config, old), index(config, new));
     let mut out = String::from(
-        "| preset | transport | workload | peer | IOPS old | IOPS new | new/old | µs/IO old | µs/IO new | new/old | to ceiling old | new |\n\
+        "| preset | transport | workload | peer | old | new | new/old | µs/IO old | µs/IO new | new/old | to ceiling old | new |\n\
          |---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let quotient = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => format!("{:.3}", a / b),
         _ => "n/a".to_string(),
     };
-    let mut unmatched: Vec<Key> = Vec::new();
-    for (key, (ni, nc, nr)) in &n {
-        let Some((oi, oc, or)) = o.get(key) else {
-            unmatched.push((&key.0, &key.1, &key.2, &key.3));
+    let show = |v: Option<f64>, d: usize| v.map_or("n/a".into(), |v| format!("{v:.d$}"));
+    let mut notes = String::new();
+    for (key, [ni, nc, nr]) in &n {
+        let (p, t, w, a) = key;
+        let Some([oi, oc, or]) = o.get(key) else {
+            let _ = writeln!(notes, "\nOnly in the new results: {p} {t} {w} {a}");
             continue;
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            key.0,
-            key.1,
-            key.2,
-            key.3,
-            opt(*oi, 0),
-            opt(*ni, 0),
+            "| {p} | {t} | {w} | {a} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            show(*oi, 0),
+            show(*ni, 0),
             quotient(*ni, *oi),
-            opt(*oc, 2),
-            opt(*nc, 2),
+            show(*oc, 2),
+            show(*nc, 2),
             quotient(*nc, *oc),
-            opt(*or, 2),
-            opt(*nr, 2),
+            show(*or, 2),
+            show(*nr, 2),
         );
     }
-    for (p, t, w, peer) in unmatched {
-        let _ = writeln!(out, "\nOnly in the new results: {p} {t} {w} {peer}");
+    for (p, t, w, a) in o.keys().filter(|k| !n.contains_key(*k)) {
+        let _ = writeln!(notes, "\nOnly in the old results: {p} {t} {w} {a}");
     }
-    for key in o.keys().filter(|k| !n.contains_key(*k)) {
-        let _ = writeln!(
-            out,
-            "\nOnly in the old results: {} {} {} {}",
-            key.0, key.1, key.2, key.3
-        );
-    }
-    out
+    out + &notes
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::tests::sample;
-    use crate::stats::summarize;
+    use crate::sample::tests::sample;
 
-    fn two_rounds(scale: f64) -> Vec<Record> {
+    fn two_rounds(scale: f64) -> Vec<Sample> {
         let mut v = Vec::new();
         for (round, a) in [(1, 80.0), (2, 60.0)] {
             let g = format!("r{round}/vhost/rr4k");
@@ -271,10 +328,10 @@ mod tests {
 
     #[test]
     fn the_report_shows_medians_ratios_worst_rounds_and_cpu_per_io() {
-        let recs = two_rounds(1.0);
-        let rows = summarize(&recs, &|_| vec![("a".into(), "d".into())]);
-        let md = markdown(&recs, &rows);
+        let config = Config::load(None).unwrap();
+        let md = markdown(&config, &two_rounds(1.0));
         assert!(md.contains("## Preset `demo`"), "{md}");
+        assert!(md.contains("### vhost: IOPS, ratio to the ceiling"), "{md}");
         assert!(
             md.contains("| workload | ceiling | (a) peer a | (d) peer d |"),
             "{md}"
@@ -284,6 +341,7 @@ mod tests {
             md.contains("| rr4k | 100 | 70 (0.70, worst 0.60) | 90 (0.90, worst 0.90) |"),
             "{md}"
         );
+        // The demo preset's own figure a/d.
         assert!(md.contains("| a/d |"), "{md}");
         assert!(md.contains("| rr4k | 0.78, worst 0.67 |"), "{md}");
         // 50 % CPU at 80 and 60 IOPS: 6,250 and 8,333 µs per I/O, median 7,292.
@@ -296,11 +354,39 @@ mod tests {
     }
 
     #[test]
+    fn an_experiment_without_a_ceiling_shows_its_own_metrics_and_figures() {
+        let config = Config::load(None).unwrap();
+        let mut samples = Vec::new();
+        for (round, idle, loaded) in [(1, 20.0, 300.0), (2, 40.0, 700.0)] {
+            for (arm, ms) in [("idle", idle), ("loaded", loaded)] {
+                let mut s = sample(&format!("r{round}/handoff"), arm, "nbd", 0.0);
+                s.preset = "handoff".into();
+                s.metrics = crate::sample::Metrics::default().with("downtime_ms", Some(ms));
+                samples.push(s);
+            }
+        }
+        let md = markdown(&config, &samples);
+        assert!(!md.contains("ratio to the ceiling"), "{md}");
+        assert!(md.contains("| workload | peer | downtime ms |"), "{md}");
+        assert!(
+            md.contains("| handoff | (loaded) peer loaded | 500.0 |"),
+            "{md}"
+        );
+        let v = summary::verdicts(&samples, &config.targets);
+        let loaded = v.iter().find(|v| v.target.contains("loaded")).unwrap();
+        // The median 500 would pass; the worst hand-off (700 ms) does not.
+        assert!(!loaded.met, "{loaded:?}");
+        let table = targets(&v);
+        assert!(
+            table.contains("| 500.00 (700.00) | <= 500 (every round) | **missed** by 200.00 |"),
+            "{table}"
+        );
+    }
+
+    #[test]
     fn compare_prints_new_over_old_per_row() {
-        let old = two_rounds(1.0);
-        let new = two_rounds(1.1);
-        let pairs = |_: &str| vec![];
-        let table = compare(&summarize(&old, &pairs), &summarize(&new, &pairs));
+        let config = Config::load(None).unwrap();
+        let table = compare(&config, &two_rounds(1.0), &two_rounds(1.1));
         // a: 70 -> 77 IOPS: 1.100; d unchanged.
         assert!(
             table.contains("| demo | vhost | rr4k | a | 70 | 77 | 1.100 |"),
@@ -315,5 +401,66 @@ mod tests {
             "{table}"
         );
         assert!(!table.contains("Only in"), "{table}");
+    }
+}
+
+#[cfg(test)]
+mod committed {
+    use super::*;
+    use std::path::Path;
+
+    /// Every results file kept in the repository, whichever harness wrote it, reads as
+    /// samples that the report renders and the targets check.
+    #[test]
+    fn every_committed_results_file_is_read_reported_and_checked() {
+        let config = Config::load(None).unwrap();
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+            .collect();
+        files.sort();
+        assert!(files.len() >= 17, "{files:?}");
+        let mut all = Vec::new();
+        for f in &files {
+            let samples = crate::sample::load(f).unwrap();
+            let lines = std::fs::read_to_string(f).unwrap().lines().count();
+            assert_eq!(samples.len(), lines, "{}", f.display());
+            let md = markdown(&config, &samples);
+            for s in &samples {
+                assert!(
+                    md.contains(&format!("## Preset `{}`", s.preset)),
+                    "{}",
+                    f.display()
+                );
+            }
+            assert!(md.contains("| workload | peer |"), "{}: {md}", f.display());
+            all.extend(samples);
+        }
+        let v = summary::verdicts(&all, &config.targets);
+        for preset in [
+            "disk",
+            "latency",
+            "rbd",
+            "spdk",
+            "engines",
+            "engines-disk",
+            "reencrypt",
+            "encrypt-online",
+        ] {
+            assert!(
+                v.iter().any(|v| v.preset == preset),
+                "no verdict for {preset}"
+            );
+        }
+        // The reencryption records of 2026-11-26 (written before the engine): three runs,
+        // cryptsetup's time over cryptblk's as docs/performance.md quotes them.
+        let offline: Vec<String> = v
+            .iter()
+            .filter(|v| v.preset == "reencrypt" && v.target.contains("cryptsetup"))
+            .map(|v| format!("{:.2} ({:.2})", v.median, v.worst))
+            .collect();
+        assert_eq!(offline, ["0.59 (0.58)", "0.95 (0.76)", "1.72 (1.63)"]);
     }
 }

@@ -77,6 +77,10 @@ pub enum Command {
     /// (same volume key, payload and passphrases; no passphrase needed).
     #[command(after_help = crate::help::CONVERT_HEADER)]
     ConvertHeader(ConvertHeaderArgs),
+    /// Back up an image's own bytes (ciphertext and LUKS header, no key) from an NBD export
+    /// into a chain of full and incremental entries; restore any checkpoint; verify a chain.
+    #[command(subcommand)]
+    Backup(BackupCommand),
     /// Measure sector-crypto throughput of every engine on this CPU.
     Bench(BenchArgs),
     /// Run the built-in example: make a sample disk, encrypt it into LUKS2, decrypt and verify,
@@ -95,6 +99,63 @@ pub enum Command {
     /// Write the man pages: cryptblk(1) and one per command (cryptblk-serve(1), ...); without
     /// --dir, cryptblk(1) on stdout.
     Man(ManArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BackupCommand {
+    /// Pull one entry into the chain in DIR: a full backup (the export's allocated extents) or,
+    /// with --incremental, the extents a dirty bitmap reports changed since the chain's last
+    /// checkpoint. Resumable: after an interruption the same command continues.
+    #[command(after_help = crate::help::BACKUP_PULL)]
+    Pull(BackupPullArgs),
+    /// Rebuild the image as of a checkpoint of the chain (default: the last), sparse, into a
+    /// new file. It opens with the source's passphrase.
+    Restore(BackupRestoreArgs),
+    /// Check every entry's checksums and the chain's continuity; names the damaged entries.
+    Verify(BackupVerifyArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BackupPullArgs {
+    /// Pull only what the dirty bitmap reports changed since the chain's last checkpoint.
+    #[arg(long)]
+    pub incremental: bool,
+    /// The dirty bitmap an incremental reads (`qemu:dirty-bitmap:NAME`); default: the name of
+    /// the chain's last checkpoint. It must record every change since that checkpoint.
+    #[arg(long, value_name = "NAME", requires = "incremental")]
+    pub bitmap: Option<String>,
+    /// The new entry's checkpoint name (default: the time, YYYYMMDDTHHMMSSZ in UTC).
+    #[arg(long, value_name = "NAME")]
+    pub checkpoint: Option<String>,
+    /// Show progress: -p for a bar, --progress=json for JSON lines.
+    #[arg(short = 'p', long = "progress", value_enum, num_args = 0..=1, require_equals = true,
+          default_missing_value = "bar", value_name = "MODE")]
+    pub progress: Option<ProgressMode>,
+    /// The export: nbd+unix:///EXPORT?socket=PATH or nbd://HOST:PORT/EXPORT (PORT 10809 when left out).
+    pub uri: String,
+    /// The chain's directory (created if missing).
+    pub dir: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct BackupRestoreArgs {
+    /// The checkpoint to restore (default: the chain's last).
+    #[arg(long, value_name = "NAME")]
+    pub checkpoint: Option<String>,
+    /// Show progress: -p for a bar, --progress=json for JSON lines.
+    #[arg(short = 'p', long = "progress", value_enum, num_args = 0..=1, require_equals = true,
+          default_missing_value = "bar", value_name = "MODE")]
+    pub progress: Option<ProgressMode>,
+    /// The chain's directory.
+    pub dir: PathBuf,
+    /// The image to write (must not exist).
+    pub image: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct BackupVerifyArgs {
+    /// The chain's directory.
+    pub dir: PathBuf,
 }
 
 #[derive(Args, Debug)]

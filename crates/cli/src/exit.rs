@@ -2,6 +2,7 @@
 //! a wrong passphrase from a damaged image without parsing messages. They come from the
 //! failure's kind (the same kinds the daemon answers with on its control socket), never from
 //! its text.
+use cryptblk_backup::ErrorKind as BackupKind;
 use cryptblk_control::api::ErrorKind;
 use cryptblk_control::ClientError;
 
@@ -57,6 +58,15 @@ pub fn code_for(err: &anyhow::Error) -> i32 {
         }
         if let Some(ClientError::Rpc(e)) = cause.downcast_ref::<ClientError>() {
             return status(ErrorKind::from_code(e.code));
+        }
+        if let Some(e) = cause.downcast_ref::<cryptblk_backup::Error>() {
+            return match e.kind() {
+                BackupKind::Usage => USAGE,
+                BackupKind::Damaged => DAMAGED,
+                BackupKind::Unsupported => UNSUPPORTED,
+                BackupKind::Io => IO,
+                BackupKind::Other => OTHER,
+            };
         }
         if let Some(kind) = cryptblk_daemon::error::own_kind(cause) {
             return status(kind);

@@ -131,3 +131,16 @@ resolved against the directory of the config file. Every disk is opened and unlo
 before any socket is bound: one missing image or wrong key fails the whole start (the
 message names the disk) and no socket is created. SIGTERM or SIGINT stops and flushes
 every disk, then exits 0.";
+
+/// `cryptblk backup pull --help`: what a pull copies and how it survives an interruption.
+pub const BACKUP_PULL: &str = "\
+The export is of the image file itself (ciphertext and LUKS header): the chain never holds a
+key or plaintext, and the command takes none. A full pull copies what base:allocation reports
+allocated; an incremental what qemu:dirty-bitmap:NAME reports dirty. Data that reads as zeroes
+is recorded, not stored. The export must be a point-in-time view (a backup export, or an image
+nobody writes) for the entry to be consistent.
+
+The entry is written to pull.*.partial files, made durable every 256 MiB; the manifest is
+replaced last. SIGINT/SIGTERM stop durably, and the same command continues from there (a
+different pull discards the partial entry, with a note). Exit status 4 means the chain in DIR
+is damaged.";

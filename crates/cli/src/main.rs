@@ -41,6 +41,7 @@ fn main() {
         Command::Reencrypt(ref a) => cmd::reencrypt::run(&cli, a),
         Command::Resize(ref a) => cmd::resize::run(a),
         Command::ConvertHeader(ref a) => cmd::convert_header::run(a),
+        Command::Backup(ref a) => cmd::backup::run(a),
         Command::Bench(ref a) => cmd::bench::run(&cli, a),
         Command::Demo(ref a) => cmd::demo::run(&cli, a),
         Command::Serve(ref a) => cmd::serve::run(&cli, a),

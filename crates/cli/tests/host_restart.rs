@@ -142,6 +142,12 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 #[test]
 fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
+    if !kernel_keyring_available() {
+        cryptblk_testutil::skip(
+            "the kernel keyring is not available here (the key cache needs it)",
+        );
+        return;
+    }
     let host = Host::new();
 
     // A cold start: nothing cached, every key derived; disks serve as they are unlocked.
@@ -157,8 +163,9 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
         median(cold.clone())
     );
     // Within 3 s (a default keyslot's KDF takes about 2 s), or, on a machine so busy that the
-    // KDF itself took longer, within a second of the fastest disk's own unlock: the first disk
-    // never waits for the others.
+    // KDF itself took longer, within two seconds of the fastest disk's own unlock (the start
+    // of a debug build and the client's connection took 1.3 s at a load average of 30): the
+    // first disk never waits for the others, whose unlocks take tens of seconds.
     let fastest_unlock = daemon
         .log()
         .lines()
@@ -174,7 +181,7 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
         .min()
         .expect("the daemon logs how long each disk took to open");
     assert!(
-        earliest < Duration::from_secs(3).max(fastest_unlock + Duration::from_secs(1)),
+        earliest < Duration::from_secs(3).max(fastest_unlock + Duration::from_secs(2)),
         "the first disk served after {earliest:?} (the fastest unlock took {fastest_unlock:?})"
     );
     // Disks come as they are unlocked, a few at a time: the last long after the first.

@@ -142,6 +142,15 @@ fn two_daemon_migration(postcopy: bool, tls: bool) {
             st["incoming"]["missing-blocks"].as_u64().unwrap() > 0,
             "postcopy should begin with blocks missing: {st:#}"
         );
+        // The destination serves the disk once it has unlocked the received header (a key
+        // derivation, slower than the switch on a loaded machine).
+        dst.wait_ctl(&["disk-list"], "the received disk", BOUND, |list| {
+            list["disks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|d| d["name"] == "vol" && d["state"] != "adding")
+        });
         // The destination serves at once: reads of what the source wrote (fetched on demand),
         // and new writes, partial sectors included.
         dst.qemu_io(

@@ -162,9 +162,12 @@ fn memory_budget(value: &toml::Value) -> Result<u64, String> {
         toml::Value::String(text) => crate::size::parse_size(text),
         _ => Err("not a size".to_string()),
     };
-    bytes
-        .and_then(|b| crate::memory::budget(Some(b)).map(|budget| budget.bytes))
-        .map_err(|e| format!("memory-budget: {e} (give bytes, or a string such as \"256M\")"))
+    // The format hint only where the format was the problem: a size below the least says so.
+    let bytes = bytes
+        .map_err(|e| format!("memory-budget: {e} (give bytes, or a string such as \"256M\")"))?;
+    crate::memory::budget(Some(bytes))
+        .map(|budget| budget.bytes)
+        .map_err(|e| format!("memory-budget: {e}"))
 }
 
 fn parse_disks(table: &toml::Table, base: &Path) -> Result<Vec<DiskConfig>, String> {
@@ -370,8 +373,13 @@ aio = "threads"
             e.contains("memory-budget") && e.contains("at least 64 MiB"),
             "{e}"
         );
+        assert!(
+            !e.contains("give bytes"),
+            "a well-formed size is not told its format: {e}"
+        );
         let e = file("memory-budget = \"lots\"").unwrap_err().0;
         assert!(e.contains("memory-budget") && e.contains("lots"), "{e}");
+        assert!(e.contains("give bytes"), "{e}");
         let e = file("memory-budget = true").unwrap_err().0;
         assert!(e.contains("memory-budget: not a size"), "{e}");
         assert_eq!(file("memory-budget = \"1G\"").unwrap().disks.len(), 1);

@@ -1,12 +1,10 @@
-//! Benchmark (not a test): on-demand read latency on the destination during postcopy, the disk
-//! version of the table in QEMU's postcopy-preempt series, plus total time and downtime of a
-//! precopy migration of a larger disk.
+//! The measuring child of `cryptblk-bench migrate` (crates/bench/src/migrate.rs, preset
+//! `migrate`): on-demand read latency on the destination during postcopy, the disk version of
+//! the table in QEMU's postcopy-preempt series, plus total time and downtime of a precopy
+//! migration of a larger disk. The harness runs the configurations, rounds and tables:
 //!
 //! ```text
-//! cargo run --release -p cryptblk-migration --example postcopy_latency -- \
-//!     [--size BYTES] [--duration-secs N] [--interval-ms N] [--big-size BYTES] \
-//!     [--big-max-bandwidth BYTES_PER_SEC|none] [--skip-big] [--dir DIR] [--json] \
-//!     [--json-file PATH]
+//! cargo run --release -p cryptblk-bench -- migrate [--size 2G] [--chunks 64K,2M,64M] [--modes a,b,c] ...
 //! ```
 //!
 //! Latency part, for bulk chunk sizes 64 KiB, 2 MiB and 64 MiB and three modes:
@@ -16,9 +14,8 @@
 //!   bulk chunks;
 //! - (c) full preempt: urgent answers between the slices (16 KiB) of a bulk chunk.
 //!
-//! Each configuration runs in a child process of this example (the example re-executes itself),
-//! so that the migration threads left behind when the measurement stops die with it
-//! (`cryptblk-bench migrate` runs the children itself, one per configuration and round:
+//! Each configuration runs in a process of its own, so that the migration threads left behind
+//! when the measurement stops die with it (one per configuration and round:
 //! `CRYPTBLK_POSTCOPY_LATENCY_CHILD=source` writes the source image, `latency` and `big` print
 //! a `RESULT key=value ...` line that crates/bench/src/migrate.rs parses). The child
 //! migrates a raw image of `--size` bytes (non-zero data, so every chunk travels as data) over
@@ -34,13 +31,10 @@
 //! total time, downtime (`SourceStatus.downtime`: fence to destination complete), bytes sent
 //! and passes.
 //!
-//! Images go to `--dir` (default: the temp directory). Avoid tmpfs (/dev/shm): there
+//! Images go to `--workdir` (the harness's `--dir`). Avoid tmpfs (/dev/shm): there
 //! lseek(SEEK_HOLE) costs about 10 ms per GiB after the offset, paid by the sender once per
 //! bulk chunk (`RawFile::block_status`), which throttles the bulk stream and delays urgent
 //! answers. On a disk filesystem the images still live in the page cache.
-//!
-//! With `--json`, one JSON object per configuration goes to stdout (the table to stderr);
-//! `--json-file PATH` writes them to PATH instead and keeps the table on stdout.
 
 use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
 use cryptblk_migration::{
@@ -48,10 +42,7 @@ use cryptblk_migration::{
 };
 use cryptblk_volume::DirtyTracker;
 use rand::{Rng, SeedableRng};
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,12 +52,6 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 const CHILD_ENV: &str = "CRYPTBLK_POSTCOPY_LATENCY_CHILD";
 const LINK: u64 = 125_000_000;
 const BLOCK: u64 = 4096;
-const CHUNKS: [usize; 3] = [64 << 10, 2 << 20, 64 << 20];
-const MODES: [(&str, &str); 3] = [
-    ("a", "postcopy, no preempt"),
-    ("b", "preempt, no chunk break"),
-    ("c", "preempt + chunk break"),
-];
 
 struct Args {
     size: u64,
@@ -74,16 +59,11 @@ struct Args {
     interval: Duration,
     big_size: u64,
     big_bandwidth: Option<u64>,
-    skip_big: bool,
-    json: bool,
-    json_file: Option<PathBuf>,
     /// Child only: what to run.
     chunk: usize,
     mode: String,
     source: Option<PathBuf>,
     workdir: Option<PathBuf>,
-    /// Where the images go (default: the temp directory).
-    dir: Option<PathBuf>,
     /// How the 1 Gbit/s link is modelled: "pacer" (the sender's --max-bandwidth) or "proxy"
     /// (a shaping proxy between the daemons; socket buffers fill as on a real link).
     link: String,
@@ -107,14 +87,10 @@ fn parse_args() -> Res<Args> {
         interval: Duration::from_millis(5),
         big_size: 4 << 30,
         big_bandwidth: Some(LINK),
-        skip_big: false,
-        json: false,
-        json_file: None,
         chunk: 2 << 20,
         mode: "c".into(),
         source: None,
         workdir: None,
-        dir: None,
         link: "pacer".into(),
     };
     let mut it = std::env::args().skip(1);
@@ -129,14 +105,10 @@ fn parse_args() -> Res<Args> {
                 let v = val()?;
                 a.big_bandwidth = if v == "none" { None } else { Some(v.parse()?) };
             }
-            "--skip-big" => a.skip_big = true,
-            "--json" => a.json = true,
-            "--json-file" => a.json_file = Some(PathBuf::from(val()?)),
             "--chunk" => a.chunk = parse_size(&val()?)? as usize,
             "--mode" => a.mode = val()?,
             "--source" => a.source = Some(PathBuf::from(val()?)),
             "--workdir" => a.workdir = Some(PathBuf::from(val()?)),
-            "--dir" => a.dir = Some(PathBuf::from(val()?)),
             "--link" => {
                 a.link = val()?;
                 if a.link != "pacer" && a.link != "proxy" {
@@ -145,9 +117,11 @@ fn parse_args() -> Res<Args> {
             }
             "-h" | "--help" => {
                 eprintln!(
-                    "usage: postcopy_latency [--size BYTES] [--duration-secs N] [--interval-ms N] \
-                     [--big-size BYTES] [--big-max-bandwidth BYTES_PER_SEC|none] [--skip-big] \
-                     [--dir DIR] [--json] [--json-file PATH]"
+                    "usage: {CHILD_ENV}=source|latency|big postcopy_latency [--size BYTES] \
+                     [--duration-secs N] [--interval-ms N] [--big-size BYTES] \
+                     [--big-max-bandwidth BYTES_PER_SEC|none] [--chunk BYTES] [--mode a|b|c] \
+                     [--link pacer|proxy] [--source PATH] [--workdir DIR] \
+                     (cryptblk-bench migrate runs it)"
                 );
                 std::process::exit(0);
             }
@@ -489,263 +463,16 @@ fn child_big(a: &Args) -> Res<()> {
 }
 
 /// Runs this example again as a child; returns the `key=value` pairs of its RESULT line.
-fn run_child(kind: &str, args: &[String]) -> Res<BTreeMap<String, String>> {
-    let exe = std::env::current_exe()?;
-    let out = Command::new(exe)
-        .env(CHILD_ENV, kind)
-        .args(args)
-        .stderr(std::process::Stdio::inherit())
-        .output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        return Err(format!("child {kind} {args:?} failed ({}): {stdout}", out.status).into());
-    }
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("RESULT "))
-        .ok_or_else(|| format!("child {kind} printed no result: {stdout}"))?;
-    Ok(line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect())
-}
-
-fn num(m: &BTreeMap<String, String>, k: &str) -> f64 {
-    m.get(k).and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
-}
-
-fn json_object(fields: &[(&str, String)], m: &BTreeMap<String, String>) -> String {
-    let mut s = String::from("{");
-    for (k, v) in fields {
-        let _ = write!(s, "\"{k}\":{v},");
-    }
-    for (k, v) in m {
-        if v.parse::<f64>().is_ok_and(f64::is_finite) {
-            let _ = write!(s, "\"{k}\":{v},");
-        } else {
-            let _ = write!(s, "\"{k}\":\"{v}\",");
-        }
-    }
-    s.pop();
-    s.push('}');
-    s
-}
-
-fn human(bytes: usize) -> String {
-    if bytes >= 1 << 20 {
-        format!("{} MiB", bytes >> 20)
-    } else {
-        format!("{} KiB", bytes >> 10)
-    }
-}
-
-fn fmt_us(us: f64) -> String {
-    if us >= 10_000.0 {
-        format!("{:.1} ms", us / 1e3)
-    } else {
-        format!("{us:.0} µs")
-    }
-}
-
-fn parent(a: &Args) -> Res<()> {
-    // Not /dev/shm by default: on tmpfs, lseek(SEEK_HOLE) walks every page up to the next
-    // hole (about 10 ms per GiB), and the sender's block_status does one per chunk, which caps
-    // the bulk stream far below the link and stalls urgent answers (see the report).
-    let base = a.dir.clone().unwrap_or_else(std::env::temp_dir);
-    let dir = tempfile::Builder::new()
-        .prefix("cryptblk-postcopy-latency.")
-        .tempdir_in(&base)?;
-    let src = dir.path().join("src.raw");
-    make_source(&src, a.size)?;
-    let common = |chunk: usize, mode: &str| -> Vec<String> {
-        vec![
-            "--chunk".into(),
-            chunk.to_string(),
-            "--mode".into(),
-            mode.into(),
-            "--source".into(),
-            src.display().to_string(),
-            "--workdir".into(),
-            dir.path().display().to_string(),
-            "--duration-secs".into(),
-            a.duration.as_secs_f64().to_string(),
-            "--interval-ms".into(),
-            (a.interval.as_secs_f64() * 1e3).to_string(),
-            "--link".into(),
-            a.link.clone(),
-        ]
-    };
-    let mut results: Vec<(usize, &str, BTreeMap<String, String>)> = Vec::new();
-    let mut json = Vec::new();
-    for chunk in CHUNKS {
-        for (mode, desc) in MODES {
-            log(format!("chunk {}, ({mode}) {desc} ...", human(chunk)));
-            let m = run_child("latency", &common(chunk, mode))?;
-            log(format!(
-                "  {} waiting reads: avg {} p99 {} (bulk still running at the end: {} blocks \
-                 missing)",
-                m["count"],
-                fmt_us(num(&m, "avg_us")),
-                fmt_us(num(&m, "p99_us")),
-                m["missing_end"]
-            ));
-            json.push(json_object(
-                &[
-                    ("kind", "\"latency\"".into()),
-                    ("chunk_size", chunk.to_string()),
-                    ("mode", format!("\"{mode}\"")),
-                    ("preempt", (mode != "a").to_string()),
-                    ("break_chunks", (mode == "c").to_string()),
-                    ("max_bandwidth", LINK.to_string()),
-                    ("disk_size", a.size.to_string()),
-                ],
-                &m,
-            ));
-            results.push((chunk, mode, m));
-        }
-    }
-    let big = if a.skip_big {
-        None
-    } else {
-        log(format!(
-            "big run: precopy of {} MiB, link {} ...",
-            a.big_size >> 20,
-            a.big_bandwidth
-                .map_or("uncapped".into(), |b| format!("{b} B/s"))
-        ));
-        let m = run_child(
-            "big",
-            &[
-                "--big-size".into(),
-                a.big_size.to_string(),
-                "--big-max-bandwidth".into(),
-                a.big_bandwidth.map_or("none".into(), |b| b.to_string()),
-                "--workdir".into(),
-                dir.path().display().to_string(),
-            ],
-        )?;
-        json.push(json_object(
-            &[
-                ("kind", "\"precopy_total\"".into()),
-                ("disk_size", a.big_size.to_string()),
-                (
-                    "max_bandwidth",
-                    a.big_bandwidth.map_or("null".into(), |b| b.to_string()),
-                ),
-                ("chunk_size", (2u64 << 20).to_string()),
-            ],
-            &m,
-        ));
-        Some(m)
-    };
-
-    let mut t = String::new();
-    let _ = writeln!(
-        t,
-        "\nOn-demand 4 KiB read latency on the destination during postcopy ({} MiB raw disk, \
-         link 1 Gbit/s ({}), slices {} KiB, {:.0} s of reads every {:.0} ms; only reads that \
-         waited for a block count)\n",
-        a.size >> 20,
-        if a.link == "proxy" {
-            "shaping proxy, fair queueing, socket buffers fill"
-        } else {
-            "the sender's pacer"
-        },
-        SourceOptions::default().slice_size >> 10,
-        a.duration.as_secs_f64(),
-        a.interval.as_secs_f64() * 1e3
-    );
-    let _ = writeln!(
-        t,
-        "| chunk | mode | waited reads | avg | p50 | p99 | max |\n|---|---|---:|---:|---:|---:|---:|"
-    );
-    for (chunk, mode, m) in &results {
-        let desc = MODES.iter().find(|(k, _)| k == mode).map_or("", |d| d.1);
-        let _ = writeln!(
-            t,
-            "| {} | ({mode}) {desc} | {} | {} | {} | {} | {} |",
-            human(*chunk),
-            m["count"],
-            fmt_us(num(m, "avg_us")),
-            fmt_us(num(m, "p50_us")),
-            fmt_us(num(m, "p99_us")),
-            fmt_us(num(m, "max_us")),
-        );
-    }
-    let _ = writeln!(
-        t,
-        "\n| chunk | avg a/c | avg b/c | p99 a/c | c avg ≥10x lower than a | c p99 < 2 ms |\n\
-         |---|---:|---:|---:|:---:|:---:|"
-    );
-    for chunk in CHUNKS {
-        let get = |mode: &str| {
-            results
-                .iter()
-                .find(|(c, m, _)| *c == chunk && *m == mode)
-                .map(|r| &r.2)
-                .expect("ran")
-        };
-        let (ma, mb, mc) = (get("a"), get("b"), get("c"));
-        let ratio = |x: f64, y: f64| if y > 0.0 { x / y } else { f64::NAN };
-        let avg_ac = ratio(num(ma, "avg_us"), num(mc, "avg_us"));
-        let _ = writeln!(
-            t,
-            "| {} | {:.1}x | {:.1}x | {:.1}x | {} | {} |",
-            human(chunk),
-            avg_ac,
-            ratio(num(mb, "avg_us"), num(mc, "avg_us")),
-            ratio(num(ma, "p99_us"), num(mc, "p99_us")),
-            if avg_ac >= 10.0 { "yes" } else { "no" },
-            if num(mc, "p99_us") < 2000.0 {
-                "yes"
-            } else {
-                "no"
-            },
-        );
-    }
-    if let Some(m) = &big {
-        let _ = writeln!(
-            t,
-            "\nPrecopy migration of a {} MiB raw disk (chunks 2 MiB, link {}, a 4 KiB random \
-             write per ms on the source until switchover)\n\n\
-             | total time | downtime | bytes sent | passes | writes during precopy | dirty at \
-             switchover |\n|---:|---:|---:|---:|---:|---:|\n| {:.2} s | {:.1} ms | {} MiB | {} \
-             | {} | {} KiB |",
-            a.big_size >> 20,
-            a.big_bandwidth
-                .map_or("uncapped (loopback)".into(), |b| format!(
-                    "{:.2} Gbit/s",
-                    b as f64 * 8.0 / 1e9
-                )),
-            num(m, "total_s"),
-            num(m, "downtime_ms"),
-            num(m, "bytes_sent") as u64 >> 20,
-            m["passes"],
-            m["writes"],
-            num(m, "dirty_at_switchover") as u64 >> 10,
-        );
-    }
-    let json_text: String = json.iter().map(|j| format!("{j}\n")).collect();
-    if let Some(p) = &a.json_file {
-        std::fs::write(p, &json_text)?;
-    }
-    if a.json {
-        eprint!("{t}");
-        print!("{json_text}");
-    } else {
-        print!("{t}");
-    }
-    Ok(())
-}
-
 fn main() {
     let res = parse_args().and_then(|a| match std::env::var(CHILD_ENV).as_deref() {
         Ok("latency") => child_latency(&a),
         Ok("big") => child_big(&a),
         Ok("source") => make_source(a.source.as_ref().ok_or("--source missing")?, a.size),
-        _ => parent(&a),
+        _ => Err(format!(
+            "this is the child of `cryptblk-bench migrate` (set {CHILD_ENV} to source, latency \
+             or big); run the benchmark with `cargo run --release -p cryptblk-bench -- migrate`"
+        )
+        .into()),
     });
     match res {
         Ok(()) => {

@@ -73,7 +73,7 @@ impl StopHandle {
     /// Accepts no new frontend; the current connection (if any) stops taking requests, its
     /// requests taken complete and are signalled to the guest, then it is closed. Blocks
     /// until the connection is closed. (Flushing the disk and removing the socket file is
-    /// [`Served::stop`]'s, or `Server::run`'s.)
+    /// [`Served::stop`](crate::Served::stop)'s, or `Server::run`'s.)
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         let _ = self.shared.stopped.0.try_send(());

@@ -105,7 +105,7 @@ pub fn process_ms(bin: &Path, args: &[&str], n: usize) -> Result<f64> {
         }
         ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
-    crate::stats::median(&ms).context("no runs")
+    crate::summary::median(&ms).context("no runs")
 }
 
 /// One JSON-RPC connection to the control socket: a request line out, a reply line back.
@@ -173,7 +173,7 @@ pub fn rpc_stats_us(socket: &Path, n: usize) -> Result<f64> {
         rpc.call("stats", serde_json::json!({}))?;
         us.push(t.elapsed().as_secs_f64() * 1e6);
     }
-    crate::stats::median(&us).context("no calls")
+    crate::summary::median(&us).context("no calls")
 }
 
 #[cfg(test)]

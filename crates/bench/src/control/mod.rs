@@ -1,4 +1,4 @@
-//! `cryptblk-bench control`: the control plane of `cryptblk serve --control` and what it
+//! The control driver (`cryptblk-bench control`, preset `control`): the control plane of `cryptblk serve --control` and what it
 //! costs the data path; was `scripts/bench-control.sh`.
 //!
 //! One daemon serves a raw image over NBD and listens on a control socket. Per round, in
@@ -13,20 +13,22 @@
 //!
 //! The daemon's CPU is taken over fio's measured window. Then the round trips: `ctl stats` as
 //! a new process and `cryptblk --version` (median of 50 each), and the JSON-RPC "stats" call
-//! on one open connection (median of 50). One JSON line per run and per round trip.
+//! on one open connection (median of 50), in each round too. One sample per run and per
+//! round trip; disks the churn left behind are named at the end.
 mod loops;
-mod summary;
 
-use crate::config::{Transport, Workload};
+use crate::config::{Config, Transport, Workload};
+use crate::engine::{self, Driver, Measured};
+use crate::plan::{Fits, Step};
+use crate::sample::{Metrics, Sample};
 use crate::workdir::WorkDir;
-use crate::{fio, peers, procfs};
+use crate::{fio, peers};
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// `cryptblk-bench control`'s command line.
 #[derive(clap::Args)]
@@ -86,42 +88,10 @@ pub struct Options {
     pub results: PathBuf,
 }
 
-/// One fio run (part `run`) or one round-trip figure (part `round-trip`), one JSON line.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ControlRecord {
-    pub commit: String,
-    pub machine: crate::record::Machine,
-    /// run or round-trip.
-    pub part: String,
-    /// 1.. (0 for the round trips, measured once).
-    pub round: u32,
-    /// run: quiet, churn or spawn; round-trip: ctl-stats, version or rpc-stats.
-    pub what: String,
-    pub started: u64,
-    pub load1: f64,
-    /// fio's measured window, s.
-    pub window_s: Option<f64>,
-    pub iops: Option<f64>,
-    pub lat_p99_us: Option<f64>,
-    /// The daemon's utime + stime over fio's window (100 = one core).
-    pub server_cpu_pct: Option<f64>,
-    /// Loops beside fio (churn, spawn).
-    pub loops: Option<u32>,
-    /// Commands that exited 0 (churn: control ops; spawn: process starts), and failed ones.
-    pub ops: Option<u64>,
-    pub errors: Option<u64>,
-    /// ops over the loops' wall time.
-    pub ops_per_s: Option<f64>,
-    /// round-trip: the median of the calls, µs.
-    pub median_us: Option<f64>,
-    pub samples: Option<u32>,
-}
-
-/// The runs of a round; rotated by one each round.
-const MODES: [&str; 3] = ["quiet", "churn", "spawn"];
 const ROUND_TRIPS: usize = 50;
 
-pub fn run(o: &Options, workload: &Workload) -> Result<()> {
+pub fn run(o: &Options, config: &Config, workload: &Workload) -> Result<Vec<Sample>> {
+    let preset = config.preset("control")?;
     if !o.size.is_multiple_of(4096) || !o.small.is_multiple_of(4096) {
         bail!("--size and --small must be multiples of 4096 bytes");
     }
@@ -189,53 +159,18 @@ pub fn run(o: &Options, workload: &Workload) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let base = ControlRecord {
-        commit: procfs::commit(),
-        machine: procfs::machine(),
-        part: String::new(),
-        round: 0,
-        what: String::new(),
-        started: 0,
-        load1: 0.0,
-        window_s: None,
-        iops: None,
-        lat_p99_us: None,
-        server_cpu_pct: None,
-        loops: None,
-        ops: None,
-        errors: None,
-        ops_per_s: None,
-        median_us: None,
-        samples: None,
+    let mut d = Control {
+        setup: Setup {
+            o,
+            work: &work,
+            bin: &bin,
+            ctl: &ctl,
+            uri: server.uri(),
+            server: server.pid(),
+            workload,
+        },
     };
-    let mut records = Vec::new();
-    for round in 1..=o.rounds {
-        eprintln!(
-            "round {round} of {} (load average {})",
-            o.rounds,
-            procfs::load1()
-        );
-        for k in 0..MODES.len() {
-            let mode = MODES[(k + round as usize - 1) % MODES.len()];
-            let setup = Setup {
-                o,
-                work: &work,
-                bin: &bin,
-                ctl: &ctl,
-                uri: server.uri(),
-                server: server.pid(),
-                workload,
-            };
-            let r = ControlRecord {
-                part: "run".into(),
-                round,
-                what: mode.into(),
-                ..measure(&setup, mode, &base)?
-            };
-            crate::record::append(&o.results, &r)?;
-            records.push(r);
-        }
-    }
+    let samples = engine::run("control", preset, o.rounds, &mut d, &o.results)?;
     let mut rpc = loops::Rpc::connect(&ctl)?;
     let left: Vec<String> = rpc.call("disk-list", serde_json::json!({}))?["disks"]
         .as_array()
@@ -246,33 +181,72 @@ pub fn run(o: &Options, workload: &Workload) -> Result<()> {
         .map(String::from)
         .collect();
     drop(rpc);
-    let ctl_arg = ctl.display().to_string();
-    for (what, median_us) in [
-        (
-            "ctl-stats",
-            loops::process_ms(&bin, &["ctl", "-s", &ctl_arg, "stats"], ROUND_TRIPS)? * 1e3,
-        ),
-        (
-            "version",
-            loops::process_ms(&bin, &["--version"], ROUND_TRIPS)? * 1e3,
-        ),
-        ("rpc-stats", loops::rpc_stats_us(&ctl, ROUND_TRIPS)?),
-    ] {
-        let r = ControlRecord {
-            part: "round-trip".into(),
-            what: what.into(),
-            started: epoch_seconds(),
-            load1: procfs::load1(),
-            median_us: Some(median_us),
-            samples: Some(ROUND_TRIPS as u32),
-            ..base.clone()
-        };
-        crate::record::append(&o.results, &r)?;
-        records.push(r);
-    }
     server.stop()?;
-    print!("{}", summary::render(&records, o.loops, o.runtime, &left));
-    Ok(())
+    if !left.is_empty() {
+        bail!(
+            "the churn left disks behind: {} (the samples are in {})",
+            left.join(" "),
+            o.results.display()
+        );
+    }
+    Ok(samples)
+}
+
+struct Control<'a> {
+    setup: Setup<'a>,
+}
+
+impl Fits for Control<'_> {
+    fn transports(&self, _: &str) -> Vec<String> {
+        vec!["nbd".into()]
+    }
+    fn fits(&self, peer: &str, _: &str, workload: &str) -> bool {
+        let trip = matches!(peer, "ctl-stats" | "version" | "rpc-stats");
+        trip == (workload == "round-trip")
+    }
+    fn has_ceiling(&self, _: &str) -> bool {
+        false
+    }
+}
+
+impl Driver for Control<'_> {
+    fn storage(&self) -> String {
+        format!(
+            "{}, {} MiB served, {} loops",
+            self.setup.work.path().display(),
+            self.setup.o.size >> 20,
+            self.setup.o.loops
+        )
+    }
+
+    fn peer_name(&self, peer: &str) -> String {
+        match peer {
+            "quiet" => "fio 4k randread, no control traffic",
+            "churn" => "fio beside loops of ctl disk-add / disk-list / stats / disk-remove",
+            "spawn" => "fio beside loops of `cryptblk --version` (process starts alone)",
+            "ctl-stats" => "`cryptblk ctl stats`, a new process each",
+            "version" => "`cryptblk --version`",
+            _ => "JSON-RPC \"stats\" on one open connection",
+        }
+        .into()
+    }
+
+    fn measure(&mut self, step: &Step) -> Result<Measured> {
+        let s = &self.setup;
+        let ctl = s.ctl.display().to_string();
+        let median_us = match step.peer.as_str() {
+            "ctl-stats" => {
+                loops::process_ms(s.bin, &["ctl", "-s", &ctl, "stats"], ROUND_TRIPS)? * 1e3
+            }
+            "version" => loops::process_ms(s.bin, &["--version"], ROUND_TRIPS)? * 1e3,
+            "rpc-stats" => loops::rpc_stats_us(s.ctl, ROUND_TRIPS)?,
+            mode => return measure(s, mode),
+        };
+        Ok(Measured {
+            window_s: 0.0,
+            metrics: Metrics::default().with("median_us", Some(median_us)),
+        })
+    }
 }
 
 /// What every run of the round shares.
@@ -287,9 +261,7 @@ struct Setup<'a> {
 }
 
 /// One fio run with the loops of `mode` beside it.
-fn measure(s: &Setup, mode: &str, base: &ControlRecord) -> Result<ControlRecord> {
-    let load1 = procfs::load1();
-    let started = epoch_seconds();
+fn measure(s: &Setup, mode: &str) -> Result<Measured> {
     let stop = Arc::new(AtomicBool::new(false));
     let kind = match mode {
         "churn" => Some(loops::Kind::Churn),
@@ -334,36 +306,15 @@ fn measure(s: &Setup, mode: &str, base: &ControlRecord) -> Result<ControlRecord>
         }
     }
     let looped = kind.is_some();
-    eprintln!(
-        "  {mode}: {:.0} IOPS, daemon CPU {:.1} %{}",
-        m.iops.unwrap_or(0.0),
-        m.server_cpu_pct.unwrap_or(f64::NAN),
-        if looped {
-            format!(
-                ", {ops} ops ({errors} failed), {:.1} ops/s",
-                ops as f64 / loops_s
-            )
-        } else {
-            String::new()
-        }
-    );
-    Ok(ControlRecord {
-        started,
-        load1,
-        window_s: Some(m.window_s),
-        iops: m.iops,
-        lat_p99_us: m.lat_p99_us,
-        server_cpu_pct: m.server_cpu_pct,
-        loops: looped.then_some(s.o.loops as u32),
-        ops: looped.then_some(ops),
-        errors: looped.then_some(errors),
-        ops_per_s: looped.then_some(ops as f64 / loops_s),
-        ..base.clone()
+    let mut metrics = m.metrics;
+    if looped {
+        metrics
+            .set("ops", Some(ops as f64))
+            .set("errors", Some(errors as f64))
+            .set("ops_per_s", Some(ops as f64 / loops_s));
+    }
+    Ok(Measured {
+        window_s: m.window_s,
+        metrics,
     })
-}
-
-fn epoch_seconds() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }

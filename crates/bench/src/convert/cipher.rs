@@ -7,23 +7,18 @@ use serde::Deserialize;
 use std::path::Path;
 use std::process::Command;
 
-/// The figures of the cipher part, GB/s (10^9 bytes per second).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Figures {
-    pub engine: String,
-    pub cryptblk_gbps: f64,
-    pub openssl_speed_gbps: f64,
-    pub direct_gbps: f64,
-    pub engine_gbps: f64,
-}
-
-pub fn measure(cryptblk: &Path, threads: Option<usize>) -> Result<Figures> {
+/// `cryptblk bench --json`'s engine and single-thread GB/s (10^9 bytes per second).
+pub fn cryptblk_bench(cryptblk: &Path, threads: Option<usize>) -> Result<(String, f64)> {
     let mut bench = Command::new(cryptblk);
     if let Some(n) = threads {
         bench.args(["--threads", &n.to_string()]);
     }
     bench.args(["bench", "--json"]);
-    let (engine, cryptblk_gbps) = cryptblk_xts_4k(&output(&mut bench)?)?;
+    cryptblk_xts_4k(&output(&mut bench)?)
+}
+
+/// The system OpenSSL's `openssl speed`, GB/s.
+pub fn openssl_speed() -> Result<f64> {
     let mut speed = Command::new("openssl");
     speed.args([
         "speed",
@@ -35,7 +30,11 @@ pub fn measure(cryptblk: &Path, threads: Option<usize>) -> Result<Figures> {
         "-seconds",
         "2",
     ]);
-    let openssl_speed_gbps = openssl_speed_bps(&output(&mut speed)?)? / 1e9;
+    Ok(openssl_speed_bps(&output(&mut speed)?)? / 1e9)
+}
+
+/// `examples/openssl_baseline`'s (direct loop, engine) GB/s.
+pub fn baseline() -> Result<(f64, f64)> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut baseline = Command::new("cargo");
     baseline.current_dir(workspace).args([
@@ -48,14 +47,7 @@ pub fn measure(cryptblk: &Path, threads: Option<usize>) -> Result<Figures> {
         "--example",
         "openssl_baseline",
     ]);
-    let (direct_gbps, engine_gbps) = baseline_4k(&output(&mut baseline)?)?;
-    Ok(Figures {
-        engine,
-        cryptblk_gbps,
-        openssl_speed_gbps,
-        direct_gbps,
-        engine_gbps,
-    })
+    baseline_4k(&output(&mut baseline)?)
 }
 
 fn output(cmd: &mut Command) -> Result<String> {

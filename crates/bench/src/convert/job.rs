@@ -33,6 +33,20 @@ pub enum Job {
 }
 
 impl Job {
+    const ALL: [Job; 6] = [
+        Job::CryptblkLuks,
+        Job::QemuLuks,
+        Job::CryptblkRaw,
+        Job::QemuRaw,
+        Job::Cp,
+        Job::BeforeLuks,
+    ];
+
+    /// The job a peer of the table names.
+    pub fn named(name: &str) -> Option<Job> {
+        Job::ALL.into_iter().find(|j| j.name() == name)
+    }
+
     /// The job's name in the results file.
     pub fn name(self) -> &'static str {
         match self {

@@ -1,5 +1,5 @@
-//! `cryptblk-bench convert`: `cryptblk convert` against `qemu-img convert`; was
-//! `scripts/bench-convert.sh`.
+//! The convert driver (`cryptblk-bench convert`, preset `convert`): `cryptblk convert` against
+//! `qemu-img convert`; was `scripts/bench-convert.sh`.
 //!
 //! - disk: raw -> LUKS with AES-256-XTS (512-bit key, plain64 IVs), cryptblk writing LUKS2 and
 //!   qemu-img LUKS1 (QEMU cannot write LUKS2), both with a KDF that costs nothing; and the
@@ -9,22 +9,23 @@
 //! - cipher: single-thread AES-256-XTS of 4 KiB sectors, `cryptblk bench` against `openssl
 //!   speed` and the engine against the vendored OpenSSL's direct loop (`cipher.rs`).
 //! - tmpfs: raw -> LUKS with source and target in a tmpfs, against `cp`: storage costs nothing
-//!   there and what is left is each tool's own work (no write-back to wait for). With
-//!   `--cryptblk-before` an older binary gets a row too.
+//!   there and what is left is each tool's own work (no write-back to wait for); cp is the
+//!   ceiling. With `--cryptblk-before` an older binary gets a row too.
 //!
-//! The jobs of a part run in rotating order in each of the rounds; one JSON line per run, with
-//! its peak RSS from wait4 (`job.rs`); the tables show medians and per-round ratios.
+//! The jobs of a part run in rotating order in each of the rounds; one sample per run, with
+//! its peak RSS from wait4 (`job.rs`).
 mod cipher;
 mod job;
-mod summary;
 
+use crate::config::Config;
+use crate::engine::{self, Driver, Measured};
+use crate::plan::{Fits, Step};
 use crate::procfs;
+use crate::sample::{Metrics, Sample};
 use crate::workdir::WorkDir;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use job::Job;
-use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::time::SystemTime;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub enum Part {
@@ -104,46 +105,25 @@ pub struct Options {
     pub results: PathBuf,
 }
 
-/// One run (disk, tmpfs) or one figure (cipher), one JSON line of the results file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ConvertRecord {
-    pub commit: String,
-    pub machine: crate::record::Machine,
-    /// disk, tmpfs or cipher.
-    pub part: String,
-    /// 1.. (0 for the cipher part, measured once).
-    pub round: u32,
-    /// The job (`cryptblk-luks`, `qemu-luks`, `cryptblk-raw`, `qemu-raw`, `cp`,
-    /// `cryptblk-before-luks`) or the cipher figure (`cryptblk-bench`, `openssl-speed`,
-    /// `openssl-direct`, `cryptblk-engine`).
-    pub what: String,
-    /// Seconds since the epoch when the run started.
-    pub started: u64,
-    pub load1: f64,
-    /// Bytes copied.
-    pub bytes: Option<u64>,
-    /// Wall time of the run (disk: including the write-back of the target).
-    pub seconds: Option<f64>,
-    pub mib_s: Option<f64>,
-    /// The job's peak resident set (wait4's ru_maxrss).
-    pub peak_rss_kib: Option<u64>,
-    /// Cipher part: single-thread AES-256-XTS of 4 KiB sectors, 10^9 bytes per second.
-    pub gbps: Option<f64>,
-    /// Cipher part: the engine `cryptblk bench` measured.
-    pub engine: Option<String>,
+/// The part being measured: its directory, source file and key.
+struct Current {
+    part: String,
+    work: WorkDir,
+    src: PathBuf,
+    key: PathBuf,
+    size: u64,
 }
 
-const DISK_JOBS: [Job; 4] = [
-    Job::CryptblkLuks,
-    Job::QemuLuks,
-    Job::CryptblkRaw,
-    Job::QemuRaw,
-];
+struct Convert<'a> {
+    o: &'a Options,
+    current: Option<Current>,
+    /// The cipher part's engine (named by `cryptblk bench`) and the baseline's two figures of
+    /// the round (one run of the example gives both).
+    engine: String,
+    baseline: Option<(u32, f64, f64)>,
+}
 
-pub fn run(o: &Options) -> Result<()> {
-    if o.rounds == 0 {
-        bail!("--rounds must be at least 1");
-    }
+pub fn run(o: &Options, config: &Config) -> Result<Vec<Sample>> {
     if o.parts.is_empty() {
         bail!("--parts names no part: give disk, cipher and/or tmpfs");
     }
@@ -157,147 +137,177 @@ pub fn run(o: &Options) -> Result<()> {
             bail!("--cryptblk-before {}: no such binary", before.display());
         }
     }
-    let base = ConvertRecord {
-        commit: procfs::commit(),
-        machine: procfs::machine(),
-        part: String::new(),
-        round: 0,
-        what: String::new(),
-        started: 0,
-        load1: 0.0,
-        bytes: None,
-        seconds: None,
-        mib_s: None,
-        peak_rss_kib: None,
-        gbps: None,
-        engine: None,
+    let mut preset = config.preset("convert")?.clone();
+    preset.workloads = o.parts.iter().map(|p| part_name(*p).to_string()).collect();
+    let mut d = Convert {
+        o,
+        current: None,
+        engine: String::new(),
+        baseline: None,
     };
-    let mut records = Vec::new();
-    if o.parts.contains(&Part::Disk) {
-        let work = WorkDir::new(
-            &o.dir,
-            "cryptblk-bench-convert",
-            2 * o.size + (256 << 20),
-            "a source and a target image",
-        )?;
-        records.extend(copies(o, &base, Part::Disk, &work, o.size, &DISK_JOBS)?);
-    }
-    if o.parts.contains(&Part::Cipher) {
-        records.extend(cipher_part(o, &base)?);
-    }
-    if o.parts.contains(&Part::Tmpfs) {
-        let fs = procfs::fs_type(&o.tmpfs_dir)?;
-        if fs != "tmpfs" {
-            bail!(
-                "--tmpfs-dir {} is on {fs}, not tmpfs",
-                o.tmpfs_dir.display()
-            );
-        }
-        let work = WorkDir::new(
-            &o.tmpfs_dir,
-            "cryptblk-bench-convert",
-            2 * o.tmpfs_size + (64 << 20),
-            "a source and a target file",
-        )?;
-        let mut jobs = vec![Job::Cp, Job::QemuLuks, Job::CryptblkLuks];
-        if o.cryptblk_before.is_some() {
-            jobs.push(Job::BeforeLuks);
-        }
-        records.extend(copies(o, &base, Part::Tmpfs, &work, o.tmpfs_size, &jobs)?);
-    }
-    print!("{}", summary::render(&records, o.rounds));
-    Ok(())
+    engine::run("convert", &preset, o.rounds, &mut d, &o.results)
 }
 
-/// The rounds of one part's copies of a `size`-byte random source in `work`.
-fn copies(
-    o: &Options,
-    base: &ConvertRecord,
-    part: Part,
-    work: &WorkDir,
-    size: u64,
-    jobs: &[Job],
-) -> Result<Vec<ConvertRecord>> {
-    let src = work.join("src.raw");
-    let key = work.join("key");
-    crate::workdir::write_key(&key)?;
-    eprintln!(
-        "+ writing {size} bytes of incompressible data to {}",
-        src.display()
-    );
-    crate::images::random_file(&src, size)?;
-    let tools = job::Tools {
-        cryptblk: &o.cryptblk,
-        before: o.cryptblk_before.as_deref(),
-        threads: o.threads,
-        key: &key,
-    };
-    let out = job::target(work.path());
-    let mut records = Vec::new();
-    for round in 1..=o.rounds {
-        eprintln!("{part:?} round {round} of {}", o.rounds);
-        for k in 0..jobs.len() {
-            let job = jobs[(k + round as usize - 1) % jobs.len()];
-            let _ = std::fs::remove_file(&out);
-            // On tmpfs there is nothing to drop and nothing to write back.
-            let sync = (part == Part::Disk).then_some(work.path());
-            if part == Part::Disk {
-                procfs::drop_caches(&[&src])?;
+impl Convert<'_> {
+    /// The part's directory with a `size`-byte random source in it, made at its first step.
+    fn prepare(&mut self, part: &str) -> Result<&Current> {
+        if self.current.as_ref().is_some_and(|c| c.part == part) {
+            return Ok(self.current.as_ref().expect("just checked"));
+        }
+        self.current = None;
+        let o = self.o;
+        let (work, size) = if part == "disk" {
+            let need = 2 * o.size + (256 << 20);
+            (
+                WorkDir::new(
+                    &o.dir,
+                    "cryptblk-bench-convert",
+                    need,
+                    "a source and a target image",
+                )?,
+                o.size,
+            )
+        } else {
+            let fs = procfs::fs_type(&o.tmpfs_dir)?;
+            if fs != "tmpfs" {
+                bail!(
+                    "--tmpfs-dir {} is on {fs}, not tmpfs",
+                    o.tmpfs_dir.display()
+                );
             }
-            let load1 = procfs::load1();
-            let started = epoch_seconds();
-            let mut cmd = job::command(job, &tools, &src, &out)?;
-            let t = job::run(&mut cmd, sync, &work.join("stderr"))?;
-            let _ = std::fs::remove_file(&out);
-            let mib_s = size as f64 / (1 << 20) as f64 / t.seconds;
-            eprintln!(
-                "  {}: {:.2} s, {mib_s:.0} MiB/s, peak RSS {} KiB",
-                job.name(),
-                t.seconds,
-                t.peak_rss_kib
-            );
-            let r = ConvertRecord {
-                part: part_name(part).into(),
-                round,
-                what: job.name().into(),
-                started,
-                load1,
-                bytes: Some(size),
-                seconds: Some(t.seconds),
-                mib_s: Some(mib_s),
-                peak_rss_kib: Some(t.peak_rss_kib),
-                ..base.clone()
-            };
-            crate::record::append(&o.results, &r)?;
-            records.push(r);
-        }
+            let need = 2 * o.tmpfs_size + (64 << 20);
+            let work = WorkDir::new(
+                &o.tmpfs_dir,
+                "cryptblk-bench-convert",
+                need,
+                "a source and a target file",
+            )?;
+            (work, o.tmpfs_size)
+        };
+        let (src, key) = (work.join("src.raw"), work.join("key"));
+        crate::workdir::write_key(&key)?;
+        eprintln!(
+            "+ writing {size} bytes of incompressible data to {}",
+            src.display()
+        );
+        crate::images::random_file(&src, size)?;
+        Ok(self.current.insert(Current {
+            part: part.into(),
+            work,
+            src,
+            key,
+            size,
+        }))
     }
-    Ok(records)
+
+    fn cipher(&mut self, step: &Step) -> Result<Measured> {
+        let gbps = match step.peer.as_str() {
+            "cryptblk-bench" => {
+                let (engine, gbps) = cipher::cryptblk_bench(&self.o.cryptblk, self.o.threads)?;
+                self.engine = engine;
+                gbps
+            }
+            "openssl-speed" => cipher::openssl_speed()?,
+            arm => {
+                if self.baseline.is_none_or(|(round, ..)| round != step.round) {
+                    let (direct, engine) = cipher::baseline()?;
+                    self.baseline = Some((step.round, direct, engine));
+                }
+                let (_, direct, engine) = self.baseline.expect("just set");
+                if arm == "openssl-direct" {
+                    direct
+                } else {
+                    engine
+                }
+            }
+        };
+        Ok(Measured {
+            window_s: 0.0,
+            metrics: Metrics::default().with("gbps", Some(gbps)),
+        })
+    }
 }
 
-fn cipher_part(o: &Options, base: &ConvertRecord) -> Result<Vec<ConvertRecord>> {
-    let (load1, started) = (procfs::load1(), epoch_seconds());
-    let f = cipher::measure(&o.cryptblk, o.threads)?;
-    let mut records = Vec::new();
-    for (what, gbps) in [
-        ("cryptblk-bench", f.cryptblk_gbps),
-        ("openssl-speed", f.openssl_speed_gbps),
-        ("openssl-direct", f.direct_gbps),
-        ("cryptblk-engine", f.engine_gbps),
-    ] {
-        let r = ConvertRecord {
-            part: part_name(Part::Cipher).into(),
-            what: what.into(),
-            started,
-            load1,
-            gbps: Some(gbps),
-            engine: (what == "cryptblk-bench").then(|| f.engine.clone()),
-            ..base.clone()
-        };
-        crate::record::append(&o.results, &r)?;
-        records.push(r);
+impl Fits for Convert<'_> {
+    fn transports(&self, _: &str) -> Vec<String> {
+        vec!["local".into()]
     }
-    Ok(records)
+
+    fn fits(&self, peer: &str, _: &str, part: &str) -> bool {
+        match (part, Job::named(peer)) {
+            ("cipher", job) => job.is_none(),
+            ("disk", Some(job)) => matches!(
+                job,
+                Job::CryptblkLuks | Job::QemuLuks | Job::CryptblkRaw | Job::QemuRaw
+            ),
+            (_, Some(Job::BeforeLuks)) => self.o.cryptblk_before.is_some(),
+            (_, Some(job)) => matches!(job, Job::CryptblkLuks | Job::QemuLuks),
+            (_, None) => false,
+        }
+    }
+
+    fn has_ceiling(&self, part: &str) -> bool {
+        part == "tmpfs"
+    }
+}
+
+impl Driver for Convert<'_> {
+    fn storage(&self) -> String {
+        format!(
+            "disk part in {} ({} MiB), tmpfs part in {} ({} MiB)",
+            self.o.dir.display(),
+            self.o.size >> 20,
+            self.o.tmpfs_dir.display(),
+            self.o.tmpfs_size >> 20
+        )
+    }
+
+    fn peer_name(&self, peer: &str) -> String {
+        match (Job::named(peer), peer) {
+            (Some(job), _) => job.label().into(),
+            (None, "cryptblk-bench") => format!("cryptblk bench (engine {})", self.engine),
+            (None, "openssl-speed") => {
+                "system OpenSSL: openssl speed -evp aes-256-xts -bytes 4096".into()
+            }
+            (None, "openssl-direct") => {
+                "vendored OpenSSL, direct loop (examples/openssl_baseline)".into()
+            }
+            _ => "cryptblk engine in the same run (examples/openssl_baseline)".into(),
+        }
+    }
+
+    fn measure(&mut self, step: &Step) -> Result<Measured> {
+        if step.workload == "cipher" {
+            return self.cipher(step);
+        }
+        let o = self.o;
+        let job = Job::named(&step.peer).context("not a convert job")?;
+        let c = self.prepare(&step.workload)?;
+        let disk = c.part == "disk";
+        let tools = job::Tools {
+            cryptblk: &o.cryptblk,
+            before: o.cryptblk_before.as_deref(),
+            threads: o.threads,
+            key: &c.key,
+        };
+        let out = job::target(c.work.path());
+        let _ = std::fs::remove_file(&out);
+        // On tmpfs there is nothing to drop and nothing to write back.
+        let sync = disk.then_some(c.work.path());
+        if disk {
+            procfs::drop_caches(&[&c.src])?;
+        }
+        let mut cmd = job::command(job, &tools, &c.src, &out)?;
+        let t = job::run(&mut cmd, sync, &c.work.join("stderr"))?;
+        let _ = std::fs::remove_file(&out);
+        Ok(Measured {
+            window_s: t.seconds,
+            metrics: Metrics::default()
+                .with("seconds", Some(t.seconds))
+                .with("mib_s", Some(c.size as f64 / (1 << 20) as f64 / t.seconds))
+                .with("peak_rss_kib", Some(t.peak_rss_kib as f64)),
+        })
+    }
 }
 
 fn part_name(p: Part) -> &'static str {
@@ -306,10 +316,4 @@ fn part_name(p: Part) -> &'static str {
         Part::Cipher => "cipher",
         Part::Tmpfs => "tmpfs",
     }
-}
-
-fn epoch_seconds() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }

@@ -1,5 +1,5 @@
-//! Running crates/migration/examples/postcopy_latency: building it, starting one child role
-//! of it, and the room its images need.
+//! Running crates/migration/examples/postcopy_latency: building it and starting one child
+//! role of it.
 use crate::clients;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -45,22 +45,4 @@ pub(super) fn build_example() -> Result<PathBuf> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| workspace.join("target"), PathBuf::from);
     Ok(target.join("release/examples/postcopy_latency"))
-}
-
-/// Bytes an unprivileged writer may still put on the filesystem holding `dir`.
-pub(super) fn free_bytes(dir: &Path) -> Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .with_context(|| format!("{}: a path with a NUL byte", dir.display()))?;
-    // SAFETY: statvfs is plain integers, for which all zeroes is a valid value.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a NUL-terminated path and `st` a live, writable statvfs.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        bail!(
-            "statvfs({}): {}",
-            dir.display(),
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }

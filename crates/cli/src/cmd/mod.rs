@@ -1,3 +1,4 @@
+pub mod backup;
 pub mod bench;
 pub mod completions;
 pub mod convert_header;

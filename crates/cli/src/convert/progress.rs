@@ -47,6 +47,11 @@ impl Reporter {
         }
     }
 
+    /// Shows `done` now, for callers that report from their own loop (they pace it).
+    pub fn show(&self, done: u64) {
+        self.render(done, false);
+    }
+
     pub fn finish(&self, done: u64) {
         self.render(done, true);
         if let Some(bar) = &self.bar {

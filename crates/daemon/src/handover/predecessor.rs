@@ -189,10 +189,17 @@ fn spawn_successor(
         .arg(super::TAKE_OVER_OPTION)
         .arg(fd.to_string())
         .stdin(Stdio::null());
-    // SAFETY: the closure runs in the child between fork and exec and only calls fcntl(2),
-    // which is async-signal-safe, on a descriptor number it was given by value.
+    // SAFETY: the closure runs in the child between fork and exec and only makes system
+    // calls (close_range(2), getrlimit(2), fcntl(2)), all async-signal-safe, on descriptor
+    // numbers; it allocates nothing and touches no lock.
     unsafe {
         command.pre_exec(move || {
+            // Nothing but the channel crosses exec: what the successor needs (listeners,
+            // image files) travels over the channel. Descriptors received from frontends
+            // without close-on-exec (the vhost crate's guest-memory memfds and the rings'
+            // eventfds) would otherwise live on in the successor, pinning a VM's RAM after
+            // it shut down, and pile up with every upgrade.
+            mark_close_on_exec_from(3);
             // The channel's end must survive exec in the child (it is close-on-exec here, so
             // no other child of this process inherits it).
             if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
@@ -202,6 +209,39 @@ fn spawn_successor(
         });
     }
     command.spawn()
+}
+
+/// Sets close-on-exec on every descriptor from `first` up (between fork and exec: system
+/// calls only). close_range(2) does it at once (Linux 5.11); older kernels get a loop up to
+/// the descriptor limit.
+fn mark_close_on_exec_from(first: libc::c_int) {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only changes descriptor flags.
+    let done = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    } == 0;
+    if done {
+        return;
+    }
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct it is given, which lives on this stack.
+    let last = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+        limit.rlim_cur.min(1 << 20) as libc::c_int
+    } else {
+        1024
+    };
+    for fd in first..last {
+        // SAFETY: F_SETFD on a number that may not be open fails with EBADF and changes
+        // nothing.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
 }
 
 fn file_parts(id: cryptblk_net::unix_socket::FileId) -> (u64, u64) {

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# A full `cryptblk backup pull` against its peer and the ceiling, on the same export and disk,
+# in interleaved rounds: nbdcopy copying the same NBD export to a file (the peer), and cp of
+# the image file (the disk's ceiling). A raw image of SIZE random data is served read-only by
+# qemu-nbd. The page cache is dropped before every run (root needed; otherwise the runs are
+# warm and this says so). Prints one line per run (wall seconds, CPU seconds of the copier)
+# and the median and worst per-round ratios of throughput.
+#
+#   scripts/bench-backup.sh [SIZE_MIB=1024] [ROUNDS=5] [DIR=target/bench-backup]
+# Needs: a built cryptblk (target/release or target/debug; CRYPTBLK_BIN overrides), qemu-nbd,
+# nbdcopy (libnbd-bin), GNU time.
+set -euo pipefail
+size_mib=${1:-1024}
+rounds=${2:-5}
+dir=${3:-target/bench-backup}
+bin=${CRYPTBLK_BIN:-}
+if [ -z "$bin" ]; then
+  for b in target/release/cryptblk target/debug/cryptblk; do [ -x "$b" ] && bin=$b && break; done
+fi
+[ -x "$bin" ] || { echo "no cryptblk binary: cargo build --release -p cryptblk" >&2; exit 1; }
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+img=$dir/source.raw
+if [ "$(stat -c %s "$img" 2>/dev/null || echo 0)" != $((size_mib << 20)) ]; then
+  head -c $((size_mib << 20)) /dev/urandom >"$img"
+fi
+sock=$dir/nbd.sock
+rm -f "$sock"
+qemu-nbd -r -t -f raw -x disk -k "$sock" "$img" &
+server=$!
+trap 'kill $server 2>/dev/null; rm -rf "$dir/chain" "$dir/copy.raw" "$dir/cp.raw"' EXIT
+while [ ! -S "$sock" ]; do sleep 0.05; done
+uri="nbd+unix:///disk?socket=$sock"
+
+drop() {
+  sync
+  if [ -w /proc/sys/vm/drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches; else cold=no; fi
+}
+cold=yes
+# Runs one copier; prints "wall cpu".
+run() {
+  /usr/bin/time -o "$dir/time.txt" -f '%e %U %S' "$@" >/dev/null 2>&1
+  awk '{ printf "%.3f %.3f\n", $1, $2 + $3 }' "$dir/time.txt"
+}
+declare -a r_peer r_ceiling
+echo "size ${size_mib} MiB, ${rounds} rounds, binary $bin"
+for round in $(seq 1 "$rounds"); do
+  rm -rf "$dir/chain" "$dir/copy.raw" "$dir/cp.raw"
+  drop; read -r pw pc < <(run "$bin" backup pull "$uri" "$dir/chain" --checkpoint c0)
+  drop; read -r nw nc < <(run nbdcopy "$uri" "$dir/copy.raw")
+  drop; read -r cw cc < <(run cp "$img" "$dir/cp.raw")
+  cmp -s "$dir/copy.raw" "$img" || { echo "nbdcopy copied different bytes" >&2; exit 1; }
+  echo "round $round: pull ${pw}s (cpu ${pc}s)  nbdcopy ${nw}s (cpu ${nc}s)  cp ${cw}s (cpu ${cc}s)"
+  r_peer+=("$(awk -v a="$nw" -v b="$pw" 'BEGIN { printf "%.3f", a / b }')")
+  r_ceiling+=("$(awk -v a="$cw" -v b="$pw" 'BEGIN { printf "%.3f", a / b }')")
+done
+summary() {
+  printf '%s\n' "${@:2}" | sort -n | awk -v what="$1" '
+    { v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
+      printf "%s: median %.2f, worst %.2f\n", what, m, v[1] }'
+}
+summary "pull throughput / nbdcopy's" "${r_peer[@]}"
+summary "pull throughput / cp's (the disk)" "${r_ceiling[@]}"
+echo "page cache dropped before each run: $cold"
