@@ -30,7 +30,7 @@ use cryptblk_block::{BlockDevice, BlockError};
 use cryptblk_vhost_user_blk::config::SIZE_MAX;
 use cryptblk_vhost_user_blk::device::{Start, STATUS_IOERR};
 use cryptblk_vhost_user_blk::request::{self, advertised_limits, Error, MAX_REQUEST_BYTES};
-use cryptblk_vhost_user_blk::{Disk, GuestMem, RingDriver};
+use cryptblk_vhost_user_blk::{GuestMem, RingDriver, VirtioBlkDevice};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -247,7 +247,8 @@ pub fn run(data: &[u8]) -> Outcome {
     let device = device();
     let dev = Arc::clone(&device);
     dev.calls.store(0, Ordering::Relaxed);
-    let disk = Disk::new(dev.clone(), flags & 2 != 0, "fuzz").with_discard(flags & 8 != 0);
+    let disk =
+        VirtioBlkDevice::new(dev.clone(), flags & 2 != 0, "fuzz").with_discard(flags & 8 != 0);
     let mut io_queue = disk.open_queue(usize::from(QSIZE)).unwrap();
     let mut queue = Queue::new(QSIZE).unwrap();
     queue.set_size(QSIZE);
@@ -377,7 +378,8 @@ pub fn run(data: &[u8]) -> Outcome {
     ])
     .unwrap();
     restore(&worker_mem, &before);
-    let worker_disk = Disk::new(dev.clone(), flags & 2 != 0, "fuzz").with_discard(flags & 8 != 0);
+    let worker_disk =
+        VirtioBlkDevice::new(dev.clone(), flags & 2 != 0, "fuzz").with_discard(flags & 8 != 0);
     let mut ring = RingDriver::new(worker_disk, worker_mem, QSIZE, DESC, AVAIL, USED).unwrap();
     ring.kick().unwrap();
     ring.settle();

@@ -1,7 +1,7 @@
 //! Guest-controlled virtqueue contents as a virtio-blk request: the input is a descriptor table,
 //! the head index and the guest memory the descriptors point into. The chain goes through
-//! virtio-queue, `request::parse`, then `Disk::execute_one` on the disk's asynchronous queue
-//! (or `Disk::reject`), as in the daemon's queue thread. Nothing may panic, and no guest byte outside the chain's device-writable
+//! virtio-queue, `request::parse`, then `VirtioBlkDevice::execute_one` on the disk's asynchronous queue
+//! (or `VirtioBlkDevice::reject`), as in the daemon's queue thread. Nothing may panic, and no guest byte outside the chain's device-writable
 //! descriptors (and the used ring) may change. `chain::Chain`, which walks the chains of
 //! requests resubmitted after a daemon restart, must yield exactly the descriptors
 //! virtio-queue yields for the same head. Then the same ring goes through the daemon's own
@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use cryptblk_block::{BlockDevice, BlockError};
 use cryptblk_vhost_user_blk::chain::Chain;
-use cryptblk_vhost_user_blk::{request, Disk, GuestMem, RingDriver};
+use cryptblk_vhost_user_blk::{request, GuestMem, RingDriver, VirtioBlkDevice};
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -87,7 +87,7 @@ fuzz_target!(|data: &[u8]| {
     mem.write_obj(1u16, GuestAddress(AVAIL + 2)).unwrap();
     mem.write_obj(head, GuestAddress(AVAIL + 4)).unwrap();
 
-    let disk = Disk::new(
+    let disk = VirtioBlkDevice::new(
         Arc::new(MemDisk(Mutex::new(vec![0u8; DISK]))),
         flags & 1 != 0,
         "fuzz",
@@ -169,7 +169,7 @@ fuzz_target!(|data: &[u8]| {
     ])
     .unwrap();
     worker_mem.write_slice(&before, GuestAddress(0)).unwrap();
-    let worker_disk = Disk::new(
+    let worker_disk = VirtioBlkDevice::new(
         Arc::new(MemDisk(Mutex::new(vec![0u8; DISK]))),
         flags & 1 != 0,
         "fuzz",

@@ -11,6 +11,7 @@ mod convert;
 mod docs;
 mod engine;
 mod engine_cpu;
+mod figure;
 mod fio;
 mod handoff;
 mod images;

@@ -363,18 +363,95 @@ fn measure(cx: &Bench, step: &Step) -> Result<Measured> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::expand;
+
+    fn names(steps: &[Step]) -> Vec<String> {
+        steps
+            .iter()
+            .map(|s| format!("{}:{}:{}", s.group, s.peer, s.transport))
+            .collect()
+    }
+
+    fn matrix(c: &Config, preset: &str, rounds: u32) -> Vec<Step> {
+        let p = c.preset(preset).unwrap();
+        expand(
+            p,
+            rounds,
+            &MatrixFits {
+                config: c,
+                preset: p,
+            },
+        )
+    }
+
+    #[test]
+    fn every_group_sits_between_two_ceilings_in_interleaved_rounds() {
+        let c = Config::load(None).unwrap();
+        let steps = matrix(&c, "demo", 2);
+        // 2 rounds x 2 transports x 2 workloads x (f a d f).
+        assert_eq!(steps.len(), 2 * 2 * 2 * 4);
+        assert_eq!(
+            names(&steps[..8]),
+            [
+                "r1/vhost/rr4k-d32-q1:f:file",
+                "r1/vhost/rr4k-d32-q1:a:vhost",
+                "r1/vhost/rr4k-d32-q1:d:vhost",
+                "r1/vhost/rr4k-d32-q1:f:file",
+                "r1/nbd/rr4k-d32-q1:f:file",
+                "r1/nbd/rr4k-d32-q1:a:nbd",
+                "r1/nbd/rr4k-d32-q1:d:nbd",
+                "r1/nbd/rr4k-d32-q1:f:file",
+            ]
+        );
+        assert!(steps[16..].iter().all(|s| s.round == 2));
+        // The second round runs the arms the other way round, between the same ceilings.
+        assert_eq!(
+            names(&steps[16..20]),
+            [
+                "r2/vhost/rr4k-d32-q1:f:file",
+                "r2/vhost/rr4k-d32-q1:d:vhost",
+                "r2/vhost/rr4k-d32-q1:a:vhost",
+                "r2/vhost/rr4k-d32-q1:f:file",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_shared_ceiling_surrounds_every_transport_of_the_workload() {
+        let c = Config::load(None).unwrap();
+        let first = names(&matrix(&c, "rbd", 1)[..12]);
+        assert_eq!(first[0], "r1/rr4k-d32-q1:f:file");
+        assert_eq!(first[1], "r1/rr4k-d32-q1:a:nbd");
+        assert_eq!(first[6], "r1/rr4k-d32-q1:a:vhost");
+        assert_eq!(first[11], "r1/rr4k-d32-q1:f:file");
+        // 4 workloads x (2 ceilings + 5 peers x 2 transports).
+        assert_eq!(matrix(&c, "rbd", 1).len(), 4 * 12);
+    }
+
+    #[test]
+    fn idle_and_copy_run_without_ceiling_on_their_transport_only() {
+        let c = Config::load(None).unwrap();
+        let serve = matrix(&c, "serve", 1);
+        let idle: Vec<&Step> = serve.iter().filter(|s| s.workload == "idle").collect();
+        assert_eq!(idle.len(), 4);
+        assert!(idle.iter().all(|s| s.transport == "vhost"));
+        let nbd = matrix(&c, "nbd", 1);
+        let copy: Vec<&Step> = nbd.iter().filter(|s| s.workload == "copy").collect();
+        assert_eq!(copy.len(), 4);
+        assert!(copy.iter().all(|s| !s.ceiling));
+    }
 
     #[test]
     fn without_spdk_its_peers_and_their_ratios_are_skipped() {
         let c = Config::load(None).unwrap();
         let kept = skip_spdk(&c, c.preset("spdk").unwrap(), "SPDK_DIR is not set");
         assert_eq!(kept.peers, ["a", "d"]);
-        assert_eq!(kept.ratios, [crate::config::Figure::pair("a", "f")]);
+        assert_eq!(kept.ratios, [crate::figure::Figure::pair("a", "f")]);
         let fits = MatrixFits {
             config: &c,
             preset: &kept,
         };
-        assert!(!crate::plan::expand(&kept, 1, &fits)
+        assert!(!expand(&kept, 1, &fits)
             .iter()
             .any(|s| s.peer.starts_with('e')));
     }

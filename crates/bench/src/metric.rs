@@ -1,6 +1,15 @@
 //! What the report knows of each metric a sample may carry: its column label, how it is
 //! printed, and which way it is good (which round of a ratio of it is the worst).
-use crate::config::Better;
+use serde::{Deserialize, Serialize};
+
+/// Which way a figure is good: the worst round is the lowest for a speed-up, the highest for
+/// a time or a cost that should stay small.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Better {
+    Higher,
+    Lower,
+}
 
 pub struct Info {
     pub label: &'static str,

@@ -132,7 +132,7 @@ fn table_main(out: &mut String, transport: &str, rows: &[&Row], metrics: &[Strin
 }
 
 /// Workloads x the experiment's figures (the rows and columns that have a value).
-fn table_figures(out: &mut String, rows: &[&Row], figures: &[crate::config::Figure]) {
+fn table_figures(out: &mut String, rows: &[&Row], figures: &[crate::figure::Figure]) {
     let cells: Vec<Vec<Option<Spread>>> = rows
         .iter()
         .map(|r| figures.iter().map(|f| r.spread(f)).collect())

@@ -3,8 +3,9 @@
 //! around them), medians over rounds, and per-round figures (x over y measured in the same
 //! round, so that a slow spell of the machine hits both) summarised as their median and the
 //! worst round; the speed targets are such figures against a limit.
-use crate::config::{Better, Config, Figure, Op, Target};
-use crate::metric::{self, ADDED_LATENCY};
+use crate::config::Config;
+use crate::figure::{Figure, Op, Target};
+use crate::metric::{self, Better, ADDED_LATENCY};
 use crate::sample::{Sample, WorkloadRecord};
 use serde::Serialize;
 use std::collections::BTreeMap;

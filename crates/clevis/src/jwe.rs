@@ -1,7 +1,7 @@
 //! The JWE half of the tang pin: the content key from the ECDH-ES shared secret (Concat KDF,
 //! RFC 7518 4.6 with direct key agreement) and the AES-GCM decryption of the payload.
 use crate::error::{Result, TokenError};
-use crate::token::FlattenedJwe;
+use crate::jose::FlattenedJwe;
 use openssl::symm::{decrypt_aead, Cipher};
 use zeroize::Zeroizing;
 

@@ -1,6 +1,6 @@
 //! Elliptic-curve JWKs (RFC 7517/7518 6.2) as tang and clevis exchange them, converted to and
 //! from OpenSSL points; and the RFC 7638 thumbprint that names a server key (`kid`).
-use crate::token::{b64, b64_encode};
+use crate::base64url::{b64, b64_encode};
 use openssl::bn::{BigNum, BigNumContext};
 use openssl::ec::{EcGroup, EcKey, EcPoint, EcPointRef};
 use openssl::nid::Nid;

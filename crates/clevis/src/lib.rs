@@ -6,8 +6,10 @@
 //! and subtraction on the raw curve points), which no JOSE library exposes; the JWE part
 //! around it (ECDH-ES Concat KDF and AES-GCM) is a few lines on OpenSSL, which the workspace
 //! already builds. The token JSON is untrusted and every field is checked.
+mod base64url;
 mod error;
 mod http;
+mod jose;
 mod jwe;
 mod jwk;
 mod tang;

@@ -4,8 +4,8 @@
 //! the server C: pick a fresh e, send X = C + eG, the server answers Y = sX = sC + eS, and
 //! sC = Y - eS. The server never sees C or the secret; a stolen disk is useless without it.
 use crate::error::{Result, TokenError};
+use crate::jose::TangHeader;
 use crate::jwk::{affine, EcJwk};
-use crate::token::TangHeader;
 use openssl::bn::BigNumContext;
 use openssl::ec::{EcGroup, EcKey, EcPoint};
 use std::time::Duration;

@@ -3,10 +3,10 @@
 //! the tang pin needs to recover the key: the client's ephemeral public key (`epk`), the
 //! server key's thumbprint (`kid`), the server's advertisement and URL (`clevis.tang`).
 //! Header JSON is untrusted: every field is checked and a bad one is an error, never a panic.
+use crate::base64url::b64;
 use crate::error::{Result, TokenError};
+use crate::jose::{FlattenedJwe, TangHeader};
 use crate::jwk::EcJwk;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine as _;
 use cryptblk_luks::LuksImage;
 use serde_json::{Map, Value};
 
@@ -26,30 +26,6 @@ impl ClevisToken {
     pub fn url(&self) -> &str {
         &self.header.url
     }
-}
-
-/// The parts of a flattened JWE (RFC 7516 7.2.2) a single-recipient `dir`-style JWE has.
-#[derive(Debug, Clone)]
-pub(crate) struct FlattenedJwe {
-    /// The protected header as stored (base64url text): the AAD covers these exact bytes.
-    pub protected: String,
-    pub aad: Option<String>,
-    pub iv: Vec<u8>,
-    pub ciphertext: Vec<u8>,
-    pub tag: Vec<u8>,
-}
-
-/// What the protected header says, for the tang pin.
-#[derive(Debug, Clone)]
-pub(crate) struct TangHeader {
-    pub enc: String,
-    pub epk: EcJwk,
-    pub kid: String,
-    pub apu: Vec<u8>,
-    pub apv: Vec<u8>,
-    pub url: String,
-    /// The advertised keys (`clevis.tang.adv.keys`), one of which `kid` names.
-    pub adv_keys: Vec<Value>,
 }
 
 /// The clevis tokens of `image` in id order, each parsed or with the reason it cannot be
@@ -198,14 +174,6 @@ fn parse_header(protected: &str) -> Result<TangHeader> {
         url: string(&["clevis", "tang", "url"])?,
         adv_keys,
     })
-}
-
-pub(crate) fn b64(text: &str) -> std::result::Result<Vec<u8>, base64::DecodeError> {
-    URL_SAFE_NO_PAD.decode(text.trim_end_matches('='))
-}
-
-pub(crate) fn b64_encode(bytes: &[u8]) -> String {
-    URL_SAFE_NO_PAD.encode(bytes)
 }
 
 fn malformed(reason: impl Into<String>) -> TokenError {

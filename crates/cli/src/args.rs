@@ -1,8 +1,7 @@
 //! The command-line contract. cryptsetup and qemu-img users should recognise every option.
 use crate::size::parse_size;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use cryptblk_block::{AioEngine, CacheMode as ImageCacheMode};
-use cryptblk_control::api::DiskConfig;
+use cryptblk_control::api::{AioEngine, CacheMode as ImageCacheMode, DiskConfig, UnknownName};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -401,7 +400,7 @@ pub enum LogFormat {
     Json,
 }
 
-fn parse_cache_mode(s: &str) -> Result<ImageCacheMode, cryptblk_block::UnknownName> {
+fn parse_cache_mode(s: &str) -> Result<ImageCacheMode, UnknownName> {
     s.parse()
 }
 
@@ -423,7 +422,7 @@ fn parse_engine_list(s: &str) -> Result<String, String> {
     }
 }
 
-fn parse_aio_engine(s: &str) -> Result<AioEngine, cryptblk_block::UnknownName> {
+fn parse_aio_engine(s: &str) -> Result<AioEngine, UnknownName> {
     s.parse()
 }
 

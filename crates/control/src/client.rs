@@ -1,5 +1,6 @@
 //! The client side: connect, send a request line, read its response line.
-use crate::protocol::{RpcError, MAX_LINE};
+use crate::protocol::MAX_LINE;
+use crate::rpc_error::RpcError;
 use serde_json::{Map, Value};
 use std::io::{self, BufRead, BufReader, ErrorKind, Read};
 use std::os::fd::BorrowedFd;

@@ -12,7 +12,7 @@
 //! Written on libc rather than a crate: the SCM_RIGHTS helper the workspace already has
 //! (vmm-sys-util's `ScmSocket`) reports truncated ancillary data as an error and drops the
 //! bytes read with it, which would lose the frame boundary of a stream socket.
-use crate::protocol::RpcError;
+use crate::rpc_error::RpcError;
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;

@@ -29,14 +29,16 @@ mod client;
 mod error;
 mod fds;
 mod protocol;
+mod rpc_error;
 mod server;
 mod socket;
 
 pub use client::{call, Client, ClientError};
 pub use error::Error;
 pub use fds::{PassedFds, MAX_FDS_PER_REQUEST};
-pub use protocol::{
-    Handler, RpcError, APPLICATION_ERROR_MAX, APPLICATION_ERROR_MIN, INTERNAL_ERROR,
-    INVALID_PARAMS, INVALID_REQUEST, MAX_LINE, METHOD_NOT_FOUND, PARSE_ERROR, SERVER_SHUTTING_DOWN,
+pub use protocol::{Handler, MAX_LINE};
+pub use rpc_error::{
+    RpcError, APPLICATION_ERROR_MAX, APPLICATION_ERROR_MIN, INTERNAL_ERROR, INVALID_PARAMS,
+    INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, SERVER_SHUTTING_DOWN,
 };
 pub use server::{ControlServer, StopHandle};

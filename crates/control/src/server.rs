@@ -6,7 +6,8 @@
 //! connection stays strictly sequential, so its responses come back in request order.
 use crate::error::Error;
 use crate::fds::FdReader;
-use crate::protocol::{self, Handler, RpcError, MAX_LINE};
+use crate::protocol::{self, Handler, MAX_LINE};
+use crate::rpc_error::RpcError;
 use crate::socket::{self, FileId};
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, ErrorKind, Read, Write};

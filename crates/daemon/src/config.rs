@@ -245,7 +245,7 @@ fn toml_error(text: &str, e: &toml::de::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cryptblk_block::{AioEngine, CacheMode};
+    use cryptblk_control::api::{AioEngine, CacheMode};
 
     fn parse(text: &str) -> Result<Vec<DiskConfig>, String> {
         parse_config(text, Path::new("/etc/cryptblk")).map_err(|e| e.0)

@@ -1,10 +1,10 @@
 //! One attached disk: its image open (and unlocked) and its exports running.
 use crate::activity::DiskActivity;
 use crate::error::{Context, Result};
-use crate::image::OpenedImage;
 use cryptblk_block::{BlockDevice, IoStats};
 use cryptblk_control::api::DiskConfig;
 use cryptblk_vhost_user_blk::{ServeOptions, Served, StopHandle};
+use cryptblk_volume::Volume;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -18,7 +18,7 @@ pub struct VhostExport {
 /// An attached disk.
 pub struct AttachedDisk {
     pub config: DiskConfig,
-    pub image: OpenedImage,
+    pub image: Volume,
     pub vhost: Option<VhostExport>,
     /// Counters of the disk's NBD export (all connections).
     pub nbd_stats: Arc<IoStats>,

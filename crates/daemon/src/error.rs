@@ -2,10 +2,11 @@
 //! context (which disk, which step) and the cause. `Display` is the context only; the causes
 //! are printed once, by [`chain`], where the error leaves the program (the RPC answer, the
 //! command line, a log line).
-use cryptblk_block::{BlockError, BlockErrorKind, VolumeError};
+use cryptblk_block::{BlockError, BlockErrorKind};
 use cryptblk_control::api::ErrorKind;
 use cryptblk_crypto::CryptoError;
 use cryptblk_luks::LuksError;
+use cryptblk_volume::VolumeError;
 use std::error::Error as StdError;
 use std::fmt;
 

@@ -1,58 +1,16 @@
-//! Opening a disk's image: probed, locked, and for LUKS unlocked, behind the dirty tracker a
-//! migration uses.
+//! Opening a disk's image as a [`Volume`]: probed, locked, and for LUKS unlocked with what the
+//! daemon has (volume keys handed over or cached, the configured passphrase, clevis tokens).
 use crate::error::{Context, Error, Result};
+use crate::io_options;
 use crate::key_cache::KeyCache;
 use crate::key_file::{read_key_file, Passphrase};
 use crate::secret::{decrypt_secret, MasterKey};
-use cryptblk_block::{
-    BlockDevice, Container, CryptDevice, Format, OpenOptions, RawFile, SegmentMap,
-};
+use cryptblk_block::{BlockDevice, Container, Format, OpenOptions, RawFile};
 use cryptblk_control::api::{key_source, DiskConfig, KeySource};
 use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::{KnownKey, LuksError, UnlockOptions, Unlocker};
-use cryptblk_migration::DirtyTracker;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
-
-/// Dirty tracking granularity of a raw image (a LUKS image tracks its encryption sectors).
-const RAW_TRACKING_GRANULARITY: u64 = 4096;
-
-/// An opened image.
-pub struct OpenedImage {
-    /// What the exports serve: the disk behind its dirty tracker (idle until a migration).
-    pub device: Arc<dyn BlockDevice>,
-    pub tracker: Arc<DirtyTracker>,
-    /// The image (file or RBD image) under the encryption, which a migration copies and
-    /// whose header keyslot changes and reencryptions update.
-    pub file: Arc<dyn Container>,
-    /// The LUKS UUID or the image file name.
-    pub serial: String,
-    /// The volume under the tracker: a LUKS image's decrypted payload, or a raw image as one
-    /// plaintext part, which an online encryption turns into a LUKS2 volume while it serves.
-    pub volume: CryptDevice,
-    /// What the LUKS header says of the image; a raw image gets it when an online encryption
-    /// writes its header.
-    luks: RwLock<Option<LuksFacts>>,
-    /// The volume keys serving it, for a successor daemon or the key cache (`VolumeKeys`).
-    keys: Mutex<Option<VolumeKeys>>,
-    /// Opened with volume keys already known (handed over, or cached): no key derivation.
-    pub without_kdf: bool,
-}
-
-/// A LUKS volume's keys as a restarted daemon needs them: its UUID (the key cache's name for
-/// it) and each key with its digest's fingerprint.
-pub struct VolumeKeys {
-    pub uuid: String,
-    pub keys: Vec<KnownKey>,
-}
-
-impl VolumeKeys {
-    pub fn duplicate(&self) -> VolumeKeys {
-        VolumeKeys {
-            uuid: self.uuid.clone(),
-            keys: self.keys.iter().map(KnownKey::duplicate).collect(),
-        }
-    }
-}
+use cryptblk_volume::{DirtyTracker, LuksVolume, Volume, VolumeKeys};
+use std::sync::Arc;
 
 /// The secret a disk is opened with.
 pub enum Secret {
@@ -64,73 +22,9 @@ pub enum Secret {
     Keys(Vec<KnownKey>),
 }
 
-/// What the metrics and `disk-list` show of a LUKS image (never its key).
-#[derive(Debug, Clone)]
-pub struct LuksFacts {
-    /// The sector-crypto engine serving it.
-    pub engine: &'static str,
-    /// The cipher as LUKS2 names it (`aes-xts-plain64`) and its key size in bits.
-    pub cipher: String,
-    pub key_bits: usize,
-}
-
-impl LuksFacts {
-    /// The facts of a volume encrypted with `spec` on `engine`.
-    pub fn new(spec: &cryptblk_crypto::CipherSpec, engine: &'static str) -> LuksFacts {
-        LuksFacts {
-            engine,
-            cipher: spec.to_luks2_string(),
-            key_bits: spec.key_bytes() * 8,
-        }
-    }
-}
-
-impl OpenedImage {
-    pub fn format(&self) -> Format {
-        match self.luks() {
-            Some(_) => Format::Luks,
-            None => Format::Raw,
-        }
-    }
-
-    /// The LUKS facts, `None` for a raw image.
-    pub fn luks(&self) -> Option<LuksFacts> {
-        self.luks
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// The image has become LUKS2 (an online encryption wrote its header).
-    pub(crate) fn set_luks(&self, facts: LuksFacts) {
-        *self.luks.write().unwrap_or_else(PoisonError::into_inner) = Some(facts);
-    }
-
-    /// Which storage serves which part of the volume (several during a reencryption).
-    pub fn segments(&self) -> &Arc<SegmentMap> {
-        self.volume.segments()
-    }
-
-    /// A copy of the volume keys serving the disk (`None` for a raw one).
-    pub(crate) fn volume_keys(&self) -> Option<VolumeKeys> {
-        self.keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(VolumeKeys::duplicate)
-    }
-
-    /// The volume keys changed (a reencryption started or finished, an encryption began), or
-    /// became known; the key cache follows when there is one.
-    pub(crate) fn set_volume_keys(&self, keys: VolumeKeys, cache: Option<&KeyCache>) {
-        remember(cache, &keys);
-        *self.keys.lock().unwrap_or_else(PoisonError::into_inner) = Some(keys);
-    }
-}
-
 /// Puts a volume's keys in the key cache, if there is one (a failure is logged: the disk
 /// serves on, only a restart after a crash will need the passphrase again).
-fn remember(cache: Option<&KeyCache>, keys: &VolumeKeys) {
+pub(crate) fn remember(cache: Option<&KeyCache>, keys: &VolumeKeys) {
     if let Some(cache) = cache {
         if let Err(e) = cache.store(&keys.uuid, &keys.keys) {
             tracing::warn!(uuid = %keys.uuid, "not cached: {e}");
@@ -161,7 +55,7 @@ pub fn open_image(
     inherited: Option<std::fs::File>,
     secret: Secret,
     cx: &OpenContext<'_>,
-) -> Result<OpenedImage> {
+) -> Result<Volume> {
     let name = config.image.path();
     let (container, format) = open_container(config, inherited)?;
     match format {
@@ -182,7 +76,7 @@ pub fn open_image(
                     name.display()
                 )));
             }
-            raw_image(container)
+            Volume::from_raw(container).context("setting up dirty tracking")
         }
         other => Err(unservable(name, other)),
     }
@@ -196,8 +90,8 @@ fn unlock_luks(
     secret: Secret,
     writable: bool,
     cx: &OpenContext<'_>,
-) -> Result<(cryptblk_block::LuksVolume, bool)> {
-    let opts = cryptblk_block::VolumeOptions {
+) -> Result<(cryptblk_volume::LuksVolume, bool)> {
+    let opts = cryptblk_volume::VolumeOptions {
         writable,
         unlock: cx.unlock.clone(),
         pool: Some(cx.pool.clone()),
@@ -208,13 +102,16 @@ fn unlock_luks(
         Secret::Passphrase(given) => (cached_keys(&container, cx), "the key cache", given),
     };
     if let Some(keys) = known {
-        match cryptblk_block::open_luks_volume_with(container.clone(), Unlocker::Keys(&keys), &opts)
-        {
+        match cryptblk_volume::open_luks_volume_with(
+            container.clone(),
+            Unlocker::Keys(&keys),
+            &opts,
+        ) {
             Ok(volume) => {
                 tracing::info!(disk = %config.name, "opened with the volume key from {source} (no key derivation)");
                 return Ok((volume, true));
             }
-            Err(cryptblk_block::VolumeError::Luks {
+            Err(cryptblk_volume::VolumeError::Luks {
                 source: LuksError::KnownKeyStale(_),
                 ..
             }) => {
@@ -288,8 +185,8 @@ fn open_container(
         return Err(unservable(path, format));
     }
     let io = cryptblk_block::IoSettings {
-        cache: config.cache,
-        aio: config.aio,
+        cache: io_options::cache_mode(config.cache),
+        aio: io_options::aio_engine(config.aio),
     };
     let opts = OpenOptions {
         writable,
@@ -303,80 +200,13 @@ fn open_container(
     Ok((Arc::new(file), format))
 }
 
-fn luks_image(
-    volume: cryptblk_block::LuksVolume,
-    key_cache: Option<&KeyCache>,
-) -> Result<OpenedImage> {
-    let serial = volume.header().uuid().to_string();
-    let keys = VolumeKeys {
-        uuid: serial.clone(),
-        keys: volume
-            .known_keys()
-            .iter()
-            .map(KnownKey::duplicate)
-            .collect(),
-    };
-    remember(key_cache, &keys);
-    let engine = volume
-        .device()
-        .cipher()
-        .map_or("none", |cipher| cipher.engine_name());
-    let facts = volume
-        .header()
-        .cipher_spec()
-        .map(|spec| LuksFacts::new(&spec, engine))
-        .unwrap_or(LuksFacts {
-            engine,
-            cipher: String::new(),
-            key_bits: 0,
-        });
-    let file = volume.container().clone();
-    let crypt = volume.device().clone();
-    let payload_offset = volume.header().data_offset();
-    let granularity = u64::from(volume.header().sector_size());
-    let volume = Arc::new(volume);
-    let tracker = Arc::new(
-        DirtyTracker::new(volume.clone(), payload_offset, granularity)
-            .context("setting up dirty tracking")?,
-    );
-    Ok(OpenedImage {
-        device: tracker.clone(),
-        tracker,
-        file,
-        serial,
-        volume: crypt,
-        luks: RwLock::new(Some(facts)),
-        keys: Mutex::new(Some(keys)),
-        without_kdf: false,
-    })
-}
-
-/// A raw image is served as one plaintext part of a volume (not the file directly), so that
-/// an online encryption can turn it into LUKS2 while it serves; its queues pay one plain load
-/// per request for that (`cryptblk_block::SegmentMap`).
-fn raw_image(raw: Arc<dyn Container>) -> Result<OpenedImage> {
-    let serial = raw
-        .name()
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let read_only = raw.read_only();
-    let backend: Arc<dyn BlockDevice> = raw.clone();
-    let volume = CryptDevice::plaintext(backend, read_only);
-    let tracker = Arc::new(
-        DirtyTracker::new(Arc::new(volume.clone()), 0, RAW_TRACKING_GRANULARITY)
-            .context("setting up dirty tracking")?,
-    );
-    Ok(OpenedImage {
-        device: tracker.clone(),
-        tracker,
-        file: raw,
-        serial,
-        volume,
-        luks: RwLock::new(None),
-        keys: Mutex::new(None),
-        without_kdf: false,
-    })
+/// The volume of an unlocked LUKS image; its keys go to the key cache, if there is one.
+fn luks_image(volume: LuksVolume, key_cache: Option<&KeyCache>) -> Result<Volume> {
+    let image = Volume::from_luks(volume).context("setting up dirty tracking")?;
+    if let Some(keys) = image.volume_keys() {
+        remember(key_cache, &keys);
+    }
+    Ok(image)
 }
 
 /// Opens an image a migration is bringing in, from the file the migration writes: `gate`
@@ -387,7 +217,7 @@ pub fn open_received(
     file: Arc<dyn Container>,
     cx: &OpenContext<'_>,
     gate: impl FnOnce(Arc<dyn BlockDevice>) -> Result<Arc<dyn BlockDevice>>,
-) -> Result<OpenedImage> {
+) -> Result<Volume> {
     let mut magic = [0u8; 6];
     file.read_at(&mut magic, 0)
         .context("reading the received header")?;
@@ -401,7 +231,7 @@ pub fn open_received(
                 "a key file is given, but the incoming image is raw",
             ));
         }
-        raw_image(file)?
+        Volume::from_raw(file).context("setting up dirty tracking")?
     };
     // Serve through the gate, and keep a tracker on top so the disk can migrate on later.
     let inner = image.tracker.inner().clone();

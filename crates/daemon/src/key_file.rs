@@ -12,9 +12,6 @@
 //! (which would leave the earlier bytes behind in freed memory): a buffer that must grow is
 //! copied into a bigger zeroizing one by hand, and the smaller one is wiped.
 use crate::error::{Context, Error, Result};
-use crate::secret::{decrypt_secret, MasterKey};
-use cryptblk_control::api::KeySource;
-use cryptblk_control::PassedFds;
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileExt, FileTypeExt, PermissionsExt};
@@ -85,40 +82,6 @@ pub fn read_key_file(path: &Path) -> Result<Passphrase> {
 /// How long a passed pipe may take to deliver the passphrase and close: the passphrase is
 /// read to end-of-file, and a writer that never closes must not pin a control connection.
 pub const KEY_FD_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Reads the passphrase of `source`, given by the params `PREFIX-*` (`prefix`: `key` or
-/// `new-key`): a key file, a descriptor passed with the request (taken from `fds`, read and
-/// closed), or a secret decrypted with the daemon's `master_key`.
-pub fn read_key_source(
-    source: KeySource<'_>,
-    prefix: &str,
-    fds: &mut PassedFds,
-    master_key: Option<&MasterKey>,
-) -> Result<Passphrase> {
-    match source {
-        KeySource::File(path) => read_key_file(path),
-        KeySource::Fd(index) => {
-            let param = format!("{prefix}-fd");
-            let fd = fds
-                .take(index, &param)
-                .map_err(|e| Error::invalid_params(e.message))?;
-            read_key_fd(fd, &format!("{param} {index}"))
-        }
-        KeySource::Secret { ciphertext, iv } => decrypt_secret(master_key, ciphertext, iv, prefix),
-    }
-}
-
-/// What unlocking with the passphrase of `source` is called in an error: the param it came in.
-pub fn unlocking_with(source: KeySource<'_>, prefix: &str) -> String {
-    match source {
-        KeySource::File(_) => format!("unlocking with {prefix}-file"),
-        KeySource::Fd(_) => format!("unlocking with {prefix}-fd"),
-        // CBC cannot tell a wrong IV: it garbles the passphrase's first block.
-        KeySource::Secret { .. } => {
-            format!("unlocking with {prefix}-secret (decrypted; is {prefix}-secret-iv right?)")
-        }
-    }
-}
 
 /// Reads the passphrase in a passed descriptor, which is closed afterwards: a pipe or socket
 /// to its end (within [`KEY_FD_TIMEOUT`]), a regular file or memfd whole from its start

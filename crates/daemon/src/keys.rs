@@ -3,7 +3,7 @@
 use crate::activity::HeaderChange;
 use crate::disk::AttachedDisk;
 use crate::error::{Context, Error, Result};
-use crate::key_file::{read_key_source, unlocking_with};
+use crate::key_source::{read_key_source, unlocking_with};
 use crate::registry::Daemon;
 use cryptblk_control::api::{
     key_source, KeyAddParams, KeyParams, KeyRemoveParams, KeySource, Pbkdf,
@@ -87,7 +87,7 @@ pub(crate) fn required_source<'a>(given: KeyParams<'a>, prefix: &str) -> Result<
 
 pub(crate) fn luks_file(disk: &AttachedDisk) -> Result<Arc<dyn cryptblk_block::Container>> {
     match disk.image.luks() {
-        Some(_) => Ok(disk.image.file.clone()),
+        Some(_) => Ok(disk.image.container.clone()),
         None => Err(Error::conflict(format!(
             "disk \"{}\" is {}, not LUKS: it has no keyslots",
             disk.name(),

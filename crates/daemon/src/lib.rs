@@ -12,8 +12,10 @@ mod dumps;
 pub mod error;
 mod handover;
 mod image;
+mod io_options;
 pub mod key_cache;
 pub mod key_file;
+mod key_source;
 mod keys;
 pub mod memory;
 pub mod metrics;
@@ -40,7 +42,8 @@ pub use image::Secret;
 pub use keys::pbkdf_options;
 pub use registry::{Daemon, DaemonOptions, PreparedDisk};
 pub use rpc::ControlHandler;
-pub use serve::{ignore_file_size_signal, serve, ServeConfig, StartDisk};
+pub use serve::{ignore_file_size_signal, serve, ServeConfig};
+pub use start::StartDisk;
 pub use start::UnlockBudget;
 
 /// Something the serve loop must react to.

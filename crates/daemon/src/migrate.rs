@@ -164,14 +164,14 @@ impl Daemon {
         let ticket = disk.activity.begin_start(name)?;
         let started = if p.shared {
             SourceMigration::start_shared(
-                disk.image.file.clone(),
+                disk.image.container.clone(),
                 disk.image.tracker.clone(),
                 &to,
                 opts,
             )
         } else {
             SourceMigration::start(
-                disk.image.file.clone(),
+                disk.image.container.clone(),
                 disk.image.tracker.clone(),
                 &to,
                 opts,

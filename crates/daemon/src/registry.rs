@@ -7,7 +7,7 @@
 use crate::activity::DiskActivity;
 use crate::disk::{serve_options, AttachedDisk, VhostExport, WithoutDiscard};
 use crate::error::{chain, Context, Error, Result};
-use crate::image::{open_image, OpenContext, OpenedImage, Secret};
+use crate::image::{open_image, OpenContext, Secret};
 use crate::key_cache::KeyCache;
 use crate::secret::MasterKey;
 use crate::Event;
@@ -19,6 +19,7 @@ use cryptblk_luks::UnlockOptions;
 use cryptblk_migration::{IncomingMigration, Phase};
 use cryptblk_nbd::{Export, ExportRegistry};
 use cryptblk_vhost_user_blk::{Acceptor, FrontendEvent, ServeOptions, Server};
+use cryptblk_volume::Volume;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -92,7 +93,7 @@ pub struct InheritedSocket {
 /// A disk whose image is open and unlocked but not exported yet (see `Daemon::prepare`).
 pub struct PreparedDisk {
     pub config: DiskConfig,
-    pub(crate) image: OpenedImage,
+    pub(crate) image: Volume,
 }
 
 impl PreparedDisk {

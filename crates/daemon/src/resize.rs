@@ -4,15 +4,15 @@
 //! Every queue reads the disk's size per request (the image's and the LUKS payload's, shared
 //! atomics read by each pipeline's range check), so the new size holds for every queue the
 //! moment the resize returns, without a message to the queue workers and without draining:
-//! requests at the old end go on as before (`cryptblk_block::LuksVolume::resize` has the
+//! requests at the old end go on as before (`cryptblk_volume::LuksVolume::resize` has the
 //! order of the steps). The vhost-user config space reads the capacity from the device too;
 //! the frontend is then told to read it again (VHOST_USER_BACKEND_CONFIG_CHANGE_MSG). An NBD
 //! connection keeps the size it was told at its handshake; new ones see the new size.
 use crate::disk::AttachedDisk;
 use crate::error::{Error, Result};
 use crate::registry::Daemon;
-use cryptblk_block::ResizeError;
 use cryptblk_control::api::{DiskResizeParams, DiskResized};
+use cryptblk_volume::ResizeError;
 
 impl Daemon {
     /// Resizes the disk to `p.size` bytes as the guest sees them. Refused as busy while a
@@ -69,11 +69,11 @@ impl Daemon {
     }
 }
 
-fn resize(disk: &AttachedDisk, size: u64, allow_shrink: bool) -> Result<cryptblk_block::Resized> {
+fn resize(disk: &AttachedDisk, size: u64, allow_shrink: bool) -> Result<cryptblk_volume::Resized> {
     let result = disk
         .image
-        .volume
-        .resize(disk.image.file.as_ref(), size, allow_shrink);
+        .crypt
+        .resize(disk.image.container.as_ref(), size, allow_shrink);
     result.map_err(|e| match e {
         e if e.is_bad_request() => Error::usage(e.to_string()),
         e @ ResizeError::Image { .. } => Error::caused(

@@ -3,7 +3,8 @@
 //! client's), and every failure becomes an error object whose code is its kind's.
 use crate::config::{absolute, require_absolute_paths, validate};
 use crate::error::{chain, Error, Result};
-use crate::key_file::{read_key_source, Passphrase};
+use crate::key_file::Passphrase;
+use crate::key_source::read_key_source;
 use crate::migrate::Cancelled;
 use crate::registry::Daemon;
 use cryptblk_control::api::{

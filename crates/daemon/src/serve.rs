@@ -11,12 +11,11 @@
 use crate::error::{chain, Context, Error, Result};
 use crate::handover::{ControlSocket, InheritedServers, Process};
 use crate::key_cache::KeyCache;
-use crate::key_file::Passphrase;
 use crate::notify::ServiceManager;
 use crate::registry::{Daemon, DaemonOptions};
 use crate::rpc::ControlHandler;
 use crate::secret::MasterKey;
-use crate::start::{attach_all, UnlockBudget};
+use crate::start::{attach_all, label, StartDisk, UnlockBudget};
 use crate::Event;
 use cryptblk_control::api::DiskConfig;
 use cryptblk_control::ControlServer;
@@ -29,12 +28,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
-
-/// A disk to attach at start, with the passphrase when the caller asked for it on a terminal.
-pub struct StartDisk {
-    pub config: DiskConfig,
-    pub passphrase: Option<Passphrase>,
-}
 
 /// Everything `serve` runs.
 pub struct ServeConfig {
@@ -469,15 +462,6 @@ impl KeyCacheRefresher {
         *self.stop.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
         self.stop.1.notify_all();
         let _ = self.thread.join();
-    }
-}
-
-/// How messages name a disk at start.
-pub(crate) fn label(config: &DiskConfig, by_name: bool) -> String {
-    if by_name {
-        format!("disk \"{}\" ({})", config.name, config.image)
-    } else {
-        config.image.to_string()
     }
 }
 

@@ -12,12 +12,27 @@
 //! the workers from taking more, and the caller detaches every disk already exported.
 
 use crate::error::{Error, Result};
+use crate::key_file::Passphrase;
 use crate::registry::Daemon;
-use crate::serve::{label, StartDisk};
 use crate::Secret;
 use cryptblk_control::api::{DiskConfig, DiskInfo};
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, PoisonError};
+
+/// A disk to attach at start, with the passphrase when the caller asked for it on a terminal.
+pub struct StartDisk {
+    pub config: DiskConfig,
+    pub passphrase: Option<Passphrase>,
+}
+
+/// How messages name a disk at start.
+pub(crate) fn label(config: &DiskConfig, by_name: bool) -> String {
+    if by_name {
+        format!("disk \"{}\" ({})", config.name, config.image)
+    } else {
+        config.image.to_string()
+    }
+}
 
 /// Memory for key derivations running at once, in KiB.
 pub struct UnlockBudget {

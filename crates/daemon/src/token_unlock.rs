@@ -5,10 +5,11 @@
 //! every source and why it failed, each token by its id and its server's URL.
 use crate::error::{Context, Error, Result};
 use crate::key_file::Passphrase;
-use cryptblk_block::{Container, LuksVolume, VolumeError, VolumeOptions};
+use cryptblk_block::Container;
 use cryptblk_clevis::{TokenError, DEFAULT_TANG_TIMEOUT};
 use cryptblk_control::api::ErrorKind;
 use cryptblk_luks::{LuksError, LuksImage};
+use cryptblk_volume::{LuksVolume, VolumeError, VolumeOptions};
 use std::sync::Arc;
 
 /// Opens the LUKS volume on `container` with the first key source that works. `given` is
@@ -86,7 +87,7 @@ fn try_open(
     passphrase: &[u8],
     opts: &VolumeOptions,
 ) -> Result<Result<LuksVolume, VolumeError>> {
-    match cryptblk_block::open_luks_volume_on(container.clone(), passphrase, opts) {
+    match cryptblk_volume::open_luks_volume_on(container.clone(), passphrase, opts) {
         Ok(volume) => Ok(Ok(volume)),
         Err(e) if e.is_wrong_passphrase() => Ok(Err(e)),
         Err(e) => Err(Error::caused("opening the LUKS volume", e)),

@@ -38,8 +38,9 @@
 
 use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
 use cryptblk_migration::{
-    DirtyTracker, IncomingMigration, MigrationAddress, Phase, SourceMigration, SourceOptions,
+    IncomingMigration, MigrationAddress, Phase, SourceMigration, SourceOptions,
 };
+use cryptblk_volume::DirtyTracker;
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -84,14 +84,6 @@ impl Closer {
     }
 }
 
-/// Whether an I/O error is a socket timeout firing.
-pub fn is_timeout(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
-}
-
 /// One established connection, split.
 pub struct Channel {
     pub reader: Box<dyn Read + Send>,

@@ -48,3 +48,10 @@ pub enum MigrationError {
     #[error("the destination image {path} already exists; a migration never overwrites an image")]
     DestinationExists { path: std::path::PathBuf },
 }
+
+/// Tracking that cannot be set up is an invalid option of the migration (its message kept).
+impl From<cryptblk_volume::TrackingError> for MigrationError {
+    fn from(e: cryptblk_volume::TrackingError) -> Self {
+        MigrationError::InvalidOptions(e.0)
+    }
+}

@@ -5,8 +5,8 @@
 //! writes the same bytes into its own image file, so no key ever crosses the wire and the
 //! destination needs the passphrase only to open the volume it received.
 //!
-//! - [`dirty`]: a lock-free dirty bitmap and [`DirtyTracker`], the `BlockDevice` wrapper that
-//!   records guest writes while a migration runs and fences the disk at switchover.
+//! - The dirty tracking it reads (`DirtyBitmap`, `DirtyTracker`: which blocks guest writes
+//!   changed, and the fence at switchover) is the volume's (`cryptblk-volume`).
 //! - [`wire`]: the versioned, framed, checksummed protocol, with pure parsers for untrusted
 //!   input.
 //! - [`channel`]: TCP/Unix connections, optionally mutually authenticated TLS, split into
@@ -18,15 +18,14 @@
 
 pub mod channel;
 pub mod destination;
-pub mod dirty;
 mod error;
 mod latency;
 pub mod source;
 pub mod wire;
 
 pub use channel::MigrationAddress;
+use cryptblk_volume::{DirtyBitmap, DirtyTracker};
 pub use destination::{IncomingDisk, IncomingMigration, IncomingStatus, IncomingStore, NewFile};
-pub use dirty::{DirtyBitmap, DirtyTracker};
 pub use error::MigrationError;
 pub use latency::{LatencyHistogram, LatencySummary};
 pub use source::{SourceMigration, SourceOptions, SourceStatus};

@@ -2,7 +2,8 @@
 //! fails the start after the connect timeout, with an error that says so; the disk is left
 //! as it was.
 use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
-use cryptblk_migration::{DirtyTracker, MigrationError, SourceMigration, SourceOptions};
+use cryptblk_migration::{MigrationError, SourceMigration, SourceOptions};
+use cryptblk_volume::DirtyTracker;
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

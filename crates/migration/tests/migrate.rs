@@ -5,11 +5,12 @@
 mod common;
 
 use common::*;
-use cryptblk_block::{open_luks_volume, BlockDevice, VolumeOptions};
+use cryptblk_block::BlockDevice;
 use cryptblk_migration::wire::{self, Frame, Hello, Role, SESSION_ID_LEN};
 use cryptblk_migration::{
     IncomingMigration, MigrationAddress, Phase, SourceMigration, SourceOptions, PROTOCOL_VERSION,
 };
+use cryptblk_volume::{open_luks_volume, VolumeOptions};
 use std::io::Write;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

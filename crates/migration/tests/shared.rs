@@ -9,14 +9,14 @@ mod common;
 
 use common::*;
 use cryptblk_block::{
-    open_luks_volume_on, BlockDevice, BlockError, BlockErrorKind, Container, LuksVolume,
-    OpenOptions, RawFile, SharedStorage, VolumeOptions,
+    BlockDevice, BlockError, BlockErrorKind, Container, OpenOptions, RawFile, SharedStorage,
 };
 use cryptblk_luks::HeaderIo;
 use cryptblk_migration::{
-    DirtyTracker, IncomingMigration, IncomingStore, MigrationAddress, Phase, SourceMigration,
-    SourceOptions,
+    IncomingMigration, IncomingStore, MigrationAddress, Phase, SourceMigration, SourceOptions,
 };
+use cryptblk_volume::DirtyTracker;
+use cryptblk_volume::{open_luks_volume_on, LuksVolume, VolumeOptions};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -7,8 +7,9 @@
 //! Without KEY_FILE the image is served raw; with it, IMAGE is opened as a LUKS volume whose
 //! passphrase is the key file's contents. The export is named "disk".
 
-use cryptblk_block::{open_luks_volume, BlockDevice, IoStats, OpenOptions, RawFile, VolumeOptions};
+use cryptblk_block::{BlockDevice, IoStats, OpenOptions, RawFile};
 use cryptblk_nbd::{Export, ExportRegistry, NbdAddress, NbdServer};
+use cryptblk_volume::{open_luks_volume, VolumeOptions};
 use std::sync::Arc;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -23,7 +23,7 @@ use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::epoll::EventSet;
 
 use crate::config::{self, ConfigSpace};
-use crate::device::Disk;
+use crate::device::VirtioBlkDevice;
 use crate::frontend::FrontendState;
 use crate::inflight::InflightRegion;
 use crate::worker::{Message, RequestContext, Vring, WorkerHandle};
@@ -70,7 +70,7 @@ impl BlkBackend {
     /// Opens one asynchronous I/O queue per virtqueue and starts its worker. `queue_stats`
     /// has one entry per queue (kept by the caller across connections).
     pub fn new(
-        disk: Disk,
+        disk: VirtioBlkDevice,
         num_queues: u16,
         queue_size: u16,
         mem: GuestMemoryAtomic<GuestMem>,
@@ -89,7 +89,7 @@ impl BlkBackend {
     }
 
     pub(crate) fn with_frontend(
-        disk: Disk,
+        disk: VirtioBlkDevice,
         num_queues: u16,
         queue_size: u16,
         mem: GuestMemoryAtomic<GuestMem>,

@@ -14,7 +14,7 @@ use virtio_bindings::virtio_blk::{
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
-use crate::device::{Disk, MAX_DISCARD_SECTORS, MAX_WRITE_ZEROES_SECTORS};
+use crate::device::{VirtioBlkDevice, MAX_DISCARD_SECTORS, MAX_WRITE_ZEROES_SECTORS};
 use crate::request::SECTOR_SIZE;
 
 /// Offset of the `writeback` byte in `struct virtio_blk_config`.
@@ -30,7 +30,7 @@ const CONFIG_MAX: usize = 256;
 pub const SIZE_MAX: u32 = 1 << 20;
 
 /// The virtio feature bits offered for `disk`.
-pub(crate) fn features(disk: &Disk) -> u64 {
+pub(crate) fn features(disk: &VirtioBlkDevice) -> u64 {
     let mut f = (1u64 << VIRTIO_F_VERSION_1)
         | (1 << VIRTIO_RING_F_EVENT_IDX)
         | (1 << VIRTIO_RING_F_INDIRECT_DESC)
@@ -105,7 +105,7 @@ impl ConfigSpace {
     }
 
     /// GET_CONFIG: `size` bytes at `offset`; nothing for a read past `CONFIG_MAX`.
-    pub(crate) fn read(&self, disk: &Disk, offset: u32, size: u32) -> Vec<u8> {
+    pub(crate) fn read(&self, disk: &VirtioBlkDevice, offset: u32, size: u32) -> Vec<u8> {
         let (offset, size) = (offset as usize, size as usize);
         let Some(end) = offset.checked_add(size).filter(|&e| e <= CONFIG_MAX) else {
             return Vec::new();
@@ -122,7 +122,7 @@ impl ConfigSpace {
 
     /// SET_CONFIG: only the writeback byte is guest-writable; switching to write-through
     /// makes earlier writes durable now.
-    pub(crate) fn write(&self, disk: &Disk, offset: u32, buf: &[u8]) -> io::Result<()> {
+    pub(crate) fn write(&self, disk: &VirtioBlkDevice, offset: u32, buf: &[u8]) -> io::Result<()> {
         let Some(rel) = CONFIG_WCE_OFFSET.checked_sub(offset as usize) else {
             return Ok(());
         };
@@ -138,7 +138,7 @@ impl ConfigSpace {
     }
 
     /// The config space as the guest sees it.
-    fn bytes(&self, disk: &Disk) -> [u8; CONFIG_LEN] {
+    fn bytes(&self, disk: &VirtioBlkDevice) -> [u8; CONFIG_LEN] {
         let mut c = [0u8; CONFIG_LEN];
         let capacity = disk.capacity() / SECTOR_SIZE;
         c[0..8].copy_from_slice(&capacity.to_le_bytes());

@@ -43,7 +43,7 @@ pub const ID_BYTES: usize = VIRTIO_BLK_ID_BYTES as usize;
 pub enum Start {
     /// Answered without I/O: status byte and bytes written into guest buffers.
     Done(u8, u32),
-    /// Submit this I/O (buffers in the `iov` passed to `Disk::start`).
+    /// Submit this I/O (buffers in the `iov` passed to `VirtioBlkDevice::start`).
     Io(Planned),
 }
 
@@ -74,7 +74,7 @@ impl Planned {
 }
 
 /// The disk as the request executor sees it.
-pub struct Disk {
+pub struct VirtioBlkDevice {
     device: Arc<dyn BlockDevice>,
     read_only: bool,
     /// DISCARD is offered and executed (only on a writable disk).
@@ -82,13 +82,13 @@ pub struct Disk {
     serial: [u8; ID_BYTES],
 }
 
-impl Disk {
+impl VirtioBlkDevice {
     /// `serial` is cut to 20 bytes (zero-padded when shorter), as GET_ID returns it.
     pub fn new(device: Arc<dyn BlockDevice>, read_only: bool, serial: &str) -> Self {
         let mut id = [0u8; ID_BYTES];
         let n = serial.len().min(ID_BYTES);
         id[..n].copy_from_slice(&serial.as_bytes()[..n]);
-        Disk {
+        VirtioBlkDevice {
             read_only: read_only || device.read_only(),
             device,
             discard: false,

@@ -52,7 +52,7 @@ use vm_memory::GuestMemoryMmap;
 pub use accept::{AllowedPeer, SocketFile};
 pub use acceptor::{Acceptor, FailureListener, Served};
 pub use backend::{BackendOptions, BlkBackend};
-pub use device::Disk;
+pub use device::VirtioBlkDevice;
 pub use frontend::{EventListener, FrontendEvent};
 pub use guest_log::MemoryLog;
 pub use server::{Server, StopHandle};

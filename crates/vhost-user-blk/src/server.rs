@@ -20,7 +20,7 @@ use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::GuestMemoryAtomic;
 
 use crate::backend::{self, BackendOptions, BlkBackend};
-use crate::device::Disk;
+use crate::device::VirtioBlkDevice;
 use crate::frontend::FrontendState;
 use crate::{guest_fd, Error, EventListener, GuestMem, ServeOptions, MAX_QUEUES, MAX_QUEUE_SIZE};
 
@@ -260,8 +260,9 @@ impl Server {
     /// answered before this returns.
     pub(crate) fn serve_connection(&self, stream: UnixStream) -> Result<(), Error> {
         let mem = GuestMemoryAtomic::new(GuestMem::new());
-        let disk = Disk::new(self.device.clone(), self.opts.read_only, &self.opts.serial)
-            .with_discard(self.opts.discard);
+        let disk =
+            VirtioBlkDevice::new(self.device.clone(), self.opts.read_only, &self.opts.serial)
+                .with_discard(self.opts.discard);
         self.shared.frontend.reset();
         let backend = match BlkBackend::with_frontend(
             disk,

@@ -12,8 +12,9 @@ use std::sync::Arc;
 
 use blkio::{Blkio, Blkioq, Completion, MemoryRegion, ReqFlags};
 use common::{pattern, Daemon};
-use cryptblk_block::{open_luks_volume, BlockDevice, OpenOptions, RawFile, VolumeOptions};
+use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
 use cryptblk_vhost_user_blk::ServeOptions;
+use cryptblk_volume::{open_luks_volume, VolumeOptions};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;

@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use common::{pattern, Daemon, Guest, S_IOERR, S_OK};
 use cryptblk_block::{
-    open_luks_volume, AioEngine, BlockDevice, BlockError, CacheMode, IoSettings, OpenOptions,
-    RawFile, VolumeOptions,
+    AioEngine, BlockDevice, BlockError, CacheMode, IoSettings, OpenOptions, RawFile,
 };
 use cryptblk_vhost_user_blk::ServeOptions;
+use cryptblk_volume::{open_luks_volume, VolumeOptions};
 
 const MIB: u64 = 1 << 20;
 const PW: &[u8] = b"io modes passphrase";

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use cryptblk_block::{BlockDevice, BlockError};
 use cryptblk_vhost_user_blk::request;
-use cryptblk_vhost_user_blk::Disk;
+use cryptblk_vhost_user_blk::VirtioBlkDevice;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -89,7 +89,7 @@ fn random_addr(rng: &mut Rng) -> u64 {
 #[test]
 fn random_descriptor_chains_never_write_outside_their_buffers() {
     let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
-    let disk = Disk::new(
+    let disk = VirtioBlkDevice::new(
         Arc::new(MemDisk(Mutex::new(vec![0u8; DISK]))),
         false,
         "random",

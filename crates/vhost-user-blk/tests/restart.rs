@@ -16,9 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{pattern, Guest, S_OK, VIRTIO_BLK_T_FLUSH};
-use cryptblk_block::{open_luks_volume, BlockDevice, BlockError, VolumeOptions};
+use cryptblk_block::{BlockDevice, BlockError};
 use cryptblk_vhost_user_blk::fault::{self, Point};
 use cryptblk_vhost_user_blk::{ServeOptions, Server};
+use cryptblk_volume::{open_luks_volume, VolumeOptions};
 use vm_memory::GuestAddress;
 
 const MIB: u64 = 1 << 20;

@@ -5,8 +5,9 @@ use cryptblk_testutil::vhost_user as common;
 use std::sync::Arc;
 
 use common::{pattern, Daemon, Desc, Guest, S_IOERR, S_OK, S_UNSUPP};
-use cryptblk_block::{open_luks_volume, BlockDevice, OpenOptions, RawFile, VolumeOptions};
+use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
 use cryptblk_vhost_user_blk::ServeOptions;
+use cryptblk_volume::{open_luks_volume, VolumeOptions};
 
 const MIB: u64 = 1 << 20;
 

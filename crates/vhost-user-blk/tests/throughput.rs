@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{pattern, Daemon, Guest, S_OK};
-use cryptblk_block::{open_luks_volume, BlockDevice, OpenOptions, RawFile, VolumeOptions};
+use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
 use cryptblk_vhost_user_blk::ServeOptions;
+use cryptblk_volume::{open_luks_volume, VolumeOptions};
 
 const MIB: u64 = 1 << 20;
 const SIZE: u64 = 256 * MIB;

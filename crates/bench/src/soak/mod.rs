@@ -22,13 +22,12 @@ use crate::config::parse_size;
 use anyhow::{bail, Context, Result};
 use client::Fleet;
 use daemon::Daemon;
-use record::{Event, Recorder, Sample, SoakRecord};
+use record::{Event, Recorder, Sample, SoakRecord, Summary, Tolerances};
 use schedule::Kind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use summary::Tolerances;
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
@@ -290,7 +289,7 @@ pub fn report_again(args: &Args, results: &Path) -> Result<()> {
     verdict(&report(&records, &args)?)
 }
 
-fn verdict(summary: &summary::Summary) -> Result<()> {
+fn verdict(summary: &Summary) -> Result<()> {
     if !summary.failed.is_empty() {
         bail!("the soak failed: {}", summary.failed.join("; "));
     }
@@ -298,7 +297,7 @@ fn verdict(summary: &summary::Summary) -> Result<()> {
 }
 
 /// Prints the summary of `records` and writes their chart.
-fn report(records: &[SoakRecord], args: &Args) -> Result<summary::Summary> {
+fn report(records: &[SoakRecord], args: &Args) -> Result<Summary> {
     let tolerances = Tolerances {
         rss_slope_mib_h: args.max_rss_slope,
         idle_anon_growth_mib: args.max_idle_anon_growth,

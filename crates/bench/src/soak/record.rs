@@ -11,8 +11,7 @@
 //! - `event`: an upgrade, a kill and restart, or a disk churn; how long it took and its pause
 //!   (from the event until every client had completed a request started after it).
 //! - `failure`: a verify error, a request that failed or stalled.
-//! - `summary`: what [`super::summary`] made of the rest.
-use super::summary::Summary;
+//! - `summary`: what [`super::summary`] made of the rest ([`Summary`]).
 use crate::sample::Machine;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -86,6 +85,64 @@ pub struct Event {
     /// if some did not within the bound.
     pub pause_ms: Option<f64>,
 }
+
+/// How much growth a run may show and still pass.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Tolerances {
+    /// Of VmRSS and RssAnon, over the run after the warm-up, MiB per hour.
+    pub rss_slope_mib_h: f64,
+    /// Idle RssAnon at the end over the start, MiB.
+    pub idle_anon_growth_mib: f64,
+    /// Idle threads and descriptors at the end over the start.
+    pub idle_thread_growth: i64,
+    pub idle_fd_growth: i64,
+}
+
+/// Threads and descriptors between two events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Phase {
+    pub from_s: f64,
+    pub to_s: f64,
+    /// The event that began it (`start` for the first).
+    pub after: String,
+    pub threads: (u32, u32),
+    pub fds: (u32, u32),
+    pub anon_mib: (f64, f64),
+}
+
+/// The pauses of one kind of event, ms.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pauses {
+    pub count: usize,
+    pub median_ms: Option<f64>,
+    pub worst_ms: Option<f64>,
+    /// Events after which some client did not work again within the bound.
+    pub unrecovered: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub seconds: f64,
+    pub ops: u64,
+    pub verify_errors: u64,
+    pub client_errors: u64,
+    pub warmup_s: f64,
+    pub rss_slope_mib_h: Option<f64>,
+    pub anon_slope_mib_h: Option<f64>,
+    /// The steepest RssAnon slope within one daemon process that lived at least
+    /// [`PROCESS_SPAN_S`] (its first [`PROCESS_SETTLE_S`] left out), MiB per hour.
+    pub worst_process_anon_slope_mib_h: Option<f64>,
+    pub idle_start: Option<Sample>,
+    pub idle_end: Option<Sample>,
+    pub phases: Vec<Phase>,
+    pub pauses: BTreeMap<String, Pauses>,
+    pub tolerances: Tolerances,
+    /// Each tolerance broken, in words; empty: the run passed.
+    pub failed: Vec<String>,
+}
+
+pub const PROCESS_SPAN_S: f64 = 120.0;
+pub const PROCESS_SETTLE_S: f64 = 20.0;
 
 /// Appends records to the results file as they come, and keeps them for the summary.
 pub struct Recorder {

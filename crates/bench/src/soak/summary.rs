@@ -2,67 +2,10 @@
 //! after the warm-up, over the whole run and within each daemon process), the idle figures at
 //! the end against the start, threads and descriptors per phase (between events), the pause
 //! of each kind of event; and which of the stated tolerances the run broke.
-use super::record::{Event, Sample, SoakRecord};
-use serde::{Deserialize, Serialize};
+use super::record::{
+    Event, Pauses, Phase, Sample, SoakRecord, Summary, Tolerances, PROCESS_SETTLE_S, PROCESS_SPAN_S,
+};
 use std::collections::BTreeMap;
-
-/// How much growth a run may show and still pass.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Tolerances {
-    /// Of VmRSS and RssAnon, over the run after the warm-up, MiB per hour.
-    pub rss_slope_mib_h: f64,
-    /// Idle RssAnon at the end over the start, MiB.
-    pub idle_anon_growth_mib: f64,
-    /// Idle threads and descriptors at the end over the start.
-    pub idle_thread_growth: i64,
-    pub idle_fd_growth: i64,
-}
-
-/// Threads and descriptors between two events.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Phase {
-    pub from_s: f64,
-    pub to_s: f64,
-    /// The event that began it (`start` for the first).
-    pub after: String,
-    pub threads: (u32, u32),
-    pub fds: (u32, u32),
-    pub anon_mib: (f64, f64),
-}
-
-/// The pauses of one kind of event, ms.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Pauses {
-    pub count: usize,
-    pub median_ms: Option<f64>,
-    pub worst_ms: Option<f64>,
-    /// Events after which some client did not work again within the bound.
-    pub unrecovered: usize,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Summary {
-    pub seconds: f64,
-    pub ops: u64,
-    pub verify_errors: u64,
-    pub client_errors: u64,
-    pub warmup_s: f64,
-    pub rss_slope_mib_h: Option<f64>,
-    pub anon_slope_mib_h: Option<f64>,
-    /// The steepest RssAnon slope within one daemon process that lived at least
-    /// [`PROCESS_SPAN_S`] (its first [`PROCESS_SETTLE_S`] left out), MiB per hour.
-    pub worst_process_anon_slope_mib_h: Option<f64>,
-    pub idle_start: Option<Sample>,
-    pub idle_end: Option<Sample>,
-    pub phases: Vec<Phase>,
-    pub pauses: BTreeMap<String, Pauses>,
-    pub tolerances: Tolerances,
-    /// Each tolerance broken, in words; empty: the run passed.
-    pub failed: Vec<String>,
-}
-
-pub const PROCESS_SPAN_S: f64 = 120.0;
-pub const PROCESS_SETTLE_S: f64 = 20.0;
 
 /// Least-squares slope of y over x (per unit of x); `None` under two distinct x.
 pub fn slope(points: &[(f64, f64)]) -> Option<f64> {

@@ -11,5 +11,6 @@ pub mod man;
 pub mod reencrypt;
 mod reencrypt_decrypt;
 mod reencrypt_encrypt;
+mod reencrypt_run;
 pub mod resize;
 pub mod serve;

@@ -6,7 +6,7 @@
 //! FILE decides which: a FILE that does not exist is created and a decryption starts; an
 //! existing one must be the detached header of a decryption in progress (cryptsetup reads an
 //! existing FILE, even an empty one, as a header and refuses it otherwise; so does this).
-use super::reencrypt::run_to_end;
+use super::reencrypt_run::run_to_end;
 use crate::args::{Cli, ReencryptArgs, ResilienceMode};
 use crate::convert::interrupt::InterruptFlag;
 use crate::exit::UsageError;

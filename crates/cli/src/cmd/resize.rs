@@ -3,10 +3,9 @@
 use crate::args::ResizeArgs;
 use crate::exit::UsageError;
 use anyhow::{Context, Result};
-use cryptblk_block::{
-    probe_format, resize_luks, resize_raw, Container, Format, OpenOptions, RawFile, ResizeError,
-};
+use cryptblk_block::{probe_format, Container, Format, OpenOptions, RawFile};
 use cryptblk_luks::LuksImage;
+use cryptblk_volume::{resize_luks, resize_raw, ResizeError};
 
 pub fn run(args: &ResizeArgs) -> Result<()> {
     // A file size limit refuses the new length with EFBIG (exit 5) instead of killing us.

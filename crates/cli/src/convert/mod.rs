@@ -224,14 +224,14 @@ pub fn open_luks(
     pool: &Arc<CryptoPool>,
 ) -> Result<Endpoint> {
     let path = container.name().to_path_buf();
-    let opts = cryptblk_block::VolumeOptions {
+    let opts = cryptblk_volume::VolumeOptions {
         writable: !container.read_only(),
         unlock: unlock_options(cli),
         pool: Some(pool.clone()),
         ..Default::default()
     };
     // VolumeError already names the path.
-    let volume = cryptblk_block::open_luks_volume_on(container, passphrase, &opts)?;
+    let volume = cryptblk_volume::open_luks_volume_on(container, passphrase, &opts)?;
     for warning in volume.warnings() {
         tracing::warn!("{}: {warning}", path.display());
         eprintln!("cryptblk: warning: {}: {warning}", path.display());
@@ -324,7 +324,7 @@ fn create_target(
                 let (image, volume_key) =
                     LuksImage::format(&device, &new.opts, &new.passphrase, Some(new.payload))
                         .with_context(|| format!("formatting {name}"))?;
-                let volume = cryptblk_block::LuksVolume::from_unlocked(
+                let volume = cryptblk_volume::LuksVolume::from_unlocked(
                     Arc::new(device),
                     image,
                     0,
@@ -369,7 +369,7 @@ fn create_target(
         },
     )?;
     direct_writes(&mut backend, args.target_cache)?;
-    let device = cryptblk_block::LuksVolume::from_unlocked(
+    let device = cryptblk_volume::LuksVolume::from_unlocked(
         Arc::new(backend),
         image,
         0,

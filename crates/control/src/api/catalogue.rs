@@ -95,7 +95,27 @@ const fn opt(name: &'static str, kind: ParamKind, help: &'static str) -> ParamSp
     }
 }
 
+use super::passphrase_params::passphrase_specs;
 use ParamKind::*;
+
+/// `N` params from `parts`, in order: a method's own params and its passphrase quads as one
+/// list. A wrong `N` fails the build (const evaluation panics).
+const fn params<const N: usize>(parts: &[&[ParamSpec]]) -> [ParamSpec; N] {
+    let mut out = [NAME; N];
+    let mut filled = 0;
+    let mut part = 0;
+    while part < parts.len() {
+        let mut i = 0;
+        while i < parts[part].len() {
+            out[filled] = parts[part][i];
+            filled += 1;
+            i += 1;
+        }
+        part += 1;
+    }
+    assert!(filled == N, "N is not the number of params");
+    out
+}
 
 const NAME: ParamSpec = req("name", Name, "The disk's name in the daemon.");
 const CACHE_MODES: &[&str] = &["none", "writeback", "writethrough", "directsync", "unsafe"];
@@ -106,30 +126,31 @@ pub const METHODS: &[MethodSpec] = &[
     MethodSpec {
         name: "disk-add",
         summary: "Start serving another image.",
-        params: &[
-            NAME,
-            req("image", Path, "The image: LUKS1, LUKS2 or raw; a file, or an RBD image rbd:POOL/IMAGE[@SNAP][:conf=PATH][:id=USER][:keyring=PATH]."),
-            opt("key-file", KeyFile, "File holding the LUKS passphrase (read by the daemon; ctl's `-` passes its stdin as key-fd)."),
-            opt("key-fd", KeyFd, "The LUKS passphrase in a descriptor passed with the request (SCM_RIGHTS; a pipe, memfd or file, read to its end), instead of key-file."),
-            opt("key-secret", Base64, "The LUKS passphrase encrypted with the daemon's master key (serve --master-key-file): base64 of the AES-256-CBC ciphertext, PKCS#7 padded (as QEMU's secret object with keyid), instead of key-file."),
-            opt("key-secret-iv", Base64, "Base64 of the 16-byte IV key-secret was encrypted with (fresh for each secret)."),
-            opt("vhost-user-blk", Path, "Export it on this vhost-user-blk socket."),
-            opt("num-queues", Count, "Virtqueues offered to the guest (default 1)."),
-            opt("queue-size", Count, "Largest virtqueue size, a power of two up to 1024 (default 256)."),
-            opt("nbd-export", Flag, "Export it over the daemon's NBD server as well."),
-            opt("readonly", Flag, "Export read-only."),
-            opt("discard", Flag, "Pass guest discards to the image (reveals which blocks are unused)."),
-            opt("serial", Text, "The vhost-user GET_ID answer (default: the LUKS UUID or the image's file name)."),
-            opt("cache", Choice(CACHE_MODES), "Host cache mode, as QEMU's cache= (default none)."),
-            opt("aio", Choice(AIO_ENGINES), "Asynchronous I/O engine (default io_uring)."),
-            opt("poll-us", Count, "Busy-poll completions this many microseconds before sleeping (default 0: never)."),
-            opt("socket-owner", Text, "Owner of the vhost-user-blk socket: USER, USER:GROUP or :GROUP (e.g. libvirt-qemu for libvirt's QEMU)."),
-            opt("socket-mode", Text, "Permission bits of the vhost-user-blk socket in octal, e.g. 0660 (default 0600)."),
-            opt("tls-authz", Text, "On a TLS NBD server: the client certificate names (subject CN or DNS subjectAltName, comma-separated) allowed to use this export, instead of serve --tls-authz."),
-            opt("socket-peer-uid", Text, "Accept a vhost-user-blk frontend only from this user (name or uid; SO_PEERCRED); others are disconnected and logged."),
-            opt("socket-peer-gid", Text, "Accept a vhost-user-blk frontend only from this primary group (name or gid); with socket-peer-uid both must match."),
-            opt("unsealed-memory", Flag, "Map guest memory not sealed against shrinking (libblkio clients, QEMU memory-backend-file); such a frontend can crash the daemon."),
-        ],
+        params: &params::<22>(&[
+            &[
+                NAME,
+                req("image", Path, "The image: LUKS1, LUKS2 or raw; a file, or an RBD image rbd:POOL/IMAGE[@SNAP][:conf=PATH][:id=USER][:keyring=PATH]."),
+            ],
+            &passphrase_specs!("key", "the LUKS passphrase"),
+            &[
+                opt("vhost-user-blk", Path, "Export it on this vhost-user-blk socket."),
+                opt("num-queues", Count, "Virtqueues offered to the guest (default 1)."),
+                opt("queue-size", Count, "Largest virtqueue size, a power of two up to 1024 (default 256)."),
+                opt("nbd-export", Flag, "Export it over the daemon's NBD server as well."),
+                opt("readonly", Flag, "Export read-only."),
+                opt("discard", Flag, "Pass guest discards to the image (reveals which blocks are unused)."),
+                opt("serial", Text, "The vhost-user GET_ID answer (default: the LUKS UUID or the image's file name)."),
+                opt("cache", Choice(CACHE_MODES), "Host cache mode, as QEMU's cache= (default none)."),
+                opt("aio", Choice(AIO_ENGINES), "Asynchronous I/O engine (default io_uring)."),
+                opt("poll-us", Count, "Busy-poll completions this many microseconds before sleeping (default 0: never)."),
+                opt("socket-owner", Text, "Owner of the vhost-user-blk socket: USER, USER:GROUP or :GROUP (e.g. libvirt-qemu for libvirt's QEMU)."),
+                opt("socket-mode", Text, "Permission bits of the vhost-user-blk socket in octal, e.g. 0660 (default 0600)."),
+                opt("tls-authz", Text, "On a TLS NBD server: the client certificate names (subject CN or DNS subjectAltName, comma-separated) allowed to use this export, instead of serve --tls-authz."),
+                opt("socket-peer-uid", Text, "Accept a vhost-user-blk frontend only from this user (name or uid; SO_PEERCRED); others are disconnected and logged."),
+                opt("socket-peer-gid", Text, "Accept a vhost-user-blk frontend only from this primary group (name or gid); with socket-peer-uid both must match."),
+                opt("unsealed-memory", Flag, "Map guest memory not sealed against shrinking (libblkio clients, QEMU memory-backend-file); such a frontend can crash the daemon."),
+            ],
+        ]),
     },
     MethodSpec {
         name: "disk-remove",
@@ -161,51 +182,49 @@ pub const METHODS: &[MethodSpec] = &[
     MethodSpec {
         name: "key-add",
         summary: "Add a keyslot to a served disk's LUKS image.",
-        params: &[
-            NAME,
-            opt("key-file", KeyFile, "File holding an existing passphrase (read by the daemon); this, key-fd or key-secret."),
-            opt("key-fd", KeyFd, "An existing passphrase in a descriptor passed with the request."),
-            opt("key-secret", Base64, "An existing passphrase encrypted with the daemon's master key (serve --master-key-file): base64 of the AES-256-CBC ciphertext, PKCS#7 padded (as QEMU's secret object with keyid), instead of key-file."),
-            opt("key-secret-iv", Base64, "Base64 of the 16-byte IV key-secret was encrypted with (fresh for each secret)."),
-            opt("new-key-file", KeyFile, "File holding the new passphrase (read by the daemon); this, new-key-fd or new-key-secret."),
-            opt("new-key-fd", KeyFd, "The new passphrase in a descriptor passed with the request."),
-            opt("new-key-secret", Base64, "The new passphrase encrypted with the daemon's master key (serve --master-key-file): base64 of the AES-256-CBC ciphertext, PKCS#7 padded (as QEMU's secret object with keyid), instead of new-key-file."),
-            opt("new-key-secret-iv", Base64, "Base64 of the 16-byte IV new-key-secret was encrypted with (fresh for each secret)."),
-            opt("pbkdf", Choice(&["pbkdf2", "argon2i", "argon2id"]), "Key derivation for the new keyslot (default: argon2id on LUKS2, pbkdf2 on LUKS1)."),
-            opt("iter-time", Millis, "Target unlock time of the new keyslot in milliseconds (default 2000)."),
-        ],
+        params: &params::<11>(&[
+            &[
+                NAME,
+            ],
+            &passphrase_specs!("key", "an existing passphrase"),
+            &passphrase_specs!("new-key", "the new passphrase"),
+            &[
+                opt("pbkdf", Choice(&["pbkdf2", "argon2i", "argon2id"]), "Key derivation for the new keyslot (default: argon2id on LUKS2, pbkdf2 on LUKS1)."),
+                opt("iter-time", Millis, "Target unlock time of the new keyslot in milliseconds (default 2000)."),
+            ],
+        ]),
     },
     MethodSpec {
         name: "key-remove",
         summary: "Remove the keyslot a passphrase opens from a served disk's LUKS image.",
-        params: &[
-            NAME,
-            opt("key-file", KeyFile, "File holding the passphrase to remove (read by the daemon); this, key-fd or key-secret."),
-            opt("key-fd", KeyFd, "The passphrase to remove in a descriptor passed with the request."),
-            opt("key-secret", Base64, "The passphrase to remove encrypted with the daemon's master key (serve --master-key-file): base64 of the AES-256-CBC ciphertext, PKCS#7 padded (as QEMU's secret object with keyid), instead of key-file."),
-            opt("key-secret-iv", Base64, "Base64 of the 16-byte IV key-secret was encrypted with (fresh for each secret)."),
-        ],
+        params: &params::<5>(&[
+            &[
+                NAME,
+            ],
+            &passphrase_specs!("key", "the passphrase to remove"),
+        ]),
     },
     MethodSpec {
         name: "migrate-incoming",
         summary: "Destination: receive a disk from another daemon into a new image (or take over the rbd: image it shares).",
-        params: &[
-            NAME,
-            req("image", Path, "The new image to receive into (must not exist): a file, or rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH]. An existing rbd: image is the one the source serves, handed over with migrate-start --shared."),
-            req("listen", Address, "Where the source connects: tcp:HOST:PORT (port 0 picks one) or unix:PATH."),
-            opt("key-file", KeyFile, "File holding the LUKS passphrase, to open the received volume (read by the daemon)."),
-            opt("key-fd", KeyFd, "The LUKS passphrase in a descriptor passed with the request, instead of key-file."),
-            opt("key-secret", Base64, "The LUKS passphrase encrypted with the daemon's master key (serve --master-key-file): base64 of the AES-256-CBC ciphertext, PKCS#7 padded (as QEMU's secret object with keyid), instead of key-file."),
-            opt("key-secret-iv", Base64, "Base64 of the 16-byte IV key-secret was encrypted with (fresh for each secret)."),
-            opt("tls-creds", Path, "TLS credentials directory (QEMU x509 layout); the source must present a client certificate signed by its CA. Required on a non-loopback TCP address unless insecure."),
-            opt("peer-name", Text, "With tls-creds: the name (subject CN or DNS subjectAltName) the source's certificate must carry; others are refused after the TLS handshake."),
-            opt("insecure", Flag, "Allow plain TCP (no tls-creds) on an address other machines reach: whoever connects first sends the disk. Logged as a warning."),
-            opt("vhost-user-blk", Path, "Export the disk on this vhost-user-blk socket (bound when the header has arrived)."),
-            opt("num-queues", Count, "Virtqueues offered to the guest (default 1)."),
-            opt("queue-size", Count, "Largest virtqueue size (default 256)."),
-            opt("nbd-export", Flag, "Export it over NBD as well."),
-            opt("discard", Flag, "Pass guest discards to the image."),
-        ],
+        params: &params::<15>(&[
+            &[
+                NAME,
+                req("image", Path, "The new image to receive into (must not exist): a file, or rbd:POOL/IMAGE[:conf=PATH][:id=USER][:keyring=PATH]. An existing rbd: image is the one the source serves, handed over with migrate-start --shared."),
+                req("listen", Address, "Where the source connects: tcp:HOST:PORT (port 0 picks one) or unix:PATH."),
+            ],
+            &passphrase_specs!("key", "the LUKS passphrase that opens the received volume"),
+            &[
+                opt("tls-creds", Path, "TLS credentials directory (QEMU x509 layout); the source must present a client certificate signed by its CA. Required on a non-loopback TCP address unless insecure."),
+                opt("peer-name", Text, "With tls-creds: the name (subject CN or DNS subjectAltName) the source's certificate must carry; others are refused after the TLS handshake."),
+                opt("insecure", Flag, "Allow plain TCP (no tls-creds) on an address other machines reach: whoever connects first sends the disk. Logged as a warning."),
+                opt("vhost-user-blk", Path, "Export the disk on this vhost-user-blk socket (bound when the header has arrived)."),
+                opt("num-queues", Count, "Virtqueues offered to the guest (default 1)."),
+                opt("queue-size", Count, "Largest virtqueue size (default 256)."),
+                opt("nbd-export", Flag, "Export it over NBD as well."),
+                opt("discard", Flag, "Pass guest discards to the image."),
+            ],
+        ]),
     },
     MethodSpec {
         name: "migrate-start",
@@ -260,22 +279,23 @@ pub const METHODS: &[MethodSpec] = &[
     MethodSpec {
         name: "reencrypt-start",
         summary: "Replace a served LUKS2 disk's volume key (or cipher, key size, sector size) while it serves, encrypt a served raw disk in place (encrypt), or continue a paused one.",
-        params: &[
-            NAME,
-            opt("key-file", KeyFile, "File holding a passphrase of the disk (read by the daemon); it also protects the new volume key. This, key-fd or key-secret."),
-            opt("key-fd", KeyFd, "The passphrase in a descriptor passed with the request."),
-            opt("key-secret", Base64, "The passphrase encrypted with the daemon's master key (serve --master-key-file): base64 of the AES-256-CBC ciphertext, PKCS#7 padded (as QEMU's secret object with keyid), instead of key-file."),
-            opt("key-secret-iv", Base64, "Base64 of the 16-byte IV key-secret was encrypted with (fresh for each secret)."),
-            opt("resilience", Choice(&["checksum", "journal", "none"]), "How a hotzone a crash interrupts is recovered (default checksum; none loses that hotzone, as in cryptsetup)."),
-            opt("cipher", Text, "The new cipher, e.g. aes-xts-plain64 (default: the current one; with encrypt, aes-xts-plain64)."),
-            opt("key-size", Count, "Bits of the new volume key (default: the current size; with encrypt or a new cipher, 512 for XTS, else 256)."),
-            opt("sector-size", Count, "Bytes of the new encryption sector, 512 to 4096 (default: the current one; with encrypt, 512)."),
-            opt("max-bandwidth", Bytes, "Bytes per second the reencryption reads and writes (default 64M; 0: no limit)."),
-            opt("pbkdf", Choice(&["pbkdf2", "argon2i", "argon2id"]), "Key derivation for the new volume key's keyslot (default argon2id)."),
-            opt("iter-time", Millis, "Target unlock time of that keyslot in milliseconds (default 2000)."),
-            opt("encrypt", Flag, "The disk is raw: encrypt it in place as LUKS2 without changing its size; from the moment this returns its image is LUKS2, attached with this passphrase."),
-            opt("reduce-device-size", Bytes, "With encrypt: bytes for the LUKS2 header and the data shift, as cryptsetup's --reduce-device-size (default 32M): the image grows by them while the encryption runs and ends half of them larger than the disk."),
-        ],
+        params: &params::<14>(&[
+            &[
+                NAME,
+            ],
+            &passphrase_specs!("key", "a passphrase of the disk (it also protects the new volume key)"),
+            &[
+                opt("resilience", Choice(&["checksum", "journal", "none"]), "How a hotzone a crash interrupts is recovered (default checksum; none loses that hotzone, as in cryptsetup)."),
+                opt("cipher", Text, "The new cipher, e.g. aes-xts-plain64 (default: the current one; with encrypt, aes-xts-plain64)."),
+                opt("key-size", Count, "Bits of the new volume key (default: the current size; with encrypt or a new cipher, 512 for XTS, else 256)."),
+                opt("sector-size", Count, "Bytes of the new encryption sector, 512 to 4096 (default: the current one; with encrypt, 512)."),
+                opt("max-bandwidth", Bytes, "Bytes per second the reencryption reads and writes (default 64M; 0: no limit)."),
+                opt("pbkdf", Choice(&["pbkdf2", "argon2i", "argon2id"]), "Key derivation for the new volume key's keyslot (default argon2id)."),
+                opt("iter-time", Millis, "Target unlock time of that keyslot in milliseconds (default 2000)."),
+                opt("encrypt", Flag, "The disk is raw: encrypt it in place as LUKS2 without changing its size; from the moment this returns its image is LUKS2, attached with this passphrase."),
+                opt("reduce-device-size", Bytes, "With encrypt: bytes for the LUKS2 header and the data shift, as cryptsetup's --reduce-device-size (default 32M): the image grows by them while the encryption runs and ends half of them larger than the disk."),
+            ],
+        ]),
     },
     MethodSpec {
         name: "reencrypt-status",

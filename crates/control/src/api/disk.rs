@@ -1,6 +1,7 @@
 //! What a disk is: the one configuration written in a `serve --config` file's `[[disk]]`
 //! table, sent as `disk-add`'s params and built from `serve`'s single-disk options.
-use cryptblk_block::{AioEngine, CacheMode};
+use super::passphrase_params::params_with_passphrases;
+use super::{AioEngine, CacheMode};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -77,89 +78,81 @@ pub fn resolve(base: &Path, path: &Path) -> PathBuf {
     }
 }
 
-/// One disk to attach. Unknown keys are errors; every key but `name` and `image` is optional
-/// and its default is here (and only here).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct DiskConfig {
-    /// The disk's name: its NBD export name, in logs, stats and control requests.
-    pub name: String,
-    /// The image: LUKS1, LUKS2 or raw.
-    pub image: ImageName,
-    /// File holding the LUKS passphrase (read by the daemon; `-` is the daemon's stdin).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_file: Option<PathBuf>,
-    /// `disk-add` only (not a config file): the index of a descriptor passed with the
-    /// request (SCM_RIGHTS) that holds the passphrase, instead of `key_file`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_fd: Option<u32>,
-    /// The passphrase encrypted with the daemon's master key (`serve --master-key-file`):
-    /// base64 AES-256-CBC ciphertext, as QEMU's `secret` object's `data` with `keyid`. A config
-    /// file may give it too, so the file holds no passphrase in clear.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_secret: Option<String>,
-    /// Base64 of the 16-byte IV `key_secret` was encrypted with.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_secret_iv: Option<String>,
-    /// Export the disk over vhost-user-blk on this UNIX socket.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vhost_user_blk: Option<PathBuf>,
-    /// Export the disk over the daemon's NBD server; absent: exported when the daemon has one.
-    /// A config file may write it `nbd`.
-    #[serde(default, alias = "nbd", skip_serializing_if = "Option::is_none")]
-    pub nbd_export: Option<bool>,
-    /// Virtqueues offered to the guest, each with its own worker thread.
-    #[serde(default = "DiskConfig::default_num_queues")]
-    pub num_queues: u16,
-    /// Largest virtqueue size (a power of two).
-    #[serde(default = "DiskConfig::default_queue_size")]
-    pub queue_size: u16,
-    /// Export read-only (the image is opened read-only).
-    #[serde(default)]
-    pub readonly: bool,
-    /// Pass guest discards to the image as punched holes (reveals which blocks are unused).
-    #[serde(default)]
-    pub discard: bool,
-    /// The vhost-user GET_ID answer (first 20 bytes); absent: the LUKS UUID or the image's
-    /// file name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub serial: Option<String>,
-    /// Host cache mode, with QEMU's names and meaning.
-    #[serde(default)]
-    pub cache: CacheMode,
-    /// The engine doing the disk's asynchronous I/O.
-    #[serde(default)]
-    pub aio: AioEngine,
-    /// Busy-poll each queue's completions this many microseconds before sleeping, like
-    /// QEMU's aio-poll; 0 never polls.
-    #[serde(default)]
-    pub poll_us: u32,
-    /// Owner of the vhost-user-blk socket: `USER`, `USER:GROUP` or `:GROUP` (e.g.
-    /// `libvirt-qemu:kvm`); absent: the daemon's user.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub socket_owner: Option<String>,
-    /// Permission bits of the vhost-user-blk socket in octal (e.g. `0660`); absent: as
-    /// created (the daemon's umask).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub socket_mode: Option<String>,
-    /// On a TLS NBD server: the client certificate names (subject CN or DNS subjectAltName),
-    /// comma-separated, allowed to use this disk's export, instead of the daemon's
-    /// `--tls-authz` list.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls_authz: Option<String>,
-    /// The only user (name or uid) whose process may use the vhost-user-blk socket, checked
-    /// with SO_PEERCRED at accept; others are disconnected and logged. Absent: anyone who can
-    /// open the socket.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub socket_peer_uid: Option<String>,
-    /// The only (primary) group, by name or gid, whose process may use the vhost-user-blk
-    /// socket; with `socket_peer_uid`, both must match.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub socket_peer_gid: Option<String>,
-    /// Map guest memory that is not sealed against shrinking (libblkio clients; QEMU's
-    /// memory-backend-file): such a frontend can crash the daemon. Off by default.
-    #[serde(default)]
-    pub unsealed_memory: bool,
+params_with_passphrases! {
+    /// One disk to attach. Unknown keys are errors; every key but `name` and `image` is optional
+    /// and its default is here (and only here).
+    ///
+    /// The LUKS passphrase comes from `key_file` (`-` is the daemon's stdin), `key_fd`
+    /// (`disk-add` only, not a config file) or `key_secret` with `key_secret_iv` (a config file
+    /// may give it too, so the file holds no passphrase in clear).
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "kebab-case")]
+    pub struct DiskConfig {
+        /// The disk's name: its NBD export name, in logs, stats and control requests.
+        pub name: String,
+        /// The image: LUKS1, LUKS2 or raw.
+        pub image: ImageName,
+        passphrase key_params(key_file, key_fd, key_secret, key_secret_iv);
+        /// Export the disk over vhost-user-blk on this UNIX socket.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub vhost_user_blk: Option<PathBuf>,
+        /// Export the disk over the daemon's NBD server; absent: exported when the daemon has one.
+        /// A config file may write it `nbd`.
+        #[serde(default, alias = "nbd", skip_serializing_if = "Option::is_none")]
+        pub nbd_export: Option<bool>,
+        /// Virtqueues offered to the guest, each with its own worker thread.
+        #[serde(default = "DiskConfig::default_num_queues")]
+        pub num_queues: u16,
+        /// Largest virtqueue size (a power of two).
+        #[serde(default = "DiskConfig::default_queue_size")]
+        pub queue_size: u16,
+        /// Export read-only (the image is opened read-only).
+        #[serde(default)]
+        pub readonly: bool,
+        /// Pass guest discards to the image as punched holes (reveals which blocks are unused).
+        #[serde(default)]
+        pub discard: bool,
+        /// The vhost-user GET_ID answer (first 20 bytes); absent: the LUKS UUID or the image's
+        /// file name.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub serial: Option<String>,
+        /// Host cache mode, with QEMU's names and meaning.
+        #[serde(default)]
+        pub cache: CacheMode,
+        /// The engine doing the disk's asynchronous I/O.
+        #[serde(default)]
+        pub aio: AioEngine,
+        /// Busy-poll each queue's completions this many microseconds before sleeping, like
+        /// QEMU's aio-poll; 0 never polls.
+        #[serde(default)]
+        pub poll_us: u32,
+        /// Owner of the vhost-user-blk socket: `USER`, `USER:GROUP` or `:GROUP` (e.g.
+        /// `libvirt-qemu:kvm`); absent: the daemon's user.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub socket_owner: Option<String>,
+        /// Permission bits of the vhost-user-blk socket in octal (e.g. `0660`); absent: as
+        /// created (the daemon's umask).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub socket_mode: Option<String>,
+        /// On a TLS NBD server: the client certificate names (subject CN or DNS subjectAltName),
+        /// comma-separated, allowed to use this disk's export, instead of the daemon's
+        /// `--tls-authz` list.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub tls_authz: Option<String>,
+        /// The only user (name or uid) whose process may use the vhost-user-blk socket, checked
+        /// with SO_PEERCRED at accept; others are disconnected and logged. Absent: anyone who can
+        /// open the socket.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub socket_peer_uid: Option<String>,
+        /// The only (primary) group, by name or gid, whose process may use the vhost-user-blk
+        /// socket; with `socket_peer_uid`, both must match.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub socket_peer_gid: Option<String>,
+        /// Map guest memory that is not sealed against shrinking (libblkio clients; QEMU's
+        /// memory-backend-file): such a frontend can crash the daemon. Off by default.
+        #[serde(default)]
+        pub unsealed_memory: bool,
+    }
 }
 
 impl DiskConfig {
@@ -199,16 +192,6 @@ impl DiskConfig {
             socket_peer_uid: None,
             socket_peer_gid: None,
             unsealed_memory: false,
-        }
-    }
-
-    /// The params of the disk's passphrase (`key-*`).
-    pub fn key_params(&self) -> super::KeyParams<'_> {
-        super::KeyParams {
-            file: self.key_file.as_deref(),
-            fd: self.key_fd,
-            secret: self.key_secret.as_deref(),
-            secret_iv: self.key_secret_iv.as_deref(),
         }
     }
 

@@ -2,7 +2,7 @@
 //! strictly) and as a table entry (what `cryptblk ctl` offers and documents). A test keeps
 //! the two equal, so a param the server takes is never missing from `ctl` or its help.
 use super::disk::{DiskConfig, ImageName};
-use super::key_source::KeyParams;
+use super::passphrase_params::params_with_passphrases;
 use crate::RpcError;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -41,54 +41,32 @@ pub enum Pbkdf {
     Argon2id,
 }
 
-/// `key-add`: the existing passphrase from `key_file`, `key_fd` or `key_secret`, the new one
-/// from `new_key_file`, `new_key_fd` or `new_key_secret` (exactly one of each; see
-/// [`super::key_source()`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct KeyAddParams {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_file: Option<PathBuf>,
-    /// Index of a descriptor passed with the request (SCM_RIGHTS) holding the passphrase.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_fd: Option<u32>,
-    /// The passphrase encrypted with the daemon's master key: base64 AES-256-CBC ciphertext.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_secret: Option<String>,
-    /// Base64 of the 16-byte IV `key_secret` was encrypted with.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_secret_iv: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub new_key_file: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub new_key_fd: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub new_key_secret: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub new_key_secret_iv: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pbkdf: Option<Pbkdf>,
-    /// Milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub iter_time: Option<u32>,
+params_with_passphrases! {
+    /// `key-add`: the existing passphrase from `key_file`, `key_fd` or `key_secret`, the new one
+    /// from `new_key_file`, `new_key_fd` or `new_key_secret` (exactly one of each; see
+    /// [`super::key_source()`]).
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "kebab-case")]
+    pub struct KeyAddParams {
+        pub name: String,
+        passphrase key_params(key_file, key_fd, key_secret, key_secret_iv);
+        passphrase new_key_params(new_key_file, new_key_fd, new_key_secret, new_key_secret_iv);
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub pbkdf: Option<Pbkdf>,
+        /// Milliseconds.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub iter_time: Option<u32>,
+    }
 }
 
-/// `key-remove`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct KeyRemoveParams {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_file: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_fd: Option<u32>,
-    /// The passphrase encrypted with the daemon's master key: base64 AES-256-CBC ciphertext.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_secret: Option<String>,
-    /// Base64 of the 16-byte IV `key_secret` was encrypted with.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_secret_iv: Option<String>,
+params_with_passphrases! {
+    /// `key-remove`.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "kebab-case")]
+    pub struct KeyRemoveParams {
+        pub name: String,
+        passphrase key_params(key_file, key_fd, key_secret, key_secret_iv);
+    }
 }
 
 /// `disk-resize`: `size` is what the guest sees, in bytes (a whole number of the disk's
@@ -103,44 +81,36 @@ pub struct DiskResizeParams {
     pub allow_shrink: bool,
 }
 
-/// `migrate-incoming`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct MigrateIncomingParams {
-    pub name: String,
-    /// The new image file the disk is received into (must not exist).
-    pub image: ImageName,
-    /// Where the source connects: `tcp:HOST:PORT` or `unix:PATH`.
-    pub listen: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_file: Option<PathBuf>,
-    /// Index of a descriptor passed with the request holding the passphrase.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_fd: Option<u32>,
-    /// The passphrase encrypted with the daemon's master key: base64 AES-256-CBC ciphertext.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_secret: Option<String>,
-    /// Base64 of the 16-byte IV `key_secret` was encrypted with.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_secret_iv: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls_creds: Option<PathBuf>,
-    /// With `tls_creds`: the name the source's certificate must carry.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peer_name: Option<String>,
-    /// Plain TCP on a non-loopback address, on purpose.
-    #[serde(default)]
-    pub insecure: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vhost_user_blk: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub num_queues: Option<u16>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub queue_size: Option<u16>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nbd_export: Option<bool>,
-    #[serde(default)]
-    pub discard: bool,
+params_with_passphrases! {
+    /// `migrate-incoming`.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "kebab-case")]
+    pub struct MigrateIncomingParams {
+        pub name: String,
+        /// The new image file the disk is received into (must not exist).
+        pub image: ImageName,
+        /// Where the source connects: `tcp:HOST:PORT` or `unix:PATH`.
+        pub listen: String,
+        passphrase key_params(key_file, key_fd, key_secret, key_secret_iv);
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub tls_creds: Option<PathBuf>,
+        /// With `tls_creds`: the name the source's certificate must carry.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub peer_name: Option<String>,
+        /// Plain TCP on a non-loopback address, on purpose.
+        #[serde(default)]
+        pub insecure: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub vhost_user_blk: Option<PathBuf>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub num_queues: Option<u16>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub queue_size: Option<u16>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub nbd_export: Option<bool>,
+        #[serde(default)]
+        pub discard: bool,
+    }
 }
 
 /// `migrate-start`.
@@ -295,50 +265,6 @@ impl Request {
             Request::ReencryptStatus(_) => "reencrypt-status",
             Request::ReencryptPause(_) => "reencrypt-pause",
             Request::Upgrade(_) => "upgrade",
-        }
-    }
-}
-
-impl KeyAddParams {
-    /// The params of the existing passphrase (`key-*`).
-    pub fn key_params(&self) -> KeyParams<'_> {
-        KeyParams {
-            file: self.key_file.as_deref(),
-            fd: self.key_fd,
-            secret: self.key_secret.as_deref(),
-            secret_iv: self.key_secret_iv.as_deref(),
-        }
-    }
-
-    /// The params of the new passphrase (`new-key-*`).
-    pub fn new_key_params(&self) -> KeyParams<'_> {
-        KeyParams {
-            file: self.new_key_file.as_deref(),
-            fd: self.new_key_fd,
-            secret: self.new_key_secret.as_deref(),
-            secret_iv: self.new_key_secret_iv.as_deref(),
-        }
-    }
-}
-
-impl KeyRemoveParams {
-    pub fn key_params(&self) -> KeyParams<'_> {
-        KeyParams {
-            file: self.key_file.as_deref(),
-            fd: self.key_fd,
-            secret: self.key_secret.as_deref(),
-            secret_iv: self.key_secret_iv.as_deref(),
-        }
-    }
-}
-
-impl MigrateIncomingParams {
-    pub fn key_params(&self) -> KeyParams<'_> {
-        KeyParams {
-            file: self.key_file.as_deref(),
-            fd: self.key_fd,
-            secret: self.key_secret.as_deref(),
-            secret_iv: self.key_secret_iv.as_deref(),
         }
     }
 }

@@ -5,8 +5,10 @@ mod catalogue;
 mod disk;
 mod error_kind;
 mod field_names;
+mod io_options;
 mod key_source;
 mod methods;
+mod passphrase_params;
 mod reencrypt;
 mod results;
 
@@ -17,6 +19,7 @@ pub use catalogue::{
 pub use disk::{rbd_name, resolve, DiskConfig, ImageName, RBD_PREFIX};
 pub use error_kind::ErrorKind;
 pub use field_names::accepted_params;
+pub use io_options::{AioEngine, CacheMode, UnknownName};
 pub use key_source::{key_source, KeyParams, KeySource};
 pub use methods::{
     DiskRemoveParams, DiskResizeParams, KeyAddParams, KeyRemoveParams, MigrateIncomingParams,

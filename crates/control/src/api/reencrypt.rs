@@ -1,8 +1,8 @@
 //! The online reencryption's params and answers: `reencrypt-start`, `reencrypt-status`,
 //! `reencrypt-pause`.
 use super::methods::Pbkdf;
+use super::passphrase_params::params_with_passphrases;
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
 
 /// How a hotzone interrupted by a crash is put right (cryptsetup's `--resilience`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -13,60 +13,42 @@ pub enum Resilience {
     None,
 }
 
-/// `reencrypt-start`: the passphrase from `key_file`, `key_fd` or `key_secret` (exactly one); the rest
-/// applies to a reencryption that is not under way yet (a paused one continues as begun).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct ReencryptStartParams {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_file: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_fd: Option<u32>,
-    /// The passphrase encrypted with the daemon's master key: base64 AES-256-CBC ciphertext.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_secret: Option<String>,
-    /// Base64 of the 16-byte IV `key_secret` was encrypted with.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_secret_iv: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resilience: Option<Resilience>,
-    /// The new cipher as LUKS2 names it (default: the current one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cipher: Option<String>,
-    /// Bits of the new key.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_size: Option<u32>,
-    /// Bytes of the new encryption sector.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sector_size: Option<u32>,
-    /// Bytes per second the reencryption may read and write (0: no limit).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_bandwidth: Option<u64>,
-    /// Key derivation of the new volume key's keyslot.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pbkdf: Option<Pbkdf>,
-    /// Milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub iter_time: Option<u32>,
-    /// The disk is raw: encrypt it in place as LUKS2, keeping its size (the passphrase
-    /// protects its first keyslot).
-    #[serde(default)]
-    pub encrypt: bool,
-    /// With `encrypt`: bytes for the header and the data shift (cryptsetup's
-    /// `--reduce-device-size`); the image grows by them while the encryption runs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reduce_device_size: Option<u64>,
-}
-
-impl ReencryptStartParams {
-    pub fn key_params(&self) -> super::KeyParams<'_> {
-        super::KeyParams {
-            file: self.key_file.as_deref(),
-            fd: self.key_fd,
-            secret: self.key_secret.as_deref(),
-            secret_iv: self.key_secret_iv.as_deref(),
-        }
+params_with_passphrases! {
+    /// `reencrypt-start`: the passphrase from `key_file`, `key_fd` or `key_secret` (exactly one); the rest
+    /// applies to a reencryption that is not under way yet (a paused one continues as begun).
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "kebab-case")]
+    pub struct ReencryptStartParams {
+        pub name: String,
+        passphrase key_params(key_file, key_fd, key_secret, key_secret_iv);
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub resilience: Option<Resilience>,
+        /// The new cipher as LUKS2 names it (default: the current one).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub cipher: Option<String>,
+        /// Bits of the new key.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub key_size: Option<u32>,
+        /// Bytes of the new encryption sector.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub sector_size: Option<u32>,
+        /// Bytes per second the reencryption may read and write (0: no limit).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub max_bandwidth: Option<u64>,
+        /// Key derivation of the new volume key's keyslot.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub pbkdf: Option<Pbkdf>,
+        /// Milliseconds.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub iter_time: Option<u32>,
+        /// The disk is raw: encrypt it in place as LUKS2, keeping its size (the passphrase
+        /// protects its first keyslot).
+        #[serde(default)]
+        pub encrypt: bool,
+        /// With `encrypt`: bytes for the header and the data shift (cryptsetup's
+        /// `--reduce-device-size`); the image grows by them while the encryption runs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub reduce_device_size: Option<u64>,
     }
 }
 

@@ -1,7 +1,7 @@
 //! What the methods answer. The daemon serialises these types; programs (and tests) may
 //! deserialise them. `cryptblk ctl` prints the answer as received, so fields a newer daemon
 //! adds are not lost.
-use cryptblk_block::{AioEngine, CacheMode};
+use super::{AioEngine, CacheMode};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 

@@ -269,7 +269,7 @@ fn send_state(
             fds.push(listener);
             file_parts(file)
         });
-        let image = disk.image.file.locked_file();
+        let image = disk.image.container.locked_file();
         if let Some(file) = image {
             fds.push(file.as_fd());
         }

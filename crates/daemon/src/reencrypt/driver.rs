@@ -7,7 +7,7 @@ use crate::disk::AttachedDisk;
 use crate::error::{chain, Context, Error, Result};
 use crate::key_file::Passphrase;
 use crossbeam_channel::Sender;
-use cryptblk_block::{Container, SegmentMap};
+use cryptblk_block::Container;
 use cryptblk_control::api::{Hotzone, ReencryptPhase, ReencryptStartParams, Resilience};
 use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::luks1::Luks1Header;
@@ -17,6 +17,7 @@ use cryptblk_luks::luks2::reencrypt::{
 };
 use cryptblk_luks::luks2::Luks2Header;
 use cryptblk_luks::{HashAlg, LuksImage, LuksVersion, UnlockOptions};
+use cryptblk_volume::SegmentMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -152,7 +153,7 @@ impl Run {
                 )));
             }
         } else {
-            let cipher = cryptblk_block::data_cipher(self.file.as_ref(), online.new.clone());
+            let cipher = cryptblk_volume::data_cipher(self.file.as_ref(), online.new.clone());
             self.segments
                 .split(cipher, online.done)
                 .context("serving the new segment")?;
@@ -197,7 +198,7 @@ impl Run {
         let p = &self.params;
         let current = hdr.cipher_spec().context("reading the current cipher")?;
         let cipher =
-            super::encrypt::chosen_cipher(p.cipher.as_deref(), p.key_size, Some(&current))?;
+            super::new_cipher::chosen_cipher(p.cipher.as_deref(), p.key_size, Some(&current))?;
         if let Some(s) = p.sector_size {
             if !(512..=4096).contains(&s) || !s.is_power_of_two() {
                 return Err(Error::invalid_params(format!(
@@ -371,13 +372,12 @@ impl Run {
     }
 
     fn record_keys(&self, r: &Reencryption<'_>, keys: Vec<cryptblk_luks::KnownKey>) {
-        self.disk.image.set_volume_keys(
-            crate::image::VolumeKeys {
-                uuid: r.header().uuid().to_string(),
-                keys,
-            },
-            self.key_cache.as_deref(),
-        );
+        let keys = cryptblk_volume::VolumeKeys {
+            uuid: r.header().uuid().to_string(),
+            keys,
+        };
+        crate::image::remember(self.key_cache.as_deref(), &keys);
+        self.disk.image.set_volume_keys(keys);
     }
 
     /// Sleeps until `rewritten` bytes since `started` are within the bandwidth limit (or a

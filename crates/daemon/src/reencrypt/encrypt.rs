@@ -20,17 +20,18 @@
 //! A crash leaves an image cryptsetup and cryptblk both resume: the header says what is
 //! where after every commit, and the data path serves exactly that (`SegmentMap::follow`).
 use super::driver::{Run, MAX_HOTZONE};
+use super::new_cipher::chosen_cipher;
 use super::Mode;
 use crate::error::{chain, Context, Error, Result};
-use crate::image::LuksFacts;
 use crossbeam_channel::Sender;
-use cryptblk_block::{data_cipher, SegmentCiphers};
 use cryptblk_control::api::{Hotzone, ReencryptPhase};
 use cryptblk_crypto::CipherSpec;
 use cryptblk_luks::luks2::reencrypt::{
     encrypt_prepare, EncryptParams, KeyRole, Reencryption, SegmentExtent,
 };
 use cryptblk_luks::{FormatOptions, HashAlg, HeaderIo, LuksVersion};
+use cryptblk_volume::LuksFacts;
+use cryptblk_volume::{data_cipher, SegmentCiphers};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -359,34 +360,6 @@ impl Run {
             reduce: p.reduce_device_size.unwrap_or(DEFAULT_REDUCE),
         })
     }
-}
-
-/// The cipher a reencryption writes: `name` (default: `current`'s, else aes-xts-plain64) with
-/// a `bits`-bit key (default: the current size when no cipher is named, else 512 for XTS and
-/// 256 for the others, as cryptsetup's defaults).
-pub(super) fn chosen_cipher(
-    name: Option<&str>,
-    bits: Option<u32>,
-    current: Option<&CipherSpec>,
-) -> Result<CipherSpec> {
-    let named = name.is_some();
-    let name = name
-        .map(str::to_string)
-        .or_else(|| current.map(CipherSpec::to_luks2_string))
-        .unwrap_or_else(|| "aes-xts-plain64".to_string());
-    let bits = match (bits, current) {
-        (Some(b), _) => b as usize,
-        (None, Some(c)) if !named => c.key_bytes() * 8,
-        (None, _) => CipherSpec::default_key_bits(&name)
-            .map_err(|e| Error::caused(format!("cipher {name}"), e))?,
-    };
-    if !bits.is_multiple_of(8) {
-        return Err(Error::invalid_params(format!(
-            "key-size {bits} is not a whole number of bytes"
-        )));
-    }
-    CipherSpec::parse_luks2(&name, bits / 8)
-        .map_err(|e| Error::caused(format!("cipher {name} with a {bits}-bit key"), e))
 }
 
 /// The cipher the encryption writes, as its header names it.

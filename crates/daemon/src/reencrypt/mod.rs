@@ -3,7 +3,7 @@
 //! encrypting a served raw disk in place (`encrypt`: cryptsetup's `reencrypt --encrypt`,
 //! backward, with a data shift, on the image grown by the header area so that the disk keeps
 //! its size). The work runs on a thread of its own (`driver`, `encrypt`); the data path
-//! follows it through the volume's segment map (`cryptblk_block::SegmentMap`).
+//! follows it through the volume's segment map (`cryptblk_volume::SegmentMap`).
 //!
 //! One reencryption at a time per disk, and never alongside a migration or a keyslot change:
 //! each refuses the other as busy (`activity`). A disk attached in mid-reencryption (a daemon
@@ -11,10 +11,11 @@
 //! `reencrypt-start`.
 mod driver;
 mod encrypt;
+mod new_cipher;
 
 use crate::disk::AttachedDisk;
 use crate::error::{Context, Error, Result};
-use crate::key_file::read_key_source;
+use crate::key_source::read_key_source;
 use crate::registry::Daemon;
 use cryptblk_control::api::{Hotzone, ReencryptPhase, ReencryptStartParams, ReencryptStatus};
 use cryptblk_control::PassedFds;
@@ -69,7 +70,7 @@ struct Progress {
 
 impl ReencryptJob {
     /// The job of a disk just attached: paused when its image is in mid-reencryption.
-    pub(crate) fn new(segments: &cryptblk_block::SegmentMap) -> Arc<ReencryptJob> {
+    pub(crate) fn new(segments: &cryptblk_volume::SegmentMap) -> Arc<ReencryptJob> {
         let (phase, done, total) = if segments.is_split() {
             (
                 ReencryptPhase::Paused,
@@ -187,7 +188,7 @@ impl Daemon {
         let source = crate::keys::required_source(p.key_params(), "key")?;
         let disk = self.attached(name)?;
         let mode = run_mode(&disk, p)?;
-        let file = disk.image.file.clone();
+        let file = disk.image.container.clone();
         let segments = disk.image.segments().clone();
         if disk.read_only() {
             return Err(Error::usage(format!(
@@ -277,7 +278,7 @@ fn run_mode(disk: &AttachedDisk, p: &ReencryptStartParams) -> Result<Mode> {
         }
         return Ok(Mode::Encrypt);
     }
-    let (header, _) = cryptblk_luks::LuksImage::read(disk.image.file.header_io())
+    let (header, _) = cryptblk_luks::LuksImage::read(disk.image.container.header_io())
         .with_context(|| format!("reading the LUKS header of disk \"{name}\""))?;
     let encrypting = match &header {
         cryptblk_luks::LuksImage::V2(h) => h

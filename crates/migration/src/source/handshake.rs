@@ -46,7 +46,7 @@ fn open_channel(
 ) -> Result<Channel, MigrationError> {
     let connect_error = |e: std::io::Error| MigrationError::Connect {
         to: to.to_string(),
-        reason: if channel::is_timeout(&e) {
+        reason: if crate::wire::is_timeout(&e) {
             format!(
                 "no answer within {} ms (the connect timeout)",
                 timeout.as_millis()
@@ -86,7 +86,7 @@ fn open_channel(
         (answer, _) => answer,
     };
     let answer = match answer {
-        Err(WireError::Io(e)) if channel::is_timeout(&e) => {
+        Err(WireError::Io(e)) if crate::wire::is_timeout(&e) => {
             ch.closer.close();
             return Err(MigrationError::Connect {
                 to: to.to_string(),

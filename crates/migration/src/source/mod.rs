@@ -43,6 +43,7 @@ mod read_ahead;
 mod reader;
 mod sender;
 mod state;
+mod stop;
 mod urgent;
 
 pub use options::{SourceOptions, SourceStatus};

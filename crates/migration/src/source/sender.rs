@@ -5,37 +5,14 @@
 use super::pacing::{link_sent, wait_link, Link};
 use super::read_ahead::ReadAhead;
 use super::state::{Channels, Shared};
+use super::stop::Stop;
 use super::urgent::{answer_urgent, spawn_urgent_answerer};
-use crate::wire::{self, Frame, WireError};
-use crate::{DirtyBitmap, MigrationError, Phase};
+use crate::wire::{self, Frame};
+use crate::{DirtyBitmap, Phase};
 use cryptblk_block::ExtentKind;
 use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-
-/// Why the sender stopped sending on the current channels.
-pub(super) enum Stop {
-    Broken(String),
-    Cancelled,
-}
-
-impl From<MigrationError> for Stop {
-    fn from(e: MigrationError) -> Self {
-        Stop::Broken(e.to_string())
-    }
-}
-
-impl From<WireError> for Stop {
-    fn from(e: WireError) -> Self {
-        Stop::Broken(e.to_string())
-    }
-}
-
-impl From<std::io::Error> for Stop {
-    fn from(e: std::io::Error) -> Self {
-        Stop::Broken(e.to_string())
-    }
-}
 
 struct Sender {
     shared: Arc<Shared>,

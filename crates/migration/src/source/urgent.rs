@@ -2,8 +2,8 @@
 //! chunks or slices, or with preempt on a connection and thread of their own.
 
 use super::pacing::{link_sent, wait_link, Link};
-use super::sender::Stop;
 use super::state::Shared;
+use super::stop::Stop;
 use crate::wire::{self, MAX_CHUNK_LEN};
 use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};

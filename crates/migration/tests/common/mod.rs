@@ -2,10 +2,10 @@
 //! threads, a TCP proxy that can cut connections, and test certificates.
 #![allow(dead_code)]
 
-use cryptblk_block::{
-    open_luks_volume_on, BlockDevice, LuksVolume, OpenOptions, RawFile, VolumeOptions,
-};
-use cryptblk_migration::{DirtyTracker, IncomingDisk, IncomingMigration};
+use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
+use cryptblk_migration::{IncomingDisk, IncomingMigration};
+use cryptblk_volume::DirtyTracker;
+use cryptblk_volume::{open_luks_volume_on, LuksVolume, VolumeOptions};
 use rand::{Rng, SeedableRng};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};

@@ -2,8 +2,9 @@
 //! thread (the byte-level NBD client is `cryptblk_testutil::nbd::RawClient`).
 #![allow(dead_code)]
 
-use cryptblk_block::{open_luks_volume, BlockDevice, IoStats, OpenOptions, RawFile, VolumeOptions};
+use cryptblk_block::{BlockDevice, IoStats, OpenOptions, RawFile};
 use cryptblk_nbd::{Export, ExportRegistry, NbdAddress, NbdServer, StopHandle, TlsCreds};
+use cryptblk_volume::{open_luks_volume, VolumeOptions};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;

@@ -15,7 +15,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{RequestContext, Worker};
 use crate::config::ConfigSpace;
-use crate::device::Disk;
+use crate::device::VirtioBlkDevice;
 use crate::inflight::RingStart;
 use crate::GuestMem;
 
@@ -31,7 +31,7 @@ impl RingDriver {
     /// is, served at once: what is available already is taken); `disk` executes its requests
     /// on an I/O queue of its own.
     pub fn new(
-        disk: Disk,
+        disk: VirtioBlkDevice,
         mem: GuestMem,
         queue_size: u16,
         desc: u64,

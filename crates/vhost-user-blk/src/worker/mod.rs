@@ -42,7 +42,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::config::ConfigSpace;
-use crate::device::Disk;
+use crate::device::VirtioBlkDevice;
 use crate::inflight::{RingRecord, RingStart};
 use crate::request::{Request, Segment};
 use crate::GuestMem;
@@ -52,7 +52,7 @@ pub(crate) type Vring = VringRwLock<GuestMemoryAtomic<GuestMem>>;
 
 /// What requests need, shared by the workers of a connection.
 pub(crate) struct RequestContext {
-    pub(crate) disk: Disk,
+    pub(crate) disk: VirtioBlkDevice,
     /// Config space (the guest's write cache mode).
     pub(crate) config: ConfigSpace,
     /// VIRTIO_RING_F_EVENT_IDX negotiated.

@@ -209,7 +209,7 @@ impl Worker {
             return answer(&mut self.spare_segments, segments, used_len);
         };
         let request = planned.request(&self.iov, fua, u64::from(tag));
-        // SAFETY: the buffers are guest memory checked by `Disk::start` to lie in mapped
+        // SAFETY: the buffers are guest memory checked by `VirtioBlkDevice::start` to lie in mapped
         // regions of `mem`; `Pending` keeps `mem` (and so the mappings) alive until the
         // completion is collected, and nothing in this process makes a reference to them.
         // The guest writing them meanwhile only changes its data.

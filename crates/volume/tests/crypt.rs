@@ -2,12 +2,11 @@
 mod common;
 
 use common::MemDevice;
-use cryptblk_block::{
-    BlockDevice, BlockErrorKind, CryptDevice, CryptLayout, ExtentKind, OpenOptions, RawFile,
-};
+use cryptblk_block::{BlockDevice, BlockErrorKind, ExtentKind, OpenOptions, RawFile};
 use cryptblk_crypto::{
     portable_engine, CipherSpec, CryptoPool, Direction, SecretKey, SectorCipher,
 };
+use cryptblk_volume::{CryptDevice, CryptLayout};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 

@@ -12,7 +12,8 @@
 // so the size of its `Result` does not matter.
 #![allow(clippy::result_large_err)]
 
-use crate::{BlockDevice, BlockError, Container, CryptDevice, LuksVolume};
+use crate::{CryptDevice, LuksVolume};
+use cryptblk_block::{BlockDevice, BlockError, Container};
 use cryptblk_luks::{LuksError, LuksImage};
 use std::path::{Path, PathBuf};
 

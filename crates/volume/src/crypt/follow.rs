@@ -6,7 +6,7 @@
 use super::plain::PlainCore;
 use super::segments::{Part, SegmentMap, Storage};
 use super::CryptCore;
-use crate::BlockError;
+use cryptblk_block::BlockError;
 use cryptblk_crypto::{CryptoPool, SectorCipher};
 use cryptblk_luks::luks2::reencrypt::{ExtentCipher, KeyRole, SegmentExtent};
 use std::sync::{Arc, RwLockWriteGuard};
@@ -41,7 +41,7 @@ impl SegmentMap {
     ) -> Result<(), BlockError> {
         let current = self.routes();
         let backend = current.parts[0].storage.backend().clone();
-        let read_only = crate::BlockDevice::read_only(self);
+        let read_only = cryptblk_block::BlockDevice::read_only(self);
         let mut parts = Vec::with_capacity(extents.len());
         for extent in extents {
             if extent.in_reencryption {

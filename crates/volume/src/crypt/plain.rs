@@ -3,8 +3,8 @@
 //! parts of such a disk an online encryption has not reached yet. Nothing is transformed:
 //! requests only move by the part's data offset (an encryption moves the first bytes of the
 //! disk to the image's end while its header takes their place).
-use crate::device::check_range;
-use crate::{BlockDevice, BlockError, Extent};
+use cryptblk_block::check_range;
+use cryptblk_block::{BlockDevice, BlockError, Extent};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 

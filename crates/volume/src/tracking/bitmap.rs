@@ -4,7 +4,7 @@
 //! same time, so it is a plain array of atomic words: setting bits is one `fetch_or` per word
 //! and taking them is one `fetch_and` per word, with no lock that could stall guest I/O.
 
-use crate::MigrationError;
+use super::TrackingError;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 const WORD_BITS: u64 = 64;
@@ -25,16 +25,15 @@ pub struct DirtyBitmap {
 
 impl DirtyBitmap {
     /// An all-clear bitmap. `granularity` must be a power of two (at least 1).
-    pub fn new(size: u64, granularity: u64) -> Result<Self, MigrationError> {
+    pub fn new(size: u64, granularity: u64) -> Result<Self, TrackingError> {
         if granularity == 0 || !granularity.is_power_of_two() {
-            return Err(MigrationError::InvalidOptions(format!(
+            return Err(TrackingError(format!(
                 "dirty granularity {granularity} is not a power of two"
             )));
         }
         let blocks = size.div_ceil(granularity);
-        let nwords = usize::try_from(blocks.div_ceil(WORD_BITS)).map_err(|_| {
-            MigrationError::InvalidOptions(format!("disk of {size} bytes is too large to track"))
-        })?;
+        let nwords = usize::try_from(blocks.div_ceil(WORD_BITS))
+            .map_err(|_| TrackingError(format!("disk of {size} bytes is too large to track")))?;
         let words = (0..nwords).map(|_| AtomicU64::new(0)).collect();
         Ok(DirtyBitmap {
             words,

@@ -27,14 +27,15 @@
 //! encryption has not reached yet) is passed through as it is, at its own data offset: every
 //! raw disk is served through this stage, so that it can be encrypted while it serves.
 
-use super::segments::{Routes, SegmentMap, StageCounts, Storage};
+use super::drain::StageCounts;
+use super::segments::{Routes, SegmentMap, Storage};
 use super::{whole_sectors, CryptCore};
-use crate::aio::{
+use cryptblk_block::aio::{
     open_pipeline, Admit, Bounds, IoOp, IoQueue, Pipeline, QueueOptions, SlotRequest, Stage,
 };
-use crate::aio::{IoVec, Offload};
-use crate::buffers::{self, PooledBuf};
-use crate::{BlockDevice, BlockError};
+use cryptblk_block::aio::{IoVec, Offload};
+use cryptblk_block::buffers::{self, PooledBuf};
+use cryptblk_block::{BlockDevice, BlockError};
 use std::sync::atomic::{compiler_fence, Ordering};
 use std::sync::Arc;
 

@@ -4,7 +4,7 @@
 use super::stage::TrackingStage;
 use super::state::TrackState;
 use super::DirtyBitmap;
-use crate::MigrationError;
+use super::TrackingError;
 use cryptblk_block::aio::{open_pipeline, Pipeline, QueueOptions};
 use cryptblk_block::{BlockDevice, BlockError, Extent};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -52,14 +52,14 @@ impl DirtyTracker {
         inner: Arc<dyn BlockDevice>,
         payload_offset: u64,
         granularity: u64,
-    ) -> Result<Self, MigrationError> {
+    ) -> Result<Self, TrackingError> {
         if granularity == 0 || !granularity.is_power_of_two() {
-            return Err(MigrationError::InvalidOptions(format!(
+            return Err(TrackingError(format!(
                 "dirty granularity {granularity} is not a power of two"
             )));
         }
         if !payload_offset.is_multiple_of(granularity) {
-            return Err(MigrationError::InvalidOptions(format!(
+            return Err(TrackingError(format!(
                 "the payload offset {payload_offset} is not a multiple of the {granularity}-byte \
                  dirty granularity"
             )));
@@ -97,14 +97,14 @@ impl DirtyTracker {
     /// Moves the payload to `offset` bytes into the image file: a raw disk encrypted in place
     /// now has its data behind a LUKS2 header. Refused while tracking (a migration copies the
     /// file by these offsets) and off the dirty granularity.
-    pub fn set_payload_offset(&self, offset: u64) -> Result<(), MigrationError> {
+    pub fn set_payload_offset(&self, offset: u64) -> Result<(), TrackingError> {
         if self.is_tracking() {
-            return Err(MigrationError::InvalidOptions(
+            return Err(TrackingError(
                 "the payload cannot move while a migration tracks the disk".into(),
             ));
         }
         if !offset.is_multiple_of(self.state.granularity) {
-            return Err(MigrationError::InvalidOptions(format!(
+            return Err(TrackingError(format!(
                 "the payload offset {offset} is not a multiple of the {}-byte dirty granularity",
                 self.state.granularity
             )));
@@ -116,7 +116,7 @@ impl DirtyTracker {
     /// Marks every block dirty (the first pass has to send everything) and turns tracking on.
     /// Call it before the first pass starts reading: a write that completes before this is
     /// read by that pass, one that completes after it is marked again.
-    pub fn start_tracking(&self) -> Result<&DirtyBitmap, MigrationError> {
+    pub fn start_tracking(&self) -> Result<&DirtyBitmap, TrackingError> {
         let bitmap = match self.state.bitmap.get() {
             Some(b) => b,
             None => {

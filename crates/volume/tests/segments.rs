@@ -8,8 +8,9 @@ mod common;
 use common::aio::{exercise, run};
 use common::MemDevice;
 use cryptblk_block::aio::{open_queue, IoQueue, IoRequest, QueueOptions};
-use cryptblk_block::{BlockDevice, CryptDevice, CryptLayout};
+use cryptblk_block::BlockDevice;
 use cryptblk_crypto::{portable_engine, CipherSpec, CryptoPool, SecretKey, SectorCipher};
+use cryptblk_volume::{CryptDevice, CryptLayout};
 use rand::{RngCore, SeedableRng};
 use std::sync::Arc;
 

@@ -3,7 +3,8 @@
 mod common;
 
 use common::{assert_same, cryptsetup_format, qemu_img, run};
-use cryptblk_block::{open_luks_volume, BlockDevice, BlockErrorKind, VolumeError, VolumeOptions};
+use cryptblk_block::{BlockDevice, BlockErrorKind};
+use cryptblk_volume::{open_luks_volume, VolumeError, VolumeOptions};
 use rand::{Rng, SeedableRng};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -191,8 +192,9 @@ fn luks2_4k_sectors_from_cryptsetup_round_trip() {
 
 #[test]
 fn from_unlocked_after_format_then_reopen_with_passphrase() {
-    use cryptblk_block::{LuksVolume, OpenOptions, RawFile};
+    use cryptblk_block::{OpenOptions, RawFile};
     use cryptblk_crypto::CryptoPool;
+    use cryptblk_volume::LuksVolume;
     use std::sync::Arc;
 
     let dir = tempfile::tempdir().unwrap();

@@ -8,9 +8,8 @@
 //! The counts are kept per generation *parity*, so stragglers left behind by a wait that gave
 //! up must be seen to finish before any later generation is published: the generation after
 //! next has their parity, and new requests would join their count.
-use super::segments::StageCounts;
-use crate::{BlockError, BlockErrorKind};
-use std::sync::atomic::Ordering;
+use cryptblk_block::{BlockError, BlockErrorKind};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -18,6 +17,24 @@ use std::time::{Duration, Instant};
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the wait looks again at the counts.
 const DRAIN_POLL: Duration = Duration::from_micros(100);
+
+/// A stage's requests in flight, by generation parity; only the stage's thread writes them.
+#[derive(Default)]
+pub(crate) struct StageCounts {
+    pub(super) in_flight: [AtomicU64; 2],
+}
+
+impl StageCounts {
+    /// Adds `delta` (+1 or -1) to the count of `parity`. Only the owning stage calls this,
+    /// from one thread, so a load and a store suffice.
+    pub(crate) fn add(&self, parity: usize, delta: i64) {
+        let c = &self.in_flight[parity];
+        c.store(
+            c.load(Ordering::Relaxed).wrapping_add_signed(delta),
+            Ordering::Relaxed,
+        );
+    }
+}
 
 pub(crate) struct Drain {
     timeout: Duration,

@@ -11,9 +11,10 @@ mod common;
 use common::aio::{exercise, run};
 use common::MemDevice;
 use cryptblk_block::aio::{open_queue, IoQueue, IoRequest, QueueOptions};
-use cryptblk_block::{BlockDevice, CryptDevice, CryptLayout, SegmentCiphers};
+use cryptblk_block::BlockDevice;
 use cryptblk_crypto::{portable_engine, CipherSpec, CryptoPool, SecretKey, SectorCipher};
 use cryptblk_luks::luks2::reencrypt::{ExtentCipher, KeyRole, SegmentExtent};
+use cryptblk_volume::{CryptDevice, CryptLayout, SegmentCiphers};
 use rand::{RngCore, SeedableRng};
 use std::sync::Arc;
 

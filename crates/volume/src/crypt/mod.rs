@@ -21,9 +21,9 @@ pub use segments::SegmentMap;
 
 pub(crate) use zero_holes::ZeroHolesCipher;
 
-use crate::aio::{IoVec, Pipeline, QueueOptions};
-use crate::device::check_range;
-use crate::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind};
+use cryptblk_block::aio::{IoVec, Pipeline, QueueOptions};
+use cryptblk_block::check_range;
+use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind};
 use cryptblk_crypto::{CryptoError, CryptoPool, Direction, SectorCipher};
 use segments::Storage;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -469,7 +469,7 @@ impl BlockDevice for CryptCore {
         while done < end {
             let n = chunk_max.min(end - done);
             let off = offset + done as u64;
-            let mut bounce = crate::buffers::take(n);
+            let mut bounce = cryptblk_block::buffers::take(n);
             let bounce = &mut bounce[..n];
             self.encrypt_into(off, &buf[done..done + n], bounce)?;
             self.backend

@@ -27,10 +27,10 @@
 //! a generation is published only once every request of the one before the previous has
 //! completed (`Drain`). A stage therefore keeps the routes of both, by parity, and finds the
 //! storage of a completing request in the routes it was admitted under.
-use super::drain::{Drain, DRAIN_TIMEOUT};
+use super::drain::{Drain, StageCounts, DRAIN_TIMEOUT};
 use super::plain::PlainCore;
 use super::CryptCore;
-use crate::{BlockDevice, BlockError, Extent};
+use cryptblk_block::{BlockDevice, BlockError, Extent};
 use cryptblk_crypto::SectorCipher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockWriteGuard, Weak};
@@ -139,24 +139,6 @@ impl Routes {
     /// The end of part `i` in a volume of `size` bytes.
     fn end_of(&self, i: usize, size: u64) -> u64 {
         self.parts.get(i + 1).map_or(size, |next| next.start)
-    }
-}
-
-/// A stage's requests in flight, by generation parity; only the stage's thread writes them.
-#[derive(Default)]
-pub(crate) struct StageCounts {
-    pub(super) in_flight: [AtomicU64; 2],
-}
-
-impl StageCounts {
-    /// Adds `delta` (+1 or -1) to the count of `parity`. Only the owning stage calls this,
-    /// from one thread, so a load and a store suffice.
-    pub(crate) fn add(&self, parity: usize, delta: i64) {
-        let c = &self.in_flight[parity];
-        c.store(
-            c.load(Ordering::Relaxed).wrapping_add_signed(delta),
-            Ordering::Relaxed,
-        );
     }
 }
 
@@ -542,14 +524,14 @@ impl BlockDevice for SegmentMap {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
-        crate::device::check_range("read", offset, buf.len() as u64, BlockDevice::size(self))?;
+        cryptblk_block::check_range("read", offset, buf.len() as u64, BlockDevice::size(self))?;
         self.split_request(offset, buf.len() as u64, |dev, at, from, n| {
             dev.read_at(&mut buf[from..from + n], at)
         })
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
-        crate::device::check_range("write", offset, buf.len() as u64, BlockDevice::size(self))?;
+        cryptblk_block::check_range("write", offset, buf.len() as u64, BlockDevice::size(self))?;
         self.split_request(offset, buf.len() as u64, |dev, at, from, n| {
             dev.write_at(&buf[from..from + n], at)
         })
@@ -561,20 +543,20 @@ impl BlockDevice for SegmentMap {
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        crate::device::check_range("discard", offset, len, BlockDevice::size(self))?;
+        cryptblk_block::check_range("discard", offset, len, BlockDevice::size(self))?;
         self.split_request(offset, len, |dev, at, _, n| dev.discard(at, n as u64))
     }
 
     /// Plaintext parts zero their backend's range; encrypted ones write encrypted zeros.
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        crate::device::check_range("write zeroes", offset, len, BlockDevice::size(self))?;
+        cryptblk_block::check_range("write zeroes", offset, len, BlockDevice::size(self))?;
         self.split_request(offset, len, |dev, at, _, n| dev.write_zeroes(at, n as u64))
     }
 
     /// The first part's answer (an encrypted part's is always data; a plaintext part's is its
     /// backend's allocation), clipped to that part.
     fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
-        crate::device::check_range("block_status", offset, 0, BlockDevice::size(self))?;
+        cryptblk_block::check_range("block_status", offset, 0, BlockDevice::size(self))?;
         let routes = self.routes();
         let size = BlockDevice::size(self);
         let len = len.min(size - offset);

@@ -1,9 +1,9 @@
 //! Opening a LUKS1/LUKS2 image as a decrypted block device: lock the file, read and validate
 //! the header, unlock a keyslot, and put a `CryptDevice` over the payload.
 
-use crate::{
-    BlockDevice, BlockError, Container, CryptDevice, CryptLayout, Extent, ExtentKind, IoSettings,
-    OpenOptions, RawFile,
+use crate::{CryptDevice, CryptLayout};
+use cryptblk_block::{
+    BlockDevice, BlockError, Container, Extent, ExtentKind, IoSettings, OpenOptions, RawFile,
 };
 use cryptblk_crypto::{default_engine_for, CryptoError, CryptoPool, SecretKey};
 use cryptblk_luks::{KnownKey, LuksError, LuksImage, UnlockOptions, Unlocker};
@@ -356,8 +356,8 @@ impl BlockDevice for LuksVolume {
     }
     fn pipeline(
         &self,
-        opts: &crate::aio::QueueOptions,
-    ) -> Option<Result<crate::aio::Pipeline, BlockError>> {
+        opts: &cryptblk_block::aio::QueueOptions,
+    ) -> Option<Result<cryptblk_block::aio::Pipeline, BlockError>> {
         self.device.pipeline(opts)
     }
 }

@@ -7,9 +7,8 @@ mod common;
 
 use common::aio::{exercise, run};
 use cryptblk_block::aio::{open_queue, IoOp, IoRequest, IoVec, QueueOptions};
-use cryptblk_block::{
-    open_luks_volume, AioEngine, BlockDevice, BlockErrorKind, CacheMode, IoSettings, VolumeOptions,
-};
+use cryptblk_block::{AioEngine, BlockDevice, BlockErrorKind, CacheMode, IoSettings};
+use cryptblk_volume::{open_luks_volume, VolumeOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

@@ -7,7 +7,8 @@
 //! itself continues when asked (`cryptblk ctl reencrypt-start`, or offline).
 use crate::crypt::SegmentCiphers;
 use crate::luks_volume::{LuksVolume, VolumeError, VolumeOptions};
-use crate::{BlockDevice, BlockError, Container, CryptDevice, CryptLayout};
+use crate::{CryptDevice, CryptLayout};
+use cryptblk_block::{BlockDevice, BlockError, Container};
 use cryptblk_crypto::{CryptoPool, SectorCipher};
 use cryptblk_luks::luks2::reencrypt::{
     ExtentCipher, KeyRole, ReencryptMode, Reencryption, Resilience,

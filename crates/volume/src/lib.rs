@@ -1,0 +1,36 @@
+//! The volume: what a guest's bytes are. It sits between the frontends (vhost-user-blk, NBD,
+//! convert) and the backends (`cryptblk-block`'s raw file and qcow2, `cryptblk-rbd`):
+//!
+//! - [`Volume`] is what the daemon serves: an image opened, LUKS or raw, behind its tracking
+//!   stage, with its LUKS facts and the keys serving it;
+//! - [`LuksVolume`] is a LUKS1 or LUKS2 image unlocked on its [`Container`]
+//!   (`open_luks_volume*`), with its LUKS facts; [`CryptDevice`] is its payload, decrypted
+//!   sector by sector, and the per-queue crypt stage its pipelines run
+//!   (`CryptDevice::open_pipeline`);
+//! - [`SegmentMap`] is how the volume's parts are stored while an online re-encryption or
+//!   encryption moves the boundary between old and new ([`SegmentCiphers`], [`data_cipher`]);
+//! - [`resize_luks`] and [`resize_raw`] grow and shrink an image under a serving volume;
+//! - [`DirtyTracker`] is the tracking stage: the blocks written since a migration last sent
+//!   them, and the fence of a hand-over.
+//!
+//! Backends know nothing about LUKS, and the volume knows nothing about the protocol in front
+//! of it.
+//!
+//! [`Container`]: cryptblk_block::Container
+
+mod crypt;
+mod luks_reencrypting;
+mod luks_volume;
+mod resize;
+mod tracking;
+mod volume;
+
+pub use crypt::{CryptDevice, CryptLayout, SegmentCiphers, SegmentMap, DRAIN_TIMEOUT};
+pub use luks_reencrypting::data_cipher;
+pub use luks_volume::{
+    open_luks_volume, open_luks_volume_on, open_luks_volume_with, LuksVolume, VolumeError,
+    VolumeOptions,
+};
+pub use resize::{resize_luks, resize_raw, ResizeError, Resized, RAW_SECTOR};
+pub use tracking::{DirtyBitmap, DirtyTracker, TrackingError};
+pub use volume::{LuksFacts, Volume, VolumeKeys};
