@@ -23,7 +23,8 @@ fn ctl_help_lists_every_method_and_param_the_daemon_accepts() {
                 || verb.stdout.contains(&format!("--no-{param}"))
                 || (param == "name" && verb.stdout.contains("<NAME>"))
                 || (param == "name" && verb.stdout.contains("[NAME]"))
-                || (param == "size" && verb.stdout.contains("<SIZE>"));
+                || (param == "size" && verb.stdout.contains("<SIZE>"))
+                || (param == "checkpoint" && verb.stdout.contains("<CHECKPOINT>"));
             assert!(
                 shown,
                 "`ctl {} --help` does not offer `{param}`:\n{}",

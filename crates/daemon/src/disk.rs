@@ -27,6 +27,8 @@ pub struct AttachedDisk {
     pub(crate) activity: Arc<DiskActivity>,
     /// The online reencryption's progress (`reencrypt-status`).
     pub(crate) reencryption: Arc<crate::reencrypt::ReencryptJob>,
+    /// Its checkpoints (`checkpoint-*`), opened before it serves.
+    pub(crate) checkpoints: crate::checkpoints::DiskCheckpoints,
 }
 
 /// The vhost-user options of a disk; `serial` is the image's default GET_ID answer.

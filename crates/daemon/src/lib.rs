@@ -6,6 +6,7 @@
 //! Locks: no code holds two of the daemon's locks at once, and none is held across I/O, a
 //! key derivation, a connect or a handshake; `activity` has the details.
 mod activity;
+mod checkpoints;
 pub mod config;
 mod disk;
 mod dumps;

@@ -375,7 +375,11 @@ impl Daemon {
             }
         };
         let name = config.name.clone();
-        self.publish(PreparedDisk { config, image })?;
+        self.publish(PreparedDisk {
+            config,
+            image,
+            migrated_in: true,
+        })?;
         // A migration that fails before the destination went live leaves nothing usable:
         // the disk goes away again (its partial image was removed by the migration).
         let phase = loop {

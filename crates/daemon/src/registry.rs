@@ -94,6 +94,8 @@ pub struct InheritedSocket {
 pub struct PreparedDisk {
     pub config: DiskConfig,
     pub(crate) image: Volume,
+    /// Received by an incoming migration (whose checkpoints do not come along yet).
+    pub(crate) migrated_in: bool,
 }
 
 impl PreparedDisk {
@@ -275,7 +277,11 @@ impl Daemon {
     ) -> Result<PreparedDisk> {
         self.reserve(&config)?;
         match open_image(&config, inherited, secret, &self.open_context()) {
-            Ok(image) => Ok(PreparedDisk { config, image }),
+            Ok(image) => Ok(PreparedDisk {
+                config,
+                image,
+                migrated_in: false,
+            }),
             Err(e) => {
                 self.unreserve(&config.name);
                 Err(e)
@@ -319,7 +325,17 @@ impl Daemon {
         prepared: PreparedDisk,
         inherited: Option<InheritedSocket>,
     ) -> Result<Arc<AttachedDisk>> {
-        let PreparedDisk { config, image } = prepared;
+        let PreparedDisk {
+            config,
+            image,
+            migrated_in,
+        } = prepared;
+        // Before anything serves: no write may escape the checkpoints' write-intent log.
+        let checkpoints = if migrated_in {
+            crate::checkpoints::DiskCheckpoints::set_aside(&config)
+        } else {
+            crate::checkpoints::DiskCheckpoints::open(&config, &image)
+        };
         let activity = DiskActivity::new();
         let vhost = match &config.vhost_user_blk {
             Some(socket) => {
@@ -379,6 +395,7 @@ impl Daemon {
             nbd_exported,
             activity,
             reencryption,
+            checkpoints,
         });
         if let (true, Some(registry)) = (nbd_exported, &self.nbd) {
             let device: Arc<dyn cryptblk_block::BlockDevice> = if disk.config.discard {

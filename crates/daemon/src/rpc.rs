@@ -145,6 +145,9 @@ impl ControlHandler {
             }
             Request::ReencryptStatus(p) => json(d.reencrypt_status(&p.name)?),
             Request::ReencryptPause(p) => json(d.reencrypt_pause(&p.name)?),
+            Request::CheckpointAdd(p) => json(d.checkpoint_add(&p)?),
+            Request::CheckpointList(p) => json(d.checkpoint_list(&p)?),
+            Request::CheckpointRemove(p) => json(d.checkpoint_remove(&p)?),
             Request::Upgrade(p) => {
                 if let Some(path) = &p.binary {
                     check_absolute(path)?;
@@ -164,6 +167,7 @@ fn changes_disks(r: &Request) -> bool {
             | Request::Stats(_)
             | Request::MigrateStatus(_)
             | Request::ReencryptStatus(_)
+            | Request::CheckpointList(_)
             | Request::Upgrade(_)
     )
 }
@@ -187,6 +191,8 @@ fn request_disk(r: &Request) -> Option<&str> {
         Request::MigrateRecover(p) => Some(&p.name),
         Request::ReencryptStart(p) => Some(&p.name),
         Request::ReencryptStatus(p) | Request::ReencryptPause(p) => Some(&p.name),
+        Request::CheckpointAdd(p) | Request::CheckpointRemove(p) => Some(&p.name),
+        Request::CheckpointList(p) => Some(&p.name),
         Request::Upgrade(_) => None,
     }
 }

@@ -11,13 +11,17 @@
 //!   encryption moves the boundary between old and new ([`SegmentCiphers`], [`data_cipher`]);
 //! - [`resize_luks`] and [`resize_raw`] grow and shrink an image under a serving volume;
 //! - [`DirtyTracker`] is the tracking stage: the blocks written since a migration last sent
-//!   them, and the fence of a hand-over.
+//!   them, and the fence of a hand-over;
+//! - [`CheckpointStore`] keeps a disk's checkpoints (what changed since each, for incremental
+//!   backups), recorded through the write-intent log ([`IntentLog`]) the tracker's stages
+//!   pass every write through.
 //!
 //! Backends know nothing about LUKS, and the volume knows nothing about the protocol in front
 //! of it.
 //!
 //! [`Container`]: cryptblk_block::Container
 
+pub mod checkpoint;
 mod crypt;
 mod luks_reencrypting;
 mod luks_volume;
@@ -25,6 +29,7 @@ mod resize;
 mod tracking;
 mod volume;
 
+pub use checkpoint::{CheckpointError, CheckpointStore, IntentLog};
 pub use crypt::{CryptDevice, CryptLayout, SegmentCiphers, SegmentMap, DRAIN_TIMEOUT};
 pub use luks_reencrypting::data_cipher;
 pub use luks_volume::{

@@ -9,6 +9,8 @@ pub enum ParamKind {
     Name,
     /// Free text.
     Text,
+    /// A checkpoint's name; `ctl`'s positional argument after the disk's.
+    Checkpoint,
     /// A path the daemon opens (sent absolute: its working directory is not the client's).
     Path,
     /// A file holding a passphrase, read by the daemon (never the passphrase itself).
@@ -42,7 +44,7 @@ impl ParamKind {
     /// How the protocol reference writes the value.
     pub fn json_type(self) -> String {
         match self {
-            ParamKind::Name | ParamKind::Text => "str".into(),
+            ParamKind::Name | ParamKind::Text | ParamKind::Checkpoint => "str".into(),
             ParamKind::Path | ParamKind::KeyFile => "path".into(),
             ParamKind::Address => "addr".into(),
             ParamKind::Base64 => "base64".into(),
@@ -306,6 +308,30 @@ pub const METHODS: &[MethodSpec] = &[
         name: "reencrypt-pause",
         summary: "Stop a disk's online reencryption once the hotzone being rewritten is committed; reencrypt-start continues it.",
         params: &[NAME],
+    },
+    MethodSpec {
+        name: "checkpoint-add",
+        summary: "Add a checkpoint to a disk: from now on what is written is recorded, crash-safe, as changed since it (for incremental backups of the image's bytes).",
+        params: &[
+            NAME,
+            req("checkpoint", Checkpoint, "The checkpoint's name: 1 to 64 of A-Z a-z 0-9 . _ - (not starting with .)."),
+        ],
+    },
+    MethodSpec {
+        name: "checkpoint-list",
+        summary: "A disk's checkpoints, oldest first, each with the bytes of the image changed since it.",
+        params: &[
+            NAME,
+            opt("extents", Flag, "Also list each checkpoint's changed ranges of the image, [offset, length] (at most 65536)."),
+        ],
+    },
+    MethodSpec {
+        name: "checkpoint-remove",
+        summary: "Remove a disk's checkpoint; what changed since it stays recorded for the checkpoint before it.",
+        params: &[
+            NAME,
+            req("checkpoint", Checkpoint, "The checkpoint's name."),
+        ],
     },
     MethodSpec {
         name: "upgrade",

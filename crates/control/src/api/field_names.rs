@@ -74,6 +74,8 @@ pub fn accepted_params(method: &str) -> Option<Vec<&'static str>> {
         "migrate-recover" => fields::<MigrateRecoverParams>(),
         "reencrypt-start" => fields::<super::ReencryptStartParams>(),
         "reencrypt-status" | "reencrypt-pause" => fields::<NameParams>(),
+        "checkpoint-add" | "checkpoint-remove" => fields::<CheckpointParams>(),
+        "checkpoint-list" => fields::<CheckpointListParams>(),
         "upgrade" => fields::<UpgradeParams>(),
         _ => return None,
     };
@@ -109,7 +111,7 @@ fn required_params_are_the_ones_without_default() {
     // them fails.
     fn sample(kind: ParamKind) -> serde_json::Value {
         match kind {
-            ParamKind::Name | ParamKind::Text => "x".into(),
+            ParamKind::Name | ParamKind::Text | ParamKind::Checkpoint => "x".into(),
             ParamKind::Path | ParamKind::KeyFile => "/x".into(),
             ParamKind::Address => "tcp:127.0.0.1:1".into(),
             ParamKind::Flag | ParamKind::FlagIfGiven | ParamKind::FlagDefaultOn => true.into(),

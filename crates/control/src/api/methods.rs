@@ -209,6 +209,9 @@ pub enum Request {
     ReencryptStart(super::ReencryptStartParams),
     ReencryptStatus(NameParams),
     ReencryptPause(NameParams),
+    CheckpointAdd(super::CheckpointParams),
+    CheckpointList(super::CheckpointListParams),
+    CheckpointRemove(super::CheckpointParams),
     Upgrade(UpgradeParams),
 }
 
@@ -240,6 +243,9 @@ impl Request {
             "reencrypt-start" => Request::ReencryptStart(from(params)?),
             "reencrypt-status" => Request::ReencryptStatus(from(params)?),
             "reencrypt-pause" => Request::ReencryptPause(from(params)?),
+            "checkpoint-add" => Request::CheckpointAdd(from(params)?),
+            "checkpoint-list" => Request::CheckpointList(from(params)?),
+            "checkpoint-remove" => Request::CheckpointRemove(from(params)?),
             "upgrade" => Request::Upgrade(from(params)?),
             other => return Err(RpcError::method_not_found(other)),
         })
@@ -264,6 +270,9 @@ impl Request {
             Request::ReencryptStart(_) => "reencrypt-start",
             Request::ReencryptStatus(_) => "reencrypt-status",
             Request::ReencryptPause(_) => "reencrypt-pause",
+            Request::CheckpointAdd(_) => "checkpoint-add",
+            Request::CheckpointList(_) => "checkpoint-list",
+            Request::CheckpointRemove(_) => "checkpoint-remove",
             Request::Upgrade(_) => "upgrade",
         }
     }

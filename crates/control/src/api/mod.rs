@@ -2,6 +2,7 @@
 //! server (`cryptblk-daemon`) and the client (`cryptblk ctl`) both use these types, so the two
 //! cannot drift apart.
 mod catalogue;
+mod checkpoint;
 mod disk;
 mod error_kind;
 mod field_names;
@@ -15,6 +16,10 @@ mod results;
 pub use catalogue::{
     errors_reference, method, methods_reference, MethodSpec, ParamKind, ParamSpec,
     CONFIG_FILE_ALIASES, METHODS,
+};
+pub use checkpoint::{
+    CheckpointAdded, CheckpointInfo, CheckpointList, CheckpointListParams, CheckpointParams,
+    CheckpointRemoved, MAX_LISTED_EXTENTS,
 };
 pub use disk::{rbd_name, resolve, DiskConfig, ImageName, RBD_PREFIX};
 pub use error_kind::ErrorKind;

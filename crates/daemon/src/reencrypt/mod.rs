@@ -202,6 +202,11 @@ impl Daemon {
         }
         let ticket = disk.activity.begin_reencryption(name)?;
         let passphrase = read_key_source(source, "key", fds, self.master_key.as_ref())?;
+        // The rewriting bypasses the write-intent log and changes every ciphertext byte:
+        // each checkpoint counts the whole image changed.
+        disk.image.tracker.intent_log().record_all().map_err(|e| {
+            Error::caused("recording the reencryption in the disk's checkpoints", e)
+        })?;
         let job = disk.reencryption.clone();
         job.pause.store(false, Ordering::Release);
         let max_bandwidth = p.max_bandwidth.unwrap_or(DEFAULT_MAX_BANDWIDTH);

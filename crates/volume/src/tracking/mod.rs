@@ -10,6 +10,7 @@ mod state;
 mod tracker;
 
 pub use bitmap::DirtyBitmap;
+pub(crate) use state::TrackState;
 pub use tracker::DirtyTracker;
 
 /// Tracking cannot be set up as asked (a granularity that is not a power of two, a disk too

@@ -2,9 +2,10 @@
 //! stages: the fence, the count of operations under way, and where modified ranges are marked.
 
 use super::DirtyBitmap;
+use crate::checkpoint::IntentLog;
 use cryptblk_block::{BlockError, BlockErrorKind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// The tracker's state, shared with the asynchronous queues opened through it.
 pub(crate) struct TrackState {
@@ -17,6 +18,8 @@ pub(crate) struct TrackState {
     pub(super) fenced: AtomicBool,
     /// Operations between their fence check and their completion.
     pub(super) in_flight: AtomicU64,
+    /// The checkpoints' write-intent log (idle without a checkpoint).
+    pub(crate) intent: Arc<IntentLog>,
 }
 
 /// Ends an operation's stay in `in_flight`, also when it fails.
@@ -53,6 +56,31 @@ impl TrackState {
             .with_op(op));
         }
         Ok(guard)
+    }
+
+    /// The image-file range holding `len` volume bytes at `offset`.
+    pub(crate) fn file_range(&self, offset: u64, len: u64) -> (u64, u64) {
+        (
+            offset.saturating_add(self.payload_offset.load(Ordering::Acquire)),
+            len,
+        )
+    }
+
+    /// Records `len` volume bytes at `offset` in the checkpoints' write-intent log (at once
+    /// when already recorded or without a checkpoint); an error means `op` must not run.
+    pub(crate) fn record(&self, op: &'static str, offset: u64, len: u64) -> Result<(), BlockError> {
+        if self.intent.active() == 0 {
+            return Ok(());
+        }
+        let (offset, len) = self.file_range(offset, len);
+        self.intent.record(offset, len).map_err(|e| {
+            BlockError::new(
+                BlockErrorKind::Io,
+                format!("recording the change in the disk's checkpoint log failed, so it was not done: {e}"),
+            )
+            .with_op(op)
+            .at(offset)
+        })
     }
 
     /// Marks after the inner operation finished (successfully or not: a failed write may

@@ -5,7 +5,8 @@ use super::stage::TrackingStage;
 use super::state::TrackState;
 use super::DirtyBitmap;
 use super::TrackingError;
-use cryptblk_block::aio::{open_pipeline, Pipeline, QueueOptions};
+use crate::checkpoint::{CheckpointStage, IntentLog, RecordingPath};
+use cryptblk_block::aio::{open_pipeline, IoQueue, Pipeline, QueueOptions};
 use cryptblk_block::{BlockDevice, BlockError, Extent};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -73,6 +74,7 @@ impl DirtyTracker {
                 tracking: AtomicBool::new(false),
                 fenced: AtomicBool::new(false),
                 in_flight: AtomicU64::new(0),
+                intent: Arc::new(IntentLog::default()),
             }),
         })
     }
@@ -88,6 +90,12 @@ impl DirtyTracker {
 
     pub fn granularity(&self) -> u64 {
         self.state.granularity
+    }
+
+    /// The checkpoints' write-intent log every modifying request passes (a
+    /// [`CheckpointStore`](crate::CheckpointStore) opened with it records through it).
+    pub fn intent_log(&self) -> &Arc<IntentLog> {
+        &self.state.intent
     }
 
     pub fn payload_offset(&self) -> u64 {
@@ -109,6 +117,11 @@ impl DirtyTracker {
                 self.state.granularity
             )));
         }
+        // Every byte of the image moves: each checkpoint counts all of it changed.
+        self.state
+            .intent
+            .record_all()
+            .map_err(|e| TrackingError(format!("recording the move in the checkpoint log: {e}")))?;
         self.state.payload_offset.store(offset, Ordering::Release);
         Ok(())
     }
@@ -181,6 +194,7 @@ impl BlockDevice for DirtyTracker {
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
         let _op = self.state.enter("write")?;
+        self.state.record("write", offset, buf.len() as u64)?;
         let res = self.inner.write_at(buf, offset);
         self.state.mark(offset, buf.len() as u64);
         res
@@ -191,6 +205,7 @@ impl BlockDevice for DirtyTracker {
     }
     fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         let _op = self.state.enter("discard")?;
+        self.state.record("discard", offset, len)?;
         let res = self.inner.discard(offset, len);
         self.state.mark(offset, len);
         res
@@ -200,15 +215,25 @@ impl BlockDevice for DirtyTracker {
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         let _op = self.state.enter("write zeroes")?;
+        self.state.record("write zeroes", offset, len)?;
         let res = self.inner.write_zeroes(offset, len);
         self.state.mark(offset, len);
         res
     }
-    /// The wrapped device's pipeline with the tracking stage in front: the same fence and
-    /// dirty marking, on the asynchronous path.
+    /// The wrapped device's pipeline with the tracking and checkpoint stages in front: the
+    /// same fence, dirty marking and write-intent log, on the asynchronous path. The
+    /// checkpoint stage sends a write whose region is not recorded yet to the synchronous
+    /// path, which records it first: the wrapped device's own methods behind the log (the
+    /// stages behind see the volume's offsets, as they do).
     fn pipeline(&self, opts: &QueueOptions) -> Option<Result<Pipeline, BlockError>> {
         Some(open_pipeline(&self.inner, opts).map(|mut pipeline| {
+            let capacity = pipeline.capacity();
+            pipeline.push_front(Box::new(CheckpointStage::new(self.state.clone(), capacity)));
             pipeline.push_front(Box::new(TrackingStage::new(self.state.clone())));
+            pipeline.set_sync_path(Arc::new(RecordingPath {
+                state: self.state.clone(),
+                inner: self.inner.clone(),
+            }));
             pipeline
         }))
     }

@@ -92,6 +92,7 @@ fn param_arg(p: &ParamSpec) -> Arg {
     let arg = Arg::new(id.clone()).help(p.help);
     match p.kind {
         ParamKind::Name => arg.value_name("NAME").required(p.required),
+        ParamKind::Checkpoint => arg.value_name("CHECKPOINT").required(p.required),
         ParamKind::Flag | ParamKind::FlagIfGiven | ParamKind::FlagDefaultOn => {
             arg.long(id).action(ArgAction::SetTrue)
         }
@@ -184,6 +185,7 @@ impl clap::FromArgMatches for CtlArgs {
                 }
                 ParamKind::KeyFd => vm.get_one::<i32>(&id).copied().map(Given::Fd),
                 ParamKind::Name
+                | ParamKind::Checkpoint
                 | ParamKind::Text
                 | ParamKind::Address
                 | ParamKind::Base64
