@@ -28,7 +28,7 @@ pub struct AttachedDisk {
     /// The online reencryption's progress (`reencrypt-status`).
     pub(crate) reencryption: Arc<crate::reencrypt::ReencryptJob>,
     /// Its checkpoints (`checkpoint-*`), opened before it serves.
-    pub(crate) checkpoints: crate::checkpoints::DiskCheckpoints,
+    pub(crate) checkpoints: crate::disk_checkpoints::DiskCheckpoints,
 }
 
 /// The vhost-user options of a disk; `serial` is the image's default GET_ID answer.

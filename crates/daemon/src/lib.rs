@@ -9,6 +9,7 @@ mod activity;
 mod checkpoints;
 pub mod config;
 mod disk;
+mod disk_checkpoints;
 mod dumps;
 pub mod error;
 mod handover;

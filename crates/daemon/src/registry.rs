@@ -332,9 +332,9 @@ impl Daemon {
         } = prepared;
         // Before anything serves: no write may escape the checkpoints' write-intent log.
         let checkpoints = if migrated_in {
-            crate::checkpoints::DiskCheckpoints::set_aside(&config)
+            crate::disk_checkpoints::DiskCheckpoints::set_aside(&config)
         } else {
-            crate::checkpoints::DiskCheckpoints::open(&config, &image)
+            crate::disk_checkpoints::DiskCheckpoints::open(&config, &image)
         };
         let activity = DiskActivity::new();
         let vhost = match &config.vhost_user_blk {

@@ -12,12 +12,11 @@
 mod format;
 mod generation;
 mod intent;
-mod stage;
 mod store;
 
 pub use format::{parse_any, valid_name, MAX_CHECKPOINTS, MAX_NAME};
+pub(crate) use generation::Generation;
 pub use intent::IntentLog;
-pub(crate) use stage::{CheckpointStage, RecordingPath};
 pub use store::{store_dir, CheckpointInfo, CheckpointStore, GRANULARITY};
 
 use std::path::{Path, PathBuf};

@@ -5,6 +5,7 @@
 //! switchover.
 
 mod bitmap;
+mod checkpoint_stage;
 mod stage;
 mod state;
 mod tracker;

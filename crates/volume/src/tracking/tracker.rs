@@ -1,11 +1,12 @@
 //! `DirtyTracker`: a disk whose modified ranges are recorded while a migration runs, and that
 //! can be fenced at switchover.
 
+use super::checkpoint_stage::{CheckpointStage, RecordingPath};
 use super::stage::TrackingStage;
 use super::state::TrackState;
 use super::DirtyBitmap;
 use super::TrackingError;
-use crate::checkpoint::{CheckpointStage, IntentLog, RecordingPath};
+use crate::checkpoint::IntentLog;
 use cryptblk_block::aio::{open_pipeline, IoQueue, Pipeline, QueueOptions};
 use cryptblk_block::{BlockDevice, BlockError, Extent};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -8,12 +8,11 @@
 //! bitmap being retired and pass; it is recorded in the new one when it completes, before its
 //! caller hears of it, so the checkpoint added counts it as changed since.
 
-use crate::tracking::TrackState;
+use super::TrackState;
+use crate::checkpoint::Generation;
 use cryptblk_block::aio::{Admit, SlotRequest, Stage};
 use cryptblk_block::{BlockDevice, BlockError, Extent};
 use std::sync::Arc;
-
-use super::generation::Generation;
 
 pub(crate) struct CheckpointStage {
     state: Arc<TrackState>,
