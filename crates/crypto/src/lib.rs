@@ -135,9 +135,10 @@ pub(crate) fn check_same_len(src: &[u8], dst: &[u8]) -> Result<(), CryptoError> 
     }
 }
 
-/// `SectorCipher::crypt` for an engine whose `crypt_raw` reads and writes memory natively:
-/// the slice goes in as one pointer for both sides.
-pub(crate) fn crypt_via_raw(
+/// `SectorCipher::crypt` for a cipher whose `crypt_raw` reads and writes memory natively (an
+/// engine, or a wrapper that overrides `crypt_raw`): the slice goes in as one pointer for
+/// both sides.
+pub fn crypt_via_raw(
     cipher: &(impl SectorCipher + ?Sized),
     dir: Direction,
     first_sector: u64,
@@ -149,9 +150,9 @@ pub(crate) fn crypt_via_raw(
     unsafe { cipher.crypt_raw(dir, first_sector, p, p, data.len()) }
 }
 
-/// `SectorCipher::crypt_into` for an engine whose `crypt_raw` reads and writes memory
+/// `SectorCipher::crypt_into` for a cipher whose `crypt_raw` reads and writes memory
 /// natively: one pass from `src` to `dst`.
-pub(crate) fn crypt_into_via_raw(
+pub fn crypt_into_via_raw(
     cipher: &(impl SectorCipher + ?Sized),
     dir: Direction,
     first_sector: u64,

@@ -54,10 +54,7 @@ impl SectorCipher for ZeroHolesCipher {
         if dir == Direction::Encrypt {
             return self.inner.crypt(dir, first_sector, data);
         }
-        let len = data.len();
-        let p = data.as_mut_ptr();
-        // SAFETY: `data` is a unique borrow of `len` bytes, used only through `p` below.
-        unsafe { self.crypt_raw(dir, first_sector, p, p, len) }
+        cryptblk_crypto::crypt_via_raw(self, dir, first_sector, data)
     }
 
     fn crypt_into(
@@ -70,8 +67,7 @@ impl SectorCipher for ZeroHolesCipher {
         if dir == Direction::Encrypt || src.len() != dst.len() {
             return self.inner.crypt_into(dir, first_sector, src, dst);
         }
-        // SAFETY: two distinct borrows of equal length, used only through these pointers.
-        unsafe { self.crypt_raw(dir, first_sector, src.as_ptr(), dst.as_mut_ptr(), src.len()) }
+        cryptblk_crypto::crypt_into_via_raw(self, dir, first_sector, src, dst)
     }
 
     /// Decrypts each run of non-zero sectors with one call to the inner cipher, and leaves
