@@ -3,6 +3,8 @@
 //! through a fresh open of the image, including requests that are not sector-aligned
 //! (read-modify-write) and buffers that split a sector between two segments.
 
+// The block crate's test helpers (QEMU tools, the aio harness), one copy for both crates.
+#[path = "../../block/tests/common/mod.rs"]
 mod common;
 
 use common::aio::{exercise, run};

@@ -1,4 +1,6 @@
 //! The encrypted volume against an in-memory model and against the cipher applied directly.
+// The block crate's test helpers (QEMU tools, the aio harness), one copy for both crates.
+#[path = "../../block/tests/common/mod.rs"]
 mod common;
 
 use common::MemDevice;

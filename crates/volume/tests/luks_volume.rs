@@ -1,5 +1,7 @@
 //! LUKS volumes made and checked by the real tools: QEMU's luks driver (LUKS1) and cryptsetup
 //! (LUKS2 with 4096-byte sectors).
+// The block crate's test helpers (QEMU tools, the aio harness), one copy for both crates.
+#[path = "../../block/tests/common/mod.rs"]
 mod common;
 
 use common::{assert_same, cryptsetup_format, qemu_img, run};

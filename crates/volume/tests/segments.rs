@@ -3,6 +3,8 @@
 //! synchronous path it hands crossings to) and through the synchronous methods must read back
 //! what was written, and land on the backend under the right key, at every stage: split,
 //! a hotzone announced, the boundary moved, finished.
+// The block crate's test helpers (QEMU tools, the aio harness), one copy for both crates.
+#[path = "../../block/tests/common/mod.rs"]
 mod common;
 
 use common::aio::{exercise, run};

@@ -6,6 +6,8 @@
 //! a queue (fast path, and the synchronous path it hands the rest to) and through the
 //! synchronous methods must read back what was written at every step, and the backend must
 //! end up as an ordinary encrypted payload behind the header.
+// The block crate's test helpers (QEMU tools, the aio harness), one copy for both crates.
+#[path = "../../block/tests/common/mod.rs"]
 mod common;
 
 use common::aio::{exercise, run};
