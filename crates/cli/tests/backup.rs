@@ -59,7 +59,9 @@ impl Source {
             "chardev=qmp",
         ]);
         let mut qsd = Process::spawn(cmd, t.path("qsd.log"));
-        qsd.wait_for_socket(&qmp_socket);
+        // Probe the NBD socket, not the QMP one: the QMP chardev serves one client, and a
+        // probe's connection still held there makes it close ours ("QMP connection closed").
+        qsd.wait_for_socket(&nbd_socket);
         let qmp = Qmp::connect(&qmp_socket);
         Source {
             t,
