@@ -19,6 +19,9 @@
 //! number of extents, and names the damaged entry and file, which is all a restore can act
 //! on (an entry is replayed whole or not at all).
 
+// The few system calls without a safe wrapper are allowed where they are made.
+#![deny(unsafe_code)]
+
 mod durable;
 mod error;
 pub mod extents;

@@ -291,15 +291,15 @@ fn lock(dir: &Path) -> Result<File, Error> {
         .write(true)
         .open(&path)
         .at(&path)?;
-    // SAFETY: flock on a descriptor this function owns; no memory is passed.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(Error::Usage(format!(
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Usage(format!(
             "another pull is writing the backup chain in {} (it holds {})",
             dir.display(),
             path.display()
-        )));
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(e).at(&path),
     }
-    Ok(f)
 }
 
 /// The entry being written.
@@ -386,6 +386,7 @@ impl Partial {
     /// Starts the disk writing the data appended since the last call, without waiting for
     /// it: the disk then writes while the export is read, and the next `make_durable` finds
     /// little left to wait for (a pull that only synced every 256 MiB stalled there).
+    #[allow(unsafe_code)] // sync_file_range: rustix and std have no wrapper
     fn start_writeback(&mut self) -> Result<(), Error> {
         self.data.flush().at(&self.dir.join(DATA_PARTIAL))?;
         let end = self.record.data_bytes;
@@ -519,4 +520,20 @@ pub(crate) fn is_zero(block: &[u8]) -> bool {
     block
         .chunks(4096)
         .all(|page| page.iter().fold(0u8, |acc, &b| acc | b) == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_pull_into_the_same_chain_is_refused_until_the_first_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = lock(dir.path()).unwrap();
+        let err = lock(dir.path()).unwrap_err();
+        assert!(matches!(err, Error::Usage(_)), "{err}");
+        assert!(err.to_string().contains("another pull"), "{err}");
+        drop(first);
+        lock(dir.path()).unwrap();
+    }
 }

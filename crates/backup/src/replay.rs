@@ -147,22 +147,17 @@ fn io(path: &Path, source: std::io::Error) -> Error {
 
 /// Zeroes a range of the target as a hole (writing zeroes where holes are not supported).
 fn punch(t: &Target, offset: u64, length: u64) -> Result<(), Error> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: fallocate on a descriptor the caller keeps open; no memory is passed.
-    let rc = unsafe {
-        libc::fallocate(
-            t.file.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            offset as libc::off_t,
-            length as libc::off_t,
-        )
-    };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
-        return Err(io(t.path, err));
+    use rustix::fs::FallocateFlags;
+    let punched = rustix::fs::fallocate(
+        t.file,
+        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+        offset,
+        length,
+    );
+    match punched {
+        Ok(()) => return Ok(()),
+        Err(rustix::io::Errno::OPNOTSUPP) => {}
+        Err(e) => return Err(io(t.path, e.into())),
     }
     let zeroes = vec![0u8; COPY_CHUNK.min(length as usize)];
     let mut at = offset;

@@ -6,6 +6,8 @@
 //! and subtraction on the raw curve points), which no JOSE library exposes; the JWE part
 //! around it (ECDH-ES Concat KDF and AES-GCM) is a few lines on OpenSSL, which the workspace
 //! already builds. The token JSON is untrusted and every field is checked.
+
+#![forbid(unsafe_code)]
 mod base64url;
 mod error;
 mod http;

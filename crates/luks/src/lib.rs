@@ -11,6 +11,8 @@
 //! header that activates it; removal wipes the slot's area first (as cryptsetup does) and then
 //! rewrites the header without it.
 
+#![forbid(unsafe_code)]
+
 pub mod af;
 mod ct;
 mod direct_file;

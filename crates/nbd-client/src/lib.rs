@@ -12,6 +12,8 @@
 //! request it answers, and a violation is a [`Error::Protocol`], never a panic. The fuzz target
 //! `nbd_client` (fuzz/) feeds arbitrary server bytes through the whole session.
 
+#![forbid(unsafe_code)]
+
 mod client;
 mod error;
 mod uri;

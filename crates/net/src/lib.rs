@@ -13,6 +13,9 @@
 //! - [`tls`]: x509 credentials in QEMU's layout (re-exported from `cryptblk-tls`), the name a
 //!   client checks the server's certificate against, and a handshake bounded by the stream's
 //!   timeouts.
+
+// The few system calls without a safe wrapper are allowed where they are made.
+#![deny(unsafe_code)]
 mod address;
 mod limits;
 mod listener;

@@ -5,9 +5,10 @@
 //! (`hand_over`), which must go on accepting on it.
 use crate::unix_socket::{bind_private, remove_if_ours, FileId, SocketFile};
 use crate::{Address, Stream};
+use rustix::event::{PollFd, PollFlags};
 use std::io::{self, Write};
 use std::net::TcpListener;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -178,35 +179,23 @@ impl Listener {
     pub fn accept(&self) -> io::Result<(Stream, String)> {
         loop {
             let mut fds = [
-                libc::pollfd {
-                    fd: self.socket_fd().as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.wake.rx.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
+                PollFd::from_borrowed_fd(self.socket_fd(), PollFlags::IN),
+                PollFd::new(&self.wake.rx, PollFlags::IN),
             ];
-            // SAFETY: `fds` is a live array of two initialised pollfd whose descriptors `self`
-            // owns for the whole call; the length passed matches it.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
+            match rustix::event::poll(&mut fds, None) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
             }
-            if fds[1].revents != 0 {
+            let (listening, woken) = (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
+            if woken {
                 // The byte is never read, so later calls return at once too.
                 return Err(io::Error::new(
                     io::ErrorKind::Interrupted,
                     "the listener was asked to stop",
                 ));
             }
-            if fds[0].revents != 0 {
+            if listening {
                 match self.accept_now() {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                     accepted => return accepted,

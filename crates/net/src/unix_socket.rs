@@ -95,6 +95,10 @@ pub struct PeerCredentials {
 }
 
 /// The credentials of the process that connected `stream`.
+///
+/// By hand rather than through rustix: its `UCred` holds the pid as a non-zero type, and the
+/// kernel reports pid 0 for a peer in a pid namespace we cannot see.
+#[allow(unsafe_code)]
 pub fn peer_credentials(stream: &UnixStream) -> io::Result<PeerCredentials> {
     use std::os::fd::AsRawFd;
     let mut cred = libc::ucred {

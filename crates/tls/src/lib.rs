@@ -8,6 +8,8 @@
 //! Every server this crate configures requires a client certificate signed by the CA: a
 //! client without one fails the TLS handshake.
 
+#![forbid(unsafe_code)]
+
 mod names;
 
 pub use names::{certificate_names, AllowList, AllowListError, CertificateNames};
