@@ -109,6 +109,23 @@ pub struct Segment {
     pub extra: Extra,
 }
 
+impl Segment {
+    /// The flags the segment carries (an absent or malformed list carries none).
+    pub fn flags(&self) -> Vec<&str> {
+        self.extra
+            .get("flags")
+            .and_then(serde_json::Value::as_array)
+            .map(|a| a.iter().filter_map(serde_json::Value::as_str).collect())
+            .unwrap_or_default()
+    }
+
+    /// A reencryption's backup segment (`backup-previous`, `backup-final`, `backup-moved-segment`):
+    /// a description of a key or layout, not a part of the device.
+    pub fn is_backup(&self) -> bool {
+        self.flags().iter().any(|f| f.starts_with("backup-"))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Digest {
     #[serde(rename = "type")]

@@ -192,7 +192,7 @@ pub fn validate_placed(meta: &Metadata, hdr_size: u64, placement: Placement) -> 
         let f = |name: &str| format!("segments.{key}.{name}");
         // An in-place encryption's `backup-previous` describes the plaintext as it was,
         // from offset 0, before the header took its place.
-        let plaintext_backup = seg.kind == "linear" && super::reencrypt::is_backup(seg);
+        let plaintext_backup = seg.kind == "linear" && seg.is_backup();
         if placement == Placement::Attached && seg.offset < area_end && !plaintext_backup {
             return Err(format!(
                 "{}: {} lies inside the header and keyslots area (ends at {area_end}): this header describes data on another device (a detached header, cryptsetup's --header); give the data image separately (`cryptblk reencrypt --header THIS-FILE IMAGE`)",

@@ -39,29 +39,14 @@
 //! Progress is the plaintext below the boundary; the volume is the image minus D
 //! (`decrypt_total`), although the last linear segment runs to the image's end.
 use super::checksums::block_checksums;
-use super::encrypt::fixed;
 use super::layout::{self, ExtentCipher, KeyRole, SegmentExtent};
 use super::session::{Reencryption, StepReport};
 use super::stale::StaleBlocks;
-use super::{
-    segment_flags, ReencryptDirection, ReencryptMode, ReencryptState, Resilience,
-    FLAG_IN_REENCRYPTION,
-};
+use super::{Resilience, FLAG_IN_REENCRYPTION};
 use crate::luks2::json::Segment;
 use crate::{HashAlg, LuksError, Result};
 use cryptblk_crypto::{Direction, SecretKey};
 use zeroize::Zeroizing;
-
-/// Whether `state` is the layout this module drives.
-pub(super) fn is_decrypt_datashift(state: &ReencryptState) -> bool {
-    state.mode == ReencryptMode::Decrypt
-        && state.direction == ReencryptDirection::Forward
-        && matches!(
-            state.resilience,
-            Resilience::DatashiftChecksum { .. } | Resilience::DatashiftJournal { .. }
-        )
-        && state.segment_moved.is_some()
-}
 
 /// How the moved segment, decrypted in place, survives a crash.
 #[derive(Debug, Clone, Copy)]
@@ -191,7 +176,7 @@ impl Reencryption<'_> {
         len: u64,
         after: Option<Segment>,
     ) -> Result<Vec<Segment>> {
-        let moved_len = fixed(moved)?;
+        let moved_len = layout::fixed(moved)?;
         let progress = offset
             .checked_sub(moved_len)
             .ok_or_else(|| corrupt("a hotzone lies inside the moved segment"))?;
@@ -207,7 +192,7 @@ impl Reencryption<'_> {
         let (shift, ..) = self.decrypt_params()?;
         let total = self.decrypt_total()?;
         let moved = live[0].clone();
-        let moved_len = fixed(&moved)?;
+        let moved_len = layout::fixed(&moved)?;
         let progress = offset
             .checked_sub(moved_len)
             .ok_or_else(|| corrupt("a hotzone lies inside the moved segment"))?;
@@ -239,7 +224,7 @@ impl Reencryption<'_> {
     fn decrypt_moved(&mut self, live: &[Segment]) -> Result<()> {
         let (_, protection) = self.decrypt_params()?;
         let moved = self.backup(&self.state.segment_moved.clone())?;
-        let len = fixed(&moved)?;
+        let len = layout::fixed(&moved)?;
         let mut hot = vec![self.plain_at(0, Some(len), true)?];
         hot.extend(live.get(1).cloned());
         let mut buf = Zeroizing::new(vec![0u8; len as usize]);
@@ -295,9 +280,9 @@ impl Reencryption<'_> {
         let live = self.live_segments();
         let r = live
             .iter()
-            .position(|s| segment_flags(s).contains(&FLAG_IN_REENCRYPTION))
+            .position(|s| s.flags().contains(&FLAG_IN_REENCRYPTION))
             .ok_or_else(|| corrupt("no hotzone segment"))?;
-        let len = fixed(&live[r])?;
+        let len = layout::fixed(&live[r])?;
         let offset = live[r].offset;
         if r == 0 {
             let stale = self

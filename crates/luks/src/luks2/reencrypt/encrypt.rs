@@ -27,9 +27,8 @@
 use super::layout::{self, KeyRole};
 use super::session::{Reencryption, StepReport};
 use super::{
-    digest, segment_flags, unsupported, ReencryptDirection, ReencryptMode, ReencryptState,
-    Resilience, FLAG_BACKUP_FINAL, FLAG_BACKUP_MOVED, FLAG_BACKUP_PREVIOUS, FLAG_IN_REENCRYPTION,
-    REQUIREMENT_V2,
+    digest, unsupported, ReencryptDirection, ReencryptMode, Resilience, FLAG_BACKUP_FINAL,
+    FLAG_BACKUP_MOVED, FLAG_BACKUP_PREVIOUS, FLAG_IN_REENCRYPTION, REQUIREMENT_V2,
 };
 use crate::io::HeaderIo;
 use crate::luks2::json::{parse_u64, Area, Keyslot, Requirements, Segment, SegmentSize};
@@ -120,15 +119,6 @@ fn linear(offset: u64, size: u64, flag: Option<&str>) -> Segment {
         encryption: None,
         sector_size: None,
         extra,
-    }
-}
-
-pub(super) fn fixed(seg: &Segment) -> Result<u64> {
-    match seg.size {
-        SegmentSize::Fixed(n) => Ok(n),
-        SegmentSize::Dynamic => Err(LuksError::Corrupt(
-            "reencryption segments: a dynamic segment before the end".into(),
-        )),
     }
 }
 
@@ -326,14 +316,6 @@ pub fn encrypt_prepare(
     })
 }
 
-/// Whether `state` is the layout this module drives.
-pub(super) fn is_encrypt_datashift(state: &ReencryptState) -> bool {
-    state.mode == ReencryptMode::Encrypt
-        && state.direction == ReencryptDirection::Backward
-        && matches!(state.resilience, Resilience::Datashift { .. })
-        && state.segment_moved.is_some()
-}
-
 impl Reencryption<'_> {
     fn shift(&self) -> u64 {
         match self.state.resilience {
@@ -355,7 +337,7 @@ impl Reencryption<'_> {
     /// so. A forward key-to-key reencryption keeps its size anyway (nothing to do); any other
     /// layout (a decryption's volume grows by design) is refused.
     pub fn keep_volume_size(&mut self) -> Result<()> {
-        if is_encrypt_datashift(&self.state) {
+        if self.state.is_encrypt_datashift() {
             self.keep_size = true;
             return Ok(());
         }
@@ -378,7 +360,7 @@ impl Reencryption<'_> {
     /// not ask to keep the size after a crash there does not grow the volume, and one that
     /// asks too late (the segment is `dynamic`) does not shrink it.
     pub(super) fn encrypt_final_size(&self) -> Option<u64> {
-        if !is_encrypt_datashift(&self.state) {
+        if !self.state.is_encrypt_datashift() {
             return None;
         }
         match self.live_segments().as_slice() {
@@ -403,7 +385,7 @@ impl Reencryption<'_> {
             .meta
             .segments
             .iter()
-            .filter(|(_, s)| !super::is_backup(s))
+            .filter(|(_, s)| !s.is_backup())
             .filter_map(|(id, s)| parse_u64(id).map(|n| (n, s.clone())))
             .collect();
         live.sort_by_key(|(n, _)| *n);
@@ -426,7 +408,7 @@ impl Reencryption<'_> {
     /// segment's size).
     pub(super) fn encrypt_total(&self) -> Result<u64> {
         self.backup(&Some(self.state.segment_old.clone()))
-            .and_then(|s| fixed(&s))
+            .and_then(|s| layout::fixed(&s))
     }
 
     /// Where the next hotzone of at most `max_len` bytes (already aligned) lies: its volume
@@ -440,7 +422,7 @@ impl Reencryption<'_> {
         let linear_len: u64 = live
             .iter()
             .filter(|s| s.kind == "linear")
-            .map(fixed)
+            .map(layout::fixed)
             .sum::<Result<u64>>()?;
         if linear_len == 0 {
             return Ok(None);
@@ -503,7 +485,7 @@ impl Reencryption<'_> {
             .rposition(|s| s.kind == "linear")
             .unwrap_or_default();
         let mut hot: Vec<Segment> = live[..sg].to_vec();
-        let last = fixed(&live[sg])?;
+        let last = layout::fixed(&live[sg])?;
         if last > len {
             let mut shrunk = live[sg].clone();
             shrunk.size = SegmentSize::Fixed(last - len);
@@ -555,10 +537,10 @@ impl Reencryption<'_> {
         let hot = self.live_segments();
         let r = hot
             .iter()
-            .position(|s| segment_flags(s).contains(&FLAG_IN_REENCRYPTION))
+            .position(|s| s.flags().contains(&FLAG_IN_REENCRYPTION))
             .ok_or_else(|| LuksError::Corrupt("no hotzone segment".into()))?;
         let fin = self.backup(&Some(self.state.segment_new.clone()))?;
-        let len = fixed(&hot[r])?;
+        let len = layout::fixed(&hot[r])?;
         let offset = hot[r].offset.checked_sub(fin.offset).ok_or_else(|| {
             LuksError::Corrupt("the hotzone lies before the new data offset".into())
         })?;
@@ -576,7 +558,7 @@ impl Reencryption<'_> {
                 let mut m = after.clone();
                 m.offset = fin.offset + offset;
                 m.iv_tweak = Some(offset / 512);
-                m.size = SegmentSize::Fixed(fixed(after).unwrap_or(0) + len);
+                m.size = SegmentSize::Fixed(layout::fixed(after).unwrap_or(0) + len);
                 m
             }
             None => {
@@ -592,7 +574,7 @@ impl Reencryption<'_> {
             // served disk a larger volume.
             if !self.keep_size {
                 merged.size = SegmentSize::Dynamic;
-            } else if fixed(&merged)? != self.encrypt_total()? {
+            } else if layout::fixed(&merged)? != self.encrypt_total()? {
                 return Err(LuksError::Corrupt(format!(
                     "the encrypted segments add up to {:?} bytes, the volume has {}",
                     merged.size,
@@ -631,7 +613,7 @@ impl Reencryption<'_> {
         else {
             return Ok(());
         };
-        let len = fixed(moved)?;
+        let len = layout::fixed(moved)?;
         let mut done = 0;
         while done < len {
             let n = (len - done).min(1 << 20);

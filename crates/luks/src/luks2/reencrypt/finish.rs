@@ -25,7 +25,7 @@ impl Reencryption<'_> {
         }
         // As cryptsetup: the plaintext copy an encryption moved to the end goes first; a
         // decryption's last `shift` bytes (ciphertext of data now plaintext below) likewise.
-        if super::decrypt::is_decrypt_datashift(&self.state) {
+        if self.state.is_decrypt_datashift() {
             self.wipe_shifted_tail()?;
         } else {
             self.wipe_moved_segment()?;

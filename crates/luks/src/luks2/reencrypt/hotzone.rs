@@ -40,10 +40,10 @@ pub(super) fn aligned_hotzone(backing: &mut Vec<u8>, len: u64) -> &mut [u8] {
 impl Reencryption<'_> {
     /// Rewrite the next hotzone of at most `max_len` bytes. Returns the progress after it.
     pub fn step(&mut self, max_len: u64) -> Result<StepReport> {
-        if super::encrypt::is_encrypt_datashift(&self.state) {
+        if self.state.is_encrypt_datashift() {
             return self.step_encrypt(max_len);
         }
-        if super::decrypt::is_decrypt_datashift(&self.state) {
+        if self.state.is_decrypt_datashift() {
             return self.step_decrypt();
         }
         self.ensure_forward_reencrypt()?;
@@ -78,7 +78,7 @@ impl Reencryption<'_> {
                 "a hotzone interrupted by a crash must be recovered first".into(),
             ));
         }
-        if super::encrypt::is_encrypt_datashift(&self.state) {
+        if self.state.is_encrypt_datashift() {
             return self.encrypt_next_range(max_len);
         }
         self.ensure_forward_reencrypt()?;

@@ -1,10 +1,7 @@
 //! Where each byte of the volume lives during a reencryption: the live segments as extents of
 //! the volume (offset ranges -> device offset, cipher, IV base), and the segment sets
 //! cryptsetup commits before ("hot") and after ("post") rewriting a hotzone.
-use super::{
-    is_backup, segment_flags, ReencryptState, FLAG_BACKUP_FINAL, FLAG_BACKUP_PREVIOUS,
-    FLAG_IN_REENCRYPTION,
-};
+use super::{ReencryptState, FLAG_BACKUP_FINAL, FLAG_BACKUP_PREVIOUS, FLAG_IN_REENCRYPTION};
 use crate::luks2::json::{parse_u64, Metadata, Segment, SegmentSize};
 use crate::{LuksError, Result};
 use serde_json::Value;
@@ -68,7 +65,7 @@ pub fn live_extents(
     let mut live: Vec<(u64, &String, &Segment)> = meta
         .segments
         .iter()
-        .filter(|(_, s)| !is_backup(s))
+        .filter(|(_, s)| !s.is_backup())
         .filter_map(|(id, s)| parse_u64(id).map(|n| (n, id, s)))
         .collect();
     live.sort_by_key(|(n, _, _)| *n);
@@ -89,7 +86,7 @@ pub fn live_extents(
     let mut pos = 0u64;
     let count = live.len();
     for (i, (_, id, seg)) in live.into_iter().enumerate() {
-        let hot = segment_flags(seg).contains(&FLAG_IN_REENCRYPTION);
+        let hot = seg.flags().contains(&FLAG_IN_REENCRYPTION);
         let len = match seg.size {
             SegmentSize::Fixed(n) => n,
             SegmentSize::Dynamic if i + 1 == count => {
@@ -172,6 +169,16 @@ pub fn live_extents(
             .ok_or_else(|| corrupt("segment sizes overflow".into()))?;
     }
     Ok(out)
+}
+
+/// The length of a segment that must have one (every segment but the last).
+pub(super) fn fixed(seg: &Segment) -> Result<u64> {
+    match seg.size {
+        SegmentSize::Fixed(n) => Ok(n),
+        SegmentSize::Dynamic => Err(LuksError::Corrupt(
+            "reencryption segments: a dynamic segment before the end".into(),
+        )),
+    }
 }
 
 /// A copy of backup segment `model` placed at volume offset `start` (length `len`, or to the
@@ -298,7 +305,7 @@ pub fn install_segments(
     for (i, (seg, role)) in live.into_iter().enumerate() {
         let id = i.to_string();
         if seg.kind == "crypt" {
-            let hot = segment_flags(&seg).contains(&FLAG_IN_REENCRYPTION);
+            let hot = seg.flags().contains(&FLAG_IN_REENCRYPTION);
             if hot || role == KeyRole::New {
                 new_ids.push(id.clone());
             }

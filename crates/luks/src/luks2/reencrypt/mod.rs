@@ -138,19 +138,6 @@ pub struct ReencryptState {
     pub hot_segment: Option<String>,
 }
 
-/// The flags a segment carries (an absent or malformed list carries none).
-pub fn segment_flags(seg: &Segment) -> Vec<&str> {
-    seg.extra
-        .get("flags")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default()
-}
-
-pub fn is_backup(seg: &Segment) -> bool {
-    segment_flags(seg).iter().any(|f| f.starts_with("backup-"))
-}
-
 fn corrupt(msg: String) -> LuksError {
     LuksError::Corrupt(format!("reencryption metadata: {msg}"))
 }
@@ -209,7 +196,7 @@ pub fn requirement_version(meta: &Metadata) -> Result<Option<u8>> {
 fn segment_with_flag(meta: &Metadata, flag: &str) -> Vec<String> {
     meta.segments
         .iter()
-        .filter(|(_, s)| segment_flags(s).contains(&flag))
+        .filter(|(_, s)| s.flags().contains(&flag))
         .map(|(id, _)| id.clone())
         .collect()
 }
@@ -222,6 +209,27 @@ fn digest_of_segment(meta: &Metadata, seg: &str) -> Option<String> {
 }
 
 impl ReencryptState {
+    /// Encryption of a plaintext image in place, its first bytes moved to the end to make room
+    /// for the header: backward, with a moved segment (encrypt.rs).
+    fn is_encrypt_datashift(&self) -> bool {
+        self.mode == ReencryptMode::Encrypt
+            && self.direction == ReencryptDirection::Backward
+            && matches!(self.resilience, Resilience::Datashift { .. })
+            && self.segment_moved.is_some()
+    }
+
+    /// Decryption that moves the data back over the header: forward, with a moved segment
+    /// (decrypt.rs).
+    fn is_decrypt_datashift(&self) -> bool {
+        self.mode == ReencryptMode::Decrypt
+            && self.direction == ReencryptDirection::Forward
+            && matches!(
+                self.resilience,
+                Resilience::DatashiftChecksum { .. } | Resilience::DatashiftJournal { .. }
+            )
+            && self.segment_moved.is_some()
+    }
+
     /// Parse and check the reencryption metadata; Ok(None) when the header carries no
     /// reencryption requirement.
     pub fn parse(meta: &Metadata) -> Result<Option<Self>> {
@@ -363,7 +371,7 @@ impl ReencryptState {
         let live: Vec<(&String, &Segment)> = meta
             .segments
             .iter()
-            .filter(|(_, s)| !is_backup(s))
+            .filter(|(_, s)| !s.is_backup())
             .collect();
         for (i, (id, seg)) in live.iter().enumerate() {
             if parse_u64(id) != Some(i as u64)

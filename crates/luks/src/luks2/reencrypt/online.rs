@@ -2,7 +2,6 @@
 //! where the payload starts, and the boundary between the new and the old segment. An
 //! in-place encryption (a plaintext disk encrypted while served) has three extents and data
 //! that moves; it is served by `extents()` and `cipher_of`, not by `OnlineSegments`.
-use super::encrypt::is_encrypt_datashift;
 use super::session::Reencryption;
 use super::{unsupported, ReencryptDirection, ReencryptMode};
 use crate::{LuksError, Result};
@@ -30,7 +29,7 @@ impl Reencryption<'_> {
     pub fn online_segments(&self) -> Result<OnlineSegments> {
         self.ensure_servable()?;
         let state = self.state();
-        if is_encrypt_datashift(state) {
+        if state.is_encrypt_datashift() {
             return Err(unsupported(
                 "online reencryption layout",
                 "encrypt",
@@ -91,7 +90,7 @@ impl Reencryption<'_> {
         let state = self.state();
         let forward_reencrypt = state.mode == ReencryptMode::Reencrypt
             && state.direction == ReencryptDirection::Forward;
-        if !forward_reencrypt && !is_encrypt_datashift(state) {
+        if !forward_reencrypt && !state.is_encrypt_datashift() {
             return Err(unsupported(
                 "online reencryption",
                 state.mode.name(),

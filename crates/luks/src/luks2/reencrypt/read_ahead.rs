@@ -12,8 +12,6 @@
 //! The hotzones are disjoint and lie above the boundary, which no step writes; but a served
 //! disk's guest may write there between two steps, so the daemon's driver steps one hotzone
 //! at a time instead.
-use super::decrypt::is_decrypt_datashift;
-use super::encrypt::is_encrypt_datashift;
 use super::hotzone::{aligned_hotzone, Hotzone};
 use super::session::{Reencryption, StepReport};
 use crate::io::HeaderIo;
@@ -36,7 +34,7 @@ impl Reencryption<'_> {
         io: &(dyn HeaderIo + Sync),
         mut keep_going: impl FnMut(StepReport) -> bool,
     ) -> Result<StepReport> {
-        if is_encrypt_datashift(&self.state) || is_decrypt_datashift(&self.state) {
+        if self.state.is_encrypt_datashift() || self.state.is_decrypt_datashift() {
             loop {
                 let rep = self.step(max_len)?;
                 if rep.done >= rep.total || !keep_going(rep) {

@@ -11,10 +11,10 @@ impl Reencryption<'_> {
     /// Put an interrupted hotzone right as cryptsetup does: rewrite its blocks that still
     /// hold old ciphertext, then commit the boundary past it.
     pub fn recover(&mut self) -> Result<()> {
-        if super::encrypt::is_encrypt_datashift(&self.state) && self.is_interrupted() {
+        if self.state.is_encrypt_datashift() && self.is_interrupted() {
             return self.recover_datashift();
         }
-        if super::decrypt::is_decrypt_datashift(&self.state) && self.is_interrupted() {
+        if self.state.is_decrypt_datashift() && self.is_interrupted() {
             return self.recover_decrypt();
         }
         let Some(stale) = self.stale.clone() else {

@@ -134,8 +134,8 @@ impl<'f> Reencryption<'f> {
                 "the image is not in reencryption (no online-reencrypt requirement)".into(),
             )
         })?;
-        let decrypt_datashift = super::decrypt::is_decrypt_datashift(&state);
-        let datashift = super::encrypt::is_encrypt_datashift(&state) || decrypt_datashift;
+        let decrypt_datashift = state.is_decrypt_datashift();
+        let datashift = state.is_encrypt_datashift() || decrypt_datashift;
         if !datashift
             && (state.segment_moved.is_some()
                 || !matches!(
@@ -273,7 +273,7 @@ impl<'f> Reencryption<'f> {
     /// its last hotzone, after which it runs to the image's end unless the size is kept
     /// (`keep_volume_size`).
     pub fn device_size(&self) -> Result<u64> {
-        if super::decrypt::is_decrypt_datashift(&self.state) {
+        if self.state.is_decrypt_datashift() {
             return self.decrypt_total();
         }
         Ok(self.extents()?.last().map_or(0, SegmentExtent::end))
@@ -290,7 +290,7 @@ impl<'f> Reencryption<'f> {
         if self.state.mode == ReencryptMode::Encrypt {
             return self.encrypt_done_bytes();
         }
-        if super::decrypt::is_decrypt_datashift(&self.state) {
+        if self.state.is_decrypt_datashift() {
             return self.decrypt_done_bytes();
         }
         let ext = self.extents()?;
@@ -419,10 +419,10 @@ impl<'f> Reencryption<'f> {
                         p = stop;
                     }
                 }
-                (None, true) if super::decrypt::is_decrypt_datashift(&self.state) => {
+                (None, true) if self.state.is_decrypt_datashift() => {
                     self.read_shifted_hotzone(&e, from, part)?;
                 }
-                (None, true) if super::encrypt::is_encrypt_datashift(&self.state) => {
+                (None, true) if self.state.is_encrypt_datashift() => {
                     // Part written or not, the hotzone's plaintext source is intact.
                     let source = self.encrypt_hotzone_source(&e)?;
                     crate::io::read_at(
