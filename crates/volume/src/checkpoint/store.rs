@@ -447,6 +447,41 @@ mod tests {
     }
 
     #[test]
+    fn a_large_disk_holds_memory_only_for_the_bitmap_blocks_it_wrote() {
+        const TIB: u64 = 1 << 40;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("img.cryptblk-checkpoints");
+        let allocated = |store: &CheckpointStore| -> Vec<(usize, usize)> {
+            let inner = store.lock();
+            let g = &inner.generations;
+            g.iter()
+                .map(|g| (g.wanted.allocated_blocks(), g.durable.allocated_blocks()))
+                .collect()
+        };
+        let (store, log, _) = open(&dir, TIB);
+        store.add("c1", 1).unwrap();
+        assert_eq!(
+            allocated(&store),
+            vec![(0, 0)],
+            "a new checkpoint costs no bitmap memory"
+        );
+        log.record(0, 4096).unwrap();
+        log.record(600 << 30, 1 << 20).unwrap();
+        assert_eq!(allocated(&store), vec![(2, 2)]);
+        assert_eq!(runs(&store, "c1"), vec![(0, G), (600 << 30, MIB)]);
+        drop((store, log));
+
+        let (store, _, warnings) = open(&dir, TIB);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(
+            allocated(&store),
+            vec![(2, 2)],
+            "reopened: only the blocks with bits"
+        );
+        assert_eq!(runs(&store, "c1"), vec![(0, G), (600 << 30, MIB)]);
+    }
+
+    #[test]
     fn removing_the_oldest_keeps_the_younger_ones_exact() {
         let tmp = tempfile::tempdir().unwrap();
         let (store, log, _) = open(tmp.path(), 16 * MIB);
