@@ -410,6 +410,7 @@ impl Daemon {
                 read_only: disk.read_only(),
                 stats: disk.nbd_stats.clone(),
                 tls_authz: crate::config::tls_authz(&disk.config)?,
+                dirty_bitmaps: None,
             };
             if let Err(e) = registry.add(export) {
                 let _ = disk.stop_vhost();

@@ -91,11 +91,13 @@ pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
 // base:allocation flags.
 pub const STATE_HOLE: u32 = 1 << 0;
 pub const STATE_ZERO: u32 = 1 << 1;
+/// The `qemu:dirty-bitmap:` contexts' one flag: the extent changed since the bitmap began.
+pub const STATE_DIRTY: u32 = 1 << 0;
 
-/// The only metadata context this server knows.
+/// The allocation metadata context every export offers.
 pub const BASE_ALLOCATION: &str = "base:allocation";
-/// The id the server assigns to `base:allocation` when a client selects it.
-pub const BASE_ALLOCATION_ID: u32 = 1;
+/// A dirty bitmap's context is this prefix followed by the bitmap's name (QEMU's naming).
+pub const DIRTY_BITMAP_PREFIX: &str = "qemu:dirty-bitmap:";
 
 /// Error numbers NBD puts on the wire (fixed by the protocol, not the host's errno values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
