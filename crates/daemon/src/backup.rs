@@ -12,103 +12,18 @@
 //! point-in-time only while nothing writes the disk: `backup-start` refuses while a VM or an
 //! NBD client is connected to it. Writes made during the backup anyway are recorded in its
 //! checkpoint, so the next incremental copies them.
-use crate::activity::BackingUp;
+use crate::backup_export::{Backup, CheckpointBitmap};
 use crate::disk_checkpoints::to_error;
 use crate::error::{Error, Result};
 use crate::migrate::parse_address;
 use crate::registry::Daemon;
-use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind, IoStats};
+use cryptblk_block::{BlockDevice, IoStats};
 use cryptblk_control::api::{
     BackupEndParams, BackupEnded, BackupStartParams, BackupStarted, ErrorKind,
 };
 use cryptblk_nbd::protocol::DIRTY_BITMAP_PREFIX;
-use cryptblk_nbd::{
-    ConnectionLimits, DirtyBitmaps, Export, ExportRegistry, NbdServer, StopHandle, TlsCreds,
-    DEFAULT_CONNECTION_LIMITS,
-};
-use cryptblk_volume::CheckpointStore;
+use cryptblk_nbd::{DirtyBitmaps, Export, ExportRegistry, NbdServer};
 use std::sync::{Arc, PoisonError};
-use std::thread::JoinHandle;
-
-/// How the daemon binds a backup export's listener: as its own NBD server (`serve --nbd`,
-/// `--tls-creds`, `--nbd-insecure`, `--nbd-max-connections`).
-#[derive(Clone)]
-pub struct BackupListener {
-    pub tls: Option<TlsCreds>,
-    /// Plain TCP on a non-loopback address was asked for on purpose.
-    pub plain_tcp: bool,
-    pub limits: ConnectionLimits,
-}
-
-impl Default for BackupListener {
-    fn default() -> Self {
-        BackupListener {
-            tls: None,
-            plain_tcp: false,
-            limits: DEFAULT_CONNECTION_LIMITS,
-        }
-    }
-}
-
-/// A backup export serving.
-pub(crate) struct Backup {
-    pub(crate) checkpoint: String,
-    pub(crate) incremental: Option<String>,
-    registry: Arc<ExportRegistry>,
-    export: String,
-    stop: StopHandle,
-    thread: Option<JoinHandle<()>>,
-    /// Lifted last, once nothing reads the image any more.
-    _marked: BackingUp,
-}
-
-impl Backup {
-    /// Closes the export (the connections' requests under way are answered first) and its
-    /// listener (the socket file goes with it).
-    fn close(mut self) {
-        let _ = self.registry.remove(&self.export);
-        self.stop.stop();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// What changed since a checkpoint, as the export's one dirty bitmap.
-struct CheckpointBitmap {
-    store: Arc<CheckpointStore>,
-    checkpoint: String,
-    /// The LUKS header's length: always reported changed (it changes outside the log).
-    header: u64,
-    size: u64,
-}
-
-impl DirtyBitmaps for CheckpointBitmap {
-    fn names(&self) -> Vec<String> {
-        vec![self.checkpoint.clone()]
-    }
-
-    fn dirty_runs(
-        &self,
-        name: &str,
-        from: u64,
-        limit: usize,
-    ) -> std::result::Result<Vec<(u64, u64)>, BlockError> {
-        if name != self.checkpoint {
-            return Err(BlockError::unsupported(format!(
-                "the backup export has no dirty bitmap {name}"
-            )));
-        }
-        self.store
-            .dirty_runs(&self.checkpoint, from, limit, self.header, self.size)
-            .map_err(|e| {
-                BlockError::new(
-                    BlockErrorKind::Io,
-                    format!("reading checkpoint {}: {e}", self.checkpoint),
-                )
-            })
-    }
-}
 
 impl Daemon {
     pub(crate) fn backup_start(&self, p: &BackupStartParams) -> Result<BackupStarted> {
@@ -244,7 +159,7 @@ impl Daemon {
             export: p.name.clone(),
             stop,
             thread: Some(thread),
-            _marked: marked,
+            marked,
         };
         self.backups
             .lock()

@@ -7,6 +7,7 @@
 //! key derivation, a connect or a handshake; `activity` has the details.
 mod activity;
 mod backup;
+mod backup_export;
 mod checkpoints;
 pub mod config;
 mod disk;
@@ -37,7 +38,7 @@ mod start;
 mod stats;
 mod token_unlock;
 
-pub use backup::BackupListener;
+pub use backup_export::BackupListener;
 pub use cryptblk_net::Address;
 pub use dumps::{forbid_core_dumps, is_dumpable};
 pub use error::{chain, kind_of, Error, Result};

@@ -59,7 +59,7 @@ pub struct DaemonOptions {
     /// Keeps volume keys in the kernel keyring for a restart after a crash (`--key-cache`).
     pub key_cache: Option<KeyCache>,
     /// How `backup-start` binds a backup export's listener (as the NBD server is bound).
-    pub backup_listener: crate::backup::BackupListener,
+    pub backup_listener: crate::backup_export::BackupListener,
 }
 
 pub struct Daemon {
@@ -85,8 +85,8 @@ pub struct Daemon {
     pub(crate) upgrading: std::sync::atomic::AtomicBool,
     /// The backup exports serving, by disk name. A lock of its own, held only to insert,
     /// remove or read an entry (never with another of the daemon's locks).
-    pub(crate) backups: Mutex<BTreeMap<String, crate::backup::Backup>>,
-    pub(crate) backup_listener: crate::backup::BackupListener,
+    pub(crate) backups: Mutex<BTreeMap<String, crate::backup_export::Backup>>,
+    pub(crate) backup_listener: crate::backup_export::BackupListener,
 }
 
 /// A vhost-user listening socket a predecessor daemon handed over.

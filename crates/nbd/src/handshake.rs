@@ -375,7 +375,7 @@ fn handle_meta_context(
         return send_reply(transport, option, REP_ERR_TOO_BIG, &[]);
     }
     let listing = option == OPT_LIST_META_CONTEXT;
-    let selected = metadata::select(&export, &request.queries, listing);
+    let selected = metadata::select(export.dirty_bitmaps.as_deref(), &request.queries, listing);
     if !listing && selected.len() > MAX_SELECTED_CONTEXTS {
         return send_reply(transport, option, REP_ERR_TOO_BIG, &[]);
     }

@@ -7,7 +7,6 @@
 //! `qemu:dirty-bitmap:`) or nothing at all stands for every context under it; SET takes
 //! whole names only, ignoring the rest.
 
-use crate::export::Export;
 use crate::protocol::{BASE_ALLOCATION, DIRTY_BITMAP_PREFIX};
 use cryptblk_block::BlockError;
 
@@ -52,19 +51,24 @@ impl MetaContext {
     }
 }
 
-/// Every context `export` offers, `base:allocation` first.
-fn offered(export: &Export) -> Vec<MetaContext> {
+/// Every context an export with `bitmaps` offers, `base:allocation` first.
+fn offered(bitmaps: Option<&dyn DirtyBitmaps>) -> Vec<MetaContext> {
     let mut contexts = vec![MetaContext::BaseAllocation];
-    if let Some(bitmaps) = &export.dirty_bitmaps {
+    if let Some(bitmaps) = bitmaps {
         contexts.extend(bitmaps.names().into_iter().map(MetaContext::DirtyBitmap));
     }
     contexts
 }
 
-/// The contexts of `export` that `queries` select, each once, in the order first named.
-/// `listing`: the queries are a LIST's, where prefixes and an empty list select groups.
-pub(crate) fn select(export: &Export, queries: &[String], listing: bool) -> Vec<MetaContext> {
-    let offered = offered(export);
+/// The contexts of an export with `bitmaps` that `queries` select, each once, in the order
+/// first named. `listing`: the queries are a LIST's, where prefixes and an empty list select
+/// groups.
+pub(crate) fn select(
+    bitmaps: Option<&dyn DirtyBitmaps>,
+    queries: &[String],
+    listing: bool,
+) -> Vec<MetaContext> {
+    let offered = offered(bitmaps);
     if listing && queries.is_empty() {
         return offered;
     }
@@ -95,8 +99,6 @@ fn matches(context: &MetaContext, query: &str, listing: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cryptblk_block::{BlockDevice, IoStats};
-    use std::sync::Arc;
 
     struct Bitmaps(Vec<&'static str>);
 
@@ -106,37 +108,6 @@ mod tests {
         }
         fn dirty_runs(&self, _: &str, _: u64, _: usize) -> Result<Vec<(u64, u64)>, BlockError> {
             Ok(Vec::new())
-        }
-    }
-
-    struct Empty;
-    impl BlockDevice for Empty {
-        fn size(&self) -> u64 {
-            0
-        }
-        fn read_only(&self) -> bool {
-            true
-        }
-        fn read_at(&self, _: &mut [u8], _: u64) -> Result<(), BlockError> {
-            Ok(())
-        }
-        fn write_at(&self, _: &[u8], _: u64) -> Result<(), BlockError> {
-            Ok(())
-        }
-        fn flush(&self) -> Result<(), BlockError> {
-            Ok(())
-        }
-    }
-
-    fn export(bitmaps: Option<Vec<&'static str>>) -> Export {
-        Export {
-            name: "disk".into(),
-            description: String::new(),
-            device: Arc::new(Empty),
-            read_only: true,
-            stats: Arc::new(IoStats::default()),
-            tls_authz: None,
-            dirty_bitmaps: bitmaps.map(|names| Arc::new(Bitmaps(names)) as Arc<dyn DirtyBitmaps>),
         }
     }
 
@@ -150,22 +121,23 @@ mod tests {
 
     #[test]
     fn listing_with_prefixes_or_nothing_selects_groups() {
-        let e = export(Some(vec!["a", "b"]));
+        let bitmaps = Bitmaps(vec!["a", "b"]);
+        let e = Some(&bitmaps as &dyn DirtyBitmaps);
         let all = [
             "base:allocation",
             "qemu:dirty-bitmap:a",
             "qemu:dirty-bitmap:b",
         ];
-        assert_eq!(names(&select(&e, &[], true)), all);
-        assert_eq!(names(&select(&e, &strings(&["qemu:"]), true)), &all[1..]);
+        assert_eq!(names(&select(e, &[], true)), all);
+        assert_eq!(names(&select(e, &strings(&["qemu:"]), true)), &all[1..]);
         assert_eq!(
-            names(&select(&e, &strings(&["qemu:dirty-bitmap:"]), true)),
+            names(&select(e, &strings(&["qemu:dirty-bitmap:"]), true)),
             &all[1..]
         );
-        assert_eq!(names(&select(&e, &strings(&["base:"]), true)), &all[..1]);
+        assert_eq!(names(&select(e, &strings(&["base:"]), true)), &all[..1]);
         assert_eq!(
             names(&select(
-                &e,
+                e,
                 &strings(&["qemu:dirty-bitmap:b", "base:"]),
                 true
             )),
@@ -175,7 +147,8 @@ mod tests {
 
     #[test]
     fn setting_takes_whole_names_once_and_ignores_the_rest() {
-        let e = export(Some(vec!["a", "b"]));
+        let bitmaps = Bitmaps(vec!["a", "b"]);
+        let e = Some(&bitmaps as &dyn DirtyBitmaps);
         let queries = strings(&[
             "qemu:",
             "qemu:dirty-bitmap:",
@@ -186,17 +159,16 @@ mod tests {
             "qemu:dirty-bitmap:b",
         ]);
         assert_eq!(
-            names(&select(&e, &queries, false)),
+            names(&select(e, &queries, false)),
             ["qemu:dirty-bitmap:b", "base:allocation"]
         );
-        assert!(select(&e, &[], false).is_empty());
+        assert!(select(e, &[], false).is_empty());
     }
 
     #[test]
     fn an_export_without_bitmaps_offers_base_allocation_only() {
-        let e = export(None);
-        assert_eq!(names(&select(&e, &[], true)), ["base:allocation"]);
-        assert!(select(&e, &strings(&["qemu:dirty-bitmap:a"]), false).is_empty());
-        assert!(select(&e, &strings(&["qemu:"]), true).is_empty());
+        assert_eq!(names(&select(None, &[], true)), ["base:allocation"]);
+        assert!(select(None, &strings(&["qemu:dirty-bitmap:a"]), false).is_empty());
+        assert!(select(None, &strings(&["qemu:"]), true).is_empty());
     }
 }
