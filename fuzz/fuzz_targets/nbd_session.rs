@@ -10,9 +10,27 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use cryptblk_block::{IoStats, OpenOptions, RawFile};
-use cryptblk_nbd::{Export, ExportRegistry, NbdAddress, NbdServer};
+use cryptblk_block::{BlockError, IoStats, OpenOptions, RawFile};
+use cryptblk_nbd::{DirtyBitmaps, Export, ExportRegistry, NbdAddress, NbdServer};
 use libfuzzer_sys::fuzz_target;
+
+/// Bitmap "a": the 64 KiB regions at 128 KiB and 512 KiB changed, so a session can select
+/// `qemu:dirty-bitmap:a` and reach the dirty-extent replies.
+struct Bitmaps;
+
+impl DirtyBitmaps for Bitmaps {
+    fn names(&self) -> Vec<String> {
+        vec!["a".into()]
+    }
+
+    fn dirty_runs(&self, _: &str, from: u64, limit: usize) -> Result<Vec<(u64, u64)>, BlockError> {
+        Ok([(128 << 10, 64 << 10), (512 << 10, 64 << 10)]
+            .into_iter()
+            .filter(|&(offset, len)| offset + len > from)
+            .take(limit)
+            .collect())
+    }
+}
 
 struct Fixture {
     socket: PathBuf,
@@ -45,6 +63,7 @@ fn fixture() -> &'static Fixture {
                 read_only: false,
                 stats: Arc::new(IoStats::default()),
                 tls_authz: None,
+                dirty_bitmaps: Some(Arc::new(Bitmaps)),
             })
             .unwrap();
         let socket = dir.path().join("nbd.sock");

@@ -1,5 +1,6 @@
 //! What may change a disk's header or hand the disk over: keyslot changes, an online
-//! reencryption and the outgoing migration, one at a time.
+//! reencryption and the outgoing migration, one at a time; and a backup, during which none of
+//! them may start (the export serves the header and the ciphertext as they are).
 //!
 //! # Locks
 //!
@@ -40,6 +41,8 @@ struct State {
     header_change: bool,
     /// An online reencryption is running (`reencrypt-start` until it ends or pauses).
     reencrypting: bool,
+    /// A backup export serves the image (`backup-start` until `backup-end`).
+    backup: bool,
     outgoing: Outgoing,
 }
 
@@ -63,6 +66,7 @@ impl DiskActivity {
             state: Mutex::new(State {
                 header_change: false,
                 reencrypting: false,
+                backup: false,
                 outgoing: Outgoing::None,
             }),
             changed: Condvar::new(),
@@ -109,6 +113,9 @@ impl DiskActivity {
                 if s.reencrypting {
                     return Err(reencrypting(name, "change its keyslots or size"));
                 }
+                if s.backup {
+                    return Err(backing_up(name, "change its keyslots or size"));
+                }
                 match &s.outgoing {
                     Outgoing::Starting { .. } => return Err(migrating()),
                     Outgoing::Started(m) => Some(m.clone()),
@@ -124,7 +131,7 @@ impl DiskActivity {
                 (Outgoing::Started(now), Some(then)) => Arc::ptr_eq(now, then),
                 _ => false,
             };
-            if unchanged && !s.header_change {
+            if unchanged && !s.header_change && !s.backup {
                 s.header_change = true;
                 return Ok(HeaderChange(self.clone()));
             }
@@ -145,6 +152,9 @@ impl DiskActivity {
                 }
                 if s.reencrypting {
                     return Err(reencrypting(name, "migrate it"));
+                }
+                if s.backup {
+                    return Err(backing_up(name, "migrate it"));
                 }
                 match &s.outgoing {
                     Outgoing::Starting { .. } => {
@@ -170,7 +180,7 @@ impl DiskActivity {
                 (Outgoing::Started(now), Some(then)) => Arc::ptr_eq(now, then),
                 _ => false,
             };
-            if unchanged && !s.header_change {
+            if unchanged && !s.header_change && !s.backup {
                 s.outgoing = Outgoing::Starting {
                     previous: seen,
                     cancelled: false,
@@ -201,6 +211,9 @@ impl DiskActivity {
                          reencryption when key-add or key-remove has returned"
                     )));
                 }
+                if s.backup {
+                    return Err(backing_up(name, "re-encrypt it"));
+                }
                 match &s.outgoing {
                     Outgoing::Starting { .. } => None,
                     Outgoing::Started(m) => Some(Some(m.clone())),
@@ -224,9 +237,61 @@ impl DiskActivity {
                 (Outgoing::Started(now), Some(then)) => Arc::ptr_eq(now, then),
                 _ => false,
             };
-            if unchanged && !s.header_change && !s.reencrypting {
+            if unchanged && !s.header_change && !s.reencrypting && !s.backup {
                 s.reencrypting = true;
                 return Ok(Reencrypting(self.clone()));
+            }
+        }
+    }
+
+    /// Marks the disk as served by a backup export, unless its header is changing, it is
+    /// being re-encrypted or migrated, or a backup runs already. The mark is lifted when the
+    /// returned guard drops (`backup-end`).
+    pub(crate) fn begin_backup(self: &Arc<Self>, name: &str) -> Result<BackingUp> {
+        loop {
+            let seen = {
+                let s = self.lock();
+                if s.backup {
+                    return Err(Error::busy(format!(
+                        "disk \"{name}\" already has a backup export; end it first \
+                         (backup-end, with failed if it did not complete)"
+                    )));
+                }
+                if s.header_change {
+                    return Err(Error::busy(format!(
+                        "the keyslots or size of disk \"{name}\" are being changed; start the \
+                         backup when key-add, key-remove or disk-resize has returned"
+                    )));
+                }
+                if s.reencrypting {
+                    return Err(reencrypting(name, "back it up"));
+                }
+                match &s.outgoing {
+                    Outgoing::Starting { .. } => None,
+                    Outgoing::Started(m) => Some(Some(m.clone())),
+                    Outgoing::None => Some(None),
+                }
+            };
+            let migrating = || {
+                Error::busy(format!(
+                    "disk \"{name}\" is being migrated: back it up before or after the migration"
+                ))
+            };
+            let Some(seen) = seen else {
+                return Err(migrating());
+            };
+            if seen.as_ref().is_some_and(|m| !m.status().phase.is_final()) {
+                return Err(migrating());
+            }
+            let mut s = self.lock();
+            let unchanged = match (&s.outgoing, &seen) {
+                (Outgoing::None, None) => true,
+                (Outgoing::Started(now), Some(then)) => Arc::ptr_eq(now, then),
+                _ => false,
+            };
+            if unchanged && !s.header_change && !s.reencrypting && !s.backup {
+                s.backup = true;
+                return Ok(BackingUp(self.clone()));
             }
         }
     }
@@ -276,6 +341,22 @@ fn reencrypting(name: &str, what: &str) -> Error {
         "disk \"{name}\" is being re-encrypted: {what} once it has finished, or after \
          reencrypt-pause has taken effect (reencrypt-status shows phase paused)"
     ))
+}
+
+fn backing_up(name: &str, what: &str) -> Error {
+    Error::busy(format!(
+        "disk \"{name}\" has a backup export: {what} after backup-end"
+    ))
+}
+
+/// A backup export serving; dropping it ends the mark.
+pub(crate) struct BackingUp(Arc<DiskActivity>);
+
+impl Drop for BackingUp {
+    fn drop(&mut self) {
+        self.0.lock().backup = false;
+        self.0.changed.notify_all();
+    }
 }
 
 /// A reencryption running; dropping it ends the mark.

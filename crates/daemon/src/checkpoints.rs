@@ -20,7 +20,7 @@ fn now() -> u64 {
 
 impl Daemon {
     /// The store of an attached file disk (created with `create`), refusing RBD images.
-    fn checkpoint_store(
+    pub(crate) fn checkpoint_store(
         &self,
         disk: &AttachedDisk,
         create: bool,
@@ -65,6 +65,12 @@ impl Daemon {
 
     pub(crate) fn checkpoint_remove(&self, p: &CheckpointParams) -> Result<CheckpointRemoved> {
         let disk = self.attached(&p.name)?;
+        if self.backup_uses(&p.name, &p.checkpoint) {
+            return Err(Error::busy(format!(
+                "disk \"{}\"'s backup export uses checkpoint {}: remove it after backup-end",
+                p.name, p.checkpoint
+            )));
+        }
         let store = self.checkpoint_store(&disk, false)?.ok_or_else(|| {
             to_error(
                 "removing a checkpoint",

@@ -6,6 +6,8 @@
 //! Locks: no code holds two of the daemon's locks at once, and none is held across I/O, a
 //! key derivation, a connect or a handshake; `activity` has the details.
 mod activity;
+mod backup;
+mod backup_export;
 mod checkpoints;
 pub mod config;
 mod disk;
@@ -36,6 +38,7 @@ mod start;
 mod stats;
 mod token_unlock;
 
+pub use backup_export::BackupListener;
 pub use cryptblk_net::Address;
 pub use dumps::{forbid_core_dumps, is_dumpable};
 pub use error::{chain, kind_of, Error, Result};

@@ -58,6 +58,8 @@ pub struct DaemonOptions {
     pub master_key: Option<MasterKey>,
     /// Keeps volume keys in the kernel keyring for a restart after a crash (`--key-cache`).
     pub key_cache: Option<KeyCache>,
+    /// How `backup-start` binds a backup export's listener (as the NBD server is bound).
+    pub backup_listener: crate::backup_export::BackupListener,
 }
 
 pub struct Daemon {
@@ -81,6 +83,10 @@ pub struct Daemon {
     pub(crate) process: Mutex<Option<crate::handover::Process>>,
     /// An upgrade is under way: requests that change disks are refused.
     pub(crate) upgrading: std::sync::atomic::AtomicBool,
+    /// The backup exports serving, by disk name. A lock of its own, held only to insert,
+    /// remove or read an entry (never with another of the daemon's locks).
+    pub(crate) backups: Mutex<BTreeMap<String, crate::backup_export::Backup>>,
+    pub(crate) backup_listener: crate::backup_export::BackupListener,
 }
 
 /// A vhost-user listening socket a predecessor daemon handed over.
@@ -122,6 +128,8 @@ impl Daemon {
             acceptor: OnceLock::new(),
             process: Mutex::new(None),
             upgrading: std::sync::atomic::AtomicBool::new(false),
+            backups: Mutex::new(BTreeMap::new()),
+            backup_listener: options.backup_listener,
         })
     }
 
@@ -410,6 +418,7 @@ impl Daemon {
                 read_only: disk.read_only(),
                 stats: disk.nbd_stats.clone(),
                 tls_authz: crate::config::tls_authz(&disk.config)?,
+                dirty_bitmaps: None,
             };
             if let Err(e) = registry.add(export) {
                 let _ = disk.stop_vhost();
@@ -465,6 +474,7 @@ impl Daemon {
         // A reencryption commits its hotzone and stops; `reencrypt-start` continues it once
         // the disk is attached again.
         disk.reencryption.stop();
+        self.end_backup_on_detach(&disk);
         let incoming = self
             .incoming
             .lock()

@@ -148,6 +148,8 @@ impl ControlHandler {
             Request::CheckpointAdd(p) => json(d.checkpoint_add(&p)?),
             Request::CheckpointList(p) => json(d.checkpoint_list(&p)?),
             Request::CheckpointRemove(p) => json(d.checkpoint_remove(&p)?),
+            Request::BackupStart(p) => json(d.backup_start(&p)?),
+            Request::BackupEnd(p) => json(d.backup_end(&p)?),
             Request::Upgrade(p) => {
                 if let Some(path) = &p.binary {
                     check_absolute(path)?;
@@ -193,6 +195,8 @@ fn request_disk(r: &Request) -> Option<&str> {
         Request::ReencryptStatus(p) | Request::ReencryptPause(p) => Some(&p.name),
         Request::CheckpointAdd(p) | Request::CheckpointRemove(p) => Some(&p.name),
         Request::CheckpointList(p) => Some(&p.name),
+        Request::BackupStart(p) => Some(&p.name),
+        Request::BackupEnd(p) => Some(&p.name),
         Request::Upgrade(_) => None,
     }
 }

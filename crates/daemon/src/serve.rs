@@ -155,6 +155,11 @@ pub fn serve(mut config: ServeConfig) -> Result<()> {
         events: events_tx.clone(),
         master_key: config.master_key.take(),
         key_cache,
+        backup_listener: crate::backup_export::BackupListener {
+            tls: config.nbd_tls.clone(),
+            plain_tcp: config.nbd_insecure,
+            limits: config.nbd_limits,
+        },
     });
 
     let mut servers = Servers::default();

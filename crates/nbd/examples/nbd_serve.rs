@@ -45,6 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         read_only: false,
         stats: Arc::new(IoStats::default()),
         tls_authz: None,
+        dirty_bitmaps: None,
     })?;
     let address: NbdAddress = format!("unix:{socket}").parse()?;
     let mut server = NbdServer::bind(&address, registry, None)?;

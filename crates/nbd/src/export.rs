@@ -1,6 +1,7 @@
 //! The set of exports a server offers, and which connections use each, so that an export can
 //! be withdrawn while clients are attached.
 
+use crate::metadata::DirtyBitmaps;
 use crate::socket::Socket;
 use crate::Error;
 use cryptblk_block::{BlockDevice, IoStats};
@@ -25,6 +26,8 @@ pub struct Export {
     /// the server's list ([`TlsCreds::with_authz`](crate::TlsCreds::with_authz)). `None`:
     /// the server's list, or any certificate the CA signed when the server has none.
     pub tls_authz: Option<AllowList>,
+    /// Offered as `qemu:dirty-bitmap:NAME` metadata contexts; `None`: only `base:allocation`.
+    pub dirty_bitmaps: Option<Arc<dyn DirtyBitmaps>>,
 }
 
 impl std::fmt::Debug for Export {
@@ -35,6 +38,10 @@ impl std::fmt::Debug for Export {
             .field("size", &self.device.size())
             .field("read_only", &self.read_only)
             .field("tls_authz", &self.tls_authz)
+            .field(
+                "dirty_bitmaps",
+                &self.dirty_bitmaps.as_ref().map(|b| b.names()),
+            )
             .finish()
     }
 }

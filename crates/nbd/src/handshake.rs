@@ -3,6 +3,7 @@
 
 use crate::capabilities::{block_size_limits, transmission_flags};
 use crate::export::{Attachment, Export, ExportRegistry};
+use crate::metadata::{self, MetaContext, MAX_META_CONTEXT_QUERIES, MAX_SELECTED_CONTEXTS};
 use crate::protocol::*;
 use crate::socket::{Socket, Transport};
 use crate::Error;
@@ -15,8 +16,9 @@ pub(crate) struct Negotiated {
     pub transport: Transport,
     pub attachment: Attachment,
     pub structured_replies: bool,
-    /// The client selected `base:allocation` for the export it went on to use.
-    pub base_allocation: bool,
+    /// The metadata contexts the client selected for the export it went on to use; the
+    /// context at index `i` has the id `i + 1`.
+    pub contexts: Vec<MetaContext>,
 }
 
 /// Server-wide settings the handshake needs.
@@ -70,9 +72,9 @@ impl Client<'_> {
 #[derive(Default)]
 struct OptionState {
     structured_replies: bool,
-    /// The export (resolved name) a SET_META_CONTEXT applied to, and whether it selected
-    /// `base:allocation`.
-    meta_context: Option<(String, bool)>,
+    /// The export (resolved name) the last SET_META_CONTEXT applied to, and the contexts it
+    /// selected.
+    meta_context: Option<(String, Vec<MetaContext>)>,
 }
 
 /// Runs the handshake on a fresh connection. `Ok(None)` when the client aborted politely.
@@ -153,12 +155,12 @@ pub(crate) fn negotiate(
                 }
                 transport.write_all(&reply)?;
                 transport.flush()?;
-                let base_allocation = base_allocation_for(&state, export);
+                let contexts = contexts_for(&state, export);
                 return Ok(Some(Negotiated {
                     transport,
                     attachment,
                     structured_replies: state.structured_replies,
-                    base_allocation,
+                    contexts,
                 }));
             }
             OPT_ABORT => {
@@ -230,12 +232,12 @@ pub(crate) fn negotiate(
                     continue;
                 };
                 send_export_info(&mut transport, option, attachment.export(), &state)?;
-                let base_allocation = base_allocation_for(&state, attachment.export());
+                let contexts = contexts_for(&state, attachment.export());
                 return Ok(Some(Negotiated {
                     transport,
                     attachment,
                     structured_replies: state.structured_replies,
-                    base_allocation,
+                    contexts,
                 }));
             }
             OPT_STRUCTURED_REPLY => {
@@ -283,9 +285,15 @@ fn attach(
     Ok(attachment.filter(|a| client.may_use(settings, a.export(), true)))
 }
 
-fn base_allocation_for(state: &OptionState, export: &Export) -> bool {
-    state.structured_replies
-        && matches!(&state.meta_context, Some((name, true)) if *name == export.name)
+/// The contexts the last SET_META_CONTEXT selected, if it was for the export now chosen (a
+/// selection made for another export does not carry over).
+fn contexts_for(state: &OptionState, export: &Export) -> Vec<MetaContext> {
+    match &state.meta_context {
+        Some((name, contexts)) if state.structured_replies && *name == export.name => {
+            contexts.clone()
+        }
+        _ => Vec::new(),
+    }
 }
 
 fn send_reply(
@@ -338,6 +346,10 @@ fn handle_meta_context(
     option: u32,
     data: &[u8],
 ) -> Result<(), Error> {
+    // A SET that fails leaves nothing selected (the spec's rule for the client too).
+    if option == OPT_SET_META_CONTEXT {
+        state.meta_context = None;
+    }
     // Metadata is only ever returned in structured replies; the spec has the server refuse
     // these options until they are negotiated.
     if !state.structured_replies {
@@ -352,24 +364,32 @@ fn handle_meta_context(
     if !client.may_use(settings, &export, true) {
         return send_reply(transport, option, REP_ERR_POLICY, &[]);
     }
-    let selects_base_allocation = if option == OPT_LIST_META_CONTEXT {
-        // An empty query list asks for everything; "base:" asks for the whole namespace.
-        request.queries.is_empty()
-            || request
-                .queries
-                .iter()
-                .any(|query| query == "base:" || query == BASE_ALLOCATION)
-    } else {
-        request.queries.iter().any(|query| query == BASE_ALLOCATION)
-    };
-    if selects_base_allocation {
-        let mut payload = Vec::with_capacity(4 + BASE_ALLOCATION.len());
-        payload.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
-        payload.extend_from_slice(BASE_ALLOCATION.as_bytes());
+    if request.queries.len() > MAX_META_CONTEXT_QUERIES {
+        tracing::warn!(
+            peer = %client.peer,
+            "NBD client {} sent {} metadata context queries, more than the \
+             {MAX_META_CONTEXT_QUERIES} allowed",
+            client.peer,
+            request.queries.len()
+        );
+        return send_reply(transport, option, REP_ERR_TOO_BIG, &[]);
+    }
+    let listing = option == OPT_LIST_META_CONTEXT;
+    let selected = metadata::select(export.dirty_bitmaps.as_deref(), &request.queries, listing);
+    if !listing && selected.len() > MAX_SELECTED_CONTEXTS {
+        return send_reply(transport, option, REP_ERR_TOO_BIG, &[]);
+    }
+    for (index, context) in selected.iter().enumerate() {
+        let name = context.name();
+        // Ids only mean something for SET; the spec has LIST send zero.
+        let id = if listing { 0 } else { index as u32 + 1 };
+        let mut payload = Vec::with_capacity(4 + name.len());
+        payload.extend_from_slice(&id.to_be_bytes());
+        payload.extend_from_slice(name.as_bytes());
         send_reply(transport, option, REP_META_CONTEXT, &payload)?;
     }
-    if option == OPT_SET_META_CONTEXT {
-        state.meta_context = Some((export.name.clone(), selects_base_allocation));
+    if !listing {
+        state.meta_context = Some((export.name.clone(), selected));
     }
     send_reply(transport, option, REP_ACK, &[])
 }

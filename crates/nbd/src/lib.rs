@@ -8,8 +8,10 @@
 //! - `protocol` has the wire format with pure parsers over byte slices.
 //!
 //! Supported: fixed newstyle handshake, NBD_OPT_{EXPORT_NAME, ABORT, LIST, STARTTLS, INFO, GO,
-//! STRUCTURED_REPLY, LIST_META_CONTEXT, SET_META_CONTEXT} with `base:allocation`, and the
-//! commands READ, WRITE (FUA), FLUSH, TRIM, WRITE_ZEROES, BLOCK_STATUS and DISC.
+//! STRUCTURED_REPLY, LIST_META_CONTEXT, SET_META_CONTEXT} with `base:allocation` and, on an
+//! export with [`DirtyBitmaps`], `qemu:dirty-bitmap:NAME` (QEMU's contexts: flag 1 = dirty),
+//! and the commands READ, WRITE (FUA), FLUSH, TRIM, WRITE_ZEROES, BLOCK_STATUS and DISC.
+//! BLOCK_STATUS answers one chunk per selected context, in the order the server listed them.
 //!
 //! Policy decisions:
 //! - The empty export name selects the only export when exactly one exists (like qemu-nbd's
@@ -33,6 +35,7 @@ mod capabilities;
 mod error;
 mod export;
 mod handshake;
+mod metadata;
 pub mod protocol;
 mod server;
 mod socket;
@@ -46,5 +49,6 @@ pub use cryptblk_net::ConnectionLimits;
 pub use cryptblk_tls::AllowList;
 pub use error::Error;
 pub use export::{Export, ExportRegistry};
+pub use metadata::{DirtyBitmaps, MAX_META_CONTEXT_QUERIES, MAX_SELECTED_CONTEXTS};
 pub use server::{NbdServer, StopHandle, DEFAULT_CONNECTION_LIMITS};
 pub use tls::TlsCreds;

@@ -334,6 +334,24 @@ pub const METHODS: &[MethodSpec] = &[
         ],
     },
     MethodSpec {
+        name: "backup-start",
+        summary: "Serve a disk's image bytes (LUKS header and ciphertext, never plaintext) read-only over NBD for a key-less backup, adding a checkpoint; with incremental, also the dirty bitmap qemu:dirty-bitmap:FROM. Refused while a VM or NBD client is connected: the export is the live image (no copy-before-write yet), point-in-time only while nothing writes.",
+        params: &[
+            NAME,
+            req("checkpoint", Text, "The checkpoint the backup is taken at (added now; must not exist)."),
+            opt("incremental", Text, "An existing checkpoint: what changed since it is served as qemu:dirty-bitmap:FROM."),
+            req("nbd", Address, "Where the export listens: unix:PATH or tcp:HOST:PORT (port 0 picks one); with the daemon's --tls-creds, TLS and its allow-list apply."),
+        ],
+    },
+    MethodSpec {
+        name: "backup-end",
+        summary: "Stop a disk's backup export: its checkpoint is kept, or with failed removed (what changed since it stays recorded for the checkpoint before it).",
+        params: &[
+            NAME,
+            opt("failed", Flag, "The backup did not complete: remove its checkpoint."),
+        ],
+    },
+    MethodSpec {
         name: "upgrade",
         summary: "Hand every disk, socket and volume key to a new daemon process (a new version) without a key derivation; VMs reconnect to the same sockets; this daemon then exits.",
         params: &[

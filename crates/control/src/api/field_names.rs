@@ -76,9 +76,16 @@ pub fn accepted_params(method: &str) -> Option<Vec<&'static str>> {
         "reencrypt-status" | "reencrypt-pause" => fields::<NameParams>(),
         "checkpoint-add" | "checkpoint-remove" => fields::<CheckpointParams>(),
         "checkpoint-list" => fields::<CheckpointListParams>(),
+        "backup-start" => fields::<super::BackupStartParams>(),
+        "backup-end" => fields::<super::BackupEndParams>(),
         "upgrade" => fields::<UpgradeParams>(),
         _ => return None,
     };
+    // The aliases are spellings of a disk's config (`DiskConfig`): another method may take a
+    // param of the same name (`backup-start`'s `nbd`).
+    if method != "disk-add" {
+        return Some(all.into_iter().collect());
+    }
     Some(all.difference(&aliases).copied().collect())
 }
 

@@ -212,6 +212,8 @@ pub enum Request {
     CheckpointAdd(super::CheckpointParams),
     CheckpointList(super::CheckpointListParams),
     CheckpointRemove(super::CheckpointParams),
+    BackupStart(super::BackupStartParams),
+    BackupEnd(super::BackupEndParams),
     Upgrade(UpgradeParams),
 }
 
@@ -246,6 +248,8 @@ impl Request {
             "checkpoint-add" => Request::CheckpointAdd(from(params)?),
             "checkpoint-list" => Request::CheckpointList(from(params)?),
             "checkpoint-remove" => Request::CheckpointRemove(from(params)?),
+            "backup-start" => Request::BackupStart(from(params)?),
+            "backup-end" => Request::BackupEnd(from(params)?),
             "upgrade" => Request::Upgrade(from(params)?),
             other => return Err(RpcError::method_not_found(other)),
         })
@@ -273,6 +277,8 @@ impl Request {
             Request::CheckpointAdd(_) => "checkpoint-add",
             Request::CheckpointList(_) => "checkpoint-list",
             Request::CheckpointRemove(_) => "checkpoint-remove",
+            Request::BackupStart(_) => "backup-start",
+            Request::BackupEnd(_) => "backup-end",
             Request::Upgrade(_) => "upgrade",
         }
     }

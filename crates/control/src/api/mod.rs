@@ -1,6 +1,7 @@
 //! The daemon's control API: the methods, their params and answers, and the error kinds. The
 //! server (`cryptblk-daemon`) and the client (`cryptblk ctl`) both use these types, so the two
 //! cannot drift apart.
+mod backup;
 mod catalogue;
 mod checkpoint;
 mod disk;
@@ -13,6 +14,7 @@ mod passphrase_params;
 mod reencrypt;
 mod results;
 
+pub use backup::{BackupEndParams, BackupEnded, BackupStartParams, BackupStarted};
 pub use catalogue::{
     errors_reference, method, methods_reference, MethodSpec, ParamKind, ParamSpec,
     CONFIG_FILE_ALIASES, METHODS,

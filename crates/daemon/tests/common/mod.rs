@@ -22,6 +22,7 @@ pub fn daemon() -> Arc<Daemon> {
         events,
         master_key: None,
         key_cache: None,
+        backup_listener: Default::default(),
     })
 }
 

@@ -23,6 +23,7 @@ mod sequential;
 use crate::capabilities::{block_size_limits, is_read_only, supports_trim};
 use crate::export::Export;
 use crate::handshake::Negotiated;
+use crate::metadata::MetaContext;
 use crate::protocol::*;
 use crate::socket::Transport;
 use crate::Error;
@@ -55,7 +56,8 @@ impl Default for ConnectionConfig {
     }
 }
 
-/// Bounds the BLOCK_STATUS reply (8 bytes per extent) for a badly fragmented file.
+/// Bounds each chunk of a BLOCK_STATUS reply (8 bytes per extent) for a badly fragmented
+/// file or bitmap.
 const MAX_STATUS_DESCRIPTORS: usize = 1024;
 
 /// What one connection may do, fixed at the end of the handshake.
@@ -66,14 +68,19 @@ pub(crate) struct Session<'a> {
     pub read_only: bool,
     pub can_trim: bool,
     pub structured_replies: bool,
-    pub base_allocation: bool,
+    /// The metadata contexts selected; BLOCK_STATUS answers a chunk for each.
+    pub contexts: Vec<MetaContext>,
     /// Set once anything was written, so the device is flushed when the connection ends.
     pub wrote: AtomicBool,
     pub failures: failure_log::FailureLog,
 }
 
 impl<'a> Session<'a> {
-    pub(crate) fn new(export: &'a Export, structured_replies: bool, base_allocation: bool) -> Self {
+    pub(crate) fn new(
+        export: &'a Export,
+        structured_replies: bool,
+        contexts: Vec<MetaContext>,
+    ) -> Self {
         Session {
             export,
             size: export.device.size(),
@@ -81,7 +88,7 @@ impl<'a> Session<'a> {
             read_only: is_read_only(export),
             can_trim: supports_trim(export),
             structured_replies,
-            base_allocation,
+            contexts,
             wrote: AtomicBool::new(false),
             failures: failure_log::FailureLog::new(),
         }
@@ -118,7 +125,8 @@ pub(crate) fn check_request(
         CMD_FLUSH => return Ok(()),
         CMD_TRIM if !session.can_trim => return Err(NbdErrno::Inval),
         CMD_BLOCK_STATUS => {
-            if !session.base_allocation || request.length == 0 || request.offset >= session.size {
+            if session.contexts.is_empty() || request.length == 0 || request.offset >= session.size
+            {
                 return Err(NbdErrno::Inval);
             }
             return Ok(());
@@ -216,10 +224,10 @@ pub(crate) fn serve(negotiated: Negotiated, config: &ConnectionConfig) -> Result
         transport,
         attachment,
         structured_replies,
-        base_allocation,
+        contexts,
     } = negotiated;
     let export = std::sync::Arc::clone(attachment.export());
-    let session = Session::new(&export, structured_replies, base_allocation);
+    let session = Session::new(&export, structured_replies, contexts);
     let result = match transport {
         Transport::Plain(socket) => {
             let result = pipelined::serve(&socket, &session, config);

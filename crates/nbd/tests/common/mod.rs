@@ -87,6 +87,7 @@ pub fn export(name: &str, device: Arc<dyn BlockDevice>) -> Export {
         read_only: false,
         stats: Arc::new(IoStats::default()),
         tls_authz: None,
+        dirty_bitmaps: None,
     }
 }
 

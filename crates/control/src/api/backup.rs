@@ -1,0 +1,59 @@
+//! `backup-start`, `backup-end`: a disk's key-less backup export, the image's own bytes
+//! (LUKS header and ciphertext) served read-only over NBD with the dirty bitmap of a
+//! checkpoint (docs/backup.md).
+use serde::{Deserialize, Serialize};
+
+/// `backup-start`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackupStartParams {
+    /// The disk.
+    pub name: String,
+    /// The checkpoint this backup is taken at: added when the backup starts, kept by a
+    /// successful `backup-end`, removed by a failed one.
+    pub checkpoint: String,
+    /// An existing checkpoint: its dirty bitmap is served as `qemu:dirty-bitmap:NAME`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incremental: Option<String>,
+    /// Where the export listens: `unix:PATH` or `tcp:HOST:PORT` (port 0 picks one).
+    pub nbd: String,
+}
+
+/// `backup-start`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct BackupStarted {
+    pub name: String,
+    pub checkpoint: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incremental: Option<String>,
+    /// Where the export listens (a port 0 resolved).
+    pub nbd: String,
+    /// The export's NBD name (the disk's).
+    pub export: String,
+    /// The metadata context an incremental pull reads: `qemu:dirty-bitmap:FROM`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bitmap: Option<String>,
+    /// The image's size: the export's.
+    pub size: u64,
+}
+
+/// `backup-end`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackupEndParams {
+    pub name: String,
+    /// The backup did not complete: its checkpoint is removed and what changed since it stays
+    /// recorded for the checkpoint before it.
+    #[serde(default)]
+    pub failed: bool,
+}
+
+/// `backup-end`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BackupEnded {
+    pub name: String,
+    pub checkpoint: String,
+    /// Whether the checkpoint was kept (a successful backup) or removed (`failed`).
+    pub kept: bool,
+}

@@ -1,0 +1,270 @@
+//! The control methods `backup-start` and `backup-end`: a disk's key-less backup export.
+//!
+//! The export serves the image file's own bytes (the LUKS header and the ciphertext, never
+//! the decrypted disk) read-only on a listener of its own, so that the backup host reaches
+//! this export and nothing else of the daemon. It offers `base:allocation` and, for an
+//! incremental, `qemu:dirty-bitmap:FROM` from the disk's checkpoint store. The listener is
+//! bound as the daemon's NBD server is: with the daemon's TLS credentials and allow-list when
+//! it has them (plain only on a UNIX socket or loopback otherwise), the same connection
+//! limits, socket mode 0600.
+//!
+//! Not built yet: copy-before-write. The export reads the live image, so a backup is
+//! point-in-time only while nothing writes the disk: `backup-start` refuses while a VM or an
+//! NBD client is connected to it. Writes made during the backup anyway are recorded in its
+//! checkpoint, so the next incremental copies them.
+use crate::backup_export::{Backup, CheckpointBitmap};
+use crate::disk_checkpoints::to_error;
+use crate::error::{Error, Result};
+use crate::migrate::parse_address;
+use crate::registry::Daemon;
+use cryptblk_block::{BlockDevice, IoStats};
+use cryptblk_control::api::{
+    BackupEndParams, BackupEnded, BackupStartParams, BackupStarted, ErrorKind,
+};
+use cryptblk_nbd::protocol::DIRTY_BITMAP_PREFIX;
+use cryptblk_nbd::{DirtyBitmaps, Export, ExportRegistry, NbdServer};
+use std::sync::{Arc, PoisonError};
+
+impl Daemon {
+    pub(crate) fn backup_start(&self, p: &BackupStartParams) -> Result<BackupStarted> {
+        let disk = self.attached(&p.name)?;
+        let address = parse_address(&p.nbd)?;
+        if let Some(from) = &p.incremental {
+            if *from == p.checkpoint {
+                return Err(Error::usage(format!(
+                    "the backup's checkpoint and the one it is incremental from are both \
+                     {from}: name a new checkpoint for this backup"
+                )));
+            }
+        }
+        if let Some(vhost) = &disk.vhost {
+            if vhost.stop.is_connected() {
+                return Err(Error::busy(format!(
+                    "disk \"{}\" has a VM connected on {}: the backup export serves the live \
+                     image (copy-before-write is not built yet), so a backup is point-in-time \
+                     only while nothing writes it; shut the VM down or detach the disk first",
+                    p.name,
+                    vhost.socket.display()
+                )));
+            }
+        }
+        let nbd_clients = self.nbd.as_ref().map_or(0, |r| r.connections(&p.name));
+        if nbd_clients > 0 {
+            return Err(Error::busy(format!(
+                "disk \"{}\" has {nbd_clients} NBD client(s) connected: the backup export \
+                 serves the live image (copy-before-write is not built yet), so a backup is \
+                 point-in-time only while nothing writes it; disconnect them first",
+                p.name
+            )));
+        }
+        let store = self
+            .checkpoint_store(&disk, true)?
+            .expect("created when missing");
+        if let Some(from) = &p.incremental {
+            if !store.contains(from) {
+                return Err(Error::usage(format!(
+                    "disk \"{}\" has no checkpoint {from}: list them with checkpoint-list, or \
+                     take a full backup (without incremental)",
+                    p.name
+                )));
+            }
+        }
+        let marked = disk.activity.begin_backup(&p.name)?;
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        store
+            .add(&p.checkpoint, created)
+            .map_err(|e| to_error(&format!("adding checkpoint {}", p.checkpoint), e))?;
+        let remove_checkpoint = || {
+            if let Err(e) = store.remove(&p.checkpoint) {
+                tracing::error!(
+                    disk = %p.name,
+                    "removing checkpoint {} after a failed backup-start: {e}",
+                    p.checkpoint
+                );
+            }
+        };
+
+        let container = disk.image.container.clone();
+        let size = container.size();
+        let header = disk.image.tracker.payload_offset();
+        let dirty_bitmaps = p.incremental.as_ref().map(|from| {
+            Arc::new(CheckpointBitmap {
+                store: store.clone(),
+                checkpoint: from.clone(),
+                header,
+                size,
+            }) as Arc<dyn DirtyBitmaps>
+        });
+        let device: Arc<dyn BlockDevice> = container;
+        let registry = ExportRegistry::new();
+        let export = Export {
+            name: p.name.clone(),
+            description: format!(
+                "backup of disk {} at checkpoint {}: the image's bytes (LUKS header and \
+                 ciphertext)",
+                p.name, p.checkpoint
+            ),
+            device,
+            read_only: true,
+            stats: Arc::new(IoStats::default()),
+            tls_authz: None,
+            dirty_bitmaps,
+        };
+        if let Err(e) = registry.add(export) {
+            remove_checkpoint();
+            return Err(Error::caused("setting up the backup export", e));
+        }
+        let settings = &self.backup_listener;
+        let bound = match settings.tls.clone() {
+            None if settings.plain_tcp => NbdServer::bind_plain_tcp(&address, registry.clone()),
+            tls => NbdServer::bind(&address, registry.clone(), tls),
+        };
+        let server = match bound {
+            Ok(server) => server.with_connection_limits(settings.limits),
+            Err(e) => {
+                remove_checkpoint();
+                let kind = match e {
+                    cryptblk_nbd::Error::PlainTcp { .. } => ErrorKind::Usage,
+                    _ => ErrorKind::Conflict,
+                };
+                return Err(Error::new(
+                    kind,
+                    format!("listening for the backup export on {}: {e}", p.nbd),
+                ));
+            }
+        };
+        let listen = server.local_addr();
+        let stop = server.stop_handle();
+        let name = p.name.clone();
+        let thread = std::thread::Builder::new()
+            .name("backup-nbd".into())
+            .spawn(move || {
+                if let Err(e) = server.run() {
+                    tracing::error!(disk = %name, "the backup export's NBD server failed: {e}");
+                }
+            });
+        let thread = match thread {
+            Ok(thread) => thread,
+            Err(e) => {
+                remove_checkpoint();
+                return Err(Error::caused("starting the backup export's thread", e));
+            }
+        };
+        let backup = Backup {
+            checkpoint: p.checkpoint.clone(),
+            incremental: p.incremental.clone(),
+            registry,
+            export: p.name.clone(),
+            stop,
+            thread: Some(thread),
+            marked,
+        };
+        self.backups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(p.name.clone(), backup);
+        tracing::info!(
+            disk = %p.name,
+            checkpoint = %p.checkpoint,
+            incremental = ?p.incremental,
+            "backup export serving on {listen}"
+        );
+        Ok(BackupStarted {
+            name: p.name.clone(),
+            checkpoint: p.checkpoint.clone(),
+            incremental: p.incremental.clone(),
+            nbd: listen,
+            export: p.name.clone(),
+            bitmap: p
+                .incremental
+                .as_ref()
+                .map(|from| format!("{DIRTY_BITMAP_PREFIX}{from}")),
+            size,
+        })
+    }
+
+    pub(crate) fn backup_end(&self, p: &BackupEndParams) -> Result<BackupEnded> {
+        let disk = self.attached(&p.name)?;
+        let backup = self
+            .backups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&p.name)
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Conflict,
+                    format!(
+                        "disk \"{}\" has no backup export (see backup-start)",
+                        p.name
+                    ),
+                )
+            })?;
+        let checkpoint = backup.checkpoint.clone();
+        backup.close();
+        if p.failed {
+            self.drop_backup_checkpoint(&disk, &checkpoint)?;
+        }
+        tracing::info!(
+            disk = %p.name,
+            checkpoint = %checkpoint,
+            failed = p.failed,
+            "backup export closed"
+        );
+        Ok(BackupEnded {
+            name: p.name.clone(),
+            checkpoint,
+            kept: !p.failed,
+        })
+    }
+
+    /// A failed backup's checkpoint goes; its bits fold into the checkpoint before it, so the
+    /// next incremental from that one copies them again.
+    fn drop_backup_checkpoint(
+        &self,
+        disk: &crate::disk::AttachedDisk,
+        checkpoint: &str,
+    ) -> Result<()> {
+        let store = self
+            .checkpoint_store(disk, true)?
+            .expect("created when missing");
+        store
+            .remove(checkpoint)
+            .map_err(|e| to_error(&format!("removing checkpoint {checkpoint}"), e))
+    }
+
+    /// For `disk-remove` and the daemon's stop: a backup still serving is ended as failed
+    /// (nobody said it completed), so no change is lost to the next incremental.
+    pub(crate) fn end_backup_on_detach(&self, disk: &crate::disk::AttachedDisk) {
+        let backup = self
+            .backups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(disk.name());
+        if let Some(backup) = backup {
+            let checkpoint = backup.checkpoint.clone();
+            backup.close();
+            tracing::warn!(
+                disk = %disk.name(),
+                "the disk's backup export was closed before backup-end: checkpoint \
+                 {checkpoint} is removed as after a failed backup"
+            );
+            if let Err(e) = self.drop_backup_checkpoint(disk, &checkpoint) {
+                tracing::error!(disk = %disk.name(), "{}", crate::error::chain(&e));
+            }
+        }
+    }
+
+    /// Whether the disk's backup export uses `checkpoint` (as its own or the one it is
+    /// incremental from): it may not be removed meanwhile.
+    pub(crate) fn backup_uses(&self, disk: &str, checkpoint: &str) -> bool {
+        self.backups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(disk)
+            .is_some_and(|b| {
+                b.checkpoint == checkpoint || b.incremental.as_deref() == Some(checkpoint)
+            })
+    }
+}
