@@ -7,6 +7,7 @@
 //! side accepts (payload limits, how much of a reply it holds) is that side's policy and
 //! lives with it.
 #![no_std]
+#![forbid(unsafe_code)]
 
 /// "NBDMAGIC": the first eight bytes the server sends.
 pub const NBD_MAGIC: u64 = 0x4e42_444d_4147_4943;
