@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # What checkpoints cost a host (issue 36): one `cryptblk serve` with DISKS LUKS2 disks of SIZE
 # (sparse images, pbkdf2 so that adding them is quick), then CHECKPOINTS checkpoints added to
-# every disk through `ctl checkpoint-add`. Prints one JSON line: the daemon's RssAnon before
-# and after each round of checkpoints, and the time each round took.
+# every disk through `ctl checkpoint-add`, then a `ctl upgrade` (the successor opens every
+# disk's checkpoints). Prints one JSON line: the daemon's RssAnon before and after each round
+# of checkpoints and the time each round took; the upgrade's time until the successor answers
+# for the last disk's checkpoints, and the successor's RssAnon.
 #
 #   scripts/bench-checkpoint-memory.sh [--disks 200] [--size 1T] [--checkpoints 2]
 #       [--cryptblk BIN] [--dir DIR]
@@ -16,7 +18,7 @@ while [ $# -gt 0 ]; do
     --checkpoints) checkpoints=$2; shift 2 ;;
     --cryptblk) cryptblk=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
-    *) sed -n '2,8p' "$0" >&2; exit 1 ;;
+    *) sed -n '2,11p' "$0" >&2; exit 1 ;;
   esac
 done
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,7 +40,7 @@ chmod 600 "$work/key"
   "$work/disk.luks" "$size" >/dev/null
 for i in $(seq 1 "$disks"); do cp --sparse=always "$work/disk.luks" "$work/d$i.luks"; done
 
-"$cryptblk" serve --control "$work/ctl.sock" 2> "$work/serve.log" &
+"$cryptblk" serve --control "$work/ctl.sock" > "$work/serve.out" 2> "$work/serve.log" &
 daemon=$!
 for _ in $(seq 100); do [ -S "$work/ctl.sock" ] && break; sleep 0.1; done
 [ -S "$work/ctl.sock" ] || { cat "$work/serve.log" >&2; exit 1; }
@@ -59,7 +61,16 @@ for c in $(seq 1 "$checkpoints"); do
   rounds=$(jq -c --argjson kib "$(rss_anon_kib)" --argjson s "$took" \
     '. + [{rss_anon_kib: $kib, add_all_s: $s}]' <<< "$rounds")
 done
+
+started=$(date +%s.%N)
+"$cryptblk" ctl -s "$work/ctl.sock" upgrade >/dev/null
+until "$cryptblk" ctl -s "$work/ctl.sock" checkpoint-list "d$disks" >/dev/null 2>&1; do sleep 0.05; done
+upgrade_s=$(echo "$(date +%s.%N) - $started" | bc)
+# The successor: started by its predecessor with the descriptors it hands over.
+daemon=$(pgrep -n -f -- "--control $work/ctl.sock --take-over-fd")
 jq -n -c --arg binary "$cryptblk" --argjson disks "$disks" --arg size "$size" \
   --argjson before "$before" --argjson rounds "$rounds" --arg load "$(cut -d' ' -f1-3 /proc/loadavg)" \
+  --argjson upgrade_s "$upgrade_s" --argjson successor "$(rss_anon_kib)" \
   '{binary: $binary, disks: $disks, size: $size, rss_anon_kib_without: $before,
-    after_each_checkpoint: $rounds, load_avg: $load}'
+    after_each_checkpoint: $rounds, upgrade_until_last_disk_answers_s: $upgrade_s,
+    successor_rss_anon_kib: $successor, load_avg: $load}'

@@ -297,6 +297,12 @@ pub(crate) fn decode_block(
     generation: u64,
     block: u64,
 ) -> Option<[u64; WORDS_PER_BLOCK]> {
+    // Never written (a hole of the file, made by `set_len`): no bit of it was ever durable, so
+    // no write it covers was submitted. A torn write of a block is never all zeroes: it mixes
+    // the new bytes with the old, which were zeroes only if the whole block was.
+    if bytes.len() == BLOCK && bytes.iter().all(|&b| b == 0) {
+        return Some([0; WORDS_PER_BLOCK]);
+    }
     if bytes.len() != BLOCK
         || u64_at(bytes, BITS_BYTES + SUM) != generation
         || u64_at(bytes, BITS_BYTES + SUM + 8) != block
@@ -396,7 +402,14 @@ mod tests {
         assert_eq!(decode_block(&block, 8, 3), None, "another generation");
         block[100] ^= 1;
         assert_eq!(decode_block(&block, 7, 3), None, "a damaged bit");
-        assert_eq!(decode_block(&[0u8; BLOCK], 7, 3), None, "a zeroed block");
+        assert_eq!(
+            decode_block(&[0u8; BLOCK], 7, 3),
+            Some([0; WORDS_PER_BLOCK]),
+            "a block never written (a hole) has no bit set"
+        );
+        encode_block(&words, 7, 3, &mut block);
+        block[BLOCK / 2..].fill(0);
+        assert_eq!(decode_block(&block, 7, 3), None, "a torn write of it");
     }
 
     #[test]

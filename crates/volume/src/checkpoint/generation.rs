@@ -96,6 +96,16 @@ impl RegionBits {
     }
 }
 
+/// The offset of the first byte of data (not a hole) at or after `at`: `u64::MAX` when there is
+/// none, `at` itself when the file system cannot tell (every block is then read).
+fn data_at_or_after(file: &File, at: u64) -> u64 {
+    match rustix::fs::seek(file, rustix::fs::SeekFrom::Data(at)) {
+        Ok(offset) => offset,
+        Err(rustix::io::Errno::NXIO) => u64::MAX,
+        Err(_) => at,
+    }
+}
+
 fn low_mask(n: u64) -> u64 {
     if n >= 64 {
         u64::MAX
@@ -137,7 +147,7 @@ impl Generation {
             .open(&path)
             .map_err(|e| CheckpointError::io("creating", &path, e))?;
         let generation = Generation::empty(file, path, id, granularity, covered);
-        generation.write_all()?;
+        generation.write_header()?;
         Ok(generation)
     }
 
@@ -196,15 +206,23 @@ impl Generation {
         if file_regions < regions && damage.is_none() {
             damage = Some("the image grew since it was written".into());
         }
+        let file_len = generation.file.metadata().map_or(0, |m| m.len());
         let mut block = [0u8; BLOCK];
+        let mut next_data = 0;
         for b in 0..blocks_for(regions) {
             let first = b * REGIONS_PER_BLOCK;
             let end = ((b + 1) * REGIONS_PER_BLOCK).min(regions);
+            let at = block_offset(b);
+            if next_data < at {
+                next_data = data_at_or_after(&generation.file, at);
+            }
+            // A hole inside the file is a block never written: zeroes, without reading them.
+            let hole = next_data >= at + BLOCK as u64 && at + BLOCK as u64 <= file_len;
             let readable = first < file_regions
-                && generation
-                    .file
-                    .read_exact_at(&mut block, block_offset(b))
-                    .is_ok();
+                && (hole || generation.file.read_exact_at(&mut block, at).is_ok());
+            if hole {
+                block.fill(0);
+            }
             match decode_block(&block, id, b).filter(|_| readable) {
                 Some(words) => {
                     for (k, w) in words.iter().enumerate() {
@@ -296,6 +314,20 @@ impl Generation {
             *w = self.wanted.word(b as usize * WORDS_PER_BLOCK + k);
         }
         words
+    }
+
+    /// The header, the file's length (its blocks holes: no region changed), then fsync.
+    fn write_header(&self) -> Result<(), CheckpointError> {
+        let header = BitmapHeader {
+            granularity: 1 << self.shift,
+            covered: self.covered,
+            generation: self.id,
+        };
+        self.file
+            .set_len(block_offset(blocks_for(self.wanted.regions)))
+            .and_then(|()| self.file.write_all_at(&header.encode(), 0))
+            .and_then(|()| self.file.sync_all())
+            .map_err(|e| CheckpointError::io("writing", &self.path, e))
     }
 
     /// The header and every block, then fsync.

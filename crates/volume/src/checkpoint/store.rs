@@ -479,6 +479,14 @@ mod tests {
             "reopened: only the blocks with bits"
         );
         assert_eq!(runs(&store, "c1"), vec![(0, G), (600 << 30, MIB)]);
+
+        // On disk too: the file's 519 blocks are holes but for the two written.
+        use std::os::unix::fs::MetadataExt;
+        let file = std::fs::metadata(dir.join(format!("{:016x}.bitmap", 1))).unwrap();
+        let blocks = super::super::format::blocks_for(TIB / G);
+        assert_eq!((blocks, file.len()), (519, (1 + blocks) * 4096));
+        let allocated = file.blocks() * 512;
+        assert!(allocated <= 16 * 4096, "{allocated} bytes allocated");
     }
 
     #[test]
