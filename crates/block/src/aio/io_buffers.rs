@@ -91,6 +91,11 @@ impl IoBuffers {
         self.iov.clear();
     }
 
+    /// Empties the list, keeping the owner (for the next request in the same memory).
+    pub fn clear_list(&mut self) {
+        self.iov.clear();
+    }
+
     /// Empties the list and makes `owner` the memory later `add`s are checked against.
     pub fn set_owner(&mut self, owner: Arc<dyn MemoryOwner>) {
         self.iov.clear();
