@@ -21,11 +21,6 @@ impl<B: Bitmap + Send + Sync + 'static> GuestRam<B> {
     pub fn owner(mem: Arc<GuestMemoryMmap<B>>) -> Arc<dyn MemoryOwner> {
         Arc::new(GuestRam(mem))
     }
-
-    /// Whether this is the owner of buffers in `mem` (the same snapshot).
-    pub fn holds(&self, mem: &Arc<GuestMemoryMmap<B>>) -> bool {
-        Arc::ptr_eq(&self.0, mem)
-    }
 }
 
 // SAFETY: `get_slice` succeeds only for a range inside one region of the snapshot, and the

@@ -102,13 +102,6 @@ impl IoBuffers {
         self.owner = Some(owner);
     }
 
-    /// Whether `owner` is this value's memory owner (the same allocation).
-    pub fn is_owned_by(&self, owner: &Arc<dyn MemoryOwner>) -> bool {
-        self.owner
-            .as_ref()
-            .is_some_and(|o| std::ptr::addr_eq(Arc::as_ptr(o), Arc::as_ptr(owner)))
-    }
-
     /// Appends the `len` bytes at `addr` of the owner's memory, after checking they lie in it.
     /// An empty range is skipped.
     pub fn add(&mut self, addr: u64, len: usize) -> Result<(), BufferError> {
