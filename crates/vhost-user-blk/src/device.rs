@@ -129,7 +129,7 @@ impl VirtioBlkDevice {
     }
 
     /// Turns a parsed request into device I/O, or answers it at once. For I/O, `buffers`
-    /// (owned by `mem`'s [`GuestRam`](crate::GuestRam), set by the caller) receive the
+    /// (owned by `mem`'s [`GuestRam`], set by the caller) receive the
     /// request's segments, each checked to lie in one mapped region; they keep the memory
     /// mapped until the queue hands the completion out.
     pub fn start<M: GuestMemoryBackend>(
