@@ -25,12 +25,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use cryptblk_block::aio::IoVec;
+use cryptblk_block::aio::IoBuffers;
 use cryptblk_block::{BlockDevice, BlockError};
 use cryptblk_vhost_user_blk::config::SIZE_MAX;
 use cryptblk_vhost_user_blk::device::{Start, STATUS_IOERR};
 use cryptblk_vhost_user_blk::request::{self, advertised_limits, Error, MAX_REQUEST_BYTES};
-use cryptblk_vhost_user_blk::{GuestMem, RingDriver, VirtioBlkDevice};
+use cryptblk_vhost_user_blk::{GuestMem, GuestRam, RingDriver, VirtioBlkDevice};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -314,8 +314,9 @@ pub fn run(data: &[u8]) -> Outcome {
                 req.data_len,
                 segments.iter().map(|s| u64::from(s.len)).sum::<u64>()
             );
-            let mut iov: Vec<IoVec> = Vec::new();
-            match disk.start(&mem, &req, &segments, &mut iov) {
+            let mut buffers = IoBuffers::new();
+            buffers.set_owner(GuestRam::owner(Arc::new(mem.clone())));
+            match disk.start(&mem, &req, &segments, &mut buffers) {
                 Start::Done(status, len) => disk.answer(&mem, &req, status, len).1,
                 Start::Io(planned) => {
                     assert!(
@@ -323,14 +324,10 @@ pub fn run(data: &[u8]) -> Outcome {
                         "planned I/O of {} bytes",
                         planned.len
                     );
-                    // SAFETY: the buffers lie in `mem`, alive until after `run_one` returns,
-                    // and nothing else touches guest memory meanwhile.
-                    let result = unsafe {
-                        cryptblk_block::aio::run_one(
-                            &mut *io_queue,
-                            &planned.request(&iov, false, 0),
-                        )
-                    };
+                    let result = cryptblk_block::aio::run_one(
+                        &mut *io_queue,
+                        &planned.request(&buffers, false, 0),
+                    );
                     disk.finish(&mem, &req, &segments, &result).1
                 }
             }

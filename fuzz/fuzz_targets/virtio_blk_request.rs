@@ -143,7 +143,7 @@ fuzz_target!(|data: &[u8]| {
         Ok(req) => {
             assert!(segments.iter().all(|s| s.len <= SIZE_MAX));
             assert!(segments.len() + 2 <= MAX_DESCRIPTORS);
-            disk.execute_one(&mut *io_queue, &mem, &req, &segments)
+            disk.execute_one(&mut *io_queue, &Arc::new(mem.clone()), &req, &segments)
         }
         Err(rejected) => disk.reject(&mem, &rejected),
     };

@@ -72,6 +72,11 @@ impl AlignedBuf {
         self.len
     }
 
+    /// The first byte, for code that reaches the buffer through raw addresses.
+    pub(crate) fn base(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -5,7 +5,9 @@
 mod common;
 
 use common::aio::{exercise, run};
-use cryptblk_block::aio::{open_queue, IoOp, IoRequest, IoVec, QueueOptions};
+use cryptblk_block::aio::{
+    open_queue, read_at, IoBuffers, IoOp, IoRequest, OwnedBuffer, QueueOptions,
+};
 use cryptblk_block::{
     AioEngine, BlockDevice, BlockErrorKind, CacheMode, IoSettings, OpenOptions, RawFile,
 };
@@ -52,8 +54,7 @@ fn every_engine_and_cache_mode_reads_what_was_written() {
             let mut queue = open_queue(&dev, &QueueOptions { depth: 32 }).unwrap();
             exercise(&mut *queue, &mut model, 32, 40, 11, 512);
             // Flush through the queue, then the synchronous path sees every write.
-            // SAFETY: a flush carries no buffers.
-            unsafe { cryptblk_block::aio::run_one(&mut *queue, &IoRequest::flush(99)) }.unwrap();
+            run(&mut *queue, &IoRequest::flush(99)).unwrap();
             drop(queue);
             let mut back = vec![0u8; model.len()];
             dev.read_at(&mut back, 0).unwrap();
@@ -110,15 +111,13 @@ fn short_reads_past_a_shrunken_end_read_zeros_and_refusals_complete_with_errors(
                 .unwrap()
                 .set_len((1 << 20) - 8192)
                 .unwrap();
-            let mut buf = cryptblk_block::AlignedBuf::zeroed(16384);
-            buf.fill(0xee);
-            let iov = [IoVec::from_slice(&mut buf)];
-            run(&mut *queue, &IoRequest::read((1 << 20) - 16384, &iov, 1)).unwrap();
+            let mut buf = vec![0xee; 16384];
+            read_at(&mut *queue, (1 << 20) - 16384, &mut buf).unwrap();
             assert!(buf[..8192] == data[(1 << 20) - 16384..(1 << 20) - 8192]);
             assert!(buf[8192..].iter().all(|&b| b == 0), "{aio}/{cache}");
 
-            let iov = [IoVec::from_slice(&mut buf[..4096])];
-            let err = run(&mut *queue, &IoRequest::read(1 << 20, &iov, 2)).unwrap_err();
+            let page = IoBuffers::whole(Arc::new(OwnedBuffer::zeroed(4096)), 4096).unwrap();
+            let err = run(&mut *queue, &IoRequest::read(1 << 20, &page, 2)).unwrap_err();
             assert_eq!(err.kind(), BlockErrorKind::OutOfRange, "{err}");
             assert!(err.to_string().contains("disk.raw"), "{err}");
             drop(queue);
@@ -128,7 +127,7 @@ fn short_reads_past_a_shrunken_end_read_zeros_and_refusals_complete_with_errors(
                 RawFile::open_with(&p, OpenOptions::default(), IoSettings { cache, aio }).unwrap(),
             );
             let mut queue = open_queue(&ro, &QueueOptions { depth: 4 }).unwrap();
-            let err = run(&mut *queue, &IoRequest::write(0, &iov, false, 3)).unwrap_err();
+            let err = run(&mut *queue, &IoRequest::write(0, &page, false, 3)).unwrap_err();
             assert_eq!(err.kind(), BlockErrorKind::ReadOnly, "{err}");
             let err = run(&mut *queue, &IoRequest::range(IoOp::Discard, 0, 4096, 4)).unwrap_err();
             assert_eq!(err.kind(), BlockErrorKind::ReadOnly, "{err}");

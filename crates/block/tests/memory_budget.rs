@@ -3,7 +3,9 @@
 //! eventfd without asking, a queue holding nothing goes before a busy one, and the budget is
 //! never passed.
 
-use cryptblk_block::aio::{Completion, IoQueue, IoRequest, IoVec, Pipeline, QueueOptions};
+use cryptblk_block::aio::{
+    Completion, IoBuffers, IoQueue, IoRequest, OwnedBuffer, Pipeline, QueueOptions,
+};
 use cryptblk_block::{BlockDevice, BlockError, MemoryBudget};
 use std::os::fd::RawFd;
 use std::sync::{Arc, Condvar, Mutex};
@@ -71,23 +73,20 @@ fn queue(device: &Arc<GatedDevice>, budget: &MemoryBudget) -> Pipeline {
     queue
 }
 
-/// Pushes `n` writes of 64 KiB from `buf` (which must outlive the requests), tagged from
-/// `first_tag`, and submits them.
-fn push_writes(queue: &mut Pipeline, buf: &mut [u8], n: usize, first_tag: u64) {
-    let iov = [IoVec::from_slice(&mut buf[..KIB64])];
+/// Pushes `n` writes of 64 KiB of `fill` bytes, tagged from `first_tag`, and submits them.
+fn push_writes(queue: &mut Pipeline, fill: u8, n: usize, first_tag: u64) {
+    let data = Arc::new(OwnedBuffer::from_bytes(&[fill; KIB64]));
+    let buf = IoBuffers::whole(data, KIB64).unwrap();
     for i in 0..n {
         let offset = (first_tag as usize + i) * KIB64;
-        // SAFETY: `buf` outlives the requests (the callers drain every one before it goes)
-        // and is not touched meanwhile.
-        unsafe {
-            queue.push(&IoRequest::write(
+        queue
+            .push(&IoRequest::write(
                 offset as u64,
-                &iov,
+                &buf,
                 false,
                 first_tag + i as u64,
             ))
-        }
-        .unwrap();
+            .unwrap();
     }
     queue.submit().unwrap();
 }
@@ -123,10 +122,8 @@ fn requests_over_the_budget_wait_and_all_complete() {
     let device = GatedDevice::new(64 * KIB64);
     let mut busy = queue(&device, &budget);
     let mut quiet = queue(&device, &budget);
-    let mut busy_buf = vec![1u8; KIB64];
-    let mut quiet_buf = vec![2u8; KIB64];
-    push_writes(&mut busy, &mut busy_buf, 8, 0);
-    push_writes(&mut quiet, &mut quiet_buf, 2, 32);
+    push_writes(&mut busy, 1, 8, 0);
+    push_writes(&mut quiet, 2, 2, 32);
     let usage = budget.usage();
     assert_eq!(usage.reserved, 4 * KIB64 as u64);
     assert_eq!(usage.waiting, 2, "{usage:?}");
@@ -142,7 +139,6 @@ fn requests_over_the_budget_wait_and_all_complete() {
     // handed out, the room they leave goes to the quiet queue first (it held nothing), which
     // hears of it through its eventfd, without asking.
     let quiet_owner = std::thread::spawn(move || {
-        let _buf = quiet_buf;
         assert!(readable_within(quiet.notifier(), Duration::from_secs(10)));
         collect(&mut quiet, 2)
     });
@@ -166,12 +162,10 @@ fn a_dropped_queue_gives_its_share_back_to_those_waiting() {
     let budget = MemoryBudget::new(2 * KIB64 as u64);
     let device = GatedDevice::new(64 * KIB64);
     let mut other = queue(&device, &budget);
-    let mut buf = vec![3u8; KIB64];
     {
         let mut gone = queue(&device, &budget);
-        let mut gone_buf = vec![4u8; KIB64];
-        push_writes(&mut gone, &mut gone_buf, 2, 0);
-        push_writes(&mut other, &mut buf, 1, 8);
+        push_writes(&mut gone, 4, 2, 0);
+        push_writes(&mut other, 3, 1, 8);
         assert_eq!(budget.usage().waiting, 1);
         // Dropping a queue waits for its requests on the device: let them through.
         device.open_gate();

@@ -7,7 +7,8 @@ mod common;
 
 use common::MemDevice;
 use cryptblk_block::aio::{
-    run_one, Admit, IoOp, IoQueue, IoRequest, IoVec, Pipeline, QueueOptions, SlotRequest, Stage,
+    run_one, Admit, IoBuffers, IoOp, IoQueue, IoRequest, MemoryOwner, OwnedBuffer, Pipeline,
+    QueueOptions, SlotRequest, Stage,
 };
 use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind};
 use std::sync::{Arc, Mutex};
@@ -29,12 +30,7 @@ impl Recorder {
 }
 
 impl Stage for Recorder {
-    unsafe fn admit(
-        &mut self,
-        _: usize,
-        caller: &SlotRequest,
-        transfer: &mut SlotRequest,
-    ) -> Admit {
+    fn admit(&mut self, _: usize, caller: &SlotRequest, transfer: &mut SlotRequest) -> Admit {
         self.note("admit", caller);
         if self.finishes_discards && transfer.op == IoOp::Discard {
             return Admit::Finish(Ok(()));
@@ -42,12 +38,7 @@ impl Stage for Recorder {
         Admit::Pass
     }
 
-    unsafe fn complete(
-        &mut self,
-        _: usize,
-        caller: &SlotRequest,
-        _: &mut Result<(), BlockError>,
-    ) -> u64 {
+    fn complete(&mut self, _: usize, caller: &SlotRequest, _: &mut Result<(), BlockError>) -> u64 {
         self.note("complete", caller);
         0
     }
@@ -78,10 +69,8 @@ fn take(log: &Log) -> Vec<String> {
 fn stages_see_each_request_once_in_order_and_a_finish_stops_it() {
     let log = Log::default();
     let mut queue = pipeline(&log);
-    let mut buf = vec![7u8; 4096];
-    let iov = [IoVec::from_slice(&mut buf)];
-    // SAFETY: `buf` outlives each call and is not touched meanwhile.
-    unsafe { run_one(&mut queue, &IoRequest::write(0, &iov, false, 1)) }.unwrap();
+    let buf = IoBuffers::whole(Arc::new(OwnedBuffer::from_bytes(&[7; 4096])), 4096).unwrap();
+    run_one(&mut queue, &IoRequest::write(0, &buf, false, 1)).unwrap();
     assert_eq!(
         take(&log),
         [
@@ -93,8 +82,7 @@ fn stages_see_each_request_once_in_order_and_a_finish_stops_it() {
     );
     // The memory device cannot discard: success means the request never reached it.
     let discard = IoRequest::range(IoOp::Discard, 0, 4096, 2);
-    // SAFETY: no buffers.
-    unsafe { run_one(&mut queue, &discard) }.unwrap();
+    run_one(&mut queue, &discard).unwrap();
     assert_eq!(
         take(&log),
         [
@@ -104,8 +92,7 @@ fn stages_see_each_request_once_in_order_and_a_finish_stops_it() {
         ]
     );
     // Refused by the range check, before any stage.
-    // SAFETY: as above.
-    let err = unsafe { run_one(&mut queue, &IoRequest::read(1 << 20, &iov, 3)) }.unwrap_err();
+    let err = run_one(&mut queue, &IoRequest::read(1 << 20, &buf, 3)).unwrap_err();
     assert_eq!(err.kind(), BlockErrorKind::OutOfRange, "{err}");
     assert!(take(&log).is_empty());
     assert_eq!(queue.in_flight(), 0);
@@ -115,10 +102,8 @@ fn stages_see_each_request_once_in_order_and_a_finish_stops_it() {
 fn a_dropped_queue_lets_its_uncollected_requests_go_in_every_stage() {
     let log = Log::default();
     let mut queue = pipeline(&log);
-    let mut buf = vec![7u8; 4096];
-    let iov = [IoVec::from_slice(&mut buf)];
-    // SAFETY: `buf` outlives the queue, which waits for the request as it drops.
-    unsafe { queue.push(&IoRequest::write(0, &iov, false, 1)) }.unwrap();
+    let buf = IoBuffers::whole(Arc::new(OwnedBuffer::from_bytes(&[7; 4096])), 4096).unwrap();
+    queue.push(&IoRequest::write(0, &buf, false, 1)).unwrap();
     queue.submit().unwrap();
     drop(queue);
     assert_eq!(
@@ -143,19 +128,14 @@ struct Held {
 struct HeldBytes(Arc<Mutex<Held>>);
 
 impl Stage for HeldBytes {
-    unsafe fn admit(&mut self, _: usize, caller: &SlotRequest, _: &mut SlotRequest) -> Admit {
+    fn admit(&mut self, _: usize, caller: &SlotRequest, _: &mut SlotRequest) -> Admit {
         let mut held = self.0.lock().unwrap();
         held.now += caller.len;
         held.most = held.most.max(held.now);
         Admit::Pass
     }
 
-    unsafe fn complete(
-        &mut self,
-        _: usize,
-        caller: &SlotRequest,
-        _: &mut Result<(), BlockError>,
-    ) -> u64 {
+    fn complete(&mut self, _: usize, caller: &SlotRequest, _: &mut Result<(), BlockError>) -> u64 {
         self.0.lock().unwrap().now -= caller.len;
         0
     }
@@ -169,13 +149,13 @@ fn a_queue_full_of_large_writes_holds_at_most_the_data_budget_and_runs_them_all(
     let mut queue = Pipeline::synchronous(device.clone(), &QueueOptions { depth: 8 }).unwrap();
     let held = Arc::new(Mutex::new(Held::default()));
     queue.push_front(Box::new(HeldBytes(held.clone())));
-    let mut bufs: Vec<Vec<u8>> = (0..WRITES).map(|i| vec![i as u8 + 1; WRITE]).collect();
-    let iovs: Vec<[IoVec; 1]> = bufs.iter_mut().map(|b| [IoVec::from_slice(b)]).collect();
-    for (i, iov) in iovs.iter().enumerate() {
-        let req = IoRequest::write((i * WRITE) as u64, iov, false, i as u64);
-        // SAFETY: the buffers outlive the queue's use of them (every completion is collected
-        // below) and are not touched meanwhile.
-        unsafe { queue.push(&req) }.unwrap();
+    for i in 0..WRITES {
+        let data = OwnedBuffer::from_bytes(&vec![i as u8 + 1; WRITE]);
+        let buf = IoBuffers::whole(Arc::new(data), WRITE).unwrap();
+        // The queue keeps the memory: the caller's handle goes at once.
+        queue
+            .push(&IoRequest::write((i * WRITE) as u64, &buf, false, i as u64))
+            .unwrap();
     }
     queue.submit().unwrap();
     let mut done = Vec::new();
@@ -206,4 +186,44 @@ fn a_queue_full_of_large_writes_holds_at_most_the_data_budget_and_runs_them_all(
             "write {i} did not land"
         );
     }
+}
+
+#[test]
+fn a_request_keeps_its_memory_until_its_completion_is_handed_out_and_no_longer() {
+    let log = Log::default();
+    let mut queue = pipeline(&log);
+    let owner = Arc::new(OwnedBuffer::zeroed(8192));
+    let alive = Arc::downgrade(&owner);
+    let mut buffers = IoBuffers::new();
+    buffers.set_owner(owner);
+    buffers.add(4096, 4096).unwrap();
+    queue.push(&IoRequest::read(0, &buffers, 1)).unwrap();
+    // The frontend lets go of its handles (a vhost-user memory table replaced meanwhile).
+    drop(buffers);
+    queue.submit().unwrap();
+    while queue.in_flight() > 0 {
+        queue.wait();
+        assert!(
+            alive.upgrade().is_some(),
+            "memory of a request in flight was freed"
+        );
+        queue.drain(&mut |c| {
+            c.result.unwrap();
+            assert!(
+                alive.upgrade().is_none(),
+                "the queue still holds a completed request's memory"
+            );
+        });
+    }
+}
+
+#[test]
+fn a_buffer_outside_its_memory_never_reaches_a_queue() {
+    // A malicious descriptor: a guest address past the end of what the owner maps.
+    let owner: Arc<dyn MemoryOwner> = Arc::new(OwnedBuffer::zeroed(4096));
+    let mut buffers = IoBuffers::new();
+    buffers.set_owner(owner);
+    let err = buffers.add(4000, 200).unwrap_err();
+    assert!(err.to_string().contains("outside"), "{err}");
+    assert_eq!(buffers.len(), 0);
 }

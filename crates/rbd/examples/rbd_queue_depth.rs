@@ -9,7 +9,9 @@
 //! ```
 //! The image is written over its first 256 MiB (reads: fill it first with a write run).
 
-use cryptblk_block::aio::{open_queue, IoQueue, IoRequest, IoVec, Pipeline, QueueOptions};
+use cryptblk_block::aio::{
+    open_queue, IoBuffers, IoQueue, IoRequest, OwnedBuffer, Pipeline, QueueOptions,
+};
 use cryptblk_block::BlockDevice;
 use cryptblk_rbd::{Image, OpenMode, RbdDevice, RbdSpec};
 use std::sync::Arc;
@@ -18,11 +20,10 @@ use std::time::{Duration, Instant};
 fn run(queue: &mut dyn IoQueue, read: bool, depth: usize, time: Duration) -> f64 {
     const BLOCK: usize = 4096;
     let area = (256u64 << 20) / BLOCK as u64;
-    let mut bufs = vec![0x5au8; depth * BLOCK];
-    let iovs: Vec<[IoVec; 1]> = bufs
-        .chunks_mut(BLOCK)
-        .map(|b| [IoVec::from_slice(b)])
-        .collect();
+    let iovs: Vec<IoBuffers> = (0..depth)
+        .map(|_| IoBuffers::whole(Arc::new(OwnedBuffer::from_bytes(&[0x5a; BLOCK])), BLOCK))
+        .collect::<Result<_, _>>()
+        .unwrap();
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = || {
         rng ^= rng << 13;
@@ -36,8 +37,7 @@ fn run(queue: &mut dyn IoQueue, read: bool, depth: usize, time: Duration) -> f64
         } else {
             IoRequest::write(next(), &iovs[slot], false, slot as u64)
         };
-        // SAFETY: the buffers live until this function returns, after every completion.
-        unsafe { q.push(&req) }.unwrap();
+        q.push(&req).unwrap();
     };
     let start = Instant::now();
     for slot in 0..depth {

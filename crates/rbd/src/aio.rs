@@ -67,7 +67,7 @@ pub struct RbdEngine {
 
 // SAFETY: the raw pointers in `shared.args` point at `shared` itself, kept alive by the engine's
 // Arc and by one strong count per request in flight; its other fields are a Mutex and an
-// eventfd, safe to use from any thread. IoVecs are Send. librbd handles may be used from any
+// eventfd, safe to use from any thread. `IoBuffers` are Send. librbd handles may be used from any
 // thread.
 unsafe impl Send for RbdEngine {}
 
@@ -121,10 +121,12 @@ impl RbdEngine {
         }
         let state = &self.transfers[slot];
         let req = &state.req;
-        let iovcnt = req.iov.len() as libc::c_int;
-        let iov = req.iov.as_ptr().cast::<libc::iovec>();
-        // SAFETY: an open image; the iovec list lives in the slot and the memory it points to
-        // is the caller's, valid until the slot is reported (Engine::start's contract); the completion is released by the callback.
+        let list = req.buffers.iov();
+        let iovcnt = list.len() as libc::c_int;
+        let iov = list.as_ptr().cast::<libc::iovec>();
+        // SAFETY: an open image; the iovec list lives in the slot, whose `IoBuffers` keep the
+        // memory it points to valid until the slot is reported; the completion is released by
+        // the callback.
         let rc = unsafe {
             match (req.op, state.flushing) {
                 (_, true) | (IoOp::Flush, _) => (api.rbd_aio_flush)(handle, completion),
@@ -198,7 +200,7 @@ fn lock(m: &Mutex<Vec<(usize, isize)>>) -> std::sync::MutexGuard<'_, Vec<(usize,
 }
 
 impl Engine for RbdEngine {
-    unsafe fn start(&mut self, slot: usize, req: &SlotRequest) -> Option<Result<(), BlockError>> {
+    fn start(&mut self, slot: usize, req: &SlotRequest) -> Option<Result<(), BlockError>> {
         let state = &mut self.transfers[slot];
         state.req.copy_from(req);
         state.flushing = false;
@@ -244,6 +246,7 @@ impl Engine for RbdEngine {
                 Ok(())
             };
             self.outstanding -= 1;
+            state.req.release_buffers();
             out(slot, result);
         }
         finished.clear();

@@ -3,7 +3,9 @@
 
 use cryptblk_testutil::ceph as support;
 
-use cryptblk_block::aio::{open_queue, Completion, IoOp, IoRequest, IoVec, QueueOptions};
+use cryptblk_block::aio::{
+    open_queue, Completion, IoBuffers, IoOp, IoRequest, OwnedBuffer, QueueOptions,
+};
 use cryptblk_block::{BlockDevice, BlockErrorKind, ExtentKind};
 use cryptblk_rbd::{Image, OpenMode, RbdDevice, RbdError, RbdSpec};
 use std::sync::Arc;
@@ -108,8 +110,7 @@ fn run_all(
     reqs: &[IoRequest<'_>],
 ) -> Vec<Result<(), cryptblk_block::BlockError>> {
     for req in reqs {
-        // SAFETY: every buffer outlives this function, which collects every completion.
-        unsafe { queue.push(req) }.unwrap();
+        queue.push(req).unwrap();
     }
     queue.submit().unwrap();
     let mut results: Vec<Option<_>> = (0..reqs.len()).map(|_| None).collect();
@@ -141,15 +142,18 @@ fn asynchronous_queue(spec: &RbdSpec) {
     let mut queue = open_queue(&device, &QueueOptions { depth: N }).unwrap();
     assert_eq!(queue.capacity(), N);
     let offset = |i: usize| (16 << 20) + (i as u64) * 3 * BLOCK as u64;
-    let mut data: Vec<Vec<u8>> = (0..N)
+    let data: Vec<Vec<u8>> = (0..N)
         .map(|i| (0..BLOCK).map(|b| (b * 31 + i * 7) as u8).collect())
         .collect();
     // Two pieces per request, so the scatter-gather list is used.
-    let iovs: Vec<[IoVec; 2]> = data
-        .iter_mut()
+    let iovs: Vec<IoBuffers> = data
+        .iter()
         .map(|d| {
-            let (a, b) = d.split_at_mut(4096);
-            [IoVec::from_slice(a), IoVec::from_slice(b)]
+            let mut buffers = IoBuffers::new();
+            buffers.set_owner(Arc::new(OwnedBuffer::from_bytes(d)));
+            buffers.add(0, 4096).unwrap();
+            buffers.add(4096, BLOCK - 4096).unwrap();
+            buffers
         })
         .collect();
     let writes: Vec<IoRequest> = iovs
@@ -169,8 +173,13 @@ fn asynchronous_queue(spec: &RbdSpec) {
     )];
     run_all(&mut *queue, &zero)[0].as_ref().unwrap();
 
-    let mut back = vec![vec![0xeeu8; BLOCK]; N];
-    let read_iovs: Vec<[IoVec; 1]> = back.iter_mut().map(|b| [IoVec::from_slice(b)]).collect();
+    let mut back: Vec<Arc<OwnedBuffer>> = (0..N)
+        .map(|_| Arc::new(OwnedBuffer::from_bytes(&[0xee; BLOCK])))
+        .collect();
+    let mut read_iovs: Vec<IoBuffers> = back
+        .iter()
+        .map(|b| IoBuffers::whole(b.clone(), BLOCK).unwrap())
+        .collect();
     let reads: Vec<IoRequest> = read_iovs
         .iter()
         .enumerate()
@@ -179,17 +188,19 @@ fn asynchronous_queue(spec: &RbdSpec) {
     for r in run_all(&mut *queue, &reads) {
         r.unwrap();
     }
-    for (i, b) in back.iter().enumerate() {
+    drop(reads);
+    read_iovs.iter_mut().for_each(IoBuffers::clear);
+    for (i, b) in back.iter_mut().enumerate() {
+        let b = Arc::get_mut(b).unwrap().bytes_mut();
         if i == zeroed {
             assert!(b.iter().all(|&x| x == 0), "write-zeroes left data");
         } else {
-            assert!(*b == data[i], "block {i} read back differently");
+            assert!(*b == data[i][..], "block {i} read back differently");
         }
     }
 
     // Refused at push, completed with the error; the queue keeps working.
-    let mut one = vec![0u8; 4096];
-    let iov = [IoVec::from_slice(&mut one)];
+    let iov = IoBuffers::whole(Arc::new(OwnedBuffer::zeroed(4096)), 4096).unwrap();
     let bad = [
         IoRequest::read(device.size() - 2048, &iov, 0),
         IoRequest::flush(1),
@@ -210,7 +221,7 @@ fn asynchronous_queue(spec: &RbdSpec) {
     assert_eq!(check, data[N - 1]);
     let device: Arc<dyn BlockDevice> = Arc::new(RbdDevice::new(reopened));
     let mut queue = open_queue(&device, &QueueOptions::default()).unwrap();
-    let iov = [IoVec::from_slice(&mut check)];
+    let iov = IoBuffers::whole(Arc::new(OwnedBuffer::from_bytes(&check)), BLOCK).unwrap();
     let write = [IoRequest::write(0, &iov, false, 0)];
     let err = run_all(&mut *queue, &write).remove(0).unwrap_err();
     assert_eq!(err.kind(), BlockErrorKind::ReadOnly, "{err}");
@@ -227,20 +238,20 @@ fn teardown_under_in_flight_io(spec: &RbdSpec) {
     let device: Arc<dyn BlockDevice> = Arc::new(RbdDevice::new(
         Image::open(spec, OpenMode::ReadWrite).unwrap(),
     ));
-    let mut bufs = vec![vec![0u8; 4096]; DEPTH];
+    let bufs: Vec<IoBuffers> = (0..DEPTH)
+        .map(|_| IoBuffers::whole(Arc::new(OwnedBuffer::zeroed(4096)), 4096).unwrap())
+        .collect();
     let mut stray_notifications = 0;
     for round in 0..ROUNDS {
         let mut queue = open_queue(&device, &QueueOptions { depth: DEPTH }).unwrap();
-        let iovs: Vec<[IoVec; 1]> = bufs.iter_mut().map(|b| [IoVec::from_slice(b)]).collect();
-        for (i, iov) in iovs.iter().enumerate() {
+        for (i, iov) in bufs.iter().enumerate() {
             let offset = ((round * DEPTH + i) % 1024) as u64 * 4096;
             let req = match i % 4 {
                 0 => IoRequest::write(offset, iov, i % 8 == 0, i as u64),
                 1 => IoRequest::flush(i as u64),
                 _ => IoRequest::read(offset, iov, i as u64),
             };
-            // SAFETY: the buffers outlive the queue, whose drop waits for every request.
-            unsafe { queue.push(&req) }.unwrap();
+            queue.push(&req).unwrap();
         }
         queue.submit().unwrap();
         // Let some finish, so the drop races callbacks that are under way.

@@ -12,18 +12,19 @@
 
 use std::sync::Arc;
 
-use cryptblk_block::aio::{open_queue, IoOp, IoQueue, IoRequest, IoVec, QueueOptions};
+use cryptblk_block::aio::{open_queue, IoBuffers, IoOp, IoQueue, IoRequest, QueueOptions};
 use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind};
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
 };
 use vm_memory::bitmap::Bitmap;
-use vm_memory::{Bytes, GuestMemoryBackend};
+use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryMmap};
 
 use crate::request::{
     Error as ParseError, Rejected, Request, RequestType, Segment, WriteZeroesRange, SECTOR_SIZE,
     WRITE_ZEROES_FLAG_UNMAP,
 };
+use crate::GuestRam;
 
 /// Largest WRITE_ZEROES range accepted, in sectors (advertised as max_write_zeroes_sectors).
 pub const MAX_WRITE_ZEROES_SECTORS: u32 = 64 * 1024;
@@ -61,12 +62,12 @@ impl Planned {
     }
 
     /// The request for an `IoQueue`; `fua` for writes of a guest without a write cache.
-    pub fn request<'a>(&self, iov: &'a [IoVec], fua: bool, tag: u64) -> IoRequest<'a> {
+    pub fn request<'a>(&self, buffers: &'a IoBuffers, fua: bool, tag: u64) -> IoRequest<'a> {
         IoRequest {
             op: self.op,
             offset: self.offset,
             len: self.len,
-            iov,
+            buffers,
             fua: fua && self.op == IoOp::Write,
             tag,
         }
@@ -127,35 +128,31 @@ impl VirtioBlkDevice {
         open_queue(&self.device, &QueueOptions { depth })
     }
 
-    /// Turns a parsed request into device I/O, or answers it at once. For I/O, `iov` receives
-    /// the request's buffers as pointers into guest memory (checked by `get_slice` to lie in
-    /// one mapped region each); they stay valid while `mem` (a snapshot of the memory table)
-    /// is alive, so the caller keeps `mem` until `finish`.
+    /// Turns a parsed request into device I/O, or answers it at once. For I/O, `buffers`
+    /// (owned by `mem`'s [`GuestRam`], set by the caller) receive the
+    /// request's segments, each checked to lie in one mapped region; they keep the memory
+    /// mapped until the queue hands the completion out.
     pub fn start<M: GuestMemoryBackend>(
         &self,
         mem: &M,
         req: &Request,
         segments: &[Segment],
-        iov: &mut Vec<IoVec>,
+        buffers: &mut IoBuffers,
     ) -> Start {
-        iov.clear();
+        buffers.clear_list();
         match req.kind {
             RequestType::In | RequestType::Out => {
                 if req.kind == RequestType::Out && self.read_only {
                     return Start::Done(STATUS_IOERR, 0);
                 }
                 for seg in segments {
-                    let Ok(slice) = mem.get_slice(seg.addr, seg.len as usize) else {
-                        // The parser checked every segment; only a memory table change in
-                        // between gets here.
+                    if let Err(e) = buffers.add(seg.addr.0, seg.len as usize) {
+                        // The parser checked every segment against `mem`; only a memory
+                        // table change in between, or buffers owned by other memory, gets
+                        // here.
+                        tracing::debug!("request segment refused: {e}");
                         return Start::Done(STATUS_IOERR, 0);
-                    };
-                    // Never a reference: the address goes to the kernel (and to the crypto
-                    // engine) as a raw pointer.
-                    iov.push(IoVec::from_raw(
-                        slice.ptr_guard_mut().as_ptr(),
-                        seg.len as usize,
-                    ));
+                    }
                 }
                 let offset = req.sector * SECTOR_SIZE;
                 Start::Io(if req.kind == RequestType::In {
@@ -223,22 +220,21 @@ impl VirtioBlkDevice {
     /// Runs one request to completion on `queue` and answers it; returns the used length. A
     /// queue worker overlaps many requests with `start`/`finish`; the fuzz target and the
     /// randomized chain test run one at a time through this.
-    pub fn execute_one<M: GuestMemoryBackend>(
+    pub fn execute_one<B: Bitmap + Send + Sync + 'static>(
         &self,
         queue: &mut dyn IoQueue,
-        mem: &M,
+        mem: &Arc<GuestMemoryMmap<B>>,
         req: &Request,
         segments: &[Segment],
     ) -> u32 {
-        let mut iov = Vec::new();
-        match self.start(mem, req, segments, &mut iov) {
+        let mut buffers = IoBuffers::new();
+        buffers.set_owner(GuestRam::owner(mem.clone()));
+        let mem = &**mem;
+        match self.start(mem, req, segments, &mut buffers) {
             Start::Done(status, len) => self.answer(mem, req, status, len).1,
             Start::Io(planned) => {
-                // SAFETY: the buffers lie in `mem`, which the caller keeps alive, and nothing
-                // else touches the request before its completion is collected here.
-                let result = unsafe {
-                    cryptblk_block::aio::run_one(queue, &planned.request(&iov, false, 0))
-                };
+                let result =
+                    cryptblk_block::aio::run_one(queue, &planned.request(&buffers, false, 0));
                 self.finish(mem, req, segments, &result).1
             }
         }

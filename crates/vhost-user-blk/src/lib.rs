@@ -15,6 +15,8 @@
 //! - `acceptor`: one thread accepting frontends on every disk's socket (`Acceptor`).
 //! - `server`: one disk's socket and its connections (`Server`, `StopHandle`).
 //! - `guest_fd`: which files may be mapped as guest memory (sealed memfds only).
+//! - `guest_ram`: guest memory as the owner of requests' buffers (`GuestRam`), where a
+//!   descriptor's range is checked and becomes an address.
 //! - `guest_log`: the log of guest pages the device wrote (`MemoryLog`), for live migration.
 //! - `fault`: crash points for the restart tests (only with the `fault-injection` feature).
 //!
@@ -36,6 +38,7 @@ pub mod fault;
 pub mod frontend;
 pub mod guest_fd;
 pub mod guest_log;
+pub mod guest_ram;
 pub mod inflight;
 pub mod request;
 mod server;
@@ -55,6 +58,7 @@ pub use backend::{BackendOptions, BlkBackend};
 pub use device::VirtioBlkDevice;
 pub use frontend::{EventListener, FrontendEvent};
 pub use guest_log::MemoryLog;
+pub use guest_ram::GuestRam;
 pub use server::{Server, StopHandle};
 pub use worker::RingDriver;
 

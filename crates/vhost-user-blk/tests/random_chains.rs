@@ -229,7 +229,7 @@ fn random_descriptor_chains_never_write_outside_their_buffers() {
         ) {
             Ok(req) => {
                 ok += 1;
-                disk.execute_one(&mut *io_queue, &mem, &req, &segments)
+                disk.execute_one(&mut *io_queue, &Arc::new(mem.clone()), &req, &segments)
             }
             Err(r) => {
                 rejected += 1;

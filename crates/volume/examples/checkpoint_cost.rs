@@ -10,7 +10,7 @@
 //! cargo run --release -p cryptblk-volume --example checkpoint_cost -- [ROUNDS] [SECONDS]
 //! ```
 
-use cryptblk_block::aio::{open_queue, IoRequest, IoVec, QueueOptions};
+use cryptblk_block::aio::{open_queue, IoBuffers, IoRequest, OwnedBuffer, QueueOptions};
 use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
 use cryptblk_volume::checkpoint::store_dir;
 use cryptblk_volume::{CheckpointStore, DirtyTracker};
@@ -35,8 +35,12 @@ fn cpu_seconds() -> f64 {
 fn measure(device: &Arc<dyn BlockDevice>, seconds: f64, seed: u64) -> (f64, f64) {
     let mut queue = open_queue(device, &QueueOptions { depth: DEPTH }).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut buffers: Vec<Vec<u8>> = (0..DEPTH).map(|k| vec![k as u8 | 1; BLOCK]).collect();
-    let iovs: Vec<[IoVec; 1]> = buffers.iter_mut().map(|b| [IoVec::from_slice(b)]).collect();
+    let iovs: Vec<IoBuffers> = (0..DEPTH)
+        .map(|k| {
+            let data = OwnedBuffer::from_bytes(&[k as u8 | 1; BLOCK]);
+            IoBuffers::whole(Arc::new(data), BLOCK).unwrap()
+        })
+        .collect();
     let mut free: Vec<usize> = (0..DEPTH).collect();
     let (start, cpu) = (Instant::now(), cpu_seconds());
     let bound = Duration::from_secs_f64(seconds);
@@ -44,8 +48,8 @@ fn measure(device: &Arc<dyn BlockDevice>, seconds: f64, seed: u64) -> (f64, f64)
     while start.elapsed() < bound {
         while let Some(slot) = free.pop() {
             let offset = rng.gen_range(0..SIZE / BLOCK as u64) * BLOCK as u64;
-            // SAFETY: each slot's buffer is pushed once at a time and outlives the queue.
-            unsafe { queue.push(&IoRequest::write(offset, &iovs[slot], false, slot as u64)) }
+            queue
+                .push(&IoRequest::write(offset, &iovs[slot], false, slot as u64))
                 .unwrap();
         }
         queue.submit().unwrap();

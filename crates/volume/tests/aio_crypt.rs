@@ -8,7 +8,7 @@
 mod common;
 
 use common::aio::{exercise, run};
-use cryptblk_block::aio::{open_queue, IoOp, IoRequest, IoVec, QueueOptions};
+use cryptblk_block::aio::{open_queue, IoBuffers, IoOp, IoRequest, OwnedBuffer, QueueOptions};
 use cryptblk_block::{AioEngine, BlockDevice, BlockErrorKind, CacheMode, IoSettings};
 use cryptblk_volume::{open_luks_volume, VolumeOptions};
 use std::path::{Path, PathBuf};
@@ -88,9 +88,8 @@ fn write_zeroes_discard_and_refusals() {
     let img = format(dir.path(), 4096, 2 << 20);
     let dev = open(&img, CacheMode::None, AioEngine::IoUring, true);
     let mut queue = open_queue(&dev, &QueueOptions { depth: 8 }).unwrap();
-    let mut data = cryptblk_block::AlignedBuf::zeroed(1 << 20);
-    data.fill(0x5a);
-    let iov = [IoVec::from_slice(&mut data)];
+    let data = OwnedBuffer::from_bytes(&vec![0x5a; 1 << 20]);
+    let iov = IoBuffers::whole(Arc::new(data), 1 << 20).unwrap();
     run(&mut *queue, &IoRequest::write(0, &iov, true, 1)).unwrap();
     // Zeroes on an encrypted volume are encrypted zeros: they read back as zeros.
     run(
@@ -137,20 +136,19 @@ fn a_burst_of_reads_is_handed_out_in_slices() {
     let mut queue = open_queue(&dev, &QueueOptions { depth: 16 }).unwrap();
     const READS: usize = 8;
     const LEN: usize = 64 * 1024;
-    let mut data = cryptblk_block::AlignedBuf::zeroed(READS * LEN);
-    for (i, b) in data.iter_mut().enumerate() {
-        *b = (i / 4096) as u8 ^ 0xa5;
-    }
-    let iov = [IoVec::from_slice(&mut data)];
+    let data: Vec<u8> = (0..READS * LEN).map(|i| (i / 4096) as u8 ^ 0xa5).collect();
+    let iov = IoBuffers::whole(Arc::new(OwnedBuffer::from_bytes(&data)), data.len()).unwrap();
     run(&mut *queue, &IoRequest::write(0, &iov, false, 100)).unwrap();
 
-    let mut bufs: Vec<cryptblk_block::AlignedBuf> = (0..READS)
-        .map(|_| cryptblk_block::AlignedBuf::zeroed(LEN))
+    let mut bufs: Vec<Arc<OwnedBuffer>> = (0..READS)
+        .map(|_| Arc::new(OwnedBuffer::zeroed(LEN)))
         .collect();
-    let iovs: Vec<[IoVec; 1]> = bufs.iter_mut().map(|b| [IoVec::from_slice(b)]).collect();
-    for (i, iov) in iovs.iter().enumerate() {
-        // SAFETY: the buffers outlive the queue's use of them (drained below).
-        unsafe { queue.push(&IoRequest::read((i * LEN) as u64, iov, i as u64)) }.unwrap();
+    for (i, buf) in bufs.iter().enumerate() {
+        let iov = IoBuffers::whole(buf.clone(), LEN).unwrap();
+        // The queue holds the buffer until the read's completion is handed out.
+        queue
+            .push(&IoRequest::read((i * LEN) as u64, &iov, i as u64))
+            .unwrap();
     }
     queue.submit().unwrap();
     // Time for the device to finish all eight (a few milliseconds at most), so that a drain
@@ -180,7 +178,8 @@ fn a_burst_of_reads_is_handed_out_in_slices() {
         per_drain.iter().all(|&n| n <= 2),
         "drains handed out {per_drain:?} reads of 64 KiB: a slice should hold about 64 KiB"
     );
-    for (i, b) in bufs.iter().enumerate() {
+    for (i, b) in bufs.iter_mut().enumerate() {
+        let b = Arc::get_mut(b).unwrap().bytes_mut();
         assert!(
             b[..] == data[i * LEN..(i + 1) * LEN],
             "read {i} decrypted wrongly"

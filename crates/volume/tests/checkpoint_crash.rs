@@ -3,7 +3,7 @@
 //! changed is marked changed in the checkpoint (the write-intent log recorded it before the
 //! write was submitted). The writer is this test binary run again as a child process.
 
-use cryptblk_block::aio::{open_queue, run_one, IoRequest, IoVec, QueueOptions};
+use cryptblk_block::aio::{open_queue, run_one, IoBuffers, IoRequest, OwnedBuffer, QueueOptions};
 use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
 use cryptblk_volume::checkpoint::{store_dir, GRANULARITY};
 use cryptblk_volume::{CheckpointStore, DirtyTracker, IntentLog};
@@ -96,13 +96,11 @@ fn write_until_killed(image: &Path) -> ! {
             s.spawn(move || {
                 let mut q = open_queue(&device, &QueueOptions { depth: 4 }).unwrap();
                 let mut rng = rand::thread_rng();
-                let mut buf = vec![0xa5u8; 4096];
+                let buf = OwnedBuffer::from_bytes(&[0xa5u8; 4096]);
+                let iov = IoBuffers::whole(Arc::new(buf), 4096).unwrap();
                 for tag in 0.. {
                     let offset = rng.gen_range(0..SIZE / 4096) * 4096;
-                    let iov = [IoVec::from_slice(&mut buf)];
-                    // SAFETY: `buf` outlives the call and is not touched meanwhile.
-                    unsafe { run_one(&mut *q, &IoRequest::write(offset, &iov, false, tag)) }
-                        .unwrap();
+                    run_one(&mut *q, &IoRequest::write(offset, &iov, false, tag)).unwrap();
                 }
             });
         }

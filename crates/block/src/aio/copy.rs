@@ -1,16 +1,15 @@
 //! Copies between a contiguous buffer of ours and a request's scatter-gather list, through
-//! raw pointers (the list may be guest memory, which is never a Rust reference).
+//! raw pointers (the list may be guest memory, which is never a Rust reference). The
+//! request's `IoBuffers` vouch for the list's memory, and their invariants (no Rust reference
+//! to it) keep it apart from our buffer.
 
-use super::IoVec;
+use super::{IoBuffers, IoVec};
 
-/// Copies `src` into the list's bytes starting `skip` bytes into the list.
-///
-/// # Safety
-/// The list's buffers are valid for writes of their lengths and do not overlap `src`.
-pub(crate) unsafe fn scatter(src: &[u8], iov: &[IoVec], skip: usize) {
+/// Copies `src` into the buffers' bytes starting `skip` bytes into them.
+pub(crate) fn scatter(src: &[u8], buffers: &IoBuffers, skip: usize) {
     let mut at = 0usize;
     let mut pos = 0usize;
-    for v in iov {
+    for v in buffers.iov() {
         if at == src.len() {
             break;
         }
@@ -18,8 +17,8 @@ pub(crate) unsafe fn scatter(src: &[u8], iov: &[IoVec], skip: usize) {
         if end > skip {
             let from = skip.max(pos) - pos;
             let n = (v.len() - from).min(src.len() - at);
-            // SAFETY: `from + n <= v.len()` and `at + n <= src.len()`; the caller vouches for
-            // the list's memory and that it does not overlap `src`.
+            // SAFETY: `from + n <= v.len()` and `at + n <= src.len()`; `buffers` keep the
+            // list's memory valid, and no reference (such as `src`) reaches into it.
             unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(at), v.base().add(from), n) };
             at += n;
         }
@@ -27,14 +26,11 @@ pub(crate) unsafe fn scatter(src: &[u8], iov: &[IoVec], skip: usize) {
     }
 }
 
-/// Fills `dst` from the list's bytes starting `skip` bytes into the list.
-///
-/// # Safety
-/// The list's buffers are valid for reads of their lengths and do not overlap `dst`.
-pub(crate) unsafe fn gather(iov: &[IoVec], skip: usize, dst: &mut [u8]) {
+/// Fills `dst` from the buffers' bytes starting `skip` bytes into them.
+pub(crate) fn gather(buffers: &IoBuffers, skip: usize, dst: &mut [u8]) {
     let mut at = 0usize;
     let mut pos = 0usize;
-    for v in iov {
+    for v in buffers.iov() {
         if at == dst.len() {
             break;
         }
@@ -66,17 +62,14 @@ pub(crate) fn advance(iov: &[IoVec], skip: usize, out: &mut Vec<IoVec>) {
     }
 }
 
-/// Zeroes the list's bytes after its first `skip` bytes.
-///
-/// # Safety
-/// The list's buffers are valid for writes of their lengths.
-pub(crate) unsafe fn zero_fill(iov: &[IoVec], skip: usize) {
+/// Zeroes the buffers' bytes after their first `skip` bytes.
+pub(crate) fn zero_fill(buffers: &IoBuffers, skip: usize) {
     let mut pos = 0usize;
-    for v in iov {
+    for v in buffers.iov() {
         let end = pos + v.len();
         if end > skip {
             let from = skip.max(pos) - pos;
-            // SAFETY: `from <= v.len()`; the caller vouches for the memory.
+            // SAFETY: `from <= v.len()`; `buffers` keep the memory valid.
             unsafe { std::ptr::write_bytes(v.base().add(from), 0, v.len() - from) };
         }
         pos = end;
@@ -85,31 +78,29 @@ pub(crate) unsafe fn zero_fill(iov: &[IoVec], skip: usize) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::OwnedBuffer;
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn scatter_and_gather_cross_segment_boundaries() {
-        let mut a = [0u8; 3];
-        let mut b = [0u8; 5];
-        let mut c = [0u8; 4];
-        let iov = [
-            IoVec::from_slice(&mut a),
-            IoVec::from_slice(&mut b),
-            IoVec::from_slice(&mut c),
-        ];
+        let mut memory = Arc::new(OwnedBuffer::zeroed(12));
+        let mut buffers = IoBuffers::new();
+        buffers.set_owner(memory.clone());
+        for (addr, len) in [(0, 3), (3, 5), (8, 4)] {
+            buffers.add(addr, len).unwrap();
+        }
         let src: Vec<u8> = (1..=9).collect();
-        // SAFETY: the arrays outlive the calls and are not otherwise used meanwhile.
-        unsafe { scatter(&src, &iov, 2) };
-        assert_eq!((a, b, c), ([0, 0, 1], [2, 3, 4, 5, 6], [7, 8, 9, 0]));
+        scatter(&src, &buffers, 2);
         let mut out = [0u8; 6];
-        // SAFETY: as above.
-        unsafe { gather(&iov, 4, &mut out) };
+        gather(&buffers, 4, &mut out);
         assert_eq!(out, [3, 4, 5, 6, 7, 8]);
         let mut rest = Vec::new();
-        advance(&iov, 4, &mut rest);
+        advance(buffers.iov(), 4, &mut rest);
         assert_eq!(rest.iter().map(IoVec::len).collect::<Vec<_>>(), [4, 4]);
-        // SAFETY: as above.
-        unsafe { zero_fill(&iov, 6) };
-        assert_eq!((a, b, c), ([0, 0, 1], [2, 3, 4, 0, 0], [0, 0, 0, 0]));
+        zero_fill(&buffers, 6);
+        buffers.clear();
+        let bytes = Arc::get_mut(&mut memory).unwrap().bytes_mut();
+        assert_eq!(bytes, [0, 0, 1, 2, 3, 4, 0, 0, 0, 0, 0, 0]);
     }
 }

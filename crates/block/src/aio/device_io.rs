@@ -25,7 +25,7 @@ struct DeviceIo {
 }
 
 impl BlockingIo for DeviceIo {
-    unsafe fn run(&self, req: &SlotRequest, scratch: &mut Scratch) -> Result<(), BlockError> {
+    fn run(&self, req: &SlotRequest, scratch: &mut Scratch) -> Result<(), BlockError> {
         let device = &*self.device;
         match req.op {
             IoOp::Read | IoOp::Write => {
@@ -37,12 +37,9 @@ impl BlockingIo for DeviceIo {
                     let buf = scratch.take(n);
                     if req.op == IoOp::Read {
                         device.read_at(buf, offset)?;
-                        // SAFETY: the request's buffers are valid for writes (push contract)
-                        // and `done + n` is within their total length.
-                        unsafe { super::copy::scatter(buf, &req.iov, done) };
+                        super::copy::scatter(buf, &req.buffers, done);
                     } else {
-                        // SAFETY: the request's buffers are valid for reads (push contract).
-                        unsafe { super::copy::gather(&req.iov, done, buf) };
+                        super::copy::gather(&req.buffers, done, buf);
                         device.write_at(buf, offset)?;
                     }
                     done += n;

@@ -6,12 +6,12 @@
 //! engine keeps nothing but what a transfer needs while it runs (its iovec list, a bounce
 //! buffer for misaligned direct I/O, how far a short transfer got).
 
-use super::{IoOp, IoRequest, IoVec, Offload};
+use super::{IoBuffers, IoOp, IoRequest, Offload};
 use crate::BlockError;
 use std::sync::Arc;
 
-/// A request as a slot holds it: the caller's request with its buffer list copied, so that it
-/// outlives the caller's borrow. Stages read the caller's copy and rewrite the copy that goes on
+/// A request as a slot holds it: the caller's request with its buffers copied (the memory's
+/// owner and the list), so that it outlives the caller's borrow and keeps the memory alive. Stages read the caller's copy and rewrite the copy that goes on
 /// to the engine (offsets, buffers).
 #[derive(Debug, Clone)]
 pub struct SlotRequest {
@@ -19,7 +19,7 @@ pub struct SlotRequest {
     pub offset: u64,
     pub len: u64,
     /// The buffers of a `Read` or `Write`; empty otherwise.
-    pub iov: Vec<IoVec>,
+    pub buffers: IoBuffers,
     pub fua: bool,
 }
 
@@ -29,7 +29,7 @@ impl Default for SlotRequest {
             op: IoOp::Flush,
             offset: 0,
             len: 0,
-            iov: Vec::new(),
+            buffers: IoBuffers::new(),
             fua: false,
         }
     }
@@ -42,8 +42,7 @@ impl SlotRequest {
         self.offset = req.offset;
         self.len = req.len;
         self.fua = req.fua;
-        self.iov.clear();
-        self.iov.extend_from_slice(req.iov);
+        self.buffers.copy_from(req.buffers);
     }
 
     /// Becomes a copy of `other` (reusing this one's list).
@@ -52,15 +51,24 @@ impl SlotRequest {
         self.offset = other.offset;
         self.len = other.len;
         self.fua = other.fua;
-        self.iov.clear();
-        self.iov.extend_from_slice(&other.iov);
+        self.buffers.copy_from(&other.buffers);
     }
 
     /// Makes the buffers one segment of `len` bytes at `base` (a stage's bounce buffer).
-    pub fn set_buffer(&mut self, base: *mut u8, len: usize) {
-        self.iov.clear();
-        self.iov.push(IoVec::from_raw(base, len));
+    ///
+    /// # Safety
+    /// As [`IoBuffers::add_raw`]: the memory stays valid, and unreferenced, until the stage
+    /// that set it sees the request complete (or abandoned).
+    pub unsafe fn set_buffer(&mut self, base: *mut u8, len: usize) {
+        self.buffers.clear();
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.buffers.add_raw(base, len) };
         self.len = len as u64;
+    }
+
+    /// Lets go of the buffers (and their memory), keeping the list's storage.
+    pub fn release_buffers(&mut self) {
+        self.buffers.clear();
     }
 }
 
@@ -95,12 +103,9 @@ pub trait Engine: Send {
     /// Starts `req` for slot `slot` (below the pipeline's capacity, not in use by another
     /// request); nothing need reach the device before `submit`. Returns the result at once
     /// where the engine finishes the request without the device (a no-op), else `None`, and
-    /// the slot is reported by a later `reap`.
-    ///
-    /// # Safety
-    /// The memory `req.iov` describes is valid as promised to `IoQueue::push` until `reap`
-    /// reported the slot (or the engine is dropped, which waits for the device to let go).
-    unsafe fn start(&mut self, slot: usize, req: &SlotRequest) -> Option<Result<(), BlockError>>;
+    /// the slot is reported by a later `reap`. The engine keeps a copy of `req.buffers` until
+    /// it reports the slot (or is dropped, which waits for the device to let go).
+    fn start(&mut self, slot: usize, req: &SlotRequest) -> Option<Result<(), BlockError>>;
 
     /// Sends every request started since the last call.
     fn submit(&mut self) -> Result<(), BlockError>;

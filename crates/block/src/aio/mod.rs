@@ -2,9 +2,10 @@
 //! device in flight without a thread per request.
 //!
 //! A frontend thread (a vhost-user queue thread, an NBD connection, the convert pipeline)
-//! opens an [`IoQueue`] on its device with [`open_queue`], pushes requests whose buffers are a
-//! scatter-gather list ([`IoVec`]: guest memory or owned buffers, never a Rust reference to
-//! guest memory), sends them with one [`IoQueue::submit`] per batch, and collects completions
+//! opens an [`IoQueue`] on its device with [`open_queue`], pushes requests whose buffers are
+//! [`IoBuffers`] (guest memory or owned buffers as a scatter-gather list of [`IoVec`]s checked
+//! against the memory's owner, which the value keeps alive; never a Rust reference to guest
+//! memory), sends them with one [`IoQueue::submit`] per batch, and collects completions
 //! with [`IoQueue::drain`] when the queue's eventfd ([`IoQueue::notifier`]) becomes readable,
 //! from the event loop it already waits in. Nobody polls: a thread with nothing to do sleeps.
 //!
@@ -19,6 +20,7 @@
 pub(crate) mod copy;
 mod device_io;
 mod engine;
+mod io_buffers;
 mod notifier;
 mod offload;
 mod pipeline;
@@ -28,6 +30,7 @@ pub(crate) mod threaded;
 
 pub(crate) use engine::Scratch;
 pub use engine::{Engine, SlotRequest};
+pub use io_buffers::{BufferError, IoBuffers, MemoryOwner, OwnedBuffer};
 pub use notifier::Notifier;
 pub use offload::Offload;
 pub use pipeline::{Pipeline, DATA_BUDGET};
@@ -41,15 +44,14 @@ use std::sync::Arc;
 /// One piece of a request's buffer: `len` bytes at `base`, laid out as the kernel's `iovec` so
 /// that a list of them goes to `preadv`/io_uring as it is.
 ///
-/// Making one is safe; handing it to [`IoQueue::push`] is where the caller vouches for the
-/// memory.
+/// Making one is safe: it grants nothing. Requests carry them inside [`IoBuffers`], which is
+/// where the memory is vouched for.
 #[derive(Clone, Copy)]
 #[repr(transparent)]
 pub struct IoVec(libc::iovec);
 
-// SAFETY: an IoVec is an address and a length; it grants nothing by itself. Whoever pushes it
-// into a queue promises (in `IoQueue::push`'s contract) that the memory stays valid until the
-// request completes, whichever thread completes it.
+// SAFETY: an IoVec is an address and a length; it grants nothing by itself. The `IoBuffers`
+// holding it keeps the memory valid, whichever thread uses it.
 unsafe impl Send for IoVec {}
 // SAFETY: as for Send: shared references only read the address and length.
 unsafe impl Sync for IoVec {}
@@ -137,7 +139,7 @@ pub struct IoRequest<'a> {
     /// Bytes to discard or zero; for `Read`/`Write` the buffers' total length.
     pub len: u64,
     /// The buffers of a `Read` or `Write`; empty otherwise.
-    pub iov: &'a [IoVec],
+    pub buffers: &'a IoBuffers,
     /// `Write`: complete only once the data is durable (NBD's FUA, a guest without a write
     /// cache).
     pub fua: bool,
@@ -146,23 +148,23 @@ pub struct IoRequest<'a> {
 }
 
 impl<'a> IoRequest<'a> {
-    pub fn read(offset: u64, iov: &'a [IoVec], tag: u64) -> Self {
+    pub fn read(offset: u64, buffers: &'a IoBuffers, tag: u64) -> Self {
         IoRequest {
             op: IoOp::Read,
             offset,
-            len: iov_len(iov),
-            iov,
+            len: buffers.len(),
+            buffers,
             fua: false,
             tag,
         }
     }
 
-    pub fn write(offset: u64, iov: &'a [IoVec], fua: bool, tag: u64) -> Self {
+    pub fn write(offset: u64, buffers: &'a IoBuffers, fua: bool, tag: u64) -> Self {
         IoRequest {
             op: IoOp::Write,
             offset,
-            len: iov_len(iov),
-            iov,
+            len: buffers.len(),
+            buffers,
             fua,
             tag,
         }
@@ -173,7 +175,7 @@ impl<'a> IoRequest<'a> {
             op: IoOp::Flush,
             offset: 0,
             len: 0,
-            iov: &[],
+            buffers: &io_buffers::NO_BUFFERS,
             fua: false,
             tag,
         }
@@ -185,7 +187,7 @@ impl<'a> IoRequest<'a> {
             op,
             offset,
             len,
-            iov: &[],
+            buffers: &io_buffers::NO_BUFFERS,
             fua: false,
             tag,
         }
@@ -233,15 +235,10 @@ pub trait IoQueue: Send {
 
     /// Queues a request; nothing reaches the device before `submit`. A request the device
     /// refuses (out of range, read-only, unsupported) is accepted and completes with the
-    /// error.
-    ///
-    /// # Safety
-    /// Every buffer in `req.iov` must stay valid (mapped, not freed or reused) for reads —
-    /// and, for `Read`, for writes — until the request's completion has been handed out by
-    /// `drain` (or the queue is dropped, which waits for the kernel to let go of them). No
-    /// Rust reference to the buffers may be used meanwhile. Other parties (a guest) may write
-    /// them concurrently: that only changes the data transferred.
-    unsafe fn push(&mut self, req: &IoRequest<'_>) -> Result<(), QueueFull>;
+    /// error. The queue keeps a copy of `req.buffers` (and so their memory) until the
+    /// request's completion has been handed out by `drain` (or the queue is dropped, which
+    /// waits for the kernel to let go of them).
+    fn push(&mut self, req: &IoRequest<'_>) -> Result<(), QueueFull>;
 
     /// Sends every request pushed since the last call to the device (one system call for the
     /// batch where the engine allows).
@@ -279,12 +276,9 @@ pub fn open_pipeline(
 
 /// Runs one request to its end on a queue of its own: for callers (tests, one-off tools) that
 /// want the asynchronous path with synchronous ergonomics.
-///
-/// # Safety
-/// As `IoQueue::push`, until this returns.
-pub unsafe fn run_one(queue: &mut dyn IoQueue, req: &IoRequest<'_>) -> Result<(), BlockError> {
-    // SAFETY: forwarded; this function waits for the completion before returning.
-    unsafe { queue.push(req) }
+pub fn run_one(queue: &mut dyn IoQueue, req: &IoRequest<'_>) -> Result<(), BlockError> {
+    queue
+        .push(req)
         .map_err(|e| BlockError::new(crate::BlockErrorKind::Io, e.to_string()))?;
     queue.submit()?;
     let mut result = None;
@@ -299,4 +293,28 @@ pub unsafe fn run_one(queue: &mut dyn IoQueue, req: &IoRequest<'_>) -> Result<()
         }
     }
     result.unwrap_or(Ok(()))
+}
+
+/// Reads `buf.len()` bytes at `offset` through `queue` (one request under tag `u64::MAX`, via a
+/// buffer of its own): for tests and one-off tools.
+pub fn read_at(queue: &mut dyn IoQueue, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
+    let mut owned = Arc::new(OwnedBuffer::zeroed(buf.len()));
+    let mut buffers = IoBuffers::whole(owned.clone(), buf.len()).map_err(buffer_error)?;
+    let result = run_one(queue, &IoRequest::read(offset, &buffers, u64::MAX));
+    buffers.clear();
+    if let Some(owned) = Arc::get_mut(&mut owned) {
+        buf.copy_from_slice(&owned.bytes_mut()[..buf.len()]);
+    }
+    result
+}
+
+/// Writes `data` at `offset` through `queue`, as [`read_at`].
+pub fn write_at(queue: &mut dyn IoQueue, offset: u64, data: &[u8]) -> Result<(), BlockError> {
+    let owned = Arc::new(OwnedBuffer::from_bytes(data));
+    let buffers = IoBuffers::whole(owned, data.len()).map_err(buffer_error)?;
+    run_one(queue, &IoRequest::write(offset, &buffers, false, u64::MAX))
+}
+
+fn buffer_error(e: BufferError) -> BlockError {
+    BlockError::new(crate::BlockErrorKind::Io, e.to_string())
 }

@@ -7,27 +7,20 @@
 //! whose transfers complete in the kernel (io_uring) it keeps doing the work itself, in
 //! batches over the crypto pool.
 
-use super::IoVec;
+use super::IoBuffers;
 use crate::BlockError;
 
 /// Per-request data work, in the backend's offsets.
 pub trait Offload: Send + Sync {
-    /// Runs after a read of `iov` at `offset` succeeded: transforms the data in place.
-    ///
-    /// # Safety
-    /// `iov`'s buffers are valid for reads and writes for the call.
-    unsafe fn after_read(&self, offset: u64, iov: &[IoVec]) -> Result<(), BlockError>;
+    /// Runs after a read into `buffers` at `offset` succeeded: transforms the data in place.
+    fn after_read(&self, offset: u64, buffers: &IoBuffers) -> Result<(), BlockError>;
 
-    /// Runs before a write of `iov` at `offset`: puts the bytes to write in `out` (as many as
-    /// `iov` holds). The request's own buffers are not changed.
-    ///
-    /// # Safety
-    /// `iov`'s buffers are valid for reads; `out` is valid for writes of their total length
-    /// and overlaps none of them.
-    unsafe fn before_write(
+    /// Runs before a write of `buffers` at `offset`: puts the bytes to write in `out` (as many
+    /// as `buffers` holds). The request's own buffers are not changed.
+    fn before_write(
         &self,
         offset: u64,
-        iov: &[IoVec],
-        out: *mut u8,
+        buffers: &IoBuffers,
+        out: &mut [u8],
     ) -> Result<(), BlockError>;
 }

@@ -164,16 +164,20 @@ impl Pipeline {
     }
 
     /// Passes a request through the stages to an engine; `Some` when it finished on the way.
-    ///
-    /// # Safety
-    /// The slot's buffers are valid as promised to `IoQueue::push`.
-    unsafe fn admit(&mut self, index: usize) -> Option<Result<(), BlockError>> {
+    fn admit(&mut self, index: usize) -> Option<Result<(), BlockError>> {
+        let done = self.pass_on(index);
+        // The engine holds its own copy: the memory goes with the request, not with the
+        // pipeline's reused transfer.
+        self.transfer.release_buffers();
+        done
+    }
+
+    fn pass_on(&mut self, index: usize) -> Option<Result<(), BlockError>> {
         let slot = &mut self.slots[index];
         let transfer = &mut self.transfer;
         transfer.copy_from(&slot.req);
         for (k, stage) in self.stages.iter_mut().enumerate() {
-            // SAFETY: forwarded from this function's contract.
-            match unsafe { stage.admit(index, &slot.req, transfer) } {
+            match stage.admit(index, &slot.req, transfer) {
                 Admit::Pass => {}
                 Admit::Finish(result) => {
                     slot.admitted = k;
@@ -187,9 +191,7 @@ impl Pipeline {
                             slot.req.op.name()
                         ))));
                     };
-                    // SAFETY: the buffers are the caller's (or a stage's, kept until the
-                    // stage sees the request complete), valid until reported.
-                    let done = unsafe { sync.start(index, transfer) };
+                    let done = sync.start(index, transfer);
                     if done.is_none() {
                         self.sync_busy += 1;
                     }
@@ -198,8 +200,7 @@ impl Pipeline {
             }
         }
         slot.admitted = self.stages.len();
-        // SAFETY: as above.
-        unsafe { self.engine.start(index, transfer) }
+        self.engine.start(index, transfer)
     }
 
     /// Whether a request of `bytes` fits the data budget now (always, with nothing running).
@@ -229,14 +230,10 @@ impl Pipeline {
 
     /// Charges the request to the budget and passes it on; one finished on the way waits in
     /// the finished list.
-    ///
-    /// # Safety
-    /// As `admit`.
-    unsafe fn start(&mut self, index: usize, bytes: u64) {
+    fn start(&mut self, index: usize, bytes: u64) {
         self.slots[index].charged = bytes;
         self.data_in_flight += bytes;
-        // SAFETY: forwarded.
-        if let Some(result) = unsafe { self.admit(index) } {
+        if let Some(result) = self.admit(index) {
             self.finished.push_back((index, result));
             self.notifier.notify();
         }
@@ -255,9 +252,7 @@ impl Pipeline {
                 break;
             }
             self.waiting.pop_front();
-            // SAFETY: a waiting request's buffers stay valid until its completion is handed
-            // out (`push`'s contract), which has not happened.
-            unsafe { self.start(index, bytes) };
+            self.start(index, bytes);
             started = true;
         }
         if started {
@@ -298,7 +293,7 @@ impl IoQueue for Pipeline {
         self.in_flight
     }
 
-    unsafe fn push(&mut self, req: &IoRequest<'_>) -> Result<(), QueueFull> {
+    fn push(&mut self, req: &IoRequest<'_>) -> Result<(), QueueFull> {
         let Some(index) = self.free.pop() else {
             return Err(QueueFull(self.in_flight));
         };
@@ -320,8 +315,7 @@ impl IoQueue for Pipeline {
             self.waiting.push_back(index);
             return Ok(());
         }
-        // SAFETY: forwarded from this function's contract.
-        unsafe { self.start(index, bytes) };
+        self.start(index, bytes);
         Ok(())
     }
 
@@ -343,12 +337,12 @@ impl IoQueue for Pipeline {
             };
             let slot = &mut self.slots[index];
             for stage in self.stages[..slot.admitted].iter_mut().rev() {
-                // SAFETY: the request's completion is not handed out yet (below), so its
-                // buffers are still valid (`push`'s contract).
-                work += unsafe { stage.complete(index, &slot.req, &mut result) };
+                work += stage.complete(index, &slot.req, &mut result);
             }
             slot.busy = false;
-            slot.req.iov.clear();
+            // The memory goes back to its owner with the completion (a memory table swapped
+            // meanwhile is unmapped now, not when the slot is reused).
+            slot.req.release_buffers();
             self.data_in_flight -= std::mem::take(&mut slot.charged);
             let reserved = std::mem::take(&mut slot.reserved);
             if let Some(share) = self.budget.as_mut().filter(|_| reserved > 0) {
@@ -416,7 +410,7 @@ fn data_bytes(op: IoOp, len: u64) -> u64 {
 struct Stopped;
 
 impl Engine for Stopped {
-    unsafe fn start(&mut self, _: usize, _: &SlotRequest) -> Option<Result<(), BlockError>> {
+    fn start(&mut self, _: usize, _: &SlotRequest) -> Option<Result<(), BlockError>> {
         Some(Err(BlockError::new(
             crate::BlockErrorKind::Io,
             "the queue is closed",

@@ -25,24 +25,15 @@ pub enum Admit {
 pub trait Stage: Send {
     /// Sees a request on its way down: `caller` is the request as pushed, `transfer` the
     /// request as the stages in front of this one left it (in this stage's offsets), which it
-    /// may rewrite for the stages behind it.
-    ///
-    /// # Safety
-    /// The buffers of both are valid as promised to `IoQueue::push`.
-    unsafe fn admit(
-        &mut self,
-        slot: usize,
-        caller: &SlotRequest,
-        transfer: &mut SlotRequest,
-    ) -> Admit;
+    /// may rewrite for the stages behind it. The buffers of both stay valid until the stage
+    /// sees the request complete (the pipeline holds them).
+    fn admit(&mut self, slot: usize, caller: &SlotRequest, transfer: &mut SlotRequest) -> Admit;
 
     /// Sees a request this stage passed on, once it finished (before the caller hears of it);
     /// may change its result. Returns the bytes of data work it did (the drain's budget). The
-    /// default does nothing.
-    ///
-    /// # Safety
-    /// The caller's buffers are valid as promised to `IoQueue::push`.
-    unsafe fn complete(
+    /// default does nothing. The caller's buffers are still valid (the completion is not
+    /// handed out yet).
+    fn complete(
         &mut self,
         slot: usize,
         caller: &SlotRequest,

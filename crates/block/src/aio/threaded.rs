@@ -10,7 +10,7 @@
 //! submitter returns to its event loop at once.
 
 use super::thread_pool::{self, Job};
-use super::{Engine, IoOp, IoVec, Notifier, Offload, Scratch, SlotRequest};
+use super::{Engine, IoBuffers, IoOp, Notifier, Offload, Scratch, SlotRequest};
 use crate::{BlockError, BlockErrorKind};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,9 +29,8 @@ const UNMEASURED_NS: u64 = u64::MAX / 1024;
 
 /// The blocking half of an engine: runs one request to its end on a pool thread.
 pub(crate) trait BlockingIo: Send + Sync + 'static {
-    /// # Safety
-    /// `iov` is valid as promised to `IoQueue::push` for the request.
-    unsafe fn run(&self, req: &SlotRequest, scratch: &mut Scratch) -> Result<(), BlockError>;
+    /// `req.buffers` keep their memory valid for the call.
+    fn run(&self, req: &SlotRequest, scratch: &mut Scratch) -> Result<(), BlockError>;
 }
 
 // Jobs stay boxed on these lists so that recycling them allocates nothing.
@@ -71,54 +70,44 @@ impl<E: BlockingIo> PoolShared<E> {
     }
 
     /// Runs a job's request, with the offloaded data work around it.
-    ///
-    /// # Safety
-    /// The job's buffers are valid as promised to `IoQueue::push`.
-    unsafe fn execute(&self, job: &mut ThreadJob) -> Result<(), BlockError> {
+    fn execute(&self, job: &mut ThreadJob) -> Result<(), BlockError> {
         let ThreadJob {
             req,
             scratch,
             transformed,
-            transformed_iov,
+            transformed_buffers,
             ..
         } = job;
         match (self.offload.get(), req.op) {
             (Some(work), IoOp::Read) => {
-                // SAFETY: forwarded; then the read's buffers, valid for reads and writes.
-                unsafe {
-                    self.io.run(req, scratch)?;
-                    work.after_read(req.offset, &req.iov)
-                }
+                self.io.run(req, scratch)?;
+                work.after_read(req.offset, &req.buffers)
             }
             (Some(work), IoOp::Write) => {
                 // The transformed data goes through the job's own buffer, which is what is
                 // written; the request's buffers are only read.
                 let len = req.len as usize;
-                let out = transformed.take(len).as_mut_ptr();
-                // SAFETY: the request's buffers are readable (push contract); `out` is the
-                // job's own buffer of `len` bytes.
-                unsafe { work.before_write(req.offset, &req.iov, out) }?;
-                transformed_iov.clear();
-                transformed_iov.push(IoVec::from_raw(out, len));
-                std::mem::swap(&mut req.iov, transformed_iov);
-                // SAFETY: the list now names the job's own buffer, alive for the call.
-                let result = unsafe { self.io.run(req, scratch) };
-                std::mem::swap(&mut req.iov, transformed_iov);
+                let out = transformed.take(len);
+                work.before_write(req.offset, &req.buffers, out)?;
+                transformed_buffers.clear();
+                // SAFETY: the job's own buffer, which it keeps (and nothing references) until
+                // the swap back below, after the transfer returned.
+                unsafe { transformed_buffers.add_raw(out.as_mut_ptr(), len) };
+                std::mem::swap(&mut req.buffers, transformed_buffers);
+                let result = self.io.run(req, scratch);
+                std::mem::swap(&mut req.buffers, transformed_buffers);
+                transformed_buffers.clear();
                 result
             }
-            // SAFETY: forwarded.
-            _ => unsafe { self.io.run(req, scratch) },
+            _ => self.io.run(req, scratch),
         }
     }
 
     fn run(&self, mut job: Box<ThreadJob>) {
         let began = Instant::now();
         let job_ref = &mut *job;
-        // SAFETY: the job was pushed under `IoQueue::push`'s contract, which keeps the buffers
-        // valid until its completion is handed out, and that happens only after this returns.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-            self.execute(job_ref)
-        }));
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.execute(job_ref)));
         job.result = result.unwrap_or_else(|_| {
             Err(BlockError::new(BlockErrorKind::Io, "I/O engine panicked")
                 .with_op(job.req.op.name()))
@@ -164,7 +153,7 @@ struct ThreadJob {
     scratch: Scratch,
     /// A write's data after the offloaded work, and the one-entry list naming it.
     transformed: Scratch,
-    transformed_iov: Vec<IoVec>,
+    transformed_buffers: IoBuffers,
 }
 
 /// How many pool threads to wake for a batch of `n` requests of `avg_ns` each, given that the
@@ -225,7 +214,7 @@ impl<E: BlockingIo> ThreadedEngine<E> {
 }
 
 impl<E: BlockingIo> Engine for ThreadedEngine<E> {
-    unsafe fn start(&mut self, slot: usize, req: &SlotRequest) -> Option<Result<(), BlockError>> {
+    fn start(&mut self, slot: usize, req: &SlotRequest) -> Option<Result<(), BlockError>> {
         let mut job = self.idle[slot].take().unwrap_or_else(|| {
             Box::new(ThreadJob {
                 req: SlotRequest::default(),
@@ -233,7 +222,7 @@ impl<E: BlockingIo> Engine for ThreadedEngine<E> {
                 result: Ok(()),
                 scratch: Scratch::default(),
                 transformed: Scratch::default(),
-                transformed_iov: Vec::with_capacity(1),
+                transformed_buffers: IoBuffers::with_capacity(1),
             })
         });
         job.req.copy_from(req);
@@ -269,7 +258,7 @@ impl<E: BlockingIo> Engine for ThreadedEngine<E> {
         for mut job in self.finished.drain(..) {
             let result = std::mem::replace(&mut job.result, Ok(()));
             let slot = job.slot;
-            job.req.iov.clear();
+            job.req.release_buffers();
             self.idle[slot] = Some(job);
             out(slot, result);
         }

@@ -25,11 +25,11 @@ struct RawIo {
 }
 
 impl BlockingIo for RawIo {
-    unsafe fn run(&self, req: &SlotRequest, scratch: &mut Scratch) -> Result<(), BlockError> {
+    fn run(&self, req: &SlotRequest, scratch: &mut Scratch) -> Result<(), BlockError> {
         let f = &*self.files;
         match req.op {
             IoOp::Read | IoOp::Write => {
-                let route = f.route_iov(&req.iov, req.offset);
+                let route = f.route_iov(req.buffers.iov(), req.offset);
                 let fd = f.fd_for(route);
                 let flags = if req.op == IoOp::Write && req.fua {
                     libc::RWF_DSYNC
@@ -40,21 +40,26 @@ impl BlockingIo for RawIo {
                     let buf = scratch.take(req.len as usize);
                     let one = [IoVec::from_slice(buf)];
                     if req.op == IoOp::Write {
-                        // SAFETY: the request's buffers are readable (push contract).
-                        unsafe { copy::gather(&req.iov, 0, buf) };
+                        copy::gather(&req.buffers, 0, buf);
                     }
                     // SAFETY: `one` is our own bounce buffer.
                     let r = unsafe { transfer(fd, req.op, &one, req.offset, flags) };
-                    if r.is_ok() && req.op == IoOp::Read {
-                        // SAFETY: the request's buffers are writable (push contract).
-                        unsafe { copy::scatter(buf, &req.iov, 0) };
+                    if let (Ok(n), IoOp::Read) = (&r, req.op) {
+                        buf[*n..].fill(0);
+                        copy::scatter(buf, &req.buffers, 0);
                     }
                     r
                 } else {
-                    // SAFETY: the request's buffers are valid as `push` was promised.
-                    unsafe { transfer(fd, req.op, &req.iov, req.offset, flags) }
+                    // SAFETY: the request's `IoBuffers` keep its memory valid for the call.
+                    let r = unsafe { transfer(fd, req.op, req.buffers.iov(), req.offset, flags) };
+                    if let (Ok(n), IoOp::Read) = (&r, req.op) {
+                        copy::zero_fill(&req.buffers, *n);
+                    }
+                    r
                 };
-                result.map_err(|e| f.err(req.op.name(), e, req.offset))
+                result
+                    .map(drop)
+                    .map_err(|e| f.err(req.op.name(), e, req.offset))
             }
             IoOp::Flush => f.flush(),
             IoOp::Discard => f.punch_hole(req.offset, req.len),
@@ -64,8 +69,9 @@ impl BlockingIo for RawIo {
 }
 
 /// Reads or writes the whole list at `offset` with `preadv2`/`pwritev2`, continuing after
-/// short transfers. A read past the end of the file fills the rest with zeros (the file
-/// shrank under us), as `RawFile::read_at` does.
+/// short transfers. Returns the bytes transferred: short only for a read that reached the end
+/// of the file (it shrank under us), whose rest the caller fills with zeros, as
+/// `RawFile::read_at` does.
 ///
 /// # Safety
 /// The list's buffers are valid for the transfer's direction.
@@ -75,7 +81,7 @@ unsafe fn transfer(
     iov: &[IoVec],
     offset: u64,
     flags: libc::c_int,
-) -> std::io::Result<()> {
+) -> std::io::Result<usize> {
     let total = crate::aio::iov_len(iov) as usize;
     let mut done = 0usize;
     let mut rest = Vec::new();
@@ -109,13 +115,11 @@ unsafe fn transfer(
         }
         if n == 0 {
             if op == IoOp::Read {
-                // SAFETY: as promised for the read buffers.
-                unsafe { copy::zero_fill(iov, done) };
-                return Ok(());
+                return Ok(done);
             }
             return Err(std::io::Error::from(std::io::ErrorKind::WriteZero));
         }
         done += n as usize;
     }
-    Ok(())
+    Ok(done)
 }

@@ -9,7 +9,7 @@
 
 use super::direct::Route;
 use super::Files;
-use crate::aio::{copy, Engine, IoOp, IoVec, Notifier, Scratch, SlotRequest};
+use crate::aio::{copy, Engine, IoBuffers, IoOp, IoVec, Notifier, Scratch, SlotRequest};
 use crate::{AlignedBuf, BlockError};
 use io_uring::{opcode, squeue, types, IoUring};
 use std::os::fd::{AsRawFd, RawFd};
@@ -35,8 +35,8 @@ struct UringTransfer {
     len: u64,
     fua: bool,
     file: u32,
-    /// The request's buffers (reads, writes).
-    iov: Vec<IoVec>,
+    /// The request's buffers (reads, writes), holding their memory until the slot is released.
+    buffers: IoBuffers,
     /// What the current submission transfers: `iov` after `done` bytes, or the bounce.
     work: Vec<IoVec>,
     /// Bytes transferred so far.
@@ -120,7 +120,7 @@ impl UringEngine {
                         .push(IoVec::from_raw(b.base().wrapping_add(skip), b.len() - skip));
                     &slot.work[1..]
                 } else {
-                    copy::advance(&slot.iov, slot.done as usize, &mut slot.work);
+                    copy::advance(slot.buffers.iov(), slot.done as usize, &mut slot.work);
                     &slot.work[..]
                 };
                 let count = list.len() as u32;
@@ -159,8 +159,8 @@ impl UringEngine {
         };
         let entry: squeue::Entry = entry.user_data(index as u64);
         // SAFETY: the SQE points at the slot's iovec list (kept until its completion is
-        // reaped), at the request's buffers (valid until then, as `Engine::start` was
-        // promised), or at the static zero chunk. The
+        // reaped), at the request's buffers (the slot's `IoBuffers` keep them valid until
+        // then), or at the static zero chunk. The
         // ring has room: requests in flight never exceed its size, and each has one SQE at a
         // time.
         let pushed = unsafe { self.ring.submission().push(&entry) };
@@ -217,9 +217,7 @@ impl UringEngine {
                         if slot.bounced {
                             slot.bounce.take(slot.len as usize)[slot.done as usize..].fill(0);
                         } else {
-                            // SAFETY: the request's buffers are writable until its completion
-                            // is reported (`Engine::start`'s contract).
-                            unsafe { copy::zero_fill(&slot.iov, slot.done as usize) };
+                            copy::zero_fill(&slot.buffers, slot.done as usize);
                         }
                         slot.done = slot.len;
                         Some(Ok(()))
@@ -257,9 +255,7 @@ impl UringEngine {
                 None
             }
             Some(Ok(())) if op == IoOp::Read && slot.bounced => {
-                // SAFETY: the request's buffers are writable until its completion is reported
-                // (`Engine::start`'s contract); the bounce is ours.
-                unsafe { copy::scatter(slot.bounce.take(slot.len as usize), &slot.iov, 0) };
+                copy::scatter(slot.bounce.take(slot.len as usize), &slot.buffers, 0);
                 Some(Ok(()))
             }
             done => done,
@@ -269,14 +265,14 @@ impl UringEngine {
     fn release(&mut self, index: usize) {
         let slot = &mut self.transfers[index];
         slot.op = None;
-        slot.iov.clear();
+        slot.buffers.clear();
         slot.work.clear();
         slot.bounce.release();
     }
 }
 
 impl Engine for UringEngine {
-    unsafe fn start(&mut self, index: usize, req: &SlotRequest) -> Option<Result<(), BlockError>> {
+    fn start(&mut self, index: usize, req: &SlotRequest) -> Option<Result<(), BlockError>> {
         let f = &*self.files;
         let no_op = match req.op {
             IoOp::Flush => !f.writable || f.cache.ignore_flush(),
@@ -286,7 +282,7 @@ impl Engine for UringEngine {
             return Some(Ok(()));
         }
         let route = match req.op {
-            IoOp::Read | IoOp::Write => f.route_iov(&req.iov, req.offset),
+            IoOp::Read | IoOp::Write => f.route_iov(req.buffers.iov(), req.offset),
             _ => Route::Buffered,
         };
         let has_direct = f.direct.is_some();
@@ -302,14 +298,12 @@ impl Engine for UringEngine {
             Route::Direct | Route::Bounce if has_direct => DIRECT,
             _ => BUFFERED,
         };
-        slot.iov.clear();
-        slot.iov.extend_from_slice(&req.iov);
+        slot.buffers.copy_from(&req.buffers);
         slot.work.clear();
         if slot.bounced {
             let bounce = slot.bounce.take(req.len as usize);
             if req.op == IoOp::Write {
-                // SAFETY: the request's buffers are readable (this function's contract).
-                unsafe { copy::gather(&req.iov, 0, bounce) };
+                copy::gather(&req.buffers, 0, bounce);
             }
             slot.work.push(IoVec::from_slice(bounce));
         }

@@ -1,9 +1,10 @@
 //! A model-checking driver for `IoQueue`s: batches of concurrent, non-overlapping reads and
 //! writes with scattered and misaligned buffers, checked against an in-memory model.
 
-use cryptblk_block::aio::{IoOp, IoQueue, IoRequest, IoVec};
+use cryptblk_block::aio::{IoBuffers, IoOp, IoQueue, IoRequest, OwnedBuffer};
 use rand::{Rng, RngCore, SeedableRng};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// One request of a batch with the memory behind its buffers.
 struct Pending {
@@ -11,19 +12,19 @@ struct Pending {
     offset: usize,
     len: usize,
     /// Backing memory; the segments point into it at `skew`.
-    mem: Vec<u8>,
+    mem: Arc<OwnedBuffer>,
     skew: usize,
-    iov: Vec<IoVec>,
+    buffers: IoBuffers,
 }
 
 /// Splits `len` bytes at `mem[skew..]` into 1..=4 segments of multiples of `unit`.
 pub fn segments(
-    mem: &mut [u8],
+    mem: &Arc<OwnedBuffer>,
     skew: usize,
     len: usize,
     unit: usize,
     rng: &mut impl Rng,
-) -> Vec<IoVec> {
+) -> IoBuffers {
     let units = len / unit;
     let mut cuts: Vec<usize> = (0..rng.gen_range(0..4usize).min(units.saturating_sub(1)))
         .map(|_| rng.gen_range(1..units) * unit)
@@ -32,9 +33,12 @@ pub fn segments(
     cuts.push(len);
     cuts.sort_unstable();
     cuts.dedup();
-    cuts.windows(2)
-        .map(|w| IoVec::from_slice(&mut mem[skew + w[0]..skew + w[1]]))
-        .collect()
+    let mut buffers = IoBuffers::new();
+    buffers.set_owner(mem.clone());
+    for w in cuts.windows(2) {
+        buffers.add((skew + w[0]) as u64, w[1] - w[0]).unwrap();
+    }
+    buffers
 }
 
 /// Runs `rounds` batches of up to `depth` non-overlapping requests through `queue`, checking
@@ -61,19 +65,20 @@ pub fn exercise(
             let offset = r * region + rng.gen_range(0..=(region - len) / block) * block;
             // Mostly aligned memory, sometimes misaligned by a few bytes or half a block.
             let skew = [0, 0, 0, 512, 1, 7][rng.gen_range(0..6)];
-            let mut mem = vec![0u8; len + 4096 + skew];
-            let base = mem.as_ptr() as usize;
-            let skew = (4096 - base % 4096) % 4096 + skew;
+            // Direct-I/O aligned at 0.
+            let mut mem = OwnedBuffer::zeroed(len + skew);
             let op = if rng.gen_bool(0.5) {
                 IoOp::Read
             } else {
                 IoOp::Write
             };
             if op == IoOp::Write {
-                rng.fill_bytes(&mut mem[skew..skew + len]);
-                model[offset..offset + len].copy_from_slice(&mem[skew..skew + len]);
+                let bytes = &mut mem.bytes_mut()[skew..skew + len];
+                rng.fill_bytes(bytes);
+                model[offset..offset + len].copy_from_slice(bytes);
             }
-            let iov = segments(&mut mem, skew, len, block, &mut rng);
+            let mem = Arc::new(mem);
+            let buffers = segments(&mem, skew, len, block, &mut rng);
             batch.insert(
                 tag,
                 Pending {
@@ -82,36 +87,42 @@ pub fn exercise(
                     len,
                     mem,
                     skew,
-                    iov,
+                    buffers,
                 },
             );
         }
         for (&tag, p) in &batch {
             let req = match p.op {
-                IoOp::Read => IoRequest::read(p.offset as u64, &p.iov, tag),
-                _ => IoRequest::write(p.offset as u64, &p.iov, rng.gen_bool(0.2), tag),
+                IoOp::Read => IoRequest::read(p.offset as u64, &p.buffers, tag),
+                _ => IoRequest::write(p.offset as u64, &p.buffers, rng.gen_bool(0.2), tag),
             };
-            // SAFETY: `batch` keeps the memory alive and untouched until every completion
-            // has been drained below.
-            unsafe { queue.push(&req) }.unwrap();
+            queue.push(&req).unwrap();
         }
         queue.submit().unwrap();
         let mut left = batch.len();
+        let mut done = Vec::with_capacity(batch.len());
         while left > 0 {
             queue.drain(&mut |c| {
                 c.result
                     .unwrap_or_else(|e| panic!("request {} failed: {e}", c.tag));
-                let p = &batch[&c.tag];
+                done.push(c.tag);
+                left -= 1;
+            });
+            for tag in done.drain(..) {
+                let p = batch.get_mut(&tag).unwrap();
+                p.buffers.clear();
+                let mem = Arc::get_mut(&mut p.mem)
+                    .expect("the queue let go of a request's memory when it completed");
                 if p.op == IoOp::Read {
                     assert!(
-                        p.mem[p.skew..p.skew + p.len] == model[p.offset..p.offset + p.len],
+                        mem.bytes_mut()[p.skew..p.skew + p.len]
+                            == model[p.offset..p.offset + p.len],
                         "read of {} bytes at {} returned wrong data",
                         p.len,
                         p.offset
                     );
                 }
-                left -= 1;
-            });
+            }
             if left > 0 {
                 queue.wait();
             }
@@ -122,6 +133,5 @@ pub fn exercise(
 
 /// Runs one request to its end.
 pub fn run(queue: &mut dyn IoQueue, req: &IoRequest<'_>) -> Result<(), cryptblk_block::BlockError> {
-    // SAFETY: callers keep the request's buffers alive across the call.
-    unsafe { cryptblk_block::aio::run_one(queue, req) }
+    cryptblk_block::aio::run_one(queue, req)
 }

@@ -9,8 +9,10 @@
 //! buffer is only read into again once its write has completed.
 use super::extents::ExtentWalker;
 use anyhow::{anyhow, bail, Context, Result};
-use cryptblk_block::aio::{open_queue, IoRequest, IoVec, QueueOptions};
-use cryptblk_block::{AlignedBuf, BlockDevice, ExtentKind};
+use cryptblk_block::aio::{
+    open_queue, IoBuffers, IoRequest, MemoryOwner, OwnedBuffer, QueueOptions,
+};
+use cryptblk_block::{BlockDevice, ExtentKind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -55,7 +57,8 @@ pub struct CopyStats {
 
 /// A chunk buffer and what it holds.
 struct Chunk {
-    buf: AlignedBuf,
+    /// Held by a queue too while a read or write of it runs.
+    buf: Arc<OwnedBuffer>,
     offset: u64,
     len: usize,
 }
@@ -81,7 +84,7 @@ pub fn copy(
     // Aligned, so that a target doing direct I/O can DMA straight from them.
     let mut chunks: Vec<Chunk> = (0..depth)
         .map(|_| Chunk {
-            buf: AlignedBuf::zeroed(chunk),
+            buf: Arc::new(OwnedBuffer::zeroed(chunk)),
             offset: 0,
             len: 0,
         })
@@ -89,7 +92,9 @@ pub fn copy(
     let mut free: Vec<usize> = (0..depth).rev().collect();
     // Written wherever the source has a hole and the target needs zeros: read-only, so every
     // zero write in flight shares it.
-    let zeros = AlignedBuf::zeroed(chunk);
+    let zeros: Arc<dyn MemoryOwner> = Arc::new(OwnedBuffer::zeroed(chunk));
+    // The buffers of the request being pushed (reused; a queue keeps its own copy).
+    let mut io = IoBuffers::with_capacity(1);
     // Zero writes in flight, by slot: (offset, length).
     let mut zero_runs: Vec<Option<(u64, u64)>> = vec![None; depth];
     let mut walker = ExtentWalker::new(src.as_ref());
@@ -115,11 +120,10 @@ pub fn copy(
                             let Some(z) = zero_runs.iter().position(Option::is_none) else {
                                 break;
                             };
-                            let iov = [IoVec::from_raw(zeros.as_ptr().cast_mut(), run_len)];
-                            let req = IoRequest::write(offset, &iov, false, ZERO_TAG + z as u64);
-                            // SAFETY: `zeros` outlives the queue's requests (the loop waits for
-                            // all of them before returning) and is never written.
-                            unsafe { writes.push(&req) }.map_err(|e| anyhow!(e))?;
+                            io.set_owner(zeros.clone());
+                            io.add(0, run_len)?;
+                            let req = IoRequest::write(offset, &io, false, ZERO_TAG + z as u64);
+                            writes.push(&req).map_err(|e| anyhow!(e))?;
                             zero_runs[z] = Some((offset, run));
                             0
                         }
@@ -131,12 +135,14 @@ pub fn copy(
                 let c = &mut chunks[i];
                 c.offset = offset;
                 c.len = run_len;
-                let iov = [IoVec::from_slice(&mut c.buf[..run_len])];
-                // SAFETY: the chunk is not touched until its read and write complete.
-                unsafe { reads.push(&IoRequest::read(offset, &iov, i as u64)) }
+                io.set_owner(c.buf.clone());
+                io.add(0, run_len)?;
+                reads
+                    .push(&IoRequest::read(offset, &io, i as u64))
                     .map_err(|e| anyhow!(e))?;
                 offset += run;
             }
+            io.clear();
             reads.submit().context("reading the source")?;
             writes.submit().context("writing the target")?;
             if offset >= len && reads.in_flight() == 0 && writes.in_flight() == 0 {
@@ -151,16 +157,20 @@ pub fn copy(
                     .with_context(|| format!("reading the source at offset {}", chunk.offset))?;
                 // Data that happens to be zero stays a hole in a sparse target, as with
                 // qemu-img.
-                if cfg.holes == Holes::Skip && chunk.buf[..chunk.len].iter().all(|&b| b == 0) {
+                let data = Arc::get_mut(&mut chunk.buf)
+                    .context("a chunk's buffer still held by the source's queue")?
+                    .bytes_mut();
+                if cfg.holes == Holes::Skip && data[..chunk.len].iter().all(|&b| b == 0) {
                     progress.done.fetch_add(chunk.len as u64, Ordering::Relaxed);
                     free.push(i);
                     continue;
                 }
-                let iov = [IoVec::from_slice(&mut chunk.buf[..chunk.len])];
-                let req = IoRequest::write(chunk.offset, &iov, false, c.tag);
-                // SAFETY: the chunk is not touched until its write completes.
-                unsafe { writes.push(&req) }.map_err(|e| anyhow!(e))?;
+                io.set_owner(chunk.buf.clone());
+                io.add(0, chunk.len)?;
+                let req = IoRequest::write(chunk.offset, &io, false, c.tag);
+                writes.push(&req).map_err(|e| anyhow!(e))?;
             }
+            io.clear();
             writes.drain(&mut |c| write_done.push(c));
             for c in write_done.drain(..) {
                 let (at, n) = if c.tag >= ZERO_TAG {
@@ -178,8 +188,8 @@ pub fn copy(
             }
         }
     })();
-    // Dropping the queues waits for whatever is still in flight (after an error), so the
-    // buffers outlive every request that points at them.
+    // Dropping the queues waits for whatever is still in flight (after an error).
+    drop(io);
     drop(reads);
     drop(writes);
     result.map(|()| CopyStats {

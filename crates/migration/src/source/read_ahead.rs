@@ -2,14 +2,17 @@
 //! piece, the next is read through an asynchronous queue of the file's (io_uring, O_DIRECT
 //! when the disk bypasses the page cache), so a real device's latency overlaps the network.
 
-use cryptblk_block::aio::{open_queue, IoQueue, IoRequest, IoVec, QueueOptions};
-use cryptblk_block::{AlignedBuf, BlockDevice, BlockError, BlockErrorKind};
+use cryptblk_block::aio::{open_queue, IoBuffers, IoQueue, IoRequest, OwnedBuffer, QueueOptions};
+use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind};
 use std::sync::Arc;
 
 /// Two piece buffers: one being sent, one being read into.
 pub(super) struct ReadAhead {
     queue: Box<dyn IoQueue>,
-    bufs: [AlignedBuf; 2],
+    /// Held by the queue too while a read into it runs.
+    bufs: [Arc<OwnedBuffer>; 2],
+    /// The read being pushed (reused).
+    request_buffers: IoBuffers,
     /// The read in flight: (buffer, length).
     in_flight: Option<(usize, usize)>,
 }
@@ -19,7 +22,11 @@ impl ReadAhead {
     pub(super) fn open(file: &Arc<dyn BlockDevice>, piece: usize) -> Result<Self, BlockError> {
         Ok(ReadAhead {
             queue: open_queue(file, &QueueOptions { depth: 2 })?,
-            bufs: [AlignedBuf::zeroed(piece), AlignedBuf::zeroed(piece)],
+            bufs: [
+                Arc::new(OwnedBuffer::zeroed(piece)),
+                Arc::new(OwnedBuffer::zeroed(piece)),
+            ],
+            request_buffers: IoBuffers::with_capacity(1),
             in_flight: None,
         })
     }
@@ -37,14 +44,16 @@ impl ReadAhead {
         len: usize,
     ) -> Result<(), BlockError> {
         debug_assert!(self.in_flight.is_none() && len <= self.piece_size());
-        let iov = [IoVec::from_slice(&mut self.bufs[which][..len])];
-        // SAFETY: the buffer is ours and not touched until `finish` (or `settle`, also run
-        // before this is dropped) has collected the read.
-        unsafe {
-            self.queue
-                .push(&IoRequest::read(offset, &iov, which as u64))
-        }
-        .map_err(|e| BlockError::new(BlockErrorKind::Io, e.to_string()))?;
+        let buffers = &mut self.request_buffers;
+        buffers.set_owner(self.bufs[which].clone());
+        buffers
+            .add(0, len)
+            .map_err(|e| BlockError::new(BlockErrorKind::Io, e.to_string()))?;
+        let pushed = self
+            .queue
+            .push(&IoRequest::read(offset, buffers, which as u64));
+        buffers.clear();
+        pushed.map_err(|e| BlockError::new(BlockErrorKind::Io, e.to_string()))?;
         self.in_flight = Some((which, len));
         self.queue.submit()
     }
@@ -66,9 +75,16 @@ impl ReadAhead {
     }
 
     /// Buffer `which` (what a finished read put there). The other buffer may meanwhile be
-    /// read into by the kernel: they are separate allocations.
-    pub(super) fn buffer(&self, which: usize) -> &[u8] {
-        &self.bufs[which]
+    /// read into by the kernel: they are separate allocations. An error while a read into
+    /// `which` is still held by the queue.
+    pub(super) fn buffer(&mut self, which: usize) -> Result<&[u8], BlockError> {
+        match Arc::get_mut(&mut self.bufs[which]) {
+            Some(buf) => Ok(buf.bytes_mut()),
+            None => Err(BlockError::new(
+                BlockErrorKind::Io,
+                "read-ahead buffer read while a read into it is in flight",
+            )),
+        }
     }
 
     /// Waits for a read still in flight (after a chunk was broken off or failed), so the

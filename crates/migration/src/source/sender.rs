@@ -581,7 +581,7 @@ impl Sender {
                 }
                 let end = (pos + slice as u64).min(piece_end);
                 self.wait_link();
-                let bytes = read_ahead.buffer(which);
+                let bytes = read_ahead.buffer(which).map_err(read_failed)?;
                 let s = at_in_piece as usize;
                 wire::write_chunk(&mut self.ch.bulk, at, &bytes[s..s + (end - pos) as usize])?;
                 link_sent(&self.link, (end - pos) as usize + wire::CHUNK_OVERHEAD);

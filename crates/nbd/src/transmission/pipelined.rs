@@ -32,7 +32,7 @@ use crate::protocol::*;
 use crate::socket::Socket;
 use crate::Error;
 use cryptblk_block::aio::{
-    open_pipeline, Completion, IoOp, IoQueue, IoRequest, IoVec, Notifier, QueueOptions,
+    open_pipeline, Completion, IoBuffers, IoOp, IoQueue, IoRequest, Notifier, QueueOptions,
 };
 use cryptblk_block::buffers::{self, PooledBuf};
 use cryptblk_block::{BlockError, BudgetShare, MemoryBudget};
@@ -127,6 +127,8 @@ struct Connection<'s, 'e> {
     /// Set when the budget grants what the connection waited for.
     budget_wake: Arc<Notifier>,
     completions: Vec<Completion>,
+    /// The buffers of the request being pushed (reused; the queue keeps its own copy).
+    buffers: IoBuffers,
     /// The client sent DISC: no more requests.
     eof: bool,
     /// The client closed its side: the requests already read are still served.
@@ -173,6 +175,7 @@ pub(super) fn serve(
         budget: MemoryBudget::process().share(budget_wake.clone()),
         budget_wake,
         completions: Vec::new(),
+        buffers: IoBuffers::with_capacity(1),
         eof: false,
         peer_closed: false,
         error: None,
@@ -425,15 +428,18 @@ impl Connection<'_, '_> {
             return;
         };
         let request = job.request;
-        let buf = job
-            .buf
-            .as_mut()
-            .map_or(std::ptr::null_mut(), |b| b.as_mut_ptr());
-        let iov = [IoVec::from_raw(buf, request.length as usize)];
+        self.buffers.clear();
+        if let Some(buf) = job.buf.as_mut() {
+            let len = (request.length as usize).min(buf.len());
+            // SAFETY: the buffer belongs to the job, which is parked in `jobs` (and not
+            // touched) until its completion has been collected; its bytes are a heap
+            // allocation that does not move with the job.
+            unsafe { self.buffers.add_raw(buf.as_mut_ptr(), len) };
+        }
         let fua = request.flags & CMD_FLAG_FUA != 0;
         let req = match op {
-            IoOp::Read => IoRequest::read(request.offset, &iov, u64::from(tag)),
-            IoOp::Write => IoRequest::write(request.offset, &iov, fua, u64::from(tag)),
+            IoOp::Read => IoRequest::read(request.offset, &self.buffers, u64::from(tag)),
+            IoOp::Write => IoRequest::write(request.offset, &self.buffers, fua, u64::from(tag)),
             IoOp::Flush => IoRequest::flush(u64::from(tag)),
             IoOp::Discard | IoOp::WriteZeroes => IoRequest::range(
                 op,
@@ -442,9 +448,9 @@ impl Connection<'_, '_> {
                 u64::from(tag),
             ),
         };
-        // SAFETY: the buffer belongs to the job, which is parked in `jobs` (and not touched)
-        // until its completion has been collected.
-        if unsafe { self.queue.push(&req) }.is_err() {
+        let pushed = self.queue.push(&req);
+        self.buffers.clear();
+        if pushed.is_err() {
             self.free.push(tag);
             self.reply_error(job, NbdErrno::Io);
             return;
@@ -472,8 +478,7 @@ impl Connection<'_, '_> {
             if c.result.is_ok() && job.flush_after {
                 // TRIM / WRITE_ZEROES with FUA: durable before the reply.
                 job.flush_after = false;
-                // SAFETY: a flush carries no buffers.
-                if unsafe { self.queue.push(&IoRequest::flush(c.tag)) }.is_ok() {
+                if self.queue.push(&IoRequest::flush(c.tag)).is_ok() {
                     self.jobs[c.tag as usize] = Some(job);
                     self.unsubmitted = true;
                     continue;

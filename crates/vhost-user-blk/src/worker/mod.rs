@@ -34,7 +34,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use cryptblk_block::aio::{IoQueue, IoVec};
+use cryptblk_block::aio::{IoBuffers, IoQueue, MemoryOwner};
 use cryptblk_block::IoStats;
 use vhost_user_backend::{VringRwLock, VringT};
 use vm_memory::GuestMemoryAtomic;
@@ -204,7 +204,10 @@ struct Worker {
     free: Vec<u16>,
     /// Spare segment lists, so popping allocates nothing in steady state.
     spare_segments: Vec<Vec<Segment>>,
-    iov: Vec<IoVec>,
+    /// The buffers of the request being taken (reused; the queue keeps its own copy).
+    buffers: IoBuffers,
+    /// The owner of buffers in the memory table last seen (rebuilt when the table changes).
+    ram: Option<(Arc<GuestMem>, Arc<dyn MemoryOwner>)>,
     /// Requests pushed since the last submit, and the bytes they write.
     unsubmitted: usize,
     unsubmitted_bytes: u64,
@@ -249,7 +252,8 @@ impl Worker {
             requests: (0..queue_size).map(|_| None).collect(),
             free: (0..queue_size).rev().collect(),
             spare_segments: Vec::new(),
-            iov: Vec::new(),
+            buffers: IoBuffers::with_capacity(8),
+            ram: None,
             unsubmitted: 0,
             unsubmitted_bytes: 0,
             draining: false,
@@ -404,6 +408,10 @@ impl Worker {
                 result = self.take_and_submit(&resubmit);
             }
         }
+        // A stopped ring takes nothing until it starts again, maybe with a new memory table:
+        // the old one is not kept mapped for it (requests in flight keep their own).
+        self.buffers.clear();
+        self.ram = None;
         self.waiters.push(Waiter::Stop(reply));
         result
     }

@@ -4,7 +4,7 @@
 use std::io;
 use std::sync::Arc;
 
-use cryptblk_block::aio::IoOp;
+use cryptblk_block::aio::{IoOp, MemoryOwner};
 
 use vhost_user_backend::VringT;
 use virtio_queue::desc::split::Descriptor;
@@ -18,7 +18,7 @@ use crate::config::SIZE_MAX;
 use crate::device::{Start, STATUS_IOERR, STATUS_OK};
 use crate::fault::{self, Point};
 use crate::request;
-use crate::GuestMem;
+use crate::{GuestMem, GuestRam};
 
 /// Requests popped in one run that are submitted (and their completions collected) together.
 /// Measured on 2 vCPUs with the libblkio client, 4 KiB requests at depth 32 from tmpfs, one
@@ -117,6 +117,8 @@ impl Worker {
     /// anything was answered since the guest was last signalled.
     fn take_requests(&mut self, ring: &mut Ring, resubmit: &[u16], pop: bool) -> io::Result<bool> {
         let mem = self.mem.memory().into_inner();
+        let ram = self.ram_of(&mem);
+        self.buffers.set_owner(ram);
         let fua = self.ctx.config.write_through();
         let mut answered = false;
         // inflight: requests a predecessor daemon took from the ring and did not complete,
@@ -160,6 +162,18 @@ impl Worker {
         Ok(answered)
     }
 
+    /// The owner of request buffers in `mem`: made once per memory table, not per request.
+    fn ram_of(&mut self, mem: &Arc<GuestMem>) -> Arc<dyn MemoryOwner> {
+        match &self.ram {
+            Some((seen, owner)) if Arc::ptr_eq(seen, mem) => owner.clone(),
+            _ => {
+                let owner = GuestRam::owner(mem.clone());
+                self.ram = Some((mem.clone(), owner.clone()));
+                owner
+            }
+        }
+    }
+
     /// Parses the chain of `head` and pushes its I/O, or answers it at once (rejected, or no
     /// I/O needed). Returns whether it was answered.
     fn take_request(
@@ -193,7 +207,7 @@ impl Worker {
             }
         };
         let start = self.stats.begin();
-        let planned = match ctx.disk.start(&**mem, &req, &segments, &mut self.iov) {
+        let planned = match ctx.disk.start(&**mem, &req, &segments, &mut self.buffers) {
             Start::Io(planned) => planned,
             Start::Done(status, data_len) => {
                 let (status, used_len) = ctx.disk.answer(&**mem, &req, status, data_len);
@@ -208,12 +222,9 @@ impl Worker {
             let (_, used_len) = ctx.disk.answer(&**mem, &req, STATUS_IOERR, 0);
             return answer(&mut self.spare_segments, segments, used_len);
         };
-        let request = planned.request(&self.iov, fua, u64::from(tag));
-        // SAFETY: the buffers are guest memory checked by `VirtioBlkDevice::start` to lie in mapped
-        // regions of `mem`; `Pending` keeps `mem` (and so the mappings) alive until the
-        // completion is collected, and nothing in this process makes a reference to them.
-        // The guest writing them meanwhile only changes its data.
-        if unsafe { self.io.push(&request) }.is_err() {
+        // The queue keeps the buffers' memory table mapped until it hands the completion out.
+        let request = planned.request(&self.buffers, fua, u64::from(tag));
+        if self.io.push(&request).is_err() {
             self.free.push(tag);
             let (_, used_len) = ctx.disk.answer(&**mem, &req, STATUS_IOERR, 0);
             return answer(&mut self.spare_segments, segments, used_len);

@@ -21,7 +21,7 @@ pub use segments::SegmentMap;
 
 pub(crate) use zero_holes::ZeroHolesCipher;
 
-use cryptblk_block::aio::{IoVec, Pipeline, QueueOptions};
+use cryptblk_block::aio::{IoBuffers, Pipeline, QueueOptions};
 use cryptblk_block::check_range;
 use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind};
 use cryptblk_crypto::{CryptoError, CryptoPool, Direction, SectorCipher};
@@ -291,14 +291,11 @@ impl CryptCore {
     /// Decrypts a request's buffers in place: `iov` holds the ciphertext of payload offset
     /// `off` onwards, whole sectors per segment. The one decryption of the asynchronous path,
     /// whichever thread runs it (the queue's, or the `threads` engine's that read it).
-    ///
-    /// # Safety
-    /// Every segment is readable and writable for its length for the whole call, and no Rust
-    /// reference to it is alive (guest memory).
-    unsafe fn decrypt_iov(&self, off: u64, iov: &[IoVec]) -> Result<(), BlockError> {
+    fn decrypt_iov(&self, off: u64, buffers: &IoBuffers) -> Result<(), BlockError> {
         let mut at = off;
-        for v in iov {
-            // SAFETY: in place on a segment valid for the call (this function's contract).
+        for v in buffers.iov() {
+            // SAFETY: in place on a segment `buffers` keep valid for reads and writes, with no
+            // Rust reference to it.
             unsafe {
                 self.pool.crypt_raw(
                     &self.cipher,
@@ -318,16 +315,24 @@ impl CryptCore {
     /// Encrypts a request's plaintext buffers (payload offset `off` onwards) into `out`, which
     /// receives the whole request contiguously; the caller's buffers are left as they are.
     /// The one encryption of the asynchronous path.
-    ///
-    /// # Safety
-    /// Every segment is readable for its length and `out` writable for their total length,
-    /// disjoint from them, for the whole call.
-    unsafe fn encrypt_iov(&self, off: u64, iov: &[IoVec], out: *mut u8) -> Result<(), BlockError> {
+    fn encrypt_iov(&self, off: u64, buffers: &IoBuffers, out: &mut [u8]) -> Result<(), BlockError> {
+        if (out.len() as u64) < buffers.len() {
+            return Err(BlockError::new(
+                BlockErrorKind::Io,
+                format!(
+                    "{} bytes to encrypt at {off} into a buffer of {}",
+                    buffers.len(),
+                    out.len()
+                ),
+            ));
+        }
+        let out = out.as_mut_ptr();
         let mut pos = 0usize;
-        for v in iov {
+        for v in buffers.iov() {
             let at = off + pos as u64;
-            // SAFETY: the segment is readable and `out + pos` writable for its length, and
-            // they are disjoint (this function's contract).
+            // SAFETY: `buffers` keep the segment valid for reads; `out + pos` is inside our
+            // own buffer for its length (checked above), which no segment overlaps (no Rust
+            // reference reaches a request's memory).
             unsafe {
                 self.pool.crypt_raw(
                     &self.cipher,

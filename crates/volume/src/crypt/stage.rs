@@ -33,7 +33,7 @@ use super::{whole_sectors, CryptCore};
 use cryptblk_block::aio::{
     open_pipeline, Admit, Bounds, IoOp, IoQueue, Pipeline, QueueOptions, SlotRequest, Stage,
 };
-use cryptblk_block::aio::{IoVec, Offload};
+use cryptblk_block::aio::{IoBuffers, Offload};
 use cryptblk_block::buffers::{self, PooledBuf};
 use cryptblk_block::{BlockDevice, BlockError};
 use std::sync::atomic::{compiler_fence, Ordering};
@@ -131,18 +131,14 @@ impl CryptStage {
 fn sector_aligned(req: &SlotRequest, sector: u64) -> bool {
     req.offset.is_multiple_of(sector)
         && req
-            .iov
+            .buffers
+            .iov()
             .iter()
             .all(|v| (v.len() as u64).is_multiple_of(sector))
 }
 
 impl Stage for CryptStage {
-    unsafe fn admit(
-        &mut self,
-        slot: usize,
-        _caller: &SlotRequest,
-        transfer: &mut SlotRequest,
-    ) -> Admit {
+    fn admit(&mut self, slot: usize, _caller: &SlotRequest, transfer: &mut SlotRequest) -> Admit {
         if transfer.op == IoOp::Flush {
             return Admit::Pass;
         }
@@ -170,10 +166,8 @@ impl Stage for CryptStage {
                 Admit::Synchronous
             }
             Storage::Encrypted(core) => {
-                // SAFETY: forwarded (this function's contract).
-                let admit = unsafe {
-                    admit_encrypted(core, &mut self.ciphertext[slot], self.offloaded, transfer)
-                };
+                let admit =
+                    admit_encrypted(core, &mut self.ciphertext[slot], self.offloaded, transfer);
                 if !matches!(admit, Admit::Pass) {
                     self.counts.add(parity, -1);
                 }
@@ -182,7 +176,7 @@ impl Stage for CryptStage {
         }
     }
 
-    unsafe fn complete(
+    fn complete(
         &mut self,
         slot: usize,
         caller: &SlotRequest,
@@ -194,16 +188,13 @@ impl Stage for CryptStage {
         let routed = self.routed[slot];
         let work = match &self.routes[routed.parity as usize].parts[routed.part as usize].storage {
             Storage::Plain(_) => 0,
-            // SAFETY: forwarded (this function's contract).
-            Storage::Encrypted(core) => unsafe {
-                complete_encrypted(
-                    core,
-                    &mut self.ciphertext[slot],
-                    self.offloaded,
-                    caller,
-                    result,
-                )
-            },
+            Storage::Encrypted(core) => complete_encrypted(
+                core,
+                &mut self.ciphertext[slot],
+                self.offloaded,
+                caller,
+                result,
+            ),
         };
         // Counted out only now: the driver may rewrite this range once the count is zero.
         self.counts.add(routed.parity as usize, -1);
@@ -219,11 +210,8 @@ impl Stage for CryptStage {
 
 /// `admit` of a request routed to an encrypted part. Not inlined: a plaintext part's requests
 /// (every raw disk's) then pass through the stage without this path's register pressure.
-///
-/// # Safety
-/// As `Stage::admit`.
 #[inline(never)]
-unsafe fn admit_encrypted(
+fn admit_encrypted(
     core: &CryptCore,
     ciphertext: &mut Option<PooledBuf>,
     offloaded: bool,
@@ -237,15 +225,12 @@ unsafe fn admit_encrypted(
         IoOp::Write if !offloaded => {
             let len = transfer.len as usize;
             let mut bounce = buffers::take(len);
-            // SAFETY: the segments are the write being pushed (readable for the call, per
-            // this function's contract); the bounce buffer holds the whole request and is our
-            // own allocation, disjoint from them.
-            let encrypted =
-                unsafe { core.encrypt_iov(transfer.offset, &transfer.iov, bounce.as_mut_ptr()) };
-            if let Err(e) = encrypted {
+            if let Err(e) = core.encrypt_iov(transfer.offset, &transfer.buffers, &mut bounce) {
                 return Admit::Finish(Err(e));
             }
-            transfer.set_buffer(bounce.as_mut_ptr(), len);
+            // SAFETY: the ciphertext buffer is kept in the slot's `ciphertext` (and not
+            // referenced) until this stage sees the write complete or abandoned.
+            unsafe { transfer.set_buffer(bounce.as_mut_ptr(), len) };
             *ciphertext = Some(bounce);
         }
         // Only whole encryption sectors are discarded: discarding a partial one would destroy
@@ -266,11 +251,8 @@ unsafe fn admit_encrypted(
 /// `complete` of a request an encrypted part served: its ciphertext buffer back to the cache,
 /// a read decrypted in place (unless the engine's threads did it). Returns the bytes of
 /// crypto done.
-///
-/// # Safety
-/// As `Stage::complete`.
 #[inline(never)]
-unsafe fn complete_encrypted(
+fn complete_encrypted(
     core: &CryptCore,
     ciphertext: &mut Option<PooledBuf>,
     offloaded: bool,
@@ -284,9 +266,7 @@ unsafe fn complete_encrypted(
     if caller.op != IoOp::Read || result.is_err() || offloaded {
         return 0;
     }
-    // SAFETY: a completed read's buffers, valid until its completion is handed out (this
-    // function's contract).
-    if let Err(e) = unsafe { core.decrypt_iov(caller.offset, &caller.iov) } {
+    if let Err(e) = core.decrypt_iov(caller.offset, &caller.buffers) {
         *result = Err(e);
     }
     caller.len
@@ -316,28 +296,22 @@ impl VolumeCrypto {
     }
 }
 
-fn iov_len(iov: &[IoVec]) -> u64 {
-    iov.iter().map(|v| v.len() as u64).sum()
-}
-
 impl Offload for VolumeCrypto {
-    unsafe fn after_read(&self, offset: u64, iov: &[IoVec]) -> Result<(), BlockError> {
+    fn after_read(&self, offset: u64, buffers: &IoBuffers) -> Result<(), BlockError> {
         let off = offset - self.base.layout.data_offset;
-        let core = self.core(off, iov_len(iov))?;
-        // SAFETY: forwarded (the segments are readable and writable, this function's
-        // contract); the crypt stage only passes whole sectors.
-        unsafe { core.decrypt_iov(off, iov) }
+        let core = self.core(off, buffers.len())?;
+        // The crypt stage only passes whole sectors.
+        core.decrypt_iov(off, buffers)
     }
 
-    unsafe fn before_write(
+    fn before_write(
         &self,
         offset: u64,
-        iov: &[IoVec],
-        out: *mut u8,
+        buffers: &IoBuffers,
+        out: &mut [u8],
     ) -> Result<(), BlockError> {
         let off = offset - self.base.layout.data_offset;
-        let core = self.core(off, iov_len(iov))?;
-        // SAFETY: forwarded: `out` holds the whole request, disjoint from the segments.
-        unsafe { core.encrypt_iov(off, iov, out) }
+        let core = self.core(off, buffers.len())?;
+        core.encrypt_iov(off, buffers, out)
     }
 }

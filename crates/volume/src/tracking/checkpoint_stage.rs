@@ -33,12 +33,7 @@ impl CheckpointStage {
 }
 
 impl Stage for CheckpointStage {
-    unsafe fn admit(
-        &mut self,
-        slot: usize,
-        caller: &SlotRequest,
-        _transfer: &mut SlotRequest,
-    ) -> Admit {
+    fn admit(&mut self, slot: usize, caller: &SlotRequest, _transfer: &mut SlotRequest) -> Admit {
         if !caller.op.modifies() {
             return Admit::Pass;
         }
@@ -58,7 +53,7 @@ impl Stage for CheckpointStage {
         }
     }
 
-    unsafe fn complete(
+    fn complete(
         &mut self,
         slot: usize,
         caller: &SlotRequest,

@@ -29,19 +29,14 @@ impl TrackingStage {
 }
 
 impl Stage for TrackingStage {
-    unsafe fn admit(
-        &mut self,
-        _slot: usize,
-        caller: &SlotRequest,
-        _transfer: &mut SlotRequest,
-    ) -> Admit {
+    fn admit(&mut self, _slot: usize, caller: &SlotRequest, _transfer: &mut SlotRequest) -> Admit {
         match self.state.enter_async(caller.op.name()) {
             Ok(()) => Admit::Pass,
             Err(e) => Admit::Finish(Err(e)),
         }
     }
 
-    unsafe fn complete(
+    fn complete(
         &mut self,
         _slot: usize,
         caller: &SlotRequest,
@@ -60,7 +55,9 @@ impl Stage for TrackingStage {
 #[cfg(test)]
 mod tests {
     use crate::DirtyTracker;
-    use cryptblk_block::aio::{open_queue, run_one, IoRequest, IoVec, QueueOptions};
+    use cryptblk_block::aio::{
+        open_queue, read_at, run_one, write_at, IoBuffers, IoRequest, OwnedBuffer, QueueOptions,
+    };
     use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
     use std::sync::Arc;
 
@@ -84,19 +81,14 @@ mod tests {
         let mut queue = open_queue(&device, &QueueOptions { depth: 4 }).unwrap();
         let bitmap = tracker.start_tracking().unwrap();
         bitmap.clear_all();
-        let mut buf = vec![7u8; 8192];
-        let iov = [IoVec::from_slice(&mut buf)];
-        // SAFETY: `buf` outlives each call and is not touched meanwhile.
-        unsafe { run_one(&mut *queue, &IoRequest::write(3 * 4096, &iov, false, 1)) }.unwrap();
+        write_at(&mut *queue, 3 * 4096, &[7u8; 8192]).unwrap();
         assert_eq!(bitmap.count(), 2);
         assert!(bitmap.is_set(3) && bitmap.is_set(4));
-        // SAFETY: as above.
-        unsafe { run_one(&mut *queue, &IoRequest::read(0, &iov, 2)) }.unwrap();
+        read_at(&mut *queue, 0, &mut [0u8; 8192]).unwrap();
         assert_eq!(bitmap.count(), 2, "reads mark nothing");
         tracker.fence();
-        // SAFETY: as above.
-        let err =
-            unsafe { run_one(&mut *queue, &IoRequest::write(0, &iov, false, 3)) }.unwrap_err();
+        let iov = IoBuffers::whole(Arc::new(OwnedBuffer::from_bytes(&[7u8; 8192])), 8192).unwrap();
+        let err = run_one(&mut *queue, &IoRequest::write(0, &iov, false, 3)).unwrap_err();
         assert!(err.to_string().contains("handed over"), "{err}");
         assert_eq!(bitmap.count(), 2);
         assert_eq!(std::fs::read(&path).unwrap()[..4096], [0u8; 4096]);
