@@ -16,6 +16,8 @@
 //! - [`destination`]: the receiver and [`IncomingDisk`], the `BlockDevice` the destination
 //!   serves while blocks are still arriving (reads of missing blocks fetch them first).
 
+#![forbid(unsafe_code)]
+
 pub mod channel;
 pub mod destination;
 mod error;
