@@ -17,10 +17,10 @@
 use crate::config::Config;
 use crate::config::Transport;
 use crate::engine::{self, Driver, Measured};
-use crate::images::{self, POOL};
+use crate::images::POOL;
 use crate::plan::{Fits, Step};
 use crate::sample::{Metrics, Sample};
-use crate::{clients, peers};
+use crate::{clients, peers, wait};
 use anyhow::{bail, Context, Result};
 use cryptblk_testutil::ceph::Cluster;
 use serde_json::Value;
@@ -68,16 +68,17 @@ impl Daemon {
             ctl,
             cryptblk: cryptblk.to_path_buf(),
         };
-        let start = Instant::now();
-        while clients::ctl(cryptblk, &daemon.ctl, &["disk-list"]).is_err() {
-            if start.elapsed() > Duration::from_secs(90) {
-                bail!(
-                    "daemon {name}: no control socket after 90 s: {}",
+        wait::until(
+            Duration::from_secs(90),
+            Duration::from_millis(100),
+            || {
+                format!(
+                    "daemon {name}: no control socket: {}",
                     daemon.server.log_tail()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+                )
+            },
+            || Ok(clients::ctl(cryptblk, &daemon.ctl, &["disk-list"]).ok()),
+        )?;
         Ok(daemon)
     }
 
@@ -115,7 +116,7 @@ fn qemu_io(uri: &str, what: &str, commands: &[String]) -> Result<()> {
         cmd.args(["-c", c]);
     }
     cmd.arg(uri);
-    clients::show(&cmd);
+    crate::command::show(&cmd);
     let out = cmd.output().context("running qemu-io")?;
     let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
     if !out.status.success() || text.contains("fail") || text.contains("Pattern verification") {
@@ -152,7 +153,7 @@ impl Load {
         .arg(format!("--output={}", output.display()))
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-        clients::show(&cmd);
+        crate::command::show(&cmd);
         let mut child = cmd.spawn().context("starting fio")?;
         std::thread::sleep(Duration::from_secs(2));
         if let Some(status) = child.try_wait()? {
@@ -213,7 +214,7 @@ fn run_in(o: &Options, preset: &crate::config::Preset, work: &Path) -> Result<Ve
     std::fs::write(&key, "bench")?;
     let key_arg = key.to_string_lossy().into_owned();
     let image = format!("rbd:{POOL}/vol:conf={}", cluster.conf.display());
-    images::run(
+    crate::command::run(
         Command::new(&o.cryptblk)
             .args(["format", "--batch-mode", "--key-file", &key_arg])
             .args(["--pbkdf", "pbkdf2", "--iter-time", "10"])
@@ -361,31 +362,37 @@ fn hand_off(
         None
     };
     from.ctl(&["migrate-switchover", "vol"])?;
-    let start = Instant::now();
-    let status = loop {
-        let status = from.ctl(&["migrate-status", "vol"])?;
-        match status["phase"].as_str() {
-            Some("completed") => break status,
-            Some("failed" | "cancelled") => bail!("hand-off {n}: {status}"),
-            _ if start.elapsed() > Duration::from_secs(120) => {
-                bail!("hand-off {n} not completed after 120 s: {status}")
+    let last = std::cell::RefCell::new(Value::Null);
+    let status = wait::until(
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || format!("hand-off {n} not completed: {}", last.borrow()),
+        || {
+            let status = from.ctl(&["migrate-status", "vol"])?;
+            match status["phase"].as_str() {
+                Some("completed") => Ok(Some(status)),
+                Some("failed" | "cancelled") => bail!("hand-off {n}: {status}"),
+                _ => {
+                    *last.borrow_mut() = status;
+                    Ok(None)
+                }
             }
-            _ => std::thread::sleep(Duration::from_millis(100)),
-        }
-    };
+        },
+    )?;
     let downtime_ms = status["outgoing"]["downtime-ms"]
         .as_f64()
         .with_context(|| format!("migrate-status has no outgoing downtime-ms: {status}"))?;
-    let start = Instant::now();
-    while !to.has_disk() {
-        if start.elapsed() > Duration::from_secs(30) {
-            bail!(
+    wait::until(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            format!(
                 "hand-off {n}: daemon {} never listed vol as attached",
                 to.name
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+            )
+        },
+        || Ok(to.has_disk().then_some(())),
+    )?;
     let fio_write_iops = load.and_then(Load::stop);
     from.ctl(&["disk-remove", "vol"])?;
     Ok((downtime_ms, fio_write_iops))

@@ -5,6 +5,7 @@
 mod ceiling;
 mod chart;
 mod clients;
+mod command;
 mod config;
 mod control;
 mod convert;
@@ -29,6 +30,7 @@ mod sample;
 mod soak;
 mod spdk;
 mod summary;
+mod wait;
 mod workdir;
 
 use anyhow::{bail, Context, Result};
@@ -518,16 +520,28 @@ fn cryptblk_binary(cryptblk: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
+/// `cargo build --release ARGS` in this workspace; the directory the binaries are in.
+fn release_build(args: &[&str]) -> Result<PathBuf> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(&workspace)
+        .args(["build", "--release"])
+        .args(args);
+    crate::command::show(&cmd);
+    if !cmd.status().context("running cargo")?.success() {
+        bail!("cargo build --release {} failed", args.join(" "));
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace.join("target"), PathBuf::from);
+    Ok(target.join("release"))
+}
+
 /// The binaries named, or a release build of both from this workspace.
 fn binaries(cryptblk: Option<PathBuf>, vu_bench: Option<PathBuf>) -> Result<(PathBuf, PathBuf)> {
     if let (Some(c), Some(v)) = (&cryptblk, &vu_bench) {
         return Ok((c.clone(), v.clone()));
     }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut cmd = Command::new("cargo");
-    cmd.current_dir(&workspace).args([
-        "build",
-        "--release",
+    let release = release_build(&[
         "-p",
         "cryptblk",
         "-p",
@@ -536,14 +550,7 @@ fn binaries(cryptblk: Option<PathBuf>, vu_bench: Option<PathBuf>) -> Result<(Pat
         "cryptblk",
         "--example",
         "vu_bench",
-    ]);
-    clients::show(&cmd);
-    if !cmd.status().context("running cargo")?.success() {
-        bail!("building cryptblk and vu_bench failed");
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace.join("target"), PathBuf::from);
-    let release = target.join("release");
+    ])?;
     Ok((
         cryptblk.unwrap_or_else(|| release.join("cryptblk")),
         vu_bench.unwrap_or_else(|| release.join("examples/vu_bench")),

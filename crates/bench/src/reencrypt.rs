@@ -169,15 +169,18 @@ impl Reencrypt<'_> {
     /// effect once the current hotzone commits.
     fn pause(&self, ctl: &Path) -> Result<()> {
         self.ctl(ctl, &["reencrypt-pause", "vol"])?;
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(30) {
-            let status = self.ctl(ctl, &["reencrypt-status", "vol"])?;
-            if !matches!(status["phase"].as_str(), Some("running" | "pausing")) {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        bail!("the reencryption was still running 30 s after reencrypt-pause")
+        crate::wait::until(
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || "the reencryption still ran after reencrypt-pause".into(),
+            || {
+                let status = self.ctl(ctl, &["reencrypt-status", "vol"])?;
+                Ok(
+                    (!matches!(status["phase"].as_str(), Some("running" | "pausing")))
+                        .then_some(()),
+                )
+            },
+        )
     }
 
     fn online(&mut self, step: &Step) -> Result<Measured> {
@@ -299,13 +302,13 @@ fn offline_command(what: &str, o: &Options, image: &Path, key: &str) -> Command 
             cmd = Command::new("cryptsetup");
             cmd.args(["reencrypt", "--force-offline-reencrypt", "--batch-mode"])
                 .args(["--key-file", key, "--resilience", "checksum"])
-                .args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"])
+                .args(crate::images::CHEAP_KDF)
                 .arg(image);
         }
         "cryptblk" => {
             cmd = Command::new(&o.cryptblk);
             cmd.args(["reencrypt", "--key-file", key, "--resilience", "checksum"])
-                .args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"])
+                .args(crate::images::CHEAP_KDF)
                 .arg(image);
         }
         _ => {
@@ -326,16 +329,8 @@ fn offline_command(what: &str, o: &Options, image: &Path, key: &str) -> Command 
 }
 
 fn timed(cmd: &mut Command) -> Result<f64> {
-    clients::show(cmd);
+    crate::command::show(cmd);
     let start = Instant::now();
-    let out = cmd.output().context("running the job")?;
-    if !out.status.success() {
-        bail!(
-            "{} failed ({}): {}",
-            cmd.get_program().to_string_lossy(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    crate::command::quiet_output(cmd)?;
     Ok(start.elapsed().as_secs_f64())
 }
