@@ -407,20 +407,29 @@ mod tests {
 #[cfg(test)]
 mod committed {
     use super::*;
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
+
+    fn results_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results")
+    }
+
+    /// The results files of the engine kept in the repository, by name.
+    fn committed_files() -> Vec<PathBuf> {
+        let mut files: Vec<_> = std::fs::read_dir(results_dir())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+            .collect();
+        files.sort();
+        files
+    }
 
     /// Every results file kept in the repository, whichever harness wrote it, reads as
     /// samples that the report renders and the targets check.
     #[test]
     fn every_committed_results_file_is_read_reported_and_checked() {
         let config = Config::load(None).unwrap();
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results");
-        let mut files: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
-            .collect();
-        files.sort();
+        let files = committed_files();
         assert!(files.len() >= 17, "{files:?}");
         let mut all = Vec::new();
         for f in &files {
@@ -472,13 +481,8 @@ mod committed {
     #[test]
     fn the_report_of_every_committed_results_file_is_unchanged() {
         let config = Config::load(None).unwrap();
-        let results = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results");
-        let mut files: Vec<_> = std::fs::read_dir(&results)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
-            .collect();
-        files.sort();
+        let results = results_dir();
+        let files = committed_files();
         let mut out = String::new();
         let mut previous: Option<Vec<Sample>> = None;
         for f in &files {
