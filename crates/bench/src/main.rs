@@ -56,47 +56,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Measures a preset; appends one JSON line per measurement to the results file.
-    Run {
-        /// disk, serve, nbd, rbd, demo or spdk (see `list`).
-        #[arg(long)]
-        preset: String,
-        #[arg(long, default_value = "bench-results.jsonl")]
-        results: PathBuf,
-        /// Rounds instead of the preset's.
-        #[arg(long)]
-        rounds: Option<u32>,
-        /// Seconds per measurement instead of the preset's.
-        #[arg(long)]
-        runtime: Option<f64>,
-        /// Image size instead of the preset's (256M, 8G, ...).
-        #[arg(long)]
-        size: Option<String>,
-        /// Where the images go instead of the preset's directory.
-        #[arg(long)]
-        dir: Option<PathBuf>,
-        /// The cryptblk binary to measure (default: `cargo build --release`, then target/release).
-        #[arg(long)]
-        cryptblk: Option<PathBuf>,
-        /// An older cryptblk binary to measure beside --cryptblk: every cryptblk peer X gets a
-        /// twin X-base served by it, run right after X in each round, and the ratio X/X-base.
-        #[arg(long, value_name = "CRYPTBLK")]
-        baseline: Option<PathBuf>,
-        /// The vu_bench example binary (default: built like --cryptblk).
-        #[arg(long)]
-        vu_bench: Option<PathBuf>,
-        /// Only these of the preset's peers (comma-separated; the ceiling is always measured).
-        #[arg(long, value_delimiter = ',')]
-        peers: Option<Vec<String>>,
-        /// Only these of the preset's transports (vhost, nbd).
-        #[arg(long, value_delimiter = ',', value_parser = transport)]
-        transports: Option<Vec<config::Transport>>,
-        /// Only these of the preset's workloads.
-        #[arg(long, value_delimiter = ',')]
-        workloads: Option<Vec<String>>,
-        /// Keep the images for the next run (and reuse ones kept by an earlier run).
-        #[arg(long)]
-        keep_images: bool,
-    },
+    Run(matrix::Args),
     /// Markdown tables (and with --charts, SVG charts) from one or more results files.
     Report {
         #[arg(required_unless_present = "docs")]
@@ -351,54 +311,26 @@ fn run() -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Run {
-            preset,
-            results,
-            rounds,
-            runtime,
-            size,
-            dir,
-            cryptblk,
-            baseline,
-            vu_bench,
-            keep_images,
-            peers,
-            transports,
-            workloads,
-        } => {
-            let table = config.preset(&preset)?;
+        Cmd::Run(mut a) => {
+            let table = config.preset(&a.preset)?;
             if table.driver != config::Driver::Matrix {
                 bail!(
-                    "preset '{preset}' is run by `cryptblk-bench {}` (with its own options)",
+                    "preset '{}' is run by `cryptblk-bench {}` (with its own options)",
+                    a.preset,
                     table.driver.command()
                 );
             }
             let mut chosen = table.narrowed(
-                peers.as_deref(),
-                transports.as_deref(),
-                workloads.as_deref(),
+                a.peers.as_deref(),
+                a.transports.as_deref(),
+                a.workloads.as_deref(),
             )?;
             let mut config = config;
-            if baseline.is_some() {
+            if a.baseline.is_some() {
                 config.add_baseline(&mut chosen);
             }
-            let (cryptblk, vu_bench) = binaries(cryptblk, vu_bench)?;
-            let samples = matrix::run(
-                &config,
-                &chosen,
-                &matrix::Options {
-                    preset,
-                    results,
-                    rounds,
-                    runtime,
-                    size,
-                    dir,
-                    cryptblk,
-                    baseline,
-                    vu_bench,
-                    keep_images,
-                },
-            )?;
+            let (cryptblk, vu_bench) = binaries(a.cryptblk.take(), a.vu_bench.take())?;
+            let samples = matrix::run(&config, &chosen, &a, &cryptblk, &vu_bench)?;
             // The tables of this run; `report` renders any set of result files.
             summarize(&config, &samples)
         }
@@ -502,14 +434,6 @@ fn render_block(config: &Config, root: &Path, block: &docs::Block) -> Result<Str
         )));
     }
     Ok(docs::demote_headings(&report::markdown(config, &samples)))
-}
-
-fn transport(s: &str) -> Result<config::Transport, String> {
-    match s {
-        "vhost" => Ok(config::Transport::Vhost),
-        "nbd" => Ok(config::Transport::Nbd),
-        _ => Err(format!("'{s}' is not a transport (vhost, nbd)")),
-    }
 }
 
 /// The cryptblk binary named, or a release build of it (and vu_bench) from this workspace.
