@@ -33,11 +33,19 @@ const PATTERN_AT: u64 = 1 << 20;
 const PATTERN_LEN: u64 = 1 << 20;
 const LOAD_FROM: u64 = 4 << 20;
 
-pub struct Options {
+#[derive(clap::Args)]
+pub struct Args {
+    /// Idle and loaded hand-offs each.
+    #[arg(long, default_value_t = 5)]
     pub rounds: u32,
+    /// The disk's payload (at least 8M).
+    #[arg(long, default_value = "64M", value_parser = crate::config::parse_size)]
     pub size: u64,
-    pub cryptblk: PathBuf,
+    #[arg(long, default_value = "handoff-results.jsonl")]
     pub results: PathBuf,
+    /// The cryptblk binary (default: `cargo build --release`, then target/release).
+    #[arg(long)]
+    pub cryptblk: Option<PathBuf>,
 }
 
 /// A daemon of the hand-off: its process (killed when dropped), control and NBD sockets.
@@ -183,7 +191,7 @@ impl Load {
 
 /// Runs `rounds` idle and `rounds` loaded hand-offs; appends a sample per hand-off to the
 /// results file.
-pub fn run(o: &Options, config: &Config) -> Result<Vec<Sample>> {
+pub fn run(o: &Args, cryptblk: &Path, config: &Config) -> Result<Vec<Sample>> {
     let preset = config.preset("handoff")?;
     for tool in ["ceph-mon", "rbd", "qemu-io", "fio"] {
         if Command::new("sh")
@@ -202,12 +210,17 @@ pub fn run(o: &Options, config: &Config) -> Result<Vec<Sample>> {
     }
     let work = std::env::temp_dir().join(format!("cryptblk-handoff-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
-    let result = run_in(o, preset, &work);
+    let result = run_in(o, cryptblk, preset, &work);
     let _ = std::fs::remove_dir_all(&work);
     result
 }
 
-fn run_in(o: &Options, preset: &crate::config::Preset, work: &Path) -> Result<Vec<Sample>> {
+fn run_in(
+    o: &Args,
+    cryptblk: &Path,
+    preset: &crate::config::Preset,
+    work: &Path,
+) -> Result<Vec<Sample>> {
     eprintln!("+ starting a single-node Ceph cluster (memstore OSD)");
     let cluster = Cluster::start();
     let key = work.join("key");
@@ -215,7 +228,7 @@ fn run_in(o: &Options, preset: &crate::config::Preset, work: &Path) -> Result<Ve
     let key_arg = key.to_string_lossy().into_owned();
     let image = format!("rbd:{POOL}/vol:conf={}", cluster.conf.display());
     crate::command::run(
-        Command::new(&o.cryptblk)
+        Command::new(cryptblk)
             .args(["format", "--batch-mode", "--key-file", &key_arg])
             .args(["--pbkdf", "pbkdf2", "--iter-time", "10"])
             .arg(&image)
@@ -223,11 +236,11 @@ fn run_in(o: &Options, preset: &crate::config::Preset, work: &Path) -> Result<Ve
     )?;
     let a = Daemon::start(
         "A",
-        &o.cryptblk,
+        cryptblk,
         work,
         &["--image", &image, "--name", "vol", "--key-file", &key_arg],
     )?;
-    let b = Daemon::start("B", &o.cryptblk, work, &[])?;
+    let b = Daemon::start("B", cryptblk, work, &[])?;
     qemu_io(
         &a.uri(),
         "writing the pattern through A",
@@ -320,7 +333,7 @@ impl Driver for Handoffs<'_> {
 
 /// What every hand-off shares: the options, the work directory, the image and its key file.
 struct Setup<'a> {
-    o: &'a Options,
+    o: &'a Args,
     work: &'a Path,
     image: &'a str,
     key: &'a str,

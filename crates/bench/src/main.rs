@@ -84,46 +84,11 @@ enum Cmd {
     /// A LUKS2 image's volume key replaced: offline against `cryptsetup reencrypt` and an
     /// in-place copy, and online, the 4k random-read IOPS and p99 of a served disk during a
     /// reencryption against without (as root: the page cache is dropped before every job).
-    Reencrypt {
-        #[arg(long, default_value_t = 3)]
-        rounds: u32,
-        #[arg(long, default_value = "8G")]
-        size: String,
-        /// Where the image goes (a real filesystem; kept with --keep-images).
-        #[arg(long, default_value = "/var/tmp/cryptblk-bench-reencrypt")]
-        dir: PathBuf,
-        /// Seconds of each online measurement.
-        #[arg(long, default_value_t = 5.0)]
-        runtime: f64,
-        #[arg(long, default_value = "reencrypt-results.jsonl")]
-        results: PathBuf,
-        #[arg(long)]
-        cryptblk: Option<PathBuf>,
-        #[arg(long)]
-        vu_bench: Option<PathBuf>,
-        #[arg(long)]
-        keep_images: bool,
-        /// Encrypt a served raw disk in place instead (online only: its 4k random reads
-        /// while the encryption runs against while it is paused).
-        #[arg(long)]
-        encrypt: bool,
-    },
+    Reencrypt(reencrypt::Args),
     /// Shared-storage hand-offs of a LUKS2 RBD disk between two daemons (`migrate-start
     /// --shared`), idle and under a 4k write load, on a throwaway Ceph cluster: each
     /// hand-off's downtime, one JSON line per hand-off, and a summary against the targets.
-    Handoff {
-        /// Idle and loaded hand-offs each.
-        #[arg(long, default_value_t = 5)]
-        rounds: u32,
-        /// The disk's payload (at least 8M).
-        #[arg(long, default_value = "64M")]
-        size: String,
-        #[arg(long, default_value = "handoff-results.jsonl")]
-        results: PathBuf,
-        /// The cryptblk binary (default: `cargo build --release`, then target/release).
-        #[arg(long)]
-        cryptblk: Option<PathBuf>,
-    },
+    Handoff(handoff::Args),
     /// `cryptblk convert` against `qemu-img convert` (raw -> LUKS and raw -> raw on disk,
     /// raw -> LUKS on tmpfs against cp), single-thread AES-XTS against openssl, peak RSS.
     Convert(convert::Args),
@@ -240,46 +205,15 @@ fn run() -> Result<()> {
             Some(results) => soak::report_again(&a, results),
             None => soak::run(&a, &cryptblk_binary(a.cryptblk.clone())?),
         },
-        Cmd::Handoff {
-            rounds,
-            size,
-            results,
-            cryptblk,
-        } => {
-            let (cryptblk, _) = binaries(cryptblk, None)?;
-            let options = handoff::Options {
-                rounds,
-                size: config::parse_size(&size)?,
-                cryptblk,
-                results,
-            };
-            summarize(&config, &handoff::run(&options, &config)?)
+        Cmd::Handoff(mut a) => {
+            let cryptblk = cryptblk_binary(a.cryptblk.take())?;
+            summarize(&config, &handoff::run(&a, &cryptblk, &config)?)
         }
-        Cmd::Reencrypt {
-            rounds,
-            size,
-            dir,
-            runtime,
-            results,
-            cryptblk,
-            vu_bench,
-            keep_images,
-            encrypt,
-        } => {
-            let (cryptblk, vu_bench) = binaries(cryptblk, vu_bench)?;
+        Cmd::Reencrypt(mut a) => {
+            let (cryptblk, vu_bench) = binaries(a.cryptblk.take(), a.vu_bench.take())?;
             let workload = *config.workload("rr4k-d32-q1")?;
-            let options = reencrypt::Options {
-                rounds,
-                size: config::parse_size(&size)?,
-                dir,
-                runtime,
-                cryptblk,
-                vu_bench,
-                results,
-                keep_images,
-                encrypt,
-            };
-            summarize(&config, &reencrypt::run(&options, &config, &workload)?)
+            let samples = reencrypt::run(&a, (&cryptblk, &vu_bench), &config, &workload)?;
+            summarize(&config, &samples)
         }
         Cmd::List => {
             for (name, p) in &config.presets {
