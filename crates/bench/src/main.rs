@@ -113,28 +113,7 @@ enum Cmd {
     /// The device's ceiling for an encryptor: O_DIRECT reads with io_uring on one thread, each
     /// completed buffer left alone, read once, or decrypted in place before the next read
     /// into it (JSON on stdout).
-    Ceiling {
-        /// The file or device to read.
-        file: PathBuf,
-        /// Where the reads start (a LUKS image's payload offset), bytes.
-        #[arg(long, default_value_t = 0)]
-        offset: u64,
-        /// Bytes the reads cover from --offset (default: to the end of the file).
-        #[arg(long)]
-        size: Option<u64>,
-        /// read (sequential) or randread.
-        #[arg(long, default_value = "read")]
-        rw: String,
-        #[arg(long, default_value_t = 65536)]
-        bs: usize,
-        #[arg(long, default_value_t = 16)]
-        iodepth: usize,
-        /// Seconds.
-        #[arg(long, default_value_t = 5.0)]
-        runtime: f64,
-        #[arg(long, value_enum, default_value = "none")]
-        touch: ceiling::Touch,
-    },
+    Ceiling(ceiling::Args),
 }
 
 fn main() {
@@ -148,41 +127,7 @@ fn run() -> Result<()> {
     let cli = Cli::parse();
     let config = Config::load(cli.config.as_deref())?;
     match cli.command {
-        Cmd::Ceiling {
-            file,
-            offset,
-            size,
-            rw,
-            bs,
-            iodepth,
-            runtime,
-            touch,
-        } => {
-            let random = match rw.as_str() {
-                "read" => false,
-                "randread" => true,
-                other => bail!("--rw {other}: the ceiling reads (read or randread)"),
-            };
-            let size = match size {
-                Some(size) => size,
-                None => std::fs::metadata(&file)
-                    .with_context(|| format!("{}", file.display()))?
-                    .len()
-                    .saturating_sub(offset),
-            };
-            let result = ceiling::run(&ceiling::Ceiling {
-                file: &file,
-                offset,
-                size,
-                random,
-                bs,
-                iodepth,
-                runtime: std::time::Duration::from_secs_f64(runtime),
-                touch,
-            })?;
-            println!("{result}");
-            Ok(())
-        }
+        Cmd::Ceiling(a) => ceiling::main(&a),
         Cmd::Convert(args) => {
             let cryptblk = cryptblk_binary(args.cryptblk.clone())?;
             let samples = convert::run(&args.options(cryptblk)?, &config)?;
