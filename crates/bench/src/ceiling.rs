@@ -22,7 +22,7 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,58 @@ pub enum Touch {
     None,
     Read,
     Decrypt,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The file or device to read.
+    file: PathBuf,
+    /// Where the reads start (a LUKS image's payload offset), bytes.
+    #[arg(long, default_value_t = 0)]
+    offset: u64,
+    /// Bytes the reads cover from --offset (default: to the end of the file).
+    #[arg(long)]
+    size: Option<u64>,
+    /// read (sequential) or randread.
+    #[arg(long, default_value = "read")]
+    rw: String,
+    #[arg(long, default_value_t = 65536)]
+    bs: usize,
+    #[arg(long, default_value_t = 16)]
+    iodepth: usize,
+    /// Seconds.
+    #[arg(long, default_value_t = 5.0)]
+    runtime: f64,
+    #[arg(long, value_enum, default_value = "none")]
+    touch: Touch,
+}
+
+/// `cryptblk-bench ceiling`: one measurement, its JSON on stdout.
+pub fn main(a: &Args) -> Result<()> {
+    let random = match a.rw.as_str() {
+        "read" => false,
+        "randread" => true,
+        other => bail!("--rw {other}: the ceiling reads (read or randread)"),
+    };
+    let size = match a.size {
+        Some(size) => size,
+        None => std::fs::metadata(&a.file)
+            .with_context(|| format!("{}", a.file.display()))?
+            .len()
+            .saturating_sub(a.offset),
+    };
+    let result = run(&Ceiling {
+        file: &a.file,
+        offset: a.offset,
+        size,
+        random,
+        bs: a.bs,
+        iodepth: a.iodepth,
+        runtime: Duration::from_secs_f64(a.runtime),
+        touch: a.touch,
+    })?;
+    println!("{result}");
+    Ok(())
 }
 
 /// One measurement's parameters.

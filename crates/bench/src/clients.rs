@@ -1,48 +1,30 @@
 //! The clients besides fio: `vu_bench` (libblkio over vhost-user-blk; it measures its own
 //! window and the server's CPU over it), an idle vu_bench (server CPU and memory with a
 //! connected client that submits nothing), and `nbdcopy` of the whole disk.
+use crate::command::{output, quiet_output, show};
 use crate::config::Workload;
 use crate::engine::Measured;
 use crate::procfs::{cpu_pct, memory_kib, process_ticks};
 use crate::sample::Metrics;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
+use serde_json::Value;
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Prints a command line before it runs, so every figure can be reproduced by hand.
-pub fn show(cmd: &Command) {
-    eprintln!("+ {}", command_line(cmd));
-}
-
-/// `cmd` as one line: the program and its arguments, space-separated.
-pub fn command_line(cmd: &Command) -> String {
-    let args: Vec<String> = cmd
-        .get_args()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    format!("{} {}", cmd.get_program().to_string_lossy(), args.join(" "))
-}
-
-/// `cryptblk ctl --socket CTL ARGS...`: the daemon's JSON answer; a failed call is an error
-/// with ctl's message.
-pub fn ctl(cryptblk: &Path, socket: &Path, args: &[&str]) -> Result<serde_json::Value> {
-    let out = Command::new(cryptblk)
-        .arg("ctl")
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .context("running cryptblk ctl")?;
-    if !out.status.success() {
-        bail!(
-            "cryptblk ctl {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    serde_json::from_slice(&out.stdout).context("parsing ctl's answer")
+/// `cryptblk ctl --socket CTL ARGS...`: the daemon's JSON answer (an answer that is not JSON
+/// as a string); a failed call is an error with ctl's message.
+pub fn ctl<S: AsRef<OsStr>>(cryptblk: &Path, socket: &Path, args: &[S]) -> Result<Value> {
+    let answer = quiet_output(
+        Command::new(cryptblk)
+            .arg("ctl")
+            .arg("--socket")
+            .arg(socket)
+            .args(args),
+    )?;
+    Ok(serde_json::from_str(answer.trim()).unwrap_or(Value::String(answer)))
 }
 
 /// vu_bench's JSON line (fields it has printed since the bash harness, plus the percentiles
@@ -82,18 +64,7 @@ pub fn vu_bench(
         .args(["--runtime", &runtime.to_string()])
         .args(["--size", &size.to_string()])
         .args(["--server-pid", &server.to_string()]);
-    show(&cmd);
-    let out = cmd
-        .output()
-        .with_context(|| format!("running {}", vu.display()))?;
-    if !out.status.success() {
-        bail!(
-            "vu_bench failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    parse_vu(&String::from_utf8_lossy(&out.stdout))
+    parse_vu(&output(&mut cmd)?)
 }
 
 fn parse_vu(stdout: &str) -> Result<Measured> {
@@ -165,17 +136,8 @@ pub fn nbdcopy(uri: &str, size: u64, server: u32) -> Result<Measured> {
     cmd.args([uri, "null:"]);
     show(&cmd);
     let (c0, t0) = (process_ticks(server)?, Instant::now());
-    let out = cmd
-        .output()
-        .context("running nbdcopy (Debian: apt-get install libnbd-bin)")?;
+    quiet_output(&mut cmd).context("nbdcopy (Debian: apt-get install libnbd-bin)")?;
     let (c1, secs) = (process_ticks(server)?, t0.elapsed().as_secs_f64());
-    if !out.status.success() {
-        bail!(
-            "nbdcopy failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
     Ok(Measured {
         window_s: secs,
         metrics: Metrics::default()

@@ -210,7 +210,7 @@ pub fn run(
                 .arg(format!("--rbdname={image}"));
         }
     }
-    crate::clients::show(&cmd);
+    crate::command::show(&cmd);
     let out = cmd
         .output()
         .context("running fio (Debian: apt-get install fio)")?;

@@ -17,10 +17,10 @@
 use crate::config::Config;
 use crate::config::Transport;
 use crate::engine::{self, Driver, Measured};
-use crate::images::{self, POOL};
+use crate::images::POOL;
 use crate::plan::{Fits, Step};
 use crate::sample::{Metrics, Sample};
-use crate::{clients, peers};
+use crate::{clients, peers, wait};
 use anyhow::{bail, Context, Result};
 use cryptblk_testutil::ceph::Cluster;
 use serde_json::Value;
@@ -33,11 +33,19 @@ const PATTERN_AT: u64 = 1 << 20;
 const PATTERN_LEN: u64 = 1 << 20;
 const LOAD_FROM: u64 = 4 << 20;
 
-pub struct Options {
+#[derive(clap::Args)]
+pub struct Args {
+    /// Idle and loaded hand-offs each.
+    #[arg(long, default_value_t = 5)]
     pub rounds: u32,
+    /// The disk's payload (at least 8M).
+    #[arg(long, default_value = "64M", value_parser = crate::config::parse_size)]
     pub size: u64,
-    pub cryptblk: PathBuf,
+    #[arg(long, default_value = "handoff-results.jsonl")]
     pub results: PathBuf,
+    /// The cryptblk binary (default: `cargo build --release`, then target/release).
+    #[arg(long)]
+    pub cryptblk: Option<PathBuf>,
 }
 
 /// A daemon of the hand-off: its process (killed when dropped), control and NBD sockets.
@@ -68,16 +76,17 @@ impl Daemon {
             ctl,
             cryptblk: cryptblk.to_path_buf(),
         };
-        let start = Instant::now();
-        while clients::ctl(cryptblk, &daemon.ctl, &["disk-list"]).is_err() {
-            if start.elapsed() > Duration::from_secs(90) {
-                bail!(
-                    "daemon {name}: no control socket after 90 s: {}",
+        wait::until(
+            Duration::from_secs(90),
+            Duration::from_millis(100),
+            || {
+                format!(
+                    "daemon {name}: no control socket: {}",
                     daemon.server.log_tail()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+                )
+            },
+            || Ok(clients::ctl(cryptblk, &daemon.ctl, &["disk-list"]).ok()),
+        )?;
         Ok(daemon)
     }
 
@@ -115,7 +124,7 @@ fn qemu_io(uri: &str, what: &str, commands: &[String]) -> Result<()> {
         cmd.args(["-c", c]);
     }
     cmd.arg(uri);
-    clients::show(&cmd);
+    crate::command::show(&cmd);
     let out = cmd.output().context("running qemu-io")?;
     let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
     if !out.status.success() || text.contains("fail") || text.contains("Pattern verification") {
@@ -152,7 +161,7 @@ impl Load {
         .arg(format!("--output={}", output.display()))
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-        clients::show(&cmd);
+        crate::command::show(&cmd);
         let mut child = cmd.spawn().context("starting fio")?;
         std::thread::sleep(Duration::from_secs(2));
         if let Some(status) = child.try_wait()? {
@@ -182,7 +191,7 @@ impl Load {
 
 /// Runs `rounds` idle and `rounds` loaded hand-offs; appends a sample per hand-off to the
 /// results file.
-pub fn run(o: &Options, config: &Config) -> Result<Vec<Sample>> {
+pub fn run(o: &Args, cryptblk: &Path, config: &Config) -> Result<Vec<Sample>> {
     let preset = config.preset("handoff")?;
     for tool in ["ceph-mon", "rbd", "qemu-io", "fio"] {
         if Command::new("sh")
@@ -201,20 +210,25 @@ pub fn run(o: &Options, config: &Config) -> Result<Vec<Sample>> {
     }
     let work = std::env::temp_dir().join(format!("cryptblk-handoff-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
-    let result = run_in(o, preset, &work);
+    let result = run_in(o, cryptblk, preset, &work);
     let _ = std::fs::remove_dir_all(&work);
     result
 }
 
-fn run_in(o: &Options, preset: &crate::config::Preset, work: &Path) -> Result<Vec<Sample>> {
+fn run_in(
+    o: &Args,
+    cryptblk: &Path,
+    preset: &crate::config::Preset,
+    work: &Path,
+) -> Result<Vec<Sample>> {
     eprintln!("+ starting a single-node Ceph cluster (memstore OSD)");
     let cluster = Cluster::start();
     let key = work.join("key");
     std::fs::write(&key, "bench")?;
     let key_arg = key.to_string_lossy().into_owned();
     let image = format!("rbd:{POOL}/vol:conf={}", cluster.conf.display());
-    images::run(
-        Command::new(&o.cryptblk)
+    crate::command::run(
+        Command::new(cryptblk)
             .args(["format", "--batch-mode", "--key-file", &key_arg])
             .args(["--pbkdf", "pbkdf2", "--iter-time", "10"])
             .arg(&image)
@@ -222,11 +236,11 @@ fn run_in(o: &Options, preset: &crate::config::Preset, work: &Path) -> Result<Ve
     )?;
     let a = Daemon::start(
         "A",
-        &o.cryptblk,
+        cryptblk,
         work,
         &["--image", &image, "--name", "vol", "--key-file", &key_arg],
     )?;
-    let b = Daemon::start("B", &o.cryptblk, work, &[])?;
+    let b = Daemon::start("B", cryptblk, work, &[])?;
     qemu_io(
         &a.uri(),
         "writing the pattern through A",
@@ -319,7 +333,7 @@ impl Driver for Handoffs<'_> {
 
 /// What every hand-off shares: the options, the work directory, the image and its key file.
 struct Setup<'a> {
-    o: &'a Options,
+    o: &'a Args,
     work: &'a Path,
     image: &'a str,
     key: &'a str,
@@ -361,31 +375,37 @@ fn hand_off(
         None
     };
     from.ctl(&["migrate-switchover", "vol"])?;
-    let start = Instant::now();
-    let status = loop {
-        let status = from.ctl(&["migrate-status", "vol"])?;
-        match status["phase"].as_str() {
-            Some("completed") => break status,
-            Some("failed" | "cancelled") => bail!("hand-off {n}: {status}"),
-            _ if start.elapsed() > Duration::from_secs(120) => {
-                bail!("hand-off {n} not completed after 120 s: {status}")
+    let last = std::cell::RefCell::new(Value::Null);
+    let status = wait::until(
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || format!("hand-off {n} not completed: {}", last.borrow()),
+        || {
+            let status = from.ctl(&["migrate-status", "vol"])?;
+            match status["phase"].as_str() {
+                Some("completed") => Ok(Some(status)),
+                Some("failed" | "cancelled") => bail!("hand-off {n}: {status}"),
+                _ => {
+                    *last.borrow_mut() = status;
+                    Ok(None)
+                }
             }
-            _ => std::thread::sleep(Duration::from_millis(100)),
-        }
-    };
+        },
+    )?;
     let downtime_ms = status["outgoing"]["downtime-ms"]
         .as_f64()
         .with_context(|| format!("migrate-status has no outgoing downtime-ms: {status}"))?;
-    let start = Instant::now();
-    while !to.has_disk() {
-        if start.elapsed() > Duration::from_secs(30) {
-            bail!(
+    wait::until(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            format!(
                 "hand-off {n}: daemon {} never listed vol as attached",
                 to.name
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+            )
+        },
+        || Ok(to.has_disk().then_some(())),
+    )?;
     let fio_write_iops = load.and_then(Load::stop);
     from.ctl(&["disk-remove", "vol"])?;
     Ok((downtime_ms, fio_write_iops))

@@ -1,12 +1,16 @@
 //! The images every peer serves, all holding the same incompressible payload: the raw image is
 //! written here, and copied into each LUKS image with `cryptblk convert -n` (so reads hit
 //! written ciphertext, never holes).
+use crate::command::run;
 use crate::config::Image;
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// A keyslot that opens in a millisecond: no experiment here measures a KDF.
+pub const CHEAP_KDF: &[&str] = &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
 
 #[derive(Clone)]
 pub struct Images {
@@ -58,23 +62,6 @@ impl RbdStore {
     }
 }
 
-/// Runs a set-up command to its end; its stderr is the error when it fails.
-pub(crate) fn run(cmd: &mut Command) -> Result<()> {
-    crate::clients::show(cmd);
-    let out = cmd
-        .output()
-        .with_context(|| format!("running {}", cmd.get_program().to_string_lossy()))?;
-    if !out.status.success() {
-        bail!(
-            "{} failed ({}): {}",
-            cmd.get_program().to_string_lossy(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
-}
-
 /// Makes the images in `dir` (or reuses them with `keep`, when the raw one has the size).
 pub fn prepare(
     dir: &Path,
@@ -116,8 +103,9 @@ pub fn prepare(
             Image::Raw => unreachable!("filtered out"),
             Image::Luks2 => run(Command::new(cryptblk)
                 .args(["format", "-q", "--type", "luks2", "--cipher", "aes-xts-plain64"])
-                .args(["--key-size", "512", "--sector-size", "4096", "--pbkdf", "pbkdf2"])
-                .args(["--pbkdf-force-iterations", "1000", "--key-file"])
+                .args(["--key-size", "512", "--sector-size", "4096"])
+                .args(CHEAP_KDF)
+                .arg("--key-file")
                 .arg(&images.key)
                 .arg(&path)
                 .arg(size.to_string()))?,
@@ -172,7 +160,7 @@ pub fn qemu_luks1(path: &Path, size: u64, key: &Path) -> Result<()> {
         .args(["-o", "key-secret=sec0,cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha256,iter-time=10"])
         .arg(path)
         .arg(size.to_string());
-    crate::clients::show(&cmd);
+    crate::command::show(&cmd);
     for _ in 0..400 {
         let out = cmd
             .output()

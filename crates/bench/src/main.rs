@@ -5,6 +5,7 @@
 mod ceiling;
 mod chart;
 mod clients;
+mod command;
 mod config;
 mod control;
 mod convert;
@@ -29,6 +30,7 @@ mod sample;
 mod soak;
 mod spdk;
 mod summary;
+mod wait;
 mod workdir;
 
 use anyhow::{bail, Context, Result};
@@ -54,47 +56,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Measures a preset; appends one JSON line per measurement to the results file.
-    Run {
-        /// disk, serve, nbd, rbd, demo or spdk (see `list`).
-        #[arg(long)]
-        preset: String,
-        #[arg(long, default_value = "bench-results.jsonl")]
-        results: PathBuf,
-        /// Rounds instead of the preset's.
-        #[arg(long)]
-        rounds: Option<u32>,
-        /// Seconds per measurement instead of the preset's.
-        #[arg(long)]
-        runtime: Option<f64>,
-        /// Image size instead of the preset's (256M, 8G, ...).
-        #[arg(long)]
-        size: Option<String>,
-        /// Where the images go instead of the preset's directory.
-        #[arg(long)]
-        dir: Option<PathBuf>,
-        /// The cryptblk binary to measure (default: `cargo build --release`, then target/release).
-        #[arg(long)]
-        cryptblk: Option<PathBuf>,
-        /// An older cryptblk binary to measure beside --cryptblk: every cryptblk peer X gets a
-        /// twin X-base served by it, run right after X in each round, and the ratio X/X-base.
-        #[arg(long, value_name = "CRYPTBLK")]
-        baseline: Option<PathBuf>,
-        /// The vu_bench example binary (default: built like --cryptblk).
-        #[arg(long)]
-        vu_bench: Option<PathBuf>,
-        /// Only these of the preset's peers (comma-separated; the ceiling is always measured).
-        #[arg(long, value_delimiter = ',')]
-        peers: Option<Vec<String>>,
-        /// Only these of the preset's transports (vhost, nbd).
-        #[arg(long, value_delimiter = ',', value_parser = transport)]
-        transports: Option<Vec<config::Transport>>,
-        /// Only these of the preset's workloads.
-        #[arg(long, value_delimiter = ',')]
-        workloads: Option<Vec<String>>,
-        /// Keep the images for the next run (and reuse ones kept by an earlier run).
-        #[arg(long)]
-        keep_images: bool,
-    },
+    Run(matrix::Args),
     /// Markdown tables (and with --charts, SVG charts) from one or more results files.
     Report {
         #[arg(required_unless_present = "docs")]
@@ -122,46 +84,11 @@ enum Cmd {
     /// A LUKS2 image's volume key replaced: offline against `cryptsetup reencrypt` and an
     /// in-place copy, and online, the 4k random-read IOPS and p99 of a served disk during a
     /// reencryption against without (as root: the page cache is dropped before every job).
-    Reencrypt {
-        #[arg(long, default_value_t = 3)]
-        rounds: u32,
-        #[arg(long, default_value = "8G")]
-        size: String,
-        /// Where the image goes (a real filesystem; kept with --keep-images).
-        #[arg(long, default_value = "/var/tmp/cryptblk-bench-reencrypt")]
-        dir: PathBuf,
-        /// Seconds of each online measurement.
-        #[arg(long, default_value_t = 5.0)]
-        runtime: f64,
-        #[arg(long, default_value = "reencrypt-results.jsonl")]
-        results: PathBuf,
-        #[arg(long)]
-        cryptblk: Option<PathBuf>,
-        #[arg(long)]
-        vu_bench: Option<PathBuf>,
-        #[arg(long)]
-        keep_images: bool,
-        /// Encrypt a served raw disk in place instead (online only: its 4k random reads
-        /// while the encryption runs against while it is paused).
-        #[arg(long)]
-        encrypt: bool,
-    },
+    Reencrypt(reencrypt::Args),
     /// Shared-storage hand-offs of a LUKS2 RBD disk between two daemons (`migrate-start
     /// --shared`), idle and under a 4k write load, on a throwaway Ceph cluster: each
     /// hand-off's downtime, one JSON line per hand-off, and a summary against the targets.
-    Handoff {
-        /// Idle and loaded hand-offs each.
-        #[arg(long, default_value_t = 5)]
-        rounds: u32,
-        /// The disk's payload (at least 8M).
-        #[arg(long, default_value = "64M")]
-        size: String,
-        #[arg(long, default_value = "handoff-results.jsonl")]
-        results: PathBuf,
-        /// The cryptblk binary (default: `cargo build --release`, then target/release).
-        #[arg(long)]
-        cryptblk: Option<PathBuf>,
-    },
+    Handoff(handoff::Args),
     /// `cryptblk convert` against `qemu-img convert` (raw -> LUKS and raw -> raw on disk,
     /// raw -> LUKS on tmpfs against cp), single-thread AES-XTS against openssl, peak RSS.
     Convert(convert::Args),
@@ -186,28 +113,7 @@ enum Cmd {
     /// The device's ceiling for an encryptor: O_DIRECT reads with io_uring on one thread, each
     /// completed buffer left alone, read once, or decrypted in place before the next read
     /// into it (JSON on stdout).
-    Ceiling {
-        /// The file or device to read.
-        file: PathBuf,
-        /// Where the reads start (a LUKS image's payload offset), bytes.
-        #[arg(long, default_value_t = 0)]
-        offset: u64,
-        /// Bytes the reads cover from --offset (default: to the end of the file).
-        #[arg(long)]
-        size: Option<u64>,
-        /// read (sequential) or randread.
-        #[arg(long, default_value = "read")]
-        rw: String,
-        #[arg(long, default_value_t = 65536)]
-        bs: usize,
-        #[arg(long, default_value_t = 16)]
-        iodepth: usize,
-        /// Seconds.
-        #[arg(long, default_value_t = 5.0)]
-        runtime: f64,
-        #[arg(long, value_enum, default_value = "none")]
-        touch: ceiling::Touch,
-    },
+    Ceiling(ceiling::Args),
 }
 
 fn main() {
@@ -221,41 +127,7 @@ fn run() -> Result<()> {
     let cli = Cli::parse();
     let config = Config::load(cli.config.as_deref())?;
     match cli.command {
-        Cmd::Ceiling {
-            file,
-            offset,
-            size,
-            rw,
-            bs,
-            iodepth,
-            runtime,
-            touch,
-        } => {
-            let random = match rw.as_str() {
-                "read" => false,
-                "randread" => true,
-                other => bail!("--rw {other}: the ceiling reads (read or randread)"),
-            };
-            let size = match size {
-                Some(size) => size,
-                None => std::fs::metadata(&file)
-                    .with_context(|| format!("{}", file.display()))?
-                    .len()
-                    .saturating_sub(offset),
-            };
-            let result = ceiling::run(&ceiling::Ceiling {
-                file: &file,
-                offset,
-                size,
-                random,
-                bs,
-                iodepth,
-                runtime: std::time::Duration::from_secs_f64(runtime),
-                touch,
-            })?;
-            println!("{result}");
-            Ok(())
-        }
+        Cmd::Ceiling(a) => ceiling::main(&a),
         Cmd::Convert(args) => {
             let cryptblk = cryptblk_binary(args.cryptblk.clone())?;
             let samples = convert::run(&args.options(cryptblk)?, &config)?;
@@ -278,46 +150,15 @@ fn run() -> Result<()> {
             Some(results) => soak::report_again(&a, results),
             None => soak::run(&a, &cryptblk_binary(a.cryptblk.clone())?),
         },
-        Cmd::Handoff {
-            rounds,
-            size,
-            results,
-            cryptblk,
-        } => {
-            let (cryptblk, _) = binaries(cryptblk, None)?;
-            let options = handoff::Options {
-                rounds,
-                size: config::parse_size(&size)?,
-                cryptblk,
-                results,
-            };
-            summarize(&config, &handoff::run(&options, &config)?)
+        Cmd::Handoff(mut a) => {
+            let cryptblk = cryptblk_binary(a.cryptblk.take())?;
+            summarize(&config, &handoff::run(&a, &cryptblk, &config)?)
         }
-        Cmd::Reencrypt {
-            rounds,
-            size,
-            dir,
-            runtime,
-            results,
-            cryptblk,
-            vu_bench,
-            keep_images,
-            encrypt,
-        } => {
-            let (cryptblk, vu_bench) = binaries(cryptblk, vu_bench)?;
+        Cmd::Reencrypt(mut a) => {
+            let (cryptblk, vu_bench) = binaries(a.cryptblk.take(), a.vu_bench.take())?;
             let workload = *config.workload("rr4k-d32-q1")?;
-            let options = reencrypt::Options {
-                rounds,
-                size: config::parse_size(&size)?,
-                dir,
-                runtime,
-                cryptblk,
-                vu_bench,
-                results,
-                keep_images,
-                encrypt,
-            };
-            summarize(&config, &reencrypt::run(&options, &config, &workload)?)
+            let samples = reencrypt::run(&a, (&cryptblk, &vu_bench), &config, &workload)?;
+            summarize(&config, &samples)
         }
         Cmd::List => {
             for (name, p) in &config.presets {
@@ -349,54 +190,26 @@ fn run() -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Run {
-            preset,
-            results,
-            rounds,
-            runtime,
-            size,
-            dir,
-            cryptblk,
-            baseline,
-            vu_bench,
-            keep_images,
-            peers,
-            transports,
-            workloads,
-        } => {
-            let table = config.preset(&preset)?;
+        Cmd::Run(mut a) => {
+            let table = config.preset(&a.preset)?;
             if table.driver != config::Driver::Matrix {
                 bail!(
-                    "preset '{preset}' is run by `cryptblk-bench {}` (with its own options)",
+                    "preset '{}' is run by `cryptblk-bench {}` (with its own options)",
+                    a.preset,
                     table.driver.command()
                 );
             }
             let mut chosen = table.narrowed(
-                peers.as_deref(),
-                transports.as_deref(),
-                workloads.as_deref(),
+                a.peers.as_deref(),
+                a.transports.as_deref(),
+                a.workloads.as_deref(),
             )?;
             let mut config = config;
-            if baseline.is_some() {
+            if a.baseline.is_some() {
                 config.add_baseline(&mut chosen);
             }
-            let (cryptblk, vu_bench) = binaries(cryptblk, vu_bench)?;
-            let samples = matrix::run(
-                &config,
-                &chosen,
-                &matrix::Options {
-                    preset,
-                    results,
-                    rounds,
-                    runtime,
-                    size,
-                    dir,
-                    cryptblk,
-                    baseline,
-                    vu_bench,
-                    keep_images,
-                },
-            )?;
+            let (cryptblk, vu_bench) = binaries(a.cryptblk.take(), a.vu_bench.take())?;
+            let samples = matrix::run(&config, &chosen, &a, &cryptblk, &vu_bench)?;
             // The tables of this run; `report` renders any set of result files.
             summarize(&config, &samples)
         }
@@ -502,14 +315,6 @@ fn render_block(config: &Config, root: &Path, block: &docs::Block) -> Result<Str
     Ok(docs::demote_headings(&report::markdown(config, &samples)))
 }
 
-fn transport(s: &str) -> Result<config::Transport, String> {
-    match s {
-        "vhost" => Ok(config::Transport::Vhost),
-        "nbd" => Ok(config::Transport::Nbd),
-        _ => Err(format!("'{s}' is not a transport (vhost, nbd)")),
-    }
-}
-
 /// The cryptblk binary named, or a release build of it (and vu_bench) from this workspace.
 fn cryptblk_binary(cryptblk: Option<PathBuf>) -> Result<PathBuf> {
     match cryptblk {
@@ -518,16 +323,28 @@ fn cryptblk_binary(cryptblk: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
+/// `cargo build --release ARGS` in this workspace; the directory the binaries are in.
+fn release_build(args: &[&str]) -> Result<PathBuf> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(&workspace)
+        .args(["build", "--release"])
+        .args(args);
+    crate::command::show(&cmd);
+    if !cmd.status().context("running cargo")?.success() {
+        bail!("cargo build --release {} failed", args.join(" "));
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace.join("target"), PathBuf::from);
+    Ok(target.join("release"))
+}
+
 /// The binaries named, or a release build of both from this workspace.
 fn binaries(cryptblk: Option<PathBuf>, vu_bench: Option<PathBuf>) -> Result<(PathBuf, PathBuf)> {
     if let (Some(c), Some(v)) = (&cryptblk, &vu_bench) {
         return Ok((c.clone(), v.clone()));
     }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut cmd = Command::new("cargo");
-    cmd.current_dir(&workspace).args([
-        "build",
-        "--release",
+    let release = release_build(&[
         "-p",
         "cryptblk",
         "-p",
@@ -536,14 +353,7 @@ fn binaries(cryptblk: Option<PathBuf>, vu_bench: Option<PathBuf>) -> Result<(Pat
         "cryptblk",
         "--example",
         "vu_bench",
-    ]);
-    clients::show(&cmd);
-    if !cmd.status().context("running cargo")?.success() {
-        bail!("building cryptblk and vu_bench failed");
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace.join("target"), PathBuf::from);
-    let release = target.join("release");
+    ])?;
     Ok((
         cryptblk.unwrap_or_else(|| release.join("cryptblk")),
         vu_bench.unwrap_or_else(|| release.join("examples/vu_bench")),

@@ -13,18 +13,57 @@ use cryptblk_testutil::ceph::Cluster;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-pub struct Options {
+/// `cryptblk-bench run`: a preset of the matrix, narrowed to some of its peers, transports and
+/// workloads.
+#[derive(clap::Args)]
+pub struct Args {
+    /// disk, serve, nbd, rbd, demo or spdk (see `list`).
+    #[arg(long)]
     pub preset: String,
+    #[arg(long, default_value = "bench-results.jsonl")]
     pub results: PathBuf,
+    /// Rounds instead of the preset's.
+    #[arg(long)]
     pub rounds: Option<u32>,
+    /// Seconds per measurement instead of the preset's.
+    #[arg(long)]
     pub runtime: Option<f64>,
+    /// Image size instead of the preset's (256M, 8G, ...).
+    #[arg(long)]
     pub size: Option<String>,
+    /// Where the images go instead of the preset's directory.
+    #[arg(long)]
     pub dir: Option<PathBuf>,
-    pub cryptblk: PathBuf,
-    /// An older cryptblk whose twins of the cryptblk peers run beside them (`--baseline`).
+    /// The cryptblk binary to measure (default: `cargo build --release`, then target/release).
+    #[arg(long)]
+    pub cryptblk: Option<PathBuf>,
+    /// An older cryptblk binary to measure beside --cryptblk: every cryptblk peer X gets a
+    /// twin X-base served by it, run right after X in each round, and the ratio X/X-base.
+    #[arg(long, value_name = "CRYPTBLK")]
     pub baseline: Option<PathBuf>,
-    pub vu_bench: PathBuf,
+    /// The vu_bench example binary (default: built like --cryptblk).
+    #[arg(long)]
+    pub vu_bench: Option<PathBuf>,
+    /// Only these of the preset's peers (comma-separated; the ceiling is always measured).
+    #[arg(long, value_delimiter = ',')]
+    pub peers: Option<Vec<String>>,
+    /// Only these of the preset's transports (vhost, nbd).
+    #[arg(long, value_delimiter = ',', value_parser = transport)]
+    pub transports: Option<Vec<Transport>>,
+    /// Only these of the preset's workloads.
+    #[arg(long, value_delimiter = ',')]
+    pub workloads: Option<Vec<String>>,
+    /// Keep the images for the next run (and reuse ones kept by an earlier run).
+    #[arg(long)]
     pub keep_images: bool,
+}
+
+fn transport(s: &str) -> Result<Transport, String> {
+    match s {
+        "vhost" => Ok(Transport::Vhost),
+        "nbd" => Ok(Transport::Nbd),
+        _ => Err(format!("'{s}' is not a transport (vhost, nbd)")),
+    }
 }
 
 /// Which peers run which workloads over which transports.
@@ -58,7 +97,9 @@ impl Fits for MatrixFits<'_> {
 
 struct Bench<'a> {
     fits: MatrixFits<'a>,
-    opts: &'a Options,
+    opts: &'a Args,
+    cryptblk: &'a Path,
+    vu_bench: &'a Path,
     images: Images,
     image_files: Vec<PathBuf>,
     work: PathBuf,
@@ -71,14 +112,20 @@ struct Bench<'a> {
 }
 
 /// Measures the preset; returns the samples taken (also appended to the results file).
-pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Sample>> {
+pub fn run(
+    config: &Config,
+    preset: &Preset,
+    opts: &Args,
+    cryptblk: &Path,
+    vu_bench: &Path,
+) -> Result<Vec<Sample>> {
     let size = parse_size(opts.size.as_deref().unwrap_or(&preset.storage.size))?;
     if !size.is_multiple_of(65536) {
         bail!("the image size must be a multiple of 64 KiB (got {size} bytes)");
     }
-    for tool in [&opts.cryptblk, &opts.vu_bench]
+    for tool in [cryptblk, vu_bench]
         .into_iter()
-        .chain(opts.baseline.as_ref())
+        .chain(opts.baseline.as_deref())
     {
         if !tool.is_file() {
             bail!("{} not found: build it (cargo build --release -p cryptblk -p cryptblk-vhost-user-blk --bin cryptblk --example vu_bench) or name it with --cryptblk / --vu-bench", tool.display());
@@ -111,8 +158,8 @@ pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Sampl
     let work = std::env::temp_dir().join(format!("cryptblk-bench.{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
     let prepared = match preset.storage.kind {
-        StorageKind::File => on_files(preset, opts, size, &which),
-        StorageKind::Rbd => on_rbd(opts, size, &which, &work),
+        StorageKind::File => on_files(preset, opts, cryptblk, size, &which),
+        StorageKind::Rbd => on_rbd(opts, cryptblk, size, &which, &work),
     };
     let prepared = match prepared {
         Ok(p) => p,
@@ -124,6 +171,8 @@ pub fn run(config: &Config, preset: &Preset, opts: &Options) -> Result<Vec<Sampl
     let mut cx = Bench {
         fits: MatrixFits { config, preset },
         opts,
+        cryptblk,
+        vu_bench,
         image_files: if prepared.drop_caches {
             prepared.images.all(&which)
         } else {
@@ -170,7 +219,8 @@ struct Prepared {
 
 fn on_files(
     preset: &Preset,
-    opts: &Options,
+    opts: &Args,
+    cryptblk: &Path,
     size: u64,
     which: &BTreeSet<Image>,
 ) -> Result<Prepared> {
@@ -198,7 +248,7 @@ fn on_files(
         &dir.join(format!("cryptblk-bench-{}", opts.preset)),
         size,
         which,
-        &opts.cryptblk,
+        cryptblk,
         opts.keep_images,
     )?;
     Ok(Prepared {
@@ -219,12 +269,18 @@ fn on_files(
     })
 }
 
-fn on_rbd(opts: &Options, size: u64, which: &BTreeSet<Image>, work: &Path) -> Result<Prepared> {
+fn on_rbd(
+    opts: &Args,
+    cryptblk: &Path,
+    size: u64,
+    which: &BTreeSet<Image>,
+    work: &Path,
+) -> Result<Prepared> {
     if opts.keep_images {
         bail!("--keep-images: the rbd preset's cluster lives only as long as the run");
     }
     let local = opts.dir.clone().unwrap_or_else(|| work.join("local"));
-    let (cluster, images) = rbd::prepare(&local, size, which, &opts.cryptblk, work)?;
+    let (cluster, images) = rbd::prepare(&local, size, which, cryptblk, work)?;
     Ok(Prepared {
         images,
         drop_caches: false,
@@ -310,7 +366,7 @@ fn measure(cx: &Bench, step: &Step) -> Result<Measured> {
             let binary = match (&cx.opts.baseline, peer.baseline) {
                 (Some(baseline), true) => baseline,
                 (None, true) => bail!("peer {} needs --baseline", step.peer),
-                (_, false) => &cx.opts.cryptblk,
+                (_, false) => cx.cryptblk,
             };
             let log = cx.work.join(format!("{}.log", step.peer));
             let hugepages = peer.server.is_spdk();
@@ -330,10 +386,10 @@ fn measure(cx: &Bench, step: &Step) -> Result<Measured> {
             let pid = server.pid();
             let m = match (t, w.rw) {
                 (Transport::Vhost, Rw::Idle) => {
-                    clients::idle(&cx.opts.vu_bench, &socket, cx.runtime, pid, hugepages)?
+                    clients::idle(cx.vu_bench, &socket, cx.runtime, pid, hugepages)?
                 }
                 (Transport::Vhost, _) => clients::vu_bench(
-                    &cx.opts.vu_bench,
+                    cx.vu_bench,
                     &socket,
                     w,
                     cx.runtime,

@@ -224,7 +224,7 @@ pub fn start(
     size: u64,
 ) -> Result<Running> {
     let _ = std::fs::remove_file(socket);
-    crate::clients::show(&cmd);
+    crate::command::show(&cmd);
     let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -287,7 +287,7 @@ mod tests {
         };
         let s = Path::new("/w/a.sock");
         let cmd = |p: &str, t, q| {
-            crate::clients::command_line(
+            crate::command::command_line(
                 &command(
                     c.peer(p).unwrap(),
                     Path::new("cryptblk"),
@@ -327,7 +327,7 @@ mod tests {
         };
         let on_rbd = |p: &str| {
             let peer = c.peer(p).unwrap();
-            crate::clients::command_line(
+            crate::command::command_line(
                 &command(
                     peer,
                     Path::new("cryptblk"),

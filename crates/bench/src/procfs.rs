@@ -103,19 +103,8 @@ pub fn commit() -> String {
 
 /// The filesystem type of `dir` (`tmpfs`, `ext4`, ...), from `stat -f`.
 pub fn fs_type(dir: &Path) -> Result<String> {
-    let out = Command::new("stat")
-        .args(["-f", "-c", "%T"])
-        .arg(dir)
-        .output()
-        .context("running stat -f")?;
-    if !out.status.success() {
-        bail!(
-            "stat -f {}: {}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    let out = crate::command::quiet_output(Command::new("stat").args(["-f", "-c", "%T"]).arg(dir))?;
+    Ok(out.trim().to_string())
 }
 
 /// Writes back the filesystem holding `path` (syncfs(2): not the whole machine's, which on a

@@ -3,8 +3,9 @@
 //! file, each with the raw image's payload: the plain one imported, the LUKS ones filled through
 //! their own server over NBD (nothing else writes every format: librbd's LUKS2 is only
 //! writable through librbd).
+use crate::command::run;
 use crate::config::{Cache, Image, Transport};
-use crate::images::{self, run, Images, RbdStore, POOL};
+use crate::images::{self, Images, RbdStore, POOL};
 use crate::peers;
 use anyhow::{bail, Result};
 use cryptblk_testutil::ceph::Cluster;

@@ -321,20 +321,10 @@ fn measure(cx: &Bench, step: &Step) -> Result<Measured> {
 
 /// Where the LUKS2 payload starts (`cryptblk dump --json`).
 fn data_offset(cryptblk: &Path, image: &Path) -> Result<u64> {
-    let out = Command::new(cryptblk)
-        .args(["dump", "--json"])
-        .arg(image)
-        .output()
-        .with_context(|| format!("running {}", cryptblk.display()))?;
-    if !out.status.success() {
-        bail!(
-            "cryptblk dump {} failed: {}",
-            image.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    let dump =
+        crate::command::quiet_output(Command::new(cryptblk).args(["dump", "--json"]).arg(image))?;
     let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).context("parsing `cryptblk dump --json`")?;
+        serde_json::from_str(&dump).context("parsing `cryptblk dump --json`")?;
     v["data_offset"]
         .as_u64()
         .context("`cryptblk dump --json` gave no data_offset")

@@ -25,16 +25,29 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-pub struct Options {
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value_t = 3)]
     pub rounds: u32,
+    #[arg(long, default_value = "8G", value_parser = crate::config::parse_size)]
     pub size: u64,
+    /// Where the image goes (a real filesystem; kept with --keep-images).
+    #[arg(long, default_value = "/var/tmp/cryptblk-bench-reencrypt")]
     pub dir: PathBuf,
+    /// Seconds of each online measurement.
+    #[arg(long, default_value_t = 5.0)]
     pub runtime: f64,
-    pub cryptblk: PathBuf,
-    pub vu_bench: PathBuf,
+    #[arg(long, default_value = "reencrypt-results.jsonl")]
     pub results: PathBuf,
+    #[arg(long)]
+    pub cryptblk: Option<PathBuf>,
+    #[arg(long)]
+    pub vu_bench: Option<PathBuf>,
+    #[arg(long)]
     pub keep_images: bool,
-    /// Encrypt a served raw disk in place instead.
+    /// Encrypt a served raw disk in place instead (online only: its 4k random reads
+    /// while the encryption runs against while it is paused).
+    #[arg(long)]
     pub encrypt: bool,
 }
 
@@ -47,14 +60,21 @@ struct Served {
 }
 
 struct Reencrypt<'a> {
-    o: &'a Options,
+    o: &'a Args,
+    cryptblk: &'a Path,
+    vu_bench: &'a Path,
     workload: &'a Workload,
     image: PathBuf,
     key: String,
     online: Option<Served>,
 }
 
-pub fn run(o: &Options, config: &Config, workload: &Workload) -> Result<Vec<Sample>> {
+pub fn run(
+    o: &Args,
+    (cryptblk, vu_bench): (&Path, &Path),
+    config: &Config,
+    workload: &Workload,
+) -> Result<Vec<Sample>> {
     let name = if o.encrypt {
         "encrypt-online"
     } else {
@@ -71,11 +91,13 @@ pub fn run(o: &Options, config: &Config, workload: &Workload) -> Result<Vec<Samp
         &o.dir,
         o.size,
         &BTreeSet::from([which]),
-        &o.cryptblk,
+        cryptblk,
         o.keep_images,
     )?;
     let mut d = Reencrypt {
         o,
+        cryptblk,
+        vu_bench,
         workload,
         image: imgs.path(which),
         key: imgs.key.to_string_lossy().into_owned(),
@@ -125,7 +147,7 @@ impl Reencrypt<'_> {
         let work = self.o.dir.join("reencrypt-online");
         std::fs::create_dir_all(&work)?;
         let (socket, ctl) = (work.join("vu.sock"), work.join("ctl.sock"));
-        let mut serve = Command::new(&self.o.cryptblk);
+        let mut serve = Command::new(self.cryptblk);
         serve
             .args([
                 "serve",
@@ -162,22 +184,25 @@ impl Reencrypt<'_> {
 
     fn ctl(&self, ctl: &Path, args: &[&str]) -> Result<serde_json::Value> {
         eprintln!("+ cryptblk ctl {}", args.join(" "));
-        clients::ctl(&self.o.cryptblk, ctl, args)
+        clients::ctl(self.cryptblk, ctl, args)
     }
 
     /// Pauses the reencryption and waits (up to 30 s) until it no longer runs: a pause takes
     /// effect once the current hotzone commits.
     fn pause(&self, ctl: &Path) -> Result<()> {
         self.ctl(ctl, &["reencrypt-pause", "vol"])?;
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(30) {
-            let status = self.ctl(ctl, &["reencrypt-status", "vol"])?;
-            if !matches!(status["phase"].as_str(), Some("running" | "pausing")) {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        bail!("the reencryption was still running 30 s after reencrypt-pause")
+        crate::wait::until(
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || "the reencryption still ran after reencrypt-pause".into(),
+            || {
+                let status = self.ctl(ctl, &["reencrypt-status", "vol"])?;
+                Ok(
+                    (!matches!(status["phase"].as_str(), Some("running" | "pausing")))
+                        .then_some(()),
+                )
+            },
+        )
     }
 
     fn online(&mut self, step: &Step) -> Result<Measured> {
@@ -198,7 +223,7 @@ impl Reencrypt<'_> {
             self.ctl(&served.ctl, &args)?;
         }
         let m = clients::vu_bench(
-            &self.o.vu_bench,
+            self.vu_bench,
             &served.socket,
             self.workload,
             self.o.runtime,
@@ -259,7 +284,7 @@ impl Driver for Reencrypt<'_> {
         procfs::drop_caches(&[&self.image])?;
         let seconds = timed(&mut offline_command(
             &step.peer,
-            self.o,
+            self.cryptblk,
             &self.image,
             &self.key,
         ))?;
@@ -283,7 +308,7 @@ impl Driver for Reencrypt<'_> {
             // Leave a whole image behind, not one paused mid-way.
             eprintln!("+ finishing the paused reencryption");
             timed(
-                Command::new(&self.o.cryptblk)
+                Command::new(self.cryptblk)
                     .args(["reencrypt", "--resume-only", "--key-file", &self.key])
                     .arg(&self.image),
             )?;
@@ -292,20 +317,20 @@ impl Driver for Reencrypt<'_> {
     }
 }
 
-fn offline_command(what: &str, o: &Options, image: &Path, key: &str) -> Command {
+fn offline_command(what: &str, cryptblk: &Path, image: &Path, key: &str) -> Command {
     let mut cmd;
     match what {
         "cryptsetup" => {
             cmd = Command::new("cryptsetup");
             cmd.args(["reencrypt", "--force-offline-reencrypt", "--batch-mode"])
                 .args(["--key-file", key, "--resilience", "checksum"])
-                .args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"])
+                .args(crate::images::CHEAP_KDF)
                 .arg(image);
         }
         "cryptblk" => {
-            cmd = Command::new(&o.cryptblk);
+            cmd = Command::new(cryptblk);
             cmd.args(["reencrypt", "--key-file", key, "--resilience", "checksum"])
-                .args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"])
+                .args(crate::images::CHEAP_KDF)
                 .arg(image);
         }
         _ => {
@@ -326,16 +351,8 @@ fn offline_command(what: &str, o: &Options, image: &Path, key: &str) -> Command 
 }
 
 fn timed(cmd: &mut Command) -> Result<f64> {
-    clients::show(cmd);
+    crate::command::show(cmd);
     let start = Instant::now();
-    let out = cmd.output().context("running the job")?;
-    if !out.status.success() {
-        bail!(
-            "{} failed ({}): {}",
-            cmd.get_program().to_string_lossy(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    crate::command::quiet_output(cmd)?;
     Ok(start.elapsed().as_secs_f64())
 }

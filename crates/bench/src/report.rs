@@ -407,20 +407,29 @@ mod tests {
 #[cfg(test)]
 mod committed {
     use super::*;
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
+
+    fn results_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results")
+    }
+
+    /// The results files of the engine kept in the repository, by name.
+    fn committed_files() -> Vec<PathBuf> {
+        let mut files: Vec<_> = std::fs::read_dir(results_dir())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+            .collect();
+        files.sort();
+        files
+    }
 
     /// Every results file kept in the repository, whichever harness wrote it, reads as
     /// samples that the report renders and the targets check.
     #[test]
     fn every_committed_results_file_is_read_reported_and_checked() {
         let config = Config::load(None).unwrap();
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results");
-        let mut files: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
-            .collect();
-        files.sort();
+        let files = committed_files();
         assert!(files.len() >= 17, "{files:?}");
         let mut all = Vec::new();
         for f in &files {
@@ -462,5 +471,50 @@ mod committed {
             .map(|v| format!("{:.2} ({:.2})", v.median, v.worst))
             .collect();
         assert_eq!(offline, ["0.59 (0.58)", "0.95 (0.76)", "1.72 (1.63)"]);
+    }
+
+    /// What `report FILE`, `report --targets FILE` and `report --compare` print for every
+    /// committed results file is what they printed when the file was saved: a change to the
+    /// harness cannot silently change a published figure. After a change meant to alter the
+    /// report, write it again with `CRYPTBLK_BENCH_BLESS=1 cargo test -p cryptblk-bench
+    /// committed` and review its diff.
+    #[test]
+    fn the_report_of_every_committed_results_file_is_unchanged() {
+        let config = Config::load(None).unwrap();
+        let results = results_dir();
+        let files = committed_files();
+        let mut out = String::new();
+        let mut previous: Option<Vec<Sample>> = None;
+        for f in &files {
+            let samples = crate::sample::load(f).unwrap();
+            let name = f.strip_prefix(&results).unwrap().display();
+            out += &format!("# report {name}\n{}", markdown(&config, &samples));
+            let verdicts = summary::verdicts(&samples, &config.targets);
+            out += &format!("# report --targets {name}\n{}", targets(&verdicts));
+            if let Some(old) = &previous {
+                out += &format!("# report --compare (the file before) {name}\n");
+                out += &compare(&config, old, &samples);
+            }
+            previous = Some(samples);
+        }
+        let golden = results.join("report-golden.md");
+        if std::env::var_os("CRYPTBLK_BENCH_BLESS").is_some() {
+            std::fs::write(&golden, &out).unwrap();
+        }
+        let saved = std::fs::read_to_string(&golden).unwrap();
+        if saved != out {
+            let line = saved
+                .lines()
+                .zip(out.lines())
+                .position(|(a, b)| a != b)
+                .unwrap_or(saved.lines().count().min(out.lines().count()));
+            panic!(
+                "the report of the committed records differs from bench/results/report-golden.md \
+                 from line {}: {:?} now, {:?} saved",
+                line + 1,
+                out.lines().nth(line),
+                saved.lines().nth(line)
+            );
+        }
     }
 }

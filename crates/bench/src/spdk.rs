@@ -68,7 +68,7 @@ impl Spdk {
             .arg("-r")
             .arg(&rpc)
             .env("LD_LIBRARY_PATH", libs);
-        crate::clients::show(&cmd);
+        crate::command::show(&cmd);
         let out = std::fs::File::create(log)?;
         let child = cmd
             .stdin(Stdio::null())
@@ -107,17 +107,18 @@ impl Spdk {
             "vhost_create_blk_controller",
             json!({"ctrlr": "vhost.0", "dev_name": bdev, "cpumask": "0x1"}),
         )?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !socket.exists() {
-            if Instant::now() > deadline {
-                bail!(
-                    "SPDK did not create {} within 30 s; its log:\n{}",
+        crate::wait::until(
+            Duration::from_secs(30),
+            Duration::from_millis(20),
+            || {
+                format!(
+                    "SPDK did not create {}; its log:\n{}",
                     socket.display(),
                     running.log_tail()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+                )
+            },
+            || Ok(socket.exists().then_some(())),
+        )?;
         Ok(running)
     }
 }

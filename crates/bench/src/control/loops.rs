@@ -62,22 +62,12 @@ pub fn start(bin: PathBuf, commands: Vec<Vec<String>>, stop: Arc<AtomicBool>) ->
         let mut count = Count::default();
         while !stop.load(Ordering::Relaxed) {
             for args in &commands {
-                match Command::new(&bin).args(args).stdin(Stdio::null()).output() {
-                    Ok(out) if out.status.success() => count.ops += 1,
-                    result => {
+                match crate::command::quiet_output(Command::new(&bin).args(args)) {
+                    Ok(_) => count.ops += 1,
+                    Err(e) => {
                         count.errors += 1;
                         if count.failures.len() < 5 {
-                            let why = match result {
-                                Ok(out) => format!(
-                                    "{}: {}",
-                                    out.status,
-                                    String::from_utf8_lossy(&out.stderr).trim()
-                                ),
-                                Err(e) => e.to_string(),
-                            };
-                            count
-                                .failures
-                                .push(format!("cryptblk {}: {why}", args.join(" ")));
+                            count.failures.push(format!("{e:#}"));
                         }
                     }
                 }
@@ -93,16 +83,7 @@ pub fn process_ms(bin: &Path, args: &[&str], n: usize) -> Result<f64> {
     eprintln!("+ {n} x {} {}", bin.display(), args.join(" "));
     for _ in 0..n {
         let t = Instant::now();
-        let out = Command::new(bin).args(args).stdin(Stdio::null()).output()?;
-        if !out.status.success() {
-            bail!(
-                "{} {} failed ({}): {}",
-                bin.display(),
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
+        crate::command::quiet_output(Command::new(bin).args(args).stdin(Stdio::null()))?;
         ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     crate::summary::median(&ms).context("no runs")
@@ -235,6 +216,9 @@ mod tests {
         // A pass once begun is finished: as many successes as failures.
         assert!(c.ops >= 1 && c.ops == c.errors, "{c:?}");
         assert!(c.failures.len() <= 5);
-        assert!(c.failures[0].contains("exit status: 1: bad"), "{c:?}");
+        assert!(
+            c.failures[0].contains("echo bad >&2; exit 1 failed (exit status: 1): bad"),
+            "{c:?}"
+        );
     }
 }

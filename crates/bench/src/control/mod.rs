@@ -148,17 +148,18 @@ pub fn run(o: &Options, config: &Config, workload: &Workload) -> Result<Vec<Samp
         Transport::Nbd,
         o.size,
     )?;
-    let start = Instant::now();
-    while !ctl.exists() {
-        if start.elapsed() > Duration::from_secs(10) {
-            bail!(
-                "no control socket at {} after 10 s; the daemon's log:\n{}",
+    crate::wait::until(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || {
+            format!(
+                "no control socket at {}; the daemon's log:\n{}",
                 ctl.display(),
                 server.log_tail()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+            )
+        },
+        || Ok(ctl.exists().then_some(())),
+    )?;
     let mut d = Control {
         setup: Setup {
             o,

@@ -2,7 +2,7 @@
 //! by `cryptblk bench --json` (the engine the daemon picks), by the system's `openssl speed`,
 //! and by `examples/openssl_baseline` (the vendored OpenSSL the engine wraps, in its leanest
 //! direct loop, next to the engine in the same process).
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde::Deserialize;
 use std::path::Path;
 use std::process::Command;
@@ -14,7 +14,7 @@ pub fn cryptblk_bench(cryptblk: &Path, threads: Option<usize>) -> Result<(String
         bench.args(["--threads", &n.to_string()]);
     }
     bench.args(["bench", "--json"]);
-    cryptblk_xts_4k(&output(&mut bench)?)
+    cryptblk_xts_4k(&crate::command::output(&mut bench)?)
 }
 
 /// The system OpenSSL's `openssl speed`, GB/s.
@@ -30,40 +30,21 @@ pub fn openssl_speed() -> Result<f64> {
         "-seconds",
         "2",
     ]);
-    Ok(openssl_speed_bps(&output(&mut speed)?)? / 1e9)
+    Ok(openssl_speed_bps(&crate::command::output(&mut speed)?)? / 1e9)
 }
 
 /// `examples/openssl_baseline`'s (direct loop, engine) GB/s.
 pub fn baseline() -> Result<(f64, f64)> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut baseline = Command::new("cargo");
-    baseline.current_dir(workspace).args([
-        "run",
-        "-q",
-        "--release",
+    let release = crate::release_build(&[
         "--locked",
         "-p",
         "cryptblk-crypto",
         "--example",
         "openssl_baseline",
-    ]);
-    baseline_4k(&output(&mut baseline)?)
-}
-
-fn output(cmd: &mut Command) -> Result<String> {
-    crate::clients::show(cmd);
-    let out = cmd
-        .output()
-        .with_context(|| format!("running {}", cmd.get_program().to_string_lossy()))?;
-    if !out.status.success() {
-        bail!(
-            "{} failed ({}): {}",
-            cmd.get_program().to_string_lossy(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    ])?;
+    baseline_4k(&crate::command::output(&mut Command::new(
+        release.join("examples/openssl_baseline"),
+    ))?)
 }
 
 #[derive(Deserialize)]

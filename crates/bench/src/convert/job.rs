@@ -144,7 +144,7 @@ pub struct Timed {
 /// write-back the two would not have done the same work. qemu-img's KDF calibration fails now
 /// and then on a busy machine ("Unable to get accurate CPU usage"); such a run is retried.
 pub fn run(cmd: &mut Command, sync: Option<&Path>, stderr_file: &Path) -> Result<Timed> {
-    crate::clients::show(cmd);
+    crate::command::show(cmd);
     for attempt in 1..=10 {
         let start = Instant::now();
         let (status, peak_rss_kib) = spawn_and_reap(cmd, stderr_file)?;
@@ -218,7 +218,7 @@ mod tests {
             key: Path::new("/w/key"),
         };
         let (src, out) = (Path::new("/w/src.raw"), Path::new("/w/out"));
-        let line = |job| crate::clients::command_line(&command(job, &t, src, out).unwrap());
+        let line = |job| crate::command::command_line(&command(job, &t, src, out).unwrap());
         assert_eq!(
             line(Job::CryptblkLuks),
             "/b/cryptblk --threads 2 convert -f raw -O luks2 --cipher aes-xts-plain64 --key-size 512 \

@@ -1,6 +1,5 @@
 //! Running crates/migration/examples/postcopy_latency: building it and starting one child
 //! role of it.
-use crate::clients;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -28,21 +27,7 @@ pub(super) fn child(example: &Path, kind: &str, args: &[String]) -> Result<Strin
 }
 
 pub(super) fn build_example() -> Result<PathBuf> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut cmd = Command::new("cargo");
-    cmd.current_dir(&workspace).args([
-        "build",
-        "--release",
-        "-p",
-        "cryptblk-migration",
-        "--example",
-        "postcopy_latency",
-    ]);
-    clients::show(&cmd);
-    if !cmd.status().context("running cargo")?.success() {
-        bail!("building the postcopy_latency example failed");
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace.join("target"), PathBuf::from);
-    Ok(target.join("release/examples/postcopy_latency"))
+    let release =
+        crate::release_build(&["-p", "cryptblk-migration", "--example", "postcopy_latency"])?;
+    Ok(release.join("examples/postcopy_latency"))
 }

@@ -2,14 +2,14 @@
 //! key cache and memory budget; its control calls; upgrades (`ctl upgrade`: the new process
 //! is the old one's child, so this process becomes a subreaper to adopt and reap it) and
 //! kill -9 followed by the same command line.
-use crate::clients::{command_line, show};
+use crate::command::{command_line, show};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long a start, an upgrade or an exit may take before the soak gives up.
 const BOUND: Duration = Duration::from_secs(120);
@@ -121,47 +121,26 @@ impl Daemon {
 
     /// `cryptblk ctl -s CONTROL ARGS...`: its JSON answer, or why it failed.
     pub fn ctl<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> Result<Value> {
-        let out = Command::new(&self.cryptblk)
-            .arg("ctl")
-            .arg("-s")
-            .arg(&self.control)
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .context("running cryptblk ctl")?;
-        if !out.status.success() {
-            bail!(
-                "ctl {}: {} ({})",
-                args.iter()
-                    .map(|a| a.as_ref().to_string_lossy().into_owned())
-                    .collect::<Vec<_>>()
-                    .join(" "),
-                String::from_utf8_lossy(&out.stderr).trim(),
-                out.status
-            );
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
-        Ok(serde_json::from_str(text.trim()).unwrap_or(Value::String(text.into_owned())))
+        crate::clients::ctl(&self.cryptblk, &self.control, args)
     }
 
     /// Waits until the daemon answers `disk-list` with at least `disks` disks.
     pub fn wait_ready(&self, disks: usize) -> Result<()> {
-        let since = Instant::now();
-        loop {
-            self.check_alive()?;
-            if let Ok(list) = self.ctl(&["disk-list"]) {
-                if served(&list) >= disks {
-                    return Ok(());
-                }
-            }
-            if since.elapsed() > BOUND {
-                bail!(
-                    "the daemon did not serve {disks} disks within {BOUND:?} (log: {})",
+        crate::wait::until(
+            BOUND,
+            Duration::from_millis(20),
+            || {
+                format!(
+                    "the daemon did not serve {disks} disks (log: {})",
                     self.log.display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+                )
+            },
+            || {
+                self.check_alive()?;
+                let list = self.ctl(&["disk-list"]);
+                Ok(list.is_ok_and(|l| served(&l) >= disks).then_some(()))
+            },
+        )
     }
 
     fn check_alive(&self) -> Result<()> {
@@ -245,14 +224,10 @@ fn try_reap(pid: u32) -> Result<Option<i32>> {
 
 /// Waits (bounded) for `pid` to exit; its wait status.
 fn reap(pid: u32) -> Result<i32> {
-    let since = Instant::now();
-    loop {
-        if let Some(status) = try_reap(pid)? {
-            return Ok(status);
-        }
-        if since.elapsed() > BOUND {
-            bail!("pid {pid} did not exit within {BOUND:?}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    crate::wait::until(
+        BOUND,
+        Duration::from_millis(5),
+        || format!("pid {pid} did not exit"),
+        || try_reap(pid),
+    )
 }

@@ -3,7 +3,7 @@
 //! serves the fixed ones, and the table the clients and the churn share: which disks are
 //! attached, which client holds which, and each disk's model.
 use super::model::{Model, BLOCK};
-use crate::clients::show;
+use crate::command::{quiet_output, show};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -123,20 +123,13 @@ pub fn create(l: &Layout) -> Result<Vec<Disk>> {
                 let mut cmd = Command::new(l.cryptblk);
                 cmd.args(["format", "-q", "--key-file"]).arg(l.key);
                 if kind == Kind::Luks2Pbkdf2 {
-                    cmd.args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]);
+                    cmd.args(crate::images::CHEAP_KDF);
                 }
                 cmd.arg(&image).arg(l.size.to_string());
                 if i < 2 || kind == Kind::Luks2Argon2id {
                     show(&cmd);
                 }
-                let out = cmd.output().context("running cryptblk format")?;
-                if !out.status.success() {
-                    bail!(
-                        "cryptblk format {}: {}",
-                        image.display(),
-                        String::from_utf8_lossy(&out.stderr).trim()
-                    );
-                }
+                quiet_output(&mut cmd)?;
             }
         }
         let blocks = l.size / BLOCK as u64;
