@@ -1,6 +1,7 @@
 //! `ctl`'s argument contract: what each command line sends as a request.
 use super::*;
 use clap::{CommandFactory, Parser};
+use cryptblk_control::api::METHODS;
 use cryptblk_control::{ControlServer, RpcError};
 use serde_json::json;
 use std::sync::Arc;

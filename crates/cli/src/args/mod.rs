@@ -1,4 +1,6 @@
 //! The command-line contract. cryptsetup and qemu-img users should recognise every option.
+pub(crate) mod ctl;
+
 use crate::size::parse_size;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use cryptblk_control::api::{AioEngine, CacheMode as ImageCacheMode, DiskConfig, UnknownName};
@@ -92,7 +94,7 @@ pub enum Command {
     #[command(after_help = crate::help::SERVE)]
     Serve(ServeArgs),
     /// Drive a running daemon through its control socket (`cryptblk serve --control PATH`).
-    Ctl(crate::cmd::ctl::CtlArgs),
+    Ctl(ctl::CtlArgs),
     /// Print a shell completion script, e.g. `cryptblk completions bash >
     /// /usr/share/bash-completion/completions/cryptblk`.
     Completions(CompletionsArgs),
