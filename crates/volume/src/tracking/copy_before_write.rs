@@ -159,7 +159,9 @@ impl CopyBeforeWrite {
     }
 
     fn fail(&self, why: String) {
-        let _ = self.reason.set(why);
+        if self.reason.set(why.clone()).is_ok() {
+            tracing::error!("{why}");
+        }
         self.failed.store(true, Ordering::SeqCst);
     }
 
