@@ -3,7 +3,8 @@
 //! writes all over it restores to the image file as it was when `backup-start` returned,
 //! and the writes made meanwhile are all there on the disk and recorded in the backup's
 //! checkpoint. A scratch too small for what the client changes fails the backup, not the
-//! client, and `backup-end` then insists on `--failed`.
+//! client, and `backup-end` then insists on `--failed`. A daemon killed during a backup
+//! leaves its scratch, which the next start removes.
 mod common;
 
 use common::*;
@@ -207,5 +208,41 @@ fn a_full_scratch_fails_the_backup_and_not_the_client() {
     assert_eq!(list["checkpoints"].as_array().unwrap().len(), 0, "{list}");
     client.write(5 * MIB, &[9; 4096], false).unwrap();
     client.disconnect().unwrap();
+    assert_eq!(daemon.terminate(), code::OK);
+}
+
+#[test]
+fn a_daemon_killed_during_a_backup_removes_the_scratch_when_it_starts_again() {
+    let t = TestDir::new();
+    let key = t.key("key");
+    let img = t.luks2("disk.luks", "16M", &key);
+    let mut daemon = t.serve().disk(&img).name("vol").nbd().control().start();
+    let started = daemon.ctl_ok(&[
+        "backup-start",
+        "vol",
+        "--checkpoint",
+        "c0",
+        "--nbd",
+        &format!("unix:{}", s(&t.path("backup.sock"))),
+    ]);
+    let scratch = std::path::PathBuf::from(started["scratch"].as_str().unwrap());
+    daemon.qemu_io("vol", &["write -P 0x42 1M 64k"]);
+    assert_eq!(
+        std::fs::metadata(&scratch).unwrap().len(),
+        REGION,
+        "one region copied"
+    );
+    daemon.kill9();
+    assert!(scratch.exists());
+    daemon.restart();
+    assert!(
+        !scratch.exists(),
+        "the scratch of a backup that never ended stays"
+    );
+    // The backup's checkpoint stays, as documented, until removed; the disk serves on.
+    let list = daemon.ctl_ok(&["checkpoint-list", "vol"]);
+    assert_eq!(list["checkpoints"][0]["name"], "c0", "{list}");
+    daemon.ctl_ok(&["checkpoint-remove", "vol", "c0"]);
+    daemon.qemu_io("vol", &["read -P 0x42 1M 64k"]);
     assert_eq!(daemon.terminate(), code::OK);
 }
