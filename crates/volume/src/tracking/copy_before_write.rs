@@ -20,7 +20,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use super::DirtyBitmap;
 
@@ -32,7 +32,10 @@ pub const COPY_REGION: u64 = crate::checkpoint::GRANULARITY as u64;
 ///
 /// Memory: one bit per 64 KiB of image (2 MiB per TiB) to say a region was copied (checked
 /// without a lock on every write), and a map entry per scratch slot used (at most
-/// `scratch_size / 64 KiB`), plus one 64 KiB copy buffer.
+/// `scratch_size / 64 KiB`), plus a 64 KiB buffer per copy under way at once.
+///
+/// No lock is held across I/O: a region being copied is claimed in the map, and a second
+/// writer of it waits for that copy (its write must not land before the old bytes are safe).
 pub struct CopyBeforeWrite {
     /// The image file's bytes, as the backup serves them.
     source: std::sync::Arc<dyn BlockDevice>,
@@ -44,13 +47,19 @@ pub struct CopyBeforeWrite {
     slots: u64,
     copied: DirtyBitmap,
     map: Mutex<CopyMap>,
+    /// Signalled when a copy under way ends.
+    copy_ended: Condvar,
     failed: AtomicBool,
     reason: OnceLock<String>,
 }
 
 struct CopyMap {
-    slot_of: HashMap<u64, u64>,
-    buffer: Vec<u8>,
+    /// Region -> (slot, whether its copy is complete).
+    slot_of: HashMap<u64, (u64, bool)>,
+    /// Slots handed out (a failed copy's slot is not reused).
+    next_slot: u64,
+    /// Copy buffers not in use.
+    buffers: Vec<Vec<u8>>,
 }
 
 impl std::fmt::Debug for CopyBeforeWrite {
@@ -108,8 +117,10 @@ impl CopyBeforeWrite {
             copied,
             map: Mutex::new(CopyMap {
                 slot_of: HashMap::new(),
-                buffer: vec![0; COPY_REGION as usize],
+                next_slot: 0,
+                buffers: Vec::new(),
             }),
+            copy_ended: Condvar::new(),
             failed: AtomicBool::new(false),
             reason: OnceLock::new(),
         })
@@ -132,11 +143,7 @@ impl CopyBeforeWrite {
 
     /// Scratch slots holding a region (never more than the scratch has).
     pub fn slots_used(&self) -> u64 {
-        self.map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .slot_of
-            .len() as u64
+        self.lock().slot_of.len() as u64
     }
 
     pub fn scratch_path(&self) -> &Path {
@@ -178,13 +185,26 @@ impl CopyBeforeWrite {
             if self.needs_no_copy(region * COPY_REGION, 1) {
                 continue;
             }
-            let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-            // Another writer may have copied it (or failed the backup) meanwhile.
-            if self.needs_no_copy(region * COPY_REGION, 1) {
-                continue;
-            }
-            let slot = map.slot_of.len() as u64;
+            let mut map = self.lock();
+            let slot = loop {
+                // Another writer may have copied it (or failed the backup) meanwhile.
+                if self.needs_no_copy(region * COPY_REGION, 1) {
+                    break None;
+                }
+                match map.slot_of.get(&region) {
+                    // Its copy is under way: the write waits for the old bytes to be safe.
+                    Some(&(_, false)) => {
+                        map = self
+                            .copy_ended
+                            .wait(map)
+                            .unwrap_or_else(PoisonError::into_inner);
+                    }
+                    _ => break Some(map.next_slot),
+                }
+            };
+            let Some(slot) = slot else { continue };
             if slot >= self.slots {
+                drop(map);
                 self.fail(format!(
                     "the backup scratch {} is full ({} bytes of regions the disk changed \
                      during the backup were copied): the backup failed; end it with \
@@ -194,9 +214,15 @@ impl CopyBeforeWrite {
                 ));
                 return;
             }
+            map.next_slot += 1;
+            map.slot_of.insert(region, (slot, false));
+            let mut buffer = map
+                .buffers
+                .pop()
+                .unwrap_or_else(|| vec![0; COPY_REGION as usize]);
+            drop(map);
             let start = region * COPY_REGION;
             let n = COPY_REGION.min(self.size - start) as usize;
-            let CopyMap { slot_of, buffer } = &mut *map;
             let copied = self
                 .source
                 .read_at(&mut buffer[..n], start)
@@ -206,17 +232,32 @@ impl CopyBeforeWrite {
                         .write_all_at(&buffer[..n], slot * COPY_REGION)
                         .map_err(|e| format!("writing {}: {e}", self.path.display()))
                 });
-            if let Err(why) = copied {
-                self.fail(format!(
-                    "copying old data to the backup scratch failed ({why}): the backup \
-                     failed; end it with backup-end --failed"
-                ));
+            let mut map = self.lock();
+            map.buffers.push(buffer);
+            match copied {
+                Ok(()) => {
+                    map.slot_of.insert(region, (slot, true));
+                    // Only now: a reader that sees the mark finds the old bytes in the scratch.
+                    self.copied.set_range(start, 1);
+                }
+                Err(why) => {
+                    map.slot_of.remove(&region);
+                    self.fail(format!(
+                        "copying old data to the backup scratch failed ({why}): the backup \
+                         failed; end it with backup-end --failed"
+                    ));
+                }
+            }
+            drop(map);
+            self.copy_ended.notify_all();
+            if self.failure().is_some() {
                 return;
             }
-            slot_of.insert(region, slot);
-            // Only now: a reader that sees the mark finds the old bytes in the scratch.
-            self.copied.set_range(start, 1);
         }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CopyMap> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The backup's view of `buf.len()` image bytes at `offset`, as they were when it started.
@@ -233,10 +274,7 @@ impl CopyBeforeWrite {
             self.source.read_at(chunk, at)?;
             // After the image was read: a region marked now may have been overwritten since.
             if self.copied.is_set(region) {
-                let slot = {
-                    let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-                    map.slot_of.get(&region).copied()
-                };
+                let slot = self.lock().slot_of.get(&region).map(|&(slot, _)| slot);
                 let Some(slot) = slot else {
                     return Err(BlockError::new(
                         BlockErrorKind::Io,

@@ -126,28 +126,34 @@ fn a_read_racing_writes_sees_the_old_bytes() {
     let tracker = Arc::new(DirtyTracker::new(disk.raw.clone(), 0, 4096).unwrap());
     let view = Arc::new(backup(&disk, &tracker, SIZE));
     let done = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (tracker, done) = (tracker.clone(), done.clone());
-        std::thread::spawn(move || {
-            let device: Arc<dyn BlockDevice> = tracker;
-            let mut queue = open_queue(&device, &QueueOptions { depth: 4 }).unwrap();
-            let mut n = 0u64;
-            while !done.load(Ordering::SeqCst) {
-                let mut buf = vec![n as u8; 4096];
-                let iov = [IoVec::from_slice(&mut buf)];
-                let offset = (n * 7919 * 4096) % SIZE;
-                // SAFETY: `buf` outlives the call.
-                unsafe { run_one(&mut *queue, &IoRequest::write(offset, &iov, false, n)) }.unwrap();
-                n += 1;
-            }
-            n
+    // Two writers, so two of them race for the same region's copy too.
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let (tracker, done) = (tracker.clone(), done.clone());
+            std::thread::spawn(move || {
+                let device: Arc<dyn BlockDevice> = tracker;
+                let mut queue = open_queue(&device, &QueueOptions { depth: 4 }).unwrap();
+                let mut n = 0u64;
+                while !done.load(Ordering::SeqCst) {
+                    let mut buf = vec![n as u8; 4096];
+                    let iov = [IoVec::from_slice(&mut buf)];
+                    let offset = ((n + w) * 7919 * 4096) % SIZE;
+                    // SAFETY: `buf` outlives the call.
+                    unsafe { run_one(&mut *queue, &IoRequest::write(offset, &iov, false, n)) }
+                        .unwrap();
+                    n += 1;
+                }
+                n
+            })
         })
-    };
+        .collect();
     for _ in 0..200 {
         assert!(read_all(&*view).unwrap() == disk.before);
     }
     done.store(true, Ordering::SeqCst);
-    assert!(writer.join().unwrap() > 0);
+    for writer in writers {
+        assert!(writer.join().unwrap() > 0);
+    }
     assert!(read_all(&*view).unwrap() == disk.before);
 }
 
