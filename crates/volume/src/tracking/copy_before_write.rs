@@ -307,9 +307,15 @@ impl CopyBeforeWrite {
 }
 
 impl Drop for CopyBeforeWrite {
+    /// The scratch goes with the backup, unless the name is a later backup's scratch by now.
     fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_file(&self.path) {
-            if e.kind() != std::io::ErrorKind::NotFound {
+        use std::os::unix::fs::MetadataExt;
+        let ours = match (self.scratch.metadata(), std::fs::metadata(&self.path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        };
+        if ours {
+            if let Err(e) = std::fs::remove_file(&self.path) {
                 tracing::warn!("removing the backup scratch {}: {e}", self.path.display());
             }
         }

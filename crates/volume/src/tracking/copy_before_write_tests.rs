@@ -188,7 +188,14 @@ fn a_full_scratch_fails_the_backup_and_not_the_writes() {
     assert!(cbw.slots_used() <= 2);
     let scratch = cbw.scratch_path().to_path_buf();
     tracker.stop_copy_before_write();
+    // A later backup's scratch of the same name is not the old one's to remove.
+    let next = CopyBeforeWrite::create(disk.raw.clone(), &scratch, COPY_REGION).unwrap();
     drop((view, cbw));
+    assert!(
+        scratch.exists(),
+        "an old backup removed the next one's scratch"
+    );
+    drop(next);
     assert!(!scratch.exists(), "the scratch goes with the backup");
 }
 
