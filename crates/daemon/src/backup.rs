@@ -8,10 +8,10 @@
 //! it has them (plain only on a UNIX socket or loopback otherwise), the same connection
 //! limits, socket mode 0600.
 //!
-//! Not built yet: copy-before-write. The export reads the live image, so a backup is
-//! point-in-time only while nothing writes the disk: `backup-start` refuses while a VM or an
-//! NBD client is connected to it. Writes made during the backup anyway are recorded in its
-//! checkpoint, so the next incremental copies them.
+//! The export is a point in time while the VM writes: the export serves a `BackupView`, and
+//! the disk's tracker copies a region's old bytes to a bounded scratch file beside the image
+//! before its first change (`cryptblk_volume::CopyBeforeWrite`). A full scratch fails the
+//! backup (the export answers EIO, `backup-end` wants `failed`), never the guest.
 use crate::backup_export::{Backup, CheckpointBitmap};
 use crate::disk_checkpoints::to_error;
 use crate::error::{Error, Result};
@@ -19,10 +19,11 @@ use crate::migrate::parse_address;
 use crate::registry::Daemon;
 use cryptblk_block::{BlockDevice, IoStats};
 use cryptblk_control::api::{
-    BackupEndParams, BackupEnded, BackupStartParams, BackupStarted, ErrorKind,
+    BackupEndParams, BackupEnded, BackupStartParams, BackupStarted, ErrorKind, DEFAULT_SCRATCH_SIZE,
 };
 use cryptblk_nbd::protocol::DIRTY_BITMAP_PREFIX;
 use cryptblk_nbd::{DirtyBitmaps, Export, ExportRegistry, NbdServer};
+use cryptblk_volume::{BackupView, CopyBeforeWrite, COPY_REGION, DRAIN_TIMEOUT};
 use std::sync::{Arc, PoisonError};
 
 impl Daemon {
@@ -37,24 +38,11 @@ impl Daemon {
                 )));
             }
         }
-        if let Some(vhost) = &disk.vhost {
-            if vhost.stop.is_connected() {
-                return Err(Error::busy(format!(
-                    "disk \"{}\" has a VM connected on {}: the backup export serves the live \
-                     image (copy-before-write is not built yet), so a backup is point-in-time \
-                     only while nothing writes it; shut the VM down or detach the disk first",
-                    p.name,
-                    vhost.socket.display()
-                )));
-            }
-        }
-        let nbd_clients = self.nbd.as_ref().map_or(0, |r| r.connections(&p.name));
-        if nbd_clients > 0 {
-            return Err(Error::busy(format!(
-                "disk \"{}\" has {nbd_clients} NBD client(s) connected: the backup export \
-                 serves the live image (copy-before-write is not built yet), so a backup is \
-                 point-in-time only while nothing writes it; disconnect them first",
-                p.name
+        let scratch_size = p.scratch_size.unwrap_or(DEFAULT_SCRATCH_SIZE);
+        if scratch_size < COPY_REGION {
+            return Err(Error::usage(format!(
+                "a scratch-size of {scratch_size} bytes holds no {COPY_REGION}-byte region: \
+                 give at least 64K (default 1G)"
             )));
         }
         let store = self
@@ -87,8 +75,27 @@ impl Daemon {
         };
 
         let container = disk.image.container.clone();
-        let size = container.size();
+        let source: Arc<dyn BlockDevice> = container;
+        let size = source.size();
         let header = disk.image.tracker.payload_offset();
+        let scratch = crate::backup_export::scratch_path(disk.config.image.path());
+        // After the checkpoint was added: every write after this moment is recorded in it.
+        let cbw = match CopyBeforeWrite::create(source.clone(), &scratch, scratch_size) {
+            Ok(cbw) => Arc::new(cbw),
+            Err(e) => {
+                remove_checkpoint();
+                return Err(Error::caused(
+                    "creating the backup's copy-before-write scratch",
+                    e,
+                ));
+            }
+        };
+        let tracker = disk.image.tracker.clone();
+        if let Err(e) = tracker.start_copy_before_write(cbw.clone(), DRAIN_TIMEOUT) {
+            remove_checkpoint();
+            return Err(Error::caused("starting the backup's copy-before-write", e));
+        }
+        let stop_copying = || tracker.stop_copy_before_write();
         let dirty_bitmaps = p.incremental.as_ref().map(|from| {
             Arc::new(CheckpointBitmap {
                 store: store.clone(),
@@ -97,13 +104,13 @@ impl Daemon {
                 size,
             }) as Arc<dyn DirtyBitmaps>
         });
-        let device: Arc<dyn BlockDevice> = container;
+        let device: Arc<dyn BlockDevice> = Arc::new(BackupView::new(source, cbw.clone()));
         let registry = ExportRegistry::new();
         let export = Export {
             name: p.name.clone(),
             description: format!(
                 "backup of disk {} at checkpoint {}: the image's bytes (LUKS header and \
-                 ciphertext)",
+                 ciphertext) as they were when it started",
                 p.name, p.checkpoint
             ),
             device,
@@ -113,6 +120,7 @@ impl Daemon {
             dirty_bitmaps,
         };
         if let Err(e) = registry.add(export) {
+            stop_copying();
             remove_checkpoint();
             return Err(Error::caused("setting up the backup export", e));
         }
@@ -124,6 +132,7 @@ impl Daemon {
         let server = match bound {
             Ok(server) => server.with_connection_limits(settings.limits),
             Err(e) => {
+                stop_copying();
                 remove_checkpoint();
                 let kind = match e {
                     cryptblk_nbd::Error::PlainTcp { .. } => ErrorKind::Usage,
@@ -148,6 +157,7 @@ impl Daemon {
         let thread = match thread {
             Ok(thread) => thread,
             Err(e) => {
+                stop_copying();
                 remove_checkpoint();
                 return Err(Error::caused("starting the backup export's thread", e));
             }
@@ -160,6 +170,8 @@ impl Daemon {
             stop,
             thread: Some(thread),
             marked,
+            cbw: cbw.clone(),
+            tracker: tracker.clone(),
         };
         self.backups
             .lock()
@@ -182,25 +194,36 @@ impl Daemon {
                 .as_ref()
                 .map(|from| format!("{DIRTY_BITMAP_PREFIX}{from}")),
             size,
+            scratch: scratch.display().to_string(),
+            scratch_size: cbw.capacity(),
         })
     }
 
     pub(crate) fn backup_end(&self, p: &BackupEndParams) -> Result<BackupEnded> {
         let disk = self.attached(&p.name)?;
-        let backup = self
-            .backups
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&p.name)
-            .ok_or_else(|| {
-                Error::new(
+        let mut backups = self.backups.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(why) = backups.get(&p.name).and_then(|b| b.cbw.failure()) {
+            if !p.failed {
+                return Err(Error::new(
                     ErrorKind::Conflict,
                     format!(
-                        "disk \"{}\" has no backup export (see backup-start)",
+                        "disk \"{}\": the backup failed, what was pulled is not a point in \
+                         time: {why}",
                         p.name
                     ),
-                )
-            })?;
+                ));
+            }
+        }
+        let backup = backups.remove(&p.name).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Conflict,
+                format!(
+                    "disk \"{}\" has no backup export (see backup-start)",
+                    p.name
+                ),
+            )
+        })?;
+        drop(backups);
         let checkpoint = backup.checkpoint.clone();
         backup.close();
         if p.failed {

@@ -20,6 +20,7 @@ impl DiskCheckpoints {
         if config.image.rbd().is_some() {
             return DiskCheckpoints::default();
         }
+        crate::backup_export::remove_leftover_scratch(&config.name, config.image.path());
         match open_store(config, image, false) {
             Ok(store) => DiskCheckpoints(Mutex::new(store)),
             Err(e) => {

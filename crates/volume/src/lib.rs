@@ -37,5 +37,7 @@ pub use luks_volume::{
     VolumeOptions,
 };
 pub use resize::{resize_luks, resize_raw, ResizeError, Resized, RAW_SECTOR};
-pub use tracking::{DirtyBitmap, DirtyTracker, TrackingError};
+pub use tracking::{
+    BackupView, CopyBeforeWrite, DirtyBitmap, DirtyTracker, TrackingError, COPY_REGION,
+};
 pub use volume::{LuksFacts, Volume, VolumeKeys};

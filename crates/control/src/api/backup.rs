@@ -17,7 +17,19 @@ pub struct BackupStartParams {
     pub incremental: Option<String>,
     /// Where the export listens: `unix:PATH` or `tcp:HOST:PORT` (port 0 picks one).
     pub nbd: String,
+    /// Bytes of old image data the copy-before-write scratch may hold (default
+    /// [`DEFAULT_SCRATCH_SIZE`]); when the disk changes more than that during the backup, the
+    /// backup fails (the guest's writes go on).
+    #[serde(
+        default,
+        rename = "scratch-size",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub scratch_size: Option<u64>,
 }
+
+/// The copy-before-write scratch's bound when `backup-start` names none: 1 GiB.
+pub const DEFAULT_SCRATCH_SIZE: u64 = 1 << 30;
 
 /// `backup-start`'s answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,6 +48,10 @@ pub struct BackupStarted {
     pub bitmap: Option<String>,
     /// The image's size: the export's.
     pub size: u64,
+    /// The copy-before-write scratch file (removed at `backup-end`).
+    pub scratch: String,
+    /// Its bound in bytes.
+    pub scratch_size: u64,
 }
 
 /// `backup-end`.

@@ -335,12 +335,13 @@ pub const METHODS: &[MethodSpec] = &[
     },
     MethodSpec {
         name: "backup-start",
-        summary: "Serve a disk's image bytes (LUKS header and ciphertext, never plaintext) read-only over NBD for a key-less backup, adding a checkpoint; with incremental, also the dirty bitmap qemu:dirty-bitmap:FROM. Refused while a VM or NBD client is connected: the export is the live image (no copy-before-write yet), point-in-time only while nothing writes.",
+        summary: "Serve a disk's image bytes (LUKS header and ciphertext, never plaintext) read-only over NBD for a key-less backup, adding a checkpoint; with incremental, also the dirty bitmap qemu:dirty-bitmap:FROM. A point-in-time view while the VM writes: a region's old bytes are copied to a bounded scratch file before its first change; a full scratch fails the backup, not the VM.",
         params: &[
             NAME,
             req("checkpoint", Text, "The checkpoint the backup is taken at (added now; must not exist)."),
             opt("incremental", Text, "An existing checkpoint: what changed since it is served as qemu:dirty-bitmap:FROM."),
             req("nbd", Address, "Where the export listens: unix:PATH or tcp:HOST:PORT (port 0 picks one); with the daemon's --tls-creds, TLS and its allow-list apply."),
+            opt("scratch-size", Bytes, "Bytes of old data the copy-before-write scratch (IMAGE.cryptblk-backup-scratch) may hold (default 1G, in 64 KiB regions): the disk may change that much during the backup; more fails the backup (the VM's writes go on; end it with failed)."),
         ],
     },
     MethodSpec {
@@ -348,7 +349,7 @@ pub const METHODS: &[MethodSpec] = &[
         summary: "Stop a disk's backup export: its checkpoint is kept, or with failed removed (what changed since it stays recorded for the checkpoint before it).",
         params: &[
             NAME,
-            opt("failed", Flag, "The backup did not complete: remove its checkpoint."),
+            opt("failed", Flag, "The backup did not complete: remove its checkpoint (required once the backup failed, e.g. its scratch filled)."),
         ],
     },
     MethodSpec {

@@ -14,7 +14,9 @@ mod passphrase_params;
 mod reencrypt;
 mod results;
 
-pub use backup::{BackupEndParams, BackupEnded, BackupStartParams, BackupStarted};
+pub use backup::{
+    BackupEndParams, BackupEnded, BackupStartParams, BackupStarted, DEFAULT_SCRATCH_SIZE,
+};
 pub use catalogue::{
     errors_reference, method, methods_reference, MethodSpec, ParamKind, ParamSpec,
     CONFIG_FILE_ALIASES, METHODS,

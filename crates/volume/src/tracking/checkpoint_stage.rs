@@ -37,9 +37,14 @@ impl Stage for CheckpointStage {
         if !caller.op.modifies() {
             return Admit::Pass;
         }
+        // A backup's old bytes are copied on the synchronous path too (rare: once per region).
+        let copy = self.state.needs_copy(caller.offset, caller.len);
         let log = &self.state.intent;
         let active = log.active();
         self.admitted[slot] = active;
+        if copy {
+            return Admit::Synchronous;
+        }
         if active == 0 {
             return Admit::Pass;
         }
@@ -77,7 +82,8 @@ impl Stage for CheckpointStage {
 
 /// The synchronous path of a tracked disk's queues: the volume's own methods, with what a
 /// modifying request touches recorded in the write-intent log before (and, should a
-/// checkpoint have been added meanwhile, again after) it is done.
+/// checkpoint have been added meanwhile, again after) it is done, and during a backup its old
+/// bytes copied to the backup's scratch before.
 pub(crate) struct RecordingPath {
     pub(crate) state: Arc<TrackState>,
     pub(crate) inner: Arc<dyn BlockDevice>,
@@ -92,6 +98,7 @@ impl RecordingPath {
         run: impl FnOnce() -> Result<(), BlockError>,
     ) -> Result<(), BlockError> {
         self.state.record(op, offset, len)?;
+        self.state.copy_old(offset, len);
         run()?;
         self.state.record(op, offset, len)
     }

@@ -4,13 +4,17 @@
 //! A migration (`cryptblk-migration`) reads and clears the bitmap and fences the disk at
 //! switchover.
 
+mod backup_view;
 mod bitmap;
 mod checkpoint_stage;
+mod copy_before_write;
 mod stage;
 mod state;
 mod tracker;
 
+pub use backup_view::BackupView;
 pub use bitmap::DirtyBitmap;
+pub use copy_before_write::{CopyBeforeWrite, COPY_REGION};
 pub(crate) use state::TrackState;
 pub use tracker::DirtyTracker;
 
@@ -19,3 +23,6 @@ pub use tracker::DirtyTracker;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct TrackingError(pub String);
+
+#[cfg(test)]
+mod copy_before_write_tests;

@@ -10,45 +10,53 @@ use std::sync::Arc;
 
 pub(super) struct TrackingStage {
     state: Arc<TrackState>,
+    /// The epoch parity each slot's request is counted in.
+    parity: Vec<usize>,
 }
 
 impl TrackingStage {
-    pub(super) fn new(state: Arc<TrackState>) -> Self {
-        TrackingStage { state }
+    pub(super) fn new(state: Arc<TrackState>, capacity: usize) -> Self {
+        TrackingStage {
+            state,
+            parity: vec![0; capacity],
+        }
     }
 
     /// The request is over: marked (a modifying one, also when it failed: part of it may have
     /// landed) after it reached the disk and before the guest hears of it (see
     /// `TrackState::mark`), then counted out.
-    fn finish(&self, req: &SlotRequest) {
+    fn finish(&self, slot: usize, req: &SlotRequest) {
         if req.op.modifies() {
             self.state.mark(req.offset, req.len);
         }
-        self.state.leave();
+        self.state.leave(self.parity[slot]);
     }
 }
 
 impl Stage for TrackingStage {
-    fn admit(&mut self, _slot: usize, caller: &SlotRequest, _transfer: &mut SlotRequest) -> Admit {
+    fn admit(&mut self, slot: usize, caller: &SlotRequest, _transfer: &mut SlotRequest) -> Admit {
         match self.state.enter_async(caller.op.name()) {
-            Ok(()) => Admit::Pass,
+            Ok(parity) => {
+                self.parity[slot] = parity;
+                Admit::Pass
+            }
             Err(e) => Admit::Finish(Err(e)),
         }
     }
 
     fn complete(
         &mut self,
-        _slot: usize,
+        slot: usize,
         caller: &SlotRequest,
         _result: &mut Result<(), BlockError>,
     ) -> u64 {
-        self.finish(caller);
+        self.finish(slot, caller);
         0
     }
 
     /// A request never collected still counts against the fence: let it go.
-    fn abandon(&mut self, _slot: usize, caller: &SlotRequest) {
-        self.finish(caller);
+    fn abandon(&mut self, slot: usize, caller: &SlotRequest) {
+        self.finish(slot, caller);
     }
 }
 

@@ -4,6 +4,7 @@
 use super::checkpoint_stage::{CheckpointStage, RecordingPath};
 use super::stage::TrackingStage;
 use super::state::TrackState;
+use super::CopyBeforeWrite;
 use super::DirtyBitmap;
 use super::TrackingError;
 use crate::checkpoint::IntentLog;
@@ -74,7 +75,10 @@ impl DirtyTracker {
                 payload_offset: AtomicU64::new(payload_offset),
                 tracking: AtomicBool::new(false),
                 fenced: AtomicBool::new(false),
-                in_flight: AtomicU64::new(0),
+                in_flight: [AtomicU64::new(0), AtomicU64::new(0)],
+                epoch: AtomicU64::new(0),
+                copying: AtomicBool::new(false),
+                cbw: std::sync::RwLock::new(None),
                 intent: Arc::new(IntentLog::default()),
             }),
         })
@@ -158,7 +162,7 @@ impl DirtyTracker {
     /// any more: what the bitmap says is dirty is all that is left to send.
     pub fn fence(&self) {
         self.state.fenced.store(true, Ordering::SeqCst);
-        while self.state.in_flight.load(Ordering::SeqCst) != 0 {
+        while self.state.in_flight() != 0 {
             std::thread::sleep(std::time::Duration::from_micros(100));
         }
     }
@@ -171,6 +175,48 @@ impl DirtyTracker {
 
     pub fn is_fenced(&self) -> bool {
         self.state.fenced.load(Ordering::SeqCst)
+    }
+
+    /// Starts copy-before-write for a backup: from when this returns, every write, discard or
+    /// write-zeroes through this tracker (its own methods and every queue opened on it) first
+    /// copies the old bytes of the image regions it changes to `cbw`'s scratch, so a
+    /// [`BackupView`](super::BackupView) over `cbw` keeps reading the image as it is now.
+    /// Waits for the requests already under way (they could not copy); gives up, undoing
+    /// it, after `timeout`.
+    pub fn start_copy_before_write(
+        &self,
+        cbw: Arc<CopyBeforeWrite>,
+        timeout: std::time::Duration,
+    ) -> Result<(), BlockError> {
+        {
+            let mut slot = self
+                .state
+                .cbw
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if slot.is_some() {
+                return Err(BlockError::new(
+                    cryptblk_block::BlockErrorKind::Unsupported,
+                    "a backup's copy-before-write already runs on this disk",
+                ));
+            }
+            *slot = Some(cbw);
+        }
+        self.state.copying.store(true, Ordering::SeqCst);
+        // A request that entered before this saw no copy-before-write and may still write.
+        self.state.drain_entered(timeout).inspect_err(|_| {
+            self.stop_copy_before_write();
+        })
+    }
+
+    /// Ends copy-before-write (the backup ended): writes pass without a copy again.
+    pub fn stop_copy_before_write(&self) {
+        self.state.copying.store(false, Ordering::SeqCst);
+        self.state
+            .cbw
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
     }
 
     /// The image-file range holding the ciphertext of `len` plaintext bytes at `offset`.
@@ -196,6 +242,7 @@ impl BlockDevice for DirtyTracker {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
         let _op = self.state.enter("write")?;
         self.state.record("write", offset, buf.len() as u64)?;
+        self.state.copy_old(offset, buf.len() as u64);
         let res = self.inner.write_at(buf, offset);
         self.state.mark(offset, buf.len() as u64);
         res
@@ -207,6 +254,7 @@ impl BlockDevice for DirtyTracker {
     fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         let _op = self.state.enter("discard")?;
         self.state.record("discard", offset, len)?;
+        self.state.copy_old(offset, len);
         let res = self.inner.discard(offset, len);
         self.state.mark(offset, len);
         res
@@ -217,6 +265,7 @@ impl BlockDevice for DirtyTracker {
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         let _op = self.state.enter("write zeroes")?;
         self.state.record("write zeroes", offset, len)?;
+        self.state.copy_old(offset, len);
         let res = self.inner.write_zeroes(offset, len);
         self.state.mark(offset, len);
         res
@@ -230,7 +279,7 @@ impl BlockDevice for DirtyTracker {
         Some(open_pipeline(&self.inner, opts).map(|mut pipeline| {
             let capacity = pipeline.capacity();
             pipeline.push_front(Box::new(CheckpointStage::new(self.state.clone(), capacity)));
-            pipeline.push_front(Box::new(TrackingStage::new(self.state.clone())));
+            pipeline.push_front(Box::new(TrackingStage::new(self.state.clone(), capacity)));
             pipeline.set_sync_path(Arc::new(RecordingPath {
                 state: self.state.clone(),
                 inner: self.inner.clone(),

@@ -1,0 +1,89 @@
+//! The device a backup export serves: the image file's bytes as they were when the backup
+//! started, whatever the disk was written since (the regions changed since come from the
+//! copy-before-write scratch). Read-only.
+
+use super::CopyBeforeWrite;
+use cryptblk_block::{BlockDevice, BlockError, Extent, ExtentKind};
+use std::sync::Arc;
+
+/// A point-in-time, read-only view of an image file during a backup.
+pub struct BackupView {
+    source: Arc<dyn BlockDevice>,
+    cbw: Arc<CopyBeforeWrite>,
+}
+
+impl BackupView {
+    /// `source` is the image file the copy-before-write state `cbw` copies from.
+    pub fn new(source: Arc<dyn BlockDevice>, cbw: Arc<CopyBeforeWrite>) -> Self {
+        BackupView { source, cbw }
+    }
+
+    pub fn copy_before_write(&self) -> &Arc<CopyBeforeWrite> {
+        &self.cbw
+    }
+}
+
+impl BlockDevice for BackupView {
+    fn size(&self) -> u64 {
+        self.cbw.size()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.source.logical_block_size()
+    }
+    fn read_only(&self) -> bool {
+        true
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
+        self.cbw.read_at(buf, offset)
+    }
+    fn write_at(&self, _buf: &[u8], _offset: u64) -> Result<(), BlockError> {
+        Err(BlockError::read_only("write"))
+    }
+    fn flush(&self) -> Result<(), BlockError> {
+        Ok(())
+    }
+    fn discard(&self, _offset: u64, _len: u64) -> Result<(), BlockError> {
+        Err(BlockError::read_only("discard"))
+    }
+    fn write_zeroes(&self, _offset: u64, _len: u64) -> Result<(), BlockError> {
+        Err(BlockError::read_only("write zeroes"))
+    }
+    /// The image's allocation, except that a region copied to the scratch is data (the image
+    /// may have been discarded there since). Like a read, it may say data where the backup's
+    /// moment had a hole (a region copied while this was asked): never the other way round.
+    fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
+        cryptblk_block::check_range("block_status", offset, 0, self.size())?;
+        let len = len.min(self.size() - offset);
+        let region = super::copy_before_write::COPY_REGION;
+        let region_end = (offset / region + 1) * region;
+        let copied = Extent {
+            len: len.min(region_end - offset),
+            kind: ExtentKind::Data,
+        };
+        if self.cbw.is_copied(offset) {
+            return Ok(copied);
+        }
+        let extent = self.source.block_status(offset, len)?;
+        if extent.kind == ExtentKind::Data {
+            return Ok(extent);
+        }
+        // Copied (and maybe discarded) while the image was asked: the old bytes are data.
+        if self.cbw.is_copied(offset) {
+            return Ok(copied);
+        }
+        // A hole reported up to the first region copied since (checked after the image was).
+        let mut end = offset + extent.len;
+        let mut at = region_end;
+        while at < end {
+            if self.cbw.is_copied(at) {
+                end = at;
+                break;
+            }
+            at += region;
+        }
+        Ok(Extent {
+            len: end - offset,
+            kind: extent.kind,
+        })
+    }
+}

@@ -1,0 +1,323 @@
+//! Copy-before-write: what keeps a backup export a point-in-time view while the disk is
+//! written. Before a write, discard or write-zeroes changes a 64 KiB region of the image file
+//! for the first time since the backup started, the region's old bytes (ciphertext or header)
+//! are copied to a scratch file of bounded size; the export reads them from there
+//! ([`BackupView`](super::BackupView)).
+//!
+//! Order, so that a read racing a write is served correctly: the writer copies the old bytes
+//! to the scratch, *then* marks the region copied, *then* writes the image. The export reads
+//! the image, *then* looks at the mark: unset, the image bytes it read were the old ones
+//! (the write starts only after the mark is set); set, it reads the scratch, written before
+//! the mark.
+//!
+//! A full scratch (or a scratch that cannot be written) fails the backup, never the guest:
+//! the write goes on without a copy and the export answers every read from then on with an
+//! I/O error naming the reason.
+
+use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind};
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use super::DirtyBitmap;
+
+/// What is copied at once: the checkpoints' granularity, so a backup's extents and its
+/// copies are the same regions.
+pub const COPY_REGION: u64 = crate::checkpoint::GRANULARITY as u64;
+
+/// A backup's copy-before-write state: the scratch file, which regions it holds and where.
+///
+/// Memory: one bit per 64 KiB of image (2 MiB per TiB) to say a region was copied (checked
+/// without a lock on every write), and a map entry per scratch slot used (at most
+/// `scratch_size / 64 KiB`), plus a 64 KiB buffer per copy under way at once.
+///
+/// No lock is held across I/O: a region being copied is claimed in the map, and a second
+/// writer of it waits for that copy (its write must not land before the old bytes are safe).
+pub struct CopyBeforeWrite {
+    /// The image file's bytes, as the backup serves them.
+    source: std::sync::Arc<dyn BlockDevice>,
+    scratch: File,
+    path: PathBuf,
+    /// The image's size when the backup started (it cannot change during one).
+    size: u64,
+    /// How many regions the scratch holds.
+    slots: u64,
+    copied: DirtyBitmap,
+    map: Mutex<CopyMap>,
+    /// Signalled when a copy under way ends.
+    copy_ended: Condvar,
+    failed: AtomicBool,
+    reason: OnceLock<String>,
+}
+
+struct CopyMap {
+    /// Region -> (slot, whether its copy is complete).
+    slot_of: HashMap<u64, (u64, bool)>,
+    /// Slots handed out (a failed copy's slot is not reused).
+    next_slot: u64,
+    /// Copy buffers not in use.
+    buffers: Vec<Vec<u8>>,
+}
+
+impl std::fmt::Debug for CopyBeforeWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyBeforeWrite")
+            .field("scratch", &self.path)
+            .field("slots", &self.slots)
+            .field("copied", &self.copied.count())
+            .field("failed", &self.failure())
+            .finish()
+    }
+}
+
+impl CopyBeforeWrite {
+    /// Creates the scratch file at `path` (replacing a leftover of a crashed backup), able to
+    /// hold `scratch_size` bytes of copied regions (rounded down to 64 KiB, at least one).
+    pub fn create(
+        source: std::sync::Arc<dyn BlockDevice>,
+        path: &Path,
+        scratch_size: u64,
+    ) -> Result<Self, BlockError> {
+        let slots = scratch_size / COPY_REGION;
+        if slots == 0 {
+            return Err(BlockError::new(
+                BlockErrorKind::Unsupported,
+                format!(
+                    "a backup scratch of {scratch_size} bytes holds no 64 KiB region: give at \
+                     least {COPY_REGION} bytes"
+                ),
+            ));
+        }
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(BlockError::io("removing a leftover backup scratch", e).with_path(path))
+            }
+        }
+        let scratch = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| BlockError::io("creating the backup scratch", e).with_path(path))?;
+        let size = source.size();
+        let copied = DirtyBitmap::new(size, COPY_REGION)
+            .map_err(|e| BlockError::new(BlockErrorKind::Unsupported, e.0))?;
+        Ok(CopyBeforeWrite {
+            source,
+            scratch,
+            path: path.to_path_buf(),
+            size,
+            slots,
+            copied,
+            map: Mutex::new(CopyMap {
+                slot_of: HashMap::new(),
+                next_slot: 0,
+                buffers: Vec::new(),
+            }),
+            copy_ended: Condvar::new(),
+            failed: AtomicBool::new(false),
+            reason: OnceLock::new(),
+        })
+    }
+
+    /// The image's size the backup serves.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The scratch's capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.slots * COPY_REGION
+    }
+
+    /// Bytes of old image data held in the scratch.
+    pub fn used(&self) -> u64 {
+        self.copied.count() * COPY_REGION
+    }
+
+    /// Scratch slots holding a region (never more than the scratch has).
+    pub fn slots_used(&self) -> u64 {
+        self.lock().slot_of.len() as u64
+    }
+
+    pub fn scratch_path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Why the backup failed, once it did.
+    pub fn failure(&self) -> Option<&str> {
+        if self.failed.load(Ordering::SeqCst) {
+            Some(self.reason.get().map_or("failed", String::as_str))
+        } else {
+            None
+        }
+    }
+
+    /// Whether a change of `len` image bytes at `offset` needs no copy (copied already, past
+    /// the backup's image, or the backup failed): the fast path, a few atomic loads.
+    pub(crate) fn needs_no_copy(&self, offset: u64, len: u64) -> bool {
+        self.failed.load(Ordering::SeqCst) || self.copied.all_set(offset, len)
+    }
+
+    fn fail(&self, why: String) {
+        if self.reason.set(why.clone()).is_ok() {
+            tracing::error!("{why}");
+        }
+        self.failed.store(true, Ordering::SeqCst);
+    }
+
+    /// Copies the regions `len` image bytes at `offset` touch that are not copied yet to the
+    /// scratch, before the caller changes them. Never fails the caller: when a copy cannot be
+    /// made, the backup fails instead.
+    pub(crate) fn copy(&self, offset: u64, len: u64) {
+        if len == 0 || offset >= self.size {
+            return;
+        }
+        let end = offset.saturating_add(len).min(self.size);
+        let (first, last) = (offset / COPY_REGION, (end - 1) / COPY_REGION);
+        for region in first..=last {
+            if self.needs_no_copy(region * COPY_REGION, 1) {
+                continue;
+            }
+            let mut map = self.lock();
+            let slot = loop {
+                // Another writer may have copied it (or failed the backup) meanwhile.
+                if self.needs_no_copy(region * COPY_REGION, 1) {
+                    break None;
+                }
+                match map.slot_of.get(&region) {
+                    // Its copy is under way: the write waits for the old bytes to be safe.
+                    Some(&(_, false)) => {
+                        map = self
+                            .copy_ended
+                            .wait(map)
+                            .unwrap_or_else(PoisonError::into_inner);
+                    }
+                    _ => break Some(map.next_slot),
+                }
+            };
+            let Some(slot) = slot else { continue };
+            if slot >= self.slots {
+                drop(map);
+                self.fail(format!(
+                    "the backup scratch {} is full ({} bytes of regions the disk changed \
+                     during the backup were copied): the backup failed; end it with \
+                     backup-end --failed and start it again with a larger --scratch-size",
+                    self.path.display(),
+                    self.capacity()
+                ));
+                return;
+            }
+            map.next_slot += 1;
+            map.slot_of.insert(region, (slot, false));
+            let mut buffer = map
+                .buffers
+                .pop()
+                .unwrap_or_else(|| vec![0; COPY_REGION as usize]);
+            drop(map);
+            let start = region * COPY_REGION;
+            let n = COPY_REGION.min(self.size - start) as usize;
+            let copied = self
+                .source
+                .read_at(&mut buffer[..n], start)
+                .map_err(|e| format!("reading the image at {start}: {e}"))
+                .and_then(|()| {
+                    self.scratch
+                        .write_all_at(&buffer[..n], slot * COPY_REGION)
+                        .map_err(|e| format!("writing {}: {e}", self.path.display()))
+                });
+            let mut map = self.lock();
+            map.buffers.push(buffer);
+            match copied {
+                Ok(()) => {
+                    map.slot_of.insert(region, (slot, true));
+                    // Only now: a reader that sees the mark finds the old bytes in the scratch.
+                    self.copied.set_range(start, 1);
+                }
+                Err(why) => {
+                    map.slot_of.remove(&region);
+                    self.fail(format!(
+                        "copying old data to the backup scratch failed ({why}): the backup \
+                         failed; end it with backup-end --failed"
+                    ));
+                }
+            }
+            drop(map);
+            self.copy_ended.notify_all();
+            if self.failure().is_some() {
+                return;
+            }
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CopyMap> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The backup's view of `buf.len()` image bytes at `offset`, as they were when it started.
+    pub(crate) fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
+        self.check("read")?;
+        cryptblk_block::check_range("read", offset, buf.len() as u64, self.size)?;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let region = at / COPY_REGION;
+            let in_region = (at % COPY_REGION) as usize;
+            let n = (COPY_REGION as usize - in_region).min(buf.len() - done);
+            let chunk = &mut buf[done..done + n];
+            self.source.read_at(chunk, at)?;
+            // After the image was read: a region marked now may have been overwritten since.
+            if self.copied.is_set(region) {
+                let slot = self.lock().slot_of.get(&region).map(|&(slot, _)| slot);
+                let Some(slot) = slot else {
+                    return Err(BlockError::new(
+                        BlockErrorKind::Io,
+                        "a region marked copied has no place in the backup scratch",
+                    ));
+                };
+                self.scratch
+                    .read_exact_at(chunk, slot * COPY_REGION + in_region as u64)
+                    .map_err(|e| {
+                        BlockError::io("reading the backup scratch", e).with_path(&self.path)
+                    })?;
+            }
+            done += n;
+        }
+        // A failure seen only now may have let a write through uncopied while this read.
+        self.check("read")
+    }
+
+    /// Whether the backup's view of the region holding `offset` comes from the scratch.
+    pub(crate) fn is_copied(&self, offset: u64) -> bool {
+        self.copied.is_set(offset / COPY_REGION)
+    }
+
+    fn check(&self, op: &'static str) -> Result<(), BlockError> {
+        match self.failure() {
+            None => Ok(()),
+            Some(why) => Err(BlockError::new(BlockErrorKind::Io, why.to_string()).with_op(op)),
+        }
+    }
+}
+
+impl Drop for CopyBeforeWrite {
+    /// The scratch goes with the backup, unless the name is a later backup's scratch by now.
+    fn drop(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        let ours = match (self.scratch.metadata(), std::fs::metadata(&self.path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        };
+        if ours {
+            if let Err(e) = std::fs::remove_file(&self.path) {
+                tracing::warn!("removing the backup scratch {}: {e}", self.path.display());
+            }
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! A backup's view stays the image as it was when copy-before-write started, whatever is
+//! written meanwhile, through the tracker's methods and through its queues.
+
+use super::{BackupView, CopyBeforeWrite, DirtyTracker, COPY_REGION};
+use cryptblk_block::aio::{open_queue, run_one, write_at, IoOp, IoRequest, QueueOptions};
+use cryptblk_block::{BlockDevice, BlockError, OpenOptions, RawFile};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+const SIZE: u64 = 16 * COPY_REGION;
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Disk {
+    dir: tempfile::TempDir,
+    raw: Arc<dyn BlockDevice>,
+    before: Vec<u8>,
+}
+
+/// A raw image of 16 regions, each byte its region number plus its offset's low bits.
+fn disk() -> Disk {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.raw");
+    let before: Vec<u8> = (0..SIZE)
+        .map(|i| ((i / COPY_REGION) as u8).wrapping_mul(31) ^ (i as u8))
+        .collect();
+    std::fs::write(&path, &before).unwrap();
+    let raw: Arc<dyn BlockDevice> = Arc::new(
+        RawFile::open(
+            &path,
+            OpenOptions {
+                writable: true,
+                lock: true,
+            },
+        )
+        .unwrap(),
+    );
+    Disk { dir, raw, before }
+}
+
+fn backup(disk: &Disk, tracker: &DirtyTracker, scratch: u64) -> BackupView {
+    let cbw = Arc::new(
+        CopyBeforeWrite::create(disk.raw.clone(), &disk.dir.path().join("scratch"), scratch)
+            .unwrap(),
+    );
+    tracker
+        .start_copy_before_write(cbw.clone(), TIMEOUT)
+        .unwrap();
+    BackupView::new(disk.raw.clone(), cbw)
+}
+
+fn read_all(view: &dyn BlockDevice) -> Result<Vec<u8>, BlockError> {
+    let mut buf = vec![0u8; view.size() as usize];
+    // Odd-sized reads, so they straddle regions.
+    for (n, chunk) in buf.chunks_mut(3 * 4096 + 512).enumerate() {
+        view.read_at(chunk, n as u64 * (3 * 4096 + 512))?;
+    }
+    Ok(buf)
+}
+
+#[test]
+fn writes_during_a_backup_leave_its_view_unchanged() {
+    let disk = disk();
+    let tracker = Arc::new(DirtyTracker::new(disk.raw.clone(), 0, 4096).unwrap());
+    let device: Arc<dyn BlockDevice> = tracker.clone();
+    let mut queue = open_queue(&device, &QueueOptions { depth: 4 }).unwrap();
+    let view = backup(&disk, &tracker, SIZE);
+
+    // Through the tracker's methods: a write across two regions, a discard, write-zeroes.
+    tracker.write_at(&[0xAA; 8192], COPY_REGION - 4096).unwrap();
+    tracker.write_zeroes(5 * COPY_REGION, COPY_REGION).unwrap();
+    tracker.discard(7 * COPY_REGION, 2 * COPY_REGION).unwrap();
+    // Through a queue: a write, and a second one to a region already copied.
+    let buf = vec![0x55u8; 4096];
+    write_at(&mut *queue, 10 * COPY_REGION, &buf).unwrap();
+    write_at(&mut *queue, 10 * COPY_REGION + 8192, &buf).unwrap();
+    run_one(
+        &mut *queue,
+        &IoRequest::range(IoOp::WriteZeroes, 12 * COPY_REGION, 4096, 3),
+    )
+    .unwrap();
+
+    let now = std::fs::read(disk.dir.path().join("disk.raw")).unwrap();
+    assert_eq!(now[COPY_REGION as usize - 1], 0xAA, "the writes landed");
+    assert_eq!(now[10 * COPY_REGION as usize + 8192], 0x55);
+    assert_ne!(now, disk.before);
+    assert!(
+        read_all(&view).unwrap() == disk.before,
+        "the backup sees the old image"
+    );
+    let cbw = view.copy_before_write();
+    assert_eq!(
+        cbw.used(),
+        7 * COPY_REGION,
+        "regions 0, 1, 5, 7, 8, 10, 12, none twice"
+    );
+    assert!(cbw.failure().is_none());
+
+    // Ended: writes no longer copy.
+    tracker.stop_copy_before_write();
+    tracker.write_at(&[1; 4096], 14 * COPY_REGION).unwrap();
+    assert_eq!(cbw.used(), 7 * COPY_REGION);
+}
+
+#[test]
+fn a_read_racing_writes_sees_the_old_bytes() {
+    let disk = disk();
+    let tracker = Arc::new(DirtyTracker::new(disk.raw.clone(), 0, 4096).unwrap());
+    let view = Arc::new(backup(&disk, &tracker, SIZE));
+    let done = Arc::new(AtomicBool::new(false));
+    // Two writers, so two of them race for the same region's copy too.
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let (tracker, done) = (tracker.clone(), done.clone());
+            std::thread::spawn(move || {
+                let device: Arc<dyn BlockDevice> = tracker;
+                let mut queue = open_queue(&device, &QueueOptions { depth: 4 }).unwrap();
+                let mut n = 0u64;
+                while !done.load(Ordering::SeqCst) {
+                    let buf = vec![n as u8; 4096];
+                    let offset = ((n + w) * 7919 * 4096) % SIZE;
+                    write_at(&mut *queue, offset, &buf).unwrap();
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    for _ in 0..200 {
+        assert!(read_all(&*view).unwrap() == disk.before);
+    }
+    done.store(true, Ordering::SeqCst);
+    for writer in writers {
+        assert!(writer.join().unwrap() > 0);
+    }
+    assert!(read_all(&*view).unwrap() == disk.before);
+}
+
+#[test]
+fn a_full_scratch_fails_the_backup_and_not_the_writes() {
+    let disk = disk();
+    let tracker = DirtyTracker::new(disk.raw.clone(), 0, 4096).unwrap();
+    // Room for two regions (a size off the region is rounded down).
+    let view = backup(&disk, &tracker, 2 * COPY_REGION + 100);
+    let cbw = view.copy_before_write().clone();
+    assert_eq!(cbw.capacity(), 2 * COPY_REGION);
+    for region in 0..4 {
+        tracker
+            .write_at(&[0xEE; 4096], region * COPY_REGION)
+            .unwrap();
+    }
+    let now = std::fs::read(disk.dir.path().join("disk.raw")).unwrap();
+    for region in 0..4 {
+        assert_eq!(
+            now[(region * COPY_REGION) as usize],
+            0xEE,
+            "every write landed"
+        );
+    }
+    let why = cbw.failure().expect("the backup failed");
+    assert!(why.contains("full") && why.contains("--failed"), "{why}");
+    let e = read_all(&view).unwrap_err();
+    assert!(e.to_string().contains("scratch"), "{e}");
+    // Memory and disk bounded by the scratch: no more copies were kept than it holds.
+    assert_eq!(cbw.used(), 2 * COPY_REGION);
+    assert!(std::fs::metadata(cbw.scratch_path()).unwrap().len() <= 2 * COPY_REGION);
+    assert!(cbw.slots_used() <= 2);
+    let scratch = cbw.scratch_path().to_path_buf();
+    tracker.stop_copy_before_write();
+    // A later backup's scratch of the same name is not the old one's to remove.
+    let next = CopyBeforeWrite::create(disk.raw.clone(), &scratch, COPY_REGION).unwrap();
+    drop((view, cbw));
+    assert!(
+        scratch.exists(),
+        "an old backup removed the next one's scratch"
+    );
+    drop(next);
+    assert!(!scratch.exists(), "the scratch goes with the backup");
+}
+
+/// A device whose writes wait until the test lets them go.
+struct Gate {
+    inner: Arc<dyn BlockDevice>,
+    entered: Barrier,
+    release: Barrier,
+}
+
+impl BlockDevice for Gate {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
+        self.entered.wait();
+        self.release.wait();
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> Result<(), BlockError> {
+        self.inner.flush()
+    }
+}
+
+#[test]
+fn starting_waits_for_writes_already_under_way() {
+    let disk = disk();
+    let gate = Arc::new(Gate {
+        inner: disk.raw.clone(),
+        entered: Barrier::new(2),
+        release: Barrier::new(2),
+    });
+    let tracker = Arc::new(DirtyTracker::new(gate.clone(), 0, 4096).unwrap());
+    let writer = {
+        let tracker = tracker.clone();
+        std::thread::spawn(move || tracker.write_at(&[0x77; 4096], 3 * COPY_REGION))
+    };
+    // The write is past its copy-before-write check, not yet done.
+    gate.entered.wait();
+    let started = Arc::new(AtomicBool::new(false));
+    let starter = {
+        let (tracker, started) = (tracker.clone(), started.clone());
+        let source = disk.raw.clone();
+        let path = disk.dir.path().join("scratch");
+        std::thread::spawn(move || {
+            let cbw = Arc::new(CopyBeforeWrite::create(source, &path, SIZE).unwrap());
+            tracker
+                .start_copy_before_write(cbw.clone(), TIMEOUT)
+                .unwrap();
+            started.store(true, Ordering::SeqCst);
+            cbw
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !started.load(Ordering::SeqCst),
+        "start returned while a write it could not copy was under way"
+    );
+    gate.release.wait();
+    writer.join().unwrap().unwrap();
+    let cbw = starter.join().unwrap();
+    // The write landed before the backup's moment: its view has it.
+    let view = BackupView::new(disk.raw.clone(), cbw);
+    let mut byte = [0u8; 1];
+    view.read_at(&mut byte, 3 * COPY_REGION).unwrap();
+    assert_eq!(byte[0], 0x77);
+}
