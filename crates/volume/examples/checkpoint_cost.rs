@@ -1,10 +1,17 @@
-//! What a checkpoint costs a disk's writes in steady state (every region already recorded):
-//! 4 KiB random writes at queue depth 32 through a tracked raw file's queue, without a
-//! checkpoint and with one, in interleaved rounds (which arm goes first alternates). Reports
-//! IOPS and process CPU time per write of each arm per round, and the median and worst
-//! per-round ratio with/without. The file is written through the page cache, so the numbers
-//! are the request path's, not the disk's (the log adds nothing to the data path once a
-//! region is recorded).
+//! What checkpoints and a running backup cost a disk's writes: 4 KiB random writes at queue
+//! depth 32 through a tracked raw file's queue, in three arms per round (every other round in
+//! reverse order):
+//! - `none`: no checkpoint;
+//! - `checkpoint`: one checkpoint with every region already recorded (its steady state: the
+//!   write-intent log adds nothing to the data path once a region is recorded);
+//! - `backup`: the same disk while a backup runs. Each round starts a new backup, so it pays
+//!   for the first write to every region it touches (the region's old bytes read and written
+//!   to the scratch: copy-before-write), as a backup does.
+//!
+//! Reports IOPS and process CPU time per write of each arm per round (and what the backup
+//! copied), then the median and worst per-round ratios checkpoint/none and backup/checkpoint.
+//! The files are written through the page cache, so the numbers are the request path's and
+//! the copy's, not the disk's.
 //!
 //! ```sh
 //! cargo run --release -p cryptblk-volume --example checkpoint_cost -- [ROUNDS] [SECONDS]
@@ -13,8 +20,9 @@
 use cryptblk_block::aio::{open_queue, IoBuffers, IoRequest, OwnedBuffer, QueueOptions};
 use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
 use cryptblk_volume::checkpoint::store_dir;
-use cryptblk_volume::{CheckpointStore, DirtyTracker};
+use cryptblk_volume::{CheckpointStore, CopyBeforeWrite, DirtyTracker};
 use rand::{Rng, SeedableRng};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -73,65 +81,91 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// A 1 GiB raw file at `path`, written whole first (steady state: no block allocation while
+/// measuring), behind a dirty tracker.
+fn tracked_file(path: &Path) -> (Arc<dyn BlockDevice>, Arc<DirtyTracker>) {
+    let f = std::fs::File::create(path).unwrap();
+    let chunk = vec![0x5au8; 1 << 20];
+    for k in 0..SIZE >> 20 {
+        std::os::unix::fs::FileExt::write_all_at(&f, &chunk, k << 20).unwrap();
+    }
+    let options = OpenOptions {
+        writable: true,
+        lock: true,
+    };
+    let raw: Arc<dyn BlockDevice> = Arc::new(RawFile::open(path, options).unwrap());
+    let tracker = Arc::new(DirtyTracker::new(raw.clone(), 0, 4096).unwrap());
+    (raw, tracker)
+}
+
+/// "median M, worst round W" of per-round ratios (worst: the lowest).
+fn summary(ratios: &[f64]) -> String {
+    let worst = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    format!(
+        "median {:.3}, worst round {worst:.3}",
+        median(ratios.to_vec())
+    )
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let rounds: usize = args.get(1).map_or(7, |a| a.parse().unwrap());
     let seconds: f64 = args.get(2).map_or(3.0, |a| a.parse().unwrap());
     let tmp = tempfile::tempdir().unwrap();
-    let mut arms = Vec::new();
-    for (name, checkpoint) in [("none", false), ("checkpoint", true)] {
-        let path = tmp.path().join(format!("{name}.raw"));
-        // Written whole first: steady state, no block allocation while measuring.
-        let f = std::fs::File::create(&path).unwrap();
-        let chunk = vec![0x5au8; 1 << 20];
-        for k in 0..SIZE >> 20 {
-            std::os::unix::fs::FileExt::write_all_at(&f, &chunk, k << 20).unwrap();
-        }
-        let raw: Arc<dyn BlockDevice> = Arc::new(
-            RawFile::open(
-                &path,
-                OpenOptions {
-                    writable: true,
-                    lock: true,
-                },
-            )
-            .unwrap(),
-        );
-        let tracker = Arc::new(DirtyTracker::new(raw, 0, 4096).unwrap());
-        let store = checkpoint.then(|| {
-            let (store, _) =
-                CheckpointStore::open(&store_dir(&path), SIZE, tracker.intent_log().clone(), true)
-                    .unwrap()
-                    .unwrap();
-            store.add("c1", 0).unwrap();
-            // Every region recorded: the steady state of a disk written since the checkpoint.
-            tracker.intent_log().record(0, SIZE).unwrap();
-            store
-        });
-        let device: Arc<dyn BlockDevice> = tracker;
-        arms.push((name, device, store));
-    }
-    let mut ratios = Vec::new();
-    let mut cpu_ratios = Vec::new();
-    println!("round arm iops cpu_us_per_write");
+    let (_, plain) = tracked_file(&tmp.path().join("none.raw"));
+    let path = tmp.path().join("checkpoint.raw");
+    let (raw, tracker) = tracked_file(&path);
+    let (store, _) =
+        CheckpointStore::open(&store_dir(&path), SIZE, tracker.intent_log().clone(), true)
+            .unwrap()
+            .unwrap();
+    store.add("c1", 0).unwrap();
+    tracker.intent_log().record(0, SIZE).unwrap();
+    let scratch = tmp.path().join("checkpoint.raw.cryptblk-backup-scratch");
+    let devices: [Arc<dyn BlockDevice>; 2] = [plain, tracker.clone()];
+
+    let names = ["none", "checkpoint", "backup"];
+    let (mut checkpoint_iops, mut checkpoint_cpu) = (Vec::new(), Vec::new());
+    let (mut backup_iops, mut backup_cpu) = (Vec::new(), Vec::new());
+    println!("round arm iops cpu_us_per_write copied_mib");
     for round in 0..rounds {
-        let mut results = [(0.0, 0.0); 2];
-        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        let mut results = [(0.0, 0.0); 3];
+        let mut order = [0, 1, 2];
+        if round % 2 == 1 {
+            order.reverse();
+        }
         for arm in order {
-            results[arm] = measure(&arms[arm].1, seconds, round as u64);
+            let backup = (arm == 2).then(|| {
+                let cbw = Arc::new(CopyBeforeWrite::create(raw.clone(), &scratch, SIZE).unwrap());
+                tracker
+                    .start_copy_before_write(cbw.clone(), Duration::from_secs(30))
+                    .unwrap();
+                cbw
+            });
+            results[arm] = measure(&devices[arm.min(1)], seconds, round as u64);
+            let copied = backup.as_ref().map_or(0, |cbw| cbw.used() >> 20);
+            if let Some(cbw) = backup {
+                assert!(cbw.failure().is_none(), "the backup failed");
+                tracker.stop_copy_before_write();
+            }
             println!(
-                "{round} {} {:.0} {:.2}",
-                arms[arm].0, results[arm].0, results[arm].1
+                "{round} {} {:.0} {:.2} {copied}",
+                names[arm], results[arm].0, results[arm].1
             );
         }
-        ratios.push(results[1].0 / results[0].0);
-        cpu_ratios.push(results[1].1 / results[0].1);
+        checkpoint_iops.push(results[1].0 / results[0].0);
+        checkpoint_cpu.push(results[1].1 / results[0].1);
+        backup_iops.push(results[2].0 / results[1].0);
+        backup_cpu.push(results[2].1 / results[1].1);
     }
-    let worst = ratios.iter().copied().fold(f64::INFINITY, f64::min);
     println!(
-        "IOPS with/without a checkpoint: median {:.3}, worst round {:.3}; CPU per write with/without: median {:.3}",
-        median(ratios.clone()),
-        worst,
-        median(cpu_ratios)
+        "IOPS with/without a checkpoint: {}; CPU per write: median {:.3}",
+        summary(&checkpoint_iops),
+        median(checkpoint_cpu)
+    );
+    println!(
+        "IOPS during/without a backup (both with the checkpoint): {}; CPU per write: median {:.3}",
+        summary(&backup_iops),
+        median(backup_cpu)
     );
 }
