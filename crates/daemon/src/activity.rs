@@ -197,85 +197,78 @@ impl DiskActivity {
     /// starting or running, or a reencryption runs already. The mark is lifted when the
     /// returned guard drops (the reencryption ended or paused).
     pub(crate) fn begin_reencryption(self: &Arc<Self>, name: &str) -> Result<Reencrypting> {
-        loop {
-            let seen = {
-                let s = self.lock();
-                if s.reencrypting {
-                    return Err(Error::busy(format!(
-                        "disk \"{name}\" is already being re-encrypted (see reencrypt-status)"
-                    )));
-                }
-                if s.header_change {
-                    return Err(Error::busy(format!(
-                        "the keyslots of disk \"{name}\" are being changed; start the \
-                         reencryption when key-add or key-remove has returned"
-                    )));
-                }
-                if s.backup {
-                    return Err(backing_up(name, "re-encrypt it"));
-                }
-                match &s.outgoing {
-                    Outgoing::Starting { .. } => None,
-                    Outgoing::Started(m) => Some(Some(m.clone())),
-                    Outgoing::None => Some(None),
-                }
-            };
-            let migrating = || {
-                Error::busy(format!(
-                    "disk \"{name}\" is being migrated: re-encrypt it before or after the migration"
-                ))
-            };
-            let Some(seen) = seen else {
-                return Err(migrating());
-            };
-            if seen.as_ref().is_some_and(|m| !m.status().phase.is_final()) {
-                return Err(migrating());
+        let refusal = |s: &State| {
+            if s.reencrypting {
+                Some(Error::busy(format!(
+                    "disk \"{name}\" is already being re-encrypted (see reencrypt-status)"
+                )))
+            } else if s.header_change {
+                Some(Error::busy(format!(
+                    "the keyslots of disk \"{name}\" are being changed; start the \
+                     reencryption when key-add or key-remove has returned"
+                )))
+            } else if s.backup {
+                Some(backing_up(name, "re-encrypt it"))
+            } else {
+                None
             }
-            let mut s = self.lock();
-            let unchanged = match (&s.outgoing, &seen) {
-                (Outgoing::None, None) => true,
-                (Outgoing::Started(now), Some(then)) => Arc::ptr_eq(now, then),
-                _ => false,
-            };
-            if unchanged && !s.header_change && !s.reencrypting && !s.backup {
-                s.reencrypting = true;
-                return Ok(Reencrypting(self.clone()));
-            }
-        }
+        };
+        self.mark_unless_migrating(name, "re-encrypt it", refusal, |s| s.reencrypting = true)?;
+        Ok(Reencrypting(self.clone()))
     }
 
     /// Marks the disk as served by a backup export, unless its header is changing, it is
     /// being re-encrypted or migrated, or a backup runs already. The mark is lifted when the
     /// returned guard drops (`backup-end`).
     pub(crate) fn begin_backup(self: &Arc<Self>, name: &str) -> Result<BackingUp> {
+        let refusal = |s: &State| {
+            if s.backup {
+                Some(Error::busy(format!(
+                    "disk \"{name}\" already has a backup export; end it first \
+                     (backup-end, with failed if it did not complete)"
+                )))
+            } else if s.header_change {
+                Some(Error::busy(format!(
+                    "the keyslots or size of disk \"{name}\" are being changed; start the \
+                     backup when key-add, key-remove or disk-resize has returned"
+                )))
+            } else if s.reencrypting {
+                Some(reencrypting(name, "back it up"))
+            } else {
+                None
+            }
+        };
+        self.mark_unless_migrating(name, "back it up", refusal, |s| s.backup = true)?;
+        Ok(BackingUp(self.clone()))
+    }
+
+    /// Sets a mark with `mark` unless `refusal` objects to the state or a migration of the
+    /// disk is starting or running (`to_do` names what to do before or after it). The
+    /// migration's phase is read without our lock (it takes the migration's own), so the state
+    /// is checked again, unchanged, before the mark is set.
+    fn mark_unless_migrating(
+        self: &Arc<Self>,
+        name: &str,
+        to_do: &str,
+        refusal: impl Fn(&State) -> Option<Error>,
+        mark: impl FnOnce(&mut State),
+    ) -> Result<()> {
+        let migrating = || {
+            Error::busy(format!(
+                "disk \"{name}\" is being migrated: {to_do} before or after the migration"
+            ))
+        };
         loop {
             let seen = {
                 let s = self.lock();
-                if s.backup {
-                    return Err(Error::busy(format!(
-                        "disk \"{name}\" already has a backup export; end it first \
-                         (backup-end, with failed if it did not complete)"
-                    )));
-                }
-                if s.header_change {
-                    return Err(Error::busy(format!(
-                        "the keyslots or size of disk \"{name}\" are being changed; start the \
-                         backup when key-add, key-remove or disk-resize has returned"
-                    )));
-                }
-                if s.reencrypting {
-                    return Err(reencrypting(name, "back it up"));
+                if let Some(e) = refusal(&s) {
+                    return Err(e);
                 }
                 match &s.outgoing {
                     Outgoing::Starting { .. } => None,
                     Outgoing::Started(m) => Some(Some(m.clone())),
                     Outgoing::None => Some(None),
                 }
-            };
-            let migrating = || {
-                Error::busy(format!(
-                    "disk \"{name}\" is being migrated: back it up before or after the migration"
-                ))
             };
             let Some(seen) = seen else {
                 return Err(migrating());
@@ -289,9 +282,9 @@ impl DiskActivity {
                 (Outgoing::Started(now), Some(then)) => Arc::ptr_eq(now, then),
                 _ => false,
             };
-            if unchanged && !s.header_change && !s.reencrypting && !s.backup {
-                s.backup = true;
-                return Ok(BackingUp(self.clone()));
+            if unchanged && refusal(&s).is_none() {
+                mark(&mut s);
+                return Ok(());
             }
         }
     }
