@@ -10,8 +10,10 @@
 //! (the "shadow"), and the changed sectors' ciphertext is written with `qemu-io` through the
 //! daemon's writable export, so QEMU's dirty bitmaps see exactly the writes an encrypting
 //! frontend makes. (QEMU 7.2's own LUKS driver reads LUKS1 only.)
-use cryptblk_backup::extents::Reader;
-use cryptblk_fixture::*;
+mod common;
+
+use common::backup::chain_extents;
+use common::*;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -146,24 +148,6 @@ fn manifest(chain: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(chain.join("manifest.json")).unwrap()).unwrap()
 }
 
-/// The byte ranges an entry's extents file covers (data and zeroes), merged.
-fn covered(chain: &Path, entry: &serde_json::Value) -> Vec<(u64, u64)> {
-    let file = std::fs::File::open(chain.join(entry["extents"]["file"].as_str().unwrap())).unwrap();
-    let mut reader = Reader::new(
-        std::io::BufReader::new(file),
-        entry["disk_size"].as_u64().unwrap(),
-    )
-    .unwrap();
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    while let Some(r) = reader.next_record().unwrap() {
-        match out.last_mut() {
-            Some(last) if last.0 + last.1 == r.offset => last.1 += r.length,
-            _ => out.push((r.offset, r.length)),
-        }
-    }
-    out
-}
-
 /// The dirty extents `nbdinfo --map` reads from the export, merged.
 fn nbdinfo_dirty(uri: &str, bitmap: &str) -> Vec<(u64, u64)> {
     let out = tool(
@@ -254,7 +238,7 @@ fn a_chain_of_a_luks2_image_restores_every_checkpoint_without_the_key() {
         // The entry covers exactly the extents the third-party client reads from the bitmap.
         let entry = manifest(&chain)["entries"][usize::from(i)].clone();
         assert_eq!(
-            covered(&chain, &entry),
+            chain_extents(&chain, &entry),
             nbdinfo_dirty(&src.uri(&export), &from),
             "{to}"
         );

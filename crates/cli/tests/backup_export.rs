@@ -9,8 +9,8 @@
 //! checkpoints cannot change under it.
 mod common;
 
+use common::backup::{chain_extents, merged};
 use common::*;
-use cryptblk_backup::extents::Reader;
 use serde_json::Value;
 use std::path::Path;
 
@@ -27,18 +27,6 @@ fn marker(n: u8) -> Vec<u8> {
 fn holds(bytes: &[u8], needle: &[u8]) -> bool {
     // The first 64 bytes of a marker are enough to find it.
     bytes.windows(64).any(|w| w == &needle[..64])
-}
-
-/// Merges touching `(offset, length)` ranges.
-fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for (offset, length) in ranges {
-        match out.last_mut() {
-            Some(last) if last.0 + last.1 == offset => last.1 += length,
-            _ => out.push((offset, length)),
-        }
-    }
-    out
 }
 
 /// The dirty extents `nbdinfo --map=qemu:dirty-bitmap:NAME` reads.
@@ -99,21 +87,6 @@ fn listed(daemon: &Daemon, checkpoint: &str) -> Option<Vec<(u64, u64)>> {
 
 fn manifest(chain: &Path) -> Value {
     serde_json::from_slice(&read(&chain.join("manifest.json"))).unwrap()
-}
-
-/// The ranges a chain entry's extents file covers (data and zeroes), merged.
-fn covered(chain: &Path, entry: &Value) -> Vec<(u64, u64)> {
-    let file = std::fs::File::open(chain.join(entry["extents"]["file"].as_str().unwrap())).unwrap();
-    let mut reader = Reader::new(
-        std::io::BufReader::new(file),
-        entry["disk_size"].as_u64().unwrap(),
-    )
-    .unwrap();
-    let mut records = Vec::new();
-    while let Some(r) = reader.next_record().unwrap() {
-        records.push((r.offset, r.length));
-    }
-    merged(records)
 }
 
 fn covers(ranges: &[(u64, u64)], offset: u64, len: u64) -> bool {
@@ -246,7 +219,7 @@ fn the_backup_export_serves_ciphertext_and_the_dirty_bitmap_every_tool_reads_ali
     pull(&["--incremental", &uri1, s(&chain), "--checkpoint", "c1"]);
     let m = manifest(&chain);
     assert_eq!(
-        covered(&chain, &m["entries"][1]),
+        chain_extents(&chain, &m["entries"][1]),
         from_ctl,
         "the pull's extents"
     );

@@ -7,6 +7,7 @@
 //! leaves its scratch, which the next start removes.
 mod common;
 
+use common::backup::checkpoint_extents;
 use common::*;
 use rand::{Rng, RngCore, SeedableRng};
 use serde_json::Value;
@@ -14,24 +15,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 const REGION: u64 = 64 << 10;
-
-/// The `(offset, length)` ranges `checkpoint-list --extents` gives for `checkpoint`.
-fn extents(daemon: &Daemon, checkpoint: &str) -> Vec<(u64, u64)> {
-    let list = daemon.ctl_ok(&["checkpoint-list", "vol", "--extents"]);
-    let entry = list["checkpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == checkpoint)
-        .unwrap_or_else(|| panic!("no checkpoint {checkpoint}: {list}"))
-        .clone();
-    entry["extents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (e[0].as_u64().unwrap(), e[1].as_u64().unwrap()))
-        .collect()
-}
 
 fn covered(ranges: &[(u64, u64)], offset: u64) -> bool {
     ranges.iter().any(|&(o, l)| o <= offset && offset < o + l)
@@ -127,7 +110,7 @@ fn a_backup_pulled_while_a_client_writes_is_the_image_at_backup_start() {
             last.insert(at + 4096 * k as u64, block);
         }
     }
-    let since_c0 = extents(&daemon, "c0");
+    let since_c0 = checkpoint_extents(&daemon, "vol", "c0");
     for (&at, &block) in &last {
         assert!(client.read(at, 4096).unwrap() == block, "the write at {at}");
         assert!(

@@ -4,26 +4,8 @@
 //! `ctl upgrade` handed the disk to a new daemon.
 mod common;
 
+use common::backup::checkpoint_extents;
 use common::*;
-use serde_json::Value;
-
-/// The `[offset, length]` ranges `checkpoint-list --extents` gives for `checkpoint`.
-fn extents(daemon: &Daemon, checkpoint: &str) -> Vec<(u64, u64)> {
-    let list = daemon.ctl_ok(&["checkpoint-list", "vol", "--extents"]);
-    let entry = list["checkpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == checkpoint)
-        .unwrap_or_else(|| panic!("no checkpoint {checkpoint} in {list}"));
-    assert_eq!(entry["truncated"], Value::Null);
-    entry["extents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (e[0].as_u64().unwrap(), e[1].as_u64().unwrap()))
-        .collect()
-}
 
 /// Whether `ranges` cover `len` bytes at `offset`.
 fn covers(ranges: &[(u64, u64)], offset: u64, len: u64) -> bool {
@@ -52,7 +34,7 @@ fn checkpoints_list_every_write_since_them_across_a_kill_9_and_an_upgrade() {
     let added = daemon.ctl_ok(&["checkpoint-add", "vol", "c1"]);
     assert_eq!(added["checkpoint"], "c1");
     // Nothing written yet: only the LUKS header (which changes outside the log) is listed.
-    let header = extents(&daemon, "c1");
+    let header = checkpoint_extents(&daemon, "vol", "c1");
     assert_eq!(header.len(), 1, "{header:?}");
     let (zero, payload) = header[0];
     assert_eq!(zero, 0);
@@ -74,8 +56,8 @@ fn checkpoints_list_every_write_since_them_across_a_kill_9_and_an_upgrade() {
     // Before anything asks for the checkpoints: the restarted daemon records from the start.
     daemon.qemu_io("vol", &["write -P 0x33 50M 4k"]);
 
-    let c1 = extents(&daemon, "c1");
-    let c2 = extents(&daemon, "c2");
+    let c1 = checkpoint_extents(&daemon, "vol", "c1");
+    let c2 = checkpoint_extents(&daemon, "vol", "c2");
     for (offset, len) in [
         (MIB, 64 * 1024),
         (40 * MIB, 4096),
@@ -109,7 +91,7 @@ fn checkpoints_list_every_write_since_them_across_a_kill_9_and_an_upgrade() {
     // So does its successor after an upgrade.
     daemon.upgrade();
     daemon.qemu_io("vol", &["write -P 0x44 60M 4k"]);
-    let c2 = extents(&daemon, "c2");
+    let c2 = checkpoint_extents(&daemon, "vol", "c2");
     assert!(covers(&c2, payload + 50 * MIB, 4096), "{c2:?}");
     assert!(covers(&c2, payload + 60 * MIB, 4096), "{c2:?}");
 
@@ -128,7 +110,7 @@ fn checkpoints_list_every_write_since_them_across_a_kill_9_and_an_upgrade() {
         .expect_code(code::USAGE)
         .error_line(&["no checkpoint c2"]);
     daemon.qemu_io("vol", &["write -P 0x55 10M 4k"]);
-    let c1 = extents(&daemon, "c1");
+    let c1 = checkpoint_extents(&daemon, "vol", "c1");
     for offset in [20 * MIB, 50 * MIB, 60 * MIB, 10 * MIB] {
         assert!(
             covers(&c1, payload + offset, 4096),

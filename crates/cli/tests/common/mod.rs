@@ -5,6 +5,7 @@
 
 pub use cryptblk_fixture::*;
 
+pub mod backup;
 pub mod online;
 pub mod secret;
 pub mod xts;

@@ -1,0 +1,52 @@
+//! Checkpoints and backup chains as the tests read them.
+use cryptblk_backup::extents::Reader;
+use cryptblk_fixture::Daemon;
+use serde_json::Value;
+use std::path::Path;
+
+/// Touching `(offset, length)` ranges joined.
+pub fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (offset, length) in ranges {
+        match out.last_mut() {
+            Some(last) if last.0 + last.1 == offset => last.1 += length,
+            _ => out.push((offset, length)),
+        }
+    }
+    out
+}
+
+/// The ranges of the image that `entry` of the manifest of the chain in `chain` holds (its
+/// extents file), touching ones joined.
+pub fn chain_extents(chain: &Path, entry: &Value) -> Vec<(u64, u64)> {
+    let file = std::fs::File::open(chain.join(entry["extents"]["file"].as_str().unwrap())).unwrap();
+    let mut reader = Reader::new(
+        std::io::BufReader::new(file),
+        entry["disk_size"].as_u64().unwrap(),
+    )
+    .unwrap();
+    let mut records = Vec::new();
+    while let Some(r) = reader.next_record().unwrap() {
+        records.push((r.offset, r.length));
+    }
+    merged(records)
+}
+
+/// The `(offset, length)` ranges `ctl checkpoint-list DISK --extents` gives for `checkpoint`,
+/// all of them (the list is not truncated).
+pub fn checkpoint_extents(daemon: &Daemon, disk: &str, checkpoint: &str) -> Vec<(u64, u64)> {
+    let list = daemon.ctl_ok(&["checkpoint-list", disk, "--extents"]);
+    let entry = list["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == checkpoint)
+        .unwrap_or_else(|| panic!("no checkpoint {checkpoint} in {list}"));
+    assert_eq!(entry["truncated"], Value::Null, "{list}");
+    entry["extents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e[0].as_u64().unwrap(), e[1].as_u64().unwrap()))
+        .collect()
+}
