@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# What a backup of a served disk costs (issue 36), in interleaved rounds on one machine and disk.
+# One `cryptblk serve` serves a LUKS2 image of SIZE (filled with data) over vhost-user-blk.
+# Every round runs, with the page cache dropped before each run:
+#   backup   a full backup: `ctl backup-start --nbd unix:...`, `cryptblk backup pull` of the
+#            export into a fresh chain, `ctl backup-end` (wall time of all three)
+#   nbdcopy  the peer: `nbdcopy --flush` copying a plain image file of the same size on the same
+#            disk to a new file (as durable as a pulled entry)
+#   cp       the disk's ceiling: cp of the LUKS image file
+#   without  a VM's 4 KiB random writes at depth 32 for RUNTIME seconds (vu_bench, libblkio's
+#            vhost-user-blk client) with no backup
+#   during   the same while a full backup runs: the writes start once backup-start returned,
+#            so every first write to a 64 KiB region copies it to the scratch first
+# Prints one line per round and the median and worst per-round ratios: backup throughput over
+# nbdcopy's and over cp's, and IOPS during a backup over without one. Odd rounds measure
+# `without` first, even rounds `during` first.
+#
+#   scripts/bench-backup-export.sh [SIZE_MIB=1024] [ROUNDS=5] [RUNTIME=5] [DIR=target/bench-backup-export]
+# Needs: cryptblk (target/release, or CRYPTBLK_BIN), vu_bench (`cargo build --release -p
+# cryptblk-vhost-user-blk --example vu_bench`, or VU_BENCH), nbdcopy (libnbd-bin), GNU time;
+# root to drop the page cache (otherwise the runs are warm and the summary says so).
+set -euo pipefail
+size_mib=${1:-1024}
+rounds=${2:-5}
+runtime=${3:-5}
+dir=${4:-target/bench-backup-export}
+bin=${CRYPTBLK_BIN:-}
+vu=${VU_BENCH:-}
+if [ -z "$bin" ]; then
+  for b in target/release/cryptblk target/debug/cryptblk; do [ -x "$b" ] && bin=$b && break; done
+fi
+if [ -z "$vu" ]; then
+  for b in target/release/examples/vu_bench target/debug/examples/vu_bench; do
+    [ -x "$b" ] && vu=$b && break
+  done
+fi
+[ -x "$bin" ] || { echo "no cryptblk binary: cargo build --release -p cryptblk" >&2; exit 1; }
+[ -x "$vu" ] || { echo "no vu_bench: cargo build --release -p cryptblk-vhost-user-blk --example vu_bench" >&2; exit 1; }
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+bin=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+size=$((size_mib << 20))
+image=$dir/disk.luks
+plain=$dir/plain.raw
+ctl() { "$bin" ctl -s "$dir/ctl.sock" "$@"; }
+
+cold=yes
+drop() {
+  sync
+  if [ -w /proc/sys/vm/drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches; else cold=no; fi
+}
+
+rm -rf "$dir/chain" "$dir/copy.raw" "$dir/cp.raw" "$image"* "$dir"/*.sock
+printf 'bench-backup-export' >"$dir/key"
+chmod 600 "$dir/key"
+"$bin" format -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 -d "$dir/key" "$image" "${size_mib}M" >/dev/null
+[ "$(stat -c %s "$plain" 2>/dev/null || echo 0)" = "$size" ] || head -c "$size" /dev/urandom >"$plain"
+
+"$bin" serve --control "$dir/ctl.sock" >"$dir/serve.out" 2>"$dir/serve.log" &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$dir/chain" "$dir/copy.raw" "$dir/cp.raw"' EXIT
+for _ in $(seq 100); do [ -S "$dir/ctl.sock" ] && break; sleep 0.1; done
+[ -S "$dir/ctl.sock" ] || { cat "$dir/serve.log" >&2; exit 1; }
+ctl disk-add d --image "$image" --key-file "$dir/key" --vhost-user-blk "$dir/vu.sock" \
+  --unsealed-memory >/dev/null
+# Every byte of the image is data, as on a disk in use: the backup copies all of it.
+"$vu" --socket "$dir/vu.sock" --rw write --bs 1048576 --iodepth 8 --once >/dev/null
+
+# The copier's wall and CPU seconds ("wall cpu").
+timed() {
+  /usr/bin/time -o "$dir/time.txt" -f '%e %U %S' "$@" >/dev/null 2>"$dir/timed.err" ||
+    { cat "$dir/timed.err" >&2; return 1; }
+  awk '{ printf "%.3f %.3f\n", $1, $2 + $3 }' "$dir/time.txt"
+}
+# A full backup at checkpoint $1, from start to end.
+backup() {
+  rm -rf "$dir/chain"
+  ctl backup-start d --checkpoint "$1" --nbd "unix:$dir/backup.sock" >/dev/null
+  "$bin" backup pull "nbd+unix:///?socket=$dir/backup.sock" "$dir/chain" --checkpoint "$1"
+  ctl backup-end d >/dev/null
+}
+export -f backup ctl
+export bin dir
+iops() { "$vu" --socket "$dir/vu.sock" --rw randwrite --bs 4096 --iodepth 32 --runtime "$runtime" |
+  sed -n 's/.*"iops":\([0-9.]*\).*/\1/p'; }
+# IOPS while a full backup at checkpoint $1 runs; fails when the backup ended before the writes.
+iops_during() {
+  rm -rf "$dir/chain"
+  ctl backup-start d --checkpoint "$1" --nbd "unix:$dir/backup.sock" >/dev/null
+  "$bin" backup pull "nbd+unix:///?socket=$dir/backup.sock" "$dir/chain" --checkpoint "$1" \
+    >/dev/null 2>"$dir/pull.err" &
+  local pull=$!
+  local n
+  n=$(iops)
+  if ! kill -0 "$pull" 2>/dev/null; then
+    echo "the backup ended before the ${runtime}s of writes did: use a larger SIZE or a smaller RUNTIME" >&2
+    wait "$pull" || cat "$dir/pull.err" >&2
+    exit 1
+  fi
+  wait "$pull" || { cat "$dir/pull.err" >&2; exit 1; }
+  ctl backup-end d >/dev/null
+  echo "$n"
+}
+last=
+forget() { [ -z "$last" ] || ctl checkpoint-remove d "$last" >/dev/null; last=$1; }
+
+declare -a r_peer r_ceiling r_iops
+echo "size ${size_mib} MiB, ${rounds} rounds, writes ${runtime}s, binary $bin"
+for round in $(seq 1 "$rounds"); do
+  rm -f "$dir/copy.raw" "$dir/cp.raw"
+  drop; read -r bw bc < <(timed bash -c "backup b$round")
+  forget "b$round"
+  drop; read -r nw nc < <(timed nbdcopy --flush "$plain" "$dir/copy.raw")
+  drop; read -r cw cc < <(timed cp "$image" "$dir/cp.raw")
+  if [ $((round % 2)) = 1 ]; then
+    drop; without=$(iops)
+    drop; during=$(iops_during "w$round")
+  else
+    drop; during=$(iops_during "w$round")
+    drop; without=$(iops)
+  fi
+  forget "w$round"
+  echo "round $round: backup ${bw}s (cpu ${bc}s)  nbdcopy ${nw}s (cpu ${nc}s)  cp ${cw}s  IOPS without ${without} during ${during}"
+  r_peer+=("$(awk -v a="$nw" -v b="$bw" 'BEGIN { printf "%.3f", a / b }')")
+  r_ceiling+=("$(awk -v a="$cw" -v b="$bw" 'BEGIN { printf "%.3f", a / b }')")
+  r_iops+=("$(awk -v a="$during" -v b="$without" 'BEGIN { printf "%.3f", a / b }')")
+done
+summary() {
+  printf '%s\n' "${@:2}" | sort -n | awk -v what="$1" '
+    { v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
+      printf "%s: median %.2f, worst %.2f\n", what, m, v[1] }'
+}
+summary "full backup throughput / nbdcopy's of the plain file" "${r_peer[@]}"
+summary "full backup throughput / cp's (the disk)" "${r_ceiling[@]}"
+summary "VM write IOPS during a backup / without" "${r_iops[@]}"
+echo "page cache dropped before each run: $cold"
