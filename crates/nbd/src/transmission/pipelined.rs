@@ -32,9 +32,10 @@ use crate::protocol::*;
 use crate::socket::Socket;
 use crate::Error;
 use cryptblk_block::aio::{
-    open_pipeline, Completion, IoBuffers, IoOp, IoQueue, IoRequest, Notifier, QueueOptions,
+    Completion, IoBuffers, IoOp, IoQueue, IoRequest, Notifier, QueueOptions,
 };
 use cryptblk_block::buffers::{self, PooledBuf};
+use cryptblk_block::open_pipeline;
 use cryptblk_block::{BlockError, BudgetShare, MemoryBudget};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
