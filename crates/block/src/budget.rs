@@ -27,7 +27,7 @@
 //! line both cores wrote) cost 0.4 to 1.1 µs per 4 KiB read on two queues. The wait list's
 //! lock is taken only while someone waits.
 
-use crate::aio::Notifier;
+use crate::notifier::Notifier;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};

@@ -175,6 +175,15 @@ impl fmt::Display for BlockErrorKind {
     }
 }
 
+/// Checks that `len` bytes at `offset` lie within a device of `size` bytes (for a device's
+/// `BlockDevice` methods and a queue's range check).
+pub fn check_range(op: &'static str, offset: u64, len: u64, size: u64) -> Result<(), BlockError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(BlockError::out_of_range(op, offset, len, size).at(offset)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

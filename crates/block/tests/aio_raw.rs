@@ -5,9 +5,8 @@
 mod common;
 
 use common::aio::{exercise, run};
-use cryptblk_block::aio::{
-    open_queue, read_at, IoBuffers, IoOp, IoRequest, OwnedBuffer, QueueOptions,
-};
+use cryptblk_block::aio::{read_at, IoBuffers, IoOp, IoRequest, OwnedBuffer, QueueOptions};
+use cryptblk_block::open_queue;
 use cryptblk_block::{
     AioEngine, BlockDevice, BlockErrorKind, CacheMode, IoSettings, OpenOptions, RawFile,
 };

@@ -117,6 +117,6 @@ impl BlockDevice for WithoutDiscard {
         &self,
         opts: &cryptblk_block::aio::QueueOptions,
     ) -> Option<Result<cryptblk_block::aio::Pipeline, cryptblk_block::BlockError>> {
-        Some(cryptblk_block::aio::open_pipeline(&self.0, opts))
+        Some(cryptblk_block::open_pipeline(&self.0, opts))
     }
 }

@@ -9,9 +9,9 @@
 //! ```
 //! The image is written over its first 256 MiB (reads: fill it first with a write run).
 
-use cryptblk_block::aio::{
-    open_queue, IoBuffers, IoQueue, IoRequest, OwnedBuffer, Pipeline, QueueOptions,
-};
+use cryptblk_block::aio::{IoBuffers, IoQueue, IoRequest, OwnedBuffer, Pipeline, QueueOptions};
+
+use cryptblk_block::open_queue;
 use cryptblk_block::BlockDevice;
 use cryptblk_rbd::{Image, OpenMode, RbdDevice, RbdSpec};
 use std::sync::Arc;

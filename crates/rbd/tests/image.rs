@@ -3,9 +3,9 @@
 
 use cryptblk_testutil::ceph as support;
 
-use cryptblk_block::aio::{
-    open_queue, Completion, IoBuffers, IoOp, IoRequest, OwnedBuffer, QueueOptions,
-};
+use cryptblk_block::aio::{Completion, IoBuffers, IoOp, IoRequest, OwnedBuffer, QueueOptions};
+
+use cryptblk_block::open_queue;
 use cryptblk_block::{BlockDevice, BlockErrorKind, ExtentKind};
 use cryptblk_rbd::{Image, OpenMode, RbdDevice, RbdError, RbdSpec};
 use std::sync::Arc;

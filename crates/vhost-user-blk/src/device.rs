@@ -12,7 +12,9 @@
 
 use std::sync::Arc;
 
-use cryptblk_block::aio::{open_queue, IoBuffers, IoOp, IoQueue, IoRequest, QueueOptions};
+use cryptblk_block::aio::{IoBuffers, IoOp, IoQueue, IoRequest, QueueOptions};
+
+use cryptblk_block::open_queue;
 use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind};
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,

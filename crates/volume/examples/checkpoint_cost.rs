@@ -17,7 +17,9 @@
 //! cargo run --release -p cryptblk-volume --example checkpoint_cost -- [ROUNDS] [SECONDS]
 //! ```
 
-use cryptblk_block::aio::{open_queue, IoBuffers, IoRequest, OwnedBuffer, QueueOptions};
+use cryptblk_block::aio::{IoBuffers, IoRequest, OwnedBuffer, QueueOptions};
+
+use cryptblk_block::open_queue;
 use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
 use cryptblk_volume::checkpoint::store_dir;
 use cryptblk_volume::{CheckpointStore, CopyBeforeWrite, DirtyTracker};

@@ -8,7 +8,8 @@
 mod common;
 
 use common::aio::{exercise, run};
-use cryptblk_block::aio::{open_queue, IoBuffers, IoOp, IoRequest, OwnedBuffer, QueueOptions};
+use cryptblk_block::aio::{IoBuffers, IoOp, IoRequest, OwnedBuffer, QueueOptions};
+use cryptblk_block::open_queue;
 use cryptblk_block::{AioEngine, BlockDevice, BlockErrorKind, CacheMode, IoSettings};
 use cryptblk_volume::{open_luks_volume, VolumeOptions};
 use std::path::{Path, PathBuf};

@@ -3,7 +3,9 @@
 //! changed is marked changed in the checkpoint (the write-intent log recorded it before the
 //! write was submitted). The writer is this test binary run again as a child process.
 
-use cryptblk_block::aio::{open_queue, run_one, IoBuffers, IoRequest, OwnedBuffer, QueueOptions};
+use cryptblk_block::aio::{run_one, IoBuffers, IoRequest, OwnedBuffer, QueueOptions};
+
+use cryptblk_block::open_queue;
 use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
 use cryptblk_volume::checkpoint::{store_dir, GRANULARITY};
 use cryptblk_volume::{CheckpointStore, DirtyTracker, IntentLog};

@@ -12,7 +12,8 @@ mod common;
 
 use common::aio::{exercise, run};
 use common::MemDevice;
-use cryptblk_block::aio::{open_queue, IoQueue, IoRequest, QueueOptions};
+use cryptblk_block::aio::{IoQueue, IoRequest, QueueOptions};
+use cryptblk_block::open_queue;
 use cryptblk_block::BlockDevice;
 use cryptblk_crypto::{portable_engine, CipherSpec, CryptoPool, SecretKey, SectorCipher};
 use cryptblk_luks::luks2::reencrypt::{ExtentCipher, KeyRole, SegmentExtent};

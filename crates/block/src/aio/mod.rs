@@ -2,7 +2,7 @@
 //! device in flight without a thread per request.
 //!
 //! A frontend thread (a vhost-user queue thread, an NBD connection, the convert pipeline)
-//! opens an [`IoQueue`] on its device with [`open_queue`], pushes requests whose buffers are
+//! opens an [`IoQueue`] on its device with [`open_queue`](crate::open_queue), pushes requests whose buffers are
 //! [`IoBuffers`] (guest memory or owned buffers as a scatter-gather list of [`IoVec`]s checked
 //! against the memory's owner, which the value keeps alive; never a Rust reference to guest
 //! memory), sends them with one [`IoQueue::submit`] per batch, and collects completions
@@ -18,26 +18,24 @@
 //! event loop, and a layer adds a stage instead of a queue.
 
 pub(crate) mod copy;
-mod device_io;
 mod engine;
 mod io_buffers;
-mod notifier;
 mod offload;
 mod pipeline;
 mod stage;
 pub(crate) mod thread_pool;
 pub(crate) mod threaded;
 
+pub use crate::notifier::Notifier;
 pub(crate) use engine::Scratch;
 pub use engine::{Engine, SlotRequest};
 pub use io_buffers::{BufferError, IoBuffers, MemoryOwner, OwnedBuffer};
-pub use notifier::Notifier;
 pub use offload::Offload;
 pub use pipeline::{Pipeline, DATA_BUDGET};
 pub use stage::{Admit, Bounds, Stage};
 pub use thread_pool::io_thread_count;
 
-use crate::{BlockDevice, BlockError};
+use crate::BlockError;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
@@ -251,27 +249,6 @@ pub trait IoQueue: Send {
 
     /// Blocks until `drain` has something to hand out (or nothing is in flight).
     fn wait(&mut self);
-}
-
-/// Opens a queue on `device`: see [`open_pipeline`].
-pub fn open_queue(
-    device: &Arc<dyn BlockDevice>,
-    opts: &QueueOptions,
-) -> Result<Box<dyn IoQueue>, BlockError> {
-    Ok(Box::new(open_pipeline(device, opts)?))
-}
-
-/// The pipeline of a queue on `device`: its own (`BlockDevice::pipeline`: an asynchronous
-/// engine, a layer's stages) when it has one, else its synchronous methods on the I/O thread
-/// pool.
-pub fn open_pipeline(
-    device: &Arc<dyn BlockDevice>,
-    opts: &QueueOptions,
-) -> Result<Pipeline, BlockError> {
-    match device.pipeline(opts) {
-        Some(pipeline) => pipeline,
-        None => Pipeline::synchronous(device.clone(), opts),
-    }
 }
 
 /// Runs one request to its end on a queue of its own: for callers (tests, one-off tools) that

@@ -27,11 +27,11 @@
 //! keep the owner from taking new requests for hundreds of microseconds while the device idles.
 
 use super::{
-    device_io, Admit, Bounds, Completion, Engine, IoOp, IoQueue, IoRequest, Notifier, Offload,
-    QueueFull, QueueOptions, SlotRequest, Stage,
+    Admit, Bounds, Completion, Engine, IoOp, IoQueue, IoRequest, Notifier, Offload, QueueFull,
+    QueueOptions, SlotRequest, Stage,
 };
 use crate::budget::{BudgetShare, MemoryBudget};
-use crate::{BlockDevice, BlockError};
+use crate::BlockError;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
@@ -126,19 +126,6 @@ impl Pipeline {
         true
     }
 
-    /// Any `BlockDevice` served by its synchronous methods on the I/O thread pool, through
-    /// bounce buffers. Only the range is checked here: such a device refuses writes with its
-    /// own, more specific, error.
-    pub fn synchronous(
-        device: Arc<dyn BlockDevice>,
-        opts: &QueueOptions,
-    ) -> Result<Self, BlockError> {
-        let bounds = Bounds::new(device.size(), false);
-        Pipeline::new(opts, bounds, |notifier, capacity| {
-            Ok(device_io::engine(device, capacity, notifier))
-        })
-    }
-
     /// Asks the engine to run `work` on every read and write from now on, on the thread that
     /// transfers it, before its completion is reported (see [`Offload`]). False, and nothing
     /// changes, where the engine cannot (its transfers complete in the kernel) or requests are
@@ -157,10 +144,13 @@ impl Pipeline {
         self.stages.insert(0, stage);
     }
 
-    /// Gives the stages a synchronous path: `device`'s methods on the I/O thread pool.
-    pub fn set_sync_path(&mut self, device: Arc<dyn BlockDevice>) {
-        let engine = device_io::engine(device, self.slots.len(), self.notifier.clone());
-        self.sync_path = Some(engine);
+    /// Gives the stages a synchronous path (`Admit::Synchronous`): the engine `engine` builds,
+    /// given the queue's notifier and capacity (as for [`Pipeline::new`]).
+    pub fn set_sync_engine(
+        &mut self,
+        engine: impl FnOnce(Arc<Notifier>, usize) -> Box<dyn Engine>,
+    ) {
+        self.sync_path = Some(engine(self.notifier.clone(), self.slots.len()));
     }
 
     /// Passes a request through the stages to an engine; `Some` when it finished on the way.

@@ -4,7 +4,7 @@
 //! the engine.
 
 use super::{IoOp, IoRequest, SlotRequest};
-use crate::device::check_range;
+use crate::error::check_range;
 use crate::BlockError;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -9,7 +9,7 @@ mod l2;
 
 pub use backing::MAX_BACKING_DEPTH;
 
-use crate::device::check_range;
+use crate::error::check_range;
 use crate::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind, OpenOptions, RawFile};
 use backing::{open_backing, BackingChain};
 use cache::L2Cache;

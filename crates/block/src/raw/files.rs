@@ -3,7 +3,7 @@
 
 use super::direct::{DioAlign, Route};
 use crate::aio::IoVec;
-use crate::device::check_range;
+use crate::error::check_range;
 use crate::{BlockError, CacheMode};
 use std::fs::File;
 use std::os::unix::fs::FileExt;

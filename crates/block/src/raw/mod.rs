@@ -15,7 +15,7 @@ mod threads;
 mod uring;
 
 use crate::aio::{Bounds, Pipeline, QueueOptions};
-use crate::device::check_range;
+use crate::error::check_range;
 use crate::{AioEngine, BlockDevice, BlockError, BlockErrorKind, CacheMode, Extent, ExtentKind};
 use direct::DioAlign;
 use files::Files;

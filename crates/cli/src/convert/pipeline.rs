@@ -9,9 +9,8 @@
 //! buffer is only read into again once its write has completed.
 use super::extents::ExtentWalker;
 use anyhow::{anyhow, bail, Context, Result};
-use cryptblk_block::aio::{
-    open_queue, IoBuffers, IoRequest, MemoryOwner, OwnedBuffer, QueueOptions,
-};
+use cryptblk_block::aio::{IoBuffers, IoRequest, MemoryOwner, OwnedBuffer, QueueOptions};
+use cryptblk_block::open_queue;
 use cryptblk_block::{BlockDevice, ExtentKind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -2,7 +2,9 @@
 //! piece, the next is read through an asynchronous queue of the file's (io_uring, O_DIRECT
 //! when the disk bypasses the page cache), so a real device's latency overlaps the network.
 
-use cryptblk_block::aio::{open_queue, IoBuffers, IoQueue, IoRequest, OwnedBuffer, QueueOptions};
+use cryptblk_block::aio::{IoBuffers, IoQueue, IoRequest, OwnedBuffer, QueueOptions};
+
+use cryptblk_block::open_queue;
 use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind};
 use std::sync::Arc;
 

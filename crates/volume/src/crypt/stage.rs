@@ -31,10 +31,11 @@ use super::drain::StageCounts;
 use super::segments::{Routes, SegmentMap, Storage};
 use super::{whole_sectors, CryptCore};
 use cryptblk_block::aio::{
-    open_pipeline, Admit, Bounds, IoOp, IoQueue, Pipeline, QueueOptions, SlotRequest, Stage,
+    Admit, Bounds, IoOp, IoQueue, Pipeline, QueueOptions, SlotRequest, Stage,
 };
 use cryptblk_block::aio::{IoBuffers, Offload};
 use cryptblk_block::buffers::{self, PooledBuf};
+use cryptblk_block::open_pipeline;
 use cryptblk_block::{BlockDevice, BlockError};
 use std::sync::atomic::{compiler_fence, Ordering};
 use std::sync::Arc;

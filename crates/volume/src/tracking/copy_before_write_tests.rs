@@ -2,7 +2,8 @@
 //! written meanwhile, through the tracker's methods and through its queues.
 
 use super::{BackupView, CopyBeforeWrite, DirtyTracker, COPY_REGION};
-use cryptblk_block::aio::{open_queue, run_one, write_at, IoOp, IoRequest, QueueOptions};
+use cryptblk_block::aio::{run_one, write_at, IoOp, IoRequest, QueueOptions};
+use cryptblk_block::open_queue;
 use cryptblk_block::{BlockDevice, BlockError, OpenOptions, RawFile};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};

@@ -64,8 +64,9 @@ impl Stage for TrackingStage {
 mod tests {
     use crate::DirtyTracker;
     use cryptblk_block::aio::{
-        open_queue, read_at, run_one, write_at, IoBuffers, IoRequest, OwnedBuffer, QueueOptions,
+        read_at, run_one, write_at, IoBuffers, IoRequest, OwnedBuffer, QueueOptions,
     };
+    use cryptblk_block::open_queue;
     use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
     use std::sync::Arc;
 

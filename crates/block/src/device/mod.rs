@@ -1,5 +1,11 @@
 //! The interface every layer (file backends, image formats, the encrypted volume) implements.
 
+mod queue;
+mod sync_engine;
+
+pub use queue::{open_pipeline, open_queue};
+
+use crate::error::check_range;
 use crate::BlockError;
 
 /// What a range of a device holds, as far as the device knows without reading it.
@@ -71,7 +77,7 @@ pub trait BlockDevice: Send + Sync {
 
     /// This device's own queue pipeline, if it has one: an asynchronous engine (io_uring for a
     /// raw file), or its backend's pipeline with this layer's stages in front (the encrypted
-    /// volume). `None` (the default) means `aio::open_pipeline` runs its synchronous methods
+    /// volume). `None` (the default) means [`open_pipeline`] runs its synchronous methods
     /// on the I/O thread pool.
     fn pipeline(
         &self,
@@ -89,14 +95,5 @@ pub trait BlockDevice: Send + Sync {
             len: len.min(self.size() - offset),
             kind: ExtentKind::Data,
         })
-    }
-}
-
-/// Checks that `len` bytes at `offset` lie within a device of `size` bytes (for a device's
-/// `BlockDevice` methods).
-pub fn check_range(op: &'static str, offset: u64, len: u64, size: u64) -> Result<(), BlockError> {
-    match offset.checked_add(len) {
-        Some(end) if end <= size => Ok(()),
-        _ => Err(BlockError::out_of_range(op, offset, len, size).at(offset)),
     }
 }

@@ -1,10 +1,10 @@
 //! Any `BlockDevice`'s synchronous methods as the blocking half of an engine
-//! ([`Pipeline::synchronous`](super::Pipeline::synchronous), a stage's synchronous path). The
+//! ([`Pipeline::synchronous`](crate::aio::Pipeline::synchronous), a stage's synchronous path). The
 //! device only ever sees bounce buffers of the engine's own: the request's buffers (possibly
 //! guest memory) are copied through raw pointers, never lent as Rust references.
 
-use super::threaded::{BlockingIo, ThreadedEngine};
-use super::{Engine, IoOp, Notifier, Scratch, SlotRequest};
+use crate::aio::threaded::{BlockingIo, ThreadedEngine};
+use crate::aio::{copy, Engine, IoOp, Notifier, Scratch, SlotRequest};
 use crate::{BlockDevice, BlockError};
 use std::sync::Arc;
 
@@ -37,9 +37,9 @@ impl BlockingIo for DeviceIo {
                     let buf = scratch.take(n);
                     if req.op == IoOp::Read {
                         device.read_at(buf, offset)?;
-                        super::copy::scatter(buf, &req.buffers, done);
+                        copy::scatter(buf, &req.buffers, done);
                     } else {
-                        super::copy::gather(&req.buffers, done, buf);
+                        copy::gather(&req.buffers, done, buf);
                         device.write_at(buf, offset)?;
                     }
                     done += n;

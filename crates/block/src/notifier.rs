@@ -1,4 +1,6 @@
-//! The eventfd through which a queue tells its owner's event loop that completions are ready.
+//! The eventfd through which a queue tells its owner's event loop that completions are ready
+//! (and the memory budget tells a waiting queue that bytes were granted to it): a leaf that the
+//! I/O framework and the budget both use.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
