@@ -1,0 +1,319 @@
+//! Guest end-to-end: key-less backups of a running VM's disk (issue 36). The test guest (see
+//! guest_e2e.rs) boots under QEMU (TCG) on a LUKS2 disk served by `cryptblk serve` over
+//! vhost-user-blk and runs `marks-verify` (scripts/guest/init.sh): rounds of a mixed fio job
+//! with crc32c verify over the disk's first 32 MiB in the background, and meanwhile numbered
+//! 4 KiB marks past them, each reported on the console once written and flushed. While it
+//! writes, a full backup (c0) and three incrementals (c1..c3) are taken through `ctl
+//! backup-start` / `cryptblk backup pull` over a UNIX-socket NBD export / `ctl backup-end`.
+//!
+//! The image at each checkpoint: the test pauses the VM through QMP (`stop`: QEMU stops the
+//! vhost-user-blk rings, and the daemon answers every request it took from a ring before it
+//! acknowledges the stop, so nothing is in flight), calls `backup-start` (which would also
+//! wait for requests under way), copies the image file, and resumes the VM (`cont`). The
+//! console, settled after the stop, says which marks were written by then. The pull then
+//! runs while the guest writes again (it waits for two more marks first), so the export must
+//! serve the regions the guest overwrites from the copy-before-write scratch.
+//!
+//! For every checkpoint: `backup restore --checkpoint ci` is byte for byte the image copied at
+//! ci; `cryptsetup open --test-passphrase` (key file) accepts it; an independent decryption
+//! (the volume key from `cryptsetup luksDump --dump-volume-key`, the data segment's offset and
+//! sector size from `cryptsetup luksDump`, AES-XTS with openssl doing the AES) finds every mark
+//! the guest had reported by then, and not the mark two after the last one reported (it was
+//! not begun). The chain holds no mark's text and no passphrase; every incremental holds the
+//! header and the marks written since the previous checkpoint; and for c1, the extents
+//! `nbdinfo --map=qemu:dirty-bitmap:c0` reads from the export are the ones the pull stored.
+//! Every fio round must pass.
+mod common;
+
+use common::backup::{chain_extents, checkpoint_extents, nbdinfo_dirty};
+use common::*;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The disk (the LUKS2 payload): fio's rounds over the first `FIO_SIZE` bytes, marks after.
+const DISK: &str = "64M";
+const FIO_SIZE: u64 = 32 * MIB;
+/// The checkpoints' granularity.
+const REGION: u64 = 64 << 10;
+/// Mark n starts at `FIO_SIZE + (n - 1) * MARK_STRIDE` of the disk (a region each).
+const MARK_STRIDE: u64 = REGION;
+const MARK_LEN: usize = 4096;
+/// What every mark's text starts with: searched for in the chain.
+const MARK_TEXT: &[u8] = b"cryptblk guest mark ";
+/// The incrementals after the full backup.
+const INCREMENTALS: usize = 3;
+/// How long the guest may take to write the marks a step waits for (TCG on a busy machine).
+const MARKS_BOUND: Duration = Duration::from_secs(120);
+/// What the daemon logs (RUST_LOG=info) when the VM has started its queues.
+const STARTED: &str = "vhost-user frontend: Started";
+
+/// Mark `n` as the guest writes it: 64 lines of its name padded to 63 characters.
+fn mark(n: u64) -> Vec<u8> {
+    format!("{:<63}\n", format!("cryptblk guest mark {n}"))
+        .repeat(MARK_LEN / 64)
+        .into_bytes()
+}
+
+/// The highest mark the console reports written (0: none yet).
+fn marks_written(console: &str) -> u64 {
+    console
+        .lines()
+        .filter_map(|l| l.split("GUEST-MARK ").nth(1))
+        .filter_map(|n| n.trim().parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Waits until the guest reports mark `n` written.
+#[track_caller]
+fn wait_for_mark(guest: &mut Vm, n: u64) {
+    let deadline = Instant::now() + MARKS_BOUND;
+    while marks_written(&guest.console()) < n {
+        guest.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "the guest did not write mark {n} within {MARKS_BOUND:?}:\n{}",
+            tail(&guest.console(), 40)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The console of a paused guest once what it printed before the pause has all arrived (two
+/// reads 300 ms apart agree).
+fn settled_console(guest: &Vm) -> String {
+    let mut last = guest.console();
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = guest.console();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// The data segment of a LUKS2 image as cryptsetup reads its header: offset, sector size.
+fn cryptsetup_segment(img: &Path) -> (u64, u64) {
+    let dump = tool("cryptsetup", ["luksDump", s(img)]);
+    dump.ok();
+    let text = dump.stdout;
+    let segment = text
+        .split("Data segments:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no data segment in cryptsetup luksDump:\n{text}"));
+    let field = |name: &str| -> u64 {
+        let line = segment
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in the data segment:\n{text}"));
+        line.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    assert!(segment.contains("aes-xts-plain64"), "{text}");
+    (field("offset:"), field("sector:"))
+}
+
+/// The restored image's marks `1..=written` decrypt (independently of cryptblk) to what the
+/// guest wrote, and mark `written + 2`, never begun before the checkpoint, does not.
+fn assert_marks(restored: &Path, key: &Key, written: u64, what: &str) {
+    let key_hex = xts::cryptsetup_volume_key(restored, key);
+    let (data_offset, sector) = cryptsetup_segment(restored);
+    assert_eq!(sector, MARK_LEN as u64, "{what}: the sector size");
+    let image = read(restored);
+    let dir = restored.parent().unwrap();
+    let decrypted = |n: u64| {
+        let at = FIO_SIZE + (n - 1) * MARK_STRIDE;
+        let start = (data_offset + at) as usize;
+        // plain64 counts 512-byte sectors whatever the sector size.
+        xts::openssl_xts_decrypt(dir, &key_hex, at / 512, &image[start..start + MARK_LEN])
+    };
+    for n in 1..=written {
+        assert_same_bytes(&decrypted(n), &mark(n), &format!("{what}: mark {n}"));
+    }
+    assert!(
+        decrypted(written + 2) != mark(written + 2),
+        "{what}: mark {} is there, written after the checkpoint",
+        written + 2
+    );
+}
+
+/// The 64 KiB regions (checkpoint granularity) `ranges` cover, by index.
+fn regions(ranges: &[(u64, u64)]) -> BTreeSet<u64> {
+    ranges
+        .iter()
+        .flat_map(|&(offset, len)| {
+            assert!(offset % REGION == 0 && len % REGION == 0, "{ranges:?}");
+            offset / REGION..(offset + len) / REGION
+        })
+        .collect()
+}
+
+fn covers(ranges: &[(u64, u64)], offset: u64, len: u64) -> bool {
+    ranges
+        .iter()
+        .any(|&(o, l)| o <= offset && offset + len <= o + l)
+}
+
+/// One checkpoint taken: its name, the image file copied at it, the marks written by then.
+struct Taken {
+    name: String,
+    image: std::path::PathBuf,
+    marks: u64,
+}
+
+#[test]
+fn a_running_guests_disk_backed_up_full_and_incrementally_restores_at_every_checkpoint() {
+    let t = TestDir::new();
+    let key = t.key("key");
+    let img = t.luks2("disk.luks", DISK, &key);
+    let payload = img.dump()["segments"][0]["offset"].as_u64().unwrap();
+    let serve = t.serve().vhost_user().disk(&img).name("vol").control();
+    let mut daemon = serve.log_level("info").start();
+    let qmp_socket = t.path("guest.qmp");
+    let vm = VmConfig::vhost_user(daemon.vhost_socket())
+        .qmp(&qmp_socket)
+        .console_input()
+        .job("marks-verify", FIO_SIZE)
+        .timeout(600);
+    let mut guest = vm.boot(t.root(), "guest");
+    daemon.wait_log(STARTED, BOUND);
+    let mut qmp = Qmp::connect(&qmp_socket);
+    wait_for_mark(&mut guest, 2);
+
+    let chain = t.path("chain");
+    let mut taken: Vec<Taken> = Vec::new();
+    for i in 0..=INCREMENTALS {
+        let name = format!("c{i}");
+        let previous = taken.last().map(|c| (c.name.clone(), c.marks));
+        // At least two marks since the last checkpoint: one surely after it.
+        wait_for_mark(&mut guest, previous.as_ref().map_or(0, |p| p.1) + 3);
+
+        qmp.execute("stop", json!({}));
+        let marks = marks_written(&settled_console(&guest));
+        let socket = t.path(&format!("backup-{name}.sock"));
+        let mut start = vec!["backup-start", "vol", "--checkpoint", &name];
+        if let Some((from, _)) = &previous {
+            start.extend(["--incremental", from]);
+        }
+        let listen = format!("unix:{}", s(&socket));
+        start.extend(["--nbd", &listen]);
+        let started = daemon.ctl_ok(&start);
+        let image = t.path(&format!("at-{name}.luks"));
+        std::fs::copy(&img.path, &image).unwrap();
+        let uri = format!("nbd+unix:///vol?socket={}", s(&socket));
+        // What changed between the checkpoints, as a third-party tool reads it at the moment
+        // of the backup.
+        let dirty_by_nbdinfo = previous.as_ref().filter(|_| i == 1).map(|(from, _)| {
+            assert_eq!(started["bitmap"], format!("qemu:dirty-bitmap:{from}"));
+            nbdinfo_dirty(&uri, from)
+        });
+        qmp.execute("cont", json!({}));
+
+        // The guest overwrites the disk under the export before and while it is pulled.
+        wait_for_mark(&mut guest, marks + 2);
+        let mut pull = vec!["backup", "pull", &uri, s(&chain), "--checkpoint", &name];
+        if previous.is_some() {
+            pull.insert(2, "--incremental");
+        }
+        cryptblk(&pull).ok();
+        let scratch = Path::new(started["scratch"].as_str().unwrap());
+        assert!(
+            std::fs::metadata(scratch).unwrap().len() >= MARK_STRIDE,
+            "{name}: the guest's writes during the backup copied no region to the scratch"
+        );
+        let ended = daemon.ctl_ok(&["backup-end", "vol"]);
+        assert_eq!(ended["kept"], true, "{ended}");
+
+        let manifest: Value = serde_json::from_slice(&read(&chain.join("manifest.json"))).unwrap();
+        let entry = &manifest["entries"][i];
+        assert_eq!(entry["checkpoint"], name.as_str(), "{manifest}");
+        if let Some((from, previous_marks)) = &previous {
+            assert_eq!(entry["kind"], "incremental", "{manifest}");
+            let pulled = chain_extents(&chain, entry);
+            if let Some(by_nbdinfo) = dirty_by_nbdinfo {
+                // Every extent nbdinfo read is in the pull. The pull also copies regions the
+                // guest first wrote during the backup: the export's bitmap is the live union
+                // of FROM's and NEW's generations, not frozen at backup-start as QEMU's is
+                // (known deviation; with a frozen bitmap the two are equal).
+                let nbdinfo = regions(&by_nbdinfo);
+                let pull = regions(&pulled);
+                let during = regions(&checkpoint_extents(&daemon, "vol", &name));
+                assert!(
+                    nbdinfo.is_subset(&pull),
+                    "nbdinfo's map of {from} has regions the pull left out: {:?}",
+                    nbdinfo.difference(&pull).collect::<Vec<_>>()
+                );
+                let extra: Vec<u64> = pull.difference(&nbdinfo).copied().collect();
+                assert!(
+                    extra.iter().all(|r| during.contains(r)),
+                    "the pull copied regions neither nbdinfo's map of {from} nor {name} has: \
+                     {extra:?}"
+                );
+                eprintln!(
+                    "{name}: nbdinfo's map of {from} at backup-start {} KiB, the pull's {} KiB",
+                    nbdinfo.len() as u64 * REGION / 1024,
+                    pull.len() as u64 * REGION / 1024
+                );
+            }
+            // The header, and every mark surely written after the previous checkpoint.
+            assert!(covers(&pulled, 0, payload), "{name}: {pulled:?}");
+            for n in previous_marks + 2..=marks {
+                let at = payload + FIO_SIZE + (n - 1) * MARK_STRIDE;
+                assert!(covers(&pulled, at, 4096), "{name}: mark {n}: {pulled:?}");
+            }
+        }
+        taken.push(Taken { name, image, marks });
+    }
+
+    // fio has written and verified the disk through two rounds at least (the backups fell in
+    // them); the guest finishes the round under way: every round passed.
+    guest.wait_for_console(
+        "guest: fio round 2 passed",
+        "fio's second round did not pass",
+        MARKS_BOUND,
+    );
+    let console = guest.stop_and_assert_passed();
+    assert_eq!(daemon.terminate(), code::OK, "{}", daemon.log());
+    cryptblk(["backup", "verify", s(&chain)]).ok();
+
+    for c in &taken {
+        let restored = t.path(&format!("restored-{}.luks", c.name));
+        cryptblk([
+            "backup",
+            "restore",
+            "--checkpoint",
+            &c.name,
+            s(&chain),
+            s(&restored),
+        ])
+        .ok();
+        assert_same_bytes(&read(&restored), &read(&c.image), &c.name);
+        assert!(cryptsetup_accepts(&restored, &key), "{}", c.name);
+        assert_marks(&restored, &key, c.marks, &c.name);
+        std::fs::remove_file(&restored).unwrap();
+        std::fs::remove_file(&c.image).unwrap();
+    }
+
+    // Nothing on the backup side holds the guest's plaintext or the passphrase.
+    let secret = read(&key);
+    for file in std::fs::read_dir(&chain).unwrap() {
+        let path = file.unwrap().path();
+        let bytes = read(&path);
+        assert!(
+            !bytes.windows(MARK_TEXT.len()).any(|w| w == MARK_TEXT),
+            "a mark's plaintext is in {}",
+            path.display()
+        );
+        assert!(!bytes.windows(secret.len()).any(|w| w == secret.as_slice()));
+    }
+    let marks: Vec<u64> = taken.iter().map(|c| c.marks).collect();
+    eprintln!(
+        "marks written at c0..c{INCREMENTALS}: {marks:?}; {}",
+        console
+            .lines()
+            .find(|l| l.contains("fio rounds passed"))
+            .unwrap_or("")
+    );
+}
