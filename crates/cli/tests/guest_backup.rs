@@ -24,14 +24,15 @@
 //! sector size from `cryptsetup luksDump`, AES-XTS with openssl doing the AES) finds every mark
 //! the guest had reported by then, and not the mark two after the last one reported (it was
 //! not begun). The chain holds no mark's text and no passphrase; every incremental holds the
-//! header and the marks written since the previous checkpoint; and for c1, every extent
-//! `nbdinfo --map=qemu:dirty-bitmap:c0` reads from the export at backup-start is one the pull
-//! stored, which stores besides only regions the guest first wrote during the backup (the
-//! export's bitmap grows with them: not frozen at backup-start as QEMU's is, a known
-//! deviation). Every fio round must pass.
+//! header and the marks written since the previous checkpoint. For c1, at backup-start (the
+//! guest paused) `nbdinfo --map=qemu:dirty-bitmap:c0`, `qemu-img map` with `x-dirty-bitmap`
+//! and `ctl checkpoint-list --extents` read the same extents from the export, and every one
+//! of them is in what the pull stored; the pull stores besides only regions the guest first
+//! wrote during the backup (the export's bitmap grows with them: not frozen at backup-start
+//! as QEMU's is, a known deviation). Every fio round must pass.
 mod common;
 
-use common::backup::{chain_extents, checkpoint_extents, nbdinfo_dirty};
+use common::backup::{chain_extents, checkpoint_extents, merged, nbdinfo_dirty, qemu_img_dirty};
 use common::*;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -207,8 +208,8 @@ impl Backups {
 
     /// Once the guest has written two marks since the last checkpoint (one surely after it),
     /// pauses it, starts backup `name` (incremental from the last checkpoint, if any), copies
-    /// the image file, reads the export's dirty bitmap with nbdinfo if `read_nbdinfo`, and
-    /// resumes the guest; returns once the guest has written two more marks (regions it
+    /// the image file, reads the export's dirty bitmap with nbdinfo if `read_nbdinfo` (and
+    /// checks that qemu-img and `checkpoint-list` read the same), and resumes the guest; returns once the guest has written two more marks (regions it
     /// changed under the export).
     fn start(&mut self, name: &str, read_nbdinfo: bool) -> Started {
         let previous = self.previous();
@@ -228,7 +229,19 @@ impl Backups {
         let uri = format!("nbd+unix:///vol?socket={}", s(&socket));
         let dirty_by_nbdinfo = previous.filter(|_| read_nbdinfo).map(|(from, _)| {
             assert_eq!(answer["bitmap"], format!("qemu:dirty-bitmap:{from}"));
-            nbdinfo_dirty(&uri, &from)
+            let by_nbdinfo = nbdinfo_dirty(&uri, &from);
+            // The guest paused: every reader sees the same map.
+            assert_eq!(
+                qemu_img_dirty(&socket, "vol", &from),
+                by_nbdinfo,
+                "qemu-img's map of {from} (x-dirty-bitmap) and nbdinfo's"
+            );
+            assert_eq!(
+                merged(checkpoint_extents(&self.daemon, "vol", &from)),
+                by_nbdinfo,
+                "checkpoint-list's extents of {from} and nbdinfo's map"
+            );
+            by_nbdinfo
         });
         self.qmp.execute("cont", json!({}));
         wait_for_mark(&mut self.guest, marks + 2);
