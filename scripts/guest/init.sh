@@ -1,7 +1,7 @@
 #!/bin/busybox sh
 # /init of the cryptblk test guest (packed into the initramfs by build-initramfs.sh).
 # Kernel command line parameters:
-#   cryptblk.job=write-verify|read-verify|restart-verify|resize-grow   the job to run on the test disk
+#   cryptblk.job=write-verify|read-verify|restart-verify|marks-verify|resize-grow   the job to run
 #   cryptblk.size=BYTES                     how much of the disk the job covers (default 64M)
 #   cryptblk.bs=BYTES                       fio block size (default 64k)
 #   cryptblk.dev=NAME                       the test disk under /dev (default vda)
@@ -10,6 +10,12 @@
 # read-verify, then powers off. restart-verify runs rounds of a mixed verified fio job until the
 # console reads the line "stop" (the host restarts the disk's server meanwhile), printing each
 # round's fio JSON report between "FIO-JSON-BEGIN <n>" and "FIO-JSON-END <n>".
+# marks-verify runs the same fio rounds in the background (a line per round passed, the report
+# only for a failed one) and meanwhile writes marks past the first size bytes until "stop":
+# mark n is 4096 bytes, 64 lines of "cryptblk guest mark <n>" padded with spaces to 63
+# characters and a newline, at byte size + (n - 1) * 65536 (a 64 KiB region of its own); once
+# it is written and flushed (fsync of the disk) the guest prints "GUEST-MARK <n>". So a mark
+# printed is on the disk, and mark n + 2 was not begun before mark n was printed.
 # resize-grow waits (60 s at most) for the disk to grow while the guest runs (the host resizes
 # it), writes a verified fio pattern over what was added and prints "GUEST-SHA256: <hex>" of
 # those bytes.
@@ -59,22 +65,26 @@ echo "guest: /dev/$dev is $(cat "/sys/block/$dev/size") sectors, $(ls "/sys/bloc
 
 export LD_LIBRARY_PATH="$(cat /etc/fio-library-path)"
 
-# Rounds of 1 MiB writes at depth 8 (the first 3/4 of size) and 4 KiB writes at depth 24 (the
-# last 1/4), fsync every 8 writes, each block read back and crc32c-verified after its round.
-if [ "$job" = restart-verify ]; then
-	case "$size" in *[!0-9]*) finish "FAIL restart-verify needs cryptblk.size in bytes" ;; esac
+# Round $1 of 1 MiB writes at depth 8 (the first 3/4 of size) and 4 KiB writes at depth 24 (the
+# last 1/4), fsync every 8 writes, each block read back and crc32c-verified after its round;
+# fio's JSON report on stdout.
+mixed_round() {
 	big=$((size / 4 * 3 / 1048576 * 1048576))
 	small=$((size - big))
+	fio --output-format=json --eta=never --filename="/dev/$dev" --direct=1 \
+		--ioengine=libaio --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
+		--randseed="$1" --fsync=8 --rw=randwrite \
+		--name=big --bs=1M --iodepth=8 --offset=0 --size="$big" \
+		--name=small --bs=4k --iodepth=24 --offset="$big" --size="$small"
+}
+
+if [ "$job" = restart-verify ]; then
+	case "$size" in *[!0-9]*) finish "FAIL restart-verify needs cryptblk.size in bytes" ;; esac
 	round=0
 	while :; do
 		round=$((round + 1))
 		echo "FIO-JSON-BEGIN $round"
-		fio --output-format=json --eta=never --filename="/dev/$dev" --direct=1 \
-			--ioengine=libaio --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
-			--randseed="$round" --fsync=8 --rw=randwrite \
-			--name=big --bs=1M --iodepth=8 --offset=0 --size="$big" \
-			--name=small --bs=4k --iodepth=24 --offset="$big" --size="$small" ||
-			finish "FAIL fio restart-verify round $round exited with status $?"
+		mixed_round "$round" || finish "FAIL fio restart-verify round $round exited with status $?"
 		echo "FIO-JSON-END $round"
 		echo "guest: round $round passed at $(cut -d' ' -f1 /proc/uptime)s"
 		if read -t 1 line && [ "$line" = stop ]; then
@@ -82,6 +92,46 @@ if [ "$job" = restart-verify ]; then
 		fi
 		[ "$round" -lt 500 ] || finish "FAIL no stop from the host after $round rounds"
 	done
+	finish PASS
+fi
+# The fio rounds in the background, the marks in the foreground; "stop" ends the marks, then
+# the round under way.
+if [ "$job" = marks-verify ]; then
+	case "$size" in *[!0-9]*) finish "FAIL marks-verify needs cryptblk.size in bytes" ;; esac
+	marks=$((($(cat "/sys/block/$dev/size") * 512 - size) / 65536))
+	[ "$marks" -gt 0 ] || finish "FAIL no room for marks past the first $size bytes of /dev/$dev"
+	(
+		round=0
+		while [ ! -e /tmp/stop ]; do
+			round=$((round + 1))
+			mixed_round "$round" >/tmp/fio.json 2>&1 || {
+				echo "guest: fio round $round exited with status $?:"
+				tail -n 40 /tmp/fio.json
+				exit 1
+			}
+			echo "guest: fio round $round passed at $(cut -d' ' -f1 /proc/uptime)s"
+		done
+		echo "$round" >/tmp/fio.rounds
+	) &
+	fio_loop=$!
+	n=0
+	while ! { read -t 0.2 line && [ "$line" = stop ]; }; do
+		[ "$n" -lt "$marks" ] || continue
+		n=$((n + 1))
+		text="$(printf '%-63s' "cryptblk guest mark $n")"
+		: >/tmp/mark
+		i=0
+		while [ "$i" -lt 64 ]; do
+			echo "$text" >>/tmp/mark
+			i=$((i + 1))
+		done
+		dd if=/tmp/mark of="/dev/$dev" bs=4096 seek=$(((size + (n - 1) * 65536) / 4096)) \
+			count=1 conv=notrunc,fsync 2>/dev/null || finish "FAIL writing mark $n"
+		echo "GUEST-MARK $n"
+	done
+	touch /tmp/stop
+	wait "$fio_loop" || finish "FAIL a fio round (above)"
+	echo "guest: $n marks written, $(cat /tmp/fio.rounds) fio rounds passed"
 	finish PASS
 fi
 # The host grows the disk while the guest runs: the kernel must see it without a reboot

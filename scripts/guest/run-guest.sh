@@ -3,8 +3,9 @@
 # one test disk, runs a fio job on it and reports the guest's verdict.
 #
 # Usage: scripts/guest/run-guest.sh (--disk-raw FILE | --vhost-user-blk SOCKET [--queues N]
-#            [--reconnect SECS]) --job write-verify|read-verify|restart-verify|resize-grow --size BYTES
-#            [--bs BYTES] [--log FILE] [--timeout SECS] [--artifacts DIR] [--stdin]
+#            [--reconnect SECS]) --job write-verify|read-verify|restart-verify|marks-verify|resize-grow
+#            --size BYTES [--bs BYTES] [--log FILE] [--timeout SECS] [--artifacts DIR] [--stdin]
+#            [--qmp SOCKET]
 #
 #   --disk-raw FILE         a raw image as a plain virtio-blk disk (cache=none)
 #   --vhost-user-blk SOCKET a vhost-user-blk server's socket (guest RAM is a shared memfd)
@@ -17,14 +18,19 @@
 #                           of a mixed fio job (1 MiB writes at depth 8 and 4 KiB writes at
 #                           depth 24, fsync every 8, crc32c verify) over the first --size
 #                           bytes until the line "stop" arrives on the console (--stdin);
-#                           resize-grow: waits for the disk to grow (the host resizes it),
-#                           then writes and verifies a pattern over the added sectors
+#                           marks-verify: the same rounds in the background while numbered
+#                           4 KiB marks are written past --size bytes, each reported on the
+#                           console ("GUEST-MARK <n>") once written and flushed, until "stop"
+#                           (see init.sh); resize-grow: waits for the disk to grow (the
+#                           host resizes it), then writes and verifies a pattern over the
+#                           added sectors
 #   --size BYTES            bytes of the disk the job covers (a multiple of --bs)
 #   --bs BYTES              fio block size (default 65536)
 #   --log FILE              the guest console (default: a temporary file, removed on success)
 #   --timeout SECS          kill QEMU after this long (default 300)
 #   --artifacts DIR         where the kernel and initramfs are built/cached (default target/guest)
 #   --stdin                 the guest console reads this script's stdin (default: nothing)
+#   --qmp SOCKET            QEMU serves QMP on this UNIX socket (to pause the VM: stop, cont)
 #
 # The console is also echoed to stdout, and written to --log line by line as it comes (a test
 # can watch it while the guest runs). Exits 0 only if the guest printed "GUEST-RESULT: PASS";
@@ -34,10 +40,10 @@
 # where kvm_pvm is absent and /dev/kvm is usable. CRYPTBLK_GUEST_ACCEL=tcg|kvm overrides.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-usage() { sed -n "4,7p" "$0" | sed "s/^# \{0,1\}//" >&2; exit "${1:-1}"; }
+usage() { sed -n "4,8p" "$0" | sed "s/^# \{0,1\}//" >&2; exit "${1:-1}"; }
 
 disk_raw="" socket="" queues=1 reconnect="" job="" size="" bs=65536 log="" timeout_s=300
-console_in=/dev/null
+console_in=/dev/null qmp=""
 artifacts="$here/../../target/guest"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -46,6 +52,7 @@ while [ $# -gt 0 ]; do
   --queues) queues="$2"; shift 2 ;;
   --reconnect) reconnect="$2"; shift 2 ;;
   --stdin) console_in=/dev/stdin; shift ;;
+  --qmp) qmp="$2"; shift 2 ;;
   --job) job="$2"; shift 2 ;;
   --size) size="$2"; shift 2 ;;
   --bs) bs="$2"; shift 2 ;;
@@ -60,8 +67,8 @@ if { [ -n "$disk_raw" ] && [ -n "$socket" ]; } || { [ -z "$disk_raw" ] && [ -z "
   echo "$0: give exactly one of --disk-raw and --vhost-user-blk" >&2
   usage
 fi
-case "$job" in write-verify | read-verify | restart-verify | resize-grow) ;;
-*) echo "$0: --job write-verify|read-verify|restart-verify|resize-grow" >&2; usage ;;
+case "$job" in write-verify | read-verify | restart-verify | marks-verify | resize-grow) ;;
+*) echo "$0: --job write-verify|read-verify|restart-verify|marks-verify|resize-grow" >&2; usage ;;
 esac
 [[ "$size" =~ ^[0-9]+$ ]] && [ "$size" -gt 0 ] || { echo "$0: --size BYTES (a positive integer)" >&2; usage; }
 [[ "$bs" =~ ^[0-9]+$ ]] && [ $((size % bs)) -eq 0 ] || { echo "$0: --size must be a multiple of --bs" >&2; exit 1; }
@@ -102,6 +109,9 @@ else
     -device "vhost-user-blk-pci,chardev=c0,num-queues=$queues")
 fi
 
+qmp_args=()
+[ -z "$qmp" ] || qmp_args=(-qmp "unix:$qmp,server=on,wait=off")
+
 keep_log=1
 if [ -z "$log" ]; then
   log="$(mktemp "${TMPDIR:-/tmp}/cryptblk-guest.XXXXXX.log")"
@@ -113,7 +123,7 @@ timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 "${accel_args[@]}" -m "$
   -nographic -nodefaults -no-user-config -serial stdio -no-reboot \
   -kernel "$artifacts/vmlinuz" -initrd "$artifacts/initramfs.cpio.gz" \
   -append "console=ttyS0 quiet panic=-1 cryptblk.job=$job cryptblk.size=$size cryptblk.bs=$bs" \
-  "${disk_args[@]}" <"$console_in" 2>&1 | stdbuf -oL tr -d '\r' | tee "$log"
+  "${disk_args[@]}" "${qmp_args[@]}" <"$console_in" 2>&1 | stdbuf -oL tr -d '\r' | tee "$log"
 status=("${PIPESTATUS[@]}")
 set -e
 elapsed=$(awk -v ns=$(($(date +%s%N) - start)) 'BEGIN { printf "%.1f", ns / 1e9 }')

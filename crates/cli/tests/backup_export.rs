@@ -9,7 +9,7 @@
 //! checkpoints cannot change under it.
 mod common;
 
-use common::backup::{chain_extents, merged};
+use common::backup::{chain_extents, merged, nbdinfo_dirty, qemu_img_dirty};
 use common::*;
 use serde_json::Value;
 use std::path::Path;
@@ -27,44 +27,6 @@ fn marker(n: u8) -> Vec<u8> {
 fn holds(bytes: &[u8], needle: &[u8]) -> bool {
     // The first 64 bytes of a marker are enough to find it.
     bytes.windows(64).any(|w| w == &needle[..64])
-}
-
-/// The dirty extents `nbdinfo --map=qemu:dirty-bitmap:NAME` reads.
-fn nbdinfo_dirty(uri: &str, bitmap: &str) -> Vec<(u64, u64)> {
-    let out = tool(
-        "nbdinfo",
-        ["--json", &format!("--map=qemu:dirty-bitmap:{bitmap}"), uri],
-    );
-    out.ok();
-    let map: Value = serde_json::from_str(&out.stdout).unwrap();
-    merged(
-        map.as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["type"].as_u64().unwrap() & 1 == 1)
-            .map(|e| (e["offset"].as_u64().unwrap(), e["length"].as_u64().unwrap())),
-    )
-}
-
-/// The dirty extents `qemu-img map` reads through `x-dirty-bitmap` (QEMU reports the
-/// bitmap's dirty flag as its "hole" bit: dirty extents show as not data).
-fn qemu_img_dirty(socket: &Path, export: &str, bitmap: &str) -> Vec<(u64, u64)> {
-    let image = format!(
-        "json:{{\"driver\":\"raw\",\"file\":{{\"driver\":\"nbd\",\"server\":{{\"type\":\
-         \"unix\",\"path\":\"{}\"}},\"export\":\"{export}\",\"x-dirty-bitmap\":\
-         \"qemu:dirty-bitmap:{bitmap}\"}}}}",
-        s(socket)
-    );
-    let out = tool("qemu-img", ["map", "--output=json", &image]);
-    out.ok();
-    let map: Value = serde_json::from_str(&out.stdout).unwrap();
-    merged(
-        map.as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["data"] == false)
-            .map(|e| (e["start"].as_u64().unwrap(), e["length"].as_u64().unwrap())),
-    )
 }
 
 /// The ranges `checkpoint-list --extents` gives for `checkpoint`.

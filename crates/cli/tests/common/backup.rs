@@ -16,6 +16,46 @@ pub fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     out
 }
 
+/// The dirty extents `nbdinfo --map=qemu:dirty-bitmap:NAME` reads from the export at `uri`,
+/// touching ones joined.
+pub fn nbdinfo_dirty(uri: &str, bitmap: &str) -> Vec<(u64, u64)> {
+    let out = cryptblk_fixture::tool(
+        "nbdinfo",
+        ["--json", &format!("--map=qemu:dirty-bitmap:{bitmap}"), uri],
+    );
+    out.ok();
+    let map: Value = serde_json::from_str(&out.stdout).unwrap();
+    merged(
+        map.as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["type"].as_u64().unwrap() & 1 == 1)
+            .map(|e| (e["offset"].as_u64().unwrap(), e["length"].as_u64().unwrap())),
+    )
+}
+
+/// The dirty extents `qemu-img map` reads through `x-dirty-bitmap` from `export` on the NBD
+/// server at `socket` (QEMU reports the bitmap's dirty flag as its "hole" bit: dirty extents
+/// show as not data), touching ones joined.
+pub fn qemu_img_dirty(socket: &Path, export: &str, bitmap: &str) -> Vec<(u64, u64)> {
+    let image = format!(
+        "json:{{\"driver\":\"raw\",\"file\":{{\"driver\":\"nbd\",\"server\":{{\"type\":\
+         \"unix\",\"path\":\"{}\"}},\"export\":\"{export}\",\"x-dirty-bitmap\":\
+         \"qemu:dirty-bitmap:{bitmap}\"}}}}",
+        cryptblk_fixture::s(socket)
+    );
+    let out = cryptblk_fixture::tool("qemu-img", ["map", "--output=json", &image]);
+    out.ok();
+    let map: Value = serde_json::from_str(&out.stdout).unwrap();
+    merged(
+        map.as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["data"] == false)
+            .map(|e| (e["start"].as_u64().unwrap(), e["length"].as_u64().unwrap())),
+    )
+}
+
 /// The ranges of the image that `entry` of the manifest of the chain in `chain` holds (its
 /// extents file), touching ones joined.
 pub fn chain_extents(chain: &Path, entry: &Value) -> Vec<(u64, u64)> {
