@@ -10,7 +10,8 @@
 #   without  a VM's 4 KiB random writes at depth 32 for RUNTIME seconds (vu_bench, libblkio's
 #            vhost-user-blk client) with no backup
 #   during   the same while a full backup runs: the writes start once backup-start returned,
-#            so every first write to a 64 KiB region copies it to the scratch first
+#            so every first write to a 64 KiB region copies it to the scratch first; with
+#            MAX_BANDWIDTH (e.g. 64M) that backup is started with `--max-bandwidth MAX_BANDWIDTH`
 # Prints one line per round and the median and worst per-round ratios: backup throughput over
 # nbdcopy's and over cp's, and IOPS during a backup over without one. Odd rounds measure
 # `without` first, even rounds `during` first.
@@ -24,6 +25,7 @@ size_mib=${1:-1024}
 rounds=${2:-5}
 runtime=${3:-5}
 dir=${4:-target/bench-backup-export}
+rate=${MAX_BANDWIDTH:-}
 bin=${CRYPTBLK_BIN:-}
 vu=${VU_BENCH:-}
 if [ -z "$bin" ]; then
@@ -76,7 +78,7 @@ timed() {
 backup() {
   rm -rf "$dir/chain"
   ctl backup-start d --checkpoint "$1" --nbd "unix:$dir/backup.sock" >/dev/null
-  "$bin" backup pull "nbd+unix:///?socket=$dir/backup.sock" "$dir/chain" --checkpoint "$1"
+  "$bin" backup pull "nbd+unix:///d?socket=$dir/backup.sock" "$dir/chain" --checkpoint "$1"
   ctl backup-end d >/dev/null
 }
 export -f backup ctl
@@ -86,8 +88,8 @@ iops() { "$vu" --socket "$dir/vu.sock" --rw randwrite --bs 4096 --iodepth 32 --r
 # IOPS while a full backup at checkpoint $1 runs; fails when the backup ended before the writes.
 iops_during() {
   rm -rf "$dir/chain"
-  ctl backup-start d --checkpoint "$1" --nbd "unix:$dir/backup.sock" >/dev/null
-  "$bin" backup pull "nbd+unix:///?socket=$dir/backup.sock" "$dir/chain" --checkpoint "$1" \
+  ctl backup-start d --checkpoint "$1" --nbd "unix:$dir/backup.sock" ${rate:+--max-bandwidth "$rate"} >/dev/null
+  "$bin" backup pull "nbd+unix:///d?socket=$dir/backup.sock" "$dir/chain" --checkpoint "$1" \
     >/dev/null 2>"$dir/pull.err" &
   local pull=$!
   local n
@@ -105,7 +107,7 @@ last=
 forget() { [ -z "$last" ] || ctl checkpoint-remove d "$last" >/dev/null; last=$1; }
 
 declare -a r_peer r_ceiling r_iops
-echo "size ${size_mib} MiB, ${rounds} rounds, writes ${runtime}s, binary $bin"
+echo "size ${size_mib} MiB, ${rounds} rounds, writes ${runtime}s, binary $bin, backup during writes: max-bandwidth ${rate:-none}"
 for round in $(seq 1 "$rounds"); do
   rm -f "$dir/copy.raw" "$dir/cp.raw"
   drop; read -r bw bc < <(timed bash -c "backup b$round")
@@ -132,5 +134,5 @@ summary() {
 }
 summary "full backup throughput / nbdcopy's of the plain file" "${r_peer[@]}"
 summary "full backup throughput / cp's (the disk)" "${r_ceiling[@]}"
-summary "VM write IOPS during a backup / without" "${r_iops[@]}"
+summary "VM write IOPS during a backup (max-bandwidth ${rate:-none}) / without" "${r_iops[@]}"
 echo "page cache dropped before each run: $cold"

@@ -4,7 +4,8 @@
 //! and the writes made meanwhile are all there on the disk and recorded in the backup's
 //! checkpoint. A scratch too small for what the client changes fails the backup, not the
 //! client, and `backup-end` then insists on `--failed`. A daemon killed during a backup
-//! leaves its scratch, which the next start removes.
+//! leaves its scratch, which the next start removes. A backup with `max-bandwidth` is read no faster
+//! than it.
 mod common;
 
 use common::backup::checkpoint_extents;
@@ -228,4 +229,41 @@ fn a_daemon_killed_during_a_backup_removes_the_scratch_when_it_starts_again() {
     daemon.ctl_ok(&["checkpoint-remove", "vol", "c0"]);
     daemon.qemu_io("vol", &["read -P 0x42 1M 64k"]);
     assert_eq!(daemon.terminate(), code::OK);
+}
+
+#[test]
+fn a_backup_with_a_max_bandwidth_is_pulled_no_faster_than_it() {
+    let t = TestDir::new();
+    let key = t.key("key");
+    let img = t.luks2("disk.luks", "16M", &key);
+    let daemon = t.serve().disk(&img).name("vol").nbd().control().start();
+    daemon.qemu_io("vol", &["write -P 0x5a 0 8M"]);
+    let sock = t.path("backup.sock");
+    let nbd = format!("unix:{}", s(&sock));
+    let start = ["backup-start", "vol", "--checkpoint", "c0", "--nbd", &nbd];
+    daemon
+        .ctl(&[&start[..], &["--max-bandwidth", "64K"]].concat())
+        .expect_code(code::USAGE)
+        .error_line(&["max-bandwidth", "1M"]);
+    let started = daemon.ctl_ok(&[&start[..], &["--max-bandwidth", "4M"]].concat());
+    assert_eq!(started["max-bandwidth"], 4u64 << 20, "{started}");
+    let chain = t.path("chain");
+    let began = std::time::Instant::now();
+    cryptblk([
+        "backup",
+        "pull",
+        &format!("nbd+unix:///vol?socket={}", s(&sock)),
+        s(&chain),
+        "--checkpoint",
+        "c0",
+    ])
+    .ok();
+    let took = began.elapsed();
+    daemon.ctl_ok(&["backup-end", "vol"]);
+    // 8 MiB of data and the header at 4 MiB/s: more than a second, though the first 4 MiB
+    // read goes at once.
+    assert!(took >= std::time::Duration::from_millis(1000), "{took:?}");
+    let restored = t.path("restored.luks");
+    cryptblk(["backup", "restore", s(&chain), s(&restored)]).ok();
+    assert_same_bytes(&read(&restored), &read(&img.path), "the backup");
 }

@@ -12,6 +12,9 @@
 //! the disk's tracker copies a region's old bytes to a bounded scratch file beside the image
 //! before its first change (`cryptblk_volume::CopyBeforeWrite`). A full scratch fails the
 //! backup (the export answers EIO, `backup-end` wants `failed`), never the guest.
+//!
+//! With `max-bandwidth`, the export's reads are paced (`cryptblk_nbd::ReadPacer`), all connections
+//! together: a backup reading at the disk's full speed takes most of the disk from the VM.
 use crate::backup_export::{Backup, CheckpointBitmap};
 use crate::disk_checkpoints::to_error;
 use crate::error::{Error, Result};
@@ -22,9 +25,12 @@ use cryptblk_control::api::{
     BackupEndParams, BackupEnded, BackupStartParams, BackupStarted, ErrorKind, DEFAULT_SCRATCH_SIZE,
 };
 use cryptblk_nbd::protocol::DIRTY_BITMAP_PREFIX;
-use cryptblk_nbd::{DirtyBitmaps, Export, ExportRegistry, NbdServer};
+use cryptblk_nbd::{DirtyBitmaps, Export, ExportRegistry, NbdServer, ReadPacer};
 use cryptblk_volume::{BackupView, CopyBeforeWrite, COPY_REGION, DRAIN_TIMEOUT};
 use std::sync::{Arc, PoisonError};
+
+/// The lowest `max-bandwidth`: one largest NBD read (32 MiB) per 32 s.
+const MIN_BANDWIDTH: u64 = 1 << 20;
 
 impl Daemon {
     pub(crate) fn backup_start(&self, p: &BackupStartParams) -> Result<BackupStarted> {
@@ -44,6 +50,16 @@ impl Daemon {
                 "a scratch-size of {scratch_size} bytes holds no {COPY_REGION}-byte region: \
                  give at least 64K (default 1G)"
             )));
+        }
+        // 0: no ceiling, as for reencrypt-start.
+        let max_bandwidth = p.max_bandwidth.filter(|&rate| rate > 0);
+        if let Some(rate) = max_bandwidth {
+            if rate < MIN_BANDWIDTH {
+                return Err(Error::usage(format!(
+                    "a max-bandwidth of {rate} bytes per second is below the least, 1M (or 0: \
+                     no ceiling): a 32 MiB read would wait more than half a minute"
+                )));
+            }
         }
         let store = self
             .checkpoint_store(&disk, true)?
@@ -118,6 +134,7 @@ impl Daemon {
             stats: Arc::new(IoStats::default()),
             tls_authz: None,
             dirty_bitmaps,
+            read_rate: max_bandwidth.map(|rate| Arc::new(ReadPacer::new(rate))),
         };
         if let Err(e) = registry.add(export) {
             stop_copying();
@@ -196,6 +213,7 @@ impl Daemon {
             size,
             scratch: scratch.display().to_string(),
             scratch_size: cbw.capacity(),
+            max_bandwidth,
         })
     }
 

@@ -419,6 +419,7 @@ impl Daemon {
                 stats: disk.nbd_stats.clone(),
                 tls_authz: crate::config::tls_authz(&disk.config)?,
                 dirty_bitmaps: None,
+                read_rate: None,
             };
             if let Err(e) = registry.add(export) {
                 let _ = disk.stop_vhost();

@@ -46,6 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         stats: Arc::new(IoStats::default()),
         tls_authz: None,
         dirty_bitmaps: None,
+        read_rate: None,
     })?;
     let address: NbdAddress = format!("unix:{socket}").parse()?;
     let mut server = NbdServer::bind(&address, registry, None)?;

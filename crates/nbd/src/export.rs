@@ -2,6 +2,7 @@
 //! be withdrawn while clients are attached.
 
 use crate::metadata::DirtyBitmaps;
+use crate::read_pacer::ReadPacer;
 use crate::socket::Socket;
 use crate::Error;
 use cryptblk_block::{BlockDevice, IoStats};
@@ -28,6 +29,8 @@ pub struct Export {
     pub tls_authz: Option<AllowList>,
     /// Offered as `qemu:dirty-bitmap:NAME` metadata contexts; `None`: only `base:allocation`.
     pub dirty_bitmaps: Option<Arc<dyn DirtyBitmaps>>,
+    /// A ceiling on how fast its clients read, all connections together; `None`: none.
+    pub read_rate: Option<Arc<ReadPacer>>,
 }
 
 impl std::fmt::Debug for Export {
@@ -41,6 +44,10 @@ impl std::fmt::Debug for Export {
             .field(
                 "dirty_bitmaps",
                 &self.dirty_bitmaps.as_ref().map(|b| b.names()),
+            )
+            .field(
+                "read_rate",
+                &self.read_rate.as_ref().map(|r| r.bytes_per_second()),
             )
             .finish()
     }

@@ -26,6 +26,14 @@ pub struct BackupStartParams {
         skip_serializing_if = "Option::is_none"
     )]
     pub scratch_size: Option<u64>,
+    /// A ceiling on how fast the export's clients read, in bytes per second (default and 0:
+    /// none; else at least 1 MiB/s), so that a backup leaves the disk's speed to the VM.
+    #[serde(
+        default,
+        rename = "max-bandwidth",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_bandwidth: Option<u64>,
 }
 
 /// The copy-before-write scratch's bound when `backup-start` names none: 1 GiB.
@@ -52,6 +60,9 @@ pub struct BackupStarted {
     pub scratch: String,
     /// Its bound in bytes.
     pub scratch_size: u64,
+    /// The export's read rate ceiling in bytes per second, if one was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bandwidth: Option<u64>,
 }
 
 /// `backup-end`.

@@ -342,6 +342,7 @@ pub const METHODS: &[MethodSpec] = &[
             opt("incremental", Text, "An existing checkpoint: what changed since it is served as qemu:dirty-bitmap:FROM."),
             req("nbd", Address, "Where the export listens: unix:PATH or tcp:HOST:PORT (port 0 picks one); with the daemon's --tls-creds, TLS and its allow-list apply."),
             opt("scratch-size", Bytes, "Bytes of old data the copy-before-write scratch (IMAGE.cryptblk-backup-scratch) may hold (default 1G, in 64 KiB regions): the disk may change that much during the backup; more fails the backup (the VM's writes go on; end it with failed)."),
+            opt("max-bandwidth", Bytes, "Bytes per second the export's clients may read at most, all connections together (default and 0: no limit; else at least 1M): a backup reading at the disk's full speed slows the VM's own I/O."),
         ],
     },
     MethodSpec {

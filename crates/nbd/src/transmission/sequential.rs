@@ -72,6 +72,9 @@ fn run(
     }
     match request.command {
         CMD_READ => {
+            if let Some(pacer) = &session.export.read_rate {
+                pacer.wait_for_turn(length as u64);
+            }
             let mut header = [0u8; READ_REPLY_HEADER_MAX];
             let header_len = read_reply_header(session, request, &mut header);
             let buffer = out.prepare(header_len + length);

@@ -88,6 +88,7 @@ pub fn export(name: &str, device: Arc<dyn BlockDevice>) -> Export {
         stats: Arc::new(IoStats::default()),
         tls_authz: None,
         dirty_bitmaps: None,
+        read_rate: None,
     }
 }
 

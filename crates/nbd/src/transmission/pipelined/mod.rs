@@ -102,6 +102,10 @@ struct Connection<'s, 'e> {
     /// When the connection last moved (bytes in or out); a client stuck mid-request or not
     /// taking replies for `io_timeout` is cut off.
     last_progress: Instant,
+    /// The READ at the head of the read buffer waits for the export's read rate until then
+    /// (`Export::read_rate`); `read_admitted` once the rate took it.
+    paced_until: Option<Instant>,
+    read_admitted: bool,
 }
 
 /// Serves a plain connection until the client disconnects, the connection fails, or it is
@@ -144,6 +148,8 @@ pub(super) fn serve(
         peer_closed: false,
         error: None,
         last_progress: Instant::now(),
+        paced_until: None,
+        read_admitted: false,
     };
     let result = conn.run();
     // Whatever happened, nothing the kernel still holds may outlive its buffers: dropping the
@@ -174,6 +180,11 @@ pub(super) fn serve(
     }
     let _ = socket.set_nonblocking(false);
     result
+}
+
+/// A poll(2) timeout, rounded up so that a wait does not end just before its moment.
+fn millis(wait: std::time::Duration) -> i32 {
+    i32::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
 }
 
 impl Connection<'_, '_> {
@@ -246,17 +257,25 @@ impl Connection<'_, '_> {
         // Between requests with nothing in flight the client may stay silent forever; in the
         // middle of one, or with replies it does not take, only for `io_timeout`. Waiting for
         // the daemon's memory is not the client's doing.
+        // Nor is waiting for the export's read rate.
+        let paced = self
+            .paced_until
+            .map(|until| until.saturating_duration_since(Instant::now()));
         let stuck = self.partial.is_some()
-            || (self.end > self.start && !self.budget_full(0) && !budget_waiting)
+            || (self.end > self.start
+                && !self.budget_full(0)
+                && !budget_waiting
+                && paced.is_none())
             || want_write;
-        let timeout_ms = if stuck {
-            let left = self
-                .config
+        let stuck_left = stuck.then(|| {
+            self.config
                 .io_timeout
-                .saturating_sub(self.last_progress.elapsed());
-            i32::try_from(left.as_millis()).unwrap_or(i32::MAX)
-        } else {
-            -1
+                .saturating_sub(self.last_progress.elapsed())
+        });
+        let timeout_ms = match (stuck_left, paced) {
+            (None, None) => -1,
+            (Some(left), None) | (None, Some(left)) => millis(left),
+            (Some(stuck), Some(paced)) => millis(stuck.min(paced)),
         };
         // SAFETY: three valid pollfd structs, length 3.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, timeout_ms) };
@@ -267,7 +286,7 @@ impl Connection<'_, '_> {
             }
             return Err(e.into());
         }
-        if n == 0 && stuck {
+        if n == 0 && stuck && stuck_left.is_some_and(|left| paced.is_none_or(|p| left <= p)) {
             return Err(Error::Protocol(format!(
                 "the client stalled for {} s in the middle of a request or without taking \
                  replies; closing",

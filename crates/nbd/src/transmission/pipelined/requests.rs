@@ -10,6 +10,7 @@ use crate::Error;
 use cryptblk_block::aio::{IoOp, IoRequest};
 use cryptblk_block::buffers;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 impl Connection<'_, '_> {
     /// After the client closed its side: once the read buffer holds no complete request,
@@ -28,6 +29,9 @@ impl Connection<'_, '_> {
     /// Whether a complete request header waits in the read buffer and the budget takes it.
     pub(super) fn next_request_fits(&self) -> bool {
         if self.eof || self.error.is_some() || self.partial.is_some() || self.budget.is_waiting() {
+            return false;
+        }
+        if self.paced_until.is_some_and(|until| until > Instant::now()) {
             return false;
         }
         let Some(header) = self.rbuf.get(self.start..self.start + REQUEST_HEADER_LEN) else {
@@ -60,6 +64,30 @@ impl Connection<'_, '_> {
         // A grant the connection waited for is this request's: the one at the head of the
         // read buffer.
         self.budget.try_reserve(charge)
+    }
+
+    /// Whether the export's read rate lets the READ at the head of the read buffer go now;
+    /// else the connection waits (`paced_until`). Asked again after a wait for the budget,
+    /// the rate does not count the read twice.
+    fn admitted_by_read_rate(&mut self, request: &RequestHeader) -> bool {
+        let Some(pacer) = &self.session.export.read_rate else {
+            return true;
+        };
+        if self.read_admitted {
+            return true;
+        }
+        let now = Instant::now();
+        match pacer.admit(u64::from(request.length), now) {
+            Ok(()) => {
+                self.paced_until = None;
+                self.read_admitted = true;
+                true
+            }
+            Err(wait) => {
+                self.paced_until = Some(now + wait);
+                false
+            }
+        }
     }
 
     pub(super) fn budget_full(&self, bytes: u64) -> bool {
@@ -115,11 +143,15 @@ impl Connection<'_, '_> {
             if self.budget_full(payload) {
                 return;
             }
+            if request.command == CMD_READ && !self.admitted_by_read_rate(&request) {
+                return;
+            }
             let Some(reserved) = self.reserve(&request) else {
                 // Taken once the budget grants it (the wake-up comes through `budget_wake`).
                 return;
             };
             self.start += REQUEST_HEADER_LEN;
+            self.read_admitted = false;
             let stats = &self.session.export.stats;
             let started = stats.begin();
             self.requests += 1;
