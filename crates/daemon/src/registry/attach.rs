@@ -165,7 +165,7 @@ impl Daemon {
             None => None,
         };
         let nbd_exported = self.exports_nbd(&config);
-        let reencryption = crate::reencrypt::ReencryptJob::new(image.segments());
+        let reencryption = crate::reencrypt_job::ReencryptJob::new(image.segments());
         let disk = Arc::new(AttachedDisk {
             config,
             image,
