@@ -26,7 +26,7 @@ pub struct AttachedDisk {
     /// Keyslot changes and the outgoing migration (see `activity` for the locking rules).
     pub(crate) activity: Arc<DiskActivity>,
     /// The online reencryption's progress (`reencrypt-status`).
-    pub(crate) reencryption: Arc<crate::reencrypt::ReencryptJob>,
+    pub(crate) reencryption: Arc<crate::reencrypt_job::ReencryptJob>,
     /// Its checkpoints (`checkpoint-*`), opened before it serves.
     pub(crate) checkpoints: crate::disk_checkpoints::DiskCheckpoints,
 }

@@ -27,6 +27,7 @@ mod migrate;
 pub mod notify;
 mod rbd;
 mod reencrypt;
+mod reencrypt_job;
 mod registry;
 mod resize;
 mod rpc;

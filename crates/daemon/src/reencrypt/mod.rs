@@ -13,167 +13,20 @@ mod driver;
 mod encrypt;
 mod new_cipher;
 
+pub(crate) use crate::reencrypt_job::{Mode, Progress, ReencryptJob};
+
 use crate::disk::AttachedDisk;
 use crate::error::{Context, Error, Result};
 use crate::key_source::read_key_source;
 use crate::registry::Daemon;
-use cryptblk_control::api::{Hotzone, ReencryptPhase, ReencryptStartParams, ReencryptStatus};
+use cryptblk_control::api::{ReencryptPhase, ReencryptStartParams, ReencryptStatus};
 use cryptblk_control::PassedFds;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::sync::atomic::Ordering;
+use std::sync::PoisonError;
 
 /// Bytes per second a reencryption rewrites unless told otherwise: a fraction of what a
 /// disk or an SSD does, so the guest keeps most of the device.
 pub const DEFAULT_MAX_BANDWIDTH: u64 = 64 << 20;
-
-/// A disk's reencryption as `reencrypt-status` shows it.
-pub(crate) struct ReencryptJob {
-    status: Mutex<Progress>,
-    /// `reencrypt-pause` asked the driver to stop after its hotzone.
-    pause: AtomicBool,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-}
-
-/// What a run does to the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// A new volume key (cipher, key size, sector size) for a LUKS2 disk.
-    Reencrypt,
-    /// A raw disk encrypted in place.
-    Encrypt,
-}
-
-impl Mode {
-    fn name(self) -> &'static str {
-        match self {
-            Mode::Reencrypt => "reencrypt",
-            Mode::Encrypt => "encrypt",
-        }
-    }
-}
-
-#[derive(Clone)]
-struct Progress {
-    phase: ReencryptPhase,
-    mode: Option<Mode>,
-    done: u64,
-    total: u64,
-    /// Where this run started: bytes done then, and when.
-    run_start: Option<(u64, Instant)>,
-    resilience: Option<String>,
-    cipher: Option<String>,
-    hotzone: Option<Hotzone>,
-    max_bandwidth: u64,
-    last_error: Option<String>,
-}
-
-impl ReencryptJob {
-    /// The job of a disk just attached: paused when its image is in mid-reencryption.
-    pub(crate) fn new(segments: &cryptblk_volume::SegmentMap) -> Arc<ReencryptJob> {
-        let (phase, done, total) = if segments.is_split() {
-            (
-                ReencryptPhase::Paused,
-                segments.committed(),
-                segments.size(),
-            )
-        } else {
-            (ReencryptPhase::Idle, 0, 0)
-        };
-        // Parts at different offsets are an encryption's (its data moves); a key-to-key
-        // reencryption keeps the payload where it is.
-        let mode = segments
-            .is_split()
-            .then(|| match segments.single_data_offset() {
-                Some(_) => Mode::Reencrypt,
-                None => Mode::Encrypt,
-            });
-        Arc::new(ReencryptJob {
-            status: Mutex::new(Progress {
-                phase,
-                mode,
-                done,
-                total,
-                run_start: None,
-                resilience: None,
-                cipher: None,
-                hotzone: None,
-                max_bandwidth: 0,
-                last_error: None,
-            }),
-            pause: AtomicBool::new(false),
-            thread: Mutex::new(None),
-        })
-    }
-
-    fn update(&self, f: impl FnOnce(&mut Progress)) {
-        f(&mut self.status.lock().unwrap_or_else(PoisonError::into_inner));
-    }
-
-    fn status(&self, name: &str) -> ReencryptStatus {
-        let p = self
-            .status
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let rate = match (p.phase, p.run_start) {
-            (ReencryptPhase::Running | ReencryptPhase::Pausing, Some((from, at))) => {
-                let secs = at.elapsed().as_secs_f64();
-                if secs > 0.0 {
-                    (p.done.saturating_sub(from) as f64 / secs) as u64
-                } else {
-                    0
-                }
-            }
-            _ => 0,
-        };
-        ReencryptStatus {
-            name: name.to_string(),
-            phase: p.phase,
-            mode: p.mode.map(|m| m.name().to_string()),
-            bytes_done: p.done,
-            bytes_total: p.total,
-            rate,
-            eta_seconds: (rate > 0).then(|| p.total.saturating_sub(p.done) / rate),
-            resilience: p.resilience,
-            cipher: p.cipher,
-            hotzone: p.hotzone,
-            max_bandwidth: p.max_bandwidth,
-            last_error: p.last_error,
-        }
-    }
-
-    /// Pauses a running reencryption and waits until it has committed its hotzone (the disk
-    /// is being detached).
-    pub(crate) fn stop(&self) {
-        self.pause.store(true, Ordering::Release);
-        let thread = self
-            .thread
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(thread) = thread {
-            let _ = thread.join();
-        }
-    }
-
-    /// Whether a reencryption thread is running (not paused or finished).
-    pub(crate) fn is_running(&self) -> bool {
-        self.thread
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .is_some_and(|t| !t.is_finished())
-    }
-
-    /// Bytes rewritten so far (the metrics' counter).
-    pub(crate) fn bytes_done(&self) -> u64 {
-        self.status
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .done
-    }
-}
 
 impl Daemon {
     /// Starts (or continues) the reencryption of an attached LUKS2 disk, or the encryption

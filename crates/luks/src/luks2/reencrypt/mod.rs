@@ -13,6 +13,7 @@ mod decrypt;
 mod decrypt_init;
 mod digest;
 mod encrypt;
+mod encrypt_init;
 mod finish;
 mod hotzone;
 mod init;
@@ -24,7 +25,7 @@ mod session;
 mod stale;
 
 pub use decrypt_init::{decrypt_init, DecryptParams, MovedResilience, DEFAULT_MOVED_MAX};
-pub use encrypt::{
+pub use encrypt_init::{
     encrypt_init, encrypt_prepare, min_reduce, EncryptParams, PreparedEncryption, MAX_REDUCE,
 };
 pub use init::{InitParams, ResilienceChoice};
