@@ -30,7 +30,10 @@ mod tracking;
 mod volume;
 
 pub use checkpoint::{CheckpointError, CheckpointStore, IntentLog};
-pub use crypt::{CryptDevice, CryptLayout, SegmentCiphers, SegmentMap, DRAIN_TIMEOUT};
+pub use crypt::{
+    BackendOffset, CryptDevice, CryptLayout, IvSector, SegmentCiphers, SegmentMap, VolumeOffset,
+    DRAIN_TIMEOUT,
+};
 pub use luks_reencrypting::data_cipher;
 pub use luks_volume::{
     open_luks_volume, open_luks_volume_on, open_luks_volume_with, LuksVolume, VolumeError,

@@ -7,7 +7,7 @@
 //! itself continues when asked (`cryptblk ctl reencrypt-start`, or offline).
 use crate::crypt::SegmentCiphers;
 use crate::luks_volume::{LuksVolume, VolumeError, VolumeOptions};
-use crate::{CryptDevice, CryptLayout};
+use crate::{BackendOffset, CryptDevice, CryptLayout, IvSector};
 use cryptblk_block::{BlockDevice, BlockError, Container};
 use cryptblk_crypto::{CryptoPool, SectorCipher};
 use cryptblk_luks::luks2::reencrypt::{
@@ -71,9 +71,9 @@ pub(crate) fn open(
     let keyslot = r.opened_keyslot();
     let header = r.into_header();
     let layout = CryptLayout {
-        data_offset: segments.data_offset,
+        data_offset: BackendOffset::new(segments.data_offset),
         payload_size: segments.size,
-        iv_offset: 0,
+        iv_offset: IvSector::new(0),
         read_only: file.read_only(),
     };
     let backend: Arc<dyn BlockDevice> = file.clone();
@@ -130,9 +130,9 @@ fn open_encrypting(
         })
         .unwrap_or_default();
     let layout = CryptLayout {
-        data_offset,
+        data_offset: BackendOffset::new(data_offset),
         payload_size: size,
-        iv_offset: 0,
+        iv_offset: IvSector::new(0),
         read_only: file.read_only(),
     };
     let backend: Arc<dyn BlockDevice> = file.clone();

@@ -1,7 +1,8 @@
 //! Opening a LUKS1/LUKS2 image as a decrypted block device: lock the file, read and validate
 //! the header, unlock a keyslot, and put a `CryptDevice` over the payload.
 
-use crate::{CryptDevice, CryptLayout};
+use crate::crypt::Placement;
+use crate::{BackendOffset, CryptDevice, CryptLayout, IvSector, VolumeOffset};
 use cryptblk_block::{
     BlockDevice, BlockError, Container, Extent, ExtentKind, IoSettings, OpenOptions, RawFile,
 };
@@ -212,9 +213,9 @@ impl LuksVolume {
             })?;
         let cipher = crate::luks_reencrypting::data_cipher(file.as_ref(), cipher);
         let layout = CryptLayout {
-            data_offset: header.data_offset(),
+            data_offset: BackendOffset::new(header.data_offset()),
             payload_size,
-            iv_offset: 0,
+            iv_offset: IvSector::new(0),
             read_only: file.read_only(),
         };
         let backend: Arc<dyn BlockDevice> = file.clone();
@@ -331,9 +332,10 @@ impl BlockDevice for LuksVolume {
         if !self.container.unwritten_reads_as_zeros() || data.len == 0 {
             return Ok(data);
         }
+        let stored = Placement::at(BackendOffset::new(self.header.data_offset()));
         let below = self
             .container
-            .block_status(self.header.data_offset() + offset, data.len)
+            .block_status(stored.backend(VolumeOffset::new(offset)).bytes(), data.len)
             .map_err(|e| e.with_path(self.container.name()))?;
         // Whole sectors only: a sector is zeros only if all of its ciphertext is.
         let sector = u64::from(self.header.sector_size());

@@ -13,12 +13,15 @@ mod follow;
 mod plain;
 mod segments;
 mod stage;
+mod units;
 mod zero_holes;
 
 pub use drain::DRAIN_TIMEOUT;
 pub use follow::SegmentCiphers;
 pub use segments::SegmentMap;
+pub use units::{BackendOffset, IvSector, VolumeOffset};
 
+pub(crate) use units::Placement;
 pub(crate) use zero_holes::ZeroHolesCipher;
 
 use cryptblk_block::aio::{IoBuffers, Pipeline, QueueOptions};
@@ -28,6 +31,7 @@ use cryptblk_crypto::{CryptoError, CryptoPool, Direction, SectorCipher};
 use segments::Storage;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use units::IvNumbering;
 
 /// Largest encryption sector (LUKS2 allows 512..=4096); edge sectors live on the stack.
 const MAX_SECTOR: usize = 4096;
@@ -63,14 +67,25 @@ impl std::ops::DerefMut for SectorBuf {
 /// Where the encrypted payload lives on the backend and how its IVs are numbered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CryptLayout {
-    /// Byte offset of the payload on the backend.
-    pub data_offset: u64,
+    /// Where the payload starts on the backend (volume offset 0).
+    pub data_offset: BackendOffset,
     /// Payload size in bytes; rounded down to a whole number of encryption sectors.
     pub payload_size: u64,
-    /// Added to every IV sector number, in units of the encryption sector.
-    pub iv_offset: u64,
+    /// The IV sector of the payload's first sector (added to every sector's number).
+    pub iv_offset: IvSector,
     /// Refuse writes even if the backend accepts them.
     pub read_only: bool,
+}
+
+impl CryptLayout {
+    /// Where the payload's volume offset `v` is stored on the backend.
+    pub fn backend(&self, v: VolumeOffset) -> BackendOffset {
+        self.placement().backend(v)
+    }
+
+    pub(crate) fn placement(&self) -> Placement {
+        Placement::at(self.data_offset)
+    }
 }
 
 /// A decrypted view of a payload: encrypted with one key, or plaintext (a raw disk served so
@@ -95,7 +110,8 @@ pub(crate) struct CryptCore {
     /// (`CryptDevice::set_size`). Read by every request's range check; shared by the cores
     /// of one payload under other ciphers (a reencryption's new segment) and its segment map.
     size: Arc<AtomicU64>,
-    sector: u64,
+    /// The IV sector of each encryption sector, and the sector's size.
+    ivs: IvNumbering,
     rmw_locks: Box<[Mutex<()>]>,
 }
 
@@ -114,7 +130,7 @@ impl std::fmt::Debug for CryptCore {
         f.debug_struct("CryptDevice")
             .field("layout", &self.layout)
             .field("size", &self.size())
-            .field("sector_size", &self.sector)
+            .field("sector_size", &self.sector())
             .field("engine", &self.cipher.engine_name())
             .finish()
     }
@@ -141,7 +157,7 @@ impl CryptDevice {
         let size = Arc::new(AtomicU64::new(backend.size()));
         let plain = Arc::new(plain::PlainCore {
             backend,
-            data_offset: 0,
+            place: Placement::at(BackendOffset::new(0)),
             size: size.clone(),
             read_only,
         });
@@ -191,17 +207,22 @@ impl CryptDevice {
         // The part the new end falls in must fit the backend (during a reencryption the
         // parts lie at different offsets; resizes are refused then, but the check holds).
         let backend = self.opened.backend().size();
+        let end = VolumeOffset::new(size);
         let last = routes
             .parts
-            .partition_point(|p| p.start < size)
+            .partition_point(|p| p.start < end)
             .saturating_sub(1);
-        let data_offset = routes.parts[last].storage.data_offset();
-        if data_offset.saturating_add(size) > backend {
+        let data_offset = routes.parts[last].storage.placement().data_offset();
+        if data_offset
+            .checked_add(size)
+            .is_none_or(|end| end.bytes() > backend)
+        {
             return Err(BlockError::new(
                 BlockErrorKind::OutOfRange,
                 format!(
-                    "a payload of {size} bytes at offset {data_offset} does not fit the \
-                     {backend}-byte device"
+                    "a payload of {size} bytes at offset {} does not fit the \
+                     {backend}-byte device",
+                    data_offset.bytes()
                 ),
             ));
         }
@@ -226,13 +247,13 @@ impl CryptCore {
         let sector = ss as u64;
         let size = layout.payload_size - layout.payload_size % sector;
         match layout.data_offset.checked_add(size) {
-            Some(end) if end <= backend.size() => {}
+            Some(end) if end.bytes() <= backend.size() => {}
             _ => {
                 return Err(BlockError::new(
                     BlockErrorKind::OutOfRange,
                     format!(
                         "encrypted payload of {size} bytes at offset {} does not fit the {}-byte device",
-                        layout.data_offset,
+                        layout.data_offset.bytes(),
                         backend.size()
                     ),
                 ))
@@ -244,7 +265,7 @@ impl CryptCore {
             pool,
             layout,
             size: Arc::new(AtomicU64::new(size)),
-            sector,
+            ivs: IvNumbering::new(layout.iv_offset, sector),
             rmw_locks: (0..RMW_STRIPES).map(|_| Mutex::new(())).collect(),
         })
     }
@@ -259,39 +280,59 @@ impl CryptCore {
     }
 
     /// One encrypted part of a payload whose parts lie at different places (a reencryption
-    /// that moves data): volume offset `v` is backend offset `data_offset + v`, its IV sector
-    /// `iv_offset + v / sector` (wrapping). Only the part's own range must fit the backend,
-    /// which the LUKS2 metadata it comes from was checked for.
+    /// that moves data), stored at `place` with IVs numbered by `ivs` (whose sector must be
+    /// the cipher's). Only the part's own range must fit the backend, which the LUKS2 metadata
+    /// it comes from was checked for.
     fn part(
         backend: Arc<dyn BlockDevice>,
         cipher: Arc<dyn SectorCipher>,
         pool: Arc<CryptoPool>,
-        data_offset: u64,
-        iv_offset: u64,
+        place: Placement,
+        ivs: IvNumbering,
         size: Arc<AtomicU64>,
         read_only: bool,
     ) -> Result<Arc<CryptCore>, BlockError> {
         let layout = CryptLayout {
-            data_offset: 0,
+            data_offset: BackendOffset::new(0),
             payload_size: 0,
-            iv_offset,
+            iv_offset: ivs.first(),
             read_only,
         };
         let mut core = CryptCore::new(backend, layout, cipher, pool)?;
-        core.layout.data_offset = data_offset;
+        if core.ivs != ivs {
+            return Err(BlockError::unsupported(format!(
+                "a {}-byte-sector part under a {}-byte-sector cipher",
+                ivs.sector(),
+                core.sector()
+            )));
+        }
+        core.layout.data_offset = place.data_offset();
         core.size = size;
         Ok(Arc::new(core))
     }
 
-    /// IV sector number of the sector starting at payload offset `off` (sector aligned).
-    fn iv_sector(&self, off: u64) -> u64 {
-        self.layout.iv_offset.wrapping_add(off / self.sector)
+    /// The encryption sector in bytes.
+    #[inline]
+    fn sector(&self) -> u64 {
+        self.ivs.sector()
     }
 
-    /// Decrypts a request's buffers in place: `iov` holds the ciphertext of payload offset
+    /// The IV sector of the sector starting at volume offset `v` (sector aligned).
+    #[inline]
+    fn iv_sector(&self, v: VolumeOffset) -> IvSector {
+        self.ivs.iv_sector(v)
+    }
+
+    /// Where volume offset `v` is stored on the backend.
+    #[inline]
+    fn backend_offset(&self, v: VolumeOffset) -> BackendOffset {
+        self.layout.backend(v)
+    }
+
+    /// Decrypts a request's buffers in place: `iov` holds the ciphertext of volume offset
     /// `off` onwards, whole sectors per segment. The one decryption of the asynchronous path,
     /// whichever thread runs it (the queue's, or the `threads` engine's that read it).
-    fn decrypt_iov(&self, off: u64, buffers: &IoBuffers) -> Result<(), BlockError> {
+    fn decrypt_iov(&self, off: VolumeOffset, buffers: &IoBuffers) -> Result<(), BlockError> {
         let mut at = off;
         for v in buffers.iov() {
             // SAFETY: in place on a segment `buffers` keep valid for reads and writes, with no
@@ -300,28 +341,34 @@ impl CryptCore {
                 self.pool.crypt_raw(
                     &self.cipher,
                     Direction::Decrypt,
-                    self.iv_sector(at),
+                    self.iv_sector(at).get(),
                     v.base(),
                     v.base(),
                     v.len(),
                 )
             }
             .map_err(|e| crypto_error(Direction::Decrypt, at, e))?;
-            at += v.len() as u64;
+            at = at + v.len() as u64;
         }
         Ok(())
     }
 
-    /// Encrypts a request's plaintext buffers (payload offset `off` onwards) into `out`, which
+    /// Encrypts a request's plaintext buffers (volume offset `off` onwards) into `out`, which
     /// receives the whole request contiguously; the caller's buffers are left as they are.
     /// The one encryption of the asynchronous path.
-    fn encrypt_iov(&self, off: u64, buffers: &IoBuffers, out: &mut [u8]) -> Result<(), BlockError> {
+    fn encrypt_iov(
+        &self,
+        off: VolumeOffset,
+        buffers: &IoBuffers,
+        out: &mut [u8],
+    ) -> Result<(), BlockError> {
         if (out.len() as u64) < buffers.len() {
             return Err(BlockError::new(
                 BlockErrorKind::Io,
                 format!(
-                    "{} bytes to encrypt at {off} into a buffer of {}",
+                    "{} bytes to encrypt at {} into a buffer of {}",
                     buffers.len(),
+                    off.bytes(),
                     out.len()
                 ),
             ));
@@ -337,7 +384,7 @@ impl CryptCore {
                 self.pool.crypt_raw(
                     &self.cipher,
                     Direction::Encrypt,
-                    self.iv_sector(at),
+                    self.iv_sector(at).get(),
                     v.base(),
                     out.add(pos),
                     v.len(),
@@ -349,22 +396,27 @@ impl CryptCore {
         Ok(())
     }
 
-    fn crypt(&self, dir: Direction, off: u64, data: &mut [u8]) -> Result<(), BlockError> {
+    fn crypt(&self, dir: Direction, off: VolumeOffset, data: &mut [u8]) -> Result<(), BlockError> {
         self.pool
-            .crypt(&self.cipher, dir, self.iv_sector(off), data)
+            .crypt(&self.cipher, dir, self.iv_sector(off).get(), data)
             .map_err(|e| crypto_error(dir, off, e))
     }
 
-    /// Encrypts the plaintext `src` for payload offset `off` into `dst` in one pass.
-    fn encrypt_into(&self, off: u64, src: &[u8], dst: &mut [u8]) -> Result<(), BlockError> {
+    /// Encrypts the plaintext `src` for volume offset `off` into `dst` in one pass.
+    fn encrypt_into(
+        &self,
+        off: VolumeOffset,
+        src: &[u8],
+        dst: &mut [u8],
+    ) -> Result<(), BlockError> {
         let dir = Direction::Encrypt;
         self.pool
-            .crypt_into(&self.cipher, dir, self.iv_sector(off), src, dst)
+            .crypt_into(&self.cipher, dir, self.iv_sector(off).get(), src, dst)
             .map_err(|e| crypto_error(dir, off, e))
     }
 
-    fn rmw_lock(&self, sector_off: u64) -> MutexGuard<'_, ()> {
-        let idx = ((sector_off / self.sector) % RMW_STRIPES as u64) as usize;
+    fn rmw_lock(&self, sector_off: VolumeOffset) -> MutexGuard<'_, ()> {
+        let idx = ((sector_off.bytes() / self.sector()) % RMW_STRIPES as u64) as usize;
         // The guarded value is `()`: a poisoned stripe carries no broken state.
         self.rmw_locks[idx]
             .lock()
@@ -372,16 +424,16 @@ impl CryptCore {
     }
 
     /// Decrypts the whole sector at `sector_off` into `out[..sector]`.
-    fn read_sector(&self, sector_off: u64, out: &mut [u8]) -> Result<(), BlockError> {
-        let s = &mut out[..self.sector as usize];
+    fn read_sector(&self, sector_off: VolumeOffset, out: &mut [u8]) -> Result<(), BlockError> {
+        let s = &mut out[..self.sector() as usize];
         self.backend
-            .read_at(s, self.layout.data_offset + sector_off)?;
+            .read_at(s, self.backend_offset(sector_off).bytes())?;
         self.crypt(Direction::Decrypt, sector_off, s)
     }
 
     /// Replaces `data.len()` bytes at `within` inside the sector at `sector_off`.
-    fn rmw(&self, sector_off: u64, within: usize, data: &[u8]) -> Result<(), BlockError> {
-        let ss = self.sector as usize;
+    fn rmw(&self, sector_off: VolumeOffset, within: usize, data: &[u8]) -> Result<(), BlockError> {
+        let ss = self.sector() as usize;
         let mut tmp = SectorBuf::new();
         let _guard = self.rmw_lock(sector_off);
         self.read_sector(sector_off, &mut tmp)?;
@@ -389,25 +441,25 @@ impl CryptCore {
         s[within..within + data.len()].copy_from_slice(data);
         self.crypt(Direction::Encrypt, sector_off, s)?;
         self.backend
-            .write_at(s, self.layout.data_offset + sector_off)
+            .write_at(s, self.backend_offset(sector_off).bytes())
     }
 }
 
 /// The whole sectors of `len` bytes at `offset`, as (offset, len); `None` when there are none.
-fn whole_sectors(offset: u64, len: u64, sector: u64) -> Option<(u64, u64)> {
-    let start = offset.div_ceil(sector) * sector;
-    let end = (offset + len) / sector * sector;
+fn whole_sectors(offset: VolumeOffset, len: u64, sector: u64) -> Option<(VolumeOffset, u64)> {
+    let start = offset.round_up(sector);
+    let end = (offset + len).round_down(sector);
     (end > start).then(|| (start, end - start))
 }
 
-fn crypto_error(dir: Direction, off: u64, e: CryptoError) -> BlockError {
+fn crypto_error(dir: Direction, off: VolumeOffset, e: CryptoError) -> BlockError {
     let op = match dir {
         Direction::Encrypt => "encrypt",
         Direction::Decrypt => "decrypt",
     };
     BlockError::new(BlockErrorKind::Crypto, "sector transform failed")
         .with_op(op)
-        .at(off)
+        .at(off.bytes())
         .with_source(e)
 }
 
@@ -419,7 +471,7 @@ impl BlockDevice for CryptCore {
     /// The encryption sector, or the backend's block when that is larger (a direct-I/O file
     /// on a 4 KiB device under 512-byte sectors), so clients send only whole blocks of both.
     fn logical_block_size(&self) -> u32 {
-        (self.sector as u32).max(self.backend.logical_block_size())
+        (self.sector() as u32).max(self.backend.logical_block_size())
     }
 
     fn read_only(&self) -> bool {
@@ -428,9 +480,10 @@ impl BlockDevice for CryptCore {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
         check_range("read", offset, buf.len() as u64, self.size())?;
-        let ss = self.sector as usize;
+        let offset = VolumeOffset::new(offset);
+        let ss = self.sector() as usize;
         let mut done = 0usize;
-        let head = (offset % self.sector) as usize;
+        let head = offset.within(self.sector()) as usize;
         if head != 0 && !buf.is_empty() {
             let n = (ss - head).min(buf.len());
             let mut tmp = SectorBuf::new();
@@ -442,7 +495,8 @@ impl BlockDevice for CryptCore {
         if aligned > 0 {
             let off = offset + done as u64;
             let mid = &mut buf[done..done + aligned];
-            self.backend.read_at(mid, self.layout.data_offset + off)?;
+            self.backend
+                .read_at(mid, self.backend_offset(off).bytes())?;
             self.crypt(Direction::Decrypt, off, mid)?;
             done += aligned;
         }
@@ -460,9 +514,10 @@ impl BlockDevice for CryptCore {
             return Err(BlockError::read_only("write").at(offset));
         }
         check_range("write", offset, buf.len() as u64, self.size())?;
-        let ss = self.sector as usize;
+        let offset = VolumeOffset::new(offset);
+        let ss = self.sector() as usize;
         let mut done = 0usize;
-        let head = (offset % self.sector) as usize;
+        let head = offset.within(self.sector()) as usize;
         if head != 0 && !buf.is_empty() {
             let n = (ss - head).min(buf.len());
             self.rmw(offset - head as u64, head, &buf[..n])?;
@@ -478,7 +533,7 @@ impl BlockDevice for CryptCore {
             let bounce = &mut bounce[..n];
             self.encrypt_into(off, &buf[done..done + n], bounce)?;
             self.backend
-                .write_at(bounce, self.layout.data_offset + off)?;
+                .write_at(bounce, self.backend_offset(off).bytes())?;
             done += n;
         }
         if done < buf.len() {
@@ -502,8 +557,10 @@ impl BlockDevice for CryptCore {
             return Err(BlockError::read_only("discard").at(offset));
         }
         check_range("discard", offset, len, self.size())?;
-        match whole_sectors(offset, len, self.sector) {
-            Some((start, len)) => self.backend.discard(self.layout.data_offset + start, len),
+        match whole_sectors(VolumeOffset::new(offset), len, self.sector()) {
+            Some((start, len)) => self
+                .backend
+                .discard(self.backend_offset(start).bytes(), len),
             None => Ok(()),
         }
     }

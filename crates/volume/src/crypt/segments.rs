@@ -29,6 +29,7 @@
 //! storage of a completing request in the routes it was admitted under.
 use super::drain::{Drain, StageCounts, DRAIN_TIMEOUT};
 use super::plain::PlainCore;
+use super::units::{Placement, VolumeOffset};
 use super::CryptCore;
 use cryptblk_block::{BlockDevice, BlockError, Extent};
 use cryptblk_crypto::SectorCipher;
@@ -50,18 +51,18 @@ impl Storage {
         }
     }
 
-    /// Volume offset `v` of the part is backend offset `data_offset() + v`.
-    pub(crate) fn data_offset(&self) -> u64 {
+    /// Where the part's volume offsets are stored on the backend.
+    pub(crate) fn placement(&self) -> Placement {
         match self {
-            Storage::Encrypted(core) => core.layout.data_offset,
-            Storage::Plain(plain) => plain.data_offset,
+            Storage::Encrypted(core) => core.layout.placement(),
+            Storage::Plain(plain) => plain.place,
         }
     }
 
     /// What the part's sizes must be whole multiples of: its encryption sector, or a byte.
     pub(crate) fn sector(&self) -> u64 {
         match self {
-            Storage::Encrypted(core) => core.sector,
+            Storage::Encrypted(core) => core.sector(),
             Storage::Plain(_) => 1,
         }
     }
@@ -77,7 +78,7 @@ impl Storage {
 /// One part of the volume: from `start` to the next part's start (the last: to the end).
 #[derive(Clone)]
 pub(crate) struct Part {
-    pub start: u64,
+    pub start: VolumeOffset,
     pub storage: Storage,
 }
 
@@ -89,21 +90,27 @@ pub(crate) struct Routes {
     pub parts: Arc<[Part]>,
     /// `[fence.0, fence.1)` is being rewritten: requests touching it take the synchronous
     /// path. Empty when `fence.0 >= fence.1`.
-    pub fence: (u64, u64),
+    pub fence: (VolumeOffset, VolumeOffset),
 }
+
+/// No range fenced off.
+const NO_FENCE: (VolumeOffset, VolumeOffset) = (VolumeOffset::new(0), VolumeOffset::new(0));
 
 impl Routes {
     fn single(storage: Storage) -> Routes {
         Routes {
-            parts: Arc::from([Part { start: 0, storage }]),
-            fence: (0, 0),
+            parts: Arc::from([Part {
+                start: VolumeOffset::new(0),
+                storage,
+            }]),
+            fence: NO_FENCE,
         }
     }
 
     /// The index of the part holding all of `len` bytes at `offset`, unless they touch the
     /// fence or cross into the next part.
     #[inline]
-    pub(crate) fn route(&self, offset: u64, len: u64) -> Option<usize> {
+    pub(crate) fn route(&self, offset: VolumeOffset, len: u64) -> Option<usize> {
         let end = offset.saturating_add(len);
         if offset < self.fence.1 && end > self.fence.0 {
             return None;
@@ -137,8 +144,10 @@ impl Routes {
     }
 
     /// The end of part `i` in a volume of `size` bytes.
-    fn end_of(&self, i: usize, size: u64) -> u64 {
-        self.parts.get(i + 1).map_or(size, |next| next.start)
+    fn end_of(&self, i: usize, size: u64) -> VolumeOffset {
+        self.parts
+            .get(i + 1)
+            .map_or(VolumeOffset::new(size), |next| next.start)
     }
 }
 
@@ -147,7 +156,7 @@ impl Routes {
 struct Forward {
     old: Arc<CryptCore>,
     new: Arc<CryptCore>,
-    boundary: u64,
+    boundary: VolumeOffset,
 }
 
 struct State {
@@ -242,7 +251,7 @@ impl SegmentMap {
     /// the boundary of a key-to-key one, encrypted for an encryption in place.
     pub fn committed(&self) -> u64 {
         let s = self.lock();
-        s.forward.as_ref().map_or(s.done, |f| f.boundary)
+        s.forward.as_ref().map_or(s.done, |f| f.boundary.bytes())
     }
 
     /// The current parts (for the device's own checks).
@@ -264,12 +273,12 @@ impl SegmentMap {
     /// the image file by offset, needs.
     pub fn single_data_offset(&self) -> Option<u64> {
         let s = self.lock();
-        let first = s.routes.parts.first()?.storage.data_offset();
+        let first = s.routes.parts.first()?.storage.placement();
         s.routes
             .parts
             .iter()
-            .all(|p| p.storage.data_offset() == first)
-            .then_some(first)
+            .all(|p| p.storage.placement() == first)
+            .then_some(first.data_offset().bytes())
     }
 
     /// The cipher of the volume's last encrypted part: the one it is opened with, the new one
@@ -307,20 +316,19 @@ impl SegmentMap {
         let new = old.with_cipher(new_cipher)?;
         // The new core shares the payload's size: it must be whole sectors of the new cipher.
         let size = self.size();
-        if !size.is_multiple_of(new.sector) || !done.is_multiple_of(new.sector.max(old.sector)) {
+        if !size.is_multiple_of(new.sector())
+            || !done.is_multiple_of(new.sector().max(old.sector()))
+        {
             return Err(BlockError::unsupported(format!(
                 "a reencryption boundary at {done} with {}-byte sectors over a {size}-byte payload",
-                new.sector
+                new.sector()
             )));
         }
         let _rewrite = self.hotzone_write();
-        let routes = forward_routes(&new, &old, done);
+        let boundary = VolumeOffset::new(done);
+        let routes = forward_routes(&new, &old, boundary);
         self.publish(|s| {
-            s.forward = Some(Forward {
-                old,
-                new,
-                boundary: done,
-            });
+            s.forward = Some(Forward { old, new, boundary });
             s.reencrypting = true;
             s.routes = routes;
         })
@@ -340,7 +348,7 @@ impl SegmentMap {
     /// a later call waits for the stragglers first.
     pub fn fence(&self, start: u64, end: u64) -> Result<(), BlockError> {
         register_membarrier()?;
-        self.publish(|s| s.routes.fence = (start, end))
+        self.publish(|s| s.routes.fence = (VolumeOffset::new(start), VolumeOffset::new(end)))
     }
 
     /// Excludes the synchronous path while a hotzone is rewritten or the parts change.
@@ -365,8 +373,8 @@ impl SegmentMap {
                 "moving the boundary of a volume that is not being re-encrypted",
             ));
         };
-        f.boundary = done;
-        let routes = forward_routes(&f.new, &f.old, done);
+        f.boundary = VolumeOffset::new(done);
+        let routes = forward_routes(&f.new, &f.old, f.boundary);
         drop(s);
         self.publish(|s| s.routes = routes)
     }
@@ -385,7 +393,7 @@ impl SegmentMap {
             }
             s.forward = None;
             s.reencrypting = false;
-            s.routes.fence = (0, 0);
+            s.routes.fence = NO_FENCE;
         })
     }
 
@@ -398,7 +406,7 @@ impl SegmentMap {
         reencrypting: bool,
         done: u64,
     ) -> Result<(), BlockError> {
-        if parts.first().map(|p| p.start) != Some(0)
+        if parts.first().map(|p| p.start) != Some(VolumeOffset::new(0))
             || parts.windows(2).any(|w| w[0].start > w[1].start)
             || parts.len() > usize::from(u8::MAX)
         {
@@ -410,7 +418,7 @@ impl SegmentMap {
         self.publish(|s| {
             s.routes = Routes {
                 parts: parts.into(),
-                fence: (0, 0),
+                fence: NO_FENCE,
             };
             s.reencrypting = reencrypting;
             s.done = done;
@@ -453,13 +461,14 @@ impl SegmentMap {
         &self,
         offset: u64,
         len: u64,
-        mut op: impl FnMut(&dyn BlockDevice, u64, usize, usize) -> Result<(), BlockError>,
+        mut op: impl FnMut(&dyn BlockDevice, VolumeOffset, usize, usize) -> Result<(), BlockError>,
     ) -> Result<(), BlockError> {
         // Always under the lock (a plain read lock, uncontended between hotzones): a request
         // that skipped it could race with a hotzone being rewritten.
         let _hotzone = self.hotzone.read().unwrap_or_else(PoisonError::into_inner);
         let routes = self.routes();
         let size = self.size();
+        let offset = VolumeOffset::new(offset);
         let end = offset + len;
         for (i, part) in routes.parts.iter().enumerate() {
             let from = offset.max(part.start);
@@ -478,11 +487,11 @@ impl SegmentMap {
 
     /// The encrypted storage an offloaded transfer of `len` payload bytes at `offset` was
     /// routed to (see `CryptStage`: the offload runs only on a uniformly encrypted volume).
-    pub(crate) fn core_for(&self, offset: u64, len: u64) -> Option<Arc<CryptCore>> {
+    pub(crate) fn core_for(&self, offset: VolumeOffset, len: u64) -> Option<Arc<CryptCore>> {
         let routes = self.routes();
         // A transfer never touches a fence (it went to the synchronous path): ignore it.
         let unfenced = Routes {
-            fence: (0, 0),
+            fence: NO_FENCE,
             ..routes
         };
         let i = unfenced.route(offset, len)?;
@@ -494,11 +503,11 @@ impl SegmentMap {
 }
 
 /// The parts of a key-to-key reencryption with `done` bytes rewritten.
-fn forward_routes(new: &Arc<CryptCore>, old: &Arc<CryptCore>, done: u64) -> Routes {
+fn forward_routes(new: &Arc<CryptCore>, old: &Arc<CryptCore>, done: VolumeOffset) -> Routes {
     Routes {
         parts: Arc::from([
             Part {
-                start: 0,
+                start: VolumeOffset::new(0),
                 storage: Storage::Encrypted(new.clone()),
             },
             Part {
@@ -506,7 +515,7 @@ fn forward_routes(new: &Arc<CryptCore>, old: &Arc<CryptCore>, done: u64) -> Rout
                 storage: Storage::Encrypted(old.clone()),
             },
         ]),
-        fence: (0, 0),
+        fence: NO_FENCE,
     }
 }
 
@@ -526,14 +535,14 @@ impl BlockDevice for SegmentMap {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
         cryptblk_block::check_range("read", offset, buf.len() as u64, BlockDevice::size(self))?;
         self.split_request(offset, buf.len() as u64, |dev, at, from, n| {
-            dev.read_at(&mut buf[from..from + n], at)
+            dev.read_at(&mut buf[from..from + n], at.bytes())
         })
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
         cryptblk_block::check_range("write", offset, buf.len() as u64, BlockDevice::size(self))?;
         self.split_request(offset, buf.len() as u64, |dev, at, from, n| {
-            dev.write_at(&buf[from..from + n], at)
+            dev.write_at(&buf[from..from + n], at.bytes())
         })
     }
 
@@ -544,13 +553,17 @@ impl BlockDevice for SegmentMap {
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         cryptblk_block::check_range("discard", offset, len, BlockDevice::size(self))?;
-        self.split_request(offset, len, |dev, at, _, n| dev.discard(at, n as u64))
+        self.split_request(offset, len, |dev, at, _, n| {
+            dev.discard(at.bytes(), n as u64)
+        })
     }
 
     /// Plaintext parts zero their backend's range; encrypted ones write encrypted zeros.
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         cryptblk_block::check_range("write zeroes", offset, len, BlockDevice::size(self))?;
-        self.split_request(offset, len, |dev, at, _, n| dev.write_zeroes(at, n as u64))
+        self.split_request(offset, len, |dev, at, _, n| {
+            dev.write_zeroes(at.bytes(), n as u64)
+        })
     }
 
     /// The first part's answer (an encrypted part's is always data; a plaintext part's is its
@@ -560,11 +573,12 @@ impl BlockDevice for SegmentMap {
         let routes = self.routes();
         let size = BlockDevice::size(self);
         let len = len.min(size - offset);
+        let at = VolumeOffset::new(offset);
         let i = routes
             .parts
-            .partition_point(|p| p.start <= offset)
+            .partition_point(|p| p.start <= at)
             .saturating_sub(1);
-        let in_part = len.min(routes.end_of(i, size).saturating_sub(offset));
+        let in_part = len.min(routes.end_of(i, size).checked_since(at).unwrap_or(0));
         routes.parts[i]
             .storage
             .device()
