@@ -22,7 +22,7 @@ pub use segments::SegmentMap;
 pub use units::{BackendOffset, IvSector, VolumeOffset};
 
 pub(crate) use units::Placement;
-pub(crate) use zero_holes::ZeroHolesCipher;
+pub use zero_holes::data_cipher;
 
 use cryptblk_block::aio::{IoBuffers, Pipeline, QueueOptions};
 use cryptblk_block::check_range;
