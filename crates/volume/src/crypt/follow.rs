@@ -3,10 +3,11 @@
 //! end, ciphertext above it one data shift higher) has parts at different data offsets, and
 //! plaintext ones; after each of its commits the queues route by exactly what the header
 //! says, so that what a restart reads back is what was served.
+use super::encrypted::CryptCore;
 use super::plain::PlainCore;
-use super::segments::{Part, SegmentMap, Storage};
+use super::routes::{Part, Storage};
+use super::segments::SegmentMap;
 use super::units::{BackendOffset, IvNumbering, Placement, VolumeOffset};
-use super::CryptCore;
 use cryptblk_block::BlockError;
 use cryptblk_crypto::{CryptoPool, SectorCipher};
 use cryptblk_luks::luks2::reencrypt::{ExtentCipher, KeyRole, SegmentExtent};

@@ -28,128 +28,14 @@
 //! completed (`Drain`). A stage therefore keeps the routes of both, by parity, and finds the
 //! storage of a completing request in the routes it was admitted under.
 use super::drain::{Drain, StageCounts, DRAIN_TIMEOUT};
-use super::plain::PlainCore;
-use super::units::{Placement, VolumeOffset};
-use super::CryptCore;
+use super::encrypted::CryptCore;
+use super::membarrier::{membarrier, register_membarrier};
+use super::routes::{Part, Routes, Storage, NO_FENCE};
+use super::units::VolumeOffset;
 use cryptblk_block::{BlockDevice, BlockError, Extent};
 use cryptblk_crypto::SectorCipher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockWriteGuard, Weak};
-
-/// How one part of the volume is stored.
-#[derive(Clone)]
-pub(crate) enum Storage {
-    Encrypted(Arc<CryptCore>),
-    Plain(Arc<PlainCore>),
-}
-
-impl Storage {
-    pub(crate) fn device(&self) -> &dyn BlockDevice {
-        match self {
-            Storage::Encrypted(core) => core.as_ref(),
-            Storage::Plain(plain) => plain.as_ref(),
-        }
-    }
-
-    /// Where the part's volume offsets are stored on the backend.
-    pub(crate) fn placement(&self) -> Placement {
-        match self {
-            Storage::Encrypted(core) => core.layout.placement(),
-            Storage::Plain(plain) => plain.place,
-        }
-    }
-
-    /// What the part's sizes must be whole multiples of: its encryption sector, or a byte.
-    pub(crate) fn sector(&self) -> u64 {
-        match self {
-            Storage::Encrypted(core) => core.sector(),
-            Storage::Plain(_) => 1,
-        }
-    }
-
-    pub(crate) fn backend(&self) -> &Arc<dyn BlockDevice> {
-        match self {
-            Storage::Encrypted(core) => &core.backend,
-            Storage::Plain(plain) => &plain.backend,
-        }
-    }
-}
-
-/// One part of the volume: from `start` to the next part's start (the last: to the end).
-#[derive(Clone)]
-pub(crate) struct Part {
-    pub start: VolumeOffset,
-    pub storage: Storage,
-}
-
-/// What a generation routes by.
-#[derive(Clone)]
-pub(crate) struct Routes {
-    /// In order of `start`, the first at 0. A part may be empty (its start equals the next
-    /// one's): it serves nothing.
-    pub parts: Arc<[Part]>,
-    /// `[fence.0, fence.1)` is being rewritten: requests touching it take the synchronous
-    /// path. Empty when `fence.0 >= fence.1`.
-    pub fence: (VolumeOffset, VolumeOffset),
-}
-
-/// No range fenced off.
-const NO_FENCE: (VolumeOffset, VolumeOffset) = (VolumeOffset::new(0), VolumeOffset::new(0));
-
-impl Routes {
-    fn single(storage: Storage) -> Routes {
-        Routes {
-            parts: Arc::from([Part {
-                start: VolumeOffset::new(0),
-                storage,
-            }]),
-            fence: NO_FENCE,
-        }
-    }
-
-    /// The index of the part holding all of `len` bytes at `offset`, unless they touch the
-    /// fence or cross into the next part.
-    #[inline]
-    pub(crate) fn route(&self, offset: VolumeOffset, len: u64) -> Option<usize> {
-        let end = offset.saturating_add(len);
-        if offset < self.fence.1 && end > self.fence.0 {
-            return None;
-        }
-        // A disk nothing is changing: one part.
-        if self.parts.len() == 1 {
-            return Some(0);
-        }
-        let i = self
-            .parts
-            .partition_point(|p| p.start <= offset)
-            .checked_sub(1)?;
-        match self.parts.get(i + 1) {
-            Some(next) if end > next.start => None,
-            _ => Some(i),
-        }
-    }
-
-    /// Whether every part is encrypted at one data offset (what the `threads` engine's
-    /// offloaded crypto can serve: it knows a request only by its backend offset).
-    pub(crate) fn uniformly_encrypted(&self) -> Option<&Arc<CryptCore>> {
-        let Storage::Encrypted(first) = &self.parts.first()?.storage else {
-            return None;
-        };
-        self.parts
-            .iter()
-            .all(|p| {
-                matches!(&p.storage, Storage::Encrypted(c) if c.layout.data_offset == first.layout.data_offset)
-            })
-            .then_some(first)
-    }
-
-    /// The end of part `i` in a volume of `size` bytes.
-    fn end_of(&self, i: usize, size: u64) -> VolumeOffset {
-        self.parts
-            .get(i + 1)
-            .map_or(VolumeOffset::new(size), |next| next.start)
-    }
-}
 
 /// The two ciphers of a key-to-key reencryption (forward, no data shift): the parts are the
 /// new one below `boundary`, the old one above.
@@ -326,7 +212,7 @@ impl SegmentMap {
         }
         let _rewrite = self.hotzone_write();
         let boundary = VolumeOffset::new(done);
-        let routes = forward_routes(&new, &old, boundary);
+        let routes = Routes::forward(&new, &old, boundary);
         self.publish(|s| {
             s.forward = Some(Forward { old, new, boundary });
             s.reencrypting = true;
@@ -374,7 +260,7 @@ impl SegmentMap {
             ));
         };
         f.boundary = VolumeOffset::new(done);
-        let routes = forward_routes(&f.new, &f.old, f.boundary);
+        let routes = Routes::forward(&f.new, &f.old, f.boundary);
         drop(s);
         self.publish(|s| s.routes = routes)
     }
@@ -502,23 +388,6 @@ impl SegmentMap {
     }
 }
 
-/// The parts of a key-to-key reencryption with `done` bytes rewritten.
-fn forward_routes(new: &Arc<CryptCore>, old: &Arc<CryptCore>, done: VolumeOffset) -> Routes {
-    Routes {
-        parts: Arc::from([
-            Part {
-                start: VolumeOffset::new(0),
-                storage: Storage::Encrypted(new.clone()),
-            },
-            Part {
-                start: done,
-                storage: Storage::Encrypted(old.clone()),
-            },
-        ]),
-        fence: NO_FENCE,
-    }
-}
-
 impl BlockDevice for SegmentMap {
     fn size(&self) -> u64 {
         self.size.load(Ordering::Acquire)
@@ -583,37 +452,5 @@ impl BlockDevice for SegmentMap {
             .storage
             .device()
             .block_status(offset, in_part)
-    }
-}
-
-const MEMBARRIER_CMD_GLOBAL: libc::c_int = 1;
-const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
-const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
-
-fn membarrier_call(cmd: libc::c_int) -> bool {
-    // SAFETY: membarrier(2) takes two integers and touches no memory of ours.
-    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) == 0 }
-}
-
-/// Registers the process for expedited barriers (needed once, before the first).
-fn register_membarrier() -> Result<(), BlockError> {
-    if membarrier_call(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) {
-        return Ok(());
-    }
-    // The global barrier needs no registration (slower: it waits for an RCU grace period).
-    if membarrier_call(MEMBARRIER_CMD_GLOBAL) {
-        return Ok(());
-    }
-    Err(BlockError::unsupported(
-        "membarrier(2), which online reencryption needs to fence the queues, is not available (Linux 4.14 or later, not filtered by seccomp)",
-    ))
-}
-
-/// A full memory barrier in every thread of the process.
-fn membarrier() {
-    if !membarrier_call(MEMBARRIER_CMD_PRIVATE_EXPEDITED) && !membarrier_call(MEMBARRIER_CMD_GLOBAL)
-    {
-        // Only reached when no reencryption could have started (`register_membarrier`).
-        std::sync::atomic::fence(Ordering::SeqCst);
     }
 }

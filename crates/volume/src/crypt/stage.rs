@@ -28,9 +28,10 @@
 //! raw disk is served through this stage, so that it can be encrypted while it serves.
 
 use super::drain::StageCounts;
-use super::segments::{Routes, SegmentMap, Storage};
+use super::encrypted::{whole_sectors, CryptCore};
+use super::routes::{Routes, Storage};
+use super::segments::SegmentMap;
 use super::units::{BackendOffset, VolumeOffset};
-use super::{whole_sectors, CryptCore};
 use cryptblk_block::aio::{
     open_pipeline, Admit, Bounds, IoOp, IoQueue, Pipeline, QueueOptions, SlotRequest, Stage,
 };
