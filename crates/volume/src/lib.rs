@@ -23,6 +23,7 @@
 
 pub mod checkpoint;
 mod crypt;
+mod luks_open;
 mod luks_reencrypting;
 mod luks_volume;
 mod resize;
@@ -30,12 +31,12 @@ mod tracking;
 mod volume;
 
 pub use checkpoint::{CheckpointError, CheckpointStore, IntentLog};
-pub use crypt::{CryptDevice, CryptLayout, SegmentCiphers, SegmentMap, DRAIN_TIMEOUT};
-pub use luks_reencrypting::data_cipher;
-pub use luks_volume::{
-    open_luks_volume, open_luks_volume_on, open_luks_volume_with, LuksVolume, VolumeError,
-    VolumeOptions,
+pub use crypt::{
+    data_cipher, BackendOffset, CryptDevice, CryptLayout, IvSector, SegmentCiphers, SegmentMap,
+    VolumeOffset, DRAIN_TIMEOUT,
 };
+pub use luks_open::{open_luks_volume, open_luks_volume_on, open_luks_volume_with, VolumeOptions};
+pub use luks_volume::{LuksVolume, VolumeError};
 pub use resize::{resize_luks, resize_raw, ResizeError, Resized, RAW_SECTOR};
 pub use tracking::{
     BackupView, CopyBeforeWrite, DirtyBitmap, DirtyTracker, TrackingError, COPY_REGION,

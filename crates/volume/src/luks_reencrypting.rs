@@ -5,33 +5,23 @@
 //! encryption in place, the live segments as the header lists them (plaintext below the
 //! boundary, the first part of it at the image's end, ciphertext above it). The reencryption
 //! itself continues when asked (`cryptblk ctl reencrypt-start`, or offline).
-use crate::crypt::SegmentCiphers;
-use crate::luks_volume::{LuksVolume, VolumeError, VolumeOptions};
-use crate::{CryptDevice, CryptLayout};
+use crate::crypt::{data_cipher, SegmentCiphers};
+use crate::luks_volume::{LuksVolume, VolumeError};
+use crate::{BackendOffset, CryptDevice, CryptLayout, IvSector};
 use cryptblk_block::{BlockDevice, BlockError, Container};
-use cryptblk_crypto::{CryptoPool, SectorCipher};
+use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::luks2::reencrypt::{
     ExtentCipher, KeyRole, ReencryptMode, Reencryption, Resilience,
 };
 use cryptblk_luks::luks2::Luks2Header;
-use cryptblk_luks::{KnownKey, LuksError, LuksImage, Unlocker};
+use cryptblk_luks::{KnownKey, LuksError, LuksImage, UnlockOptions, Unlocker};
 use std::sync::Arc;
-
-/// The cipher a volume on `file` uses: never-written sectors read as zeros where the
-/// container says other clients see them so (RBD).
-pub fn data_cipher(file: &dyn Container, cipher: Arc<dyn SectorCipher>) -> Arc<dyn SectorCipher> {
-    if file.unwritten_reads_as_zeros() {
-        crate::crypt::ZeroHolesCipher::wrap(cipher)
-    } else {
-        cipher
-    }
-}
 
 pub(crate) fn open(
     file: Arc<dyn Container>,
     header: Luks2Header,
     unlocker: Unlocker<'_>,
-    opts: &VolumeOptions,
+    unlock: &UnlockOptions,
     pool: Arc<CryptoPool>,
 ) -> Result<LuksVolume, VolumeError> {
     let path = file.name().to_path_buf();
@@ -43,7 +33,7 @@ pub(crate) fn open(
         file.header_io(),
         header,
         unlocker,
-        &opts.unlock,
+        unlock,
         None,
         pool.clone(),
     )
@@ -71,9 +61,9 @@ pub(crate) fn open(
     let keyslot = r.opened_keyslot();
     let header = r.into_header();
     let layout = CryptLayout {
-        data_offset: segments.data_offset,
+        data_offset: BackendOffset::new(segments.data_offset),
         payload_size: segments.size,
-        iv_offset: 0,
+        iv_offset: IvSector::new(0),
         read_only: file.read_only(),
     };
     let backend: Arc<dyn BlockDevice> = file.clone();
@@ -130,9 +120,9 @@ fn open_encrypting(
         })
         .unwrap_or_default();
     let layout = CryptLayout {
-        data_offset,
+        data_offset: BackendOffset::new(data_offset),
         payload_size: size,
-        iv_offset: 0,
+        iv_offset: IvSector::new(0),
         read_only: file.read_only(),
     };
     let backend: Arc<dyn BlockDevice> = file.clone();

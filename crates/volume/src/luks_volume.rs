@@ -1,36 +1,13 @@
-//! Opening a LUKS1/LUKS2 image as a decrypted block device: lock the file, read and validate
-//! the header, unlock a keyslot, and put a `CryptDevice` over the payload.
+//! An unlocked LUKS1/LUKS2 volume: the `CryptDevice` over its payload, with what its header
+//! said and the keys that opened it (opened by `luks_open.rs`).
 
-use crate::{CryptDevice, CryptLayout};
-use cryptblk_block::{
-    BlockDevice, BlockError, Container, Extent, ExtentKind, IoSettings, OpenOptions, RawFile,
-};
+use crate::crypt::Placement;
+use crate::{BackendOffset, CryptDevice, CryptLayout, IvSector, VolumeOffset};
+use cryptblk_block::{BlockDevice, BlockError, Container, Extent, ExtentKind};
 use cryptblk_crypto::{default_engine_for, CryptoError, CryptoPool, SecretKey};
-use cryptblk_luks::{KnownKey, LuksError, LuksImage, UnlockOptions, Unlocker};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
-
-/// How to open a LUKS volume.
-#[derive(Clone, Default)]
-pub struct VolumeOptions {
-    pub writable: bool,
-    pub unlock: UnlockOptions,
-    /// Crypto workers to use; `None` shares one process-wide pool sized to the machine.
-    pub pool: Option<Arc<CryptoPool>>,
-    /// Cache mode and aio engine of the image file.
-    pub io: IoSettings,
-}
-
-impl std::fmt::Debug for VolumeOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VolumeOptions")
-            .field("writable", &self.writable)
-            .field("unlock", &self.unlock)
-            .field("pool_threads", &self.pool.as_ref().map(|p| p.threads()))
-            .field("io", &self.io)
-            .finish()
-    }
-}
+use cryptblk_luks::{KnownKey, LuksError, LuksImage};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Why a LUKS volume could not be opened. The header and unlock errors keep the `LuksError`
 /// so that callers can tell a wrong passphrase from a damaged header.
@@ -93,83 +70,6 @@ impl std::fmt::Debug for LuksVolume {
     }
 }
 
-fn shared_pool() -> Arc<CryptoPool> {
-    static POOL: OnceLock<Arc<CryptoPool>> = OnceLock::new();
-    Arc::clone(POOL.get_or_init(|| Arc::new(CryptoPool::with_default_threads())))
-}
-
-/// Opens the LUKS image at `path` (locked: exclusively when writable, shared otherwise) and
-/// unlocks it with `passphrase`.
-pub fn open_luks_volume(
-    path: impl AsRef<Path>,
-    passphrase: &[u8],
-    opts: &VolumeOptions,
-) -> Result<LuksVolume, VolumeError> {
-    let file = Arc::new(RawFile::open_with(
-        path,
-        OpenOptions {
-            writable: opts.writable,
-            lock: true,
-        },
-        opts.io,
-    )?);
-    open_luks_volume_on(file, passphrase, opts)
-}
-
-/// Unlocks the LUKS image in an already open container (e.g. a file a migration is writing
-/// into, or an RBD image). The volume is writable when the container is; `opts.writable` only
-/// adds the check that the header allows writing. `opts.io` is the container's business.
-pub fn open_luks_volume_on(
-    file: Arc<dyn Container>,
-    passphrase: &[u8],
-    opts: &VolumeOptions,
-) -> Result<LuksVolume, VolumeError> {
-    open_luks_volume_with(file, Unlocker::Passphrase(passphrase), opts)
-}
-
-/// As `open_luks_volume_on`, with a passphrase or with volume keys already known
-/// (`Unlocker::Keys`: a restarted daemon's, opened without a KDF).
-pub fn open_luks_volume_with(
-    file: Arc<dyn Container>,
-    unlocker: Unlocker<'_>,
-    opts: &VolumeOptions,
-) -> Result<LuksVolume, VolumeError> {
-    let path = file.name().to_path_buf();
-    let path = path.as_path();
-    let luks_err = |source| VolumeError::Luks {
-        path: path.to_path_buf(),
-        source,
-    };
-    let (header, warnings) = LuksImage::read(file.header_io()).map_err(luks_err)?;
-    for w in &warnings {
-        tracing::warn!(image = %path.display(), "{w}");
-    }
-    let pool = opts.pool.clone().unwrap_or_else(shared_pool);
-    if let LuksImage::V2(h) = &header {
-        if h.reencrypt_state().map_err(luks_err)?.is_some() {
-            let mut volume = crate::luks_reencrypting::open(file, h.clone(), unlocker, opts, pool)?;
-            volume.warnings = warnings;
-            return Ok(volume);
-        }
-    }
-    if opts.writable {
-        if let Some(reason) = header.read_only_reason() {
-            return Err(VolumeError::ReadOnlyHeader {
-                path: path.to_path_buf(),
-                reason,
-            });
-        }
-    }
-    // Refuse a truncated image before spending seconds in the KDF.
-    header.data_size(file.size()).map_err(luks_err)?;
-    let (keyslot, key) = header
-        .unlock_with(file.header_io(), unlocker, &opts.unlock)
-        .map_err(luks_err)?;
-    let mut volume = LuksVolume::with_key(file, header, keyslot, &key, pool)?;
-    volume.warnings = warnings;
-    Ok(volume)
-}
-
 impl LuksVolume {
     /// Puts the decrypted view over `file` once the volume key is known, e.g. right after
     /// `LuksImage::format` returned it, without running the KDF again. Writable when `file` is.
@@ -184,7 +84,7 @@ impl LuksVolume {
     }
 
     /// The volume over `file` with its volume key, opened by `keyslot` or known already.
-    fn with_key(
+    pub(crate) fn with_key(
         file: Arc<dyn Container>,
         header: LuksImage,
         keyslot: Option<usize>,
@@ -210,11 +110,11 @@ impl LuksVolume {
                 spec: spec.to_string(),
                 source,
             })?;
-        let cipher = crate::luks_reencrypting::data_cipher(file.as_ref(), cipher);
+        let cipher = crate::crypt::data_cipher(file.as_ref(), cipher);
         let layout = CryptLayout {
-            data_offset: header.data_offset(),
+            data_offset: BackendOffset::new(header.data_offset()),
             payload_size,
-            iv_offset: 0,
+            iv_offset: IvSector::new(0),
             read_only: file.read_only(),
         };
         let backend: Arc<dyn BlockDevice> = file.clone();
@@ -250,6 +150,12 @@ impl LuksVolume {
             warnings: Vec::new(),
             known_keys,
         }
+    }
+
+    /// The same volume, with the findings from reading its header.
+    pub(crate) fn with_warnings(mut self, warnings: Vec<String>) -> LuksVolume {
+        self.warnings = warnings;
+        self
     }
 
     pub fn device(&self) -> &CryptDevice {
@@ -331,9 +237,10 @@ impl BlockDevice for LuksVolume {
         if !self.container.unwritten_reads_as_zeros() || data.len == 0 {
             return Ok(data);
         }
+        let stored = Placement::at(BackendOffset::new(self.header.data_offset()));
         let below = self
             .container
-            .block_status(self.header.data_offset() + offset, data.len)
+            .block_status(stored.backend(VolumeOffset::new(offset)).bytes(), data.len)
             .map_err(|e| e.with_path(self.container.name()))?;
         // Whole sectors only: a sector is zeros only if all of its ciphertext is.
         let sector = u64::from(self.header.sector_size());

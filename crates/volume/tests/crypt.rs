@@ -8,7 +8,7 @@ use cryptblk_block::{BlockDevice, BlockErrorKind, ExtentKind, OpenOptions, RawFi
 use cryptblk_crypto::{
     portable_engine, CipherSpec, CryptoPool, Direction, SecretKey, SectorCipher,
 };
-use cryptblk_volume::{CryptDevice, CryptLayout};
+use cryptblk_volume::{BackendOffset, CryptDevice, CryptLayout, IvSector};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 
@@ -29,9 +29,9 @@ fn pool() -> Arc<CryptoPool> {
 
 fn layout(data_offset: u64, payload: u64) -> CryptLayout {
     CryptLayout {
-        data_offset,
+        data_offset: BackendOffset::new(data_offset),
         payload_size: payload,
-        iv_offset: 0,
+        iv_offset: IvSector::new(0),
         read_only: false,
     }
 }
@@ -107,9 +107,9 @@ fn iv_numbers_count_payload_sectors_plus_offset() {
         let data_offset = 2 << 20;
         let backend = Arc::new(MemDevice::new(data_offset + 64 * sector));
         let l = CryptLayout {
-            data_offset: data_offset as u64,
+            data_offset: BackendOffset::new(data_offset as u64),
             payload_size: 64 * sector as u64,
-            iv_offset,
+            iv_offset: IvSector::new(iv_offset),
             read_only: false,
         };
         let dev = CryptDevice::new(backend.clone(), l, c.clone(), pool()).unwrap();

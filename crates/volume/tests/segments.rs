@@ -13,7 +13,7 @@ use cryptblk_block::aio::{IoQueue, IoRequest, QueueOptions};
 use cryptblk_block::open_queue;
 use cryptblk_block::BlockDevice;
 use cryptblk_crypto::{portable_engine, CipherSpec, CryptoPool, SecretKey, SectorCipher};
-use cryptblk_volume::{CryptDevice, CryptLayout};
+use cryptblk_volume::{BackendOffset, CryptDevice, CryptLayout, IvSector};
 use rand::{RngCore, SeedableRng};
 use std::sync::Arc;
 
@@ -28,9 +28,9 @@ fn cipher(sector: usize, seed: u8) -> Arc<dyn SectorCipher> {
 
 fn device(backend: &Arc<MemDevice>, c: Arc<dyn SectorCipher>) -> CryptDevice {
     let layout = CryptLayout {
-        data_offset: DATA_OFFSET,
+        data_offset: BackendOffset::new(DATA_OFFSET),
         payload_size: PAYLOAD,
-        iv_offset: 0,
+        iv_offset: IvSector::new(0),
         read_only: false,
     };
     CryptDevice::new(backend.clone(), layout, c, Arc::new(CryptoPool::new(2))).unwrap()

@@ -17,7 +17,7 @@ use cryptblk_block::open_queue;
 use cryptblk_block::BlockDevice;
 use cryptblk_crypto::{portable_engine, CipherSpec, CryptoPool, SecretKey, SectorCipher};
 use cryptblk_luks::luks2::reencrypt::{ExtentCipher, KeyRole, SegmentExtent};
-use cryptblk_volume::{CryptDevice, CryptLayout, SegmentCiphers};
+use cryptblk_volume::{BackendOffset, CryptDevice, CryptLayout, IvSector, SegmentCiphers};
 use rand::{RngCore, SeedableRng};
 use std::sync::Arc;
 
@@ -41,9 +41,9 @@ fn pool() -> Arc<CryptoPool> {
 /// The volume the encryption ends with: the payload behind the header.
 fn encrypted(backend: &Arc<MemDevice>, sector: usize) -> CryptDevice {
     let layout = CryptLayout {
-        data_offset: SHIFT,
+        data_offset: BackendOffset::new(SHIFT),
         payload_size: DISK,
-        iv_offset: 0,
+        iv_offset: IvSector::new(0),
         read_only: false,
     };
     CryptDevice::new(backend.clone(), layout, cipher(sector), pool()).unwrap()

@@ -3,9 +3,11 @@
 //! end, ciphertext above it one data shift higher) has parts at different data offsets, and
 //! plaintext ones; after each of its commits the queues route by exactly what the header
 //! says, so that what a restart reads back is what was served.
+use super::encrypted::CryptCore;
 use super::plain::PlainCore;
-use super::segments::{Part, SegmentMap, Storage};
-use super::CryptCore;
+use super::routes::{Part, Storage};
+use super::segments::SegmentMap;
+use super::units::{BackendOffset, IvNumbering, Placement, VolumeOffset};
 use cryptblk_block::BlockError;
 use cryptblk_crypto::{CryptoPool, SectorCipher};
 use cryptblk_luks::luks2::reencrypt::{ExtentCipher, KeyRole, SegmentExtent};
@@ -50,22 +52,19 @@ impl SegmentMap {
                     "a hotzone a crash interrupted must be recovered first",
                 ));
             }
-            let data_offset = extent
-                .device_offset
-                .checked_sub(extent.logical_start)
+            let start = VolumeOffset::new(extent.logical_start);
+            let place = Placement::of_segment(start, BackendOffset::new(extent.device_offset))
                 .ok_or_else(|| layout_error(extent, "it lies below its volume offset"))?;
             let storage = match &extent.cipher {
                 ExtentCipher::Plain => {
                     let reuse = current.parts.iter().find_map(|p| match &p.storage {
-                        Storage::Plain(plain) if plain.data_offset == data_offset => {
-                            Some(p.storage.clone())
-                        }
+                        Storage::Plain(plain) if plain.place == place => Some(p.storage.clone()),
                         _ => None,
                     });
                     reuse.unwrap_or_else(|| {
                         Storage::Plain(Arc::new(PlainCore {
                             backend: backend.clone(),
-                            data_offset,
+                            place,
                             size: self.size_cell().clone(),
                             read_only,
                         }))
@@ -86,17 +85,11 @@ impl SegmentMap {
                     if cipher.sector_size() as u64 != sector {
                         return Err(layout_error(extent, "its sector size is not its cipher's"));
                     }
-                    // IV sector of volume offset v: (iv_tweak * 512 + v - start) / sector.
-                    let base = iv_tweak.saturating_mul(512);
-                    let iv_offset = if base >= extent.logical_start {
-                        (base - extent.logical_start) / sector
-                    } else {
-                        ((extent.logical_start - base) / sector).wrapping_neg()
-                    };
+                    let ivs = IvNumbering::of_luks2_segment(*iv_tweak, start, sector);
                     let reuse = current.parts.iter().find_map(|p| match &p.storage {
                         Storage::Encrypted(core)
-                            if core.layout.data_offset == data_offset
-                                && core.layout.iv_offset == iv_offset
+                            if core.layout.placement() == place
+                                && core.ivs == ivs
                                 && Arc::ptr_eq(&core.cipher, cipher) =>
                         {
                             Some(p.storage.clone())
@@ -109,18 +102,15 @@ impl SegmentMap {
                             backend.clone(),
                             cipher.clone(),
                             ciphers.pool.clone(),
-                            data_offset,
-                            iv_offset,
+                            place,
+                            ivs,
                             self.size_cell().clone(),
                             read_only,
                         )?),
                     }
                 }
             };
-            parts.push(Part {
-                start: extent.logical_start,
-                storage,
-            });
+            parts.push(Part { start, storage });
         }
         // Progress: the bytes under the new key (for an encryption, all of its ciphertext).
         let done = extents

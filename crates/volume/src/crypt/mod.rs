@@ -1,76 +1,57 @@
-//! The encrypted volume: a payload region of a backend device, transformed sector by sector
-//! with a `SectorCipher` on the crypto worker pool.
-//!
-//! Aligned I/O is the fast path: reads decrypt in place in the caller's buffer, writes encrypt
-//! from the caller's buffer into a bounce buffer from the process's cache in one pass (the caller's data is never
-//! modified). I/O that is not aligned to the encryption sector is served by read-modify-write
-//! of the edge sectors; that is correct but slow, and concurrent RMW of one sector is
-//! serialised by a striped lock so that two unaligned writes to different bytes of the same
-//! sector cannot lose either update.
+//! The decrypted volume (`CryptDevice`): a payload on a backend device, served in parts
+//! (`segments.rs`, `routes.rs`), each encrypted (`encrypted.rs`) or plaintext (`plain.rs`) and
+//! placed on the backend with its own offsets (`units.rs`); the per-queue stage that puts it
+//! on the backend's pipeline (`stage.rs`).
 
 mod drain;
+mod encrypted;
 mod follow;
+mod membarrier;
 mod plain;
+mod routes;
 mod segments;
 mod stage;
+mod units;
 mod zero_holes;
 
 pub use drain::DRAIN_TIMEOUT;
 pub use follow::SegmentCiphers;
 pub use segments::SegmentMap;
+pub use units::{BackendOffset, IvSector, VolumeOffset};
 
-pub(crate) use zero_holes::ZeroHolesCipher;
+pub(crate) use units::Placement;
+pub use zero_holes::data_cipher;
 
-use cryptblk_block::aio::{IoBuffers, Pipeline, QueueOptions};
-use cryptblk_block::check_range;
-use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind, Extent, ExtentKind};
-use cryptblk_crypto::{CryptoError, CryptoPool, Direction, SectorCipher};
-use segments::Storage;
+use cryptblk_block::aio::{Pipeline, QueueOptions};
+use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind, Extent};
+use cryptblk_crypto::{CryptoPool, SectorCipher};
+use encrypted::CryptCore;
+use routes::Storage;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-
-/// Largest encryption sector (LUKS2 allows 512..=4096); edge sectors live on the stack.
-const MAX_SECTOR: usize = 4096;
-/// Writes are encrypted and written in pieces of at most this size, bounding bounce memory.
-const WRITE_CHUNK: usize = 1024 * 1024;
-/// Number of RMW lock stripes; a power of two well above the number of concurrent requests.
-const RMW_STRIPES: usize = 64;
-
-/// One encryption sector on the stack, aligned so that a direct-I/O backend can transfer it
-/// without a bounce buffer (read-modify-write of partial sectors).
-#[repr(C, align(4096))]
-struct SectorBuf([u8; MAX_SECTOR]);
-
-impl SectorBuf {
-    fn new() -> Self {
-        SectorBuf([0; MAX_SECTOR])
-    }
-}
-
-impl std::ops::Deref for SectorBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for SectorBuf {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        &mut self.0
-    }
-}
+use std::sync::Arc;
 
 /// Where the encrypted payload lives on the backend and how its IVs are numbered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CryptLayout {
-    /// Byte offset of the payload on the backend.
-    pub data_offset: u64,
+    /// Where the payload starts on the backend (volume offset 0).
+    pub data_offset: BackendOffset,
     /// Payload size in bytes; rounded down to a whole number of encryption sectors.
     pub payload_size: u64,
-    /// Added to every IV sector number, in units of the encryption sector.
-    pub iv_offset: u64,
+    /// The IV sector of the payload's first sector (added to every sector's number).
+    pub iv_offset: IvSector,
     /// Refuse writes even if the backend accepts them.
     pub read_only: bool,
+}
+
+impl CryptLayout {
+    /// Where the payload's volume offset `v` is stored on the backend.
+    pub fn backend(&self, v: VolumeOffset) -> BackendOffset {
+        self.placement().backend(v)
+    }
+
+    pub(crate) fn placement(&self) -> Placement {
+        Placement::at(self.data_offset)
+    }
 }
 
 /// A decrypted view of a payload: encrypted with one key, or plaintext (a raw disk served so
@@ -85,38 +66,12 @@ pub struct CryptDevice {
     segments: Arc<SegmentMap>,
 }
 
-/// The state of a volume, shared by the device and its asynchronous queues.
-pub(crate) struct CryptCore {
-    backend: Arc<dyn BlockDevice>,
-    cipher: Arc<dyn SectorCipher>,
-    pool: Arc<CryptoPool>,
-    layout: CryptLayout,
-    /// The payload's size: `layout.payload_size` (in whole sectors) until a resize
-    /// (`CryptDevice::set_size`). Read by every request's range check; shared by the cores
-    /// of one payload under other ciphers (a reencryption's new segment) and its segment map.
-    size: Arc<AtomicU64>,
-    sector: u64,
-    rmw_locks: Box<[Mutex<()>]>,
-}
-
 impl std::fmt::Debug for CryptDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.opened {
             Storage::Encrypted(core) => core.fmt(f),
             Storage::Plain(plain) => plain.fmt(f),
         }
-    }
-}
-
-impl std::fmt::Debug for CryptCore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the cipher itself: it holds key material.
-        f.debug_struct("CryptDevice")
-            .field("layout", &self.layout)
-            .field("size", &self.size())
-            .field("sector_size", &self.sector)
-            .field("engine", &self.cipher.engine_name())
-            .finish()
     }
 }
 
@@ -141,7 +96,7 @@ impl CryptDevice {
         let size = Arc::new(AtomicU64::new(backend.size()));
         let plain = Arc::new(plain::PlainCore {
             backend,
-            data_offset: 0,
+            place: Placement::at(BackendOffset::new(0)),
             size: size.clone(),
             read_only,
         });
@@ -191,331 +146,27 @@ impl CryptDevice {
         // The part the new end falls in must fit the backend (during a reencryption the
         // parts lie at different offsets; resizes are refused then, but the check holds).
         let backend = self.opened.backend().size();
+        let end = VolumeOffset::new(size);
         let last = routes
             .parts
-            .partition_point(|p| p.start < size)
+            .partition_point(|p| p.start < end)
             .saturating_sub(1);
-        let data_offset = routes.parts[last].storage.data_offset();
-        if data_offset.saturating_add(size) > backend {
+        let data_offset = routes.parts[last].storage.placement().data_offset();
+        if data_offset
+            .checked_add(size)
+            .is_none_or(|end| end.bytes() > backend)
+        {
             return Err(BlockError::new(
                 BlockErrorKind::OutOfRange,
                 format!(
-                    "a payload of {size} bytes at offset {data_offset} does not fit the \
-                     {backend}-byte device"
+                    "a payload of {size} bytes at offset {} does not fit the \
+                     {backend}-byte device",
+                    data_offset.bytes()
                 ),
             ));
         }
         self.segments.size_cell().store(size, Ordering::Release);
         Ok(())
-    }
-}
-
-impl CryptCore {
-    fn new(
-        backend: Arc<dyn BlockDevice>,
-        layout: CryptLayout,
-        cipher: Arc<dyn SectorCipher>,
-        pool: Arc<CryptoPool>,
-    ) -> Result<Self, BlockError> {
-        let ss = cipher.sector_size();
-        if !(512..=MAX_SECTOR).contains(&ss) || !ss.is_power_of_two() {
-            return Err(BlockError::unsupported(format!(
-                "encryption sector size {ss}"
-            )));
-        }
-        let sector = ss as u64;
-        let size = layout.payload_size - layout.payload_size % sector;
-        match layout.data_offset.checked_add(size) {
-            Some(end) if end <= backend.size() => {}
-            _ => {
-                return Err(BlockError::new(
-                    BlockErrorKind::OutOfRange,
-                    format!(
-                        "encrypted payload of {size} bytes at offset {} does not fit the {}-byte device",
-                        layout.data_offset,
-                        backend.size()
-                    ),
-                ))
-            }
-        }
-        Ok(CryptCore {
-            backend,
-            cipher,
-            pool,
-            layout,
-            size: Arc::new(AtomicU64::new(size)),
-            sector,
-            rmw_locks: (0..RMW_STRIPES).map(|_| Mutex::new(())).collect(),
-        })
-    }
-
-    /// The same payload under another cipher (a reencryption's new segment).
-    fn with_cipher(&self, cipher: Arc<dyn SectorCipher>) -> Result<Arc<CryptCore>, BlockError> {
-        let mut core =
-            CryptCore::new(self.backend.clone(), self.layout, cipher, self.pool.clone())?;
-        // The payload a resize may have moved since the open, not the layout's.
-        core.size = self.size.clone();
-        Ok(Arc::new(core))
-    }
-
-    /// One encrypted part of a payload whose parts lie at different places (a reencryption
-    /// that moves data): volume offset `v` is backend offset `data_offset + v`, its IV sector
-    /// `iv_offset + v / sector` (wrapping). Only the part's own range must fit the backend,
-    /// which the LUKS2 metadata it comes from was checked for.
-    fn part(
-        backend: Arc<dyn BlockDevice>,
-        cipher: Arc<dyn SectorCipher>,
-        pool: Arc<CryptoPool>,
-        data_offset: u64,
-        iv_offset: u64,
-        size: Arc<AtomicU64>,
-        read_only: bool,
-    ) -> Result<Arc<CryptCore>, BlockError> {
-        let layout = CryptLayout {
-            data_offset: 0,
-            payload_size: 0,
-            iv_offset,
-            read_only,
-        };
-        let mut core = CryptCore::new(backend, layout, cipher, pool)?;
-        core.layout.data_offset = data_offset;
-        core.size = size;
-        Ok(Arc::new(core))
-    }
-
-    /// IV sector number of the sector starting at payload offset `off` (sector aligned).
-    fn iv_sector(&self, off: u64) -> u64 {
-        self.layout.iv_offset.wrapping_add(off / self.sector)
-    }
-
-    /// Decrypts a request's buffers in place: `iov` holds the ciphertext of payload offset
-    /// `off` onwards, whole sectors per segment. The one decryption of the asynchronous path,
-    /// whichever thread runs it (the queue's, or the `threads` engine's that read it).
-    fn decrypt_iov(&self, off: u64, buffers: &IoBuffers) -> Result<(), BlockError> {
-        let mut at = off;
-        for v in buffers.iov() {
-            // SAFETY: in place on a segment `buffers` keep valid for reads and writes, with no
-            // Rust reference to it.
-            unsafe {
-                self.pool.crypt_raw(
-                    &self.cipher,
-                    Direction::Decrypt,
-                    self.iv_sector(at),
-                    v.base(),
-                    v.base(),
-                    v.len(),
-                )
-            }
-            .map_err(|e| crypto_error(Direction::Decrypt, at, e))?;
-            at += v.len() as u64;
-        }
-        Ok(())
-    }
-
-    /// Encrypts a request's plaintext buffers (payload offset `off` onwards) into `out`, which
-    /// receives the whole request contiguously; the caller's buffers are left as they are.
-    /// The one encryption of the asynchronous path.
-    fn encrypt_iov(&self, off: u64, buffers: &IoBuffers, out: &mut [u8]) -> Result<(), BlockError> {
-        if (out.len() as u64) < buffers.len() {
-            return Err(BlockError::new(
-                BlockErrorKind::Io,
-                format!(
-                    "{} bytes to encrypt at {off} into a buffer of {}",
-                    buffers.len(),
-                    out.len()
-                ),
-            ));
-        }
-        let out = out.as_mut_ptr();
-        let mut pos = 0usize;
-        for v in buffers.iov() {
-            let at = off + pos as u64;
-            // SAFETY: `buffers` keep the segment valid for reads; `out + pos` is inside our
-            // own buffer for its length (checked above), which no segment overlaps (no Rust
-            // reference reaches a request's memory).
-            unsafe {
-                self.pool.crypt_raw(
-                    &self.cipher,
-                    Direction::Encrypt,
-                    self.iv_sector(at),
-                    v.base(),
-                    out.add(pos),
-                    v.len(),
-                )
-            }
-            .map_err(|e| crypto_error(Direction::Encrypt, at, e))?;
-            pos += v.len();
-        }
-        Ok(())
-    }
-
-    fn crypt(&self, dir: Direction, off: u64, data: &mut [u8]) -> Result<(), BlockError> {
-        self.pool
-            .crypt(&self.cipher, dir, self.iv_sector(off), data)
-            .map_err(|e| crypto_error(dir, off, e))
-    }
-
-    /// Encrypts the plaintext `src` for payload offset `off` into `dst` in one pass.
-    fn encrypt_into(&self, off: u64, src: &[u8], dst: &mut [u8]) -> Result<(), BlockError> {
-        let dir = Direction::Encrypt;
-        self.pool
-            .crypt_into(&self.cipher, dir, self.iv_sector(off), src, dst)
-            .map_err(|e| crypto_error(dir, off, e))
-    }
-
-    fn rmw_lock(&self, sector_off: u64) -> MutexGuard<'_, ()> {
-        let idx = ((sector_off / self.sector) % RMW_STRIPES as u64) as usize;
-        // The guarded value is `()`: a poisoned stripe carries no broken state.
-        self.rmw_locks[idx]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Decrypts the whole sector at `sector_off` into `out[..sector]`.
-    fn read_sector(&self, sector_off: u64, out: &mut [u8]) -> Result<(), BlockError> {
-        let s = &mut out[..self.sector as usize];
-        self.backend
-            .read_at(s, self.layout.data_offset + sector_off)?;
-        self.crypt(Direction::Decrypt, sector_off, s)
-    }
-
-    /// Replaces `data.len()` bytes at `within` inside the sector at `sector_off`.
-    fn rmw(&self, sector_off: u64, within: usize, data: &[u8]) -> Result<(), BlockError> {
-        let ss = self.sector as usize;
-        let mut tmp = SectorBuf::new();
-        let _guard = self.rmw_lock(sector_off);
-        self.read_sector(sector_off, &mut tmp)?;
-        let s = &mut tmp[..ss];
-        s[within..within + data.len()].copy_from_slice(data);
-        self.crypt(Direction::Encrypt, sector_off, s)?;
-        self.backend
-            .write_at(s, self.layout.data_offset + sector_off)
-    }
-}
-
-/// The whole sectors of `len` bytes at `offset`, as (offset, len); `None` when there are none.
-fn whole_sectors(offset: u64, len: u64, sector: u64) -> Option<(u64, u64)> {
-    let start = offset.div_ceil(sector) * sector;
-    let end = (offset + len) / sector * sector;
-    (end > start).then(|| (start, end - start))
-}
-
-fn crypto_error(dir: Direction, off: u64, e: CryptoError) -> BlockError {
-    let op = match dir {
-        Direction::Encrypt => "encrypt",
-        Direction::Decrypt => "decrypt",
-    };
-    BlockError::new(BlockErrorKind::Crypto, "sector transform failed")
-        .with_op(op)
-        .at(off)
-        .with_source(e)
-}
-
-impl BlockDevice for CryptCore {
-    fn size(&self) -> u64 {
-        self.size.load(Ordering::Acquire)
-    }
-
-    /// The encryption sector, or the backend's block when that is larger (a direct-I/O file
-    /// on a 4 KiB device under 512-byte sectors), so clients send only whole blocks of both.
-    fn logical_block_size(&self) -> u32 {
-        (self.sector as u32).max(self.backend.logical_block_size())
-    }
-
-    fn read_only(&self) -> bool {
-        self.layout.read_only || self.backend.read_only()
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
-        check_range("read", offset, buf.len() as u64, self.size())?;
-        let ss = self.sector as usize;
-        let mut done = 0usize;
-        let head = (offset % self.sector) as usize;
-        if head != 0 && !buf.is_empty() {
-            let n = (ss - head).min(buf.len());
-            let mut tmp = SectorBuf::new();
-            self.read_sector(offset - head as u64, &mut tmp)?;
-            buf[..n].copy_from_slice(&tmp[head..head + n]);
-            done = n;
-        }
-        let aligned = (buf.len() - done) / ss * ss;
-        if aligned > 0 {
-            let off = offset + done as u64;
-            let mid = &mut buf[done..done + aligned];
-            self.backend.read_at(mid, self.layout.data_offset + off)?;
-            self.crypt(Direction::Decrypt, off, mid)?;
-            done += aligned;
-        }
-        if done < buf.len() {
-            let mut tmp = SectorBuf::new();
-            self.read_sector(offset + done as u64, &mut tmp)?;
-            let n = buf.len() - done;
-            buf[done..].copy_from_slice(&tmp[..n]);
-        }
-        Ok(())
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
-        if self.read_only() {
-            return Err(BlockError::read_only("write").at(offset));
-        }
-        check_range("write", offset, buf.len() as u64, self.size())?;
-        let ss = self.sector as usize;
-        let mut done = 0usize;
-        let head = (offset % self.sector) as usize;
-        if head != 0 && !buf.is_empty() {
-            let n = (ss - head).min(buf.len());
-            self.rmw(offset - head as u64, head, &buf[..n])?;
-            done = n;
-        }
-        let aligned = (buf.len() - done) / ss * ss;
-        let chunk_max = WRITE_CHUNK / ss * ss;
-        let end = done + aligned;
-        while done < end {
-            let n = chunk_max.min(end - done);
-            let off = offset + done as u64;
-            let mut bounce = cryptblk_block::buffers::take(n);
-            let bounce = &mut bounce[..n];
-            self.encrypt_into(off, &buf[done..done + n], bounce)?;
-            self.backend
-                .write_at(bounce, self.layout.data_offset + off)?;
-            done += n;
-        }
-        if done < buf.len() {
-            self.rmw(offset + done as u64, 0, &buf[done..])?;
-        }
-        Ok(())
-    }
-
-    fn flush(&self) -> Result<(), BlockError> {
-        self.backend.flush()
-    }
-
-    /// Discards the whole encryption sectors inside the range on the backend (partial sectors
-    /// at either end are left alone: discarding them would destroy the neighbouring bytes).
-    ///
-    /// Like dm-crypt with `allow_discards`, a discarded range then reads back as garbage
-    /// plaintext (the decryption of whatever the backend returns, zeros for a punched hole),
-    /// not as zeros; and the backend's allocation map reveals which sectors were discarded.
-    fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        if self.read_only() {
-            return Err(BlockError::read_only("discard").at(offset));
-        }
-        check_range("discard", offset, len, self.size())?;
-        match whole_sectors(offset, len, self.sector) {
-            Some((start, len)) => self.backend.discard(self.layout.data_offset + start, len),
-            None => Ok(()),
-        }
-    }
-
-    /// Always data: a hole in the ciphertext does not decrypt to zeros, so nothing below this
-    /// layer can tell us which plaintext ranges are zero.
-    fn block_status(&self, offset: u64, len: u64) -> Result<Extent, BlockError> {
-        check_range("block_status", offset, 0, self.size())?;
-        Ok(Extent {
-            len: len.min(self.size() - offset),
-            kind: ExtentKind::Data,
-        })
     }
 }
 

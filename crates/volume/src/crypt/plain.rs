@@ -3,6 +3,7 @@
 //! parts of such a disk an online encryption has not reached yet. Nothing is transformed:
 //! requests only move by the part's data offset (an encryption moves the first bytes of the
 //! disk to the image's end while its header takes their place).
+use super::units::{Placement, VolumeOffset};
 use cryptblk_block::check_range;
 use cryptblk_block::{BlockDevice, BlockError, Extent};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,8 +11,8 @@ use std::sync::Arc;
 
 pub(crate) struct PlainCore {
     pub(super) backend: Arc<dyn BlockDevice>,
-    /// Volume offset `v` of this part is backend offset `data_offset + v`.
-    pub(super) data_offset: u64,
+    /// Where this part's volume offsets are stored on the backend.
+    pub(super) place: Placement,
     /// The volume's size, shared with every part of it.
     pub(super) size: Arc<AtomicU64>,
     pub(super) read_only: bool,
@@ -20,15 +21,16 @@ pub(crate) struct PlainCore {
 impl std::fmt::Debug for PlainCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PlainCore")
-            .field("data_offset", &self.data_offset)
+            .field("data_offset", &self.place.data_offset())
             .field("size", &self.size())
             .finish()
     }
 }
 
 impl PlainCore {
+    /// The backend's offset of volume offset `offset` (range-checked against the volume).
     fn at(&self, offset: u64) -> u64 {
-        self.data_offset + offset
+        self.place.backend(VolumeOffset::new(offset)).bytes()
     }
 }
 

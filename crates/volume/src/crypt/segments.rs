@@ -28,126 +28,21 @@
 //! completed (`Drain`). A stage therefore keeps the routes of both, by parity, and finds the
 //! storage of a completing request in the routes it was admitted under.
 use super::drain::{Drain, StageCounts, DRAIN_TIMEOUT};
-use super::plain::PlainCore;
-use super::CryptCore;
+use super::encrypted::CryptCore;
+use super::membarrier::{membarrier, register_membarrier};
+use super::routes::{Part, Routes, Storage, NO_FENCE};
+use super::units::VolumeOffset;
 use cryptblk_block::{BlockDevice, BlockError, Extent};
 use cryptblk_crypto::SectorCipher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockWriteGuard, Weak};
-
-/// How one part of the volume is stored.
-#[derive(Clone)]
-pub(crate) enum Storage {
-    Encrypted(Arc<CryptCore>),
-    Plain(Arc<PlainCore>),
-}
-
-impl Storage {
-    pub(crate) fn device(&self) -> &dyn BlockDevice {
-        match self {
-            Storage::Encrypted(core) => core.as_ref(),
-            Storage::Plain(plain) => plain.as_ref(),
-        }
-    }
-
-    /// Volume offset `v` of the part is backend offset `data_offset() + v`.
-    pub(crate) fn data_offset(&self) -> u64 {
-        match self {
-            Storage::Encrypted(core) => core.layout.data_offset,
-            Storage::Plain(plain) => plain.data_offset,
-        }
-    }
-
-    /// What the part's sizes must be whole multiples of: its encryption sector, or a byte.
-    pub(crate) fn sector(&self) -> u64 {
-        match self {
-            Storage::Encrypted(core) => core.sector,
-            Storage::Plain(_) => 1,
-        }
-    }
-
-    pub(crate) fn backend(&self) -> &Arc<dyn BlockDevice> {
-        match self {
-            Storage::Encrypted(core) => &core.backend,
-            Storage::Plain(plain) => &plain.backend,
-        }
-    }
-}
-
-/// One part of the volume: from `start` to the next part's start (the last: to the end).
-#[derive(Clone)]
-pub(crate) struct Part {
-    pub start: u64,
-    pub storage: Storage,
-}
-
-/// What a generation routes by.
-#[derive(Clone)]
-pub(crate) struct Routes {
-    /// In order of `start`, the first at 0. A part may be empty (its start equals the next
-    /// one's): it serves nothing.
-    pub parts: Arc<[Part]>,
-    /// `[fence.0, fence.1)` is being rewritten: requests touching it take the synchronous
-    /// path. Empty when `fence.0 >= fence.1`.
-    pub fence: (u64, u64),
-}
-
-impl Routes {
-    fn single(storage: Storage) -> Routes {
-        Routes {
-            parts: Arc::from([Part { start: 0, storage }]),
-            fence: (0, 0),
-        }
-    }
-
-    /// The index of the part holding all of `len` bytes at `offset`, unless they touch the
-    /// fence or cross into the next part.
-    #[inline]
-    pub(crate) fn route(&self, offset: u64, len: u64) -> Option<usize> {
-        let end = offset.saturating_add(len);
-        if offset < self.fence.1 && end > self.fence.0 {
-            return None;
-        }
-        // A disk nothing is changing: one part.
-        if self.parts.len() == 1 {
-            return Some(0);
-        }
-        let i = self
-            .parts
-            .partition_point(|p| p.start <= offset)
-            .checked_sub(1)?;
-        match self.parts.get(i + 1) {
-            Some(next) if end > next.start => None,
-            _ => Some(i),
-        }
-    }
-
-    /// Whether every part is encrypted at one data offset (what the `threads` engine's
-    /// offloaded crypto can serve: it knows a request only by its backend offset).
-    pub(crate) fn uniformly_encrypted(&self) -> Option<&Arc<CryptCore>> {
-        let Storage::Encrypted(first) = &self.parts.first()?.storage else {
-            return None;
-        };
-        self.parts
-            .iter()
-            .all(|p| {
-                matches!(&p.storage, Storage::Encrypted(c) if c.layout.data_offset == first.layout.data_offset)
-            })
-            .then_some(first)
-    }
-
-    /// The end of part `i` in a volume of `size` bytes.
-    fn end_of(&self, i: usize, size: u64) -> u64 {
-        self.parts.get(i + 1).map_or(size, |next| next.start)
-    }
-}
 
 /// The two ciphers of a key-to-key reencryption (forward, no data shift): the parts are the
 /// new one below `boundary`, the old one above.
 struct Forward {
     old: Arc<CryptCore>,
     new: Arc<CryptCore>,
-    boundary: u64,
+    boundary: VolumeOffset,
 }
 
 struct State {
@@ -242,7 +137,7 @@ impl SegmentMap {
     /// the boundary of a key-to-key one, encrypted for an encryption in place.
     pub fn committed(&self) -> u64 {
         let s = self.lock();
-        s.forward.as_ref().map_or(s.done, |f| f.boundary)
+        s.forward.as_ref().map_or(s.done, |f| f.boundary.bytes())
     }
 
     /// The current parts (for the device's own checks).
@@ -264,12 +159,12 @@ impl SegmentMap {
     /// the image file by offset, needs.
     pub fn single_data_offset(&self) -> Option<u64> {
         let s = self.lock();
-        let first = s.routes.parts.first()?.storage.data_offset();
+        let first = s.routes.parts.first()?.storage.placement();
         s.routes
             .parts
             .iter()
-            .all(|p| p.storage.data_offset() == first)
-            .then_some(first)
+            .all(|p| p.storage.placement() == first)
+            .then_some(first.data_offset().bytes())
     }
 
     /// The cipher of the volume's last encrypted part: the one it is opened with, the new one
@@ -307,20 +202,19 @@ impl SegmentMap {
         let new = old.with_cipher(new_cipher)?;
         // The new core shares the payload's size: it must be whole sectors of the new cipher.
         let size = self.size();
-        if !size.is_multiple_of(new.sector) || !done.is_multiple_of(new.sector.max(old.sector)) {
+        if !size.is_multiple_of(new.sector())
+            || !done.is_multiple_of(new.sector().max(old.sector()))
+        {
             return Err(BlockError::unsupported(format!(
                 "a reencryption boundary at {done} with {}-byte sectors over a {size}-byte payload",
-                new.sector
+                new.sector()
             )));
         }
         let _rewrite = self.hotzone_write();
-        let routes = forward_routes(&new, &old, done);
+        let boundary = VolumeOffset::new(done);
+        let routes = Routes::forward(&new, &old, boundary);
         self.publish(|s| {
-            s.forward = Some(Forward {
-                old,
-                new,
-                boundary: done,
-            });
+            s.forward = Some(Forward { old, new, boundary });
             s.reencrypting = true;
             s.routes = routes;
         })
@@ -340,7 +234,7 @@ impl SegmentMap {
     /// a later call waits for the stragglers first.
     pub fn fence(&self, start: u64, end: u64) -> Result<(), BlockError> {
         register_membarrier()?;
-        self.publish(|s| s.routes.fence = (start, end))
+        self.publish(|s| s.routes.fence = (VolumeOffset::new(start), VolumeOffset::new(end)))
     }
 
     /// Excludes the synchronous path while a hotzone is rewritten or the parts change.
@@ -365,8 +259,8 @@ impl SegmentMap {
                 "moving the boundary of a volume that is not being re-encrypted",
             ));
         };
-        f.boundary = done;
-        let routes = forward_routes(&f.new, &f.old, done);
+        f.boundary = VolumeOffset::new(done);
+        let routes = Routes::forward(&f.new, &f.old, f.boundary);
         drop(s);
         self.publish(|s| s.routes = routes)
     }
@@ -385,7 +279,7 @@ impl SegmentMap {
             }
             s.forward = None;
             s.reencrypting = false;
-            s.routes.fence = (0, 0);
+            s.routes.fence = NO_FENCE;
         })
     }
 
@@ -398,7 +292,7 @@ impl SegmentMap {
         reencrypting: bool,
         done: u64,
     ) -> Result<(), BlockError> {
-        if parts.first().map(|p| p.start) != Some(0)
+        if parts.first().map(|p| p.start) != Some(VolumeOffset::new(0))
             || parts.windows(2).any(|w| w[0].start > w[1].start)
             || parts.len() > usize::from(u8::MAX)
         {
@@ -410,7 +304,7 @@ impl SegmentMap {
         self.publish(|s| {
             s.routes = Routes {
                 parts: parts.into(),
-                fence: (0, 0),
+                fence: NO_FENCE,
             };
             s.reencrypting = reencrypting;
             s.done = done;
@@ -453,13 +347,14 @@ impl SegmentMap {
         &self,
         offset: u64,
         len: u64,
-        mut op: impl FnMut(&dyn BlockDevice, u64, usize, usize) -> Result<(), BlockError>,
+        mut op: impl FnMut(&dyn BlockDevice, VolumeOffset, usize, usize) -> Result<(), BlockError>,
     ) -> Result<(), BlockError> {
         // Always under the lock (a plain read lock, uncontended between hotzones): a request
         // that skipped it could race with a hotzone being rewritten.
         let _hotzone = self.hotzone.read().unwrap_or_else(PoisonError::into_inner);
         let routes = self.routes();
         let size = self.size();
+        let offset = VolumeOffset::new(offset);
         let end = offset + len;
         for (i, part) in routes.parts.iter().enumerate() {
             let from = offset.max(part.start);
@@ -478,11 +373,11 @@ impl SegmentMap {
 
     /// The encrypted storage an offloaded transfer of `len` payload bytes at `offset` was
     /// routed to (see `CryptStage`: the offload runs only on a uniformly encrypted volume).
-    pub(crate) fn core_for(&self, offset: u64, len: u64) -> Option<Arc<CryptCore>> {
+    pub(crate) fn core_for(&self, offset: VolumeOffset, len: u64) -> Option<Arc<CryptCore>> {
         let routes = self.routes();
         // A transfer never touches a fence (it went to the synchronous path): ignore it.
         let unfenced = Routes {
-            fence: (0, 0),
+            fence: NO_FENCE,
             ..routes
         };
         let i = unfenced.route(offset, len)?;
@@ -490,23 +385,6 @@ impl SegmentMap {
             Storage::Encrypted(core) => Some(core.clone()),
             Storage::Plain(_) => None,
         }
-    }
-}
-
-/// The parts of a key-to-key reencryption with `done` bytes rewritten.
-fn forward_routes(new: &Arc<CryptCore>, old: &Arc<CryptCore>, done: u64) -> Routes {
-    Routes {
-        parts: Arc::from([
-            Part {
-                start: 0,
-                storage: Storage::Encrypted(new.clone()),
-            },
-            Part {
-                start: done,
-                storage: Storage::Encrypted(old.clone()),
-            },
-        ]),
-        fence: (0, 0),
     }
 }
 
@@ -526,14 +404,14 @@ impl BlockDevice for SegmentMap {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
         cryptblk_block::check_range("read", offset, buf.len() as u64, BlockDevice::size(self))?;
         self.split_request(offset, buf.len() as u64, |dev, at, from, n| {
-            dev.read_at(&mut buf[from..from + n], at)
+            dev.read_at(&mut buf[from..from + n], at.bytes())
         })
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), BlockError> {
         cryptblk_block::check_range("write", offset, buf.len() as u64, BlockDevice::size(self))?;
         self.split_request(offset, buf.len() as u64, |dev, at, from, n| {
-            dev.write_at(&buf[from..from + n], at)
+            dev.write_at(&buf[from..from + n], at.bytes())
         })
     }
 
@@ -544,13 +422,17 @@ impl BlockDevice for SegmentMap {
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         cryptblk_block::check_range("discard", offset, len, BlockDevice::size(self))?;
-        self.split_request(offset, len, |dev, at, _, n| dev.discard(at, n as u64))
+        self.split_request(offset, len, |dev, at, _, n| {
+            dev.discard(at.bytes(), n as u64)
+        })
     }
 
     /// Plaintext parts zero their backend's range; encrypted ones write encrypted zeros.
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         cryptblk_block::check_range("write zeroes", offset, len, BlockDevice::size(self))?;
-        self.split_request(offset, len, |dev, at, _, n| dev.write_zeroes(at, n as u64))
+        self.split_request(offset, len, |dev, at, _, n| {
+            dev.write_zeroes(at.bytes(), n as u64)
+        })
     }
 
     /// The first part's answer (an encrypted part's is always data; a plaintext part's is its
@@ -560,46 +442,15 @@ impl BlockDevice for SegmentMap {
         let routes = self.routes();
         let size = BlockDevice::size(self);
         let len = len.min(size - offset);
+        let at = VolumeOffset::new(offset);
         let i = routes
             .parts
-            .partition_point(|p| p.start <= offset)
+            .partition_point(|p| p.start <= at)
             .saturating_sub(1);
-        let in_part = len.min(routes.end_of(i, size).saturating_sub(offset));
+        let in_part = len.min(routes.end_of(i, size).checked_since(at).unwrap_or(0));
         routes.parts[i]
             .storage
             .device()
             .block_status(offset, in_part)
-    }
-}
-
-const MEMBARRIER_CMD_GLOBAL: libc::c_int = 1;
-const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
-const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
-
-fn membarrier_call(cmd: libc::c_int) -> bool {
-    // SAFETY: membarrier(2) takes two integers and touches no memory of ours.
-    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) == 0 }
-}
-
-/// Registers the process for expedited barriers (needed once, before the first).
-fn register_membarrier() -> Result<(), BlockError> {
-    if membarrier_call(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) {
-        return Ok(());
-    }
-    // The global barrier needs no registration (slower: it waits for an RCU grace period).
-    if membarrier_call(MEMBARRIER_CMD_GLOBAL) {
-        return Ok(());
-    }
-    Err(BlockError::unsupported(
-        "membarrier(2), which online reencryption needs to fence the queues, is not available (Linux 4.14 or later, not filtered by seccomp)",
-    ))
-}
-
-/// A full memory barrier in every thread of the process.
-fn membarrier() {
-    if !membarrier_call(MEMBARRIER_CMD_PRIVATE_EXPEDITED) && !membarrier_call(MEMBARRIER_CMD_GLOBAL)
-    {
-        // Only reached when no reencryption could have started (`register_membarrier`).
-        std::sync::atomic::fence(Ordering::SeqCst);
     }
 }

@@ -28,8 +28,10 @@
 //! raw disk is served through this stage, so that it can be encrypted while it serves.
 
 use super::drain::StageCounts;
-use super::segments::{Routes, SegmentMap, Storage};
-use super::{whole_sectors, CryptCore};
+use super::encrypted::{whole_sectors, CryptCore};
+use super::routes::{Routes, Storage};
+use super::segments::SegmentMap;
+use super::units::{BackendOffset, VolumeOffset};
 use cryptblk_block::aio::{
     Admit, Bounds, IoOp, IoQueue, Pipeline, QueueOptions, SlotRequest, Stage,
 };
@@ -89,8 +91,8 @@ struct Routed {
     parity: u8,
 }
 
-/// Encrypts writes at admission, decrypts reads at completion, maps payload offsets to the
-/// backend's.
+/// Encrypts writes at admission, decrypts reads at completion, maps volume offsets to the
+/// backend's (a transfer enters with the volume's offset and leaves with the backend's).
 struct CryptStage {
     segments: Arc<SegmentMap>,
     /// This queue's requests in flight by generation parity, for the reencryption driver.
@@ -129,8 +131,8 @@ impl CryptStage {
 
 /// Whether a read or write can take the fast path: whole sectors, and no sector split
 /// between two buffers.
-fn sector_aligned(req: &SlotRequest, sector: u64) -> bool {
-    req.offset.is_multiple_of(sector)
+fn sector_aligned(at: VolumeOffset, req: &SlotRequest, sector: u64) -> bool {
+    at.is_multiple_of(sector)
         && req
             .buffers
             .iov()
@@ -145,9 +147,10 @@ impl Stage for CryptStage {
         }
         let parity = self.count_in();
         let routes = &self.routes[parity];
+        let at = VolumeOffset::new(transfer.offset);
         // Each way out returns at once (a request not passed on is counted out again): the
         // plaintext pass-through, every raw disk's path, then moves no `Admit` around.
-        let Some(part) = routes.route(transfer.offset, transfer.len) else {
+        let Some(part) = routes.route(at, transfer.len) else {
             self.counts.add(parity, -1);
             return Admit::Synchronous;
         };
@@ -157,7 +160,7 @@ impl Stage for CryptStage {
         };
         match &routes.parts[part].storage {
             Storage::Plain(plain) if !self.offloaded => {
-                transfer.offset += plain.data_offset;
+                transfer.offset = plain.place.backend(at).bytes();
                 Admit::Pass
             }
             // Offloaded crypto would transform it: never on such a queue (see `open`), but
@@ -167,8 +170,13 @@ impl Stage for CryptStage {
                 Admit::Synchronous
             }
             Storage::Encrypted(core) => {
-                let admit =
-                    admit_encrypted(core, &mut self.ciphertext[slot], self.offloaded, transfer);
+                let admit = admit_encrypted(
+                    core,
+                    &mut self.ciphertext[slot],
+                    self.offloaded,
+                    at,
+                    transfer,
+                );
                 if !matches!(admit, Admit::Pass) {
                     self.counts.add(parity, -1);
                 }
@@ -209,24 +217,26 @@ impl Stage for CryptStage {
     }
 }
 
-/// `admit` of a request routed to an encrypted part. Not inlined: a plaintext part's requests
-/// (every raw disk's) then pass through the stage without this path's register pressure.
+/// `admit` of a request routed to an encrypted part, at volume offset `at`. Not inlined: a
+/// plaintext part's requests (every raw disk's) then pass through the stage without this
+/// path's register pressure.
 #[inline(never)]
 fn admit_encrypted(
     core: &CryptCore,
     ciphertext: &mut Option<PooledBuf>,
     offloaded: bool,
+    mut at: VolumeOffset,
     transfer: &mut SlotRequest,
 ) -> Admit {
     match transfer.op {
-        IoOp::Read | IoOp::Write if !sector_aligned(transfer, core.sector) => {
+        IoOp::Read | IoOp::Write if !sector_aligned(at, transfer, core.sector()) => {
             return Admit::Synchronous
         }
         IoOp::WriteZeroes => return Admit::Synchronous,
         IoOp::Write if !offloaded => {
             let len = transfer.len as usize;
             let mut bounce = buffers::take(len);
-            if let Err(e) = core.encrypt_iov(transfer.offset, &transfer.buffers, &mut bounce) {
+            if let Err(e) = core.encrypt_iov(at, &transfer.buffers, &mut bounce) {
                 return Admit::Finish(Err(e));
             }
             // SAFETY: the ciphertext buffer is kept in the slot's `ciphertext` (and not
@@ -236,16 +246,16 @@ fn admit_encrypted(
         }
         // Only whole encryption sectors are discarded: discarding a partial one would destroy
         // its neighbours. A discard holding no whole sector finishes at once.
-        IoOp::Discard => match whole_sectors(transfer.offset, transfer.len, core.sector) {
-            Some((offset, len)) => {
-                transfer.offset = offset;
+        IoOp::Discard => match whole_sectors(at, transfer.len, core.sector()) {
+            Some((start, len)) => {
+                at = start;
                 transfer.len = len;
             }
             None => return Admit::Finish(Ok(())),
         },
         IoOp::Flush | IoOp::Read | IoOp::Write => {}
     }
-    transfer.offset += core.layout.data_offset;
+    transfer.offset = core.backend_offset(at).bytes();
     Admit::Pass
 }
 
@@ -262,12 +272,12 @@ fn complete_encrypted(
 ) -> u64 {
     // Back to the cache.
     drop(ciphertext.take());
-    // The stages in front of this one do not move reads: the caller's offset is the payload
+    // The stages in front of this one do not move reads: the caller's offset is the volume
     // offset this stage saw.
     if caller.op != IoOp::Read || result.is_err() || offloaded {
         return 0;
     }
-    if let Err(e) = core.decrypt_iov(caller.offset, &caller.buffers) {
+    if let Err(e) = core.decrypt_iov(VolumeOffset::new(caller.offset), &caller.buffers) {
         *result = Err(e);
     }
     caller.len
@@ -283,26 +293,37 @@ struct VolumeCrypto {
 }
 
 impl VolumeCrypto {
-    /// The cipher of a request (payload offset, length): the one the volume was opened with
-    /// until a reencryption changes the map.
-    fn core(&self, offset: u64, len: u64) -> Result<Arc<CryptCore>, BlockError> {
-        if self.segments.generation() == 0 {
-            return Ok(self.base.clone());
-        }
-        self.segments.core_for(offset, len).ok_or_else(|| {
+    /// The volume offset and cipher of a transfer at backend offset `offset`: the cipher the
+    /// volume was opened with until a reencryption changes the map.
+    fn core(&self, offset: u64, len: u64) -> Result<(VolumeOffset, Arc<CryptCore>), BlockError> {
+        let not_in_one_part = || {
             BlockError::unsupported(format!(
-                "{len} bytes at {offset} on the offloaded crypto path are not in one encrypted part"
+                "{len} bytes at backend offset {offset} on the offloaded crypto path are not in one encrypted part"
             ))
-        })
+        };
+        // Every part lies at the base's data offset (`Routes::uniformly_encrypted`).
+        let at = self
+            .base
+            .layout
+            .placement()
+            .volume(BackendOffset::new(offset))
+            .ok_or_else(not_in_one_part)?;
+        if self.segments.generation() == 0 {
+            return Ok((at, self.base.clone()));
+        }
+        let core = self
+            .segments
+            .core_for(at, len)
+            .ok_or_else(not_in_one_part)?;
+        Ok((at, core))
     }
 }
 
 impl Offload for VolumeCrypto {
     fn after_read(&self, offset: u64, buffers: &IoBuffers) -> Result<(), BlockError> {
-        let off = offset - self.base.layout.data_offset;
-        let core = self.core(off, buffers.len())?;
+        let (at, core) = self.core(offset, buffers.len())?;
         // The crypt stage only passes whole sectors.
-        core.decrypt_iov(off, buffers)
+        core.decrypt_iov(at, buffers)
     }
 
     fn before_write(
@@ -311,8 +332,7 @@ impl Offload for VolumeCrypto {
         buffers: &IoBuffers,
         out: &mut [u8],
     ) -> Result<(), BlockError> {
-        let off = offset - self.base.layout.data_offset;
-        let core = self.core(off, buffers.len())?;
-        core.encrypt_iov(off, buffers, out)
+        let (at, core) = self.core(offset, buffers.len())?;
+        core.encrypt_iov(at, buffers, out)
     }
 }

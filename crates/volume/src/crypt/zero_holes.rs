@@ -10,16 +10,27 @@
 //! The check stops at the first non-zero word, so on written data it costs a few loads per
 //! sector; on holes it saves the decryption.
 
+use cryptblk_block::Container;
 use cryptblk_crypto::{CryptoError, Direction, SectorCipher};
 use std::sync::Arc;
 
+/// The cipher a volume on `file` uses: never-written sectors read as zeros where the
+/// container says other clients see them so (RBD).
+pub fn data_cipher(file: &dyn Container, cipher: Arc<dyn SectorCipher>) -> Arc<dyn SectorCipher> {
+    if file.unwritten_reads_as_zeros() {
+        ZeroHolesCipher::wrap(cipher)
+    } else {
+        cipher
+    }
+}
+
 /// `inner`, except that decryption leaves all-zero sectors as zeros.
-pub(crate) struct ZeroHolesCipher {
+struct ZeroHolesCipher {
     inner: Arc<dyn SectorCipher>,
 }
 
 impl ZeroHolesCipher {
-    pub(crate) fn wrap(inner: Arc<dyn SectorCipher>) -> Arc<dyn SectorCipher> {
+    fn wrap(inner: Arc<dyn SectorCipher>) -> Arc<dyn SectorCipher> {
         Arc::new(ZeroHolesCipher { inner })
     }
 }
