@@ -9,9 +9,13 @@
 #   cp       the disk's ceiling: cp of the LUKS image file
 #   without  a VM's 4 KiB random writes at depth 32 for RUNTIME seconds (vu_bench, libblkio's
 #            vhost-user-blk client) with no backup
-#   during   the same while a full backup runs: the writes start once backup-start returned,
-#            so every first write to a 64 KiB region copies it to the scratch first; with
-#            MAX_BANDWIDTH (e.g. 64M) that backup is started with `--max-bandwidth MAX_BANDWIDTH`
+#   during   the same while a full backup runs: the writes start SETTLE seconds (default 1)
+#            after backup-start returned and the pull began; every first write to a 64 KiB
+#            region copies it to the scratch first (and records it in the backup's new
+#            checkpoint); with MAX_BANDWIDTH (e.g. 64M) that backup is started with
+#            `--max-bandwidth MAX_BANDWIDTH`. WRITE_AREA (e.g. 64M) confines the writes of
+#            both to the disk's first bytes (a VM's working set, whose regions are copied
+#            once, early), default the whole disk (every write may be a region's first)
 # Prints one line per round and the median and worst per-round ratios: backup throughput over
 # nbdcopy's and over cp's, and IOPS during a backup over without one. Odd rounds measure
 # `without` first, even rounds `during` first.
@@ -26,6 +30,8 @@ rounds=${2:-5}
 runtime=${3:-5}
 dir=${4:-target/bench-backup-export}
 rate=${MAX_BANDWIDTH:-}
+area=${WRITE_AREA:-}
+settle=${SETTLE:-1}
 bin=${CRYPTBLK_BIN:-}
 vu=${VU_BENCH:-}
 if [ -z "$bin" ]; then
@@ -83,7 +89,8 @@ backup() {
 }
 export -f backup ctl
 export bin dir
-iops() { "$vu" --socket "$dir/vu.sock" --rw randwrite --bs 4096 --iodepth 32 --runtime "$runtime" |
+iops() { "$vu" --socket "$dir/vu.sock" --rw randwrite --bs 4096 --iodepth 32 --runtime "$runtime" \
+  ${area:+--size "$(numfmt --from=iec "$area")"} |
   sed -n 's/.*"iops":\([0-9.]*\).*/\1/p'; }
 # IOPS while a full backup at checkpoint $1 runs; fails when the backup ended before the writes.
 iops_during() {
@@ -93,6 +100,7 @@ iops_during() {
     >/dev/null 2>"$dir/pull.err" &
   local pull=$!
   local n
+  sleep "$settle"
   n=$(iops)
   if ! kill -0 "$pull" 2>/dev/null; then
     echo "the backup ended before the ${runtime}s of writes did: use a larger SIZE or a smaller RUNTIME" >&2
@@ -107,7 +115,7 @@ last=
 forget() { [ -z "$last" ] || ctl checkpoint-remove d "$last" >/dev/null; last=$1; }
 
 declare -a r_peer r_ceiling r_iops
-echo "size ${size_mib} MiB, ${rounds} rounds, writes ${runtime}s, binary $bin, backup during writes: max-bandwidth ${rate:-none}"
+echo "size ${size_mib} MiB, ${rounds} rounds, writes ${runtime}s, binary $bin, backup during writes: max-bandwidth ${rate:-none}, writes over ${area:-the whole disk} from ${settle}s into the backup"
 for round in $(seq 1 "$rounds"); do
   rm -f "$dir/copy.raw" "$dir/cp.raw"
   drop; read -r bw bc < <(timed bash -c "backup b$round")
@@ -134,5 +142,5 @@ summary() {
 }
 summary "full backup throughput / nbdcopy's of the plain file" "${r_peer[@]}"
 summary "full backup throughput / cp's (the disk)" "${r_ceiling[@]}"
-summary "VM write IOPS during a backup (max-bandwidth ${rate:-none}) / without" "${r_iops[@]}"
+summary "VM write IOPS during a backup / without" "${r_iops[@]}"
 echo "page cache dropped before each run: $cold"

@@ -112,14 +112,18 @@ impl Daemon {
             return Err(Error::caused("starting the backup's copy-before-write", e));
         }
         let stop_copying = || tracker.stop_copy_before_write();
-        let dirty_bitmaps = p.incremental.as_ref().map(|from| {
-            Arc::new(CheckpointBitmap {
-                store: store.clone(),
-                checkpoint: from.clone(),
-                header,
-                size,
-            }) as Arc<dyn DirtyBitmaps>
-        });
+        // The backup's moment is now: what changed since FROM is fixed here.
+        let dirty_bitmaps = match &p.incremental {
+            None => None,
+            Some(from) => match CheckpointBitmap::snapshot(&store, from, header, size) {
+                Ok(bitmap) => Some(Arc::new(bitmap) as Arc<dyn DirtyBitmaps>),
+                Err(why) => {
+                    stop_copying();
+                    remove_checkpoint();
+                    return Err(Error::new(ErrorKind::Io, why));
+                }
+            },
+        };
         let device: Arc<dyn BlockDevice> = Arc::new(BackupView::new(source, cbw.clone()));
         let registry = ExportRegistry::new();
         let export = Export {

@@ -1,11 +1,12 @@
 //! A backup export while it serves (what `backup-end` closes), the dirty bitmap it offers, and
 //! how its listener is bound. The control methods that start and end one are in `backup`.
 use crate::activity::BackingUp;
-use cryptblk_block::{BlockError, BlockErrorKind};
+use cryptblk_block::BlockError;
 use cryptblk_nbd::{
     ConnectionLimits, DirtyBitmaps, ExportRegistry, StopHandle, TlsCreds, DEFAULT_CONNECTION_LIMITS,
 };
-use cryptblk_volume::{CheckpointStore, CopyBeforeWrite, DirtyTracker};
+use cryptblk_volume::checkpoint::GRANULARITY;
+use cryptblk_volume::{CheckpointStore, CopyBeforeWrite, DirtyBitmap, DirtyTracker};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -99,14 +100,50 @@ impl Backup {
     }
 }
 
-/// What changed since a checkpoint, as the export's one dirty bitmap.
+/// What changed since a checkpoint up to the backup's moment, as the export's one dirty
+/// bitmap. Taken once the copy-before-write started, as QEMU's exported bitmap is frozen
+/// when its backup starts: what the VM writes later is recorded in the backup's own
+/// checkpoint, for the next incremental, and is not this backup's business (its old bytes,
+/// which this backup serves, were unchanged since FROM). A write racing the start may be
+/// counted: a region more, never one less. Memory: one bit per 64 KiB of image.
 pub(crate) struct CheckpointBitmap {
-    pub(crate) store: Arc<CheckpointStore>,
-    pub(crate) checkpoint: String,
-    /// The LUKS header's length: always reported changed (it changes outside the log).
-    pub(crate) header: u64,
-    pub(crate) size: u64,
+    checkpoint: String,
+    changed: DirtyBitmap,
 }
+
+impl CheckpointBitmap {
+    /// The regions changed since `checkpoint` now, of an image of `size` bytes whose first
+    /// `header` bytes (the LUKS header, changed outside the log) always count as changed.
+    pub(crate) fn snapshot(
+        store: &CheckpointStore,
+        checkpoint: &str,
+        header: u64,
+        size: u64,
+    ) -> Result<CheckpointBitmap, String> {
+        let changed = DirtyBitmap::new(size, u64::from(GRANULARITY)).map_err(|e| e.0)?;
+        let mut from = 0;
+        loop {
+            let runs = store
+                .dirty_runs(checkpoint, from, RUNS_PER_CALL, header, size)
+                .map_err(|e| format!("reading checkpoint {checkpoint}: {e}"))?;
+            for &(offset, len) in &runs {
+                changed.set_range(offset, len);
+                from = offset + len;
+            }
+            if runs.len() < RUNS_PER_CALL {
+                break;
+            }
+        }
+        Ok(CheckpointBitmap {
+            checkpoint: checkpoint.to_string(),
+            changed,
+        })
+    }
+}
+
+/// Runs read from the store per call while a snapshot is taken (the store's lock is held for
+/// one call).
+const RUNS_PER_CALL: usize = 4096;
 
 impl DirtyBitmaps for CheckpointBitmap {
     fn names(&self) -> Vec<String> {
@@ -124,13 +161,15 @@ impl DirtyBitmaps for CheckpointBitmap {
                 "the backup export has no dirty bitmap {name}"
             )));
         }
-        self.store
-            .dirty_runs(&self.checkpoint, from, limit, self.header, self.size)
-            .map_err(|e| {
-                BlockError::new(
-                    BlockErrorKind::Io,
-                    format!("reading checkpoint {}: {e}", self.checkpoint),
-                )
-            })
+        let mut runs = Vec::new();
+        let mut block = from / self.changed.granularity();
+        while runs.len() < limit {
+            let Some((first, count)) = self.changed.next_run(block, true) else {
+                break;
+            };
+            runs.push(self.changed.block_range(first, count));
+            block = first + count;
+        }
+        Ok(runs)
     }
 }
