@@ -264,6 +264,10 @@ impl CopyBeforeWrite {
     pub(crate) fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
         self.check("read")?;
         cryptblk_block::check_range("read", offset, buf.len() as u64, self.size)?;
+        // The whole range in one read; then, for each region, the mark: a region marked now
+        // may have been overwritten since the image was read, and its old bytes are in the
+        // scratch.
+        self.source.read_at(buf, offset)?;
         let mut done = 0usize;
         while done < buf.len() {
             let at = offset + done as u64;
@@ -271,8 +275,6 @@ impl CopyBeforeWrite {
             let in_region = (at % COPY_REGION) as usize;
             let n = (COPY_REGION as usize - in_region).min(buf.len() - done);
             let chunk = &mut buf[done..done + n];
-            self.source.read_at(chunk, at)?;
-            // After the image was read: a region marked now may have been overwritten since.
             if self.copied.is_set(region) {
                 let slot = self.lock().slot_of.get(&region).map(|&(slot, _)| slot);
                 let Some(slot) = slot else {
