@@ -262,6 +262,11 @@ impl Generation {
         Some((offset >> self.shift, ((end - 1) >> self.shift) + 1))
     }
 
+    /// The image bytes it covers.
+    pub(crate) fn covered(&self) -> u64 {
+        self.covered
+    }
+
     pub(crate) fn is_durable(&self, offset: u64, len: u64) -> bool {
         self.regions(offset, len)
             .is_none_or(|(first, end)| self.durable.all_set(first, end))
