@@ -22,6 +22,7 @@
 //! | 10   | MissingEnd| (empty) destination, on resume: every Missing range is sent         |
 //! | 11   | SharedImage| UTF-8 identity of the image both sides reach (shared storage): the  |
 //! |      |           | source's, then the destination's in answer if it is the same image |
+//! | 12   | Checkpoints| the source's checkpoints, at switchover (`wire/checkpoints.rs`)    |
 //!
 //! Everything read from the stream is untrusted: the header is checked (magic, kind, a length
 //! cap per kind) before any payload buffer is allocated, and a chunk's checksum is verified by
@@ -34,8 +35,10 @@
 //! The parsers are pure functions over byte slices and never panic; the stream helpers only
 //! add reading and writing.
 
+mod checkpoints;
 mod stream;
 
+use cryptblk_volume::checkpoint::CarriedCheckpoints;
 use sha2::{Digest, Sha256};
 
 pub use stream::{
@@ -74,6 +77,7 @@ const KIND_MISSING: u8 = 8;
 const KIND_POSTCOPY: u8 = 9;
 const KIND_MISSING_END: u8 = 10;
 const KIND_SHARED_IMAGE: u8 = 11;
+const KIND_CHECKPOINTS: u8 = 12;
 
 /// What a connection is for; the first Hello on it says so.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +109,12 @@ pub const FLAG_PREEMPT: u8 = 2;
 /// Hello flag: both sides reach the same image (shared storage); no data is sent, only the
 /// right to write is handed over at switchover.
 pub const FLAG_SHARED: u8 = 4;
+/// Hello flag, source: at switchover it sends its disk's checkpoints if the destination
+/// answers with [`FLAG_CHECKPOINTS_ACCEPTED`].
+pub const FLAG_CHECKPOINTS: u8 = 8;
+/// Hello flag, destination only: send the checkpoints. A distinct bit, because a destination
+/// older than checkpoints answers with the source's own flags.
+pub const FLAG_CHECKPOINTS_ACCEPTED: u8 = 16;
 
 /// The handshake each side sends first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +179,8 @@ pub enum Frame {
     SharedImage {
         identity: String,
     },
+    /// Source, at switchover (before `Complete` or `Missing`): its disk's checkpoints.
+    Checkpoints(CarriedCheckpoints),
 }
 
 /// Why bytes from the stream were not a valid frame.
@@ -200,6 +212,8 @@ pub enum WireError {
     BadRange { offset: u64, len: u64 },
     #[error("text from the peer (an error message or image identity) is not valid UTF-8")]
     BadUtf8,
+    #[error("checkpoints from the peer: {0}")]
+    BadCheckpoints(String),
     #[error("unknown channel role {0} in Hello")]
     BadRole(u8),
 }
@@ -232,6 +246,7 @@ fn length_bounds(kind: u8) -> Option<(usize, usize)> {
         KIND_REQUEST | KIND_MISSING => (16, 16),
         KIND_POSTCOPY | KIND_MISSING_END => (0, 0),
         KIND_SHARED_IMAGE => (1, MAX_IDENTITY_LEN),
+        KIND_CHECKPOINTS => (checkpoints::HEAD, checkpoints::MAX_LEN),
         _ => return None,
     })
 }
@@ -368,6 +383,7 @@ pub fn decode_payload(header: FrameHeader, payload: &[u8]) -> Result<Frame, Wire
             }),
             Err(_) => Err(WireError::BadUtf8),
         },
+        KIND_CHECKPOINTS => checkpoints::decode(p).map(Frame::Checkpoints),
         other => Err(WireError::UnknownKind(other)),
     }
 }
@@ -479,6 +495,10 @@ impl Frame {
                 push_header(out, KIND_SHARED_IMAGE, bytes.len());
                 out.extend_from_slice(bytes);
             }
+            Frame::Checkpoints(c) => {
+                push_header(out, KIND_CHECKPOINTS, checkpoints::encoded_len(c));
+                checkpoints::encode(c, out);
+            }
             Frame::Error { message } => {
                 let mut end = message.len().min(MAX_ERROR_LEN);
                 while !message.is_char_boundary(end) {
@@ -504,6 +524,7 @@ impl Frame {
             Frame::Postcopy => "Postcopy",
             Frame::MissingEnd => "MissingEnd",
             Frame::SharedImage { .. } => "SharedImage",
+            Frame::Checkpoints(_) => "Checkpoints",
         }
     }
 
