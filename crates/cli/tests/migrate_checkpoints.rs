@@ -188,6 +188,24 @@ fn migration_carries_checkpoints(postcopy: bool) {
     assert!(!covers(&c2, payload + C[0].0, 4096), "{c2:?}");
     let c1 = checkpoint_extents(&dst, "vol", "c1");
     assert!(covers(&c1, payload + 48 * MIB, 4096), "{c1:?}");
+
+    // An incremental backup from a carried checkpoint, on the destination.
+    let sock = t.path("backup.sock");
+    let started = dst.ctl_ok(&[
+        "backup-start",
+        "vol",
+        "--checkpoint",
+        "c3",
+        "--incremental",
+        "c1",
+        "--nbd",
+        &format!("unix:{}", s(&sock)),
+    ]);
+    assert_eq!(started["bitmap"], "qemu:dirty-bitmap:c1", "{started}");
+    assert_eq!(dst.ctl_ok(&["backup-end", "vol"])["kept"], true);
+    let list = dst.ctl_ok(&["checkpoint-list", "vol"]);
+    let names: Vec<String> = names_and_times(&list).into_iter().map(|n| n.0).collect();
+    assert_eq!(names, ["c0", "c1", "c2", "c3"], "{list}");
 }
 
 #[test]
