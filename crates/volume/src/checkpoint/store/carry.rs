@@ -228,6 +228,14 @@ impl CheckpointImport {
             CheckpointError::Refused(format!("the checkpoints the source sent: {why}"))
         };
         carried.validate().map_err(refused)?;
+        // The interim bitmap's regions are absorbed word for word: the same granularity.
+        if carried.granularity != super::GRANULARITY {
+            return Err(refused(format!(
+                "{}-byte regions; this side keeps {}-byte ones",
+                carried.granularity,
+                super::GRANULARITY
+            )));
+        }
         if carried.covered > self.interim_covered() {
             return Err(refused(format!(
                 "they cover {} bytes, more than this {}-byte image",

@@ -158,6 +158,15 @@ fn hostile_carried_checkpoints_are_refused_by_what_is_wrong() {
     let import = CheckpointImport::begin(&tmp.path().join("d"), 5 * G, log).unwrap();
     let e = import.finish(&good).unwrap_err();
     assert!(e.to_string().contains("more than"), "{e}");
+    // Valid, in regions of another size than this side's.
+    let coarser = CarriedCheckpoints {
+        granularity: 2 * GRANULARITY,
+        covered: 20 * G,
+        ..good.clone()
+    };
+    coarser.validate().unwrap();
+    let e = import.finish(&coarser).unwrap_err();
+    assert!(e.to_string().contains("131072-byte regions"), "{e}");
     import.abandon().unwrap();
 }
 
