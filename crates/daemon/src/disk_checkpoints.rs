@@ -10,8 +10,12 @@ use cryptblk_migration::{CheckpointSource, IncomingMigration};
 use cryptblk_volume::checkpoint::{store_dir, CarriedCheckpoints, CheckpointImport, GRANULARITY};
 use cryptblk_volume::{CheckpointError, CheckpointStore, Volume};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+/// How long `checkpoint-*` wait for the checkpoints a migration carried to be written (a few
+/// fsyncs per checkpoint) once the switchover brought them.
+const WRITING_WAIT: Duration = Duration::from_secs(60);
 
 /// A disk's checkpoint store, once it has (or had) a checkpoint. Clones share it (a
 /// migration's hook fills in the store it carried).
@@ -20,9 +24,26 @@ pub(crate) struct DiskCheckpoints(Arc<Slot>);
 
 #[derive(Default)]
 struct Slot {
-    store: Mutex<Option<Arc<CheckpointStore>>>,
-    /// Received by a live migration whose switchover has not brought them yet.
-    arriving: AtomicBool,
+    state: Mutex<State>,
+    written: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    store: Option<Arc<CheckpointStore>>,
+    coming: Coming,
+}
+
+/// Where checkpoints a live migration carries are.
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+enum Coming {
+    #[default]
+    Nothing,
+    /// The switchover will bring them.
+    AtSwitchover,
+    /// The switchover brought them; they are being written (the disk serves meanwhile, its
+    /// writes recorded in the interim bitmap).
+    Writing,
 }
 
 impl DiskCheckpoints {
@@ -36,8 +57,11 @@ impl DiskCheckpoints {
         crate::backup_export::remove_leftover_scratch(&config.name, config.image.path());
         match open_store(config, image, false) {
             Ok(store) => DiskCheckpoints(Arc::new(Slot {
-                store: Mutex::new(store),
-                arriving: AtomicBool::new(false),
+                state: Mutex::new(State {
+                    store,
+                    coming: Coming::Nothing,
+                }),
+                written: Condvar::new(),
             })),
             Err(e) => {
                 tracing::error!(
@@ -57,20 +81,33 @@ impl DiskCheckpoints {
         image: &Volume,
         create: bool,
     ) -> Result<Option<Arc<CheckpointStore>>> {
-        let mut store = self.lock();
-        if store.is_none() && self.0.arriving.load(Ordering::Acquire) {
-            return Err(Error::busy(
-                "the disk is being migrated in: its checkpoints come with the switchover",
-            ));
+        let state = self.lock();
+        let (mut state, _) = self
+            .0
+            .written
+            .wait_timeout_while(state, WRITING_WAIT, |s| s.coming == Coming::Writing)
+            .unwrap_or_else(PoisonError::into_inner);
+        match state.coming {
+            Coming::AtSwitchover => {
+                return Err(Error::busy(
+                    "the disk is being migrated in: its checkpoints come with the switchover",
+                ))
+            }
+            Coming::Writing => {
+                return Err(Error::busy(
+                    "the checkpoints the migration carried are still being written; try again",
+                ))
+            }
+            Coming::Nothing => {}
         }
-        if store.is_none() {
-            *store = open_store(config, image, create)?;
+        if state.store.is_none() {
+            state.store = open_store(config, image, create)?;
         }
-        Ok(store.clone())
+        Ok(state.store.clone())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<CheckpointStore>>> {
-        self.0.store.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.0.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// What a migration of the disk carries: the store's checkpoints as they are at the
@@ -78,7 +115,14 @@ impl DiskCheckpoints {
     pub(crate) fn source(&self, image_size: u64) -> CheckpointSource {
         let this = self.clone();
         CheckpointSource(Arc::new(move || {
-            Ok(match &*this.lock() {
+            // A disk migrated in moments ago may still be writing what it received.
+            let state = this.lock();
+            let (state, _) = this
+                .0
+                .written
+                .wait_timeout_while(state, WRITING_WAIT, |s| s.coming == Coming::Writing)
+                .unwrap_or_else(PoisonError::into_inner);
+            Ok(match &state.store {
                 Some(store) => store.export(),
                 None => CarriedCheckpoints {
                     granularity: GRANULARITY,
@@ -127,10 +171,20 @@ impl DiskCheckpoints {
             }
         };
         let checkpoints = DiskCheckpoints::default();
-        checkpoints.0.arriving.store(true, Ordering::Release);
+        checkpoints.lock().coming = Coming::AtSwitchover;
         let (arrived, name) = (checkpoints.clone(), config.name.clone());
         incoming.on_checkpoints(Box::new(move |carried| {
-            arrived.arrive(&name, import, carried)
+            // Written beside the serving disk, not in the switchover's downtime.
+            arrived.lock().coming = Coming::Writing;
+            let (this, disk) = (arrived.clone(), name.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("checkpoints-{name}"))
+                .spawn(move || this.arrive(&disk, import, carried));
+            if let Err(e) = spawned {
+                tracing::error!(disk = %name, "cannot start writing the carried checkpoints: {e}");
+                arrived.lock().coming = Coming::Nothing;
+                arrived.0.written.notify_all();
+            }
         }));
         checkpoints
     }
@@ -141,7 +195,7 @@ impl DiskCheckpoints {
             Some(c) => import.finish(c),
             None => Ok(None),
         };
-        let mut store = self.lock();
+        let mut state = self.lock();
         match imported {
             Ok(Some(received)) => {
                 tracing::info!(
@@ -149,7 +203,7 @@ impl DiskCheckpoints {
                     checkpoints = received.list().len(),
                     "the disk's checkpoints came with the migration"
                 );
-                *store = Some(Arc::new(received));
+                state.store = Some(Arc::new(received));
             }
             Ok(None) if carried.is_some() => {
                 tracing::info!(disk, "the migration's source had no checkpoints")
@@ -171,15 +225,18 @@ impl DiskCheckpoints {
                 abandon(disk, import);
             }
         }
-        self.0.arriving.store(false, Ordering::Release);
+        state.coming = Coming::Nothing;
+        self.0.written.notify_all();
     }
 
     /// A migration that failed before its switchover: what was made for its checkpoints goes
     /// with its image.
     pub(crate) fn discard_arriving(&self, image: &Path) {
-        if self.0.arriving.swap(false, Ordering::AcqRel) {
+        let mut state = self.lock();
+        if std::mem::take(&mut state.coming) != Coming::Nothing {
             let _ = std::fs::remove_dir_all(store_dir(image));
         }
+        self.0.written.notify_all();
     }
 }
 

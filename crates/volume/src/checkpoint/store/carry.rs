@@ -3,10 +3,12 @@
 //! ([`CheckpointImport`]).
 //!
 //! The destination's disk is served (its I/O held at the migration's gate) before the
-//! checkpoints arrive at switchover. So that no write the gate lets through escapes, an import
+//! checkpoints arrive at switchover, and writing them takes a few fsyncs per checkpoint,
+//! which need not hold the switchover up. So that no write escapes meanwhile, an import
 //! begins before the disk serves: an interim bitmap takes every write's record (durably, as
 //! any checkpoint's does) until the carried checkpoints are written; their newest then
-//! absorbs the interim one in the same step as writes move to it, as a removal does.
+//! absorbs the interim one in the same step as writes move to it, as a removal does, and only
+//! then does the index name them.
 
 use super::super::format::{valid_name, Index, IndexEntry, MAX_CHECKPOINTS, MAX_NAME};
 use super::super::generation::Generation;
@@ -216,10 +218,11 @@ impl CheckpointImport {
         })
     }
 
-    /// Writes `carried` as the store (each bitmap durable before the index names it), then
-    /// moves the record to its newest checkpoint, which takes every region the interim bitmap
-    /// holds first. `None` when nothing was carried: the directory is removed. On an error,
-    /// the interim bitmap still records: [`abandon`](Self::abandon) it.
+    /// Writes `carried` as the store's bitmaps, moves the record to the newest, which takes
+    /// every region the interim bitmap holds first, and only then writes the index that names
+    /// them. The disk may serve meanwhile (every write is recorded, in one bitmap or the
+    /// other). `None` when nothing was carried: the directory is removed. On an error,
+    /// [`abandon`](Self::abandon) it (the disk then has no checkpoints).
     pub fn finish(
         &self,
         carried: &CarriedCheckpoints,
@@ -269,6 +272,13 @@ impl CheckpointImport {
             });
         }
         sync_dir(&self.dir)?;
+        // Writes move to the newest carried bitmap, which has the interim one's regions
+        // (durably) first; only then does the index name the carried ones. So a crash before
+        // the index leaves no store (the next backup full), never one missing a write.
+        let newest = generations.last().cloned().expect("not empty");
+        let interim = self.interim.clone();
+        self.log
+            .switch(Some(newest.clone()), || newest.absorb(&interim))?;
         let index = Index {
             granularity: carried.granularity,
             covered: carried.covered,
@@ -276,10 +286,6 @@ impl CheckpointImport {
             entries,
         };
         write_index(&self.dir, &index)?;
-        let newest = generations.last().cloned().expect("not empty");
-        let interim = self.interim.clone();
-        self.log
-            .switch(Some(newest.clone()), || newest.absorb(&interim))?;
         // Nothing records in it any more; a leftover file is ignored (no index names it).
         let _ = self.interim.remove_file();
         Ok(Some(CheckpointStore {
