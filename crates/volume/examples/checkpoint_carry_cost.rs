@@ -1,6 +1,7 @@
-//! What carrying a disk's checkpoints adds to a live migration's switchover (downtime): the
-//! source's `CheckpointStore::export` (in memory, the disk fenced) and the destination's
-//! `CheckpointImport::finish` (every bitmap written and fsynced, then the index), for the
+//! What carrying a disk's checkpoints costs a live migration: the source's
+//! `CheckpointStore::export` (in memory, the disk fenced: part of the switchover's downtime)
+//! and the destination's `CheckpointImport::finish` (every bitmap written and fsynced, then
+//! the index; done while the disk serves, its writes in the interim bitmap), for the
 //! most checkpoints a disk keeps (32), each with RUNS changed 64 KiB regions scattered over a
 //! disk of SIZE_GIB. Per round: both times, the payload's size on the wire, and as the
 //! hardware floor the time of one 4 KiB write + fdatasync in the same directory (the import

@@ -10,7 +10,9 @@
 //! absorbs the interim one in the same step as writes move to it, as a removal does, and only
 //! then does the index name them.
 
-use super::super::format::{valid_name, Index, IndexEntry, MAX_CHECKPOINTS, MAX_NAME};
+use super::super::format::{
+    valid_name, Index, IndexEntry, MAX_CHECKPOINTS, MAX_NAME, WORDS_PER_BLOCK,
+};
 use super::super::generation::Generation;
 use super::super::intent::IntentLog;
 use super::super::CheckpointError;
@@ -108,7 +110,13 @@ impl CarriedCheckpoints {
 fn runs_of(g: &Generation, regions: u64) -> Vec<(u64, u64)> {
     let mut runs: Vec<(u64, u64)> = Vec::new();
     let words = regions.div_ceil(64) as usize;
-    for k in 0..words {
+    let mut k = 0;
+    while k < words {
+        // A bitmap block never set: nothing to read (most of a large, quiet disk).
+        if !g.wanted.block_in_use(k / WORDS_PER_BLOCK) {
+            k = (k / WORDS_PER_BLOCK + 1) * WORDS_PER_BLOCK;
+            continue;
+        }
         let mut w = g.wanted.word(k);
         if k + 1 == words && !regions.is_multiple_of(64) {
             w &= (1u64 << (regions % 64)) - 1;
@@ -127,6 +135,7 @@ fn runs_of(g: &Generation, regions: u64) -> Vec<(u64, u64)> {
                 w & !(((1u64 << ones) - 1) << bit)
             };
         }
+        k += 1;
     }
     coarsen(runs, MAX_CARRIED_RUNS)
 }

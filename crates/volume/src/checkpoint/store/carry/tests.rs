@@ -185,3 +185,23 @@ fn too_many_runs_are_carried_coarser_never_smaller() {
     }
     assert!(coarse.windows(2).all(|w| w[0].0 + w[0].1 < w[1].0));
 }
+
+#[test]
+fn regions_in_bitmap_blocks_past_quiet_ones_are_carried() {
+    let tmp = tempfile::tempdir().unwrap();
+    let size = 10 << 30; // 5 bitmap blocks of 32384 regions
+    let log = Arc::new(IntentLog::default());
+    let (store, _) = CheckpointStore::open(&tmp.path().join("s"), size, log.clone(), true)
+        .unwrap()
+        .unwrap();
+    store.add("c", 0).unwrap();
+    let far = 3 * 32384 + 7;
+    log.record(5 * G, 1).unwrap();
+    log.record(far * G, 2 * G).unwrap();
+    log.record(size - 1, 1).unwrap();
+    let last = size / G - 1;
+    assert_eq!(
+        store.export().checkpoints[0].runs,
+        vec![(5, 1), (far, 2), (last, 1)]
+    );
+}
