@@ -1,6 +1,7 @@
 //! A migration source's frame sequence against a real destination session: mostly valid
 //! frames built with the wire encoder from the input (Hello, chunks, zero ranges, dirty and
-//! missing lists, pass ends, postcopy, Complete, in any order and repeated) plus raw garbage,
+//! missing lists, pass ends, checkpoints, postcopy, Complete, in any order and repeated) plus
+//! raw garbage,
 //! sent over a UNIX socket to an `IncomingMigration` writing into a small temporary image.
 //! Shared by the `migration_session` fuzz target and the stable replay in
 //! crates/migration/tests/fuzz_session_replay.rs.
@@ -17,9 +18,10 @@
 
 use cryptblk_block::{Container, RawFile};
 use cryptblk_migration::channel::ListenOptions;
-use cryptblk_migration::wire::{Frame, Hello, Role, SESSION_ID_LEN};
+use cryptblk_migration::wire::{Frame, Hello, Role, FLAG_CHECKPOINTS, SESSION_ID_LEN};
 use cryptblk_migration::PROTOCOL_VERSION;
 use cryptblk_migration::{IncomingMigration, IncomingStore, MigrationAddress, Phase};
+use cryptblk_volume::checkpoint::{CarriedCheckpoint, CarriedCheckpoints};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -72,7 +74,8 @@ fn hello(b: u8) -> Hello {
         granularity,
         header_len,
         role: Role::Bulk,
-        flags: 0,
+        // The source carries checkpoints (the destination accepts them).
+        flags: FLAG_CHECKPOINTS,
         session: [0x5a; SESSION_ID_LEN],
     }
 }
@@ -105,7 +108,7 @@ fn stream(data: &[u8]) -> Vec<u8> {
     for op in data.get(1..).unwrap_or(&[]).chunks(3).take(MAX_FRAMES) {
         let byte = |i: usize| op.get(i).copied().unwrap_or(0);
         let (a, b) = (byte(1), byte(2));
-        let frame = match byte(0) % 14 {
+        let frame = match byte(0) % 15 {
             0 => Frame::Hello(hello(a)),
             1 | 2 => {
                 // Up to 64 KiB of data, never a whole 2^64 range.
@@ -148,6 +151,22 @@ fn stream(data: &[u8]) -> Vec<u8> {
                 raw[i] ^= 0xff;
                 out.extend_from_slice(&raw[..usize::from(a) % raw.len()]);
                 continue;
+            }
+            13 => {
+                // Checkpoints covering `a` 64 KiB regions (more than a 1 MiB disk has from
+                // 17 on), with a run at `b % 16` (past the covered ones at times).
+                let covered = u64::from(a) << 16;
+                Frame::Checkpoints(CarriedCheckpoints {
+                    granularity: 64 << 10,
+                    covered,
+                    checkpoints: (0..a % 3)
+                        .map(|k| CarriedCheckpoint {
+                            name: format!("c{k}"),
+                            created: u64::from(b),
+                            runs: vec![(u64::from(b % 16), 1)],
+                        })
+                        .collect(),
+                })
             }
             _ => match &prev {
                 Some(f) => f.clone(),

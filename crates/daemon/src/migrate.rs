@@ -161,6 +161,9 @@ impl Daemon {
                 "disk \"{name}\" is in mid-encryption (its data is moving behind its new LUKS2 header): finish it with reencrypt-start before migrating"
             )));
         }
+        if !p.shared {
+            opts.checkpoints = Some(disk.checkpoints.source(disk.image.container.size()));
+        }
         let ticket = disk.activity.begin_start(name)?;
         let started = if p.shared {
             SourceMigration::start_shared(
@@ -375,11 +378,18 @@ impl Daemon {
             }
         };
         let name = config.name.clone();
-        self.publish(PreparedDisk {
+        let image_path = config.image.path().to_path_buf();
+        // Before the disk serves: writes are recorded from the first one.
+        let checkpoints =
+            crate::disk_checkpoints::DiskCheckpoints::receive(&config, &image, incoming);
+        if let Err(e) = self.publish(PreparedDisk {
             config,
             image,
-            migrated_in: true,
-        })?;
+            migrated_in: Some(checkpoints.clone()),
+        }) {
+            checkpoints.discard_arriving(&image_path);
+            return Err(e);
+        }
         // A migration that fails before the destination went live leaves nothing usable:
         // the disk goes away again (its partial image was removed by the migration).
         let phase = loop {
@@ -390,7 +400,9 @@ impl Daemon {
         };
         if phase != Phase::Completed {
             tracing::warn!(disk = %name, "incoming migration {phase}; detaching the disk");
-            self.remove_disk(&name, true)?;
+            let removed = self.remove_disk(&name, true);
+            checkpoints.discard_arriving(&image_path);
+            removed?;
         }
         Ok(())
     }

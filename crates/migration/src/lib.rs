@@ -27,10 +27,12 @@ pub mod wire;
 
 pub use channel::MigrationAddress;
 use cryptblk_volume::{DirtyBitmap, DirtyTracker};
-pub use destination::{IncomingDisk, IncomingMigration, IncomingStatus, IncomingStore, NewFile};
+pub use destination::{
+    CheckpointsHook, IncomingDisk, IncomingMigration, IncomingStatus, IncomingStore, NewFile,
+};
 pub use error::MigrationError;
 pub use latency::{LatencyHistogram, LatencySummary};
-pub use source::{SourceMigration, SourceOptions, SourceStatus};
+pub use source::{CheckpointSource, SourceMigration, SourceOptions, SourceStatus};
 pub use wire::{Frame, WireError, PROTOCOL_VERSION};
 
 /// Where a migration is, on either side.

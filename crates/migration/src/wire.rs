@@ -22,6 +22,7 @@
 //! | 10   | MissingEnd| (empty) destination, on resume: every Missing range is sent         |
 //! | 11   | SharedImage| UTF-8 identity of the image both sides reach (shared storage): the  |
 //! |      |           | source's, then the destination's in answer if it is the same image |
+//! | 12   | Checkpoints| the source's checkpoints, at switchover (`wire/checkpoints.rs`)    |
 //!
 //! Everything read from the stream is untrusted: the header is checked (magic, kind, a length
 //! cap per kind) before any payload buffer is allocated, and a chunk's checksum is verified by
@@ -34,10 +35,17 @@
 //! The parsers are pure functions over byte slices and never panic; the stream helpers only
 //! add reading and writing.
 
+mod checkpoints;
+mod hello;
 mod stream;
 
+use cryptblk_volume::checkpoint::CarriedCheckpoints;
 use sha2::{Digest, Sha256};
 
+pub use hello::{
+    Hello, Role, FLAG_CHECKPOINTS, FLAG_CHECKPOINTS_ACCEPTED, FLAG_POSTCOPY, FLAG_PREEMPT,
+    FLAG_SHARED,
+};
 pub use stream::{
     chunk_prefix, is_timeout, read_frame, read_frame_after_idle, write_chunk, write_frame,
 };
@@ -74,55 +82,7 @@ const KIND_MISSING: u8 = 8;
 const KIND_POSTCOPY: u8 = 9;
 const KIND_MISSING_END: u8 = 10;
 const KIND_SHARED_IMAGE: u8 = 11;
-
-/// What a connection is for; the first Hello on it says so.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// The main channel: the bulk stream, switchover, and (without preempt) urgent requests.
-    Bulk = 1,
-    /// The preempt channel: urgent requests and their answers only.
-    Urgent = 2,
-    /// A new main channel replacing a broken one, after which the destination says what it
-    /// still lacks.
-    Resume = 3,
-}
-
-impl Role {
-    fn from_u8(v: u8) -> Option<Role> {
-        Some(match v {
-            1 => Role::Bulk,
-            2 => Role::Urgent,
-            3 => Role::Resume,
-            _ => return None,
-        })
-    }
-}
-
-/// Hello flag: the source may switch over in postcopy mode.
-pub const FLAG_POSTCOPY: u8 = 1;
-/// Hello flag: urgent requests use their own connection.
-pub const FLAG_PREEMPT: u8 = 2;
-/// Hello flag: both sides reach the same image (shared storage); no data is sent, only the
-/// right to write is handed over at switchover.
-pub const FLAG_SHARED: u8 = 4;
-
-/// The handshake each side sends first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Hello {
-    pub version: u32,
-    /// Size of the image *file* (header and payload), which both sides must agree on.
-    pub disk_size_bytes: u64,
-    /// Dirty-tracking block size of the sender; the receiver tracks what it got at this size.
-    pub granularity: u32,
-    /// Bytes of format header at the start of the file (the LUKS data offset; 0 for raw).
-    pub header_len: u64,
-    pub role: Role,
-    /// `FLAG_*` bits.
-    pub flags: u8,
-    /// Chosen at random by the source for one migration; every later connection of the same
-    /// migration (preempt channel, resume) must present it.
-    pub session: [u8; SESSION_ID_LEN],
-}
+const KIND_CHECKPOINTS: u8 = 12;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
@@ -169,6 +129,8 @@ pub enum Frame {
     SharedImage {
         identity: String,
     },
+    /// Source, at switchover (before `Complete` or `Missing`): its disk's checkpoints.
+    Checkpoints(CarriedCheckpoints),
 }
 
 /// Why bytes from the stream were not a valid frame.
@@ -200,6 +162,8 @@ pub enum WireError {
     BadRange { offset: u64, len: u64 },
     #[error("text from the peer (an error message or image identity) is not valid UTF-8")]
     BadUtf8,
+    #[error("checkpoints from the peer: {0}")]
+    BadCheckpoints(String),
     #[error("unknown channel role {0} in Hello")]
     BadRole(u8),
 }
@@ -232,6 +196,7 @@ fn length_bounds(kind: u8) -> Option<(usize, usize)> {
         KIND_REQUEST | KIND_MISSING => (16, 16),
         KIND_POSTCOPY | KIND_MISSING_END => (0, 0),
         KIND_SHARED_IMAGE => (1, MAX_IDENTITY_LEN),
+        KIND_CHECKPOINTS => (checkpoints::HEAD, checkpoints::MAX_LEN),
         _ => return None,
     })
 }
@@ -300,36 +265,7 @@ pub fn decode_payload(header: FrameHeader, payload: &[u8]) -> Result<Frame, Wire
     }
     let p = payload;
     match kind {
-        KIND_HELLO => {
-            let version = u32_at(p, 0);
-            if version == PROTOCOL_VERSION && len != HELLO_LEN {
-                return Err(WireError::BadLength {
-                    kind,
-                    len,
-                    min: HELLO_LEN,
-                    max: HELLO_LEN,
-                });
-            }
-            let mut hello = Hello {
-                version,
-                disk_size_bytes: u64_at(p, 4),
-                granularity: u32_at(p, 12),
-                header_len: u64_at(p, 16),
-                role: Role::Bulk,
-                flags: 0,
-                session: [0; SESSION_ID_LEN],
-            };
-            // Another version's Hello is only read far enough to report the mismatch.
-            if version == PROTOCOL_VERSION {
-                hello.role = Role::from_u8(p[24]).ok_or(WireError::BadRole(p[24]))?;
-                hello.flags = p[25];
-                if p[26..28] != [0, 0] {
-                    return Err(WireError::Reserved);
-                }
-                hello.session.copy_from_slice(&p[28..HELLO_LEN]);
-            }
-            Ok(Frame::Hello(hello))
-        }
+        KIND_HELLO => hello::decode(p).map(Frame::Hello),
         KIND_CHUNK => verified_chunk(&p[..CHUNK_PREFIX], p[CHUNK_PREFIX..].to_vec()),
         KIND_ZERO => {
             let (offset, zlen) = (u64_at(p, 0), u64_at(p, 8));
@@ -368,6 +304,7 @@ pub fn decode_payload(header: FrameHeader, payload: &[u8]) -> Result<Frame, Wire
             }),
             Err(_) => Err(WireError::BadUtf8),
         },
+        KIND_CHECKPOINTS => checkpoints::decode(p).map(Frame::Checkpoints),
         other => Err(WireError::UnknownKind(other)),
     }
 }
@@ -433,12 +370,7 @@ impl Frame {
         match self {
             Frame::Hello(h) => {
                 push_header(out, KIND_HELLO, HELLO_LEN);
-                out.extend_from_slice(&h.version.to_le_bytes());
-                out.extend_from_slice(&h.disk_size_bytes.to_le_bytes());
-                out.extend_from_slice(&h.granularity.to_le_bytes());
-                out.extend_from_slice(&h.header_len.to_le_bytes());
-                out.extend_from_slice(&[h.role as u8, h.flags, 0, 0]);
-                out.extend_from_slice(&h.session);
+                hello::encode(h, out);
             }
             Frame::Chunk {
                 offset,
@@ -479,6 +411,10 @@ impl Frame {
                 push_header(out, KIND_SHARED_IMAGE, bytes.len());
                 out.extend_from_slice(bytes);
             }
+            Frame::Checkpoints(c) => {
+                push_header(out, KIND_CHECKPOINTS, checkpoints::encoded_len(c));
+                checkpoints::encode(c, out);
+            }
             Frame::Error { message } => {
                 let mut end = message.len().min(MAX_ERROR_LEN);
                 while !message.is_char_boundary(end) {
@@ -504,6 +440,7 @@ impl Frame {
             Frame::Postcopy => "Postcopy",
             Frame::MissingEnd => "MissingEnd",
             Frame::SharedImage { .. } => "SharedImage",
+            Frame::Checkpoints(_) => "Checkpoints",
         }
     }
 

@@ -27,8 +27,8 @@ pub struct InheritedSocket {
 pub struct PreparedDisk {
     pub config: DiskConfig,
     pub(crate) image: Volume,
-    /// Received by an incoming migration (whose checkpoints do not come along yet).
-    pub(crate) migrated_in: bool,
+    /// Received by an incoming migration: the checkpoints it brings (`DiskCheckpoints::receive`).
+    pub(crate) migrated_in: Option<crate::disk_checkpoints::DiskCheckpoints>,
 }
 
 impl PreparedDisk {
@@ -59,7 +59,7 @@ impl Daemon {
             Ok(image) => Ok(PreparedDisk {
                 config,
                 image,
-                migrated_in: false,
+                migrated_in: None,
             }),
             Err(e) => {
                 self.unreserve(&config.name);
@@ -110,10 +110,9 @@ impl Daemon {
             migrated_in,
         } = prepared;
         // Before anything serves: no write may escape the checkpoints' write-intent log.
-        let checkpoints = if migrated_in {
-            crate::disk_checkpoints::DiskCheckpoints::set_aside(&config)
-        } else {
-            crate::disk_checkpoints::DiskCheckpoints::open(&config, &image)
+        let checkpoints = match migrated_in {
+            Some(received) => received,
+            None => crate::disk_checkpoints::DiskCheckpoints::open(&config, &image),
         };
         let activity = DiskActivity::new();
         let vhost = match &config.vhost_user_blk {

@@ -63,7 +63,12 @@ pub(super) fn read_frames(
                 }
                 c.received.clear_range(offset, len);
             }
+            (Role::Bulk, Frame::Checkpoints(carried)) => receive_checkpoints(shared, c, carried)?,
             (_, Frame::Postcopy) => {
+                if shared.lock().phase == Phase::Precopy {
+                    // Before any guest I/O passes: the checkpoints record from the first.
+                    shared.deliver_checkpoints(None);
+                }
                 let mut s = shared.lock();
                 if s.phase != Phase::Precopy {
                     return Err(MigrationError::Protocol(format!(
@@ -111,6 +116,9 @@ pub(super) fn read_frames(
                     )));
                 }
                 c.file.flush()?;
+                if shared.lock().phase == Phase::Precopy {
+                    shared.deliver_checkpoints(None);
+                }
                 {
                     let mut w = writer.lock().unwrap_or_else(PoisonError::into_inner);
                     wire::write_frame(&mut *w, &Frame::Complete)?;
@@ -128,6 +136,34 @@ pub(super) fn read_frames(
             }
         }
     }
+}
+
+/// The source's checkpoints, at switchover: once, before the destination is live, on a
+/// migration that said it carries them, covering no more than the disk.
+fn receive_checkpoints(
+    shared: &DShared,
+    c: &Created,
+    carried: cryptblk_volume::checkpoint::CarriedCheckpoints,
+) -> Result<(), MigrationError> {
+    {
+        let mut s = shared.lock();
+        if !c.carries_checkpoints() || s.checkpoints_received || s.phase != Phase::Precopy {
+            return Err(MigrationError::Protocol(format!(
+                "Checkpoints in phase {} (once, before the switchover, and only when the \
+                 Hellos agreed on them)",
+                s.phase
+            )));
+        }
+        s.checkpoints_received = true;
+    }
+    if carried.covered > c.hello.disk_size_bytes {
+        return Err(MigrationError::Protocol(format!(
+            "the checkpoints cover {} bytes of a {}-byte disk",
+            carried.covered, c.hello.disk_size_bytes
+        )));
+    }
+    shared.deliver_checkpoints(Some(carried));
+    Ok(())
 }
 
 /// Shared storage: the source names the image it serves; this side answers with its own

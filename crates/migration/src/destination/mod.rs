@@ -22,6 +22,7 @@ mod state;
 mod store;
 
 pub use incoming_disk::IncomingDisk;
+pub use state::CheckpointsHook;
 pub use store::{IncomingStore, NewFile};
 
 use crate::channel::{ListenOptions, MigrationAddress, MigrationListener};
@@ -29,7 +30,7 @@ use crate::latency::{LatencyHistogram, LatencySummary};
 use crate::{MigrationError, Phase};
 use cryptblk_block::{BlockDevice, Container};
 use rustls::ServerConfig;
-use state::{phase_code, DShared, DState};
+use state::{phase_code, CheckpointsSlot, DShared, DState};
 use std::path::Path;
 use std::sync::atomic::AtomicU8;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
@@ -136,12 +137,14 @@ impl IncomingMigration {
                 finished_at: None,
                 remove_pending: false,
                 identity_confirmed: false,
+                checkpoints_received: false,
             }),
             cond: Condvar::new(),
             apply: Mutex::new(()),
             phase_fast: AtomicU8::new(phase_code(Phase::Setup)),
             created: OnceLock::new(),
             store,
+            checkpoints: Mutex::new(CheckpointsSlot::Waiting),
             listener,
             started: Instant::now(),
         });
@@ -222,6 +225,43 @@ impl IncomingMigration {
                 .wait_timeout(s, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+        }
+    }
+
+    /// Whether the source carries its disk's checkpoints (both sides speak it; known once the
+    /// header arrived): they come at the switchover, to the hook of
+    /// [`on_checkpoints`](Self::on_checkpoints).
+    pub fn carries_checkpoints(&self) -> bool {
+        self.shared
+            .created
+            .get()
+            .is_some_and(|c| c.carries_checkpoints())
+    }
+
+    /// Calls `hook` with the checkpoints the source carried (`None`: it sent none), before the
+    /// destination goes live: at once (on this thread) if they came already, else on the
+    /// migration's thread when they come, before any I/O passes [`IncomingDisk`]. A migration
+    /// that fails before the switchover never calls it.
+    pub fn on_checkpoints(&self, hook: CheckpointsHook) {
+        let mut slot = self
+            .shared
+            .checkpoints
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match std::mem::take(&mut *slot) {
+            CheckpointsSlot::Arrived(carried) => {
+                *slot = CheckpointsSlot::Delivered;
+                drop(slot);
+                hook(carried);
+            }
+            CheckpointsSlot::Delivered => {
+                *slot = CheckpointsSlot::Delivered;
+                drop(slot);
+                hook(None);
+            }
+            CheckpointsSlot::Waiting | CheckpointsSlot::Hook(_) => {
+                *slot = CheckpointsSlot::Hook(hook)
+            }
         }
     }
 

@@ -6,7 +6,10 @@ use super::apply::read_frames;
 use super::requests::resend_outstanding;
 use super::state::{Created, DShared, SharedWriter};
 use crate::channel::{Channel, Incoming};
-use crate::wire::{self, Frame, Hello, Role, WireError, FLAG_SHARED, PROTOCOL_VERSION};
+use crate::wire::{
+    self, Frame, Hello, Role, WireError, FLAG_CHECKPOINTS, FLAG_CHECKPOINTS_ACCEPTED, FLAG_SHARED,
+    PROTOCOL_VERSION,
+};
 use crate::{DirtyBitmap, MigrationError, Phase};
 use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -118,6 +121,15 @@ fn handle_connection(shared: Arc<DShared>, incoming: Incoming) {
     };
     let mut ours = theirs;
     ours.version = PROTOCOL_VERSION;
+    // Checkpoints come with a copy, into a new image (shared storage has none: rbd).
+    ours.flags &= !FLAG_CHECKPOINTS_ACCEPTED;
+    if theirs.role == Role::Bulk
+        && theirs.flags & FLAG_CHECKPOINTS != 0
+        && theirs.flags & FLAG_SHARED == 0
+        && !shared.store.is_shared()
+    {
+        ours.flags |= FLAG_CHECKPOINTS_ACCEPTED;
+    }
     if theirs.version != PROTOCOL_VERSION {
         let msg = format!(
             "protocol version mismatch: the destination speaks version {PROTOCOL_VERSION}, the \

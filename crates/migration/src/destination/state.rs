@@ -4,9 +4,10 @@
 use super::store::IncomingStore;
 use crate::channel::{Closer, MigrationListener};
 use crate::latency::LatencyHistogram;
-use crate::wire::{Hello, FLAG_SHARED, SESSION_ID_LEN};
+use crate::wire::{Hello, FLAG_CHECKPOINTS, FLAG_SHARED, SESSION_ID_LEN};
 use crate::{DirtyBitmap, MigrationError, Phase};
 use cryptblk_block::Container;
+use cryptblk_volume::checkpoint::CarriedCheckpoints;
 use std::io::Write;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -30,6 +31,25 @@ impl Created {
     pub(super) fn shared(&self) -> bool {
         self.hello.flags & FLAG_SHARED != 0
     }
+
+    /// Whether the source sends its checkpoints at switchover (this side accepted them).
+    pub(super) fn carries_checkpoints(&self) -> bool {
+        self.hello.flags & FLAG_CHECKPOINTS != 0 && !self.shared()
+    }
+}
+
+/// Takes the checkpoints a source carried (`None`: it sent none), before the destination goes
+/// live: see [`IncomingMigration::on_checkpoints`](super::IncomingMigration::on_checkpoints).
+pub type CheckpointsHook = Box<dyn FnOnce(Option<CarriedCheckpoints>) + Send>;
+
+/// Where the carried checkpoints are between their arrival and the daemon.
+#[derive(Default)]
+pub(super) enum CheckpointsSlot {
+    #[default]
+    Waiting,
+    Hook(CheckpointsHook),
+    Arrived(Option<CarriedCheckpoints>),
+    Delivered,
 }
 
 pub(super) struct DState {
@@ -53,6 +73,8 @@ pub(super) struct DState {
     pub(super) remove_pending: bool,
     /// Shared storage: the source named the image this side serves.
     pub(super) identity_confirmed: bool,
+    /// The source sent its checkpoints (once only).
+    pub(super) checkpoints_received: bool,
 }
 
 pub(super) struct DShared {
@@ -64,6 +86,7 @@ pub(super) struct DShared {
     pub(super) phase_fast: AtomicU8,
     pub(super) created: OnceLock<Created>,
     pub(super) store: Arc<dyn IncomingStore>,
+    pub(super) checkpoints: Mutex<CheckpointsSlot>,
     pub(super) listener: MigrationListener,
     pub(super) started: Instant,
 }
@@ -115,6 +138,26 @@ impl DShared {
             self.listener.shutdown();
         }
         self.cond.notify_all();
+    }
+
+    /// Hands the carried checkpoints on (`Some`: the frame arrived), or at the switchover
+    /// (`None`) says that none came if none did; the hook, when set, runs now, on this thread,
+    /// before the caller lets the destination go live.
+    pub(super) fn deliver_checkpoints(&self, carried: Option<CarriedCheckpoints>) {
+        let mut slot = self
+            .checkpoints
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match std::mem::take(&mut *slot) {
+            CheckpointsSlot::Hook(hook) => {
+                *slot = CheckpointsSlot::Delivered;
+                hook(carried);
+            }
+            CheckpointsSlot::Waiting => *slot = CheckpointsSlot::Arrived(carried),
+            CheckpointsSlot::Arrived(Some(c)) => *slot = CheckpointsSlot::Arrived(Some(c)),
+            CheckpointsSlot::Arrived(None) => *slot = CheckpointsSlot::Arrived(carried),
+            CheckpointsSlot::Delivered => *slot = CheckpointsSlot::Delivered,
+        }
     }
 
     pub(super) fn created(&self) -> Result<&Created, MigrationError> {

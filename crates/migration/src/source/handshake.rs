@@ -5,7 +5,10 @@
 use super::reader::spawn_reader;
 use super::state::{Channels, Shared};
 use crate::channel::{self, Channel, MigrationAddress};
-use crate::wire::{self, Frame, Hello, Role, WireError, PROTOCOL_VERSION, SESSION_ID_LEN};
+use crate::wire::{
+    self, Frame, Hello, Role, WireError, FLAG_CHECKPOINTS, FLAG_CHECKPOINTS_ACCEPTED,
+    PROTOCOL_VERSION, SESSION_ID_LEN,
+};
 use crate::MigrationError;
 use rustls::ClientConfig;
 use std::io::Read;
@@ -33,7 +36,8 @@ fn getrandom(buf: &mut [u8]) {
     }
 }
 
-/// Connects one channel and exchanges Hellos; returns the channel's halves.
+/// Connects one channel and exchanges Hellos; returns the channel's halves and the flags of
+/// the destination's Hello.
 /// With `identity` (shared storage), also says which image this side serves and checks that
 /// the destination serves the same one.
 fn open_channel(
@@ -43,7 +47,7 @@ fn open_channel(
     tls: Option<&Arc<ClientConfig>>,
     peer_name: Option<&str>,
     timeout: Duration,
-) -> Result<Channel, MigrationError> {
+) -> Result<(Channel, u8), MigrationError> {
     let connect_error = |e: std::io::Error| MigrationError::Connect {
         to: to.to_string(),
         reason: if crate::wire::is_timeout(&e) {
@@ -104,8 +108,12 @@ fn open_channel(
         Ok(frame) => frame,
     };
     ch.set_timeouts(None).map_err(connect_error)?;
+    let flags = match &answer {
+        Frame::Hello(theirs) => theirs.flags,
+        _ => 0,
+    };
     check_answer(&hello, answer)?;
-    Ok(ch)
+    Ok((ch, flags))
 }
 
 /// Whether the destination's answer to our `hello` lets the migration go on: its own Hello,
@@ -148,7 +156,12 @@ pub(super) fn connect_all(
     let timeout = shared.opts.connect_timeout;
     let identity = shared.hand_off.as_ref().map(|h| h.identity.as_str());
     let peer_name = shared.opts.peer_name.as_deref();
-    let mut bulk = open_channel(to, shared.hello(role), identity, tls, peer_name, timeout)?;
+    let hello = shared.hello(role);
+    let (mut bulk, flags) = open_channel(to, hello, identity, tls, peer_name, timeout)?;
+    if role == Role::Bulk {
+        shared.lock().checkpoints_accepted =
+            hello.flags & FLAG_CHECKPOINTS != 0 && flags & FLAG_CHECKPOINTS_ACCEPTED != 0;
+    }
     if role == Role::Resume {
         let missing = read_missing(shared, &mut bulk.reader);
         if let Err(e) = missing {
@@ -166,7 +179,7 @@ pub(super) fn connect_all(
             peer_name,
             timeout,
         ) {
-            Ok(ch) => Some(ch),
+            Ok((ch, _)) => Some(ch),
             Err(e) => {
                 bulk.closer.close();
                 return Err(e);

@@ -46,7 +46,7 @@ mod state;
 mod stop;
 mod urgent;
 
-pub use options::{SourceOptions, SourceStatus};
+pub use options::{CheckpointSource, SourceOptions, SourceStatus};
 
 use crate::channel::MigrationAddress;
 use crate::wire::Role;

@@ -3,6 +3,7 @@
 
 use crate::wire::MAX_CHUNK_LEN;
 use crate::{MigrationError, Phase};
+use cryptblk_volume::checkpoint::CarriedCheckpoints;
 use rustls::ClientConfig;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +34,20 @@ pub struct SourceOptions {
     /// Bound on each connect, TLS handshake and Hello exchange with the destination (a peer
     /// that accepts and never answers fails the start or recovery after this long).
     pub connect_timeout: Duration,
+    /// The disk's checkpoints, asked for at switchover (the disk fenced: nothing records any
+    /// more) and carried to a destination that takes them. `None`: none are carried.
+    pub checkpoints: Option<CheckpointSource>,
+}
+
+/// Where a source gets its disk's checkpoints at switchover (the daemon's store); an error
+/// says why they cannot be carried (the destination then has none).
+#[derive(Clone)]
+pub struct CheckpointSource(pub Arc<dyn Fn() -> Result<CarriedCheckpoints, String> + Send + Sync>);
+
+impl std::fmt::Debug for CheckpointSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CheckpointSource")
+    }
 }
 
 impl Default for SourceOptions {
@@ -48,6 +63,7 @@ impl Default for SourceOptions {
             tls: None,
             peer_name: None,
             connect_timeout: Duration::from_secs(10),
+            checkpoints: None,
         }
     }
 }

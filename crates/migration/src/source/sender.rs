@@ -327,6 +327,7 @@ impl Sender {
 
     fn switch_over(&mut self, postcopy: bool) -> Result<bool, Stop> {
         self.switching = true;
+        self.send_checkpoints()?;
         if !postcopy {
             // Fenced: one more sweep takes everything, and nothing gets dirty again.
             while self.bitmap().count() > 0 {
@@ -359,6 +360,26 @@ impl Sender {
         }
         self.cursor = 0;
         Ok(true)
+    }
+
+    /// Carries the disk's checkpoints to a destination that takes them, first thing at the
+    /// switchover: the disk is fenced, so they hold every write the source will ever record.
+    /// Checkpoints that cannot be had are not sent (the destination then has none); the
+    /// migration goes on, the source's store stays as it is.
+    fn send_checkpoints(&mut self) -> Result<(), Stop> {
+        let Some(source) = self.shared.opts.checkpoints.clone() else {
+            return Ok(());
+        };
+        if !self.shared.lock().checkpoints_accepted {
+            return Ok(());
+        }
+        match (source.0)() {
+            Ok(carried) => self.frame_bulk(&Frame::Checkpoints(carried)),
+            Err(e) => {
+                tracing::warn!("the disk's checkpoints are not carried: {e}");
+                Ok(())
+            }
+        }
     }
 
     /// Postcopy: urgent requests first, bulk the rest; then Complete both ways.

@@ -5,7 +5,8 @@
 use super::options::SourceOptions;
 use crate::channel::Closer;
 use crate::wire::{
-    Hello, Role, FLAG_POSTCOPY, FLAG_PREEMPT, FLAG_SHARED, PROTOCOL_VERSION, SESSION_ID_LEN,
+    Hello, Role, FLAG_CHECKPOINTS, FLAG_POSTCOPY, FLAG_PREEMPT, FLAG_SHARED, PROTOCOL_VERSION,
+    SESSION_ID_LEN,
 };
 use crate::{DirtyBitmap, DirtyTracker, Phase};
 use cryptblk_block::{BlockDevice, Container, SharedStorage};
@@ -40,6 +41,8 @@ pub(super) struct State {
     pub(super) bulk_in_chunk: bool,
     /// Shared storage: this side released the image's lock (and did not take it back).
     pub(super) lock_released: bool,
+    /// The destination takes the disk's checkpoints (its Hello said so).
+    pub(super) checkpoints_accepted: bool,
 }
 
 impl State {
@@ -64,6 +67,7 @@ impl State {
             finished_at: None,
             bulk_in_chunk: false,
             lock_released: false,
+            checkpoints_accepted: false,
         }
     }
 }
@@ -116,6 +120,8 @@ impl Shared {
         }
         if self.hand_off.is_some() {
             flags |= FLAG_SHARED;
+        } else if self.opts.checkpoints.is_some() {
+            flags |= FLAG_CHECKPOINTS;
         }
         Hello {
             version: PROTOCOL_VERSION,

@@ -1,5 +1,25 @@
 use super::*;
+use cryptblk_volume::checkpoint::{CarriedCheckpoint, CarriedCheckpoints};
 use rand::{Rng, SeedableRng};
+
+fn carried() -> CarriedCheckpoints {
+    CarriedCheckpoints {
+        granularity: 64 << 10,
+        covered: 1 << 30,
+        checkpoints: vec![
+            CarriedCheckpoint {
+                name: "c0".into(),
+                created: 1_700_000_000,
+                runs: vec![(0, 1), (7, 3), (16383, 1)],
+            },
+            CarriedCheckpoint {
+                name: "nightly.2".into(),
+                created: 1_700_000_100,
+                runs: Vec::new(),
+            },
+        ],
+    }
+}
 
 fn samples() -> Vec<Frame> {
     vec![
@@ -38,6 +58,7 @@ fn samples() -> Vec<Frame> {
         Frame::Error {
             message: "disk full".into(),
         },
+        Frame::Checkpoints(carried()),
     ]
 }
 
@@ -103,6 +124,62 @@ fn oversized_and_unknown_headers_are_refused_before_allocation() {
         parse_header(b"CBMG"),
         Err(WireError::Truncated { .. })
     ));
+}
+
+#[test]
+fn hostile_checkpoints_are_refused_with_what_is_wrong() {
+    let good = Frame::Checkpoints(carried()).encode();
+    let at = HEADER_LEN;
+    let refused = |bytes: &[u8], needle: &str| {
+        let e = decode(bytes).unwrap_err();
+        assert!(
+            e.to_string().contains(needle),
+            "{e} does not say {needle:?}"
+        );
+    };
+    let mut b = good.clone();
+    b[at] = 2;
+    refused(&b, "version 2");
+    let mut b = good.clone();
+    b[at + 1] = 33;
+    refused(&b, "more than 32");
+    let mut b = good.clone();
+    b[at + 1] = 3;
+    refused(&b, "cut short");
+    let mut b = good.clone();
+    b[at + 2] = 1;
+    refused(&b, "reserved");
+    // The first checkpoint's run count (after its created time) far too large.
+    let mut b = good.clone();
+    b[at + 16 + 8..at + 16 + 12].copy_from_slice(&u32::MAX.to_le_bytes());
+    refused(&b, "runs, more than");
+    // One run too many: the payload ends inside it.
+    let mut b = good.clone();
+    b[at + 16 + 8] = 4;
+    refused(&b, "cut short");
+    // A byte past the last checkpoint.
+    let mut b = good.clone();
+    b.push(0);
+    let len = (b.len() - HEADER_LEN) as u32;
+    b[8..12].copy_from_slice(&len.to_le_bytes());
+    refused(&b, "after the last checkpoint");
+    // What the checkpoints say, checked too: runs out of order, a bad name, a granularity.
+    let mut c = carried();
+    c.checkpoints[0].runs = vec![(7, 3), (0, 1)];
+    refused(&Frame::Checkpoints(c).encode(), "out of order");
+    let mut c = carried();
+    c.checkpoints[1].name = "../x".into();
+    refused(&Frame::Checkpoints(c).encode(), "name");
+    let mut c = carried();
+    c.granularity = 100;
+    refused(&Frame::Checkpoints(c).encode(), "granularity");
+    let mut c = carried();
+    c.checkpoints[0].runs = vec![(16383, 2)];
+    refused(&Frame::Checkpoints(c).encode(), "past the 16384 regions");
+    // A header claiming more than the largest store is refused before any allocation.
+    let mut h = Vec::new();
+    push_header(&mut h, KIND_CHECKPOINTS, checkpoints::MAX_LEN + 1);
+    assert!(matches!(parse_header(&h), Err(WireError::BadLength { .. })));
 }
 
 /// 10 000 random and mutated frames: the parser must return (Ok or Err), never panic, and

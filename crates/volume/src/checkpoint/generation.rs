@@ -83,6 +83,12 @@ impl RegionBits {
             })
     }
 
+    /// Whether bitmap block `b` (words `b * WORDS_PER_BLOCK ..`) may have a bit set: false
+    /// for a block never set, whose words all read 0.
+    pub(crate) fn block_in_use(&self, b: usize) -> bool {
+        self.blocks.get(b).is_some_and(|w| w.get().is_some())
+    }
+
     fn or_word(&self, k: usize, v: u64) {
         if v != 0 {
             self.block_for_set(k)[k % WORDS_PER_BLOCK].fetch_or(v, Ordering::AcqRel);
@@ -260,6 +266,11 @@ impl Generation {
         }
         let end = offset.saturating_add(len).min(self.covered);
         Some((offset >> self.shift, ((end - 1) >> self.shift) + 1))
+    }
+
+    /// The image bytes it covers.
+    pub(crate) fn covered(&self) -> u64 {
+        self.covered
     }
 
     pub(crate) fn is_durable(&self, offset: u64, len: u64) -> bool {

@@ -7,6 +7,7 @@
 //! - [`IntentLog`] makes the newest one a write-intent log: a region's bit is on stable
 //!   storage before a write to it is submitted, so a crash (kill -9, power loss) can only
 //!   leave regions counted changed that were not, never a change uncounted (`intent.rs`);
+//! - a live migration carries them (`CarriedCheckpoints`, `CheckpointImport`: `store/carry.rs`);
 //! - the checkpoint stage puts the log on every queue of a tracked disk (`stage.rs`).
 
 mod format;
@@ -17,7 +18,10 @@ mod store;
 pub use format::{parse_any, valid_name, MAX_CHECKPOINTS, MAX_NAME};
 pub(crate) use generation::Generation;
 pub use intent::IntentLog;
-pub use store::{store_dir, CheckpointInfo, CheckpointStore, GRANULARITY};
+pub use store::{
+    store_dir, CarriedCheckpoint, CarriedCheckpoints, CheckpointImport, CheckpointInfo,
+    CheckpointStore, GRANULARITY, MAX_CARRIED_RUNS,
+};
 
 use std::path::{Path, PathBuf};
 

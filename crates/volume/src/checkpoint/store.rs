@@ -18,6 +18,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
+mod carry;
+pub use carry::{CarriedCheckpoint, CarriedCheckpoints, CheckpointImport, MAX_CARRIED_RUNS};
+
 /// Bytes of image one bit stands for. 64 KiB: QEMU's default dirty-bitmap granularity (so
 /// `qemu-img`/`nbdinfo` users see the extents they are used to), one durable flush per 64 KiB
 /// of newly written disk, and 2 MiB of memory per TiB of disk per checkpoint; an incremental
