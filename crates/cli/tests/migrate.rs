@@ -136,6 +136,8 @@ fn two_daemon_migration(postcopy: bool, tls: bool) {
     assert_eq!(st["outgoing"]["phase"], "precopy", "{st:#}");
 
     if postcopy {
+        // As a destination VM would: connected before the switchover.
+        dst.wait_disk("vol");
         src.ctl_ok(&["migrate-postcopy", "vol"]);
         let st = dst.wait_migrate("vol", "postcopy");
         assert!(
@@ -340,6 +342,8 @@ fn postcopy_cut_between_daemons_pauses_and_recovers() {
         &via_proxy
     ));
     write(&src, &mut expected, 0x21, 3 * MIB, 64 * 1024);
+    // As a destination VM would: connected before the switchover.
+    dst.wait_disk("vol");
     src.ctl_ok(&["migrate-postcopy", "vol"]);
     dst.wait_migrate("vol", "postcopy");
     write(&dst, &mut expected, 0x22, 9 * MIB, 64 * 1024);
