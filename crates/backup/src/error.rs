@@ -38,8 +38,9 @@ pub enum Error {
     NewerFormat { dir: PathBuf, version: u64 },
     #[error("{0}")]
     Usage(String),
-    /// The pull was stopped; what was copied is kept and the same command continues it.
-    #[error("interrupted after {copied} bytes: the same command continues this pull")]
+    /// The pull was stopped; what was copied is kept and the same command continues it, as
+    /// long as the export is the same one (the same backup-start).
+    #[error("interrupted after {copied} bytes: the same command continues this pull from the same export")]
     Interrupted { copied: u64 },
 }
 

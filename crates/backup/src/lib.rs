@@ -30,6 +30,7 @@ mod pull;
 mod read_ahead;
 mod replay;
 mod restore;
+mod resume;
 mod verify;
 
 pub use error::{Error, ErrorKind};

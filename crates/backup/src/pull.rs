@@ -9,19 +9,18 @@
 //!
 //! Resuming: the entry is written to `pull.extents.partial` and `pull.data.partial`; every
 //! 256 MiB (and when interrupted) both are made durable and `pull.progress` records how far
-//! they are good. The same command run again continues from there when it pulls the same
-//! kind of entry from an export of the same size; otherwise the partial files are discarded
-//! (said on the notes callback). This is sound for a point-in-time export (a backup export,
-//! an image nobody writes), which is what a consistent backup needs anyway.
+//! they are good, and from which export. The same command run again continues from there
+//! when the export is the same one (`resume`: the same size and non-empty NBD description);
+//! otherwise the partial files are discarded (said on the notes callback).
 use crate::durable;
 use crate::error::{Error, IoContext};
 use crate::extents::{Kind, Record, Writer};
 use crate::manifest::{self, Entry, EntryKind, FileDigest, Manifest};
 use crate::read_ahead::{Pulled, ReadAhead};
+use crate::resume::{load_resume, why_not_continue, Recorded, Resume, PROGRESS_FILE};
 use cryptblk_nbd_client::{
     Client, NbdUri, BASE_ALLOCATION, DIRTY_BITMAP_PREFIX, STATE_DIRTY, STATE_ZERO,
 };
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Read, Write};
@@ -32,7 +31,6 @@ use std::path::{Path, PathBuf};
 const ZERO_BLOCK: usize = 64 << 10;
 const DURABLE_EVERY: u64 = 256 << 20;
 
-const PROGRESS_FILE: &str = "pull.progress";
 const EXTENTS_PARTIAL: &str = "pull.extents.partial";
 const DATA_PARTIAL: &str = "pull.data.partial";
 const LOCK_FILE: &str = "pull.lock";
@@ -66,21 +64,6 @@ pub struct PullReport {
     pub entry: Entry,
     /// Where an interrupted pull was continued from.
     pub resumed_at: Option<u64>,
-}
-
-/// The state `pull.progress` records: the partial files are good up to these lengths.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-struct Resume {
-    index: usize,
-    checkpoint: String,
-    kind: EntryKind,
-    since: Option<String>,
-    bitmap: Option<String>,
-    disk_size: u64,
-    cursor: u64,
-    extents_bytes: u64,
-    data_bytes: u64,
-    zero_bytes: u64,
 }
 
 /// Pulls one entry into the chain in `options.dir`. `progress` is called after every read;
@@ -138,32 +121,40 @@ pub fn pull(
         since: since.clone(),
         bitmap: bitmap.clone(),
         disk_size,
+        export: client
+            .description()
+            .filter(|d| !d.is_empty())
+            .map(str::to_owned),
         cursor: 0,
         extents_bytes: 0,
         data_bytes: 0,
         zero_bytes: 0,
     };
-    let previous = load_resume(dir);
-    let resume = match previous {
-        Some(r) if same_pull(&r, &wanted, options.checkpoint.as_deref()) => {
-            if partial_files_hold(dir, &r) {
-                Some(r)
-            } else {
+    let resume = match load_resume(dir) {
+        Recorded::Nothing => None,
+        Recorded::Unreadable(why) => {
+            note(&format!(
+                "discarding the interrupted pull recorded in {PROGRESS_FILE}: {why}"
+            ));
+            None
+        }
+        Recorded::Pull(r) => match why_not_continue(&r, &wanted, options.checkpoint.as_deref()) {
+            None if partial_files_hold(dir, &r) => Some(r),
+            None => {
                 note(&format!(
                     "discarding the interrupted pull of checkpoint {:?}: its partial files are missing or shorter than recorded",
                     r.checkpoint
                 ));
                 None
             }
-        }
-        Some(r) => {
-            note(&format!(
-                "discarding the interrupted pull of checkpoint {:?} ({} of {} bytes looked at): this pull is a different one",
-                r.checkpoint, r.cursor, r.disk_size
-            ));
-            None
-        }
-        None => None,
+            Some(why) => {
+                note(&format!(
+                    "discarding the interrupted pull of checkpoint {:?} ({} of {} bytes looked at) and starting over: {why}",
+                    r.checkpoint, r.cursor, r.disk_size
+                ));
+                None
+            }
+        },
     };
     let checkpoint = match (&resume, &options.checkpoint) {
         (Some(r), _) => r.checkpoint.clone(),
@@ -248,25 +239,11 @@ pub fn pull(
     Ok(PullReport { entry, resumed_at })
 }
 
-fn same_pull(previous: &Resume, wanted: &Resume, checkpoint: Option<&str>) -> bool {
-    previous.index == wanted.index
-        && previous.kind == wanted.kind
-        && previous.since == wanted.since
-        && previous.bitmap == wanted.bitmap
-        && previous.disk_size == wanted.disk_size
-        && checkpoint.is_none_or(|c| c == previous.checkpoint)
-}
-
 /// Whether the partial files still hold at least what `r` says is durable.
 fn partial_files_hold(dir: &Path, r: &Resume) -> bool {
     let len = |name: &str| std::fs::metadata(dir.join(name)).map(|m| m.len()).ok();
     len(EXTENTS_PARTIAL).is_some_and(|l| l >= r.extents_bytes && r.extents_bytes >= 8)
         && len(DATA_PARTIAL).is_some_and(|l| l >= r.data_bytes)
-}
-
-fn load_resume(dir: &Path) -> Option<Resume> {
-    let bytes = std::fs::read(dir.join(PROGRESS_FILE)).ok()?;
-    serde_json::from_slice(&bytes).ok()
 }
 
 fn now() -> u64 {

@@ -1,5 +1,6 @@
 //! The chain against QEMU's own NBD server (`qemu-nbd`): a full pull of a qcow2 disk's
-//! allocated extents, interrupted and continued; incrementals through persistent dirty
+//! allocated extents, interrupted and continued only once the export has a description
+//! (`qemu-nbd -D`) that names its point in time; incrementals through persistent dirty
 //! bitmaps (`qemu-img bitmap`, `qemu-nbd -B`); each checkpoint restored equals the disk as
 //! `qemu-img convert` saw it then; verify names a damaged entry.
 use cryptblk_backup::{pull, restore, verify, Error, PullOptions};
@@ -27,7 +28,8 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// qemu-nbd serving `image` read-only (with `bitmap`, if any) until dropped.
+/// qemu-nbd serving `image` read-only (with `bitmap` and `description`, if any) until
+/// dropped.
 struct QemuNbd {
     child: Child,
     uri: String,
@@ -35,12 +37,24 @@ struct QemuNbd {
 
 impl QemuNbd {
     fn start(dir: &Path, image: &Path, bitmap: Option<&str>) -> QemuNbd {
+        QemuNbd::described(dir, image, bitmap, None)
+    }
+
+    fn described(
+        dir: &Path,
+        image: &Path,
+        bitmap: Option<&str>,
+        description: Option<&str>,
+    ) -> QemuNbd {
         let socket = dir.join("nbd.sock");
         let _ = std::fs::remove_file(&socket);
         let mut cmd = Command::new("qemu-nbd");
         cmd.args(["-r", "-t", "-f", "qcow2", "-x", "disk", "-k", s(&socket)]);
         if let Some(b) = bitmap {
             cmd.args(["-B", b]);
+        }
+        if let Some(d) = description {
+            cmd.args(["-D", d]);
         }
         let child = cmd.arg(image).spawn().expect("qemu-nbd");
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -120,12 +134,12 @@ fn a_chain_pulled_from_qemu_nbd_restores_every_checkpoint() {
     run("qemu-img", &["bitmap", "--add", s(&image), "c0"]);
     let at_c0 = snapshot(&image, &dir.join("c0.raw"));
 
-    // A full pull, stopped after its first two reads, then continued by the same call.
-    {
-        let nbd = QemuNbd::start(dir, &image, None);
+    // A full pull stopped after its first two reads, by `stop_early`, with the notes it made.
+    let stop_early = |uri: &str| {
         let mut reads = 0;
+        let mut notes = Vec::new();
         let stopped = pull(
-            &options(&nbd.uri, &chain, false, "c0"),
+            &options(uri, &chain, false, "c0"),
             |_| {
                 reads += 1;
                 if reads == 2 {
@@ -134,11 +148,35 @@ fn a_chain_pulled_from_qemu_nbd_restores_every_checkpoint() {
                     ControlFlow::Continue(())
                 }
             },
-            |_| {},
+            |n| notes.push(n.to_string()),
         );
         assert!(
             matches!(stopped, Err(Error::Interrupted { .. })),
             "{stopped:?}"
+        );
+        notes
+    };
+    // Without a description nothing says the export is the same point in time as the one
+    // the interrupted pull read: the same command starts over ...
+    {
+        let nbd = QemuNbd::start(dir, &image, None);
+        assert_eq!(stop_early(&nbd.uri), Vec::<String>::new());
+        let notes = stop_early(&nbd.uri);
+        assert!(
+            notes.len() == 1
+                && notes[0].contains("no description")
+                && notes[0].contains("starting over"),
+            "{notes:?}"
+        );
+    }
+    // ... and with one (`qemu-nbd -D`), the same description is continued, after the pull
+    // recorded without one is discarded.
+    {
+        let nbd = QemuNbd::described(dir, &image, None, Some("disk.qcow2 at c0"));
+        let notes = stop_early(&nbd.uri);
+        assert!(
+            notes.len() == 1 && notes[0].contains("does not say which export"),
+            "{notes:?}"
         );
         let mut notes = Vec::new();
         let report = pull(

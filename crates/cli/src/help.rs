@@ -141,6 +141,8 @@ is recorded, not stored. The export must be a point-in-time view (a backup expor
 nobody writes) for the entry to be consistent.
 
 The entry is written to pull.*.partial files, made durable every 256 MiB; the manifest is
-replaced last. SIGINT/SIGTERM stop durably, and the same command continues from there (a
-different pull discards the partial entry, with a note). Exit status 4 means the chain in DIR
-is damaged.";
+replaced last. SIGINT/SIGTERM stop durably, and the same command continues from there when
+the export is the same one: the same size and the same non-empty NBD description (cryptblk's
+backup export names each backup-start in it, so a backup started again is another export;
+qemu-nbd: -D). Any other pull discards the partial entry and starts over, with a note. Exit
+status 4 means the chain in DIR is damaged.";

@@ -32,6 +32,24 @@ use std::sync::{Arc, PoisonError};
 /// The lowest `max-bandwidth`: one largest NBD read (32 MiB) per 32 s.
 const MIN_BANDWIDTH: u64 = 1 << 20;
 
+/// A new backup's identity: 128 random bits in hex. Two backups of one disk at one
+/// checkpoint (one failed, one started again) hold different bytes; their ids tell a pull so.
+fn backup_id() -> Result<String> {
+    let mut bits = [0u8; 16];
+    openssl::rand::rand_bytes(&mut bits)
+        .map_err(|e| Error::caused("choosing the backup's id (the random generator)", e))?;
+    Ok(bits.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The backup export's NBD description. It starts with `backup ID`: `backup pull` compares
+/// descriptions to know it reads the same backup as the pull it continues.
+fn export_description(id: &str, disk: &str, checkpoint: &str) -> String {
+    format!(
+        "backup {id} of disk {disk} at checkpoint {checkpoint}: the image's bytes (LUKS \
+         header and ciphertext) as they were when it started"
+    )
+}
+
 impl Daemon {
     pub(crate) fn backup_start(&self, p: &BackupStartParams) -> Result<BackupStarted> {
         let disk = self.attached(&p.name)?;
@@ -73,6 +91,7 @@ impl Daemon {
                 )));
             }
         }
+        let id = backup_id()?;
         let marked = disk.activity.begin_backup(&p.name)?;
         let created = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -128,11 +147,7 @@ impl Daemon {
         let registry = ExportRegistry::new();
         let export = Export {
             name: p.name.clone(),
-            description: format!(
-                "backup of disk {} at checkpoint {}: the image's bytes (LUKS header and \
-                 ciphertext) as they were when it started",
-                p.name, p.checkpoint
-            ),
+            description: export_description(&id, &p.name, &p.checkpoint),
             device,
             read_only: true,
             stats: Arc::new(IoStats::default()),
@@ -202,11 +217,13 @@ impl Daemon {
             disk = %p.name,
             checkpoint = %p.checkpoint,
             incremental = ?p.incremental,
+            backup = %id,
             "backup export serving on {listen}"
         );
         Ok(BackupStarted {
             name: p.name.clone(),
             checkpoint: p.checkpoint.clone(),
+            id,
             incremental: p.incremental.clone(),
             nbd: listen,
             export: p.name.clone(),

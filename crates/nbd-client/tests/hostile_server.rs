@@ -65,6 +65,11 @@ impl Bytes {
 /// What QEMU sends for: handshake with both contexts, one block status (cookie 1), one
 /// 8 KiB read at 0 (cookie 2: 4 KiB of data, then a 4 KiB hole).
 fn valid_session() -> Vec<u8> {
+    session(None)
+}
+
+/// [`valid_session`], the export's GO answer with NBD_INFO_DESCRIPTION `description` too.
+fn session(description: Option<&[u8]>) -> Vec<u8> {
     let mut b = Bytes::default();
     b.u64(0x4e42_444d_4147_4943)
         .u64(0x4948_4156_454f_5054)
@@ -79,6 +84,11 @@ fn valid_session() -> Vec<u8> {
     let mut info = Bytes::default();
     info.u16(0).u64(SIZE).u16(1 | 2);
     b.option_reply(7, 3, &info.0);
+    if let Some(description) = description {
+        let mut info = Bytes::default();
+        info.u16(2).raw(description);
+        b.option_reply(7, 3, &info.0);
+    }
     b.option_reply(7, 1, &[]);
     let mut status = Bytes::default();
     status
@@ -113,6 +123,25 @@ fn run(input: Vec<u8>) -> Result<(Vec<Extent>, Vec<u8>), Error> {
     let mut buf = vec![0x11u8; size.min(8192) as usize];
     client.read(0, &mut buf)?;
     Ok((extents, buf))
+}
+
+#[test]
+fn the_export_description_is_what_the_server_sent_or_none() {
+    let handshake = |input| {
+        Client::handshake(
+            Server(Cursor::new(input)),
+            "disk",
+            &[BASE_ALLOCATION, BITMAP],
+        )
+        .unwrap()
+    };
+    let described = handshake(session(Some(b"backup 0f3c of disk vol")));
+    assert_eq!(described.description(), Some("backup 0f3c of disk vol"));
+    assert_eq!(described.info().size, SIZE);
+    assert_eq!(handshake(valid_session()).description(), None);
+    // Not UTF-8, as the spec wants it: kept (lossily) rather than refused.
+    let odd = handshake(session(Some(b"disk \xff")));
+    assert_eq!(odd.description(), Some("disk \u{fffd}"));
 }
 
 #[test]

@@ -45,6 +45,10 @@ pub const DEFAULT_SCRATCH_SIZE: u64 = 1 << 30;
 pub struct BackupStarted {
     pub name: String,
     pub checkpoint: String,
+    /// This backup's identity: 32 random hex digits, new at every `backup-start` (a backup
+    /// started again at the same checkpoint gets another). The export's NBD description
+    /// carries it, so a pull continues an interrupted copy only from the same backup.
+    pub id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incremental: Option<String>,
     /// Where the export listens (a port 0 resolved).

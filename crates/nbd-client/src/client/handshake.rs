@@ -22,6 +22,7 @@ impl<S: Read + Write> Client<S> {
         let mut client = Client {
             stream: BufReader::new(stream),
             info: ExportInfo { size: 0, flags: 0 },
+            description: None,
             contexts: Vec::new(),
             next_cookie: 1,
             covered: Vec::new(),
@@ -155,10 +156,14 @@ impl<S: Read + Write> Client<S> {
         Ok(())
     }
 
+    /// GO on `export`, asking for its description too: a backup pull tells one backup
+    /// export from another by it (a server that has none, or ignores the request, sends
+    /// none).
     fn go(&mut self, export: &str) -> Result<(), Error> {
         let mut payload = Vec::new();
         put_string(&mut payload, export);
-        payload.extend_from_slice(&0u16.to_be_bytes());
+        payload.extend_from_slice(&1u16.to_be_bytes());
+        payload.extend_from_slice(&INFO_DESCRIPTION.to_be_bytes());
         self.send_option(OPT_GO, &payload)?;
         let mut info = None;
         loop {
@@ -167,10 +172,18 @@ impl<S: Read + Write> Client<S> {
                 REP_ACK => break,
                 REP_INFO => {
                     let mut f = Fields::new(&reply);
-                    if f.u16("an info reply")? == INFO_EXPORT {
-                        let size = f.u64("the export info")?;
-                        let flags = f.u16("the export info")?;
-                        info = Some(ExportInfo { size, flags });
+                    match f.u16("an info reply")? {
+                        INFO_EXPORT => {
+                            let size = f.u64("the export info")?;
+                            let flags = f.u16("the export info")?;
+                            info = Some(ExportInfo { size, flags });
+                        }
+                        // UTF-8 by the spec; a server that sends other bytes still has its
+                        // description compared as it came (lossily decoded).
+                        INFO_DESCRIPTION => {
+                            self.description = Some(String::from_utf8_lossy(f.rest()).into_owned());
+                        }
+                        _ => {}
                     }
                 }
                 other => {

@@ -39,6 +39,8 @@ impl<T: Read + Write + Send> Connection for T {}
 pub struct Client<S: Read + Write = Box<dyn Connection>> {
     stream: BufReader<S>,
     info: ExportInfo,
+    /// The export's NBD_INFO_DESCRIPTION, if the server sent one.
+    description: Option<String>,
     contexts: Vec<(String, u32)>,
     next_cookie: u64,
     /// Ranges (relative to the request) the chunks of the current READ reply covered.
@@ -82,6 +84,12 @@ impl<S: Read + Write> Client<S> {
     /// The export's size and flags.
     pub fn info(&self) -> ExportInfo {
         self.info
+    }
+
+    /// The export's description (NBD_INFO_DESCRIPTION), if the server sent one; at most
+    /// an option reply's bound (64 KiB) long.
+    pub fn description(&self) -> Option<&str> {
+        self.description.as_deref()
     }
 
     /// The id the server gave a selected metadata context.
