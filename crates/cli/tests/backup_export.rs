@@ -9,7 +9,7 @@
 //! checkpoints cannot change under it.
 mod common;
 
-use common::backup::{chain_extents, merged, nbdinfo_dirty, qemu_img_dirty};
+use common::backup::{chain_extents, covers, merged, nbdinfo_dirty, qemu_img_dirty};
 use common::*;
 use serde_json::Value;
 use std::path::Path;
@@ -49,12 +49,6 @@ fn listed(daemon: &Daemon, checkpoint: &str) -> Option<Vec<(u64, u64)>> {
 
 fn manifest(chain: &Path) -> Value {
     serde_json::from_slice(&read(&chain.join("manifest.json"))).unwrap()
-}
-
-fn covers(ranges: &[(u64, u64)], offset: u64, len: u64) -> bool {
-    ranges
-        .iter()
-        .any(|&(o, l)| o <= offset && offset + len <= o + l)
 }
 
 /// `ctl backup-start vol ARGS...`.

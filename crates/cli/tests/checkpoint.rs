@@ -4,22 +4,8 @@
 //! `ctl upgrade` handed the disk to a new daemon.
 mod common;
 
-use common::backup::checkpoint_extents;
+use common::backup::{checkpoint_extents, covers};
 use common::*;
-
-/// Whether `ranges` cover `len` bytes at `offset`.
-fn covers(ranges: &[(u64, u64)], offset: u64, len: u64) -> bool {
-    let mut at = offset;
-    for &(o, l) in ranges {
-        if o <= at && at < o + l {
-            at = o + l;
-        }
-        if at >= offset + len {
-            return true;
-        }
-    }
-    false
-}
 
 #[test]
 fn checkpoints_list_every_write_since_them_across_a_kill_9_and_an_upgrade() {

@@ -31,7 +31,9 @@
 //! backup-start, as QEMU's is). Every fio round must pass.
 mod common;
 
-use common::backup::{chain_extents, checkpoint_extents, merged, nbdinfo_dirty, qemu_img_dirty};
+use common::backup::{
+    chain_extents, checkpoint_extents, covers, merged, nbdinfo_dirty, qemu_img_dirty,
+};
 use common::*;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -157,12 +159,6 @@ fn regions(ranges: &[(u64, u64)]) -> BTreeSet<u64> {
             offset / REGION..(offset + len) / REGION
         })
         .collect()
-}
-
-fn covers(ranges: &[(u64, u64)], offset: u64, len: u64) -> bool {
-    ranges
-        .iter()
-        .any(|&(o, l)| o <= offset && offset + len <= o + l)
 }
 
 /// One checkpoint taken: its name, the image file copied at it, the marks written by then.

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Writes `pattern` at `off` through qemu-io on `daemon`'s export "vol", reads it back, and
@@ -32,24 +32,6 @@ struct TwoDaemons {
     src: Daemon,
     dst: Daemon,
     expected: Vec<u8>,
-}
-
-/// `migrate-incoming` of "vol" into `dst_img` (NBD export on, `extra` added); returns the
-/// address the destination listens on.
-fn incoming(dst: &Daemon, dst_img: &Path, key: &Path, extra: &[&str]) -> String {
-    let mut args = vec![
-        "migrate-incoming",
-        "vol",
-        "--image",
-        s(dst_img),
-        "--key-file",
-        s(key),
-        "--listen",
-        "tcp:127.0.0.1:0",
-        "--nbd-export",
-    ];
-    args.extend_from_slice(extra);
-    dst.ctl_ok(&args)["listen"].as_str().unwrap().to_string()
 }
 
 fn two_daemons(seed: u64, fill: bool) -> TwoDaemons {
@@ -107,7 +89,7 @@ fn two_daemon_migration(postcopy: bool, tls: bool) {
         tls_args = vec!["--tls-creds", s(&creds)];
     }
 
-    let listen = incoming(&dst, &dst_img, key, &tls_args);
+    let listen = migrate_incoming(&dst, &dst_img, key, &tls_args);
 
     let mut start = vec![
         "migrate-start",
@@ -233,7 +215,7 @@ fn migration_refusals_and_cancel() {
     out.error_line(&["already exists"]);
     assert_eq!(std::fs::read(&existing).unwrap(), b"precious");
 
-    let listen = incoming(&dst, &dst_img, key, &[]);
+    let listen = migrate_incoming(&dst, &dst_img, key, &[]);
     src.ctl_ok(&argv!(
         "migrate-start vol --to {} --max-bandwidth 2M",
         &listen
@@ -334,7 +316,7 @@ fn postcopy_cut_between_daemons_pauses_and_recovers() {
         dst,
         mut expected,
     } = two_daemons(31, true);
-    let listen = incoming(&dst, &dst_img, img.key(), &[]);
+    let listen = migrate_incoming(&dst, &dst_img, img.key(), &[]);
     let proxy = Proxy::start(listen.trim_start_matches("tcp:").to_string());
     let via_proxy = format!("tcp:{}", proxy.addr);
     src.ctl_ok(&argv!(

@@ -5,23 +5,9 @@
 //! on. A cancelled migration leaves the source's checkpoints as they were, recording.
 mod common;
 
-use common::backup::checkpoint_extents;
+use common::backup::{checkpoint_extents, covers};
 use common::*;
 use serde_json::Value;
-
-/// Whether `ranges` cover `len` bytes at `offset`.
-fn covers(ranges: &[(u64, u64)], offset: u64, len: u64) -> bool {
-    let mut at = offset;
-    for &(o, l) in ranges {
-        if o <= at && at < o + l {
-            at = o + l;
-        }
-        if at >= offset + len {
-            return true;
-        }
-    }
-    false
-}
 
 /// Source writes before c1 (A), after it (B) and during the migration (B2); destination
 /// writes after the switchover (C). Payload offsets, 4 KiB each unless said.
@@ -88,20 +74,7 @@ fn migration_carries_checkpoints(postcopy: bool) {
     }
     let source_list = src.ctl_ok(&["checkpoint-list", "vol"]);
 
-    let listen = dst.ctl_ok(&[
-        "migrate-incoming",
-        "vol",
-        "--image",
-        s(&dst_img),
-        "--key-file",
-        s(&key),
-        "--listen",
-        "tcp:127.0.0.1:0",
-        "--nbd-export",
-    ])["listen"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let listen = migrate_incoming(&dst, &dst_img, &key, &[]);
     let mut start = vec!["migrate-start", "vol", "--to", &listen];
     if postcopy {
         start.extend(["--postcopy", "--max-bandwidth", "4M"]);
@@ -237,20 +210,7 @@ fn a_cancelled_migration_leaves_the_source_checkpoints_recording() {
     src.ctl_ok(&["checkpoint-add", "vol", "c0"]);
     let payload = payload_offset(&src);
     write(&src, 0x10, A[0]);
-    let listen = dst.ctl_ok(&[
-        "migrate-incoming",
-        "vol",
-        "--image",
-        s(&dst_img),
-        "--key-file",
-        s(&key),
-        "--listen",
-        "tcp:127.0.0.1:0",
-        "--nbd-export",
-    ])["listen"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let listen = migrate_incoming(&dst, &dst_img, &key, &[]);
     // Slow enough that the cancel comes during precopy.
     src.ctl_ok(&[
         "migrate-start",

@@ -90,3 +90,17 @@ pub fn checkpoint_extents(daemon: &Daemon, disk: &str, checkpoint: &str) -> Vec<
         .map(|e| (e[0].as_u64().unwrap(), e[1].as_u64().unwrap()))
         .collect()
 }
+
+/// Whether `ranges` (sorted) together cover `len` bytes at `offset`.
+pub fn covers(ranges: &[(u64, u64)], offset: u64, len: u64) -> bool {
+    let mut at = offset;
+    for &(o, l) in ranges {
+        if o <= at && at < o + l {
+            at = o + l;
+        }
+        if at >= offset + len {
+            return true;
+        }
+    }
+    false
+}

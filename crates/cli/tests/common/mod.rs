@@ -9,3 +9,26 @@ pub mod backup;
 pub mod online;
 pub mod secret;
 pub mod xts;
+
+/// `ctl migrate-incoming vol` on `dst` into `dst_img` (its NBD export on, `extra` added);
+/// returns the address the destination listens on.
+pub fn migrate_incoming(
+    dst: &Daemon,
+    dst_img: &std::path::Path,
+    key: &std::path::Path,
+    extra: &[&str],
+) -> String {
+    let mut args = vec![
+        "migrate-incoming",
+        "vol",
+        "--image",
+        s(dst_img),
+        "--key-file",
+        s(key),
+        "--listen",
+        "tcp:127.0.0.1:0",
+        "--nbd-export",
+    ];
+    args.extend_from_slice(extra);
+    dst.ctl_ok(&args)["listen"].as_str().unwrap().to_string()
+}
