@@ -172,8 +172,11 @@ impl Load {
 
     /// Stops fio and returns its write IOPS (fio writes its JSON on SIGTERM).
     fn stop(mut self) -> Option<f64> {
-        // SAFETY: kill(2) on our own child's PID, which `wait` has not reaped yet.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        // Our own child, not reaped yet (if it already exited, the wait below finds that).
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::TERM,
+        );
         let start = Instant::now();
         while matches!(self.child.try_wait(), Ok(None)) && start.elapsed() < Duration::from_secs(10)
         {

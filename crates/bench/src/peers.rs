@@ -43,8 +43,11 @@ impl Running {
     /// SIGTERM (a clean stop for both servers), then waits; any exit but 0 or 143 (SIGTERM
     /// itself) is worth a look and shows with the server's log.
     pub fn stop(mut self) -> Result<()> {
-        // SAFETY: kill(2) on our own child, not reaped yet.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        // Our own child, not reaped yet (if it already exited, the wait below finds that).
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::TERM,
+        );
         let status = self.child.wait()?;
         use std::os::unix::process::ExitStatusExt;
         if !(status.success()
@@ -63,8 +66,11 @@ impl Running {
     /// v24.01's vhost target can hang in its shutdown after a client left ("Timeout waiting
     /// for event: stop session") and then ignores SIGTERM.
     pub fn stop_or_kill(mut self, grace: Duration) -> Result<()> {
-        // SAFETY: kill(2) on our own child, not reaped yet.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        // Our own child, not reaped yet (if it already exited, the wait below finds that).
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::TERM,
+        );
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
             if self.child.try_wait()?.is_some() {

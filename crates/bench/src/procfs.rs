@@ -30,8 +30,8 @@ pub fn process_ticks(pid: u32) -> Result<u64> {
 }
 
 pub fn ticks_per_second() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    // What sysconf(_SC_CLK_TCK) answers: the kernel's AT_CLKTCK.
+    let hz = rustix::param::clock_ticks_per_second();
     if hz > 0 {
         hz as f64
     } else {
@@ -111,13 +111,8 @@ pub fn fs_type(dir: &Path) -> Result<String> {
 /// shared host can take minutes).
 pub fn sync_fs(path: &Path) -> Result<()> {
     let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: the descriptor is open for the duration of the call.
-    if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)) } != 0 {
-        bail!(
-            "syncfs({}): {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        );
+    if let Err(e) = rustix::fs::syncfs(&f) {
+        bail!("syncfs({}): {}", path.display(), std::io::Error::from(e));
     }
     Ok(())
 }
@@ -135,20 +130,12 @@ pub fn drop_caches(images: &[&Path]) -> Result<()> {
     for image in images {
         let f =
             std::fs::File::open(image).with_context(|| format!("opening {}", image.display()))?;
-        // SAFETY: the descriptor is open for the duration of the call.
-        let rc = unsafe {
-            libc::posix_fadvise(
-                std::os::fd::AsRawFd::as_raw_fd(&f),
-                0,
-                0,
-                libc::POSIX_FADV_DONTNEED,
-            )
-        };
-        if rc != 0 {
+        // From 0 to the end (no length).
+        if let Err(e) = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed) {
             bail!(
                 "posix_fadvise({}): {}",
                 image.display(),
-                std::io::Error::from_raw_os_error(rc)
+                std::io::Error::from(e)
             );
         }
     }

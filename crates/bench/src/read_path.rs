@@ -114,8 +114,7 @@ pub fn run(
     if args.old.is_none() {
         preset.peers.retain(|p| p != "o");
     }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         bail!("run as root: the page cache is dropped before every run");
     }
     for tool in [&cryptblk, &vu_bench].into_iter().chain(&args.old) {

@@ -51,19 +51,9 @@ impl Drop for WorkDir {
 
 /// Bytes an unprivileged user may still write to the filesystem holding `dir`.
 pub fn free_bytes(dir: &Path) -> Result<u64> {
-    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-        .with_context(|| format!("{} holds a NUL byte", dir.display()))?;
-    // SAFETY: statvfs is plain data, for which all zeroes is a valid value.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a NUL-terminated path and `s` a writable statvfs, both live for the call.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        bail!(
-            "statvfs({}): {}",
-            dir.display(),
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(s.f_bavail as u64 * s.f_frsize as u64)
+    let s = rustix::fs::statvfs(dir)
+        .map_err(|e| anyhow::anyhow!("statvfs({}): {}", dir.display(), std::io::Error::from(e)))?;
+    Ok(s.f_bavail * s.f_frsize)
 }
 
 /// A fresh random passphrase (48 hex digits) in `path`, as the images of `images.rs` get.

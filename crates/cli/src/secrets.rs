@@ -1,7 +1,9 @@
 //! Passphrases come from a file, a file descriptor path, stdin, or a no-echo terminal prompt;
 //! never from argv. Everything read is held in zeroizing buffers.
 use anyhow::{bail, Context, Result};
+use rustix::termios::{tcgetattr, tcsetattr, LocalModes, OptionalActions, Termios};
 use std::io::{IsTerminal, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use zeroize::Zeroizing;
 
@@ -42,58 +44,45 @@ fn read_line(from: &mut dyn Read) -> Result<Zeroizing<Vec<u8>>> {
 }
 
 fn prompt_no_echo(prompt: &str) -> Result<Zeroizing<Vec<u8>>> {
-    let mut tty = std::fs::OpenOptions::new()
+    let tty = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/tty")
         .context("opening /dev/tty to ask for the passphrase (use --key-file instead)")?;
     let echo_off = EchoGuard::new(&tty)?;
     (&tty).write_all(prompt.as_bytes())?;
-    let line = read_line(&mut tty);
+    let line = read_line(&mut &tty);
     drop(echo_off);
     (&tty).write_all(b"\n")?;
     line
 }
 
 /// Turns terminal echo off for its lifetime and restores it on drop, even on error paths.
-struct EchoGuard {
-    fd: std::os::fd::RawFd,
-    saved: libc::termios,
+struct EchoGuard<'tty> {
+    tty: BorrowedFd<'tty>,
+    saved: Termios,
 }
 
-impl EchoGuard {
-    fn new(tty: &std::fs::File) -> Result<Self> {
-        use std::os::fd::AsRawFd;
-        let fd = tty.as_raw_fd();
-        // SAFETY: termios is plain old data; tcgetattr fully initialises it on success, and we
-        // only use it after checking the return value.
-        let mut saved: libc::termios = unsafe { std::mem::zeroed() };
-        // SAFETY: fd is an open terminal descriptor owned by `tty`, `saved` is a valid pointer.
-        if unsafe { libc::tcgetattr(fd, &mut saved) } != 0 {
-            bail!(
-                "cannot read terminal settings: {}",
-                std::io::Error::last_os_error()
-            );
+impl<'tty> EchoGuard<'tty> {
+    fn new(tty: &'tty std::fs::File) -> Result<Self> {
+        let tty = tty.as_fd();
+        let saved = match tcgetattr(tty) {
+            Ok(saved) => saved,
+            Err(e) => bail!("cannot read terminal settings: {}", std::io::Error::from(e)),
+        };
+        let mut quiet = saved.clone();
+        quiet.local_modes.remove(LocalModes::ECHO);
+        quiet.local_modes.insert(LocalModes::ECHONL);
+        if let Err(e) = tcsetattr(tty, OptionalActions::Flush, &quiet) {
+            bail!("cannot turn off terminal echo: {}", std::io::Error::from(e));
         }
-        let mut quiet = saved;
-        quiet.c_lflag &= !libc::ECHO;
-        quiet.c_lflag |= libc::ECHONL;
-        // SAFETY: same descriptor; `quiet` is a valid termios derived from the current one.
-        if unsafe { libc::tcsetattr(fd, libc::TCSAFLUSH, &quiet) } != 0 {
-            bail!(
-                "cannot turn off terminal echo: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        Ok(EchoGuard { fd, saved })
+        Ok(EchoGuard { tty, saved })
     }
 }
 
-impl Drop for EchoGuard {
+impl Drop for EchoGuard<'_> {
     fn drop(&mut self) {
-        // SAFETY: restores the settings read in `new` on the same, still-open descriptor.
-        unsafe {
-            libc::tcsetattr(self.fd, libc::TCSAFLUSH, &self.saved);
-        }
+        // Nothing to do about a failure here: the prompt has been answered either way.
+        let _ = tcsetattr(self.tty, OptionalActions::Flush, &self.saved);
     }
 }

@@ -9,12 +9,18 @@
 //! more is refused and all of them are closed. Descriptors a request does not claim are closed
 //! when it has been answered. The server never reads from them itself; the handler does.
 //!
-//! Written on libc rather than a crate: the SCM_RIGHTS helper the workspace already has
-//! (vmm-sys-util's `ScmSocket`) reports truncated ancillary data as an error and drops the
-//! bytes read with it, which would lose the frame boundary of a stream socket.
+//! Written on rustix's `recvmsg` rather than vmm-sys-util's `ScmSocket`: that one reports
+//! truncated ancillary data as an error and drops the bytes read with it, which would lose the
+//! frame boundary of a stream socket; rustix hands back the bytes and the `MSG_CTRUNC` flag.
 use crate::rpc_error::RpcError;
-use std::io::{self, Read};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use rustix::io::Errno;
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
+    SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+};
+use std::io::{self, IoSlice, IoSliceMut, Read};
+use std::mem::MaybeUninit;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 /// The most descriptors one request may carry.
@@ -134,53 +140,25 @@ impl FdReader {
     }
 }
 
-/// Room for the control message of [`MAX_FDS_PER_REQUEST`] descriptors, aligned for cmsghdr.
-#[repr(C, align(8))]
-struct CmsgBuffer([u8; 64]);
-
 impl Read for FdReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let mut control = CmsgBuffer([0; 64]);
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: CMSG_SPACE only computes a size.
-        let space = unsafe { libc::CMSG_SPACE((MAX_FDS_PER_REQUEST * 4) as u32) } as usize;
-        debug_assert!(space <= control.0.len());
-        // SAFETY: an all-zero msghdr is a valid empty one; the fields set below point at
-        // `iov` and `control`, which outlive the recvmsg call.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.0.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: the socket is open for the call; `msg` describes `buf` (writable, its
-        // length) and `control` (writable, `space` bytes, aligned for cmsghdr).
-        let n = unsafe { libc::recvmsg(self.stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let n = n as usize;
+        let mut space =
+            [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_REQUEST))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let received = recvmsg(
+            &self.stream,
+            &mut [IoSliceMut::new(buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        )?;
+        let n = received.bytes;
         let mut fds = Vec::new();
-        // SAFETY: `msg` was filled in by recvmsg; CMSG_FIRSTHDR/NXTHDR stay within
-        // msg_controllen, and each SCM_RIGHTS payload holds `(cmsg_len - CMSG_LEN(0)) / 4`
-        // descriptors the kernel just installed in this process, owned by nobody else.
-        unsafe {
-            let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-            while !cmsg.is_null() {
-                if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                    let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
-                    let count = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
-                        / size_of::<RawFd>();
-                    for i in 0..count {
-                        fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
-                    }
-                }
-                cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(rights) = message {
+                fds.extend(rights);
             }
         }
-        let truncated = msg.msg_flags & libc::MSG_CTRUNC != 0;
+        let truncated = received.flags.contains(ReturnFlags::CTRUNC);
         self.received += n as u64;
         if !fds.is_empty() || truncated {
             self.arrivals.push(Arrival {
@@ -231,45 +209,25 @@ pub(crate) fn send_with_fds(
             format!("at most {MAX_FDS_PER_REQUEST} file descriptors go with one request"),
         ));
     }
-    let mut control = CmsgBuffer([0; 64]);
-    let payload = size_of_val(fds);
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(payload as u32) } as usize;
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr().cast_mut().cast(),
-        iov_len: data.len(),
-    };
-    // SAFETY: an all-zero msghdr is a valid empty one; the fields set below point at `iov`
-    // and `control`, which outlive the sendmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.0.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: `control` is aligned for cmsghdr and `space` (at most 64 bytes for four
-    // descriptors) long, so the first header and its payload of `fds.len()` descriptors fit;
-    // sendmsg only reads `data` through `iov`, and the descriptors are open (borrowed).
-    let sent = unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(payload as u32) as _;
-        let out = libc::CMSG_DATA(cmsg).cast::<RawFd>();
-        for (i, fd) in fds.iter().enumerate() {
-            out.add(i).write_unaligned(fd.as_raw_fd());
-        }
-        loop {
-            let n = libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL);
-            if n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                break n;
-            }
+    let mut space =
+        [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_REQUEST))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fit = control.push(SendAncillaryMessage::ScmRights(fds));
+    debug_assert!(fit, "the buffer holds MAX_FDS_PER_REQUEST descriptors");
+    let sent = loop {
+        match sendmsg(
+            stream,
+            &[IoSlice::new(data)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        ) {
+            Ok(sent) => break sent,
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     };
-    if sent < 0 {
-        return Err(io::Error::last_os_error());
-    }
     // The descriptors went with the first part; the rest of the line follows plainly.
-    (&mut &*stream).write_all(&data[sent as usize..])
+    (&mut &*stream).write_all(&data[sent..])
 }
 
 #[cfg(test)]
@@ -279,11 +237,7 @@ mod tests {
     use std::os::fd::AsFd;
 
     fn pipe() -> (OwnedFd, OwnedFd) {
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two descriptors pipe writes.
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        // SAFETY: pipe2 just created both; nothing else owns them.
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap()
     }
 
     #[test]
@@ -317,27 +271,18 @@ mod tests {
         let pipes: Vec<_> = (0..MAX_FDS_PER_REQUEST + 1).map(|_| pipe()).collect();
         let fds: Vec<BorrowedFd<'_>> = pipes.iter().map(|(r, _)| r.as_fd()).collect();
         assert!(send_with_fds(&a, b"x\n", &fds).is_err());
-        // Sent raw, past the client's own check.
-        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-        let mut control = CmsgBuffer([0; 64]);
-        let mut iov = libc::iovec {
-            iov_base: b"x\n".as_ptr().cast_mut().cast(),
-            iov_len: 2,
-        };
-        // SAFETY: as in send_with_fds; five descriptors take 16 + 20 bytes, within 64.
-        unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = control.0.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(20) as _;
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(20) as _;
-            std::ptr::copy_nonoverlapping(raw.as_ptr(), libc::CMSG_DATA(cmsg).cast(), 5);
-            assert_eq!(libc::sendmsg(a.as_raw_fd(), &msg, 0), 2);
-        }
+        // Sent directly, past the client's own check.
+        let mut space =
+            [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_REQUEST + 1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+        let sent = sendmsg(
+            &a,
+            &[IoSlice::new(b"x\n")],
+            &mut control,
+            SendFlags::empty(),
+        );
+        assert_eq!(sent.unwrap(), 2);
         let mut reader = BufReader::new(FdReader::new(b));
         let mut line = Vec::new();
         let n = reader.read_until(b'\n', &mut line).unwrap();

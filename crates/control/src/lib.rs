@@ -24,6 +24,7 @@
 //! get [`SERVER_SHUTTING_DOWN`]. A request may carry up to [`MAX_FDS_PER_REQUEST`] file
 //! descriptors as SCM_RIGHTS ancillary data, which its params name by index ([`PassedFds`]);
 //! one with more is refused and the descriptors closed.
+#![forbid(unsafe_code)]
 pub mod api;
 mod client;
 mod error;

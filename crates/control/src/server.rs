@@ -9,10 +9,11 @@ use crate::fds::FdReader;
 use crate::protocol::{self, Handler, MAX_LINE};
 use crate::rpc_error::RpcError;
 use crate::socket::{self, FileId};
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::io::Errno;
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::Shutdown;
-use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -209,38 +210,26 @@ impl ControlServer {
         let mut next_id = 0u64;
         while !self.stop.stopping() {
             let mut fds = [
-                libc::pollfd {
-                    fd: listener.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.wake_rx.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
+                PollFd::new(listener, PollFlags::IN),
+                PollFd::new(&self.wake_rx, PollFlags::IN),
             ];
-            // SAFETY: `fds` is a live, exclusively borrowed array of two initialised pollfd
-            // and the length passed matches it; both descriptors are owned by `self` and stay
-            // open for the duration of the call.
-            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-            if ready < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == ErrorKind::Interrupted {
-                    continue;
+            match poll(&mut fds, None) {
+                Ok(_) => {}
+                Err(Errno::INTR) => continue,
+                Err(e) => {
+                    return Err(Error::Io {
+                        what: "cannot wait for clients on",
+                        path: self.path.clone(),
+                        source: e.into(),
+                    })
                 }
-                return Err(Error::Io {
-                    what: "cannot wait for clients on",
-                    path: self.path.clone(),
-                    source: e,
-                });
             }
-            if fds[1].revents != 0 {
+            if !fds[1].revents().is_empty() {
                 // Drain wake-ups; the flag, checked by the loop condition, is what counts.
                 let mut buf = [0u8; 64];
                 while matches!(io::Read::read(&mut &self.wake_rx, &mut buf), Ok(n) if n > 0) {}
             }
-            if fds[0].revents == 0 {
+            if fds[0].revents().is_empty() {
                 continue;
             }
             let stream = match listener.accept() {

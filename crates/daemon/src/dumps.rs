@@ -6,22 +6,20 @@
 //! `ptrace` attach or `/proc/PID/mem` for processes without `CAP_SYS_PTRACE`, even of the same
 //! user (`/proc/PID/*` then belongs to root).
 use crate::error::{Error, Result};
+use rustix::process::{dumpable_behavior, set_dumpable_behavior, DumpableBehavior};
 
 /// Marks this process not dumpable (`PR_SET_DUMPABLE` 0). It stays so across the daemon's
 /// life; an `execve` would reset it, and the daemon runs none.
 pub fn forbid_core_dumps() -> Result<()> {
-    // SAFETY: prctl(PR_SET_DUMPABLE) takes an integer argument and touches no memory of ours.
-    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
-        return Err(Error::caused(
+    set_dumpable_behavior(DumpableBehavior::NotDumpable).map_err(|e| {
+        Error::caused(
             "making the daemon not dumpable (PR_SET_DUMPABLE)",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
+            std::io::Error::from(e),
+        )
+    })
 }
 
 /// Whether this process may be dumped (`PR_GET_DUMPABLE`).
 pub fn is_dumpable() -> bool {
-    // SAFETY: prctl(PR_GET_DUMPABLE) takes no pointer.
-    unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) == 1 }
+    matches!(dumpable_behavior(), Ok(DumpableBehavior::Dumpable))
 }

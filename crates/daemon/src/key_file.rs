@@ -12,8 +12,10 @@
 //! (which would leave the earlier bytes behind in freed memory): a buffer that must grow is
 //! copied into a bigger zeroizing one by hand, and the smaller one is wiped.
 use crate::error::{Context, Error, Result};
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
 use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -162,25 +164,17 @@ impl Read for Bounded {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         loop {
             let left = self.deadline.saturating_duration_since(Instant::now());
-            let mut pfd = libc::pollfd {
-                fd: self.file.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one initialised pollfd, exclusively borrowed, naming a descriptor this
-            // reader owns for the whole call.
-            let ready =
-                unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-            match ready {
-                0 => return Err(std::io::ErrorKind::TimedOut.into()),
-                n if n < 0 => {
-                    let e = std::io::Error::last_os_error();
-                    if e.kind() != std::io::ErrorKind::Interrupted {
-                        return Err(e);
-                    }
-                }
+            let mut pfd = [PollFd::new(&self.file, PollFlags::IN)];
+            // Whole milliseconds, as poll(2) counts them: under one left means no wait.
+            let millis = left.as_millis().min(i32::MAX as u128) as u64;
+            let timeout = Timespec::try_from(Duration::from_millis(millis))
+                .expect("at most i32::MAX milliseconds fit a timespec");
+            match poll(&mut pfd, Some(&timeout)) {
+                Ok(0) => return Err(std::io::ErrorKind::TimedOut.into()),
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
                 // Readable, at end-of-file or in error: the read will not block.
-                _ => return self.file.read(buf),
+                Ok(_) => return self.file.read(buf),
             }
         }
     }

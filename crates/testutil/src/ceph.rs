@@ -1,6 +1,7 @@
 //! A throwaway single-node Ceph cluster (one monitor, one memstore OSD, pool `rbd`, auth off,
 //! loopback only) in a temp dir, for this test binary; stopped by PID when dropped.
 
+use rustix::process::{kill_process, test_kill_process, Pid, Signal};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -157,21 +158,22 @@ impl Cluster {
             .trim()
             .parse::<i32>()
             .expect("a pid");
-        // SAFETY: kill(2) on the OSD this cluster started (read from its own pid file).
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        let pid = Pid::from_raw(pid).expect("a positive pid");
+        // The OSD this cluster started (read from its own pid file).
+        kill_process(pid, Signal::STOP).expect("stopping the OSD");
         PausedOsd { pid }
     }
 }
 
 /// A stopped OSD; resumed when dropped (also when a test fails while it is stopped).
 pub struct PausedOsd {
-    pid: i32,
+    pid: Pid,
 }
 
 impl Drop for PausedOsd {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on the OSD stopped by `pause_osd`.
-        unsafe { libc::kill(self.pid, libc::SIGCONT) };
+        // The OSD stopped by `pause_osd`.
+        let _ = kill_process(self.pid, Signal::CONT);
     }
 }
 
@@ -182,18 +184,18 @@ impl Drop for Cluster {
             let Ok(pid) = std::fs::read_to_string(&pid_file) else {
                 continue;
             };
-            let Ok(pid) = pid.trim().parse::<i32>() else {
+            let Some(pid) = pid.trim().parse::<i32>().ok().and_then(Pid::from_raw) else {
                 continue;
             };
-            // SAFETY: kill(2) on a PID this cluster started (read from its own pid file).
-            unsafe { libc::kill(pid, libc::SIGTERM) };
+            // A PID this cluster started (read from its own pid file).
+            let _ = kill_process(pid, Signal::TERM);
             let start = Instant::now();
-            // SAFETY: signal 0 only checks that the process exists.
-            while unsafe { libc::kill(pid, 0) } == 0 && start.elapsed() < Duration::from_secs(10) {
+            // Signal 0 only checks that the process exists.
+            while test_kill_process(pid).is_ok() && start.elapsed() < Duration::from_secs(10) {
                 std::thread::sleep(Duration::from_millis(100));
             }
-            // SAFETY: as above; the process ignored SIGTERM for 10 s.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // The process ignored SIGTERM for 10 s.
+            let _ = kill_process(pid, Signal::KILL);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -16,27 +16,23 @@
 //! those too, but needs a process-wide signal handler that can tell a guest-memory fault from
 //! a bug and unwind out of any copy or crypto routine: far more machinery than a check that
 //! QEMU's default configuration already passes.
+use rustix::fs::{fcntl_get_seals, SealFlags};
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 
 /// Ok if `file` may be mapped as guest memory up to byte `end`; see the module comment.
 pub fn check_guest_memory_file(file: &File, end: u64) -> io::Result<()> {
-    // SAFETY: fcntl(F_GET_SEALS) on an open descriptor takes no pointer.
-    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
-    if seals < 0 {
+    let Ok(seals) = fcntl_get_seals(file) else {
         return Err(refused(
             "is not a memfd (it cannot be sealed against shrinking)",
         ));
-    }
-    if seals & libc::F_SEAL_SHRINK == 0 {
-        return Err(refused(
-            if seals & libc::F_SEAL_SEAL != 0 && seals == libc::F_SEAL_SEAL {
-                "is a tmpfs or hugetlbfs file (it cannot be sealed against shrinking)"
-            } else {
-                "is a memfd without F_SEAL_SHRINK"
-            },
-        ));
+    };
+    if !seals.contains(SealFlags::SHRINK) {
+        return Err(refused(if seals == SealFlags::SEAL {
+            "is a tmpfs or hugetlbfs file (it cannot be sealed against shrinking)"
+        } else {
+            "is a memfd without F_SEAL_SHRINK"
+        }));
     }
     let size = file.metadata()?.len();
     if size < end {
@@ -62,25 +58,15 @@ fn refused(what: &str) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::FromRawFd;
+    use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags};
 
-    fn memfd(flags: libc::c_uint) -> File {
-        // SAFETY: a valid NUL-terminated name; the descriptor is checked and then owned.
-        let fd = unsafe { libc::memfd_create(c"cryptblk-test".as_ptr(), flags) };
-        assert!(fd >= 0, "{}", io::Error::last_os_error());
-        // SAFETY: a fresh descriptor nothing else owns.
-        unsafe { File::from_raw_fd(fd) }
-    }
-
-    fn seal(file: &File, seals: libc::c_int) {
-        // SAFETY: fcntl(F_ADD_SEALS) on an open memfd, integer argument.
-        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
-        assert_eq!(rc, 0);
+    fn memfd(flags: MemfdFlags) -> File {
+        File::from(memfd_create("cryptblk-test", flags).unwrap())
     }
 
     #[test]
     fn only_memfds_sealed_against_shrinking_and_long_enough_are_mapped() {
-        let unsealed = memfd(libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+        let unsealed = memfd(MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING);
         unsealed.set_len(1 << 20).unwrap();
         let err = check_guest_memory_file(&unsealed, 1 << 20).unwrap_err();
         assert!(
@@ -88,12 +74,13 @@ mod tests {
             "{err}"
         );
 
-        let sealed = memfd(libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+        let sealed = memfd(MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING);
         sealed.set_len(1 << 20).unwrap();
-        seal(
+        fcntl_add_seals(
             &sealed,
-            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-        );
+            SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+        )
+        .unwrap();
         check_guest_memory_file(&sealed, 1 << 20).unwrap();
         // The seal holds: the file cannot be truncated any more.
         let err = sealed.set_len(4096).unwrap_err();
@@ -107,7 +94,7 @@ mod tests {
         );
 
         // Without MFD_ALLOW_SEALING a memfd carries F_SEAL_SEAL only, like a tmpfs file.
-        let unsealable = memfd(libc::MFD_CLOEXEC);
+        let unsealable = memfd(MemfdFlags::CLOEXEC);
         let err = check_guest_memory_file(&unsealable, 0).unwrap_err();
         assert!(err.to_string().contains("tmpfs or hugetlbfs"), "{err}");
 

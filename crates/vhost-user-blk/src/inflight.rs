@@ -35,9 +35,9 @@
 
 mod record;
 
+use rustix::fs::{fcntl_add_seals, fcntl_get_seals, memfd_create, MemfdFlags, SealFlags};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use vhost::vhost_user::message::VhostUserInflight;
@@ -110,24 +110,15 @@ impl From<Error> for io::Error {
 /// neither grow nor shrink), all zeros (version 0: fresh).
 pub(crate) fn create_region(num_queues: u16, queue_size: u16) -> Result<(File, u64), Error> {
     let size = u64::from(num_queues) * queue_part_size(queue_size);
-    // SAFETY: the name is a NUL-terminated string; the result is checked before use.
-    let fd = unsafe {
-        libc::memfd_create(
-            c"cryptblk-inflight".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    if fd < 0 {
-        return Err(Error::Create(io::Error::last_os_error()));
-    }
-    // SAFETY: `fd` is a fresh descriptor nothing else owns.
-    let file = unsafe { File::from_raw_fd(fd) };
+    let fd = memfd_create(
+        "cryptblk-inflight",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )
+    .map_err(|e| Error::Create(e.into()))?;
+    let file = File::from(fd);
     file.set_len(size).map_err(Error::Create)?;
-    let seals = libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
-    // SAFETY: fcntl on a descriptor owned by `file`, with an integer argument.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(Error::Create(io::Error::last_os_error()));
-    }
+    let seals = SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL;
+    fcntl_add_seals(&file, seals).map_err(|e| Error::Create(e.into()))?;
     Ok((file, size))
 }
 
@@ -168,9 +159,7 @@ impl Region {
                 queue_size: msg.queue_size,
             });
         }
-        // SAFETY: fcntl on a descriptor owned by `file`, no pointer argument.
-        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        if !fcntl_get_seals(&file).is_ok_and(|seals| seals.contains(SealFlags::SHRINK)) {
             return Err(Error::NotSealed);
         }
         let len = file.metadata().map_err(Error::Create)?.len();

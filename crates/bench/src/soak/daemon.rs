@@ -4,6 +4,9 @@
 //! kill -9 followed by the same command line.
 use crate::command::{command_line, show};
 use anyhow::{anyhow, bail, Context, Result};
+use rustix::process::{
+    getpid, kill_process, set_child_subreaper, waitpid, Pid, Signal, WaitOptions,
+};
 use serde_json::Value;
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -34,13 +37,9 @@ pub struct Settings<'a> {
 impl Daemon {
     /// Starts it (not yet ready: see [`Daemon::wait_ready`]).
     pub fn start(s: &Settings) -> Result<Daemon> {
-        // SAFETY: prctl(2) with PR_SET_CHILD_SUBREAPER and an integer argument only sets a
-        // flag of this process.
-        if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-            bail!(
-                "prctl(PR_SET_CHILD_SUBREAPER): {}",
-                std::io::Error::last_os_error()
-            );
+        // Any non-zero argument turns it on; this process's own PID is one.
+        if let Err(e) = set_child_subreaper(Some(getpid())) {
+            bail!("prctl(PR_SET_CHILD_SUBREAPER): {}", std::io::Error::from(e));
         }
         let args: Vec<OsString> = vec![
             "serve".into(),
@@ -175,7 +174,7 @@ impl Daemon {
 
     /// kill -9, then the same command line again.
     pub fn kill_and_restart(&mut self) -> Result<u32> {
-        self.signal(libc::SIGKILL)?;
+        self.signal(Signal::KILL)?;
         reap(self.pid)?;
         self.spawn()?;
         Ok(self.pid)
@@ -183,15 +182,20 @@ impl Daemon {
 
     /// SIGTERM and its exit.
     pub fn stop(&mut self) -> Result<i32> {
-        self.signal(libc::SIGTERM)?;
+        self.signal(Signal::TERM)?;
         reap(self.pid)
     }
 
-    fn signal(&self, signal: libc::c_int) -> Result<()> {
+    fn signal(&self, signal: Signal) -> Result<()> {
         let pid = libc::pid_t::try_from(self.pid)?;
-        // SAFETY: kill(2) on the daemon this process started or adopted and has not reaped.
-        if unsafe { libc::kill(pid, signal) } != 0 {
-            bail!("kill({pid}, {signal}): {}", std::io::Error::last_os_error());
+        let target = Pid::from_raw(pid).ok_or_else(|| anyhow!("kill({pid}): not a process"))?;
+        // The daemon this process started or adopted and has not reaped: the PID is still its.
+        if let Err(e) = kill_process(target, signal) {
+            bail!(
+                "kill({pid}, {}): {}",
+                signal.as_raw(),
+                std::io::Error::from(e)
+            );
         }
         Ok(())
     }
@@ -208,17 +212,13 @@ fn served(list: &Value) -> usize {
 
 /// The wait status of `pid` if it has exited (and reaps it).
 fn try_reap(pid: u32) -> Result<Option<i32>> {
-    let mut status = 0;
-    // SAFETY: waitpid(2) on a child of this process (started or adopted as subreaper);
-    // `status` is a valid int.
-    let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
-    match r {
-        0 => Ok(None),
-        r if r > 0 => Ok(Some(status)),
-        _ => Err(anyhow!(
-            "waitpid({pid}): {}",
-            std::io::Error::last_os_error()
-        )),
+    let target = Pid::from_raw(pid as libc::pid_t)
+        .ok_or_else(|| anyhow!("waitpid({pid}): not a process"))?;
+    // A child of this process (started or adopted as subreaper).
+    match waitpid(Some(target), WaitOptions::NOHANG) {
+        Ok(None) => Ok(None),
+        Ok(Some((_, status))) => Ok(Some(status.as_raw())),
+        Err(e) => Err(anyhow!("waitpid({pid}): {}", std::io::Error::from(e))),
     }
 }
 

@@ -1,8 +1,8 @@
 //! Direct-I/O alignment: what O_DIRECT on this file accepts, and how a request is routed.
 
 use crate::DIRECT_IO_ALIGN;
+use rustix::fs::{statx, AtFlags, StatxFlags};
 use std::fs::File;
-use std::os::fd::AsRawFd;
 
 /// The alignment O_DIRECT needs on one file (statx `STATX_DIOALIGN`): buffer addresses to
 /// `mem` bytes, file offsets and lengths (of every segment) to `offset` bytes.
@@ -37,22 +37,15 @@ impl DioAlign {
     /// The alignment of a file opened with O_DIRECT; `None` when the file does not support
     /// direct I/O after all, or wants an alignment our bounce buffers cannot give.
     pub(crate) fn probe(file: &File) -> Option<DioAlign> {
-        // SAFETY: statx is a plain struct of integers, for which all-zero is a valid value.
-        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-        // SAFETY: an empty path with AT_EMPTY_PATH makes statx describe the open descriptor;
-        // `stx` is a valid, writable statx buffer that outlives the call.
-        let rc = unsafe {
-            libc::statx(
-                file.as_raw_fd(),
-                c"".as_ptr(),
-                libc::AT_EMPTY_PATH,
-                libc::STATX_DIOALIGN,
-                &mut stx,
-            )
+        // An empty path with AT_EMPTY_PATH: the open descriptor itself.
+        let stx = match statx(file, c"", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN) {
+            Ok(stx)
+                if StatxFlags::from_bits_retain(stx.stx_mask).contains(StatxFlags::DIOALIGN) =>
+            {
+                stx
+            }
+            _ => return Some(DioAlign::default()),
         };
-        if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
-            return Some(DioAlign::default());
-        }
         let (mem, offset) = (
             stx.stx_dio_mem_align as usize,
             stx.stx_dio_offset_align as usize,

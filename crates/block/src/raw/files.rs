@@ -5,9 +5,9 @@ use super::direct::{DioAlign, Route};
 use crate::aio::IoVec;
 use crate::error::check_range;
 use crate::{BlockError, CacheMode};
+use rustix::fs::FallocateFlags;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -119,7 +119,7 @@ impl Files {
         check_range("write zeroes", offset, len, f.size()).map_err(|e| e.with_path(&f.path))?;
         match fallocate(
             &f.buffered,
-            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+            FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE,
             offset,
             len,
         ) {
@@ -148,7 +148,7 @@ impl Files {
         }
         fallocate(
             &self.buffered,
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
             offset,
             len,
         )
@@ -157,17 +157,12 @@ impl Files {
 }
 
 /// `fallocate(2)` with `mode` over `len` bytes at `offset`.
-fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -> std::io::Result<()> {
-    let (Ok(off), Ok(l)) = (i64::try_from(offset), i64::try_from(len)) else {
+fn fallocate(file: &File, mode: FallocateFlags, offset: u64, len: u64) -> std::io::Result<()> {
+    // The kernel takes signed offsets: larger ones are invalid, not wrapped.
+    if i64::try_from(offset).is_err() || i64::try_from(len).is_err() {
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    };
-    // SAFETY: fallocate only reads its integer arguments; the descriptor is owned by `file`,
-    // which stays open for the duration of the call.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, off, l) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
     }
-    Ok(())
+    Ok(rustix::fs::fallocate(file, mode, offset, len)?)
 }
 
 /// Reads all of `buf` at `offset`; the part past the end of the file reads as zeros (the file

@@ -19,9 +19,10 @@ use crate::error::check_range;
 use crate::{AioEngine, BlockDevice, BlockError, BlockErrorKind, CacheMode, Extent, ExtentKind};
 use direct::DioAlign;
 use files::Files;
+use rustix::fs::SeekFrom;
+use rustix::io::{Errno, ReadWriteFlags};
 use std::fs::{File, TryLockError};
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -299,20 +300,21 @@ impl RawFile {
 
     /// `lseek` with SEEK_DATA / SEEK_HOLE. `Ok(None)` means ENXIO: no such region at or after
     /// `offset` (for SEEK_DATA: the rest of the file is a hole).
-    fn seek(&self, offset: u64, whence: libc::c_int) -> std::io::Result<Option<u64>> {
-        let off =
-            i64::try_from(offset).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: lseek only reads its integer arguments. Moving the shared file position is
-        // harmless because every data access in this type uses pread/pwrite, never the position.
-        let rc = unsafe { libc::lseek(self.files.buffered.as_raw_fd(), off, whence) };
-        if rc < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::ENXIO) {
-                return Ok(None);
-            }
-            return Err(err);
+    ///
+    /// Moving the shared file position is harmless because every data access in this type
+    /// uses pread/pwrite, never the position.
+    fn seek(&self, to: SeekFrom) -> std::io::Result<Option<u64>> {
+        let (SeekFrom::Data(offset) | SeekFrom::Hole(offset)) = to else {
+            unreachable!("only SEEK_DATA and SEEK_HOLE walk extents")
+        };
+        if i64::try_from(offset).is_err() {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
-        Ok(Some(rc as u64))
+        match rustix::fs::seek(&self.files.buffered, to) {
+            Ok(at) => Ok(Some(at)),
+            Err(Errno::NXIO) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
@@ -348,11 +350,7 @@ fn lock_file(file: &File, exclusive: bool) -> Result<(), BlockError> {
 
 /// Whether `file` lives on tmpfs.
 fn is_tmpfs(file: &File) -> bool {
-    // SAFETY: an all-zero statfs is a valid value of that plain C struct.
-    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: fstatfs fills `fs`, a properly sized struct, for an open descriptor.
-    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) };
-    rc == 0 && fs.f_type == libc::TMPFS_MAGIC
+    rustix::fs::fstatfs(file).is_ok_and(|fs| fs.f_type == libc::TMPFS_MAGIC)
 }
 
 /// Whether reads of `file` can be tried without blocking (RWF_NOWAIT): what io_uring needs to
@@ -360,13 +358,13 @@ fn is_tmpfs(file: &File) -> bool {
 /// (tmpfs) answer EOPNOTSUPP; EAGAIN (data not cached) still means yes.
 fn supports_nowait(file: &File) -> bool {
     let mut byte = [0u8; 1];
-    let iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // SAFETY: one iovec describing our 1-byte local buffer; the descriptor is open.
-    let rc = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, 0, libc::RWF_NOWAIT) };
-    rc >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EOPNOTSUPP)
+    let read = rustix::io::preadv2(
+        file,
+        &mut [std::io::IoSliceMut::new(&mut byte)],
+        0,
+        ReadWriteFlags::NOWAIT,
+    );
+    read != Err(Errno::OPNOTSUPP)
 }
 
 /// Opens `path` for reading (and writing), optionally with O_DIRECT and O_DSYNC.
@@ -463,7 +461,7 @@ impl BlockDevice for RawFile {
                 kind: ExtentKind::Data,
             });
         }
-        let data = match self.seek(offset, libc::SEEK_DATA) {
+        let data = match self.seek(SeekFrom::Data(offset)) {
             Ok(d) => d,
             // Filesystems or devices without hole support: everything is data.
             Err(_) => {
@@ -483,7 +481,7 @@ impl BlockDevice for RawFile {
                 kind: ExtentKind::Unallocated,
             }),
             Some(_) => {
-                let hole = match self.seek(offset, libc::SEEK_HOLE) {
+                let hole = match self.seek(SeekFrom::Hole(offset)) {
                     Ok(Some(h)) if h > offset => h,
                     _ => offset + len,
                 };

@@ -12,6 +12,7 @@ use super::Files;
 use crate::aio::{copy, Engine, IoBuffers, IoOp, IoVec, Notifier, Scratch, SlotRequest};
 use crate::{AlignedBuf, BlockError};
 use io_uring::{opcode, squeue, types, IoUring};
+use rustix::fs::OFlags;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, OnceLock};
 
@@ -381,15 +382,11 @@ impl Drop for UringEngine {
 /// sharing its locks.
 fn reopen(file: &std::fs::File) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    // SAFETY: F_GETFL only reads the descriptor's flags.
-    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
-    if flags < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let writable = flags & libc::O_ACCMODE == libc::O_RDWR;
+    let flags = rustix::fs::fcntl_getfl(file)?;
+    let writable = flags & OFlags::ACCMODE == OFlags::RDWR;
     std::fs::OpenOptions::new()
         .read(true)
         .write(writable)
-        .custom_flags(flags & libc::O_DSYNC)
+        .custom_flags((flags & OFlags::DSYNC).bits() as i32)
         .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }

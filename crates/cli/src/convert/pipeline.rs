@@ -239,13 +239,8 @@ mod tests {
             .prefix("cryptblk-extents-")
             .tempdir_in("/dev/shm")
             .expect("/dev/shm must exist and be writable (a tmpfs on Debian)");
-        let path = std::ffi::CString::new(dir.path().to_str().unwrap()).unwrap();
-        // SAFETY: an all-zero `statfs` is a valid value of that plain C struct.
-        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-        // SAFETY: `path` is a valid NUL-terminated string and `fs` a properly sized struct
-        // that statfs fills in.
-        let rc = unsafe { libc::statfs(path.as_ptr(), &mut fs) };
-        assert_eq!(rc, 0, "statfs {}", dir.path().display());
+        let fs = rustix::fs::statfs(dir.path())
+            .unwrap_or_else(|e| panic!("statfs {}: {e}", dir.path().display()));
         assert_eq!(fs.f_type, libc::TMPFS_MAGIC, "/dev/shm is not a tmpfs here");
         dir
     }

@@ -5,8 +5,15 @@
 //! each message and its descriptors together; volume keys cross only kernel socket buffers
 //! (never swapped, freed once read) into zeroized, locked buffers on the other side.
 use super::Message;
+use rustix::io::Errno;
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
+    SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 use zeroize::Zeroizing;
@@ -62,8 +69,7 @@ impl Channel {
                 "a hand-over message is too large",
             ));
         }
-        let raw: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
-        send_with_fds(&self.socket, &datagram, &raw)
+        send_with_fds(&self.socket, &datagram, fds)
     }
 
     pub fn recv(&self) -> io::Result<Received> {
@@ -95,100 +101,50 @@ impl Channel {
     }
 }
 
-fn send_with_fds(socket: &UnixDatagram, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    let fd_bytes = std::mem::size_of_val(fds);
-    // SAFETY: CMSG_SPACE only computes a size from its argument.
-    let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
-    // u64s keep the control buffer aligned for `cmsghdr`.
-    let mut control = vec![0u64; space.div_ceil(8).max(1)];
-    // SAFETY: msghdr is plain data; every field is set below or left zero (no name).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: `msg` points at a control buffer of `space` bytes, enough for one header
-        // and `fds.len()` descriptors (CMSG_SPACE), so the first header and its data lie
-        // inside it; the buffer outlives these writes.
-        unsafe {
-            let header = libc::CMSG_FIRSTHDR(&msg);
-            (*header).cmsg_level = libc::SOL_SOCKET;
-            (*header).cmsg_type = libc::SCM_RIGHTS;
-            (*header).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as _;
-            std::ptr::copy_nonoverlapping(
-                fds.as_ptr().cast::<u8>(),
-                libc::CMSG_DATA(header),
-                fd_bytes,
-            );
-        }
+fn send_with_fds(socket: &UnixDatagram, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many descriptors for one hand-over message",
+        ));
     }
+    let iov = [IoSlice::new(data)];
     loop {
-        // SAFETY: `msg` and everything it points at (iov, data, control) are alive for the
-        // call; the socket is ours.
-        let sent = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        if sent >= 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match sendmsg(socket, &iov, &mut control, SendFlags::NOSIGNAL) {
+            Ok(_) => return Ok(()),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }
 
 fn recv_with_fds(socket: &UnixDatagram, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: CMSG_SPACE only computes a size from its argument.
-    let space =
-        unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
-    let mut control = vec![0u64; space.div_ceil(8)];
-    // SAFETY: msghdr is plain data; the fields used are set below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [IoSliceMut::new(buf)];
     let received = loop {
-        // SAFETY: `msg` points at `buf` and `control`, both alive and writable for the call.
-        let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match recvmsg(socket, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Ok(received) => break received,
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     };
     let mut fds = Vec::new();
-    // SAFETY: the kernel filled `control` up to `msg_controllen`; CMSG_FIRSTHDR/NXTHDR stay
-    // within it, and each SCM_RIGHTS header's data holds `(cmsg_len - CMSG_LEN(0)) / 4`
-    // descriptors that are now ours (each taken exactly once).
-    unsafe {
-        let mut header = libc::CMSG_FIRSTHDR(&msg);
-        while !header.is_null() {
-            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
-                let bytes = (*header).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                let data = libc::CMSG_DATA(header).cast::<RawFd>();
-                for i in 0..bytes / std::mem::size_of::<RawFd>() {
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
-                }
-            }
-            header = libc::CMSG_NXTHDR(&msg, header);
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = message {
+            fds.extend(rights);
         }
     }
-    if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+    if received
+        .flags
+        .intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC)
+    {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "a hand-over message was cut short (too large, or too many descriptors)",
         ));
     }
-    Ok((received, fds))
+    Ok((received.bytes, fds))
 }

@@ -7,6 +7,7 @@ use crate::error::{chain, Context, Error, Result};
 use crate::registry::Daemon;
 use cryptblk_control::api::{ErrorKind, UpgradeParams, Upgraded};
 use cryptblk_migration::Phase;
+use rustix::process::{getrlimit, Resource};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -190,7 +191,7 @@ fn spawn_successor(
         .arg(fd.to_string())
         .stdin(Stdio::null());
     // SAFETY: the closure runs in the child between fork and exec and only makes system
-    // calls (close_range(2), getrlimit(2), fcntl(2)), all async-signal-safe, on descriptor
+    // calls (close_range(2), getrlimit(2) through rustix, fcntl(2)), all async-signal-safe, on descriptor
     // numbers; it allocates nothing and touches no lock.
     unsafe {
         command.pre_exec(move || {
@@ -227,16 +228,11 @@ fn mark_close_on_exec_from(first: libc::c_int) {
     if done {
         return;
     }
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct it is given, which lives on this stack.
-    let last = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
-        limit.rlim_cur.min(1 << 20) as libc::c_int
-    } else {
-        1024
-    };
+    // No limit (RLIM_INFINITY) counts as the cap.
+    let last = getrlimit(Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX)
+        .min(1 << 20) as libc::c_int;
     for fd in first..last {
         // SAFETY: F_SETFD on a number that may not be open fails with EBADF and changes
         // nothing.

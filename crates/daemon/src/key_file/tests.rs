@@ -1,10 +1,8 @@
 use super::*;
 use crate::error::chain;
 use cryptblk_control::api::ErrorKind;
-use std::ffi::CString;
 use std::io::Write;
-use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::OwnedFd;
 
 fn refusal(path: &Path) -> String {
     let err = read_key_file(path).unwrap_err();
@@ -63,9 +61,14 @@ fn a_file_above_cryptsetups_limit_is_refused_and_one_at_it_is_read() {
 fn a_pipe_is_read_to_its_end_within_the_cap() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("fifo");
-    let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
-    // SAFETY: mkfifo(3) with a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
     let writer = |data: Vec<u8>, path: std::path::PathBuf| {
         std::thread::spawn(move || {
             let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
@@ -142,11 +145,7 @@ fn reading_grows_by_hand_within_the_cap_and_lines_stop_at_the_newline() {
 }
 
 fn pipe_holding(bytes: &[u8]) -> OwnedFd {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-    // SAFETY: pipe2 just created both; nothing else owns them.
-    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
     std::fs::File::from(w).write_all(bytes).unwrap();
     r
 }
@@ -156,12 +155,9 @@ fn a_passed_pipe_or_memfd_holds_the_whole_passphrase() {
     let key = read_key_fd(pipe_holding(b"from a pipe\n"), "key-fd 0").unwrap();
     assert_eq!(key.as_slice(), b"from a pipe\n");
     // A memfd written by the client has its offset at the end: read from the start anyway.
-    let name = CString::new("key").unwrap();
-    // SAFETY: a valid C string; memfd_create returns a new descriptor or -1.
-    let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(raw >= 0);
-    // SAFETY: just created, owned by nobody else.
-    let mut memfd = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+    let mut memfd = std::fs::File::from(
+        rustix::fs::memfd_create("key", rustix::fs::MemfdFlags::CLOEXEC).unwrap(),
+    );
     memfd.write_all(b"in memory").unwrap();
     let key = read_key_fd(memfd.into(), "key-fd 1").unwrap();
     assert_eq!(key.as_slice(), b"in memory");

@@ -317,6 +317,7 @@ fn connect_retry(socket: &Path, queues: u64) -> Frontend {
     panic!("cannot connect to {}: {:?}", socket.display(), last);
 }
 
+#[allow(unsafe_code)] // vmm-sys-util's EventFd has no `AsFd`: poll(2) on its raw descriptor
 fn wait_readable(fd: &EventFd, timeout: Duration) {
     let mut pfd = libc::pollfd {
         fd: fd.as_raw_fd(),

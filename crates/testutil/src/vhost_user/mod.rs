@@ -14,8 +14,8 @@ pub use guest::Guest;
 pub use ring::Desc;
 pub use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
 
+use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -92,23 +92,17 @@ impl Drop for Daemon {
 /// F_SEAL_SEAL`) as QEMU's `memory-backend-memfd` makes it, or not (`seal=off`): the daemon
 /// refuses guest memory that could shrink under it.
 pub fn memfd_memory_sealed(sealed: bool) -> GuestMemoryMmap {
-    // SAFETY: the name is a valid NUL-terminated string; the returned descriptor is checked
-    // before use and owned by the `File` below.
-    let fd = unsafe {
-        libc::memfd_create(
-            c"cryptblk-guest".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-    // SAFETY: `fd` is a fresh descriptor nothing else owns.
-    let file = unsafe { File::from_raw_fd(fd) };
+    let fd = memfd_create(
+        "cryptblk-guest",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )
+    .unwrap_or_else(|e| panic!("memfd_create: {}", std::io::Error::from(e)));
+    let file = File::from(fd);
     file.set_len(MEM_SIZE).unwrap();
     if sealed {
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        // SAFETY: fcntl(F_ADD_SEALS) on the memfd made above, integer argument.
-        let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
-        assert_eq!(rc, 0, "F_ADD_SEALS: {}", std::io::Error::last_os_error());
+        let seals = SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL;
+        fcntl_add_seals(&file, seals)
+            .unwrap_or_else(|e| panic!("F_ADD_SEALS: {}", std::io::Error::from(e)));
     }
     GuestMemoryMmap::from_ranges_with_files(&[(
         GuestAddress(0),

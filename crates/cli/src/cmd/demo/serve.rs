@@ -5,6 +5,7 @@
 //! systemd stops it, and must exit cleanly.
 use super::client::{Disk, Load};
 use anyhow::{bail, Context, Result};
+use rustix::process::{kill_process, Pid, Signal};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -64,10 +65,10 @@ impl Daemon {
     fn stop(mut self) -> Result<Duration> {
         let child = self.child.as_mut().expect("stopped once");
         let started = Instant::now();
-        // SAFETY: kill(2) on our own child's PID, which has not been reaped yet.
-        if unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) } != 0 {
+        // Our own child, not reaped yet: its PID is still its own.
+        if let Err(e) = kill_process(Pid::from_child(child), Signal::TERM) {
             // Drop kills and reaps it.
-            bail!("stopping the daemon: {}", std::io::Error::last_os_error());
+            bail!("stopping the daemon: {}", std::io::Error::from(e));
         }
         let status = child.wait().context("waiting for the daemon")?;
         self.child = None;
@@ -226,16 +227,10 @@ fn what_is_measured(images: &Images, area: u64) -> Result<String> {
 
 /// The filesystem type of `dir` as `stat -f` names the common ones.
 fn filesystem(dir: &Path) -> String {
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+    let Ok(st) = rustix::fs::statfs(dir) else {
         return "unknown filesystem".into();
     };
-    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
-    // SAFETY: `c` is a NUL-terminated path and `st` is writable memory of the right type.
-    if unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
-        return "unknown filesystem".into();
-    }
-    // SAFETY: statfs succeeded and filled it in.
-    let kind = unsafe { st.assume_init() }.f_type as u64;
+    let kind = st.f_type as u64;
     match kind {
         0x0102_1994 => "tmpfs".into(),
         0xef53 => "ext2/3/4".into(),
