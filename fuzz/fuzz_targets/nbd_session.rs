@@ -64,6 +64,7 @@ fn fixture() -> &'static Fixture {
                 stats: Arc::new(IoStats::default()),
                 tls_authz: None,
                 dirty_bitmaps: Some(Arc::new(Bitmaps)),
+                read_rate: None,
             })
             .unwrap();
         let socket = dir.path().join("nbd.sock");
