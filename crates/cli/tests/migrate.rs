@@ -39,14 +39,7 @@ fn two_daemons(seed: u64, fill: bool) -> TwoDaemons {
     let img = t.luks2("src.luks", "32M", &t.key("key"));
     let dst_img = t.path("dst.luks");
     let size = 32 * MIB;
-    let src = t
-        .serve_as("src")
-        .control()
-        .nbd()
-        .disk(&img)
-        .name("vol")
-        .start();
-    let dst = t.serve_as("dst").control().nbd().start();
+    let (src, dst) = source_and_destination(&t, &img);
     let mut expected = Vec::new();
     if fill {
         let initial = t.path("initial.raw");

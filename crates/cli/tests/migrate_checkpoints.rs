@@ -51,14 +51,7 @@ fn migration_carries_checkpoints(postcopy: bool) {
     let key = t.key("key");
     let img = t.luks2("src.luks", "64M", &key);
     let dst_img = t.path("dst.luks");
-    let src = t
-        .serve_as("src")
-        .control()
-        .nbd()
-        .disk(&img)
-        .name("vol")
-        .start();
-    let dst = t.serve_as("dst").control().nbd().start();
+    let (src, dst) = source_and_destination(&t, &img);
 
     write(&src, 0x01, BEFORE);
     src.ctl_ok(&["checkpoint-add", "vol", "c0"]);
@@ -199,14 +192,7 @@ fn a_cancelled_migration_leaves_the_source_checkpoints_recording() {
     let key = t.key("key");
     let img = t.luks2("src.luks", "32M", &key);
     let dst_img = t.path("dst.luks");
-    let src = t
-        .serve_as("src")
-        .control()
-        .nbd()
-        .disk(&img)
-        .name("vol")
-        .start();
-    let dst = t.serve_as("dst").control().nbd().start();
+    let (src, dst) = source_and_destination(&t, &img);
     src.ctl_ok(&["checkpoint-add", "vol", "c0"]);
     let payload = payload_offset(&src);
     write(&src, 0x10, A[0]);

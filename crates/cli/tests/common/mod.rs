@@ -32,3 +32,17 @@ pub fn migrate_incoming(
     args.extend_from_slice(extra);
     dst.ctl_ok(&args)["listen"].as_str().unwrap().to_string()
 }
+
+/// A live migration's two daemons: "src" serving `img` as disk "vol" (control socket and
+/// NBD), and "dst" with a control socket and NBD and no disk yet.
+pub fn source_and_destination(t: &TestDir, img: &Image) -> (Daemon, Daemon) {
+    let src = t
+        .serve_as("src")
+        .control()
+        .nbd()
+        .disk(img)
+        .name("vol")
+        .start();
+    let dst = t.serve_as("dst").control().nbd().start();
+    (src, dst)
+}
