@@ -1,8 +1,8 @@
 //! Arbitrary bytes as everything an NBD server sends to cryptblk's backup client: the
 //! handshake (greeting, option replies, metadata contexts, export info), then the replies to
-//! block-status and read requests. The client must answer an error, never panic, hang or
-//! allocate past its stated bounds (option replies 64 KiB, block-status chunks 4 MiB, 65,536
-//! chunks per reply).
+//! block-status and read requests (one at a time, then several in flight). The client must
+//! answer an error, never panic, hang or allocate past its stated bounds (option replies
+//! 64 KiB, block-status chunks 4 MiB, 65,536 chunks per reply).
 #![no_main]
 
 use cryptblk_nbd_client::{Client, BASE_ALLOCATION};
@@ -54,6 +54,22 @@ fuzz_target!(|data: &[u8]| {
         let n = size.min(buf.len() as u64) as usize;
         if n > 0 {
             let _ = client.read(round.min(size - n as u64), &mut buf[..n]);
+        }
+    }
+    // Reads in flight, answered in whatever order and with whatever chunks the bytes say.
+    let n = size.min(4096) as usize;
+    if n > 0 {
+        for i in 0..3u64 {
+            let offset = (i * n as u64).min(size - n as u64);
+            if client.send_read(offset, vec![0u8; n], n).is_err() {
+                break;
+            }
+        }
+        while let Ok(Some(read)) = client.receive_read() {
+            assert!(
+                read.len == n && read.buf.len() >= n,
+                "a read of the wrong size"
+            );
         }
     }
 });

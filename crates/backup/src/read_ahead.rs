@@ -1,21 +1,27 @@
 //! The pull's reader: on a thread of its own it asks the export for block status and reads
 //! the wanted extents, while the pull's writer checks, hashes and stores what it read before.
 //! With one thread doing both, the export waited while the writer worked and the writer
-//! waited for every reply; now the next read is on the wire while the last one is stored.
+//! waited for every reply; now the next reads are on the wire while the last one is stored.
+//! [`IN_FLIGHT`] reads wait on the server at once: one at a time, the server's device sat
+//! idle between them (a 1 GiB backup export read in 3.2-3.7 s one 4 MiB read at a time, in
+//! 1.7-2.3 s with four or eight in flight, by `nbdcopy` on one connection).
 //!
-//! Memory stays bounded: the reader fills one of [`BUFFERS`] buffers of [`READ_CHUNK`] bytes
-//! at a time and waits for the writer to hand one back.
+//! Memory stays bounded: the reader fills [`BUFFERS`] buffers of [`READ_CHUNK`] bytes and
+//! waits for the writer to hand one back.
 use crate::error::Error;
 use cryptblk_nbd_client::{Client, Extent};
+use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::{Scope, ScopedJoinHandle};
 
 /// Bytes one READ asks for.
-pub(crate) const READ_CHUNK: usize = 4 << 20;
+pub(crate) const READ_CHUNK: usize = 1 << 20;
+/// READs waiting on the server at once.
+const IN_FLIGHT: usize = 8;
 /// Block status is asked for one window at a time, so the extents held stay few.
 const STATUS_WINDOW: u64 = 1 << 30;
-/// Buffers between the reader and the writer: one being read, one being stored, one ready.
-const BUFFERS: usize = 3;
+/// Buffers between the reader and the writer: those being read, one being stored, one ready.
+const BUFFERS: usize = IN_FLIGHT + 2;
 
 /// What the reader found next, in the export's order.
 pub(crate) enum Pulled {
@@ -56,6 +62,7 @@ impl<'scope> ReadAhead<'scope> {
                 out: &pulled_tx,
                 empty: &empty_rx,
                 wanted: &wanted,
+                order: VecDeque::with_capacity(2 * IN_FLIGHT + 1),
             };
             if let Err(e) = reader.run(start, end) {
                 // The writer may have stopped already; then nobody needs the error.
@@ -99,10 +106,20 @@ struct Reader<'a, W> {
     out: &'a SyncSender<Result<Pulled, Error>>,
     empty: &'a Receiver<Vec<u8>>,
     wanted: &'a W,
+    /// Reads in flight and the skips between them, oldest first.
+    order: VecDeque<Next>,
 }
 
 /// The writer went away (it stopped the pull): the reader stops too.
 struct WriterGone;
+
+/// What the writer is owed next, in the export's order.
+enum Next {
+    /// The oldest read in flight on the connection.
+    Read,
+    /// The bytes up to here are not wanted.
+    Skip(u64),
+}
 
 impl<W: Fn(u32) -> bool> Reader<'_, W> {
     fn run(&mut self, start: u64, end: u64) -> Result<(), Error> {
@@ -116,26 +133,29 @@ impl<W: Fn(u32) -> bool> Reader<'_, W> {
                 let extent_end = pos + e.length;
                 if (self.wanted)(e.flags) {
                     while pos < extent_end {
-                        let len = (extent_end - pos).min(READ_CHUNK as u64) as usize;
-                        let Ok(mut buf) = self.empty.recv() else {
-                            return Ok(());
-                        };
-                        self.client.read(pos, &mut buf[..len])?;
-                        if self.send(Pulled::Data { pos, buf, len }).is_err() {
+                        if self.client.reads_in_flight() == IN_FLIGHT
+                            && self.deliver_oldest_read()?.is_err()
+                        {
                             return Ok(());
                         }
+                        let len = (extent_end - pos).min(READ_CHUNK as u64) as usize;
+                        let Ok(buf) = self.empty.recv() else {
+                            return Ok(());
+                        };
+                        self.client.send_read(pos, buf, len)?;
+                        self.order.push_back(Next::Read);
                         pos += len as u64;
                     }
                 } else {
                     pos = extent_end;
-                    let skipped = Pulled::Skipped {
-                        to: pos,
-                        window_end: false,
-                    };
-                    if self.send(skipped).is_err() {
+                    if self.skip(pos).is_err() {
                         return Ok(());
                     }
                 }
+            }
+            // Block status is asked with no read in flight.
+            if self.deliver_all()?.is_err() {
+                return Ok(());
             }
             let window_end = Pulled::Skipped {
                 to: pos,
@@ -146,6 +166,71 @@ impl<W: Fn(u32) -> bool> Reader<'_, W> {
             }
         }
         Ok(())
+    }
+
+    /// Says the bytes up to `to` are not wanted: at once if nothing read waits to be handed
+    /// on, else after it (one entry for consecutive skips, so the queue holds at most one
+    /// skip per read in flight).
+    fn skip(&mut self, to: u64) -> Result<(), WriterGone> {
+        match self.order.back_mut() {
+            None => self.send(Pulled::Skipped {
+                to,
+                window_end: false,
+            }),
+            Some(Next::Skip(last)) => {
+                *last = to;
+                Ok(())
+            }
+            Some(Next::Read) => {
+                self.order.push_back(Next::Skip(to));
+                Ok(())
+            }
+        }
+    }
+
+    /// Hands the writer everything queued before the oldest read in flight, then that read
+    /// once it is answered, then the skips queued after it.
+    fn deliver_oldest_read(&mut self) -> Result<Result<(), WriterGone>, Error> {
+        let mut delivered_read = false;
+        while let Some(next) = self.order.front() {
+            let pulled = match *next {
+                Next::Skip(to) => Pulled::Skipped {
+                    to,
+                    window_end: false,
+                },
+                Next::Read if delivered_read => break,
+                Next::Read => {
+                    delivered_read = true;
+                    let Some(read) = self.client.receive_read()? else {
+                        // Every `Next::Read` is a read sent on this connection.
+                        return Err(cryptblk_nbd_client::Error::Request(
+                            "a read queued for the writer was never sent".into(),
+                        )
+                        .into());
+                    };
+                    Pulled::Data {
+                        pos: read.offset,
+                        buf: read.buf,
+                        len: read.len,
+                    }
+                }
+            };
+            self.order.pop_front();
+            if self.send(pulled).is_err() {
+                return Ok(Err(WriterGone));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// Hands the writer everything queued, in order.
+    fn deliver_all(&mut self) -> Result<Result<(), WriterGone>, Error> {
+        while !self.order.is_empty() {
+            if self.deliver_oldest_read()?.is_err() {
+                return Ok(Err(WriterGone));
+            }
+        }
+        Ok(Ok(()))
     }
 
     fn send(&self, pulled: Pulled) -> Result<(), WriterGone> {

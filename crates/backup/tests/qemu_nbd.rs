@@ -134,7 +134,8 @@ fn a_chain_pulled_from_qemu_nbd_restores_every_checkpoint() {
     run("qemu-img", &["bitmap", "--add", s(&image), "c0"]);
     let at_c0 = snapshot(&image, &dir.join("c0.raw"));
 
-    // A full pull stopped after its first two reads, by `stop_early`, with the notes it made.
+    // A full pull stopped after its first two reads (1 MiB each), by `stop_early`, with the
+    // notes it made.
     let stop_early = |uri: &str| {
         let mut reads = 0;
         let mut notes = Vec::new();
@@ -185,7 +186,7 @@ fn a_chain_pulled_from_qemu_nbd_restores_every_checkpoint() {
             |n| notes.push(n.to_string()),
         )
         .unwrap();
-        assert_eq!(report.resumed_at, Some(8 * MIB), "{notes:?}");
+        assert_eq!(report.resumed_at, Some(2 * MIB), "{notes:?}");
         assert!(notes[0].contains("continuing"), "{notes:?}");
         // 9 MiB + 1 MiB + the 64 KiB qcow2 cluster holding the 4 KiB write; the zeroes
         // written as data are not stored.

@@ -3,8 +3,9 @@
 //!
 //! What it speaks: the fixed newstyle handshake, `NBD_OPT_STRUCTURED_REPLY`,
 //! `NBD_OPT_SET_META_CONTEXT` (`base:allocation`, `qemu:dirty-bitmap:NAME`), `NBD_OPT_GO`,
-//! then `NBD_CMD_READ` and `NBD_CMD_BLOCK_STATUS`, one request at a time. It never writes to
-//! the export. TLS is not spoken yet (an `nbds://` URI is refused with that reason).
+//! then `NBD_CMD_BLOCK_STATUS` and `NBD_CMD_READ` (up to [`MAX_READS_IN_FLIGHT`] reads in
+//! flight, replies taken in any order). It never writes to the export. TLS is not spoken
+//! yet (an `nbds://` URI is refused with that reason).
 //!
 //! Everything the server sends is untrusted input: every length is checked against a fixed
 //! bound before anything is allocated (option replies 64 KiB, block-status chunks 4 MiB,
@@ -19,7 +20,7 @@ mod error;
 mod uri;
 mod wire;
 
-pub use client::{Client, ExportInfo, Extent};
+pub use client::{Client, CompletedRead, ExportInfo, Extent, MAX_READS_IN_FLIGHT};
 pub use error::Error;
 pub use uri::{NbdUri, Transport};
 pub use wire::{BASE_ALLOCATION, DIRTY_BITMAP_PREFIX, STATE_DIRTY, STATE_HOLE, STATE_ZERO};

@@ -70,6 +70,26 @@ fn valid_session() -> Vec<u8> {
 
 /// [`valid_session`], the export's GO answer with NBD_INFO_DESCRIPTION `description` too.
 fn session(description: Option<&[u8]>) -> Vec<u8> {
+    let mut b = handshake(description);
+    let mut status = Bytes::default();
+    status
+        .u32(1)
+        .u32(4096)
+        .u32(0)
+        .u32((SIZE - 4096) as u32)
+        .u32(3);
+    b.chunk(1, 5, 1, &status.0);
+    let mut data = Bytes::default();
+    data.u64(0).raw(&[0xab; 4096]);
+    b.chunk(0, 1, 2, &data.0);
+    let mut hole = Bytes::default();
+    hole.u64(4096).u32(4096);
+    b.chunk(1, 2, 2, &hole.0);
+    b.0
+}
+
+/// The server's side of the handshake, up to the export's GO answer.
+fn handshake(description: Option<&[u8]>) -> Bytes {
     let mut b = Bytes::default();
     b.u64(0x4e42_444d_4147_4943)
         .u64(0x4948_4156_454f_5054)
@@ -90,21 +110,7 @@ fn session(description: Option<&[u8]>) -> Vec<u8> {
         b.option_reply(7, 3, &info.0);
     }
     b.option_reply(7, 1, &[]);
-    let mut status = Bytes::default();
-    status
-        .u32(1)
-        .u32(4096)
-        .u32(0)
-        .u32((SIZE - 4096) as u32)
-        .u32(3);
-    b.chunk(1, 5, 1, &status.0);
-    let mut data = Bytes::default();
-    data.u64(0).raw(&[0xab; 4096]);
-    b.chunk(0, 1, 2, &data.0);
-    let mut hole = Bytes::default();
-    hole.u64(4096).u32(4096);
-    b.chunk(1, 2, 2, &hole.0);
-    b.0
+    b
 }
 
 /// The session the fuzz target runs too (contexts, then block status and reads).
@@ -254,4 +260,113 @@ fn hostile_lengths_and_ranges_are_refused_by_name() {
         matches!(err, Error::NoContext(ref c) if c == BITMAP),
         "{err}"
     );
+}
+
+/// A data chunk of `len` bytes of `byte` at `offset`, for request `cookie`.
+fn data(b: &mut Bytes, done: bool, cookie: u64, offset: u64, byte: u8, len: usize) {
+    let mut payload = Bytes::default();
+    payload.u64(offset).raw(&vec![byte; len]);
+    b.chunk(u16::from(done), 1, cookie, &payload.0);
+}
+
+/// Three 4 KiB reads in flight at 0, 4 KiB and 8 KiB (cookies 1-3), answered by `replies`.
+fn three_reads(replies: &Bytes) -> Client<Server> {
+    let mut input = handshake(None);
+    input.raw(&replies.0);
+    let mut client = Client::handshake(
+        Server(Cursor::new(input.0)),
+        "disk",
+        &[BASE_ALLOCATION, BITMAP],
+    )
+    .unwrap();
+    for offset in [0, 4096, 8192] {
+        client.send_read(offset, vec![0x11; 4096], 4096).unwrap();
+    }
+    assert_eq!(client.reads_in_flight(), 3);
+    client
+}
+
+#[test]
+fn reads_in_flight_come_back_in_the_order_sent_whatever_order_the_replies_take() {
+    // The third answered first, the first in two chunks around the second.
+    let mut replies = Bytes::default();
+    data(&mut replies, true, 3, 8192, 0x33, 4096);
+    data(&mut replies, false, 1, 0, 0x01, 2048);
+    data(&mut replies, true, 2, 4096, 0x22, 4096);
+    data(&mut replies, true, 1, 2048, 0x02, 2048);
+    let mut client = three_reads(&replies);
+    let mut got = Vec::new();
+    while let Some(read) = client.receive_read().unwrap() {
+        got.push((read.offset, read.len, read.buf));
+    }
+    assert_eq!(got.len(), 3);
+    assert_eq!((got[0].0, got[0].1), (0, 4096));
+    assert!(got[0].2[..2048].iter().all(|&b| b == 0x01));
+    assert!(got[0].2[2048..].iter().all(|&b| b == 0x02));
+    assert_eq!(got[1].0, 4096);
+    assert!(got[1].2.iter().all(|&b| b == 0x22));
+    assert_eq!(got[2].0, 8192);
+    assert!(got[2].2.iter().all(|&b| b == 0x33));
+    assert_eq!(client.reads_in_flight(), 0);
+}
+
+#[test]
+fn a_failed_read_in_flight_fails_alone_and_a_stray_reply_breaks_the_connection() {
+    // The second read fails with EIO (an error chunk); the others succeed.
+    let mut replies = Bytes::default();
+    data(&mut replies, true, 1, 0, 0x01, 4096);
+    let mut error = Bytes::default();
+    error.u32(5).u16(4).raw(b"disk");
+    replies.chunk(1, (1 << 15) | 1, 2, &error.0);
+    data(&mut replies, true, 3, 8192, 0x03, 4096);
+    let mut client = three_reads(&replies);
+    assert_eq!(client.receive_read().unwrap().unwrap().offset, 0);
+    let err = client.receive_read().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Command {
+                command: "read",
+                offset: 4096,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(client.receive_read().unwrap().unwrap().offset, 8192);
+
+    // A reply naming a request that was never sent.
+    let mut stray = Bytes::default();
+    data(&mut stray, true, 9, 0, 0x09, 4096);
+    let mut client = three_reads(&stray);
+    let err = client.receive_read().unwrap_err().to_string();
+    assert!(err.contains("request 9, which is not waiting"), "{err}");
+    let err = client.receive_read().unwrap_err().to_string();
+    assert!(err.contains("unusable"), "{err}");
+}
+
+#[test]
+fn reads_in_flight_are_bounded_and_other_requests_wait_for_none() {
+    let mut client = three_reads(&Bytes::default());
+    let mut extents = Vec::new();
+    let err = client
+        .block_status(BASE_ALLOCATION, 0, 4096, &mut extents)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("while 3 reads wait"), "{err}");
+    let err = client.read(0, &mut [0u8; 512]).unwrap_err().to_string();
+    assert!(err.contains("3 others wait"), "{err}");
+    let err = client
+        .send_read(0, vec![0; 512], 4096)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("into a buffer of 512"), "{err}");
+    for i in 3..cryptblk_nbd_client::MAX_READS_IN_FLIGHT as u64 {
+        client.send_read(i * 4096, vec![0; 4096], 4096).unwrap();
+    }
+    let err = client
+        .send_read(0, vec![0; 4096], 4096)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("reads in flight"), "{err}");
 }

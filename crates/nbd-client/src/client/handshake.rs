@@ -4,6 +4,7 @@
 use super::{Client, ExportInfo};
 use crate::wire::*;
 use crate::Error;
+use std::collections::VecDeque;
 use std::io::{BufReader, Read, Write};
 
 /// The longest export name this client sends.
@@ -25,7 +26,8 @@ impl<S: Read + Write> Client<S> {
             description: None,
             contexts: Vec::new(),
             next_cookie: 1,
-            covered: Vec::new(),
+            reads: VecDeque::new(),
+            spare_covered: Vec::new(),
             broken: false,
         };
         client.greeting()?;

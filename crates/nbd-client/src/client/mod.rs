@@ -1,12 +1,18 @@
-//! One connection to one export: the handshake (`handshake.rs`), then READ and BLOCK_STATUS
-//! one at a time (`transmission.rs`). This file holds the connection and what both use.
+//! One connection to one export: the handshake (`handshake.rs`), then BLOCK_STATUS
+//! (`block_status.rs`) and READs, several in flight (`reads.rs`), whose replies
+//! `reply.rs` reads. This file holds the connection and what all of them use.
 
+mod block_status;
 mod handshake;
-mod transmission;
+mod reads;
+mod reply;
+
+pub use reads::{CompletedRead, MAX_READS_IN_FLIGHT};
 
 use crate::uri::{NbdUri, Transport};
 use crate::wire::*;
 use crate::Error;
+use std::collections::VecDeque;
 use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
@@ -43,8 +49,10 @@ pub struct Client<S: Read + Write = Box<dyn Connection>> {
     description: Option<String>,
     contexts: Vec<(String, u32)>,
     next_cookie: u64,
-    /// Ranges (relative to the request) the chunks of the current READ reply covered.
-    covered: Vec<(u64, u64)>,
+    /// READs sent and not yet answered in full, oldest first.
+    reads: VecDeque<reads::PendingRead>,
+    /// Emptied coverage lists of finished READs, to be used again.
+    spare_covered: Vec<Vec<(u64, u64)>>,
     /// Set once the byte stream lost its framing: later calls fail at once.
     broken: bool,
 }
@@ -101,11 +109,7 @@ impl<S: Read + Write> Client<S> {
     }
 
     fn send_request(&mut self, command: u16, offset: u64, length: u32) -> Result<u64, Error> {
-        if self.broken {
-            return Err(Error::protocol(
-                "the connection is unusable after an earlier protocol error",
-            ));
-        }
+        self.check_usable()?;
         let cookie = self.next_cookie;
         self.next_cookie += 1;
         let mut msg = [0u8; 28];
@@ -116,6 +120,16 @@ impl<S: Read + Write> Client<S> {
         msg[24..28].copy_from_slice(&length.to_be_bytes());
         self.stream.get_mut().write_all(&msg)?;
         Ok(cookie)
+    }
+
+    /// Refuses to go on once the byte stream lost its framing.
+    fn check_usable(&self) -> Result<(), Error> {
+        if self.broken {
+            return Err(Error::protocol(
+                "the connection is unusable after an earlier protocol error",
+            ));
+        }
+        Ok(())
     }
 
     fn check_range(&self, offset: u64, length: u64) -> Result<(), Error> {
