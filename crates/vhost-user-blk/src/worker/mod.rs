@@ -239,7 +239,7 @@ impl Worker {
         )?;
         epoll.ctl(
             ControlOperation::Add,
-            io.notifier(),
+            io.notifier().as_raw_fd(),
             EpollEvent::new(EventSet::IN, COMPLETIONS),
         )?;
         Ok(Worker {
