@@ -5,7 +5,7 @@
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags};
 use rustix::io::Errno;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 /// A non-blocking eventfd. Producers add completions to a list first and `notify` second;
 /// the consumer `clear`s first and reads the list second, so no completion is ever left
@@ -47,6 +47,12 @@ impl Notifier {
     pub fn wait(&self) {
         let mut pfd = [PollFd::new(&self.fd, PollFlags::IN)];
         while let Err(Errno::INTR) = poll(&mut pfd, None) {}
+    }
+}
+
+impl AsFd for Notifier {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 }
 

@@ -7,7 +7,8 @@ use cryptblk_block::aio::{
     Completion, IoBuffers, IoQueue, IoRequest, OwnedBuffer, Pipeline, QueueOptions,
 };
 use cryptblk_block::{BlockDevice, BlockError, MemoryBudget};
-use std::os::fd::RawFd;
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -104,15 +105,10 @@ fn collect(queue: &mut Pipeline, n: usize) -> Vec<Completion> {
 }
 
 /// Whether `fd` becomes readable within `timeout`.
-fn readable_within(fd: RawFd, timeout: Duration) -> bool {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, length 1.
-    let n = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
-    n == 1
+fn readable_within(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
+    let mut pfd = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+    let timeout = Timespec::try_from(timeout).unwrap();
+    poll(&mut pfd, Some(&timeout)) == Ok(1)
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! client's), and every failure becomes an error object whose code is its kind's.
 use crate::config::{absolute, require_absolute_paths, validate};
 use crate::error::{chain, Error, Result};
+use crate::handover::Process;
 use crate::key_file::Passphrase;
 use crate::key_source::read_key_source;
 use crate::migrate::Cancelled;
@@ -13,10 +14,13 @@ use cryptblk_control::api::{
 use cryptblk_control::{Handler, PassedFds, RpcError};
 use serde::Serialize;
 use serde_json::Value;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub struct ControlHandler {
     pub daemon: Arc<Daemon>,
+    /// The running process as `upgrade` hands it over, set by the serve loop once its servers
+    /// (this one among them) run.
+    pub process: Arc<OnceLock<Process>>,
 }
 
 impl Handler for ControlHandler {
@@ -154,7 +158,7 @@ impl ControlHandler {
                 if let Some(path) = &p.binary {
                     check_absolute(path)?;
                 }
-                json(d.upgrade(&p)?)
+                json(d.upgrade(&p, self.process.get())?)
             }
         }
     }

@@ -25,7 +25,7 @@ use cryptblk_nbd::{ConnectionLimits, ExportRegistry, NbdAddress, NbdServer, TlsC
 use std::ffi::OsString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -163,15 +163,22 @@ pub fn serve(mut config: ServeConfig) -> Result<()> {
     });
 
     let mut servers = Servers::default();
+    // What `ctl upgrade` hands a successor: filled in once the servers run.
+    let process = Arc::new(OnceLock::new());
     match take_over {
         Some(fd) => {
             if let Some(m) = &manager {
                 m.status("taking over from the running daemon");
             }
             let (inherited, predecessor) = crate::handover::take_over(&daemon, fd)?;
-            if let Err(e) =
-                start_servers(&config, &daemon, registry.as_ref(), inherited, &mut servers)
-            {
+            if let Err(e) = start_servers(
+                &config,
+                &daemon,
+                registry.as_ref(),
+                inherited,
+                &process,
+                &mut servers,
+            ) {
                 let _ = daemon.shutdown();
                 servers.stop_all();
                 return Err(e);
@@ -201,6 +208,7 @@ pub fn serve(mut config: ServeConfig) -> Result<()> {
                 &daemon,
                 registry.as_ref(),
                 InheritedServers::default(),
+                &process,
                 &mut servers,
             ) {
                 servers.stop_front();
@@ -210,7 +218,8 @@ pub fn serve(mut config: ServeConfig) -> Result<()> {
             }
         }
     }
-    daemon.set_process(Process {
+    // Set here only, once: `set` cannot find it taken.
+    let _ = process.set(Process {
         program: config
             .restart
             .as_ref()
@@ -310,6 +319,7 @@ fn start_servers(
     daemon: &Arc<Daemon>,
     registry: Option<&Arc<ExportRegistry>>,
     inherited: InheritedServers,
+    process: &Arc<OnceLock<Process>>,
     servers: &mut Servers,
 ) -> Result<()> {
     let events = daemon.events();
@@ -351,6 +361,7 @@ fn start_servers(
     if let Some(path) = &config.control {
         let handler = Arc::new(ControlHandler {
             daemon: daemon.clone(),
+            process: process.clone(),
         });
         let server = match inherited.control {
             Some((path, listener, file)) => {

@@ -132,6 +132,15 @@ impl Write for Stream {
     }
 }
 
+impl std::os::fd::AsFd for Stream {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Stream::Unix(s) => s.as_fd(),
+            Stream::Tcp(s) => s.as_fd(),
+        }
+    }
+}
+
 impl std::os::fd::AsRawFd for Stream {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         match self {

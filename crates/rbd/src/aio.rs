@@ -16,6 +16,7 @@
 //! callback returns, instead of being freed (and its fd number reused) under it.
 
 use crate::ffi::{self, AioCompletion, Api};
+use crate::handle::{self, Completion};
 use crate::{block_error, Image, RbdError};
 use cryptblk_block::aio::{Engine, IoOp, Notifier, SlotRequest};
 use cryptblk_block::BlockError;
@@ -67,8 +68,7 @@ pub struct RbdEngine {
 
 // SAFETY: the raw pointers in `shared.args` point at `shared` itself, kept alive by the engine's
 // Arc and by one strong count per request in flight; its other fields are a Mutex and an
-// eventfd, safe to use from any thread. `IoBuffers` are Send. librbd handles may be used from any
-// thread.
+// eventfd, safe to use from any thread. `IoBuffers` are Send. The image is Send and Sync.
 unsafe impl Send for RbdEngine {}
 
 impl RbdEngine {
@@ -104,55 +104,35 @@ impl RbdEngine {
     /// Hands the request in `slot` (or its FUA flush) to librbd; a call librbd refuses at once
     /// is reported through the finished list like any other completion.
     fn send(&mut self, slot: usize) {
-        let api = self.shared.api;
-        let handle = self.image.raw_handle();
         let arg = &self.shared.args[slot] as *const CallbackArg as *mut c_void;
         // The request's own count on `CallbackState`, given back by its callback (or below if librbd
         // refuses it): `arg` and the eventfd stay valid until the callback has returned.
         std::mem::forget(Arc::clone(&self.shared));
-        let mut completion: AioCompletion = std::ptr::null_mut();
-        // SAFETY: `arg` points into `CallbackState`, alive while this request holds its count;
-        // `on_complete` matches `rbd_callback_t`.
-        let rc = unsafe { (api.rbd_aio_create_completion)(arg, on_complete, &mut completion) };
-        if rc < 0 {
-            self.release_request_count();
-            self.report(slot, rc as isize);
-            return;
-        }
-        let state = &self.transfers[slot];
-        let req = &state.req;
-        let list = req.buffers.iov();
-        let iovcnt = list.len() as libc::c_int;
-        let iov = list.as_ptr().cast::<libc::iovec>();
-        // SAFETY: an open image; the iovec list lives in the slot, whose `IoBuffers` keep the
-        // memory it points to valid until the slot is reported; the completion is released by
-        // the callback.
-        let rc = unsafe {
+        let started = Completion::new(self.shared.api, on_complete, arg).and_then(|completion| {
+            let image = self.image.handle();
+            let state = &self.transfers[slot];
+            let req = &state.req;
             match (req.op, state.flushing) {
-                (_, true) | (IoOp::Flush, _) => (api.rbd_aio_flush)(handle, completion),
-                (IoOp::Read, _) => (api.rbd_aio_readv)(handle, iov, iovcnt, req.offset, completion),
-                (IoOp::Write, _) => {
-                    (api.rbd_aio_writev)(handle, iov, iovcnt, req.offset, completion)
+                (_, true) | (IoOp::Flush, _) => image.start_flush(completion),
+                // SAFETY: the iovec list lives in the slot, whose `IoBuffers` keep the memory it
+                // points to valid until the slot is reported, after the callback ran.
+                (IoOp::Read, _) => unsafe {
+                    image.start_readv(req.buffers.iov(), req.offset, completion)
+                },
+                // SAFETY: as for a read.
+                (IoOp::Write, _) => unsafe {
+                    image.start_writev(req.buffers.iov(), req.offset, completion)
+                },
+                (IoOp::Discard, _) => image.start_discard(req.offset, req.len, completion),
+                (IoOp::WriteZeroes, _) => {
+                    image.start_write_zeroes(req.offset, req.len as usize, completion)
                 }
-                (IoOp::Discard, _) => {
-                    (api.rbd_aio_discard)(handle, req.offset, req.len, completion)
-                }
-                (IoOp::WriteZeroes, _) => (api.rbd_aio_write_zeroes)(
-                    handle,
-                    req.offset,
-                    req.len as usize,
-                    completion,
-                    0,
-                    0,
-                ),
             }
-        };
-        if rc < 0 {
-            // SAFETY: librbd refused the request, so the callback will not run: the completion
-            // is still ours to release.
-            unsafe { (api.rbd_aio_release)(completion) };
+        });
+        if let Err(errno) = started {
+            // librbd refused the request (its completion released), so the callback will not run.
             self.release_request_count();
-            self.report(slot, rc as isize);
+            self.report(slot, -(errno as isize));
         }
     }
 
@@ -179,12 +159,8 @@ extern "C" fn on_complete(completion: AioCompletion, arg: *mut c_void) {
     let shared_ptr = arg.shared;
     // SAFETY: as above: this request's count keeps the state alive.
     let shared = unsafe { &*shared_ptr };
-    // SAFETY: librbd passes the finished request's completion, released once, here.
-    let ret = unsafe {
-        let ret = (shared.api.rbd_aio_get_return_value)(completion);
-        (shared.api.rbd_aio_release)(completion);
-        ret
-    };
+    // SAFETY: librbd passes the finished request's completion, finished once, here.
+    let ret = unsafe { handle::finish(shared.api, completion) };
     lock(&shared.finished).push((arg.slot, ret));
     // The owner may already have drained that entry and dropped the queue: `shared` (and the
     // eventfd) is still ours until the count is given back below.

@@ -1,11 +1,10 @@
-//! A connected, opened RBD image: cluster handle, pool context and image handle, closed in
-//! reverse order on drop.
+//! A connected, opened RBD image: cluster handle, pool context and image handle (`handle`),
+//! closed in reverse order on drop.
 
-use crate::ffi::{self, Api, IoCtx, Rados, RbdImage};
+use crate::ffi;
+use crate::handle::{Cluster, Errno, ImageHandle, Pool};
 use crate::{RbdError, RbdSpec, CLUSTER_TIMEOUT_SECS};
-use libc::{c_char, c_int, c_void, size_t};
-use std::ffi::{CStr, CString};
-use std::ptr;
+use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Whether the image is opened for writing (taking its exclusive lock) or read-only.
@@ -26,155 +25,80 @@ pub struct Allocation {
     pub len: u64,
 }
 
-/// The cluster connection and pool context, shared by opening and creating.
-struct Pool {
-    api: &'static Api,
-    rados: Rados,
-    ioctx: IoCtx,
-}
-
-impl Pool {
-    fn connect(spec: &RbdSpec) -> Result<Pool, RbdError> {
-        let api = ffi::api()?;
-        let name = spec.display_name();
-        let call = |op, rc: c_int| {
-            if rc < 0 {
-                Err(RbdError::Call {
-                    op,
-                    image: name.clone(),
-                    errno: -rc,
-                })
-            } else {
-                Ok(())
-            }
-        };
-        let id = spec.id.as_deref().map(cstring).transpose()?;
-        let mut rados: Rados = ptr::null_mut();
-        // SAFETY: `rados` is a valid out-pointer; a null id means librados' default user.
-        call("connect to the cluster of", unsafe {
-            (api.rados_create)(&mut rados, id.as_ref().map_or(ptr::null(), |s| s.as_ptr()))
-        })?;
-        let mut pool = Pool {
-            api,
-            rados,
-            ioctx: ptr::null_mut(),
-        };
-        let conf = spec.conf.as_ref().map(|p| path_cstring(p)).transpose()?;
-        // SAFETY: `rados` is the handle just created; a null path means the default search.
-        call("read the ceph.conf for", unsafe {
-            (api.rados_conf_read_file)(rados, conf.as_ref().map_or(ptr::null(), |s| s.as_ptr()))
-        })?;
-        let timeout = CString::new(CLUSTER_TIMEOUT_SECS.to_string()).expect("digits");
-        let mut options = vec![
-            (c"client_mount_timeout", timeout.clone()),
-            (c"rados_mon_op_timeout", timeout.clone()),
-            (c"rados_osd_op_timeout", timeout),
-        ];
-        if let Some(keyring) = &spec.keyring {
-            options.push((c"keyring", path_cstring(keyring)?));
-        }
-        for (option, value) in &options {
-            // SAFETY: both strings are NUL-terminated and outlive the call.
-            call("configure the client of", unsafe {
-                (api.rados_conf_set)(rados, option.as_ptr(), value.as_ptr())
-            })?;
-        }
-        // SAFETY: a configured handle; connecting is bounded by client_mount_timeout.
-        call("connect to the cluster of", unsafe {
-            (api.rados_connect)(rados)
-        })?;
-        let pool_name = cstring(&spec.pool)?;
-        // SAFETY: a connected handle, a NUL-terminated pool name and a valid out-pointer.
-        call("open the pool of", unsafe {
-            (api.rados_ioctx_create)(rados, pool_name.as_ptr(), &mut pool.ioctx)
-        })?;
-        Ok(pool)
+/// Connects to the cluster `spec` names and opens its pool.
+fn connect(spec: &RbdSpec) -> Result<Pool, RbdError> {
+    let api = ffi::api()?;
+    let name = spec.display_name();
+    let failed = |op| {
+        let image = name.clone();
+        move |errno| RbdError::Call { op, image, errno }
+    };
+    let id = spec.id.as_deref().map(cstring).transpose()?;
+    let cluster =
+        Cluster::create(api, id.as_deref()).map_err(failed("connect to the cluster of"))?;
+    let conf = spec.conf.as_ref().map(|p| path_cstring(p)).transpose()?;
+    cluster
+        .read_conf_file(conf.as_deref())
+        .map_err(failed("read the ceph.conf for"))?;
+    let timeout = CString::new(CLUSTER_TIMEOUT_SECS.to_string()).expect("digits");
+    let mut options = vec![
+        (c"client_mount_timeout", timeout.clone()),
+        (c"rados_mon_op_timeout", timeout.clone()),
+        (c"rados_osd_op_timeout", timeout),
+    ];
+    if let Some(keyring) = &spec.keyring {
+        options.push((c"keyring", path_cstring(keyring)?));
     }
-}
-
-impl Drop for Pool {
-    fn drop(&mut self) {
-        // SAFETY: the handles were created by this Pool and are destroyed once, context first.
-        unsafe {
-            if !self.ioctx.is_null() {
-                (self.api.rados_ioctx_destroy)(self.ioctx);
-            }
-            (self.api.rados_shutdown)(self.rados);
-        }
+    for (option, value) in &options {
+        cluster
+            .set_conf(option, value)
+            .map_err(failed("configure the client of"))?;
     }
+    cluster
+        .connect()
+        .map_err(failed("connect to the cluster of"))?;
+    let pool_name = cstring(&spec.pool)?;
+    cluster
+        .open_pool(&pool_name)
+        .map_err(failed("open the pool of"))
 }
 
 /// An open RBD image.
 pub struct Image {
-    api: &'static Api,
-    handle: RbdImage,
+    handle: ImageHandle,
     name: String,
     // Changes only through `resize` (formatting a new image to its size).
     size: AtomicU64,
     read_only: bool,
-    // Dropped after `handle` is closed (see Drop).
-    pool: Pool,
 }
-
-// SAFETY: librbd image handles are thread-safe: the C API may be called on one handle from
-// many threads at once (QEMU and fio do).
-unsafe impl Send for Image {}
-// SAFETY: as above.
-unsafe impl Sync for Image {}
-// SAFETY: librados handles may be used and destroyed from any thread.
-unsafe impl Send for Pool {}
-// SAFETY: as above.
-unsafe impl Sync for Pool {}
 
 impl Image {
     /// Opens the image; `ReadWrite` also takes its exclusive lock, failing with
     /// [`RbdError::Locked`] naming the owner when another client holds it. A snapshot is
     /// always opened read-only.
     pub fn open(spec: &RbdSpec, mode: OpenMode) -> Result<Image, RbdError> {
-        let pool = Pool::connect(spec)?;
-        let api = pool.api;
+        let pool = connect(spec)?;
         let name = spec.display_name();
         let read_only = mode == OpenMode::ReadOnly || spec.snapshot.is_some();
         let image_name = cstring(&spec.image)?;
         let snap = spec.snapshot.as_deref().map(cstring).transpose()?;
-        let open = if read_only {
-            api.rbd_open_read_only
-        } else {
-            api.rbd_open
-        };
-        let mut handle: RbdImage = ptr::null_mut();
-        // SAFETY: a live pool context, NUL-terminated names and a valid out-pointer.
-        let rc = unsafe {
-            open(
-                pool.ioctx,
-                image_name.as_ptr(),
-                &mut handle,
-                snap.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
-            )
-        };
-        if rc < 0 {
-            return Err(RbdError::Call {
+        let handle = pool
+            .open_image(&image_name, snap.as_deref(), read_only)
+            .map_err(|errno| RbdError::Call {
                 op: "open",
-                image: name,
-                errno: -rc,
-            });
-        }
+                image: name.clone(),
+                errno,
+            })?;
         let mut image = Image {
-            api,
             handle,
             name,
             size: AtomicU64::new(0),
             read_only,
-            pool,
         };
         if mode == OpenMode::ReadWrite && !read_only {
             image.acquire_lock()?;
         }
-        let mut size = 0u64;
-        // SAFETY: an open image and a valid out-pointer.
-        image.check("get the size of", unsafe {
-            (api.rbd_get_size)(image.handle, &mut size)
-        })?;
+        let size = image.check("get the size of", image.handle.size())?;
         image.size = AtomicU64::new(size);
         Ok(image)
     }
@@ -188,31 +112,23 @@ impl Image {
                 reason: "cannot create a snapshot; name the image without @SNAP".into(),
             });
         }
-        let pool = Pool::connect(spec)?;
+        let pool = connect(spec)?;
         let image_name = cstring(&spec.image)?;
-        let mut order: c_int = 0;
-        // SAFETY: a live pool context, a NUL-terminated name; order 0 = librbd's default.
-        let rc =
-            unsafe { (pool.api.rbd_create)(pool.ioctx, image_name.as_ptr(), size, &mut order) };
-        if rc < 0 {
-            return Err(RbdError::Call {
+        pool.create_image(&image_name, size)
+            .map_err(|errno| RbdError::Call {
                 op: "create",
                 image: spec.display_name(),
-                errno: -rc,
-            });
-        }
-        Ok(())
+                errno,
+            })
     }
 
     /// Takes the image's exclusive lock, failing with [`RbdError::Locked`] naming the owner
     /// when another client holds it. Held until [`release_lock`](Self::release_lock) or close;
     /// librbd does not hand a lock taken this way to other clients that ask for it.
     pub fn acquire_lock(&self) -> Result<(), RbdError> {
-        // SAFETY: an open, writable image.
-        let rc = unsafe { (self.api.rbd_lock_acquire)(self.handle, ffi::LOCK_MODE_EXCLUSIVE) };
-        if rc >= 0 {
+        let Err(errno) = self.handle.lock_acquire(ffi::LOCK_MODE_EXCLUSIVE) else {
             return Ok(());
-        }
+        };
         match self.owners() {
             Some(owner) => Err(RbdError::Locked {
                 image: self.name.clone(),
@@ -221,7 +137,7 @@ impl Image {
             None => Err(RbdError::Call {
                 op: "take the exclusive lock of",
                 image: self.name.clone(),
-                errno: -rc,
+                errno,
             }),
         }
     }
@@ -229,72 +145,31 @@ impl Image {
     /// Lets go of the exclusive lock (after flushing what librbd still holds), so another
     /// client can take it.
     pub fn release_lock(&self) -> Result<(), RbdError> {
-        // SAFETY: an open image.
-        self.check("release the exclusive lock of", unsafe {
-            (self.api.rbd_lock_release)(self.handle)
-        })
+        self.check("release the exclusive lock of", self.handle.lock_release())
     }
 
     /// Names this image the same way in every client of its cluster: the cluster's fsid, the
     /// pool's id and the image's id (which, unlike its name, a rename does not change).
     pub fn identity(&self) -> Result<String, RbdError> {
-        let mut fsid = [0 as c_char; 64];
-        // SAFETY: a connected handle and a buffer of the given length.
-        let rc = unsafe {
-            (self.api.rados_cluster_fsid)(self.pool.rados, fsid.as_mut_ptr(), fsid.len())
-        };
-        if rc < 0 {
-            self.check("read the cluster fsid of", rc)?;
-        }
-        // SAFETY: a live pool context.
-        let pool_id = unsafe { (self.api.rados_ioctx_get_id)(self.pool.ioctx) };
-        let mut id = [0 as c_char; 128];
-        // SAFETY: an open image and a buffer of the given length.
-        self.check("read the id of", unsafe {
-            (self.api.rbd_get_id)(self.handle, id.as_mut_ptr(), id.len())
-        })?;
-        // SAFETY: both calls succeeded, so both buffers hold NUL-terminated strings.
-        let (fsid, id) = unsafe { (CStr::from_ptr(fsid.as_ptr()), CStr::from_ptr(id.as_ptr())) };
-        Ok(format!(
-            "{}/{pool_id}/{}",
-            fsid.to_string_lossy(),
-            id.to_string_lossy()
-        ))
+        let pool = self.handle.pool();
+        let fsid = self.check("read the cluster fsid of", pool.cluster().fsid())?;
+        let pool_id = pool.id();
+        let id = self.check("read the id of", self.handle.id())?;
+        Ok(format!("{fsid}/{pool_id}/{id}"))
     }
 
     /// The current lock owners, comma-separated, if anyone holds the lock.
     fn owners(&self) -> Option<String> {
-        let mut mode: c_int = 0;
-        let mut owners: [*mut c_char; 8] = [ptr::null_mut(); 8];
-        let mut count: size_t = owners.len();
-        // SAFETY: `owners` has room for `count` pointers, which librbd fills with strings
-        // that `rbd_lock_get_owners_cleanup` frees.
-        let rc = unsafe {
-            (self.api.rbd_lock_get_owners)(self.handle, &mut mode, owners.as_mut_ptr(), &mut count)
-        };
-        if rc < 0 || count == 0 {
-            return None;
-        }
-        let names: Vec<String> = owners[..count]
-            .iter()
-            // SAFETY: librbd set the first `count` entries to NUL-terminated strings.
-            .map(|&p| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
-            .collect();
-        // SAFETY: frees exactly what rbd_lock_get_owners returned.
-        unsafe { (self.api.rbd_lock_get_owners_cleanup)(owners.as_mut_ptr(), count) };
-        Some(names.join(", "))
+        let names = self.handle.lock_owners().ok()?;
+        (!names.is_empty()).then(|| names.join(", "))
     }
 
-    fn check(&self, op: &'static str, rc: c_int) -> Result<(), RbdError> {
-        if rc < 0 {
-            Err(RbdError::Call {
-                op,
-                image: self.name.clone(),
-                errno: -rc,
-            })
-        } else {
-            Ok(())
-        }
+    fn check<T>(&self, op: &'static str, result: Result<T, Errno>) -> Result<T, RbdError> {
+        result.map_err(|errno| RbdError::Call {
+            op,
+            image: self.name.clone(),
+            errno,
+        })
     }
 
     pub fn size(&self) -> u64 {
@@ -303,28 +178,21 @@ impl Image {
 
     /// Grows or shrinks the image to `size` bytes (shrinking discards the data past it).
     pub fn resize(&self, size: u64) -> Result<(), RbdError> {
-        // SAFETY: an open image.
-        self.check("resize", unsafe {
-            (self.api.rbd_resize)(self.handle, size)
-        })?;
+        self.check("resize", self.handle.resize(size))?;
         self.size.store(size, Ordering::Release);
         Ok(())
     }
 
     /// Deletes the image (it must not be open anywhere, this process included).
     pub fn remove(spec: &RbdSpec) -> Result<(), RbdError> {
-        let pool = Pool::connect(spec)?;
+        let pool = connect(spec)?;
         let image_name = cstring(&spec.image)?;
-        // SAFETY: a live pool context and a NUL-terminated name.
-        let rc = unsafe { (pool.api.rbd_remove)(pool.ioctx, image_name.as_ptr()) };
-        if rc < 0 {
-            return Err(RbdError::Call {
+        pool.remove_image(&image_name)
+            .map_err(|errno| RbdError::Call {
                 op: "remove",
                 image: spec.display_name(),
-                errno: -rc,
-            });
-        }
-        Ok(())
+                errno,
+            })
     }
 
     pub fn read_only(&self) -> bool {
@@ -336,32 +204,29 @@ impl Image {
         &self.name
     }
 
-    /// The raw librbd handle, for the asynchronous queue built on it.
-    pub fn raw_handle(&self) -> *mut c_void {
-        self.handle
+    /// The librbd handle, for the asynchronous queue built on it.
+    pub(crate) fn handle(&self) -> &ImageHandle {
+        &self.handle
     }
 
     /// Reads all of `buf` at `offset`.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), RbdError> {
-        // SAFETY: `buf` is writable for its whole length during the call.
-        let n =
-            unsafe { (self.api.rbd_read)(self.handle, offset, buf.len(), buf.as_mut_ptr().cast()) };
-        self.check_len("read", n, buf.len())
+        let want = buf.len();
+        self.check_len("read", self.handle.read(buf, offset), want)
     }
 
     /// Writes all of `buf` at `offset`.
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), RbdError> {
-        // SAFETY: `buf` is readable for its whole length during the call.
-        let n =
-            unsafe { (self.api.rbd_write)(self.handle, offset, buf.len(), buf.as_ptr().cast()) };
-        self.check_len("write", n, buf.len())
+        self.check_len("write", self.handle.write(buf, offset), buf.len())
     }
 
-    fn check_len(&self, op: &'static str, n: isize, want: usize) -> Result<(), RbdError> {
-        if n < 0 {
-            return self.check(op, n as c_int);
-        }
-        if n as usize != want {
+    fn check_len(
+        &self,
+        op: &'static str,
+        done: Result<usize, Errno>,
+        want: usize,
+    ) -> Result<(), RbdError> {
+        if self.check(op, done)? != want {
             return Err(RbdError::Call {
                 op,
                 image: self.name.clone(),
@@ -373,15 +238,11 @@ impl Image {
 
     /// Makes completed writes durable in the cluster.
     pub fn flush(&self) -> Result<(), RbdError> {
-        // SAFETY: an open image.
-        self.check("flush", unsafe { (self.api.rbd_flush)(self.handle) })
+        self.check("flush", self.handle.flush())
     }
 
     pub fn discard(&self, offset: u64, len: u64) -> Result<(), RbdError> {
-        // SAFETY: an open image.
-        self.check("discard", unsafe {
-            (self.api.rbd_discard)(self.handle, offset, len)
-        })
+        self.check("discard", self.handle.discard(offset, len))
     }
 
     /// Makes `len` bytes at `offset` read as zeros; librbd deallocates whole objects.
@@ -390,11 +251,9 @@ impl Image {
         while done < len {
             // One call per 1 GiB keeps the length inside size_t on every platform.
             let n = (len - done).min(1 << 30);
-            // SAFETY: an open image; no zero or op flags.
-            let rc = unsafe {
-                (self.api.rbd_write_zeroes)(self.handle, offset + done, n as size_t, 0, 0)
-            };
-            self.check_len("write zeroes", rc, n as usize)?;
+            // No zero or op flags.
+            let zeroed = self.handle.write_zeroes(offset + done, n as usize, 0, 0);
+            self.check_len("write zeroes", zeroed, n as usize)?;
             done += n;
         }
         Ok(())
@@ -403,37 +262,16 @@ impl Image {
     /// The allocated runs within `offset..offset + len`, in order (merged where adjacent).
     /// What is not listed reads as zeros.
     pub fn allocated(&self, offset: u64, len: u64) -> Result<Vec<Allocation>, RbdError> {
-        extern "C" fn collect(off: u64, len: size_t, exists: c_int, arg: *mut c_void) -> c_int {
-            // SAFETY: `arg` is the `&mut Vec<Allocation>` passed below, alive for the call,
-            // and librbd calls back on the calling thread during rbd_diff_iterate2.
-            let runs = unsafe { &mut *arg.cast::<Vec<Allocation>>() };
-            if exists != 0 {
+        let mut runs: Vec<Allocation> = Vec::new();
+        let listed = self.handle.diff(offset, len, |off, len, exists| {
+            if exists {
                 match runs.last_mut() {
-                    Some(last) if last.offset + last.len == off => last.len += len as u64,
-                    _ => runs.push(Allocation {
-                        offset: off,
-                        len: len as u64,
-                    }),
+                    Some(last) if last.offset + last.len == off => last.len += len,
+                    _ => runs.push(Allocation { offset: off, len }),
                 }
             }
-            0
-        }
-        let mut runs: Vec<Allocation> = Vec::new();
-        // SAFETY: an open image; no from-snapshot (diff against nothing = allocation),
-        // byte-exact extents (whole_object = 0); the callback only touches `runs`.
-        let rc = unsafe {
-            (self.api.rbd_diff_iterate2)(
-                self.handle,
-                ptr::null(),
-                offset,
-                len,
-                1,
-                0,
-                collect,
-                (&mut runs as *mut Vec<Allocation>).cast(),
-            )
-        };
-        self.check("list the allocation of", rc)?;
+        });
+        self.check("list the allocation of", listed)?;
         Ok(runs)
     }
 }
@@ -445,13 +283,6 @@ impl std::fmt::Debug for Image {
             .field("size", &self.size())
             .field("read_only", &self.read_only)
             .finish()
-    }
-}
-
-impl Drop for Image {
-    fn drop(&mut self) {
-        // SAFETY: the handle is open and closed exactly once; closing releases the lock.
-        unsafe { (self.api.rbd_close)(self.handle) };
     }
 }
 

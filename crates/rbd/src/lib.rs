@@ -6,6 +6,7 @@ mod aio;
 mod device;
 mod error;
 mod ffi;
+mod handle;
 mod image;
 mod spec;
 

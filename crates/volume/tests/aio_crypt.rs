@@ -12,6 +12,7 @@ use cryptblk_block::aio::{IoBuffers, IoOp, IoRequest, OwnedBuffer, QueueOptions}
 use cryptblk_block::open_queue;
 use cryptblk_block::{AioEngine, BlockDevice, BlockErrorKind, CacheMode, IoSettings};
 use cryptblk_volume::{open_luks_volume, VolumeOptions};
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -158,14 +159,13 @@ fn a_burst_of_reads_is_handed_out_in_slices() {
     let mut per_drain = Vec::new();
     let mut done = 0;
     while queue.in_flight() > 0 {
-        let mut pfd = libc::pollfd {
-            fd: queue.notifier(),
-            events: libc::POLLIN,
-            revents: 0,
+        let mut pfd = [PollFd::from_borrowed_fd(queue.notifier(), PollFlags::IN)];
+        let timeout = Timespec {
+            tv_sec: 10,
+            tv_nsec: 0,
         };
-        // SAFETY: one valid pollfd.
-        let ready = unsafe { libc::poll(&mut pfd, 1, 10_000) };
-        assert_eq!(ready, 1, "reads in flight but the notifier never fired");
+        let ready = poll(&mut pfd, Some(&timeout));
+        assert_eq!(ready, Ok(1), "reads in flight but the notifier never fired");
         let mut got = 0;
         queue.drain(&mut |c| {
             c.result.unwrap();

@@ -36,7 +36,7 @@ pub use stage::{Admit, Bounds, Stage};
 pub use thread_pool::io_thread_count;
 
 use crate::BlockError;
-use std::os::fd::RawFd;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 /// One piece of a request's buffer: `len` bytes at `base`, laid out as the kernel's `iovec` so
@@ -223,7 +223,7 @@ impl Default for QueueOptions {
 pub trait IoQueue: Send {
     /// An eventfd that becomes readable when `drain` has something to hand out. Wait for it
     /// with poll/epoll; `drain` clears it.
-    fn notifier(&self) -> RawFd;
+    fn notifier(&self) -> BorrowedFd<'_>;
 
     /// Most requests in flight at once.
     fn capacity(&self) -> usize;

@@ -33,7 +33,7 @@ use super::{
 use crate::budget::{BudgetShare, MemoryBudget};
 use crate::BlockError;
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 
 /// Bytes of stage work (decryption) one `drain` does before it hands the thread back.
@@ -271,8 +271,8 @@ impl Pipeline {
 }
 
 impl IoQueue for Pipeline {
-    fn notifier(&self) -> RawFd {
-        self.notifier.as_raw_fd()
+    fn notifier(&self) -> BorrowedFd<'_> {
+        self.notifier.as_fd()
     }
 
     fn capacity(&self) -> usize {

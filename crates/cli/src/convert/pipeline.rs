@@ -12,6 +12,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use cryptblk_block::aio::{IoBuffers, IoRequest, MemoryOwner, OwnedBuffer, QueueOptions};
 use cryptblk_block::open_queue;
 use cryptblk_block::{BlockDevice, ExtentKind};
+use rustix::event::{poll, PollFd, PollFlags};
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -196,15 +198,10 @@ pub fn copy(
     })
 }
 
-/// Blocks until one of the eventfds is readable.
-fn wait_any(fds: [std::os::fd::RawFd; 2]) {
-    let mut pfds = fds.map(|fd| libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    });
-    // SAFETY: `pfds` is a valid array of initialised pollfd structs of the given length.
-    unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, -1) };
+/// Blocks until one of the eventfds is readable (or a signal interrupts the wait).
+fn wait_any(fds: [BorrowedFd<'_>; 2]) {
+    let mut pfds = fds.map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN));
+    let _ = poll(&mut pfds, None);
 }
 
 /// Compare two devices over `len` bytes with bounded memory; the first differing offset.

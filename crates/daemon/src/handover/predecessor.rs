@@ -22,24 +22,33 @@ const READY_WAIT: Duration = Duration::from_secs(300);
 const SERVING_WAIT: Duration = Duration::from_secs(60);
 
 impl Daemon {
-    /// Hands everything to a new daemon process and, once it serves, tells the serve loop to
-    /// exit (`Event::HandedOver`). On any failure before the disks are released, this daemon
-    /// serves on, unchanged, and the error says why.
-    pub(crate) fn upgrade(self: &Arc<Self>, params: &UpgradeParams) -> Result<Upgraded> {
+    /// Hands everything to a new daemon process (started and given the servers as `process`
+    /// says, which the serve loop registers once they run: `None` before) and, once it serves,
+    /// tells the serve loop to exit (`Event::HandedOver`). On any failure before the disks are
+    /// released, this daemon serves on, unchanged, and the error says why.
+    pub(crate) fn upgrade(
+        self: &Arc<Self>,
+        params: &UpgradeParams,
+        process: Option<&Process>,
+    ) -> Result<Upgraded> {
         let started = Instant::now();
         if self.begin_upgrade() {
             return Err(Error::busy("an upgrade is already under way"));
         }
-        let result = self.try_upgrade(params, started);
+        let result = self.try_upgrade(params, process, started);
         if result.is_err() {
             self.upgrading.store(false, Ordering::SeqCst);
         }
         result
     }
 
-    fn try_upgrade(self: &Arc<Self>, params: &UpgradeParams, started: Instant) -> Result<Upgraded> {
-        let process = self.process.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(process) = process.as_ref() else {
+    fn try_upgrade(
+        self: &Arc<Self>,
+        params: &UpgradeParams,
+        process: Option<&Process>,
+        started: Instant,
+    ) -> Result<Upgraded> {
+        let Some(process) = process else {
             return Err(Error::new(
                 ErrorKind::Unsupported,
                 "this daemon was not started by `cryptblk serve`, so it cannot start a successor",

@@ -80,8 +80,6 @@ pub struct Daemon {
     keep_cached_keys: std::sync::atomic::AtomicBool,
     /// Accepts frontends on every disk's vhost-user socket (started with the first one).
     acceptor: OnceLock<Acceptor>,
-    /// How to start a successor, and the servers to hand it (`handover`).
-    pub(crate) process: Mutex<Option<crate::handover::Process>>,
     /// An upgrade is under way: requests that change disks are refused.
     pub(crate) upgrading: std::sync::atomic::AtomicBool,
     /// The backup exports serving, by disk name. A lock of its own, held only to insert,
@@ -105,7 +103,6 @@ impl Daemon {
             key_cache: options.key_cache.map(Arc::new),
             keep_cached_keys: std::sync::atomic::AtomicBool::new(false),
             acceptor: OnceLock::new(),
-            process: Mutex::new(None),
             upgrading: std::sync::atomic::AtomicBool::new(false),
             backups: Mutex::new(BTreeMap::new()),
             backup_listener: options.backup_listener,
@@ -115,11 +112,6 @@ impl Daemon {
     /// Where servers report their failure (and an upgrade its end) to the serve loop.
     pub(crate) fn events(&self) -> Sender<Event> {
         self.events.clone()
-    }
-
-    /// Lets `upgrade` start a successor and hand it the servers (the serve loop's part).
-    pub fn set_process(&self, process: crate::handover::Process) {
-        *self.process.lock().unwrap_or_else(PoisonError::into_inner) = Some(process);
     }
 
     /// Refuses a request that would change disks while an upgrade hands them over.

@@ -25,9 +25,8 @@ mod take;
 
 pub use driver::RingDriver;
 
-use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -39,6 +38,7 @@ use cryptblk_block::IoStats;
 use vhost_user_backend::{VringRwLock, VringT};
 use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::event::EventConsumer;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::config::ConfigSpace;
@@ -170,7 +170,7 @@ struct Pending {
 struct Ring {
     vring: Vring,
     /// The ring's kick, duplicated so that the descriptor in the epoll is the worker's own.
-    kick: Option<File>,
+    kick: Option<EventConsumer>,
     record: Option<RingRecord>,
     /// Heads a predecessor took and did not complete, oldest first, not resubmitted yet.
     resubmit: Vec<u16>,
@@ -239,7 +239,7 @@ impl Worker {
         )?;
         epoll.ctl(
             ControlOperation::Add,
-            io.notifier(),
+            io.notifier().as_raw_fd(),
             EpollEvent::new(EventSet::IN, COMPLETIONS),
         )?;
         Ok(Worker {
@@ -333,16 +333,7 @@ impl Worker {
     fn start(&mut self, vring: Vring, start: RingStart) -> io::Result<()> {
         self.let_ring_go();
         let kick = match vring.get_ref().get_kick() {
-            Some(kick) => {
-                // SAFETY: `dup` of a descriptor the ring owns and keeps open during the call;
-                // the result is checked and owned by the File.
-                let fd = unsafe { libc::dup(kick.as_raw_fd()) };
-                if fd < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // SAFETY: `fd` is a fresh descriptor nothing else owns.
-                Some(unsafe { File::from_raw_fd(fd) })
-            }
+            Some(kick) => Some(kick.try_clone()?),
             None => None,
         };
         if let Some(kick) = &kick {

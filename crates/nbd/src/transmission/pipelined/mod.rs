@@ -39,9 +39,10 @@ use cryptblk_block::buffers::PooledBuf;
 use cryptblk_block::open_pipeline;
 use cryptblk_block::{BudgetShare, MemoryBudget};
 use replies::Reply;
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
 use std::collections::VecDeque;
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -182,9 +183,14 @@ pub(super) fn serve(
     result
 }
 
-/// A poll(2) timeout, rounded up so that a wait does not end just before its moment.
-fn millis(wait: std::time::Duration) -> i32 {
-    i32::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
+/// A poll(2) timeout in whole milliseconds, rounded up so that a wait does not end just before
+/// its moment.
+fn poll_timeout(wait: std::time::Duration) -> Timespec {
+    let ms = wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i64;
+    Timespec {
+        tv_sec: ms / 1000,
+        tv_nsec: (ms % 1000) * 1_000_000,
+    }
 }
 
 impl Connection<'_, '_> {
@@ -226,33 +232,24 @@ impl Connection<'_, '_> {
             && self.end - self.start < self.rbuf.len();
         let budget_waiting = self.budget.is_waiting();
         let want_write = !self.replies.is_empty();
-        let mut events = 0;
+        let mut events = PollFlags::empty();
         if want_read {
-            events |= libc::POLLIN;
+            events |= PollFlags::IN;
         }
         if want_write {
-            events |= libc::POLLOUT;
+            events |= PollFlags::OUT;
         }
+        let listen_if = |yes: bool| {
+            if yes {
+                PollFlags::IN
+            } else {
+                PollFlags::empty()
+            }
+        };
         let mut fds = [
-            libc::pollfd {
-                fd: self.socket.as_raw_fd(),
-                events,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: self.queue.notifier(),
-                events: if self.queue.in_flight() > 0 {
-                    libc::POLLIN
-                } else {
-                    0
-                },
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: self.budget_wake.as_raw_fd(),
-                events: if budget_waiting { libc::POLLIN } else { 0 },
-                revents: 0,
-            },
+            PollFd::new(self.socket, events),
+            PollFd::from_borrowed_fd(self.queue.notifier(), listen_if(self.queue.in_flight() > 0)),
+            PollFd::new(&*self.budget_wake, listen_if(budget_waiting)),
         ];
         // Between requests with nothing in flight the client may stay silent forever; in the
         // middle of one, or with replies it does not take, only for `io_timeout`. Waiting for
@@ -272,20 +269,18 @@ impl Connection<'_, '_> {
                 .io_timeout
                 .saturating_sub(self.last_progress.elapsed())
         });
-        let timeout_ms = match (stuck_left, paced) {
-            (None, None) => -1,
-            (Some(left), None) | (None, Some(left)) => millis(left),
-            (Some(stuck), Some(paced)) => millis(stuck.min(paced)),
-        };
-        // SAFETY: three valid pollfd structs, length 3.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, timeout_ms) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                return Ok(());
-            }
-            return Err(e.into());
+        let timeout = match (stuck_left, paced) {
+            (None, None) => None,
+            (Some(left), None) | (None, Some(left)) => Some(left),
+            (Some(stuck), Some(paced)) => Some(stuck.min(paced)),
         }
+        .map(poll_timeout);
+        let n = match poll(&mut fds, timeout.as_ref()) {
+            Ok(n) => n,
+            Err(Errno::INTR) => return Ok(()),
+            Err(e) => return Err(io::Error::from(e).into()),
+        };
+        let (socket_ready, budget_woke) = (fds[0].revents(), !fds[2].revents().is_empty());
         if n == 0 && stuck && stuck_left.is_some_and(|left| paced.is_none_or(|p| left <= p)) {
             return Err(Error::Protocol(format!(
                 "the client stalled for {} s in the middle of a request or without taking \
@@ -293,11 +288,11 @@ impl Connection<'_, '_> {
                 self.config.io_timeout.as_secs()
             )));
         }
-        if fds[2].revents != 0 {
+        if budget_woke {
             // The grant itself is collected by the next parse.
             self.budget_wake.clear();
         }
-        if want_read && fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+        if want_read && socket_ready.intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR) {
             self.read_socket()?;
         }
         Ok(())
