@@ -79,6 +79,12 @@ pub struct Peer {
     /// More arguments for `cryptblk serve` (a cryptblk peer only), e.g. `["--poll-us", "50"]`.
     #[serde(default)]
     pub serve_args: Vec<String>,
+    /// A checkpoint (the dirty log of incremental backups) added once the disk serves, and
+    /// the whole disk written once before the measurement, so every measured write finds
+    /// its region recorded: the log's steady state. A cryptblk peer over vhost-user-blk on
+    /// a file only.
+    #[serde(default)]
+    pub checkpoint: bool,
     /// Served by the baseline binary (`run --baseline`), not the one measured.
     #[serde(skip)]
     pub baseline: bool,
@@ -392,6 +398,13 @@ impl Config {
             if !peer.serve_args.is_empty() && peer.server != Server::Cryptblk {
                 bail!("peer '{id}' has serve_args, which only a cryptblk peer takes");
             }
+            if peer.checkpoint
+                && (peer.server != Server::Cryptblk
+                    || p.storage.kind != StorageKind::File
+                    || p.transports != [Transport::Vhost])
+            {
+                bail!("peer '{id}' has a checkpoint: only a cryptblk peer over vhost-user-blk on a file keeps one here (server = \"cryptblk\", storage.kind = \"file\", transports = [\"vhost\"])");
+            }
             if peer.server.is_spdk()
                 && (peer.image != Image::Raw
                     || p.storage.kind != StorageKind::File
@@ -496,6 +509,26 @@ mod tests {
         let err = format!("{:#}", Config::load(Some(path.path())).unwrap_err());
         assert!(
             err.contains("'zz'") && err.contains("preset 'demo'"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_peer_is_refused_where_no_checkpoint_can_be_kept() {
+        let c = Config::load(None).unwrap();
+        assert!(c.peer("a-checkpoint").unwrap().checkpoint);
+        assert!(!c.peer("a").unwrap().checkpoint);
+        // The nbd preset with the checkpoint peer in it: NBD is not measured with one.
+        let text = DEFAULT_CONFIG.replace(
+            "peers = [\"a\", \"b\", \"c\", \"d\"]\ntransports = [\"nbd\"]",
+            "peers = [\"a\", \"b\", \"c\", \"d\", \"a-checkpoint\"]\ntransports = [\"nbd\"]",
+        );
+        assert_ne!(text, DEFAULT_CONFIG);
+        let path = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(path.path(), text).unwrap();
+        let err = format!("{:#}", Config::load(Some(path.path())).unwrap_err());
+        assert!(
+            err.contains("peer 'a-checkpoint' has a checkpoint") && err.contains("vhost"),
             "{err}"
         );
     }

@@ -4,6 +4,7 @@
 //! target checks from such files and compares two of them.
 mod ceiling;
 mod chart;
+mod checkpoint;
 mod clients;
 mod command;
 mod config;

@@ -7,7 +7,7 @@ use crate::images::{self, Images};
 use crate::plan::{Fits, Step};
 use crate::sample::{Sample, WorkloadRecord};
 use crate::spdk::Spdk;
-use crate::{clients, fio, peers, procfs, rbd};
+use crate::{checkpoint, clients, fio, peers, procfs, rbd};
 use anyhow::{bail, Context, Result};
 use cryptblk_testutil::ceph::Cluster;
 use std::collections::BTreeSet;
@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 /// workloads.
 #[derive(clap::Args)]
 pub struct Args {
-    /// disk, serve, nbd, rbd, demo or spdk (see `list`).
+    /// disk, serve, nbd, rbd, demo, spdk, checkpoint, ... (see `list`).
     #[arg(long)]
     pub preset: String,
     #[arg(long, default_value = "bench-results.jsonl")]
@@ -379,11 +379,17 @@ fn measure(cx: &Bench, step: &Step) -> Result<Measured> {
                 let image = cx.images.path(peer.image);
                 spdk.start(&image, crypto, &cx.work.join(&step.peer), &log)?
             } else {
+                if peer.server == Server::Cryptblk && cx.images.rbd.is_none() {
+                    checkpoint::forget(&cx.images.path(peer.image))?;
+                }
                 let cmd = peers::command(peer, binary, &cx.images, t, w.queues, cx.cache, &socket)?;
                 peers::start(cmd, &socket, &log, t, cx.images.size)?
             };
             let socket = server.socket.clone();
             let pid = server.pid();
+            if peer.checkpoint {
+                checkpoint::record_everywhere(binary, cx.vu_bench, &socket, cx.images.size)?;
+            }
             let m = match (t, w.rw) {
                 (Transport::Vhost, Rw::Idle) => {
                     clients::idle(cx.vu_bench, &socket, cx.runtime, pid, hugepages)?

@@ -1,6 +1,7 @@
 //! Starting a server peer, waiting until it serves, stopping it: `cryptblk serve` and
 //! qemu-storage-daemon, each exporting one image over vhost-user-blk or NBD on a UNIX socket
 //! (SPDK's vhost target starts in `spdk.rs`, and stops here).
+use crate::checkpoint;
 use crate::config::{Cache, Image, Peer, Server, Transport};
 use crate::images::{Images, RbdStore, POOL};
 use anyhow::{bail, Context, Result};
@@ -154,6 +155,11 @@ pub fn command(
                 cmd.args(["--cache", "none"]);
             }
             cmd.args(&peer.serve_args);
+            if peer.checkpoint {
+                cmd.arg("--control")
+                    .arg(checkpoint::control_socket(socket))
+                    .args(["--name", checkpoint::DISK]);
+            }
         }
         Server::Qsd => {
             cmd = Command::new("qemu-storage-daemon");

@@ -99,6 +99,7 @@ pub fn prepare(
             },
             image,
             serve_args: Vec::new(),
+            checkpoint: false,
             baseline: false,
         };
         let socket = work.join("fill.sock");
