@@ -5,7 +5,7 @@ mod common;
 
 use common::{export, pattern, raw_file, TestServer};
 use cryptblk_nbd::protocol::*;
-use cryptblk_nbd::{ExportRegistry, NbdAddress, ReadPacer, TlsCreds};
+use cryptblk_nbd::{ExportRegistry, ReadPacer};
 use cryptblk_testutil::nbd::RawClient;
 use std::io::Write;
 use std::sync::Arc;
@@ -98,9 +98,6 @@ fn connections_share_the_rate() {
 #[test]
 fn a_tls_connection_reads_no_faster_than_the_rate() {
     let dir = tempfile::tempdir().unwrap();
-    let creds = dir.path().join("pki");
-    std::fs::create_dir(&creds).unwrap();
-    cryptblk_testutil::x509::make_credentials(&creds, "cryptblk test CA");
     let registry = ExportRegistry::new();
     let mut paced = export(
         "disk",
@@ -108,18 +105,8 @@ fn a_tls_connection_reads_no_faster_than_the_rate() {
     );
     paced.read_rate = Some(Arc::new(ReadPacer::new(RATE)));
     registry.add(paced).unwrap();
-    let server = TestServer::start(
-        NbdAddress::Tcp("127.0.0.1:0".into()),
-        registry,
-        Some(TlsCreds::load(&creds).unwrap()),
-        |server| server,
-    );
-    let port = server.address.rsplit_once(':').unwrap().1.to_owned();
-    let object = format!(
-        "tls-creds-x509,id=tls0,dir={},endpoint=client",
-        creds.display()
-    );
-    let image = format!("driver=nbd,host=127.0.0.1,port={port},export=disk,tls-creds=tls0");
+    let (server, creds) = TestServer::tls(dir.path(), registry);
+    let [object, image] = common::qemu_tls_opts(server.port(), "disk", &creds);
     let copy = dir.path().join("copy.raw");
     let started = Instant::now();
     common::run(

@@ -3,7 +3,7 @@ mod common;
 
 use common::{export, pattern, raw_file, run, run_failing, TestServer};
 use cryptblk_nbd::protocol::*;
-use cryptblk_nbd::{ExportRegistry, NbdAddress, TlsCreds};
+use cryptblk_nbd::{ExportRegistry, TlsCreds};
 use std::path::Path;
 
 use cryptblk_testutil::x509;
@@ -15,25 +15,13 @@ fn make_credentials(dir: &Path) {
 #[test]
 fn qemu_connects_over_tls_and_plain_clients_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let creds_dir = dir.path().join("pki");
-    std::fs::create_dir(&creds_dir).unwrap();
-    make_credentials(&creds_dir);
     let registry = ExportRegistry::new();
     let size = 8u64 << 20;
     let device = raw_file(&dir.path().join("disk.raw"), size, size as usize);
     registry.add(export("secure", device)).unwrap();
-    let server = TestServer::start(
-        NbdAddress::Tcp("127.0.0.1:0".into()),
-        registry,
-        Some(TlsCreds::load(&creds_dir).unwrap()),
-        |server| server,
-    );
-    let port = server.address.rsplit_once(':').unwrap().1.to_owned();
-    let object = format!(
-        "tls-creds-x509,id=tls0,dir={},endpoint=client",
-        creds_dir.display()
-    );
-    let image = format!("driver=nbd,host=127.0.0.1,port={port},export=secure,tls-creds=tls0");
+    let (server, creds_dir) = TestServer::tls(dir.path(), registry);
+    let port = server.port().to_owned();
+    let [object, image] = common::qemu_tls_opts(&port, "secure", &creds_dir);
     let info = run(
         "qemu-img",
         &["info", "--object", &object, "--image-opts", &image],

@@ -18,11 +18,7 @@ const SIZE: u64 = 4 << 20;
 /// Runs qemu-io against `export` on `port` as the client whose credentials are in `client`,
 /// with the commands given; `Ok(stdout)` or `Err(stderr)`.
 fn qemu_io(port: &str, export: &str, client: &Path, commands: &[&str]) -> Result<String, String> {
-    let object = format!(
-        "tls-creds-x509,id=tls0,dir={},endpoint=client",
-        client.display()
-    );
-    let image = format!("driver=nbd,host=127.0.0.1,port={port},export={export},tls-creds=tls0");
+    let [object, image] = common::qemu_tls_opts(port, export, client);
     let mut args = vec!["--object", &object, "--image-opts", &image];
     for c in commands {
         args.extend(["-c", c]);
@@ -121,11 +117,7 @@ fn only_clients_with_a_listed_certificate_read_or_write() {
 
     // The existing credentials directory (CN "cryptblk test client", not listed) is refused
     // as well, with QEMU's own message.
-    let object = format!(
-        "tls-creds-x509,id=tls0,dir={},endpoint=client",
-        pki.display()
-    );
-    let image = format!("driver=nbd,host=127.0.0.1,port={port},export=secure,tls-creds=tls0");
+    let [object, image] = common::qemu_tls_opts(&port, "secure", &pki);
     run_failing(
         "qemu-img",
         &["info", "--object", &object, "--image-opts", &image],

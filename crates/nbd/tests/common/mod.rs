@@ -5,7 +5,7 @@
 use cryptblk_block::{BlockDevice, IoStats, OpenOptions, RawFile};
 use cryptblk_nbd::{Export, ExportRegistry, NbdAddress, NbdServer, StopHandle, TlsCreds};
 use cryptblk_volume::{open_luks_volume, VolumeOptions};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -93,6 +93,18 @@ pub fn export(name: &str, device: Arc<dyn BlockDevice>) -> Export {
 }
 
 /// A server running on its own thread; stopped and joined on drop.
+/// The `--object` and `--image-opts` values with which QEMU's tools reach `export` on
+/// loopback `port` over TLS, as the client whose credentials are in `creds`.
+pub fn qemu_tls_opts(port: &str, export: &str, creds: &Path) -> [String; 2] {
+    [
+        format!(
+            "tls-creds-x509,id=tls0,dir={},endpoint=client",
+            creds.display()
+        ),
+        format!("driver=nbd,host=127.0.0.1,port={port},export={export},tls-creds=tls0"),
+    ]
+}
+
 pub struct TestServer {
     pub address: String,
     pub registry: Arc<ExportRegistry>,
@@ -130,6 +142,26 @@ impl TestServer {
     ) -> TestServer {
         let path = dir.join("nbd.sock");
         Self::start(NbdAddress::Unix(path), registry, None, configure)
+    }
+
+    /// A TCP server on loopback with credentials made in `dir/pki` (returned beside it), so
+    /// every client must speak TLS.
+    pub fn tls(dir: &Path, registry: Arc<ExportRegistry>) -> (TestServer, PathBuf) {
+        let creds = dir.join("pki");
+        std::fs::create_dir(&creds).unwrap();
+        cryptblk_testutil::x509::make_credentials(&creds, "cryptblk test CA");
+        let server = TestServer::start(
+            NbdAddress::Tcp("127.0.0.1:0".into()),
+            registry,
+            Some(TlsCreds::load(&creds).unwrap()),
+            |server| server,
+        );
+        (server, creds)
+    }
+
+    /// The TCP port of a server on loopback.
+    pub fn port(&self) -> &str {
+        self.address.rsplit_once(':').unwrap().1
     }
 
     pub fn socket_path(&self) -> &Path {
