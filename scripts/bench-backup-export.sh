@@ -52,11 +52,7 @@ image=$dir/disk.luks
 plain=$dir/plain.raw
 ctl() { "$bin" ctl -s "$dir/ctl.sock" "$@"; }
 
-cold=yes
-drop() {
-  sync
-  if [ -w /proc/sys/vm/drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches; else cold=no; fi
-}
+. "$(dirname "$0")/lib/rounds.sh"
 
 rm -rf "$dir/chain" "$dir/copy.raw" "$dir/cp.raw" "$image"* "$dir"/*.sock
 printf 'bench-backup-export' >"$dir/key"
@@ -74,12 +70,6 @@ ctl disk-add d --image "$image" --key-file "$dir/key" --vhost-user-blk "$dir/vu.
 # Every byte of the image is data, as on a disk in use: the backup copies all of it.
 "$vu" --socket "$dir/vu.sock" --rw write --bs 1048576 --iodepth 8 --once >/dev/null
 
-# The copier's wall and CPU seconds ("wall cpu").
-timed() {
-  /usr/bin/time -o "$dir/time.txt" -f '%e %U %S' "$@" >/dev/null 2>"$dir/timed.err" ||
-    { cat "$dir/timed.err" >&2; return 1; }
-  awk '{ printf "%.3f %.3f\n", $1, $2 + $3 }' "$dir/time.txt"
-}
 # A full backup at checkpoint $1, from start to end.
 backup() {
   rm -rf "$dir/chain"
@@ -131,15 +121,10 @@ for round in $(seq 1 "$rounds"); do
   fi
   forget "w$round"
   echo "round $round: backup ${bw}s (cpu ${bc}s)  nbdcopy ${nw}s (cpu ${nc}s)  cp ${cw}s  IOPS without ${without} during ${during}"
-  r_peer+=("$(awk -v a="$nw" -v b="$bw" 'BEGIN { printf "%.3f", a / b }')")
-  r_ceiling+=("$(awk -v a="$cw" -v b="$bw" 'BEGIN { printf "%.3f", a / b }')")
-  r_iops+=("$(awk -v a="$during" -v b="$without" 'BEGIN { printf "%.3f", a / b }')")
+  r_peer+=("$(ratio "$nw" "$bw")")
+  r_ceiling+=("$(ratio "$cw" "$bw")")
+  r_iops+=("$(ratio "$during" "$without")")
 done
-summary() {
-  printf '%s\n' "${@:2}" | sort -n | awk -v what="$1" '
-    { v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
-      printf "%s: median %.2f, worst %.2f\n", what, m, v[1] }'
-}
 summary "full backup throughput / nbdcopy's of the plain file" "${r_peer[@]}"
 summary "full backup throughput / cp's (the disk)" "${r_ceiling[@]}"
 summary "VM write IOPS during a backup / without" "${r_iops[@]}"

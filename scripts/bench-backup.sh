@@ -35,40 +35,26 @@ trap 'kill $server 2>/dev/null; rm -rf "$dir/chain" "$dir/copy.raw" "$dir/cp.raw
 while [ ! -S "$sock" ]; do sleep 0.05; done
 uri="nbd+unix:///disk?socket=$sock"
 
-drop() {
-  sync
-  if [ -w /proc/sys/vm/drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches; else cold=no; fi
-}
-cold=yes
-# Runs one copier; prints "wall cpu".
-run() {
-  /usr/bin/time -o "$dir/time.txt" -f '%e %U %S' "$@" >/dev/null 2>&1
-  awk '{ printf "%.3f %.3f\n", $1, $2 + $3 }' "$dir/time.txt"
-}
+. "$(dirname "$0")/lib/rounds.sh"
 declare -a r_peer r_ceiling r_base
 echo "size ${size_mib} MiB, ${rounds} rounds, binary $bin${base:+, baseline $base}"
 for round in $(seq 1 "$rounds"); do
   rm -rf "$dir/chain" "$dir/copy.raw" "$dir/cp.raw"
-  drop; read -r pw pc < <(run "$bin" backup pull "$uri" "$dir/chain" --checkpoint c0)
+  drop; read -r pw pc < <(timed "$bin" backup pull "$uri" "$dir/chain" --checkpoint c0)
   if [ -n "$base" ]; then
     rm -rf "$dir/chain"
-    drop; read -r bw bc < <(run "$base" backup pull "$uri" "$dir/chain" --checkpoint c0)
+    drop; read -r bw bc < <(timed "$base" backup pull "$uri" "$dir/chain" --checkpoint c0)
     echo "round $round: baseline pull ${bw}s (cpu ${bc}s)"
-    r_base+=("$(awk -v a="$bw" -v b="$pw" 'BEGIN { printf "%.3f", a / b }')")
+    r_base+=("$(ratio "$bw" "$pw")")
   fi
   # --flush: the copy is on stable storage when nbdcopy exits, as a pulled entry is.
-  drop; read -r nw nc < <(run nbdcopy --flush "$uri" "$dir/copy.raw")
-  drop; read -r cw cc < <(run cp "$img" "$dir/cp.raw")
+  drop; read -r nw nc < <(timed nbdcopy --flush "$uri" "$dir/copy.raw")
+  drop; read -r cw cc < <(timed cp "$img" "$dir/cp.raw")
   cmp -s "$dir/copy.raw" "$img" || { echo "nbdcopy copied different bytes" >&2; exit 1; }
   echo "round $round: pull ${pw}s (cpu ${pc}s)  nbdcopy ${nw}s (cpu ${nc}s)  cp ${cw}s (cpu ${cc}s)"
-  r_peer+=("$(awk -v a="$nw" -v b="$pw" 'BEGIN { printf "%.3f", a / b }')")
-  r_ceiling+=("$(awk -v a="$cw" -v b="$pw" 'BEGIN { printf "%.3f", a / b }')")
+  r_peer+=("$(ratio "$nw" "$pw")")
+  r_ceiling+=("$(ratio "$cw" "$pw")")
 done
-summary() {
-  printf '%s\n' "${@:2}" | sort -n | awk -v what="$1" '
-    { v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
-      printf "%s: median %.2f, worst %.2f\n", what, m, v[1] }'
-}
 summary "pull throughput / nbdcopy's" "${r_peer[@]}"
 summary "pull throughput / cp's (the disk)" "${r_ceiling[@]}"
 [ -z "$base" ] || summary "pull throughput / the baseline's" "${r_base[@]}"
