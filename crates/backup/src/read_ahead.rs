@@ -1,10 +1,8 @@
 //! The pull's reader: on a thread of its own it asks the export for block status and reads
 //! the wanted extents, while the pull's writer checks, hashes and stores what it read before.
-//! With one thread doing both, the export waited while the writer worked and the writer
-//! waited for every reply; now the next reads are on the wire while the last one is stored.
-//! [`IN_FLIGHT`] reads wait on the server at once: one at a time, the server's device sat
-//! idle between them (a 1 GiB backup export read in 3.2-3.7 s one 4 MiB read at a time, in
-//! 1.7-2.3 s with four or eight in flight, by `nbdcopy` on one connection).
+//! [`IN_FLIGHT`] reads wait on the server at once, so its disk is never idle between them
+//! (an `O_DIRECT` image has no read-ahead of its own; docs/backup.md has the numbers), and
+//! the next reads are on the wire while the last one is stored.
 //!
 //! Memory stays bounded: the reader fills [`BUFFERS`] buffers of [`READ_CHUNK`] bytes and
 //! waits for the writer to hand one back.

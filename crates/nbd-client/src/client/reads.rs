@@ -1,9 +1,8 @@
 //! READ, one at a time ([`Client::read`]) or several in flight on one connection
-//! ([`Client::send_read`] then [`Client::receive_read`], answered in the order sent). A
-//! server reads a device faster with requests queued (an O_DIRECT image has no read-ahead of
-//! its own): one connection with four 4 MiB reads in flight read a backup export in half the
-//! time of one at a time. Replies may come in any order, their chunks interleaved: each part
-//! goes to the read its cookie names, and every read must be covered exactly once.
+//! ([`Client::send_read`] then [`Client::receive_read`], answered in the order sent), so a
+//! server's device has requests queued. Replies may come in any order, their chunks
+//! interleaved: each part goes to the read its cookie names, and every read must be covered
+//! exactly once.
 
 use super::reply::{too_many_chunks, unexpected_chunk, unknown_cookie, ReplyPart};
 use super::Client;
