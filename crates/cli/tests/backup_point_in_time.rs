@@ -100,11 +100,7 @@ fn a_backup_pulled_while_a_client_writes_is_the_image_at_backup_start() {
     assert_same_bytes(&read(&restored), &expected, "the backup");
     assert!(cryptsetup_accepts(&restored, &key));
     // ... although the disk changed under it: every write landed, and is recorded in c0.
-    assert_ne!(
-        read(&img.path),
-        expected,
-        "the client's writes changed nothing"
-    );
+    assert_ne!(read(&img.path), expected, "the client's writes changed nothing");
     let mut last = std::collections::BTreeMap::new();
     for (at, data) in &written {
         for (k, block) in data.chunks(4096).enumerate() {
@@ -114,10 +110,7 @@ fn a_backup_pulled_while_a_client_writes_is_the_image_at_backup_start() {
     let since_c0 = checkpoint_extents(&daemon, "vol", "c0");
     for (&at, &block) in &last {
         assert!(client.read(at, 4096).unwrap() == block, "the write at {at}");
-        assert!(
-            covered(&since_c0, payload + at),
-            "{at} not in c0: {since_c0:?}"
-        );
+        assert!(covered(&since_c0, payload + at), "{at} not in c0: {since_c0:?}");
     }
     client.disconnect().unwrap();
     assert_eq!(daemon.terminate(), code::OK);
@@ -159,9 +152,7 @@ fn a_full_scratch_fails_the_backup_and_not_the_client() {
 
     // Three regions changed, room for two: every write still succeeds.
     for n in 0..3u8 {
-        client
-            .write(u64::from(n) * MIB, &[n + 1; 4096], false)
-            .unwrap();
+        client.write(u64::from(n) * MIB, &[n + 1; 4096], false).unwrap();
     }
     client.flush().unwrap();
     for n in 0..3u8 {
@@ -171,20 +162,18 @@ fn a_full_scratch_fails_the_backup_and_not_the_client() {
 
     // The export answers with an error, so the pull fails and keeps no entry.
     let chain = t.path("chain");
-    let out = cryptblk([
-        "backup",
-        "pull",
-        &format!("nbd+unix:///vol?socket={}", s(&sock)),
-        s(&chain),
-    ]);
+    let out =
+        cryptblk(["backup", "pull", &format!("nbd+unix:///vol?socket={}", s(&sock)), s(&chain)]);
     assert_eq!(out.code, code::OTHER, "{}", out.stderr);
     assert!(!chain.join("manifest.json").exists());
 
     // backup-end says why and wants --failed; the checkpoint then goes.
-    daemon
-        .ctl(&["backup-end", "vol"])
-        .expect_code(code::OTHER)
-        .error_line(&["backup failed", "scratch", "full", "--failed"]);
+    daemon.ctl(&["backup-end", "vol"]).expect_code(code::OTHER).error_line(&[
+        "backup failed",
+        "scratch",
+        "full",
+        "--failed",
+    ]);
     let ended = daemon.ctl_ok(&["backup-end", "vol", "--failed"]);
     assert_eq!(ended["kept"], false, "{ended}");
     assert!(!scratch.exists());
@@ -211,18 +200,11 @@ fn a_daemon_killed_during_a_backup_removes_the_scratch_when_it_starts_again() {
     ]);
     let scratch = std::path::PathBuf::from(started["scratch"].as_str().unwrap());
     daemon.qemu_io("vol", &["write -P 0x42 1M 64k"]);
-    assert_eq!(
-        std::fs::metadata(&scratch).unwrap().len(),
-        REGION,
-        "one region copied"
-    );
+    assert_eq!(std::fs::metadata(&scratch).unwrap().len(), REGION, "one region copied");
     daemon.kill9();
     assert!(scratch.exists());
     daemon.restart();
-    assert!(
-        !scratch.exists(),
-        "the scratch of a backup that never ended stays"
-    );
+    assert!(!scratch.exists(), "the scratch of a backup that never ended stays");
     // The backup's checkpoint stays, as documented, until removed; the disk serves on.
     let list = daemon.ctl_ok(&["checkpoint-list", "vol"]);
     assert_eq!(list["checkpoints"][0]["name"], "c0", "{list}");

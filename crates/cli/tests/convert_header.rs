@@ -41,30 +41,16 @@ fn fill(dir: tempfile::TempDir, img: PathBuf, key: PathBuf, extra_keys: usize) -
     .ok();
     let mut keys = vec![key];
     for i in 0..extra_keys {
-        let k = key_file(
-            dir.path(),
-            &format!("key{i}"),
-            &passphrase(&format!("extra{i}")),
-        );
+        let k = key_file(dir.path(), &format!("key{i}"), &passphrase(&format!("extra{i}")));
         let args = [
-            &[
-                "luksAddKey",
-                "--batch-mode",
-                "--pbkdf-force-iterations",
-                "1000",
-            ][..],
+            &["luksAddKey", "--batch-mode", "--pbkdf-force-iterations", "1000"][..],
             &["--key-file", s(&keys[0]), s(&img), s(&k)],
         ]
         .concat();
         tool("cryptsetup", &args).ok();
         keys.push(k);
     }
-    Case {
-        dir,
-        img,
-        keys,
-        plain,
-    }
+    Case { dir, img, keys, plain }
 }
 
 /// `qemu-img create -f luks` (LUKS1, 512-byte sectors, the payload right after the eighth
@@ -102,11 +88,7 @@ fn cryptsetup_case(name: &str, extra_keys: usize) -> Case {
 fn luks_version(img: &Path) -> String {
     let out = tool("cryptsetup", ["luksDump", s(img)]);
     out.ok();
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("Version:"))
-        .unwrap();
+    let line = out.stdout.lines().find(|l| l.starts_with("Version:")).unwrap();
     line.split_whitespace().last().unwrap().to_string()
 }
 
@@ -123,11 +105,7 @@ fn check_opens_with_plaintext(c: &Case, img: &Path, sector: u64) {
         assert!(cryptsetup_accepts(img, k), "cryptsetup refuses {}", s(k));
     }
     let ours = cryptblk_decrypt(img, &c.keys[0], &c.dir.path().join("out.raw"));
-    assert_same_bytes(
-        &ours,
-        &c.plain,
-        "cryptblk's decryption of the converted image",
-    );
+    assert_same_bytes(&ours, &c.plain, "cryptblk's decryption of the converted image");
     let vk = cryptsetup_volume_key(img, c.keys.last().unwrap());
     check_sampled_sectors(img, &vk, sector, &c.plain);
 }
@@ -136,11 +114,7 @@ fn check_opens_with_plaintext(c: &Case, img: &Path, sector: u64) {
 fn cryptsetup_luks1_converts_as_cryptsetup_converts_it() {
     let c = cryptsetup_case("cs-luks1", 1);
     let by_cryptsetup = c.copy("by-cryptsetup.img");
-    tool(
-        "cryptsetup",
-        ["convert", "--type", "luks2", "-q", s(&by_cryptsetup)],
-    )
-    .ok();
+    tool("cryptsetup", ["convert", "--type", "luks2", "-q", s(&by_cryptsetup)]).ok();
 
     let out = cryptblk(["convert-header", "--type", "luks2", s(&c.img)]);
     out.ok();
@@ -155,11 +129,7 @@ fn cryptsetup_luks1_converts_as_cryptsetup_converts_it() {
     // Byte for byte from the secondary header's end on: keyslot areas (moved the same way,
     // inactive slots' bytes included) and payload.
     let (ours, theirs) = (read(&c.img), read(&by_cryptsetup));
-    assert_same_bytes(
-        &ours[32768..],
-        &theirs[32768..],
-        "keyslot areas and payload",
-    );
+    assert_same_bytes(&ours[32768..], &theirs[32768..], "keyslot areas and payload");
     // Binary headers: equal but for the random salt (104..168) and the checksum over it
     // (448..512); magic, version, size, seqid (2), label, checksum algorithm, UUID equal.
     for copy in [0, 16384] {
@@ -172,23 +142,13 @@ fn cryptsetup_luks1_converts_as_cryptsetup_converts_it() {
 fn qemu_luks1_converts_where_cryptsetup_refuses() {
     let c = qemu_case("qemu-luks1", "", 1);
     let by_cryptsetup = c.copy("by-cryptsetup.img");
-    let refused = tool(
-        "cryptsetup",
-        ["convert", "--type", "luks2", "-q", s(&by_cryptsetup)],
-    );
-    assert_ne!(
-        refused.code, 0,
-        "cryptsetup converted a QEMU layout: {refused:?}"
-    );
+    let refused = tool("cryptsetup", ["convert", "--type", "luks2", "-q", s(&by_cryptsetup)]);
+    assert_ne!(refused.code, 0, "cryptsetup converted a QEMU layout: {refused:?}");
     assert_same_files(&by_cryptsetup, &c.img);
 
     let out = cryptblk(["convert-header", "--type", "luks2", s(&c.img)]);
     out.ok();
-    assert!(
-        out.stdout.contains("copied to free space"),
-        "{}",
-        out.stdout
-    );
+    assert!(out.stdout.contains("copied to free space"), "{}", out.stdout);
     assert_eq!(luks_version(&c.img), "2");
     check_opens_with_plaintext(&c, &c.img, 512);
 
@@ -201,14 +161,8 @@ fn qemu_luks1_converts_where_cryptsetup_refuses() {
         serde_json::json!({"type": "crypt", "offset": payload.to_string(), "iv_tweak": "0",
             "size": "dynamic", "encryption": "aes-xts-plain64", "sector_size": 512})
     );
-    assert_eq!(
-        meta["digests"]["0"]["keyslots"],
-        serde_json::json!(["0", "1"])
-    );
-    assert_eq!(
-        meta["config"]["keyslots_size"],
-        (payload - 32768).to_string()
-    );
+    assert_eq!(meta["digests"]["0"]["keyslots"], serde_json::json!(["0", "1"]));
+    assert_eq!(meta["config"]["keyslots_size"], (payload - 32768).to_string());
     let area = |k: &str| {
         let a = &meta["keyslots"][k]["area"];
         let off: u64 = a["offset"].as_str().unwrap().parse().unwrap();
@@ -216,26 +170,14 @@ fn qemu_luks1_converts_where_cryptsetup_refuses() {
         off
     };
     // Both copied past the LUKS1 material still in use at the time of the copy.
-    assert_eq!(
-        (area("0"), area("1")),
-        (4096 + 2 * 258048, 4096 + 3 * 258048)
-    );
+    assert_eq!((area("0"), area("1")), (4096 + 2 * 258048, 4096 + 3 * 258048));
     let kdf = &meta["keyslots"]["0"]["kdf"];
-    assert_eq!(
-        (kdf["type"].as_str(), kdf["hash"].as_str()),
-        (Some("pbkdf2"), Some("sha256"))
-    );
+    assert_eq!((kdf["type"].as_str(), kdf["hash"].as_str()), (Some("pbkdf2"), Some("sha256")));
     // The old copies of the key material are wiped.
     let bytes = read(&c.img);
-    assert!(
-        bytes[32768..4096 + 256000].iter().all(|&b| b == 0),
-        "old slot 0 copy left"
-    );
+    assert!(bytes[32768..4096 + 256000].iter().all(|&b| b == 0), "old slot 0 copy left");
     let old1 = 4096 + 258048;
-    assert!(
-        bytes[old1..old1 + 256000].iter().all(|&b| b == 0),
-        "old slot 1 copy left"
-    );
+    assert!(bytes[old1..old1 + 256000].iter().all(|&b| b == 0), "old slot 1 copy left");
 }
 
 #[test]
@@ -248,12 +190,7 @@ fn reencrypt_turns_a_qemu_luks1_disk_into_luks2_with_4k_sectors() {
     args.push(c.img.clone().into());
     let out = cryptblk(&args);
     out.ok();
-    assert!(
-        out.stderr
-            .contains("converted the LUKS1 header to LUKS2 first"),
-        "{}",
-        out.stderr
-    );
+    assert!(out.stderr.contains("converted the LUKS1 header to LUKS2 first"), "{}", out.stderr);
     let meta = json_metadata(&c.img);
     assert_eq!(meta["segments"]["0"]["sector_size"], 4096);
     assert_eq!(meta["segments"]["0"]["encryption"], "aes-xts-plain64");
@@ -273,10 +210,7 @@ fn refusals_leave_the_image_untouched() {
     out.expect_code(3);
     out.error_line(&["no room", "cryptblk key remove"]);
     assert_same_files(&c.img, &before);
-    let refused = tool(
-        "cryptsetup",
-        ["convert", "--type", "luks2", "-q", s(&before)],
-    );
+    let refused = tool("cryptsetup", ["convert", "--type", "luks2", "-q", s(&before)]);
     assert_ne!(refused.code, 0);
 
     // reencrypt with a wrong passphrase: refused before the conversion.

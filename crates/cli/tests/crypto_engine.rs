@@ -14,11 +14,7 @@ use std::path::Path;
 /// The engines that can run LUKS2's default cipher on this CPU (vaes only with VAES).
 fn runnable() -> Vec<&'static str> {
     let spec = CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap();
-    engines()
-        .into_iter()
-        .filter(|e| e.supports(&spec))
-        .map(|e| e.name())
-        .collect()
+    engines().into_iter().filter(|e| e.supports(&spec)).map(|e| e.name()).collect()
 }
 
 fn serve_engine(dir: &Path, img: &Path, key: &Path, args: &[&str], env: Option<&str>) -> String {
@@ -62,27 +58,15 @@ fn every_runnable_engine_can_be_forced_for_served_disks() {
     // The variable alone forces too, and the option wins over it.
     let used = serve_engine(dir.path(), &img, &key, &[], Some("rustcrypto"));
     assert_eq!(used, "rustcrypto", "CRYPTBLK_ENGINE=rustcrypto");
-    let used = serve_engine(
-        dir.path(),
-        &img,
-        &key,
-        &["--crypto-engine", "openssl"],
-        Some("rustcrypto"),
-    );
+    let used =
+        serve_engine(dir.path(), &img, &key, &["--crypto-engine", "openssl"], Some("rustcrypto"));
     assert_eq!(used, "openssl", "--crypto-engine over CRYPTBLK_ENGINE");
 }
 
 #[test]
 fn bench_marks_the_forced_engine_as_default() {
     for name in runnable() {
-        let out = cryptblk([
-            "--crypto-engine",
-            name,
-            "bench",
-            "--json",
-            "--seconds",
-            "0.01",
-        ]);
+        let out = cryptblk(["--crypto-engine", name, "bench", "--json", "--seconds", "0.01"]);
         out.ok();
         let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
         let defaults: Vec<&str> = report["results"]
@@ -131,9 +115,11 @@ fn a_forced_engine_refuses_a_cipher_it_cannot_run() {
         s(&img),
         s(&out_img),
     ];
-    cryptblk(convert)
-        .expect_code(code::UNSUPPORTED)
-        .error_line(&["vaes", "aes-cbc-essiv:sha256", "forced"]);
+    cryptblk(convert).expect_code(code::UNSUPPORTED).error_line(&[
+        "vaes",
+        "aes-cbc-essiv:sha256",
+        "forced",
+    ]);
     // A list takes the first engine that runs each cipher: openssl for this one.
     let mut convert = convert;
     convert[1] = "vaes,openssl";
@@ -144,9 +130,7 @@ fn a_forced_engine_refuses_a_cipher_it_cannot_run() {
 fn images_each_engine_writes_read_back_independently() {
     let names = runnable();
     if !names.contains(&"vaes") {
-        cryptblk_testutil::skip(&format!(
-            "this CPU lacks VAES: only {names:?} are checked here"
-        ));
+        cryptblk_testutil::skip(&format!("this CPU lacks VAES: only {names:?} are checked here"));
     }
     let dir = tempdir();
     let key = key_file(dir.path(), "key", &passphrase("crypto-engine-interop"));

@@ -39,16 +39,10 @@ fn kill_and_restart_through(
     let mut rng = rand::thread_rng();
     let mut done_at_kill = Vec::new();
     for _ in 1..=KILLS {
-        std::thread::sleep(Duration::from_millis(rand::Rng::gen_range(
-            &mut rng,
-            1000..2500,
-        )));
+        std::thread::sleep(Duration::from_millis(rand::Rng::gen_range(&mut rng, 1000..2500)));
         guest.assert_running();
         let st = daemon.ctl_ok(&["reencrypt-status", "vol"]);
-        assert_eq!(
-            st["phase"], "running",
-            "finished too early to kill mid-way: {st}"
-        );
+        assert_eq!(st["phase"], "running", "finished too early to kill mid-way: {st}");
         done_at_kill.push(st["bytes-done"].as_u64().unwrap());
         daemon.kill9();
         match change.take() {
@@ -80,13 +74,8 @@ const STARTED: &str = "vhost-user frontend: Started";
 
 /// The guest on the daemon's disk, running rounds of verified fio until told to stop.
 fn boot(t: &TestDir, daemon: &mut Daemon) -> Vm {
-    let vm = VmConfig::vhost_user(daemon.vhost_socket())
-        .queues(2)
-        .reconnect(1);
-    let vm = vm
-        .console_input()
-        .job("restart-verify", 32 * MIB)
-        .timeout(600);
+    let vm = VmConfig::vhost_user(daemon.vhost_socket()).queues(2).reconnect(1);
+    let vm = vm.console_input().job("restart-verify", 32 * MIB).timeout(600);
     let mut guest = vm.boot(t.root(), "guest");
     daemon.wait_log(STARTED, BOUND);
     guest.wait_for_console("FIO-JSON-BEGIN 1", "fio never started", BOUND);

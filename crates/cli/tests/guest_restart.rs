@@ -64,20 +64,11 @@ fn guest_fio_verify_survives_daemon_kills_and_restarts() {
     // the next start runs; the running daemon keeps its own, as after `apt upgrade`.
     let upgraded = t.path("cryptblk-upgraded");
     std::fs::copy(bin(), &upgraded).unwrap();
-    let serve = t
-        .serve()
-        .vhost_user()
-        .disk(&img)
-        .args(&["--num-queues", "2"]);
+    let serve = t.serve().vhost_user().disk(&img).args(&["--num-queues", "2"]);
     let mut serve = serve.log_level("info").start();
 
-    let vm = VmConfig::vhost_user(serve.vhost_socket())
-        .queues(2)
-        .reconnect(1);
-    let vm = vm
-        .console_input()
-        .job("restart-verify", 32 * MIB)
-        .timeout(600);
+    let vm = VmConfig::vhost_user(serve.vhost_socket()).queues(2).reconnect(1);
+    let vm = vm.console_input().job("restart-verify", 32 * MIB).timeout(600);
     let mut guest = vm.boot(t.root(), "guest");
     // The guest booted and fio runs.
     serve.wait_log(STARTED, BOUND);
@@ -118,10 +109,6 @@ fn guest_fio_verify_survives_daemon_kills_and_restarts() {
     eprintln!(
         "fio rounds: {}, longest read/write latency per round (ms): {}",
         console.matches("FIO-JSON-END").count(),
-        rounds
-            .iter()
-            .map(|m| format!("{m:.0}"))
-            .collect::<Vec<_>>()
-            .join(" ")
+        rounds.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(" ")
     );
 }

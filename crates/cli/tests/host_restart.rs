@@ -153,9 +153,8 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
     // A cold start: nothing cached, every key derived; disks serve as they are unlocked.
     let started = Instant::now();
     let mut daemon = host.serve("first").spawn();
-    let cold = host.wait_all(&daemon, started, Duration::from_secs(300), |_, name| {
-        host.vhost_answers(name)
-    });
+    let cold = host
+        .wait_all(&daemon, started, Duration::from_secs(300), |_, name| host.vhost_answers(name));
     let earliest = *cold.iter().min().unwrap();
     let latest = *cold.iter().max().unwrap();
     eprintln!(
@@ -169,14 +168,7 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
     let fastest_unlock = daemon
         .log()
         .lines()
-        .filter_map(|l| {
-            l.split("opened_ms=")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
+        .filter_map(|l| l.split("opened_ms=").nth(1)?.split_whitespace().next()?.parse().ok())
         .map(Duration::from_millis)
         .min()
         .expect("the daemon logs how long each disk took to open");
@@ -190,12 +182,9 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
         "the disks did not come one by one as they were unlocked: {cold:?}"
     );
     // Every disk serves: the NBD server is up.
-    host.wait_all(
-        &daemon,
-        Instant::now(),
-        Duration::from_secs(30),
-        |_, name| host.read(&daemon, name).is_some(),
-    );
+    host.wait_all(&daemon, Instant::now(), Duration::from_secs(30), |_, name| {
+        host.read(&daemon, name).is_some()
+    });
     for (i, name) in host.names.iter().enumerate() {
         let mut client = daemon.nbd(name);
         client.write(0, &pattern(i), true).unwrap();
@@ -232,8 +221,7 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
     );
     let log = daemon.log();
     assert_eq!(
-        log.matches("opened with the volume key from the key cache")
-            .count(),
+        log.matches("opened with the volume key from the key cache").count(),
         DISKS,
         "{log}"
     );

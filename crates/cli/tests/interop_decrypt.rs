@@ -20,12 +20,7 @@ const VOLUME: u64 = 96 * MIB;
 fn luks2_image(dir: &Path, key: &Path, plain: &[u8]) -> PathBuf {
     let img = cryptsetup_encrypt_in_place(dir, "img", plain, key, CS_CHEAP_PBKDF2);
     let len = std::fs::metadata(&img).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&img)
-        .unwrap()
-        .set_len(len - 8 * MIB)
-        .unwrap();
+    std::fs::OpenOptions::new().write(true).open(&img).unwrap().set_len(len - 8 * MIB).unwrap();
     img
 }
 
@@ -46,13 +41,7 @@ fn setup(tag: &str, seed: u64) -> Setup {
     std::fs::remove_file(&plain_path).unwrap();
     let img = luks2_image(dir.path(), &key, &plain);
     let hdr = dir.path().join("img.hdr");
-    Setup {
-        dir,
-        key,
-        plain,
-        img,
-        hdr,
-    }
+    Setup { dir, key, plain, img, hdr }
 }
 
 /// cryptsetup 2.7's `reencrypt --decrypt --header` with `extra` options.
@@ -73,14 +62,7 @@ fn cs27_args<'a>(t: &'a Setup, extra: &[&'a str]) -> Vec<&'a str> {
 }
 
 fn cryptblk_args<'a>(t: &'a Setup, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec![
-        "reencrypt",
-        "--decrypt",
-        "--header",
-        s(&t.hdr),
-        "--key-file",
-        s(&t.key),
-    ];
+    let mut args = vec!["reencrypt", "--decrypt", "--header", s(&t.hdr), "--key-file", s(&t.key)];
     args.extend_from_slice(extra);
     args.push(s(&t.img));
     args
@@ -91,16 +73,9 @@ fn cryptblk_args<'a>(t: &'a Setup, extra: &[&'a str]) -> Vec<&'a str> {
 #[track_caller]
 fn check_decrypted(t: &Setup, by: &str) {
     let image = read(&t.img);
-    assert_eq!(
-        image.len() as u64,
-        VOLUME + 8 * MIB,
-        "{by}: the image size changed"
-    );
+    assert_eq!(image.len() as u64, VOLUME + 8 * MIB, "{by}: the image size changed");
     assert_same_bytes(&image[..t.plain.len()], &t.plain, by);
-    let dump = tool(
-        s(&cryptblk_testutil::cryptsetup27()),
-        ["luksDump", s(&t.hdr)],
-    );
+    let dump = tool(s(&cryptblk_testutil::cryptsetup27()), ["luksDump", s(&t.hdr)]);
     dump.ok();
     assert!(
         !dump.stdout.contains("online-reencrypt") && !dump.stdout.contains("luks2"),
@@ -181,13 +156,8 @@ fn cryptblk_decrypts_to_a_new_header_file() {
     // A wrong passphrase: exit 2, no header file, the image untouched.
     let wrong = t.dir.path().join("wrong");
     std::fs::write(&wrong, "not the passphrase").unwrap();
-    cryptblk(argv!(
-        "reencrypt --decrypt --header {} --key-file {} {}",
-        t.hdr,
-        wrong,
-        t.img
-    ))
-    .expect_code(code::WRONG_PASSPHRASE);
+    cryptblk(argv!("reencrypt --decrypt --header {} --key-file {} {}", t.hdr, wrong, t.img))
+        .expect_code(code::WRONG_PASSPHRASE);
     assert!(!t.hdr.exists(), "a refused --decrypt left a header file");
     // An existing FILE, even empty, is read as a header (as cryptsetup does) and refused.
     std::fs::write(&t.hdr, b"").unwrap();
@@ -195,10 +165,7 @@ fn cryptblk_decrypts_to_a_new_header_file() {
     existing.expect_code(code::DAMAGED);
     existing.error_line(&["not a valid LUKS2 header"]);
     std::fs::remove_file(&t.hdr).unwrap();
-    assert!(
-        read(&t.img) == before,
-        "a refused --decrypt changed the image"
-    );
+    assert!(read(&t.img) == before, "a refused --decrypt changed the image");
 
     cryptblk(cryptblk_args(&t, &["-p"])).ok();
     check_decrypted(&t, "decrypted by cryptblk");
@@ -250,19 +217,10 @@ fn same_init_and_each_finishes_the_other(tag: &str, seed: u64, extra: &[&str]) {
         std::fs::metadata(&t.hdr).unwrap().len(),
         "the header files differ in size"
     );
-    tool(
-        s(&cryptblk_testutil::cryptsetup27()),
-        cs27_args(&twin, &["--resume-only"]),
-    )
-    .ok();
+    tool(s(&cryptblk_testutil::cryptsetup27()), cs27_args(&twin, &["--resume-only"])).ok();
     check_decrypted(&twin, "started by cryptblk, finished by cryptsetup 2.7");
-    cryptblk(argv!(
-        "reencrypt --resume-only --header {} --key-file {} {}",
-        t.hdr,
-        t.key,
-        t.img
-    ))
-    .ok();
+    cryptblk(argv!("reencrypt --resume-only --header {} --key-file {} {}", t.hdr, t.key, t.img))
+        .ok();
     check_decrypted(&t, "started by cryptsetup 2.7, finished by cryptblk");
 }
 
@@ -276,10 +234,7 @@ fn a_journal_for_the_moved_segment_works_both_ways_too() {
     // The journal holds the moved segment itself, which must fit the free keyslots area
     // (a little under the 8 MiB data offset here): cryptsetup and cryptblk both refuse more.
     let t = setup("decrypt-journal-refused", 29);
-    let refused = cryptblk(cryptblk_args(
-        &t,
-        &["--resilience", "journal", "--init-only"],
-    ));
+    let refused = cryptblk(cryptblk_args(&t, &["--resilience", "journal", "--init-only"]));
     refused.expect_code(code::USAGE);
     refused.error_line(&["datashift-journal", "--hotzone-size"]);
     assert!(!t.hdr.exists(), "a refused --decrypt left a header file");
@@ -301,12 +256,8 @@ fn cryptblk_killed_mid_way_then_cryptsetup27_repairs_and_resumes() {
         std::fs::write(&t.img, &pristine).unwrap();
         let _ = std::fs::remove_file(&t.hdr);
         cryptblk(cryptblk_args(&t, &["--init-only"])).ok();
-        let args = argv!(
-            "reencrypt --resume-only --header {} --key-file {} {}",
-            t.hdr,
-            t.key,
-            t.img
-        );
+        let args =
+            argv!("reencrypt --resume-only --header {} --key-file {} {}", t.hdr, t.key, t.img);
         assert!(
             kill_after_commits(bin(), &args, &t.hdr, 2 + attempt),
             "cryptblk finished before the kill"
@@ -318,16 +269,8 @@ fn cryptblk_killed_mid_way_then_cryptsetup27_repairs_and_resumes() {
     }
     assert!(in_hot, "no kill landed inside a hotzone in 8 tries");
     let cs27 = cryptblk_testutil::cryptsetup27();
-    tool(
-        s(&cs27),
-        argv!(
-            "repair --batch-mode --header {} --key-file {} {}",
-            t.hdr,
-            t.key,
-            t.img
-        ),
-    )
-    .ok();
+    tool(s(&cs27), argv!("repair --batch-mode --header {} --key-file {} {}", t.hdr, t.key, t.img))
+        .ok();
     tool(s(&cs27), cs27_args(&t, &["--resume-only"])).ok();
     check_decrypted(&t, "cryptblk killed, finished by cryptsetup 2.7");
 }
@@ -353,13 +296,8 @@ fn cryptsetup27_killed_mid_way_then_cryptblk_resumes() {
         }
     }
     assert!(in_hot, "no kill landed inside a hotzone in 8 tries");
-    cryptblk(argv!(
-        "reencrypt --resume-only --header {} --key-file {} {}",
-        t.hdr,
-        t.key,
-        t.img
-    ))
-    .ok();
+    cryptblk(argv!("reencrypt --resume-only --header {} --key-file {} {}", t.hdr, t.key, t.img))
+        .ok();
     check_decrypted(&t, "cryptsetup 2.7 killed, finished by cryptblk");
 }
 
@@ -376,10 +314,7 @@ fn sigterm_stops_after_the_hotzone_and_cryptsetup27_resumes_without_repair() {
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut start = None;
     loop {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "cryptblk finished before the signal"
-        );
+        assert!(child.try_wait().unwrap().is_none(), "cryptblk finished before the signal");
         if t.hdr.is_file() && std::fs::metadata(&t.hdr).unwrap().len() >= 24 {
             let now = seqid(&t.hdr);
             if now >= *start.get_or_insert(now) + 4 {
@@ -400,13 +335,6 @@ fn sigterm_stops_after_the_hotzone_and_cryptsetup27_resumes_without_repair() {
     );
     // Stopped cleanly: no hotzone is left flagged, so cryptsetup resumes without repair.
     assert!(!in_hotzone(&t.hdr), "a hotzone is left flagged");
-    tool(
-        s(&cryptblk_testutil::cryptsetup27()),
-        cs27_args(&t, &["--resume-only"]),
-    )
-    .ok();
-    check_decrypted(
-        &t,
-        "cryptblk stopped by SIGTERM, finished by cryptsetup 2.7",
-    );
+    tool(s(&cryptblk_testutil::cryptsetup27()), cs27_args(&t, &["--resume-only"])).ok();
+    check_decrypted(&t, "cryptblk stopped by SIGTERM, finished by cryptsetup 2.7");
 }

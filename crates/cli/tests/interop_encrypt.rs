@@ -32,10 +32,8 @@ fn case(name: &str, size: u64) -> Case {
 }
 
 fn cb_encrypt(c: &Case, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = ["reencrypt", "--key-file", s(&c.key)]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
+    let mut args: Vec<String> =
+        ["reencrypt", "--key-file", s(&c.key)].iter().map(|a| a.to_string()).collect();
     args.extend(CHEAP_PBKDF2.iter().map(|a| a.to_string()));
     args.extend(extra.iter().map(|a| a.to_string()));
     args.push(s(&c.img).to_string());
@@ -62,12 +60,8 @@ fn seqid(img: &Path) -> u64 {
 /// Start `cmd`, wait until the header has advanced to seqid `commits` (well into the
 /// hotzones), then SIGKILL it. Panics if it finished first.
 fn kill_midway(mut cmd: Command, img: &Path, commits: u64) {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child =
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while seqid(img) < commits {
         if let Some(status) = child.try_wait().unwrap() {
@@ -95,10 +89,7 @@ fn check_result(c: &Case, reduce: u64, sector: u64) {
     let shift = reduce / 2;
     assert_eq!(dump["data_offset"].as_u64(), Some(shift), "{dump}");
     assert_eq!(dump["sector_size"].as_u64(), Some(sector), "{dump}");
-    assert!(
-        cryptsetup_accepts(&c.img, &c.key),
-        "cryptsetup refuses the passphrase"
-    );
+    assert!(cryptsetup_accepts(&c.img, &c.key), "cryptsetup refuses the passphrase");
     let kept = (c.plain.len() as u64 - reduce) as usize;
     let out = cryptblk_decrypt(&c.img, &c.key, &c.img.with_extension("raw"));
     assert_eq!(
@@ -127,10 +118,7 @@ fn cryptblk_encrypts_like_cryptsetup() {
     *args.last_mut().unwrap() = s(&twin).to_string();
     tool("cryptsetup", &args).ok();
 
-    let out = cryptblk(cb_encrypt(
-        &c,
-        &["--encrypt", "--reduce-device-size", "8M", "-p"],
-    ));
+    let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "8M", "-p"]));
     out.ok();
     check_result(&c, 8 * MIB, 512);
     let (ours, theirs) = (dump_json(&c.img), dump_json(&twin));
@@ -139,11 +127,7 @@ fn cryptblk_encrypts_like_cryptsetup() {
     let cb_plain = cryptblk_decrypt(&c.img, &c.key, &c.img.with_extension("raw2"));
     assert_eq!(cs_plain.len(), cb_plain.len(), "volume sizes differ");
     let kept = (40 - 8) * MIB as usize;
-    assert_same_bytes(
-        &cb_plain[..kept],
-        &cs_plain[..kept],
-        "cryptblk vs cryptsetup",
-    );
+    assert_same_bytes(&cb_plain[..kept], &cs_plain[..kept], "cryptblk vs cryptsetup");
 }
 
 #[test]
@@ -151,15 +135,7 @@ fn cryptblk_encrypts_with_4k_sectors_and_a_256_bit_key() {
     let c = case("cb-encrypt-4k", 24 * MIB);
     cryptblk(cb_encrypt(
         &c,
-        &[
-            "--encrypt",
-            "--reduce-device-size",
-            "2M",
-            "--sector-size",
-            "4096",
-            "--key-size",
-            "256",
-        ],
+        &["--encrypt", "--reduce-device-size", "2M", "--sector-size", "4096", "--key-size", "256"],
     ))
     .ok();
     check_result(&c, 2 * MIB, 4096);
@@ -178,14 +154,7 @@ fn cryptsetup27_init_only_cryptblk_finishes() {
 
 fn cs_init_only_cryptblk_finishes(cs: &str) {
     let c = case("cs-init", 24 * MIB);
-    tool(
-        cs,
-        cs_reencrypt(
-            &c,
-            &["--encrypt", "--reduce-device-size", "4M", "--init-only"],
-        ),
-    )
-    .ok();
+    tool(cs, cs_reencrypt(&c, &["--encrypt", "--reduce-device-size", "4M", "--init-only"])).ok();
     assert!(in_reencryption(&c.img));
     cryptblk(cb_encrypt(&c, &["--resume-only"])).ok();
     check_result(&c, 4 * MIB, 512);
@@ -194,11 +163,7 @@ fn cs_init_only_cryptblk_finishes(cs: &str) {
 #[test]
 fn cryptblk_init_only_cryptsetup_finishes() {
     let c = case("cb-init", 24 * MIB);
-    cryptblk(cb_encrypt(
-        &c,
-        &["--encrypt", "--reduce-device-size", "4M", "--init-only"],
-    ))
-    .ok();
+    cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "4M", "--init-only"])).ok();
     assert!(in_reencryption(&c.img));
     let dump = tool("cryptsetup", ["luksDump", s(&c.img)]);
     for want in [
@@ -232,11 +197,7 @@ fn cb_killed_cryptsetup_resumes(cs: &str) {
     cmd.args(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "1M"]));
     kill_midway(cmd, &c.img, 40);
     assert!(in_reencryption(&c.img), "cryptblk finished before the kill");
-    tool(
-        cs,
-        ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)],
-    )
-    .ok();
+    tool(cs, ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)]).ok();
     tool(cs, cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, MIB, 512);
 }
@@ -254,15 +215,9 @@ fn cryptsetup27_killed_cryptblk_resumes() {
 fn cs_killed_cryptblk_resumes(cs: &str) {
     let c = case("cs-killed", KILL_SIZE);
     let mut cmd = Command::new(cs);
-    cmd.args(cs_reencrypt(
-        &c,
-        &["--encrypt", "--reduce-device-size", "1M"],
-    ));
+    cmd.args(cs_reencrypt(&c, &["--encrypt", "--reduce-device-size", "1M"]));
     kill_midway(cmd, &c.img, 40);
-    assert!(
-        in_reencryption(&c.img),
-        "cryptsetup finished before the kill"
-    );
+    assert!(in_reencryption(&c.img), "cryptsetup finished before the kill");
     cryptblk(cb_encrypt(&c, &["--resume-only"])).ok();
     check_result(&c, MIB, 512);
 }
@@ -306,15 +261,8 @@ fn encrypt_refusals_leave_the_image_untouched() {
     let before = read(&c.img);
     let out = cryptblk(cb_encrypt(&c, &["--encrypt"]));
     out.expect_code(code::USAGE);
-    assert!(
-        out.stderr.contains("--reduce-device-size"),
-        "{}",
-        out.stderr
-    );
-    let out = cryptblk(cb_encrypt(
-        &c,
-        &["--encrypt", "--reduce-device-size", "256K"],
-    ));
+    assert!(out.stderr.contains("--reduce-device-size"), "{}", out.stderr);
+    let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "256K"]));
     out.expect_code(code::USAGE);
     assert!(out.stderr.contains("from 589824"), "{}", out.stderr);
     let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "8M"]));
@@ -322,29 +270,17 @@ fn encrypt_refusals_leave_the_image_untouched() {
     assert!(out.stderr.contains("too small"), "{}", out.stderr);
     let out = cryptblk(cb_encrypt(&c, &["--resume-only"]));
     assert_ne!(out.code, 0);
-    let out = cryptblk(cb_encrypt(
-        &c,
-        &["--encrypt", "--resume-only", "--reduce-device-size", "1M"],
-    ));
+    let out =
+        cryptblk(cb_encrypt(&c, &["--encrypt", "--resume-only", "--reduce-device-size", "1M"]));
     out.expect_code(code::USAGE);
     assert!(out.stderr.contains("no LUKS header"), "{}", out.stderr);
-    assert!(
-        read(&c.img) == before,
-        "a refused --encrypt changed the image"
-    );
+    assert!(read(&c.img) == before, "a refused --encrypt changed the image");
 
     // An image that is already LUKS is not encrypted again.
     cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "2M"])).ok();
     let done = read(&c.img);
     let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "2M"]));
     out.expect_code(code::USAGE);
-    assert!(
-        out.stderr.contains("already has a LUKS header"),
-        "{}",
-        out.stderr
-    );
-    assert!(
-        read(&c.img) == done,
-        "a refused --encrypt changed the image"
-    );
+    assert!(out.stderr.contains("already has a LUKS header"), "{}", out.stderr);
+    assert!(read(&c.img) == done, "a refused --encrypt changed the image");
 }

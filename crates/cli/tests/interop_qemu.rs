@@ -11,11 +11,7 @@ fn check_qemu_made_luks1(name: &str, create_opts: &str) {
     let key = t.key("key");
     let options = format!("{create_opts},iter-time=10");
     let img = t.luks1_by_qemu("img.luks", "6M", &key, &options);
-    let writes = [
-        "write -P 0x5a 0 128k",
-        "write -P 0xc3 3M 4k",
-        "write -P 0x01 6143k 1k",
-    ];
+    let writes = ["write -P 0x5a 0 128k", "write -P 0xc3 3M 4k", "write -P 0x01 6143k 1k"];
     qemu_io_cmds(&qemu_luks(&img, &key), &writes);
     let by_qemu = t.path("qemu.raw");
     tool(
@@ -31,19 +27,10 @@ fn check_qemu_made_luks1(name: &str, create_opts: &str) {
     let expected = read(&by_qemu);
     assert_eq!(expected.len() as u64, 6 * MIB);
     let ours = img.decrypt(&t.path("cryptblk.raw"));
-    assert_same_bytes(
-        &ours,
-        &expected,
-        &format!("{name}: cryptblk vs qemu-img decryption"),
-    );
+    assert_same_bytes(&ours, &expected, &format!("{name}: cryptblk vs qemu-img decryption"));
+    assert!(ours[..128 * 1024].iter().all(|&b| b == 0x5a), "{name}: QEMU's pattern at 0");
     assert!(
-        ours[..128 * 1024].iter().all(|&b| b == 0x5a),
-        "{name}: QEMU's pattern at 0"
-    );
-    assert!(
-        ours[3 * MIB as usize..3 * MIB as usize + 4096]
-            .iter()
-            .all(|&b| b == 0xc3),
+        ours[3 * MIB as usize..3 * MIB as usize + 4096].iter().all(|&b| b == 0xc3),
         "{name}: QEMU's pattern at 3M"
     );
     assert!(
@@ -86,15 +73,8 @@ fn check_cryptblk_luks1_in_qemu(name: &str, size: u64, extra: &[&str]) {
     let src = dir.path().join("src.raw");
     mixed_file(&src, size, 11);
     let img = dir.path().join("img.luks");
-    let mut args = vec![
-        "convert",
-        "-O",
-        "luks1",
-        "--key-file",
-        s(&key),
-        "--pbkdf-force-iterations",
-        "1000",
-    ];
+    let mut args =
+        vec!["convert", "-O", "luks1", "--key-file", s(&key), "--pbkdf-force-iterations", "1000"];
     args.extend_from_slice(extra);
     args.extend([s(&src), s(&img)]);
     cryptblk(&args).ok();
@@ -109,10 +89,7 @@ fn check_cryptblk_luks1_in_qemu(name: &str, size: u64, extra: &[&str]) {
             &raw_opts
         ),
     );
-    assert_eq!(
-        cmp.code, 0,
-        "{name}: qemu-img compare of cryptblk's LUKS1 and the source: {cmp:?}"
-    );
+    assert_eq!(cmp.code, 0, "{name}: qemu-img compare of cryptblk's LUKS1 and the source: {cmp:?}");
 
     // QEMU writes into cryptblk's image; cryptblk reads QEMU's ciphertext.
     tool(
@@ -148,24 +125,12 @@ fn cryptblk_luks1_odd_size_cbc_essiv_reads_in_qemu() {
     check_cryptblk_luks1_in_qemu(
         "cb-l1-cbc",
         3 * MIB + 3 * 512,
-        &[
-            "--cipher",
-            "aes-cbc-essiv:sha256",
-            "--key-size",
-            "256",
-            "--hash",
-            "sha1",
-        ],
+        &["--cipher", "aes-cbc-essiv:sha256", "--key-size", "256", "--hash", "sha1"],
     );
 }
 
 /// Builds the qcow2 chain and returns (temp dir, key file, overlay, qemu-img's raw bytes).
-fn qcow2_fixture() -> (
-    tempfile::TempDir,
-    std::path::PathBuf,
-    std::path::PathBuf,
-    Vec<u8>,
-) {
+fn qcow2_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf, Vec<u8>) {
     let dir = tempdir();
     let d = dir.path();
     let key = key_file(d, "key", &passphrase("qcow2"));
@@ -174,12 +139,9 @@ fn qcow2_fixture() -> (
     let base_raw = d.join("base.raw");
     let mut base = Vec::with_capacity(8 * MIB as usize);
     base.extend(
-        std::iter::repeat_n(
-            b"cryptblk compressible text 0123456789\n".iter().copied(),
-            60_000,
-        )
-        .flatten()
-        .take(2 * MIB as usize),
+        std::iter::repeat_n(b"cryptblk compressible text 0123456789\n".iter().copied(), 60_000)
+            .flatten()
+            .take(2 * MIB as usize),
     );
     let mut random = vec![0u8; 2 * MIB as usize];
     rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut random);
@@ -188,28 +150,18 @@ fn qcow2_fixture() -> (
     base.extend(std::iter::repeat_n(0xabu8, 2 * MIB as usize));
     std::fs::write(&base_raw, &base).unwrap();
     let base_qcow2 = d.join("base.qcow2");
-    tool(
-        "qemu-img",
-        argv!("convert -q -c -f raw -O qcow2 {} {}", base_raw, base_qcow2),
-    )
-    .ok();
+    tool("qemu-img", argv!("convert -q -c -f raw -O qcow2 {} {}", base_raw, base_qcow2)).ok();
     let map = tool("qemu-img", ["map", "--output=json", s(&base_qcow2)]);
     map.ok();
     assert!(
-        map.stdout
-            .lines()
-            .any(|l| l.contains("\"data\": true") && !l.contains("\"offset\"")),
+        map.stdout.lines().any(|l| l.contains("\"data\": true") && !l.contains("\"offset\"")),
         "the base image should hold compressed clusters (data without a host offset):\n{}",
         map.stdout
     );
 
     // An overlay: new data, zero clusters masking backing data, untouched regions from the base.
     let overlay = d.join("overlay.qcow2");
-    tool(
-        "qemu-img",
-        argv!("create -q -f qcow2 -b {} -F qcow2 {}", base_qcow2, overlay),
-    )
-    .ok();
+    tool("qemu-img", argv!("create -q -f qcow2 -b {} -F qcow2 {}", base_qcow2, overlay)).ok();
     tool(
         "qemu-io",
         [
@@ -227,17 +179,11 @@ fn qcow2_fixture() -> (
     .ok();
 
     let by_qemu = d.join("qemu.raw");
-    tool(
-        "qemu-img",
-        ["convert", "-O", "raw", s(&overlay), s(&by_qemu)],
-    )
-    .ok();
+    tool("qemu-img", ["convert", "-O", "raw", s(&overlay), s(&by_qemu)]).ok();
     let expected = read(&by_qemu);
     assert_eq!(expected.len() as u64, 8 * MIB);
     assert!(
-        expected[2 * MIB as usize..2 * MIB as usize + 256 * 1024]
-            .iter()
-            .all(|&b| b == 0),
+        expected[2 * MIB as usize..2 * MIB as usize + 256 * 1024].iter().all(|&b| b == 0),
         "zero clusters read as zeros"
     );
 
@@ -251,24 +197,12 @@ fn qcow2_backing_zero_and_compressed_clusters_to_luks2() {
     let (dir, key, overlay, expected) = qcow2_fixture();
     let d = dir.path();
     let enc = d.join("img.luks2");
-    let mut args = vec![
-        "convert",
-        "-f",
-        "qcow2",
-        "-O",
-        "luks2",
-        "--key-file",
-        s(&key),
-    ];
+    let mut args = vec!["convert", "-f", "qcow2", "-O", "luks2", "--key-file", s(&key)];
     args.extend_from_slice(CHEAP_ARGON2ID);
     args.extend([s(&overlay), s(&enc)]);
     cryptblk(&args).ok();
     let ours = cryptblk_decrypt(&enc, &key, &d.join("cryptblk.raw"));
-    assert_same_bytes(
-        &ours,
-        &expected,
-        "qcow2 -> LUKS2 -> raw vs qemu-img convert -O raw",
-    );
+    assert_same_bytes(&ours, &expected, "qcow2 -> LUKS2 -> raw vs qemu-img convert -O raw");
 
     // Probing (no -f) takes the same path.
     let enc2 = d.join("probed.luks2");

@@ -28,18 +28,9 @@ fn case(name: &str) -> Case {
     let key = key_file(dir.path(), "key", &passphrase(name));
     let mut plain = vec![0u8; PLAIN as usize];
     rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut plain);
-    let extra = [
-        CS_CHEAP_PBKDF2,
-        &["--sector-size", "512", "--key-size", "256"],
-    ]
-    .concat();
+    let extra = [CS_CHEAP_PBKDF2, &["--sector-size", "512", "--key-size", "256"]].concat();
     let img = cryptsetup_encrypt_in_place(dir.path(), "img", &plain, &key, &extra);
-    Case {
-        _dir: dir,
-        img,
-        key,
-        plain,
-    }
+    Case { _dir: dir, img, key, plain }
 }
 
 fn cs_reencrypt(c: &Case, extra: &[&str]) -> Vec<String> {
@@ -55,10 +46,8 @@ fn cs_reencrypt(c: &Case, extra: &[&str]) -> Vec<String> {
 }
 
 fn cryptblk_reencrypt_args(c: &Case, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = ["reencrypt", "--key-file", s(&c.key)]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
+    let mut args: Vec<String> =
+        ["reencrypt", "--key-file", s(&c.key)].iter().map(|a| a.to_string()).collect();
     args.extend(CHEAP_PBKDF2.iter().map(|a| a.to_string()));
     args.extend(extra.iter().map(|a| a.to_string()));
     args.push(s(&c.img).to_string());
@@ -86,12 +75,8 @@ fn signal_midway(
     signal: &str,
 ) -> (Option<i32>, String) {
     let start = seqid(img);
-    let mut child: Child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child: Child =
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while seqid(img) < start + commits {
         if let Some(status) = child.try_wait().unwrap() {
@@ -103,10 +88,7 @@ fn signal_midway(
     std::thread::sleep(settle);
     tool("kill", ["-s", signal, &child.id().to_string()]).ok();
     let out = child.wait_with_output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 fn in_reencryption(img: &Path) -> bool {
@@ -121,16 +103,9 @@ fn check_result(c: &Case, sector: u64, key_bits: usize) {
     assert!(!in_reencryption(&c.img), "reencryption not finished");
     let dump = dump_json(&c.img);
     assert_eq!(dump["sector_size"].as_u64(), Some(sector), "{dump}");
-    assert!(
-        cryptsetup_accepts(&c.img, &c.key),
-        "cryptsetup refuses the passphrase"
-    );
+    assert!(cryptsetup_accepts(&c.img, &c.key), "cryptsetup refuses the passphrase");
     let out = cryptblk_decrypt(&c.img, &c.key, &c.img.with_extension("raw"));
-    assert_same_bytes(
-        &out[..PLAIN as usize],
-        &c.plain,
-        "cryptblk's decryption after reencryption",
-    );
+    assert_same_bytes(&out[..PLAIN as usize], &c.plain, "cryptblk's decryption after reencryption");
     independent_check(c, sector, key_bits);
 }
 
@@ -150,17 +125,11 @@ const CRYPTSETUP: &str = "cryptsetup";
 
 fn cs_init_cryptblk_finishes(cs: &str, resilience: &str) {
     let c = case(&format!("cs-init-{resilience}"));
-    let args = cs_reencrypt(
-        &c,
-        &[&["--init-only", "--resilience", resilience], NEW_LAYOUT].concat(),
-    );
+    let args =
+        cs_reencrypt(&c, &[&["--init-only", "--resilience", resilience], NEW_LAYOUT].concat());
     tool(cs, &args).ok();
     assert!(in_reencryption(&c.img));
-    cryptblk(cryptblk_reencrypt_args(
-        &c,
-        &["--resume-only", "--hotzone-size", "1M"],
-    ))
-    .ok();
+    cryptblk(cryptblk_reencrypt_args(&c, &["--resume-only", "--hotzone-size", "1M"])).ok();
     check_result(&c, 4096, 512);
 }
 
@@ -203,23 +172,13 @@ fn cs_killed_cryptblk_resumes(cs: &str, resilience: &str) {
     let c = case(&format!("cs-killed-{resilience}"));
     let args = cs_reencrypt(
         &c,
-        &[
-            &["--hotzone-size", "64K", "--resilience", resilience],
-            NEW_LAYOUT,
-        ]
-        .concat(),
+        &[&["--hotzone-size", "64K", "--resilience", resilience], NEW_LAYOUT].concat(),
     );
     let mut cmd = Command::new(cryptblk_testutil::tool(cs));
     cmd.args(&args);
     kill_midway(cmd, &c.img, 40);
-    assert!(
-        in_reencryption(&c.img),
-        "cryptsetup finished before the kill"
-    );
-    let out = cryptblk(cryptblk_reencrypt_args(
-        &c,
-        &["--resume-only", "--progress=json"],
-    ));
+    assert!(in_reencryption(&c.img), "cryptsetup finished before the kill");
+    let out = cryptblk(cryptblk_reencrypt_args(&c, &["--resume-only", "--progress=json"]));
     out.ok();
     assert!(out.stderr.contains("\"event\":\"done\""), "{}", out.stderr);
     check_result(&c, 4096, 512);
@@ -245,20 +204,12 @@ fn cb_killed_cryptsetup_resumes(cs: &str, resilience: &str) {
     let mut cmd = Command::new(bin());
     cmd.args(cryptblk_reencrypt_args(
         &c,
-        &[
-            &["--hotzone-size", "64K", "--resilience", resilience],
-            NEW_LAYOUT,
-        ]
-        .concat(),
+        &[&["--hotzone-size", "64K", "--resilience", resilience], NEW_LAYOUT].concat(),
     ));
     kill_midway(cmd, &c.img, 40);
     assert!(in_reencryption(&c.img), "cryptblk finished before the kill");
     // After a crash cryptsetup wants `repair` (its hotzone recovery) before resuming.
-    tool(
-        cs,
-        ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)],
-    )
-    .ok();
+    tool(cs, ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)]).ok();
     tool(cs, cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, 4096, 512);
 }
@@ -267,22 +218,14 @@ fn cb_killed_cryptsetup_resumes(cs: &str, resilience: &str) {
 fn cryptblk_killed_cryptblk_resumes() {
     let c = case("cb-killed-cb");
     let mut cmd = Command::new(bin());
-    cmd.args(cryptblk_reencrypt_args(
-        &c,
-        &[&["--hotzone-size", "64K"], NEW_LAYOUT].concat(),
-    ));
+    cmd.args(cryptblk_reencrypt_args(&c, &[&["--hotzone-size", "64K"], NEW_LAYOUT].concat()));
     kill_midway(cmd, &c.img, 40);
     assert!(in_reencryption(&c.img));
     // `convert` reads the half-done image through both segments, or, when the kill
     // interrupted a hotzone (recovery writes, and convert opens read-only), refuses it
     // naming the way out.
     let converted = c.img.with_extension("x");
-    let out = cryptblk(argv!(
-        "convert -O raw --source-key-file {} {} {}",
-        c.key,
-        c.img,
-        converted
-    ));
+    let out = cryptblk(argv!("convert -O raw --source-key-file {} {} {}", c.key, c.img, converted));
     if out.code == 0 {
         assert_same_bytes(
             &read(&converted)[..PLAIN as usize],
@@ -290,11 +233,7 @@ fn cryptblk_killed_cryptblk_resumes() {
             "convert of the half-done image",
         );
     } else {
-        assert!(
-            out.stderr.contains("reencrypt --resume-only"),
-            "{}",
-            out.stderr
-        );
+        assert!(out.stderr.contains("reencrypt --resume-only"), "{}", out.stderr);
     }
     cryptblk(cryptblk_reencrypt_args(&c, &["--resume-only"])).ok();
     check_result(&c, 4096, 512);
@@ -307,22 +246,13 @@ fn sigterm_case(resilience: &str, commits: u64, settle: Duration) {
     let mut cmd = Command::new(bin());
     cmd.args(cryptblk_reencrypt_args(
         &c,
-        &[
-            &["--hotzone-size", "64K", "--resilience", resilience],
-            NEW_LAYOUT,
-        ]
-        .concat(),
+        &[&["--hotzone-size", "64K", "--resilience", resilience], NEW_LAYOUT].concat(),
     ));
     let (code, stderr) = signal_midway(cmd, &c.img, commits, settle, "TERM");
     assert_eq!(code, Some(code::OTHER), "{stderr}");
-    assert!(
-        stderr.contains("interrupted") && stderr.contains("--resume-only"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("interrupted") && stderr.contains("--resume-only"), "{stderr}");
     // Stopped cleanly: no hotzone is left flagged, so cryptsetup resumes without repair.
-    assert!(!tool("cryptsetup", ["luksDump", s(&c.img)])
-        .stdout
-        .contains("in-reencryption"));
+    assert!(!tool("cryptsetup", ["luksDump", s(&c.img)]).stdout.contains("in-reencryption"));
     tool("cryptsetup", cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, 4096, 512);
 }
@@ -359,11 +289,7 @@ fn cryptblk_reencrypts_cryptsetup_reads_none_same_layout() {
 #[test]
 fn cryptblk_init_only_cryptsetup_finishes() {
     let c = case("cb-init");
-    cryptblk(cryptblk_reencrypt_args(
-        &c,
-        &[&["--init-only"], NEW_LAYOUT].concat(),
-    ))
-    .ok();
+    cryptblk(cryptblk_reencrypt_args(&c, &[&["--init-only"], NEW_LAYOUT].concat())).ok();
     assert!(in_reencryption(&c.img));
     tool("cryptsetup", cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, 4096, 512);
@@ -373,16 +299,10 @@ fn cryptblk_init_only_cryptsetup_finishes() {
 fn refusals_leave_the_image_untouched() {
     let c = case("refusals");
     let before = read(&c.img);
-    cryptblk(cryptblk_reencrypt_args(
-        &c,
-        &["--encrypt", "--reduce-device-size", "16M"],
-    ))
-    .expect_code(code::USAGE);
-    cryptblk(cryptblk_reencrypt_args(
-        &c,
-        &["--reduce-device-size", "16M"],
-    ))
-    .expect_code(code::UNSUPPORTED);
+    cryptblk(cryptblk_reencrypt_args(&c, &["--encrypt", "--reduce-device-size", "16M"]))
+        .expect_code(code::USAGE);
+    cryptblk(cryptblk_reencrypt_args(&c, &["--reduce-device-size", "16M"]))
+        .expect_code(code::UNSUPPORTED);
     cryptblk(cryptblk_reencrypt_args(&c, &["--resilience", "datashift"]))
         .expect_code(code::UNSUPPORTED);
     cryptblk(cryptblk_reencrypt_args(&c, &["--resume-only"])).expect_code(code::USAGE);
@@ -390,10 +310,7 @@ fn refusals_leave_the_image_untouched() {
     let mut args = cryptblk_reencrypt_args(&c, &[]);
     args[2] = s(&wrong).to_string();
     cryptblk(args).expect_code(code::WRONG_PASSPHRASE);
-    assert!(
-        read(&c.img) == before,
-        "a refused reencryption changed the image"
-    );
+    assert!(read(&c.img) == before, "a refused reencryption changed the image");
 }
 
 /// With two passphrases, one must be named: it is the one kept (cryptsetup's --key-slot).
@@ -410,16 +327,10 @@ fn several_keyslots_need_key_slot() {
     let out = cryptblk(cryptblk_reencrypt_args(&c, &[]));
     out.expect_code(code::USAGE);
     assert!(out.stderr.contains("--key-slot"), "{}", out.stderr);
-    assert!(
-        read(&c.img) == before,
-        "a refused reencryption changed the image"
-    );
+    assert!(read(&c.img) == before, "a refused reencryption changed the image");
     cryptblk(cryptblk_reencrypt_args(&c, &["--key-slot", "0"])).ok();
     check_result(&c, 512, 256);
     let dump = tool("cryptsetup", ["luksDump", s(&c.img)]);
     assert_eq!(dump.stdout.matches(": luks2").count(), 1, "{}", dump.stdout);
-    assert!(
-        !cryptsetup_accepts(&c.img, &other),
-        "the other passphrase survived"
-    );
+    assert!(!cryptsetup_accepts(&c.img, &other), "the other passphrase survived");
 }

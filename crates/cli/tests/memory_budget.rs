@@ -89,17 +89,9 @@ fn busy_vhost_queues_share_one_budget_and_give_it_back() {
                 len: 16,
                 write: false,
             }];
-            descs.extend((0..SEGS).map(|_| Desc {
-                addr: data,
-                len: SEG,
-                write: false,
-            }));
+            descs.extend((0..SEGS).map(|_| Desc { addr: data, len: SEG, write: false }));
             let status = guest.status_buf(0);
-            descs.push(Desc {
-                addr: status,
-                len: 1,
-                write: true,
-            });
+            descs.push(Desc { addr: status, len: 1, write: true });
             guest.publish_indirect(0, &descs);
             mine.push(status);
         }
@@ -170,9 +162,7 @@ fn nbd_connections_wait_for_the_budget_and_all_writes_succeed() {
                     while sent < WRITES && sent - answered < WINDOW {
                         // Each connection its own 16 MiB of the 64 MiB disk, written over.
                         let offset = ((c % 4) * LEN) as u64;
-                        client
-                            .send_write(sent as u64 + 1, offset, &data, false)
-                            .unwrap();
+                        client.send_write(sent as u64 + 1, offset, &data, false).unwrap();
                         sent += 1;
                     }
                     let (handle, error, _) = client.recv_reply().unwrap();

@@ -36,13 +36,7 @@ pub fn migrate_incoming(
 /// A live migration's two daemons: "src" serving `img` as disk "vol" (control socket and
 /// NBD), and "dst" with a control socket and NBD and no disk yet.
 pub fn source_and_destination(t: &TestDir, img: &Image) -> (Daemon, Daemon) {
-    let src = t
-        .serve_as("src")
-        .control()
-        .nbd()
-        .disk(img)
-        .name("vol")
-        .start();
+    let src = t.serve_as("src").control().nbd().disk(img).name("vol").start();
     let dst = t.serve_as("dst").control().nbd().start();
     (src, dst)
 }
