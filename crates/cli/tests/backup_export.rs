@@ -192,16 +192,9 @@ fn the_backup_export_serves_ciphertext_and_the_dirty_bitmap_every_tool_reads_ali
 
     // Refused for an unknown checkpoint.
     daemon
-        .ctl(&[
-            "backup-start",
-            "vol",
-            "--checkpoint",
-            "c3",
-            "--incremental",
-            "nope",
-            "--nbd",
-            "unix:/nonexistent/y",
-        ])
+        .ctl(&argv!(
+            "backup-start vol --checkpoint c3 --incremental nope --nbd unix:/nonexistent/y"
+        ))
         .expect_code(code::USAGE)
         .error_line(&["has no checkpoint nope"]);
     assert_eq!(listed(&daemon, "c3"), None);

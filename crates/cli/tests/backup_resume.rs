@@ -51,16 +51,11 @@ impl Backup {
 
     /// `backup-start vol --checkpoint c0`; its answer.
     fn start(&self) -> Value {
-        let started = self.daemon.ctl_ok(&[
-            "backup-start",
-            "vol",
-            "--checkpoint",
-            "c0",
-            "--nbd",
-            &format!("unix:{}", s(&self.socket)),
-            "--max-bandwidth",
-            MAX_BANDWIDTH,
-        ]);
+        let started = self.daemon.ctl_ok(&argv!(
+            "backup-start vol --checkpoint c0 --nbd {} --max-bandwidth {}",
+            format!("unix:{}", s(&self.socket)),
+            MAX_BANDWIDTH
+        ));
         let id = started["id"].as_str().unwrap_or_default();
         assert!(
             id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),

@@ -142,16 +142,10 @@ fn migration_carries_checkpoints(postcopy: bool) {
 
     // An incremental backup from a carried checkpoint, on the destination.
     let sock = t.path("backup.sock");
-    let started = dst.ctl_ok(&[
-        "backup-start",
-        "vol",
-        "--checkpoint",
-        "c3",
-        "--incremental",
-        "c1",
-        "--nbd",
-        &format!("unix:{}", s(&sock)),
-    ]);
+    let started = dst.ctl_ok(&argv!(
+        "backup-start vol --checkpoint c3 --incremental c1 --nbd {}",
+        format!("unix:{}", s(&sock))
+    ));
     assert_eq!(started["bitmap"], "qemu:dirty-bitmap:c1", "{started}");
     assert_eq!(dst.ctl_ok(&["backup-end", "vol"])["kept"], true);
     let list = dst.ctl_ok(&["checkpoint-list", "vol"]);

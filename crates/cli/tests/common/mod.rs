@@ -7,6 +7,7 @@ pub use cryptblk_fixture::*;
 
 pub mod backup;
 pub mod online;
+pub mod reencrypt;
 pub mod secret;
 pub mod xts;
 
