@@ -117,9 +117,7 @@ impl Source {
 }
 
 fn pull(args: &[&str]) -> Out {
-    let mut all = vec!["backup", "pull", "--progress=json"];
-    all.extend_from_slice(args);
-    let out = cryptblk(&all);
+    let out = cryptblk(argv!("backup pull --progress=json"; args));
     out.ok();
     assert!(out.stderr.contains("\"event\":\"done\""), "no progress:\n{}", out.stderr);
     out
@@ -175,10 +173,8 @@ fn a_chain_of_a_luks2_image_restores_every_checkpoint_without_the_key() {
         src.write_plain(usize::from(i) * (2 << 20), 64 << 10, &pattern(10 + i));
         src.write_plain(15 << 20, 4096, &pattern(20 + i));
         if i == 2 {
-            let mut args = vec!["key", "add", "-d", s(&src.key), "--new-key-file", s(&second)];
-            args.extend_from_slice(CHEAP_PBKDF2);
-            args.push(s(&src.shadow));
-            cryptblk(&args).ok();
+            let add = "key add -d {} --new-key-file {} {}";
+            cryptblk_cheap(argv!(add, src.key, second, src.shadow)).ok();
             src.copy_header_changes();
         }
         // The checkpoint: close bitmap FROM and start TO at the same instant, export FROM.

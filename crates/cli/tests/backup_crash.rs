@@ -21,17 +21,11 @@ fn scribble(client: &mut NbdClient, rng: &mut rand::rngs::StdRng, count: usize) 
 }
 
 fn backup_start(daemon: &Daemon, socket: &std::path::Path, args: &[&str]) {
-    let nbd = format!("unix:{}", s(socket));
-    let mut all = vec!["backup-start", "vol", "--nbd", &nbd];
-    all.extend_from_slice(args);
-    daemon.ctl_ok(&all);
+    daemon.ctl_ok(&argv!("backup-start vol --nbd unix:{}", socket; args));
 }
 
 fn pull(socket: &std::path::Path, chain: &std::path::Path, args: &[&str]) -> Out {
-    let uri = format!("nbd+unix:///vol?socket={}", s(socket));
-    let mut all = vec!["backup", "pull", &uri, s(chain)];
-    all.extend_from_slice(args);
-    cryptblk(&all)
+    cryptblk(argv!("backup pull nbd+unix:///vol?socket={} {}", socket, chain; args))
 }
 
 #[test]

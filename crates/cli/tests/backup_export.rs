@@ -49,15 +49,11 @@ fn manifest(chain: &Path) -> Value {
 
 /// `ctl backup-start vol ARGS...`.
 fn backup_start(daemon: &Daemon, args: &[&str]) -> Value {
-    let mut all = vec!["backup-start", "vol"];
-    all.extend_from_slice(args);
-    daemon.ctl_ok(&all)
+    daemon.ctl_ok(&argv!("backup-start vol"; args))
 }
 
 fn pull(args: &[&str]) {
-    let mut all = vec!["backup", "pull"];
-    all.extend_from_slice(args);
-    cryptblk(&all).ok();
+    cryptblk(argv!("backup pull"; args)).ok();
 }
 
 #[test]

@@ -464,13 +464,9 @@ fn passphrase_not_in_debug_output() {
         }
         out.status.code()
     };
-    let cheap = |mut args: Vec<std::ffi::OsString>| {
-        args.extend(CHEAP_PBKDF2.iter().map(Into::into));
-        args
-    };
-    assert_eq!(run(cheap(argv!("format -q --key-file {} {} 4M", key, img))), Some(0));
-    let add = argv!("key add --key-file {} --new-key-file {} {}", key, key2, img);
-    assert_eq!(run(cheap(add)), Some(0));
+    assert_eq!(run(argv!("format -q --key-file {} {} 4M", key, img; CHEAP_PBKDF2)), Some(0));
+    let add = argv!("key add --key-file {} --new-key-file {} {}", key, key2, img; CHEAP_PBKDF2);
+    assert_eq!(run(add), Some(0));
     assert_eq!(run(argv!("dump --json {}", img)), Some(0));
     let (o, p) = (t.path("o.raw"), t.path("p.raw"));
     assert_eq!(run(argv!("convert -O raw --source-key-file {} {} {}", key2, img, o)), Some(0));

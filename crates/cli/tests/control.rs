@@ -116,15 +116,11 @@ fn attach_detach_stats_and_keys_at_run_time() {
     drop(guest);
 
     // Keyslots of an attached LUKS disk: add a passphrase, remove the old one.
-    let cheap = CTL_CHEAP_KDF;
-    let mut args = vec!["key-add", "c", "--key-file", s(&key), "--new-key-file", s(&new_key)];
-    args.extend(cheap);
-    let r = daemon.ctl_ok(&args);
+    let add =
+        |old: &Key| argv!("key-add c --key-file {} --new-key-file {}", old, new_key; CTL_CHEAP_KDF);
+    let r = daemon.ctl_ok(&add(&key));
     assert!(r["keyslot"].is_u64(), "{r}");
-    let mut args = vec!["key-add", "c", "--key-file", s(&wrong), "--new-key-file", s(&new_key)];
-    args.extend(cheap);
-    let out = daemon.ctl(&args);
-    assert_ne!(out.code, 0);
+    assert_ne!(daemon.ctl(&add(&wrong)).code, 0);
     daemon.ctl_ok(&["key-remove", "c", "--key-file", s(&key)]);
     // The last keyslot is never removed.
     let out = daemon.ctl(&["key-remove", "c", "--key-file", s(&new_key)]);

@@ -291,16 +291,8 @@ fn convert_1gib_rss_is_bounded() {
     // A little real data at both ends so the copy is not all holes.
     f.write_all_at(&[0x42u8; 65536], 0).unwrap();
     f.write_all_at(&[0x24u8; 65536], size - 65536).unwrap();
-    let mut args = argv!(
-        "-f %M -o {} {} convert -O luks2 --key-file {} {} {}",
-        rss_file,
-        bin(),
-        key,
-        src,
-        enc
-    );
-    args.extend(CHEAP_PBKDF2.iter().map(Into::into));
-    tool("time", &args).ok();
+    let time = "-f %M -o {} {} convert -O luks2 --key-file {} {} {}";
+    tool("time", argv!(time, rss_file, bin(), key, src, enc; CHEAP_PBKDF2)).ok();
     let text = std::fs::read_to_string(&rss_file).unwrap();
     let kib: Option<u64> = text.lines().rev().find_map(|l| l.trim().parse().ok());
     let kib = kib.unwrap_or_else(|| panic!("no RSS figure from /usr/bin/time: {text:?}"));

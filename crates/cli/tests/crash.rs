@@ -840,10 +840,8 @@ fn key_add_survives_kill_9_at_any_point() {
 
         // Make sure there is a second keyslot to remove.
         if !new_opens {
-            let mut args = vec!["key", "add", "--key-file", s(&old), "--new-key-file", s(&new)];
-            args.extend_from_slice(CHEAP_PBKDF2);
-            args.push(s(&img));
-            cryptblk(&args).ok();
+            let add = "key add --key-file {} --new-key-file {} {}";
+            cryptblk_cheap(argv!(add, old, new, img)).ok();
         }
 
         // key-remove of that slot, killed.

@@ -262,10 +262,8 @@ fn libvirt_domain_on_a_cryptblk_disk() {
         || console.text().contains("FIO-JSON-BEGIN 1"),
         || console.text(),
     );
-    let mut add = vec!["disk-add", "data", "--image", s(&img2), "--vhost-user-blk"];
-    add.extend([s(&socket2), "--num-queues", "2"]);
-    add.extend_from_slice(&access);
-    serve.ctl_ok(&add);
+    let add = "disk-add data --image {} --vhost-user-blk {} --num-queues 2";
+    serve.ctl_ok(&argv!(add, img2, socket2; access));
     std::fs::write(path("data.xml"), disk_xml(&socket2, "vdb")).unwrap();
     virsh(&["attach-device", &boot.name, s(&path("data.xml")), "--live"]);
     let connected = format!("vhost-user frontend connected on {}", socket2.display());

@@ -165,10 +165,7 @@ fn guest_fio_across_disk_migration(postcopy: bool) {
     let (raw, key, src_img, dst_img) =
         (path("content.raw"), t.key("key"), path("src.luks"), path("dst.luks"));
     random_file(&raw, DISK, 0x5eed);
-    let mut convert = vec!["convert"];
-    convert.extend_from_slice(CHEAP_PBKDF2);
-    convert.extend(["--key-file", s(&key), s(&raw), s(&src_img)]);
-    cryptblk(&convert).ok();
+    cryptblk_cheap(argv!("convert --key-file {} {} {}", key, raw, src_img)).ok();
 
     let (src_sock, dst_sock) = (path("src.sock"), path("dst.sock"));
     let src_daemon = serve(&t, "src").vhost_user_at(&src_sock).image(&src_img);

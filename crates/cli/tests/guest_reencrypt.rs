@@ -19,11 +19,8 @@ fn start_reencryption(daemon: &Daemon, key: &Key) -> serde_json::Value {
 }
 
 fn start_with(daemon: &Daemon, key: &Key, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec!["reencrypt-start", "vol", "--key-file", s(key)];
-    args.extend_from_slice(CTL_CHEAP_KDF);
-    args.extend(["--max-bandwidth", "4M"]);
-    args.extend_from_slice(extra);
-    daemon.ctl_ok(&args)
+    let start = "reencrypt-start vol --key-file {} --max-bandwidth 4M";
+    daemon.ctl_ok(&argv!(start, key; CTL_CHEAP_KDF, extra))
 }
 
 /// Kills the daemon `KILLS` times while the work runs, restarting it (the first restart

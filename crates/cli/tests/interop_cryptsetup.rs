@@ -228,8 +228,8 @@ fn check_rekey_roundtrip(t: &TestDir, img: &Path, key: &Key, payload_len: u64) {
     let data_offset = dump_json(img)["data_offset"].as_u64().unwrap() as usize;
     let cipher_before = read(img)[data_offset..].to_vec();
 
-    let rekey = argv!("reencrypt --force-offline-reencrypt --key-file {} --batch-mode", key);
-    cryptsetup_cheap(rekey.into_iter().chain([img.as_os_str().into()])).ok();
+    let rekey = "reencrypt --force-offline-reencrypt --key-file {} --batch-mode {}";
+    cryptsetup_cheap(argv!(rekey, key, img)).ok();
 
     let cipher_after = read(img)[data_offset..].to_vec();
     let m = MIB as usize;

@@ -138,10 +138,8 @@ fn qcow2_backing_zero_and_compressed_clusters_to_luks2() {
     let t = TestDir::new();
     let (overlay, expected) = qcow2_fixture(&t);
     let (key, enc) = (t.key("key"), t.path("img.luks2"));
-    let mut args = argv!("convert -f qcow2 -O luks2 --key-file {}", key);
-    args.extend(CHEAP_ARGON2ID.iter().map(Into::into));
-    args.extend([overlay.clone().into(), enc.clone().into()]);
-    cryptblk(&args).ok();
+    let convert = "convert -f qcow2 -O luks2 --key-file {} {} {}";
+    cryptblk(argv!(convert, key, overlay, enc; CHEAP_ARGON2ID)).ok();
     let ours = cryptblk_decrypt(&enc, &key, &t.path("cryptblk.raw"));
     assert_same_bytes(&ours, &expected, "qcow2 -> LUKS2 -> raw vs qemu-img convert -O raw");
 

@@ -33,9 +33,7 @@ fn start(daemon: &Daemon, disk: &OnlineDisk, bandwidth: &str) -> Value {
 /// `reencrypt-start vol --encrypt --key-file KEY --reduce-device-size REDUCE`, cheap keyslot.
 fn encrypt_args(disk: &OnlineDisk) -> Vec<std::ffi::OsString> {
     let start = "reencrypt-start vol --encrypt --key-file {} --reduce-device-size {}";
-    let mut args = argv!(start, disk.key, REDUCE);
-    args.extend(CTL_CHEAP_KDF.iter().map(Into::into));
-    args
+    argv!(start, disk.key, REDUCE; CTL_CHEAP_KDF)
 }
 
 fn luks_dump(disk: &OnlineDisk) -> String {

@@ -39,9 +39,7 @@ fn serve(disk: &OnlineDisk) -> Serve {
 /// `reencrypt-start` to 4096-byte sectors and a 512-bit key at `bandwidth` bytes/s.
 fn start(daemon: &Daemon, disk: &OnlineDisk, bandwidth: &str) -> Value {
     let start = "reencrypt-start vol --key-file {} --sector-size 4096 --key-size 512";
-    let mut args = argv!(start, disk.key);
-    args.extend(CTL_CHEAP_KDF.iter().chain(&["--max-bandwidth", bandwidth]).map(Into::into));
-    daemon.ctl_ok(&args)
+    daemon.ctl_ok(&argv!(start, disk.key; CTL_CHEAP_KDF, ["--max-bandwidth", bandwidth]))
 }
 
 fn in_reencryption(disk: &OnlineDisk) -> bool {

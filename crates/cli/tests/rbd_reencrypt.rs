@@ -101,11 +101,8 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
     c.write(0, &pattern(0x61), false).unwrap();
     c.write(23 * MIB, &pattern(0x62), false).unwrap();
     c.flush().unwrap();
-    let mut start = vec!["reencrypt-start", "online", "--encrypt", "--key-file", s(&key)];
-    start.extend(["--reduce-device-size", "8M"]);
-    start.extend_from_slice(CTL_CHEAP_KDF);
-    start.extend(["--max-bandwidth", "8M"]);
-    let st = daemon.ctl_ok(&start);
+    let start = "reencrypt-start online --encrypt --key-file {} --reduce-device-size 8M";
+    let st = daemon.ctl_ok(&argv!(start, key; CTL_CHEAP_KDF, ["--max-bandwidth", "8M"]));
     assert_eq!(st["mode"], "encrypt", "{st}");
     // Written while it runs, on both sides of wherever the boundary is.
     c.write(12 * MIB, &pattern(0x63), false).unwrap();

@@ -19,19 +19,9 @@ pub fn migrate_incoming(
     key: &std::path::Path,
     extra: &[&str],
 ) -> String {
-    let mut args = vec![
-        "migrate-incoming",
-        "vol",
-        "--image",
-        s(dst_img),
-        "--key-file",
-        s(key),
-        "--listen",
-        "tcp:127.0.0.1:0",
-        "--nbd-export",
-    ];
-    args.extend_from_slice(extra);
-    dst.ctl_ok(&args)["listen"].as_str().unwrap().to_string()
+    let incoming =
+        "migrate-incoming vol --image {} --key-file {} --listen tcp:127.0.0.1:0 --nbd-export";
+    dst.ctl_ok(&argv!(incoming, dst_img, key; extra))["listen"].as_str().unwrap().to_string()
 }
 
 /// A live migration's two daemons: "src" serving `img` as disk "vol" (control socket and
