@@ -57,8 +57,6 @@ const INCREMENTALS: usize = 3;
 const KILLED: &str = "c4";
 /// How long the guest may take to write the marks a step waits for (TCG on a busy machine).
 const MARKS_BOUND: Duration = Duration::from_secs(120);
-/// What the daemon logs (RUST_LOG=info) when the VM has started its queues.
-const STARTED: &str = "vhost-user frontend: Started";
 
 /// Mark `n` as the guest writes it: 64 lines of its name padded to 63 characters.
 fn mark(n: u64) -> Vec<u8> {
@@ -351,7 +349,7 @@ impl Backups {
         assert!(scratch.exists(), "no scratch left by the killed daemon");
 
         self.daemon.restart();
-        self.daemon.wait_log(STARTED, BOUND);
+        self.daemon.wait_log(QUEUES_STARTED, BOUND);
         assert!(!scratch.exists(), "the restarted daemon kept the scratch");
         // Still there, counting the header (and whatever the guest wrote since, which may
         // join it into one extent).
@@ -377,7 +375,7 @@ fn a_running_guests_disk_backed_up_full_and_incrementally_restores_at_every_chec
         .job("marks-verify", FIO_SIZE)
         .timeout(600);
     let mut guest = vm.boot(t.root(), "guest");
-    daemon.wait_log(STARTED, BOUND);
+    daemon.wait_log(QUEUES_STARTED, BOUND);
     let qmp = Qmp::connect(&qmp_socket);
     wait_for_mark(&mut guest, 1);
     let chain = t.path("chain");

@@ -46,7 +46,7 @@ fn kill_and_restart_through(
             Some(change) => daemon.restart_with(change),
             None => daemon.restart(),
         }
-        daemon.wait_log(STARTED, BOUND);
+        daemon.wait_log(QUEUES_STARTED, BOUND);
         let st = daemon.ctl_ok(&["reencrypt-status", "vol"]);
         assert_eq!(st["phase"], "paused", "{st}: {}", daemon.log());
         start_reencryption(daemon, key);
@@ -66,16 +66,11 @@ fn kill_and_restart_through(
     done_at_kill
 }
 
-/// What the daemon logs (RUST_LOG=info) when the VM has started its queues.
-const STARTED: &str = "vhost-user frontend: Started";
-
 /// The guest on the daemon's disk, running rounds of verified fio until told to stop.
 fn boot(t: &TestDir, daemon: &mut Daemon) -> Vm {
-    let vm = VmConfig::vhost_user(daemon.vhost_socket()).queues(2).reconnect(1);
-    let vm = vm.console_input().job("restart-verify", 32 * MIB).timeout(600);
-    let mut guest = vm.boot(t.root(), "guest");
-    daemon.wait_log(STARTED, BOUND);
-    guest.wait_for_console("FIO-JSON-BEGIN 1", "fio never started", BOUND);
+    let mut guest = VmConfig::fio_rounds(daemon.vhost_socket()).boot(t.root(), "guest");
+    daemon.wait_log(QUEUES_STARTED, BOUND);
+    guest.wait_fio_running();
     guest
 }
 

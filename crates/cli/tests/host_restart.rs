@@ -32,29 +32,8 @@ impl Host {
     fn new() -> Host {
         let t = TestDir::new();
         let key = t.key("key");
-        let first = t.path("d0.luks");
-        cryptblk(argv!("format -q --key-file {} {} 4M", key, first)).ok();
-        let mut config = String::new();
-        let mut names = Vec::new();
-        for i in 0..DISKS {
-            let name = format!("d{i}");
-            let image = t.path(&format!("{name}.luks"));
-            if i > 0 {
-                tool("cp", argv!("--sparse=always {} {}", first, image)).ok();
-            }
-            // A fresh UUID each run: the key cache names keys by it.
-            let uuid = tool("uuidgen", ["-r"]).stdout.trim().to_string();
-            tool("cryptsetup", argv!("luksUUID -q --uuid {} {}", uuid, image)).ok();
-            config.push_str(&format!(
-                "[[disk]]\nname = \"{name}\"\nimage = \"{}\"\nkey-file = \"{}\"\nvhost-user-blk = \"{}\"\n\n",
-                s(&image),
-                s(&key),
-                s(&t.path(&format!("{name}.sock")))
-            ));
-            names.push(name);
-        }
-        std::fs::write(t.path("disks.toml"), config).unwrap();
-        Host { t, names }
+        default_kdf_disks(&t, &key, DISKS, "4M", "");
+        Host { t, names: (0..DISKS).map(|i| format!("d{i}")).collect() }
     }
 
     /// `tag` names the daemon's sockets and log (a restart after a kill gets its own).
