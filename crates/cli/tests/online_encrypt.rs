@@ -184,7 +184,7 @@ fn daemon_killed_mid_encryption_cryptsetup_finishes() {
 fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
     let disk = raw_disk();
     let mut daemon = disk.serve().start();
-    let (mut c, mut model) = Model::filled(&daemon, SIZE, 41, &[SHIFT, 0]);
+    let (mut c, model) = Model::filled(&daemon, SIZE, 41, &[SHIFT, 0]);
     let key = s(&disk.key);
     let refused = |args: &[std::ffi::OsString], code: i32, needles: &[&str]| {
         daemon.ctl(args).expect_code(code).error_line(needles);
