@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use frontend::{pattern, Desc, S_OK};
+use frontend::{pattern, S_OK};
 
 #[test]
 fn serve_raw_reconnect_and_sigterm() {
@@ -332,16 +332,7 @@ fn aliased_large_writes_keep_the_daemon_within_the_queue_budget() {
     for r in 0..REQUESTS {
         // Eight 4 MiB zones of the 64 MiB disk, written over and over.
         let sector = ((r % 8) * SEGS * SEG as usize / 512) as u64;
-        let mut descs = vec![Desc {
-            addr: guest.header(0, frontend::VIRTIO_BLK_T_OUT, sector),
-            len: 16,
-            write: false,
-        }];
-        descs.extend((0..SEGS).map(|_| Desc { addr: data, len: SEG, write: false }));
-        let status = guest.status_buf(0);
-        descs.push(Desc { addr: status, len: 1, write: true });
-        guest.publish_indirect(0, &descs);
-        statuses.push(status);
+        statuses.push(guest.publish_aliased_write(0, sector, data, SEGS, SEG));
     }
     guest.kick(0);
     guest.wait_used(0, REQUESTS);
