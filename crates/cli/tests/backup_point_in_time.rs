@@ -41,14 +41,7 @@ fn a_backup_pulled_while_a_client_writes_is_the_image_at_backup_start() {
     // The client stays connected but idle: the image file is the backup's moment.
     let expected = read(&img.path);
     let sock = t.path("backup.sock");
-    let started = daemon.ctl_ok(&[
-        "backup-start",
-        "vol",
-        "--checkpoint",
-        "c0",
-        "--nbd",
-        &format!("unix:{}", s(&sock)),
-    ]);
+    let started = daemon.ctl_ok(&argv!("backup-start vol --checkpoint c0 --nbd unix:{}", sock));
     let scratch = std::path::PathBuf::from(started["scratch"].as_str().unwrap());
     assert_eq!(started["scratch-size"], 1u64 << 30, "{started}");
     assert!(scratch.exists(), "{started}");
@@ -78,15 +71,7 @@ fn a_backup_pulled_while_a_client_writes_is_the_image_at_backup_start() {
     };
     first_writes.recv().unwrap();
     let chain = t.path("chain");
-    cryptblk([
-        "backup",
-        "pull",
-        &format!("nbd+unix:///vol?socket={}", s(&sock)),
-        s(&chain),
-        "--checkpoint",
-        "c0",
-    ])
-    .ok();
+    cryptblk(argv!("backup pull nbd+unix:///vol?socket={} {} --checkpoint c0", sock, chain)).ok();
     stop.store(true, Ordering::SeqCst);
     let (mut client, written) = writer.join().unwrap();
     assert!(written.len() >= 100);
@@ -96,15 +81,11 @@ fn a_backup_pulled_while_a_client_writes_is_the_image_at_backup_start() {
 
     // The backup is the image as it was when backup-start returned ...
     let restored = t.path("restored.luks");
-    cryptblk(["backup", "restore", s(&chain), s(&restored)]).ok();
+    cryptblk(argv!("backup restore {} {}", chain, restored)).ok();
     assert_same_bytes(&read(&restored), &expected, "the backup");
     assert!(cryptsetup_accepts(&restored, &key));
     // ... although the disk changed under it: every write landed, and is recorded in c0.
-    assert_ne!(
-        read(&img.path),
-        expected,
-        "the client's writes changed nothing"
-    );
+    assert_ne!(read(&img.path), expected, "the client's writes changed nothing");
     let mut last = std::collections::BTreeMap::new();
     for (at, data) in &written {
         for (k, block) in data.chunks(4096).enumerate() {
@@ -114,10 +95,7 @@ fn a_backup_pulled_while_a_client_writes_is_the_image_at_backup_start() {
     let since_c0 = checkpoint_extents(&daemon, "vol", "c0");
     for (&at, &block) in &last {
         assert!(client.read(at, 4096).unwrap() == block, "the write at {at}");
-        assert!(
-            covered(&since_c0, payload + at),
-            "{at} not in c0: {since_c0:?}"
-        );
+        assert!(covered(&since_c0, payload + at), "{at} not in c0: {since_c0:?}");
     }
     client.disconnect().unwrap();
     assert_eq!(daemon.terminate(), code::OK);
@@ -131,37 +109,18 @@ fn a_full_scratch_fails_the_backup_and_not_the_client() {
     let mut daemon = t.serve().disk(&img).name("vol").nbd().control().start();
     let mut client = daemon.nbd("vol");
     let sock = t.path("backup.sock");
+    let start = "backup-start vol --checkpoint c0 --nbd unix:{} --scratch-size {}";
     daemon
-        .ctl(&[
-            "backup-start",
-            "vol",
-            "--checkpoint",
-            "c0",
-            "--nbd",
-            &format!("unix:{}", s(&sock)),
-            "--scratch-size",
-            "4K",
-        ])
+        .ctl(&argv!(start, sock, "4K"))
         .expect_code(code::USAGE)
         .error_line(&["scratch-size", "64K"]);
-    let started = daemon.ctl_ok(&[
-        "backup-start",
-        "vol",
-        "--checkpoint",
-        "c0",
-        "--nbd",
-        &format!("unix:{}", s(&sock)),
-        "--scratch-size",
-        "128K",
-    ]);
+    let started = daemon.ctl_ok(&argv!(start, sock, "128K"));
     assert_eq!(started["scratch-size"], 2 * REGION, "{started}");
     let scratch = std::path::PathBuf::from(started["scratch"].as_str().unwrap());
 
     // Three regions changed, room for two: every write still succeeds.
     for n in 0..3u8 {
-        client
-            .write(u64::from(n) * MIB, &[n + 1; 4096], false)
-            .unwrap();
+        client.write(u64::from(n) * MIB, &[n + 1; 4096], false).unwrap();
     }
     client.flush().unwrap();
     for n in 0..3u8 {
@@ -171,20 +130,17 @@ fn a_full_scratch_fails_the_backup_and_not_the_client() {
 
     // The export answers with an error, so the pull fails and keeps no entry.
     let chain = t.path("chain");
-    let out = cryptblk([
-        "backup",
-        "pull",
-        &format!("nbd+unix:///vol?socket={}", s(&sock)),
-        s(&chain),
-    ]);
+    let out = cryptblk(argv!("backup pull nbd+unix:///vol?socket={} {}", sock, chain));
     assert_eq!(out.code, code::OTHER, "{}", out.stderr);
     assert!(!chain.join("manifest.json").exists());
 
     // backup-end says why and wants --failed; the checkpoint then goes.
-    daemon
-        .ctl(&["backup-end", "vol"])
-        .expect_code(code::OTHER)
-        .error_line(&["backup failed", "scratch", "full", "--failed"]);
+    daemon.ctl(&["backup-end", "vol"]).expect_code(code::OTHER).error_line(&[
+        "backup failed",
+        "scratch",
+        "full",
+        "--failed",
+    ]);
     let ended = daemon.ctl_ok(&["backup-end", "vol", "--failed"]);
     assert_eq!(ended["kept"], false, "{ended}");
     assert!(!scratch.exists());
@@ -201,28 +157,15 @@ fn a_daemon_killed_during_a_backup_removes_the_scratch_when_it_starts_again() {
     let key = t.key("key");
     let img = t.luks2("disk.luks", "16M", &key);
     let mut daemon = t.serve().disk(&img).name("vol").nbd().control().start();
-    let started = daemon.ctl_ok(&[
-        "backup-start",
-        "vol",
-        "--checkpoint",
-        "c0",
-        "--nbd",
-        &format!("unix:{}", s(&t.path("backup.sock"))),
-    ]);
+    let sock = t.path("backup.sock");
+    let started = daemon.ctl_ok(&argv!("backup-start vol --checkpoint c0 --nbd unix:{}", sock));
     let scratch = std::path::PathBuf::from(started["scratch"].as_str().unwrap());
     daemon.qemu_io("vol", &["write -P 0x42 1M 64k"]);
-    assert_eq!(
-        std::fs::metadata(&scratch).unwrap().len(),
-        REGION,
-        "one region copied"
-    );
+    assert_eq!(std::fs::metadata(&scratch).unwrap().len(), REGION, "one region copied");
     daemon.kill9();
     assert!(scratch.exists());
     daemon.restart();
-    assert!(
-        !scratch.exists(),
-        "the scratch of a backup that never ended stays"
-    );
+    assert!(!scratch.exists(), "the scratch of a backup that never ended stays");
     // The backup's checkpoint stays, as documented, until removed; the disk serves on.
     let list = daemon.ctl_ok(&["checkpoint-list", "vol"]);
     assert_eq!(list["checkpoints"][0]["name"], "c0", "{list}");
@@ -239,31 +182,22 @@ fn a_backup_with_a_max_bandwidth_is_pulled_no_faster_than_it() {
     let daemon = t.serve().disk(&img).name("vol").nbd().control().start();
     daemon.qemu_io("vol", &["write -P 0x5a 0 8M"]);
     let sock = t.path("backup.sock");
-    let nbd = format!("unix:{}", s(&sock));
-    let start = ["backup-start", "vol", "--checkpoint", "c0", "--nbd", &nbd];
+    let start = "backup-start vol --checkpoint c0 --nbd unix:{} --max-bandwidth {}";
     daemon
-        .ctl(&[&start[..], &["--max-bandwidth", "64K"]].concat())
+        .ctl(&argv!(start, sock, "64K"))
         .expect_code(code::USAGE)
         .error_line(&["max-bandwidth", "1M"]);
-    let started = daemon.ctl_ok(&[&start[..], &["--max-bandwidth", "4M"]].concat());
+    let started = daemon.ctl_ok(&argv!(start, sock, "4M"));
     assert_eq!(started["max-bandwidth"], 4u64 << 20, "{started}");
     let chain = t.path("chain");
     let began = std::time::Instant::now();
-    cryptblk([
-        "backup",
-        "pull",
-        &format!("nbd+unix:///vol?socket={}", s(&sock)),
-        s(&chain),
-        "--checkpoint",
-        "c0",
-    ])
-    .ok();
+    cryptblk(argv!("backup pull nbd+unix:///vol?socket={} {} --checkpoint c0", sock, chain)).ok();
     let took = began.elapsed();
     daemon.ctl_ok(&["backup-end", "vol"]);
     // 8 MiB of data and the header at 4 MiB/s: more than a second, though the first 4 MiB
     // read goes at once.
     assert!(took >= std::time::Duration::from_millis(1000), "{took:?}");
     let restored = t.path("restored.luks");
-    cryptblk(["backup", "restore", s(&chain), s(&restored)]).ok();
+    cryptblk(argv!("backup restore {} {}", chain, restored)).ok();
     assert_same_bytes(&read(&restored), &read(&img.path), "the backup");
 }

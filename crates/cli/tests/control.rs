@@ -33,10 +33,7 @@ fn attach_detach_stats_and_keys_at_run_time() {
     let mut daemon = t.serve().control().start();
 
     // Only the owner may talk to the daemon.
-    let mode = std::fs::metadata(daemon.control())
-        .unwrap()
-        .permissions()
-        .mode();
+    let mode = std::fs::metadata(daemon.control()).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "control socket mode {mode:o}");
     assert!(disk_names(&daemon.ctl_ok(&["disk-list"])).is_empty());
 
@@ -88,10 +85,7 @@ fn attach_detach_stats_and_keys_at_run_time() {
     let (st, back) = guest.read(0, 0, data.len());
     assert_eq!(st, S_OK);
     assert_same_bytes(&back, &data, "disk a after failed disk-adds");
-    assert_eq!(
-        disk_names(&daemon.ctl_ok(&["disk-list"])),
-        ["a".to_string(), "c".to_string()]
-    );
+    assert_eq!(disk_names(&daemon.ctl_ok(&["disk-list"])), ["a".to_string(), "c".to_string()]);
 
     // Statistics count what the guest did.
     let stats = daemon.ctl_ok(&["stats", "a"]);
@@ -100,10 +94,7 @@ fn attach_detach_stats_and_keys_at_run_time() {
     assert_eq!(a["vhost-user-blk"]["connected"], true);
     let q0 = &a["vhost-user-blk"]["queues"][0];
     assert!(q0["write-ops"].as_u64().unwrap() >= 1, "{q0}");
-    assert!(
-        q0["read-bytes"].as_u64().unwrap() >= data.len() as u64,
-        "{q0}"
-    );
+    assert!(q0["read-bytes"].as_u64().unwrap() >= data.len() as u64, "{q0}");
     assert!(q0["read-latency-us"]["p50"].as_f64().unwrap() > 0.0, "{q0}");
     assert!(stats["crypto-pool"]["threads"].as_u64().unwrap() >= 1);
 
@@ -125,29 +116,11 @@ fn attach_detach_stats_and_keys_at_run_time() {
     drop(guest);
 
     // Keyslots of an attached LUKS disk: add a passphrase, remove the old one.
-    let cheap = CTL_CHEAP_KDF;
-    let mut args = vec![
-        "key-add",
-        "c",
-        "--key-file",
-        s(&key),
-        "--new-key-file",
-        s(&new_key),
-    ];
-    args.extend(cheap);
-    let r = daemon.ctl_ok(&args);
+    let add =
+        |old: &Key| argv!("key-add c --key-file {} --new-key-file {}", old, new_key; CTL_CHEAP_KDF);
+    let r = daemon.ctl_ok(&add(&key));
     assert!(r["keyslot"].is_u64(), "{r}");
-    let mut args = vec![
-        "key-add",
-        "c",
-        "--key-file",
-        s(&wrong),
-        "--new-key-file",
-        s(&new_key),
-    ];
-    args.extend(cheap);
-    let out = daemon.ctl(&args);
-    assert_ne!(out.code, 0);
+    assert_ne!(daemon.ctl(&add(&wrong)).code, 0);
     daemon.ctl_ok(&["key-remove", "c", "--key-file", s(&key)]);
     // The last keyslot is never removed.
     let out = daemon.ctl(&["key-remove", "c", "--key-file", s(&new_key)]);
@@ -156,9 +129,7 @@ fn attach_detach_stats_and_keys_at_run_time() {
 
     assert_eq!(daemon.terminate(), code::OK);
     assert!(
-        ["ctl.sock", "a.sock", "c.sock"]
-            .iter()
-            .all(|n| !t.path(n).exists()),
+        ["ctl.sock", "a.sock", "c.sock"].iter().all(|n| !t.path(n).exists()),
         "sockets left after SIGTERM"
     );
     // Only the new passphrase opens the image now.
@@ -180,16 +151,10 @@ fn malformed_requests_get_json_rpc_errors() {
     let err = rpc.call("disk-add", json!({"name": "x"})).unwrap_err();
     assert_eq!(err["code"], -32602, "{err}");
     let err = rpc
-        .call(
-            "disk-add",
-            json!({"name": "x", "image": "relative.raw", "vhost-user-blk": "/tmp/x"}),
-        )
+        .call("disk-add", json!({"name": "x", "image": "relative.raw", "vhost-user-blk": "/tmp/x"}))
         .unwrap_err();
     assert_eq!(err["code"], -32602, "{err}");
-    assert!(
-        err["message"].as_str().unwrap().contains("relative"),
-        "{err}"
-    );
+    assert!(err["message"].as_str().unwrap().contains("relative"), "{err}");
     let err = rpc
         .call(
             "disk-add",
@@ -205,31 +170,17 @@ fn malformed_requests_get_json_rpc_errors() {
                                 "vhost-user-blk": s(&t.path("x.sock"))}),
         )
         .unwrap_err();
-    assert!(
-        err["message"]
-            .as_str()
-            .unwrap()
-            .contains("/nonexistent/x.raw"),
-        "{err}"
-    );
+    assert!(err["message"].as_str().unwrap().contains("/nonexistent/x.raw"), "{err}");
     // A socket path that names an existing file is refused; the file is untouched.
     let precious = t.path("precious.raw");
     std::fs::write(&precious, b"keep me").unwrap();
     let img = t.raw("x.raw", MIB);
     let err = rpc
-        .call(
-            "disk-add",
-            json!({"name": "x", "image": s(&img), "vhost-user-blk": s(&precious)}),
-        )
+        .call("disk-add", json!({"name": "x", "image": s(&img), "vhost-user-blk": s(&precious)}))
         .unwrap_err();
-    assert!(
-        err["message"].as_str().unwrap().contains("not a socket"),
-        "{err}"
-    );
+    assert!(err["message"].as_str().unwrap().contains("not a socket"), "{err}");
     assert_eq!(std::fs::read(&precious).unwrap(), b"keep me");
-    let err = rpc
-        .call("disk-remove", json!({"name": "nope"}))
-        .unwrap_err();
+    let err = rpc.call("disk-remove", json!({"name": "nope"})).unwrap_err();
     assert_eq!(err["code"], -32010, "{err}");
     // The connection still works after all that.
     assert!(disk_names(&rpc.call("disk-list", json!({})).unwrap()).is_empty());
@@ -269,11 +220,7 @@ fn concurrent_control_clients_while_io_runs() {
     const CLIENTS: usize = 4;
     const ROUNDS: usize = 6;
     let images: Vec<Vec<PathBuf>> = (0..CLIENTS)
-        .map(|c| {
-            (0..ROUNDS)
-                .map(|r| t.raw(&format!("d{c}-{r}.raw"), MIB).path)
-                .collect()
-        })
+        .map(|c| (0..ROUNDS).map(|r| t.raw(&format!("d{c}-{r}.raw"), MIB).path).collect())
         .collect();
     let clients: Vec<_> = images
         .into_iter()
@@ -314,9 +261,6 @@ fn concurrent_control_clients_while_io_runs() {
     }
     stop.store(true, Ordering::Relaxed);
     io.join().expect("I/O on the steady disk failed");
-    assert_eq!(
-        disk_names(&daemon.ctl_ok(&["disk-list"])),
-        ["steady".to_string()]
-    );
+    assert_eq!(disk_names(&daemon.ctl_ok(&["disk-list"])), ["steady".to_string()]);
     assert_eq!(daemon.terminate(), code::OK);
 }

@@ -12,16 +12,16 @@ use std::path::{Path, PathBuf};
 const PLAIN: u64 = 6 * MIB;
 
 struct Case {
-    dir: tempfile::TempDir,
+    t: TestDir,
     img: PathBuf,
-    keys: Vec<PathBuf>,
+    keys: Vec<Key>,
     plain: Vec<u8>,
 }
 
 impl Case {
     /// A copy of the image next to it, to convert with cryptsetup or to compare against.
     fn copy(&self, name: &str) -> PathBuf {
-        let p = self.dir.path().join(name);
+        let p = self.t.path(name);
         std::fs::copy(&self.img, &p).unwrap();
         p
     }
@@ -29,50 +29,28 @@ impl Case {
 
 /// Random plaintext written into a LUKS1 image through QEMU's luks driver (so no tool of
 /// ours touches the payload), plus `extra_keys` more keyslots added by cryptsetup.
-fn fill(dir: tempfile::TempDir, img: PathBuf, key: PathBuf, extra_keys: usize) -> Case {
-    let mut plain = vec![0u8; PLAIN as usize];
-    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut plain);
-    let raw = dir.path().join("plain.raw");
+fn fill(t: TestDir, img: PathBuf, key: Key, extra_keys: usize) -> Case {
+    let plain = random_data(PLAIN);
+    let raw = t.path("plain.raw");
     std::fs::write(&raw, &plain).unwrap();
-    tool(
-        "qemu-img",
-        argv!("convert -n --object {} -f raw {} --target-image-opts driver=luks,key-secret=s0,file.filename={}", &qemu_secret(&key), raw, img),
-    )
-    .ok();
+    let target = format!("driver=luks,key-secret=s0,file.filename={}", s(&img));
+    let convert = "convert -n --object {} -f raw {} --target-image-opts {}";
+    tool("qemu-img", argv!(convert, qemu_secret(&key), raw, target)).ok();
     let mut keys = vec![key];
     for i in 0..extra_keys {
-        let k = key_file(
-            dir.path(),
-            &format!("key{i}"),
-            &passphrase(&format!("extra{i}")),
-        );
-        let args = [
-            &[
-                "luksAddKey",
-                "--batch-mode",
-                "--pbkdf-force-iterations",
-                "1000",
-            ][..],
-            &["--key-file", s(&keys[0]), s(&img), s(&k)],
-        ]
-        .concat();
-        tool("cryptsetup", &args).ok();
+        let k = t.key(&format!("key{i}"));
+        let add = "luksAddKey --batch-mode --pbkdf-force-iterations 1000 --key-file {} {} {}";
+        cryptsetup(argv!(add, keys[0], img, k)).ok();
         keys.push(k);
     }
-    Case {
-        dir,
-        img,
-        keys,
-        plain,
-    }
+    Case { t, img, keys, plain }
 }
 
 /// `qemu-img create -f luks` (LUKS1, 512-byte sectors, the payload right after the eighth
 /// keyslot area), `opts` choosing the cipher.
-fn qemu_case(name: &str, opts: &str, extra_keys: usize) -> Case {
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase(name));
-    let img = dir.path().join("img.luks");
+fn qemu_case(opts: &str, extra_keys: usize) -> Case {
+    let t = TestDir::new();
+    let (key, img) = (t.key("key"), t.path("img.luks"));
     qemu_img_kdf(argv!(
         "create -q -f luks --object {} -o {} {} {}",
         &qemu_secret(&key),
@@ -81,37 +59,32 @@ fn qemu_case(name: &str, opts: &str, extra_keys: usize) -> Case {
         &PLAIN.to_string()
     ))
     .ok();
-    fill(dir, img, key, extra_keys)
+    fill(t, img, key, extra_keys)
 }
 
 /// `cryptsetup luksFormat --type luks1` (payload at 2 MiB: room for cryptsetup's shift).
-fn cryptsetup_case(name: &str, extra_keys: usize) -> Case {
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase(name));
-    let img = dir.path().join("img.luks");
+fn cryptsetup_case(extra_keys: usize) -> Case {
+    let t = TestDir::new();
+    let (key, img) = (t.key("key"), t.path("img.luks"));
     std::fs::write(&img, vec![0u8; (PLAIN + 2 * MIB) as usize]).unwrap();
     let format = argv!(
         "luksFormat --type luks1 --batch-mode --pbkdf-force-iterations 1000 --key-file {} {}",
         key,
         img
     );
-    tool("cryptsetup", format).ok();
-    fill(dir, img, key, extra_keys)
+    cryptsetup(format).ok();
+    fill(t, img, key, extra_keys)
 }
 
 fn luks_version(img: &Path) -> String {
-    let out = tool("cryptsetup", ["luksDump", s(img)]);
+    let out = cryptsetup(argv!("luksDump {}", img));
     out.ok();
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("Version:"))
-        .unwrap();
+    let line = out.stdout.lines().find(|l| l.starts_with("Version:")).unwrap();
     line.split_whitespace().last().unwrap().to_string()
 }
 
 fn json_metadata(img: &Path) -> serde_json::Value {
-    let out = tool("cryptsetup", ["luksDump", "--dump-json-metadata", s(img)]);
+    let out = cryptsetup(argv!("luksDump --dump-json-metadata {}", img));
     out.ok();
     serde_json::from_str(&out.stdout).unwrap()
 }
@@ -122,27 +95,19 @@ fn check_opens_with_plaintext(c: &Case, img: &Path, sector: u64) {
     for k in &c.keys {
         assert!(cryptsetup_accepts(img, k), "cryptsetup refuses {}", s(k));
     }
-    let ours = cryptblk_decrypt(img, &c.keys[0], &c.dir.path().join("out.raw"));
-    assert_same_bytes(
-        &ours,
-        &c.plain,
-        "cryptblk's decryption of the converted image",
-    );
+    let ours = cryptblk_decrypt(img, &c.keys[0], &c.t.path("out.raw"));
+    assert_same_bytes(&ours, &c.plain, "cryptblk's decryption of the converted image");
     let vk = cryptsetup_volume_key(img, c.keys.last().unwrap());
     check_sampled_sectors(img, &vk, sector, &c.plain);
 }
 
 #[test]
 fn cryptsetup_luks1_converts_as_cryptsetup_converts_it() {
-    let c = cryptsetup_case("cs-luks1", 1);
+    let c = cryptsetup_case(1);
     let by_cryptsetup = c.copy("by-cryptsetup.img");
-    tool(
-        "cryptsetup",
-        ["convert", "--type", "luks2", "-q", s(&by_cryptsetup)],
-    )
-    .ok();
+    cryptsetup(argv!("convert --type luks2 -q {}", by_cryptsetup)).ok();
 
-    let out = cryptblk(["convert-header", "--type", "luks2", s(&c.img)]);
+    let out = cryptblk(argv!("convert-header --type luks2 {}", c.img));
     out.ok();
     assert!(out.stdout.contains("moved up 28 KiB"), "{}", out.stdout);
     assert_eq!(luks_version(&c.img), "2");
@@ -155,11 +120,7 @@ fn cryptsetup_luks1_converts_as_cryptsetup_converts_it() {
     // Byte for byte from the secondary header's end on: keyslot areas (moved the same way,
     // inactive slots' bytes included) and payload.
     let (ours, theirs) = (read(&c.img), read(&by_cryptsetup));
-    assert_same_bytes(
-        &ours[32768..],
-        &theirs[32768..],
-        "keyslot areas and payload",
-    );
+    assert_same_bytes(&ours[32768..], &theirs[32768..], "keyslot areas and payload");
     // Binary headers: equal but for the random salt (104..168) and the checksum over it
     // (448..512); magic, version, size, seqid (2), label, checksum algorithm, UUID equal.
     for copy in [0, 16384] {
@@ -170,25 +131,15 @@ fn cryptsetup_luks1_converts_as_cryptsetup_converts_it() {
 
 #[test]
 fn qemu_luks1_converts_where_cryptsetup_refuses() {
-    let c = qemu_case("qemu-luks1", "", 1);
+    let c = qemu_case("", 1);
     let by_cryptsetup = c.copy("by-cryptsetup.img");
-    let refused = tool(
-        "cryptsetup",
-        ["convert", "--type", "luks2", "-q", s(&by_cryptsetup)],
-    );
-    assert_ne!(
-        refused.code, 0,
-        "cryptsetup converted a QEMU layout: {refused:?}"
-    );
+    let refused = cryptsetup(argv!("convert --type luks2 -q {}", by_cryptsetup));
+    assert_ne!(refused.code, 0, "cryptsetup converted a QEMU layout: {refused:?}");
     assert_same_files(&by_cryptsetup, &c.img);
 
-    let out = cryptblk(["convert-header", "--type", "luks2", s(&c.img)]);
+    let out = cryptblk(argv!("convert-header --type luks2 {}", c.img));
     out.ok();
-    assert!(
-        out.stdout.contains("copied to free space"),
-        "{}",
-        out.stdout
-    );
+    assert!(out.stdout.contains("copied to free space"), "{}", out.stdout);
     assert_eq!(luks_version(&c.img), "2");
     check_opens_with_plaintext(&c, &c.img, 512);
 
@@ -201,14 +152,8 @@ fn qemu_luks1_converts_where_cryptsetup_refuses() {
         serde_json::json!({"type": "crypt", "offset": payload.to_string(), "iv_tweak": "0",
             "size": "dynamic", "encryption": "aes-xts-plain64", "sector_size": 512})
     );
-    assert_eq!(
-        meta["digests"]["0"]["keyslots"],
-        serde_json::json!(["0", "1"])
-    );
-    assert_eq!(
-        meta["config"]["keyslots_size"],
-        (payload - 32768).to_string()
-    );
+    assert_eq!(meta["digests"]["0"]["keyslots"], serde_json::json!(["0", "1"]));
+    assert_eq!(meta["config"]["keyslots_size"], (payload - 32768).to_string());
     let area = |k: &str| {
         let a = &meta["keyslots"][k]["area"];
         let off: u64 = a["offset"].as_str().unwrap().parse().unwrap();
@@ -216,44 +161,25 @@ fn qemu_luks1_converts_where_cryptsetup_refuses() {
         off
     };
     // Both copied past the LUKS1 material still in use at the time of the copy.
-    assert_eq!(
-        (area("0"), area("1")),
-        (4096 + 2 * 258048, 4096 + 3 * 258048)
-    );
+    assert_eq!((area("0"), area("1")), (4096 + 2 * 258048, 4096 + 3 * 258048));
     let kdf = &meta["keyslots"]["0"]["kdf"];
-    assert_eq!(
-        (kdf["type"].as_str(), kdf["hash"].as_str()),
-        (Some("pbkdf2"), Some("sha256"))
-    );
+    assert_eq!((kdf["type"].as_str(), kdf["hash"].as_str()), (Some("pbkdf2"), Some("sha256")));
     // The old copies of the key material are wiped.
     let bytes = read(&c.img);
-    assert!(
-        bytes[32768..4096 + 256000].iter().all(|&b| b == 0),
-        "old slot 0 copy left"
-    );
+    assert_filled(&bytes[32768..4096 + 256000], 0, "old slot 0 copy left");
     let old1 = 4096 + 258048;
-    assert!(
-        bytes[old1..old1 + 256000].iter().all(|&b| b == 0),
-        "old slot 1 copy left"
-    );
+    assert_filled(&bytes[old1..old1 + 256000], 0, "old slot 1 copy left");
 }
 
 #[test]
 fn reencrypt_turns_a_qemu_luks1_disk_into_luks2_with_4k_sectors() {
     // aes-xts with a 256-bit key, as older QEMU made them.
-    let c = qemu_case("qemu-reenc", ",cipher-alg=aes-128,cipher-mode=xts", 0);
+    let c = qemu_case(",cipher-alg=aes-128,cipher-mode=xts", 0);
     let old_key = cryptsetup_volume_key(&c.img, &c.keys[0]);
-    let mut args = argv!("reencrypt --key-file {} --sector-size 4096", c.keys[0]);
-    args.extend(CHEAP_PBKDF2.iter().map(Into::into));
-    args.push(c.img.clone().into());
-    let out = cryptblk(&args);
+    let out =
+        cryptblk_cheap(argv!("reencrypt --key-file {} --sector-size 4096 {}", c.keys[0], c.img));
     out.ok();
-    assert!(
-        out.stderr
-            .contains("converted the LUKS1 header to LUKS2 first"),
-        "{}",
-        out.stderr
-    );
+    assert!(out.stderr.contains("converted the LUKS1 header to LUKS2 first"), "{}", out.stderr);
     let meta = json_metadata(&c.img);
     assert_eq!(meta["segments"]["0"]["sector_size"], 4096);
     assert_eq!(meta["segments"]["0"]["encryption"], "aes-xts-plain64");
@@ -267,33 +193,25 @@ fn reencrypt_turns_a_qemu_luks1_disk_into_luks2_with_4k_sectors() {
 fn refusals_leave_the_image_untouched() {
     // Five active keyslots in QEMU's layout: no place to copy them to without overwriting
     // material still in use (and no room for cryptsetup's shift either).
-    let c = qemu_case("qemu-full", "", 4);
+    let c = qemu_case("", 4);
     let before = c.copy("before.img");
-    let out = cryptblk(["convert-header", "--type", "luks2", s(&c.img)]);
+    let out = cryptblk(argv!("convert-header --type luks2 {}", c.img));
     out.expect_code(3);
     out.error_line(&["no room", "cryptblk key remove"]);
     assert_same_files(&c.img, &before);
-    let refused = tool(
-        "cryptsetup",
-        ["convert", "--type", "luks2", "-q", s(&before)],
-    );
+    let refused = cryptsetup(argv!("convert --type luks2 -q {}", before));
     assert_ne!(refused.code, 0);
 
     // reencrypt with a wrong passphrase: refused before the conversion.
-    let wrong = key_file(c.dir.path(), "wrong", &passphrase("wrong"));
-    let out = cryptblk(["reencrypt", "--key-file", s(&wrong), s(&c.img)]);
-    out.expect_code(2);
+    let wrong = c.t.key("wrong");
+    cryptblk(argv!("reencrypt --key-file {} {}", wrong, c.img)).expect_code(2);
     assert_same_files(&c.img, &before);
 
     // Already LUKS2: a usage error.
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase("luks2"));
-    let img = dir.path().join("v2.img");
-    format_luks2(&img, &key, "4M");
-    let before = dir.path().join("before.img");
+    let t = TestDir::new();
+    let (img, before) = (t.luks2("v2.img", "4M", &t.key("key")), t.path("before.img"));
     std::fs::copy(&img, &before).unwrap();
-    let out = cryptblk(["convert-header", "--type", "luks2", s(&img)]);
-    out.expect_code(1);
-    out.error_line(&["already LUKS2"]);
+    let out = cryptblk(argv!("convert-header --type luks2 {}", img));
+    out.expect_code(1).error_line(&["already LUKS2"]);
     assert_same_files(&img, &before);
 }

@@ -57,14 +57,10 @@ const INCREMENTALS: usize = 3;
 const KILLED: &str = "c4";
 /// How long the guest may take to write the marks a step waits for (TCG on a busy machine).
 const MARKS_BOUND: Duration = Duration::from_secs(120);
-/// What the daemon logs (RUST_LOG=info) when the VM has started its queues.
-const STARTED: &str = "vhost-user frontend: Started";
 
 /// Mark `n` as the guest writes it: 64 lines of its name padded to 63 characters.
 fn mark(n: u64) -> Vec<u8> {
-    format!("{:<63}\n", format!("cryptblk guest mark {n}"))
-        .repeat(MARK_LEN / 64)
-        .into_bytes()
+    format!("{:<63}\n", format!("cryptblk guest mark {n}")).repeat(MARK_LEN / 64).into_bytes()
 }
 
 /// The highest mark the console reports written (0: none yet).
@@ -241,11 +237,7 @@ impl Backups {
         self.qmp.execute("cont", json!({}));
         wait_for_mark(&mut self.guest, marks + 2);
         Started {
-            taken: Taken {
-                name: name.to_string(),
-                image,
-                marks,
-            },
+            taken: Taken { name: name.to_string(), image, marks },
             answer,
             uri,
             dirty_by_nbdinfo,
@@ -335,10 +327,7 @@ impl Backups {
         let partial = self.chain.join("pull.extents.partial");
         let deadline = Instant::now() + BOUND;
         while !partial.exists() {
-            assert!(
-                pull.try_wait().unwrap().is_none(),
-                "the pull ended before it began an entry"
-            );
+            assert!(pull.try_wait().unwrap().is_none(), "the pull ended before it began an entry");
             assert!(Instant::now() < deadline, "the pull began no entry");
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -360,15 +349,12 @@ impl Backups {
         assert!(scratch.exists(), "no scratch left by the killed daemon");
 
         self.daemon.restart();
-        self.daemon.wait_log(STARTED, BOUND);
+        self.daemon.wait_log(QUEUES_STARTED, BOUND);
         assert!(!scratch.exists(), "the restarted daemon kept the scratch");
         // Still there, counting the header (and whatever the guest wrote since, which may
         // join it into one extent).
         let kept = checkpoint_extents(&self.daemon, "vol", name);
-        assert!(
-            covers(&kept, 0, self.payload),
-            "{name} is gone after the crash: {kept:?}"
-        );
+        assert!(covers(&kept, 0, self.payload), "{name} is gone after the crash: {kept:?}");
         self.daemon.ctl_ok(&["checkpoint-remove", "vol", name]);
     }
 }
@@ -389,20 +375,11 @@ fn a_running_guests_disk_backed_up_full_and_incrementally_restores_at_every_chec
         .job("marks-verify", FIO_SIZE)
         .timeout(600);
     let mut guest = vm.boot(t.root(), "guest");
-    daemon.wait_log(STARTED, BOUND);
+    daemon.wait_log(QUEUES_STARTED, BOUND);
     let qmp = Qmp::connect(&qmp_socket);
     wait_for_mark(&mut guest, 1);
     let chain = t.path("chain");
-    let mut b = Backups {
-        t,
-        img,
-        payload,
-        daemon,
-        guest,
-        qmp,
-        chain,
-        taken: Vec::new(),
-    };
+    let mut b = Backups { t, img, payload, daemon, guest, qmp, chain, taken: Vec::new() };
 
     // A full backup, then incrementals; nbdinfo reads the first incremental's bitmap.
     for i in 0..=INCREMENTALS {
@@ -431,15 +408,7 @@ fn a_running_guests_disk_backed_up_full_and_incrementally_restores_at_every_chec
 
     for c in &b.taken {
         let restored = b.t.path(&format!("restored-{}.luks", c.name));
-        cryptblk([
-            "backup",
-            "restore",
-            "--checkpoint",
-            &c.name,
-            s(&b.chain),
-            s(&restored),
-        ])
-        .ok();
+        cryptblk(["backup", "restore", "--checkpoint", &c.name, s(&b.chain), s(&restored)]).ok();
         assert_same_bytes(&read(&restored), &read(&c.image), &c.name);
         assert!(cryptsetup_accepts(&restored, &key), "{}", c.name);
         assert_marks(&restored, &key, c.marks, &c.name);
@@ -459,17 +428,10 @@ fn a_running_guests_disk_backed_up_full_and_incrementally_restores_at_every_chec
         );
         assert!(!bytes.windows(secret.len()).any(|w| w == secret.as_slice()));
     }
-    let marks: Vec<String> = b
-        .taken
-        .iter()
-        .map(|c| format!("{} {}", c.name, c.marks))
-        .collect();
+    let marks: Vec<String> = b.taken.iter().map(|c| format!("{} {}", c.name, c.marks)).collect();
     eprintln!(
         "marks written at each checkpoint: {}; {}",
         marks.join(", "),
-        console
-            .lines()
-            .find(|l| l.contains("fio rounds passed"))
-            .unwrap_or("")
+        console.lines().find(|l| l.contains("fio rounds passed")).unwrap_or("")
     );
 }

@@ -68,10 +68,7 @@ impl Libvirt {
         let libvirt = Libvirt { pid_files };
         let deadline = Instant::now() + Duration::from_secs(60);
         while !answers() {
-            assert!(
-                Instant::now() < deadline,
-                "libvirtd did not answer within 60 s"
-            );
+            assert!(Instant::now() < deadline, "libvirtd did not answer within 60 s");
             std::thread::sleep(Duration::from_millis(200));
         }
         libvirt
@@ -81,9 +78,8 @@ impl Libvirt {
 impl Drop for Libvirt {
     fn drop(&mut self) {
         for pid_file in self.pid_files.iter().rev() {
-            if let Some(pid) = std::fs::read_to_string(pid_file)
-                .ok()
-                .and_then(|p| p.trim().parse::<i32>().ok())
+            if let Some(pid) =
+                std::fs::read_to_string(pid_file).ok().and_then(|p| p.trim().parse::<i32>().ok())
             {
                 // SAFETY: kill(2) with a PID the daemon wrote for itself.
                 unsafe { libc::kill(pid, libc::SIGTERM) };
@@ -100,11 +96,7 @@ fn wait_for(
 ) {
     let deadline = Instant::now() + limit;
     while !ok() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} not within {limit:?}\n{}",
-            context()
-        );
+        assert!(Instant::now() < deadline, "{what} not within {limit:?}\n{}", context());
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -122,10 +114,7 @@ fn disk_xml(socket: &Path, target: &str) -> String {
 
 fn user_id(name: &str) -> u32 {
     let out = Command::new("id").args(["-u", name]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("no user {name}"))
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or_else(|_| panic!("no user {name}"))
 }
 
 /// A running domain booted from the test guest with `job`, destroyed and undefined on drop.
@@ -172,9 +161,8 @@ impl Boot {
 impl Drop for Boot {
     fn drop(&mut self) {
         for cmd in ["destroy", "undefine"] {
-            let _ = Command::new("timeout")
-                .args(["30", "virsh", "-c", URI, cmd, &self.name])
-                .output();
+            let _ =
+                Command::new("timeout").args(["30", "virsh", "-c", URI, cmd, &self.name]).output();
         }
     }
 }
@@ -274,10 +262,8 @@ fn libvirt_domain_on_a_cryptblk_disk() {
         || console.text().contains("FIO-JSON-BEGIN 1"),
         || console.text(),
     );
-    let mut add = vec!["disk-add", "data", "--image", s(&img2), "--vhost-user-blk"];
-    add.extend([s(&socket2), "--num-queues", "2"]);
-    add.extend_from_slice(&access);
-    serve.ctl_ok(&add);
+    let add = "disk-add data --image {} --vhost-user-blk {} --num-queues 2";
+    serve.ctl_ok(&argv!(add, img2, socket2; access));
     std::fs::write(path("data.xml"), disk_xml(&socket2, "vdb")).unwrap();
     virsh(&["attach-device", &boot.name, s(&path("data.xml")), "--live"]);
     let connected = format!("vhost-user frontend connected on {}", socket2.display());
@@ -304,11 +290,7 @@ fn libvirt_domain_on_a_cryptblk_disk() {
         || console.text().contains("GUEST-RESULT:"),
         || console.text(),
     );
-    assert!(
-        console.text().contains("GUEST-RESULT: PASS"),
-        "{}",
-        console.text()
-    );
+    assert!(console.text().contains("GUEST-RESULT: PASS"), "{}", console.text());
     drop(boot);
 
     // Boot 2: a verified write of the first `size` bytes; the image must decrypt on the host

@@ -19,11 +19,8 @@ fn start_reencryption(daemon: &Daemon, key: &Key) -> serde_json::Value {
 }
 
 fn start_with(daemon: &Daemon, key: &Key, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec!["reencrypt-start", "vol", "--key-file", s(key)];
-    args.extend_from_slice(CTL_CHEAP_KDF);
-    args.extend(["--max-bandwidth", "4M"]);
-    args.extend_from_slice(extra);
-    daemon.ctl_ok(&args)
+    let start = "reencrypt-start vol --key-file {} --max-bandwidth 4M";
+    daemon.ctl_ok(&argv!(start, key; CTL_CHEAP_KDF, extra))
 }
 
 /// Kills the daemon `KILLS` times while the work runs, restarting it (the first restart
@@ -39,23 +36,17 @@ fn kill_and_restart_through(
     let mut rng = rand::thread_rng();
     let mut done_at_kill = Vec::new();
     for _ in 1..=KILLS {
-        std::thread::sleep(Duration::from_millis(rand::Rng::gen_range(
-            &mut rng,
-            1000..2500,
-        )));
+        std::thread::sleep(Duration::from_millis(rand::Rng::gen_range(&mut rng, 1000..2500)));
         guest.assert_running();
         let st = daemon.ctl_ok(&["reencrypt-status", "vol"]);
-        assert_eq!(
-            st["phase"], "running",
-            "finished too early to kill mid-way: {st}"
-        );
+        assert_eq!(st["phase"], "running", "finished too early to kill mid-way: {st}");
         done_at_kill.push(st["bytes-done"].as_u64().unwrap());
         daemon.kill9();
         match change.take() {
             Some(change) => daemon.restart_with(change),
             None => daemon.restart(),
         }
-        daemon.wait_log(STARTED, BOUND);
+        daemon.wait_log(QUEUES_STARTED, BOUND);
         let st = daemon.ctl_ok(&["reencrypt-status", "vol"]);
         assert_eq!(st["phase"], "paused", "{st}: {}", daemon.log());
         start_reencryption(daemon, key);
@@ -75,21 +66,11 @@ fn kill_and_restart_through(
     done_at_kill
 }
 
-/// What the daemon logs (RUST_LOG=info) when the VM has started its queues.
-const STARTED: &str = "vhost-user frontend: Started";
-
 /// The guest on the daemon's disk, running rounds of verified fio until told to stop.
 fn boot(t: &TestDir, daemon: &mut Daemon) -> Vm {
-    let vm = VmConfig::vhost_user(daemon.vhost_socket())
-        .queues(2)
-        .reconnect(1);
-    let vm = vm
-        .console_input()
-        .job("restart-verify", 32 * MIB)
-        .timeout(600);
-    let mut guest = vm.boot(t.root(), "guest");
-    daemon.wait_log(STARTED, BOUND);
-    guest.wait_for_console("FIO-JSON-BEGIN 1", "fio never started", BOUND);
+    let mut guest = VmConfig::fio_rounds(daemon.vhost_socket()).boot(t.root(), "guest");
+    daemon.wait_log(QUEUES_STARTED, BOUND);
+    guest.wait_fio_running();
     guest
 }
 

@@ -17,9 +17,6 @@ mod common;
 use common::*;
 use std::time::{Duration, Instant};
 
-/// What the daemon logs (RUST_LOG=info) when the VM has started its queues.
-const STARTED: &str = "vhost-user frontend: Started";
-
 /// kill -9 restarts, then one SIGTERM restart onto another binary (an upgrade).
 const KILLS: usize = 8;
 /// How long the guest's I/O runs between restarts: a random time in this range (ms), so that
@@ -64,24 +61,13 @@ fn guest_fio_verify_survives_daemon_kills_and_restarts() {
     // the next start runs; the running daemon keeps its own, as after `apt upgrade`.
     let upgraded = t.path("cryptblk-upgraded");
     std::fs::copy(bin(), &upgraded).unwrap();
-    let serve = t
-        .serve()
-        .vhost_user()
-        .disk(&img)
-        .args(&["--num-queues", "2"]);
+    let serve = t.serve().vhost_user().disk(&img).args(&["--num-queues", "2"]);
     let mut serve = serve.log_level("info").start();
 
-    let vm = VmConfig::vhost_user(serve.vhost_socket())
-        .queues(2)
-        .reconnect(1);
-    let vm = vm
-        .console_input()
-        .job("restart-verify", 32 * MIB)
-        .timeout(600);
-    let mut guest = vm.boot(t.root(), "guest");
+    let mut guest = VmConfig::fio_rounds(serve.vhost_socket()).boot(t.root(), "guest");
     // The guest booted and fio runs.
-    serve.wait_log(STARTED, BOUND);
-    guest.wait_for_console("FIO-JSON-BEGIN 1", "fio never started", BOUND);
+    serve.wait_log(QUEUES_STARTED, BOUND);
+    guest.wait_fio_running();
 
     let mut rng = rand::thread_rng();
     let mut running = || Duration::from_millis(rand::Rng::gen_range(&mut rng, RUNNING_MS));
@@ -98,7 +84,7 @@ fn guest_fio_verify_survives_daemon_kills_and_restarts() {
             assert_eq!(code, 0, "cryptblk serve on SIGTERM:\n{}", serve.log());
             serve.restart_with(|serve| serve.binary(&upgraded));
         }
-        let started = serve.wait_log(STARTED, BOUND);
+        let started = serve.wait_log(QUEUES_STARTED, BOUND);
         pauses.push(started - killed);
     }
     std::thread::sleep(running());
@@ -118,10 +104,6 @@ fn guest_fio_verify_survives_daemon_kills_and_restarts() {
     eprintln!(
         "fio rounds: {}, longest read/write latency per round (ms): {}",
         console.matches("FIO-JSON-END").count(),
-        rounds
-            .iter()
-            .map(|m| format!("{m:.0}"))
-            .collect::<Vec<_>>()
-            .join(" ")
+        rounds.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(" ")
     );
 }

@@ -14,8 +14,6 @@ mod common;
 use common::*;
 use std::time::{Duration, Instant};
 
-/// What the daemon logs (RUST_LOG=info) when the VM has started its queues.
-const STARTED: &str = "vhost-user frontend: Started";
 /// Disks the daemon serves (the guest uses the first).
 const DISKS: usize = 3;
 /// Upgrades and kills, alternating.
@@ -25,15 +23,8 @@ const EVENTS: usize = 6;
 /// successor's lines follow its predecessor's in the same file; a restarted daemon writes a
 /// log of its own).
 fn wait_started(daemon: &Daemon, before: usize) -> Instant {
-    wait_until(BOUND, || {
-        (daemon.log().matches(STARTED).count() > before).then(Instant::now)
-    })
-    .unwrap_or_else(|| {
-        panic!(
-            "the VM did not come back within {BOUND:?}:\n{}",
-            daemon.log()
-        )
-    })
+    wait_until(BOUND, || (daemon.log().matches(QUEUES_STARTED).count() > before).then(Instant::now))
+        .unwrap_or_else(|| panic!("the VM did not come back within {BOUND:?}:\n{}", daemon.log()))
 }
 
 #[test]
@@ -46,43 +37,18 @@ fn guest_fio_verify_survives_upgrades_and_kills_without_key_derivation() {
     }
     let t = TestDir::new();
     let key = t.key("key");
-    // cryptblk's defaults: LUKS2, argon2id benchmarked to about 2 s; copies with UUIDs of
-    // their own (the key cache names keys by UUID).
-    let first = t.path("d0.luks");
-    cryptblk(argv!("format -q --key-file {} {} 64M", key, first)).ok();
-    let mut config = String::new();
-    for i in 0..DISKS {
-        let image = t.path(&format!("d{i}.luks"));
-        if i > 0 {
-            tool("cp", argv!("--sparse=always {} {}", first, image)).ok();
-        }
-        let uuid = tool("uuidgen", ["-r"]).stdout.trim().to_string();
-        tool("cryptsetup", argv!("luksUUID -q --uuid {} {}", uuid, image)).ok();
-        config.push_str(&format!(
-            "[[disk]]\nname = \"d{i}\"\nimage = \"{}\"\nkey-file = \"{}\"\nvhost-user-blk = \"{}\"\nnum-queues = 2\n\n",
-            s(&image),
-            s(&key),
-            s(&t.path(&format!("d{i}.sock")))
-        ));
-    }
-    std::fs::write(t.path("disks.toml"), config).unwrap();
+    let config = default_kdf_disks(&t, &key, DISKS, "64M", "num-queues = 2\n");
     let mut daemon = t
         .serve()
-        .config(&t.path("disks.toml"))
+        .config(&config)
         .control()
         .args(&["--key-cache", "keyring", "--key-cache-timeout", "120"])
         .log_level("info")
         .start();
 
-    let mut guest = VmConfig::vhost_user(&t.path("d0.sock"))
-        .queues(2)
-        .reconnect(1)
-        .console_input()
-        .job("restart-verify", 32 * MIB)
-        .timeout(600)
-        .boot(t.root(), "guest");
+    let mut guest = VmConfig::fio_rounds(&t.path("d0.sock")).boot(t.root(), "guest");
     wait_started(&daemon, 0);
-    guest.wait_for_console("FIO-JSON-BEGIN 1", "fio never started", BOUND);
+    guest.wait_fio_running();
 
     let mut pauses = Vec::new();
     let mut from_cache = 0;
@@ -93,26 +59,20 @@ fn guest_fio_verify_survives_upgrades_and_kills_without_key_derivation() {
         let upgrade = event % 2 == 0;
         let mut before = 0;
         if upgrade {
-            before = daemon.log().matches(STARTED).count();
+            before = daemon.log().matches(QUEUES_STARTED).count();
             let answer = daemon.upgrade();
             assert_eq!(answer["without-kdf"], DISKS, "{answer}");
         } else {
             daemon.kill9();
             daemon.restart();
             let log = daemon.log();
-            from_cache += log
-                .matches("opened with the volume key from the key cache")
-                .count();
+            from_cache += log.matches("opened with the volume key from the key cache").count();
         }
         pauses.push((upgrade, wait_started(&daemon, before) - asked));
     }
     std::thread::sleep(Duration::from_millis(700));
     let console = guest.stop_and_assert_passed();
-    assert_eq!(
-        from_cache,
-        DISKS * EVENTS / 2,
-        "a restart after a kill derived a key"
-    );
+    assert_eq!(from_cache, DISKS * EVENTS / 2, "a restart after a kill derived a key");
 
     let ms = |d: &Duration| format!("{:.0}", d.as_secs_f64() * 1000.0);
     let list = |upgrade: bool| {

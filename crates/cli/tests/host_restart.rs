@@ -32,29 +32,8 @@ impl Host {
     fn new() -> Host {
         let t = TestDir::new();
         let key = t.key("key");
-        let first = t.path("d0.luks");
-        cryptblk(argv!("format -q --key-file {} {} 4M", key, first)).ok();
-        let mut config = String::new();
-        let mut names = Vec::new();
-        for i in 0..DISKS {
-            let name = format!("d{i}");
-            let image = t.path(&format!("{name}.luks"));
-            if i > 0 {
-                tool("cp", argv!("--sparse=always {} {}", first, image)).ok();
-            }
-            // A fresh UUID each run: the key cache names keys by it.
-            let uuid = tool("uuidgen", ["-r"]).stdout.trim().to_string();
-            tool("cryptsetup", argv!("luksUUID -q --uuid {} {}", uuid, image)).ok();
-            config.push_str(&format!(
-                "[[disk]]\nname = \"{name}\"\nimage = \"{}\"\nkey-file = \"{}\"\nvhost-user-blk = \"{}\"\n\n",
-                s(&image),
-                s(&key),
-                s(&t.path(&format!("{name}.sock")))
-            ));
-            names.push(name);
-        }
-        std::fs::write(t.path("disks.toml"), config).unwrap();
-        Host { t, names }
+        default_kdf_disks(&t, &key, DISKS, "4M", "");
+        Host { t, names: (0..DISKS).map(|i| format!("d{i}")).collect() }
     }
 
     /// `tag` names the daemon's sockets and log (a restart after a kill gets its own).
@@ -153,9 +132,8 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
     // A cold start: nothing cached, every key derived; disks serve as they are unlocked.
     let started = Instant::now();
     let mut daemon = host.serve("first").spawn();
-    let cold = host.wait_all(&daemon, started, Duration::from_secs(300), |_, name| {
-        host.vhost_answers(name)
-    });
+    let cold = host
+        .wait_all(&daemon, started, Duration::from_secs(300), |_, name| host.vhost_answers(name));
     let earliest = *cold.iter().min().unwrap();
     let latest = *cold.iter().max().unwrap();
     eprintln!(
@@ -169,14 +147,7 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
     let fastest_unlock = daemon
         .log()
         .lines()
-        .filter_map(|l| {
-            l.split("opened_ms=")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
+        .filter_map(|l| l.split("opened_ms=").nth(1)?.split_whitespace().next()?.parse().ok())
         .map(Duration::from_millis)
         .min()
         .expect("the daemon logs how long each disk took to open");
@@ -190,12 +161,9 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
         "the disks did not come one by one as they were unlocked: {cold:?}"
     );
     // Every disk serves: the NBD server is up.
-    host.wait_all(
-        &daemon,
-        Instant::now(),
-        Duration::from_secs(30),
-        |_, name| host.read(&daemon, name).is_some(),
-    );
+    host.wait_all(&daemon, Instant::now(), Duration::from_secs(30), |_, name| {
+        host.read(&daemon, name).is_some()
+    });
     for (i, name) in host.names.iter().enumerate() {
         let mut client = daemon.nbd(name);
         client.write(0, &pattern(i), true).unwrap();
@@ -232,8 +200,7 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
     );
     let log = daemon.log();
     assert_eq!(
-        log.matches("opened with the volume key from the key cache")
-            .count(),
+        log.matches("opened with the volume key from the key cache").count(),
         DISKS,
         "{log}"
     );

@@ -6,84 +6,37 @@
 //! cryptblk and through an independent path (cryptsetup's volume key + openssl's AES-XTS).
 mod common;
 
+use common::reencrypt::{self, in_reencryption, kill_midway};
 use common::*;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::process::Command;
 
 struct Case {
     t: TestDir,
     img: PathBuf,
-    key: PathBuf,
+    key: Key,
     /// The plaintext file as it was.
     plain: Vec<u8>,
 }
 
 /// A plaintext image of `size` random bytes, its first 4 KiB zero (so the header's seqid
 /// reads 0 until a header is written, see `kill_midway`).
-fn case(name: &str, size: u64) -> Case {
+fn case(size: u64) -> Case {
     let t = TestDir::new();
-    let key = key_file(t.root(), "key", &passphrase(name));
-    let mut plain = vec![0u8; size as usize];
-    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut plain[4096..]);
+    let key = t.key("key");
+    let mut plain = random_data(size);
+    plain[..4096].fill(0);
     let img = t.path("img");
     std::fs::write(&img, &plain).unwrap();
     Case { t, img, key, plain }
 }
 
 fn cb_encrypt(c: &Case, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = ["reencrypt", "--key-file", s(&c.key)]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
-    args.extend(CHEAP_PBKDF2.iter().map(|a| a.to_string()));
-    args.extend(extra.iter().map(|a| a.to_string()));
-    args.push(s(&c.img).to_string());
-    args
+    reencrypt::cryptblk_args(&c.key, &c.img, extra)
 }
 
 fn cs_reencrypt(c: &Case, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = ["reencrypt", "--force-offline-reencrypt", "--batch-mode"]
-        .iter()
-        .chain(&["--key-file", s(&c.key)])
-        .map(|a| a.to_string())
-        .collect();
-    args.extend(CS_CHEAP_PBKDF2.iter().map(|a| a.to_string()));
-    args.extend(extra.iter().map(|a| a.to_string()));
-    args.push(s(&c.img).to_string());
-    args
-}
-
-fn seqid(img: &Path) -> u64 {
-    let head = read_prefix(img, 24);
-    u64::from_be_bytes(head[16..24].try_into().unwrap())
-}
-
-/// Start `cmd`, wait until the header has advanced to seqid `commits` (well into the
-/// hotzones), then SIGKILL it. Panics if it finished first.
-fn kill_midway(mut cmd: Command, img: &Path, commits: u64) {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while seqid(img) < commits {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("the run ended ({status}) before it could be killed mid-way");
-        }
-        assert!(Instant::now() < deadline, "no progress in 60 s");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-}
-
-fn in_reencryption(img: &Path) -> bool {
-    let out = tool("cryptsetup", ["luksDump", s(img)]);
-    out.ok();
-    out.stdout.contains("online-reencrypt-v2")
+    reencrypt::cryptsetup_args(&c.key, &c.img, extra)
 }
 
 /// The image is a plain LUKS2 image whose data starts at half of `reduce`; cryptblk,
@@ -95,31 +48,23 @@ fn check_result(c: &Case, reduce: u64, sector: u64) {
     let shift = reduce / 2;
     assert_eq!(dump["data_offset"].as_u64(), Some(shift), "{dump}");
     assert_eq!(dump["sector_size"].as_u64(), Some(sector), "{dump}");
-    assert!(
-        cryptsetup_accepts(&c.img, &c.key),
-        "cryptsetup refuses the passphrase"
-    );
+    assert!(cryptsetup_accepts(&c.img, &c.key), "cryptsetup refuses the passphrase");
     let kept = (c.plain.len() as u64 - reduce) as usize;
     let out = cryptblk_decrypt(&c.img, &c.key, &c.img.with_extension("raw"));
-    assert_eq!(
-        out.len() as u64,
-        c.plain.len() as u64 - shift,
-        "volume size (cryptsetup's: the image minus the header)"
-    );
+    let what = "volume size (cryptsetup's: the image minus the header)";
+    assert_eq!(out.len() as u64, c.plain.len() as u64 - shift, "{what}");
     assert_same_bytes(&out[..kept], &c.plain[..kept], "cryptblk's decryption");
     let key_hex = xts::cryptsetup_volume_key(&c.img, &c.key);
     xts::check_sampled_sectors(&c.img, &key_hex, sector, &c.plain[..kept]);
     let image = read(&c.img);
     let tail = &image[image.len() - shift as usize..];
-    assert!(
-        tail != &c.plain[..shift as usize],
-        "the moved plaintext copy was left at the end of the image"
-    );
+    let what = "the moved plaintext copy was left at the end of the image";
+    assert!(tail != &c.plain[..shift as usize], "{what}");
 }
 
 #[test]
 fn cryptblk_encrypts_like_cryptsetup() {
-    let c = case("cb-encrypt", 40 * MIB);
+    let c = case(40 * MIB);
     // The same plaintext encrypted by cryptsetup: same data offset, same volume size.
     let twin = c.img.with_extension("cs");
     std::fs::write(&twin, &c.plain).unwrap();
@@ -127,10 +72,7 @@ fn cryptblk_encrypts_like_cryptsetup() {
     *args.last_mut().unwrap() = s(&twin).to_string();
     tool("cryptsetup", &args).ok();
 
-    let out = cryptblk(cb_encrypt(
-        &c,
-        &["--encrypt", "--reduce-device-size", "8M", "-p"],
-    ));
+    let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "8M", "-p"]));
     out.ok();
     check_result(&c, 8 * MIB, 512);
     let (ours, theirs) = (dump_json(&c.img), dump_json(&twin));
@@ -139,27 +81,15 @@ fn cryptblk_encrypts_like_cryptsetup() {
     let cb_plain = cryptblk_decrypt(&c.img, &c.key, &c.img.with_extension("raw2"));
     assert_eq!(cs_plain.len(), cb_plain.len(), "volume sizes differ");
     let kept = (40 - 8) * MIB as usize;
-    assert_same_bytes(
-        &cb_plain[..kept],
-        &cs_plain[..kept],
-        "cryptblk vs cryptsetup",
-    );
+    assert_same_bytes(&cb_plain[..kept], &cs_plain[..kept], "cryptblk vs cryptsetup");
 }
 
 #[test]
 fn cryptblk_encrypts_with_4k_sectors_and_a_256_bit_key() {
-    let c = case("cb-encrypt-4k", 24 * MIB);
+    let c = case(24 * MIB);
     cryptblk(cb_encrypt(
         &c,
-        &[
-            "--encrypt",
-            "--reduce-device-size",
-            "2M",
-            "--sector-size",
-            "4096",
-            "--key-size",
-            "256",
-        ],
+        &["--encrypt", "--reduce-device-size", "2M", "--sector-size", "4096", "--key-size", "256"],
     ))
     .ok();
     check_result(&c, 2 * MIB, 4096);
@@ -177,15 +107,8 @@ fn cryptsetup27_init_only_cryptblk_finishes() {
 }
 
 fn cs_init_only_cryptblk_finishes(cs: &str) {
-    let c = case("cs-init", 24 * MIB);
-    tool(
-        cs,
-        cs_reencrypt(
-            &c,
-            &["--encrypt", "--reduce-device-size", "4M", "--init-only"],
-        ),
-    )
-    .ok();
+    let c = case(24 * MIB);
+    tool(cs, cs_reencrypt(&c, &["--encrypt", "--reduce-device-size", "4M", "--init-only"])).ok();
     assert!(in_reencryption(&c.img));
     cryptblk(cb_encrypt(&c, &["--resume-only"])).ok();
     check_result(&c, 4 * MIB, 512);
@@ -193,12 +116,8 @@ fn cs_init_only_cryptblk_finishes(cs: &str) {
 
 #[test]
 fn cryptblk_init_only_cryptsetup_finishes() {
-    let c = case("cb-init", 24 * MIB);
-    cryptblk(cb_encrypt(
-        &c,
-        &["--encrypt", "--reduce-device-size", "4M", "--init-only"],
-    ))
-    .ok();
+    let c = case(24 * MIB);
+    cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "4M", "--init-only"])).ok();
     assert!(in_reencryption(&c.img));
     let dump = tool("cryptsetup", ["luksDump", s(&c.img)]);
     for want in [
@@ -227,16 +146,12 @@ fn cryptblk_killed_cryptsetup27_resumes() {
 }
 
 fn cb_killed_cryptsetup_resumes(cs: &str) {
-    let c = case("cb-killed", KILL_SIZE);
+    let c = case(KILL_SIZE);
     let mut cmd = Command::new(bin());
     cmd.args(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "1M"]));
     kill_midway(cmd, &c.img, 40);
     assert!(in_reencryption(&c.img), "cryptblk finished before the kill");
-    tool(
-        cs,
-        ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)],
-    )
-    .ok();
+    tool(cs, ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)]).ok();
     tool(cs, cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, MIB, 512);
 }
@@ -252,24 +167,18 @@ fn cryptsetup27_killed_cryptblk_resumes() {
 }
 
 fn cs_killed_cryptblk_resumes(cs: &str) {
-    let c = case("cs-killed", KILL_SIZE);
+    let c = case(KILL_SIZE);
     let mut cmd = Command::new(cs);
-    cmd.args(cs_reencrypt(
-        &c,
-        &["--encrypt", "--reduce-device-size", "1M"],
-    ));
+    cmd.args(cs_reencrypt(&c, &["--encrypt", "--reduce-device-size", "1M"]));
     kill_midway(cmd, &c.img, 40);
-    assert!(
-        in_reencryption(&c.img),
-        "cryptsetup finished before the kill"
-    );
+    assert!(in_reencryption(&c.img), "cryptsetup finished before the kill");
     cryptblk(cb_encrypt(&c, &["--resume-only"])).ok();
     check_result(&c, MIB, 512);
 }
 
 #[test]
 fn cryptblk_killed_then_served_converted_and_resumed() {
-    let c = case("cb-killed-cb", KILL_SIZE);
+    let c = case(KILL_SIZE);
     let mut cmd = Command::new(bin());
     cmd.args(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "1M"]));
     kill_midway(cmd, &c.img, 40);
@@ -302,19 +211,12 @@ fn cryptblk_killed_then_served_converted_and_resumed() {
 
 #[test]
 fn encrypt_refusals_leave_the_image_untouched() {
-    let c = case("refusals", 8 * MIB);
+    let c = case(8 * MIB);
     let before = read(&c.img);
     let out = cryptblk(cb_encrypt(&c, &["--encrypt"]));
     out.expect_code(code::USAGE);
-    assert!(
-        out.stderr.contains("--reduce-device-size"),
-        "{}",
-        out.stderr
-    );
-    let out = cryptblk(cb_encrypt(
-        &c,
-        &["--encrypt", "--reduce-device-size", "256K"],
-    ));
+    assert!(out.stderr.contains("--reduce-device-size"), "{}", out.stderr);
+    let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "256K"]));
     out.expect_code(code::USAGE);
     assert!(out.stderr.contains("from 589824"), "{}", out.stderr);
     let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "8M"]));
@@ -322,29 +224,17 @@ fn encrypt_refusals_leave_the_image_untouched() {
     assert!(out.stderr.contains("too small"), "{}", out.stderr);
     let out = cryptblk(cb_encrypt(&c, &["--resume-only"]));
     assert_ne!(out.code, 0);
-    let out = cryptblk(cb_encrypt(
-        &c,
-        &["--encrypt", "--resume-only", "--reduce-device-size", "1M"],
-    ));
+    let out =
+        cryptblk(cb_encrypt(&c, &["--encrypt", "--resume-only", "--reduce-device-size", "1M"]));
     out.expect_code(code::USAGE);
     assert!(out.stderr.contains("no LUKS header"), "{}", out.stderr);
-    assert!(
-        read(&c.img) == before,
-        "a refused --encrypt changed the image"
-    );
+    assert!(read(&c.img) == before, "a refused --encrypt changed the image");
 
     // An image that is already LUKS is not encrypted again.
     cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "2M"])).ok();
     let done = read(&c.img);
     let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "2M"]));
     out.expect_code(code::USAGE);
-    assert!(
-        out.stderr.contains("already has a LUKS header"),
-        "{}",
-        out.stderr
-    );
-    assert!(
-        read(&c.img) == done,
-        "a refused --encrypt changed the image"
-    );
+    assert!(out.stderr.contains("already has a LUKS header"), "{}", out.stderr);
+    assert!(read(&c.img) == done, "a refused --encrypt changed the image");
 }

@@ -5,114 +5,39 @@
 //! (cryptsetup's volume key + openssl's AES-XTS on sampled sectors).
 mod common;
 
+use common::reencrypt::{self, in_reencryption, kill_midway, signal_midway};
 use common::*;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 /// Plaintext in each image: large enough for hundreds of 64 KiB hotzones, so a kill lands
 /// mid-way.
 const PLAIN: u64 = 32 * MIB;
 
 struct Case {
-    _dir: tempfile::TempDir,
+    _t: TestDir,
     img: std::path::PathBuf,
-    key: std::path::PathBuf,
+    key: Key,
     plain: Vec<u8>,
 }
 
 /// A LUKS2 image (512-byte sectors, aes-xts-plain64 with a 256-bit key, as QEMU makes them)
 /// holding random plaintext, encrypted by cryptsetup itself.
-fn case(name: &str) -> Case {
-    let dir = tempdir();
-    let key = key_file(dir.path(), "key", &passphrase(name));
-    let mut plain = vec![0u8; PLAIN as usize];
-    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut plain);
-    let extra = [
-        CS_CHEAP_PBKDF2,
-        &["--sector-size", "512", "--key-size", "256"],
-    ]
-    .concat();
-    let img = cryptsetup_encrypt_in_place(dir.path(), "img", &plain, &key, &extra);
-    Case {
-        _dir: dir,
-        img,
-        key,
-        plain,
-    }
+fn case() -> Case {
+    let t = TestDir::new();
+    let key = t.key("key");
+    let plain = random_data(PLAIN);
+    let extra = [CS_CHEAP_PBKDF2, &["--sector-size", "512", "--key-size", "256"]].concat();
+    let img = cryptsetup_encrypt_in_place(t.root(), "img", &plain, &key, &extra);
+    Case { _t: t, img, key, plain }
 }
 
 fn cs_reencrypt(c: &Case, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = ["reencrypt", "--force-offline-reencrypt", "--batch-mode"]
-        .iter()
-        .chain(&["--key-file", s(&c.key)])
-        .map(|a| a.to_string())
-        .collect();
-    args.extend(CS_CHEAP_PBKDF2.iter().map(|a| a.to_string()));
-    args.extend(extra.iter().map(|a| a.to_string()));
-    args.push(s(&c.img).to_string());
-    args
+    reencrypt::cryptsetup_args(&c.key, &c.img, extra)
 }
 
 fn cryptblk_reencrypt_args(c: &Case, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = ["reencrypt", "--key-file", s(&c.key)]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
-    args.extend(CHEAP_PBKDF2.iter().map(|a| a.to_string()));
-    args.extend(extra.iter().map(|a| a.to_string()));
-    args.push(s(&c.img).to_string());
-    args
-}
-
-/// The header's seqid (cryptsetup's epoch): every committed hotzone bumps it.
-fn seqid(img: &Path) -> u64 {
-    let head = read_prefix(img, 24);
-    u64::from_be_bytes(head[16..24].try_into().unwrap())
-}
-
-/// Start `cmd`, wait until the header has advanced by `commits` seqids (so the run is well
-/// under way), then SIGKILL it. Panics if it finished first.
-fn kill_midway(cmd: Command, img: &Path, commits: u64) {
-    signal_midway(cmd, img, commits, Duration::ZERO, "KILL");
-}
-
-/// As `kill_midway` with another signal; returns the process's exit code and stderr.
-fn signal_midway(
-    mut cmd: Command,
-    img: &Path,
-    commits: u64,
-    settle: Duration,
-    signal: &str,
-) -> (Option<i32>, String) {
-    let start = seqid(img);
-    let mut child: Child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while seqid(img) < start + commits {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("the run ended ({status}) before it could be killed mid-way");
-        }
-        assert!(Instant::now() < deadline, "no progress in 60 s");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    std::thread::sleep(settle);
-    tool("kill", ["-s", signal, &child.id().to_string()]).ok();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn in_reencryption(img: &Path) -> bool {
-    let out = tool("cryptsetup", ["luksDump", s(img)]);
-    out.ok();
-    out.stdout.contains("online-reencrypt-v2")
+    reencrypt::cryptblk_args(&c.key, &c.img, extra)
 }
 
 /// The result is a plain LUKS2 image with the new layout; cryptblk, cryptsetup and openssl all
@@ -121,16 +46,9 @@ fn check_result(c: &Case, sector: u64, key_bits: usize) {
     assert!(!in_reencryption(&c.img), "reencryption not finished");
     let dump = dump_json(&c.img);
     assert_eq!(dump["sector_size"].as_u64(), Some(sector), "{dump}");
-    assert!(
-        cryptsetup_accepts(&c.img, &c.key),
-        "cryptsetup refuses the passphrase"
-    );
+    assert!(cryptsetup_accepts(&c.img, &c.key), "cryptsetup refuses the passphrase");
     let out = cryptblk_decrypt(&c.img, &c.key, &c.img.with_extension("raw"));
-    assert_same_bytes(
-        &out[..PLAIN as usize],
-        &c.plain,
-        "cryptblk's decryption after reencryption",
-    );
+    assert_same_bytes(&out[..PLAIN as usize], &c.plain, "cryptblk's decryption after reencryption");
     independent_check(c, sector, key_bits);
 }
 
@@ -149,18 +67,12 @@ const NEW_LAYOUT: &[&str] = &["--sector-size", "4096", "--key-size", "512"];
 const CRYPTSETUP: &str = "cryptsetup";
 
 fn cs_init_cryptblk_finishes(cs: &str, resilience: &str) {
-    let c = case(&format!("cs-init-{resilience}"));
-    let args = cs_reencrypt(
-        &c,
-        &[&["--init-only", "--resilience", resilience], NEW_LAYOUT].concat(),
-    );
+    let c = case();
+    let args =
+        cs_reencrypt(&c, &[&["--init-only", "--resilience", resilience], NEW_LAYOUT].concat());
     tool(cs, &args).ok();
     assert!(in_reencryption(&c.img));
-    cryptblk(cryptblk_reencrypt_args(
-        &c,
-        &["--resume-only", "--hotzone-size", "1M"],
-    ))
-    .ok();
+    cryptblk(cryptblk_reencrypt_args(&c, &["--resume-only", "--hotzone-size", "1M"])).ok();
     check_result(&c, 4096, 512);
 }
 
@@ -200,26 +112,16 @@ fn cryptsetup_killed_cryptblk_resumes_journal() {
 }
 
 fn cs_killed_cryptblk_resumes(cs: &str, resilience: &str) {
-    let c = case(&format!("cs-killed-{resilience}"));
+    let c = case();
     let args = cs_reencrypt(
         &c,
-        &[
-            &["--hotzone-size", "64K", "--resilience", resilience],
-            NEW_LAYOUT,
-        ]
-        .concat(),
+        &[&["--hotzone-size", "64K", "--resilience", resilience], NEW_LAYOUT].concat(),
     );
     let mut cmd = Command::new(cryptblk_testutil::tool(cs));
     cmd.args(&args);
     kill_midway(cmd, &c.img, 40);
-    assert!(
-        in_reencryption(&c.img),
-        "cryptsetup finished before the kill"
-    );
-    let out = cryptblk(cryptblk_reencrypt_args(
-        &c,
-        &["--resume-only", "--progress=json"],
-    ));
+    assert!(in_reencryption(&c.img), "cryptsetup finished before the kill");
+    let out = cryptblk(cryptblk_reencrypt_args(&c, &["--resume-only", "--progress=json"]));
     out.ok();
     assert!(out.stderr.contains("\"event\":\"done\""), "{}", out.stderr);
     check_result(&c, 4096, 512);
@@ -241,60 +143,37 @@ fn cryptblk_killed_cryptsetup_resumes_journal() {
 }
 
 fn cb_killed_cryptsetup_resumes(cs: &str, resilience: &str) {
-    let c = case(&format!("cb-killed-{resilience}"));
+    let c = case();
     let mut cmd = Command::new(bin());
     cmd.args(cryptblk_reencrypt_args(
         &c,
-        &[
-            &["--hotzone-size", "64K", "--resilience", resilience],
-            NEW_LAYOUT,
-        ]
-        .concat(),
+        &[&["--hotzone-size", "64K", "--resilience", resilience], NEW_LAYOUT].concat(),
     ));
     kill_midway(cmd, &c.img, 40);
     assert!(in_reencryption(&c.img), "cryptblk finished before the kill");
     // After a crash cryptsetup wants `repair` (its hotzone recovery) before resuming.
-    tool(
-        cs,
-        ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)],
-    )
-    .ok();
+    tool(cs, ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)]).ok();
     tool(cs, cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, 4096, 512);
 }
 
 #[test]
 fn cryptblk_killed_cryptblk_resumes() {
-    let c = case("cb-killed-cb");
+    let c = case();
     let mut cmd = Command::new(bin());
-    cmd.args(cryptblk_reencrypt_args(
-        &c,
-        &[&["--hotzone-size", "64K"], NEW_LAYOUT].concat(),
-    ));
+    cmd.args(cryptblk_reencrypt_args(&c, &[&["--hotzone-size", "64K"], NEW_LAYOUT].concat()));
     kill_midway(cmd, &c.img, 40);
     assert!(in_reencryption(&c.img));
     // `convert` reads the half-done image through both segments, or, when the kill
     // interrupted a hotzone (recovery writes, and convert opens read-only), refuses it
     // naming the way out.
     let converted = c.img.with_extension("x");
-    let out = cryptblk(argv!(
-        "convert -O raw --source-key-file {} {} {}",
-        c.key,
-        c.img,
-        converted
-    ));
+    let out = cryptblk(argv!("convert -O raw --source-key-file {} {} {}", c.key, c.img, converted));
     if out.code == 0 {
-        assert_same_bytes(
-            &read(&converted)[..PLAIN as usize],
-            &c.plain,
-            "convert of the half-done image",
-        );
+        let what = "convert of the half-done image";
+        assert_same_bytes(&read(&converted)[..PLAIN as usize], &c.plain, what);
     } else {
-        assert!(
-            out.stderr.contains("reencrypt --resume-only"),
-            "{}",
-            out.stderr
-        );
+        assert!(out.stderr.contains("reencrypt --resume-only"), "{}", out.stderr);
     }
     cryptblk(cryptblk_reencrypt_args(&c, &["--resume-only"])).ok();
     check_result(&c, 4096, 512);
@@ -303,26 +182,17 @@ fn cryptblk_killed_cryptblk_resumes() {
 /// SIGTERM stops after the current hotzone with the state saved (with `none` too, where the
 /// boundary is otherwise only written at the end).
 fn sigterm_case(resilience: &str, commits: u64, settle: Duration) {
-    let c = case(&format!("cb-term-{resilience}"));
+    let c = case();
     let mut cmd = Command::new(bin());
     cmd.args(cryptblk_reencrypt_args(
         &c,
-        &[
-            &["--hotzone-size", "64K", "--resilience", resilience],
-            NEW_LAYOUT,
-        ]
-        .concat(),
+        &[&["--hotzone-size", "64K", "--resilience", resilience], NEW_LAYOUT].concat(),
     ));
     let (code, stderr) = signal_midway(cmd, &c.img, commits, settle, "TERM");
     assert_eq!(code, Some(code::OTHER), "{stderr}");
-    assert!(
-        stderr.contains("interrupted") && stderr.contains("--resume-only"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("interrupted") && stderr.contains("--resume-only"), "{stderr}");
     // Stopped cleanly: no hotzone is left flagged, so cryptsetup resumes without repair.
-    assert!(!tool("cryptsetup", ["luksDump", s(&c.img)])
-        .stdout
-        .contains("in-reencryption"));
+    assert!(!tool("cryptsetup", ["luksDump", s(&c.img)]).stdout.contains("in-reencryption"));
     tool("cryptsetup", cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, 4096, 512);
 }
@@ -341,7 +211,7 @@ fn sigterm_stops_after_the_hotzone_none() {
 
 #[test]
 fn cryptblk_reencrypts_cryptsetup_reads_checksum() {
-    let c = case("cb-full-checksum");
+    let c = case();
     cryptblk(cryptblk_reencrypt_args(&c, &[NEW_LAYOUT, &["-p"]].concat())).ok();
     check_result(&c, 4096, 512);
     // One keyslot left: the old key is gone.
@@ -351,19 +221,15 @@ fn cryptblk_reencrypts_cryptsetup_reads_checksum() {
 
 #[test]
 fn cryptblk_reencrypts_cryptsetup_reads_none_same_layout() {
-    let c = case("cb-full-none");
+    let c = case();
     cryptblk(cryptblk_reencrypt_args(&c, &["--resilience", "none"])).ok();
     check_result(&c, 512, 256);
 }
 
 #[test]
 fn cryptblk_init_only_cryptsetup_finishes() {
-    let c = case("cb-init");
-    cryptblk(cryptblk_reencrypt_args(
-        &c,
-        &[&["--init-only"], NEW_LAYOUT].concat(),
-    ))
-    .ok();
+    let c = case();
+    cryptblk(cryptblk_reencrypt_args(&c, &[&["--init-only"], NEW_LAYOUT].concat())).ok();
     assert!(in_reencryption(&c.img));
     tool("cryptsetup", cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, 4096, 512);
@@ -371,18 +237,12 @@ fn cryptblk_init_only_cryptsetup_finishes() {
 
 #[test]
 fn refusals_leave_the_image_untouched() {
-    let c = case("refusals");
+    let c = case();
     let before = read(&c.img);
-    cryptblk(cryptblk_reencrypt_args(
-        &c,
-        &["--encrypt", "--reduce-device-size", "16M"],
-    ))
-    .expect_code(code::USAGE);
-    cryptblk(cryptblk_reencrypt_args(
-        &c,
-        &["--reduce-device-size", "16M"],
-    ))
-    .expect_code(code::UNSUPPORTED);
+    cryptblk(cryptblk_reencrypt_args(&c, &["--encrypt", "--reduce-device-size", "16M"]))
+        .expect_code(code::USAGE);
+    cryptblk(cryptblk_reencrypt_args(&c, &["--reduce-device-size", "16M"]))
+        .expect_code(code::UNSUPPORTED);
     cryptblk(cryptblk_reencrypt_args(&c, &["--resilience", "datashift"]))
         .expect_code(code::UNSUPPORTED);
     cryptblk(cryptblk_reencrypt_args(&c, &["--resume-only"])).expect_code(code::USAGE);
@@ -390,36 +250,24 @@ fn refusals_leave_the_image_untouched() {
     let mut args = cryptblk_reencrypt_args(&c, &[]);
     args[2] = s(&wrong).to_string();
     cryptblk(args).expect_code(code::WRONG_PASSPHRASE);
-    assert!(
-        read(&c.img) == before,
-        "a refused reencryption changed the image"
-    );
+    assert!(read(&c.img) == before, "a refused reencryption changed the image");
 }
 
 /// With two passphrases, one must be named: it is the one kept (cryptsetup's --key-slot).
 #[test]
 fn several_keyslots_need_key_slot() {
-    let c = case("two-slots");
+    let c = case();
     let other = key_file(c.img.parent().unwrap(), "other", "second passphrase");
-    tool(
-        "cryptsetup",
-        argv!("luksAddKey --batch-mode --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file {} {} {}", c.key, c.img, other),
-    )
-    .ok();
+    cryptsetup_cheap(argv!("luksAddKey --batch-mode --key-file {} {} {}", c.key, c.img, other))
+        .ok();
     let before = read(&c.img);
     let out = cryptblk(cryptblk_reencrypt_args(&c, &[]));
     out.expect_code(code::USAGE);
     assert!(out.stderr.contains("--key-slot"), "{}", out.stderr);
-    assert!(
-        read(&c.img) == before,
-        "a refused reencryption changed the image"
-    );
+    assert!(read(&c.img) == before, "a refused reencryption changed the image");
     cryptblk(cryptblk_reencrypt_args(&c, &["--key-slot", "0"])).ok();
     check_result(&c, 512, 256);
     let dump = tool("cryptsetup", ["luksDump", s(&c.img)]);
     assert_eq!(dump.stdout.matches(": luks2").count(), 1, "{}", dump.stdout);
-    assert!(
-        !cryptsetup_accepts(&c.img, &other),
-        "the other passphrase survived"
-    );
+    assert!(!cryptsetup_accepts(&c.img, &other), "the other passphrase survived");
 }

@@ -5,7 +5,7 @@
 //! queues are idle.
 mod common;
 
-use common::frontend::{Desc, Guest, S_OK, VIRTIO_BLK_T_OUT};
+use common::frontend::{Guest, S_OK};
 use common::*;
 use std::time::{Duration, Instant};
 
@@ -84,24 +84,7 @@ fn busy_vhost_queues_share_one_budget_and_give_it_back() {
         let mut mine = Vec::new();
         for r in 0..REQUESTS {
             let sector = ((r % 8) * SEGS * SEG as usize / 512) as u64;
-            let mut descs = vec![Desc {
-                addr: guest.header(0, VIRTIO_BLK_T_OUT, sector),
-                len: 16,
-                write: false,
-            }];
-            descs.extend((0..SEGS).map(|_| Desc {
-                addr: data,
-                len: SEG,
-                write: false,
-            }));
-            let status = guest.status_buf(0);
-            descs.push(Desc {
-                addr: status,
-                len: 1,
-                write: true,
-            });
-            guest.publish_indirect(0, &descs);
-            mine.push(status);
+            mine.push(guest.publish_aliased_write(0, sector, data, SEGS, SEG));
         }
         statuses.push(mine);
     }
@@ -170,9 +153,7 @@ fn nbd_connections_wait_for_the_budget_and_all_writes_succeed() {
                     while sent < WRITES && sent - answered < WINDOW {
                         // Each connection its own 16 MiB of the 64 MiB disk, written over.
                         let offset = ((c % 4) * LEN) as u64;
-                        client
-                            .send_write(sent as u64 + 1, offset, &data, false)
-                            .unwrap();
+                        client.send_write(sent as u64 + 1, offset, &data, false).unwrap();
                         sent += 1;
                     }
                     let (handle, error, _) = client.recv_reply().unwrap();

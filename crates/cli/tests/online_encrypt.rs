@@ -25,15 +25,19 @@ fn raw_disk() -> OnlineDisk {
 
 /// `reencrypt-start --encrypt` at `bandwidth` bytes/s (or the continuation of one).
 fn start(daemon: &Daemon, disk: &OnlineDisk, bandwidth: &str) -> Value {
-    let mut args = vec!["reencrypt-start", "vol", "--encrypt", "--key-file"];
-    args.extend([s(&disk.key), "--reduce-device-size", REDUCE]);
-    args.extend_from_slice(CTL_CHEAP_KDF);
-    args.extend(["--max-bandwidth", bandwidth]);
+    let mut args = encrypt_args(disk);
+    args.extend(["--max-bandwidth", bandwidth].map(Into::into));
     daemon.ctl_ok(&args)
 }
 
+/// `reencrypt-start vol --encrypt --key-file KEY --reduce-device-size REDUCE`, cheap keyslot.
+fn encrypt_args(disk: &OnlineDisk) -> Vec<std::ffi::OsString> {
+    let start = "reencrypt-start vol --encrypt --key-file {} --reduce-device-size {}";
+    argv!(start, disk.key, REDUCE; CTL_CHEAP_KDF)
+}
+
 fn luks_dump(disk: &OnlineDisk) -> String {
-    let out = tool("cryptsetup", ["luksDump", s(&disk.img)]);
+    let out = cryptsetup(argv!("luksDump {}", disk.img));
     out.ok();
     out.stdout
 }
@@ -73,9 +77,7 @@ fn boundary(st: &Value) -> u64 {
 fn killed_mid_encryption(done: u64) -> (OnlineDisk, Model) {
     let disk = raw_disk();
     let mut daemon = disk.serve().start();
-    let mut c = daemon.nbd("vol");
-    let mut model = Model::new(SIZE, 41, &[SHIFT, 0]);
-    model.fill(&mut c);
+    let (mut c, mut model) = Model::filled(&daemon, SIZE, 41, &[SHIFT, 0]);
     start(&daemon, &disk, "2M");
     let st = daemon.wait_reencrypt("vol", "encrypted bytes", |st| done_bytes(st) >= done);
     model.round(&mut c, boundary(&st));
@@ -89,9 +91,7 @@ fn killed_mid_encryption(done: u64) -> (OnlineDisk, Model) {
 fn raw_disk_encrypted_in_place_while_read_and_written() {
     let disk = raw_disk();
     let mut daemon = disk.serve().start();
-    let mut c = daemon.nbd("vol");
-    let mut model = Model::new(SIZE, 41, &[SHIFT, 0]);
-    model.fill(&mut c);
+    let (mut c, mut model) = Model::filled(&daemon, SIZE, 41, &[SHIFT, 0]);
     assert_eq!(status(&daemon)["phase"], "idle");
 
     let st = start(&daemon, &disk, "8M");
@@ -104,10 +104,7 @@ fn raw_disk_encrypted_in_place_while_read_and_written() {
     assert_eq!(read_prefix(&disk.img, 6), b"LUKS\xba\xbe");
     assert_eq!(len(&disk), SIZE + 2 * SHIFT);
     let rounds = io_until_finished(&daemon, &mut c, &mut model, boundary);
-    assert!(
-        rounds >= 3,
-        "the I/O did not overlap the encryption ({rounds} rounds)"
-    );
+    assert!(rounds >= 3, "the I/O did not overlap the encryption ({rounds} rounds)");
     model.check_all(&mut c, "after the encryption");
     assert_eq!(done_bytes(&status(&daemon)), SIZE);
     // A new client sees the size the first one saw.
@@ -142,15 +139,12 @@ fn daemon_killed_mid_encryption_serves_on_restart_and_cryptblk_finishes() {
     model.round(&mut c, boundary(&st));
     c.flush().unwrap();
     // A migration cannot copy a disk whose data is moving.
-    let out = daemon.ctl(&["migrate-start", "vol", "--to", "tcp:127.0.0.1:9"]);
-    out.expect_code(code::IN_USE);
-    out.error_line(&["mid-encryption"]);
+    let migrate = argv!("migrate-start vol --to tcp:127.0.0.1:9");
+    daemon.ctl(&migrate).expect_code(code::IN_USE).error_line(&["mid-encryption"]);
 
     // Continued (with `--encrypt` or without: the header says what runs), to the end.
-    let st = daemon.ctl_ok(&argv!(
-        "reencrypt-start vol --key-file {} --max-bandwidth 16M",
-        disk.key
-    ));
+    let st =
+        daemon.ctl_ok(&argv!("reencrypt-start vol --key-file {} --max-bandwidth 16M", disk.key));
     assert_eq!(st["mode"], "encrypt", "{st}");
     io_until_finished(&daemon, &mut c, &mut model, boundary);
     model.check_all(&mut c, "after the encryption");
@@ -170,15 +164,8 @@ fn daemon_killed_mid_encryption_cryptsetup_finishes() {
     model.check_all(&mut c, "after the restart");
     drop(c);
     assert_eq!(daemon.terminate(), 0);
-    tool(
-        "cryptsetup",
-        argv!(
-            "reencrypt --resume-only --force-offline-reencrypt --batch-mode --key-file {} {}",
-            disk.key,
-            disk.img
-        ),
-    )
-    .ok();
+    let resume = "reencrypt --resume-only --force-offline-reencrypt --batch-mode --key-file {} {}";
+    cryptsetup(argv!(resume, disk.key, disk.img)).ok();
     // cryptsetup ends its encryptions with a segment to the image's end: the disk's bytes,
     // then the wiped copy of its first part (what cryptsetup does with its own).
     let dump = luks_dump(&disk);
@@ -197,35 +184,21 @@ fn daemon_killed_mid_encryption_cryptsetup_finishes() {
 fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
     let disk = raw_disk();
     let mut daemon = disk.serve().start();
-    let mut c = daemon.nbd("vol");
-    let mut model = Model::new(SIZE, 41, &[SHIFT, 0]);
-    model.fill(&mut c);
+    let (mut c, model) = Model::filled(&daemon, SIZE, 41, &[SHIFT, 0]);
     let key = s(&disk.key);
     let refused = |args: &[std::ffi::OsString], code: i32, needles: &[&str]| {
-        let out = daemon.ctl(args);
-        out.expect_code(code);
-        out.error_line(needles);
+        daemon.ctl(args).expect_code(code).error_line(needles);
     };
     // Without --encrypt there is no key to replace.
-    refused(
-        &argv!("reencrypt-start vol --key-file {}", key),
-        code::OTHER,
-        &["raw", "--encrypt"],
-    );
+    refused(&argv!("reencrypt-start vol --key-file {}", key), code::OTHER, &["raw", "--encrypt"]);
     // The data shift is the resilience; a header area too small for one keyslot.
     refused(
-        &argv!(
-            "reencrypt-start vol --encrypt --key-file {} --resilience checksum",
-            key
-        ),
+        &argv!("reencrypt-start vol --encrypt --key-file {} --resilience checksum", key),
         code::USAGE,
         &["data shift", "resilience"],
     );
     refused(
-        &argv!(
-            "reencrypt-start vol --encrypt --key-file {} --reduce-device-size 64K",
-            key
-        ),
+        &argv!("reencrypt-start vol --encrypt --key-file {} --reduce-device-size 64K", key),
         code::USAGE,
         &["reduce-device-size", "32M"],
     );
@@ -255,13 +228,7 @@ fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
     // An ordinary LUKS2 disk now, in the same daemon: a second passphrase, --encrypt
     // refused, a resize (the header's segment and the image), a migration not busy.
     let second = disk.t.key("second");
-    daemon
-        .ctl(&argv!(
-            "key-add vol --key-file {} --new-key-file {}",
-            key,
-            second
-        ))
-        .ok();
+    daemon.ctl(&argv!("key-add vol --key-file {} --new-key-file {}", key, second)).ok();
     refused(
         &argv!("reencrypt-start vol --encrypt --key-file {}", key),
         code::OTHER,
@@ -273,9 +240,7 @@ fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
     let mut c = daemon.nbd("vol");
     assert_eq!(c.export.size, SIZE + MIB);
     model.check_all(&mut c, "after the resize");
-    let out = daemon.ctl(&argv!(
-        "migrate-start vol --to tcp:127.0.0.1:9 --connect-timeout 200"
-    ));
+    let out = daemon.ctl(&argv!("migrate-start vol --to tcp:127.0.0.1:9 --connect-timeout 200"));
     assert_ne!(out.code, code::IN_USE, "{out:?}");
     drop(c);
     assert_eq!(daemon.terminate(), 0);
@@ -290,15 +255,9 @@ fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
 fn an_image_that_cannot_grow_is_not_encrypted_and_serves_on() {
     let disk = raw_disk();
     let mut daemon = disk.serve().file_size_limit(SIZE + MIB).start();
-    let mut c = daemon.nbd("vol");
-    let mut model = Model::new(SIZE, 43, &[]);
-    model.fill(&mut c);
-    let mut args = vec!["reencrypt-start", "vol", "--encrypt", "--key-file"];
-    args.extend([s(&disk.key), "--reduce-device-size", REDUCE]);
-    args.extend_from_slice(CTL_CHEAP_KDF);
-    let out = daemon.ctl(&args);
-    out.expect_code(code::IO);
-    out.error_line(&["growing", "File too large"]);
+    let (mut c, mut model) = Model::filled(&daemon, SIZE, 43, &[]);
+    let start = encrypt_args(&disk);
+    daemon.ctl(&start).expect_code(code::IO).error_line(&["growing", "File too large"]);
     assert_eq!(len(&disk), SIZE, "the image changed size");
     assert!(read_prefix(&disk.img, 6) != b"LUKS\xba\xbe");
     assert_eq!(status(&daemon)["phase"], "idle");
@@ -313,12 +272,8 @@ fn an_image_that_cannot_grow_is_not_encrypted_and_serves_on() {
 fn a_read_only_raw_disk_is_not_encrypted() {
     let disk = raw_disk();
     let mut daemon = disk.serve().arg("--readonly").start();
-    let out = daemon.ctl(&argv!(
-        "reencrypt-start vol --encrypt --key-file {}",
-        disk.key
-    ));
-    out.expect_code(code::USAGE);
-    out.error_line(&["read-only"]);
+    let start = argv!("reencrypt-start vol --encrypt --key-file {}", disk.key);
+    daemon.ctl(&start).expect_code(code::USAGE).error_line(&["read-only"]);
     assert_eq!(len(&disk), SIZE);
     assert_eq!(daemon.terminate(), 0);
 }

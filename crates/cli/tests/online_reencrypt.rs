@@ -38,17 +38,12 @@ fn serve(disk: &OnlineDisk) -> Serve {
 
 /// `reencrypt-start` to 4096-byte sectors and a 512-bit key at `bandwidth` bytes/s.
 fn start(daemon: &Daemon, disk: &OnlineDisk, bandwidth: &str) -> Value {
-    let mut args = vec!["reencrypt-start", "vol", "--key-file", s(&disk.key)];
-    args.extend(["--sector-size", "4096", "--key-size", "512"]);
-    args.extend_from_slice(CTL_CHEAP_KDF);
-    args.extend(["--max-bandwidth", bandwidth]);
-    daemon.ctl_ok(&args)
+    let start = "reencrypt-start vol --key-file {} --sector-size 4096 --key-size 512";
+    daemon.ctl_ok(&argv!(start, disk.key; CTL_CHEAP_KDF, ["--max-bandwidth", bandwidth]))
 }
 
 fn in_reencryption(disk: &OnlineDisk) -> bool {
-    let out = tool("cryptsetup", ["luksDump", s(&disk.img)]);
-    out.ok();
-    out.stdout.contains("online-reencrypt-v2")
+    common::reencrypt::in_reencryption(&disk.img)
 }
 
 /// The image is plain LUKS2 again, with the new layout and a new volume key, opened by
@@ -70,19 +65,14 @@ fn volume_key_rotated_while_the_disk_is_read_and_written() {
     let disk = luks2_disk();
     let old_key = xts::cryptsetup_volume_key(&disk.img, &disk.key);
     let mut daemon = serve(&disk).start();
-    let mut c = daemon.nbd("vol");
-    let mut model = Model::new(SIZE, 23, &[]);
-    model.fill(&mut c);
+    let (mut c, mut model) = Model::filled(&daemon, SIZE, 23, &[]);
     assert_eq!(status(&daemon)["phase"], "idle");
 
     let st = start(&daemon, &disk, "8M");
     assert_eq!(st["phase"], "running", "{st}");
     assert_eq!(st["resilience"], "checksum", "{st}");
     let rounds = io_until_finished(&daemon, &mut c, &mut model, done_bytes);
-    assert!(
-        rounds >= 3,
-        "the I/O did not overlap the reencryption ({rounds} rounds)"
-    );
+    assert!(rounds >= 3, "the I/O did not overlap the reencryption ({rounds} rounds)");
     model.check_all(&mut c, "after the reencryption");
     let st = status(&daemon);
     assert_eq!(done_bytes(&st), SIZE, "{st}");
@@ -96,9 +86,7 @@ fn daemon_killed_mid_reencryption_serves_on_restart_and_either_tool_finishes() {
     let disk = luks2_disk();
     let old_key = xts::cryptsetup_volume_key(&disk.img, &disk.key);
     let mut daemon = serve(&disk).start();
-    let mut c = daemon.nbd("vol");
-    let mut model = Model::new(SIZE, 23, &[]);
-    model.fill(&mut c);
+    let (mut c, mut model) = Model::filled(&daemon, SIZE, 23, &[]);
     start(&daemon, &disk, "2M");
     let st = daemon.wait_reencrypt("vol", "4 MiB done", |st| done_bytes(st) >= 4 * MIB);
     model.round(&mut c, done_bytes(&st));
@@ -131,16 +119,8 @@ fn daemon_killed_mid_reencryption_serves_on_restart_and_either_tool_finishes() {
     drop(c);
     assert_eq!(daemon.terminate(), 0);
     assert!(in_reencryption(&disk));
-    let mut args = vec![
-        "reencrypt",
-        "--resume-only",
-        "--force-offline-reencrypt",
-        "--batch-mode",
-        "--key-file",
-        s(&disk.key),
-    ];
-    args.push(s(&disk.img));
-    tool("cryptsetup", &args).ok();
+    let resume = "reencrypt --resume-only --force-offline-reencrypt --batch-mode --key-file {} {}";
+    cryptsetup(argv!(resume, disk.key, disk.img)).ok();
     check_final(&disk, &model.data, &old_key);
 }
 
@@ -151,16 +131,14 @@ fn paused_reencryption_resumes_and_refuses_migration_while_it_runs() {
     // The `threads` engine runs each request's crypto on the thread that transfers it: the
     // segment a request was routed to must reach that thread too.
     let mut daemon = serve(&disk).args(&["--aio", "threads"]).start();
-    let mut c = daemon.nbd("vol");
-    let mut model = Model::new(SIZE, 23, &[]);
-    model.fill(&mut c);
+    let (mut c, mut model) = Model::filled(&daemon, SIZE, 23, &[]);
     // A wrong passphrase is refused at once and leaves the header alone.
     // (cryptsetup cannot look while the daemon holds the image's lock: its header's seqid
     // shows that nothing was committed.)
     let wrong = disk.t.key("wrong");
     let seqid = read_prefix(&disk.img, 24);
     daemon
-        .ctl(&["reencrypt-start", "vol", "--key-file", s(&wrong)])
+        .ctl(&argv!("reencrypt-start vol --key-file {}", wrong))
         .expect_code(code::WRONG_PASSPHRASE);
     assert_eq!(read_prefix(&disk.img, 24), seqid, "the header changed");
     assert_eq!(status(&daemon)["phase"], "idle");
@@ -168,19 +146,15 @@ fn paused_reencryption_resumes_and_refuses_migration_while_it_runs() {
 
     // While it runs: a migration, a second start and a keyslot change are busy at once.
     let t = Instant::now();
-    let out = daemon.ctl(&["migrate-start", "vol", "--to", "tcp:127.0.0.1:9"]);
-    out.expect_code(code::IN_USE);
-    out.error_line(&["re-encrypted"]);
+    daemon
+        .ctl(&argv!("migrate-start vol --to tcp:127.0.0.1:9"))
+        .expect_code(code::IN_USE)
+        .error_line(&["re-encrypted"]);
     assert!(t.elapsed() < Duration::from_secs(5), "refused late");
-    let again = daemon.ctl(&["reencrypt-start", "vol", "--key-file", s(&disk.key)]);
-    again.expect_code(code::IN_USE);
+    daemon.ctl(&argv!("reencrypt-start vol --key-file {}", disk.key)).expect_code(code::IN_USE);
     let new_key = disk.t.key("new");
-    let add = daemon.ctl(&argv!(
-        "key-add vol --key-file {} --new-key-file {}",
-        disk.key,
-        new_key
-    ));
-    add.expect_code(code::IN_USE);
+    let add = argv!("key-add vol --key-file {} --new-key-file {}", disk.key, new_key);
+    daemon.ctl(&add).expect_code(code::IN_USE);
 
     // Paused: the boundary stays, the data reads back, and the start continues it.
     let st = daemon.ctl_ok(&["reencrypt-pause", "vol"]);
@@ -194,9 +168,7 @@ fn paused_reencryption_resumes_and_refuses_migration_while_it_runs() {
     daemon.wait_reencrypt("vol", "the end", |st| st["phase"] == "finished");
     model.check_all(&mut c, "after the reencryption");
     // Once finished, a migration is no longer refused as busy (it fails to connect instead).
-    let out = daemon.ctl(&argv!(
-        "migrate-start vol --to tcp:127.0.0.1:9 --connect-timeout 200"
-    ));
+    let out = daemon.ctl(&argv!("migrate-start vol --to tcp:127.0.0.1:9 --connect-timeout 200"));
     assert_ne!(out.code, code::IN_USE, "{out:?}");
     drop(c);
     assert_eq!(daemon.terminate(), 0);
@@ -208,20 +180,13 @@ fn served_qemu_luks1_disk_gets_a_luks2_header_then_a_new_key() {
     let disk = qemu_luks1_disk();
     let old_key = xts::cryptsetup_volume_key(&disk.img, &disk.key);
     let mut daemon = serve(&disk).start();
-    let mut c = daemon.nbd("vol");
-    let mut model = Model::new(SIZE, 23, &[]);
-    model.fill(&mut c);
+    let (mut c, mut model) = Model::filled(&daemon, SIZE, 23, &[]);
 
     // A wrong passphrase is refused before the header changes.
     let wrong = disk.t.key("wrong");
-    let out = daemon.ctl(&["reencrypt-start", "vol", "--key-file", s(&wrong)]);
-    out.expect_code(2);
+    daemon.ctl(&argv!("reencrypt-start vol --key-file {}", wrong)).expect_code(2);
     let dump = tool("cryptsetup", ["luksDump", s(&disk.img)]);
-    assert!(
-        dump.stdout.contains("Version:       \t1"),
-        "{}",
-        dump.stdout
-    );
+    assert!(dump.stdout.contains("Version:       \t1"), "{}", dump.stdout);
 
     let st = start(&daemon, &disk, "16M");
     assert_eq!(st["phase"], "running", "{st}");

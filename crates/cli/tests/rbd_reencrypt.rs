@@ -10,10 +10,7 @@ use cryptblk_testutil::ceph;
 
 /// qemu-io's arguments for `image` through librbd: decrypted by librbd with `key`, or raw.
 fn librbd(cluster: &ceph::Cluster, image: &str, key: Option<&std::path::Path>) -> Vec<String> {
-    let mut opts = format!(
-        "driver=rbd,pool=rbd,image={image},conf={}",
-        cluster.conf.display()
-    );
+    let mut opts = format!("driver=rbd,pool=rbd,image={image},conf={}", cluster.conf.display());
     let mut args = Vec::new();
     if let Some(key) = key {
         args.push("--object".to_string());
@@ -90,11 +87,7 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
     let decrypted = librbd(&cluster, "plain", Some(&key));
     let info = tool("qemu-img", [&["info".to_string()][..], &decrypted].concat());
     info.ok();
-    assert!(
-        info.stdout.contains("virtual size: 20 MiB"),
-        "{}",
-        info.stdout
-    );
+    assert!(info.stdout.contains("virtual size: 20 MiB"), "{}", info.stdout);
     qemu_io_cmds(&decrypted, &["read -P 0x71 0 1M", "read -P 0x17 15M 1M"]);
 
     // A plaintext RBD image served over NBD, encrypted while a client writes it: the disk
@@ -108,17 +101,8 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
     c.write(0, &pattern(0x61), false).unwrap();
     c.write(23 * MIB, &pattern(0x62), false).unwrap();
     c.flush().unwrap();
-    let mut start = vec![
-        "reencrypt-start",
-        "online",
-        "--encrypt",
-        "--key-file",
-        s(&key),
-    ];
-    start.extend(["--reduce-device-size", "8M"]);
-    start.extend_from_slice(CTL_CHEAP_KDF);
-    start.extend(["--max-bandwidth", "8M"]);
-    let st = daemon.ctl_ok(&start);
+    let start = "reencrypt-start online --encrypt --key-file {} --reduce-device-size 8M";
+    let st = daemon.ctl_ok(&argv!(start, key; CTL_CHEAP_KDF, ["--max-bandwidth", "8M"]));
     assert_eq!(st["mode"], "encrypt", "{st}");
     // Written while it runs, on both sides of wherever the boundary is.
     c.write(12 * MIB, &pattern(0x63), false).unwrap();
@@ -126,10 +110,7 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
     c.flush().unwrap();
     daemon.wait_reencrypt("online", "the end", |st| st["phase"] == "finished");
     for (at, byte) in [(0, 0x61), (MIB, 0x64), (12 * MIB, 0x63), (23 * MIB, 0x62)] {
-        assert!(
-            c.read(at, MIB as u32).unwrap() == pattern(byte),
-            "{byte:#x} at {at}"
-        );
+        assert!(c.read(at, MIB as u32).unwrap() == pattern(byte), "{byte:#x} at {at}");
     }
     drop(c);
     assert_eq!(daemon.terminate(), 0);
@@ -137,19 +118,10 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
     let decrypted = librbd(&cluster, "online", Some(&key));
     let info = tool("qemu-img", [&["info".to_string()][..], &decrypted].concat());
     info.ok();
-    assert!(
-        info.stdout.contains("virtual size: 24 MiB"),
-        "{}",
-        info.stdout
-    );
+    assert!(info.stdout.contains("virtual size: 24 MiB"), "{}", info.stdout);
     qemu_io_cmds(
         &decrypted,
-        &[
-            "read -P 0x61 0 1M",
-            "read -P 0x64 1M 1M",
-            "read -P 0x63 12M 1M",
-            "read -P 0x62 23M 1M",
-        ],
+        &["read -P 0x61 0 1M", "read -P 0x64 1M 1M", "read -P 0x63 12M 1M", "read -P 0x62 23M 1M"],
     );
     // Attached again with its passphrase, it is an ordinary LUKS2 disk of the same size.
     daemon.restart_with(|serve| serve.key(&key));

@@ -86,6 +86,14 @@ impl Model {
         self.data[offset as usize..offset as usize + len].copy_from_slice(&buf);
     }
 
+    /// A new client of disk "vol" on `daemon` that fills it with random data, and the model of
+    /// what it wrote.
+    pub fn filled(daemon: &Daemon, size: u64, seed: u64, also: &[u64]) -> (NbdClient, Model) {
+        let (mut c, mut model) = (daemon.nbd("vol"), Model::new(size, seed, also));
+        model.fill(&mut c);
+        (c, model)
+    }
+
     pub fn fill(&mut self, c: &mut NbdClient) {
         for off in (0..self.size()).step_by(MIB as usize) {
             self.write(c, off, MIB as usize);

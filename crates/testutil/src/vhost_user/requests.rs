@@ -199,6 +199,30 @@ impl Guest {
         self.status(status)
     }
 
+    /// Publishes (without a kick) a write at `sector` of `segments` data segments of `len`
+    /// bytes, every one the same guest memory at `data` (aliased descriptors in an indirect
+    /// table): the largest request a guest may send from the least of its memory. Returns the
+    /// address of its status byte.
+    pub fn publish_aliased_write(
+        &mut self,
+        q: usize,
+        sector: u64,
+        data: GuestAddress,
+        segments: usize,
+        len: u32,
+    ) -> GuestAddress {
+        let mut descs = vec![self.header_desc(q, VIRTIO_BLK_T_OUT, sector)];
+        descs.extend((0..segments).map(|_| Desc {
+            addr: data,
+            len,
+            write: false,
+        }));
+        let status = self.status_buf(q);
+        descs.push(status_desc(status));
+        self.publish_indirect(q, &descs);
+        status
+    }
+
     fn header_desc(&mut self, q: usize, kind: u32, sector: u64) -> Desc {
         Desc {
             addr: self.header(q, kind, sector),
