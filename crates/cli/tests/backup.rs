@@ -65,7 +65,17 @@ impl Source {
         // probe's connection still held there makes it close ours ("QMP connection closed").
         qsd.wait_for_socket(&nbd_socket);
         let qmp = Qmp::connect(&qmp_socket);
-        Source { t, image, shadow, key, plain, data_offset, qmp, nbd_socket, _qsd: qsd }
+        Source {
+            t,
+            image,
+            shadow,
+            key,
+            plain,
+            data_offset,
+            qmp,
+            nbd_socket,
+            _qsd: qsd,
+        }
     }
 
     fn uri(&self, export: &str) -> String {
@@ -81,8 +91,13 @@ impl Source {
         }
         let plain = self.t.path("plain.raw");
         std::fs::write(&plain, &self.plain).unwrap();
-        cryptblk(argv!("convert -f raw -O luks -n -d {} {} {}", &*self.key, &plain, &self.shadow))
-            .ok();
+        cryptblk(argv!(
+            "convert -f raw -O luks -n -d {} {} {}",
+            &*self.key,
+            &plain,
+            &self.shadow
+        ))
+        .ok();
         let cipher = std::fs::read(&self.shadow).unwrap();
         let at = self.data_offset as usize + at;
         self.write_cipher(at, &cipher[at..at + len]);
@@ -119,7 +134,11 @@ impl Source {
 fn pull(args: &[&str]) -> Out {
     let out = cryptblk(argv!("backup pull --progress=json"; args));
     out.ok();
-    assert!(out.stderr.contains("\"event\":\"done\""), "no progress:\n{}", out.stderr);
+    assert!(
+        out.stderr.contains("\"event\":\"done\""),
+        "no progress:\n{}",
+        out.stderr
+    );
     out
 }
 
@@ -129,7 +148,10 @@ fn manifest(chain: &Path) -> serde_json::Value {
 
 /// The dirty extents `nbdinfo --map` reads from the export, merged.
 fn nbdinfo_dirty(uri: &str, bitmap: &str) -> Vec<(u64, u64)> {
-    let out = tool("nbdinfo", ["--json", &format!("--map=qemu:dirty-bitmap:{bitmap}"), uri]);
+    let out = tool(
+        "nbdinfo",
+        ["--json", &format!("--map=qemu:dirty-bitmap:{bitmap}"), uri],
+    );
     out.ok();
     let map: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     let mut dirty: Vec<(u64, u64)> = Vec::new();
@@ -160,7 +182,10 @@ fn a_chain_of_a_luks2_image_restores_every_checkpoint_without_the_key() {
     // Before the full backup: data in two places.
     src.write_plain(0, 1 << 20, &pattern(1));
     src.write_plain(9 << 20, 256 << 10, &pattern(2));
-    src.qmp("block-dirty-bitmap-add", json!({"node": "disk0", "name": "c0"}));
+    src.qmp(
+        "block-dirty-bitmap-add",
+        json!({"node": "disk0", "name": "c0"}),
+    );
     src.qmp("block-export-add", json!({"type": "nbd", "id": "full", "node-name": "disk0", "name": "full", "writable": false}));
     pull(&[&src.uri("full"), s(&chain), "--checkpoint", "c0"]);
     src.qmp("block-export-del", json!({"id": "full"}));
@@ -187,28 +212,64 @@ fn a_chain_of_a_luks2_image_restores_every_checkpoint_without_the_key() {
         );
         let export = format!("inc{i}");
         src.qmp("block-export-add", json!({"type": "nbd", "id": export, "node-name": "disk0", "name": export, "writable": false, "bitmaps": [from]}));
-        let out = pull(&["--incremental", &src.uri(&export), s(&chain), "--checkpoint", &to]);
-        assert!(out.stdout.contains(&format!("incremental since {from}")), "{}", out.stdout);
+        let out = pull(&[
+            "--incremental",
+            &src.uri(&export),
+            s(&chain),
+            "--checkpoint",
+            &to,
+        ]);
+        assert!(
+            out.stdout.contains(&format!("incremental since {from}")),
+            "{}",
+            out.stdout
+        );
         // The entry covers exactly the extents the third-party client reads from the bitmap.
         let entry = manifest(&chain)["entries"][usize::from(i)].clone();
-        assert_eq!(chain_extents(&chain, &entry), nbdinfo_dirty(&src.uri(&export), &from), "{to}");
+        assert_eq!(
+            chain_extents(&chain, &entry),
+            nbdinfo_dirty(&src.uri(&export), &from),
+            "{to}"
+        );
         // 64 KiB + 4 KiB written (and a keyslot): a few 64 KiB bitmap granules, not the disk.
         let moved = entry["data_bytes"].as_u64().unwrap();
         assert!(moved <= 1 << 20, "{to} moved {moved} bytes");
         src.qmp("block-export-del", json!({"id": export}));
-        src.qmp("block-dirty-bitmap-remove", json!({"node": "disk0", "name": from}));
-        moments.push((["c1", "c2", "c3"][usize::from(i) - 1], src.snapshot(), src.plain.clone()));
+        src.qmp(
+            "block-dirty-bitmap-remove",
+            json!({"node": "disk0", "name": from}),
+        );
+        moments.push((
+            ["c1", "c2", "c3"][usize::from(i) - 1],
+            src.snapshot(),
+            src.plain.clone(),
+        ));
     }
 
     // Every checkpoint: the image file as it was, sparse, opening with its passphrases and
     // decrypting to what had been written.
     for (name, image, plain) in &moments {
         let out = src.t.path(&format!("restored-{name}.luks"));
-        cryptblk(["backup", "restore", "--checkpoint", name, s(&chain), s(&out)]).ok();
+        cryptblk([
+            "backup",
+            "restore",
+            "--checkpoint",
+            name,
+            s(&chain),
+            s(&out),
+        ])
+        .ok();
         assert_same_bytes(&read(&out), image, &format!("checkpoint {name}"));
-        assert!(allocated(&out) <= allocated(&src.image) + (1 << 20), "{name} not sparse");
+        assert!(
+            allocated(&out) <= allocated(&src.image) + (1 << 20),
+            "{name} not sparse"
+        );
         assert!(cryptsetup_accepts(&out, &src.key), "{name}");
-        assert_eq!(cryptsetup_accepts(&out, &second), *name >= "c2", "{name}: second key");
+        assert_eq!(
+            cryptsetup_accepts(&out, &second),
+            *name >= "c2",
+            "{name}: second key"
+        );
         let decrypted = cryptblk_decrypt(&out, &src.key, &src.t.path(&format!("plain-{name}.raw")));
         assert!(decrypted == *plain, "{name}: the plaintext differs");
     }
@@ -235,14 +296,27 @@ fn a_chain_of_a_luks2_image_restores_every_checkpoint_without_the_key() {
     bytes[7] ^= 0x40;
     std::fs::write(&c1_data, &bytes).unwrap();
     let out = cryptblk(["backup", "verify", s(&chain)]);
-    out.expect_code(code::DAMAGED).error_line(&["entry \"c1\"", "checksum"]);
-    assert!(out.stdout.contains("c0: ok") && out.stdout.contains("c2: ok"), "{}", out.stdout);
+    out.expect_code(code::DAMAGED)
+        .error_line(&["entry \"c1\"", "checksum"]);
+    assert!(
+        out.stdout.contains("c0: ok") && out.stdout.contains("c2: ok"),
+        "{}",
+        out.stdout
+    );
     let broken = src.t.path("broken.luks");
     cryptblk(["backup", "restore", s(&chain), s(&broken)])
         .expect_code(code::DAMAGED)
         .error_line(&["entry \"c1\""]);
     assert!(!broken.exists());
-    cryptblk(["backup", "restore", "--checkpoint", "c0", s(&chain), s(&broken)]).ok();
+    cryptblk([
+        "backup",
+        "restore",
+        "--checkpoint",
+        "c0",
+        s(&chain),
+        s(&broken),
+    ])
+    .ok();
     // A missing file is named too.
     std::fs::remove_file(chain.join(m["entries"][3]["extents"]["file"].as_str().unwrap())).unwrap();
     cryptblk(["backup", "verify", s(&chain)])
@@ -264,16 +338,34 @@ fn bad_arguments_and_unreachable_servers_get_one_clear_line() {
     cryptblk(["backup", "pull", "nbds://h/e", s(&chain)])
         .expect_code(code::USAGE)
         .error_line(&["TLS"]);
-    cryptblk(["backup", "pull", "--incremental", "nbd+unix:///e?socket=/nonexistent", s(&chain)])
-        .expect_code(code::USAGE)
-        .error_line(&["full pull first"]);
-    cryptblk(["backup", "pull", "nbd+unix:///e?socket=/nonexistent/sock", s(&chain)])
-        .expect_code(code::OTHER)
-        .error_line(&["cannot connect", "/nonexistent/sock"]);
+    cryptblk([
+        "backup",
+        "pull",
+        "--incremental",
+        "nbd+unix:///e?socket=/nonexistent",
+        s(&chain),
+    ])
+    .expect_code(code::USAGE)
+    .error_line(&["full pull first"]);
+    cryptblk([
+        "backup",
+        "pull",
+        "nbd+unix:///e?socket=/nonexistent/sock",
+        s(&chain),
+    ])
+    .expect_code(code::OTHER)
+    .error_line(&["cannot connect", "/nonexistent/sock"]);
     cryptblk(["backup", "restore", s(&chain), s(&t.path("x.img"))])
         .expect_code(code::USAGE)
         .error_line(&["no backup chain"]);
-    cryptblk(["backup", "pull", "--checkpoint", "../x", "nbd+unix:///e?socket=/s", s(&chain)])
-        .expect_code(code::USAGE)
-        .error_line(&["not a checkpoint name"]);
+    cryptblk([
+        "backup",
+        "pull",
+        "--checkpoint",
+        "../x",
+        "nbd+unix:///e?socket=/s",
+        s(&chain),
+    ])
+    .expect_code(code::USAGE)
+    .error_line(&["not a checkpoint name"]);
 }

@@ -54,13 +54,21 @@ fn an_incremental_after_kills_restores_to_what_a_full_backup_of_the_same_moment_
     daemon.restart();
 
     // Killed during a backup, while a client writes and the export copies before writes.
-    backup_start(&daemon, &sock, &["--checkpoint", "c1", "--incremental", "c0"]);
+    backup_start(
+        &daemon,
+        &sock,
+        &["--checkpoint", "c1", "--incremental", "c0"],
+    );
     let mut client = daemon.nbd("vol");
     scribble(&mut client, &mut rng, 16);
     daemon.kill9();
     drop(client);
     let failed = pull(&sock, &chain, &["--incremental", "--checkpoint", "c1"]);
-    assert_ne!(failed.code, code::OK, "a pull from a killed daemon succeeded");
+    assert_ne!(
+        failed.code,
+        code::OK,
+        "a pull from a killed daemon succeeded"
+    );
     daemon.restart();
     // As documented: the backup that never ended leaves its checkpoint, to be removed; the
     // next incremental is taken from c0 again.
@@ -70,7 +78,11 @@ fn an_incremental_after_kills_restores_to_what_a_full_backup_of_the_same_moment_
     scribble(&mut client, &mut rng, 16);
     client.flush().unwrap();
     client.disconnect().unwrap();
-    backup_start(&daemon, &sock, &["--checkpoint", "c2", "--incremental", "c0"]);
+    backup_start(
+        &daemon,
+        &sock,
+        &["--checkpoint", "c2", "--incremental", "c0"],
+    );
     pull(&sock, &chain, &["--incremental", "--checkpoint", "c2"]).ok();
     daemon.ctl_ok(&["backup-end", "vol"]);
 
@@ -85,7 +97,11 @@ fn an_incremental_after_kills_restores_to_what_a_full_backup_of_the_same_moment_
     cryptblk(["backup", "restore", s(&chain), s(&from_chain)]).ok();
     let from_full = t.path("from-full.luks");
     cryptblk(["backup", "restore", s(&full), s(&from_full)]).ok();
-    assert_same_bytes(&read(&from_chain), &read(&from_full), "chain vs full backup");
+    assert_same_bytes(
+        &read(&from_chain),
+        &read(&from_full),
+        "chain vs full backup",
+    );
     assert_same_bytes(&read(&from_chain), &at_c2, "chain vs the image");
     assert!(cryptsetup_accepts(&from_chain, &key));
     // The incremental moved less than the disk: the kills cost some regions, not a full copy.

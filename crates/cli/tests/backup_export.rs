@@ -32,8 +32,12 @@ fn holds(bytes: &[u8], needle: &[u8]) -> bool {
 /// The ranges `checkpoint-list --extents` gives for `checkpoint`.
 fn listed(daemon: &Daemon, checkpoint: &str) -> Option<Vec<(u64, u64)>> {
     let list = daemon.ctl_ok(&["checkpoint-list", "vol", "--extents"]);
-    let entry =
-        list["checkpoints"].as_array().unwrap().iter().find(|c| c["name"] == checkpoint)?.clone();
+    let entry = list["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == checkpoint)?
+        .clone();
     Some(merged(
         entry["extents"]
             .as_array()
@@ -73,8 +77,15 @@ fn the_backup_export_serves_ciphertext_and_the_dirty_bitmap_every_tool_reads_ali
 
     // A full backup at c0.
     let sock0 = t.path("backup0.sock");
-    let started =
-        backup_start(&daemon, &["--checkpoint", "c0", "--nbd", &format!("unix:{}", s(&sock0))]);
+    let started = backup_start(
+        &daemon,
+        &[
+            "--checkpoint",
+            "c0",
+            "--nbd",
+            &format!("unix:{}", s(&sock0)),
+        ],
+    );
     assert_eq!(started["export"], "vol", "{started}");
     assert_eq!(started["size"], std::fs::metadata(&*img).unwrap().len());
     assert_eq!(started["bitmap"], Value::Null, "{started}");
@@ -84,12 +95,22 @@ fn the_backup_export_serves_ciphertext_and_the_dirty_bitmap_every_tool_reads_ali
     let at_c0 = read(&img.path);
     // A second backup of the same disk is refused while this one serves.
     daemon
-        .ctl(&["backup-start", "vol", "--checkpoint", "x", "--nbd", "unix:/nonexistent/x"])
+        .ctl(&[
+            "backup-start",
+            "vol",
+            "--checkpoint",
+            "x",
+            "--nbd",
+            "unix:/nonexistent/x",
+        ])
         .expect_code(code::IN_USE)
         .error_line(&["already has a backup export"]);
     let ended = daemon.ctl_ok(&["backup-end", "vol"]);
     assert_eq!(ended["kept"], true, "{ended}");
-    assert!(!sock0.exists(), "the export's socket stays after backup-end");
+    assert!(
+        !sock0.exists(),
+        "the export's socket stays after backup-end"
+    );
 
     // Changes after c0, then an incremental at c1 from c0.
     write_marker(3, "4M");
@@ -97,7 +118,14 @@ fn the_backup_export_serves_ciphertext_and_the_dirty_bitmap_every_tool_reads_ali
     let sock1 = t.path("backup1.sock");
     let started = backup_start(
         &daemon,
-        &["--checkpoint", "c1", "--incremental", "c0", "--nbd", &format!("unix:{}", s(&sock1))],
+        &[
+            "--checkpoint",
+            "c1",
+            "--incremental",
+            "c0",
+            "--nbd",
+            &format!("unix:{}", s(&sock1)),
+        ],
     );
     assert_eq!(started["bitmap"], "qemu:dirty-bitmap:c0", "{started}");
     let uri1 = format!("nbd+unix:///vol?socket={}", s(&sock1));
@@ -110,7 +138,10 @@ fn the_backup_export_serves_ciphertext_and_the_dirty_bitmap_every_tool_reads_ali
     // The header, and every write since c0, in 64 KiB regions; nothing else.
     assert!(covers(&from_ctl, 0, payload), "{from_ctl:?}");
     for (offset, len) in [(4 * MIB, 65536), (20 * MIB, 4096), (24 * MIB, 131072)] {
-        assert!(covers(&from_ctl, payload + offset, len), "{offset}: {from_ctl:?}");
+        assert!(
+            covers(&from_ctl, payload + offset, len),
+            "{offset}: {from_ctl:?}"
+        );
     }
     assert!(!covers(&from_ctl, payload + 8 * MIB, 4096), "{from_ctl:?}");
     let dirty: u64 = from_ctl.iter().map(|r| r.1).sum();
@@ -131,12 +162,19 @@ fn the_backup_export_serves_ciphertext_and_the_dirty_bitmap_every_tool_reads_ali
     tool("nbdcopy", [uri1.as_str(), s(&stream)]).ok();
     let streamed = read(&stream);
     for n in 1..=3 {
-        assert!(!holds(&streamed, &marker(n)), "marker {n} in the NBD stream");
+        assert!(
+            !holds(&streamed, &marker(n)),
+            "marker {n} in the NBD stream"
+        );
     }
 
     pull(&["--incremental", &uri1, s(&chain), "--checkpoint", "c1"]);
     let m = manifest(&chain);
-    assert_eq!(chain_extents(&chain, &m["entries"][1]), from_ctl, "the pull's extents");
+    assert_eq!(
+        chain_extents(&chain, &m["entries"][1]),
+        from_ctl,
+        "the pull's extents"
+    );
     let at_c1 = read(&img.path);
     assert_same_bytes(&streamed, &at_c1, "the export's bytes");
     daemon.ctl_ok(&["backup-end", "vol"]);
@@ -144,7 +182,15 @@ fn the_backup_export_serves_ciphertext_and_the_dirty_bitmap_every_tool_reads_ali
     // Each checkpoint restores to the image file as it was, opens and decrypts.
     for (name, image, markers) in [("c0", &at_c0, &[1u8, 2][..]), ("c1", &at_c1, &[1, 2, 3])] {
         let out = t.path(&format!("restored-{name}.luks"));
-        cryptblk(["backup", "restore", "--checkpoint", name, s(&chain), s(&out)]).ok();
+        cryptblk([
+            "backup",
+            "restore",
+            "--checkpoint",
+            name,
+            s(&chain),
+            s(&out),
+        ])
+        .ok();
         assert_same_bytes(&read(&out), image, name);
         assert!(cryptsetup_accepts(&out, &key), "{name}");
         let plain = cryptblk_decrypt(&out, &key, &t.path(&format!("plain-{name}.raw")));

@@ -41,7 +41,10 @@ fn a_backup_pulled_while_a_client_writes_is_the_image_at_backup_start() {
     // The client stays connected but idle: the image file is the backup's moment.
     let expected = read(&img.path);
     let sock = t.path("backup.sock");
-    let started = daemon.ctl_ok(&argv!("backup-start vol --checkpoint c0 --nbd unix:{}", sock));
+    let started = daemon.ctl_ok(&argv!(
+        "backup-start vol --checkpoint c0 --nbd unix:{}",
+        sock
+    ));
     let scratch = std::path::PathBuf::from(started["scratch"].as_str().unwrap());
     assert_eq!(started["scratch-size"], 1u64 << 30, "{started}");
     assert!(scratch.exists(), "{started}");
@@ -71,7 +74,12 @@ fn a_backup_pulled_while_a_client_writes_is_the_image_at_backup_start() {
     };
     first_writes.recv().unwrap();
     let chain = t.path("chain");
-    cryptblk(argv!("backup pull nbd+unix:///vol?socket={} {} --checkpoint c0", sock, chain)).ok();
+    cryptblk(argv!(
+        "backup pull nbd+unix:///vol?socket={} {} --checkpoint c0",
+        sock,
+        chain
+    ))
+    .ok();
     stop.store(true, Ordering::SeqCst);
     let (mut client, written) = writer.join().unwrap();
     assert!(written.len() >= 100);
@@ -85,7 +93,11 @@ fn a_backup_pulled_while_a_client_writes_is_the_image_at_backup_start() {
     assert_same_bytes(&read(&restored), &expected, "the backup");
     assert!(cryptsetup_accepts(&restored, &key));
     // ... although the disk changed under it: every write landed, and is recorded in c0.
-    assert_ne!(read(&img.path), expected, "the client's writes changed nothing");
+    assert_ne!(
+        read(&img.path),
+        expected,
+        "the client's writes changed nothing"
+    );
     let mut last = std::collections::BTreeMap::new();
     for (at, data) in &written {
         for (k, block) in data.chunks(4096).enumerate() {
@@ -95,7 +107,10 @@ fn a_backup_pulled_while_a_client_writes_is_the_image_at_backup_start() {
     let since_c0 = checkpoint_extents(&daemon, "vol", "c0");
     for (&at, &block) in &last {
         assert!(client.read(at, 4096).unwrap() == block, "the write at {at}");
-        assert!(covered(&since_c0, payload + at), "{at} not in c0: {since_c0:?}");
+        assert!(
+            covered(&since_c0, payload + at),
+            "{at} not in c0: {since_c0:?}"
+        );
     }
     client.disconnect().unwrap();
     assert_eq!(daemon.terminate(), code::OK);
@@ -120,7 +135,9 @@ fn a_full_scratch_fails_the_backup_and_not_the_client() {
 
     // Three regions changed, room for two: every write still succeeds.
     for n in 0..3u8 {
-        client.write(u64::from(n) * MIB, &[n + 1; 4096], false).unwrap();
+        client
+            .write(u64::from(n) * MIB, &[n + 1; 4096], false)
+            .unwrap();
     }
     client.flush().unwrap();
     for n in 0..3u8 {
@@ -130,17 +147,19 @@ fn a_full_scratch_fails_the_backup_and_not_the_client() {
 
     // The export answers with an error, so the pull fails and keeps no entry.
     let chain = t.path("chain");
-    let out = cryptblk(argv!("backup pull nbd+unix:///vol?socket={} {}", sock, chain));
+    let out = cryptblk(argv!(
+        "backup pull nbd+unix:///vol?socket={} {}",
+        sock,
+        chain
+    ));
     assert_eq!(out.code, code::OTHER, "{}", out.stderr);
     assert!(!chain.join("manifest.json").exists());
 
     // backup-end says why and wants --failed; the checkpoint then goes.
-    daemon.ctl(&["backup-end", "vol"]).expect_code(code::OTHER).error_line(&[
-        "backup failed",
-        "scratch",
-        "full",
-        "--failed",
-    ]);
+    daemon
+        .ctl(&["backup-end", "vol"])
+        .expect_code(code::OTHER)
+        .error_line(&["backup failed", "scratch", "full", "--failed"]);
     let ended = daemon.ctl_ok(&["backup-end", "vol", "--failed"]);
     assert_eq!(ended["kept"], false, "{ended}");
     assert!(!scratch.exists());
@@ -158,14 +177,24 @@ fn a_daemon_killed_during_a_backup_removes_the_scratch_when_it_starts_again() {
     let img = t.luks2("disk.luks", "16M", &key);
     let mut daemon = t.serve().disk(&img).name("vol").nbd().control().start();
     let sock = t.path("backup.sock");
-    let started = daemon.ctl_ok(&argv!("backup-start vol --checkpoint c0 --nbd unix:{}", sock));
+    let started = daemon.ctl_ok(&argv!(
+        "backup-start vol --checkpoint c0 --nbd unix:{}",
+        sock
+    ));
     let scratch = std::path::PathBuf::from(started["scratch"].as_str().unwrap());
     daemon.qemu_io("vol", &["write -P 0x42 1M 64k"]);
-    assert_eq!(std::fs::metadata(&scratch).unwrap().len(), REGION, "one region copied");
+    assert_eq!(
+        std::fs::metadata(&scratch).unwrap().len(),
+        REGION,
+        "one region copied"
+    );
     daemon.kill9();
     assert!(scratch.exists());
     daemon.restart();
-    assert!(!scratch.exists(), "the scratch of a backup that never ended stays");
+    assert!(
+        !scratch.exists(),
+        "the scratch of a backup that never ended stays"
+    );
     // The backup's checkpoint stays, as documented, until removed; the disk serves on.
     let list = daemon.ctl_ok(&["checkpoint-list", "vol"]);
     assert_eq!(list["checkpoints"][0]["name"], "c0", "{list}");
@@ -191,7 +220,12 @@ fn a_backup_with_a_max_bandwidth_is_pulled_no_faster_than_it() {
     assert_eq!(started["max-bandwidth"], 4u64 << 20, "{started}");
     let chain = t.path("chain");
     let began = std::time::Instant::now();
-    cryptblk(argv!("backup pull nbd+unix:///vol?socket={} {} --checkpoint c0", sock, chain)).ok();
+    cryptblk(argv!(
+        "backup pull nbd+unix:///vol?socket={} {} --checkpoint c0",
+        sock,
+        chain
+    ))
+    .ok();
     let took = began.elapsed();
     daemon.ctl_ok(&["backup-end", "vol"]);
     // 8 MiB of data and the header at 4 MiB/s: more than a second, though the first 4 MiB

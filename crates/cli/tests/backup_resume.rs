@@ -127,14 +127,20 @@ fn progress(log: &str) -> u64 {
 
 /// Lines of `stderr` that are notes (`cryptblk: note: ...`).
 fn notes(stderr: &str) -> Vec<&str> {
-    stderr.lines().filter(|l| l.starts_with("cryptblk: note:")).collect()
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("cryptblk: note:"))
+        .collect()
 }
 
 fn description(uri: &str) -> String {
     let info = tool("nbdinfo", ["--json", uri]);
     info.ok();
     let info: Value = serde_json::from_str(&info.stdout).unwrap();
-    info["exports"][0]["description"].as_str().unwrap_or_default().to_string()
+    info["exports"][0]["description"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
@@ -149,7 +155,10 @@ fn an_interrupted_pull_continues_on_the_same_backup() {
     let id = started["id"].as_str().unwrap();
     // Any NBD client sees which backup it reads.
     let described = description(&b.uri());
-    assert!(described.starts_with(&format!("backup {id} of disk vol")), "{described}");
+    assert!(
+        described.starts_with(&format!("backup {id} of disk vol")),
+        "{described}"
+    );
     b.interrupted_pull("pull1.log");
 
     // The disk changes while the pull is stopped; the backup is still of its start.
@@ -184,7 +193,10 @@ fn a_pull_does_not_continue_into_a_backup_started_again() {
     b.daemon.qemu_io("vol", &["write -P 0xa5 0 1M"]);
     let at_second_start = read(&b.image);
     let second = b.start();
-    let (first_id, second_id) = (first["id"].as_str().unwrap(), second["id"].as_str().unwrap());
+    let (first_id, second_id) = (
+        first["id"].as_str().unwrap(),
+        second["id"].as_str().unwrap(),
+    );
     assert_ne!(first_id, second_id, "two backup-starts got one id");
 
     // The user's same command, as docs/backup.md tells it after a failed backup.

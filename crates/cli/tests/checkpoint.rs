@@ -24,7 +24,10 @@ fn checkpoints_list_every_write_since_them_across_a_kill_9_and_an_upgrade() {
     assert_eq!(header.len(), 1, "{header:?}");
     let (zero, payload) = header[0];
     assert_eq!(zero, 0);
-    assert!(payload >= MIB, "the LUKS2 header is at least 1 MiB: {payload}");
+    assert!(
+        payload >= MIB,
+        "the LUKS2 header is at least 1 MiB: {payload}"
+    );
     assert_eq!(
         daemon.ctl_ok(&["checkpoint-list", "vol"])["checkpoints"][0]["dirty-bytes"],
         payload
@@ -41,17 +44,35 @@ fn checkpoints_list_every_write_since_them_across_a_kill_9_and_an_upgrade() {
 
     let c1 = checkpoint_extents(&daemon, "vol", "c1");
     let c2 = checkpoint_extents(&daemon, "vol", "c2");
-    for (offset, len) in
-        [(MIB, 64 * 1024), (40 * MIB, 4096), (20 * MIB, 8192), (30 * MIB, 128 * 1024)]
-    {
-        assert!(covers(&c1, payload + offset, len), "c1 misses {offset}: {c1:?}");
+    for (offset, len) in [
+        (MIB, 64 * 1024),
+        (40 * MIB, 4096),
+        (20 * MIB, 8192),
+        (30 * MIB, 128 * 1024),
+    ] {
+        assert!(
+            covers(&c1, payload + offset, len),
+            "c1 misses {offset}: {c1:?}"
+        );
     }
     for (offset, len) in [(20 * MIB, 8192), (30 * MIB, 128 * 1024)] {
-        assert!(covers(&c2, payload + offset, len), "c2 misses {offset}: {c2:?}");
+        assert!(
+            covers(&c2, payload + offset, len),
+            "c2 misses {offset}: {c2:?}"
+        );
     }
-    assert!(!covers(&c2, payload + MIB, 4096), "c2 lists a write before it: {c2:?}");
-    assert!(covers(&c2, payload + 50 * MIB, 4096), "c2 misses 50M: {c2:?}");
-    assert!(!covers(&c1, payload + 55 * MIB, 4096), "c1 lists what nobody wrote: {c1:?}");
+    assert!(
+        !covers(&c2, payload + MIB, 4096),
+        "c2 lists a write before it: {c2:?}"
+    );
+    assert!(
+        covers(&c2, payload + 50 * MIB, 4096),
+        "c2 misses 50M: {c2:?}"
+    );
+    assert!(
+        !covers(&c1, payload + 55 * MIB, 4096),
+        "c1 lists what nobody wrote: {c1:?}"
+    );
 
     // So does its successor after an upgrade.
     daemon.upgrade();
@@ -77,10 +98,16 @@ fn checkpoints_list_every_write_since_them_across_a_kill_9_and_an_upgrade() {
     daemon.qemu_io("vol", &["write -P 0x55 10M 4k"]);
     let c1 = checkpoint_extents(&daemon, "vol", "c1");
     for offset in [20 * MIB, 50 * MIB, 60 * MIB, 10 * MIB] {
-        assert!(covers(&c1, payload + offset, 4096), "c1 misses {offset}: {c1:?}");
+        assert!(
+            covers(&c1, payload + offset, 4096),
+            "c1 misses {offset}: {c1:?}"
+        );
     }
     let list = daemon.ctl_ok(&["checkpoint-list", "vol"]);
     assert_eq!(list["checkpoints"].as_array().unwrap().len(), 1, "{list}");
-    assert!(list["store"].as_str().unwrap().ends_with("disk.luks.cryptblk-checkpoints"));
+    assert!(list["store"]
+        .as_str()
+        .unwrap()
+        .ends_with("disk.luks.cryptblk-checkpoints"));
     assert_eq!(daemon.terminate(), code::OK);
 }

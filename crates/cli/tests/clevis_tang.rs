@@ -3,8 +3,6 @@
 //! key; the tang server down or its keys replaced give an error naming the token and the
 //! server, and the passphrase keyslot still opens the disk, before or after the token.
 mod common;
-// Formatted with the clevis crate, whose tests it belongs to.
-#[rustfmt::skip]
 #[path = "../../clevis/tests/support/tang_server.rs"]
 mod tang_server;
 
@@ -15,13 +13,21 @@ use tang_server::{require, TangServer};
 /// The export `vol` of `daemon` holds exactly `data` (qemu-img compare over NBD).
 fn assert_served_data(data: &Path, daemon: &Daemon) {
     let vol = daemon.nbd_uri("vol");
-    tool("qemu-img", ["compare", "-f", "raw", "-F", "raw", s(data), &vol]).ok();
+    tool(
+        "qemu-img",
+        ["compare", "-f", "raw", "-F", "raw", s(data), &vol],
+    )
+    .ok();
 }
 
 /// qemu-img writes `data` over the export "vol" of `daemon`.
 fn write_served_data(data: &Path, daemon: &Daemon) {
     let vol = daemon.nbd_uri("vol");
-    tool("qemu-img", ["convert", "-n", "-f", "raw", "-O", "raw", s(data), &vol]).ok();
+    tool(
+        "qemu-img",
+        ["convert", "-n", "-f", "raw", "-O", "raw", s(data), &vol],
+    )
+    .ok();
 }
 
 /// `clevis luks bind` of `img` to the tang at `url`, unlocking with `key`; returns the
@@ -30,7 +36,11 @@ fn clevis_bind(t: &TestDir, img: &Path, key: &Path, url: &str) -> String {
     require("clevis", "clevis");
     require("clevis-luks-bind", "clevis-luks");
     let cfg = format!("{{\"url\":\"{url}\"}}");
-    tool("clevis", argv!("luks bind -y -d {} -k {} tang {}", img, key, &cfg)).ok();
+    tool(
+        "clevis",
+        argv!("luks bind -y -d {} -k {} tang {}", img, key, &cfg),
+    )
+    .ok();
     let pass = tool("clevis", ["luks", "pass", "-d", s(img), "-s", "1"]);
     pass.ok();
     t.key_with("clevis-pass", pass.stdout.trim_end()).passphrase
@@ -68,7 +78,10 @@ fn a_disk_bound_by_clevis_to_tang_is_served_with_no_key() {
     let theirs = tool("cryptsetup", ["luksDump", s(&img)]);
     theirs.ok();
     assert_eq!(tokens_section(&ours.stdout), tokens_section(&theirs.stdout));
-    assert_eq!(tokens_section(&ours.stdout), "Tokens:\n  0: clevis\n\tKeyslot:    1\n");
+    assert_eq!(
+        tokens_section(&ours.stdout),
+        "Tokens:\n  0: clevis\n\tKeyslot:    1\n"
+    );
     assert_eq!(
         dump_json(&img)["tokens"],
         serde_json::json!([{"id": "0", "type": "clevis", "keyslots": ["1"]}])
@@ -79,8 +92,14 @@ fn a_disk_bound_by_clevis_to_tang_is_served_with_no_key() {
     assert_served_data(&data, &daemon);
     daemon.terminate();
     let text = daemon.log();
-    assert!(text.contains("unlocked through clevis token") && text.contains(&tang.url), "{text}");
-    assert!(!text.contains(&clevis_secret), "the recovered passphrase was logged:\n{text}");
+    assert!(
+        text.contains("unlocked through clevis token") && text.contains(&tang.url),
+        "{text}"
+    );
+    assert!(
+        !text.contains(&clevis_secret),
+        "the recovered passphrase was logged:\n{text}"
+    );
 
     // A wrong key file: the token still opens it (key sources are tried in order).
     let wrong = t.key("wrong");
@@ -94,13 +113,21 @@ fn a_disk_bound_by_clevis_to_tang_is_served_with_no_key() {
     let out = cryptblk(argv!("serve --image {} --nbd unix:{}", img, sock));
     out.expect_code(code::IO);
     out.error_line(&["clevis token 0", &url, "unreachable"]);
-    assert!(!sock.exists(), "no socket is bound when the disk cannot be opened");
+    assert!(
+        !sock.exists(),
+        "no socket is bound when the disk cannot be opened"
+    );
 
     // ... and the passphrase keyslot still opens it, with the data.
     assert_served_data(&data, &serve(&t, &img).key(&key).start());
 
     // Both failing: a wrong key file and tang down name both, exit 2 (the key file came first).
-    let out = cryptblk(argv!("serve --image {} --key-file {} --nbd unix:{}", img, wrong, sock));
+    let out = cryptblk(argv!(
+        "serve --image {} --key-file {} --nbd unix:{}",
+        img,
+        wrong,
+        sock
+    ));
     out.expect_code(code::WRONG_PASSPHRASE);
     out.error_line(&["no keyslot matches", "clevis token 0", &url]);
 

@@ -24,7 +24,12 @@ fn fixture(version: &str, kdf: &str) -> Fixture {
     cryptblk(&args).ok();
     let payload = read(&src);
     std::fs::remove_file(&src).unwrap();
-    Fixture { t, key, img, payload }
+    Fixture {
+        t,
+        key,
+        img,
+        payload,
+    }
 }
 
 const LUKS1_CHEAP: &str = "--pbkdf-force-iterations 1000";
@@ -48,7 +53,12 @@ impl Fixture {
 
     fn decrypt_cmd(&self, key: &Path) -> Vec<std::ffi::OsString> {
         let out = self.path("out.raw");
-        argv!("convert -O raw --source-key-file {} {} {}", key, self.img, out)
+        argv!(
+            "convert -O raw --source-key-file {} {} {}",
+            key,
+            self.img,
+            out
+        )
     }
 
     /// The image's bytes are `before`.
@@ -67,12 +77,22 @@ fn wrong_passphrase_exit_2() {
         .expect_code(code::WRONG_PASSPHRASE)
         .error_line(&["no keyslot matches"]);
     assert!(!f.path("out.raw").exists());
-    cryptblk_cheap(argv!("key add --key-file {} --new-key-file {} {}", wrong, new, img))
-        .expect_code(code::WRONG_PASSPHRASE)
-        .error_line(&["no keyslot matches"]);
+    cryptblk_cheap(argv!(
+        "key add --key-file {} --new-key-file {} {}",
+        wrong,
+        new,
+        img
+    ))
+    .expect_code(code::WRONG_PASSPHRASE)
+    .error_line(&["no keyslot matches"]);
     cryptblk(argv!("key remove --key-file {} {}", wrong, img)).expect_code(code::WRONG_PASSPHRASE);
-    cryptblk_cheap(argv!("key change --key-file {} --new-key-file {} {}", wrong, new, img))
-        .expect_code(code::WRONG_PASSPHRASE);
+    cryptblk_cheap(argv!(
+        "key change --key-file {} --new-key-file {} {}",
+        wrong,
+        new,
+        img
+    ))
+    .expect_code(code::WRONG_PASSPHRASE);
     f.assert_unchanged(&before, "refused key commands must not modify the image");
     // A trailing newline is part of the key, like cryptsetup: the message hints at it.
     let newline = f.path("newline");
@@ -90,13 +110,27 @@ fn unsupported_cipher_at_format_exit_3() {
     let t = TestDir::new();
     let (key, img) = (t.key("key"), t.path("img"));
     for cipher in ["serpent-xts-plain64", "twofish-cbc-essiv:sha256"] {
-        let out =
-            cryptblk_cheap(argv!("format -q --cipher {} --key-file {} {} 4M", cipher, key, img));
-        out.expect_code(code::UNSUPPORTED).error_line(&[cipher.split('-').next().unwrap()]);
-        assert!(!img.exists(), "a refused format must not leave {}", img.display());
+        let out = cryptblk_cheap(argv!(
+            "format -q --cipher {} --key-file {} {} 4M",
+            cipher,
+            key,
+            img
+        ));
+        out.expect_code(code::UNSUPPORTED)
+            .error_line(&[cipher.split('-').next().unwrap()]);
+        assert!(
+            !img.exists(),
+            "a refused format must not leave {}",
+            img.display()
+        );
     }
-    let out = cryptblk(argv!("format -q --hash whirlpool --key-file {} {} 4M", key, img));
-    out.expect_code(code::UNSUPPORTED).error_line(&["whirlpool"]);
+    let out = cryptblk(argv!(
+        "format -q --hash whirlpool --key-file {} {} 4M",
+        key,
+        img
+    ));
+    out.expect_code(code::UNSUPPORTED)
+        .error_line(&["whirlpool"]);
     assert!(!img.exists());
 }
 
@@ -117,8 +151,12 @@ fn unsupported_cipher_in_corpus_image_exit_3() {
     ] {
         let (img, out_path) = (d.join(image), t.path("out.raw"));
         let before = read(&img);
-        let out =
-            cryptblk(argv!("convert -O raw --source-key-file {} {} {}", keyfile, img, out_path));
+        let out = cryptblk(argv!(
+            "convert -O raw --source-key-file {} {} {}",
+            keyfile,
+            img,
+            out_path
+        ));
         out.expect_code(code::UNSUPPORTED).error_line(&[name]);
         assert!(!out_path.exists());
         assert!(read(&img) == before, "{image} was modified");
@@ -132,12 +170,19 @@ fn zeroed_luks1_magic_exit_4() {
     let mut bytes = read(img);
     bytes[..6].fill(0);
     std::fs::write(img, &bytes).unwrap();
-    cryptblk(argv!("dump {}", img)).expect_code(code::DAMAGED).error_line(&[s(img)]);
+    cryptblk(argv!("dump {}", img))
+        .expect_code(code::DAMAGED)
+        .error_line(&[s(img)]);
     // Told it is LUKS (-f luks), convert reports the damage; probing alone sees a raw file.
     let out = f.path("out.raw");
-    cryptblk(argv!("convert -f luks -O raw --source-key-file {} {} {}", key, img, out))
-        .expect_code(code::DAMAGED)
-        .error_line(&["not a LUKS"]);
+    cryptblk(argv!(
+        "convert -f luks -O raw --source-key-file {} {} {}",
+        key,
+        img,
+        out
+    ))
+    .expect_code(code::DAMAGED)
+    .error_line(&["not a LUKS"]);
     assert!(!out.exists());
     // Without -f, the magic-less file probes as raw: refused, because a key was given for it.
     let probed = cryptblk(f.decrypt_cmd(key));
@@ -150,7 +195,11 @@ fn zeroed_luks1_magic_exit_4() {
 /// Flips a byte inside the JSON area of the LUKS2 header copy at `hdr_offset`.
 fn corrupt_luks2_copy(img: &Path, hdr_offset: u64) {
     use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(img).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(img)
+        .unwrap();
     let at = hdr_offset + 4096 + 40;
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, at).unwrap();
@@ -163,7 +212,10 @@ fn luks2_primary_header_damaged_opens_with_warning() {
     corrupt_luks2_copy(&f.img, 0);
     let out = cryptblk(f.decrypt_cmd(&f.key));
     out.ok();
-    let warned = out.stderr.lines().any(|l| l.starts_with("cryptblk: warning:"));
+    let warned = out
+        .stderr
+        .lines()
+        .any(|l| l.starts_with("cryptblk: warning:"));
     let what = "opening with a damaged primary header should warn on stderr";
     assert!(warned, "{what}:\n{}", out.stderr);
     let what = "payload read through the secondary header";
@@ -177,39 +229,56 @@ fn luks2_primary_header_damaged_opens_with_warning() {
 #[test]
 fn luks2_both_headers_damaged_exit_4() {
     let f = luks2_fixture();
-    let area = dump_json(&f.img)["metadata_area"].as_u64().expect("metadata_area in dump");
+    let area = dump_json(&f.img)["metadata_area"]
+        .as_u64()
+        .expect("metadata_area in dump");
     corrupt_luks2_copy(&f.img, 0);
     corrupt_luks2_copy(&f.img, area);
     let before = read(&f.img);
-    cryptblk(argv!("dump {}", f.img)).expect_code(code::DAMAGED).error_line(&[]);
-    cryptblk(f.decrypt_cmd(&f.key)).expect_code(code::DAMAGED).error_line(&[]);
+    cryptblk(argv!("dump {}", f.img))
+        .expect_code(code::DAMAGED)
+        .error_line(&[]);
+    cryptblk(f.decrypt_cmd(&f.key))
+        .expect_code(code::DAMAGED)
+        .error_line(&[]);
     assert!(!f.path("out.raw").exists());
     f.assert_unchanged(&before, "the damaged image must not be modified");
 }
 
 #[test]
 fn truncated_below_data_offset_exit_4() {
-    for (version, kdf) in
-        [("luks2", "--pbkdf pbkdf2 --pbkdf-force-iterations 1000"), ("luks1", LUKS1_CHEAP)]
-    {
+    for (version, kdf) in [
+        ("luks2", "--pbkdf pbkdf2 --pbkdf-force-iterations 1000"),
+        ("luks1", LUKS1_CHEAP),
+    ] {
         let f = fixture(version, kdf);
         let dump = dump_json(&f.img);
         let data_offset = dump["data_offset"].as_u64();
         let data_offset =
             data_offset.or_else(|| dump["payload_offset_sectors"].as_u64().map(|n| n * 512));
-        let file = std::fs::OpenOptions::new().write(true).open(&f.img).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&f.img)
+            .unwrap();
         file.set_len(data_offset.unwrap() - 4096).unwrap();
-        cryptblk(f.decrypt_cmd(&f.key)).expect_code(code::DAMAGED).error_line(&["truncated"]);
+        cryptblk(f.decrypt_cmd(&f.key))
+            .expect_code(code::DAMAGED)
+            .error_line(&["truncated"]);
         assert!(!f.path("out.raw").exists(), "{version}");
     }
 }
 
 #[test]
 fn argon2_memory_above_limit_exit_7() {
-    let f = fixture("luks2", "--pbkdf argon2id --pbkdf-memory 2048 --pbkdf-force-iterations 4");
+    let f = fixture(
+        "luks2",
+        "--pbkdf argon2id --pbkdf-memory 2048 --pbkdf-force-iterations 4",
+    );
     let mut args = argv!("--max-pbkdf-memory 1024");
     args.extend(f.decrypt_cmd(&f.key));
-    cryptblk(&args).expect_code(code::RESOURCE_LIMIT).error_line(&["2048", "1024"]);
+    cryptblk(&args)
+        .expect_code(code::RESOURCE_LIMIT)
+        .error_line(&["2048", "1024"]);
     assert!(!f.path("out.raw").exists());
     // The same image opens when the limit allows it.
     f.assert_intact();
@@ -220,38 +289,50 @@ fn pbkdf_iterations_above_limit_exit_7() {
     let f = fixture("luks1", "--pbkdf-force-iterations 2000");
     let mut args = argv!("--max-pbkdf-iterations 1999");
     args.extend(f.decrypt_cmd(&f.key));
-    cryptblk(&args).expect_code(code::RESOURCE_LIMIT).error_line(&[
-        "keyslot 0",
-        "2000",
-        "1999",
-        "--max-pbkdf-iterations",
-    ]);
+    cryptblk(&args)
+        .expect_code(code::RESOURCE_LIMIT)
+        .error_line(&["keyslot 0", "2000", "1999", "--max-pbkdf-iterations"]);
     assert!(!f.path("out.raw").exists());
     f.assert_intact();
 
     // A hostile header naming 2^32-1 iterations (hours of PBKDF2) is refused at once under
     // the default limit. LUKS1 keyslot 0's iteration count is the big-endian u32 at 212.
-    let file = std::fs::OpenOptions::new().write(true).open(&f.img).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f.img)
+        .unwrap();
     std::os::unix::fs::FileExt::write_all_at(&file, &u32::MAX.to_be_bytes(), 212).unwrap();
     let start = std::time::Instant::now();
-    cryptblk(f.decrypt_cmd(&f.key)).expect_code(code::RESOURCE_LIMIT).error_line(&[
-        "keyslot 0",
-        &u32::MAX.to_string(),
-        "--max-pbkdf-iterations",
-    ]);
+    cryptblk(f.decrypt_cmd(&f.key))
+        .expect_code(code::RESOURCE_LIMIT)
+        .error_line(&["keyslot 0", &u32::MAX.to_string(), "--max-pbkdf-iterations"]);
     let took = start.elapsed();
-    assert!(took < std::time::Duration::from_secs(30), "refusal took {took:?}");
+    assert!(
+        took < std::time::Duration::from_secs(30),
+        "refusal took {took:?}"
+    );
     assert!(!f.path("out.raw").exists());
 }
 
 #[test]
 fn missing_file_exit_5_names_path() {
     let t = TestDir::new();
-    let (key, missing, out) = (t.key("key"), t.path("no-such-image.luks"), t.path("out.raw"));
-    cryptblk(argv!("dump {}", missing)).expect_code(code::IO).error_line(&[s(&missing)]);
-    cryptblk(argv!("convert -O raw --source-key-file {} {} {}", key, missing, out))
+    let (key, missing, out) = (
+        t.key("key"),
+        t.path("no-such-image.luks"),
+        t.path("out.raw"),
+    );
+    cryptblk(argv!("dump {}", missing))
         .expect_code(code::IO)
         .error_line(&[s(&missing)]);
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        key,
+        missing,
+        out
+    ))
+    .expect_code(code::IO)
+    .error_line(&[s(&missing)]);
     assert!(!out.exists());
     cryptblk(argv!("key remove --key-file {} {}", key, missing))
         .expect_code(code::IO)
@@ -262,12 +343,17 @@ fn missing_file_exit_5_names_path() {
 fn missing_key_file_is_a_clear_error() {
     let f = luks2_fixture();
     let nokey = f.path("no-such-key");
-    cryptblk(f.decrypt_cmd(&nokey)).expect_code(code::IO).error_line(&[s(&nokey)]);
+    cryptblk(f.decrypt_cmd(&nokey))
+        .expect_code(code::IO)
+        .error_line(&[s(&nokey)]);
     assert!(!f.path("out.raw").exists());
     // No --key-file at all and nothing on stdin: refused, nothing created.
     let img = f.path("new.img");
     let out = cryptblk_cheap(argv!("format -q {} 4M", img));
-    assert_ne!(out.code, 0, "format without any passphrase succeeded: {out:?}");
+    assert_ne!(
+        out.code, 0,
+        "format without any passphrase succeeded: {out:?}"
+    );
     out.error_line(&["passphrase"]);
     assert!(!img.exists(), "a refused format left {}", img.display());
     // An empty key file is refused too.
@@ -287,13 +373,17 @@ fn key_files_are_checked_before_reading() {
     let t = TestDir::new();
     let img = t.path("new.img");
     let format = |key: &Path| cryptblk_cheap(argv!("format -q --key-file {} {} 4M", key, img));
-    format(t.root()).expect_code(code::USAGE).error_line(&["is a directory", "regular file"]);
+    format(t.root())
+        .expect_code(code::USAGE)
+        .error_line(&["is a directory", "regular file"]);
     format(Path::new("/dev/zero"))
         .expect_code(code::USAGE)
         .error_line(&["/dev/zero is a character device", "regular file"]);
     let big = t.path("big.key");
     std::fs::write(&big, vec![b'k'; (8 << 20) + 1]).unwrap();
-    format(&big).expect_code(code::USAGE).error_line(&["larger than 8192 KiB", "cryptsetup"]);
+    format(&big)
+        .expect_code(code::USAGE)
+        .error_line(&["larger than 8192 KiB", "cryptsetup"]);
     assert!(!img.exists(), "a refused key file left {}", img.display());
 
     let shared = t.key("shared.key");
@@ -308,10 +398,21 @@ fn key_files_are_checked_before_reading() {
 fn passphrase_from_stdin() {
     let f = luks2_fixture();
     let (out, pass) = (f.path("stdin.raw"), f.key.passphrase.as_bytes());
-    cryptblk_stdin(argv!("convert -O raw --source-key-file - {} {}", f.img, out), pass).ok();
-    assert_same_bytes(&read(&out), &f.payload, "decrypted with the passphrase on stdin");
+    cryptblk_stdin(
+        argv!("convert -O raw --source-key-file - {} {}", f.img, out),
+        pass,
+    )
+    .ok();
+    assert_same_bytes(
+        &read(&out),
+        &f.payload,
+        "decrypted with the passphrase on stdin",
+    );
     // Both passphrases from stdin cannot work: refused as a usage problem before anything runs.
-    let res = cryptblk_stdin(argv!("key add --key-file - --new-key-file - {}", f.img), pass);
+    let res = cryptblk_stdin(
+        argv!("key add --key-file - --new-key-file - {}", f.img),
+        pass,
+    );
     assert_ne!(res.code, 0);
     res.error_line(&["stdin"]);
 }
@@ -321,7 +422,10 @@ fn removing_last_keyslot_needs_force() {
     let f = luks2_fixture();
     let before = read(&f.img);
     let out = cryptblk(argv!("key remove --key-file {} {}", f.key, f.img));
-    assert_ne!(out.code, 0, "removing the last keyslot without --force succeeded");
+    assert_ne!(
+        out.code, 0,
+        "removing the last keyslot without --force succeeded"
+    );
     out.error_line(&["--force"]);
     f.assert_unchanged(&before, "the refused removal modified the image");
     f.assert_intact();
@@ -333,12 +437,17 @@ fn removing_last_keyslot_needs_force() {
 fn format_existing_file_with_size_refused() {
     let t = TestDir::new();
     let (key, img) = (t.key("key"), t.path("data.img"));
-    let content: Vec<u8> = (0..(2 * MIB as usize)).map(|i| (i * 7 % 251) as u8).collect();
+    let content: Vec<u8> = (0..(2 * MIB as usize))
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
     std::fs::write(&img, &content).unwrap();
     cryptblk_cheap(argv!("format -q --key-file {} {} 4M", key, img))
         .expect_code(code::USAGE)
         .error_line(&["exists"]);
-    assert!(read(&img) == content, "a refused format changed the existing file");
+    assert!(
+        read(&img) == content,
+        "a refused format changed the existing file"
+    );
 }
 
 #[test]
@@ -352,8 +461,16 @@ fn usage_errors_exit_1() {
         argv!("--threads 100000 convert -O raw {} {}", key, img),
         argv!("format --key-file {}", key),
         argv!("format -q --sector-size 1000 --key-file {} {} 4M", key, img),
-        argv!("format -q --type luks1 --sector-size 4096 --key-file {} {} 4M", key, img),
-        argv!("format -q --type luks1 --pbkdf argon2id --key-file {} {} 4M", key, img),
+        argv!(
+            "format -q --type luks1 --sector-size 4096 --key-file {} {} 4M",
+            key,
+            img
+        ),
+        argv!(
+            "format -q --type luks1 --pbkdf argon2id --key-file {} {} 4M",
+            key,
+            img
+        ),
         argv!("format -q --key-file {} {} 12Q", key, img),
         argv!("format -q --key-size 511 --key-file {} {} 4M", key, img),
         argv!("convert -O luks --key-file {} {} {}", key, key, img),
@@ -367,7 +484,10 @@ fn usage_errors_exit_1() {
         let out = cryptblk(&args);
         out.expect_code(code::USAGE);
         let what = &out.what;
-        assert!(!out.stderr.trim().is_empty(), "`{what}`: usage error without a message");
+        assert!(
+            !out.stderr.trim().is_empty(),
+            "`{what}`: usage error without a message"
+        );
         assert!(!img.exists(), "`{what}` created the image");
     }
 }
@@ -388,7 +508,10 @@ fn json_keys(v: &serde_json::Value, out: &mut Vec<String>) {
 /// `dump --json` parses, lists each keyslot with its KDF, and never contains the volume key.
 #[test]
 fn dump_json_lists_keyslots_without_key_material() {
-    let f = fixture("luks2", "--pbkdf argon2id --pbkdf-memory 64 --pbkdf-force-iterations 4");
+    let f = fixture(
+        "luks2",
+        "--pbkdf argon2id --pbkdf-memory 64 --pbkdf-force-iterations 4",
+    );
     let k1 = f.t.key("k1");
     cryptblk_cheap(argv!(
         "key add --key-file {} --new-key-file {} --key-slot 3 {}",
@@ -405,7 +528,10 @@ fn dump_json_lists_keyslots_without_key_material() {
         (id, k["pbkdf"].as_str().unwrap_or("missing").to_string())
     };
     let kdfs: Vec<(String, String)> = slots.iter().map(kdf).collect();
-    let want = [("0".into(), "argon2id".into()), ("3".into(), "pbkdf2".into())];
+    let want = [
+        ("0".into(), "argon2id".into()),
+        ("3".into(), "pbkdf2".into()),
+    ];
     assert_eq!(kdfs, want, "{dump}");
     assert_eq!(slots[0]["memory_kib"], 64);
     assert_eq!(slots[1]["iterations"], 1000);
@@ -414,10 +540,16 @@ fn dump_json_lists_keyslots_without_key_material() {
     let text = cryptblk(argv!("dump {}", f.img));
     text.ok();
     let json = serde_json::to_string(&dump).unwrap();
-    for (what, out) in [("dump --json", json.as_str()), ("dump", text.stdout.as_str())] {
+    for (what, out) in [
+        ("dump --json", json.as_str()),
+        ("dump", text.stdout.as_str()),
+    ] {
         let compact: String = out.chars().filter(|c| !c.is_whitespace()).collect();
         let compact = compact.to_lowercase();
-        assert!(!compact.contains(&vk[..32]), "{what} contains the volume key");
+        assert!(
+            !compact.contains(&vk[..32]),
+            "{what} contains the volume key"
+        );
     }
     let mut keys = Vec::new();
     json_keys(&dump, &mut keys);
@@ -438,7 +570,10 @@ fn dump_json_luks1_without_key_material() {
     assert_eq!(active, [1000], "{dump}");
     let vk = common::xts::cryptsetup_volume_key(&f.img, &f.key);
     let json = serde_json::to_string(&dump).unwrap().to_lowercase();
-    assert!(!json.contains(&vk[..32]), "dump --json contains the volume key");
+    assert!(
+        !json.contains(&vk[..32]),
+        "dump --json contains the volume key"
+    );
 }
 
 /// Verbose logging must not leak the passphrase either (every run checks stdout and stderr).
@@ -455,23 +590,49 @@ fn passphrase_not_in_debug_output() {
             .unwrap();
         let all = [out.stdout, out.stderr].concat();
         let text = String::from_utf8_lossy(&all);
-        let command = args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ");
+        let command = args
+            .iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ");
         for p in [&key.passphrase, &key2.passphrase] {
             let what = format!("`cryptblk {command}` with RUST_LOG=trace printed a passphrase");
             assert!(!text.contains(p.as_str()), "{what}");
             let hex: String = p.bytes().map(|b| format!("{b:02x}")).collect();
-            assert!(!text.contains(&hex), "`cryptblk {command}` printed a passphrase in hex");
+            assert!(
+                !text.contains(&hex),
+                "`cryptblk {command}` printed a passphrase in hex"
+            );
         }
         out.status.code()
     };
-    assert_eq!(run(argv!("format -q --key-file {} {} 4M", key, img; CHEAP_PBKDF2)), Some(0));
+    assert_eq!(
+        run(argv!("format -q --key-file {} {} 4M", key, img; CHEAP_PBKDF2)),
+        Some(0)
+    );
     let add = argv!("key add --key-file {} --new-key-file {} {}", key, key2, img; CHEAP_PBKDF2);
     assert_eq!(run(add), Some(0));
     assert_eq!(run(argv!("dump --json {}", img)), Some(0));
     let (o, p) = (t.path("o.raw"), t.path("p.raw"));
-    assert_eq!(run(argv!("convert -O raw --source-key-file {} {} {}", key2, img, o)), Some(0));
+    assert_eq!(
+        run(argv!(
+            "convert -O raw --source-key-file {} {} {}",
+            key2,
+            img,
+            o
+        )),
+        Some(0)
+    );
     assert_eq!(run(argv!("key remove --key-file {} {}", key, img)), Some(0));
-    assert_eq!(run(argv!("convert -O raw --source-key-file {} {} {}", key, img, p)), Some(2));
+    assert_eq!(
+        run(argv!(
+            "convert -O raw --source-key-file {} {} {}",
+            key,
+            img,
+            p
+        )),
+        Some(2)
+    );
 }
 
 /// An image locked by another process (e.g. a daemon serving it) is refused with exit 6, and
@@ -480,16 +641,31 @@ fn passphrase_not_in_debug_output() {
 fn locked_image_exit_6() {
     let f = luks2_fixture();
     let new = f.t.key("new");
-    let holder = std::fs::OpenOptions::new().read(true).write(true).open(&f.img).unwrap();
+    let holder = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&f.img)
+        .unwrap();
     holder.try_lock().expect("taking the test's exclusive lock");
     let before = read(&f.img);
-    let add =
-        || cryptblk_cheap(argv!("key add --key-file {} --new-key-file {} {}", f.key, new, f.img));
+    let add = || {
+        cryptblk_cheap(argv!(
+            "key add --key-file {} --new-key-file {} {}",
+            f.key,
+            new,
+            f.img
+        ))
+    };
     add().expect_code(code::IN_USE).error_line(&["in use"]);
     let src = f.path("src.raw");
     std::fs::write(&src, vec![1u8; 4096]).unwrap();
-    cryptblk(argv!("convert -n -O luks --key-file {} {} {}", f.key, src, f.img))
-        .expect_code(code::IN_USE);
+    cryptblk(argv!(
+        "convert -n -O luks --key-file {} {} {}",
+        f.key,
+        src,
+        f.img
+    ))
+    .expect_code(code::IN_USE);
     f.assert_unchanged(&before, "a locked image was modified");
     drop(holder);
     // Another test of this binary may have forked a child while `holder` was open; the
@@ -510,14 +686,25 @@ fn help_documents_exit_codes_and_convert_memory_bound() {
     for flag in ["-h", "--help"] {
         let out = cryptblk([flag]);
         assert_eq!(out.code, 0, "{}", out.stderr);
-        for needle in ["Exit status:", "2  wrong passphrase", "4  damaged", "7  resource limit"] {
+        for needle in [
+            "Exit status:",
+            "2  wrong passphrase",
+            "4  damaged",
+            "7  resource limit",
+        ] {
             let stdout = &out.stdout;
-            assert!(stdout.contains(needle), "`cryptblk {flag}` lacks {needle:?}:\n{stdout}");
+            assert!(
+                stdout.contains(needle),
+                "`cryptblk {flag}` lacks {needle:?}:\n{stdout}"
+            );
         }
     }
     let out = cryptblk(["convert", "--help"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     let stdout = &out.stdout;
-    assert!(stdout.contains("Memory:"), "convert --help states no memory bound:\n{stdout}");
+    assert!(
+        stdout.contains("Memory:"),
+        "convert --help states no memory bound:\n{stdout}"
+    );
     assert!(stdout.contains("-t <CACHE>"), "{stdout}");
 }

@@ -33,7 +33,10 @@ fn attach_detach_stats_and_keys_at_run_time() {
     let mut daemon = t.serve().control().start();
 
     // Only the owner may talk to the daemon.
-    let mode = std::fs::metadata(daemon.control()).unwrap().permissions().mode();
+    let mode = std::fs::metadata(daemon.control())
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600, "control socket mode {mode:o}");
     assert!(disk_names(&daemon.ctl_ok(&["disk-list"])).is_empty());
 
@@ -85,7 +88,10 @@ fn attach_detach_stats_and_keys_at_run_time() {
     let (st, back) = guest.read(0, 0, data.len());
     assert_eq!(st, S_OK);
     assert_same_bytes(&back, &data, "disk a after failed disk-adds");
-    assert_eq!(disk_names(&daemon.ctl_ok(&["disk-list"])), ["a".to_string(), "c".to_string()]);
+    assert_eq!(
+        disk_names(&daemon.ctl_ok(&["disk-list"])),
+        ["a".to_string(), "c".to_string()]
+    );
 
     // Statistics count what the guest did.
     let stats = daemon.ctl_ok(&["stats", "a"]);
@@ -94,7 +100,10 @@ fn attach_detach_stats_and_keys_at_run_time() {
     assert_eq!(a["vhost-user-blk"]["connected"], true);
     let q0 = &a["vhost-user-blk"]["queues"][0];
     assert!(q0["write-ops"].as_u64().unwrap() >= 1, "{q0}");
-    assert!(q0["read-bytes"].as_u64().unwrap() >= data.len() as u64, "{q0}");
+    assert!(
+        q0["read-bytes"].as_u64().unwrap() >= data.len() as u64,
+        "{q0}"
+    );
     assert!(q0["read-latency-us"]["p50"].as_f64().unwrap() > 0.0, "{q0}");
     assert!(stats["crypto-pool"]["threads"].as_u64().unwrap() >= 1);
 
@@ -129,7 +138,9 @@ fn attach_detach_stats_and_keys_at_run_time() {
 
     assert_eq!(daemon.terminate(), code::OK);
     assert!(
-        ["ctl.sock", "a.sock", "c.sock"].iter().all(|n| !t.path(n).exists()),
+        ["ctl.sock", "a.sock", "c.sock"]
+            .iter()
+            .all(|n| !t.path(n).exists()),
         "sockets left after SIGTERM"
     );
     // Only the new passphrase opens the image now.
@@ -151,10 +162,16 @@ fn malformed_requests_get_json_rpc_errors() {
     let err = rpc.call("disk-add", json!({"name": "x"})).unwrap_err();
     assert_eq!(err["code"], -32602, "{err}");
     let err = rpc
-        .call("disk-add", json!({"name": "x", "image": "relative.raw", "vhost-user-blk": "/tmp/x"}))
+        .call(
+            "disk-add",
+            json!({"name": "x", "image": "relative.raw", "vhost-user-blk": "/tmp/x"}),
+        )
         .unwrap_err();
     assert_eq!(err["code"], -32602, "{err}");
-    assert!(err["message"].as_str().unwrap().contains("relative"), "{err}");
+    assert!(
+        err["message"].as_str().unwrap().contains("relative"),
+        "{err}"
+    );
     let err = rpc
         .call(
             "disk-add",
@@ -170,17 +187,31 @@ fn malformed_requests_get_json_rpc_errors() {
                                 "vhost-user-blk": s(&t.path("x.sock"))}),
         )
         .unwrap_err();
-    assert!(err["message"].as_str().unwrap().contains("/nonexistent/x.raw"), "{err}");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/x.raw"),
+        "{err}"
+    );
     // A socket path that names an existing file is refused; the file is untouched.
     let precious = t.path("precious.raw");
     std::fs::write(&precious, b"keep me").unwrap();
     let img = t.raw("x.raw", MIB);
     let err = rpc
-        .call("disk-add", json!({"name": "x", "image": s(&img), "vhost-user-blk": s(&precious)}))
+        .call(
+            "disk-add",
+            json!({"name": "x", "image": s(&img), "vhost-user-blk": s(&precious)}),
+        )
         .unwrap_err();
-    assert!(err["message"].as_str().unwrap().contains("not a socket"), "{err}");
+    assert!(
+        err["message"].as_str().unwrap().contains("not a socket"),
+        "{err}"
+    );
     assert_eq!(std::fs::read(&precious).unwrap(), b"keep me");
-    let err = rpc.call("disk-remove", json!({"name": "nope"})).unwrap_err();
+    let err = rpc
+        .call("disk-remove", json!({"name": "nope"}))
+        .unwrap_err();
     assert_eq!(err["code"], -32010, "{err}");
     // The connection still works after all that.
     assert!(disk_names(&rpc.call("disk-list", json!({})).unwrap()).is_empty());
@@ -220,7 +251,11 @@ fn concurrent_control_clients_while_io_runs() {
     const CLIENTS: usize = 4;
     const ROUNDS: usize = 6;
     let images: Vec<Vec<PathBuf>> = (0..CLIENTS)
-        .map(|c| (0..ROUNDS).map(|r| t.raw(&format!("d{c}-{r}.raw"), MIB).path).collect())
+        .map(|c| {
+            (0..ROUNDS)
+                .map(|r| t.raw(&format!("d{c}-{r}.raw"), MIB).path)
+                .collect()
+        })
         .collect();
     let clients: Vec<_> = images
         .into_iter()
@@ -261,6 +296,9 @@ fn concurrent_control_clients_while_io_runs() {
     }
     stop.store(true, Ordering::Relaxed);
     io.join().expect("I/O on the steady disk failed");
-    assert_eq!(disk_names(&daemon.ctl_ok(&["disk-list"])), ["steady".to_string()]);
+    assert_eq!(
+        disk_names(&daemon.ctl_ok(&["disk-list"])),
+        ["steady".to_string()]
+    );
     assert_eq!(daemon.terminate(), code::OK);
 }

@@ -83,9 +83,14 @@ fn ctl_with_fds<S: AsRef<OsStr> + std::fmt::Debug>(
 /// Sends one request line with `fds` attached (SCM_RIGHTS) and returns the response.
 fn raw_request(control: &Path, request: Value, fds: &[RawFd]) -> Value {
     let stream = UnixStream::connect(control).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
     let line = format!("{request}\n");
-    let mut iov = libc::iovec { iov_base: line.as_ptr().cast_mut().cast(), iov_len: line.len() };
+    let mut iov = libc::iovec {
+        iov_base: line.as_ptr().cast_mut().cast(),
+        iov_len: line.len(),
+    };
     #[repr(C, align(8))]
     struct Control([u8; 128]);
     let mut control_buf = Control([0; 128]);
@@ -159,19 +164,29 @@ fn a_passphrase_in_a_pipe_opens_a_disk_and_changes_its_keyslots() {
     // cryptsetup waits for the lock the daemon holds on a served image: check it detached.
     daemon.ctl_ok(&["disk-remove", "vol"]);
     let new_key = t.key_with("check.key", &new);
-    assert!(img.opens_with(&new_key), "the new keyslot does not open the image");
+    assert!(
+        img.opens_with(&new_key),
+        "the new keyslot does not open the image"
+    );
 
     // `--key-file -`: ctl passes its stdin; the new passphrase opens the disk, data intact.
     let out = cryptblk_stdin(
-        argv!("ctl --socket {} disk-add vol --image {} --nbd-export --key-file -", ctl_sock, img),
+        argv!(
+            "ctl --socket {} disk-add vol --image {} --nbd-export --key-file -",
+            ctl_sock,
+            img
+        ),
         new.as_bytes(),
     );
     out.ok();
     daemon.qemu_io("vol", &["read -P 0x3c 64k 128k"]);
 
     // key-remove by descriptor: the keyslot the new passphrase opens goes, the old stays.
-    let out =
-        ctl_with_fds(&ctl_sock, &["key-remove", "vol", "--key-fd", "3"], &[(3, new.as_bytes())]);
+    let out = ctl_with_fds(
+        &ctl_sock,
+        &["key-remove", "vol", "--key-fd", "3"],
+        &[(3, new.as_bytes())],
+    );
     out.ok();
     daemon.ctl_ok(&["disk-remove", "vol"]);
     assert!(!img.opens_with(&new_key), "key-remove did not remove it");
@@ -201,7 +216,10 @@ fn descriptors_not_passed_or_too_many_are_refused_and_closed() {
     );
     assert_eq!(reply["error"]["code"], -32602, "{reply}");
     let message = reply["error"]["message"].as_str().unwrap();
-    assert!(message.contains("key-fd 0: no file descriptor was passed"), "{message}");
+    assert!(
+        message.contains("key-fd 0: no file descriptor was passed"),
+        "{message}"
+    );
     // Both a key file and a descriptor: refused, naming both.
     let pipe = pipe_holding(pass.as_bytes());
     let reply = raw_request(
@@ -210,7 +228,13 @@ fn descriptors_not_passed_or_too_many_are_refused_and_closed() {
                "params": {"name": "vol", "image": s(&img), "key-fd": 0, "key-file": s(&key)}}),
         &[pipe.as_raw_fd()],
     );
-    assert!(reply["error"]["message"].as_str().unwrap().contains("key-file and key-fd"), "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("key-file and key-fd"),
+        "{reply}"
+    );
 
     // Five descriptors where four are allowed: refused, not run, all closed.
     let pipes: Vec<OwnedFd> = (0..5).map(|_| pipe_holding(pass.as_bytes())).collect();
@@ -223,7 +247,10 @@ fn descriptors_not_passed_or_too_many_are_refused_and_closed() {
     );
     assert_eq!(reply["error"]["code"], -32600, "{reply}");
     assert!(
-        reply["error"]["message"].as_str().unwrap().contains("more than 4 file descriptors"),
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("more than 4 file descriptors"),
         "{reply}"
     );
     let list = daemon.ctl_ok(&["disk-list"]);

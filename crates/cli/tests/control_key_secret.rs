@@ -32,7 +32,9 @@ fn a_secret_under_the_master_key_opens_a_disk_and_changes_its_keyslots() {
     let t = TestDir::new();
     let (img, pass) = image(&t);
     let (master_path, master) = master_key_file(t.root(), "master.key");
-    let daemon = serve(&t).args(&["--master-key-file", s(&master_path)]).start();
+    let daemon = serve(&t)
+        .args(&["--master-key-file", s(&master_path)])
+        .start();
     let secret = seal(&master, &pass);
     let add = |given: &Secret| {
         daemon.ctl(&argv!(
@@ -57,7 +59,10 @@ fn a_secret_under_the_master_key_opens_a_disk_and_changes_its_keyslots() {
     let out = add(&wrong_iv);
     out.expect_code(code::WRONG_PASSPHRASE);
     out.error_line(&["unlocking with key-secret", "is key-secret-iv right?"]);
-    let bad_iv = Secret { iv: base64(&random_bytes(8)), ..seal(&master, &pass) };
+    let bad_iv = Secret {
+        iv: base64(&random_bytes(8)),
+        ..seal(&master, &pass)
+    };
     add(&bad_iv).error_line(&["key-secret-iv holds 8 bytes, not 16"]);
     let list = daemon.ctl_ok(&["disk-list"]);
     assert_eq!(list["disks"].as_array().map(Vec::len), Some(0), "{list}");
@@ -83,7 +88,10 @@ fn a_secret_under_the_master_key_opens_a_disk_and_changes_its_keyslots() {
     daemon.ctl_ok(&["disk-remove", "vol"]);
     assert_eq!(keyslots(&img), 2, "exactly one keyslot was added");
     let new_key = t.key_with("check.key", &new);
-    assert!(img.opens_with(&new_key), "the new keyslot does not open the image");
+    assert!(
+        img.opens_with(&new_key),
+        "the new keyslot does not open the image"
+    );
     // What the secret-unlocked disk wrote is the right plaintext under the LUKS key.
     let plain = img.decrypt(&t.path("plain.raw"));
     assert!(plain[64 << 10..192 << 10].iter().all(|&b| b == 0x5a));
@@ -160,7 +168,11 @@ fn without_a_usable_master_key_secrets_are_refused() {
         (&t.root().to_path_buf(), "is a directory"),
     ] {
         let control = t.path("refused.sock");
-        let out = cryptblk(argv!("serve --control {} --master-key-file {}", control, path));
+        let out = cryptblk(argv!(
+            "serve --control {} --master-key-file {}",
+            control,
+            path
+        ));
         out.expect_code(code::USAGE);
         out.error_line(&["--master-key-file", said]);
         assert!(!control.exists(), "a refused start left its socket");
@@ -168,11 +180,19 @@ fn without_a_usable_master_key_secrets_are_refused() {
 
     // One its group may read: used, with a warning like a key file's.
     let (open_path, _) = master_key_file(t.root(), "open.key");
-    std::fs::set_permissions(&open_path, std::os::unix::fs::PermissionsExt::from_mode(0o640))
-        .unwrap();
-    let daemon = serve(&t).args(&["--master-key-file", s(&open_path)]).start();
+    std::fs::set_permissions(
+        &open_path,
+        std::os::unix::fs::PermissionsExt::from_mode(0o640),
+    )
+    .unwrap();
+    let daemon = serve(&t)
+        .args(&["--master-key-file", s(&open_path)])
+        .start();
     let log = daemon.log();
-    assert!(log.contains("master key file") && log.contains("is readable by its group"), "{log}");
+    assert!(
+        log.contains("master key file") && log.contains("is readable by its group"),
+        "{log}"
+    );
 }
 
 #[test]
@@ -188,7 +208,9 @@ fn ctl_sends_the_ciphertext_never_the_passphrase() {
         let request: serde_json::Value = serde_json::from_str(&line).unwrap();
         let reply = serde_json::json!({"jsonrpc": "2.0", "id": request["id"],
                                        "result": {"name": "vol", "keyslot": 1}});
-        (&stream).write_all(format!("{reply}\n").as_bytes()).unwrap();
+        (&stream)
+            .write_all(format!("{reply}\n").as_bytes())
+            .unwrap();
         line
     });
     let (_, master) = master_key_file(t.root(), "master.key");
@@ -203,7 +225,10 @@ fn ctl_sends_the_ciphertext_never_the_passphrase() {
     let sent = recorder.join().unwrap();
     let request: serde_json::Value = serde_json::from_str(&sent).unwrap();
     assert_eq!(request["params"]["key-secret"], old_secret.data.as_str());
-    assert_eq!(request["params"]["new-key-secret-iv"], new_secret.iv.as_str());
+    assert_eq!(
+        request["params"]["new-key-secret-iv"],
+        new_secret.iv.as_str()
+    );
     for plain in [&old, &new] {
         assert!(!sent.contains(plain.as_str()), "sent in clear: {sent}");
         let b64 = base64(plain.as_bytes());
@@ -216,7 +241,9 @@ fn reencrypt_start_and_migrate_incoming_take_secrets_too() {
     let t = TestDir::new();
     let (img, pass) = image(&t);
     let (master_path, master) = master_key_file(t.root(), "master.key");
-    let daemon = serve(&t).args(&["--master-key-file", s(&master_path)]).start();
+    let daemon = serve(&t)
+        .args(&["--master-key-file", s(&master_path)])
+        .start();
     let secret = seal(&master, &pass);
     let foreign = foreign_secret(&master, &pass);
     daemon
@@ -259,7 +286,11 @@ fn reencrypt_start_and_migrate_incoming_take_secrets_too() {
     daemon.wait_reencrypt("vol", "the end", |st| st["phase"] == "finished");
     daemon.qemu_io("vol", &["read -P 0xc3 1M 2M"]);
     daemon.ctl_ok(&["disk-remove", "vol"]);
-    assert_ne!(img.dump()["digests"], before["digests"], "the volume key was not replaced");
+    assert_ne!(
+        img.dump()["digests"],
+        before["digests"],
+        "the volume key was not replaced"
+    );
     assert!(img.opens_with(img.key()));
     let plain = img.decrypt(&t.path("plain.raw"));
     assert!(plain[1 << 20..3 << 20].iter().all(|&b| b == 0xc3));

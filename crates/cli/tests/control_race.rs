@@ -189,9 +189,22 @@ fn racing_control_requests_never_hang() {
     });
     let took = started.elapsed();
 
-    eprintln!("{} requests in {took:?}", answers.iter().map(Vec::len).sum::<usize>());
-    for method in ["migrate-start", "migrate-cancel", "key-add", "key-remove", "disk-remove"] {
-        let n = answers.iter().flatten().filter(|a| a.starts_with(&format!("{method}:"))).count();
+    eprintln!(
+        "{} requests in {took:?}",
+        answers.iter().map(Vec::len).sum::<usize>()
+    );
+    for method in [
+        "migrate-start",
+        "migrate-cancel",
+        "key-add",
+        "key-remove",
+        "disk-remove",
+    ] {
+        let n = answers
+            .iter()
+            .flatten()
+            .filter(|a| a.starts_with(&format!("{method}:")))
+            .count();
         assert!(n >= 10, "only {n} {method} requests were made");
     }
 
@@ -204,15 +217,23 @@ fn racing_control_requests_never_hang() {
         match disk_add(&mut client, &setup) {
             Ok(_) => break,
             Err(cryptblk_control::ClientError::Rpc(e)) if e.code == -32011 => break,
-            Err(e) => assert!(Instant::now() < deadline, "the disk cannot be attached: {e}"),
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "the disk cannot be attached: {e}"
+            ),
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     let t = Instant::now();
     client.call("migrate-cancel", json!({"name": "vol"})).ok();
-    client.call("disk-remove", json!({"name": "vol", "force": true})).unwrap();
+    client
+        .call("disk-remove", json!({"name": "vol", "force": true}))
+        .unwrap();
     disk_add(&mut client, &setup).unwrap_or_else(|e| {
-        panic!("disk-add right after disk-remove ({:?} later): {e}", t.elapsed())
+        panic!(
+            "disk-add right after disk-remove ({:?} later): {e}",
+            t.elapsed()
+        )
     });
     // Nothing is left half-done: every verb works again.
     client
@@ -222,7 +243,9 @@ fn racing_control_requests_never_hang() {
                    "pbkdf": "pbkdf2", "iter-time": 1}),
         )
         .unwrap();
-    client.call("key-remove", json!({"name": "vol", "key-file": setup.key2})).unwrap();
+    client
+        .call("key-remove", json!({"name": "vol", "key-file": setup.key2}))
+        .unwrap();
     let started = client
         .call(
             "migrate-start",
@@ -230,7 +253,9 @@ fn racing_control_requests_never_hang() {
         )
         .unwrap();
     assert_eq!(started["phase"], "precopy", "{started}");
-    let cancelled = client.call("migrate-cancel", json!({"name": "vol"})).unwrap();
+    let cancelled = client
+        .call("migrate-cancel", json!({"name": "vol"}))
+        .unwrap();
     assert_eq!(cancelled["phase"], "cancelled", "{cancelled}");
     client.call("stats", json!({})).unwrap();
     client.call("disk-list", json!({})).unwrap();

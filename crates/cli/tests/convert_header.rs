@@ -43,7 +43,12 @@ fn fill(t: TestDir, img: PathBuf, key: Key, extra_keys: usize) -> Case {
         cryptsetup(argv!(add, keys[0], img, k)).ok();
         keys.push(k);
     }
-    Case { t, img, keys, plain }
+    Case {
+        t,
+        img,
+        keys,
+        plain,
+    }
 }
 
 /// `qemu-img create -f luks` (LUKS1, 512-byte sectors, the payload right after the eighth
@@ -79,7 +84,11 @@ fn cryptsetup_case(extra_keys: usize) -> Case {
 fn luks_version(img: &Path) -> String {
     let out = cryptsetup(argv!("luksDump {}", img));
     out.ok();
-    let line = out.stdout.lines().find(|l| l.starts_with("Version:")).unwrap();
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("Version:"))
+        .unwrap();
     line.split_whitespace().last().unwrap().to_string()
 }
 
@@ -96,7 +105,11 @@ fn check_opens_with_plaintext(c: &Case, img: &Path, sector: u64) {
         assert!(cryptsetup_accepts(img, k), "cryptsetup refuses {}", s(k));
     }
     let ours = cryptblk_decrypt(img, &c.keys[0], &c.t.path("out.raw"));
-    assert_same_bytes(&ours, &c.plain, "cryptblk's decryption of the converted image");
+    assert_same_bytes(
+        &ours,
+        &c.plain,
+        "cryptblk's decryption of the converted image",
+    );
     let vk = cryptsetup_volume_key(img, c.keys.last().unwrap());
     check_sampled_sectors(img, &vk, sector, &c.plain);
 }
@@ -120,7 +133,11 @@ fn cryptsetup_luks1_converts_as_cryptsetup_converts_it() {
     // Byte for byte from the secondary header's end on: keyslot areas (moved the same way,
     // inactive slots' bytes included) and payload.
     let (ours, theirs) = (read(&c.img), read(&by_cryptsetup));
-    assert_same_bytes(&ours[32768..], &theirs[32768..], "keyslot areas and payload");
+    assert_same_bytes(
+        &ours[32768..],
+        &theirs[32768..],
+        "keyslot areas and payload",
+    );
     // Binary headers: equal but for the random salt (104..168) and the checksum over it
     // (448..512); magic, version, size, seqid (2), label, checksum algorithm, UUID equal.
     for copy in [0, 16384] {
@@ -134,12 +151,19 @@ fn qemu_luks1_converts_where_cryptsetup_refuses() {
     let c = qemu_case("", 1);
     let by_cryptsetup = c.copy("by-cryptsetup.img");
     let refused = cryptsetup(argv!("convert --type luks2 -q {}", by_cryptsetup));
-    assert_ne!(refused.code, 0, "cryptsetup converted a QEMU layout: {refused:?}");
+    assert_ne!(
+        refused.code, 0,
+        "cryptsetup converted a QEMU layout: {refused:?}"
+    );
     assert_same_files(&by_cryptsetup, &c.img);
 
     let out = cryptblk(argv!("convert-header --type luks2 {}", c.img));
     out.ok();
-    assert!(out.stdout.contains("copied to free space"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("copied to free space"),
+        "{}",
+        out.stdout
+    );
     assert_eq!(luks_version(&c.img), "2");
     check_opens_with_plaintext(&c, &c.img, 512);
 
@@ -152,8 +176,14 @@ fn qemu_luks1_converts_where_cryptsetup_refuses() {
         serde_json::json!({"type": "crypt", "offset": payload.to_string(), "iv_tweak": "0",
             "size": "dynamic", "encryption": "aes-xts-plain64", "sector_size": 512})
     );
-    assert_eq!(meta["digests"]["0"]["keyslots"], serde_json::json!(["0", "1"]));
-    assert_eq!(meta["config"]["keyslots_size"], (payload - 32768).to_string());
+    assert_eq!(
+        meta["digests"]["0"]["keyslots"],
+        serde_json::json!(["0", "1"])
+    );
+    assert_eq!(
+        meta["config"]["keyslots_size"],
+        (payload - 32768).to_string()
+    );
     let area = |k: &str| {
         let a = &meta["keyslots"][k]["area"];
         let off: u64 = a["offset"].as_str().unwrap().parse().unwrap();
@@ -161,9 +191,15 @@ fn qemu_luks1_converts_where_cryptsetup_refuses() {
         off
     };
     // Both copied past the LUKS1 material still in use at the time of the copy.
-    assert_eq!((area("0"), area("1")), (4096 + 2 * 258048, 4096 + 3 * 258048));
+    assert_eq!(
+        (area("0"), area("1")),
+        (4096 + 2 * 258048, 4096 + 3 * 258048)
+    );
     let kdf = &meta["keyslots"]["0"]["kdf"];
-    assert_eq!((kdf["type"].as_str(), kdf["hash"].as_str()), (Some("pbkdf2"), Some("sha256")));
+    assert_eq!(
+        (kdf["type"].as_str(), kdf["hash"].as_str()),
+        (Some("pbkdf2"), Some("sha256"))
+    );
     // The old copies of the key material are wiped.
     let bytes = read(&c.img);
     assert_filled(&bytes[32768..4096 + 256000], 0, "old slot 0 copy left");
@@ -176,10 +212,18 @@ fn reencrypt_turns_a_qemu_luks1_disk_into_luks2_with_4k_sectors() {
     // aes-xts with a 256-bit key, as older QEMU made them.
     let c = qemu_case(",cipher-alg=aes-128,cipher-mode=xts", 0);
     let old_key = cryptsetup_volume_key(&c.img, &c.keys[0]);
-    let out =
-        cryptblk_cheap(argv!("reencrypt --key-file {} --sector-size 4096 {}", c.keys[0], c.img));
+    let out = cryptblk_cheap(argv!(
+        "reencrypt --key-file {} --sector-size 4096 {}",
+        c.keys[0],
+        c.img
+    ));
     out.ok();
-    assert!(out.stderr.contains("converted the LUKS1 header to LUKS2 first"), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("converted the LUKS1 header to LUKS2 first"),
+        "{}",
+        out.stderr
+    );
     let meta = json_metadata(&c.img);
     assert_eq!(meta["segments"]["0"]["sector_size"], 4096);
     assert_eq!(meta["segments"]["0"]["encryption"], "aes-xts-plain64");

@@ -101,7 +101,9 @@ fn decode(r: &[u8]) -> Result<(u64, u64), String> {
         ));
     }
     if r != record(block, generation).as_slice() {
-        return Err(format!("record block {block} gen {generation}: fill does not match"));
+        return Err(format!(
+            "record block {block} gen {generation}: fill does not match"
+        ));
     }
     Ok((block, generation))
 }
@@ -123,7 +125,9 @@ fn block_checker_rejects_lost_torn_and_foreign_blocks() {
     // Torn: the first half of generation 6 over generation 5.
     let mut torn = r5.clone();
     torn[..BLOCK / 2].copy_from_slice(&record(9, 6)[..BLOCK / 2]);
-    assert!(check_block(&torn, 9, Some(5), Some(6)).unwrap_err().contains("torn"));
+    assert!(check_block(&torn, 9, Some(5), Some(6))
+        .unwrap_err()
+        .contains("torn"));
     // A flipped byte in the fill.
     let mut flipped = r5.clone();
     flipped[1000] ^= 1;
@@ -159,7 +163,12 @@ fn nbd_client_against_qemu_nbd() {
     match NbdClient::connect(&sock, "nope") {
         Err(NbdError::OptionRejected { option, reply, .. }) => {
             assert_eq!(option, nbd_protocol::OPT_GO);
-            assert_eq!(reply, nbd_protocol::REP_ERR_UNKNOWN, "{}", NbdError::rep_err_name(reply));
+            assert_eq!(
+                reply,
+                nbd_protocol::REP_ERR_UNKNOWN,
+                "{}",
+                NbdError::rep_err_name(reply)
+            );
         }
         other => panic!("export \"nope\": expected NBD_REP_ERR_UNKNOWN, got {other:?}"),
     }
@@ -180,7 +189,8 @@ fn nbd_client_against_qemu_nbd() {
     let mut sent = HashMap::new();
     for i in 0..32u64 {
         let data = record(i, 7);
-        c.send_write(100 + i, i * BLOCK as u64 * 3, &data, i % 2 == 0).unwrap();
+        c.send_write(100 + i, i * BLOCK as u64 * 3, &data, i % 2 == 0)
+            .unwrap();
         sent.insert(100 + i, data);
     }
     let mut acked = 0;
@@ -194,7 +204,8 @@ fn nbd_client_against_qemu_nbd() {
     assert_eq!(acked, 32);
     c.flush().unwrap();
     for i in 0..32u64 {
-        c.send_read(500 + i, i * BLOCK as u64 * 3, BLOCK as u32).unwrap();
+        c.send_read(500 + i, i * BLOCK as u64 * 3, BLOCK as u32)
+            .unwrap();
     }
     let mut seen = 0;
     while c.in_flight() > 0 {
@@ -213,7 +224,10 @@ fn nbd_client_against_qemu_nbd() {
     let lens: HashMap<u64, usize> = [(h1, d1.unwrap().len()), (h2, d2.unwrap().len())].into();
     assert_eq!(lens, HashMap::from([(1, 512), (2, 8192)]));
     // The client refuses what the export forbids instead of sending it.
-    assert!(matches!(c.send_read(3, 4 * MIB, 512), Err(NbdError::Protocol(_))));
+    assert!(matches!(
+        c.send_read(3, 4 * MIB, 512),
+        Err(NbdError::Protocol(_))
+    ));
     assert!(matches!(c.send_read(4, 0, 0), Err(NbdError::Protocol(_))));
     assert_eq!(c.in_flight(), 0);
     let whole = c.read_range(0, 4 * MIB, 64 * 1024, 8).unwrap();
@@ -221,7 +235,10 @@ fn nbd_client_against_qemu_nbd() {
     c.disconnect().unwrap();
     // A second connection sees the same data (and qemu-nbd is still there: --persistent).
     let mut c2 = NbdClient::connect(&sock, "disk").unwrap();
-    assert_eq!(decode(&c2.read(3 * 3 * BLOCK as u64, BLOCK as u32).unwrap()).unwrap(), (3, 7));
+    assert_eq!(
+        decode(&c2.read(3 * 3 * BLOCK as u64, BLOCK as u32).unwrap()).unwrap(),
+        (3, 7)
+    );
     c2.disconnect().unwrap();
     qemu.terminate();
 }
@@ -409,9 +426,9 @@ fn check_block(
             Ok(())
         }
         Err(why) if why == "all zeros" && last_acked.is_none() => Ok(()),
-        Err(why) => {
-            Err(format!("{why} (last acknowledged {last_acked:?}, highest sent {highest_sent:?})"))
-        }
+        Err(why) => Err(format!(
+            "{why} (last acknowledged {last_acked:?}, highest sent {highest_sent:?})"
+        )),
     }
 }
 
@@ -430,17 +447,34 @@ fn crash_writes(kind: &str, cache: &str, seed: u64) {
     let mut first = daemon.nbd(name);
     let export = first.export.clone();
     eprintln!("[{kind}] export {export:?}");
-    assert!(export.has(nbd_protocol::TFLAG_SEND_FLUSH), "no FLUSH: {export:?}");
-    assert!(export.has(nbd_protocol::TFLAG_SEND_FUA), "no FUA: {export:?}");
+    assert!(
+        export.has(nbd_protocol::TFLAG_SEND_FLUSH),
+        "no FLUSH: {export:?}"
+    );
+    assert!(
+        export.has(nbd_protocol::TFLAG_SEND_FUA),
+        "no FUA: {export:?}"
+    );
     assert!(!export.has(nbd_protocol::TFLAG_READ_ONLY));
     assert_eq!(export.size % BLOCK as u64, 0);
-    assert!((BLOCK as u32).is_multiple_of(export.min_block()), "{export:?}");
+    assert!(
+        (BLOCK as u32).is_multiple_of(export.min_block()),
+        "{export:?}"
+    );
     if kind == "luks2" {
-        assert_eq!(export.min_block(), 4096, "LUKS2 with 4096-byte sectors: {export:?}");
+        assert_eq!(
+            export.min_block(),
+            4096,
+            "LUKS2 with 4096-byte sectors: {export:?}"
+        );
     }
     let blocks = export.size / BLOCK as u64;
     let per_conn = blocks / CONNECTIONS as u64;
-    assert!(per_conn >= 64, "export of {} bytes is too small", export.size);
+    assert!(
+        per_conn >= 64,
+        "export of {} bytes is too small",
+        export.size
+    );
 
     // LUKS: an unwritten block decrypts to garbage, so every block starts as a generation 0
     // record, written and flushed through NBD.
@@ -450,7 +484,9 @@ fn crash_writes(kind: &str, cache: &str, seed: u64) {
         let mut next = 0u64;
         while next < blocks || first.in_flight() > 0 {
             while next < blocks && first.in_flight() < 16 {
-                first.send_write(next, next * BLOCK as u64, &record(next, 0), false).unwrap();
+                first
+                    .send_write(next, next * BLOCK as u64, &record(next, 0), false)
+                    .unwrap();
                 next += 1;
             }
             let (h, err, _) = first.recv_reply().unwrap();
@@ -465,8 +501,9 @@ fn crash_writes(kind: &str, cache: &str, seed: u64) {
     // odd ones FLUSH every 16 writes.
     let start = Arc::new(Barrier::new(CONNECTIONS + 1));
     // Writes acknowledged so far, per connection.
-    let acked: Vec<Arc<AtomicU64>> =
-        (0..CONNECTIONS).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let acked: Vec<Arc<AtomicU64>> = (0..CONNECTIONS)
+        .map(|_| Arc::new(AtomicU64::new(0)))
+        .collect();
     let threads: Vec<_> = (0..CONNECTIONS)
         .map(|c| {
             let client = daemon.nbd(name);
@@ -496,8 +533,10 @@ fn crash_writes(kind: &str, cache: &str, seed: u64) {
     }
     let killed_at = t0.elapsed();
     daemon.kill9();
-    let reports: Vec<WriterReport> =
-        threads.into_iter().map(|t| t.join().expect("a writer thread panicked")).collect();
+    let reports: Vec<WriterReport> = threads
+        .into_iter()
+        .map(|t| t.join().expect("a writer thread panicked"))
+        .collect();
     let summary: String = reports
         .iter()
         .map(|r| {
@@ -520,12 +559,29 @@ fn crash_writes(kind: &str, cache: &str, seed: u64) {
     );
     eprintln!("{context}");
     for r in &reports {
-        assert!(r.failure.is_none(), "a writer failed before the kill\n{context}");
+        assert!(
+            r.failure.is_none(),
+            "a writer failed before the kill\n{context}"
+        );
     }
-    let fua_acked: u64 = reports.iter().filter(|r| r.fua).map(|r| r.writes_acked).sum();
-    let flush_acked: u64 = reports.iter().filter(|r| !r.fua).map(|r| r.writes_acked).sum();
-    assert!(fua_acked > 0, "no FUA write was acknowledged before the kill\n{context}");
-    assert!(flush_acked > 0, "no flushed write was acknowledged before the kill\n{context}");
+    let fua_acked: u64 = reports
+        .iter()
+        .filter(|r| r.fua)
+        .map(|r| r.writes_acked)
+        .sum();
+    let flush_acked: u64 = reports
+        .iter()
+        .filter(|r| !r.fua)
+        .map(|r| r.writes_acked)
+        .sum();
+    assert!(
+        fua_acked > 0,
+        "no FUA write was acknowledged before the kill\n{context}"
+    );
+    assert!(
+        flush_acked > 0,
+        "no flushed write was acknowledged before the kill\n{context}"
+    );
     for r in &reports {
         assert!(
             r.writes_acked > 0,
@@ -578,11 +634,19 @@ fn crash_writes(kind: &str, cache: &str, seed: u64) {
     match &img.key {
         None => {
             let file = read(&img);
-            assert_same_bytes(&file[..data.len()], &data, "raw image file vs NBD read-back");
+            assert_same_bytes(
+                &file[..data.len()],
+                &data,
+                "raw image file vs NBD read-back",
+            );
         }
         Some(_) => {
             let plain = img.decrypt(&t.path("plain.raw"));
-            assert_same_bytes(&plain[..data.len()], &data, "cryptblk convert vs NBD read-back");
+            assert_same_bytes(
+                &plain[..data.len()],
+                &data,
+                "cryptblk convert vs NBD read-back",
+            );
         }
     }
 }
@@ -612,7 +676,10 @@ fn acknowledged_writes_survive_kill_9() {
 fn ctl_in_background(
     control: &Path,
     args: Vec<String>,
-) -> (Instant, std::thread::JoinHandle<Result<Value, Option<String>>>) {
+) -> (
+    Instant,
+    std::thread::JoinHandle<Result<Value, Option<String>>>,
+) {
     let child = Command::new(bin())
         .args(["ctl", "--socket", s(control)])
         .args(&args)
@@ -672,7 +739,10 @@ fn check_image(
     removing: bool,
 ) -> bool {
     let dump = tool("cryptsetup", ["luksDump", s(img)]);
-    assert_eq!(dump.code, 0, "cryptsetup luksDump fails {context}:\n{dump:?}");
+    assert_eq!(
+        dump.code, 0,
+        "cryptsetup luksDump fails {context}:\n{dump:?}"
+    );
     let json = cryptblk(["dump", "--json", s(img)]);
     assert_eq!(json.code, 0, "cryptblk dump fails {context}:\n{json:?}");
     let json: Value = serde_json::from_str(&json.stdout).unwrap();
@@ -683,12 +753,21 @@ fn check_image(
     );
     let out = dir.join("check.raw");
     let _ = std::fs::remove_file(&out);
-    let conv = cryptblk(argv!("convert -O raw --source-key-file {} {} {}", old, img, out));
+    let conv = cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        old,
+        img,
+        out
+    ));
     assert_eq!(
         conv.code, 0,
         "cryptblk cannot open the image with the old passphrase {context}:\n{conv:?}"
     );
-    assert_same_bytes(&read(&out)[..payload.len()], payload, &format!("payload {context}"));
+    assert_same_bytes(
+        &read(&out)[..payload.len()],
+        payload,
+        &format!("payload {context}"),
+    );
     let other_opens = opens_with_cryptsetup(img, other);
     let keyslots = json["keyslots"].as_array().unwrap();
     let slots = keyslots.len();
@@ -704,8 +783,14 @@ fn check_image(
             .find(|&id| id != "0")
             .unwrap_or_else(|| panic!("no keyslot but 0 listed {context}"))
             .to_owned();
-        let kill = tool("cryptsetup", ["luksKillSlot", "-q", "--key-file", s(old), s(img), &dead]);
-        assert_eq!(kill.code, 0, "cannot kill the dead keyslot {dead} {context}:\n{kill:?}");
+        let kill = tool(
+            "cryptsetup",
+            ["luksKillSlot", "-q", "--key-file", s(old), s(img), &dead],
+        );
+        assert_eq!(
+            kill.code, 0,
+            "cannot kill the dead keyslot {dead} {context}:\n{kill:?}"
+        );
         return false;
     }
     assert_eq!(
@@ -731,7 +816,11 @@ impl KillDelays {
     const SPREAD: [f64; 3] = [0.0, 0.6, 1.25];
 
     fn new(t: Duration) -> KillDelays {
-        KillDelays { t, before: None, after: None }
+        KillDelays {
+            t,
+            before: None,
+            after: None,
+        }
     }
 
     fn next(&self, round: usize, rng: &mut StdRng) -> Duration {
@@ -793,18 +882,36 @@ fn key_add_survives_kill_9_at_any_point() {
     let ctl = daemon.control().to_path_buf();
     // Cheap, but calibrated: the KDF benchmark runs inside the daemon like in production.
     let add_args = |new: &Path| -> Vec<String> {
-        let a = ["key-add", name, "--key-file", s(&old), "--new-key-file", s(new)];
+        let a = [
+            "key-add",
+            name,
+            "--key-file",
+            s(&old),
+            "--new-key-file",
+            s(new),
+        ];
         let cheap = ["--pbkdf", "pbkdf2", "--iter-time", "30"];
         a.iter().chain(&cheap).map(|x| x.to_string()).collect()
     };
     let remove_args = |key: &Path| -> Vec<String> {
-        ["key-remove", name, "--key-file", s(key)].iter().map(|x| x.to_string()).collect()
+        ["key-remove", name, "--key-file", s(key)]
+            .iter()
+            .map(|x| x.to_string())
+            .collect()
     };
     let t_add = ctl_timed(&ctl, add_args(&cal_key));
     let t_remove = ctl_timed(&ctl, remove_args(&cal_key));
     assert_eq!(daemon.terminate(), code::OK);
     eprintln!("uninterrupted: key-add {t_add:?}, key-remove {t_remove:?}");
-    check_image(d, &img, &old, &cal_key, &payload, "after calibration", false);
+    check_image(
+        d,
+        &img,
+        &old,
+        &cal_key,
+        &payload,
+        "after calibration",
+        false,
+    );
     assert!(!opens_with_cryptsetup(&img, &cal_key));
 
     let mut add_delays = KillDelays::new(t_add);
@@ -873,12 +980,18 @@ fn key_add_survives_kill_9_at_any_point() {
     // Not vacuous: some kills landed before the reply, and some operations completed.
     let cut = outcomes.iter().filter(|o| !o.2).count();
     let done = outcomes.iter().filter(|o| o.2).count();
-    let effect_without_reply = outcomes.iter().filter(|o| !o.2 && (o.3 == (o.0 == "add"))).count();
+    let effect_without_reply = outcomes
+        .iter()
+        .filter(|o| !o.2 && (o.3 == (o.0 == "add")))
+        .count();
     eprintln!(
         "{cut} operations cut off ({effect_without_reply} of them had taken effect), {done} \
          completed before the kill; add kills converged on {:?}..{:?}, remove kills on {:?}..{:?}",
         add_delays.before, add_delays.after, remove_delays.before, remove_delays.after
     );
     assert!(cut > 0, "no kill interrupted an operation: {outcomes:?}");
-    assert!(done > 0, "no operation completed before its kill: {outcomes:?}");
+    assert!(
+        done > 0,
+        "no operation completed before its kill: {outcomes:?}"
+    );
 }

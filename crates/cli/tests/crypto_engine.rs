@@ -13,7 +13,11 @@ use cryptblk_crypto::{engines, CipherSpec};
 /// The engines that can run LUKS2's default cipher on this CPU (vaes only with VAES).
 fn runnable() -> Vec<&'static str> {
     let spec = CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap();
-    engines().into_iter().filter(|e| e.supports(&spec)).map(|e| e.name()).collect()
+    engines()
+        .into_iter()
+        .filter(|e| e.supports(&spec))
+        .map(|e| e.name())
+        .collect()
 }
 
 /// The engine a daemon started with `args` (and `CRYPTBLK_ENGINE=env`) uses for `img`.
@@ -24,7 +28,12 @@ fn serve_engine(t: &TestDir, img: &Image, args: &[&str], env: Option<&str>) -> S
     }
     let mut daemon = serve.start();
     let (key, sock) = (img.key(), t.path("d.sock"));
-    let add = argv!("disk-add d --image {} --key-file {} --vhost-user-blk {}", img, key, sock);
+    let add = argv!(
+        "disk-add d --image {} --key-file {} --vhost-user-blk {}",
+        img,
+        key,
+        sock
+    );
     let added = daemon.ctl_ok(&add);
     assert_eq!(daemon.terminate(), code::OK);
     added["engine"].as_str().unwrap_or("none").to_string()
@@ -47,14 +56,22 @@ fn every_runnable_engine_can_be_forced_for_served_disks() {
     // The variable alone forces too, and the option wins over it.
     let used = serve_engine(&t, &img, &[], Some("rustcrypto"));
     assert_eq!(used, "rustcrypto", "CRYPTBLK_ENGINE=rustcrypto");
-    let used = serve_engine(&t, &img, &["--crypto-engine", "openssl"], Some("rustcrypto"));
+    let used = serve_engine(
+        &t,
+        &img,
+        &["--crypto-engine", "openssl"],
+        Some("rustcrypto"),
+    );
     assert_eq!(used, "openssl", "--crypto-engine over CRYPTBLK_ENGINE");
 }
 
 #[test]
 fn bench_marks_the_forced_engine_as_default() {
     for name in runnable() {
-        let out = cryptblk(argv!("--crypto-engine {} bench --json --seconds 0.01", name));
+        let out = cryptblk(argv!(
+            "--crypto-engine {} bench --json --seconds 0.01",
+            name
+        ));
         out.ok();
         let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
         let results = report["results"].as_array().unwrap().iter();
@@ -98,7 +115,9 @@ fn a_forced_engine_refuses_a_cipher_it_cannot_run() {
 fn images_each_engine_writes_read_back_independently() {
     let names = runnable();
     if !names.contains(&"vaes") {
-        cryptblk_testutil::skip(&format!("this CPU lacks VAES: only {names:?} are checked here"));
+        cryptblk_testutil::skip(&format!(
+            "this CPU lacks VAES: only {names:?} are checked here"
+        ));
     }
     let t = TestDir::new();
     let (key, raw, back) = (t.key("key"), t.path("plain.raw"), t.path("back.raw"));

@@ -25,16 +25,22 @@ fn ctl_help_lists_every_method_and_param_the_daemon_accepts() {
                 || (param == "name" && verb.stdout.contains("[NAME]"))
                 || (param == "size" && verb.stdout.contains("<SIZE>"))
                 || (param == "checkpoint" && verb.stdout.contains("<CHECKPOINT>"));
-            assert!(shown, "`ctl {} --help` does not offer `{param}`:\n{}", m.name, verb.stdout);
+            assert!(
+                shown,
+                "`ctl {} --help` does not offer `{param}`:\n{}",
+                m.name, verb.stdout
+            );
         }
     }
 }
 
 #[test]
 fn the_serving_page_lists_the_methods_the_daemon_accepts() {
-    let page =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/serving.md"))
-            .unwrap();
+    let page = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/serving.md"
+    ))
+    .unwrap();
     let reference = methods_reference();
     assert!(
         page.contains(&format!("```text\n{reference}  ```")),
@@ -42,7 +48,11 @@ fn the_serving_page_lists_the_methods_the_daemon_accepts() {
     );
     for m in METHODS {
         for param in accepted_params(m.name).unwrap() {
-            assert!(reference.contains(&format!("\"{param}\"")), "{} {param}", m.name);
+            assert!(
+                reference.contains(&format!("\"{param}\"")),
+                "{} {param}",
+                m.name
+            );
         }
     }
 }

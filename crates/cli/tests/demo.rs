@@ -17,7 +17,11 @@ fn demo_encrypts_verifies_and_serves() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "demo failed: {}\n{stdout}\n{stderr}", out.status);
+    assert!(
+        out.status.success(),
+        "demo failed: {}\n{stdout}\n{stderr}",
+        out.status
+    );
     for expected in [
         "identical (16.0 MiB), and the LUKS2 image holds only ciphertext",
         "wrote 1 MiB to the encrypted disk and read it back: identical",
@@ -30,10 +34,16 @@ fn demo_encrypts_verifies_and_serves() {
     let rows: Vec<&str> = stdout.lines().filter(|l| l.contains(", depth ")).collect();
     assert_eq!(rows.len(), 3, "{stdout}");
     for row in rows {
-        let numbers: Vec<f64> = row.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+        let numbers: Vec<f64> = row
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
         // Block size is in the label ("4k"), not a number; depth, encrypted, plain, ratio.
         assert_eq!(numbers.len(), 4, "{row}");
-        assert!(numbers[1] > 0.0 && numbers[2] > 0.0 && numbers[3] > 0.0, "{row}");
+        assert!(
+            numbers[1] > 0.0 && numbers[2] > 0.0 && numbers[3] > 0.0,
+            "{row}"
+        );
     }
     // Both disks served hold every payload byte on the storage: the twin is not the sparse
     // sample (a quarter holes) but a dense copy.
@@ -42,7 +52,10 @@ fn demo_encrypts_verifies_and_serves() {
     assert_eq!(allocated("plain.raw"), 16 << 20);
     assert!(allocated("sample.luks2") >= 16 << 20);
     let config = std::fs::read_to_string(work.join("disks.toml")).unwrap();
-    assert!(config.contains("plain.raw") && !config.contains("sample.raw"), "{config}");
+    assert!(
+        config.contains("plain.raw") && !config.contains("sample.raw"),
+        "{config}"
+    );
     let measured: Vec<&str> = stdout.lines().filter(|l| l.contains("measured:")).collect();
     assert_eq!(measured.len(), 1, "{stdout}");
     for said in [

@@ -9,7 +9,11 @@ fn every_command_and_option_the_pages_show_exists() {
     let pages = pages(&repository_root());
     let shown = invocations(&pages, "cryptblk");
     // The usage page alone shows some thirty command lines.
-    assert!(shown.len() > 100, "only {} cryptblk command lines found", shown.len());
+    assert!(
+        shown.len() > 100,
+        "only {} cryptblk command lines found",
+        shown.len()
+    );
     let mut cli = Cli::new(env!("CARGO_BIN_EXE_cryptblk"));
     let problems: Vec<String> = shown.iter().flat_map(|i| cli.check(i)).collect();
     assert!(problems.is_empty(), "{}", problems.join("\n"));

@@ -47,10 +47,16 @@ fn every_command_has_a_man_page_groff_renders_cleanly() {
     }
     let serve = render("cryptblk-serve.1");
     for option in ["--cache", "--vhost-user-blk", "--config", "--control"] {
-        assert!(serve.contains(option), "cryptblk-serve(1) lacks {option}:\n{serve}");
+        assert!(
+            serve.contains(option),
+            "cryptblk-serve(1) lacks {option}:\n{serve}"
+        );
     }
     let ctl = render("cryptblk-ctl.1");
-    assert!(ctl.contains("disk-add") && ctl.contains("migrate-start"), "{ctl}");
+    assert!(
+        ctl.contains("disk-add") && ctl.contains("migrate-start"),
+        "{ctl}"
+    );
     // Without --dir: cryptblk(1) on stdout.
     let page = cryptblk(&["man"]).stdout;
     assert!(String::from_utf8_lossy(&page).starts_with(".ie \\n(.g .ds Aq"));
@@ -68,9 +74,19 @@ fn bash_completes(script: &std::path::Path, words: &[&str]) -> Vec<String> {
         quoted.join(" "),
         words.len() - 1
     );
-    let out = Command::new("bash").args(["-c", &program]).output().unwrap();
-    assert!(out.status.success(), "{program}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+    let out = Command::new("bash")
+        .args(["-c", &program])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{program}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 #[test]
@@ -81,11 +97,17 @@ fn bash_completes_commands_verbs_and_options() {
     assert_eq!(bash_completes(&script, &["cryptblk", "se"]), ["serve"]);
     let mut verbs = bash_completes(&script, &["cryptblk", "ctl", "disk-"]);
     verbs.sort();
-    assert_eq!(verbs, ["disk-add", "disk-list", "disk-remove", "disk-resize"]);
+    assert_eq!(
+        verbs,
+        ["disk-add", "disk-list", "disk-remove", "disk-resize"]
+    );
     assert!(bash_completes(&script, &["cryptblk", "serve", "--ca"]).contains(&"--cache".into()));
     // Every shell clap knows gets a script.
     for shell in ["zsh", "fish", "elvish", "powershell"] {
         let script = cryptblk(&["completions", shell]).stdout;
-        assert!(String::from_utf8_lossy(&script).contains("disk-add"), "{shell}");
+        assert!(
+            String::from_utf8_lossy(&script).contains("disk-add"),
+            "{shell}"
+        );
     }
 }

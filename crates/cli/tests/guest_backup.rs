@@ -60,7 +60,9 @@ const MARKS_BOUND: Duration = Duration::from_secs(120);
 
 /// Mark `n` as the guest writes it: 64 lines of its name padded to 63 characters.
 fn mark(n: u64) -> Vec<u8> {
-    format!("{:<63}\n", format!("cryptblk guest mark {n}")).repeat(MARK_LEN / 64).into_bytes()
+    format!("{:<63}\n", format!("cryptblk guest mark {n}"))
+        .repeat(MARK_LEN / 64)
+        .into_bytes()
 }
 
 /// The highest mark the console reports written (0: none yet).
@@ -237,7 +239,11 @@ impl Backups {
         self.qmp.execute("cont", json!({}));
         wait_for_mark(&mut self.guest, marks + 2);
         Started {
-            taken: Taken { name: name.to_string(), image, marks },
+            taken: Taken {
+                name: name.to_string(),
+                image,
+                marks,
+            },
             answer,
             uri,
             dirty_by_nbdinfo,
@@ -327,7 +333,10 @@ impl Backups {
         let partial = self.chain.join("pull.extents.partial");
         let deadline = Instant::now() + BOUND;
         while !partial.exists() {
-            assert!(pull.try_wait().unwrap().is_none(), "the pull ended before it began an entry");
+            assert!(
+                pull.try_wait().unwrap().is_none(),
+                "the pull ended before it began an entry"
+            );
             assert!(Instant::now() < deadline, "the pull began no entry");
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -354,7 +363,10 @@ impl Backups {
         // Still there, counting the header (and whatever the guest wrote since, which may
         // join it into one extent).
         let kept = checkpoint_extents(&self.daemon, "vol", name);
-        assert!(covers(&kept, 0, self.payload), "{name} is gone after the crash: {kept:?}");
+        assert!(
+            covers(&kept, 0, self.payload),
+            "{name} is gone after the crash: {kept:?}"
+        );
         self.daemon.ctl_ok(&["checkpoint-remove", "vol", name]);
     }
 }
@@ -379,7 +391,16 @@ fn a_running_guests_disk_backed_up_full_and_incrementally_restores_at_every_chec
     let qmp = Qmp::connect(&qmp_socket);
     wait_for_mark(&mut guest, 1);
     let chain = t.path("chain");
-    let mut b = Backups { t, img, payload, daemon, guest, qmp, chain, taken: Vec::new() };
+    let mut b = Backups {
+        t,
+        img,
+        payload,
+        daemon,
+        guest,
+        qmp,
+        chain,
+        taken: Vec::new(),
+    };
 
     // A full backup, then incrementals; nbdinfo reads the first incremental's bitmap.
     for i in 0..=INCREMENTALS {
@@ -408,7 +429,15 @@ fn a_running_guests_disk_backed_up_full_and_incrementally_restores_at_every_chec
 
     for c in &b.taken {
         let restored = b.t.path(&format!("restored-{}.luks", c.name));
-        cryptblk(["backup", "restore", "--checkpoint", &c.name, s(&b.chain), s(&restored)]).ok();
+        cryptblk([
+            "backup",
+            "restore",
+            "--checkpoint",
+            &c.name,
+            s(&b.chain),
+            s(&restored),
+        ])
+        .ok();
         assert_same_bytes(&read(&restored), &read(&c.image), &c.name);
         assert!(cryptsetup_accepts(&restored, &key), "{}", c.name);
         assert_marks(&restored, &key, c.marks, &c.name);
@@ -428,10 +457,17 @@ fn a_running_guests_disk_backed_up_full_and_incrementally_restores_at_every_chec
         );
         assert!(!bytes.windows(secret.len()).any(|w| w == secret.as_slice()));
     }
-    let marks: Vec<String> = b.taken.iter().map(|c| format!("{} {}", c.name, c.marks)).collect();
+    let marks: Vec<String> = b
+        .taken
+        .iter()
+        .map(|c| format!("{} {}", c.name, c.marks))
+        .collect();
     eprintln!(
         "marks written at each checkpoint: {}; {}",
         marks.join(", "),
-        console.lines().find(|l| l.contains("fio rounds passed")).unwrap_or("")
+        console
+            .lines()
+            .find(|l| l.contains("fio rounds passed"))
+            .unwrap_or("")
     );
 }

@@ -64,7 +64,10 @@ fn guest_fio_write_verify_on_raw_virtio_disk() {
     let data = std::fs::read(&disk).unwrap();
     assert_eq!(data.len() as u64, disk_size);
     assert_fio_pattern(&data[..size as usize]);
-    assert!(data[size as usize..].iter().all(|&b| b == 0), "fio wrote beyond --size");
+    assert!(
+        data[size as usize..].iter().all(|&b| b == 0),
+        "fio wrote beyond --size"
+    );
     assert_eq!(guest_digest(&console), host_digest(&data[..size as usize]));
 
     // A fresh guest verifies the pattern from the disk alone.
@@ -77,12 +80,19 @@ fn guest_fio_on_luks2_over_vhost_user_blk_two_queues() {
     let t = TestDir::new();
     let img = t.luks2("img.luks", "64M", &t.key("key"));
     let size = 32 * MIB;
-    let serve = t.serve().vhost_user().disk(&img).args(&["--num-queues", "2"]);
+    let serve = t
+        .serve()
+        .vhost_user()
+        .disk(&img)
+        .args(&["--num-queues", "2"]);
     let mut daemon = serve.log_level("info").start();
     let disk = VmConfig::vhost_user(daemon.vhost_socket()).queues(2);
 
     let console = boot(&t, disk.clone(), "write-verify", size);
-    assert!(console.contains("2 queue(s)"), "the guest did not get 2 queues:\n{console}");
+    assert!(
+        console.contains("2 queue(s)"),
+        "the guest did not get 2 queues:\n{console}"
+    );
     let written = guest_digest(&console);
     // QEMU is gone; the daemon takes the next guest, which verifies the pattern again.
     let console = boot(&t, disk, "read-verify", size);
@@ -115,8 +125,10 @@ fn guest_fio_on_qemu_made_luks1_over_vhost_user_blk() {
     // QEMU's LUKS driver decrypts the image on the host to exactly what the guest wrote.
     let secret = format!("secret,id=sec0,file={}", s(&key));
     let os = std::ffi::OsStr::new;
-    let image_opts =
-        format!("driver=luks,key-secret=sec0,file.driver=file,file.filename={}", img.display());
+    let image_opts = format!(
+        "driver=luks,key-secret=sec0,file.driver=file,file.filename={}",
+        img.display()
+    );
     tool(
         "qemu-img",
         argv!(
@@ -172,7 +184,11 @@ fn guest_fio_on_luks2_in_rbd_over_vhost_user_blk() {
         .arg(format!("of={}", out.display()))
         .output()
         .unwrap();
-    assert!(qemu.status.success(), "qemu-img dd: {}", String::from_utf8_lossy(&qemu.stderr));
+    assert!(
+        qemu.status.success(),
+        "qemu-img dd: {}",
+        String::from_utf8_lossy(&qemu.stderr)
+    );
     let data = std::fs::read(&out).unwrap();
     assert_eq!(data.len() as u64, size);
     assert_fio_pattern(&data);

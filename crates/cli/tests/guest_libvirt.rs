@@ -68,7 +68,10 @@ impl Libvirt {
         let libvirt = Libvirt { pid_files };
         let deadline = Instant::now() + Duration::from_secs(60);
         while !answers() {
-            assert!(Instant::now() < deadline, "libvirtd did not answer within 60 s");
+            assert!(
+                Instant::now() < deadline,
+                "libvirtd did not answer within 60 s"
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
         libvirt
@@ -78,8 +81,9 @@ impl Libvirt {
 impl Drop for Libvirt {
     fn drop(&mut self) {
         for pid_file in self.pid_files.iter().rev() {
-            if let Some(pid) =
-                std::fs::read_to_string(pid_file).ok().and_then(|p| p.trim().parse::<i32>().ok())
+            if let Some(pid) = std::fs::read_to_string(pid_file)
+                .ok()
+                .and_then(|p| p.trim().parse::<i32>().ok())
             {
                 // SAFETY: kill(2) with a PID the daemon wrote for itself.
                 unsafe { libc::kill(pid, libc::SIGTERM) };
@@ -96,7 +100,11 @@ fn wait_for(
 ) {
     let deadline = Instant::now() + limit;
     while !ok() {
-        assert!(Instant::now() < deadline, "{what} not within {limit:?}\n{}", context());
+        assert!(
+            Instant::now() < deadline,
+            "{what} not within {limit:?}\n{}",
+            context()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -114,7 +122,10 @@ fn disk_xml(socket: &Path, target: &str) -> String {
 
 fn user_id(name: &str) -> u32 {
     let out = Command::new("id").args(["-u", name]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or_else(|_| panic!("no user {name}"))
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no user {name}"))
 }
 
 /// A running domain booted from the test guest with `job`, destroyed and undefined on drop.
@@ -161,8 +172,9 @@ impl Boot {
 impl Drop for Boot {
     fn drop(&mut self) {
         for cmd in ["destroy", "undefine"] {
-            let _ =
-                Command::new("timeout").args(["30", "virsh", "-c", URI, cmd, &self.name]).output();
+            let _ = Command::new("timeout")
+                .args(["30", "virsh", "-c", URI, cmd, &self.name])
+                .output();
         }
     }
 }
@@ -290,7 +302,11 @@ fn libvirt_domain_on_a_cryptblk_disk() {
         || console.text().contains("GUEST-RESULT:"),
         || console.text(),
     );
-    assert!(console.text().contains("GUEST-RESULT: PASS"), "{}", console.text());
+    assert!(
+        console.text().contains("GUEST-RESULT: PASS"),
+        "{}",
+        console.text()
+    );
     drop(boot);
 
     // Boot 2: a verified write of the first `size` bytes; the image must decrypt on the host

@@ -119,7 +119,12 @@ fn migrate_initramfs(artifacts: &Path, out: &Path) {
     // zero bytes between archives.
     data.resize(data.len().next_multiple_of(4), 0);
     let mut extra = Vec::new();
-    cpio_entry(&mut extra, "migrate-init", 0o100_755, init_script().as_bytes());
+    cpio_entry(
+        &mut extra,
+        "migrate-init",
+        0o100_755,
+        init_script().as_bytes(),
+    );
     cpio_entry(&mut extra, "TRAILER!!!", 0, &[]);
     data.extend_from_slice(&extra);
     std::fs::write(out, data).unwrap();
@@ -145,11 +150,17 @@ fn ticks(console: &str) -> Vec<u64> {
 
 /// The value of the console line `PREFIX<value>`.
 fn console_value<'a>(console: &'a str, prefix: &str) -> Option<&'a str> {
-    console.lines().find_map(|l| l.trim().strip_prefix(prefix).map(str::trim))
+    console
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(prefix).map(str::trim))
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn guest_fio_across_disk_migration(postcopy: bool) {
@@ -162,14 +173,21 @@ fn guest_fio_across_disk_migration(postcopy: bool) {
     migrate_initramfs(&artifacts, &initrd);
 
     // The source image: LUKS2 over random content (so unwritten regions are not zero).
-    let (raw, key, src_img, dst_img) =
-        (path("content.raw"), t.key("key"), path("src.luks"), path("dst.luks"));
+    let (raw, key, src_img, dst_img) = (
+        path("content.raw"),
+        t.key("key"),
+        path("src.luks"),
+        path("dst.luks"),
+    );
     random_file(&raw, DISK, 0x5eed);
     cryptblk_cheap(argv!("convert --key-file {} {} {}", key, raw, src_img)).ok();
 
     let (src_sock, dst_sock) = (path("src.sock"), path("dst.sock"));
     let src_daemon = serve(&t, "src").vhost_user_at(&src_sock).image(&src_img);
-    let src_daemon = src_daemon.key(&key).name("vol").args(&["--num-queues", "2"]);
+    let src_daemon = src_daemon
+        .key(&key)
+        .name("vol")
+        .args(&["--num-queues", "2"]);
     let mut src_daemon = src_daemon.start();
     assert!(src_sock.exists(), "no {}", src_sock.display());
     let kernel = artifacts.join("vmlinuz");
@@ -224,7 +242,11 @@ fn guest_fio_across_disk_migration(postcopy: bool) {
             }
             _ => {}
         }
-        assert!(Instant::now() < deadline, "migration not done: {info}\n{}", src.describe());
+        assert!(
+            Instant::now() < deadline,
+            "migration not done: {info}\n{}",
+            src.describe()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     eprintln!("VM migrated in {:?}", migrate_at.elapsed());
@@ -236,7 +258,11 @@ fn guest_fio_across_disk_migration(postcopy: bool) {
         if status["status"] == "running" {
             break;
         }
-        assert!(Instant::now() < deadline, "destination not running: {status}\n{}", dst.describe());
+        assert!(
+            Instant::now() < deadline,
+            "destination not running: {status}\n{}",
+            dst.describe()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 
@@ -251,9 +277,15 @@ fn guest_fio_across_disk_migration(postcopy: bool) {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        eprintln!("destination in postcopy {:?} after QMP migrate", migrate_at.elapsed());
+        eprintln!(
+            "destination in postcopy {:?} after QMP migrate",
+            migrate_at.elapsed()
+        );
         assert_eq!(st["phase"], "postcopy", "{st:#}");
-        assert!(st["incoming"]["missing-blocks"].as_u64().unwrap() > 0, "{st:#}");
+        assert!(
+            st["incoming"]["missing-blocks"].as_u64().unwrap() > 0,
+            "{st:#}"
+        );
     }
     let src_log = src_daemon.log();
     assert!(
@@ -276,7 +308,9 @@ fn guest_fio_across_disk_migration(postcopy: bool) {
 
     // fio finishes on the destination: the rest of the writes, the backlog verifies and the
     // final verify pass all go through the destination daemon.
-    dst.wait_console("fio done", Duration::from_secs(180), |c| c.contains("GUEST-DONE"));
+    dst.wait_console("fio done", Duration::from_secs(180), |c| {
+        c.contains("GUEST-DONE")
+    });
     eprintln!("guest done after {:?}", started.elapsed());
 
     // The stop for migration switched the disk over; both daemons see the migration through
@@ -288,15 +322,24 @@ fn guest_fio_across_disk_migration(postcopy: bool) {
     assert_eq!(out["postcopy"], postcopy, "{src_status:#}");
     assert!(out["downtime-ms"].as_f64().is_some(), "{src_status:#}");
     if postcopy {
-        assert_eq!(dst_status["incoming"]["missing-blocks"], 0, "{dst_status:#}");
+        assert_eq!(
+            dst_status["incoming"]["missing-blocks"], 0,
+            "{dst_status:#}"
+        );
         // The guest read blocks the capped bulk copy had not brought yet (fio's verify reads
         // of blocks written on the source; the final verify pass starts well before the bulk
         // copy of the 48 MiB image at 1.5 MiB/s ends).
         assert!(
-            dst_status["incoming"]["on-demand"]["requests"].as_u64().unwrap() > 0,
+            dst_status["incoming"]["on-demand"]["requests"]
+                .as_u64()
+                .unwrap()
+                > 0,
             "postcopy fetched nothing on demand: {dst_status:#}"
         );
-        assert!(out["urgent-requests-served"].as_u64().unwrap() > 0, "{src_status:#}");
+        assert!(
+            out["urgent-requests-served"].as_u64().unwrap() > 0,
+            "{src_status:#}"
+        );
     }
     // From here on only the destination QEMU and daemon exist.
     src_daemon.kill9();

@@ -36,10 +36,16 @@ fn kill_and_restart_through(
     let mut rng = rand::thread_rng();
     let mut done_at_kill = Vec::new();
     for _ in 1..=KILLS {
-        std::thread::sleep(Duration::from_millis(rand::Rng::gen_range(&mut rng, 1000..2500)));
+        std::thread::sleep(Duration::from_millis(rand::Rng::gen_range(
+            &mut rng,
+            1000..2500,
+        )));
         guest.assert_running();
         let st = daemon.ctl_ok(&["reencrypt-status", "vol"]);
-        assert_eq!(st["phase"], "running", "finished too early to kill mid-way: {st}");
+        assert_eq!(
+            st["phase"], "running",
+            "finished too early to kill mid-way: {st}"
+        );
         done_at_kill.push(st["bytes-done"].as_u64().unwrap());
         daemon.kill9();
         match change.take() {

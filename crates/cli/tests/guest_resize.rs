@@ -34,7 +34,10 @@ fn guest_sees_a_grown_luks2_disk_without_a_reboot() {
     assert_eq!(result["guest-notified"], true, "{result}");
 
     let console = guest.wait_passed();
-    assert!(console.contains("guest: /dev/vda grew from 65536 to 98304 sectors"), "{console}");
+    assert!(
+        console.contains("guest: /dev/vda grew from 65536 to 98304 sectors"),
+        "{console}"
+    );
     let written = guest_digest(&console);
     assert_eq!(daemon.terminate(), 0);
 

@@ -61,7 +61,11 @@ fn guest_fio_verify_survives_daemon_kills_and_restarts() {
     // the next start runs; the running daemon keeps its own, as after `apt upgrade`.
     let upgraded = t.path("cryptblk-upgraded");
     std::fs::copy(bin(), &upgraded).unwrap();
-    let serve = t.serve().vhost_user().disk(&img).args(&["--num-queues", "2"]);
+    let serve = t
+        .serve()
+        .vhost_user()
+        .disk(&img)
+        .args(&["--num-queues", "2"]);
     let mut serve = serve.log_level("info").start();
 
     let mut guest = VmConfig::fio_rounds(serve.vhost_socket()).boot(t.root(), "guest");
@@ -104,6 +108,10 @@ fn guest_fio_verify_survives_daemon_kills_and_restarts() {
     eprintln!(
         "fio rounds: {}, longest read/write latency per round (ms): {}",
         console.matches("FIO-JSON-END").count(),
-        rounds.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(" ")
+        rounds
+            .iter()
+            .map(|m| format!("{m:.0}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     );
 }

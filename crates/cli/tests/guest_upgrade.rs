@@ -23,8 +23,15 @@ const EVENTS: usize = 6;
 /// successor's lines follow its predecessor's in the same file; a restarted daemon writes a
 /// log of its own).
 fn wait_started(daemon: &Daemon, before: usize) -> Instant {
-    wait_until(BOUND, || (daemon.log().matches(QUEUES_STARTED).count() > before).then(Instant::now))
-        .unwrap_or_else(|| panic!("the VM did not come back within {BOUND:?}:\n{}", daemon.log()))
+    wait_until(BOUND, || {
+        (daemon.log().matches(QUEUES_STARTED).count() > before).then(Instant::now)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the VM did not come back within {BOUND:?}:\n{}",
+            daemon.log()
+        )
+    })
 }
 
 #[test]
@@ -66,13 +73,19 @@ fn guest_fio_verify_survives_upgrades_and_kills_without_key_derivation() {
             daemon.kill9();
             daemon.restart();
             let log = daemon.log();
-            from_cache += log.matches("opened with the volume key from the key cache").count();
+            from_cache += log
+                .matches("opened with the volume key from the key cache")
+                .count();
         }
         pauses.push((upgrade, wait_started(&daemon, before) - asked));
     }
     std::thread::sleep(Duration::from_millis(700));
     let console = guest.stop_and_assert_passed();
-    assert_eq!(from_cache, DISKS * EVENTS / 2, "a restart after a kill derived a key");
+    assert_eq!(
+        from_cache,
+        DISKS * EVENTS / 2,
+        "a restart after a kill derived a key"
+    );
 
     let ms = |d: &Duration| format!("{:.0}", d.as_secs_f64() * 1000.0);
     let list = |upgrade: bool| {

@@ -33,7 +33,10 @@ impl Host {
         let t = TestDir::new();
         let key = t.key("key");
         default_kdf_disks(&t, &key, DISKS, "4M", "");
-        Host { t, names: (0..DISKS).map(|i| format!("d{i}")).collect() }
+        Host {
+            t,
+            names: (0..DISKS).map(|i| format!("d{i}")).collect(),
+        }
     }
 
     /// `tag` names the daemon's sockets and log (a restart after a kill gets its own).
@@ -132,8 +135,9 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
     // A cold start: nothing cached, every key derived; disks serve as they are unlocked.
     let started = Instant::now();
     let mut daemon = host.serve("first").spawn();
-    let cold = host
-        .wait_all(&daemon, started, Duration::from_secs(300), |_, name| host.vhost_answers(name));
+    let cold = host.wait_all(&daemon, started, Duration::from_secs(300), |_, name| {
+        host.vhost_answers(name)
+    });
     let earliest = *cold.iter().min().unwrap();
     let latest = *cold.iter().max().unwrap();
     eprintln!(
@@ -147,7 +151,14 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
     let fastest_unlock = daemon
         .log()
         .lines()
-        .filter_map(|l| l.split("opened_ms=").nth(1)?.split_whitespace().next()?.parse().ok())
+        .filter_map(|l| {
+            l.split("opened_ms=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
         .map(Duration::from_millis)
         .min()
         .expect("the daemon logs how long each disk took to open");
@@ -161,9 +172,12 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
         "the disks did not come one by one as they were unlocked: {cold:?}"
     );
     // Every disk serves: the NBD server is up.
-    host.wait_all(&daemon, Instant::now(), Duration::from_secs(30), |_, name| {
-        host.read(&daemon, name).is_some()
-    });
+    host.wait_all(
+        &daemon,
+        Instant::now(),
+        Duration::from_secs(30),
+        |_, name| host.read(&daemon, name).is_some(),
+    );
     for (i, name) in host.names.iter().enumerate() {
         let mut client = daemon.nbd(name);
         client.write(0, &pattern(i), true).unwrap();
@@ -200,7 +214,8 @@ fn thirty_default_kdf_disks_restart_without_a_key_derivation() {
     );
     let log = daemon.log();
     assert_eq!(
-        log.matches("opened with the volume key from the key cache").count(),
+        log.matches("opened with the volume key from the key cache")
+            .count(),
         DISKS,
         "{log}"
     );

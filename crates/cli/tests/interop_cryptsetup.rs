@@ -27,7 +27,11 @@ fn check_known_plaintext(name: &str, options: &str, expect_cipher: &str, expect_
     let sector = dump["sector_size"].as_u64();
     assert_eq!(sector, Some(expect_sector), "{name}: sector size: {dump}");
     let cipher = dump["segments"][0]["cipher"].as_str();
-    assert_eq!(cipher, Some(expect_cipher), "{name}: cipher in dump: {dump}");
+    assert_eq!(
+        cipher,
+        Some(expect_cipher),
+        "{name}: cipher in dump: {dump}"
+    );
     let data_offset = dump["data_offset"].as_u64().expect("data_offset in dump");
 
     let out = cryptblk_decrypt(&img, &key, &t.path("out.raw"));
@@ -39,9 +43,18 @@ fn check_known_plaintext(name: &str, options: &str, expect_cipher: &str, expect_
 
     // And a wrong passphrase is refused with the documented status, writing nothing.
     let (wrong, target) = (t.key("wrong"), t.path("wrong.raw"));
-    cryptblk(argv!("convert -O raw --source-key-file {} {} {}", wrong, img, target))
-        .expect_code(code::WRONG_PASSPHRASE);
-    assert!(!target.exists(), "a failed convert left {}", target.display());
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        wrong,
+        img,
+        target
+    ))
+    .expect_code(code::WRONG_PASSPHRASE);
+    assert!(
+        !target.exists(),
+        "a failed convert left {}",
+        target.display()
+    );
 }
 
 #[test]
@@ -77,7 +90,12 @@ fn luks2_argon2id_xts512_sector4096() {
 #[test]
 fn luks2_argon2id_sha512_xts256_sector4096() {
     let options = format!("{A2ID} --hash sha512 --key-size 256 --sector-size 4096");
-    check_known_plaintext("a2id-sha512-xts256-s4096", &options, "aes-xts-plain64", 4096);
+    check_known_plaintext(
+        "a2id-sha512-xts256-s4096",
+        &options,
+        "aes-xts-plain64",
+        4096,
+    );
 }
 
 #[test]
@@ -115,15 +133,28 @@ fn check_luks1_qemu_data(name: &str, format_options: &str) {
     qemu_io_cmds(&qemu_luks(&img, &key), &writes);
     let by_qemu = t.path("qemu.raw");
     let (secret, opts) = (qemu_secret(&key), qemu_luks_opts(&img));
-    let convert = argv!("convert --object {} --image-opts {} -O raw {}", secret, opts, by_qemu);
+    let convert = argv!(
+        "convert --object {} --image-opts {} -O raw {}",
+        secret,
+        opts,
+        by_qemu
+    );
     tool("qemu-img", convert).ok();
     let by_cryptblk = cryptblk_decrypt(&img, &key, &t.path("cryptblk.raw"));
     let what = format!("{name}: cryptblk vs qemu-img reading QEMU-written LUKS1");
     assert_same_bytes(&by_cryptblk, &read(&by_qemu), &what);
     // The patterns are where QEMU put them (guards against both tools reading garbage alike).
     let (m, at) = (MIB as usize, 2 * MIB as usize);
-    assert_filled(&by_cryptblk[..64 * 1024], 0x5a, &format!("{name}: pattern 0x5a at 0"));
-    assert_filled(&by_cryptblk[m..m + 512], 0xa5, &format!("{name}: pattern 0xa5 at 1M"));
+    assert_filled(
+        &by_cryptblk[..64 * 1024],
+        0x5a,
+        &format!("{name}: pattern 0x5a at 0"),
+    );
+    assert_filled(
+        &by_cryptblk[m..m + 512],
+        0xa5,
+        &format!("{name}: pattern 0xa5 at 1M"),
+    );
     let what = format!("{name}: pattern 0x3c at 2M");
     assert_filled(&by_cryptblk[at..at + 96 * 1024], 0x3c, &what);
     let what = format!("{name}: zeros at 2112k");
@@ -138,7 +169,10 @@ fn luks1_xts_plain64_256_sha256_qemu_data() {
 
 #[test]
 fn luks1_xts_plain64_512_sha1_qemu_data() {
-    check_luks1_qemu_data("l1-xts512-sha1", "--cipher aes-xts-plain64 --key-size 512 --hash sha1");
+    check_luks1_qemu_data(
+        "l1-xts512-sha1",
+        "--cipher aes-xts-plain64 --key-size 512 --hash sha1",
+    );
 }
 
 #[test]
@@ -154,13 +188,17 @@ fn luks1_cbc_essiv_sha1_hash_qemu_data() {
 }
 
 fn slot_ids(dump: &serde_json::Value) -> Vec<String> {
-    let slots = dump["keyslots"].as_array().expect("keyslots array in dump --json");
+    let slots = dump["keyslots"]
+        .as_array()
+        .expect("keyslots array in dump --json");
     let slots = slots.iter();
     if dump["version"] == 1 {
         let active = slots.filter(|k| k["active"] == true);
         active.map(|k| k["slot"].to_string()).collect()
     } else {
-        slots.map(|k| k["id"].as_str().expect("keyslot id").to_string()).collect()
+        slots
+            .map(|k| k["id"].as_str().expect("keyslot id").to_string())
+            .collect()
     }
 }
 
@@ -172,17 +210,36 @@ fn keyslot_gaps_luks2() {
     let plain = random_data(PLAIN);
     let p2: Vec<&str> = P2.split_whitespace().collect();
     let img = cryptsetup_encrypt_in_place(t.root(), "img", &plain, &k0, &p2);
-    let add = argv!("luksAddKey --batch-mode --key-file {} --key-slot 5 {} {}", k0, img, k5);
+    let add = argv!(
+        "luksAddKey --batch-mode --key-file {} --key-slot 5 {} {}",
+        k0,
+        img,
+        k5
+    );
     cryptsetup_cheap(add).ok();
-    cryptsetup(argv!("luksKillSlot --batch-mode --key-file {} {} 0", k5, img)).ok();
+    cryptsetup(argv!(
+        "luksKillSlot --batch-mode --key-file {} {} 0",
+        k5,
+        img
+    ))
+    .ok();
 
     assert_eq!(slot_ids(&dump_json(&img)), vec!["5".to_string()]);
     let out = cryptblk_decrypt(&img, &k5, &t.path("out.raw"));
-    assert_same_bytes(&out[..PLAIN as usize], &plain, "payload unlocked through keyslot 5");
+    assert_same_bytes(
+        &out[..PLAIN as usize],
+        &plain,
+        "payload unlocked through keyslot 5",
+    );
     let target = t.path("old.raw");
-    cryptblk(argv!("convert -O raw --source-key-file {} {} {}", k0, img, target))
-        .expect_code(code::WRONG_PASSPHRASE)
-        .error_line(&["no keyslot matches"]);
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        k0,
+        img,
+        target
+    ))
+    .expect_code(code::WRONG_PASSPHRASE)
+    .error_line(&["no keyslot matches"]);
 }
 
 #[test]
@@ -205,14 +262,28 @@ fn keyslot_gaps_luks1() {
         k5
     );
     cryptsetup(add).ok();
-    cryptsetup(argv!("luksKillSlot --batch-mode --key-file {} {} 0", k5, img)).ok();
+    cryptsetup(argv!(
+        "luksKillSlot --batch-mode --key-file {} {} 0",
+        k5,
+        img
+    ))
+    .ok();
 
     assert_eq!(slot_ids(&dump_json(&img)), vec!["5".to_string()]);
     let out = cryptblk_decrypt(&img, &k5, &t.path("out.raw"));
-    assert_filled(&out[..MIB as usize], 0x77, "QEMU's pattern read through keyslot 5");
+    assert_filled(
+        &out[..MIB as usize],
+        0x77,
+        "QEMU's pattern read through keyslot 5",
+    );
     let target = t.path("old.raw");
-    cryptblk(argv!("convert -O raw --source-key-file {} {} {}", k0, img, target))
-        .expect_code(code::WRONG_PASSPHRASE);
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        k0,
+        img,
+        target
+    ))
+    .expect_code(code::WRONG_PASSPHRASE);
 }
 
 /// Data cryptblk writes into a LUKS2 image survives cryptsetup's offline re-key, which decrypts
@@ -221,7 +292,13 @@ fn check_rekey_roundtrip(t: &TestDir, img: &Path, key: &Key, payload_len: u64) {
     let src = t.path("src.raw");
     let data_len = payload_len - 512 * 1024;
     mixed_file(&src, data_len, 7);
-    cryptblk(argv!("convert -n -O luks --key-file {} {} {}", key, src, img)).ok();
+    cryptblk(argv!(
+        "convert -n -O luks --key-file {} {} {}",
+        key,
+        src,
+        img
+    ))
+    .ok();
     let before = cryptblk_decrypt(img, key, &t.path("before.raw"));
     let what = "cryptblk reads back what it wrote";
     assert_same_bytes(&before[..data_len as usize], &read(&src), what);
@@ -244,7 +321,10 @@ fn check_rekey_roundtrip(t: &TestDir, img: &Path, key: &Key, payload_len: u64) {
 fn cryptblk_data_in_cryptsetup_luks2_survives_rekey() {
     let t = TestDir::new();
     let key = t.key("key");
-    let options: Vec<&str> = P2.split_whitespace().chain(["--sector-size", "4096"]).collect();
+    let options: Vec<&str> = P2
+        .split_whitespace()
+        .chain(["--sector-size", "4096"])
+        .collect();
     let zeros = vec![0u8; PLAIN as usize];
     let img = cryptsetup_encrypt_in_place(t.root(), "img", &zeros, &key, &options);
     let payload =
@@ -285,7 +365,10 @@ fn check_cryptsetup_accepts_format(name: &str, format_options: &str, expect_dump
     dump.ok();
     for needle in expect_dump {
         let (found, stdout) = (dump.stdout.contains(needle), &dump.stdout);
-        assert!(found, "{name}: cryptsetup luksDump lacks {needle:?}:\n{stdout}");
+        assert!(
+            found,
+            "{name}: cryptsetup luksDump lacks {needle:?}:\n{stdout}"
+        );
     }
     let uuid = dump_json(&img)["uuid"].as_str().unwrap().to_string();
     let what = format!("{name}: cryptsetup sees a different UUID than cryptblk ({uuid})");
@@ -317,7 +400,11 @@ fn cryptblk_luks1_cbc_essiv_sha1_passes_cryptsetup() {
         "fmt-l1-cbc",
         "--type luks1 --cipher aes-cbc-essiv:sha256 --key-size 256 --hash sha1 \
          --pbkdf-force-iterations 1000",
-        &["Cipher mode:   \tcbc-essiv:sha256", "Hash spec:     \tsha1", "MK bits:       \t256"],
+        &[
+            "Cipher mode:   \tcbc-essiv:sha256",
+            "Hash spec:     \tsha1",
+            "MK bits:       \t256",
+        ],
     );
 }
 
@@ -342,7 +429,11 @@ fn cryptblk_luks2_argon2id_passes_cryptsetup() {
         "fmt-l2-a2",
         "--type luks2 --sector-size 512 --key-size 256 \
          --pbkdf argon2id --pbkdf-memory 64 --pbkdf-force-iterations 4",
-        &["PBKDF:      argon2id", "sector: 512 [bytes]", "Key:        256 bits"],
+        &[
+            "PBKDF:      argon2id",
+            "sector: 512 [bytes]",
+            "Key:        256 bits",
+        ],
     );
 }
 
@@ -351,18 +442,48 @@ fn check_key_commands(version: &str) {
     let t = TestDir::new();
     let k = [t.key("k0"), t.key("k1"), t.key("k2")];
     let img = t.path("img");
-    cryptblk_cheap(argv!("format -q --type {} --key-file {} {} 4M", version, k[0], img)).ok();
+    cryptblk_cheap(argv!(
+        "format -q --type {} --key-file {} {} 4M",
+        version,
+        k[0],
+        img
+    ))
+    .ok();
     let accepted = || -> Vec<bool> { k.iter().map(|key| cryptsetup_accepts(&img, key)).collect() };
     assert_eq!(accepted(), [true, false, false], "{version}: after format");
 
-    cryptblk_cheap(argv!("key add --key-file {} --new-key-file {} {}", k[0], k[1], img)).ok();
-    assert_eq!(accepted(), [true, true, false], "{version}: after key add k1");
+    cryptblk_cheap(argv!(
+        "key add --key-file {} --new-key-file {} {}",
+        k[0],
+        k[1],
+        img
+    ))
+    .ok();
+    assert_eq!(
+        accepted(),
+        [true, true, false],
+        "{version}: after key add k1"
+    );
 
-    cryptblk_cheap(argv!("key change --key-file {} --new-key-file {} {}", k[1], k[2], img)).ok();
-    assert_eq!(accepted(), [true, false, true], "{version}: after key change k1 -> k2");
+    cryptblk_cheap(argv!(
+        "key change --key-file {} --new-key-file {} {}",
+        k[1],
+        k[2],
+        img
+    ))
+    .ok();
+    assert_eq!(
+        accepted(),
+        [true, false, true],
+        "{version}: after key change k1 -> k2"
+    );
 
     cryptblk(argv!("key remove --key-file {} {}", k[0], img)).ok();
-    assert_eq!(accepted(), [false, false, true], "{version}: after key remove k0");
+    assert_eq!(
+        accepted(),
+        [false, false, true],
+        "{version}: after key remove k0"
+    );
     cryptsetup(["luksDump", s(&img)]).ok();
 }
 

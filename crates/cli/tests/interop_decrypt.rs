@@ -21,7 +21,12 @@ const VOLUME: u64 = 96 * MIB;
 fn luks2_image(dir: &Path, key: &Path, plain: &[u8]) -> PathBuf {
     let img = cryptsetup_encrypt_in_place(dir, "img", plain, key, CS_CHEAP_PBKDF2);
     let len = std::fs::metadata(&img).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&img).unwrap().set_len(len - 8 * MIB).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .set_len(len - 8 * MIB)
+        .unwrap();
     img
 }
 
@@ -42,7 +47,13 @@ fn setup(seed: u64) -> Setup {
     std::fs::remove_file(&plain_path).unwrap();
     let img = luks2_image(t.root(), &key, &plain);
     let hdr = t.path("img.hdr");
-    Setup { t, key, plain, img, hdr }
+    Setup {
+        t,
+        key,
+        plain,
+        img,
+        hdr,
+    }
 }
 
 /// cryptsetup 2.7's `reencrypt --decrypt --header` with `extra` options.
@@ -58,7 +69,11 @@ fn cs27_args(t: &Setup, extra: &[&str]) -> Vec<std::ffi::OsString> {
 }
 
 fn cryptblk_args(t: &Setup, extra: &[&str]) -> Vec<std::ffi::OsString> {
-    let mut args = argv!("reencrypt --decrypt --header {} --key-file {}", t.hdr, t.key);
+    let mut args = argv!(
+        "reencrypt --decrypt --header {} --key-file {}",
+        t.hdr,
+        t.key
+    );
     args.extend(extra.iter().map(Into::into));
     args.push(t.img.clone().into());
     args
@@ -69,15 +84,28 @@ fn cryptblk_args(t: &Setup, extra: &[&str]) -> Vec<std::ffi::OsString> {
 #[track_caller]
 fn check_decrypted(t: &Setup, by: &str) {
     let image = read(&t.img);
-    assert_eq!(image.len() as u64, VOLUME + 8 * MIB, "{by}: the image size changed");
+    assert_eq!(
+        image.len() as u64,
+        VOLUME + 8 * MIB,
+        "{by}: the image size changed"
+    );
     assert_same_bytes(&image[..t.plain.len()], &t.plain, by);
-    let dump = tool(s(&cryptblk_testutil::cryptsetup27()), ["luksDump", s(&t.hdr)]);
+    let dump = tool(
+        s(&cryptblk_testutil::cryptsetup27()),
+        ["luksDump", s(&t.hdr)],
+    );
     dump.ok();
     let stdout = &dump.stdout;
     let done = !stdout.contains("online-reencrypt") && !stdout.contains("luks2");
-    assert!(done, "{by}: the header still has a reencryption or keyslots:\n{stdout}");
+    assert!(
+        done,
+        "{by}: the header still has a reencryption or keyslots:\n{stdout}"
+    );
     let linear = stdout.contains("linear");
-    assert!(linear, "{by}: no linear segment in the final header:\n{stdout}");
+    assert!(
+        linear,
+        "{by}: no linear segment in the final header:\n{stdout}"
+    );
     // The image is a plain disk now: no LUKS header left for cryptblk to find.
     cryptblk(["dump", s(&t.img)]).expect_code(code::DAMAGED);
 }
@@ -142,8 +170,13 @@ fn cryptblk_decrypts_to_a_new_header_file() {
     // A wrong passphrase: exit 2, no header file, the image untouched.
     let wrong = t.t.path("wrong");
     std::fs::write(&wrong, "not the passphrase").unwrap();
-    cryptblk(argv!("reencrypt --decrypt --header {} --key-file {} {}", t.hdr, wrong, t.img))
-        .expect_code(code::WRONG_PASSPHRASE);
+    cryptblk(argv!(
+        "reencrypt --decrypt --header {} --key-file {} {}",
+        t.hdr,
+        wrong,
+        t.img
+    ))
+    .expect_code(code::WRONG_PASSPHRASE);
     assert!(!t.hdr.exists(), "a refused --decrypt left a header file");
     // An existing FILE, even empty, is read as a header (as cryptsetup does) and refused.
     std::fs::write(&t.hdr, b"").unwrap();
@@ -151,7 +184,10 @@ fn cryptblk_decrypts_to_a_new_header_file() {
     existing.expect_code(code::DAMAGED);
     existing.error_line(&["not a valid LUKS2 header"]);
     std::fs::remove_file(&t.hdr).unwrap();
-    assert!(read(&t.img) == before, "a refused --decrypt changed the image");
+    assert!(
+        read(&t.img) == before,
+        "a refused --decrypt changed the image"
+    );
 
     cryptblk(cryptblk_args(&t, &["-p"])).ok();
     check_decrypted(&t, "decrypted by cryptblk");
@@ -191,15 +227,31 @@ fn same_init_and_each_finishes_the_other(seed: u64, extra: &[&str]) {
     cryptblk(cryptblk_args(&twin, &init)).ok();
     let what = "the image after cryptblk's --init-only differs from the one after cryptsetup 2.7's";
     assert!(read(&t.img) == read(&twin.img), "{extra:?}: {what}");
-    let (ours, theirs) = (comparable(header_json(&twin.hdr)), comparable(header_json(&t.hdr)));
+    let (ours, theirs) = (
+        comparable(header_json(&twin.hdr)),
+        comparable(header_json(&t.hdr)),
+    );
     let what = "cryptblk's header metadata differs from cryptsetup 2.7's";
     assert_eq!(ours, theirs, "{extra:?}: {what}");
     let size = |hdr: &Path| std::fs::metadata(hdr).unwrap().len();
-    assert_eq!(size(&twin.hdr), size(&t.hdr), "the header files differ in size");
-    tool(s(&cryptblk_testutil::cryptsetup27()), cs27_args(&twin, &["--resume-only"])).ok();
+    assert_eq!(
+        size(&twin.hdr),
+        size(&t.hdr),
+        "the header files differ in size"
+    );
+    tool(
+        s(&cryptblk_testutil::cryptsetup27()),
+        cs27_args(&twin, &["--resume-only"]),
+    )
+    .ok();
     check_decrypted(&twin, "started by cryptblk, finished by cryptsetup 2.7");
-    cryptblk(argv!("reencrypt --resume-only --header {} --key-file {} {}", t.hdr, t.key, t.img))
-        .ok();
+    cryptblk(argv!(
+        "reencrypt --resume-only --header {} --key-file {} {}",
+        t.hdr,
+        t.key,
+        t.img
+    ))
+    .ok();
     check_decrypted(&t, "started by cryptsetup 2.7, finished by cryptblk");
 }
 
@@ -213,7 +265,10 @@ fn a_journal_for_the_moved_segment_works_both_ways_too() {
     // The journal holds the moved segment itself, which must fit the free keyslots area
     // (a little under the 8 MiB data offset here): cryptsetup and cryptblk both refuse more.
     let t = setup(29);
-    let refused = cryptblk(cryptblk_args(&t, &["--resilience", "journal", "--init-only"]));
+    let refused = cryptblk(cryptblk_args(
+        &t,
+        &["--resilience", "journal", "--init-only"],
+    ));
     refused.expect_code(code::USAGE);
     refused.error_line(&["datashift-journal", "--hotzone-size"]);
     assert!(!t.hdr.exists(), "a refused --decrypt left a header file");
@@ -231,8 +286,12 @@ fn cryptblk_killed_mid_way_then_cryptsetup27_repairs_and_resumes() {
         std::fs::write(&t.img, &pristine).unwrap();
         let _ = std::fs::remove_file(&t.hdr);
         cryptblk(cryptblk_args(&t, &["--init-only"])).ok();
-        let args =
-            argv!("reencrypt --resume-only --header {} --key-file {} {}", t.hdr, t.key, t.img);
+        let args = argv!(
+            "reencrypt --resume-only --header {} --key-file {} {}",
+            t.hdr,
+            t.key,
+            t.img
+        );
         assert!(
             kill_after_commits(bin(), &args, &t.hdr, 2 + attempt),
             "cryptblk finished before the kill"
@@ -244,8 +303,16 @@ fn cryptblk_killed_mid_way_then_cryptsetup27_repairs_and_resumes() {
     }
     assert!(in_hot, "no kill landed inside a hotzone in 8 tries");
     let cs27 = cryptblk_testutil::cryptsetup27();
-    tool(s(&cs27), argv!("repair --batch-mode --header {} --key-file {} {}", t.hdr, t.key, t.img))
-        .ok();
+    tool(
+        s(&cs27),
+        argv!(
+            "repair --batch-mode --header {} --key-file {} {}",
+            t.hdr,
+            t.key,
+            t.img
+        ),
+    )
+    .ok();
     tool(s(&cs27), cs27_args(&t, &["--resume-only"])).ok();
     check_decrypted(&t, "cryptblk killed, finished by cryptsetup 2.7");
 }
@@ -271,8 +338,13 @@ fn cryptsetup27_killed_mid_way_then_cryptblk_resumes() {
         }
     }
     assert!(in_hot, "no kill landed inside a hotzone in 8 tries");
-    cryptblk(argv!("reencrypt --resume-only --header {} --key-file {} {}", t.hdr, t.key, t.img))
-        .ok();
+    cryptblk(argv!(
+        "reencrypt --resume-only --header {} --key-file {} {}",
+        t.hdr,
+        t.key,
+        t.img
+    ))
+    .ok();
     check_decrypted(&t, "cryptsetup 2.7 killed, finished by cryptblk");
 }
 
@@ -289,7 +361,10 @@ fn sigterm_stops_after_the_hotzone_and_cryptsetup27_resumes_without_repair() {
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut start = None;
     loop {
-        assert!(child.try_wait().unwrap().is_none(), "cryptblk finished before the signal");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "cryptblk finished before the signal"
+        );
         if t.hdr.is_file() && std::fs::metadata(&t.hdr).unwrap().len() >= 24 {
             let now = seqid(&t.hdr);
             if now >= *start.get_or_insert(now) + 4 {
@@ -308,6 +383,13 @@ fn sigterm_stops_after_the_hotzone_and_cryptsetup27_resumes_without_repair() {
     assert!(told, "the message does not say how to continue: {stderr}");
     // Stopped cleanly: no hotzone is left flagged, so cryptsetup resumes without repair.
     assert!(!in_hotzone(&t.hdr), "a hotzone is left flagged");
-    tool(s(&cryptblk_testutil::cryptsetup27()), cs27_args(&t, &["--resume-only"])).ok();
-    check_decrypted(&t, "cryptblk stopped by SIGTERM, finished by cryptsetup 2.7");
+    tool(
+        s(&cryptblk_testutil::cryptsetup27()),
+        cs27_args(&t, &["--resume-only"]),
+    )
+    .ok();
+    check_decrypted(
+        &t,
+        "cryptblk stopped by SIGTERM, finished by cryptsetup 2.7",
+    );
 }

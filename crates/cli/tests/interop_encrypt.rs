@@ -48,7 +48,10 @@ fn check_result(c: &Case, reduce: u64, sector: u64) {
     let shift = reduce / 2;
     assert_eq!(dump["data_offset"].as_u64(), Some(shift), "{dump}");
     assert_eq!(dump["sector_size"].as_u64(), Some(sector), "{dump}");
-    assert!(cryptsetup_accepts(&c.img, &c.key), "cryptsetup refuses the passphrase");
+    assert!(
+        cryptsetup_accepts(&c.img, &c.key),
+        "cryptsetup refuses the passphrase"
+    );
     let kept = (c.plain.len() as u64 - reduce) as usize;
     let out = cryptblk_decrypt(&c.img, &c.key, &c.img.with_extension("raw"));
     let what = "volume size (cryptsetup's: the image minus the header)";
@@ -72,7 +75,10 @@ fn cryptblk_encrypts_like_cryptsetup() {
     *args.last_mut().unwrap() = s(&twin).to_string();
     tool("cryptsetup", &args).ok();
 
-    let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "8M", "-p"]));
+    let out = cryptblk(cb_encrypt(
+        &c,
+        &["--encrypt", "--reduce-device-size", "8M", "-p"],
+    ));
     out.ok();
     check_result(&c, 8 * MIB, 512);
     let (ours, theirs) = (dump_json(&c.img), dump_json(&twin));
@@ -81,7 +87,11 @@ fn cryptblk_encrypts_like_cryptsetup() {
     let cb_plain = cryptblk_decrypt(&c.img, &c.key, &c.img.with_extension("raw2"));
     assert_eq!(cs_plain.len(), cb_plain.len(), "volume sizes differ");
     let kept = (40 - 8) * MIB as usize;
-    assert_same_bytes(&cb_plain[..kept], &cs_plain[..kept], "cryptblk vs cryptsetup");
+    assert_same_bytes(
+        &cb_plain[..kept],
+        &cs_plain[..kept],
+        "cryptblk vs cryptsetup",
+    );
 }
 
 #[test]
@@ -89,7 +99,15 @@ fn cryptblk_encrypts_with_4k_sectors_and_a_256_bit_key() {
     let c = case(24 * MIB);
     cryptblk(cb_encrypt(
         &c,
-        &["--encrypt", "--reduce-device-size", "2M", "--sector-size", "4096", "--key-size", "256"],
+        &[
+            "--encrypt",
+            "--reduce-device-size",
+            "2M",
+            "--sector-size",
+            "4096",
+            "--key-size",
+            "256",
+        ],
     ))
     .ok();
     check_result(&c, 2 * MIB, 4096);
@@ -108,7 +126,14 @@ fn cryptsetup27_init_only_cryptblk_finishes() {
 
 fn cs_init_only_cryptblk_finishes(cs: &str) {
     let c = case(24 * MIB);
-    tool(cs, cs_reencrypt(&c, &["--encrypt", "--reduce-device-size", "4M", "--init-only"])).ok();
+    tool(
+        cs,
+        cs_reencrypt(
+            &c,
+            &["--encrypt", "--reduce-device-size", "4M", "--init-only"],
+        ),
+    )
+    .ok();
     assert!(in_reencryption(&c.img));
     cryptblk(cb_encrypt(&c, &["--resume-only"])).ok();
     check_result(&c, 4 * MIB, 512);
@@ -117,7 +142,11 @@ fn cs_init_only_cryptblk_finishes(cs: &str) {
 #[test]
 fn cryptblk_init_only_cryptsetup_finishes() {
     let c = case(24 * MIB);
-    cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "4M", "--init-only"])).ok();
+    cryptblk(cb_encrypt(
+        &c,
+        &["--encrypt", "--reduce-device-size", "4M", "--init-only"],
+    ))
+    .ok();
     assert!(in_reencryption(&c.img));
     let dump = tool("cryptsetup", ["luksDump", s(&c.img)]);
     for want in [
@@ -151,7 +180,11 @@ fn cb_killed_cryptsetup_resumes(cs: &str) {
     cmd.args(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "1M"]));
     kill_midway(cmd, &c.img, 40);
     assert!(in_reencryption(&c.img), "cryptblk finished before the kill");
-    tool(cs, ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)]).ok();
+    tool(
+        cs,
+        ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)],
+    )
+    .ok();
     tool(cs, cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, MIB, 512);
 }
@@ -169,9 +202,15 @@ fn cryptsetup27_killed_cryptblk_resumes() {
 fn cs_killed_cryptblk_resumes(cs: &str) {
     let c = case(KILL_SIZE);
     let mut cmd = Command::new(cs);
-    cmd.args(cs_reencrypt(&c, &["--encrypt", "--reduce-device-size", "1M"]));
+    cmd.args(cs_reencrypt(
+        &c,
+        &["--encrypt", "--reduce-device-size", "1M"],
+    ));
     kill_midway(cmd, &c.img, 40);
-    assert!(in_reencryption(&c.img), "cryptsetup finished before the kill");
+    assert!(
+        in_reencryption(&c.img),
+        "cryptsetup finished before the kill"
+    );
     cryptblk(cb_encrypt(&c, &["--resume-only"])).ok();
     check_result(&c, MIB, 512);
 }
@@ -215,8 +254,15 @@ fn encrypt_refusals_leave_the_image_untouched() {
     let before = read(&c.img);
     let out = cryptblk(cb_encrypt(&c, &["--encrypt"]));
     out.expect_code(code::USAGE);
-    assert!(out.stderr.contains("--reduce-device-size"), "{}", out.stderr);
-    let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "256K"]));
+    assert!(
+        out.stderr.contains("--reduce-device-size"),
+        "{}",
+        out.stderr
+    );
+    let out = cryptblk(cb_encrypt(
+        &c,
+        &["--encrypt", "--reduce-device-size", "256K"],
+    ));
     out.expect_code(code::USAGE);
     assert!(out.stderr.contains("from 589824"), "{}", out.stderr);
     let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "8M"]));
@@ -224,17 +270,29 @@ fn encrypt_refusals_leave_the_image_untouched() {
     assert!(out.stderr.contains("too small"), "{}", out.stderr);
     let out = cryptblk(cb_encrypt(&c, &["--resume-only"]));
     assert_ne!(out.code, 0);
-    let out =
-        cryptblk(cb_encrypt(&c, &["--encrypt", "--resume-only", "--reduce-device-size", "1M"]));
+    let out = cryptblk(cb_encrypt(
+        &c,
+        &["--encrypt", "--resume-only", "--reduce-device-size", "1M"],
+    ));
     out.expect_code(code::USAGE);
     assert!(out.stderr.contains("no LUKS header"), "{}", out.stderr);
-    assert!(read(&c.img) == before, "a refused --encrypt changed the image");
+    assert!(
+        read(&c.img) == before,
+        "a refused --encrypt changed the image"
+    );
 
     // An image that is already LUKS is not encrypted again.
     cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "2M"])).ok();
     let done = read(&c.img);
     let out = cryptblk(cb_encrypt(&c, &["--encrypt", "--reduce-device-size", "2M"]));
     out.expect_code(code::USAGE);
-    assert!(out.stderr.contains("already has a LUKS header"), "{}", out.stderr);
-    assert!(read(&c.img) == done, "a refused --encrypt changed the image");
+    assert!(
+        out.stderr.contains("already has a LUKS header"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        read(&c.img) == done,
+        "a refused --encrypt changed the image"
+    );
 }

@@ -11,19 +11,43 @@ fn check_qemu_made_luks1(name: &str, create_opts: &str) {
     let key = t.key("key");
     let options = format!("{create_opts},iter-time=10");
     let img = t.luks1_by_qemu("img.luks", "6M", &key, &options);
-    let writes = ["write -P 0x5a 0 128k", "write -P 0xc3 3M 4k", "write -P 0x01 6143k 1k"];
+    let writes = [
+        "write -P 0x5a 0 128k",
+        "write -P 0xc3 3M 4k",
+        "write -P 0x01 6143k 1k",
+    ];
     qemu_io_cmds(&qemu_luks(&img, &key), &writes);
     let by_qemu = t.path("qemu.raw");
     let (secret, opts) = (qemu_secret(&key), qemu_luks_opts(&img));
-    tool("qemu-img", argv!("convert --object {} --image-opts {} -O raw {}", secret, opts, by_qemu))
-        .ok();
+    tool(
+        "qemu-img",
+        argv!(
+            "convert --object {} --image-opts {} -O raw {}",
+            secret,
+            opts,
+            by_qemu
+        ),
+    )
+    .ok();
     let expected = read(&by_qemu);
     assert_eq!(expected.len() as u64, 6 * MIB);
     let ours = img.decrypt(&t.path("cryptblk.raw"));
-    assert_same_bytes(&ours, &expected, &format!("{name}: cryptblk vs qemu-img decryption"));
-    assert_filled(&ours[..128 * 1024], 0x5a, &format!("{name}: QEMU's pattern at 0"));
+    assert_same_bytes(
+        &ours,
+        &expected,
+        &format!("{name}: cryptblk vs qemu-img decryption"),
+    );
+    assert_filled(
+        &ours[..128 * 1024],
+        0x5a,
+        &format!("{name}: QEMU's pattern at 0"),
+    );
     let at = 3 * MIB as usize;
-    assert_filled(&ours[at..at + 4096], 0xc3, &format!("{name}: QEMU's pattern at 3M"));
+    assert_filled(
+        &ours[at..at + 4096],
+        0xc3,
+        &format!("{name}: QEMU's pattern at 3M"),
+    );
     let what = format!("{name}: QEMU's pattern in the last KiB");
     assert_filled(&ours[6143 * 1024..], 0x01, &what);
     let dump = dump_json(&img);
@@ -60,16 +84,29 @@ fn check_cryptblk_luks1_in_qemu(name: &str, size: u64, options: &[&str]) {
     let t = TestDir::new();
     let (key, src, img) = (t.key("key"), t.path("src.raw"), t.path("img.luks"));
     mixed_file(&src, size, 11);
-    let mut args = argv!("convert -O luks1 --key-file {} --pbkdf-force-iterations 1000", key);
+    let mut args = argv!(
+        "convert -O luks1 --key-file {} --pbkdf-force-iterations 1000",
+        key
+    );
     args.extend(options.iter().map(Into::into));
     args.extend([src.clone().into(), img.clone().into()]);
     cryptblk(&args).ok();
 
     let raw_opts = format!("driver=raw,file.filename={}", s(&src));
     let (secret, opts) = (qemu_secret(&key), qemu_luks_opts(&img));
-    let cmp =
-        tool("qemu-img", argv!("compare --object {} --image-opts {} {}", secret, opts, raw_opts));
-    assert_eq!(cmp.code, 0, "{name}: qemu-img compare of cryptblk's LUKS1 and the source: {cmp:?}");
+    let cmp = tool(
+        "qemu-img",
+        argv!(
+            "compare --object {} --image-opts {} {}",
+            secret,
+            opts,
+            raw_opts
+        ),
+    );
+    assert_eq!(
+        cmp.code, 0,
+        "{name}: qemu-img compare of cryptblk's LUKS1 and the source: {cmp:?}"
+    );
 
     // QEMU writes into cryptblk's image; cryptblk reads QEMU's ciphertext.
     qemu_io_cmds(&qemu_luks(&img, &key), &["write -P 0x9e 512k 8k"]);
@@ -91,7 +128,14 @@ fn cryptblk_luks1_odd_size_cbc_essiv_reads_in_qemu() {
     check_cryptblk_luks1_in_qemu(
         "cb-l1-cbc",
         3 * MIB + 3 * 512,
-        &["--cipher", "aes-cbc-essiv:sha256", "--key-size", "256", "--hash", "sha1"],
+        &[
+            "--cipher",
+            "aes-cbc-essiv:sha256",
+            "--key-size",
+            "256",
+            "--hash",
+            "sha1",
+        ],
     );
 }
 
@@ -100,26 +144,42 @@ fn qcow2_fixture(t: &TestDir) -> (std::path::PathBuf, Vec<u8>) {
     // A base image with compressible and random data, compressed by qemu-img convert -c.
     let (base_raw, base_qcow2) = (t.path("base.raw"), t.path("base.qcow2"));
     let text = b"cryptblk compressible text 0123456789\n".iter().copied();
-    let mut base: Vec<u8> =
-        std::iter::repeat_n(text, 60_000).flatten().take(2 * MIB as usize).collect();
+    let mut base: Vec<u8> = std::iter::repeat_n(text, 60_000)
+        .flatten()
+        .take(2 * MIB as usize)
+        .collect();
     base.extend_from_slice(&random_data(2 * MIB));
     base.resize(6 * MIB as usize, 0);
     base.extend(std::iter::repeat_n(0xabu8, 2 * MIB as usize));
     std::fs::write(&base_raw, &base).unwrap();
-    tool("qemu-img", argv!("convert -q -c -f raw -O qcow2 {} {}", base_raw, base_qcow2)).ok();
+    tool(
+        "qemu-img",
+        argv!("convert -q -c -f raw -O qcow2 {} {}", base_raw, base_qcow2),
+    )
+    .ok();
     let map = tool("qemu-img", argv!("map --output=json {}", base_qcow2));
     map.ok();
     assert!(
-        map.stdout.lines().any(|l| l.contains("\"data\": true") && !l.contains("\"offset\"")),
+        map.stdout
+            .lines()
+            .any(|l| l.contains("\"data\": true") && !l.contains("\"offset\"")),
         "the base image should hold compressed clusters (data without a host offset):\n{}",
         map.stdout
     );
 
     // An overlay: new data, zero clusters masking backing data, untouched regions from the base.
     let overlay = t.path("overlay.qcow2");
-    tool("qemu-img", argv!("create -q -f qcow2 -b {} -F qcow2 {}", base_qcow2, overlay)).ok();
-    let writes =
-        ["write -P 0x33 1M 64k", "write -z 2M 256k", "write -z 7M 128k", "write -P 0x44 5M 4k"];
+    tool(
+        "qemu-img",
+        argv!("create -q -f qcow2 -b {} -F qcow2 {}", base_qcow2, overlay),
+    )
+    .ok();
+    let writes = [
+        "write -P 0x33 1M 64k",
+        "write -z 2M 256k",
+        "write -z 7M 128k",
+        "write -P 0x44 5M 4k",
+    ];
     qemu_io_cmds(&[&overlay], &writes);
 
     let by_qemu = t.path("qemu.raw");
@@ -127,7 +187,11 @@ fn qcow2_fixture(t: &TestDir) -> (std::path::PathBuf, Vec<u8>) {
     let expected = read(&by_qemu);
     assert_eq!(expected.len() as u64, 8 * MIB);
     let at = 2 * MIB as usize;
-    assert_filled(&expected[at..at + 256 * 1024], 0, "zero clusters read as zeros");
+    assert_filled(
+        &expected[at..at + 256 * 1024],
+        0,
+        "zero clusters read as zeros",
+    );
     (overlay, expected)
 }
 
@@ -141,11 +205,21 @@ fn qcow2_backing_zero_and_compressed_clusters_to_luks2() {
     let convert = "convert -f qcow2 -O luks2 --key-file {} {} {}";
     cryptblk(argv!(convert, key, overlay, enc; CHEAP_ARGON2ID)).ok();
     let ours = cryptblk_decrypt(&enc, &key, &t.path("cryptblk.raw"));
-    assert_same_bytes(&ours, &expected, "qcow2 -> LUKS2 -> raw vs qemu-img convert -O raw");
+    assert_same_bytes(
+        &ours,
+        &expected,
+        "qcow2 -> LUKS2 -> raw vs qemu-img convert -O raw",
+    );
 
     // Probing (no -f) takes the same path.
     let enc2 = t.path("probed.luks2");
-    cryptblk_cheap(argv!("convert -O luks2 --key-file {} {} {}", key, overlay, enc2)).ok();
+    cryptblk_cheap(argv!(
+        "convert -O luks2 --key-file {} {} {}",
+        key,
+        overlay,
+        enc2
+    ))
+    .ok();
     let ours = cryptblk_decrypt(&enc2, &key, &t.path("cryptblk2.raw"));
     assert_same_bytes(&ours, &expected, "probed qcow2 -> LUKS2 -> raw");
 }

@@ -27,9 +27,18 @@ fn case() -> Case {
     let t = TestDir::new();
     let key = t.key("key");
     let plain = random_data(PLAIN);
-    let extra = [CS_CHEAP_PBKDF2, &["--sector-size", "512", "--key-size", "256"]].concat();
+    let extra = [
+        CS_CHEAP_PBKDF2,
+        &["--sector-size", "512", "--key-size", "256"],
+    ]
+    .concat();
     let img = cryptsetup_encrypt_in_place(t.root(), "img", &plain, &key, &extra);
-    Case { _t: t, img, key, plain }
+    Case {
+        _t: t,
+        img,
+        key,
+        plain,
+    }
 }
 
 fn cs_reencrypt(c: &Case, extra: &[&str]) -> Vec<String> {
@@ -46,9 +55,16 @@ fn check_result(c: &Case, sector: u64, key_bits: usize) {
     assert!(!in_reencryption(&c.img), "reencryption not finished");
     let dump = dump_json(&c.img);
     assert_eq!(dump["sector_size"].as_u64(), Some(sector), "{dump}");
-    assert!(cryptsetup_accepts(&c.img, &c.key), "cryptsetup refuses the passphrase");
+    assert!(
+        cryptsetup_accepts(&c.img, &c.key),
+        "cryptsetup refuses the passphrase"
+    );
     let out = cryptblk_decrypt(&c.img, &c.key, &c.img.with_extension("raw"));
-    assert_same_bytes(&out[..PLAIN as usize], &c.plain, "cryptblk's decryption after reencryption");
+    assert_same_bytes(
+        &out[..PLAIN as usize],
+        &c.plain,
+        "cryptblk's decryption after reencryption",
+    );
     independent_check(c, sector, key_bits);
 }
 
@@ -68,11 +84,17 @@ const CRYPTSETUP: &str = "cryptsetup";
 
 fn cs_init_cryptblk_finishes(cs: &str, resilience: &str) {
     let c = case();
-    let args =
-        cs_reencrypt(&c, &[&["--init-only", "--resilience", resilience], NEW_LAYOUT].concat());
+    let args = cs_reencrypt(
+        &c,
+        &[&["--init-only", "--resilience", resilience], NEW_LAYOUT].concat(),
+    );
     tool(cs, &args).ok();
     assert!(in_reencryption(&c.img));
-    cryptblk(cryptblk_reencrypt_args(&c, &["--resume-only", "--hotzone-size", "1M"])).ok();
+    cryptblk(cryptblk_reencrypt_args(
+        &c,
+        &["--resume-only", "--hotzone-size", "1M"],
+    ))
+    .ok();
     check_result(&c, 4096, 512);
 }
 
@@ -115,13 +137,23 @@ fn cs_killed_cryptblk_resumes(cs: &str, resilience: &str) {
     let c = case();
     let args = cs_reencrypt(
         &c,
-        &[&["--hotzone-size", "64K", "--resilience", resilience], NEW_LAYOUT].concat(),
+        &[
+            &["--hotzone-size", "64K", "--resilience", resilience],
+            NEW_LAYOUT,
+        ]
+        .concat(),
     );
     let mut cmd = Command::new(cryptblk_testutil::tool(cs));
     cmd.args(&args);
     kill_midway(cmd, &c.img, 40);
-    assert!(in_reencryption(&c.img), "cryptsetup finished before the kill");
-    let out = cryptblk(cryptblk_reencrypt_args(&c, &["--resume-only", "--progress=json"]));
+    assert!(
+        in_reencryption(&c.img),
+        "cryptsetup finished before the kill"
+    );
+    let out = cryptblk(cryptblk_reencrypt_args(
+        &c,
+        &["--resume-only", "--progress=json"],
+    ));
     out.ok();
     assert!(out.stderr.contains("\"event\":\"done\""), "{}", out.stderr);
     check_result(&c, 4096, 512);
@@ -147,12 +179,20 @@ fn cb_killed_cryptsetup_resumes(cs: &str, resilience: &str) {
     let mut cmd = Command::new(bin());
     cmd.args(cryptblk_reencrypt_args(
         &c,
-        &[&["--hotzone-size", "64K", "--resilience", resilience], NEW_LAYOUT].concat(),
+        &[
+            &["--hotzone-size", "64K", "--resilience", resilience],
+            NEW_LAYOUT,
+        ]
+        .concat(),
     ));
     kill_midway(cmd, &c.img, 40);
     assert!(in_reencryption(&c.img), "cryptblk finished before the kill");
     // After a crash cryptsetup wants `repair` (its hotzone recovery) before resuming.
-    tool(cs, ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)]).ok();
+    tool(
+        cs,
+        ["repair", "--batch-mode", "--key-file", s(&c.key), s(&c.img)],
+    )
+    .ok();
     tool(cs, cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, 4096, 512);
 }
@@ -161,19 +201,31 @@ fn cb_killed_cryptsetup_resumes(cs: &str, resilience: &str) {
 fn cryptblk_killed_cryptblk_resumes() {
     let c = case();
     let mut cmd = Command::new(bin());
-    cmd.args(cryptblk_reencrypt_args(&c, &[&["--hotzone-size", "64K"], NEW_LAYOUT].concat()));
+    cmd.args(cryptblk_reencrypt_args(
+        &c,
+        &[&["--hotzone-size", "64K"], NEW_LAYOUT].concat(),
+    ));
     kill_midway(cmd, &c.img, 40);
     assert!(in_reencryption(&c.img));
     // `convert` reads the half-done image through both segments, or, when the kill
     // interrupted a hotzone (recovery writes, and convert opens read-only), refuses it
     // naming the way out.
     let converted = c.img.with_extension("x");
-    let out = cryptblk(argv!("convert -O raw --source-key-file {} {} {}", c.key, c.img, converted));
+    let out = cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        c.key,
+        c.img,
+        converted
+    ));
     if out.code == 0 {
         let what = "convert of the half-done image";
         assert_same_bytes(&read(&converted)[..PLAIN as usize], &c.plain, what);
     } else {
-        assert!(out.stderr.contains("reencrypt --resume-only"), "{}", out.stderr);
+        assert!(
+            out.stderr.contains("reencrypt --resume-only"),
+            "{}",
+            out.stderr
+        );
     }
     cryptblk(cryptblk_reencrypt_args(&c, &["--resume-only"])).ok();
     check_result(&c, 4096, 512);
@@ -186,13 +238,22 @@ fn sigterm_case(resilience: &str, commits: u64, settle: Duration) {
     let mut cmd = Command::new(bin());
     cmd.args(cryptblk_reencrypt_args(
         &c,
-        &[&["--hotzone-size", "64K", "--resilience", resilience], NEW_LAYOUT].concat(),
+        &[
+            &["--hotzone-size", "64K", "--resilience", resilience],
+            NEW_LAYOUT,
+        ]
+        .concat(),
     ));
     let (code, stderr) = signal_midway(cmd, &c.img, commits, settle, "TERM");
     assert_eq!(code, Some(code::OTHER), "{stderr}");
-    assert!(stderr.contains("interrupted") && stderr.contains("--resume-only"), "{stderr}");
+    assert!(
+        stderr.contains("interrupted") && stderr.contains("--resume-only"),
+        "{stderr}"
+    );
     // Stopped cleanly: no hotzone is left flagged, so cryptsetup resumes without repair.
-    assert!(!tool("cryptsetup", ["luksDump", s(&c.img)]).stdout.contains("in-reencryption"));
+    assert!(!tool("cryptsetup", ["luksDump", s(&c.img)])
+        .stdout
+        .contains("in-reencryption"));
     tool("cryptsetup", cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, 4096, 512);
 }
@@ -229,7 +290,11 @@ fn cryptblk_reencrypts_cryptsetup_reads_none_same_layout() {
 #[test]
 fn cryptblk_init_only_cryptsetup_finishes() {
     let c = case();
-    cryptblk(cryptblk_reencrypt_args(&c, &[&["--init-only"], NEW_LAYOUT].concat())).ok();
+    cryptblk(cryptblk_reencrypt_args(
+        &c,
+        &[&["--init-only"], NEW_LAYOUT].concat(),
+    ))
+    .ok();
     assert!(in_reencryption(&c.img));
     tool("cryptsetup", cs_reencrypt(&c, &["--resume-only"])).ok();
     check_result(&c, 4096, 512);
@@ -239,10 +304,16 @@ fn cryptblk_init_only_cryptsetup_finishes() {
 fn refusals_leave_the_image_untouched() {
     let c = case();
     let before = read(&c.img);
-    cryptblk(cryptblk_reencrypt_args(&c, &["--encrypt", "--reduce-device-size", "16M"]))
-        .expect_code(code::USAGE);
-    cryptblk(cryptblk_reencrypt_args(&c, &["--reduce-device-size", "16M"]))
-        .expect_code(code::UNSUPPORTED);
+    cryptblk(cryptblk_reencrypt_args(
+        &c,
+        &["--encrypt", "--reduce-device-size", "16M"],
+    ))
+    .expect_code(code::USAGE);
+    cryptblk(cryptblk_reencrypt_args(
+        &c,
+        &["--reduce-device-size", "16M"],
+    ))
+    .expect_code(code::UNSUPPORTED);
     cryptblk(cryptblk_reencrypt_args(&c, &["--resilience", "datashift"]))
         .expect_code(code::UNSUPPORTED);
     cryptblk(cryptblk_reencrypt_args(&c, &["--resume-only"])).expect_code(code::USAGE);
@@ -250,7 +321,10 @@ fn refusals_leave_the_image_untouched() {
     let mut args = cryptblk_reencrypt_args(&c, &[]);
     args[2] = s(&wrong).to_string();
     cryptblk(args).expect_code(code::WRONG_PASSPHRASE);
-    assert!(read(&c.img) == before, "a refused reencryption changed the image");
+    assert!(
+        read(&c.img) == before,
+        "a refused reencryption changed the image"
+    );
 }
 
 /// With two passphrases, one must be named: it is the one kept (cryptsetup's --key-slot).
@@ -258,16 +332,27 @@ fn refusals_leave_the_image_untouched() {
 fn several_keyslots_need_key_slot() {
     let c = case();
     let other = key_file(c.img.parent().unwrap(), "other", "second passphrase");
-    cryptsetup_cheap(argv!("luksAddKey --batch-mode --key-file {} {} {}", c.key, c.img, other))
-        .ok();
+    cryptsetup_cheap(argv!(
+        "luksAddKey --batch-mode --key-file {} {} {}",
+        c.key,
+        c.img,
+        other
+    ))
+    .ok();
     let before = read(&c.img);
     let out = cryptblk(cryptblk_reencrypt_args(&c, &[]));
     out.expect_code(code::USAGE);
     assert!(out.stderr.contains("--key-slot"), "{}", out.stderr);
-    assert!(read(&c.img) == before, "a refused reencryption changed the image");
+    assert!(
+        read(&c.img) == before,
+        "a refused reencryption changed the image"
+    );
     cryptblk(cryptblk_reencrypt_args(&c, &["--key-slot", "0"])).ok();
     check_result(&c, 512, 256);
     let dump = tool("cryptsetup", ["luksDump", s(&c.img)]);
     assert_eq!(dump.stdout.matches(": luks2").count(), 1, "{}", dump.stdout);
-    assert!(!cryptsetup_accepts(&c.img, &other), "the other passphrase survived");
+    assert!(
+        !cryptsetup_accepts(&c.img, &other),
+        "the other passphrase survived"
+    );
 }

@@ -30,7 +30,12 @@ fn serve_and_look(t: &TestDir, extra: &[&str]) -> (u32, u32) {
     let mut serve = t.serve_as(&format!("look{}", extra.len())).control();
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
-        serve = serve.under(&["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]);
+        serve = serve.under(&[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ]);
     }
     let mut daemon = serve.args(extra).start();
     let seen = proc_owner_and_uid(daemon.pid());
@@ -44,7 +49,10 @@ fn serve_is_not_dumpable_unless_asked() {
     std::fs::set_permissions(t.root(), PermissionsExt::from_mode(0o777)).unwrap();
     let (owner, uid) = serve_and_look(&t, &[]);
     assert_ne!(uid, 0, "the daemon under test must not run as root");
-    assert_eq!(owner, 0, "serve (uid {uid}) is dumpable: its /proc entries belong to it");
+    assert_eq!(
+        owner, 0,
+        "serve (uid {uid}) is dumpable: its /proc entries belong to it"
+    );
     let (owner, uid) = serve_and_look(&t, &["--allow-core-dumps"]);
     assert_eq!(owner, uid, "--allow-core-dumps left serve not dumpable");
 }
@@ -57,9 +65,17 @@ fn an_unknown_socket_peer_is_a_usage_error() {
     let image = t.raw("raw.img", 1 << 20);
     let socket = t.path("vm.sock");
     let peer = ["--socket-peer-uid", "no-such-user-cryptblk"];
-    let out = t.serve().disk(&image).vhost_user_at(&socket).args(&peer).run();
+    let out = t
+        .serve()
+        .disk(&image)
+        .vhost_user_at(&socket)
+        .args(&peer)
+        .run();
     let stderr = &out.stderr;
     assert_eq!(out.code, 1, "{stderr}");
-    assert!(stderr.contains("socket-peer-uid: no user \"no-such-user-cryptblk\""), "{stderr}");
+    assert!(
+        stderr.contains("socket-peer-uid: no user \"no-such-user-cryptblk\""),
+        "{stderr}"
+    );
     assert!(!socket.exists());
 }

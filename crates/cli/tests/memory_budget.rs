@@ -153,7 +153,9 @@ fn nbd_connections_wait_for_the_budget_and_all_writes_succeed() {
                     while sent < WRITES && sent - answered < WINDOW {
                         // Each connection its own 16 MiB of the 64 MiB disk, written over.
                         let offset = ((c % 4) * LEN) as u64;
-                        client.send_write(sent as u64 + 1, offset, &data, false).unwrap();
+                        client
+                            .send_write(sent as u64 + 1, offset, &data, false)
+                            .unwrap();
                         sent += 1;
                     }
                     let (handle, error, _) = client.recv_reply().unwrap();

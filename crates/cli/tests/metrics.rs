@@ -32,11 +32,16 @@ print(json.dumps(out))
 /// Sends `request` raw and returns the status line, the head and the body.
 fn http(socket: &Path, request: &[u8]) -> (String, String, Vec<u8>) {
     let mut stream = UnixStream::connect(socket).unwrap();
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
     stream.write_all(request).unwrap();
     let mut answer = Vec::new();
     stream.read_to_end(&mut answer).unwrap();
-    let split = answer.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head");
+    let split = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a response head");
     let head = String::from_utf8(answer[..split].to_vec()).unwrap();
     let status = head.lines().next().unwrap().to_string();
     (status, head, answer[split + 4..].to_vec())
@@ -98,11 +103,20 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
     }
     drop(guest);
 
-    let (status, head, body) = http(&metrics, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    let (status, head, body) = http(
+        &metrics,
+        b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n",
+    );
     assert_eq!(status, "HTTP/1.1 200 OK", "{head}");
-    assert!(head.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8"), "{head}");
+    assert!(
+        head.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8"),
+        "{head}"
+    );
     let text = String::from_utf8(body).unwrap();
-    assert!(!text.contains(&secret), "the passphrase appears in the metrics");
+    assert!(
+        !text.contains(&secret),
+        "the passphrase appears in the metrics"
+    );
     assert!(!text.contains(s(&key)), "the key file is named: {text}");
 
     let mut python = Command::new(PYTHON)
@@ -111,12 +125,22 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    python.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    python
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
     let parsed = python.wait_with_output().unwrap();
-    assert!(parsed.status.success(), "prometheus_client refused:\n{text}");
+    assert!(
+        parsed.status.success(),
+        "prometheus_client refused:\n{text}"
+    );
     let samples: Vec<Value> = serde_json::from_slice(&parsed.stdout).unwrap();
-    let types: std::collections::HashMap<&str, &str> =
-        samples.iter().map(|s| (s[0].as_str().unwrap(), s[1].as_str().unwrap())).collect();
+    let types: std::collections::HashMap<&str, &str> = samples
+        .iter()
+        .map(|s| (s[0].as_str().unwrap(), s[1].as_str().unwrap()))
+        .collect();
     assert_eq!(types["cryptblk_io_requests"], "counter");
     assert_eq!(types["cryptblk_io_request_duration_seconds"], "histogram");
     assert_eq!(types["cryptblk_io_in_flight_requests"], "gauge");
@@ -136,17 +160,37 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
     assert_eq!(bytes("read"), (READS * 4096) as f64);
     assert_eq!(bytes("write"), (WRITES * 8192) as f64);
     for op in ["read", "write", "flush", "discard", "other"] {
-        assert_eq!(value(&samples, "cryptblk_io_errors_total", &with_op(op)), 0.0);
+        assert_eq!(
+            value(&samples, "cryptblk_io_errors_total", &with_op(op)),
+            0.0
+        );
     }
-    assert_eq!(value(&samples, "cryptblk_io_in_flight_requests", &export), 0.0);
+    assert_eq!(
+        value(&samples, "cryptblk_io_in_flight_requests", &export),
+        0.0
+    );
 
     for (queue, reads) in [("0", 0), ("1", VHOST_READS)] {
-        let labels =
-            [("disk", name), ("export", "vhost-user-blk"), ("queue", queue), ("op", "read")];
-        assert_eq!(value(&samples, "cryptblk_io_requests_total", &labels), reads as f64);
-        assert_eq!(value(&samples, "cryptblk_io_bytes_total", &labels), (reads * 4096) as f64);
+        let labels = [
+            ("disk", name),
+            ("export", "vhost-user-blk"),
+            ("queue", queue),
+            ("op", "read"),
+        ];
         assert_eq!(
-            value(&samples, "cryptblk_io_request_duration_seconds_count", &labels),
+            value(&samples, "cryptblk_io_requests_total", &labels),
+            reads as f64
+        );
+        assert_eq!(
+            value(&samples, "cryptblk_io_bytes_total", &labels),
+            (reads * 4096) as f64
+        );
+        assert_eq!(
+            value(
+                &samples,
+                "cryptblk_io_request_duration_seconds_count",
+                &labels
+            ),
             reads as f64
         );
     }
@@ -154,7 +198,11 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
     // Every histogram: cumulative buckets ending in +Inf = _count = the request count.
     for op in ["read", "write", "flush", "discard"] {
         let labels = with_op(op);
-        let count = value(&samples, "cryptblk_io_request_duration_seconds_count", &labels);
+        let count = value(
+            &samples,
+            "cryptblk_io_request_duration_seconds_count",
+            &labels,
+        );
         assert_eq!(count, requests(op), "{op}");
         let mut buckets: Vec<(f64, f64)> = samples
             .iter()
@@ -162,7 +210,11 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
             .filter(|s| labels.iter().all(|(k, v)| s[3][*k] == *v))
             .map(|s| {
                 let le = s[3]["le"].as_str().unwrap();
-                let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() };
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap()
+                };
                 (le, s[4].as_f64().unwrap())
             })
             .collect();
@@ -170,23 +222,37 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
         assert_eq!(buckets.len(), 20, "{op}");
         assert_eq!(buckets[0].0, 0.00001);
         assert_eq!(buckets[18].0, 10.0);
-        assert!(buckets.windows(2).all(|w| w[0].1 <= w[1].1), "{op}: {buckets:?}");
+        assert!(
+            buckets.windows(2).all(|w| w[0].1 <= w[1].1),
+            "{op}: {buckets:?}"
+        );
         assert_eq!(buckets[19].1, count, "{op}");
-        let sum = value(&samples, "cryptblk_io_request_duration_seconds_sum", &labels);
+        let sum = value(
+            &samples,
+            "cryptblk_io_request_duration_seconds_sum",
+            &labels,
+        );
         assert!(sum >= 0.0 && (count > 0.0 || sum == 0.0), "{op}: {sum}");
     }
 
     value(
         &samples,
         "cryptblk_crypto_engine_info",
-        &[("disk", name), ("cipher", "aes-xts-plain64"), ("key_bits", "512")],
+        &[
+            ("disk", name),
+            ("cipher", "aes-xts-plain64"),
+            ("key_bits", "512"),
+        ],
     );
     value(
         &samples,
         "cryptblk_disk_info",
         &[("disk", name), ("image", s(&img)), ("format", "luks")],
     );
-    assert_eq!(value(&samples, "cryptblk_disk_size_bytes", &[("disk", name)]), (16 * MIB) as f64);
+    assert_eq!(
+        value(&samples, "cryptblk_disk_size_bytes", &[("disk", name)]),
+        (16 * MIB) as f64
+    );
     assert!(value(&samples, "cryptblk_crypto_pool_threads", &[]) >= 1.0);
     value(&samples, "cryptblk_build_info", &[]);
 
@@ -213,13 +279,18 @@ fn metrics_count_the_io_done_and_parse_with_prometheus_client() {
     // next is turned away at once. (Over TCP, one peer address holds at most four of them.)
     // (The threads of the requests above end once their clients have closed.)
     std::thread::sleep(std::time::Duration::from_millis(200));
-    let idle: Vec<UnixStream> = (0..16).map(|_| UnixStream::connect(&metrics).unwrap()).collect();
+    let idle: Vec<UnixStream> = (0..16)
+        .map(|_| UnixStream::connect(&metrics).unwrap())
+        .collect();
     std::thread::sleep(std::time::Duration::from_millis(200));
     // (It is answered without being read: a request sent would race with the close.)
     let mut turned_away = UnixStream::connect(&metrics).unwrap();
     let mut answer = String::new();
     turned_away.read_to_string(&mut answer).unwrap();
-    assert!(answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{answer}");
+    assert!(
+        answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{answer}"
+    );
     drop(idle);
 
     assert_eq!(daemon.terminate(), 0);

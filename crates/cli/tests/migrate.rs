@@ -46,13 +46,33 @@ fn two_daemons(seed: u64, fill: bool) -> TwoDaemons {
         random_file(&initial, size, seed);
         expected = read(&initial);
         let uri = src.nbd_uri("vol");
-        tool("qemu-img", ["convert", "-n", "-f", "raw", "-O", "raw", s(&initial), &uri]).ok();
+        tool(
+            "qemu-img",
+            ["convert", "-n", "-f", "raw", "-O", "raw", s(&initial), &uri],
+        )
+        .ok();
     }
-    TwoDaemons { t, img, dst_img, size, src, dst, expected }
+    TwoDaemons {
+        t,
+        img,
+        dst_img,
+        size,
+        src,
+        dst,
+        expected,
+    }
 }
 
 fn two_daemon_migration(postcopy: bool, tls: bool) {
-    let TwoDaemons { t, img, dst_img, src, dst, mut expected, .. } = two_daemons(21, true);
+    let TwoDaemons {
+        t,
+        img,
+        dst_img,
+        src,
+        dst,
+        mut expected,
+        ..
+    } = two_daemons(21, true);
     let key = img.key();
     let creds = t.path("creds");
     let mut tls_args: Vec<&str> = Vec::new();
@@ -64,7 +84,14 @@ fn two_daemon_migration(postcopy: bool, tls: bool) {
 
     let listen = migrate_incoming(&dst, &dst_img, key, &tls_args);
 
-    let mut start = vec!["migrate-start", "vol", "--to", &listen, "--max-bandwidth", "12M"];
+    let mut start = vec![
+        "migrate-start",
+        "vol",
+        "--to",
+        &listen,
+        "--max-bandwidth",
+        "12M",
+    ];
     if postcopy {
         start.extend(["--postcopy", "--preempt"]);
     }
@@ -73,7 +100,10 @@ fn two_daemon_migration(postcopy: bool, tls: bool) {
     assert_eq!(st["phase"], "precopy", "{st:#}");
 
     // Guest writes on the source while precopy copies (and recopies) the disk.
-    for (i, off) in [0u64, 5 * MIB, 17 * MIB + 4096, 31 * MIB].into_iter().enumerate() {
+    for (i, off) in [0u64, 5 * MIB, 17 * MIB + 4096, 31 * MIB]
+        .into_iter()
+        .enumerate()
+    {
         write(&src, &mut expected, 0x30 + i as u8, off, 256 * 1024);
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -112,7 +142,10 @@ fn two_daemon_migration(postcopy: bool, tls: bool) {
         let st = dst.wait_migrate("vol", "completed");
         let on_demand = &st["incoming"]["on-demand"];
         assert!(on_demand["requests"].as_u64().unwrap() > 0, "{st:#}");
-        assert!(on_demand["latency-us"]["p99"].as_u64().unwrap() > 0, "{st:#}");
+        assert!(
+            on_demand["latency-us"]["p99"].as_u64().unwrap() > 0,
+            "{st:#}"
+        );
         src.wait_migrate("vol", "completed");
     } else {
         src.ctl_ok(&["migrate-switchover", "vol"]);
@@ -153,7 +186,14 @@ fn postcopy_preempt_between_two_daemons_over_tls() {
 /// migration leaves the source serving and the destination without a disk or image.
 #[test]
 fn migration_refusals_and_cancel() {
-    let TwoDaemons { t, img, dst_img, src, dst, .. } = two_daemons(0, false);
+    let TwoDaemons {
+        t,
+        img,
+        dst_img,
+        src,
+        dst,
+        ..
+    } = two_daemons(0, false);
     let key = img.key();
     let new_key = t.key("new");
 
@@ -169,25 +209,43 @@ fn migration_refusals_and_cancel() {
     assert_eq!(std::fs::read(&existing).unwrap(), b"precious");
 
     let listen = migrate_incoming(&dst, &dst_img, key, &[]);
-    src.ctl_ok(&argv!("migrate-start vol --to {} --max-bandwidth 2M", &listen));
-    let out = src.ctl(&argv!("key-add vol --key-file {} --new-key-file {}", key, new_key));
+    src.ctl_ok(&argv!(
+        "migrate-start vol --to {} --max-bandwidth 2M",
+        &listen
+    ));
+    let out = src.ctl(&argv!(
+        "key-add vol --key-file {} --new-key-file {}",
+        key,
+        new_key
+    ));
     assert_ne!(out.code, 0);
     out.error_line(&["migrated"]);
     // So is a resize: the destination's image is being made at the old size.
-    let size = src.ctl_ok(&["disk-list"])["disks"][0]["size"].as_u64().unwrap();
+    let size = src.ctl_ok(&["disk-list"])["disks"][0]["size"]
+        .as_u64()
+        .unwrap();
     let grown = format!("{}K", (size >> 10) + 1024);
-    src.ctl(&["disk-resize", "vol", &grown]).expect_code(6).error_line(&["migrated", "size"]);
+    src.ctl(&["disk-resize", "vol", &grown])
+        .expect_code(6)
+        .error_line(&["migrated", "size"]);
 
     src.ctl_ok(&["migrate-cancel", "vol"]);
     src.wait_migrate("vol", "cancelled");
     // The source serves on, writable.
     src.qemu_io("vol", &["write -P 0x42 0 4096", "read -P 0x42 0 4096"]);
     // The destination dropped the disk and its partial image.
-    dst.wait_ctl(&["disk-list"], "the disk dropped", Duration::from_secs(30), |list| {
-        !dst_img.exists() && list["disks"].as_array().unwrap().is_empty()
-    });
+    dst.wait_ctl(
+        &["disk-list"],
+        "the disk dropped",
+        Duration::from_secs(30),
+        |list| !dst_img.exists() && list["disks"].as_array().unwrap().is_empty(),
+    );
     // And after the migration, keyslot changes and resizes work again.
-    src.ctl_ok(&argv!("key-add vol --key-file {} --new-key-file {}", key, new_key));
+    src.ctl_ok(&argv!(
+        "key-add vol --key-file {} --new-key-file {}",
+        key,
+        new_key
+    ));
     src.ctl_ok(&["disk-resize", "vol", &grown]);
 }
 
@@ -211,9 +269,10 @@ impl Proxy {
                 let server = TcpStream::connect(&target).unwrap();
                 held.lock().unwrap().push(client.try_clone().unwrap());
                 held.lock().unwrap().push(server.try_clone().unwrap());
-                for (mut from, mut to) in
-                    [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
-                {
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
                     std::thread::spawn(move || {
                         let mut buf = vec![0u8; 64 << 10];
                         while let Ok(n) = from.read(&mut buf) {
@@ -241,7 +300,15 @@ impl Proxy {
 /// connection finishes the migration with every write intact.
 #[test]
 fn postcopy_cut_between_daemons_pauses_and_recovers() {
-    let TwoDaemons { t, img, dst_img, size, src, dst, mut expected } = two_daemons(31, true);
+    let TwoDaemons {
+        t,
+        img,
+        dst_img,
+        size,
+        src,
+        dst,
+        mut expected,
+    } = two_daemons(31, true);
     let listen = migrate_incoming(&dst, &dst_img, img.key(), &[]);
     let proxy = Proxy::start(listen.trim_start_matches("tcp:").to_string());
     let via_proxy = format!("tcp:{}", proxy.addr);
@@ -269,13 +336,19 @@ fn postcopy_cut_between_daemons_pauses_and_recovers() {
         })
     };
     std::thread::sleep(Duration::from_millis(700));
-    assert!(!reader.is_finished(), "a read of a missing block returned while paused");
+    assert!(
+        !reader.is_finished(),
+        "a read of a missing block returned while paused"
+    );
     src.ctl_ok(&["migrate-recover", "vol", "--to", &listen]);
     let dump = reader.join().unwrap();
     // `read -v` prints the bytes; their first 16 must be what the source had there.
     let tail = &expected[(size - 4096) as usize..(size - 4096 + 16) as usize];
     let hex: Vec<String> = tail.iter().map(|b| format!("{b:02x}")).collect();
-    assert!(dump.contains(&hex.join(" ")), "the waiting read got other data:\n{dump}");
+    assert!(
+        dump.contains(&hex.join(" ")),
+        "the waiting read got other data:\n{dump}"
+    );
     src.wait_migrate("vol", "completed");
     dst.wait_migrate("vol", "completed");
     dst.ctl_ok(&["disk-remove", "vol"]);

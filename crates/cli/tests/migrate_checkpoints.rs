@@ -28,7 +28,12 @@ fn names_and_times(list: &Value) -> Vec<(String, u64)> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| (c["name"].as_str().unwrap().to_string(), c["created"].as_u64().unwrap()))
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_string(),
+                c["created"].as_u64().unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -108,14 +113,23 @@ fn migration_carries_checkpoints(postcopy: bool) {
         names_and_times(&source_list),
         "names, order and times as on the source: {list}"
     );
-    assert!(list["store"].as_str().unwrap().ends_with("dst.luks.cryptblk-checkpoints"));
+    assert!(list["store"]
+        .as_str()
+        .unwrap()
+        .ends_with("dst.luks.cryptblk-checkpoints"));
     let c0 = checkpoint_extents(&dst, "vol", "c0");
     let c1 = checkpoint_extents(&dst, "vol", "c1");
     for &(offset, len) in A.iter().chain(&B).chain(&[B2]).chain(&C) {
-        assert!(covers(&c0, payload + offset, len), "c0 misses {offset}: {c0:?}");
+        assert!(
+            covers(&c0, payload + offset, len),
+            "c0 misses {offset}: {c0:?}"
+        );
     }
     for &(offset, len) in B.iter().chain(&[B2]).chain(&C) {
-        assert!(covers(&c1, payload + offset, len), "c1 misses {offset}: {c1:?}");
+        assert!(
+            covers(&c1, payload + offset, len),
+            "c1 misses {offset}: {c1:?}"
+        );
     }
     for &(offset, _) in &A {
         assert!(
@@ -125,7 +139,10 @@ fn migration_carries_checkpoints(postcopy: bool) {
     }
     // Received data is not a change: neither a region nobody wrote nor one written before
     // the checkpoints is listed (the migration copied every byte of the disk).
-    assert!(!covers(&c0, payload + 45 * MIB, 4096), "c0 lists what nobody wrote: {c0:?}");
+    assert!(
+        !covers(&c0, payload + 45 * MIB, 4096),
+        "c0 lists what nobody wrote: {c0:?}"
+    );
     assert!(
         !covers(&c0, payload + BEFORE.0 + MIB, 4096),
         "c0 lists a write from before it: {c0:?}"
@@ -175,12 +192,22 @@ fn a_cancelled_migration_leaves_the_source_checkpoints_recording() {
     write(&src, 0x10, A[0]);
     let listen = migrate_incoming(&dst, &dst_img, &key, &[]);
     // Slow enough that the cancel comes during precopy.
-    src.ctl_ok(&["migrate-start", "vol", "--to", &listen, "--max-bandwidth", "1M"]);
+    src.ctl_ok(&[
+        "migrate-start",
+        "vol",
+        "--to",
+        &listen,
+        "--max-bandwidth",
+        "1M",
+    ]);
     src.ctl_ok(&["migrate-cancel", "vol"]);
     write(&src, 0x11, (20 * MIB, 4096));
     let c0 = checkpoint_extents(&src, "vol", "c0");
     for (offset, len) in [A[0], (20 * MIB, 4096)] {
-        assert!(covers(&c0, payload + offset, len), "c0 misses {offset}: {c0:?}");
+        assert!(
+            covers(&c0, payload + offset, len),
+            "c0 misses {offset}: {c0:?}"
+        );
     }
     // The destination keeps nothing of it.
     dst.wait_ctl(&["disk-list"], "the cancelled disk to go", BOUND, |list| {

@@ -104,7 +104,10 @@ fn raw_disk_encrypted_in_place_while_read_and_written() {
     assert_eq!(read_prefix(&disk.img, 6), b"LUKS\xba\xbe");
     assert_eq!(len(&disk), SIZE + 2 * SHIFT);
     let rounds = io_until_finished(&daemon, &mut c, &mut model, boundary);
-    assert!(rounds >= 3, "the I/O did not overlap the encryption ({rounds} rounds)");
+    assert!(
+        rounds >= 3,
+        "the I/O did not overlap the encryption ({rounds} rounds)"
+    );
     model.check_all(&mut c, "after the encryption");
     assert_eq!(done_bytes(&status(&daemon)), SIZE);
     // A new client sees the size the first one saw.
@@ -140,11 +143,16 @@ fn daemon_killed_mid_encryption_serves_on_restart_and_cryptblk_finishes() {
     c.flush().unwrap();
     // A migration cannot copy a disk whose data is moving.
     let migrate = argv!("migrate-start vol --to tcp:127.0.0.1:9");
-    daemon.ctl(&migrate).expect_code(code::IN_USE).error_line(&["mid-encryption"]);
+    daemon
+        .ctl(&migrate)
+        .expect_code(code::IN_USE)
+        .error_line(&["mid-encryption"]);
 
     // Continued (with `--encrypt` or without: the header says what runs), to the end.
-    let st =
-        daemon.ctl_ok(&argv!("reencrypt-start vol --key-file {} --max-bandwidth 16M", disk.key));
+    let st = daemon.ctl_ok(&argv!(
+        "reencrypt-start vol --key-file {} --max-bandwidth 16M",
+        disk.key
+    ));
     assert_eq!(st["mode"], "encrypt", "{st}");
     io_until_finished(&daemon, &mut c, &mut model, boundary);
     model.check_all(&mut c, "after the encryption");
@@ -190,15 +198,25 @@ fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
         daemon.ctl(args).expect_code(code).error_line(needles);
     };
     // Without --encrypt there is no key to replace.
-    refused(&argv!("reencrypt-start vol --key-file {}", key), code::OTHER, &["raw", "--encrypt"]);
+    refused(
+        &argv!("reencrypt-start vol --key-file {}", key),
+        code::OTHER,
+        &["raw", "--encrypt"],
+    );
     // The data shift is the resilience; a header area too small for one keyslot.
     refused(
-        &argv!("reencrypt-start vol --encrypt --key-file {} --resilience checksum", key),
+        &argv!(
+            "reencrypt-start vol --encrypt --key-file {} --resilience checksum",
+            key
+        ),
         code::USAGE,
         &["data shift", "resilience"],
     );
     refused(
-        &argv!("reencrypt-start vol --encrypt --key-file {} --reduce-device-size 64K", key),
+        &argv!(
+            "reencrypt-start vol --encrypt --key-file {} --reduce-device-size 64K",
+            key
+        ),
         code::USAGE,
         &["reduce-device-size", "32M"],
     );
@@ -228,7 +246,13 @@ fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
     // An ordinary LUKS2 disk now, in the same daemon: a second passphrase, --encrypt
     // refused, a resize (the header's segment and the image), a migration not busy.
     let second = disk.t.key("second");
-    daemon.ctl(&argv!("key-add vol --key-file {} --new-key-file {}", key, second)).ok();
+    daemon
+        .ctl(&argv!(
+            "key-add vol --key-file {} --new-key-file {}",
+            key,
+            second
+        ))
+        .ok();
     refused(
         &argv!("reencrypt-start vol --encrypt --key-file {}", key),
         code::OTHER,
@@ -240,7 +264,9 @@ fn refusals_leave_the_raw_disk_and_the_encrypted_disk_is_ordinary_luks() {
     let mut c = daemon.nbd("vol");
     assert_eq!(c.export.size, SIZE + MIB);
     model.check_all(&mut c, "after the resize");
-    let out = daemon.ctl(&argv!("migrate-start vol --to tcp:127.0.0.1:9 --connect-timeout 200"));
+    let out = daemon.ctl(&argv!(
+        "migrate-start vol --to tcp:127.0.0.1:9 --connect-timeout 200"
+    ));
     assert_ne!(out.code, code::IN_USE, "{out:?}");
     drop(c);
     assert_eq!(daemon.terminate(), 0);
@@ -257,7 +283,10 @@ fn an_image_that_cannot_grow_is_not_encrypted_and_serves_on() {
     let mut daemon = disk.serve().file_size_limit(SIZE + MIB).start();
     let (mut c, mut model) = Model::filled(&daemon, SIZE, 43, &[]);
     let start = encrypt_args(&disk);
-    daemon.ctl(&start).expect_code(code::IO).error_line(&["growing", "File too large"]);
+    daemon
+        .ctl(&start)
+        .expect_code(code::IO)
+        .error_line(&["growing", "File too large"]);
     assert_eq!(len(&disk), SIZE, "the image changed size");
     assert!(read_prefix(&disk.img, 6) != b"LUKS\xba\xbe");
     assert_eq!(status(&daemon)["phase"], "idle");
@@ -273,7 +302,10 @@ fn a_read_only_raw_disk_is_not_encrypted() {
     let disk = raw_disk();
     let mut daemon = disk.serve().arg("--readonly").start();
     let start = argv!("reencrypt-start vol --encrypt --key-file {}", disk.key);
-    daemon.ctl(&start).expect_code(code::USAGE).error_line(&["read-only"]);
+    daemon
+        .ctl(&start)
+        .expect_code(code::USAGE)
+        .error_line(&["read-only"]);
     assert_eq!(len(&disk), SIZE);
     assert_eq!(daemon.terminate(), 0);
 }

@@ -72,7 +72,10 @@ fn volume_key_rotated_while_the_disk_is_read_and_written() {
     assert_eq!(st["phase"], "running", "{st}");
     assert_eq!(st["resilience"], "checksum", "{st}");
     let rounds = io_until_finished(&daemon, &mut c, &mut model, done_bytes);
-    assert!(rounds >= 3, "the I/O did not overlap the reencryption ({rounds} rounds)");
+    assert!(
+        rounds >= 3,
+        "the I/O did not overlap the reencryption ({rounds} rounds)"
+    );
     model.check_all(&mut c, "after the reencryption");
     let st = status(&daemon);
     assert_eq!(done_bytes(&st), SIZE, "{st}");
@@ -151,9 +154,15 @@ fn paused_reencryption_resumes_and_refuses_migration_while_it_runs() {
         .expect_code(code::IN_USE)
         .error_line(&["re-encrypted"]);
     assert!(t.elapsed() < Duration::from_secs(5), "refused late");
-    daemon.ctl(&argv!("reencrypt-start vol --key-file {}", disk.key)).expect_code(code::IN_USE);
+    daemon
+        .ctl(&argv!("reencrypt-start vol --key-file {}", disk.key))
+        .expect_code(code::IN_USE);
     let new_key = disk.t.key("new");
-    let add = argv!("key-add vol --key-file {} --new-key-file {}", disk.key, new_key);
+    let add = argv!(
+        "key-add vol --key-file {} --new-key-file {}",
+        disk.key,
+        new_key
+    );
     daemon.ctl(&add).expect_code(code::IN_USE);
 
     // Paused: the boundary stays, the data reads back, and the start continues it.
@@ -168,7 +177,9 @@ fn paused_reencryption_resumes_and_refuses_migration_while_it_runs() {
     daemon.wait_reencrypt("vol", "the end", |st| st["phase"] == "finished");
     model.check_all(&mut c, "after the reencryption");
     // Once finished, a migration is no longer refused as busy (it fails to connect instead).
-    let out = daemon.ctl(&argv!("migrate-start vol --to tcp:127.0.0.1:9 --connect-timeout 200"));
+    let out = daemon.ctl(&argv!(
+        "migrate-start vol --to tcp:127.0.0.1:9 --connect-timeout 200"
+    ));
     assert_ne!(out.code, code::IN_USE, "{out:?}");
     drop(c);
     assert_eq!(daemon.terminate(), 0);
@@ -184,9 +195,15 @@ fn served_qemu_luks1_disk_gets_a_luks2_header_then_a_new_key() {
 
     // A wrong passphrase is refused before the header changes.
     let wrong = disk.t.key("wrong");
-    daemon.ctl(&argv!("reencrypt-start vol --key-file {}", wrong)).expect_code(2);
+    daemon
+        .ctl(&argv!("reencrypt-start vol --key-file {}", wrong))
+        .expect_code(2);
     let dump = tool("cryptsetup", ["luksDump", s(&disk.img)]);
-    assert!(dump.stdout.contains("Version:       \t1"), "{}", dump.stdout);
+    assert!(
+        dump.stdout.contains("Version:       \t1"),
+        "{}",
+        dump.stdout
+    );
 
     let st = start(&daemon, &disk, "16M");
     assert_eq!(st["phase"], "running", "{st}");

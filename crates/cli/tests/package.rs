@@ -8,13 +8,18 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../contrib/debian/disks.toml");
+const EXAMPLE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../contrib/debian/disks.toml"
+);
 
 #[test]
 fn the_example_config_has_no_disk_and_one_once_uncommented() {
     let text = std::fs::read_to_string(EXAMPLE).unwrap();
     let base = Path::new("/etc/cryptblk");
-    assert!(cryptblk_daemon::config::parse_config(&text, base).unwrap().is_empty());
+    assert!(cryptblk_daemon::config::parse_config(&text, base)
+        .unwrap()
+        .is_empty());
     // The commented example disk: everything from `# [[disk]]` on, uncommented.
     let example: String = text
         .lines()
@@ -27,8 +32,14 @@ fn the_example_config_has_no_disk_and_one_once_uncommented() {
     assert_eq!(disks.len(), 1);
     let disk = &disks[0];
     assert_eq!(disk.name, "vm1");
-    assert_eq!(disk.vhost_user_blk.as_deref(), Some(Path::new("/run/cryptblk/vm1.sock")));
-    assert_eq!(disk.key_file.as_deref(), Some(Path::new("/etc/cryptblk/vm1.key")));
+    assert_eq!(
+        disk.vhost_user_blk.as_deref(),
+        Some(Path::new("/run/cryptblk/vm1.sock"))
+    );
+    assert_eq!(
+        disk.key_file.as_deref(),
+        Some(Path::new("/etc/cryptblk/vm1.key"))
+    );
     assert_eq!(disk.num_queues, 2);
 }
 
@@ -42,7 +53,10 @@ fn a_config_without_disks_needs_a_control_socket() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("no [[disk]]") && stderr.contains("--control"), "{stderr}");
+    assert!(
+        stderr.contains("no [[disk]]") && stderr.contains("--control"),
+        "{stderr}"
+    );
 
     // With one, the daemon serves no disk until one is added.
     let control = dir.path().join("control.sock");
@@ -54,7 +68,10 @@ fn a_config_without_disks_needs_a_control_socket() {
         .unwrap();
     let start = Instant::now();
     while !control.exists() {
-        assert!(start.elapsed() < Duration::from_secs(30), "no control socket after 30 s");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no control socket after 30 s"
+        );
         if let Some(status) = daemon.try_wait().unwrap() {
             panic!("serve exited: {status}");
         }

@@ -42,8 +42,13 @@ fn qemu_decrypt(cluster: &Cluster, image: &str, format: &str, key: &Path, out: &
 /// The whole decrypted disk as cryptblk reads it.
 fn cryptblk_decrypt_rbd(cluster: &Cluster, image: &str, key: &Path, out: &Path) -> Vec<u8> {
     let _ = std::fs::remove_file(out);
-    cryptblk(argv!("convert -O raw --source-key-file {} {} {}", key, &cluster.name(image), out))
-        .ok();
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        key,
+        &cluster.name(image),
+        out
+    ))
+    .ok();
     read(out)
 }
 
@@ -88,10 +93,15 @@ fn made_by_librbd_opens_in_cryptblk(cluster: &Cluster, d: &TestDir, key: &Path) 
     cluster.rbd(&["encryption", "format", "rbd/lib2", "luks2", s(key)]);
     // Written: the first MiB, 4 KiB inside an otherwise unwritten object, and a 64 KiB run
     // across an object boundary (4 MiB objects; the payload starts 16 MiB into the image).
-    let writes: [(u8, usize, usize); 3] =
-        [(0x5a, 0, 1 << 20), (0x33, 40 << 20, 4 << 10), (0xc1, 8160 << 10, 64 << 10)];
-    let cmds: Vec<String> =
-        writes.iter().map(|(p, off, len)| format!("write -P {p:#x} {off} {len}")).collect();
+    let writes: [(u8, usize, usize); 3] = [
+        (0x5a, 0, 1 << 20),
+        (0x33, 40 << 20, 4 << 10),
+        (0xc1, 8160 << 10, 64 << 10),
+    ];
+    let cmds: Vec<String> = writes
+        .iter()
+        .map(|(p, off, len)| format!("write -P {p:#x} {off} {len}"))
+        .collect();
     let cmds: Vec<&str> = cmds.iter().map(String::as_str).collect();
     qemu_io(cluster, "lib2", "luks2", key, &cmds);
     let mut expected = vec![0u8; 48 << 20];
@@ -105,9 +115,20 @@ fn made_by_librbd_opens_in_cryptblk(cluster: &Cluster, d: &TestDir, key: &Path) 
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(d.path("lib2.ours")).unwrap().blocks() * 512
     };
-    assert!(allocated < 16 * MIB, "{allocated} bytes allocated for ~1 MiB written");
-    assert_eq!(by_librbd.len(), 48 * MIB as usize, "64 MiB image, 16 MiB header");
-    assert_same_bytes(&by_us, &expected, "cryptblk: what librbd wrote, zeros elsewhere");
+    assert!(
+        allocated < 16 * MIB,
+        "{allocated} bytes allocated for ~1 MiB written"
+    );
+    assert_eq!(
+        by_librbd.len(),
+        48 * MIB as usize,
+        "64 MiB image, 16 MiB header"
+    );
+    assert_same_bytes(
+        &by_us,
+        &expected,
+        "cryptblk: what librbd wrote, zeros elsewhere",
+    );
     for (_, off, len) in writes {
         assert_same_bytes(
             &by_librbd[off..off + len],
@@ -125,10 +146,19 @@ fn made_by_librbd_opens_in_cryptblk(cluster: &Cluster, d: &TestDir, key: &Path) 
     let mut data = by_librbd.clone();
     data[20 * MIB as usize..21 * MIB as usize].fill(0x77);
     std::fs::write(&patch, &data).unwrap();
-    cryptblk(argv!("convert -n -O luks --key-file {} {} {}", key, patch, &cluster.name("lib2")))
-        .ok();
+    cryptblk(argv!(
+        "convert -n -O luks --key-file {} {} {}",
+        key,
+        patch,
+        &cluster.name("lib2")
+    ))
+    .ok();
     let after = qemu_decrypt(cluster, "lib2", "luks2", key, &d.path("lib2.after"));
-    assert_same_bytes(&after, &data, "librbd reads what cryptblk wrote into its image");
+    assert_same_bytes(
+        &after,
+        &data,
+        "librbd reads what cryptblk wrote into its image",
+    );
 
     // LUKS1 by librbd (512-byte sectors, its own data offset).
     cluster.rbd(&["create", "--size", "32M", "rbd/lib1"]);
@@ -139,8 +169,15 @@ fn made_by_librbd_opens_in_cryptblk(cluster: &Cluster, d: &TestDir, key: &Path) 
     assert_eq!(by_us.len(), by_librbd.len(), "the same payload size");
     let written = 512..512 + 7 * 1024;
     assert!(by_us[written.clone()].iter().all(|&b| b == 0x1e));
-    assert_same_bytes(&by_librbd[written.clone()], &by_us[written], "LUKS1 written data");
-    assert!(by_us[8192..].iter().all(|&b| b == 0), "never written: zeros");
+    assert_same_bytes(
+        &by_librbd[written.clone()],
+        &by_us[written],
+        "LUKS1 written data",
+    );
+    assert!(
+        by_us[8192..].iter().all(|&b| b == 0),
+        "never written: zeros"
+    );
 }
 
 /// `cryptblk convert -O luks2|luks1` into a new RBD image: librbd (QEMU `encrypt.format=`)
@@ -183,7 +220,11 @@ fn made_by_cryptblk_opens_in_librbd(cluster: &Cluster, d: &TestDir, key: &Path) 
         ],
     )
     .ok();
-    assert_same_bytes(&read(&out), &read(&src), "QEMU luks over rbd reads cryptblk's LUKS1");
+    assert_same_bytes(
+        &read(&out),
+        &read(&src),
+        "QEMU luks over rbd reads cryptblk's LUKS1",
+    );
     let info = dump_json(Path::new(&cluster.name("ours2")));
     assert_eq!(info["data_offset"], 16 * MIB, "{info}");
 }
@@ -201,14 +242,22 @@ fn raw_images_both_ways(cluster: &Cluster, d: &TestDir) {
     random_file(&sparse, 4 * MIB, 7);
     {
         use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new().write(true).open(&sparse).unwrap();
-        f.write_all_at(&vec![0xa5u8; MIB as usize], 15 * MIB).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&sparse)
+            .unwrap();
+        f.write_all_at(&vec![0xa5u8; MIB as usize], 15 * MIB)
+            .unwrap();
     }
     cryptblk(["convert", "-O", "raw", s(&sparse), &cluster.name("sparse")]).ok();
     let du = cluster.rbd(&["du", "--format", "json", "rbd/sparse"]);
     let du: serde_json::Value = serde_json::from_str(&du).unwrap();
     assert_eq!(du["images"][0]["provisioned_size"], 16 * MIB, "{du}");
-    assert_eq!(du["images"][0]["used_size"], 8 * MIB, "two objects of four: {du}");
+    assert_eq!(
+        du["images"][0]["used_size"],
+        8 * MIB,
+        "two objects of four: {du}"
+    );
     cluster.rbd(&["import", s(&src), "rbd/imported"]);
     let back = d.path("imported.raw");
     cryptblk(["convert", "-O", "raw", &cluster.name("imported"), s(&back)]).ok();
@@ -233,9 +282,16 @@ fn cryptsetup_made_and_rbd_imported(cluster: &Cluster, d: &TestDir, key: &Path) 
         s(daemon.nbd_socket())
     );
     let plain_opts = format!("driver=raw,file.filename={}", s(&plain));
-    let out = tool("qemu-img", ["compare", "--image-opts", &plain_opts, &served]);
+    let out = tool(
+        "qemu-img",
+        ["compare", "--image-opts", &plain_opts, &served],
+    );
     out.ok();
-    assert!(out.stdout.contains("Images are identical"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("Images are identical"),
+        "{}",
+        out.stdout
+    );
     assert_eq!(daemon.terminate(), 0);
 }
 
@@ -246,7 +302,11 @@ fn serve_over_nbd_under_the_exclusive_lock(cluster: &Cluster, d: &TestDir, key: 
     format_luks2(Path::new(&name), key, "32M");
     let mut daemon = d.serve().image(&name).key(key).nbd().start();
     let uri = daemon.nbd_uri("served");
-    let io = ["write -P 0x6b 4M 256k", "read -P 0x6b 4M 256k", "read -P 0 0 64k"];
+    let io = [
+        "write -P 0x6b 4M 256k",
+        "read -P 0x6b 4M 256k",
+        "read -P 0 0 64k",
+    ];
     daemon.qemu_io("served", &io);
     // Block status: what was never written reads as zeros, and NBD clients are told so (QEMU's
     // mirror and backup jobs, qemu-img convert, skip it); what was written is data.
@@ -270,7 +330,13 @@ fn serve_over_nbd_under_the_exclusive_lock(cluster: &Cluster, d: &TestDir, key: 
         .expect_code(code::IN_USE)
         .error_line(&["rbd/served", "locked by"]);
     assert_eq!(daemon.terminate(), 0);
-    qemu_io(cluster, "served", "luks2", key, &["read -P 0x6b 4M 256k", "read -P 0 0 64k"]);
+    qemu_io(
+        cluster,
+        "served",
+        "luks2",
+        key,
+        &["read -P 0x6b 4M 256k", "read -P 0 0 64k"],
+    );
 }
 
 /// `format` creates (SIZE) or formats in place; `dump` and `key add` work on `rbd:` names and
@@ -309,27 +375,44 @@ fn errors_name_the_problem(cluster: &Cluster, d: &TestDir, key: &Path) {
     let out = d.path("never.raw");
     // A wrong passphrase.
     let wrong = d.key("wrong");
-    cryptblk(argv!("convert -O raw --source-key-file {} {} {}", wrong, &cluster.name("lib2"), out))
-        .expect_code(code::WRONG_PASSPHRASE);
+    cryptblk(argv!(
+        "convert -O raw --source-key-file {} {} {}",
+        wrong,
+        &cluster.name("lib2"),
+        out
+    ))
+    .expect_code(code::WRONG_PASSPHRASE);
     // A missing image names itself.
     cryptblk(["dump", &cluster.name("missing")])
         .expect_code(code::IO)
         .error_line(&["rbd/missing", "No such file"]);
     // A malformed name is a usage error.
-    cryptblk(["dump", "rbd:only-a-pool"]).expect_code(code::USAGE).error_line(&["rbd:POOL/IMAGE"]);
+    cryptblk(["dump", "rbd:only-a-pool"])
+        .expect_code(code::USAGE)
+        .error_line(&["rbd:POOL/IMAGE"]);
     // A new target never overwrites an existing image.
     let src = d.path("mixed.raw");
-    cryptblk(argv!("convert -O luks2 --key-file {} {} {}", key, src, &cluster.name("ours2")))
-        .expect_code(code::USAGE)
-        .error_line(&["already exists"]);
+    cryptblk(argv!(
+        "convert -O luks2 --key-file {} {} {}",
+        key,
+        src,
+        &cluster.name("ours2")
+    ))
+    .expect_code(code::USAGE)
+    .error_line(&["already exists"]);
     assert!(!out.exists());
 }
 
 /// Another writer (`cryptblk key add`) is refused on `name`: a daemon holds its lock.
 fn refused_as_locked(name: &str, key: &Path) {
-    cryptblk(argv!("key add --key-file {} --new-key-file {} {}", key, key, name))
-        .expect_code(code::IN_USE)
-        .error_line(&["locked"]);
+    cryptblk(argv!(
+        "key add --key-file {} --new-key-file {} {}",
+        key,
+        key,
+        name
+    ))
+    .expect_code(code::IN_USE)
+    .error_line(&["locked"]);
 }
 
 /// `kill -9` of the daemon after a flushed write: a new daemon takes the image's lock (the
@@ -377,8 +460,12 @@ fn a_paused_osd_stalls_only_its_disk(cluster: &Cluster, d: &TestDir, key: &Path)
     let paused = cluster.pause_osd();
     let io = ["write -P 0x2f 1M 128k", "flush", "read -P 0x2f 1M 128k"];
     let stalled = {
-        let target =
-            argv!("{} {} {}", "-f".to_string(), "raw".to_string(), daemon.nbd_uri("remote"));
+        let target = argv!(
+            "{} {} {}",
+            "-f".to_string(),
+            "raw".to_string(),
+            daemon.nbd_uri("remote")
+        );
         std::thread::spawn(move || qemu_io_out(&target, &io))
     };
     std::thread::sleep(std::time::Duration::from_secs(1));
@@ -389,10 +476,20 @@ fn a_paused_osd_stalls_only_its_disk(cluster: &Cluster, d: &TestDir, key: &Path)
         started.elapsed() < std::time::Duration::from_secs(10),
         "the local disk waited for the paused OSD"
     );
-    let first: Vec<String> = read(&local)[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let first: Vec<String> = read(&local)[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let dumped: String = out.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
-    assert!(dumped.contains(&first.join(" ")), "local read {}: want {first:?}", out.stdout);
-    assert!(!stalled.is_finished(), "the RBD request finished with its OSD stopped");
+    assert!(
+        dumped.contains(&first.join(" ")),
+        "local read {}: want {first:?}",
+        out.stdout
+    );
+    assert!(
+        !stalled.is_finished(),
+        "the RBD request finished with its OSD stopped"
+    );
     std::thread::sleep(std::time::Duration::from_secs(2));
     drop(paused);
     assert_io_ok(&stalled.join().unwrap(), &io);
@@ -428,7 +525,13 @@ fn migrates_from_a_file_into_rbd(cluster: &Cluster, d: &TestDir, key: &Path) {
         &["write -P 0x3c 5M 1M"],
         &["read -P 0x3c 5M 1M", "write -P 0x3d 9M 64k"],
     );
-    qemu_io(cluster, "received", "luks2", key, &["read -P 0x3c 5M 1M", "read -P 0x3d 9M 64k"]);
+    qemu_io(
+        cluster,
+        "received",
+        "luks2",
+        key,
+        &["read -P 0x3c 5M 1M", "read -P 0x3d 9M 64k"],
+    );
 }
 
 /// Two daemons reach one RBD image: `migrate-start --shared` copies nothing and hands the
@@ -497,16 +600,23 @@ fn hands_a_shared_image_over_without_copying(cluster: &Cluster, d: &TestDir, key
     refused_as_locked(&name, key);
     assert_eq!(destination.terminate(), 0);
     assert_eq!(source.terminate(), 0);
-    qemu_io(cluster, "shared", "luks2", key, &["read -P 0x5a 2M 1M", "read -P 0x5b 6M 64k"]);
+    qemu_io(
+        cluster,
+        "shared",
+        "luks2",
+        key,
+        &["read -P 0x5a 2M 1M", "read -P 0x5b 6M 64k"],
+    );
 }
 
 /// Waits (at most 30 s) until the disk "vol" of `daemon` is attached.
 fn wait_attached(daemon: &Daemon, what: &str) {
     let bound = std::time::Duration::from_secs(30);
     daemon.wait_ctl(&["disk-list"], &format!("{what} attached"), bound, |list| {
-        list["disks"]
-            .as_array()
-            .is_some_and(|d| d.iter().any(|d| d["name"] == "vol" && d["state"] == "attached"))
+        list["disks"].as_array().is_some_and(|d| {
+            d.iter()
+                .any(|d| d["name"] == "vol" && d["state"] == "attached")
+        })
     });
 }
 
@@ -522,7 +632,11 @@ fn migrate_vol(
     before: &[&str],
     after: &[&str],
 ) {
-    let serve = d.serve_as(&format!("{tag}-a")).image(source).name("vol").key(key);
+    let serve = d
+        .serve_as(&format!("{tag}-a"))
+        .image(source)
+        .name("vol")
+        .key(key);
     let mut source = serve.nbd().control().start();
     let mut destination = d.serve_as(&format!("{tag}-b")).nbd().control().start();
     let mut before = before.to_vec();

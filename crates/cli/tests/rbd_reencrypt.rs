@@ -10,7 +10,10 @@ use cryptblk_testutil::ceph;
 
 /// qemu-io's arguments for `image` through librbd: decrypted by librbd with `key`, or raw.
 fn librbd(cluster: &ceph::Cluster, image: &str, key: Option<&std::path::Path>) -> Vec<String> {
-    let mut opts = format!("driver=rbd,pool=rbd,image={image},conf={}", cluster.conf.display());
+    let mut opts = format!(
+        "driver=rbd,pool=rbd,image={image},conf={}",
+        cluster.conf.display()
+    );
     let mut args = Vec::new();
     if let Some(key) = key {
         args.push("--object".to_string());
@@ -87,7 +90,11 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
     let decrypted = librbd(&cluster, "plain", Some(&key));
     let info = tool("qemu-img", [&["info".to_string()][..], &decrypted].concat());
     info.ok();
-    assert!(info.stdout.contains("virtual size: 20 MiB"), "{}", info.stdout);
+    assert!(
+        info.stdout.contains("virtual size: 20 MiB"),
+        "{}",
+        info.stdout
+    );
     qemu_io_cmds(&decrypted, &["read -P 0x71 0 1M", "read -P 0x17 15M 1M"]);
 
     // A plaintext RBD image served over NBD, encrypted while a client writes it: the disk
@@ -110,7 +117,10 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
     c.flush().unwrap();
     daemon.wait_reencrypt("online", "the end", |st| st["phase"] == "finished");
     for (at, byte) in [(0, 0x61), (MIB, 0x64), (12 * MIB, 0x63), (23 * MIB, 0x62)] {
-        assert!(c.read(at, MIB as u32).unwrap() == pattern(byte), "{byte:#x} at {at}");
+        assert!(
+            c.read(at, MIB as u32).unwrap() == pattern(byte),
+            "{byte:#x} at {at}"
+        );
     }
     drop(c);
     assert_eq!(daemon.terminate(), 0);
@@ -118,10 +128,19 @@ fn rbd_images_are_reencrypted_and_encrypted_offline_and_online() {
     let decrypted = librbd(&cluster, "online", Some(&key));
     let info = tool("qemu-img", [&["info".to_string()][..], &decrypted].concat());
     info.ok();
-    assert!(info.stdout.contains("virtual size: 24 MiB"), "{}", info.stdout);
+    assert!(
+        info.stdout.contains("virtual size: 24 MiB"),
+        "{}",
+        info.stdout
+    );
     qemu_io_cmds(
         &decrypted,
-        &["read -P 0x61 0 1M", "read -P 0x64 1M 1M", "read -P 0x63 12M 1M", "read -P 0x62 23M 1M"],
+        &[
+            "read -P 0x61 0 1M",
+            "read -P 0x64 1M 1M",
+            "read -P 0x63 12M 1M",
+            "read -P 0x62 23M 1M",
+        ],
     );
     // Attached again with its passphrase, it is an ordinary LUKS2 disk of the same size.
     daemon.restart_with(|serve| serve.key(&key));

@@ -58,6 +58,10 @@ fn luks2_in_rbd_grows_offline_and_while_served() {
     // librbd's encryption reads the grown disk: 32 MiB, both patterns.
     let info = tool("qemu-img", [&["info".to_string()][..], &librbd].concat());
     info.ok();
-    assert!(info.stdout.contains("virtual size: 32 MiB"), "{}", info.stdout);
+    assert!(
+        info.stdout.contains("virtual size: 32 MiB"),
+        "{}",
+        info.stdout
+    );
     qemu_io_cmds(&librbd, &["read -P 0x5a 15M 1M", "read -P 0x77 31M 1M"]);
 }

@@ -60,9 +60,17 @@ fn offline_resize_of_a_qemu_made_luks1_image() {
     assert!(out.stderr.contains("6291456 -> 10485760"), "{}", out.stderr);
     assert_eq!(file_len(&img), before + 4 * MIB);
     let (secret, opts) = (qemu_secret(&key), qemu_luks_opts(&img));
-    let info = tool("qemu-img", argv!("info --object {} --image-opts {}", secret, opts));
+    let info = tool(
+        "qemu-img",
+        argv!("info --object {} --image-opts {}", secret, opts),
+    );
     info.ok();
-    assert!(info.stdout.contains("virtual size: 10 MiB (10485760 bytes)"), "{}", info.stdout);
+    assert!(
+        info.stdout
+            .contains("virtual size: 10 MiB (10485760 bytes)"),
+        "{}",
+        info.stdout
+    );
     // What was there is still there (the old end included), and QEMU writes past it.
     qemu_io_cmds(
         &qemu,
@@ -75,7 +83,8 @@ fn offline_resize_of_a_qemu_made_luks1_image() {
     );
     let dump = luks_dump_v1(&img);
     assert!(
-        dump.lines().any(|l| l.starts_with("Version:") && l.trim_end().ends_with('1')),
+        dump.lines()
+            .any(|l| l.starts_with("Version:") && l.trim_end().ends_with('1')),
         "{dump}"
     );
     assert!(cryptsetup_accepts(&img, &key));
@@ -116,29 +125,46 @@ fn offline_resize_of_luks2_dynamic_and_fixed_segments() {
     assert!(luks_dump_segment(&dynamic).contains("length: (whole device)"));
     let data = cryptblk_decrypt(&dynamic, &key, &dir.path().join("dynamic.raw"));
     assert_eq!(data.len() as u64, grown);
-    assert_same_bytes(&data[..plain.len()], &plain, "dynamic: the data before the old end");
+    assert_same_bytes(
+        &data[..plain.len()],
+        &plain,
+        "dynamic: the data before the old end",
+    );
     assert!(cryptsetup_accepts(&dynamic, &key));
 
     // fixed: both header copies carry the new length.
     make_segment_fixed(&fixed, old);
     let segment = luks_dump_segment(&fixed);
-    assert!(segment.contains(&format!("length: {old} [bytes]")), "{segment}");
+    assert!(
+        segment.contains(&format!("length: {old} [bytes]")),
+        "{segment}"
+    );
     let out = cryptblk(["resize", s(&fixed), &size_arg(grown)]);
     out.ok();
     assert!(out.stderr.contains("both header copies"), "{}", out.stderr);
     assert_eq!(file_len(&fixed), offset + grown);
     let segment = luks_dump_segment(&fixed);
-    assert!(segment.contains(&format!("length: {grown} [bytes]")), "{segment}");
+    assert!(
+        segment.contains(&format!("length: {grown} [bytes]")),
+        "{segment}"
+    );
     // The secondary copy alone (the primary's magic wiped on a copy of the image).
     let secondary = dir.path().join("secondary.luks");
     let mut bytes = std::fs::read(&fixed).unwrap();
     bytes[..6].fill(0);
     std::fs::write(&secondary, bytes).unwrap();
     let segment = luks_dump_segment(&secondary);
-    assert!(segment.contains(&format!("length: {grown} [bytes]")), "{segment}");
+    assert!(
+        segment.contains(&format!("length: {grown} [bytes]")),
+        "{segment}"
+    );
     let data = cryptblk_decrypt(&fixed, &key, &dir.path().join("fixed.raw"));
     assert_eq!(data.len() as u64, grown);
-    assert_same_bytes(&data[..plain.len()], &plain, "fixed: the data before the old end");
+    assert_same_bytes(
+        &data[..plain.len()],
+        &plain,
+        "fixed: the data before the old end",
+    );
     assert!(cryptsetup_accepts(&fixed, &key));
 
     // Shrinking: only when allowed, and then the header and the image follow.
@@ -160,7 +186,11 @@ fn offline_resize_refusals_leave_the_image_as_it_was() {
     // Off the 4096-byte sector grid: the message says what would do.
     let out = cryptblk(["resize", s(&luks), "9001K"]);
     out.expect_code(1);
-    assert!(out.stderr.contains("4096-byte sector size"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("4096-byte sector size"),
+        "{}",
+        out.stderr
+    );
     assert!(out.stderr.contains("use 9220096"), "{}", out.stderr);
     // A shrink not allowed.
     let out = cryptblk(["resize", s(&luks), "4M"]);
@@ -188,7 +218,11 @@ fn offline_resize_refusals_leave_the_image_as_it_was() {
     assert_eq!(daemon.terminate(), 0);
     cryptblk(["resize", s(&raw), "2M"]).ok();
     let info = tool("qemu-img", ["info", "-f", "raw", s(&raw)]);
-    assert!(info.stdout.contains("virtual size: 2 MiB"), "{}", info.stdout);
+    assert!(
+        info.stdout.contains("virtual size: 2 MiB"),
+        "{}",
+        info.stdout
+    );
 }
 
 fn nbd_size(vol: &str) -> u64 {
@@ -212,7 +246,10 @@ fn disk_resize_of_a_served_luks2_disk_over_nbd() {
         let writes: Vec<String> = (0..256u64)
             .map(|i| format!("write -P {} {} 4k", i % 250 + 1, 7 * MIB + i * 4096))
             .collect();
-        qemu_io_cmds(&target, &writes.iter().map(String::as_str).collect::<Vec<_>>())
+        qemu_io_cmds(
+            &target,
+            &writes.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
     });
     for size in ["9M", "10M", "12M"] {
         let result = daemon.ctl_ok(&["disk-resize", "vol", size]);
@@ -221,8 +258,9 @@ fn disk_resize_of_a_served_luks2_disk_over_nbd() {
         assert_eq!(result["guest-notified"], false);
     }
     writer.join().unwrap();
-    let reads: Vec<String> =
-        (0..256u64).map(|i| format!("read -P {} {} 4k", i % 250 + 1, 7 * MIB + i * 4096)).collect();
+    let reads: Vec<String> = (0..256u64)
+        .map(|i| format!("read -P {} {} 4k", i % 250 + 1, 7 * MIB + i * 4096))
+        .collect();
     daemon.qemu_io("vol", &reads.iter().map(String::as_str).collect::<Vec<_>>());
     // New connections see the new size, and it takes data.
     assert_eq!(nbd_size(&vol), 12 * MIB);
@@ -238,13 +276,21 @@ fn disk_resize_of_a_served_luks2_disk_over_nbd() {
     tool("prlimit", ["--pid", &pid, &limit]).ok();
     let refused = daemon.ctl(&["disk-resize", "vol", "16M"]);
     refused.expect_code(5);
-    assert!(refused.stderr.contains("File too large"), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("File too large"),
+        "{}",
+        refused.stderr
+    );
     assert!(refused.stderr.contains("refused"), "{}", refused.stderr);
     assert_eq!(file_len(&img), len);
     assert_eq!(nbd_size(&vol), 12 * MIB);
     daemon.qemu_io(
         "vol",
-        &["write -P 0x2e 12284k 4k", "read -P 0x2e 12284k 4k", "read -P 0x6b 11M 1020k"],
+        &[
+            "write -P 0x2e 12284k 4k",
+            "read -P 0x2e 12284k 4k",
+            "read -P 0x6b 11M 1020k",
+        ],
     );
     // A shrink is refused unless allowed.
     let shrink = daemon.ctl(&["disk-resize", "vol", "4M"]);
@@ -258,10 +304,14 @@ fn disk_resize_of_a_served_luks2_disk_over_nbd() {
     for i in 0..256usize {
         let at = 7 * MIB as usize + i * 4096;
         assert!(
-            data[at..at + 4096].iter().all(|&b| b == (i % 250 + 1) as u8),
+            data[at..at + 4096]
+                .iter()
+                .all(|&b| b == (i % 250 + 1) as u8),
             "the write at {at} was lost"
         );
     }
-    assert!(data[11 * MIB as usize..12 * MIB as usize - 4096].iter().all(|&b| b == 0x6b));
+    assert!(data[11 * MIB as usize..12 * MIB as usize - 4096]
+        .iter()
+        .all(|&b| b == 0x6b));
     assert!(data[12 * MIB as usize - 4096..].iter().all(|&b| b == 0x2e));
 }

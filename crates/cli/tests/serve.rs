@@ -12,11 +12,18 @@ fn serve_raw_reconnect_and_sigterm() {
     let img = t.raw("disk.raw", 4 * MIB);
     let mut daemon = t.serve().vhost_user().disk(&img).start();
     // A second daemon on the same image is refused: the image is locked.
-    t.serve_as("other").vhost_user().disk(&img).run().expect_code(code::IN_USE);
+    t.serve_as("other")
+        .vhost_user()
+        .disk(&img)
+        .run()
+        .expect_code(code::IN_USE);
     let data = pattern(64 * 1024, 11);
     {
         let mut guest = daemon.frontend(1, 256);
-        assert!(guest.features & (1 << 13) == 0, "DISCARD offered without --discard");
+        assert!(
+            guest.features & (1 << 13) == 0,
+            "DISCARD offered without --discard"
+        );
         assert_eq!(guest.write(0, 8, &data), S_OK);
         let (st, id) = guest.get_id(0);
         assert_eq!(st, S_OK);
@@ -30,7 +37,11 @@ fn serve_raw_reconnect_and_sigterm() {
     }
     assert_eq!(daemon.terminate(), code::OK);
     assert!(!daemon.vhost_socket().exists(), "socket left behind");
-    assert_same_bytes(&read(&img)[8 * 512..8 * 512 + data.len()], &data, "raw image");
+    assert_same_bytes(
+        &read(&img)[8 * 512..8 * 512 + data.len()],
+        &data,
+        "raw image",
+    );
 }
 
 #[test]
@@ -39,7 +50,11 @@ fn serve_luks2_two_queues_sigterm_with_requests_in_flight() {
     let img = t.luks2("disk.luks", "8M", &t.key("key"));
     let uuid = img.dump()["uuid"].as_str().unwrap().to_string();
 
-    let serve = t.serve().vhost_user().disk(&img).args(&["--num-queues", "2"]);
+    let serve = t
+        .serve()
+        .vhost_user()
+        .disk(&img)
+        .args(&["--num-queues", "2"]);
     let mut daemon = serve.start();
     let mut guest = daemon.frontend(2, 256);
     let (st, id) = guest.get_id(1);
@@ -82,8 +97,10 @@ fn serve_luks2_two_queues_sigterm_with_requests_in_flight() {
     }
     guest.kick(0);
     assert_eq!(daemon.terminate(), code::OK);
-    let acked: Vec<bool> =
-        batch.iter().map(|(status, _, _)| guest.status(*status) == S_OK).collect();
+    let acked: Vec<bool> = batch
+        .iter()
+        .map(|(status, _, _)| guest.status(*status) == S_OK)
+        .collect();
     drop(guest);
     eprintln!(
         "{} of {} in-flight writes acknowledged before exit",
@@ -190,8 +207,14 @@ queue-size = 128
         let mut root_guest = frontend::Guest::connect(&luks_sock, 2, 128);
         assert_eq!(data_guest.write(0, 16, &raw_data), S_OK);
         assert_eq!(root_guest.write(1, 64, &luks_data), S_OK);
-        assert_eq!(data_guest.read(0, 16, raw_data.len()), (S_OK, raw_data.clone()));
-        assert_eq!(root_guest.read(0, 64, luks_data.len()), (S_OK, luks_data.clone()));
+        assert_eq!(
+            data_guest.read(0, 16, raw_data.len()),
+            (S_OK, raw_data.clone())
+        );
+        assert_eq!(
+            root_guest.read(0, 64, luks_data.len()),
+            (S_OK, luks_data.clone())
+        );
         // GET_ID defaults to the disk's name.
         let (st, id) = data_guest.get_id(0);
         assert_eq!(st, S_OK);
@@ -204,7 +227,11 @@ queue-size = 128
     assert_eq!(daemon.terminate(), code::OK);
     assert!(!raw_sock.exists(), "socket left behind");
     assert!(!luks_sock.exists(), "socket left behind");
-    assert_same_bytes(&read(&raw)[16 * 512..16 * 512 + raw_data.len()], &raw_data, "raw disk");
+    assert_same_bytes(
+        &read(&raw)[16 * 512..16 * 512 + raw_data.len()],
+        &raw_data,
+        "raw disk",
+    );
     let plain = luks.decrypt(&t.path("plain.raw"));
     assert_same_bytes(
         &plain[64 * 512..64 * 512 + luks_data.len()],
@@ -295,8 +322,17 @@ fn serve_config_errors() {
 
     // The format is documented in --help.
     let help = cryptblk(["serve", "--help"]).stdout;
-    for needle in ["--config", "[[disk]]", "key-file", "vhost-user-blk =", "num-queues ="] {
-        assert!(help.contains(needle), "{needle} missing from serve --help:\n{help}");
+    for needle in [
+        "--config",
+        "[[disk]]",
+        "key-file",
+        "vhost-user-blk =",
+        "num-queues =",
+    ] {
+        assert!(
+            help.contains(needle),
+            "{needle} missing from serve --help:\n{help}"
+        );
     }
 }
 

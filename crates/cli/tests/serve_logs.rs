@@ -20,10 +20,22 @@ fn json_log_lines_name_the_disk() {
         .collect();
     let serving = lines
         .iter()
-        .find(|l| l["message"].as_str().is_some_and(|m| m.starts_with("serving")))
+        .find(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("serving"))
+        })
         .unwrap_or_else(|| panic!("no `serving` line in:\n{text}"));
     assert_eq!(serving["disk"], "vm1", "{serving}");
     assert_eq!(serving["level"], "INFO", "{serving}");
-    assert!(serving["message"].as_str().unwrap().contains("(raw)"), "{serving}");
-    assert!(lines.iter().any(|l| l["message"] == "detached" && l["disk"] == "vm1"), "{text}");
+    assert!(
+        serving["message"].as_str().unwrap().contains("(raw)"),
+        "{serving}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["message"] == "detached" && l["disk"] == "vm1"),
+        "{text}"
+    );
 }

@@ -14,8 +14,16 @@ fn luks2_over_nbd_with_qemu_img_qemu_io_nbdinfo_and_nbdcopy() {
     let vol = daemon.nbd_uri("vol");
 
     // qemu-img writes the whole disk through the export, then compares it back.
-    tool("qemu-img", ["convert", "-n", "-f", "raw", "-O", "raw", s(&source), &vol]).ok();
-    tool("qemu-img", ["compare", "-f", "raw", "-F", "raw", s(&source), &vol]).ok();
+    tool(
+        "qemu-img",
+        ["convert", "-n", "-f", "raw", "-O", "raw", s(&source), &vol],
+    )
+    .ok();
+    tool(
+        "qemu-img",
+        ["compare", "-f", "raw", "-F", "raw", s(&source), &vol],
+    )
+    .ok();
 
     // nbdinfo: size and the LUKS sector as the minimum block size.
     let info = tool("nbdinfo", ["--json", &vol]);
@@ -30,7 +38,15 @@ fn luks2_over_nbd_with_qemu_img_qemu_io_nbdinfo_and_nbdcopy() {
     // qemu-io: a pattern written with FUA reads back.
     tool(
         "qemu-io",
-        ["-f", "raw", "-c", "write -f -P 0x5a 1M 256k", "-c", "read -P 0x5a 1M 256k", &vol],
+        [
+            "-f",
+            "raw",
+            "-c",
+            "write -f -P 0x5a 1M 256k",
+            "-c",
+            "read -P 0x5a 1M 256k",
+            &vol,
+        ],
     )
     .ok();
 
@@ -59,7 +75,10 @@ fn disks_added_at_run_time_are_listed_as_exports() {
     daemon.ctl_ok(&argv!("disk-add b --image {} --nbd-export --discard", b));
     let uri = |name: &str| daemon.nbd_uri(name);
     let trim = |name: &str| tool("nbdinfo", ["--can", "trim", &uri(name)]).code == 0;
-    assert!(!trim("a") && trim("b"), "TRIM must follow the disk's discard setting");
+    assert!(
+        !trim("a") && trim("b"),
+        "TRIM must follow the disk's discard setting"
+    );
     let list = tool("nbdinfo", ["--list", "--json", &uri("")]);
     list.ok();
     let v: serde_json::Value = serde_json::from_str(&list.stdout).unwrap();

@@ -48,7 +48,11 @@ fn sockets_get_the_owner_and_mode_asked_for() {
     // An unknown user: a usage error naming it, and no socket.
     let out = cryptblk(argv!("ctl -s {} disk-add vm3 --image {} --vhost-user-blk {} --socket-owner no-such-user-cryptblk", control, image2, vm3));
     out.expect_code(code::USAGE);
-    assert!(out.stderr.contains("no user \"no-such-user-cryptblk\""), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("no user \"no-such-user-cryptblk\""),
+        "{}",
+        out.stderr
+    );
     assert!(!vm3.exists());
     assert_eq!(daemon.terminate(), 0);
 
@@ -62,14 +66,22 @@ fn sockets_get_the_owner_and_mode_asked_for() {
 /// The documented libvirt domain (contrib/libvirt) is valid for libvirt's schema.
 #[test]
 fn libvirt_domain_xml_validates() {
-    if Command::new("virt-xml-validate").arg("--help").output().is_err() {
+    if Command::new("virt-xml-validate")
+        .arg("--help")
+        .output()
+        .is_err()
+    {
         cryptblk_testutil::skip(
             "virt-xml-validate is not installed (apt install libvirt-clients libxml2-utils)",
         );
         return;
     }
     let xml = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/libvirt/cryptblk-vm.xml");
-    let out = Command::new("virt-xml-validate").arg(&xml).arg("domain").output().unwrap();
+    let out = Command::new("virt-xml-validate")
+        .arg(&xml)
+        .arg("domain")
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{}{}",

@@ -12,7 +12,9 @@ use std::time::Duration;
 
 fn receive(socket: &UnixDatagram) -> String {
     let mut buf = [0u8; 4096];
-    let n = socket.recv(&mut buf).expect("a notification within the timeout");
+    let n = socket
+        .recv(&mut buf)
+        .expect("a notification within the timeout");
     String::from_utf8(buf[..n].to_vec()).unwrap()
 }
 
@@ -22,7 +24,9 @@ fn serve_notifies_ready_after_unlock_and_bind_then_stopping() {
     let key = t.key_with("key", "notify-test-passphrase");
     let image = t.luks2("disk.luks", "16M", &key);
     let notify = UnixDatagram::bind(t.path("notify")).unwrap();
-    notify.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
     let serve = t.serve().disk(&image).vhost_user_at(&t.path("vm1.sock"));
     let serve = serve.env("NOTIFY_SOCKET", s(&t.path("notify")));
     let mut daemon = serve.clone().control().spawn();
@@ -38,7 +42,10 @@ fn serve_notifies_ready_after_unlock_and_bind_then_stopping() {
 
     assert_eq!(daemon.terminate(), 0, "{}", daemon.log());
     let stopping = receive(&notify);
-    assert!(stopping.starts_with("STOPPING=1\nSTATUS=stopping"), "{stopping}");
+    assert!(
+        stopping.starts_with("STOPPING=1\nSTATUS=stopping"),
+        "{stopping}"
+    );
     // Nothing after STOPPING=1.
     notify.set_nonblocking(true).unwrap();
     let mut buf = [0u8; 64];
@@ -55,21 +62,31 @@ fn serve_notifies_ready_after_unlock_and_bind_then_stopping() {
 
 #[test]
 fn unit_file_passes_systemd_analyze_verify() {
-    if Command::new("systemd-analyze").arg("--version").output().is_err() {
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         cryptblk_testutil::skip("systemd-analyze is not installed (apt install systemd)");
         return;
     }
     let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/systemd/cryptblk.service");
     let text = std::fs::read_to_string(&unit).unwrap();
     // Core files would hold guest memory and keys.
-    assert!(text.contains("\nLimitCORE=0\n"), "no LimitCORE=0 in the unit");
+    assert!(
+        text.contains("\nLimitCORE=0\n"),
+        "no LimitCORE=0 in the unit"
+    );
     // verify checks that ExecStart's program exists: point it at the binary under test.
     let text = text.replace("/usr/bin/cryptblk", env!("CARGO_BIN_EXE_cryptblk"));
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("cryptblk.service");
     std::fs::write(&copy, text).unwrap();
-    let out =
-        Command::new("systemd-analyze").args(["verify", "--man=no"]).arg(&copy).output().unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&copy)
+        .output()
+        .unwrap();
     assert!(
         out.status.success() && out.stderr.is_empty(),
         "systemd-analyze verify: {}\n{}",

@@ -60,8 +60,11 @@ pub fn qemu_img_dirty(socket: &Path, export: &str, bitmap: &str) -> Vec<(u64, u6
 /// extents file), touching ones joined.
 pub fn chain_extents(chain: &Path, entry: &Value) -> Vec<(u64, u64)> {
     let file = std::fs::File::open(chain.join(entry["extents"]["file"].as_str().unwrap())).unwrap();
-    let mut reader =
-        Reader::new(std::io::BufReader::new(file), entry["disk_size"].as_u64().unwrap()).unwrap();
+    let mut reader = Reader::new(
+        std::io::BufReader::new(file),
+        entry["disk_size"].as_u64().unwrap(),
+    )
+    .unwrap();
     let mut records = Vec::new();
     while let Some(r) = reader.next_record().unwrap() {
         records.push((r.offset, r.length));

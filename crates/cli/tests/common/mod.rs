@@ -22,13 +22,22 @@ pub fn migrate_incoming(
 ) -> String {
     let incoming =
         "migrate-incoming vol --image {} --key-file {} --listen tcp:127.0.0.1:0 --nbd-export";
-    dst.ctl_ok(&argv!(incoming, dst_img, key; extra))["listen"].as_str().unwrap().to_string()
+    dst.ctl_ok(&argv!(incoming, dst_img, key; extra))["listen"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 /// A live migration's two daemons: "src" serving `img` as disk "vol" (control socket and
 /// NBD), and "dst" with a control socket and NBD and no disk yet.
 pub fn source_and_destination(t: &TestDir, img: &Image) -> (Daemon, Daemon) {
-    let src = t.serve_as("src").control().nbd().disk(img).name("vol").start();
+    let src = t
+        .serve_as("src")
+        .control()
+        .nbd()
+        .disk(img)
+        .name("vol")
+        .start();
     let dst = t.serve_as("dst").control().nbd().start();
     (src, dst)
 }

@@ -56,8 +56,12 @@ pub fn signal_midway(
     signal: &str,
 ) -> (Option<i32>, String) {
     let start = seqid(img);
-    let mut child =
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while seqid(img) < start + commits {
         if let Some(status) = child.try_wait().unwrap() {
@@ -69,5 +73,8 @@ pub fn signal_midway(
     std::thread::sleep(settle);
     tool("kill", ["-s", signal, &child.id().to_string()]).ok();
     let out = child.wait_with_output().unwrap();
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }

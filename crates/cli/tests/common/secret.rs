@@ -52,7 +52,16 @@ pub fn seal(master: &[u8], plain: &str) -> Secret {
 
 pub fn seal_with_iv(master: &[u8], plain: &str, iv: Vec<u8>) -> Secret {
     let data = openssl(
-        &["enc", "-aes-256-cbc", "-K", &hex::encode(master), "-iv", &hex::encode(&iv), "-a", "-A"],
+        &[
+            "enc",
+            "-aes-256-cbc",
+            "-K",
+            &hex::encode(master),
+            "-iv",
+            &hex::encode(&iv),
+            "-a",
+            "-A",
+        ],
         plain.as_bytes(),
     )
     .unwrap();

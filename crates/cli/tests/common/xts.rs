@@ -7,7 +7,14 @@ use std::path::Path;
 pub fn cryptsetup_volume_key(img: &Path, key: &Path) -> String {
     let out = tool(
         "cryptsetup",
-        ["luksDump", "--dump-volume-key", "--batch-mode", "--key-file", s(key), s(img)],
+        [
+            "luksDump",
+            "--dump-volume-key",
+            "--batch-mode",
+            "--key-file",
+            s(key),
+            s(img),
+        ],
     );
     out.ok();
     let mut hexs = String::new();
@@ -23,7 +30,11 @@ pub fn cryptsetup_volume_key(img: &Path, key: &Path) -> String {
         }
     }
     let hex: String = hexs.split_whitespace().collect();
-    assert!(hex.len() >= 32, "could not read the volume key from cryptsetup:\n{}", out.stdout);
+    assert!(
+        hex.len() >= 32,
+        "could not read the volume key from cryptsetup:\n{}",
+        out.stdout
+    );
     hex
 }
 
@@ -52,13 +63,31 @@ pub fn check_sampled_sectors(img: &Path, key_hex: &str, sector: u64, plain: &[u8
 /// doubling in GF(2^128) from block to block.
 pub fn openssl_xts_decrypt(dir: &Path, key_hex: &str, iv_sector: u64, ct: &[u8]) -> Vec<u8> {
     let half = key_hex.len() / 2;
-    let ecb = if half == 64 { "-aes-256-ecb" } else { "-aes-128-ecb" };
+    let ecb = if half == 64 {
+        "-aes-256-ecb"
+    } else {
+        "-aes-128-ecb"
+    };
     let aes = |mode: &str, key: &str, input: &[u8]| -> Vec<u8> {
         let inp = dir.join("xts.in");
         let out = dir.join("xts.out");
         std::fs::write(&inp, input).unwrap();
-        tool("openssl", ["enc", mode, ecb, "-nopad", "-K", key, "-in", s(&inp), "-out", s(&out)])
-            .ok();
+        tool(
+            "openssl",
+            [
+                "enc",
+                mode,
+                ecb,
+                "-nopad",
+                "-K",
+                key,
+                "-in",
+                s(&inp),
+                "-out",
+                s(&out),
+            ],
+        )
+        .ok();
         read(&out)
     };
     let mut iv = [0u8; 16];
@@ -74,5 +103,9 @@ pub fn openssl_xts_decrypt(dir: &Path, key_hex: &str, iv_sector: u64, ct: &[u8])
         tweak[0] = (tweak[0] << 1) ^ (0x87 * carry);
     }
     let masked: Vec<u8> = ct.iter().zip(&tweaks).map(|(a, b)| a ^ b).collect();
-    aes("-d", &key_hex[..half], &masked).iter().zip(&tweaks).map(|(a, b)| a ^ b).collect()
+    aes("-d", &key_hex[..half], &masked)
+        .iter()
+        .zip(&tweaks)
+        .map(|(a, b)| a ^ b)
+        .collect()
 }
