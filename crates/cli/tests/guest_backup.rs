@@ -202,9 +202,15 @@ impl Backups {
     /// Once the guest has written two marks since the last checkpoint (one surely after it),
     /// pauses it, starts backup `name` (incremental from the last checkpoint, if any), copies
     /// the image file, reads the export's dirty bitmap with nbdinfo if `read_nbdinfo` (and
-    /// checks that qemu-img and `checkpoint-list` read the same), and resumes the guest; returns once the guest has written two more marks (regions it
-    /// changed under the export).
+    /// checks that qemu-img and `checkpoint-list` read the same), and resumes the guest;
+    /// returns once the guest has written two more marks (regions it changed under the
+    /// export).
     fn start(&mut self, name: &str, read_nbdinfo: bool) -> Started {
+        self.start_with(name, read_nbdinfo, &[])
+    }
+
+    /// [`start`](Self::start) with more `backup-start` options.
+    fn start_with(&mut self, name: &str, read_nbdinfo: bool, options: &[&str]) -> Started {
         let previous = self.previous();
         wait_for_mark(&mut self.guest, previous.as_ref().map_or(0, |p| p.1) + 3);
         self.qmp.execute("stop", json!({}));
@@ -216,6 +222,7 @@ impl Backups {
             args.extend(["--incremental", from]);
         }
         args.extend(["--nbd", &listen]);
+        args.extend_from_slice(options);
         let answer = self.daemon.ctl_ok(&args);
         let image = self.t.path(&format!("at-{name}.luks"));
         std::fs::copy(&self.img.path, &image).unwrap();
@@ -322,7 +329,9 @@ impl Backups {
     /// checkpoint is removed as docs/backup.md says (what changed since it stays recorded
     /// for the one before).
     fn kill_daemon_during_a_pull(&mut self, name: &str) {
-        let started = self.start(name, false);
+        // Paced, so the pull is still reading when the daemon dies: unpaced, it may have all
+        // it needs in flight or in its buffers (eight 1 MiB reads) before it is stopped.
+        let started = self.start_with(name, false, &["--max-bandwidth", "1M"]);
         let mut pull = Command::new(bin())
             .args(self.pull_args(&started))
             .stdin(Stdio::null())
