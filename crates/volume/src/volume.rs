@@ -139,6 +139,7 @@ impl Volume {
                 cipher: String::new(),
                 key_bits: 0,
             });
+        let without_kdf = volume.without_kdf();
         let file = volume.container().clone();
         let crypt = volume.device().clone();
         let payload_offset = volume.header().data_offset();
@@ -157,7 +158,7 @@ impl Volume {
             crypt,
             luks: RwLock::new(Some(facts)),
             keys: Mutex::new(Some(keys)),
-            without_kdf: false,
+            without_kdf,
         })
     }
 
