@@ -96,16 +96,17 @@ impl Unlock for DiskUnlock<'_> {
     }
 
     fn unlock(self, container: Arc<dyn Container>) -> Result<LuksVolume> {
-        let name = container.name().to_path_buf();
         let volume = unlock_luks(self.config, container, self.secret, self.writable, self.cx)?;
         for warning in volume.warnings() {
-            tracing::warn!(disk = %self.config.name, image = %name.display(), "{warning}");
+            let image = self.config.image.path().display();
+            tracing::warn!(disk = %self.config.name, image = %image, "{warning}");
         }
         Ok(volume)
     }
 }
 
-/// The errors of [`Volume::open`] both doors report alike.
+/// The errors of [`Volume::open`] that `open_image` and `open_received` report alike (each
+/// names an unreadable start and a key for a raw image its own way).
 fn open_error(e: OpenError<Error>) -> Error {
     match e {
         OpenError::Unlock(e) => e,

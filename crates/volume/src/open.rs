@@ -87,7 +87,7 @@ pub enum OpenError<E> {
 /// What [`Volume::open`] serves; an offline command copying the payload takes it as it is
 /// (without the tracking stage).
 pub enum Opened {
-    Luks(LuksVolume),
+    Luks(Box<LuksVolume>),
     Raw(Arc<dyn Container>),
 }
 
@@ -118,7 +118,7 @@ impl Opened {
         if luks {
             return unlock
                 .unlock(container)
-                .map(Opened::Luks)
+                .map(|volume| Opened::Luks(Box::new(volume)))
                 .map_err(OpenError::Unlock);
         }
         if unlock.has_key() {
@@ -139,7 +139,7 @@ impl Volume {
         unlock: U,
     ) -> Result<Volume, OpenError<U::Error>> {
         match Opened::open(container, unlock)? {
-            Opened::Luks(volume) => Volume::from_luks(volume),
+            Opened::Luks(volume) => Volume::from_luks(*volume),
             Opened::Raw(container) => Volume::from_raw(container),
         }
         .map_err(OpenError::Tracking)

@@ -115,8 +115,8 @@ impl Volume {
     }
 
     /// The volume of an unlocked LUKS image, behind its tracking stage (which counts in the
-    /// image's encryption sectors).
-    pub fn from_luks(volume: LuksVolume) -> Result<Volume, TrackingError> {
+    /// image's encryption sectors). Reached through the door, [`Volume::open`].
+    pub(crate) fn from_luks(volume: LuksVolume) -> Result<Volume, TrackingError> {
         let serial = volume.header().uuid().to_string();
         let keys = VolumeKeys {
             uuid: serial.clone(),
@@ -164,8 +164,9 @@ impl Volume {
 
     /// A raw image is served as one plaintext part of a volume (not the file directly), so
     /// that an online encryption can turn it into LUKS2 while it serves; its queues pay one
-    /// plain load per request for that ([`SegmentMap`]).
-    pub fn from_raw(raw: Arc<dyn Container>) -> Result<Volume, TrackingError> {
+    /// plain load per request for that ([`SegmentMap`]). Reached through the door,
+    /// [`Volume::open`].
+    pub(crate) fn from_raw(raw: Arc<dyn Container>) -> Result<Volume, TrackingError> {
         let serial = raw
             .name()
             .file_name()

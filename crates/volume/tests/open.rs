@@ -1,6 +1,6 @@
 //! The door to a volume: `Volume::open` tells LUKS1, LUKS2 and raw apart by the first bytes of
 //! the container, unlocks a LUKS image as the caller says, and refuses a key for a raw image.
-use cryptblk_block::{BlockDevice, Container, Format, OpenOptions, RawFile};
+use cryptblk_block::{Container, Format, OpenOptions, RawFile};
 use cryptblk_crypto::CipherSpec;
 use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, LuksVersion, PbkdfOptions, Unlocker};
 use cryptblk_volume::{Key, LuksVolume, OpenError, Opened, Unlock, Volume, VolumeOptions};

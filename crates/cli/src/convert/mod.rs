@@ -230,7 +230,7 @@ fn open_detected(
         pool,
     };
     match Opened::open(container, key) {
-        Ok(Opened::Luks(volume)) => Ok(luks_endpoint(volume)),
+        Ok(Opened::Luks(volume)) => Ok(luks_endpoint(*volume)),
         Ok(Opened::Raw(container)) => Ok(Endpoint {
             device: container,
             description: format!("{label} (raw)"),
