@@ -355,3 +355,58 @@ fn postcopy_cut_between_daemons_pauses_and_recovers() {
     let got = cryptblk_decrypt(&dst_img, img.key(), &t.path("dst.raw"));
     assert_same_bytes(&got, &expected, "destination image after recovery");
 }
+
+/// A raw disk migrates too: the destination opens what it received through the volume's door,
+/// which finds no LUKS magic and serves it plain; then its file holds exactly what was written
+/// on both sides.
+#[test]
+fn raw_disk_between_two_daemons() {
+    let t = TestDir::new();
+    let size = 8 * MIB;
+    let img = t.raw("src.raw", size);
+    let dst_img = t.path("dst.raw");
+    let (src, dst) = source_and_destination(&t, &img);
+    let mut expected = vec![0u8; size as usize];
+    write(&src, &mut expected, 0x21, 0, 64 * 1024);
+    write(&src, &mut expected, 0x22, 7 * MIB, 4096);
+    let listen = dst.ctl_ok(&[
+        "migrate-incoming",
+        "vol",
+        "--image",
+        s(&dst_img),
+        "--listen",
+        "tcp:127.0.0.1:0",
+        "--nbd-export",
+    ])["listen"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    src.ctl_ok(&["migrate-start", "vol", "--to", &listen]);
+    write(&src, &mut expected, 0x23, 3 * MIB + 512, 1024);
+    src.ctl_ok(&["migrate-switchover", "vol"]);
+    src.wait_migrate("vol", "completed");
+    dst.wait_migrate("vol", "completed");
+    write(&dst, &mut expected, 0x24, 5 * MIB, 4096);
+    let list = dst.ctl_ok(&["disk-list"]);
+    assert_eq!(list["disks"][0]["format"], "raw", "{list:#}");
+    dst.ctl_ok(&["disk-remove", "vol"]);
+    assert_same_bytes(&read(&dst_img), &expected, "destination image");
+
+    // A key for it says the user meant an encrypted disk: the destination refuses to serve
+    // the raw image it received, and the source keeps serving.
+    let key = t.key("key");
+    let again = t.path("again.raw");
+    let (src, dst) = source_and_destination(&t, &t.raw("src2.raw", size));
+    let listen = migrate_incoming(&dst, &again, &key, &[]);
+    src.ctl_ok(&["migrate-start", "vol", "--to", &listen]);
+    dst.wait_migrate("vol", "cancelled");
+    assert!(
+        dst.log()
+            .contains("a key file is given, but the incoming image is raw"),
+        "{}",
+        dst.log()
+    );
+    src.wait_migrate("vol", "failed");
+    let mut expected = vec![0u8; size as usize];
+    write(&src, &mut expected, 0x25, 0, 4096);
+}

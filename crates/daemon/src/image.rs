@@ -9,7 +9,7 @@ use cryptblk_block::{BlockDevice, Container, Format, OpenOptions, RawFile};
 use cryptblk_control::api::{key_source, DiskConfig, KeySource};
 use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::{KnownKey, LuksError, UnlockOptions, Unlocker};
-use cryptblk_volume::{DirtyTracker, LuksVolume, Volume, VolumeKeys};
+use cryptblk_volume::{DirtyTracker, LuksVolume, OpenError, Unlock, Volume, VolumeKeys};
 use std::sync::Arc;
 
 /// The secret a disk is opened with.
@@ -43,11 +43,11 @@ pub struct OpenContext<'a> {
 }
 
 /// Opens (and for LUKS, unlocks) the image of `config` with an exclusive lock (a file's
-/// `flock`, an RBD image's exclusive lock). A LUKS volume opens with the keys `secret` hands
-/// over or the key cache holds when they still match its header (no key derivation), else
-/// with the passphrase `secret` has (asked on a terminal) or the configured key source's;
-/// when there is none or it opens no keyslot, the header's clevis tokens are tried
-/// (`token_unlock`).
+/// `flock`, an RBD image's exclusive lock), through the volume's door ([`Volume::open`]). A
+/// LUKS volume opens with the keys `secret` hands over or the key cache holds when they still
+/// match its header (no key derivation), else with the passphrase `secret` has (asked on a
+/// terminal) or the configured key source's; when there is none or it opens no keyslot, the
+/// header's clevis tokens are tried (`token_unlock`).
 ///
 /// `inherited` is the image file a predecessor daemon handed over, open and locked.
 pub fn open_image(
@@ -57,28 +57,61 @@ pub fn open_image(
     cx: &OpenContext<'_>,
 ) -> Result<Volume> {
     let name = config.image.path();
-    let (container, format) = open_container(config, inherited)?;
-    match format {
-        Format::Luks => {
-            let (volume, without_kdf) =
-                unlock_luks(config, container, secret, !config.readonly, cx)?;
-            for warning in volume.warnings() {
-                tracing::warn!(disk = %config.name, image = %name.display(), "{warning}");
-            }
-            let mut image = luks_image(volume, cx.key_cache)?;
-            image.without_kdf = without_kdf;
-            Ok(image)
+    let container = open_container(config, inherited)?;
+    let unlock = DiskUnlock {
+        config,
+        secret,
+        writable: !config.readonly,
+        cx,
+    };
+    let image = Volume::open(container, unlock).map_err(|e| match e {
+        OpenError::Probe { path, source } => {
+            Error::caused(format!("probing {}", path.display()), source)
         }
-        Format::Raw => {
-            if has_key(config) || matches!(secret, Secret::Passphrase(Some(_))) {
-                return Err(Error::usage(format!(
-                    "a key file is given, but {} is raw, not LUKS",
-                    name.display()
-                )));
-            }
-            Volume::from_raw(container).context("setting up dirty tracking")
+        OpenError::KeyForRaw { .. } => Error::usage(format!(
+            "a key file is given, but {} is raw, not LUKS",
+            name.display()
+        )),
+        e => open_error(e),
+    })?;
+    remember_keys(&image, cx.key_cache);
+    Ok(image)
+}
+
+/// How the daemon unlocks a disk's LUKS image: with known keys first (handed over, or the
+/// key cache's), then a passphrase (given, configured, or a clevis token's).
+struct DiskUnlock<'a> {
+    config: &'a DiskConfig,
+    secret: Secret,
+    writable: bool,
+    cx: &'a OpenContext<'a>,
+}
+
+impl Unlock for DiskUnlock<'_> {
+    type Error = Error;
+
+    /// Whether a passphrase is given or configured (a raw image takes none).
+    fn has_key(&self) -> bool {
+        has_key(self.config) || matches!(self.secret, Secret::Passphrase(Some(_)))
+    }
+
+    fn unlock(self, container: Arc<dyn Container>) -> Result<LuksVolume> {
+        let volume = unlock_luks(self.config, container, self.secret, self.writable, self.cx)?;
+        for warning in volume.warnings() {
+            let image = self.config.image.path().display();
+            tracing::warn!(disk = %self.config.name, image = %image, "{warning}");
         }
-        other => Err(unservable(name, other)),
+        Ok(volume)
+    }
+}
+
+/// The errors of [`Volume::open`] that `open_image` and `open_received` report alike (each
+/// names an unreadable start and a key for a raw image its own way).
+fn open_error(e: OpenError<Error>) -> Error {
+    match e {
+        OpenError::Unlock(e) => e,
+        OpenError::Tracking(e) => Error::caused("setting up dirty tracking", e),
+        e => Error::caused("opening the image", e),
     }
 }
 
@@ -90,7 +123,7 @@ fn unlock_luks(
     secret: Secret,
     writable: bool,
     cx: &OpenContext<'_>,
-) -> Result<(cryptblk_volume::LuksVolume, bool)> {
+) -> Result<LuksVolume> {
     let opts = cryptblk_volume::VolumeOptions {
         writable,
         unlock: cx.unlock.clone(),
@@ -109,7 +142,7 @@ fn unlock_luks(
         ) {
             Ok(volume) => {
                 tracing::info!(disk = %config.name, "opened with the volume key from {source} (no key derivation)");
-                return Ok((volume, true));
+                return Ok(volume);
             }
             Err(cryptblk_volume::VolumeError::Luks {
                 source: LuksError::KnownKeyStale(_),
@@ -124,7 +157,7 @@ fn unlock_luks(
         Some(p) => Some(p),
         None => configured_passphrase(config, cx)?,
     };
-    crate::token_unlock::open_luks(container, given, &opts).map(|volume| (volume, false))
+    crate::token_unlock::open_luks(container, given, &opts)
 }
 
 /// The key cache's keys for the LUKS volume on `container`, if there is a cache and an entry.
@@ -161,22 +194,15 @@ fn unservable(name: &std::path::Path, format: Format) -> Error {
     ))
 }
 
-/// Opens what holds the image, locked, and says what format it is in. A file is probed (and
-/// opened only when it is LUKS or raw); an RBD image is LUKS when it starts with the LUKS
-/// magic (as `rbd encryption format` and QEMU's `encrypt.format=` write it), else raw.
+/// Opens what holds the image, locked. A file is probed first and opened only when it is
+/// LUKS or raw (the volume's door tells those two apart); an RBD image holds one of them.
 fn open_container(
     config: &DiskConfig,
     inherited: Option<std::fs::File>,
-) -> Result<(Arc<dyn Container>, Format)> {
+) -> Result<Arc<dyn Container>> {
     let writable = !config.readonly;
     if let Some(name) = config.image.rbd() {
-        let device = crate::rbd::open(name, writable)?;
-        let format = if crate::rbd::starts_with_luks_magic(&device)? {
-            Format::Luks
-        } else {
-            Format::Raw
-        };
-        return Ok((Arc::new(device), format));
+        return Ok(Arc::new(crate::rbd::open(name, writable)?));
     }
     let path = config.image.path();
     let format = cryptblk_block::probe_format(path)
@@ -197,20 +223,19 @@ fn open_container(
         None => RawFile::open_with(path, opts, io),
     }
     .context("opening the image")?;
-    Ok((Arc::new(file), format))
+    Ok(Arc::new(file))
 }
 
-/// The volume of an unlocked LUKS image; its keys go to the key cache, if there is one.
-fn luks_image(volume: LuksVolume, key_cache: Option<&KeyCache>) -> Result<Volume> {
-    let image = Volume::from_luks(volume).context("setting up dirty tracking")?;
+/// A LUKS volume's keys go to the key cache, if there is one.
+fn remember_keys(image: &Volume, key_cache: Option<&KeyCache>) {
     if let Some(keys) = image.volume_keys() {
         remember(key_cache, &keys);
     }
-    Ok(image)
 }
 
-/// Opens an image a migration is bringing in, from the file the migration writes: `gate`
-/// turns the opened disk into the one to serve (reads of blocks not here yet fetch them).
+/// Opens an image a migration is bringing in, from the file the migration writes, through the
+/// volume's door as `open_image` does: `gate` turns the opened disk into the one to serve
+/// (reads of blocks not here yet fetch them).
 pub fn open_received(
     config: &DiskConfig,
     passphrase: Option<Passphrase>,
@@ -218,21 +243,21 @@ pub fn open_received(
     cx: &OpenContext<'_>,
     gate: impl FnOnce(Arc<dyn BlockDevice>) -> Result<Arc<dyn BlockDevice>>,
 ) -> Result<Volume> {
-    let mut magic = [0u8; 6];
-    file.read_at(&mut magic, 0)
-        .context("reading the received header")?;
-    let mut image = if magic == *b"LUKS\xba\xbe" {
-        let (volume, _) = unlock_luks(config, file, Secret::Passphrase(passphrase), true, cx)
-            .map_err(|e| e.context("opening the received LUKS volume"))?;
-        luks_image(volume, cx.key_cache)?
-    } else {
-        if has_key(config) || passphrase.is_some() {
-            return Err(Error::usage(
-                "a key file is given, but the incoming image is raw",
-            ));
-        }
-        Volume::from_raw(file).context("setting up dirty tracking")?
+    let unlock = DiskUnlock {
+        config,
+        secret: Secret::Passphrase(passphrase),
+        writable: true,
+        cx,
     };
+    let mut image = Volume::open(file, unlock).map_err(|e| match e {
+        OpenError::Probe { source, .. } => Error::caused("reading the received header", source),
+        OpenError::KeyForRaw { .. } => {
+            Error::usage("a key file is given, but the incoming image is raw")
+        }
+        OpenError::Unlock(e) => e.context("opening the received LUKS volume"),
+        e => open_error(e),
+    })?;
+    remember_keys(&image, cx.key_cache);
     // Serve through the gate, and keep a tracker on top so the disk can migrate on later.
     let inner = image.tracker.inner().clone();
     let gated = gate(inner)?;

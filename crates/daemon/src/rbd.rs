@@ -17,12 +17,6 @@ pub fn open(name: &str, writable: bool) -> Result<RbdDevice> {
     }
 }
 
-/// True when the image starts with the LUKS magic (either version).
-pub fn starts_with_luks_magic(device: &RbdDevice) -> Result<bool> {
-    cryptblk_luks::LuksImage::probe(device.header_io())
-        .with_context(|| format!("probing {}", device.name().display()))
-}
-
 /// Where an incoming migration into `name` goes: the image itself when it exists (shared
 /// storage: the source serves it and hands its lock over), else a new image.
 pub fn incoming_store(name: &str) -> Result<Arc<dyn IncomingStore>> {

@@ -89,3 +89,46 @@ fn configuration_is_checked_before_anything_opens() {
     assert!(err.to_string().contains("no export"), "{err}");
     assert!(d.list().disks.is_empty());
 }
+
+/// The daemon opens every disk through the volume's door: a raw image given a key is refused
+/// (serving it plain when the user meant it encrypted is the worse mistake) and left unlocked,
+/// a qcow2 file is refused before it is opened, and a LUKS image with no key source and no
+/// clevis token asks for one.
+#[test]
+fn the_format_decides_what_a_key_means() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon();
+    let raw = raw_image(dir.path(), "plain.raw", 1 << 20);
+    let mut keyed = disk("plain", &raw);
+    keyed.key_file = Some(key_file(dir.path(), "k", PASSPHRASE));
+    let err = d.add_disk(keyed).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Usage);
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "a key file is given, but {} is raw, not LUKS",
+            raw.display()
+        )
+    );
+    assert!(d.list().disks.is_empty());
+    let info = d.add_disk(disk("plain", &raw)).unwrap();
+    assert_eq!(info.attached.unwrap().format, "raw");
+
+    let qcow2 = dir.path().join("q.qcow2");
+    let mut header = vec![0u8; 4096];
+    header[..4].copy_from_slice(b"QFI\xfb");
+    std::fs::write(&qcow2, &header).unwrap();
+    let err = d.add_disk(disk("q", &qcow2)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Usage);
+    assert!(err.to_string().contains("is qcow2"), "{err}");
+
+    let luks = luks_image(dir.path(), "v.luks");
+    let err = d.add_disk(disk("v", &luks)).unwrap_err();
+    assert!(
+        cryptblk_daemon::chain(&err).contains("give a key-file"),
+        "{}",
+        cryptblk_daemon::chain(&err)
+    );
+    assert_eq!(d.list().disks.len(), 1);
+    d.shutdown().unwrap();
+}

@@ -2,7 +2,9 @@
 //! convert) and the backends (`cryptblk-block`'s raw file and qcow2, `cryptblk-rbd`):
 //!
 //! - [`Volume`] is what the daemon serves: an image opened, LUKS or raw, behind its tracking
-//!   stage, with its LUKS facts and the keys serving it;
+//!   stage, with its LUKS facts and the keys serving it. [`Volume::open`] is the door: it
+//!   tells LUKS from raw by the image's first bytes and unlocks as the caller says
+//!   ([`Unlock`]);
 //! - [`LuksVolume`] is a LUKS1 or LUKS2 image unlocked on its [`Container`]
 //!   (`open_luks_volume*`), with its LUKS facts; [`CryptDevice`] is its payload, decrypted
 //!   sector by sector, and the per-queue crypt stage its pipelines run
@@ -26,6 +28,7 @@ mod crypt;
 mod luks_open;
 mod luks_reencrypting;
 mod luks_volume;
+mod open;
 mod resize;
 mod tracking;
 mod volume;
@@ -37,6 +40,7 @@ pub use crypt::{
 };
 pub use luks_open::{open_luks_volume, open_luks_volume_on, open_luks_volume_with, VolumeOptions};
 pub use luks_volume::{LuksVolume, VolumeError};
+pub use open::{Key, OpenError, Opened, Unlock};
 pub use resize::{resize_luks, resize_raw, ResizeError, Resized, RAW_SECTOR};
 pub use tracking::{
     BackupView, CopyBeforeWrite, DirtyBitmap, DirtyTracker, TrackingError, COPY_REGION,

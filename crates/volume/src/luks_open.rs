@@ -83,11 +83,19 @@ pub fn open_luks_volume_with(
         tracing::warn!(image = %path.display(), "{w}");
     }
     let pool = opts.pool.clone().unwrap_or_else(shared_pool);
+    let without_kdf = matches!(unlocker, Unlocker::Keys(_));
+    let opened = |volume: LuksVolume, warnings| {
+        let volume = volume.with_warnings(warnings);
+        match without_kdf {
+            true => volume.opened_without_kdf(),
+            false => volume,
+        }
+    };
     if let LuksImage::V2(h) = &header {
         if h.reencrypt_state().map_err(luks_err)?.is_some() {
             let volume =
                 crate::luks_reencrypting::open(file, h.clone(), unlocker, &opts.unlock, pool)?;
-            return Ok(volume.with_warnings(warnings));
+            return Ok(opened(volume, warnings));
         }
     }
     if opts.writable {
@@ -104,5 +112,5 @@ pub fn open_luks_volume_with(
         .unlock_with(file.header_io(), unlocker, &opts.unlock)
         .map_err(luks_err)?;
     let volume = LuksVolume::with_key(file, header, keyslot, &key, pool)?;
-    Ok(volume.with_warnings(warnings))
+    Ok(opened(volume, warnings))
 }

@@ -33,6 +33,8 @@ pub enum VolumeError {
         #[source]
         source: CryptoError,
     },
+    #[error("{} is LUKS, and no passphrase or key was given", path.display())]
+    NoKey { path: PathBuf },
 }
 
 impl VolumeError {
@@ -55,6 +57,8 @@ pub struct LuksVolume {
     header: LuksImage,
     keyslot: Option<usize>,
     warnings: Vec<String>,
+    /// Opened with its volume keys already known (`Unlocker::Keys`): no key derivation.
+    without_kdf: bool,
     /// On locked pages, wiped on drop (`SecretKey`).
     known_keys: Vec<KnownKey>,
 }
@@ -130,6 +134,7 @@ impl LuksVolume {
             header,
             keyslot,
             warnings: Vec::new(),
+            without_kdf: false,
             known_keys,
         })
     }
@@ -148,6 +153,7 @@ impl LuksVolume {
             header,
             keyslot,
             warnings: Vec::new(),
+            without_kdf: false,
             known_keys,
         }
     }
@@ -180,6 +186,18 @@ impl LuksVolume {
     /// of a reencryption), so that a successor daemon can open it again without a KDF.
     pub fn known_keys(&self) -> &[KnownKey] {
         &self.known_keys
+    }
+
+    /// The same volume, opened with its volume keys already known.
+    pub(crate) fn opened_without_kdf(mut self) -> LuksVolume {
+        self.without_kdf = true;
+        self
+    }
+
+    /// Whether it was opened with its volume keys already known (handed over, or cached),
+    /// without running a KDF.
+    pub fn without_kdf(&self) -> bool {
+        self.without_kdf
     }
 
     /// Non-fatal findings from reading the header (e.g. a damaged secondary LUKS2 copy).

@@ -115,8 +115,8 @@ impl Volume {
     }
 
     /// The volume of an unlocked LUKS image, behind its tracking stage (which counts in the
-    /// image's encryption sectors).
-    pub fn from_luks(volume: LuksVolume) -> Result<Volume, TrackingError> {
+    /// image's encryption sectors). Reached through the door, [`Volume::open`].
+    pub(crate) fn from_luks(volume: LuksVolume) -> Result<Volume, TrackingError> {
         let serial = volume.header().uuid().to_string();
         let keys = VolumeKeys {
             uuid: serial.clone(),
@@ -139,6 +139,7 @@ impl Volume {
                 cipher: String::new(),
                 key_bits: 0,
             });
+        let without_kdf = volume.without_kdf();
         let file = volume.container().clone();
         let crypt = volume.device().clone();
         let payload_offset = volume.header().data_offset();
@@ -157,14 +158,15 @@ impl Volume {
             crypt,
             luks: RwLock::new(Some(facts)),
             keys: Mutex::new(Some(keys)),
-            without_kdf: false,
+            without_kdf,
         })
     }
 
     /// A raw image is served as one plaintext part of a volume (not the file directly), so
     /// that an online encryption can turn it into LUKS2 while it serves; its queues pay one
-    /// plain load per request for that ([`SegmentMap`]).
-    pub fn from_raw(raw: Arc<dyn Container>) -> Result<Volume, TrackingError> {
+    /// plain load per request for that ([`SegmentMap`]). Reached through the door,
+    /// [`Volume::open`].
+    pub(crate) fn from_raw(raw: Arc<dyn Container>) -> Result<Volume, TrackingError> {
         let serial = raw
             .name()
             .file_name()

@@ -19,6 +19,7 @@ use anyhow::{bail, Context, Result};
 use cryptblk_block::{BlockDevice, Container, Format, OpenOptions, RawFile};
 use cryptblk_crypto::CryptoPool;
 use cryptblk_luks::{FormatOptions, LuksImage, LuksVersion};
+use cryptblk_volume::{LuksVolume, OpenError, Opened, Unlock};
 use interrupt::InterruptFlag;
 use pipeline::{Holes, PipelineConfig, Progress};
 use std::path::Path;
@@ -140,9 +141,18 @@ fn open_source(cli: &Cli, args: &ConvertArgs, pool: &Arc<CryptoPool>) -> Result<
         Some(SourceFormat::Raw) => Format::Raw,
         Some(SourceFormat::Qcow2) => Format::Qcow2,
         Some(SourceFormat::Luks) => Format::Luks,
-        None => cryptblk_block::probe_format(path)
-            .with_context(|| format!("probing {}", path.display()))?,
+        None => {
+            let format = cryptblk_block::probe_format(path)
+                .with_context(|| format!("probing {}", path.display()))?;
+            if format != Format::Qcow2 {
+                let container = open_locked(path, false)
+                    .with_context(|| format!("opening {}", path.display()))?;
+                return open_detected(container, &path.display().to_string(), cli, args, pool);
+            }
+            format
+        }
     };
+    // Told the format (-f): opened as that, whatever its first bytes say.
     if format == Format::Luks {
         let passphrase = read_passphrase(
             args.source_key_file.as_deref(),
@@ -173,7 +183,7 @@ fn open_rbd_source(
     pool: &Arc<CryptoPool>,
     name: &str,
 ) -> Result<Endpoint> {
-    let device = crate::rbd::open(name, false)?;
+    let device = Arc::new(crate::rbd::open(name, false)?);
     let luks = match args.source_format {
         Some(SourceFormat::Luks) => true,
         Some(SourceFormat::Raw) => false,
@@ -183,14 +193,14 @@ fn open_rbd_source(
             ))
             .into())
         }
-        None => LuksImage::probe(&device).with_context(|| format!("probing {name}"))?,
+        None => return open_detected(device, name, cli, args, pool),
     };
     if luks {
         let passphrase = read_passphrase(
             args.source_key_file.as_deref(),
             "Enter passphrase for the source: ",
         )?;
-        return open_luks(Arc::new(device), &passphrase, cli, pool);
+        return open_luks(device, &passphrase, cli, pool);
     }
     if args.source_key_file.is_some() {
         return Err(UsageError(format!(
@@ -199,9 +209,63 @@ fn open_rbd_source(
         .into());
     }
     Ok(Endpoint {
-        device: Arc::new(device),
+        device,
         description: format!("{name} (raw)"),
     })
+}
+
+/// A source whose format was not given, LUKS or raw: the volume's door tells them apart by
+/// its first bytes and, for LUKS, asks for the passphrase (`--source-key-file`, else the
+/// terminal). `label` names it in messages.
+fn open_detected(
+    container: Arc<dyn Container>,
+    label: &str,
+    cli: &Cli,
+    args: &ConvertArgs,
+    pool: &Arc<CryptoPool>,
+) -> Result<Endpoint> {
+    let key = SourceKey {
+        key_file: args.source_key_file.as_deref(),
+        cli,
+        pool,
+    };
+    match Opened::open(container, key) {
+        Ok(Opened::Luks(volume)) => Ok(luks_endpoint(*volume)),
+        Ok(Opened::Raw(container)) => Ok(Endpoint {
+            device: container,
+            description: format!("{label} (raw)"),
+        }),
+        Err(OpenError::Probe { source, .. }) => {
+            Err(anyhow::Error::from(source).context(format!("probing {label}")))
+        }
+        Err(OpenError::KeyForRaw { .. }) => Err(UsageError(format!(
+            "--source-key-file given, but {label} is raw, not LUKS"
+        ))
+        .into()),
+        Err(OpenError::Unlock(e)) => Err(e),
+        Err(OpenError::Tracking(e)) => Err(e.into()),
+    }
+}
+
+/// How convert unlocks a source found to be LUKS: with the passphrase in
+/// `--source-key-file`, else asked on the terminal (only then, not for a raw source).
+struct SourceKey<'a> {
+    key_file: Option<&'a Path>,
+    cli: &'a Cli,
+    pool: &'a Arc<CryptoPool>,
+}
+
+impl Unlock for SourceKey<'_> {
+    type Error = anyhow::Error;
+
+    fn has_key(&self) -> bool {
+        self.key_file.is_some()
+    }
+
+    fn unlock(self, container: Arc<dyn Container>) -> Result<LuksVolume> {
+        let passphrase = read_passphrase(self.key_file, "Enter passphrase for the source: ")?;
+        unlock_luks(container, &passphrase, self.cli, self.pool)
+    }
 }
 
 /// A file opened with its lock: shared to read, exclusive to write.
@@ -223,7 +287,15 @@ pub fn open_luks(
     cli: &Cli,
     pool: &Arc<CryptoPool>,
 ) -> Result<Endpoint> {
-    let path = container.name().to_path_buf();
+    unlock_luks(container, passphrase, cli, pool).map(luks_endpoint)
+}
+
+fn unlock_luks(
+    container: Arc<dyn Container>,
+    passphrase: &[u8],
+    cli: &Cli,
+    pool: &Arc<CryptoPool>,
+) -> Result<LuksVolume> {
     let opts = cryptblk_volume::VolumeOptions {
         writable: !container.read_only(),
         unlock: unlock_options(cli),
@@ -231,7 +303,14 @@ pub fn open_luks(
         ..Default::default()
     };
     // VolumeError already names the path.
-    let volume = cryptblk_volume::open_luks_volume_on(container, passphrase, &opts)?;
+    Ok(cryptblk_volume::open_luks_volume_on(
+        container, passphrase, &opts,
+    )?)
+}
+
+/// The endpoint of an unlocked LUKS volume; the header's warnings are shown.
+fn luks_endpoint(volume: LuksVolume) -> Endpoint {
+    let path = volume.container().name().to_path_buf();
     for warning in volume.warnings() {
         tracing::warn!("{}: {warning}", path.display());
         eprintln!("cryptblk: warning: {}: {warning}", path.display());
@@ -241,10 +320,10 @@ pub fn open_luks(
         path.display(),
         luks_number(volume.header().version())
     );
-    Ok(Endpoint {
+    Endpoint {
         device: Arc::new(volume),
         description,
-    })
+    }
 }
 
 fn open_existing_target(
