@@ -18,7 +18,7 @@
 //! - the next 32 or 64 bytes: the key;
 //! - the rest: the data, repeated to fill the sectors (zeros if none).
 
-use cryptblk_crypto::{engines, portable_engine, CipherSpec, Direction, SecretKey};
+use cryptblk_crypto::{engines, portable_engine, CipherSpec, Direction, RawSectors, SecretKey};
 
 /// The number of engines compared with the portable one (for the replay's own checks).
 pub fn run(input: &[u8]) -> usize {
@@ -100,17 +100,18 @@ pub fn run(input: &[u8]) -> usize {
         );
 
         dst.fill(0);
-        let (s, d) = (src[src_off..].as_ptr(), dst[dst_off..].as_mut_ptr());
-        // SAFETY: `s` is readable and `d` writable for `len` bytes (each buffer has 32 bytes
-        // of room past its offset); they are separate vectors.
-        unsafe { c.crypt_raw(dir, first, s, d, len) }.unwrap();
+        let between = RawSectors::between(
+            &src[src_off..src_off + len],
+            &mut dst[dst_off..dst_off + len],
+        );
+        c.crypt_raw(dir, first, between.unwrap()).unwrap();
         assert!(
             dst[dst_off..dst_off + len] == want,
             "{}",
             what(name, "crypt_raw")
         );
-        // SAFETY: in place on `d`, valid for `len` bytes.
-        unsafe { c.crypt_raw(back_dir, first, d, d, len) }.unwrap();
+        let in_place = RawSectors::from_mut(&mut dst[dst_off..dst_off + len]);
+        c.crypt_raw(back_dir, first, in_place).unwrap();
         assert!(
             dst[dst_off..dst_off + len] == data,
             "{}",

@@ -12,8 +12,9 @@
 //! - `CryptoPool::new(threads)`, `CryptoPool::with_default_threads()`,
 //!   `pool.crypt(&cipher, dir, first_sector, &mut data)`, out of place
 //!   `pool.crypt_into(&cipher, dir, first_sector, &src, &mut dst)`, for memory that must not
-//!   become a Rust reference (guest RAM) `unsafe pool.crypt_raw(&cipher, dir, first, src_ptr,
-//!   dst_ptr, len)` (and `SectorCipher::crypt_raw`).
+//!   become a Rust reference (guest RAM) `pool.crypt_raw(&cipher, dir, first, bytes)` (and
+//!   `SectorCipher::crypt_raw`), where `bytes: RawSectors` is built by whoever can vouch for
+//!   the memory (`unsafe RawSectors::new(src_ptr, dst_ptr, len)`, or a safe constructor).
 //! - `bench::run_bench(&BenchOptions) -> BenchReport` for `cryptblk bench`.
 //!
 //! Engines: `vaes` (ours: AES-128/256-XTS on 256-bit VAES registers, x86-64 CPUs with VAES
@@ -30,11 +31,13 @@ mod error;
 mod iv;
 mod key;
 pub mod locked;
+mod raw;
 mod select;
 mod spec;
 
 pub use error::CryptoError;
 pub use key::SecretKey;
+pub use raw::RawSectors;
 pub use select::{
     default_engine_for, engines, force_engine, portable_engine, ENGINE_ENV, ENGINE_NAMES,
 };
@@ -76,40 +79,37 @@ pub trait SectorCipher: Send + Sync {
         self.crypt(dir, first_sector, dst)
     }
 
-    /// Transform `len` bytes read at `src` into `dst` (in place when the two are equal),
-    /// through raw pointers: for memory that must never become a Rust reference because
-    /// another party may write it at any moment, such as a guest's RAM under a virtio
-    /// request. The engine treats the input as untrusted bytes, reads each of them once per
-    /// sector it produces and never reads back what it wrote, so a concurrent writer can
-    /// only change which bytes come out: it corrupts its own data, nothing of this process.
+    /// Transform the bytes of `bytes` (read at its source, written at its destination: in
+    /// place when the two are the same) through raw pointers: for memory that must never
+    /// become a Rust reference because another party may write it at any moment, such as a
+    /// guest's RAM under a virtio request. `bytes.len()` must be a multiple of
+    /// `sector_size()`. The engine treats the input as untrusted bytes, reads each of them
+    /// once per sector it produces and never reads back what it wrote, so a concurrent writer
+    /// can only change which bytes come out: it corrupts its own data, nothing of this
+    /// process. Whoever built `bytes` vouched for the memory ([`RawSectors`]' invariant).
     ///
     /// The default copies each sector into a scratch buffer on the stack, transforms it there
     /// with `crypt` and copies it out; engines that can read and write the memory natively
     /// override it.
-    ///
-    /// # Safety
-    /// For the whole call `src` must be valid for reads and `dst` valid for writes of `len`
-    /// bytes (mapped and not freed; no alignment needed), and the two ranges must be either
-    /// the same or disjoint. No Rust reference to either range may be alive in this process
-    /// during the call except through `src`/`dst` themselves.
-    unsafe fn crypt_raw(
+    fn crypt_raw(
         &self,
         dir: Direction,
         first_sector: u64,
-        src: *const u8,
-        dst: *mut u8,
-        len: usize,
+        bytes: RawSectors<'_>,
     ) -> Result<(), CryptoError> {
         let ss = self.sector_size();
+        let len = bytes.len();
         if ss == 0 || ss > MAX_SECTOR_SIZE || !len.is_multiple_of(ss) {
             return Err(CryptoError::InvalidLength(format!(
                 "{len} bytes is not a whole number of {ss}-byte sectors"
             )));
         }
+        let (src, dst) = (bytes.src(), bytes.dst());
         let mut scratch = [0u8; MAX_SECTOR_SIZE];
         for (i, at) in (0..len).step_by(ss).enumerate() {
-            // SAFETY: `at + ss <= len`, so both copies stay inside the ranges the caller
-            // vouched for; the scratch buffer is our own and cannot overlap them.
+            // SAFETY: `at + ss <= len`, so both copies stay inside the ranges `bytes` holds
+            // valid (its invariant, while it lives: to the end of this call); the scratch
+            // buffer is our own and cannot overlap them.
             unsafe { std::ptr::copy_nonoverlapping(src.add(at), scratch.as_mut_ptr(), ss) };
             self.crypt(dir, first_sector.wrapping_add(i as u64), &mut scratch[..ss])?;
             // SAFETY: as above.
@@ -136,18 +136,14 @@ pub(crate) fn check_same_len(src: &[u8], dst: &[u8]) -> Result<(), CryptoError> 
 }
 
 /// `SectorCipher::crypt` for a cipher whose `crypt_raw` reads and writes memory natively (an
-/// engine, or a wrapper that overrides `crypt_raw`): the slice goes in as one pointer for
-/// both sides.
+/// engine, or a wrapper that overrides `crypt_raw`): the slice goes in as one run, in place.
 pub fn crypt_via_raw(
     cipher: &(impl SectorCipher + ?Sized),
     dir: Direction,
     first_sector: u64,
     data: &mut [u8],
 ) -> Result<(), CryptoError> {
-    let p = data.as_mut_ptr();
-    // SAFETY: `data` is an exclusive borrow of `data.len()` bytes for the whole call, used
-    // only through `p`.
-    unsafe { cipher.crypt_raw(dir, first_sector, p, p, data.len()) }
+    cipher.crypt_raw(dir, first_sector, RawSectors::from_mut(data))
 }
 
 /// `SectorCipher::crypt_into` for a cipher whose `crypt_raw` reads and writes memory
@@ -159,10 +155,7 @@ pub fn crypt_into_via_raw(
     src: &[u8],
     dst: &mut [u8],
 ) -> Result<(), CryptoError> {
-    check_same_len(src, dst)?;
-    // SAFETY: `src` and `dst` are borrows of the same length for the whole call; a shared and
-    // an exclusive borrow never overlap.
-    unsafe { cipher.crypt_raw(dir, first_sector, src.as_ptr(), dst.as_mut_ptr(), src.len()) }
+    cipher.crypt_raw(dir, first_sector, RawSectors::between(src, dst)?)
 }
 
 /// A provider of sector ciphers.
@@ -178,4 +171,4 @@ pub trait Engine: Send + Sync {
 }
 
 mod pool;
-pub use pool::{CryptoPool, RawRun, DEFAULT_INLINE_THRESHOLD};
+pub use pool::{CryptoPool, DEFAULT_INLINE_THRESHOLD};

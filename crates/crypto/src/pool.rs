@@ -9,9 +9,8 @@
 //!
 //! Workers block on a channel when idle: no polling, no spinning.
 
-use crate::{CryptoError, Direction, SectorCipher};
+use crate::{CryptoError, Direction, RawSectors, SectorCipher};
 use crossbeam_channel::{Receiver, Sender};
-pub use split::RawRun;
 use split::{Split, WaitOnDrop};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -126,9 +125,7 @@ impl CryptoPool {
         first_sector: u64,
         data: &mut [u8],
     ) -> Result<(), CryptoError> {
-        let p = data.as_mut_ptr();
-        // SAFETY: `data` is an exclusive borrow for the whole call, used only through `p`.
-        unsafe { self.crypt_raw(cipher, dir, first_sector, p, p, data.len()) }
+        self.crypt_raw(cipher, dir, first_sector, RawSectors::from_mut(data))
     }
 
     /// Transform `src` into `dst` (the same length) without modifying `src`, split across the
@@ -141,37 +138,20 @@ impl CryptoPool {
         src: &[u8],
         dst: &mut [u8],
     ) -> Result<(), CryptoError> {
-        crate::check_same_len(src, dst)?;
-        // SAFETY: two borrows of the same length, alive for the whole call; a shared and an
-        // exclusive borrow never overlap.
-        unsafe {
-            self.crypt_raw(
-                cipher,
-                dir,
-                first_sector,
-                src.as_ptr(),
-                dst.as_mut_ptr(),
-                src.len(),
-            )
-        }
+        self.crypt_raw(cipher, dir, first_sector, RawSectors::between(src, dst)?)
     }
 
     /// `SectorCipher::crypt_raw` split across the workers like `crypt`: for memory that must
     /// not become a Rust reference (guest RAM).
-    ///
-    /// # Safety
-    /// As `SectorCipher::crypt_raw`: for the whole call `src` readable and `dst` writable for
-    /// `len` bytes, the same range or disjoint ones.
-    pub unsafe fn crypt_raw(
+    pub fn crypt_raw(
         &self,
         cipher: &Arc<dyn SectorCipher>,
         dir: Direction,
         first_sector: u64,
-        src: *const u8,
-        dst: *mut u8,
-        len: usize,
+        bytes: RawSectors<'_>,
     ) -> Result<(), CryptoError> {
         let ss = cipher.sector_size();
+        let len = bytes.len();
         if ss == 0 || !len.is_multiple_of(ss) {
             return Err(CryptoError::InvalidLength(format!(
                 "{len} bytes is not a whole number of {ss}-byte sectors"
@@ -179,35 +159,31 @@ impl CryptoPool {
         }
         let (tx, chunk) = match (&self.tx, self.chunk_size(len, ss)) {
             (Some(tx), Some(chunk)) => (tx, chunk),
-            // SAFETY: forwarded from this function's contract.
-            _ => return unsafe { cipher.crypt_raw(dir, first_sector, src, dst, len) },
+            _ => return cipher.crypt_raw(dir, first_sector, bytes),
         };
-        let run = RawRun {
-            first_sector,
-            src,
-            dst,
-            len,
-        };
-        // SAFETY: forwarded.
-        let errors = unsafe { self.run_split(tx, cipher, dir, &[run], chunk) };
-        errors.into_iter().flatten().next().map_or(Ok(()), Err)
+        // The pieces the workers transform are raw addresses inside `bytes`. `bytes` is this
+        // call's own value, kept (by this borrow) to the end of the call, and `run_split` does
+        // not return, nor unwind, before every piece is done: the memory it vouches for is
+        // valid for as long as any thread uses a piece.
+        self.run_split(tx, cipher, dir, first_sector, &bytes, chunk)
+            .map_or(Ok(()), Err)
     }
 
-    /// Shares `runs` out in `chunk`-byte pieces between this thread and woken workers.
-    ///
-    /// # Safety
-    /// As `SectorCipher::crypt_raw` for every run, for the whole call; runs do not overlap.
-    unsafe fn run_split(
+    /// Shares `bytes` out in `chunk`-byte pieces between this thread and woken workers;
+    /// returns the first error of any piece once all of them are done.
+    fn run_split(
         &self,
         tx: &Sender<Job>,
         cipher: &Arc<dyn SectorCipher>,
         dir: Direction,
-        runs: &[RawRun],
+        first_sector: u64,
+        bytes: &RawSectors<'_>,
         chunk: usize,
-    ) -> Vec<Option<CryptoError>> {
-        // SAFETY: forwarded; `WaitOnDrop` keeps this call from returning (or unwinding)
-        // while a helper may still use the runs.
-        let split = Arc::new(unsafe { Split::new(cipher.clone(), dir, runs, chunk) });
+    ) -> Option<CryptoError> {
+        // SAFETY: `bytes` is borrowed for this whole call, and `WaitOnDrop` keeps this call
+        // from returning (or unwinding) while a helper may still use a piece of it.
+        let split =
+            Arc::new(unsafe { Split::new(cipher.clone(), dir, first_sector, bytes, chunk) });
         let guard = WaitOnDrop(split.clone());
         let helpers = (self.threads - 1).min(split.pieces().saturating_sub(1));
         for _ in 0..helpers {
@@ -215,9 +191,9 @@ impl CryptoPool {
             let _ = tx.send(Job::Help(split.clone()));
         }
         split.work();
-        let errors = split.wait();
+        let error = split.wait();
         drop(guard);
-        errors
+        error
     }
 
     /// The chunk size for splitting a run of `len` bytes, or `None` to run it inline.

@@ -2,7 +2,8 @@
 //! malformed input with an error instead of panicking.
 
 use cryptblk_crypto::{
-    default_engine_for, engines, portable_engine, CipherSpec, CryptoError, Direction, SecretKey,
+    default_engine_for, engines, portable_engine, CipherSpec, CryptoError, Direction, RawSectors,
+    SecretKey,
 };
 use rand::{Rng, RngCore, SeedableRng};
 
@@ -75,26 +76,25 @@ fn engines_agree_on_random_data_at_random_sectors() {
                     // The raw-pointer path (guest memory), out of place and in place, at an
                     // address that is not even 2-byte aligned.
                     let mut unaligned = vec![0u8; plain.len() + 1];
-                    let len = plain.len();
-                    let dst = unaligned[1..].as_mut_ptr();
-                    // SAFETY: `plain` is readable and `unaligned[1..]` writable for `len`
-                    // bytes during the call; they are disjoint.
-                    unsafe {
-                        cipher
-                            .crypt_raw(Direction::Encrypt, first, plain.as_ptr(), dst, len)
-                            .unwrap()
-                    };
+                    cipher
+                        .crypt_raw(
+                            Direction::Encrypt,
+                            first,
+                            RawSectors::between(&plain, &mut unaligned[1..]).unwrap(),
+                        )
+                        .unwrap();
                     assert!(
                         unaligned[1..] == got[..],
                         "{} crypt_raw encrypt: {spec} ss={sector_size} first={first}",
                         engine.name()
                     );
-                    // SAFETY: in place on `unaligned[1..]`, valid for `len` bytes.
-                    unsafe {
-                        cipher
-                            .crypt_raw(Direction::Decrypt, first, dst, dst, len)
-                            .unwrap()
-                    };
+                    cipher
+                        .crypt_raw(
+                            Direction::Decrypt,
+                            first,
+                            RawSectors::from_mut(&mut unaligned[1..]),
+                        )
+                        .unwrap();
                     assert!(
                         unaligned[1..] == plain[..],
                         "{} crypt_raw decrypt in place: {spec} ss={sector_size} first={first}",

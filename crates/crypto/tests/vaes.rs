@@ -3,7 +3,7 @@
 //! runs longer than one batch of tweaks, unaligned buffers, in place and out of place and
 //! through raw pointers. Skipped (with the reason) on a CPU without VAES.
 
-use cryptblk_crypto::{engines, CipherSpec, CryptoError, Direction, Engine, SecretKey};
+use cryptblk_crypto::{engines, CipherSpec, CryptoError, Direction, Engine, RawSectors, SecretKey};
 use cryptblk_testutil::skip;
 use rand::{Rng, RngCore, SeedableRng};
 use std::sync::Arc;
@@ -138,15 +138,18 @@ fn check_buffers(
     assert!(dst_buf[..dst_off].iter().all(|&b| b == 0), "{what}");
     assert!(dst_buf[dst_off + len..].iter().all(|&b| b == 0), "{what}");
 
-    let (src, dst) = (src_buf[src_off..].as_ptr(), dst_buf[dst_off..].as_mut_ptr());
-    // SAFETY: `src` readable and `dst` writable for `len` bytes, separate vectors.
-    unsafe { c.crypt_raw(Direction::Decrypt, first, dst, dst, len) }.unwrap();
+    let dst = RawSectors::from_mut(&mut dst_buf[dst_off..dst_off + len]);
+    c.crypt_raw(Direction::Decrypt, first, dst).unwrap();
     assert!(
         dst_buf[dst_off..dst_off + len] == *plain,
         "crypt_raw in place: {what}"
     );
-    // SAFETY: as above; out of place from `src` into `dst`.
-    unsafe { c.crypt_raw(Direction::Encrypt, first, src, dst, len) }.unwrap();
+    let between = RawSectors::between(
+        &src_buf[src_off..src_off + len],
+        &mut dst_buf[dst_off..dst_off + len],
+    );
+    c.crypt_raw(Direction::Encrypt, first, between.unwrap())
+        .unwrap();
     assert!(
         dst_buf[dst_off..dst_off + len] == *ct,
         "crypt_raw out of place: {what}"

@@ -16,6 +16,7 @@
 
 use super::IoVec;
 use crate::AlignedBuf;
+use cryptblk_crypto::RawSectors;
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -143,6 +144,39 @@ impl IoBuffers {
         &self.iov
     }
 
+    /// Each buffer as a run of bytes for a cipher to transform in place (decryption into the
+    /// request's memory), while this value is borrowed.
+    pub fn raw_in_place(&self) -> impl Iterator<Item = RawSectors<'_>> + '_ {
+        self.iov.iter().map(|v| {
+            // SAFETY: every buffer is valid for reads and writes while this value lives (its
+            // owner's `locate` contract, held by the `Arc`; or `add_raw`'s contract), and no
+            // Rust reference reaches it; the borrow of `self` bounds the value's lifetime.
+            unsafe { RawSectors::in_place(v.base(), v.len()) }
+        })
+    }
+
+    /// Each buffer as the source of a run a cipher writes into the next bytes of `out`
+    /// (encryption from the request's memory into one contiguous buffer), leaving the buffers
+    /// as they are; `None` when `out` is shorter than `len()`.
+    pub fn raw_into<'a>(
+        &'a self,
+        out: &'a mut [u8],
+    ) -> Option<impl Iterator<Item = RawSectors<'a>> + 'a> {
+        if (out.len() as u64) < self.len() {
+            return None;
+        }
+        let mut rest = out;
+        Some(self.iov.iter().map(move |v| {
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(v.len());
+            rest = tail;
+            // SAFETY: the buffer is valid for reads while this value lives (as in
+            // `raw_in_place`); `piece` is an exclusive borrow of as many bytes for `'a`, used
+            // only through this value, and cannot overlap the buffer, which no Rust reference
+            // reaches.
+            unsafe { RawSectors::new(v.base(), piece.as_mut_ptr(), v.len()) }
+        }))
+    }
+
     /// Total bytes.
     pub fn len(&self) -> u64 {
         super::iov_len(&self.iov)
@@ -212,6 +246,7 @@ unsafe impl MemoryOwner for OwnedBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cryptblk_crypto::Direction;
 
     #[test]
     fn ranges_inside_the_owner_are_located() {
@@ -250,6 +285,54 @@ mod tests {
             unowned.add(0, 1),
             Err(BufferError::NoOwner { addr: 0, len: 1 })
         );
+    }
+
+    #[test]
+    fn ciphers_reach_each_buffer_in_place_or_into_one_contiguous_output() {
+        let spec = cryptblk_crypto::CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap();
+        let key = cryptblk_crypto::SecretKey::new(vec![3u8; 64]);
+        let cipher = cryptblk_crypto::portable_engine()
+            .new_cipher(&spec, &key, 512)
+            .unwrap();
+        let plain: Vec<u8> = (0..3072u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut want = plain.clone();
+        cipher.crypt(Direction::Encrypt, 9, &mut want).unwrap();
+
+        // Two buffers out of order in the owner's memory: 1 KiB at 2048, 2 KiB at 0.
+        let mut memory = plain[1024..].to_vec();
+        memory.extend_from_slice(&plain[..1024]);
+        let owner = Arc::new(OwnedBuffer::from_bytes(&memory));
+        let mut buffers = IoBuffers::new();
+        buffers.set_owner(owner.clone());
+        buffers.add(2048, 1024).unwrap();
+        buffers.add(0, 2048).unwrap();
+
+        let mut out = vec![0u8; 3072 + 512];
+        assert!(buffers.raw_into(&mut out[..3071]).is_none(), "too short");
+        let mut sector = 9;
+        for run in buffers.raw_into(&mut out).unwrap() {
+            let n = run.len() as u64 / 512;
+            cipher.crypt_raw(Direction::Encrypt, sector, run).unwrap();
+            sector += n;
+        }
+        assert!(out[..3072] == want[..], "encrypted in request order");
+        assert!(
+            out[3072..].iter().all(|&b| b == 0),
+            "nothing past the request"
+        );
+
+        let mut sector = 9;
+        for run in buffers.raw_in_place() {
+            assert!(run.is_in_place());
+            let n = run.len() as u64 / 512;
+            cipher.crypt_raw(Direction::Encrypt, sector, run).unwrap();
+            sector += n;
+        }
+        drop(buffers);
+        let mut owner = Arc::into_inner(owner).expect("the buffers let go of the memory");
+        let mut got = owner.bytes_mut()[2048..].to_vec();
+        got.extend_from_slice(&owner.bytes_mut()[..2048]);
+        assert!(got == want, "encrypted in place, each buffer where it lies");
     }
 
     #[test]

@@ -13,7 +13,9 @@
 use super::rustcrypto::check_key_len;
 use super::{check_run, check_sector_size};
 use crate::iv::IvGen;
-use crate::{CipherSpec, CryptoError, Direction, Engine, Mode, SecretKey, SectorCipher};
+use crate::{
+    CipherSpec, CryptoError, Direction, Engine, Mode, RawSectors, SecretKey, SectorCipher,
+};
 use foreign_types::ForeignTypeRef;
 use openssl::cipher::{Cipher, CipherRef};
 use openssl::cipher_ctx::CipherCtx;
@@ -202,7 +204,8 @@ impl OpensslCipher {
     /// Transforms the sectors at `src` into `dst` with `ctx` keyed for `dir`.
     ///
     /// # Safety
-    /// As for `SectorCipher::crypt_raw`; `len` is a multiple of the sector size.
+    /// `src`/`dst`/`len` as a live `RawSectors` holds them (its invariant); `len` is a
+    /// multiple of the sector size.
     unsafe fn crypt_sectors_raw(
         &self,
         ctx: &mut CipherCtx,
@@ -299,21 +302,22 @@ impl SectorCipher for OpensslCipher {
         crate::crypt_into_via_raw(self, dir, first_sector, src, dst)
     }
 
-    unsafe fn crypt_raw(
+    fn crypt_raw(
         &self,
         dir: Direction,
         first_sector: u64,
-        src: *const u8,
-        dst: *mut u8,
-        len: usize,
+        bytes: RawSectors<'_>,
     ) -> Result<(), CryptoError> {
+        let len = bytes.len();
         check_run(self.sector_size, len)?;
         if len == 0 {
             return Ok(());
         }
+        let (src, dst) = (bytes.src(), bytes.dst());
         self.with_contexts(|ctxs| {
             let ctx = ctxs.get(self, dir)?;
-            // SAFETY: forwarded from this function's contract.
+            // SAFETY: whole sectors (checked); the ranges are valid while `bytes` lives, to
+            // the end of this call (`RawSectors`' invariant).
             unsafe { self.crypt_sectors_raw(ctx, dir, first_sector, src, dst, len) }
         })
     }

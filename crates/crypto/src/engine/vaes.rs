@@ -20,7 +20,9 @@ mod schedule;
 use super::rustcrypto::check_key_len;
 use super::{check_run, check_sector_size};
 use crate::iv::IvGen;
-use crate::{CipherSpec, CryptoError, Direction, Engine, Mode, SecretKey, SectorCipher};
+use crate::{
+    CipherSpec, CryptoError, Direction, Engine, Mode, RawSectors, SecretKey, SectorCipher,
+};
 use kernels::{Scratch, BATCH_SECTORS, ITERATION_BYTES};
 use schedule::Schedules;
 use std::sync::Arc;
@@ -107,7 +109,8 @@ impl VaesCipher {
     /// Transforms `len` bytes (whole sectors) from `src` to `dst`.
     ///
     /// # Safety
-    /// As `SectorCipher::crypt_raw`, and `len` is a multiple of the sector size. The CPU has
+    /// `src`/`dst`/`len` as a live `RawSectors` holds them (its invariant), and `len` is a
+    /// multiple of the sector size. The CPU has
     /// the features of `NEEDED` (true for every `VaesCipher`).
     #[target_feature(enable = "aes,avx2,vaes,vpclmulqdq")]
     unsafe fn run(&self, dir: Direction, first: u64, src: *const u8, dst: *mut u8, len: usize) {
@@ -188,18 +191,17 @@ impl SectorCipher for VaesCipher {
         crate::crypt_into_via_raw(self, dir, first_sector, src, dst)
     }
 
-    unsafe fn crypt_raw(
+    fn crypt_raw(
         &self,
         dir: Direction,
         first_sector: u64,
-        src: *const u8,
-        dst: *mut u8,
-        len: usize,
+        bytes: RawSectors<'_>,
     ) -> Result<(), CryptoError> {
-        check_run(self.sector_size, len)?;
-        // SAFETY: whole sectors (checked); the ranges as this function's contract; a
-        // `VaesCipher` exists only on a CPU with the features `run` needs.
-        unsafe { self.run(dir, first_sector, src, dst, len) };
+        check_run(self.sector_size, bytes.len())?;
+        // SAFETY: whole sectors (checked); the ranges are valid while `bytes` lives, to the
+        // end of this call (`RawSectors`' invariant); a `VaesCipher` exists only on a CPU with
+        // the features `run` needs.
+        unsafe { self.run(dir, first_sector, bytes.src(), bytes.dst(), bytes.len()) };
         Ok(())
     }
 }

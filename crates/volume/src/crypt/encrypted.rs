@@ -186,21 +186,17 @@ impl CryptCore {
         buffers: &IoBuffers,
     ) -> Result<(), BlockError> {
         let mut at = off;
-        for v in buffers.iov() {
-            // SAFETY: in place on a segment `buffers` keep valid for reads and writes, with no
-            // Rust reference to it.
-            unsafe {
-                self.pool.crypt_raw(
+        for bytes in buffers.raw_in_place() {
+            let len = bytes.len() as u64;
+            self.pool
+                .crypt_raw(
                     &self.cipher,
                     Direction::Decrypt,
                     self.iv_sector(at).get(),
-                    v.base(),
-                    v.base(),
-                    v.len(),
+                    bytes,
                 )
-            }
-            .map_err(|e| crypto_error(Direction::Decrypt, at, e))?;
-            at = at + v.len() as u64;
+                .map_err(|e| crypto_error(Direction::Decrypt, at, e))?;
+            at = at + len;
         }
         Ok(())
     }
@@ -214,36 +210,29 @@ impl CryptCore {
         buffers: &IoBuffers,
         out: &mut [u8],
     ) -> Result<(), BlockError> {
-        if (out.len() as u64) < buffers.len() {
+        let out_len = out.len();
+        let Some(runs) = buffers.raw_into(out) else {
             return Err(BlockError::new(
                 BlockErrorKind::Io,
                 format!(
-                    "{} bytes to encrypt at {} into a buffer of {}",
+                    "{} bytes to encrypt at {} into a buffer of {out_len}",
                     buffers.len(),
                     off.bytes(),
-                    out.len()
                 ),
             ));
-        }
-        let out = out.as_mut_ptr();
-        let mut pos = 0usize;
-        for v in buffers.iov() {
-            let at = off + pos as u64;
-            // SAFETY: `buffers` keep the segment valid for reads; `out + pos` is inside our
-            // own buffer for its length (checked above), which no segment overlaps (no Rust
-            // reference reaches a request's memory).
-            unsafe {
-                self.pool.crypt_raw(
+        };
+        let mut at = off;
+        for bytes in runs {
+            let len = bytes.len() as u64;
+            self.pool
+                .crypt_raw(
                     &self.cipher,
                     Direction::Encrypt,
                     self.iv_sector(at).get(),
-                    v.base(),
-                    out.add(pos),
-                    v.len(),
+                    bytes,
                 )
-            }
-            .map_err(|e| crypto_error(Direction::Encrypt, at, e))?;
-            pos += v.len();
+                .map_err(|e| crypto_error(Direction::Encrypt, at, e))?;
+            at = at + len;
         }
         Ok(())
     }

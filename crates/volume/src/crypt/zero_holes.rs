@@ -11,7 +11,7 @@
 //! sector; on holes it saves the decryption.
 
 use cryptblk_block::Container;
-use cryptblk_crypto::{CryptoError, Direction, SectorCipher};
+use cryptblk_crypto::{CryptoError, Direction, RawSectors, SectorCipher};
 use std::sync::Arc;
 
 /// The cipher a volume on `file` uses: never-written sectors read as zeros where the
@@ -83,48 +83,43 @@ impl SectorCipher for ZeroHolesCipher {
 
     /// Decrypts each run of non-zero sectors with one call to the inner cipher, and leaves
     /// (or, out of place, writes) zeros for the zero sectors between them.
-    unsafe fn crypt_raw(
+    fn crypt_raw(
         &self,
         dir: Direction,
         first_sector: u64,
-        src: *const u8,
-        dst: *mut u8,
-        len: usize,
+        bytes: RawSectors<'_>,
     ) -> Result<(), CryptoError> {
         let ss = self.inner.sector_size();
-        if dir == Direction::Encrypt || ss == 0 || !len.is_multiple_of(ss) {
-            // SAFETY: forwarded unchanged under the caller's promise.
-            return unsafe { self.inner.crypt_raw(dir, first_sector, src, dst, len) };
+        if dir == Direction::Encrypt || ss == 0 || !bytes.len().is_multiple_of(ss) {
+            return self.inner.crypt_raw(dir, first_sector, bytes);
         }
-        let sectors = len / ss;
-        let mut run_start = 0usize;
-        let flush_run = |start: usize, end: usize| -> Result<(), CryptoError> {
-            if end > start {
-                // SAFETY: sectors `start..end` lie inside the caller's ranges.
-                unsafe {
-                    self.inner.crypt_raw(
-                        dir,
-                        first_sector.wrapping_add(start as u64),
-                        src.add(start * ss),
-                        dst.add(start * ss),
-                        (end - start) * ss,
-                    )
-                }?;
+        let mut sector = first_sector;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            // The run of non-zero sectors at the start of `rest`, then one zero sector.
+            let mut run = 0;
+            // SAFETY: `run + ss <= rest.len()`: inside the source range `rest` holds valid
+            // (`RawSectors`' invariant, for this whole call).
+            while run < rest.len() && !unsafe { is_zero_raw(rest.src().add(run), ss) } {
+                run += ss;
             }
-            Ok(())
-        };
-        for i in 0..sectors {
-            // SAFETY: sector `i` lies inside the caller's source range.
-            if unsafe { is_zero_raw(src.add(i * ss), ss) } {
-                flush_run(run_start, i)?;
-                run_start = i + 1;
-                if !std::ptr::eq(src, dst) {
-                    // SAFETY: sector `i` lies inside the caller's destination range.
-                    unsafe { dst.add(i * ss).write_bytes(0, ss) };
-                }
+            let (nonzero, tail) = rest.split_at(run);
+            if !nonzero.is_empty() {
+                self.inner.crypt_raw(dir, sector, nonzero)?;
+                sector = sector.wrapping_add((run / ss) as u64);
             }
+            if tail.is_empty() {
+                break;
+            }
+            let (zero, tail) = tail.split_at(ss);
+            if !zero.is_in_place() {
+                // SAFETY: the sector lies inside the destination range `zero` holds valid.
+                unsafe { zero.dst().write_bytes(0, ss) };
+            }
+            sector = sector.wrapping_add(1);
+            rest = tail;
         }
-        flush_run(run_start, sectors)
+        Ok(())
     }
 }
 
