@@ -14,7 +14,7 @@ use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
 use cryptblk_vhost_user_blk::{AllowedPeer, ServeOptions, SocketFile};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo};
-use vm_memory::{GuestAddress, GuestMemoryBackend};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
 const MIB: u64 = 1 << 20;
 
@@ -162,4 +162,63 @@ fn guest_memory_that_could_shrink_is_refused() {
     drop((on_a, on_b));
     a.stop();
     b.stop();
+}
+
+/// CPU time (ticks) the daemon's thread `name` has used so far.
+fn thread_ticks(name: &str) -> u64 {
+    let mut ticks = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let dir = task.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        // Past the command name's closing parenthesis: utime and stime are fields 14 and 15.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        ticks += fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    }
+    ticks
+}
+
+/// A guest that sets its available index far past the ring (more requests than the ring
+/// holds, which the ring refuses to hand out) and kicks: the queue's worker must not spin on
+/// it, and must still stop when its frontend asks (GET_VRING_BASE), as a migration does.
+#[test]
+fn an_available_index_past_the_ring_neither_spins_the_worker_nor_blocks_its_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(raw_device(dir.path(), "a.raw"), ServeOptions::default());
+    let mut guest = Guest::connect(&daemon.socket, 1, 256);
+    assert!(guest.event_idx(), "the test needs EVENT_IDX");
+    round_trip(&mut guest, 0, 0x5a);
+    let idx = guest.avail_ring(0).unchecked_add(2);
+    let current: u16 = guest.mem.read_obj(idx).unwrap();
+    guest
+        .mem
+        .write_obj(current.wrapping_add(1000), idx)
+        .unwrap();
+    guest.kick(0);
+    std::thread::sleep(Duration::from_millis(200));
+    let before = thread_ticks("vu-queue-0");
+    std::thread::sleep(Duration::from_millis(1000));
+    let spent = thread_ticks("vu-queue-0") - before;
+    // Spinning takes most of a core (about 100 ticks a second, at least half of that on
+    // two busy cores); a waiting worker takes none.
+    assert!(spent < 20, "the queue's worker used {spent} ticks in 1 s");
+    let (done, stopped) = std::sync::mpsc::channel();
+    let frontend = std::thread::spawn(move || {
+        let base = guest.frontend.get_vring_base(0);
+        let _ = done.send(());
+        (base, guest)
+    });
+    stopped
+        .recv_timeout(Duration::from_secs(20))
+        .expect("GET_VRING_BASE got no answer: the worker did not stop");
+    let (base, _guest) = frontend.join().unwrap();
+    base.unwrap();
 }

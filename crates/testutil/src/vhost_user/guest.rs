@@ -173,6 +173,11 @@ impl Guest {
         self.queues[q].ring.used
     }
 
+    /// Guest address of queue `q`'s available ring.
+    pub fn avail_ring(&self, q: usize) -> GuestAddress {
+        self.queues[q].ring.avail
+    }
+
     /// Guest address of queue `q`'s descriptor table.
     pub fn desc_table(&self, q: usize) -> GuestAddress {
         self.queues[q].ring.desc

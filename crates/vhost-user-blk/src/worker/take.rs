@@ -67,12 +67,20 @@ impl Worker {
             // Keep taking until the guest added nothing between the last pop and re-enabling
             // notifications (virtio's EVENT_IDX protocol), so no kick is lost.
             let mut resubmit = resubmit.as_slice();
+            let mut empty_passes = 0;
             loop {
                 ring.vring
                     .disable_notification()
                     .map_err(|e| io::Error::other(format!("disable_notification: {e}")))?;
-                answered |= self.take_requests(ring, std::mem::take(&mut resubmit), true)?;
+                let taken = self.take_requests(ring, std::mem::take(&mut resubmit), true)?;
+                answered |= taken.answered;
+                // A ring that says it has requests but yields none (an available index the
+                // guest set past the ring's size, or a queue its frontend has just stopped)
+                // would keep this loop spinning and the worker deaf to its messages: after a
+                // second pass that took nothing, wait for the next kick or message instead.
+                empty_passes = if taken.popped { 0 } else { empty_passes + 1 };
                 if self.draining
+                    || empty_passes >= 2
                     || !ring
                         .vring
                         .enable_notification()
@@ -82,7 +90,7 @@ impl Worker {
                 }
             }
         } else {
-            answered |= self.take_requests(ring, &resubmit, true)?;
+            answered |= self.take_requests(ring, &resubmit, true)?.answered;
         }
         if self.submit_and_answer(ring) || answered {
             signal(&ring.vring)?;
@@ -99,14 +107,14 @@ impl Worker {
         let Some(mut ring) = self.ring.take() else {
             return Ok(());
         };
-        let result = self
-            .take_requests(&mut ring, resubmit, false)
-            .and_then(|answered| {
+        let result = self.take_requests(&mut ring, resubmit, false).and_then(
+            |Taken { answered, .. }| {
                 if self.submit_and_answer(&ring) || answered {
                     signal(&ring.vring)?;
                 }
                 Ok(())
-            });
+            },
+        );
         self.ring = Some(ring);
         result
     }
@@ -114,13 +122,15 @@ impl Worker {
     /// Pushes the heads in `resubmit` (taken by a predecessor daemon, still marked in the
     /// inflight record) and then, with `pop`, every available request into the I/O queue;
     /// rejected chains and requests needing no I/O are answered at once. Returns whether
-    /// anything was answered since the guest was last signalled.
-    fn take_requests(&mut self, ring: &mut Ring, resubmit: &[u16], pop: bool) -> io::Result<bool> {
+    /// anything was answered since the guest was last signalled, and whether a request was
+    /// popped.
+    fn take_requests(&mut self, ring: &mut Ring, resubmit: &[u16], pop: bool) -> io::Result<Taken> {
         let mem = self.mem.memory().into_inner();
         let ram = self.ram_of(&mem);
         self.buffers.set_owner(ram);
         let fua = self.ctx.config.write_through();
         let mut answered = false;
+        let mut popped = false;
         // inflight: requests a predecessor daemon took from the ring and did not complete,
         // oldest first. Still marked in the record; parsed and run like new ones.
         if !resubmit.is_empty() {
@@ -141,6 +151,7 @@ impl Worker {
                 .get_queue_mut()
                 .pop_descriptor_chain(self.mem.memory());
             let Some(chain) = chain else { break };
+            popped = true;
             let head = chain.head_index();
             fault::hit(Point::Popped);
             // inflight: mark the head taken before anything else happens to it.
@@ -159,7 +170,7 @@ impl Worker {
                 answered = false;
             }
         }
-        Ok(answered)
+        Ok(Taken { answered, popped })
     }
 
     /// The owner of request buffers in `mem`: made once per memory table, not per request.
@@ -242,4 +253,12 @@ impl Worker {
         });
         false
     }
+}
+
+/// What one pass of [`take_requests`](Worker::take_requests) did.
+struct Taken {
+    /// Something was answered since the guest was last signalled.
+    answered: bool,
+    /// A request was popped from the ring.
+    popped: bool,
 }
