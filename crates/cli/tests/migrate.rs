@@ -112,7 +112,7 @@ fn two_daemon_migration(postcopy: bool, tls: bool) {
 
     if postcopy {
         // As a destination VM would: connected before the switchover.
-        dst.wait_disk("vol");
+        dst.wait_nbd_export("vol");
         src.ctl_ok(&["migrate-postcopy", "vol"]);
         let st = dst.wait_migrate("vol", "postcopy");
         assert!(
@@ -318,7 +318,7 @@ fn postcopy_cut_between_daemons_pauses_and_recovers() {
     ));
     write(&src, &mut expected, 0x21, 3 * MIB, 64 * 1024);
     // As a destination VM would: connected before the switchover.
-    dst.wait_disk("vol");
+    dst.wait_nbd_export("vol");
     src.ctl_ok(&["migrate-postcopy", "vol"]);
     dst.wait_migrate("vol", "postcopy");
     write(&dst, &mut expected, 0x22, 9 * MIB, 64 * 1024);

@@ -88,7 +88,7 @@ fn migration_carries_checkpoints(postcopy: bool) {
 
     if postcopy {
         // As a destination VM would: connected before the switchover.
-        dst.wait_disk("vol");
+        dst.wait_nbd_export("vol");
         src.ctl_ok(&["migrate-postcopy", "vol"]);
         // Written while blocks are still missing (most likely: the copy is capped).
         dst.wait_ctl(&["migrate-status", "vol"], "the switchover", BOUND, |st| {
