@@ -12,7 +12,7 @@
 //! frontend makes. (QEMU 7.2's own LUKS driver reads LUKS1 only.)
 mod common;
 
-use common::backup::chain_extents;
+use common::backup::{chain_extents, manifest};
 use common::*;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -140,10 +140,6 @@ fn pull(args: &[&str]) -> Out {
         out.stderr
     );
     out
-}
-
-fn manifest(chain: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(chain.join("manifest.json")).unwrap()).unwrap()
 }
 
 /// The dirty extents `nbdinfo --map` reads from the export, merged.

@@ -9,10 +9,9 @@
 //! checkpoints cannot change under it.
 mod common;
 
-use common::backup::{chain_extents, covers, merged, nbdinfo_dirty, qemu_img_dirty};
+use common::backup::{chain_extents, covers, manifest, merged, nbdinfo_dirty, qemu_img_dirty};
 use common::*;
 use serde_json::Value;
-use std::path::Path;
 
 /// 64 KiB of text no ciphertext or header holds by chance.
 fn marker(n: u8) -> Vec<u8> {
@@ -45,10 +44,6 @@ fn listed(daemon: &Daemon, checkpoint: &str) -> Option<Vec<(u64, u64)>> {
             .iter()
             .map(|e| (e[0].as_u64().unwrap(), e[1].as_u64().unwrap())),
     ))
-}
-
-fn manifest(chain: &Path) -> Value {
-    serde_json::from_slice(&read(&chain.join("manifest.json"))).unwrap()
 }
 
 /// `ctl backup-start vol ARGS...`.

@@ -10,9 +10,8 @@
 //! written): docs/backup.md states that limit, this test does not try it.
 mod common;
 
-use common::backup::chain_extents;
+use common::backup::{chain_extents, manifest};
 use common::*;
-use serde_json::Value;
 
 const DISK: u64 = 256 << 20;
 
@@ -26,11 +25,6 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
     }
-}
-
-fn entry(chain: &std::path::Path, n: usize) -> Value {
-    let manifest: Value = serde_json::from_slice(&read(&chain.join("manifest.json"))).unwrap();
-    manifest["entries"][n].clone()
 }
 
 #[test]
@@ -85,7 +79,7 @@ fn an_incremental_after_one_percent_written_in_runs_moves_at_most_two_percent() 
 
     // What the incremental holds of the payload (its extents past the header, data or
     // zeroes) and in all (the data it stores; the header's zeroes are recorded, not stored).
-    let incremental = entry(&chain, 1);
+    let incremental = manifest(&chain)["entries"][1].clone();
     let payload: u64 = chain_extents(&chain, &incremental)
         .iter()
         .map(|&(at, len)| (at + len).saturating_sub(at.max(header)))

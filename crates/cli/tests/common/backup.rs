@@ -104,3 +104,8 @@ pub fn covers(ranges: &[(u64, u64)], offset: u64, len: u64) -> bool {
     }
     false
 }
+
+/// The chain's `manifest.json`.
+pub fn manifest(chain: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(chain.join("manifest.json")).unwrap()).unwrap()
+}
