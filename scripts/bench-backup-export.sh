@@ -12,12 +12,15 @@
 #   during   the same while a full backup runs: the writes start SETTLE seconds (default 1)
 #            after backup-start returned and the pull began; every first write to a 64 KiB
 #            region copies it to the scratch first (and records it in the backup's new
-#            checkpoint); with MAX_BANDWIDTH (e.g. 64M) that backup is started with
+#            checkpoint); the backup yields to the writes with the daemon's default
+#            background share, or SHARE percent (`--background-share`, 100: never yields);
+#            with MAX_BANDWIDTH (e.g. 64M) that backup is started with
 #            `--max-bandwidth MAX_BANDWIDTH`. WRITE_AREA (e.g. 64M) confines the writes of
 #            both to the disk's first bytes (a VM's working set, whose regions are copied
 #            once, early), default the whole disk (every write may be a region's first)
-# Prints one line per round and the median and worst per-round ratios: backup throughput over
-# nbdcopy's and over cp's, and IOPS during a backup over without one. Odd rounds measure
+# Prints one line per round (with how long the backup during the writes took, from start to
+# end) and the median and worst per-round ratios: backup throughput over nbdcopy's and over
+# cp's, and IOPS during a backup over without one. Odd rounds measure
 # `without` first, even rounds `during` first.
 #
 #   scripts/bench-backup-export.sh [SIZE_MIB=1024] [ROUNDS=5] [RUNTIME=5] [DIR=target/bench-backup-export]
@@ -30,6 +33,7 @@ rounds=${2:-5}
 runtime=${3:-5}
 dir=${4:-target/bench-backup-export}
 rate=${MAX_BANDWIDTH:-}
+share=${SHARE:-}
 area=${WRITE_AREA:-}
 settle=${SETTLE:-1}
 bin=${CRYPTBLK_BIN:-}
@@ -85,7 +89,9 @@ iops() { "$vu" --socket "$dir/vu.sock" --rw randwrite --bs 4096 --iodepth 32 --r
 # IOPS while a full backup at checkpoint $1 runs; fails when the backup ended before the writes.
 iops_during() {
   rm -rf "$dir/chain"
-  ctl backup-start d --checkpoint "$1" --nbd "unix:$dir/backup.sock" ${rate:+--max-bandwidth "$rate"} >/dev/null
+  local began=$EPOCHREALTIME
+  ctl backup-start d --checkpoint "$1" --nbd "unix:$dir/backup.sock" ${rate:+--max-bandwidth "$rate"} \
+    ${share:+--background-share "$share"} >/dev/null
   "$bin" backup pull "nbd+unix:///d?socket=$dir/backup.sock" "$dir/chain" --checkpoint "$1" \
     >/dev/null 2>"$dir/pull.err" &
   local pull=$!
@@ -99,13 +105,13 @@ iops_during() {
   fi
   wait "$pull" || { cat "$dir/pull.err" >&2; exit 1; }
   ctl backup-end d >/dev/null
-  echo "$n"
+  echo "$n $(awk -v a="$began" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')"
 }
 last=
 forget() { [ -z "$last" ] || ctl checkpoint-remove d "$last" >/dev/null; last=$1; }
 
 declare -a r_peer r_ceiling r_iops
-echo "size ${size_mib} MiB, ${rounds} rounds, writes ${runtime}s, binary $bin, backup during writes: max-bandwidth ${rate:-none}, writes over ${area:-the whole disk} from ${settle}s into the backup"
+echo "size ${size_mib} MiB, ${rounds} rounds, writes ${runtime}s, binary $bin, backup during writes: max-bandwidth ${rate:-none}, background share ${share:-default}, writes over ${area:-the whole disk} from ${settle}s into the backup"
 for round in $(seq 1 "$rounds"); do
   rm -f "$dir/copy.raw" "$dir/cp.raw"
   drop; read -r bw bc < <(timed bash -c "backup b$round")
@@ -114,13 +120,13 @@ for round in $(seq 1 "$rounds"); do
   drop; read -r cw cc < <(timed cp "$image" "$dir/cp.raw")
   if [ $((round % 2)) = 1 ]; then
     drop; without=$(iops)
-    drop; during=$(iops_during "w$round")
+    drop; out=$(iops_during "w$round"); read -r during took <<<"$out"
   else
-    drop; during=$(iops_during "w$round")
+    drop; out=$(iops_during "w$round"); read -r during took <<<"$out"
     drop; without=$(iops)
   fi
   forget "w$round"
-  echo "round $round: backup ${bw}s (cpu ${bc}s)  nbdcopy ${nw}s (cpu ${nc}s)  cp ${cw}s  IOPS without ${without} during ${during}"
+  echo "round $round: backup ${bw}s (cpu ${bc}s)  nbdcopy ${nw}s (cpu ${nc}s)  cp ${cw}s  IOPS without ${without} during ${during} (that backup ${took}s)"
   r_peer+=("$(ratio "$nw" "$bw")")
   r_ceiling+=("$(ratio "$cw" "$bw")")
   r_iops+=("$(ratio "$during" "$without")")

@@ -5,7 +5,8 @@
 //! checkpoint. A scratch too small for what the client changes fails the backup, not the
 //! client, and `backup-end` then insists on `--failed`. A daemon killed during a backup
 //! leaves its scratch, which the next start removes. A backup with `max-bandwidth` is read no faster
-//! than it.
+//! than it. An incremental copies only what it serves: writes elsewhere do not fill its
+//! scratch, and a region changed there is refused, not served as it is now.
 mod common;
 
 use common::backup::checkpoint_extents;
@@ -234,4 +235,51 @@ fn a_backup_with_a_max_bandwidth_is_pulled_no_faster_than_it() {
     let restored = t.path("restored.luks");
     cryptblk(argv!("backup restore {} {}", chain, restored)).ok();
     assert_same_bytes(&read(&restored), &read(&img.path), "the backup");
+}
+
+#[test]
+fn an_incremental_copies_only_what_changed_since_its_checkpoint() {
+    let t = TestDir::new();
+    let key = t.key("key");
+    let img = t.luks2("disk.luks", "16M", &key);
+    let daemon = t.serve().disk(&img).name("vol").nbd().control().start();
+    daemon.qemu_io("vol", &["write -P 0x5a 0 16M"]);
+    let sock = t.path("backup.sock");
+    let chain = t.path("chain");
+    let uri = format!("nbd+unix:///vol?socket={}", sock.display());
+    daemon.ctl_ok(&argv!("backup-start vol --checkpoint c0 --nbd unix:{}", sock));
+    cryptblk(argv!("backup pull {} {} --checkpoint c0", uri, chain)).ok();
+    daemon.ctl_ok(&["backup-end", "vol"]);
+
+    // Changed since c0: 1 MiB. The incremental's scratch holds one region.
+    daemon.qemu_io("vol", &["write -P 0x11 1M 4k"]);
+    daemon.ctl_ok(&argv!(
+        "backup-start vol --checkpoint c1 --incremental c0 --nbd unix:{} --scratch-size 64K",
+        sock
+    ));
+    let at_c1 = read(&img.path);
+    // Three regions written that c0 -> c1 does not serve, then the one it does: one copy.
+    daemon.qemu_io(
+        "vol",
+        &["write -P 0x22 5M 4k", "write -P 0x23 6M 4k", "write -P 0x24 7M 4k"],
+    );
+    daemon.qemu_io("vol", &["write -P 0x25 1M 4k"]);
+    cryptblk(argv!(
+        "backup pull --incremental {} {} --checkpoint c1",
+        uri,
+        chain
+    ))
+    .ok();
+    // A region changed outside it reads as an error, not as the disk is now.
+    let payload = img.dump()["segments"][0]["offset"].as_u64().unwrap();
+    let mut export = cryptblk_testutil::nbd::NbdClient::connect(&sock, "vol").unwrap();
+    assert!(export.read(payload + 5 * MIB, 4096).is_err());
+    assert!(export.read(payload + 9 * MIB, 4096).is_ok(), "unchanged");
+    export.disconnect().unwrap();
+    let ended = daemon.ctl_ok(&["backup-end", "vol"]);
+    assert_eq!(ended["kept"], true, "the scratch did not fill: {ended}");
+    let restored = t.path("restored.luks");
+    cryptblk(argv!("backup restore {} {}", chain, restored)).ok();
+    assert_same_bytes(&read(&restored), &at_c1, "the incremental at c1");
+    assert!(daemon.log().contains("changed here since the backup started"));
 }

@@ -13,8 +13,10 @@
 //! before its first change (`cryptblk_volume::CopyBeforeWrite`). A full scratch fails the
 //! backup (the export answers EIO, `backup-end` wants `failed`), never the guest.
 //!
-//! With `max-bandwidth`, the export's reads are paced (`cryptblk_nbd::ReadPacer`), all connections
-//! together: a backup reading at the disk's full speed takes most of the disk from the VM.
+//! The export yields to the VM: while the disk's users are doing I/O, its reads take at most
+//! `background-share` of the time (`BackupView::yielding`); an incremental copies before a
+//! write only the regions it serves (`CopyBeforeWrite::limit_to`). With `max-bandwidth`, the
+//! export's reads are also paced (`cryptblk_nbd::ReadPacer`), all connections together.
 use crate::backup_export::{Backup, CheckpointBitmap};
 use crate::disk_checkpoints::to_error;
 use crate::error::{Error, Result};
@@ -22,7 +24,8 @@ use crate::migrate::parse_address;
 use crate::registry::Daemon;
 use cryptblk_block::{BlockDevice, IoStats};
 use cryptblk_control::api::{
-    BackupEndParams, BackupEnded, BackupStartParams, BackupStarted, ErrorKind, DEFAULT_SCRATCH_SIZE,
+    BackupEndParams, BackupEnded, BackupStartParams, BackupStarted, ErrorKind,
+    DEFAULT_BACKGROUND_SHARE, DEFAULT_SCRATCH_SIZE,
 };
 use cryptblk_nbd::protocol::DIRTY_BITMAP_PREFIX;
 use cryptblk_nbd::{DirtyBitmaps, Export, ExportRegistry, NbdServer, ReadPacer};
@@ -78,6 +81,13 @@ impl Daemon {
                      no ceiling): a 32 MiB read would wait more than half a minute"
                 )));
             }
+        }
+        let background_share = p.background_share.unwrap_or(DEFAULT_BACKGROUND_SHARE);
+        if !(1..=100).contains(&background_share) {
+            return Err(Error::usage(format!(
+                "a background-share of {background_share} is not a percentage from 1 to 100 \
+                 (default {DEFAULT_BACKGROUND_SHARE}; 100: the backup never yields to the VM)"
+            )));
         }
         let store = self
             .checkpoint_store(&disk, true)?
@@ -135,7 +145,20 @@ impl Daemon {
         let dirty_bitmaps = match &p.incremental {
             None => None,
             Some(from) => match CheckpointBitmap::snapshot(&store, from, header, size) {
-                Ok(bitmap) => Some(Arc::new(bitmap) as Arc<dyn DirtyBitmaps>),
+                Ok(bitmap) => {
+                    // What did not change since FROM is not served, so not copied either.
+                    let why = format!(
+                        "this incremental backup serves only what changed since checkpoint \
+                         {from} (the extents of {DIRTY_BITMAP_PREFIX}{from}): read those, or \
+                         take a full backup"
+                    );
+                    if let Err(e) = cbw.limit_to(bitmap.regions(), why) {
+                        stop_copying();
+                        remove_checkpoint();
+                        return Err(Error::caused("limiting the backup to its regions", e));
+                    }
+                    Some(Arc::new(bitmap) as Arc<dyn DirtyBitmaps>)
+                }
                 Err(why) => {
                     stop_copying();
                     remove_checkpoint();
@@ -143,7 +166,9 @@ impl Daemon {
                 }
             },
         };
-        let device: Arc<dyn BlockDevice> = Arc::new(BackupView::new(source, cbw.clone()));
+        let device: Arc<dyn BlockDevice> = Arc::new(
+            BackupView::new(source, cbw.clone()).yielding(tracker.activity(), background_share),
+        );
         let registry = ExportRegistry::new();
         let export = Export {
             name: p.name.clone(),
@@ -235,6 +260,7 @@ impl Daemon {
             scratch: scratch.display().to_string(),
             scratch_size: cbw.capacity(),
             max_bandwidth,
+            background_share,
         })
     }
 

@@ -141,6 +141,13 @@ impl CheckpointBitmap {
     }
 }
 
+impl CheckpointBitmap {
+    /// The regions changed, one bit per [`GRANULARITY`] bytes of the image.
+    pub(crate) fn regions(&self) -> &DirtyBitmap {
+        &self.changed
+    }
+}
+
 /// Runs read from the store per call while a snapshot is taken (the store's lock is held for
 /// one call).
 const RUNS_PER_CALL: usize = 4096;

@@ -34,7 +34,20 @@ pub struct BackupStartParams {
         skip_serializing_if = "Option::is_none"
     )]
     pub max_bandwidth: Option<u64>,
+    /// The share of the time, in percent (1 to 100), the export's reads may take while the
+    /// disk's VM (or its other clients) is doing I/O (default [`DEFAULT_BACKGROUND_SHARE`]);
+    /// while it is idle the backup reads at full speed. 100 never yields.
+    #[serde(
+        default,
+        rename = "background-share",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub background_share: Option<u8>,
 }
+
+/// The share of a busy disk's time a backup takes when `backup-start` names none: 20 %, so
+/// that the VM keeps about four fifths of it.
+pub const DEFAULT_BACKGROUND_SHARE: u8 = 20;
 
 /// The copy-before-write scratch's bound when `backup-start` names none: 1 GiB.
 pub const DEFAULT_SCRATCH_SIZE: u64 = 1 << 30;
@@ -67,6 +80,8 @@ pub struct BackupStarted {
     /// The export's read rate ceiling in bytes per second, if one was asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_bandwidth: Option<u64>,
+    /// The share of a busy disk's time the export's reads take, in percent.
+    pub background_share: u8,
 }
 
 /// `backup-end`.

@@ -15,7 +15,8 @@ mod reencrypt;
 mod results;
 
 pub use backup::{
-    BackupEndParams, BackupEnded, BackupStartParams, BackupStarted, DEFAULT_SCRATCH_SIZE,
+    BackupEndParams, BackupEnded, BackupStartParams, BackupStarted, DEFAULT_BACKGROUND_SHARE,
+    DEFAULT_SCRATCH_SIZE,
 };
 pub use catalogue::{
     errors_reference, method, methods_reference, MethodSpec, ParamKind, ParamSpec,

@@ -1,21 +1,45 @@
 //! The device a backup export serves: the image file's bytes as they were when the backup
 //! started, whatever the disk was written since (the regions changed since come from the
-//! copy-before-write scratch). Read-only.
+//! copy-before-write scratch). Read-only. It may yield to the disk's users
+//! ([`BackupView::yielding`]).
 
+use super::background::{GuestActivity, ShareSchedule};
 use super::CopyBeforeWrite;
 use cryptblk_block::{BlockDevice, BlockError, Extent, ExtentKind};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 /// A point-in-time, read-only view of an image file during a backup.
 pub struct BackupView {
     source: Arc<dyn BlockDevice>,
     cbw: Arc<CopyBeforeWrite>,
+    yielding: Option<Yielding>,
+}
+
+struct Yielding {
+    activity: GuestActivity,
+    /// Held by the one read allowed while the disk is busy, across its rest and the read.
+    schedule: Mutex<ShareSchedule>,
 }
 
 impl BackupView {
     /// `source` is the image file the copy-before-write state `cbw` copies from.
     pub fn new(source: Arc<dyn BlockDevice>, cbw: Arc<CopyBeforeWrite>) -> Self {
-        BackupView { source, cbw }
+        BackupView {
+            source,
+            cbw,
+            yielding: None,
+        }
+    }
+
+    /// While the disk's users (`activity`) are busy, reads take at most `percent` of the
+    /// time, one at a time (see [`super::background`]); 100 never yields.
+    pub fn yielding(mut self, activity: GuestActivity, percent: u8) -> Self {
+        self.yielding = (percent < 100).then(|| Yielding {
+            activity,
+            schedule: Mutex::new(ShareSchedule::new(percent)),
+        });
+        self
     }
 
     pub fn copy_before_write(&self) -> &Arc<CopyBeforeWrite> {
@@ -34,7 +58,23 @@ impl BlockDevice for BackupView {
         true
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BlockError> {
-        self.cbw.read_at(buf, offset)
+        let Some(yielding) = &self.yielding else {
+            return self.cbw.read_at(buf, offset);
+        };
+        let mut schedule = yielding
+            .schedule
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !schedule.busy(yielding.activity.requests(), Instant::now()) {
+            drop(schedule);
+            return self.cbw.read_at(buf, offset);
+        }
+        std::thread::sleep(schedule.wait(Instant::now()));
+        let start = Instant::now();
+        let read = self.cbw.read_at(buf, offset);
+        let end = Instant::now();
+        schedule.read_took(end - start, end);
+        read
     }
     fn write_at(&self, _buf: &[u8], _offset: u64) -> Result<(), BlockError> {
         Err(BlockError::read_only("write"))

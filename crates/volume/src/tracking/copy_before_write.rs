@@ -13,13 +13,21 @@
 //! A full scratch (or a scratch that cannot be written) fails the backup, never the guest:
 //! the write goes on without a copy and the export answers every read from then on with an
 //! I/O error naming the reason.
+//!
+//! An incremental backup reads only the regions changed since the checkpoint it starts from
+//! ([`CopyBeforeWrite::limit_to`]), so only those are copied, as QEMU's copy-before-write
+//! filter copies only its `bitmap`'s: a VM writing where nothing changed since FROM pays
+//! nothing for the backup but an atomic mark, once per region. The other regions are served
+//! as long as they were not changed; once changed, reading them fails (their bytes would be
+//! today's, not the backup's moment's), as QEMU's snapshot-access refuses what it did not
+//! copy.
 
 use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind};
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use super::DirtyBitmap;
@@ -45,7 +53,13 @@ pub struct CopyBeforeWrite {
     size: u64,
     /// How many regions the scratch holds.
     slots: u64,
+    /// Regions a write may change without a copy: copied to the scratch, or outside the
+    /// backup and marked changed.
     copied: DirtyBitmap,
+    /// Regions outside the backup (see [`CopyBeforeWrite::limit_to`]) and why, once limited.
+    outside: OnceLock<(DirtyBitmap, String)>,
+    /// Regions copied to the scratch.
+    copies: AtomicU64,
     map: Mutex<CopyMap>,
     /// Signalled when a copy under way ends.
     copy_ended: Condvar,
@@ -115,6 +129,8 @@ impl CopyBeforeWrite {
             size,
             slots,
             copied,
+            outside: OnceLock::new(),
+            copies: AtomicU64::new(0),
             map: Mutex::new(CopyMap {
                 slot_of: HashMap::new(),
                 next_slot: 0,
@@ -138,7 +154,36 @@ impl CopyBeforeWrite {
 
     /// Bytes of old image data held in the scratch.
     pub fn used(&self) -> u64 {
-        self.copied.count() * COPY_REGION
+        self.copies.load(Ordering::SeqCst) * COPY_REGION
+    }
+
+    /// Limits the backup to the regions set in `inside` (a bitmap of the image at
+    /// [`COPY_REGION`] granularity, e.g. what changed since the checkpoint an incremental
+    /// starts from): from now on a change elsewhere is not copied, and reading a region
+    /// changed so fails with an error saying `why`. Once per backup; a second call is ignored.
+    /// Regions copied before it stay in the scratch and are served from there.
+    pub fn limit_to(&self, inside: &DirtyBitmap, why: String) -> Result<(), BlockError> {
+        if inside.granularity() != COPY_REGION || inside.size() < self.size {
+            return Err(BlockError::new(
+                BlockErrorKind::Unsupported,
+                format!(
+                    "a backup's regions must be given in {COPY_REGION}-byte units over its \
+                     whole image ({} bytes)",
+                    self.size
+                ),
+            ));
+        }
+        let outside = DirtyBitmap::new(self.size, COPY_REGION)
+            .map_err(|e| BlockError::new(BlockErrorKind::Unsupported, e.0))?;
+        let mut block = 0;
+        while let Some((first, count)) = inside.next_run(block, false) {
+            let (offset, len) = outside.block_range(first, count);
+            outside.set_range(offset, len);
+            block = first + count;
+        }
+        // A second limit is ignored (the first one's regions may be marked changed already).
+        let _ = self.outside.set((outside, why));
+        Ok(())
     }
 
     /// Scratch slots holding a region (never more than the scratch has).
@@ -161,8 +206,30 @@ impl CopyBeforeWrite {
 
     /// Whether a change of `len` image bytes at `offset` needs no copy (copied already, past
     /// the backup's image, or the backup failed): the fast path, a few atomic loads.
-    pub(crate) fn needs_no_copy(&self, offset: u64, len: u64) -> bool {
+    fn needs_no_copy(&self, offset: u64, len: u64) -> bool {
         self.failed.load(Ordering::SeqCst) || self.copied.all_set(offset, len)
+    }
+
+    /// Whether a change of `len` image bytes at `offset` must wait for copies (`copy`). The
+    /// regions it touches outside the backup are marked changed on the way, before the
+    /// change is made, so a read of one that sees no mark read the old bytes.
+    pub(crate) fn needs_copy(&self, offset: u64, len: u64) -> bool {
+        if len == 0 || offset >= self.size || self.needs_no_copy(offset, len) {
+            return false;
+        }
+        let Some((outside, _)) = self.outside.get() else {
+            return true;
+        };
+        let end = offset.saturating_add(len).min(self.size);
+        let mut inside = false;
+        for region in offset / COPY_REGION..=(end - 1) / COPY_REGION {
+            if outside.is_set(region) {
+                self.copied.set_range(region * COPY_REGION, 1);
+            } else if !self.copied.is_set(region) {
+                inside = true;
+            }
+        }
+        inside
     }
 
     fn fail(&self, why: String) {
@@ -182,7 +249,7 @@ impl CopyBeforeWrite {
         let end = offset.saturating_add(len).min(self.size);
         let (first, last) = (offset / COPY_REGION, (end - 1) / COPY_REGION);
         for region in first..=last {
-            if self.needs_no_copy(region * COPY_REGION, 1) {
+            if !self.needs_copy(region * COPY_REGION, 1) {
                 continue;
             }
             let mut map = self.lock();
@@ -237,6 +304,7 @@ impl CopyBeforeWrite {
             match copied {
                 Ok(()) => {
                     map.slot_of.insert(region, (slot, true));
+                    self.copies.fetch_add(1, Ordering::SeqCst);
                     // Only now: a reader that sees the mark finds the old bytes in the scratch.
                     self.copied.set_range(start, 1);
                 }
@@ -278,6 +346,14 @@ impl CopyBeforeWrite {
             if self.copied.is_set(region) {
                 let slot = self.lock().slot_of.get(&region).map(|&(slot, _)| slot);
                 let Some(slot) = slot else {
+                    if let Some((_, why)) = self.outside.get() {
+                        return Err(BlockError::new(
+                            BlockErrorKind::Io,
+                            format!("the disk changed here since the backup started: {why}"),
+                        )
+                        .with_op("read")
+                        .at(at));
+                    }
                     return Err(BlockError::new(
                         BlockErrorKind::Io,
                         "a region marked copied has no place in the backup scratch",

@@ -249,3 +249,57 @@ fn starting_waits_for_writes_already_under_way() {
     view.read_at(&mut byte, 3 * COPY_REGION).unwrap();
     assert_eq!(byte[0], 0x77);
 }
+
+#[test]
+fn an_incremental_copies_only_its_regions_and_refuses_others_once_changed() {
+    let disk = disk();
+    let tracker = Arc::new(DirtyTracker::new(disk.raw.clone(), 0, 4096).unwrap());
+    let device: Arc<dyn BlockDevice> = tracker.clone();
+    let view = backup(&disk, &tracker, SIZE);
+    let cbw = view.copy_before_write().clone();
+    // Region 1 written before the limit: copied, as every region was until then.
+    tracker.write_at(&[0x11; 4096], COPY_REGION).unwrap();
+    // The incremental serves regions 3 and 4 (changed since its checkpoint).
+    let inside = super::DirtyBitmap::new(SIZE, COPY_REGION).unwrap();
+    inside.set_range(3 * COPY_REGION, 2 * COPY_REGION);
+    cbw.limit_to(&inside, "only what changed since c1".into())
+        .unwrap();
+    tracker.write_at(&[0x22; 8192], 3 * COPY_REGION + 4096).unwrap();
+    // Through a queue too, as a VM writes.
+    let mut queue = open_queue(&device, &QueueOptions { depth: 4 }).unwrap();
+    write_at(&mut *queue, 6 * COPY_REGION, &[0x33; 4096]).unwrap();
+    tracker.write_at(&[0x44; 4096], 9 * COPY_REGION).unwrap();
+    assert_eq!(
+        cbw.used(),
+        2 * COPY_REGION,
+        "regions 1 (before the limit) and 3; not 6 or 9"
+    );
+    // Its regions, and what was copied before the limit, read as they were; so do regions
+    // outside that did not change.
+    for (first, count) in [(3, 2), (1, 1), (0, 1), (7, 2)] {
+        let (start, len) = ((first * COPY_REGION) as usize, (count * COPY_REGION) as usize);
+        let mut buf = vec![0u8; len];
+        view.read_at(&mut buf, start as u64).unwrap();
+        assert!(buf == disk.before[start..start + len], "region {first}: the old bytes");
+    }
+    // A region outside that changed is refused with the reason, also in a longer read.
+    for (offset, len) in [(6 * COPY_REGION, 4096), (9 * COPY_REGION - 4096, 8192)] {
+        let e = view.read_at(&mut vec![0u8; len], offset).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("changed here since the backup started") && e.contains("since c1"),
+            "{e}"
+        );
+    }
+    let everything = super::DirtyBitmap::new(SIZE, COPY_REGION).unwrap();
+    everything.set_all();
+    cbw.limit_to(&everything, String::new()).unwrap();
+    assert!(
+        view.read_at(&mut [0u8; 4096], 6 * COPY_REGION).is_err(),
+        "a second limit is ignored"
+    );
+    let fine = super::DirtyBitmap::new(SIZE, 4096).unwrap();
+    let e = cbw.limit_to(&fine, String::new()).unwrap_err();
+    assert!(e.to_string().contains("65536-byte units"), "{e}");
+    assert!(cbw.failure().is_none());
+}

@@ -4,6 +4,7 @@
 //! A migration (`cryptblk-migration`) reads and clears the bitmap and fences the disk at
 //! switchover.
 
+mod background;
 mod backup_view;
 mod bitmap;
 mod checkpoint_stage;
@@ -12,6 +13,7 @@ mod stage;
 mod state;
 mod tracker;
 
+pub use background::{GuestActivity, ShareSchedule, IDLE_AFTER};
 pub use backup_view::BackupView;
 pub use bitmap::DirtyBitmap;
 pub use copy_before_write::{CopyBeforeWrite, COPY_REGION};

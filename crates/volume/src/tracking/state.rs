@@ -20,6 +20,9 @@ pub(crate) struct TrackState {
     /// `epoch` they entered in (so the ones entered before a point can be waited for).
     pub(super) in_flight: [AtomicU64; 2],
     pub(super) epoch: AtomicU64,
+    /// Operations ever entered: how a backup sees that the disk's own users are busy
+    /// ([`GuestActivity`](super::GuestActivity)).
+    pub(super) entered: AtomicU64,
     /// A backup's copy-before-write, while one runs (`copying` says so in one load).
     pub(super) copying: AtomicBool,
     pub(super) cbw: RwLock<Option<Arc<CopyBeforeWrite>>>,
@@ -65,6 +68,7 @@ impl TrackState {
     pub(super) fn enter(&self, op: &'static str) -> Result<InFlight<'_>, BlockError> {
         let parity = (self.epoch.load(Ordering::SeqCst) & 1) as usize;
         self.in_flight[parity].fetch_add(1, Ordering::SeqCst);
+        self.entered.fetch_add(1, Ordering::Relaxed);
         let guard = InFlight(&self.in_flight[parity]);
         if self.fenced.load(Ordering::SeqCst) {
             return Err(BlockError::new(
@@ -145,7 +149,7 @@ impl TrackState {
     pub(crate) fn needs_copy(&self, offset: u64, len: u64) -> bool {
         self.copy_before_write().is_some_and(|cbw| {
             let (offset, len) = self.file_range(offset, len);
-            !cbw.needs_no_copy(offset, len)
+            cbw.needs_copy(offset, len)
         })
     }
 

@@ -78,6 +78,7 @@ impl DirtyTracker {
                 fenced: AtomicBool::new(false),
                 in_flight: [AtomicU64::new(0), AtomicU64::new(0)],
                 epoch: AtomicU64::new(0),
+                entered: AtomicU64::new(0),
                 copying: AtomicBool::new(false),
                 cbw: std::sync::RwLock::new(None),
                 intent: Arc::new(IntentLog::default()),
@@ -208,6 +209,12 @@ impl DirtyTracker {
         self.state.drain_entered(timeout).inspect_err(|_| {
             self.stop_copy_before_write();
         })
+    }
+
+    /// How busy the disk's own users (its VM, its NBD clients) are, for a backup that yields to
+    /// them.
+    pub fn activity(&self) -> super::GuestActivity {
+        super::GuestActivity::of(self.state.clone())
     }
 
     /// Ends copy-before-write (the backup ended): writes pass without a copy again.
