@@ -127,11 +127,11 @@ fn a_full_scratch_fails_the_backup_and_not_the_client() {
     let sock = t.path("backup.sock");
     let start = "backup-start vol --checkpoint c0 --nbd unix:{} --scratch-size {}";
     daemon
-        .ctl(&argv!(start, sock, "4K"))
+        .ctl(&argv!(start, sock, "2K"))
         .expect_code(code::USAGE)
-        .error_line(&["scratch-size", "64K"]);
-    let started = daemon.ctl_ok(&argv!(start, sock, "128K"));
-    assert_eq!(started["scratch-size"], 2 * REGION, "{started}");
+        .error_line(&["scratch-size", "4K"]);
+    let started = daemon.ctl_ok(&argv!(start, sock, "8K"));
+    assert_eq!(started["scratch-size"], 8192, "{started}");
     let scratch = std::path::PathBuf::from(started["scratch"].as_str().unwrap());
 
     // Three regions changed, room for two: every write still succeeds.
@@ -144,7 +144,7 @@ fn a_full_scratch_fails_the_backup_and_not_the_client() {
     for n in 0..3u8 {
         assert!(client.read(u64::from(n) * MIB, 4096).unwrap() == [n + 1; 4096]);
     }
-    assert!(std::fs::metadata(&scratch).unwrap().len() <= 2 * REGION);
+    assert!(std::fs::metadata(&scratch).unwrap().len() <= 8192);
 
     // The export answers with an error, so the pull fails and keeps no entry.
     let chain = t.path("chain");
@@ -247,21 +247,28 @@ fn an_incremental_copies_only_what_changed_since_its_checkpoint() {
     let sock = t.path("backup.sock");
     let chain = t.path("chain");
     let uri = format!("nbd+unix:///vol?socket={}", sock.display());
-    daemon.ctl_ok(&argv!("backup-start vol --checkpoint c0 --nbd unix:{}", sock));
+    daemon.ctl_ok(&argv!(
+        "backup-start vol --checkpoint c0 --nbd unix:{}",
+        sock
+    ));
     cryptblk(argv!("backup pull {} {} --checkpoint c0", uri, chain)).ok();
     daemon.ctl_ok(&["backup-end", "vol"]);
 
     // Changed since c0: 1 MiB. The incremental's scratch holds one region.
     daemon.qemu_io("vol", &["write -P 0x11 1M 4k"]);
     daemon.ctl_ok(&argv!(
-        "backup-start vol --checkpoint c1 --incremental c0 --nbd unix:{} --scratch-size 64K",
+        "backup-start vol --checkpoint c1 --incremental c0 --nbd unix:{} --scratch-size 4K",
         sock
     ));
     let at_c1 = read(&img.path);
     // Three regions written that c0 -> c1 does not serve, then the one it does: one copy.
     daemon.qemu_io(
         "vol",
-        &["write -P 0x22 5M 4k", "write -P 0x23 6M 4k", "write -P 0x24 7M 4k"],
+        &[
+            "write -P 0x22 5M 4k",
+            "write -P 0x23 6M 4k",
+            "write -P 0x24 7M 4k",
+        ],
     );
     daemon.qemu_io("vol", &["write -P 0x25 1M 4k"]);
     cryptblk(argv!(
@@ -281,5 +288,7 @@ fn an_incremental_copies_only_what_changed_since_its_checkpoint() {
     let restored = t.path("restored.luks");
     cryptblk(argv!("backup restore {} {}", chain, restored)).ok();
     assert_same_bytes(&read(&restored), &at_c1, "the incremental at c1");
-    assert!(daemon.log().contains("changed here since the backup started"));
+    assert!(daemon
+        .log()
+        .contains("changed here since the backup started"));
 }

@@ -69,7 +69,7 @@ impl Daemon {
         if scratch_size < COPY_REGION {
             return Err(Error::usage(format!(
                 "a scratch-size of {scratch_size} bytes holds no {COPY_REGION}-byte region: \
-                 give at least 64K (default 1G)"
+                 give at least 4K (default 1G)"
             )));
         }
         // 0: no ceiling, as for reencrypt-start.

@@ -41,7 +41,9 @@ impl GuestActivity {
 
 impl std::fmt::Debug for GuestActivity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("GuestActivity").field(&self.requests()).finish()
+        f.debug_tuple("GuestActivity")
+            .field(&self.requests())
+            .finish()
     }
 }
 
@@ -100,7 +102,11 @@ mod tests {
         let mut schedule = ShareSchedule::new(20);
         let start = Instant::now();
         assert!(schedule.busy(5, start), "a count that moved is busy");
-        assert_eq!(schedule.wait(start), Duration::ZERO, "the first read starts at once");
+        assert_eq!(
+            schedule.wait(start),
+            Duration::ZERO,
+            "the first read starts at once"
+        );
         // A read of 4 ms at a share of 20 % rests 16 ms.
         schedule.read_took(Duration::from_millis(4), start + Duration::from_millis(4));
         assert_eq!(
@@ -118,8 +124,14 @@ mod tests {
         let mut schedule = ShareSchedule::new(20);
         let start = Instant::now();
         assert!(schedule.busy(7, start));
-        assert!(schedule.busy(7, start + IDLE_AFTER / 2), "quiet, but not for long");
-        assert!(!schedule.busy(7, start + IDLE_AFTER), "quiet for the whole time");
+        assert!(
+            schedule.busy(7, start + IDLE_AFTER / 2),
+            "quiet, but not for long"
+        );
+        assert!(
+            !schedule.busy(7, start + IDLE_AFTER),
+            "quiet for the whole time"
+        );
         assert!(
             schedule.busy(8, start + IDLE_AFTER * 3),
             "one request makes it busy again"
@@ -135,6 +147,10 @@ mod tests {
         assert_eq!(schedule.wait(start), MAX_REST);
         let mut whole = ShareSchedule::new(100);
         whole.read_took(Duration::from_secs(1), start);
-        assert_eq!(whole.wait(start), Duration::ZERO, "a share of 100 % never rests");
+        assert_eq!(
+            whole.wait(start),
+            Duration::ZERO,
+            "a share of 100 % never rests"
+        );
     }
 }

@@ -74,7 +74,7 @@ fn writes_during_a_backup_leave_its_view_unchanged() {
     // Through a queue: a write, and a second one to a region already copied.
     let buf = vec![0x55u8; 4096];
     write_at(&mut *queue, 10 * COPY_REGION, &buf).unwrap();
-    write_at(&mut *queue, 10 * COPY_REGION + 8192, &buf).unwrap();
+    write_at(&mut *queue, 10 * COPY_REGION, &[0x56u8; 4096]).unwrap();
     run_one(
         &mut *queue,
         &IoRequest::range(IoOp::WriteZeroes, 12 * COPY_REGION, 4096, 3),
@@ -83,7 +83,7 @@ fn writes_during_a_backup_leave_its_view_unchanged() {
 
     let now = std::fs::read(disk.dir.path().join("disk.raw")).unwrap();
     assert_eq!(now[COPY_REGION as usize - 1], 0xAA, "the writes landed");
-    assert_eq!(now[10 * COPY_REGION as usize + 8192], 0x55);
+    assert_eq!(now[10 * COPY_REGION as usize], 0x56);
     assert_ne!(now, disk.before);
     assert!(
         read_all(&view).unwrap() == disk.before,
@@ -264,7 +264,9 @@ fn an_incremental_copies_only_its_regions_and_refuses_others_once_changed() {
     inside.set_range(3 * COPY_REGION, 2 * COPY_REGION);
     cbw.limit_to(&inside, "only what changed since c1".into())
         .unwrap();
-    tracker.write_at(&[0x22; 8192], 3 * COPY_REGION + 4096).unwrap();
+    tracker
+        .write_at(&[0x22; 8192], 3 * COPY_REGION + 4096)
+        .unwrap();
     // Through a queue too, as a VM writes.
     let mut queue = open_queue(&device, &QueueOptions { depth: 4 }).unwrap();
     write_at(&mut *queue, 6 * COPY_REGION, &[0x33; 4096]).unwrap();
@@ -277,10 +279,16 @@ fn an_incremental_copies_only_its_regions_and_refuses_others_once_changed() {
     // Its regions, and what was copied before the limit, read as they were; so do regions
     // outside that did not change.
     for (first, count) in [(3, 2), (1, 1), (0, 1), (7, 2)] {
-        let (start, len) = ((first * COPY_REGION) as usize, (count * COPY_REGION) as usize);
+        let (start, len) = (
+            (first * COPY_REGION) as usize,
+            (count * COPY_REGION) as usize,
+        );
         let mut buf = vec![0u8; len];
         view.read_at(&mut buf, start as u64).unwrap();
-        assert!(buf == disk.before[start..start + len], "region {first}: the old bytes");
+        assert!(
+            buf == disk.before[start..start + len],
+            "region {first}: the old bytes"
+        );
     }
     // A region outside that changed is refused with the reason, also in a longer read.
     for (offset, len) in [(6 * COPY_REGION, 4096), (9 * COPY_REGION - 4096, 8192)] {
@@ -298,8 +306,8 @@ fn an_incremental_copies_only_its_regions_and_refuses_others_once_changed() {
         view.read_at(&mut [0u8; 4096], 6 * COPY_REGION).is_err(),
         "a second limit is ignored"
     );
-    let fine = super::DirtyBitmap::new(SIZE, 4096).unwrap();
+    let fine = super::DirtyBitmap::new(SIZE, COPY_REGION / 2).unwrap();
     let e = cbw.limit_to(&fine, String::new()).unwrap_err();
-    assert!(e.to_string().contains("65536-byte units"), "{e}");
+    assert!(e.to_string().contains("multiples of 4096 bytes"), "{e}");
     assert!(cbw.failure().is_none());
 }
