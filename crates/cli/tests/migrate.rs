@@ -295,6 +295,70 @@ impl Proxy {
     }
 }
 
+/// `migrate-postcopy` asked for at once, long before the destination has the disk's 16 MiB
+/// LUKS2 header (at 4 MiB/s): accepted, it waits (the answer says the switchover is pending)
+/// and happens once the destination serves the disk, so a VM's NBD client there connects
+/// right after the switchover (no waiting for the export first) and reads what the source
+/// wrote; its vhost-user-blk socket is there too. The keyslot has cryptblk's default key
+/// derivation (about 2 s), so the destination opens the disk well after the header is in: a
+/// switchover that did not wait would leave the destination live without its export.
+#[test]
+fn postcopy_asked_before_the_destination_has_the_header_waits_for_it() {
+    let t = TestDir::new();
+    let key = t.key("key");
+    let img = Image {
+        path: t.path("src.luks"),
+        key: Some(key.clone()),
+    };
+    cryptblk(argv!("format -q --key-file {} {} 32M", key, img)).ok();
+    let dst_img = t.path("dst.luks");
+    let (src, dst) = source_and_destination(&t, &img);
+    let initial = t.path("initial.raw");
+    random_file(&initial, 32 * MIB, 41);
+    let mut expected = read(&initial);
+    let uri = src.nbd_uri("vol");
+    tool(
+        "qemu-img",
+        ["convert", "-n", "-f", "raw", "-O", "raw", s(&initial), &uri],
+    )
+    .ok();
+    let sock = t.path("dst-vol.sock");
+    let listen = migrate_incoming(&dst, &dst_img, img.key(), &["--vhost-user-blk", s(&sock)]);
+    src.ctl_ok(&argv!(
+        "migrate-start vol --to {} --postcopy --preempt --max-bandwidth 4M",
+        &listen
+    ));
+    write(&src, &mut expected, 0x41, 7 * MIB, 64 * 1024);
+    let asked = src.ctl_ok(&["migrate-postcopy", "vol"]);
+
+    dst.wait_migrate("vol", "postcopy");
+    // As a destination VM would, at once: its NBD client and its vhost-user-blk socket.
+    dst.qemu_io(
+        "vol",
+        &[
+            &format!("read -P 0x41 {} 65536", 7 * MIB),
+            &format!("write -P 0x42 {} 65536", 12 * MIB),
+        ],
+    );
+    expected[(12 * MIB) as usize..(12 * MIB + 65536) as usize].fill(0x42);
+    std::os::unix::net::UnixStream::connect(&sock).unwrap_or_else(|e| {
+        panic!("the destination's vhost-user-blk socket after the switchover: {e}")
+    });
+    assert_eq!(asked["phase"], "precopy", "{asked:#}");
+    assert_eq!(
+        asked["switchover-pending"], true,
+        "asked for before the header arrived, the switchover must wait: {asked:#}"
+    );
+
+    src.wait_migrate("vol", "completed");
+    dst.wait_migrate("vol", "completed");
+    let st = src.ctl_ok(&["migrate-status", "vol"]);
+    assert_eq!(st["outgoing"]["switchover-pending"], false, "{st:#}");
+    dst.ctl_ok(&["disk-remove", "vol"]);
+    let got = cryptblk_decrypt(&dst_img, img.key(), &t.path("dst.raw"));
+    assert_same_bytes(&got, &expected, "destination image");
+}
+
 /// The network between two daemons breaks during postcopy: both pause, a read of a block the
 /// destination lacks waits (it is not served wrongly), and `migrate-recover` over a new
 /// connection finishes the migration with every write intact.

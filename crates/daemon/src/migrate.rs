@@ -5,7 +5,9 @@
 //! destination listens on the same image, and only the image's exclusive lock changes hands.
 //! The switchover happens when asked (`migrate-switchover`, `migrate-postcopy`) or when the
 //! disk's VM is stopped for migration (vhost-user frontend stops the queues with dirty-page
-//! logging on, which QEMU does at the end of a live migration).
+//! logging on, which QEMU does at the end of a live migration), but never before the
+//! destination serves the disk: asked earlier, it waits (the source serving on) until the
+//! destination says its exports are up.
 use crate::activity::CancelTarget;
 use crate::error::{chain, Context, Error, Result};
 use crate::image::open_received;
@@ -319,6 +321,9 @@ impl Daemon {
         let options = ListenOptions {
             tls,
             peer_names,
+            // The disk is published once its header arrived and opened: the source's
+            // switchover waits for that, so a VM connected here never misses its export.
+            announces_ready: true,
             ..Default::default()
         };
         let incoming = match IncomingMigration::listen_with(&listen, store, options) {
@@ -390,6 +395,10 @@ impl Daemon {
             checkpoints.discard_arriving(&image_path);
             return Err(e);
         }
+        // Its vhost-user socket and NBD export are up: the source may switch over now.
+        if let Err(e) = incoming.ready() {
+            tracing::warn!(disk = %name, "telling the source the disk serves: {e}");
+        }
         // A migration that fails before the destination went live leaves nothing usable:
         // the disk goes away again (its partial image was removed by the migration).
         let phase = loop {
@@ -432,6 +441,7 @@ pub(crate) fn source_status(m: &SourceMigration) -> SourceStatus {
         throughput_bytes_per_sec: s.throughput_bytes_per_sec,
         urgent_requests_served: s.urgent_served,
         downtime_ms: ms(s.downtime),
+        switchover_pending: s.switchover_pending,
     }
 }
 

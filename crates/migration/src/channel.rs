@@ -44,6 +44,11 @@ pub struct ListenOptions {
     /// See [`FRAME_TIMEOUT`].
     pub frame_timeout: Duration,
     pub limits: ConnectionLimits,
+    /// The destination tells a source that waits for it when it serves the disk
+    /// ([`IncomingMigration::ready`](crate::IncomingMigration::ready)), and that source's
+    /// switchover waits for it. Off: the source switches over when asked, whatever this side
+    /// is doing (for a user that serves the disk before any source connects).
+    pub announces_ready: bool,
 }
 
 impl Default for ListenOptions {
@@ -54,6 +59,7 @@ impl Default for ListenOptions {
             hello_timeout: ACCEPT_TIMEOUT,
             frame_timeout: FRAME_TIMEOUT,
             limits: DEFAULT_LIMITS,
+            announces_ready: false,
         }
     }
 }

@@ -23,6 +23,9 @@
 //! | 11   | SharedImage| UTF-8 identity of the image both sides reach (shared storage): the  |
 //! |      |           | source's, then the destination's in answer if it is the same image |
 //! | 12   | Checkpoints| the source's checkpoints, at switchover (`wire/checkpoints.rs`)    |
+//! | 13   | Ready     | (empty) destination, once, in precopy: it serves the disk now (opened, |
+//! |      |           | its exports published); only after Hellos with [`FLAG_AWAITS_READY`] |
+//! |      |           | and [`FLAG_ANNOUNCES_READY`]; the switchover waits for it           |
 //!
 //! Everything read from the stream is untrusted: the header is checked (magic, kind, a length
 //! cap per kind) before any payload buffer is allocated, and a chunk's checksum is verified by
@@ -43,8 +46,8 @@ use cryptblk_volume::checkpoint::CarriedCheckpoints;
 use sha2::{Digest, Sha256};
 
 pub use hello::{
-    Hello, Role, FLAG_CHECKPOINTS, FLAG_CHECKPOINTS_ACCEPTED, FLAG_POSTCOPY, FLAG_PREEMPT,
-    FLAG_SHARED,
+    Hello, Role, FLAG_ANNOUNCES_READY, FLAG_AWAITS_READY, FLAG_CHECKPOINTS,
+    FLAG_CHECKPOINTS_ACCEPTED, FLAG_POSTCOPY, FLAG_PREEMPT, FLAG_SHARED,
 };
 pub use stream::{
     chunk_prefix, is_timeout, read_frame, read_frame_after_idle, write_chunk, write_frame,
@@ -83,6 +86,7 @@ const KIND_POSTCOPY: u8 = 9;
 const KIND_MISSING_END: u8 = 10;
 const KIND_SHARED_IMAGE: u8 = 11;
 const KIND_CHECKPOINTS: u8 = 12;
+const KIND_READY: u8 = 13;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
@@ -131,6 +135,9 @@ pub enum Frame {
     },
     /// Source, at switchover (before `Complete` or `Missing`): its disk's checkpoints.
     Checkpoints(CarriedCheckpoints),
+    /// Destination, before the switchover: it serves the disk now, so the source may switch
+    /// over (a switchover asked for earlier waits for this).
+    Ready,
 }
 
 /// Why bytes from the stream were not a valid frame.
@@ -194,7 +201,7 @@ fn length_bounds(kind: u8) -> Option<(usize, usize)> {
         KIND_COMPLETE => (0, 0),
         KIND_ERROR => (0, MAX_ERROR_LEN),
         KIND_REQUEST | KIND_MISSING => (16, 16),
-        KIND_POSTCOPY | KIND_MISSING_END => (0, 0),
+        KIND_POSTCOPY | KIND_MISSING_END | KIND_READY => (0, 0),
         KIND_SHARED_IMAGE => (1, MAX_IDENTITY_LEN),
         KIND_CHECKPOINTS => (checkpoints::HEAD, checkpoints::MAX_LEN),
         _ => return None,
@@ -292,6 +299,7 @@ pub fn decode_payload(header: FrameHeader, payload: &[u8]) -> Result<Frame, Wire
         }
         KIND_POSTCOPY => Ok(Frame::Postcopy),
         KIND_MISSING_END => Ok(Frame::MissingEnd),
+        KIND_READY => Ok(Frame::Ready),
         KIND_ERROR => match std::str::from_utf8(p) {
             Ok(m) => Ok(Frame::Error {
                 message: m.to_owned(),
@@ -405,6 +413,7 @@ impl Frame {
             }
             Frame::Postcopy => push_header(out, KIND_POSTCOPY, 0),
             Frame::MissingEnd => push_header(out, KIND_MISSING_END, 0),
+            Frame::Ready => push_header(out, KIND_READY, 0),
             Frame::SharedImage { identity } => {
                 // Identities are short (fsid/pool/image id); a longer one is the caller's bug.
                 let bytes = &identity.as_bytes()[..identity.len().min(MAX_IDENTITY_LEN)];
@@ -441,6 +450,7 @@ impl Frame {
             Frame::MissingEnd => "MissingEnd",
             Frame::SharedImage { .. } => "SharedImage",
             Frame::Checkpoints(_) => "Checkpoints",
+            Frame::Ready => "Ready",
         }
     }
 

@@ -249,7 +249,7 @@ pub const METHODS: &[MethodSpec] = &[
     },
     MethodSpec {
         name: "migrate-switchover",
-        summary: "Source: hand the disk over now (it stops serving here); postcopy if started so.",
+        summary: "Source: hand the disk over (it stops serving here) now, or as soon as the destination serves it; postcopy if started so.",
         params: &[
             NAME,
             opt("postcopy", FlagIfGiven, "Switch over in postcopy mode (only what is missing is listed; fetched on demand)."),
@@ -257,7 +257,7 @@ pub const METHODS: &[MethodSpec] = &[
     },
     MethodSpec {
         name: "migrate-postcopy",
-        summary: "Source: switch over in postcopy mode now.",
+        summary: "Source: switch over in postcopy mode now, or as soon as the destination serves the disk.",
         params: &[NAME],
     },
     MethodSpec {

@@ -195,6 +195,10 @@ pub struct SourceStatus {
     pub throughput_bytes_per_sec: f64,
     pub urgent_requests_served: u64,
     pub downtime_ms: Option<f64>,
+    /// A switchover was asked for before the destination served the disk: it happens as soon
+    /// as the destination says it does (this side serves the disk meanwhile).
+    #[serde(default)]
+    pub switchover_pending: bool,
 }
 
 /// The destination side of a migration.

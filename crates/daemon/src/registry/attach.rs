@@ -217,8 +217,14 @@ fn switchover_on_vm_stop(
             return;
         }
         if let Some(m) = activity.migration() {
-            if m.status().phase == Phase::Precopy {
+            let status = m.status();
+            // A switchover asked for already and waiting for the destination happens anyway.
+            if status.phase == Phase::Precopy && !status.switchover_pending {
                 match m.switchover_default() {
+                    Ok(()) if m.status().switchover_pending => tracing::info!(
+                        disk = %name,
+                        "VM stopped; the switchover waits for the destination to serve the disk"
+                    ),
                     Ok(()) => tracing::info!(disk = %name, "VM stopped, switching over"),
                     Err(e) => tracing::error!(disk = %name, "switchover failed: {}", chain(&e)),
                 }

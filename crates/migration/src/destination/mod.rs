@@ -115,6 +115,7 @@ impl IncomingMigration {
                 path: store.name().to_path_buf(),
             });
         }
+        let announces_ready = options.announces_ready;
         let listener = MigrationListener::bind(addr, options).map_err(MigrationError::Listen)?;
         let address = listener.local_addr().map_err(MigrationError::Listen)?;
         let shared = Arc::new(DShared {
@@ -138,6 +139,7 @@ impl IncomingMigration {
                 remove_pending: false,
                 identity_confirmed: false,
                 checkpoints_received: false,
+                ready: false,
             }),
             cond: Condvar::new(),
             apply: Mutex::new(()),
@@ -147,6 +149,7 @@ impl IncomingMigration {
             checkpoints: Mutex::new(CheckpointsSlot::Waiting),
             listener,
             started: Instant::now(),
+            announces_ready,
         });
         let acceptor = shared.clone();
         std::thread::Builder::new()
@@ -226,6 +229,35 @@ impl IncomingMigration {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
+    }
+
+    /// Says that this side serves the disk now (opened over the received header, its exports
+    /// published; I/O on it waits for the switchover): a source that waits for this (both
+    /// sides speak it, and [`ListenOptions::announces_ready`] is on) switches over only after
+    /// it, so a VM connected here never finds the disk missing. Once per migration; later
+    /// calls, and calls after the switchover, do nothing. `Err`: the channel broke (the
+    /// migration fails by itself).
+    pub fn ready(&self) -> Result<(), MigrationError> {
+        let created = self.shared.created()?;
+        let writer = {
+            let mut s = self.shared.lock();
+            if s.ready || s.phase != Phase::Precopy {
+                return Ok(());
+            }
+            s.ready = true;
+            if !(self.shared.announces_ready && created.awaits_ready()) {
+                return Ok(());
+            }
+            s.bulk_writer.clone()
+        };
+        let Some(writer) = writer else {
+            return Err(MigrationError::Protocol(
+                "the bulk channel is gone; the migration fails".into(),
+            ));
+        };
+        let mut w = writer.lock().unwrap_or_else(PoisonError::into_inner);
+        crate::wire::write_frame(&mut *w, &crate::wire::Frame::Ready)?;
+        Ok(())
     }
 
     /// Whether the source carries its disk's checkpoints (both sides speak it; known once the

@@ -7,8 +7,8 @@ use super::requests::resend_outstanding;
 use super::state::{Created, DShared, SharedWriter};
 use crate::channel::{Channel, Incoming};
 use crate::wire::{
-    self, Frame, Hello, Role, WireError, FLAG_CHECKPOINTS, FLAG_CHECKPOINTS_ACCEPTED, FLAG_SHARED,
-    PROTOCOL_VERSION,
+    self, Frame, Hello, Role, WireError, FLAG_ANNOUNCES_READY, FLAG_AWAITS_READY, FLAG_CHECKPOINTS,
+    FLAG_CHECKPOINTS_ACCEPTED, FLAG_SHARED, PROTOCOL_VERSION,
 };
 use crate::{DirtyBitmap, MigrationError, Phase};
 use std::io::Write;
@@ -129,6 +129,11 @@ fn handle_connection(shared: Arc<DShared>, incoming: Incoming) {
         && !shared.store.is_shared()
     {
         ours.flags |= FLAG_CHECKPOINTS_ACCEPTED;
+    }
+    ours.flags &= !FLAG_ANNOUNCES_READY;
+    if theirs.role == Role::Bulk && theirs.flags & FLAG_AWAITS_READY != 0 && shared.announces_ready
+    {
+        ours.flags |= FLAG_ANNOUNCES_READY;
     }
     if theirs.version != PROTOCOL_VERSION {
         let msg = format!(

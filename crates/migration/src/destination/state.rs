@@ -4,7 +4,7 @@
 use super::store::IncomingStore;
 use crate::channel::{Closer, MigrationListener};
 use crate::latency::LatencyHistogram;
-use crate::wire::{Hello, FLAG_CHECKPOINTS, FLAG_SHARED, SESSION_ID_LEN};
+use crate::wire::{Hello, FLAG_AWAITS_READY, FLAG_CHECKPOINTS, FLAG_SHARED, SESSION_ID_LEN};
 use crate::{DirtyBitmap, MigrationError, Phase};
 use cryptblk_block::Container;
 use cryptblk_volume::checkpoint::CarriedCheckpoints;
@@ -30,6 +30,12 @@ impl Created {
     /// Whether the source hands over shared storage instead of copying the disk.
     pub(super) fn shared(&self) -> bool {
         self.hello.flags & FLAG_SHARED != 0
+    }
+
+    /// Whether the source waits for this side's `Ready` before it switches over (when this
+    /// side announces it).
+    pub(super) fn awaits_ready(&self) -> bool {
+        self.hello.flags & FLAG_AWAITS_READY != 0
     }
 
     /// Whether the source sends its checkpoints at switchover (this side accepted them).
@@ -75,6 +81,8 @@ pub(super) struct DState {
     pub(super) identity_confirmed: bool,
     /// The source sent its checkpoints (once only).
     pub(super) checkpoints_received: bool,
+    /// `IncomingMigration::ready` was called: the disk serves (I/O waits for the switchover).
+    pub(super) ready: bool,
 }
 
 pub(super) struct DShared {
@@ -89,6 +97,8 @@ pub(super) struct DShared {
     pub(super) checkpoints: Mutex<CheckpointsSlot>,
     pub(super) listener: MigrationListener,
     pub(super) started: Instant,
+    /// This side says `Ready` to a source that waits for it (`ListenOptions::announces_ready`).
+    pub(super) announces_ready: bool,
 }
 
 impl Drop for DShared {

@@ -6,8 +6,8 @@ use super::reader::spawn_reader;
 use super::state::{Channels, Shared};
 use crate::channel::{self, Channel, MigrationAddress};
 use crate::wire::{
-    self, Frame, Hello, Role, WireError, FLAG_CHECKPOINTS, FLAG_CHECKPOINTS_ACCEPTED,
-    PROTOCOL_VERSION, SESSION_ID_LEN,
+    self, Frame, Hello, Role, WireError, FLAG_ANNOUNCES_READY, FLAG_AWAITS_READY, FLAG_CHECKPOINTS,
+    FLAG_CHECKPOINTS_ACCEPTED, PROTOCOL_VERSION, SESSION_ID_LEN,
 };
 use crate::MigrationError;
 use rustls::ClientConfig;
@@ -159,8 +159,11 @@ pub(super) fn connect_all(
     let hello = shared.hello(role);
     let (mut bulk, flags) = open_channel(to, hello, identity, tls, peer_name, timeout)?;
     if role == Role::Bulk {
-        shared.lock().checkpoints_accepted =
+        let mut s = shared.lock();
+        s.checkpoints_accepted =
             hello.flags & FLAG_CHECKPOINTS != 0 && flags & FLAG_CHECKPOINTS_ACCEPTED != 0;
+        // A destination from before `Ready` never says it: switch over when asked, as then.
+        s.awaits_ready = hello.flags & FLAG_AWAITS_READY != 0 && flags & FLAG_ANNOUNCES_READY != 0;
     }
     if role == Role::Resume {
         let missing = read_missing(shared, &mut bulk.reader);

@@ -7,7 +7,8 @@
 //!                                                          refused while migrating)
 //! precopy sweeps ....................... Chunk/Zero* PassDone, again and again, each sweep
 //!                                        taking what the guest dirtied since
-//! switchover (frontend stopped or asked; the disk is fenced first)
+//!                                        <-- Ready (the destination serves the disk)
+//! switchover (frontend stopped or asked, and not before Ready; the disk is fenced first)
 //!   precopy mode:   remaining dirty ..... Chunk/Zero*, Complete  <-- Complete (flushed)
 //!   postcopy mode:  Missing* Postcopy    (destination live; it asks with Request for what a
 //!                                         read needs, answered first, on the urgent channel
@@ -188,12 +189,20 @@ impl SourceMigration {
             postcopy: self.shared.opts.postcopy,
             preempt: self.shared.opts.preempt,
             shared: self.shared.hand_off.is_some(),
+            switchover_pending: s.deferred_switchover.is_some(),
         }
     }
 
     /// Hands the disk over: fences it (every later guest I/O fails; I/O under way finishes
     /// first), then has the sender send what is left (`postcopy: false`) or only the list of
     /// what is missing (`postcopy: true`). Returns once the disk is fenced; `wait` for the end.
+    ///
+    /// A destination that says when it serves the disk (its header arrived and was opened,
+    /// its exports are up) is never switched to before that: asked earlier, the switchover
+    /// is deferred, as QEMU's `migrate-start-postcopy` is. This returns at once with the disk
+    /// still serving here, the status says `switchover_pending`, and the sender fences and
+    /// switches over as soon as the destination's `Ready` comes. Until then `cancel` still
+    /// stops the migration, and a destination that fails fails it as in any precopy.
     pub fn switchover(&self, postcopy: bool) -> Result<(), MigrationError> {
         if postcopy && !self.shared.opts.postcopy {
             return Err(MigrationError::InvalidOptions(
@@ -201,28 +210,31 @@ impl SourceMigration {
             ));
         }
         {
-            let s = self.shared.lock();
+            let mut s = self.shared.lock();
+            if s.deferred_switchover.is_some() {
+                return Err(MigrationError::WrongPhase {
+                    phase: s.phase,
+                    action: "switch over again (the switchover asked for waits for the \
+                             destination to serve the disk; see migrate-status)",
+                });
+            }
             if s.phase != Phase::Precopy || s.switchover.is_some() {
                 return Err(MigrationError::WrongPhase {
                     phase: s.phase,
                     action: "switch over",
                 });
             }
+            if s.awaits_ready && !s.peer_ready {
+                tracing::info!(
+                    "switchover asked for before the destination serves the disk: it happens \
+                     when the destination says it is ready"
+                );
+                s.deferred_switchover = Some(postcopy);
+                self.shared.cond.notify_all();
+                return Ok(());
+            }
         }
-        self.shared.tracker.fence();
-        let mut s = self.shared.lock();
-        if s.phase != Phase::Precopy {
-            // It failed while we were fencing: the source carries on.
-            self.shared.tracker.unfence();
-            return Err(MigrationError::WrongPhase {
-                phase: s.phase,
-                action: "switch over",
-            });
-        }
-        s.fenced_at = Some(Instant::now());
-        s.switchover = Some(postcopy);
-        self.shared.cond.notify_all();
-        Ok(())
+        self.shared.fence_for_switchover(postcopy)
     }
 
     /// Shared storage: whether this side let go of the image's lock (the destination writes

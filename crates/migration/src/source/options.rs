@@ -130,6 +130,9 @@ pub struct SourceStatus {
     pub preempt: bool,
     /// Shared storage: nothing is copied, the image's lock is handed over.
     pub shared: bool,
+    /// A switchover was asked for and waits for the destination to serve the disk (the
+    /// source still serves it meanwhile).
+    pub switchover_pending: bool,
 }
 
 #[cfg(test)]

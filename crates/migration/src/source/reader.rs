@@ -44,6 +44,11 @@ fn heard(s: &mut State, generation: u64, frame: Frame) -> After {
             }
             After::Read
         }
+        // Only a destination that said it would, and only once it serves the disk.
+        Frame::Ready if s.awaits_ready => {
+            s.peer_ready = true;
+            After::Read
+        }
         Frame::Error { message } => After::Fail(format!("the destination aborted: {message}")),
         other => After::Fail(format!("unexpected {} from the destination", other.name())),
     }
@@ -143,5 +148,18 @@ mod tests {
             heard(&mut s, 0, Frame::Postcopy),
             After::Fail("unexpected Postcopy from the destination".into())
         );
+    }
+
+    #[test]
+    fn ready_counts_only_from_a_destination_that_announced_it() {
+        let mut s = State::new();
+        assert_eq!(
+            heard(&mut s, 0, Frame::Ready),
+            After::Fail("unexpected Ready from the destination".into())
+        );
+        assert!(!s.peer_ready);
+        s.awaits_ready = true;
+        assert_eq!(heard(&mut s, 0, Frame::Ready), After::Read);
+        assert!(s.peer_ready);
     }
 }

@@ -5,10 +5,10 @@
 use super::options::SourceOptions;
 use crate::channel::Closer;
 use crate::wire::{
-    Hello, Role, FLAG_CHECKPOINTS, FLAG_POSTCOPY, FLAG_PREEMPT, FLAG_SHARED, PROTOCOL_VERSION,
-    SESSION_ID_LEN,
+    Hello, Role, FLAG_AWAITS_READY, FLAG_CHECKPOINTS, FLAG_POSTCOPY, FLAG_PREEMPT, FLAG_SHARED,
+    PROTOCOL_VERSION, SESSION_ID_LEN,
 };
-use crate::{DirtyBitmap, DirtyTracker, Phase};
+use crate::{DirtyBitmap, DirtyTracker, MigrationError, Phase};
 use cryptblk_block::{BlockDevice, Container, SharedStorage};
 use std::collections::VecDeque;
 use std::io::Write;
@@ -26,6 +26,13 @@ pub(super) struct State {
     pub(super) urgent: VecDeque<(u64, u64)>,
     /// `Some(postcopy)` once a switchover was asked for.
     pub(super) switchover: Option<bool>,
+    /// `Some(postcopy)`: a switchover was asked for before the destination served the disk;
+    /// the sender fences and switches over when its `Ready` comes (the disk serves meanwhile).
+    pub(super) deferred_switchover: Option<bool>,
+    /// The destination promised to say `Ready` (its Hello said so): switchovers wait for it.
+    pub(super) awaits_ready: bool,
+    /// The destination said `Ready`: it serves the disk.
+    pub(super) peer_ready: bool,
     pub(super) fenced_at: Option<Instant>,
     pub(super) downtime: Option<Duration>,
     pub(super) cancel: bool,
@@ -57,6 +64,9 @@ impl State {
             urgent_served: 0,
             urgent: VecDeque::new(),
             switchover: None,
+            deferred_switchover: None,
+            awaits_ready: false,
+            peer_ready: false,
             fenced_at: None,
             downtime: None,
             cancel: false,
@@ -104,6 +114,25 @@ impl Shared {
             .expect("start_shared checked the image is shared storage")
     }
 
+    /// Fences the disk for a switchover in `postcopy` mode and tells the sender to switch
+    /// over; a migration that ended (or was cancelled) meanwhile leaves the disk unfenced.
+    pub(super) fn fence_for_switchover(&self, postcopy: bool) -> Result<(), MigrationError> {
+        self.tracker.fence();
+        let mut s = self.lock();
+        if s.phase != Phase::Precopy || s.cancel {
+            // It failed while we were fencing: the source carries on.
+            self.tracker.unfence();
+            return Err(MigrationError::WrongPhase {
+                phase: s.phase,
+                action: "switch over",
+            });
+        }
+        s.fenced_at = Some(Instant::now());
+        s.switchover = Some(postcopy);
+        self.cond.notify_all();
+        Ok(())
+    }
+
     pub(super) fn bitmap(&self) -> &DirtyBitmap {
         self.tracker
             .bitmap()
@@ -111,7 +140,7 @@ impl Shared {
     }
 
     pub(super) fn hello(&self, role: Role) -> Hello {
-        let mut flags = 0;
+        let mut flags = FLAG_AWAITS_READY;
         if self.opts.postcopy {
             flags |= FLAG_POSTCOPY;
         }

@@ -40,6 +40,13 @@ pub const FLAG_CHECKPOINTS: u8 = 8;
 /// Hello flag, destination only: send the checkpoints. A distinct bit, because a destination
 /// older than checkpoints answers with the source's own flags.
 pub const FLAG_CHECKPOINTS_ACCEPTED: u8 = 16;
+/// Hello flag, source: its switchover waits for the destination's `Ready` (the destination
+/// serves the disk), if the destination answers with [`FLAG_ANNOUNCES_READY`].
+pub const FLAG_AWAITS_READY: u8 = 32;
+/// Hello flag, destination only: it will send `Ready` once it serves the disk. A distinct bit,
+/// because a destination older than `Ready` answers with the source's own flags; without it the
+/// source switches over when asked, as before.
+pub const FLAG_ANNOUNCES_READY: u8 = 64;
 
 /// The handshake each side sends first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

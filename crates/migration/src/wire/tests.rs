@@ -59,6 +59,7 @@ fn samples() -> Vec<Frame> {
             message: "disk full".into(),
         },
         Frame::Checkpoints(carried()),
+        Frame::Ready,
     ]
 }
 
@@ -116,6 +117,16 @@ fn oversized_and_unknown_headers_are_refused_before_allocation() {
     let mut h = Vec::new();
     push_header(&mut h, 99, 0);
     assert!(matches!(parse_header(&h), Err(WireError::UnknownKind(99))));
+    // Ready says nothing but that it came.
+    let mut h = Vec::new();
+    push_header(&mut h, KIND_READY, 1);
+    assert!(matches!(
+        parse_header(&h),
+        Err(WireError::BadLength {
+            kind: KIND_READY,
+            ..
+        })
+    ));
     assert!(matches!(
         parse_header(b"XXXX\x01\0\0\0\0\0\0\0"),
         Err(WireError::BadMagic(_))

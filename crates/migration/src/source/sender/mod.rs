@@ -153,14 +153,26 @@ impl Sender {
         self.finish(phase, error);
     }
 
-    /// Checks what other threads asked for; `Err` to stop.
+    /// Checks what other threads asked for; `Err` to stop. A switchover deferred until the
+    /// destination serves the disk starts here (the disk is fenced) once it does.
     fn check(&self) -> Result<Option<bool>, Stop> {
-        let s = self.shared.lock();
+        let mut s = self.shared.lock();
         if s.cancel {
             return Err(Stop::Cancelled);
         }
         if let Some(e) = &s.broken {
             return Err(Stop::Broken(e.clone()));
+        }
+        if s.peer_ready {
+            if let Some(postcopy) = s.deferred_switchover.take() {
+                drop(s);
+                tracing::info!("the destination serves the disk: switching over as asked");
+                return match self.shared.fence_for_switchover(postcopy) {
+                    Ok(()) => Ok(Some(postcopy)),
+                    // Cancelled while fencing: say so.
+                    Err(_) => self.check(),
+                };
+            }
         }
         Ok(s.switchover)
     }
@@ -196,7 +208,13 @@ impl Sender {
     /// Sleeps until something is asked of the sender (or `max` passed).
     fn idle(&self, max: Duration) {
         let s = self.shared.lock();
-        if s.urgent.is_empty() && s.switchover.is_none() && !s.cancel && s.broken.is_none() {
+        let deferred_due = s.peer_ready && s.deferred_switchover.is_some();
+        if s.urgent.is_empty()
+            && s.switchover.is_none()
+            && !deferred_due
+            && !s.cancel
+            && s.broken.is_none()
+        {
             let _ = self.shared.cond.wait_timeout(s, max);
         }
     }
@@ -465,9 +483,11 @@ impl Sender {
     }
 
     /// Whether a switchover waits for the bulk stream (and this is not the switchover's own
-    /// sending).
+    /// sending), a deferred one too once the destination is ready.
     fn switchover_waiting(&self) -> bool {
-        !self.switching && self.shared.lock().switchover.is_some()
+        let s = self.shared.lock();
+        !self.switching
+            && (s.switchover.is_some() || (s.peer_ready && s.deferred_switchover.is_some()))
     }
 
     /// Reads one bulk chunk in pieces (the next piece read while this one is sent) and sends
