@@ -28,12 +28,44 @@ use cryptblk_control::api::{
     DEFAULT_BACKGROUND_SHARE, DEFAULT_SCRATCH_SIZE,
 };
 use cryptblk_nbd::protocol::DIRTY_BITMAP_PREFIX;
-use cryptblk_nbd::{DirtyBitmaps, Export, ExportRegistry, NbdServer, ReadPacer};
-use cryptblk_volume::{BackupView, CopyBeforeWrite, COPY_REGION, DRAIN_TIMEOUT};
+use cryptblk_nbd::{DirtyBitmaps, Export, ExportRegistry, NbdServer, ReadGate, ReadPacer};
+use cryptblk_volume::{BackgroundReads, BackupView, CopyBeforeWrite, COPY_REGION, DRAIN_TIMEOUT};
 use std::sync::{Arc, PoisonError};
 
 /// The lowest `max-bandwidth`: one largest NBD read (32 MiB) per 32 s.
 const MIN_BANDWIDTH: u64 = 1 << 20;
+
+/// When a backup export's reads may start: after the VM's share of a busy disk's time, and
+/// within `max-bandwidth` when one is set.
+struct BackupReadGate {
+    yielding: Arc<BackgroundReads>,
+    ceiling: Option<ReadPacer>,
+}
+
+impl ReadGate for BackupReadGate {
+    fn admit(
+        &self,
+        len: u64,
+        now: std::time::Instant,
+    ) -> std::result::Result<(), std::time::Duration> {
+        self.yielding.admit(len, now)?;
+        match &self.ceiling {
+            Some(ceiling) => ceiling.admit_at(len, now),
+            None => Ok(()),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let share = format!(
+            "{} % of the time while the VM is busy",
+            self.yielding.percent()
+        );
+        match &self.ceiling {
+            Some(ceiling) => format!("{share}, {}", ceiling.describe()),
+            None => share,
+        }
+    }
+}
 
 /// A new backup's identity: 128 random bits in hex. Two backups of one disk at one
 /// checkpoint (one failed, one started again) hold different bytes; their ids tell a pull so.
@@ -166,9 +198,17 @@ impl Daemon {
                 }
             },
         };
-        let device: Arc<dyn BlockDevice> = Arc::new(
-            BackupView::new(source, cbw.clone()).yielding(tracker.activity(), background_share),
-        );
+        let yielding = Arc::new(BackgroundReads::new(tracker.activity(), background_share));
+        let device: Arc<dyn BlockDevice> =
+            Arc::new(BackupView::new(source, cbw.clone()).yielding(yielding.clone()));
+        let read_gate: Option<Arc<dyn ReadGate>> = match (background_share, max_bandwidth) {
+            (100, None) => None,
+            (100, Some(rate)) => Some(Arc::new(ReadPacer::new(rate))),
+            (_, rate) => Some(Arc::new(BackupReadGate {
+                yielding,
+                ceiling: rate.map(ReadPacer::new),
+            })),
+        };
         let registry = ExportRegistry::new();
         let export = Export {
             name: p.name.clone(),
@@ -178,7 +218,7 @@ impl Daemon {
             stats: Arc::new(IoStats::default()),
             tls_authz: None,
             dirty_bitmaps,
-            read_rate: max_bandwidth.map(|rate| Arc::new(ReadPacer::new(rate))),
+            read_rate: read_gate,
         };
         if let Err(e) = registry.add(export) {
             stop_copying();

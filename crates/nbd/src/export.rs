@@ -2,7 +2,7 @@
 //! be withdrawn while clients are attached.
 
 use crate::metadata::DirtyBitmaps;
-use crate::read_pacer::ReadPacer;
+use crate::read_pacer::ReadGate;
 use crate::socket::Socket;
 use crate::Error;
 use cryptblk_block::{BlockDevice, IoStats};
@@ -29,8 +29,9 @@ pub struct Export {
     pub tls_authz: Option<AllowList>,
     /// Offered as `qemu:dirty-bitmap:NAME` metadata contexts; `None`: only `base:allocation`.
     pub dirty_bitmaps: Option<Arc<dyn DirtyBitmaps>>,
-    /// A ceiling on how fast its clients read, all connections together; `None`: none.
-    pub read_rate: Option<Arc<ReadPacer>>,
+    /// When its clients' reads may start, all connections together (a rate ceiling,
+    /// [`ReadPacer`](crate::ReadPacer), or an owner's schedule); `None`: at once.
+    pub read_rate: Option<Arc<dyn ReadGate>>,
 }
 
 impl std::fmt::Debug for Export {
@@ -45,10 +46,7 @@ impl std::fmt::Debug for Export {
                 "dirty_bitmaps",
                 &self.dirty_bitmaps.as_ref().map(|b| b.names()),
             )
-            .field(
-                "read_rate",
-                &self.read_rate.as_ref().map(|r| r.bytes_per_second()),
-            )
+            .field("read_rate", &self.read_rate.as_ref().map(|r| r.describe()))
             .finish()
     }
 }

@@ -51,6 +51,6 @@ pub use cryptblk_tls::AllowList;
 pub use error::Error;
 pub use export::{Export, ExportRegistry};
 pub use metadata::{DirtyBitmaps, MAX_META_CONTEXT_QUERIES, MAX_SELECTED_CONTEXTS};
-pub use read_pacer::{ReadPacer, READ_RATE_BURST};
+pub use read_pacer::{ReadGate, ReadPacer, READ_RATE_BURST};
 pub use server::{NbdServer, StopHandle, DEFAULT_CONNECTION_LIMITS};
 pub use tls::TlsCreds;

@@ -11,6 +11,25 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+/// What decides when an export's READ may start, all its connections together: a rate
+/// ceiling ([`ReadPacer`]), or an owner's own schedule (a backup export yielding to the VM).
+/// A read that may not start yet waits in its connection, never on a shared I/O thread.
+pub trait ReadGate: Send + Sync {
+    /// Admits a read of `len` bytes at `now`, or says how long until it may be asked again.
+    fn admit(&self, len: u64, now: Instant) -> Result<(), Duration>;
+
+    /// What it is, for logs (`Export`'s `Debug`).
+    fn describe(&self) -> String;
+
+    /// Sleeps until a read of `len` bytes is admitted: for a connection that serves one
+    /// request at a time on its own thread.
+    fn wait_for_turn(&self, len: u64) {
+        while let Err(wait) = self.admit(len, Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+}
+
 /// How far ahead of its due time a read may start.
 pub const READ_RATE_BURST: Duration = Duration::from_millis(50);
 
@@ -36,7 +55,7 @@ impl ReadPacer {
     }
 
     /// Admits a read of `len` bytes at `now`, or says how long until it may be asked again.
-    pub fn admit(&self, len: u64, now: Instant) -> Result<(), Duration> {
+    pub fn admit_at(&self, len: u64, now: Instant) -> Result<(), Duration> {
         let mut next_due = self.next_due.lock().unwrap_or_else(PoisonError::into_inner);
         let due = next_due.map_or(now, |due| due.max(now));
         if let Some(early) = due.checked_duration_since(now + READ_RATE_BURST) {
@@ -48,13 +67,15 @@ impl ReadPacer {
         *next_due = Some(due + Duration::from_secs_f64(seconds));
         Ok(())
     }
+}
 
-    /// Sleeps until a read of `len` bytes is admitted: for a connection that serves one
-    /// request at a time on its own thread.
-    pub(crate) fn wait_for_turn(&self, len: u64) {
-        while let Err(wait) = self.admit(len, Instant::now()) {
-            std::thread::sleep(wait);
-        }
+impl ReadGate for ReadPacer {
+    fn admit(&self, len: u64, now: Instant) -> Result<(), Duration> {
+        self.admit_at(len, now)
+    }
+
+    fn describe(&self) -> String {
+        format!("at most {} bytes per second", self.bytes_per_second)
     }
 }
 

@@ -43,7 +43,7 @@ pub use luks_volume::{LuksVolume, VolumeError};
 pub use open::{Key, OpenError, Opened, Unlock};
 pub use resize::{resize_luks, resize_raw, ResizeError, Resized, RAW_SECTOR};
 pub use tracking::{
-    BackupView, CopyBeforeWrite, DirtyBitmap, DirtyTracker, GuestActivity, ShareSchedule,
-    TrackingError, COPY_REGION, IDLE_AFTER,
+    BackgroundReads, BackupView, CopyBeforeWrite, DirtyBitmap, DirtyTracker, GuestActivity,
+    ShareSchedule, TrackingError, COPY_REGION, IDLE_AFTER,
 };
 pub use volume::{LuksFacts, Volume, VolumeKeys};

@@ -1,6 +1,8 @@
 //! A backup that yields to the VM: while the disk's own users are doing I/O, the backup's
-//! reads take at most a share of the time, one at a time, each followed by a rest in
-//! proportion to how long it took; while they are idle, the backup reads at full speed.
+//! reads take at most a share of the time: each read is followed by a pause in proportion to
+//! how long reads take now (measured as they are served); while the users are idle, the backup
+//! reads at full speed. The pause is kept by the export's connections (an NBD read gate), not
+//! by the read itself: a read never sleeps on the I/O threads every disk shares.
 //!
 //! The kernel's I/O priorities would be the natural tool, but the multi-queue schedulers most
 //! virtual and NVMe disks use (`none`, `mq-deadline`) ignore the idle class, and a backup at
@@ -14,15 +16,19 @@
 
 use super::TrackState;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long the disk's users must have been quiet for a backup to read at full speed again.
 pub const IDLE_AFTER: Duration = Duration::from_millis(50);
 
-/// The longest rest after one read (a read that took seconds on a stalled disk does not
+/// The longest pause after one read (a read that took seconds on a stalled disk does not
 /// stop the backup for minutes).
 const MAX_REST: Duration = Duration::from_secs(1);
+
+/// How much of the read-time estimate the latest read replaces: the estimate follows a busier
+/// disk within a few reads.
+const LATEST_WEIGHT: f64 = 0.25;
 
 /// The requests a tracked disk's users made, as a count that only grows.
 #[derive(Clone)]
@@ -47,26 +53,28 @@ impl std::fmt::Debug for GuestActivity {
     }
 }
 
-/// When a backup's next read may start: the pure schedule, given the clock and the activity
-/// count, so it can be checked without waiting.
+/// When a backup's next read may start: the pure schedule, given the clock, the activity
+/// count and the reads' measured times, so it can be checked without waiting.
 #[derive(Debug)]
 pub struct ShareSchedule {
-    /// Rest per unit of read time: `(1 - share) / share`.
-    rest_per_read: f64,
+    /// Time per read time: `1 / share`.
+    spacing: f64,
     last_requests: u64,
     last_change: Option<Instant>,
-    rest_until: Option<Instant>,
+    /// Seconds a byte takes to read now (0 before the first measurement).
+    seconds_per_byte: f64,
+    next_start: Option<Instant>,
 }
 
 impl ShareSchedule {
     /// A schedule giving the backup `percent` (1 to 100) of the time while the disk is busy.
     pub fn new(percent: u8) -> Self {
-        let share = f64::from(percent.clamp(1, 100)) / 100.0;
         ShareSchedule {
-            rest_per_read: (1.0 - share) / share,
+            spacing: 100.0 / f64::from(percent.clamp(1, 100)),
             last_requests: 0,
             last_change: None,
-            rest_until: None,
+            seconds_per_byte: 0.0,
+            next_start: None,
         }
     }
 
@@ -80,16 +88,82 @@ impl ShareSchedule {
             .is_some_and(|changed| now.saturating_duration_since(changed) < IDLE_AFTER)
     }
 
-    /// How long a read that would start at `now` must wait (zero: it may start).
-    pub fn wait(&self, now: Instant) -> Duration {
-        self.rest_until
-            .map_or(Duration::ZERO, |until| until.saturating_duration_since(now))
+    /// Admits a read of `len` bytes at `now` while the disk is busy (the next one may start
+    /// when this one's share of the time is over), or says how long until it may.
+    pub fn admit_busy(&mut self, len: u64, now: Instant) -> Result<(), Duration> {
+        if let Some(wait) = self
+            .next_start
+            .and_then(|at| at.checked_duration_since(now))
+            .filter(|wait| !wait.is_zero())
+        {
+            return Err(wait);
+        }
+        let read = len as f64 * self.seconds_per_byte;
+        let turn = Duration::from_secs_f64(read * self.spacing).min(MAX_REST);
+        self.next_start = Some(now + turn);
+        Ok(())
     }
 
-    /// A read that took `took` ended at `now`: the next one rests in proportion.
-    pub fn read_took(&mut self, took: Duration, now: Instant) {
-        let rest = took.mul_f64(self.rest_per_read).min(MAX_REST);
-        self.rest_until = Some(now + rest);
+    /// A read of `len` bytes took `took`: the estimate of what reads take follows it.
+    pub fn read_took(&mut self, len: u64, took: Duration) {
+        if len == 0 {
+            return;
+        }
+        let latest = took.as_secs_f64() / len as f64;
+        self.seconds_per_byte = if self.seconds_per_byte == 0.0 {
+            latest
+        } else {
+            self.seconds_per_byte * (1.0 - LATEST_WEIGHT) + latest * LATEST_WEIGHT
+        };
+    }
+}
+
+/// A backup export's reads yielding to the disk's users: the export's read gate asks
+/// [`admit`](Self::admit), the backup's view reports each read's time
+/// ([`read_took`](Self::read_took)).
+pub struct BackgroundReads {
+    activity: GuestActivity,
+    schedule: Mutex<ShareSchedule>,
+}
+
+impl BackgroundReads {
+    /// Reads that take `percent` of the time while `activity` says the disk is busy.
+    pub fn new(activity: GuestActivity, percent: u8) -> Self {
+        BackgroundReads {
+            activity,
+            schedule: Mutex::new(ShareSchedule::new(percent)),
+        }
+    }
+
+    fn schedule(&self) -> std::sync::MutexGuard<'_, ShareSchedule> {
+        self.schedule.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a read of `len` bytes may start at `now`, or how long until it may.
+    pub fn admit(&self, len: u64, now: Instant) -> Result<(), Duration> {
+        let mut schedule = self.schedule();
+        if !schedule.busy(self.activity.requests(), now) {
+            return Ok(());
+        }
+        schedule.admit_busy(len, now)
+    }
+
+    /// A read of `len` bytes took `took`.
+    pub fn read_took(&self, len: u64, took: Duration) {
+        self.schedule().read_took(len, took);
+    }
+
+    /// The share of a busy disk's time, in percent.
+    pub fn percent(&self) -> u8 {
+        (100.0 / self.schedule().spacing).round() as u8
+    }
+}
+
+impl std::fmt::Debug for BackgroundReads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackgroundReads")
+            .field("percent", &self.percent())
+            .finish()
     }
 }
 
@@ -97,25 +171,47 @@ impl ShareSchedule {
 mod tests {
     use super::*;
 
+    const MIB: u64 = 1 << 20;
+
     #[test]
     fn a_busy_disk_gives_the_backup_its_share_of_the_time() {
         let mut schedule = ShareSchedule::new(20);
         let start = Instant::now();
         assert!(schedule.busy(5, start), "a count that moved is busy");
-        assert_eq!(
-            schedule.wait(start),
-            Duration::ZERO,
-            "the first read starts at once"
+        assert!(
+            schedule.admit_busy(MIB, start).is_ok(),
+            "before any measurement a read starts at once"
         );
-        // A read of 4 ms at a share of 20 % rests 16 ms.
-        schedule.read_took(Duration::from_millis(4), start + Duration::from_millis(4));
+        // Reads of 1 MiB take 4 ms: at a share of 20 %, one may start every 20 ms.
+        schedule.read_took(MIB, Duration::from_millis(4));
+        assert!(schedule.admit_busy(MIB, start).is_ok());
+        let t = start + Duration::from_millis(1);
+        assert_eq!(schedule.admit_busy(MIB, t), Err(Duration::from_millis(19)));
+        let t = start + Duration::from_millis(20);
+        assert!(schedule.admit_busy(MIB, t).is_ok());
+        // Half the size, half the turn.
+        assert!(schedule
+            .admit_busy(MIB / 2, t + Duration::from_millis(20))
+            .is_ok());
         assert_eq!(
-            schedule.wait(start + Duration::from_millis(4)),
-            Duration::from_millis(16)
+            schedule.admit_busy(MIB, t + Duration::from_millis(21)),
+            Err(Duration::from_millis(9))
         );
-        assert_eq!(
-            schedule.wait(start + Duration::from_millis(20)),
-            Duration::ZERO
+    }
+
+    #[test]
+    fn the_estimate_follows_a_busier_disk() {
+        let mut schedule = ShareSchedule::new(50);
+        schedule.read_took(MIB, Duration::from_millis(2));
+        for _ in 0..20 {
+            schedule.read_took(MIB, Duration::from_millis(10));
+        }
+        let start = Instant::now();
+        assert!(schedule.admit_busy(MIB, start).is_ok());
+        let wait = schedule.admit_busy(MIB, start).unwrap_err();
+        assert!(
+            wait > Duration::from_millis(19) && wait <= Duration::from_millis(20),
+            "{wait:?}"
         );
     }
 
@@ -139,18 +235,20 @@ mod tests {
     }
 
     #[test]
-    fn a_disk_never_used_is_idle_and_rests_are_bounded() {
+    fn a_disk_never_used_is_idle_and_turns_are_bounded() {
         let mut schedule = ShareSchedule::new(1);
         let start = Instant::now();
         assert!(!schedule.busy(0, start));
-        schedule.read_took(Duration::from_secs(30), start);
-        assert_eq!(schedule.wait(start), MAX_REST);
+        schedule.read_took(MIB, Duration::from_secs(30));
+        assert!(schedule.admit_busy(MIB, start).is_ok());
+        assert_eq!(schedule.admit_busy(MIB, start), Err(MAX_REST));
         let mut whole = ShareSchedule::new(100);
-        whole.read_took(Duration::from_secs(1), start);
+        whole.read_took(MIB, Duration::from_millis(5));
+        assert!(whole.admit_busy(MIB, start).is_ok());
         assert_eq!(
-            whole.wait(start),
-            Duration::ZERO,
-            "a share of 100 % never rests"
+            whole.admit_busy(MIB, start),
+            Err(Duration::from_millis(5)),
+            "at 100 %, one read's time each"
         );
     }
 }

@@ -1,25 +1,19 @@
 //! The device a backup export serves: the image file's bytes as they were when the backup
 //! started, whatever the disk was written since (the regions changed since come from the
-//! copy-before-write scratch). Read-only. It may yield to the disk's users
-//! ([`BackupView::yielding`]).
+//! copy-before-write scratch). Read-only. It reports its reads' times to the schedule that
+//! makes a backup yield to the disk's users ([`BackupView::yielding`]).
 
-use super::background::{GuestActivity, ShareSchedule};
+use super::background::BackgroundReads;
 use super::CopyBeforeWrite;
 use cryptblk_block::{BlockDevice, BlockError, Extent, ExtentKind};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A point-in-time, read-only view of an image file during a backup.
 pub struct BackupView {
     source: Arc<dyn BlockDevice>,
     cbw: Arc<CopyBeforeWrite>,
-    yielding: Option<Yielding>,
-}
-
-struct Yielding {
-    activity: GuestActivity,
-    /// Held by the one read allowed while the disk is busy, across its rest and the read.
-    schedule: Mutex<ShareSchedule>,
+    yielding: Option<Arc<BackgroundReads>>,
 }
 
 impl BackupView {
@@ -32,13 +26,10 @@ impl BackupView {
         }
     }
 
-    /// While the disk's users (`activity`) are busy, reads take at most `percent` of the
-    /// time, one at a time (see [`super::background`]); 100 never yields.
-    pub fn yielding(mut self, activity: GuestActivity, percent: u8) -> Self {
-        self.yielding = (percent < 100).then(|| Yielding {
-            activity,
-            schedule: Mutex::new(ShareSchedule::new(percent)),
-        });
+    /// Reports every read's time to `reads`, whose [`admit`](BackgroundReads::admit) the
+    /// export's read gate asks (see [`super::background`]).
+    pub fn yielding(mut self, reads: Arc<BackgroundReads>) -> Self {
+        self.yielding = Some(reads);
         self
     }
 
@@ -61,19 +52,9 @@ impl BlockDevice for BackupView {
         let Some(yielding) = &self.yielding else {
             return self.cbw.read_at(buf, offset);
         };
-        let mut schedule = yielding
-            .schedule
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if !schedule.busy(yielding.activity.requests(), Instant::now()) {
-            drop(schedule);
-            return self.cbw.read_at(buf, offset);
-        }
-        std::thread::sleep(schedule.wait(Instant::now()));
         let start = Instant::now();
         let read = self.cbw.read_at(buf, offset);
-        let end = Instant::now();
-        schedule.read_took(end - start, end);
+        yielding.read_took(buf.len() as u64, start.elapsed());
         read
     }
     fn write_at(&self, _buf: &[u8], _offset: u64) -> Result<(), BlockError> {
