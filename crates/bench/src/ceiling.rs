@@ -16,9 +16,9 @@
 //! resubmits. Prints one JSON object: `{"iops", "lat_avg_us", "touch"}`.
 
 use anyhow::{bail, Context, Result};
+use cryptblk_block::AlignedBuf;
 use cryptblk_crypto::{default_engine_for, CipherSpec, Direction, SecretKey, SectorCipher};
 use io_uring::{opcode, types, IoUring};
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
@@ -103,44 +103,6 @@ pub struct Ceiling<'a> {
     pub touch: Touch,
 }
 
-/// `iodepth` buffers of `bs` bytes, aligned for O_DIRECT, freed on drop.
-struct Buffers {
-    base: *mut u8,
-    layout: Layout,
-    bs: usize,
-}
-
-impl Buffers {
-    fn new(count: usize, bs: usize) -> Result<Buffers> {
-        let layout = Layout::from_size_align(count * bs, 4096).context("buffer layout")?;
-        // SAFETY: the layout's size is non-zero (count and bs are checked by the caller).
-        let base = unsafe { alloc_zeroed(layout) };
-        if base.is_null() {
-            bail!("cannot allocate {} bytes of read buffers", count * bs);
-        }
-        Ok(Buffers { base, layout, bs })
-    }
-
-    fn ptr(&self, index: usize) -> *mut u8 {
-        // SAFETY: callers pass index < count, so the result stays inside the allocation.
-        unsafe { self.base.add(index * self.bs) }
-    }
-
-    /// The buffer `index` while no read into it is in flight.
-    fn get(&mut self, index: usize) -> &mut [u8] {
-        // SAFETY: in bounds (as `ptr`); the caller holds no read on it in flight, so nothing
-        // else writes it while the slice lives.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr(index), self.bs) }
-    }
-}
-
-impl Drop for Buffers {
-    fn drop(&mut self) {
-        // SAFETY: allocated with this layout in `new`.
-        unsafe { dealloc(self.base, self.layout) }
-    }
-}
-
 /// Offsets of successive reads: sequential, wrapping, or uniformly random (xorshift).
 struct Offsets {
     next: u64,
@@ -187,7 +149,8 @@ pub fn run(c: &Ceiling) -> Result<serde_json::Value> {
         }
         _ => None,
     };
-    let mut buffers = Buffers::new(c.iodepth, c.bs)?;
+    // One buffer per read in flight, aligned for O_DIRECT.
+    let mut buffers: Vec<AlignedBuf> = (0..c.iodepth).map(|_| AlignedBuf::zeroed(c.bs)).collect();
     let mut offsets = Offsets {
         next: 0,
         state: 0x9e37_79b9_7f4a_7c15,
@@ -199,8 +162,8 @@ pub fn run(c: &Ceiling) -> Result<serde_json::Value> {
     let mut submitted_at = vec![Instant::now(); c.iodepth];
     let mut offset_of = vec![0u64; c.iodepth];
     let fd = types::Fd(file.as_raw_fd());
-    let queue = |ring: &mut IoUring, buffers: &Buffers, index: usize, offset: u64| {
-        let read = opcode::Read::new(fd, buffers.ptr(index), c.bs as u32)
+    let queue = |ring: &mut IoUring, buffers: &mut [AlignedBuf], index: usize, offset: u64| {
+        let read = opcode::Read::new(fd, buffers[index].as_mut_ptr(), c.bs as u32)
             .offset(c.offset + offset)
             .build()
             .user_data(index as u64);
@@ -216,7 +179,7 @@ pub fn run(c: &Ceiling) -> Result<serde_json::Value> {
     {
         *off = offsets.next();
         *at = Instant::now();
-        queue(&mut ring, &buffers, index, *off)?;
+        queue(&mut ring, &mut buffers, index, *off)?;
     }
     let start = Instant::now();
     let mut done = 0u64;
@@ -241,7 +204,7 @@ pub fn run(c: &Ceiling) -> Result<serde_json::Value> {
             }
             latency += submitted_at[index].elapsed();
             done += 1;
-            let data = buffers.get(index);
+            let data = &mut buffers[index][..];
             match c.touch {
                 Touch::None => {}
                 Touch::Read => {
@@ -259,7 +222,7 @@ pub fn run(c: &Ceiling) -> Result<serde_json::Value> {
             }
             offset_of[index] = offsets.next();
             submitted_at[index] = Instant::now();
-            queue(&mut ring, &buffers, index, offset_of[index])?;
+            queue(&mut ring, &mut buffers, index, offset_of[index])?;
             // Not only after the whole batch is touched: once SUBMIT_AFTER of touching has
             // passed, the device gets the reads queued so far while the thread works on.
             if last_submit.elapsed() >= SUBMIT_AFTER {

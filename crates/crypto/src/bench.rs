@@ -195,21 +195,15 @@ fn measure(
 }
 
 fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the duration of the call, and
-    // CLOCK_THREAD_CPUTIME_ID is supported on every Linux this runs on; on failure `ts`
-    // stays zero and the CPU-time figures read 0.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return Duration::ZERO;
+    use rustix::time::{clock_gettime_dynamic, ClockId, DynamicClockId};
+    // On failure the CPU-time figures read 0.
+    match clock_gettime_dynamic(DynamicClockId::Known(ClockId::ThreadCPUTime)) {
+        Ok(ts) => Duration::new(
+            ts.tv_sec.max(0) as u64,
+            ts.tv_nsec.clamp(0, 999_999_999) as u32,
+        ),
+        Err(_) => Duration::ZERO,
     }
-    Duration::new(
-        ts.tv_sec.max(0) as u64,
-        ts.tv_nsec.clamp(0, 999_999_999) as u32,
-    )
 }
 
 fn cpu_info() -> (String, Vec<String>) {

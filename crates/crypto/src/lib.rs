@@ -95,7 +95,7 @@ pub trait SectorCipher: Send + Sync {
         &self,
         dir: Direction,
         first_sector: u64,
-        bytes: RawSectors<'_>,
+        mut bytes: RawSectors<'_>,
     ) -> Result<(), CryptoError> {
         let ss = self.sector_size();
         let len = bytes.len();
@@ -104,16 +104,11 @@ pub trait SectorCipher: Send + Sync {
                 "{len} bytes is not a whole number of {ss}-byte sectors"
             )));
         }
-        let (src, dst) = (bytes.src(), bytes.dst());
         let mut scratch = [0u8; MAX_SECTOR_SIZE];
         for (i, at) in (0..len).step_by(ss).enumerate() {
-            // SAFETY: `at + ss <= len`, so both copies stay inside the ranges `bytes` holds
-            // valid (its invariant, while it lives: to the end of this call); the scratch
-            // buffer is our own and cannot overlap them.
-            unsafe { std::ptr::copy_nonoverlapping(src.add(at), scratch.as_mut_ptr(), ss) };
+            bytes.read_into(at, &mut scratch[..ss]);
             self.crypt(dir, first_sector.wrapping_add(i as u64), &mut scratch[..ss])?;
-            // SAFETY: as above.
-            unsafe { std::ptr::copy_nonoverlapping(scratch.as_ptr(), dst.add(at), ss) };
+            bytes.write_from(at, &scratch[..ss]);
         }
         Ok(())
     }

@@ -27,22 +27,12 @@ unsafe impl Send for LockedBytes {}
 // SAFETY: as above: shared references only read.
 unsafe impl Sync for LockedBytes {}
 
-fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if page > 0 {
-        page as usize
-    } else {
-        4096
-    }
-}
-
 impl LockedBytes {
     /// Maps zeroed pages for `len` bytes (at least one page), excludes them from core dumps
     /// and tries to lock them. Panics only if the kernel has no memory to map, as an
     /// allocation would abort.
     pub fn zeroed(len: usize) -> LockedBytes {
-        let page = page_size();
+        let page = rustix::param::page_size();
         let map_len = len.max(1).div_ceil(page) * page;
         // SAFETY: a new private anonymous mapping; no existing memory is touched.
         let ptr = unsafe {

@@ -112,6 +112,66 @@ impl<'a> RawSectors<'a> {
         std::ptr::eq(self.src, self.dst)
     }
 
+    /// Copies the source bytes at `at..at + out.len()` into `out`.
+    ///
+    /// # Panics
+    /// If the range runs past `len()`.
+    #[inline]
+    pub fn read_into(&self, at: usize, out: &mut [u8]) {
+        self.check_range(at, out.len());
+        // SAFETY: the range lies inside the source, valid for reads (the type's invariant).
+        // `out` cannot overlap it: no reference to the source is alive but the one this
+        // value may hold, a shared borrow, which excludes the exclusive `out`.
+        unsafe { std::ptr::copy_nonoverlapping(self.src.add(at), out.as_mut_ptr(), out.len()) }
+    }
+
+    /// Copies `data` into the destination bytes at `at..at + data.len()`.
+    ///
+    /// # Panics
+    /// If the range runs past `len()`.
+    #[inline]
+    pub fn write_from(&mut self, at: usize, data: &[u8]) {
+        self.check_range(at, data.len());
+        // SAFETY: the range lies inside the destination, valid for writes (the type's
+        // invariant). `data` cannot overlap it: no reference to the destination is alive but
+        // the exclusive borrow this value may hold.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.dst.add(at), data.len()) }
+    }
+
+    /// Sets every destination byte to zero.
+    #[inline]
+    pub fn zero_dst(&mut self) {
+        // SAFETY: `len` bytes at `dst`, valid for writes (the type's invariant).
+        unsafe { self.dst.write_bytes(0, self.len) }
+    }
+
+    /// Whether the source bytes at `at..at + len` are all zero. Reads them once, 8 at a time,
+    /// and stops at the first non-zero word.
+    ///
+    /// # Panics
+    /// If the range runs past `len()`.
+    #[inline]
+    pub fn src_is_zero(&self, at: usize, len: usize) -> bool {
+        self.check_range(at, len);
+        let p = self.src.wrapping_add(at);
+        let words = len / 8;
+        // SAFETY: every read is inside `at..at + len`, inside the source, valid for reads (the
+        // type's invariant); unaligned, as the memory has no alignment promise.
+        unsafe {
+            (0..words).all(|i| p.add(i * 8).cast::<u64>().read_unaligned() == 0)
+                && (words * 8..len).all(|i| p.add(i).read() == 0)
+        }
+    }
+
+    #[inline]
+    fn check_range(&self, at: usize, len: usize) {
+        assert!(
+            at.checked_add(len).is_some_and(|end| end <= self.len),
+            "bytes {at}..+{len} of a {}-byte run",
+            self.len
+        );
+    }
+
     /// The first `mid` bytes and the rest, as two values over disjoint parts.
     ///
     /// # Panics
@@ -162,6 +222,47 @@ mod tests {
     fn split_past_the_end_panics() {
         let mut data = [0u8; 8];
         let _ = RawSectors::from_mut(&mut data).split_at(9);
+    }
+
+    #[test]
+    fn reads_writes_and_zero_checks_stay_inside_their_ranges() {
+        let mut src = [0u8; 64];
+        src[40] = 7;
+        let mut dst = [9u8; 64];
+        {
+            let mut run = RawSectors::between(&src, &mut dst).unwrap();
+            let mut out = [1u8; 8];
+            run.read_into(36, &mut out);
+            assert_eq!(out, [0, 0, 0, 0, 7, 0, 0, 0]);
+            assert!(run.src_is_zero(0, 40) && run.src_is_zero(41, 23));
+            assert!(!run.src_is_zero(33, 8) && !run.src_is_zero(40, 1));
+            run.write_from(60, &[1, 2, 3, 4]);
+            let (_, mut tail) = run.split_at(56);
+            tail.zero_dst();
+        }
+        assert!(dst[..56].iter().all(|&b| b == 9));
+        assert_eq!(dst[56..], [0; 8]);
+    }
+
+    #[test]
+    #[should_panic(expected = "bytes 60..+8 of a 64-byte run")]
+    fn a_read_past_the_end_panics() {
+        let mut data = [0u8; 64];
+        RawSectors::from_mut(&mut data).read_into(60, &mut [0; 8]);
+    }
+
+    #[test]
+    #[should_panic(expected = "bytes 1..+64 of a 64-byte run")]
+    fn a_write_past_the_end_panics() {
+        let mut data = [0u8; 64];
+        RawSectors::from_mut(&mut data).write_from(1, &[0; 64]);
+    }
+
+    #[test]
+    #[should_panic(expected = "of a 64-byte run")]
+    fn a_zero_check_past_the_end_panics() {
+        let mut data = [0u8; 64];
+        RawSectors::from_mut(&mut data).src_is_zero(usize::MAX, 2);
     }
 
     #[test]

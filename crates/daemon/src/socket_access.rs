@@ -7,7 +7,7 @@
 use crate::error::InvalidConfig;
 use cryptblk_control::api::DiskConfig;
 use cryptblk_vhost_user_blk::{AllowedPeer, SocketFile};
-use std::ffi::CString;
+use nix::unistd::{Group, User};
 
 /// The owner, group and mode to give a socket (`None`: leave as created).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -93,62 +93,30 @@ fn lookup_user(name: &str) -> Result<u32, InvalidConfig> {
     if let Ok(id) = name.parse() {
         return Ok(id);
     }
-    let cname =
-        CString::new(name).map_err(|_| InvalidConfig(format!("user {name:?}: NUL in the name")))?;
-    let mut entry: libc::passwd = unsafe_zeroed();
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    let mut buf = vec![0 as libc::c_char; 16 * 1024];
-    // SAFETY: every pointer is valid for the call; `buf` backs the strings `entry` points to
-    // and outlives the use of `entry.pw_uid` below.
-    let rc = unsafe {
-        libc::getpwnam_r(
-            cname.as_ptr(),
-            &mut entry,
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut result,
-        )
-    };
-    if rc != 0 || result.is_null() {
-        return Err(InvalidConfig(format!(
-            "socket-owner: no user {name:?} on this system (e.g. libvirt's QEMU runs as libvirt-qemu)"
-        )));
+    if name.contains('\0') {
+        return Err(InvalidConfig(format!("user {name:?}: NUL in the name")));
     }
-    Ok(entry.pw_uid)
+    match User::from_name(name) {
+        Ok(Some(user)) => Ok(user.uid.as_raw()),
+        _ => Err(InvalidConfig(format!(
+            "socket-owner: no user {name:?} on this system (e.g. libvirt's QEMU runs as libvirt-qemu)"
+        ))),
+    }
 }
 
 fn lookup_group(name: &str) -> Result<u32, InvalidConfig> {
     if let Ok(id) = name.parse() {
         return Ok(id);
     }
-    let cname = CString::new(name)
-        .map_err(|_| InvalidConfig(format!("group {name:?}: NUL in the name")))?;
-    let mut entry: libc::group = unsafe_zeroed();
-    let mut result: *mut libc::group = std::ptr::null_mut();
-    let mut buf = vec![0 as libc::c_char; 64 * 1024];
-    // SAFETY: as in lookup_user.
-    let rc = unsafe {
-        libc::getgrnam_r(
-            cname.as_ptr(),
-            &mut entry,
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut result,
-        )
-    };
-    if rc != 0 || result.is_null() {
-        return Err(InvalidConfig(format!(
-            "socket-owner: no group {name:?} on this system"
-        )));
+    if name.contains('\0') {
+        return Err(InvalidConfig(format!("group {name:?}: NUL in the name")));
     }
-    Ok(entry.gr_gid)
-}
-
-/// A zeroed C struct of plain integers and pointers, for the `_r` lookups to fill.
-fn unsafe_zeroed<T: Copy>() -> T {
-    // SAFETY: only used for libc::passwd and libc::group, whose fields are integers and raw
-    // pointers, for which all-zero bytes are valid values.
-    unsafe { std::mem::zeroed() }
+    match Group::from_name(name) {
+        Ok(Some(group)) => Ok(group.gid.as_raw()),
+        _ => Err(InvalidConfig(format!(
+            "socket-owner: no group {name:?} on this system"
+        ))),
+    }
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@
 //!   client checks the server's certificate against, and a handshake bounded by the stream's
 //!   timeouts.
 
-// The few system calls without a safe wrapper are allowed where they are made.
-#![deny(unsafe_code)]
+// System calls go through rustix and nix.
+#![forbid(unsafe_code)]
 mod address;
 mod limits;
 mod listener;

@@ -15,6 +15,7 @@
 //! private directory), then renamed onto the target. The rename is atomic and replaces a stale
 //! socket in one step, and the first moment anyone else can see the file it already has its
 //! final owner and mode.
+use nix::sys::socket::{getsockopt, sockopt};
 use std::collections::hash_map::RandomState;
 use std::fs::{self, DirBuilder, Permissions};
 use std::hash::{BuildHasher, Hasher};
@@ -96,35 +97,14 @@ pub struct PeerCredentials {
 
 /// The credentials of the process that connected `stream`.
 ///
-/// By hand rather than through rustix: its `UCred` holds the pid as a non-zero type, and the
+/// Through nix rather than rustix: rustix's `UCred` holds the pid as a non-zero type, and the
 /// kernel reports pid 0 for a peer in a pid namespace we cannot see.
-#[allow(unsafe_code)]
 pub fn peer_credentials(stream: &UnixStream) -> io::Result<PeerCredentials> {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt(SO_PEERCRED) on an open socket, writing at most `len` bytes into
-    // `cred`, which is a `ucred` as the option requires.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let cred = getsockopt(stream, sockopt::PeerCredentials)?;
     Ok(PeerCredentials {
-        pid: cred.pid,
-        uid: cred.uid,
-        gid: cred.gid,
+        pid: cred.pid(),
+        uid: cred.uid(),
+        gid: cred.gid(),
     })
 }
 

@@ -201,19 +201,13 @@ impl OpensslCipher {
         f(&mut Contexts::default())
     }
 
-    /// Transforms the sectors at `src` into `dst` with `ctx` keyed for `dir`.
-    ///
-    /// # Safety
-    /// `src`/`dst`/`len` as a live `RawSectors` holds them (its invariant); `len` is a
-    /// multiple of the sector size.
-    unsafe fn crypt_sectors_raw(
+    /// Transforms the sectors of `bytes` (whole sectors) with `ctx` keyed for `dir`.
+    fn crypt_sectors_raw(
         &self,
         ctx: &mut CipherCtx,
         dir: Direction,
         first: u64,
-        src: *const u8,
-        dst: *mut u8,
-        len: usize,
+        bytes: RawSectors<'_>,
     ) -> Result<(), CryptoError> {
         let ss = self.sector_size;
         // CBC only: OpenSSL is told the output may be one block longer than the input (it
@@ -223,28 +217,29 @@ impl OpensslCipher {
         let mut scratch = self
             .cbc
             .then(|| zeroize::Zeroizing::new([0u8; MAX_SECTOR + BLOCK]));
-        for (i, at) in (0..len).step_by(ss).enumerate() {
+        let mut rest = bytes;
+        for i in 0..rest.len() / ss {
+            let (mut sector, tail) = rest.split_at(ss);
+            rest = tail;
             let iv = self.iv.iv(first.wrapping_add(i as u64));
             match dir {
                 Direction::Encrypt => ctx.encrypt_init(None, None, Some(&iv)),
                 Direction::Decrypt => ctx.decrypt_init(None, None, Some(&iv)),
             }
             .map_err(engine_err)?;
-            // SAFETY: `at + ss <= len`: inside the ranges the caller vouched for.
-            let (from, to) = unsafe { (src.add(at), dst.add(at)) };
             let out = if let Some(scratch) = scratch.as_mut() {
-                // SAFETY: `from` is readable for `ss` bytes; the scratch buffer is ours and
-                // has `ss + BLOCK` bytes of room.
-                let n = unsafe { cipher_update_raw(ctx, from, scratch.as_mut_ptr(), ss)? };
+                // SAFETY: the sector's source is readable for `ss` bytes (`RawSectors`'
+                // invariant); the scratch buffer is ours and has `ss + BLOCK` bytes of room.
+                let n = unsafe { cipher_update_raw(ctx, sector.src(), scratch.as_mut_ptr(), ss)? };
                 if n == ss {
-                    // SAFETY: `to` is writable for `ss` bytes and cannot overlap the scratch.
-                    unsafe { std::ptr::copy_nonoverlapping(scratch.as_ptr(), to, ss) };
+                    sector.write_from(0, &scratch[..ss]);
                 }
                 n
             } else {
                 // SAFETY: XTS reports a block size of 1, so OpenSSL is told (and writes) at
-                // most `ss` bytes at `to`; `from`/`to` are the same or disjoint sectors.
-                unsafe { cipher_update_raw(ctx, from, to, ss)? }
+                // most `ss` bytes at the sector's destination, valid for writes of `ss` bytes
+                // as its source for reads (`RawSectors`' invariant), the same or disjoint.
+                unsafe { cipher_update_raw(ctx, sector.src(), sector.dst(), ss)? }
             };
             if out != ss {
                 return Err(engine_err_msg(&format!(
@@ -313,12 +308,9 @@ impl SectorCipher for OpensslCipher {
         if len == 0 {
             return Ok(());
         }
-        let (src, dst) = (bytes.src(), bytes.dst());
         self.with_contexts(|ctxs| {
             let ctx = ctxs.get(self, dir)?;
-            // SAFETY: whole sectors (checked); the ranges are valid while `bytes` lives, to
-            // the end of this call (`RawSectors`' invariant).
-            unsafe { self.crypt_sectors_raw(ctx, dir, first_sector, src, dst, len) }
+            self.crypt_sectors_raw(ctx, dir, first_sector, bytes)
         })
     }
 }

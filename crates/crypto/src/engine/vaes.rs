@@ -45,6 +45,25 @@ pub(crate) fn missing_cpu_features() -> Vec<&'static str> {
     NEEDED.into_iter().filter(|f| !has(f)).collect()
 }
 
+/// Proof that this CPU has the features of `NEEDED`: made only by `detect`, after checking
+/// them, so code holding one may run the kernels and the AES-NI key expansion.
+#[derive(Clone, Copy)]
+struct VaesCpu {
+    _detected: (),
+}
+
+impl VaesCpu {
+    /// The proof, or the features this CPU lacks.
+    fn detect() -> Result<VaesCpu, Vec<&'static str>> {
+        let missing = missing_cpu_features();
+        if missing.is_empty() {
+            Ok(VaesCpu { _detected: () })
+        } else {
+            Err(missing)
+        }
+    }
+}
+
 pub(crate) struct VaesEngine;
 
 fn spec_fits(spec: &CipherSpec) -> bool {
@@ -76,20 +95,18 @@ impl Engine for VaesEngine {
                 name: format!("{spec}"),
             });
         }
-        let missing = missing_cpu_features();
-        if !missing.is_empty() {
-            return Err(CryptoError::Unsupported {
-                what: "CPU for the vaes engine (it needs AES-NI, AVX2, VAES and VPCLMULQDQ; \
-                       let cryptblk choose the engine, or force another); missing",
-                name: missing.join(" "),
-            });
-        }
+        let cpu = VaesCpu::detect().map_err(|missing| CryptoError::Unsupported {
+            what: "CPU for the vaes engine (it needs AES-NI, AVX2, VAES and VPCLMULQDQ; \
+                   let cryptblk choose the engine, or force another); missing",
+            name: missing.join(" "),
+        })?;
         // Whole iterations per sector: sector sizes are powers of two from 512 bytes.
         debug_assert!(sector_size.is_multiple_of(ITERATION_BYTES));
         let iv = IvGen::new(spec, key, sector_size)?;
-        // SAFETY: AES-NI is present (checked above); XTS keys here are 32 or 64 bytes.
-        let keys = unsafe { Schedules::new(key.as_bytes()) };
+        // XTS keys here are 32 or 64 bytes (`spec_fits` and `check_key_len` above).
+        let keys = Schedules::new(cpu, key.as_bytes());
         Ok(Arc::new(VaesCipher {
+            cpu,
             keys,
             iv,
             sector_size,
@@ -97,9 +114,10 @@ impl Engine for VaesEngine {
     }
 }
 
-/// Only made by `VaesEngine::new_cipher`, after the CPU features were found: every method
-/// may run the kernels.
+/// Only made by `VaesEngine::new_cipher`, with the proof that the CPU has the kernels'
+/// features.
 struct VaesCipher {
+    cpu: VaesCpu,
     keys: Schedules,
     iv: IvGen,
     sector_size: usize,
@@ -110,8 +128,7 @@ impl VaesCipher {
     ///
     /// # Safety
     /// `src`/`dst`/`len` as a live `RawSectors` holds them (its invariant), and `len` is a
-    /// multiple of the sector size. The CPU has
-    /// the features of `NEEDED` (true for every `VaesCipher`).
+    /// multiple of the sector size. The CPU has the features of `NEEDED` (`self.cpu`).
     #[target_feature(enable = "aes,avx2,vaes,vpclmulqdq")]
     unsafe fn run(&self, dir: Direction, first: u64, src: *const u8, dst: *mut u8, len: usize) {
         let ss = self.sector_size;
@@ -122,29 +139,23 @@ impl VaesCipher {
             Direction::Encrypt => self.keys.encrypt(),
             Direction::Decrypt => self.keys.decrypt(),
         };
-        // SAFETY: the CPU has AVX (this function's contract).
-        let mut s = unsafe { Scratch::new() };
+        let mut s = Scratch::new();
         let mut done = 0;
         while done < sectors {
             let batch = (sectors - done).min(BATCH_SECTORS);
             for (k, iv) in s.tweaks[..batch].iter_mut().enumerate() {
                 *iv = self.iv.iv(first.wrapping_add((done + k) as u64));
             }
-            // SAFETY: the tweak schedule has the rounds this variant reads; CPU features
-            // as this function's contract.
-            unsafe {
-                if aes256 {
-                    kernels::encrypt_tweaks_256(self.keys.tweak(), &mut s)
-                } else {
-                    kernels::encrypt_tweaks_128(self.keys.tweak(), &mut s)
-                }
+            if aes256 {
+                kernels::encrypt_tweaks_256(self.keys.tweak(), &mut s)
+            } else {
+                kernels::encrypt_tweaks_128(self.keys.tweak(), &mut s)
             }
             for (k, t0) in s.tweaks[..batch].iter().enumerate() {
                 let at = (done + k) * ss;
-                let t0 = t0.as_ptr();
                 // SAFETY: `at + ss <= len`, so the sector lies inside the ranges the caller
                 // vouched for (same or disjoint); `iters >= 4` whole iterations make it up;
-                // the schedule has this variant's round count; `t0` is 16 readable bytes.
+                // CPU features as this function's contract.
                 unsafe {
                     let (from, to) = (src.add(at), dst.add(at));
                     match (aes256, dir) {
@@ -198,9 +209,10 @@ impl SectorCipher for VaesCipher {
         bytes: RawSectors<'_>,
     ) -> Result<(), CryptoError> {
         check_run(self.sector_size, bytes.len())?;
+        let _ = self.cpu;
         // SAFETY: whole sectors (checked); the ranges are valid while `bytes` lives, to the
-        // end of this call (`RawSectors`' invariant); a `VaesCipher` exists only on a CPU with
-        // the features `run` needs.
+        // end of this call (`RawSectors`' invariant); `self.cpu` proves the CPU has the
+        // features `run` needs.
         unsafe { self.run(dir, first_sector, bytes.src(), bytes.dst(), bytes.len()) };
         Ok(())
     }

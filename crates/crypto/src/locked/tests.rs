@@ -37,7 +37,11 @@ fn key_pages_are_kept_out_of_dumps_and_locked() {
     assert_eq!(key.as_slice(), &[0xa5; 64]);
     key.as_mut_slice()[0] = 1;
     assert_eq!(key.as_slice()[0], 1);
-    assert_eq!(key.address() % page_size(), 0, "not page-aligned");
+    assert_eq!(
+        key.address() % rustix::param::page_size(),
+        0,
+        "not page-aligned"
+    );
     let flags = vm_flags(key.address());
     assert!(flags.contains(&"dd".to_owned()), "not DONTDUMP: {flags:?}");
     // Root, or an unprivileged user within RLIMIT_MEMLOCK (8 MiB by default): locked.
@@ -55,14 +59,13 @@ const CHILD: &str = "CRYPTBLK_LOCKED_BYTES_CHILD";
 #[test]
 fn a_refused_lock_fails_soft() {
     if std::env::var_os(CHILD).is_some() {
-        let zero = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
+        use rustix::process::{getuid, setrlimit, Resource, Rlimit};
+        let zero = Rlimit {
+            current: Some(0),
+            maximum: Some(0),
         };
-        // SAFETY: setrlimit with a valid struct; this process is the test's own child.
-        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &zero) }, 0);
-        // SAFETY: getuid has no preconditions.
-        if unsafe { libc::getuid() } == 0 {
+        setrlimit(Resource::Memlock, zero).unwrap();
+        if getuid().is_root() {
             // Leaving uid 0 drops CAP_IPC_LOCK, which would ignore the limit.
             // SAFETY: setresgid/setresuid on this child process only.
             unsafe {

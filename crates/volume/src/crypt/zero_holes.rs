@@ -35,23 +35,6 @@ impl ZeroHolesCipher {
     }
 }
 
-/// True when the `len` bytes at `p` are all zero.
-///
-/// # Safety
-/// `p` must be valid for reads of `len` bytes for the call.
-unsafe fn is_zero_raw(p: *const u8, len: usize) -> bool {
-    let words = len / 8;
-    for i in 0..words {
-        // SAFETY: `i * 8 + 8 <= len`, inside the range the caller vouched for; unaligned reads
-        // because guest memory has no alignment promise.
-        if unsafe { p.add(i * 8).cast::<u64>().read_unaligned() } != 0 {
-            return false;
-        }
-    }
-    // SAFETY: as above, for the tail bytes.
-    (words * 8..len).all(|i| unsafe { p.add(i).read() } == 0)
-}
-
 impl SectorCipher for ZeroHolesCipher {
     fn sector_size(&self) -> usize {
         self.inner.sector_size()
@@ -98,9 +81,7 @@ impl SectorCipher for ZeroHolesCipher {
         while !rest.is_empty() {
             // The run of non-zero sectors at the start of `rest`, then one zero sector.
             let mut run = 0;
-            // SAFETY: `run + ss <= rest.len()`: inside the source range `rest` holds valid
-            // (`RawSectors`' invariant, for this whole call).
-            while run < rest.len() && !unsafe { is_zero_raw(rest.src().add(run), ss) } {
+            while run < rest.len() && !rest.src_is_zero(run, ss) {
                 run += ss;
             }
             let (nonzero, tail) = rest.split_at(run);
@@ -111,10 +92,9 @@ impl SectorCipher for ZeroHolesCipher {
             if tail.is_empty() {
                 break;
             }
-            let (zero, tail) = tail.split_at(ss);
+            let (mut zero, tail) = tail.split_at(ss);
             if !zero.is_in_place() {
-                // SAFETY: the sector lies inside the destination range `zero` holds valid.
-                unsafe { zero.dst().write_bytes(0, ss) };
+                zero.zero_dst();
             }
             sector = sector.wrapping_add(1);
             rest = tail;

@@ -19,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use cryptblk_control::api::{ParamKind, Request};
 use cryptblk_control::Client;
 use serde_json::{Map, Value};
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 /// A descriptor of ours that goes with the request; its index in the request is its place in
@@ -68,18 +68,17 @@ fn duplicate(passed: Passed) -> Result<OwnedFd> {
         Passed::Fd(fd) => (fd, format!("--key-fd {fd}")),
         Passed::Stdin => (0, "--key-file - (stdin)".to_string()),
     };
-    // SAFETY: fcntl(F_DUPFD_CLOEXEC) only reads the descriptor table; on success the new
-    // descriptor is ours alone.
-    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
-    if dup < 0 {
+    // SAFETY: `fd` (non-negative: the parser's range) names a descriptor the user passed to
+    // this process for this request; nothing here closes descriptors while the borrow lives,
+    // for the one fcntl below, which fails with EBADF and changes nothing if it is not open.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    let Ok(owned) = rustix::io::fcntl_dupfd_cloexec(borrowed, 3) else {
         return Err(UsageError(format!(
             "{what}: descriptor {fd} is not open in this process; open it when starting ctl, \
              e.g. `--key-fd 3 3< <(vault read ...)`"
         ))
         .into());
-    }
-    // SAFETY: `dup` was just created and nothing else owns it.
-    let owned = unsafe { OwnedFd::from_raw_fd(dup) };
+    };
     if passed == Passed::Stdin && std::io::IsTerminal::is_terminal(&owned.as_fd()) {
         return Err(UsageError(
             "--key-file -: stdin is a terminal; pipe the passphrase in (the daemon reads it to \

@@ -352,3 +352,31 @@ fn calls_the_daemon_and_reports_errors() {
         "{err}"
     );
 }
+
+#[test]
+fn a_passed_descriptor_is_duplicated_and_a_closed_one_named() {
+    use std::os::fd::AsRawFd;
+    let file = tempfile::tempfile().unwrap();
+    let fd = file.as_raw_fd();
+    let dup = duplicate(Passed::Fd(fd)).unwrap();
+    assert!(dup.as_raw_fd() >= 3 && dup.as_raw_fd() != fd);
+    let flags = rustix::io::fcntl_getfd(&dup).unwrap();
+    assert!(flags.contains(rustix::io::FdFlags::CLOEXEC), "{flags:?}");
+
+    // A number no descriptor of this process has: above the descriptor limit.
+    let closed = i32::try_from(
+        rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .unwrap_or(1 << 20)
+            .min(1 << 30),
+    )
+    .unwrap();
+    let err = duplicate(Passed::Fd(closed)).unwrap_err();
+    assert!(err.downcast_ref::<UsageError>().is_some(), "{err:#}");
+    assert!(
+        format!("{err:#}").contains(&format!(
+            "--key-fd {closed}: descriptor {closed} is not open in this process"
+        )),
+        "{err:#}"
+    );
+}

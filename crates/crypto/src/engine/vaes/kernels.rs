@@ -25,6 +25,7 @@
 //! last-round key ^ tweak; ymm6..9 the tweaks; ymm10..13 the next tweaks' reductions; ymm14
 //! the constant 0x87 in every 64-bit lane; ymm15 the first round key.
 
+use super::schedule::Schedule;
 use std::arch::asm;
 
 /// Sectors whose tweaks are encrypted together: 16 blocks, eight registers, one pass.
@@ -42,12 +43,10 @@ pub(super) struct Scratch {
 }
 
 impl Scratch {
-    /// A zeroed scratch.
-    ///
-    /// # Safety
-    /// The CPU must have AVX (true wherever the `vaes` engine made a cipher): dropping it runs
-    /// the AVX wipe.
-    pub(super) unsafe fn new() -> Scratch {
+    /// A zeroed scratch. Dropping it runs the AVX wipe, so it is made only where AVX is
+    /// enabled: this function can be called without `unsafe` only from code compiled for AVX.
+    #[target_feature(enable = "avx")]
+    pub(super) fn new() -> Scratch {
         Scratch {
             tweaks: [[0; 16]; BATCH_SECTORS],
         }
@@ -56,11 +55,15 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        // SAFETY: `Scratch::new`'s contract: the CPU has AVX. `self` is a whole, aligned
-        // `Scratch` that we own exclusively.
+        // SAFETY: the CPU has AVX: a `Scratch` is made only by `Scratch::new`, which enables
+        // it. `self` is a whole, aligned `Scratch` that we own exclusively.
         unsafe { wipe(self) }
     }
 }
+
+/// Round keys a `Schedule` holds: the most any variant here reads (AES-256: 0..=14).
+const SCHEDULE_KEYS: usize = 15;
+const _: () = assert!(std::mem::size_of::<Schedule>() >= 16 * SCHEDULE_KEYS);
 
 const SCRATCH_CHUNKS: usize = std::mem::size_of::<Scratch>() / 32;
 const _: () = assert!(std::mem::size_of::<Scratch>().is_multiple_of(32));
@@ -142,14 +145,13 @@ macro_rules! round {
 /// tweak of each of up to 16 sectors, all in flight at once.
 macro_rules! encrypt_tweaks {
     ($name:ident, $nr:literal, [$($r:literal),*]) => {
-        /// # Safety
-        /// `keys` points at the tweak key's encryption schedule with the round count this
-        /// variant is for (16 bytes per round key); the CPU has AVX2 and VAES.
+        /// `keys` is the tweak key's encryption schedule; a schedule of the other round count
+        /// gives wrong tweaks, never a read outside it.
         #[target_feature(enable = "avx2,vaes")]
-        pub(super) unsafe fn $name(keys: *const u8, s: &mut Scratch) {
-            // SAFETY: reads the round keys at `keys` (caller's contract); reads and writes
-            // the 256 bytes of `s.tweaks`, 32-byte aligned (the struct's alignment; it is the
-            // only field). Every register changed is declared.
+        pub(super) fn $name(keys: &Schedule, s: &mut Scratch) {
+            // SAFETY: reads round keys 0..=$nr, inside `keys` (`SCHEDULE_KEYS`); reads and
+            // writes the 256 bytes of `s.tweaks`, 32-byte aligned (the struct's alignment; it
+            // is the only field). Every register changed is declared.
             unsafe {
                 asm!(
                     "vbroadcasti128 ymm8, xmmword ptr [{rk}]",
@@ -175,7 +177,7 @@ macro_rules! encrypt_tweaks {
                     "vmovdqa ymmword ptr [{t} + 32*5], ymm5",
                     "vmovdqa ymmword ptr [{t} + 32*6], ymm6",
                     "vmovdqa ymmword ptr [{t} + 32*7], ymm7",
-                    rk = in(reg) keys,
+                    rk = in(reg) keys.as_ptr(),
                     t = in(reg) s.tweaks.as_mut_ptr(),
                     out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
                     out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
@@ -253,23 +255,25 @@ macro_rules! tweak_step {
 /// Transforms one sector of `iters` iterations given its first tweak.
 macro_rules! xts_sector {
     ($name:ident, $op:literal, $last:literal, $nr:literal, [$($r:tt),*]) => {
+        /// `keys` is this direction's schedule (one of the other round count gives wrong
+        /// output, never a read outside it); `t0` the sector's first tweak.
+        ///
         /// # Safety
-        /// `keys` points at this direction's schedule with the round count this variant is
-        /// for (16 bytes per round key); `t0` is readable for 16 bytes; `src` is readable
-        /// and `dst` writable for `iters * ITERATION_BYTES` bytes, the same or disjoint
-        /// ranges; `iters >= 1`; the CPU has AVX2, VAES and VPCLMULQDQ.
+        /// `src` is readable and `dst` writable for `iters * ITERATION_BYTES` bytes, the same
+        /// or disjoint ranges; `iters >= 1`; the CPU has AVX2, VAES and VPCLMULQDQ.
         #[target_feature(enable = "avx2,vaes,vpclmulqdq")]
         pub(super) unsafe fn $name(
-            keys: *const u8,
-            t0: *const u8,
+            keys: &Schedule,
+            t0: &[u8; 16],
             src: *const u8,
             dst: *mut u8,
             iters: usize,
         ) {
             debug_assert!(iters >= 1);
-            // SAFETY: reads the round keys at `keys`, 16 bytes at `t0`, each of the
-            // `iters * 128` bytes at `src` once, and writes as many at `dst` without reading
-            // them back, as the caller vouched for. Every register changed is declared.
+            // SAFETY: reads round keys 0..=$nr inside `keys` (`SCHEDULE_KEYS`), the 16 bytes
+            // of `t0`, each of the `iters * 128` bytes at `src` once, and writes as many at
+            // `dst` without reading them back, as the caller vouched for. Every register
+            // changed is declared.
             unsafe {
                 asm!(
                     "mov {tmp:e}, 0x87",
@@ -324,8 +328,8 @@ macro_rules! xts_sector {
                     "add {dst}, 128",
                     "dec {n}",
                     "jnz 2b",
-                    rk = in(reg) keys,
-                    t0 = in(reg) t0,
+                    rk = in(reg) keys.as_ptr(),
+                    t0 = in(reg) t0.as_ptr(),
                     src = inout(reg) src => _,
                     dst = inout(reg) dst => _,
                     n = inout(reg) iters => _,

@@ -7,14 +7,18 @@
 //! InvMixColumns), and encryption with the tweak key. The kernels broadcast each 16-byte key
 //! to both halves of a YMM register as they load it.
 
+use super::VaesCpu;
 use crate::locked::LockedBytes;
 use std::arch::x86_64::{
-    __m128i, _mm_aesimc_si128, _mm_aeskeygenassist_si128, _mm_loadu_si128, _mm_shuffle_epi32,
-    _mm_slli_si128, _mm_storeu_si128, _mm_xor_si128,
+    __m128i, _mm_aesimc_si128, _mm_aeskeygenassist_si128, _mm_cvtsi128_si64, _mm_set_epi64x,
+    _mm_shuffle_epi32, _mm_slli_si128, _mm_unpackhi_epi64, _mm_xor_si128,
 };
 
 /// Room for one schedule of the longest key (AES-256: 15 round keys).
 const SLOT: usize = 15 * 16;
+
+/// One key schedule: 11 (AES-128) or 15 (AES-256) round keys of 16 bytes, the rest zero.
+pub(super) type Schedule = [u8; SLOT];
 
 /// The three schedules of an XTS key.
 pub(super) struct Schedules {
@@ -24,26 +28,30 @@ pub(super) struct Schedules {
 
 impl Schedules {
     /// Expands an XTS key: the first half is the data key, the second the tweak key, each 16
-    /// (AES-128) or 32 (AES-256) bytes.
-    ///
-    /// # Safety
-    /// The CPU has AES-NI. `xts_key` is 32 or 64 bytes long.
-    pub(super) unsafe fn new(xts_key: &[u8]) -> Schedules {
+    /// (AES-128) or 32 (AES-256) bytes. Panics on another length (the engine checks it first).
+    pub(super) fn new(cpu: VaesCpu, xts_key: &[u8]) -> Schedules {
+        assert!(
+            matches!(xts_key.len(), 32 | 64),
+            "an XTS key for the vaes engine has 32 or 64 bytes, not {}",
+            xts_key.len()
+        );
+        let _ = cpu;
+        // SAFETY: `cpu` proves the CPU has AES-NI (a `VaesCpu` exists only after detection).
+        unsafe { Self::expand_all(xts_key) }
+    }
+
+    #[target_feature(enable = "aes")]
+    fn expand_all(xts_key: &[u8]) -> Schedules {
         let half = xts_key.len() / 2;
         let (data, tweak) = xts_key.split_at(half);
         let rounds = if half == 16 { 10 } else { 14 };
         let mut pages = LockedBytes::zeroed(3 * SLOT);
-        let base = pages.as_mut_slice().as_mut_ptr();
-        // SAFETY: each slot is SLOT bytes inside `pages`, which holds 3 * SLOT; expanding
-        // writes `rounds + 1 <= 15` round keys of 16 bytes into a slot. The CPU has AES-NI.
-        unsafe {
-            let enc = base;
-            let dec = base.add(SLOT);
-            let twk = base.add(2 * SLOT);
-            expand(data, enc);
-            invert(enc, dec, rounds);
-            expand(tweak, twk);
-        }
+        let (enc, rest) = pages.as_mut_slice()[..3 * SLOT].split_at_mut(SLOT);
+        let (dec, twk) = rest.split_at_mut(SLOT);
+        let (enc, dec, twk) = (slot_mut(enc), slot_mut(dec), slot_mut(twk));
+        expand(data, enc);
+        invert(enc, dec, rounds);
+        expand(tweak, twk);
         Schedules { pages, rounds }
     }
 
@@ -52,34 +60,56 @@ impl Schedules {
     }
 
     /// The data key's encryption schedule.
-    pub(super) fn encrypt(&self) -> *const u8 {
-        self.pages.as_slice().as_ptr()
+    pub(super) fn encrypt(&self) -> &Schedule {
+        self.slot(0)
     }
 
     /// The data key's decryption schedule (equivalent inverse cipher).
-    pub(super) fn decrypt(&self) -> *const u8 {
-        self.pages.as_slice()[SLOT..].as_ptr()
+    pub(super) fn decrypt(&self) -> &Schedule {
+        self.slot(1)
     }
 
     /// The tweak key's encryption schedule.
-    pub(super) fn tweak(&self) -> *const u8 {
-        self.pages.as_slice()[2 * SLOT..].as_ptr()
+    pub(super) fn tweak(&self) -> &Schedule {
+        self.slot(2)
+    }
+
+    fn slot(&self, index: usize) -> &Schedule {
+        self.pages.as_slice()[index * SLOT..(index + 1) * SLOT]
+            .try_into()
+            .expect("a slot is SLOT bytes")
     }
 }
 
-/// Expands a 16- or 32-byte AES key into 11 or 15 round keys at `out`.
-///
-/// # Safety
-/// `out` is writable for 176 (AES-128) or 240 (AES-256) bytes; the CPU has AES-NI.
+fn slot_mut(bytes: &mut [u8]) -> &mut Schedule {
+    bytes.try_into().expect("a slot is SLOT bytes")
+}
+
+/// 16 bytes as a register, byte 0 in the lowest lane (as `movdqu` loads them).
+#[inline]
+#[target_feature(enable = "sse2")]
+fn load(bytes: &[u8; 16]) -> __m128i {
+    let v = u128::from_le_bytes(*bytes);
+    _mm_set_epi64x((v >> 64) as i64, v as i64)
+}
+
+/// A register's 16 bytes, lowest lane first (as `movdqu` stores them).
+#[inline]
+#[target_feature(enable = "sse2")]
+fn store(k: __m128i, out: &mut [u8; 16]) {
+    let lo = _mm_cvtsi128_si64(k) as u64;
+    let hi = _mm_cvtsi128_si64(_mm_unpackhi_epi64(k, k)) as u64;
+    *out = (u128::from(hi) << 64 | u128::from(lo)).to_le_bytes();
+}
+
+/// Expands a 16- or 32-byte AES key into 11 or 15 round keys in `out`.
 #[target_feature(enable = "aes")]
-unsafe fn expand(key: &[u8], out: *mut u8) {
-    let put = |i: usize, k: __m128i| {
-        // SAFETY: `i` is at most 14 and the caller made `out` writable for that many keys.
-        unsafe { _mm_storeu_si128(out.add(16 * i).cast(), k) }
-    };
+fn expand(key: &[u8], out: &mut Schedule) {
+    let (round_keys, _) = out.as_chunks_mut::<16>();
+    let (halves, _) = key.as_chunks::<16>();
+    let mut put = |i: usize, k: __m128i| store(k, &mut round_keys[i]);
     if key.len() == 16 {
-        // SAFETY: `key` has 16 bytes.
-        let mut k = unsafe { _mm_loadu_si128(key.as_ptr().cast()) };
+        let mut k = load(&halves[0]);
         put(0, k);
         macro_rules! step {
             ($i:literal, $rcon:literal) => {
@@ -101,13 +131,7 @@ unsafe fn expand(key: &[u8], out: *mut u8) {
         step!(9, 0x1b);
         step!(10, 0x36);
     } else {
-        // SAFETY: `key` has 32 bytes.
-        let (mut a, mut b) = unsafe {
-            (
-                _mm_loadu_si128(key.as_ptr().cast()),
-                _mm_loadu_si128(key.as_ptr().add(16).cast()),
-            )
-        };
+        let (mut a, mut b) = (load(&halves[0]), load(&halves[1]));
         put(0, a);
         put(1, b);
         // Even round keys take the rotated, substituted last word of the previous odd key
@@ -153,23 +177,19 @@ fn mix(prev: __m128i, t: __m128i) -> __m128i {
     _mm_xor_si128(k, t)
 }
 
-/// The decryption schedule for `vaesdec` from the encryption schedule at `enc`.
-///
-/// # Safety
-/// `enc` readable and `dec` writable for `rounds + 1` round keys, not overlapping; AES-NI.
+/// The decryption schedule for `vaesdec` from the encryption schedule of `rounds + 1` keys.
 #[target_feature(enable = "aes")]
-unsafe fn invert(enc: *const u8, dec: *mut u8, rounds: usize) {
+fn invert(enc: &Schedule, dec: &mut Schedule, rounds: usize) {
+    let (enc, _) = enc.as_chunks::<16>();
+    let (dec, _) = dec.as_chunks_mut::<16>();
     for i in 0..=rounds {
-        // SAFETY: `i` and `rounds - i` index round keys inside both schedules.
-        unsafe {
-            let k = _mm_loadu_si128(enc.add(16 * (rounds - i)).cast());
-            let k = if i == 0 || i == rounds {
-                k
-            } else {
-                _mm_aesimc_si128(k)
-            };
-            _mm_storeu_si128(dec.add(16 * i).cast(), k);
-        }
+        let k = load(&enc[rounds - i]);
+        let k = if i == 0 || i == rounds {
+            k
+        } else {
+            _mm_aesimc_si128(k)
+        };
+        store(k, &mut dec[i]);
     }
 }
 
@@ -177,26 +197,23 @@ unsafe fn invert(enc: *const u8, dec: *mut u8, rounds: usize) {
 mod tests {
     use super::*;
 
-    fn round_key(s: &Schedules, which: *const u8, i: usize) -> String {
+    fn round_key(s: &Schedules, which: &Schedule, i: usize) -> String {
         assert!(i <= s.rounds());
-        // SAFETY: `which` is one of `s`'s schedules, which hold `rounds + 1` keys.
-        let bytes = unsafe { std::slice::from_raw_parts(which.add(16 * i), 16) };
-        hex::encode(bytes)
+        hex::encode(&which[16 * i..16 * (i + 1)])
     }
 
     /// FIPS-197 Appendix A.1 and A.3: the expansions of the standard's example keys.
     #[test]
     fn expansions_match_fips_197() {
-        if !std::arch::is_x86_feature_detected!("aes") {
-            eprintln!("no AES-NI on this CPU: nothing to test");
+        let Ok(cpu) = VaesCpu::detect() else {
+            eprintln!("not a CPU for the vaes engine: nothing to test");
             return;
-        }
+        };
         let k128 = hex::decode("2b7e151628aed2a6abf7158809cf4f3c").unwrap();
         let k256 = hex::decode("603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4")
             .unwrap();
         let key: Vec<u8> = [k128.clone(), k128].concat();
-        // SAFETY: AES-NI detected above; a 32-byte XTS key.
-        let s = unsafe { Schedules::new(&key) };
+        let s = Schedules::new(cpu, &key);
         assert_eq!(s.rounds(), 10);
         assert_eq!(
             round_key(&s, s.encrypt(), 1),
@@ -218,8 +235,7 @@ mod tests {
         );
 
         let key: Vec<u8> = [k256.clone(), k256].concat();
-        // SAFETY: as above, a 64-byte XTS key.
-        let s = unsafe { Schedules::new(&key) };
+        let s = Schedules::new(cpu, &key);
         assert_eq!(s.rounds(), 14);
         assert_eq!(
             round_key(&s, s.encrypt(), 2),
