@@ -1,7 +1,6 @@
 //! A backup that yields to the VM: while the disk's own users are doing I/O, the backup's
-//! reads take at most a share of the time: each read is followed by a pause in proportion to
-//! how long reads take now (measured as they are served); while the users are idle, the backup
-//! reads at full speed. The pause is kept by the export's connections (an NBD read gate), not
+//! reads take at most a share of the time: one at a time, each followed by a pause in
+//! proportion to how long it took; while the users are idle, the backup reads at full speed. The pause is kept by the export's connections (an NBD read gate), not
 //! by the read itself: a read never sleeps on the I/O threads every disk shares.
 //!
 //! The kernel's I/O priorities would be the natural tool, but the multi-queue schedulers most
@@ -29,6 +28,9 @@ const MAX_REST: Duration = Duration::from_secs(1);
 /// How much of the read-time estimate the latest read replaces: the estimate follows a busier
 /// disk within a few reads.
 const LATEST_WEIGHT: f64 = 0.25;
+
+/// How often a read waiting for the one under way asks again.
+const WHILE_ONE_READS: Duration = Duration::from_millis(1);
 
 /// The requests a tracked disk's users made, as a count that only grows.
 #[derive(Clone)]
@@ -64,6 +66,8 @@ pub struct ShareSchedule {
     /// Seconds a byte takes to read now (0 before the first measurement).
     seconds_per_byte: f64,
     next_start: Option<Instant>,
+    /// Reads under way.
+    reading: u32,
 }
 
 impl ShareSchedule {
@@ -75,6 +79,7 @@ impl ShareSchedule {
             last_change: None,
             seconds_per_byte: 0.0,
             next_start: None,
+            reading: 0,
         }
     }
 
@@ -88,9 +93,13 @@ impl ShareSchedule {
             .is_some_and(|changed| now.saturating_duration_since(changed) < IDLE_AFTER)
     }
 
-    /// Admits a read of `len` bytes at `now` while the disk is busy (the next one may start
-    /// when this one's share of the time is over), or says how long until it may.
+    /// Admits a read of `len` bytes at `now` while the disk is busy, or says how long until
+    /// it may: not while another reads, nor before the pause after the last one is over
+    /// (and, between its admission and its start, not before its expected share is).
     pub fn admit_busy(&mut self, len: u64, now: Instant) -> Result<(), Duration> {
+        if self.reading > 0 {
+            return Err(WHILE_ONE_READS);
+        }
         if let Some(wait) = self
             .next_start
             .and_then(|at| at.checked_duration_since(now))
@@ -104,8 +113,17 @@ impl ShareSchedule {
         Ok(())
     }
 
-    /// A read of `len` bytes took `took`: the estimate of what reads take follows it.
-    pub fn read_took(&mut self, len: u64, took: Duration) {
+    /// A read starts.
+    pub fn read_started(&mut self) {
+        self.reading += 1;
+    }
+
+    /// A read of `len` bytes that started took `took`, ending at `now`: the next one pauses
+    /// in proportion, and the estimate of what reads take follows it.
+    pub fn read_took(&mut self, len: u64, took: Duration, now: Instant) {
+        self.reading = self.reading.saturating_sub(1);
+        let pause = took.mul_f64(self.spacing - 1.0).min(MAX_REST);
+        self.next_start = self.next_start.max(Some(now + pause));
         if len == 0 {
             return;
         }
@@ -148,9 +166,14 @@ impl BackgroundReads {
         schedule.admit_busy(len, now)
     }
 
+    /// A read of the backup's view starts; it ends with [`read_took`](Self::read_took).
+    pub fn read_started(&self) {
+        self.schedule().read_started();
+    }
+
     /// A read of `len` bytes took `took`.
     pub fn read_took(&self, len: u64, took: Duration) {
-        self.schedule().read_took(len, took);
+        self.schedule().read_took(len, took, Instant::now());
     }
 
     /// The share of a busy disk's time, in percent.
@@ -183,7 +206,11 @@ mod tests {
             "before any measurement a read starts at once"
         );
         // Reads of 1 MiB take 4 ms: at a share of 20 %, one may start every 20 ms.
-        schedule.read_took(MIB, Duration::from_millis(4));
+        schedule.read_took(
+            MIB,
+            Duration::from_millis(4),
+            start - Duration::from_secs(1),
+        );
         assert!(schedule.admit_busy(MIB, start).is_ok());
         let t = start + Duration::from_millis(1);
         assert_eq!(schedule.admit_busy(MIB, t), Err(Duration::from_millis(19)));
@@ -200,13 +227,38 @@ mod tests {
     }
 
     #[test]
+    fn one_read_at_a_time_then_a_pause_in_proportion_to_it() {
+        let mut schedule = ShareSchedule::new(25);
+        let start = Instant::now();
+        assert!(schedule.admit_busy(MIB, start).is_ok());
+        schedule.read_started();
+        let later = start + Duration::from_secs(5);
+        assert_eq!(
+            schedule.admit_busy(MIB, later),
+            Err(WHILE_ONE_READS),
+            "not while one reads, however long"
+        );
+        // It took 10 ms, longer than expected: three times that of pause at 25 %.
+        let end = start + Duration::from_millis(10);
+        schedule.read_took(MIB, Duration::from_millis(10), end);
+        assert_eq!(
+            schedule.admit_busy(MIB, end),
+            Err(Duration::from_millis(30))
+        );
+        assert!(schedule
+            .admit_busy(MIB, end + Duration::from_millis(30))
+            .is_ok());
+    }
+
+    #[test]
     fn the_estimate_follows_a_busier_disk() {
         let mut schedule = ShareSchedule::new(50);
-        schedule.read_took(MIB, Duration::from_millis(2));
-        for _ in 0..20 {
-            schedule.read_took(MIB, Duration::from_millis(10));
-        }
         let start = Instant::now();
+        let before = start - Duration::from_secs(1);
+        schedule.read_took(MIB, Duration::from_millis(2), before);
+        for _ in 0..20 {
+            schedule.read_took(MIB, Duration::from_millis(10), before);
+        }
         assert!(schedule.admit_busy(MIB, start).is_ok());
         let wait = schedule.admit_busy(MIB, start).unwrap_err();
         assert!(
@@ -239,11 +291,19 @@ mod tests {
         let mut schedule = ShareSchedule::new(1);
         let start = Instant::now();
         assert!(!schedule.busy(0, start));
-        schedule.read_took(MIB, Duration::from_secs(30));
+        schedule.read_took(
+            MIB,
+            Duration::from_secs(30),
+            start - Duration::from_secs(60),
+        );
         assert!(schedule.admit_busy(MIB, start).is_ok());
         assert_eq!(schedule.admit_busy(MIB, start), Err(MAX_REST));
         let mut whole = ShareSchedule::new(100);
-        whole.read_took(MIB, Duration::from_millis(5));
+        whole.read_took(
+            MIB,
+            Duration::from_millis(5),
+            start - Duration::from_secs(1),
+        );
         assert!(whole.admit_busy(MIB, start).is_ok());
         assert_eq!(
             whole.admit_busy(MIB, start),

@@ -52,6 +52,7 @@ impl BlockDevice for BackupView {
         let Some(yielding) = &self.yielding else {
             return self.cbw.read_at(buf, offset);
         };
+        yielding.read_started();
         let start = Instant::now();
         let read = self.cbw.read_at(buf, offset);
         yielding.read_took(buf.len() as u64, start.elapsed());
