@@ -29,7 +29,7 @@ const MAX_REST: Duration = Duration::from_secs(1);
 /// disk within a few reads.
 const LATEST_WEIGHT: f64 = 0.25;
 
-/// How often a read waiting for the one under way asks again.
+/// How often, at least, a read waiting for the one under way asks again.
 const WHILE_ONE_READS: Duration = Duration::from_millis(1);
 
 /// The requests a tracked disk's users made, as a count that only grows.
@@ -66,8 +66,9 @@ pub struct ShareSchedule {
     /// Seconds a byte takes to read now (0 before the first measurement).
     seconds_per_byte: f64,
     next_start: Option<Instant>,
-    /// Reads under way.
+    /// Reads under way, and when the last one started.
     reading: u32,
+    started: Option<Instant>,
 }
 
 impl ShareSchedule {
@@ -80,6 +81,7 @@ impl ShareSchedule {
             seconds_per_byte: 0.0,
             next_start: None,
             reading: 0,
+            started: None,
         }
     }
 
@@ -98,7 +100,15 @@ impl ShareSchedule {
     /// (and, between its admission and its start, not before its expected share is).
     pub fn admit_busy(&mut self, len: u64, now: Instant) -> Result<(), Duration> {
         if self.reading > 0 {
-            return Err(WHILE_ONE_READS);
+            // The earliest the next may start, were this one to take the time expected: one
+            // question per read rather than one per millisecond.
+            let expected = Duration::from_secs_f64(len as f64 * self.seconds_per_byte)
+                .mul_f64(self.spacing)
+                .min(MAX_REST);
+            let left = self.started.map_or(Duration::ZERO, |at| {
+                (at + expected).saturating_duration_since(now)
+            });
+            return Err(left.max(WHILE_ONE_READS));
         }
         if let Some(wait) = self
             .next_start
@@ -114,8 +124,9 @@ impl ShareSchedule {
     }
 
     /// A read starts.
-    pub fn read_started(&mut self) {
+    pub fn read_started(&mut self, now: Instant) {
         self.reading += 1;
+        self.started = Some(now);
     }
 
     /// A read of `len` bytes that started took `took`, ending at `now`: the next one pauses
@@ -168,7 +179,7 @@ impl BackgroundReads {
 
     /// A read of the backup's view starts; it ends with [`read_took`](Self::read_took).
     pub fn read_started(&self) {
-        self.schedule().read_started();
+        self.schedule().read_started(Instant::now());
     }
 
     /// A read of `len` bytes took `took`.
@@ -231,7 +242,7 @@ mod tests {
         let mut schedule = ShareSchedule::new(25);
         let start = Instant::now();
         assert!(schedule.admit_busy(MIB, start).is_ok());
-        schedule.read_started();
+        schedule.read_started(start);
         let later = start + Duration::from_secs(5);
         assert_eq!(
             schedule.admit_busy(MIB, later),
