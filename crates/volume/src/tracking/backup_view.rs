@@ -27,7 +27,7 @@ impl BackupView {
     }
 
     /// Reports every read's time to `reads`, whose [`admit`](BackgroundReads::admit) the
-    /// export's read gate asks (see [`super::background`]).
+    /// export's read gate asks.
     pub fn yielding(mut self, reads: Arc<BackgroundReads>) -> Self {
         self.yielding = Some(reads);
         self
