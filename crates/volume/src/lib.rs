@@ -11,7 +11,8 @@
 //!   (`CryptDevice::open_pipeline`);
 //! - [`SegmentMap`] is how the volume's parts are stored while an online re-encryption or
 //!   encryption moves the boundary between old and new ([`SegmentCiphers`], [`data_cipher`]);
-//! - [`resize_luks`] and [`resize_raw`] grow and shrink an image under a serving volume;
+//! - [`Volume::resize`] grows and shrinks a disk while it serves; [`resize_luks`] and
+//!   [`resize_raw`] one that is not open, by the same steps;
 //! - [`DirtyTracker`] is the tracking stage: the blocks written since a migration last sent
 //!   them, and the fence of a hand-over;
 //! - [`CheckpointStore`] keeps a disk's checkpoints (what changed since each, for incremental
