@@ -10,7 +10,8 @@ use cryptblk_control::api::{
 };
 use cryptblk_control::PassedFds;
 use cryptblk_luks::kdf::Argon2Variant;
-use cryptblk_luks::{HashAlg, LuksImage, LuksVersion, PbkdfKind, PbkdfOptions};
+use cryptblk_luks::{HashAlg, LuksVersion, PbkdfKind, PbkdfOptions};
+use cryptblk_volume::{Keyslots, LastKeyslot, RemoveError};
 use std::sync::Arc;
 
 impl Daemon {
@@ -23,16 +24,16 @@ impl Daemon {
         let disk = self.attached(name)?;
         let file = luks_file(&disk)?;
         let _change = self.begin_header_change(&disk)?;
-        let (mut image, _) =
-            LuksImage::read(file.header_io()).context("reading the LUKS header")?;
+        let (mut keyslots, _) =
+            Keyslots::read(file.header_io()).context("reading the LUKS header")?;
         let old = read_key_source(old_source, "key", fds, self.master_key.as_ref())?;
-        let (_, volume_key) = image
-            .unlock(file.header_io(), &old, &self.unlock)
+        let unlocked = keyslots
+            .unlock(&old, &self.unlock)
             .with_context(|| unlocking_with(old_source, "key"))?;
         let new = read_key_source(new_source, "new-key", fds, self.master_key.as_ref())?;
-        let pbkdf = pbkdf_options(p.pbkdf, p.iter_time, image.version())?;
-        image
-            .add_keyslot(file.header_io(), &volume_key, &new, None, &pbkdf)
+        let pbkdf = pbkdf_options(p.pbkdf, p.iter_time, unlocked.version())?;
+        unlocked
+            .add_keyslot(&new, None, &pbkdf)
             .context("adding the keyslot")
     }
 
@@ -43,22 +44,20 @@ impl Daemon {
         let disk = self.attached(name)?;
         let file = luks_file(&disk)?;
         let _change = self.begin_header_change(&disk)?;
-        let (mut image, _) =
-            LuksImage::read(file.header_io()).context("reading the LUKS header")?;
+        let (mut keyslots, _) =
+            Keyslots::read(file.header_io()).context("reading the LUKS header")?;
         let passphrase = read_key_source(source, "key", fds, self.master_key.as_ref())?;
-        let (slot, _) = image
-            .unlock(file.header_io(), &passphrase, &self.unlock)
+        let unlocked = keyslots
+            .unlock(&passphrase, &self.unlock)
             .with_context(|| unlocking_with(source, "key"))?;
-        if image.active_keyslots().len() == 1 {
-            return Err(Error::conflict(format!(
+        match unlocked.remove_keyslot(LastKeyslot::Refuse) {
+            Ok(slot) => Ok(slot),
+            Err(RemoveError::LastKeyslot { slot }) => Err(Error::conflict(format!(
                 "keyslot {slot} is the last one of disk \"{name}\": removing it would make the \
                  data unrecoverable; add another key first"
-            )));
+            ))),
+            Err(RemoveError::Luks(e)) => Err(e).context("removing the keyslot"),
         }
-        image
-            .remove_keyslot(file.header_io(), slot)
-            .context("removing the keyslot")?;
-        Ok(slot)
     }
 
     /// Marks the disk's header as changing (no migration can start meanwhile). The header

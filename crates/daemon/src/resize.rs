@@ -4,8 +4,8 @@
 //! Every queue reads the disk's size per request (the image's and the LUKS payload's, shared
 //! atomics read by each pipeline's range check), so the new size holds for every queue the
 //! moment the resize returns, without a message to the queue workers and without draining:
-//! requests at the old end go on as before (`cryptblk_volume::LuksVolume::resize` has the
-//! order of the steps). The vhost-user config space reads the capacity from the device too;
+//! requests at the old end go on as before (`cryptblk_volume::Volume::resize` has the order
+//! of the steps). The vhost-user config space reads the capacity from the device too;
 //! the frontend is then told to read it again (VHOST_USER_BACKEND_CONFIG_CHANGE_MSG). An NBD
 //! connection keeps the size it was told at its handshake; new ones see the new size.
 use crate::disk::AttachedDisk;
@@ -70,11 +70,7 @@ impl Daemon {
 }
 
 fn resize(disk: &AttachedDisk, size: u64, allow_shrink: bool) -> Result<cryptblk_volume::Resized> {
-    let result = disk
-        .image
-        .crypt
-        .resize(disk.image.container.as_ref(), size, allow_shrink);
-    result.map_err(|e| match e {
+    disk.image.resize(size, allow_shrink).map_err(|e| match e {
         e if e.is_bad_request() => Error::usage(e.to_string()),
         e @ ResizeError::Image { .. } => Error::caused(
             format!("disk \"{}\": the resize was refused", disk.name()),

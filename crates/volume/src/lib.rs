@@ -11,7 +11,10 @@
 //!   (`CryptDevice::open_pipeline`);
 //! - [`SegmentMap`] is how the volume's parts are stored while an online re-encryption or
 //!   encryption moves the boundary between old and new ([`SegmentCiphers`], [`data_cipher`]);
-//! - [`resize_luks`] and [`resize_raw`] grow and shrink an image under a serving volume;
+//! - [`Volume::resize`] grows and shrinks a disk while it serves; [`resize_luks`] and
+//!   [`resize_raw`] one that is not open, by the same steps;
+//! - [`Keyslots`] adds and removes the keyslots of a LUKS header, the daemon's on a disk it
+//!   serves as the CLI's on an image not open;
 //! - [`DirtyTracker`] is the tracking stage: the blocks written since a migration last sent
 //!   them, and the fence of a hand-over;
 //! - [`CheckpointStore`] keeps a disk's checkpoints (what changed since each, for incremental
@@ -25,6 +28,7 @@
 
 pub mod checkpoint;
 mod crypt;
+mod keyslots;
 mod luks_open;
 mod luks_reencrypting;
 mod luks_volume;
@@ -38,6 +42,7 @@ pub use crypt::{
     data_cipher, BackendOffset, CryptDevice, CryptLayout, IvSector, SegmentCiphers, SegmentMap,
     VolumeOffset, DRAIN_TIMEOUT,
 };
+pub use keyslots::{Keyslots, LastKeyslot, RemoveError, Unlocked};
 pub use luks_open::{open_luks_volume, open_luks_volume_on, open_luks_volume_with, VolumeOptions};
 pub use luks_volume::{LuksVolume, VolumeError};
 pub use open::{Key, OpenError, Opened, Unlock};

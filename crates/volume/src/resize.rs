@@ -12,7 +12,7 @@
 // so the size of its `Result` does not matter.
 #![allow(clippy::result_large_err)]
 
-use crate::{CryptDevice, LuksVolume};
+use crate::{CryptDevice, LuksVolume, Volume};
 use cryptblk_block::{BlockDevice, BlockError, Container};
 use cryptblk_luks::{LuksError, LuksImage};
 use std::path::{Path, PathBuf};
@@ -105,26 +105,26 @@ fn check(
     Ok(())
 }
 
-/// Resizes a raw image (no encryption) to `size` bytes.
+/// Resizes a raw image (no encryption) that is not served to `size` bytes: the steps of a
+/// served one ([`Volume::resize`]) without a payload's range check to follow.
 pub fn resize_raw(
     image: &dyn Container,
     size: u64,
     allow_shrink: bool,
 ) -> Result<Resized, ResizeError> {
-    let old = image.size();
-    check(image.name(), old, size, RAW_SECTOR, allow_shrink)?;
-    if size != old {
-        image.set_len(size).map_err(|source| ResizeError::Image {
-            name: image.name().to_path_buf(),
-            len: size,
-            source,
-        })?;
+    resize_plaintext(image, None, size, allow_shrink)
+}
+
+impl Volume {
+    /// Resizes the disk while it serves to `size` bytes as the guest sees them: a LUKS
+    /// payload (the image to the payload's end, a fixed-length LUKS2 segment rewritten) or a
+    /// raw image. Its queues see the new size at once, in the order the module's head tells;
+    /// a step that fails undoes the ones before it. Refused while a reencryption's parts are
+    /// served.
+    pub fn resize(&self, size: u64, allow_shrink: bool) -> Result<Resized, ResizeError> {
+        self.crypt
+            .resize(self.container.as_ref(), size, allow_shrink)
     }
-    Ok(Resized {
-        old,
-        new: size,
-        header_updated: false,
-    })
 }
 
 impl CryptDevice {
@@ -147,45 +147,52 @@ impl CryptDevice {
             });
         }
         if self.segments().is_plaintext() {
-            resize_plaintext(file, self, size, allow_shrink)
+            resize_plaintext(file, Some(self), size, allow_shrink)
         } else {
             resize_luks_payload(file, Some(self), size, allow_shrink)
         }
     }
 }
 
-/// A raw image served as a plaintext volume: growing, the image grows before the volume's
-/// range check admits the new bytes; shrinking, the range check refuses the cut bytes before
-/// the image is cut.
+/// A raw image, served as a plaintext volume (`open`) or not: growing, the image grows before
+/// the volume's range check admits the new bytes; shrinking, the range check refuses the cut
+/// bytes before the image is cut.
 fn resize_plaintext(
     file: &dyn Container,
-    device: &CryptDevice,
+    open: Option<&CryptDevice>,
     size: u64,
     allow_shrink: bool,
 ) -> Result<Resized, ResizeError> {
     let name = file.name().to_path_buf();
-    let old = device.size();
+    let old = match open {
+        Some(device) => device.size(),
+        None => file.size(),
+    };
     check(&name, old, size, RAW_SECTOR, allow_shrink)?;
     let image_err = |len, source| ResizeError::Image {
         name: name.clone(),
         len,
         source,
     };
+    let set_open_size = |size| match open {
+        Some(device) => device.set_size(size),
+        None => Ok(()),
+    };
     if size > old {
         let old_len = file.size();
         if size > old_len {
             file.set_len(size).map_err(|e| image_err(size, e))?;
         }
-        if let Err(e) = device.set_size(size) {
+        if let Err(e) = set_open_size(size) {
             if size > old_len {
                 undo(file.set_len(old_len), &name);
             }
             return Err(image_err(size, e));
         }
     } else if size < old {
-        device.set_size(size).map_err(|e| image_err(size, e))?;
+        set_open_size(size).map_err(|e| image_err(size, e))?;
         if let Err(e) = file.set_len(size) {
-            undo(device.set_size(old), &name);
+            undo(set_open_size(old), &name);
             return Err(image_err(size, e));
         }
     }
