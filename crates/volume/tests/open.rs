@@ -1,14 +1,14 @@
 //! The door to a volume: `Volume::open` tells LUKS1, LUKS2 and raw apart by the first bytes of
 //! the container, unlocks a LUKS image as the caller says, and refuses a key for a raw image.
-use cryptblk_block::{Container, Format, OpenOptions, RawFile};
-use cryptblk_crypto::CipherSpec;
-use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, LuksVersion, PbkdfOptions, Unlocker};
+mod common;
+
+use common::{container, PW};
+use cryptblk_block::{Container, Format};
+use cryptblk_luks::{LuksVersion, Unlocker};
 use cryptblk_volume::{Key, LuksVolume, OpenError, Opened, Unlock, Volume, VolumeOptions};
 use std::cell::Cell;
-use std::path::Path;
 use std::sync::Arc;
 
-const PW: &[u8] = b"correct horse";
 const PAYLOAD: u64 = 1 << 20;
 
 fn rw() -> VolumeOptions {
@@ -16,30 +16,6 @@ fn rw() -> VolumeOptions {
         writable: true,
         ..Default::default()
     }
-}
-
-fn container(path: &Path) -> Arc<dyn Container> {
-    Arc::new(
-        RawFile::open(
-            path,
-            OpenOptions {
-                writable: true,
-                lock: true,
-            },
-        )
-        .unwrap(),
-    )
-}
-
-fn luks(path: &Path, version: LuksVersion) {
-    let cipher = CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap();
-    let options = FormatOptions {
-        version,
-        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
-        ..FormatOptions::luks2(cipher, 512)
-    };
-    let file = std::fs::File::create_new(path).unwrap();
-    LuksImage::format(&file, &options, PW, Some(PAYLOAD)).unwrap();
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -56,7 +32,7 @@ fn luks1_and_luks2_open_by_passphrase_then_by_keys() {
     for version in [LuksVersion::V1, LuksVersion::V2] {
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("disk.luks");
-        luks(&img, version);
+        common::luks(&img, version, PAYLOAD);
         let opts = rw();
         let data = pattern(8192, 7);
         let keys = {
@@ -91,7 +67,7 @@ fn luks1_and_luks2_open_by_passphrase_then_by_keys() {
 fn luks_with_a_wrong_passphrase_or_no_key_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("disk.luks");
-    luks(&img, LuksVersion::V2);
+    common::luks(&img, LuksVersion::V2, PAYLOAD);
     let opts = rw();
     let wrong = Volume::open(
         container(&img),
@@ -190,7 +166,7 @@ fn a_callers_unlock_is_asked_only_for_luks() {
     let raw = dir.path().join("disk.raw");
     std::fs::write(&raw, vec![0u8; 4096]).unwrap();
     let luks_img = dir.path().join("disk.luks");
-    luks(&luks_img, LuksVersion::V2);
+    common::luks(&luks_img, LuksVersion::V2, PAYLOAD);
     let asked = Cell::new(0);
     let unlock = |has_key| Asking {
         asked: &asked,

@@ -2,45 +2,14 @@
 //! (`cryptblk key add|remove|change`) run on a LUKS header. What a user notices: the new
 //! passphrase opens the volume, a removed one no longer does, a wrong one changes nothing,
 //! and the last keyslot is kept unless its removal is allowed.
-use cryptblk_block::{Container, OpenOptions, RawFile};
-use cryptblk_crypto::CipherSpec;
-use cryptblk_luks::{
-    FormatOptions, HashAlg, LuksError, LuksImage, LuksVersion, PbkdfOptions, UnlockOptions,
-    Unlocker,
-};
+mod common;
+
+use common::{cheap, container, PW};
+use cryptblk_block::{OpenOptions, RawFile};
+use cryptblk_luks::{LuksError, LuksVersion, UnlockOptions, Unlocker};
 use cryptblk_volume::{Key, Keyslots, LastKeyslot, RemoveError, Volume, VolumeOptions};
 use std::path::Path;
 use std::sync::Arc;
-
-const PW: &[u8] = b"correct horse";
-
-fn cheap() -> PbkdfOptions {
-    PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000)
-}
-
-fn container(path: &Path) -> Arc<dyn Container> {
-    Arc::new(
-        RawFile::open(
-            path,
-            OpenOptions {
-                writable: true,
-                lock: true,
-            },
-        )
-        .unwrap(),
-    )
-}
-
-fn luks(path: &Path, version: LuksVersion) {
-    let cipher = CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap();
-    let options = FormatOptions {
-        version,
-        pbkdf: cheap(),
-        ..FormatOptions::luks2(cipher, 512)
-    };
-    let file = std::fs::File::create_new(path).unwrap();
-    LuksImage::format(&file, &options, PW, Some(1 << 20)).unwrap();
-}
 
 /// Whether `passphrase` opens the volume (the door the daemon serves through), read-only
 /// beside the header the test holds.
@@ -66,7 +35,7 @@ fn add_remove_and_change_keyslots_on_luks1_and_luks2() {
     for version in [LuksVersion::V1, LuksVersion::V2] {
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("disk.luks");
-        luks(&img, version);
+        common::luks(&img, version, 1 << 20);
         let file = container(&img);
         let unlock = UnlockOptions::default();
 

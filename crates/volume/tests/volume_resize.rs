@@ -1,39 +1,14 @@
 //! `Volume::resize`: a disk grown or shrunk while it serves, LUKS (image and header follow
 //! the payload) or raw (the image is the disk); and the same steps on an image not open
 //! (`resize_luks`, `resize_raw`), as the CLI's offline `cryptblk resize` runs them.
-use cryptblk_block::{Container, OpenOptions, RawFile};
-use cryptblk_crypto::CipherSpec;
-use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, LuksVersion, PbkdfOptions, Unlocker};
+mod common;
+
+use common::{container, PW};
+use cryptblk_luks::{LuksVersion, Unlocker};
 use cryptblk_volume::{resize_luks, resize_raw, Key, ResizeError, Volume, VolumeOptions};
 use std::path::Path;
-use std::sync::Arc;
 
-const PW: &[u8] = b"correct horse";
 const MIB: u64 = 1 << 20;
-
-fn container(path: &Path) -> Arc<dyn Container> {
-    Arc::new(
-        RawFile::open(
-            path,
-            OpenOptions {
-                writable: true,
-                lock: true,
-            },
-        )
-        .unwrap(),
-    )
-}
-
-fn luks2(path: &Path) {
-    let cipher = CipherSpec::parse_luks2("aes-xts-plain64", 64).unwrap();
-    let options = FormatOptions {
-        version: LuksVersion::V2,
-        pbkdf: PbkdfOptions::pbkdf2_iterations(HashAlg::Sha256, 1000),
-        ..FormatOptions::luks2(cipher, 512)
-    };
-    let file = std::fs::File::create_new(path).unwrap();
-    LuksImage::format(&file, &options, PW, Some(MIB)).unwrap();
-}
 
 fn open_luks(path: &Path) -> Volume {
     let opts = VolumeOptions {
@@ -50,7 +25,7 @@ fn open_luks(path: &Path) -> Volume {
 fn a_served_luks_volume_grows_and_refuses_a_shrink_not_allowed() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("disk.luks");
-    luks2(&img);
+    common::luks(&img, LuksVersion::V2, MIB);
     let data = vec![0x5a; 4096];
     {
         let volume = open_luks(&img);
@@ -110,7 +85,7 @@ fn a_served_raw_volume_is_resized_with_its_image() {
 fn images_not_open_are_resized_by_the_same_steps() {
     let dir = tempfile::tempdir().unwrap();
     let luks = dir.path().join("disk.luks");
-    luks2(&luks);
+    common::luks(&luks, LuksVersion::V2, MIB);
     let resized = resize_luks(container(&luks).as_ref(), 4 * MIB, false).unwrap();
     assert_eq!((resized.old, resized.new), (MIB, 4 * MIB));
     assert_eq!(open_luks(&luks).device.size(), 4 * MIB);
