@@ -35,8 +35,8 @@ use std::sync::{Arc, PoisonError};
 /// The lowest `max-bandwidth`: one largest NBD read (32 MiB) per 32 s.
 const MIN_BANDWIDTH: u64 = 1 << 20;
 
-/// When a backup export's reads may start: after the VM's share of a busy disk's time, and
-/// within `max-bandwidth` when one is set.
+/// When a backup export's reads may start: within the backup's share of a busy disk's time,
+/// and within `max-bandwidth` when one is set.
 struct BackupReadGate {
     yielding: Arc<BackgroundReads>,
     ceiling: Option<ReadPacer>,
