@@ -49,6 +49,6 @@ pub use open::{Key, OpenError, Opened, Unlock};
 pub use resize::{resize_luks, resize_raw, ResizeError, Resized, RAW_SECTOR};
 pub use tracking::{
     BackgroundReads, BackupView, CopyBeforeWrite, DirtyBitmap, DirtyTracker, GuestActivity,
-    ShareSchedule, TrackingError, COPY_REGION, IDLE_AFTER,
+    TrackingError, COPY_REGION,
 };
 pub use volume::{LuksFacts, Volume, VolumeKeys};

@@ -1,7 +1,8 @@
 //! A backup that yields to the VM: while the disk's own users are doing I/O, the backup's
 //! reads take at most a share of the time: one at a time, each followed by a pause in
-//! proportion to how long it took; while the users are idle, the backup reads at full speed. The pause is kept by the export's connections (an NBD read gate), not
-//! by the read itself: a read never sleeps on the I/O threads every disk shares.
+//! proportion to how long it took; while the users are idle, the backup reads at full speed.
+//! The pause is kept by the export's connections (an NBD read gate), not by the read itself:
+//! a read never sleeps on the I/O threads every disk shares.
 //!
 //! The kernel's I/O priorities would be the natural tool, but the multi-queue schedulers most
 //! virtual and NVMe disks use (`none`, `mq-deadline`) ignore the idle class, and a backup at
@@ -19,7 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long the disk's users must have been quiet for a backup to read at full speed again.
-pub const IDLE_AFTER: Duration = Duration::from_millis(50);
+pub(crate) const IDLE_AFTER: Duration = Duration::from_millis(50);
 
 /// The longest pause after one read (a read that took seconds on a stalled disk does not
 /// stop the backup for minutes).
@@ -58,7 +59,7 @@ impl std::fmt::Debug for GuestActivity {
 /// When a backup's next read may start: the pure schedule, given the clock, the activity
 /// count and the reads' measured times, so it can be checked without waiting.
 #[derive(Debug)]
-pub struct ShareSchedule {
+pub(crate) struct ShareSchedule {
     /// Time per read time: `1 / share`.
     spacing: f64,
     last_requests: u64,

@@ -13,7 +13,7 @@ mod stage;
 mod state;
 mod tracker;
 
-pub use background::{BackgroundReads, GuestActivity, ShareSchedule, IDLE_AFTER};
+pub use background::{BackgroundReads, GuestActivity};
 pub use backup_view::BackupView;
 pub use bitmap::DirtyBitmap;
 pub use copy_before_write::{CopyBeforeWrite, COPY_REGION};
