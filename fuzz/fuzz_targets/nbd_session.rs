@@ -54,17 +54,33 @@ fn fixture() -> &'static Fixture {
             },
         )
         .unwrap();
+        let device = Arc::new(device);
         let registry = ExportRegistry::new();
+        // "r": read-only, its TRIM a release (as a backup export's), so both paths are driven.
+        registry
+            .add(Export {
+                name: "r".into(),
+                description: "fuzz read-only".into(),
+                device: device.clone(),
+                read_only: true,
+                stats: Arc::new(IoStats::default()),
+                tls_authz: None,
+                dirty_bitmaps: None,
+                read_rate: None,
+                trim_releases: true,
+            })
+            .unwrap();
         registry
             .add(Export {
                 name: "x".into(),
                 description: "fuzz".into(),
-                device: Arc::new(device),
+                device,
                 read_only: false,
                 stats: Arc::new(IoStats::default()),
                 tls_authz: None,
                 dirty_bitmaps: Some(Arc::new(Bitmaps)),
                 read_rate: None,
+                trim_releases: false,
             })
             .unwrap();
         let socket = dir.path().join("nbd.sock");

@@ -28,6 +28,7 @@ pub mod extents;
 pub mod manifest;
 mod pull;
 mod read_ahead;
+mod release;
 mod replay;
 mod restore;
 mod resume;

@@ -12,11 +12,15 @@
 //! they are good, and from which export. The same command run again continues from there
 //! when the export is the same one (`resume`: the same size and non-empty NBD description);
 //! otherwise the partial files are discarded (said on the notes callback).
+//!
+//! What is durable is released on an export that takes releases (`release`: cryptblk's
+//! backup export then stops keeping it), unless [`PullOptions::release`] is false.
 use crate::durable;
 use crate::error::{Error, IoContext};
 use crate::extents::{Kind, Record, Writer};
 use crate::manifest::{self, Entry, EntryKind, FileDigest, Manifest};
 use crate::read_ahead::{Pulled, ReadAhead};
+use crate::release::Releaser;
 use crate::resume::{load_resume, why_not_continue, Recorded, Resume, PROGRESS_FILE};
 use cryptblk_nbd_client::{
     Client, NbdUri, BASE_ALLOCATION, DIRTY_BITMAP_PREFIX, STATE_DIRTY, STATE_ZERO,
@@ -46,6 +50,9 @@ pub struct PullOptions {
     pub bitmap: Option<String>,
     /// The new entry's checkpoint name (default: the time, `YYYYMMDDTHHMMSSZ`).
     pub checkpoint: Option<String>,
+    /// Release what is stored, on an export that takes releases (`release`): false when
+    /// another client reads the same export.
+    pub release: bool,
 }
 
 /// How far a pull is.
@@ -111,6 +118,7 @@ pub fn pull(
     }
 
     let client = Client::connect(&uri, &[&context])?;
+    let mut releaser = Releaser::connect(&uri, &client, options.release, &mut note);
     let disk_size = client.info().size;
     let index = chain.entries.len();
 
@@ -218,6 +226,7 @@ pub fn pull(
             };
             if progress(&report).is_break() {
                 state.make_durable()?;
+                releaser.release_below(state.record.cursor, &mut note);
                 return Err(Error::Interrupted {
                     copied: state.record.data_bytes,
                 });
@@ -225,6 +234,7 @@ pub fn pull(
             if since_durable >= DURABLE_EVERY {
                 state.make_durable()?;
                 since_durable = 0;
+                releaser.release_below(state.record.cursor, &mut note);
             }
         }
         Ok(reader.finish())
@@ -235,6 +245,10 @@ pub fn pull(
     chain.store(dir)?;
     remove_if_present(&dir.join(PROGRESS_FILE))?;
     durable::sync_dir(&Manifest::path(dir))?;
+    // Only now: until the manifest names the entry, a pull run again starts over and reads
+    // everything.
+    releaser.release_below(disk_size, &mut note);
+    releaser.disconnect();
     client.disconnect();
     Ok(PullReport { entry, resumed_at })
 }

@@ -101,6 +101,7 @@ fn options(uri: &str, dir: &Path, incremental: bool, checkpoint: &str) -> PullOp
         incremental,
         bitmap: None,
         checkpoint: Some(checkpoint.into()),
+        release: true,
     }
 }
 

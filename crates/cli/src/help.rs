@@ -145,4 +145,9 @@ replaced last. SIGINT/SIGTERM stop durably, and the same command continues from 
 the export is the same one: the same size and the same non-empty NBD description (cryptblk's
 backup export names each backup-start in it, so a backup started again is another export;
 qemu-nbd: -D). Any other pull discards the partial entry and starts over, with a note. Exit
-status 4 means the chain in DIR is damaged.";
+status 4 means the chain in DIR is damaged.
+
+On a cryptblk backup export, what is durable in the chain is released (an NBD TRIM on the
+read-only export): the export stops keeping it, so the VM's writes there copy nothing more and
+a small --scratch-size is enough. Reading a released range fails, so a pull run again after its
+entry was committed cannot read it: --no-release when another client reads the same export.";

@@ -271,8 +271,9 @@ fn an_incremental_copies_only_what_changed_since_its_checkpoint() {
         ],
     );
     daemon.qemu_io("vol", &["write -P 0x25 1M 4k"]);
+    // Not released, so the export still serves what the pull read.
     cryptblk(argv!(
-        "backup pull --incremental {} {} --checkpoint c1",
+        "backup pull --incremental --no-release {} {} --checkpoint c1",
         uri,
         chain
     ))
@@ -291,4 +292,62 @@ fn an_incremental_copies_only_what_changed_since_its_checkpoint() {
     assert!(daemon
         .log()
         .contains("changed here since the backup started"));
+}
+
+#[test]
+fn a_pull_releases_what_it_stored_so_later_writes_copy_nothing() {
+    let t = TestDir::new();
+    let key = t.key("key");
+    let img = t.luks2("disk.luks", "16M", &key);
+    let daemon = t.serve().disk(&img).name("vol").nbd().control().start();
+    daemon.qemu_io("vol", &["write -P 0x5a 0 16M"]);
+    let mut client = daemon.nbd("vol");
+    let sock = t.path("backup.sock");
+    let uri = format!("nbd+unix:///vol?socket={}", sock.display());
+    let start = "backup-start vol --checkpoint {} --nbd unix:{} --scratch-size 4K";
+
+    // Pulled with releases: the scratch of one block outlives writes to three.
+    daemon.ctl_ok(&argv!(start, "c0", sock));
+    let at_c0 = read(&img.path);
+    let chain = t.path("chain");
+    cryptblk(argv!("backup pull {} {} --checkpoint c0", uri, chain)).ok();
+    for n in 0..3u8 {
+        client
+            .write(u64::from(n) * MIB, &[n + 1; 4096], false)
+            .unwrap();
+    }
+    client.flush().unwrap();
+    let mut export = cryptblk_testutil::nbd::NbdClient::connect(&sock, "vol").unwrap();
+    assert!(
+        export.read(0, 4096).is_err(),
+        "a released range is not served"
+    );
+    export.disconnect().unwrap();
+    let ended = daemon.ctl_ok(&["backup-end", "vol"]);
+    assert_eq!(ended["kept"], true, "no copy was needed: {ended}");
+    let restored = t.path("restored.luks");
+    cryptblk(argv!("backup restore {} {}", chain, restored)).ok();
+    assert_same_bytes(&read(&restored), &at_c0, "the full backup at c0");
+
+    // --no-release: the export keeps everything, and the same writes fill the scratch.
+    daemon.ctl_ok(&argv!(start, "c1", sock));
+    let other = t.path("other");
+    cryptblk(argv!(
+        "backup pull --no-release {} {} --checkpoint c1",
+        uri,
+        other
+    ))
+    .ok();
+    for n in 0..3u8 {
+        client
+            .write(u64::from(n) * MIB, &[n + 7; 4096], false)
+            .unwrap();
+    }
+    client.flush().unwrap();
+    daemon
+        .ctl(&["backup-end", "vol"])
+        .expect_code(code::OTHER)
+        .error_line(&["backup failed", "scratch", "full"]);
+    daemon.ctl_ok(&["backup-end", "vol", "--failed"]);
+    client.disconnect().unwrap();
 }

@@ -11,7 +11,8 @@
 //! The export is a point in time while the VM writes: the export serves a `BackupView`, and
 //! the disk's tracker copies a region's old bytes to a bounded scratch file beside the image
 //! before its first change (`cryptblk_volume::CopyBeforeWrite`). A full scratch fails the
-//! backup (the export answers EIO, `backup-end` wants `failed`), never the guest.
+//! backup (the export answers EIO, `backup-end` wants `failed`), never the guest. A client's
+//! TRIM on the (read-only) export releases what it has stored (`CopyBeforeWrite::release`).
 //!
 //! The export yields to the VM: while the disk's users are doing I/O, its reads take at most
 //! `background-share` of the time (`BackupView::yielding`); an incremental copies before a
@@ -215,6 +216,8 @@ impl Daemon {
             description: export_description(&id, &p.name, &p.checkpoint),
             device,
             read_only: true,
+            // The pull's TRIMs release what it stored (CopyBeforeWrite::release).
+            trim_releases: true,
             stats: Arc::new(IoStats::default()),
             tls_authz: None,
             dirty_bitmaps,

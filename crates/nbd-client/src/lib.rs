@@ -4,7 +4,9 @@
 //! What it speaks: the fixed newstyle handshake, `NBD_OPT_STRUCTURED_REPLY`,
 //! `NBD_OPT_SET_META_CONTEXT` (`base:allocation`, `qemu:dirty-bitmap:NAME`), `NBD_OPT_GO`,
 //! then `NBD_CMD_BLOCK_STATUS` and `NBD_CMD_READ` (up to [`MAX_READS_IN_FLIGHT`] reads in
-//! flight, replies taken in any order). It never writes to the export. TLS is not spoken
+//! flight, replies taken in any order). It never writes to the export; it sends
+//! `NBD_CMD_TRIM` only to release what it stored on an export that is read-only and offers
+//! TRIM all the same (cryptblk's backup export), never to any other. TLS is not spoken
 //! yet (an `nbds://` URI is refused with that reason).
 //!
 //! Everything the server sends is untrusted input: every length is checked against a fixed

@@ -47,6 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         tls_authz: None,
         dirty_bitmaps: None,
         read_rate: None,
+        trim_releases: false,
     })?;
     let address: NbdAddress = format!("unix:{socket}").parse()?;
     let mut server = NbdServer::bind(&address, registry, None)?;

@@ -16,9 +16,10 @@ pub(crate) fn is_read_only(export: &Export) -> bool {
 }
 
 /// Whether the device implements discard: a zero-length discard succeeds exactly on devices
-/// that do (the trait's default refuses every discard as unsupported).
+/// that do (the trait's default refuses every discard as unsupported). On a read-only export
+/// only when TRIM releases ([`Export::trim_releases`]).
 pub(crate) fn supports_trim(export: &Export) -> bool {
-    !is_read_only(export) && export.device.discard(0, 0).is_ok()
+    (!is_read_only(export) || export.trim_releases) && export.device.discard(0, 0).is_ok()
 }
 
 /// The transmission flags announced for `export` (NBD_INFO_EXPORT, NBD_OPT_EXPORT_NAME).

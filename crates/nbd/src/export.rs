@@ -21,6 +21,11 @@ pub struct Export {
     pub device: Arc<dyn BlockDevice>,
     /// Refuse writes even when the device itself is writable.
     pub read_only: bool,
+    /// On a read-only export, TRIM is not a write but the client's word that it has stored
+    /// the range, which the device then stops keeping (a backup export: `BackupView`'s
+    /// discard). The export is announced READ_ONLY with SEND_TRIM; no other server pairs
+    /// the two, so a client that sees both knows a TRIM there changes nothing it reads.
+    pub trim_releases: bool,
     /// Every request on every connection to this export is recorded here.
     pub stats: Arc<IoStats>,
     /// On a TLS server: the client certificate names allowed to use this export, instead of
@@ -41,6 +46,7 @@ impl std::fmt::Debug for Export {
             .field("description", &self.description)
             .field("size", &self.device.size())
             .field("read_only", &self.read_only)
+            .field("trim_releases", &self.trim_releases)
             .field("tls_authz", &self.tls_authz)
             .field(
                 "dirty_bitmaps",

@@ -24,7 +24,8 @@ struct Fixture {
     _dir: tempfile::TempDir,
 }
 
-/// Exports "raw" (512-byte blocks, patterned), "luks" (4096-byte blocks) and "ro" (read-only).
+/// Exports "raw" (512-byte blocks, patterned), "luks" (4096-byte blocks), "ro" (read-only)
+/// and "rel" (read-only, its TRIM a release, patterned).
 fn fixture_with(io_timeout: Duration) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let registry = ExportRegistry::new();
@@ -41,6 +42,13 @@ fn fixture_with(io_timeout: Duration) -> Fixture {
     let mut read_only = export("ro", raw_file(&dir.path().join("c.raw"), SIZE, 0));
     read_only.read_only = true;
     registry.add(read_only).unwrap();
+    let mut releasing = export(
+        "rel",
+        raw_file(&dir.path().join("d.raw"), SIZE, SIZE as usize),
+    );
+    releasing.read_only = true;
+    releasing.trim_releases = true;
+    registry.add(releasing).unwrap();
     let server = TestServer::unix_with(dir.path(), registry, |server| {
         server.with_io_timeout(io_timeout)
     });
@@ -129,7 +137,7 @@ fn unknown_and_malformed_options_get_error_replies() {
         let len = u32::from_be_bytes(payload[..4].try_into().unwrap()) as usize;
         names.push(String::from_utf8(payload[4..4 + len].to_vec()).unwrap());
     }
-    assert_eq!(names, ["luks", "raw", "ro"]);
+    assert_eq!(names, ["luks", "raw", "rel", "ro"]);
     client.send_option(OPT_ABORT, &[]);
     assert_eq!(client.read_option_reply().1, REP_ACK);
     assert!(client.is_closed_by_server());
@@ -223,6 +231,31 @@ fn writes_to_a_read_only_export_are_refused() {
     client.send_request(CMD_WRITE_ZEROES, 0, 2, 0, 512);
     assert_eq!(client.read_simple_reply(0).0, EPERM);
     client.send_request(CMD_READ, 0, 3, 0, 512);
+    assert_eq!(client.read_simple_reply(512).0, 0);
+}
+
+#[test]
+fn a_read_only_export_whose_trim_releases_takes_trim_and_no_write() {
+    let f = fixture();
+    let (mut client, _, flags) = RawClient::open(f.server.socket_path(), "rel", false);
+    assert_ne!(flags & TFLAG_READ_ONLY, 0);
+    assert_ne!(
+        flags & TFLAG_SEND_TRIM,
+        0,
+        "announced, so a client knows it may release"
+    );
+    client.send_request(CMD_TRIM, 0, 1, 0, 4096);
+    assert_eq!(
+        client.read_simple_reply(0).0,
+        0,
+        "the release reached the device"
+    );
+    client.send_request(CMD_WRITE, 0, 2, 0, 512);
+    client.stream.write_all(&[1u8; 512]).unwrap();
+    assert_eq!(client.read_simple_reply(0).0, EPERM);
+    client.send_request(CMD_WRITE_ZEROES, 0, 3, 0, 512);
+    assert_eq!(client.read_simple_reply(0).0, EPERM);
+    client.send_request(CMD_READ, 0, 4, 4096, 512);
     assert_eq!(client.read_simple_reply(512).0, 0);
 }
 

@@ -131,6 +131,11 @@ pub struct BackupPullArgs {
     /// The new entry's checkpoint name (default: the time, YYYYMMDDTHHMMSSZ in UTC).
     #[arg(long, value_name = "NAME")]
     pub checkpoint: Option<String>,
+    /// Do not tell a cryptblk backup export what is stored (by default the export then stops
+    /// keeping it, and copies nothing more there): give this when another client reads the
+    /// same export.
+    #[arg(long)]
+    pub no_release: bool,
     /// Show progress: -p for a bar, --progress=json for JSON lines.
     #[arg(short = 'p', long = "progress", value_enum, num_args = 0..=1, require_equals = true,
           default_missing_value = "bar", value_name = "MODE")]

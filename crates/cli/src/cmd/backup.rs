@@ -42,6 +42,7 @@ fn pull(args: &BackupPullArgs) -> Result<()> {
         incremental: args.incremental,
         bitmap: args.bitmap.clone(),
         checkpoint: args.checkpoint.clone(),
+        release: !args.no_release,
     };
     let interrupt = InterruptFlag::register()?;
     let mut reporter: Option<Reporter> = None;

@@ -190,6 +190,7 @@ impl Daemon {
                 tls_authz: crate::config::tls_authz(&disk.config)?,
                 dirty_bitmaps: None,
                 read_rate: None,
+                trim_releases: false,
             };
             if let Err(e) = registry.add(export) {
                 let _ = disk.stop_vhost();

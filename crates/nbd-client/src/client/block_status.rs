@@ -1,7 +1,7 @@
 //! BLOCK_STATUS: the extents of one metadata context, asked for while no read is in flight,
 //! and the checks of its reply (one chunk for the context, extents never past the request).
 
-use super::reply::{too_many_chunks, unexpected_chunk, unknown_cookie, ReplyPart};
+use super::reply::{no_payload, too_many_chunks, unexpected_chunk, unknown_cookie, ReplyPart};
 use super::{Client, Extent};
 use crate::error::nbd_errno_name;
 use crate::wire::*;
@@ -59,6 +59,9 @@ impl<S: Read + Write> Client<S> {
                 ReplyPart::Simple { cookie: got, errno } => {
                     if got != cookie {
                         return Err(unknown_cookie(got));
+                    }
+                    if errno == 0 {
+                        return Err(no_payload());
                     }
                     return Err(Error::Command {
                         command: "block status",

@@ -1,10 +1,11 @@
 //! One connection to one export: the handshake (`handshake.rs`), then BLOCK_STATUS
-//! (`block_status.rs`) and READs, several in flight (`reads.rs`), whose replies
-//! `reply.rs` reads. This file holds the connection and what all of them use.
+//! (`block_status.rs`), READs, several in flight (`reads.rs`), and releases of what was
+//! stored (`release.rs`), whose replies `reply.rs` reads. This file holds the connection and what all of them use.
 
 mod block_status;
 mod handshake;
 mod reads;
+mod release;
 mod reply;
 
 pub use reads::{CompletedRead, MAX_READS_IN_FLIGHT};

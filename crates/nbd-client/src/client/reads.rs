@@ -4,7 +4,7 @@
 //! interleaved: each part goes to the read its cookie names, and every read must be covered
 //! exactly once.
 
-use super::reply::{too_many_chunks, unexpected_chunk, unknown_cookie, ReplyPart};
+use super::reply::{no_payload, too_many_chunks, unexpected_chunk, unknown_cookie, ReplyPart};
 use super::Client;
 use crate::error::nbd_errno_name;
 use crate::wire::*;
@@ -177,16 +177,6 @@ impl<S: Read + Write> Client<S> {
     }
 }
 
-impl ReplyPart {
-    fn cookie(&self) -> u64 {
-        match *self {
-            ReplyPart::Simple { cookie, .. }
-            | ReplyPart::Chunk { cookie, .. }
-            | ReplyPart::Failed { cookie, .. } => cookie,
-        }
-    }
-}
-
 /// Applies one part of the reply to the READ of `buf.len()` bytes at `offset` it answers,
 /// reading its payload from `stream`; true once that reply ended.
 fn apply<S: Read>(
@@ -201,6 +191,7 @@ fn apply<S: Read>(
         return Err(too_many_chunks());
     }
     let chunk = match part {
+        ReplyPart::Simple { errno: 0, .. } => return Err(no_payload()),
         ReplyPart::Simple { errno, .. } => {
             state.failure.get_or_insert(Error::Command {
                 command: "read",

@@ -10,8 +10,8 @@ use std::io::{Read, Write};
 
 /// One part of a reply, its payload (other than an error's) still on the stream.
 pub(super) enum ReplyPart {
-    /// A simple reply: it ends request `cookie`, which failed with `errno` (never 0: once
-    /// structured replies are agreed a success is always a structured chunk).
+    /// A simple reply: it ends request `cookie`, which failed with `errno`, or succeeded
+    /// (0: allowed only for a request without a reply payload, see [`no_payload`]).
     Simple { cookie: u64, errno: u32 },
     /// A structured chunk that is not an error; the caller reads its `length` bytes.
     Chunk { cookie: u64, chunk: Chunk },
@@ -22,6 +22,17 @@ pub(super) enum ReplyPart {
         reason: String,
         offset: Option<u64>,
     },
+}
+
+impl ReplyPart {
+    /// The request this part answers.
+    pub(super) fn cookie(&self) -> u64 {
+        match *self {
+            ReplyPart::Simple { cookie, .. }
+            | ReplyPart::Chunk { cookie, .. }
+            | ReplyPart::Failed { cookie, .. } => cookie,
+        }
+    }
 }
 
 pub(super) struct Chunk {
@@ -38,11 +49,6 @@ impl<S: Read + Write> Client<S> {
         if magic == SIMPLE_REPLY_MAGIC {
             let errno = read_u32(r)?;
             let cookie = read_u64(r)?;
-            if errno == 0 {
-                return Err(Error::protocol(
-                    "a simple reply without an error after structured replies were agreed",
-                ));
-            }
             return Ok(ReplyPart::Simple { cookie, errno });
         }
         if magic != STRUCTURED_REPLY_MAGIC {
@@ -95,6 +101,12 @@ pub(super) fn unexpected_chunk(chunk: &Chunk) -> Result<(), Error> {
         "a reply chunk of type {} here",
         chunk.kind
     )))
+}
+
+/// A simple success answering a request whose reply carries a payload (READ, BLOCK_STATUS):
+/// once structured replies are agreed, those come only as structured chunks.
+pub(super) fn no_payload() -> Error {
+    Error::protocol("a simple reply without an error after structured replies were agreed")
 }
 
 pub(super) fn unknown_cookie(got: u64) -> Error {

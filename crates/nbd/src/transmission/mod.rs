@@ -118,7 +118,9 @@ pub(crate) fn check_request(
         return Err(NbdErrno::Inval);
     }
     let modifies = matches!(request.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
-    if modifies && session.read_only {
+    // A TRIM that releases (`Export::trim_releases`) changes nothing a read returns.
+    let releases = request.command == CMD_TRIM && session.read_only && session.can_trim;
+    if modifies && session.read_only && !releases {
         return Err(NbdErrno::Perm);
     }
     match request.command {

@@ -89,6 +89,7 @@ pub fn export(name: &str, device: Arc<dyn BlockDevice>) -> Export {
         tls_authz: None,
         dirty_bitmaps: None,
         read_rate: None,
+        trim_releases: false,
     }
 }
 

@@ -1,6 +1,7 @@
 //! The device a backup export serves: the image file's bytes as they were when the backup
 //! started, whatever the disk was written since (the regions changed since come from the
-//! copy-before-write scratch). Read-only. It reports its reads' times to the schedule that
+//! copy-before-write scratch). Read-only; a discard releases what the backup's client has
+//! stored. It reports its reads' times to the schedule that
 //! makes a backup yield to the disk's users ([`BackupView::yielding`]).
 
 use super::background::BackgroundReads;
@@ -64,8 +65,11 @@ impl BlockDevice for BackupView {
     fn flush(&self) -> Result<(), BlockError> {
         Ok(())
     }
-    fn discard(&self, _offset: u64, _len: u64) -> Result<(), BlockError> {
-        Err(BlockError::read_only("discard"))
+    /// Not a change of the image: the client's word that it has stored the range, which the
+    /// backup then stops keeping ([`CopyBeforeWrite::release`]). A zero-length discard
+    /// succeeds, so an NBD export knows it may offer TRIM.
+    fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.cbw.release(offset, len)
     }
     fn write_zeroes(&self, _offset: u64, _len: u64) -> Result<(), BlockError> {
         Err(BlockError::read_only("write zeroes"))

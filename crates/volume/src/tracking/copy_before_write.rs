@@ -1,5 +1,5 @@
 //! Copy-before-write: what keeps a backup export a point-in-time view while the disk is
-//! written. Before a write, discard or write-zeroes changes a 64 KiB region of the image file
+//! written. Before a write, discard or write-zeroes changes a 4 KiB region of the image file
 //! for the first time since the backup started, the region's old bytes (ciphertext or header)
 //! are copied to a scratch file of bounded size; the export reads them from there
 //! ([`BackupView`](super::BackupView)).
@@ -21,6 +21,12 @@
 //! as long as they were not changed; once changed, reading them fails (their bytes would be
 //! today's, not the backup's moment's), as QEMU's snapshot-access refuses what it did not
 //! copy.
+//!
+//! A client that has stored a range says so with a TRIM on the export
+//! ([`CopyBeforeWrite::release`], as a discard on QEMU's snapshot-access): from then on a
+//! write there is not copied, the range's copies leave the scratch (their slots are used
+//! again), and reading it fails. A full backup of a disk the VM writes all over then copies
+//! only what is ahead of the client, and a scratch of a fraction of the disk is enough.
 
 use cryptblk_block::{BlockDevice, BlockError, BlockErrorKind};
 use std::collections::HashMap;
@@ -42,9 +48,10 @@ pub const COPY_REGION: u64 = 4096;
 
 /// A backup's copy-before-write state: the scratch file, which regions it holds and where.
 ///
-/// Memory: one bit per 64 KiB of image (2 MiB per TiB) to say a region was copied (checked
-/// without a lock on every write), and a map entry per scratch slot used (at most
-/// `scratch_size / 64 KiB`), plus a 64 KiB buffer per copy under way at once.
+/// Memory: two bits per 4 KiB of image (64 MiB per TiB, their pages touched only where the
+/// disk is written or the client released) to say a region needs no copy (checked without a
+/// lock on every write) and was released, and a map entry per scratch slot used (at most
+/// `scratch_size / 4 KiB`), plus a 4 KiB buffer per copy under way at once.
 ///
 /// No lock is held across I/O: a region being copied is claimed in the map, and a second
 /// writer of it waits for that copy (its write must not land before the old bytes are safe).
@@ -63,7 +70,9 @@ pub struct CopyBeforeWrite {
     /// Where the image is outside the backup (see [`CopyBeforeWrite::limit_to`]; at the
     /// granularity it was given) and why, once limited.
     outside: OnceLock<(DirtyBitmap, String)>,
-    /// Regions copied to the scratch.
+    /// Regions the client has stored and released ([`CopyBeforeWrite::release`]).
+    released: DirtyBitmap,
+    /// Regions held in the scratch.
     copies: AtomicU64,
     map: Mutex<CopyMap>,
     /// Signalled when a copy under way ends.
@@ -77,6 +86,8 @@ struct CopyMap {
     slot_of: HashMap<u64, (u64, bool)>,
     /// Slots handed out (a failed copy's slot is not reused).
     next_slot: u64,
+    /// Slots handed out whose regions were released since: used again first.
+    free_slots: Vec<u64>,
     /// Copy buffers not in use.
     buffers: Vec<Vec<u8>>,
 }
@@ -94,7 +105,7 @@ impl std::fmt::Debug for CopyBeforeWrite {
 
 impl CopyBeforeWrite {
     /// Creates the scratch file at `path` (replacing a leftover of a crashed backup), able to
-    /// hold `scratch_size` bytes of copied regions (rounded down to 64 KiB, at least one).
+    /// hold `scratch_size` bytes of copied regions (rounded down to 4 KiB, at least one).
     pub fn create(
         source: std::sync::Arc<dyn BlockDevice>,
         path: &Path,
@@ -105,8 +116,8 @@ impl CopyBeforeWrite {
             return Err(BlockError::new(
                 BlockErrorKind::Unsupported,
                 format!(
-                    "a backup scratch of {scratch_size} bytes holds no 64 KiB region: give at \
-                     least {COPY_REGION} bytes"
+                    "a backup scratch of {scratch_size} bytes holds no {COPY_REGION}-byte \
+                     region: give at least {COPY_REGION} bytes"
                 ),
             ));
         }
@@ -125,8 +136,11 @@ impl CopyBeforeWrite {
             .open(path)
             .map_err(|e| BlockError::io("creating the backup scratch", e).with_path(path))?;
         let size = source.size();
-        let copied = DirtyBitmap::new(size, COPY_REGION)
-            .map_err(|e| BlockError::new(BlockErrorKind::Unsupported, e.0))?;
+        let bitmap = || {
+            DirtyBitmap::new(size, COPY_REGION)
+                .map_err(|e| BlockError::new(BlockErrorKind::Unsupported, e.0))
+        };
+        let (copied, released) = (bitmap()?, bitmap()?);
         Ok(CopyBeforeWrite {
             source,
             scratch,
@@ -135,10 +149,12 @@ impl CopyBeforeWrite {
             slots,
             copied,
             outside: OnceLock::new(),
+            released,
             copies: AtomicU64::new(0),
             map: Mutex::new(CopyMap {
                 slot_of: HashMap::new(),
                 next_slot: 0,
+                free_slots: Vec::new(),
                 buffers: Vec::new(),
             }),
             copy_ended: Condvar::new(),
@@ -187,6 +203,47 @@ impl CopyBeforeWrite {
         }
         // A second limit is ignored (the first one's regions may be marked changed already).
         let _ = self.outside.set((outside, why));
+        Ok(())
+    }
+
+    /// The client has stored `len` bytes at `offset` and needs them no more (an NBD TRIM on
+    /// the export): the whole regions inside the range (and a last one cut by the image's end)
+    /// are released. A write there is not copied from now on, their copies leave the scratch
+    /// (its slots are used again), and reading them fails with an error that says so.
+    pub fn release(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        cryptblk_block::check_range("release", offset, len, self.size)?;
+        let end = offset + len;
+        let first = offset.div_ceil(COPY_REGION);
+        let end_region = if end == self.size {
+            end.div_ceil(COPY_REGION)
+        } else {
+            end / COPY_REGION
+        };
+        if first >= end_region {
+            return Ok(());
+        }
+        let (start, span) = (first * COPY_REGION, (end_region - first) * COPY_REGION);
+        let span = span.min(self.size - start);
+        // Released before marked: a read that sees the mark and no slot finds the release.
+        self.released.set_range(start, span);
+        // From here on a write there copies nothing (a copy under way ends in `copy`).
+        self.copied.set_range(start, span);
+        let mut map = self.lock();
+        let CopyMap {
+            slot_of,
+            free_slots,
+            ..
+        } = &mut *map;
+        let mut freed = 0;
+        slot_of.retain(|&region, &mut (slot, complete)| {
+            let inside = (first..end_region).contains(&region) && complete;
+            if inside {
+                free_slots.push(slot);
+                freed += 1;
+            }
+            !inside
+        });
+        self.copies.fetch_sub(freed, Ordering::SeqCst);
         Ok(())
     }
 
@@ -270,7 +327,7 @@ impl CopyBeforeWrite {
                             .wait(map)
                             .unwrap_or_else(PoisonError::into_inner);
                     }
-                    _ => break Some(map.next_slot),
+                    _ => break Some(map.free_slots.pop().unwrap_or(map.next_slot)),
                 }
             };
             let Some(slot) = slot else { continue };
@@ -285,7 +342,9 @@ impl CopyBeforeWrite {
                 ));
                 return;
             }
-            map.next_slot += 1;
+            if slot == map.next_slot {
+                map.next_slot += 1;
+            }
             map.slot_of.insert(region, (slot, false));
             let mut buffer = map
                 .buffers
@@ -306,6 +365,11 @@ impl CopyBeforeWrite {
             let mut map = self.lock();
             map.buffers.push(buffer);
             match copied {
+                // Released while it was copied: nobody will read it.
+                Ok(()) if self.released.is_set(region) => {
+                    map.slot_of.remove(&region);
+                    map.free_slots.push(slot);
+                }
                 Ok(()) => {
                     map.slot_of.insert(region, (slot, true));
                     self.copies.fetch_add(1, Ordering::SeqCst);
@@ -349,6 +413,16 @@ impl CopyBeforeWrite {
             let chunk = &mut buf[done..done + n];
             if self.copied.is_set(region) {
                 let slot = self.lock().slot_of.get(&region).map(|&(slot, _)| slot);
+                if self.released.is_set(region) {
+                    return Err(BlockError::new(
+                        BlockErrorKind::Io,
+                        "the backup's client released these bytes (an NBD TRIM: it had \
+                         stored them), so the export no longer keeps them: read a range \
+                         before releasing it",
+                    )
+                    .with_op("read")
+                    .at(at));
+                }
                 let Some(slot) = slot else {
                     if let Some((_, why)) = self.outside.get() {
                         return Err(BlockError::new(

@@ -5,7 +5,7 @@ use super::{BackupView, CopyBeforeWrite, DirtyTracker, COPY_REGION};
 use cryptblk_block::aio::{run_one, write_at, IoOp, IoRequest, QueueOptions};
 use cryptblk_block::open_queue;
 use cryptblk_block::{BlockDevice, BlockError, OpenOptions, RawFile};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
@@ -109,10 +109,11 @@ fn a_read_racing_writes_sees_the_old_bytes() {
     let tracker = Arc::new(DirtyTracker::new(disk.raw.clone(), 0, 4096).unwrap());
     let view = Arc::new(backup(&disk, &tracker, SIZE));
     let done = Arc::new(AtomicBool::new(false));
+    let written: Arc<[AtomicU64; 2]> = Arc::new(Default::default());
     // Two writers, so two of them race for the same region's copy too.
     let writers: Vec<_> = (0..2u64)
         .map(|w| {
-            let (tracker, done) = (tracker.clone(), done.clone());
+            let (tracker, done, written) = (tracker.clone(), done.clone(), written.clone());
             std::thread::spawn(move || {
                 let device: Arc<dyn BlockDevice> = tracker;
                 let mut queue = open_queue(&device, &QueueOptions { depth: 4 }).unwrap();
@@ -122,17 +123,23 @@ fn a_read_racing_writes_sees_the_old_bytes() {
                     let offset = ((n + w) * 7919 * 4096) % SIZE;
                     write_at(&mut *queue, offset, &buf).unwrap();
                     n += 1;
+                    written[w as usize].store(n, Ordering::SeqCst);
                 }
-                n
             })
         })
         .collect();
-    for _ in 0..200 {
+    // At least 200 reads, and on until both writers wrote every region (on a loaded machine
+    // a writer may start late).
+    let started = std::time::Instant::now();
+    let mut reads = 0;
+    while reads < 200 || written.iter().any(|n| n.load(Ordering::SeqCst) < 16) {
         assert!(read_all(&*view).unwrap() == disk.before);
+        reads += 1;
+        assert!(started.elapsed() < TIMEOUT, "the writers did not write");
     }
     done.store(true, Ordering::SeqCst);
     for writer in writers {
-        assert!(writer.join().unwrap() > 0);
+        writer.join().unwrap();
     }
     assert!(read_all(&*view).unwrap() == disk.before);
 }
@@ -310,4 +317,41 @@ fn an_incremental_copies_only_its_regions_and_refuses_others_once_changed() {
     let e = cbw.limit_to(&fine, String::new()).unwrap_err();
     assert!(e.to_string().contains("multiples of 4096 bytes"), "{e}");
     assert!(cbw.failure().is_none());
+}
+
+#[test]
+fn released_regions_free_their_scratch_and_are_no_longer_served() {
+    let disk = disk();
+    let tracker = Arc::new(DirtyTracker::new(disk.raw.clone(), 0, 4096).unwrap());
+    let view = backup(&disk, &tracker, 2 * COPY_REGION);
+    let cbw = view.copy_before_write().clone();
+    view.discard(0, 0)
+        .expect("a zero-length release says releasing is supported");
+
+    tracker.write_at(&[1; 4096], 0).unwrap();
+    tracker.write_at(&[2; 4096], COPY_REGION).unwrap();
+    assert_eq!(cbw.used(), 2 * COPY_REGION, "the scratch is full");
+
+    // The client stored regions 0 and 1; a range cut inside regions 5 and 6 releases neither.
+    view.discard(0, 2 * COPY_REGION).unwrap();
+    view.discard(5 * COPY_REGION + 512, COPY_REGION).unwrap();
+    assert_eq!(cbw.used(), 0, "released copies leave the scratch");
+
+    // Their slots serve new copies; a write to a released region copies nothing.
+    tracker.write_at(&[3; 4096], 3 * COPY_REGION).unwrap();
+    tracker.write_at(&[4; 4096], 5 * COPY_REGION).unwrap();
+    tracker.write_at(&[5; 4096], 0).unwrap();
+    assert_eq!(cbw.used(), 2 * COPY_REGION);
+    assert!(cbw.failure().is_none(), "{:?}", cbw.failure());
+
+    let region = COPY_REGION as usize;
+    let mut buf = vec![0u8; 3 * region];
+    view.read_at(&mut buf, 3 * COPY_REGION).unwrap();
+    assert!(
+        buf == disk.before[3 * region..6 * region],
+        "the rest is still the backup's moment"
+    );
+    let err = view.read_at(&mut buf[..512], COPY_REGION).unwrap_err();
+    assert!(err.to_string().contains("released"), "{err}");
+    assert!(view.discard(SIZE - 512, 1024).is_err(), "past the end");
 }
