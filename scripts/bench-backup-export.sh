@@ -17,7 +17,10 @@
 #            with MAX_BANDWIDTH (e.g. 64M) that backup is started with
 #            `--max-bandwidth MAX_BANDWIDTH`. WRITE_AREA (e.g. 64M) confines the writes of
 #            both to the disk's first bytes (a VM's working set, whose regions are copied
-#            once, early), default the whole disk (every write may be a region's first)
+#            once, early), default the whole disk (every write may be a region's first).
+#            PULL_NICE (e.g. 19) runs that backup's pull at that nice value: the pull's
+#            checksums and writes then take this host's CPU only when the VM leaves it, as
+#            on the backup host elsewhere that a deployment pulls to
 # Prints one line per round (with how long the backup during the writes took, from start to
 # end) and the median and worst per-round ratios: backup throughput over nbdcopy's and over
 # cp's, and IOPS during a backup over without one. Odd rounds measure
@@ -36,6 +39,7 @@ rate=${MAX_BANDWIDTH:-}
 share=${SHARE:-}
 area=${WRITE_AREA:-}
 settle=${SETTLE:-1}
+pull_nice=${PULL_NICE:-}
 bin=${CRYPTBLK_BIN:-}
 vu=${VU_BENCH:-}
 if [ -z "$bin" ]; then
@@ -92,8 +96,8 @@ iops_during() {
   local began=$EPOCHREALTIME
   ctl backup-start d --checkpoint "$1" --nbd "unix:$dir/backup.sock" ${rate:+--max-bandwidth "$rate"} \
     ${share:+--background-share "$share"} >/dev/null
-  "$bin" backup pull "nbd+unix:///d?socket=$dir/backup.sock" "$dir/chain" --checkpoint "$1" \
-    >/dev/null 2>"$dir/pull.err" &
+  ${pull_nice:+nice -n "$pull_nice"} "$bin" backup pull "nbd+unix:///d?socket=$dir/backup.sock" \
+    "$dir/chain" --checkpoint "$1" >/dev/null 2>"$dir/pull.err" &
   local pull=$!
   local n
   sleep "$settle"
@@ -111,7 +115,7 @@ last=
 forget() { [ -z "$last" ] || ctl checkpoint-remove d "$last" >/dev/null; last=$1; }
 
 declare -a r_peer r_ceiling r_iops
-echo "size ${size_mib} MiB, ${rounds} rounds, writes ${runtime}s, binary $bin, backup during writes: max-bandwidth ${rate:-none}, background share ${share:-default}, writes over ${area:-the whole disk} from ${settle}s into the backup"
+echo "size ${size_mib} MiB, ${rounds} rounds, writes ${runtime}s, binary $bin, backup during writes: max-bandwidth ${rate:-none}, background share ${share:-default}, pull nice ${pull_nice:-0}, writes over ${area:-the whole disk} from ${settle}s into the backup"
 for round in $(seq 1 "$rounds"); do
   rm -f "$dir/copy.raw" "$dir/cp.raw"
   drop; read -r bw bc < <(timed bash -c "backup b$round")
