@@ -7,6 +7,7 @@ pub use cryptblk_fixture::*;
 use std::path::PathBuf;
 
 pub mod backup;
+pub mod cli_errors;
 pub mod crash;
 pub mod online;
 pub mod reencrypt;
