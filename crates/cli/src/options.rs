@@ -1,10 +1,11 @@
 //! Turning command-line option groups into the library's option types.
-use crate::args::{Cli, LuksFormatArgs, LuksType, PbkdfArgs, PbkdfChoice};
+use crate::args::{Cli, LuksFormatArgs, LuksType, PbkdfArgs, PbkdfChoice, ReencryptArgs};
 use crate::exit::UsageError;
 use anyhow::Result;
 use cryptblk_crypto::{CipherSpec, CryptoPool};
 use cryptblk_luks::kdf::Argon2Variant;
 use cryptblk_luks::{FormatOptions, HashAlg, LuksVersion, PbkdfKind, PbkdfOptions, UnlockOptions};
+use cryptblk_volume::{NewLayout, PrepareError};
 use std::sync::Arc;
 
 pub fn pbkdf_options(
@@ -122,4 +123,22 @@ pub fn pool_threads(cli: &Cli) -> Result<usize> {
 
 pub fn crypto_pool(cli: &Cli) -> Result<Arc<CryptoPool>> {
     Ok(Arc::new(CryptoPool::try_new(pool_threads(cli)?)?))
+}
+
+/// The new layout `cryptblk reencrypt` asks for (`--cipher`, `--key-size`, `--sector-size`).
+pub fn new_layout(args: &ReencryptArgs) -> NewLayout<'_> {
+    NewLayout {
+        cipher: args.cipher.as_deref(),
+        key_bits: args.key_size,
+        sector_size: args.sector_size,
+    }
+}
+
+/// A refused layout option as the command line spells it (`--key-size 12 ...`), a usage error.
+pub fn layout_error(e: PrepareError) -> anyhow::Error {
+    if e.is_bad_option() {
+        UsageError(format!("--{e}")).into()
+    } else {
+        e.into()
+    }
 }

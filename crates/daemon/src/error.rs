@@ -6,7 +6,7 @@ use cryptblk_block::{BlockError, BlockErrorKind};
 use cryptblk_control::api::ErrorKind;
 use cryptblk_crypto::CryptoError;
 use cryptblk_luks::LuksError;
-use cryptblk_volume::VolumeError;
+use cryptblk_volume::{OnlineError, OnlineErrorKind, PrepareError, VolumeError};
 use std::error::Error as StdError;
 use std::fmt;
 
@@ -103,6 +103,48 @@ impl<T, E: Into<Source>> Context<T> for std::result::Result<T, E> {
 
     fn with_context<S: Into<String>>(self, context: impl FnOnce() -> S) -> Result<T> {
         self.map_err(|e| Error::caused(context(), e))
+    }
+}
+
+/// A volume's online reencryption error as the daemon answers it: the kind its variant
+/// names, or its cause's; the message as the volume words it.
+impl From<OnlineError> for Error {
+    fn from(e: OnlineError) -> Error {
+        let kind = match e.kind() {
+            OnlineErrorKind::Usage => ErrorKind::Usage,
+            OnlineErrorKind::Conflict => ErrorKind::Conflict,
+            OnlineErrorKind::BadOption | OnlineErrorKind::Cause => {
+                return match e {
+                    OnlineError::Prepare(e) => e.into(),
+                    OnlineError::Step { context, source } => Error::caused(context, source),
+                    other => Error::new(ErrorKind::Other, other.to_string()),
+                }
+            }
+        };
+        Error::new(kind, e.to_string())
+    }
+}
+
+/// Options of a new reencryption refused (`invalid-params`), or a LUKS1 header that could not
+/// become LUKS2 (its cause decides).
+impl From<PrepareError> for Error {
+    fn from(e: PrepareError) -> Error {
+        let context = e.to_string();
+        match e {
+            PrepareError::KeySize { .. } | PrepareError::SectorSize { .. } => {
+                Error::invalid_params(context)
+            }
+            PrepareError::Luks1Convert { source, .. } => Error::caused(
+                format!("{context} (offline: `cryptblk convert-header --type luks2`)"),
+                source,
+            ),
+            PrepareError::UnknownCipher { source, .. } | PrepareError::Cipher { source, .. } => {
+                Error::caused(context, source)
+            }
+            PrepareError::CurrentCipher(source) | PrepareError::Luks1Unlock { source, .. } => {
+                Error::caused(context, source)
+            }
+        }
     }
 }
 

@@ -16,23 +16,8 @@ pub(crate) struct ReencryptJob {
     pub(crate) thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-/// What a run does to the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// A new volume key (cipher, key size, sector size) for a LUKS2 disk.
-    Reencrypt,
-    /// A raw disk encrypted in place.
-    Encrypt,
-}
-
-impl Mode {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Mode::Reencrypt => "reencrypt",
-            Mode::Encrypt => "encrypt",
-        }
-    }
-}
+/// What a run does to the disk: a new volume key, or a raw disk encrypted in place.
+pub(crate) use cryptblk_volume::OnlineMode as Mode;
 
 #[derive(Clone)]
 pub(crate) struct Progress {
@@ -61,14 +46,7 @@ impl ReencryptJob {
         } else {
             (ReencryptPhase::Idle, 0, 0)
         };
-        // Parts at different offsets are an encryption's (its data moves); a key-to-key
-        // reencryption keeps the payload where it is.
-        let mode = segments
-            .is_split()
-            .then(|| match segments.single_data_offset() {
-                Some(_) => Mode::Reencrypt,
-                None => Mode::Encrypt,
-            });
+        let mode = Mode::under_way(segments);
         Arc::new(ReencryptJob {
             status: Mutex::new(Progress {
                 phase,

@@ -11,6 +11,9 @@
 //!   (`CryptDevice::open_pipeline`);
 //! - [`SegmentMap`] is how the volume's parts are stored while an online re-encryption or
 //!   encryption moves the boundary between old and new ([`SegmentCiphers`], [`data_cipher`]);
+//! - [`Volume::reencrypt_online`] replaces a served volume's key, or encrypts a raw one in
+//!   place, hotzone by hotzone while it serves; [`NewLayout`] and [`convert_luks1_first`]
+//!   are the preparation the CLI's offline `reencrypt` shares with it;
 //! - [`Volume::resize`] grows and shrinks a disk while it serves; [`resize_luks`] and
 //!   [`resize_raw`] one that is not open, by the same steps;
 //! - [`Keyslots`] adds and removes the keyslots of a LUKS header, the daemon's on a disk it
@@ -33,6 +36,7 @@ mod luks_open;
 mod luks_reencrypting;
 mod luks_volume;
 mod open;
+mod reencrypt;
 mod resize;
 mod tracking;
 mod volume;
@@ -46,6 +50,10 @@ pub use keyslots::{Keyslots, LastKeyslot, RemoveError, Unlocked};
 pub use luks_open::{open_luks_volume, open_luks_volume_on, open_luks_volume_with, VolumeOptions};
 pub use luks_volume::{LuksVolume, VolumeError};
 pub use open::{Key, OpenError, Opened, Unlock};
+pub use reencrypt::{
+    convert_luks1_first, ChosenLayout, Hotzone, NewLayout, OnlineError, OnlineErrorKind,
+    OnlineMode, OnlineOptions, Outcome, PrepareError, RunStart, Supervisor, DEFAULT_REDUCE,
+};
 pub use resize::{resize_luks, resize_raw, ResizeError, Resized, RAW_SECTOR};
 pub use tracking::{
     BackgroundReads, BackupView, CopyBeforeWrite, DirtyBitmap, DirtyTracker, GuestActivity,

@@ -5,10 +5,9 @@ use super::reencrypt_run::run_to_end;
 use crate::args::{Cli, ReencryptArgs, ResilienceMode};
 use crate::convert::interrupt::InterruptFlag;
 use crate::exit::UsageError;
-use crate::options::{crypto_pool, pbkdf_options, unlock_options};
+use crate::options::{crypto_pool, layout_error, new_layout, pbkdf_options, unlock_options};
 use crate::secrets::read_passphrase;
 use anyhow::{bail, Context, Result};
-use cryptblk_crypto::CipherSpec;
 use cryptblk_luks::luks2::reencrypt::{InitParams, Reencryption, ResilienceChoice};
 use cryptblk_luks::{HashAlg, HeaderIo, LuksError, LuksImage, LuksVersion};
 use zeroize::Zeroizing;
@@ -119,8 +118,9 @@ pub fn run(cli: &Cli, a: &ReencryptArgs) -> Result<()> {
     run_to_end(a, file, r, &path, &interrupt, "")
 }
 
-/// A LUKS1 image becomes LUKS2 first (`cryptblk convert-header`), once the passphrase is
-/// known to open it, so a wrong passphrase or a refused option leaves it untouched.
+/// A LUKS1 image becomes LUKS2 first (as `cryptblk convert-header` does it), once the
+/// passphrase is known to open it, so a wrong passphrase or a refused option leaves it
+/// untouched.
 fn convert_luks1_first(
     a: &ReencryptArgs,
     file: &dyn cryptblk_luks::HeaderIo,
@@ -134,9 +134,7 @@ fn convert_luks1_first(
         )));
     }
     let passphrase = read_passphrase(a.key_file.as_deref(), "Enter passphrase: ")?;
-    v1.unlock(file, &passphrase, unlock)
-        .with_context(|| path.to_string())?;
-    let (hdr, how) = super::convert_header::convert(file, v1, path)?;
+    let (hdr, how) = cryptblk_volume::convert_luks1_first(file, v1, &passphrase, unlock, path)?;
     eprintln!(
         "cryptblk: note: {path}: converted the LUKS1 header to LUKS2 first ({})",
         super::convert_header::describe(how)
@@ -149,35 +147,8 @@ fn init_params(
     hdr: &cryptblk_luks::luks2::Luks2Header,
     resilience: ResilienceChoice,
 ) -> Result<InitParams> {
-    let current = hdr.cipher_spec()?;
-    let name = a
-        .cipher
-        .clone()
-        .unwrap_or_else(|| current.to_luks2_string());
-    let bits = match a.key_size {
-        Some(b) => b,
-        None if a.cipher.is_none() => current.key_bytes() * 8,
-        None => CipherSpec::default_key_bits(&name)?,
-    };
-    if !bits.is_multiple_of(8) {
-        bail!(UsageError(format!(
-            "--key-size {bits} is not a whole number of bytes"
-        )));
-    }
-    let cipher = CipherSpec::parse_luks2(&name, bits / 8)?;
-    if let Some(s) = a.sector_size {
-        if !(512..=4096).contains(&s) || !s.is_power_of_two() {
-            bail!(UsageError(format!(
-                "--sector-size {s}: use a power of two from 512 to 4096"
-            )));
-        }
-    }
+    let layout = new_layout(a).for_reencryption(hdr).map_err(layout_error)?;
     let hash = HashAlg::parse(&a.hash)?;
-    Ok(InitParams {
-        cipher: Some(cipher),
-        sector_size: a.sector_size,
-        resilience,
-        pbkdf: pbkdf_options(&a.pbkdf, hash, LuksVersion::V2)?,
-        keyslot: a.key_slot,
-    })
+    let pbkdf = pbkdf_options(&a.pbkdf, hash, LuksVersion::V2)?;
+    Ok(layout.init_params(resilience, pbkdf, a.key_slot))
 }

@@ -3,17 +3,12 @@
 //! on like any other reencryption (`reencrypt.rs`), and `--resume-only` continues it.
 use crate::args::{Cli, ReencryptArgs};
 use crate::exit::UsageError;
-use crate::options::pbkdf_options;
+use crate::options::{layout_error, new_layout, pbkdf_options};
 use crate::secrets::read_passphrase;
 use anyhow::{bail, Context, Result};
-use cryptblk_crypto::CipherSpec;
-use cryptblk_luks::luks2::reencrypt::{encrypt_init, EncryptParams};
-use cryptblk_luks::{FormatOptions, HashAlg, LuksImage, LuksVersion};
+use cryptblk_luks::luks2::reencrypt::encrypt_init;
+use cryptblk_luks::{HashAlg, LuksImage, LuksVersion};
 use zeroize::Zeroizing;
-
-/// cryptsetup's defaults for `--encrypt`.
-const DEFAULT_CIPHER: &str = "aes-xts-plain64";
-const DEFAULT_SECTOR: u32 = 512;
 
 /// Write the LUKS2 header of a new encryption unless the image already has one. Returns the
 /// passphrase when it did (so a passphrase on stdin is read once), `None` when the image is
@@ -51,32 +46,15 @@ pub fn init_unless_luks(
             "{path}: --encrypt needs --reduce-device-size (room for the LUKS2 header: half of it holds the header, the last SIZE bytes of the image are given up; cryptsetup recommends 32M)"
         )));
     };
-    let name = a.cipher.as_deref().unwrap_or(DEFAULT_CIPHER);
-    let bits = match a.key_size {
-        Some(b) => b,
-        None => CipherSpec::default_key_bits(name)?,
-    };
-    if !bits.is_multiple_of(8) {
-        bail!(UsageError(format!(
-            "--key-size {bits} is not a whole number of bytes"
-        )));
-    }
-    let cipher = CipherSpec::parse_luks2(name, bits / 8)?;
-    let sector = a.sector_size.unwrap_or(DEFAULT_SECTOR);
-    if !(512..=4096).contains(&sector) || !sector.is_power_of_two() {
-        bail!(UsageError(format!(
-            "--sector-size {sector}: use a power of two from 512 to 4096"
-        )));
-    }
+    let layout = new_layout(a).for_encryption().map_err(layout_error)?;
     let hash = HashAlg::parse(&a.hash)?;
-    let mut format = FormatOptions::luks2(cipher, sector);
-    format.hash = hash;
-    format.pbkdf = pbkdf_options(&a.pbkdf, hash, LuksVersion::V2)?;
+    let pbkdf = pbkdf_options(&a.pbkdf, hash, LuksVersion::V2)?;
+    let params = layout.encrypt_params(hash, pbkdf, reduce);
     let passphrase = read_passphrase(
         a.key_file.as_deref(),
         "Enter passphrase for the new keyslot: ",
     )?;
-    encrypt_init(file, &passphrase, &EncryptParams { format, reduce })
+    encrypt_init(file, &passphrase, &params)
         .with_context(|| format!("starting the encryption of {path}"))?;
     Ok(Some(passphrase))
 }

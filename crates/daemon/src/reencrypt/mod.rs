@@ -2,18 +2,16 @@
 //! volume key while it serves (cryptsetup's LUKS2 reencryption, forward, in place), or
 //! encrypting a served raw disk in place (`encrypt`: cryptsetup's `reencrypt --encrypt`,
 //! backward, with a data shift, on the image grown by the header area so that the disk keeps
-//! its size). The work runs on a thread of its own (`driver`, `encrypt`); the data path
-//! follows it through the volume's segment map (`cryptblk_volume::SegmentMap`).
+//! its size). The work is the volume's (`Volume::reencrypt_online`), on a thread of its own
+//! (`driver`); the data path follows it through the volume's segment map.
 //!
 //! One reencryption at a time per disk, and never alongside a migration or a keyslot change:
 //! each refuses the other as busy (`activity`). A disk attached in mid-reencryption (a daemon
 //! restarted, or cryptsetup stopped part-way) serves its segments at once and continues on
 //! `reencrypt-start`.
 mod driver;
-mod encrypt;
-mod new_cipher;
 
-pub(crate) use crate::reencrypt_job::{Mode, Progress, ReencryptJob};
+pub(crate) use crate::reencrypt_job::{Mode, ReencryptJob};
 
 use crate::disk::AttachedDisk;
 use crate::error::{Context, Error, Result};
@@ -41,8 +39,6 @@ impl Daemon {
         let source = crate::keys::required_source(p.key_params(), "key")?;
         let disk = self.attached(name)?;
         let mode = run_mode(&disk, p)?;
-        let file = disk.image.container.clone();
-        let segments = disk.image.segments().clone();
         if disk.read_only() {
             return Err(Error::usage(format!(
                 "disk \"{name}\" is read-only: re-encrypting writes every sector"
@@ -67,8 +63,6 @@ impl Daemon {
             name: name.to_string(),
             mode,
             disk: disk.clone(),
-            file,
-            segments,
             passphrase,
             params: p.clone(),
             max_bandwidth,
