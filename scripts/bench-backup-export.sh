@@ -20,7 +20,9 @@
 #            once, early), default the whole disk (every write may be a region's first).
 #            PULL_NICE (e.g. 19) runs that backup's pull at that nice value: the pull's
 #            checksums and writes then take this host's CPU only when the VM leaves it, as
-#            on the backup host elsewhere that a deployment pulls to
+#            on the backup host elsewhere that a deployment pulls to. PULL_ARGS (e.g.
+#            --no-release: the export keeps what the pull stored, and copies it when the
+#            VM writes there) are added to every pull
 # Prints one line per round (with how long the backup during the writes took, from start to
 # end) and the median and worst per-round ratios: backup throughput over nbdcopy's and over
 # cp's, and IOPS during a backup over without one. Odd rounds measure
@@ -40,6 +42,7 @@ share=${SHARE:-}
 area=${WRITE_AREA:-}
 settle=${SETTLE:-1}
 pull_nice=${PULL_NICE:-}
+pull_args=${PULL_ARGS:-}
 bin=${CRYPTBLK_BIN:-}
 vu=${VU_BENCH:-}
 if [ -z "$bin" ]; then
@@ -82,11 +85,12 @@ ctl disk-add d --image "$image" --key-file "$dir/key" --vhost-user-blk "$dir/vu.
 backup() {
   rm -rf "$dir/chain"
   ctl backup-start d --checkpoint "$1" --nbd "unix:$dir/backup.sock" >/dev/null
-  "$bin" backup pull "nbd+unix:///d?socket=$dir/backup.sock" "$dir/chain" --checkpoint "$1"
+  "$bin" backup pull $pull_args "nbd+unix:///d?socket=$dir/backup.sock" "$dir/chain" \
+    --checkpoint "$1"
   ctl backup-end d >/dev/null
 }
 export -f backup ctl
-export bin dir
+export bin dir pull_args
 iops() { "$vu" --socket "$dir/vu.sock" --rw randwrite --bs 4096 --iodepth 32 --runtime "$runtime" \
   ${area:+--size "$(numfmt --from=iec "$area")"} |
   sed -n 's/.*"iops":\([0-9.]*\).*/\1/p'; }
@@ -96,7 +100,8 @@ iops_during() {
   local began=$EPOCHREALTIME
   ctl backup-start d --checkpoint "$1" --nbd "unix:$dir/backup.sock" ${rate:+--max-bandwidth "$rate"} \
     ${share:+--background-share "$share"} >/dev/null
-  ${pull_nice:+nice -n "$pull_nice"} "$bin" backup pull "nbd+unix:///d?socket=$dir/backup.sock" \
+  ${pull_nice:+nice -n "$pull_nice"} "$bin" backup pull $pull_args \
+    "nbd+unix:///d?socket=$dir/backup.sock" \
     "$dir/chain" --checkpoint "$1" >/dev/null 2>"$dir/pull.err" &
   local pull=$!
   local n
@@ -115,7 +120,7 @@ last=
 forget() { [ -z "$last" ] || ctl checkpoint-remove d "$last" >/dev/null; last=$1; }
 
 declare -a r_peer r_ceiling r_iops
-echo "size ${size_mib} MiB, ${rounds} rounds, writes ${runtime}s, binary $bin, backup during writes: max-bandwidth ${rate:-none}, background share ${share:-default}, pull nice ${pull_nice:-0}, writes over ${area:-the whole disk} from ${settle}s into the backup"
+echo "size ${size_mib} MiB, ${rounds} rounds, writes ${runtime}s, binary $bin, backup during writes: max-bandwidth ${rate:-none}, background share ${share:-default}, pull nice ${pull_nice:-0}, pull args ${pull_args:-none}, writes over ${area:-the whole disk} from ${settle}s into the backup"
 for round in $(seq 1 "$rounds"); do
   rm -f "$dir/copy.raw" "$dir/cp.raw"
   drop; read -r bw bc < <(timed bash -c "backup b$round")

@@ -9,9 +9,13 @@
 //! some scratch, never the pull: it is noted, and no more are sent.
 use cryptblk_nbd_client::{Client, NbdUri};
 
+/// cryptblk's export releases whole 1 MiB granules (`cryptblk_volume::RELEASE_GRANULE`):
+/// each release starts at one, so the granule the last one ended in is released too.
+const GRANULE: u64 = 1 << 20;
+
 pub(crate) struct Releaser {
     client: Option<Client>,
-    /// The export's bytes below this were released.
+    /// The export's bytes below this were released (a granule's start).
     released: u64,
 }
 
@@ -52,7 +56,7 @@ impl Releaser {
             return;
         }
         match client.release(self.released, durable - self.released) {
-            Ok(()) => self.released = durable,
+            Ok(()) => self.released = durable - durable % GRANULE,
             Err(e) => {
                 note(&format!(
                     "the export refused to release bytes {}..{durable} ({e}); not releasing any more, the export keeps them until the backup ends",

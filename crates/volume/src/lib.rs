@@ -57,6 +57,6 @@ pub use reencrypt::{
 pub use resize::{resize_luks, resize_raw, ResizeError, Resized, RAW_SECTOR};
 pub use tracking::{
     BackgroundReads, BackupView, CopyBeforeWrite, DirtyBitmap, DirtyTracker, GuestActivity,
-    TrackingError, COPY_REGION,
+    TrackingError, COPY_REGION, RELEASE_GRANULE,
 };
 pub use volume::{LuksFacts, Volume, VolumeKeys};

@@ -46,12 +46,18 @@ use super::DirtyBitmap;
 /// TiB, its pages touched only where the disk is written).
 pub const COPY_REGION: u64 = 4096;
 
+/// What a release frees at once: the whole 1 MiB granules inside the released range (and a
+/// last one cut by the image's end). Coarse, so what the backup forgets costs 128 KiB per TiB
+/// of image however much of it the client releases; a client that releases its stored prefix
+/// piece by piece starts each piece at a granule's start.
+pub const RELEASE_GRANULE: u64 = 1 << 20;
+
 /// A backup's copy-before-write state: the scratch file, which regions it holds and where.
 ///
-/// Memory: two bits per 4 KiB of image (64 MiB per TiB, their pages touched only where the
-/// disk is written or the client released) to say a region needs no copy (checked without a
-/// lock on every write) and was released, and a map entry per scratch slot used (at most
-/// `scratch_size / 4 KiB`), plus a 4 KiB buffer per copy under way at once.
+/// Memory: one bit per 4 KiB of image (32 MiB per TiB) to say a region was copied (checked
+/// without a lock on every write), one per 1 MiB to say it was released, and a map entry per
+/// scratch slot used (at most `scratch_size / 4 KiB`), plus a 4 KiB buffer per copy under way
+/// at once.
 ///
 /// No lock is held across I/O: a region being copied is claimed in the map, and a second
 /// writer of it waits for that copy (its write must not land before the old bytes are safe).
@@ -70,7 +76,7 @@ pub struct CopyBeforeWrite {
     /// Where the image is outside the backup (see [`CopyBeforeWrite::limit_to`]; at the
     /// granularity it was given) and why, once limited.
     outside: OnceLock<(DirtyBitmap, String)>,
-    /// Regions the client has stored and released ([`CopyBeforeWrite::release`]).
+    /// Granules the client has stored and released ([`CopyBeforeWrite::release`]).
     released: DirtyBitmap,
     /// Regions held in the scratch.
     copies: AtomicU64,
@@ -136,11 +142,11 @@ impl CopyBeforeWrite {
             .open(path)
             .map_err(|e| BlockError::io("creating the backup scratch", e).with_path(path))?;
         let size = source.size();
-        let bitmap = || {
-            DirtyBitmap::new(size, COPY_REGION)
+        let bitmap = |granularity| {
+            DirtyBitmap::new(size, granularity)
                 .map_err(|e| BlockError::new(BlockErrorKind::Unsupported, e.0))
         };
-        let (copied, released) = (bitmap()?, bitmap()?);
+        let (copied, released) = (bitmap(COPY_REGION)?, bitmap(RELEASE_GRANULE)?);
         Ok(CopyBeforeWrite {
             source,
             scratch,
@@ -207,27 +213,28 @@ impl CopyBeforeWrite {
     }
 
     /// The client has stored `len` bytes at `offset` and needs them no more (an NBD TRIM on
-    /// the export): the whole regions inside the range (and a last one cut by the image's end)
-    /// are released. A write there is not copied from now on, their copies leave the scratch
-    /// (its slots are used again), and reading them fails with an error that says so.
+    /// the export): the whole [`RELEASE_GRANULE`]s inside the range (and a last one cut by
+    /// the image's end) are released. A write there is not copied from now on, their copies
+    /// leave the scratch (its slots are used again), and reading them fails with an error
+    /// that says so.
     pub fn release(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         cryptblk_block::check_range("release", offset, len, self.size)?;
         let end = offset + len;
-        let first = offset.div_ceil(COPY_REGION);
-        let end_region = if end == self.size {
-            end.div_ceil(COPY_REGION)
+        let first = offset.div_ceil(RELEASE_GRANULE);
+        let end_granule = if end == self.size {
+            end.div_ceil(RELEASE_GRANULE)
         } else {
-            end / COPY_REGION
+            end / RELEASE_GRANULE
         };
-        if first >= end_region {
+        if first >= end_granule {
             return Ok(());
         }
-        let (start, span) = (first * COPY_REGION, (end_region - first) * COPY_REGION);
-        let span = span.min(self.size - start);
-        // Released before marked: a read that sees the mark and no slot finds the release.
+        let start = first * RELEASE_GRANULE;
+        let span = ((end_granule - first) * RELEASE_GRANULE).min(self.size - start);
+        // From here on a write there copies nothing (a copy under way ends in `copy`), and a
+        // read there fails.
         self.released.set_range(start, span);
-        // From here on a write there copies nothing (a copy under way ends in `copy`).
-        self.copied.set_range(start, span);
+        let regions = start / COPY_REGION..(start + span).div_ceil(COPY_REGION);
         let mut map = self.lock();
         let CopyMap {
             slot_of,
@@ -235,8 +242,8 @@ impl CopyBeforeWrite {
             ..
         } = &mut *map;
         let mut freed = 0;
-        slot_of.retain(|&region, &mut (slot, complete)| {
-            let inside = (first..end_region).contains(&region) && complete;
+        slot_of.retain(|region, &mut (slot, complete)| {
+            let inside = regions.contains(region) && complete;
             if inside {
                 free_slots.push(slot);
                 freed += 1;
@@ -245,6 +252,10 @@ impl CopyBeforeWrite {
         });
         self.copies.fetch_sub(freed, Ordering::SeqCst);
         Ok(())
+    }
+
+    fn is_released(&self, region: u64) -> bool {
+        self.released.is_set(region * COPY_REGION / RELEASE_GRANULE)
     }
 
     /// Scratch slots holding a region (never more than the scratch has).
@@ -265,10 +276,12 @@ impl CopyBeforeWrite {
         }
     }
 
-    /// Whether a change of `len` image bytes at `offset` needs no copy (copied already, past
-    /// the backup's image, or the backup failed): the fast path, a few atomic loads.
+    /// Whether a change of `len` image bytes at `offset` needs no copy (copied already,
+    /// released, or the backup failed): the fast path, a few atomic loads.
     fn needs_no_copy(&self, offset: u64, len: u64) -> bool {
-        self.failed.load(Ordering::SeqCst) || self.copied.all_set(offset, len)
+        self.failed.load(Ordering::SeqCst)
+            || self.copied.all_set(offset, len)
+            || self.released.all_set(offset, len)
     }
 
     /// Whether a change of `len` image bytes at `offset` must wait for copies (`copy`). The
@@ -286,7 +299,7 @@ impl CopyBeforeWrite {
         for region in offset / COPY_REGION..=(end - 1) / COPY_REGION {
             if outside.is_set(region * COPY_REGION / outside.granularity()) {
                 self.copied.set_range(region * COPY_REGION, 1);
-            } else if !self.copied.is_set(region) {
+            } else if !self.copied.is_set(region) && !self.is_released(region) {
                 inside = true;
             }
         }
@@ -366,7 +379,7 @@ impl CopyBeforeWrite {
             map.buffers.push(buffer);
             match copied {
                 // Released while it was copied: nobody will read it.
-                Ok(()) if self.released.is_set(region) => {
+                Ok(()) if self.is_released(region) => {
                     map.slot_of.remove(&region);
                     map.free_slots.push(slot);
                 }
@@ -411,18 +424,19 @@ impl CopyBeforeWrite {
             let in_region = (at % COPY_REGION) as usize;
             let n = (COPY_REGION as usize - in_region).min(buf.len() - done);
             let chunk = &mut buf[done..done + n];
+            // Released: a write there since was not copied, so the image cannot say.
+            if self.is_released(region) {
+                return Err(BlockError::new(
+                    BlockErrorKind::Io,
+                    "the backup's client released these bytes (an NBD TRIM: it had \
+                     stored them), so the export no longer keeps them: read a range \
+                     before releasing it",
+                )
+                .with_op("read")
+                .at(at));
+            }
             if self.copied.is_set(region) {
                 let slot = self.lock().slot_of.get(&region).map(|&(slot, _)| slot);
-                if self.released.is_set(region) {
-                    return Err(BlockError::new(
-                        BlockErrorKind::Io,
-                        "the backup's client released these bytes (an NBD TRIM: it had \
-                         stored them), so the export no longer keeps them: read a range \
-                         before releasing it",
-                    )
-                    .with_op("read")
-                    .at(at));
-                }
                 let Some(slot) = slot else {
                     if let Some((_, why)) = self.outside.get() {
                         return Err(BlockError::new(

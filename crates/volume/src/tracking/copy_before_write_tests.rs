@@ -1,7 +1,7 @@
 //! A backup's view stays the image as it was when copy-before-write started, whatever is
 //! written meanwhile, through the tracker's methods and through its queues.
 
-use super::{BackupView, CopyBeforeWrite, DirtyTracker, COPY_REGION};
+use super::{BackupView, CopyBeforeWrite, DirtyTracker, COPY_REGION, RELEASE_GRANULE};
 use cryptblk_block::aio::{run_one, write_at, IoOp, IoRequest, QueueOptions};
 use cryptblk_block::open_queue;
 use cryptblk_block::{BlockDevice, BlockError, OpenOptions, RawFile};
@@ -320,38 +320,56 @@ fn an_incremental_copies_only_its_regions_and_refuses_others_once_changed() {
 }
 
 #[test]
-fn released_regions_free_their_scratch_and_are_no_longer_served() {
-    let disk = disk();
-    let tracker = Arc::new(DirtyTracker::new(disk.raw.clone(), 0, 4096).unwrap());
-    let view = backup(&disk, &tracker, 2 * COPY_REGION);
-    let cbw = view.copy_before_write().clone();
+fn released_granules_free_their_scratch_and_are_no_longer_served() {
+    let (granule, region) = (RELEASE_GRANULE, COPY_REGION);
+    let size = 3 * granule;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.raw");
+    let before: Vec<u8> = (0..size).map(|i| (i / region) as u8 ^ (i as u8)).collect();
+    std::fs::write(&path, &before).unwrap();
+    let writable = OpenOptions {
+        writable: true,
+        lock: true,
+    };
+    let raw: Arc<dyn BlockDevice> = Arc::new(RawFile::open(&path, writable).unwrap());
+    let tracker = Arc::new(DirtyTracker::new(raw.clone(), 0, 4096).unwrap());
+    let cbw = Arc::new(
+        CopyBeforeWrite::create(raw.clone(), &dir.path().join("scratch"), 2 * region).unwrap(),
+    );
+    tracker
+        .start_copy_before_write(cbw.clone(), TIMEOUT)
+        .unwrap();
+    let view = BackupView::new(raw, cbw.clone());
     view.discard(0, 0)
         .expect("a zero-length release says releasing is supported");
 
     tracker.write_at(&[1; 4096], 0).unwrap();
-    tracker.write_at(&[2; 4096], COPY_REGION).unwrap();
-    assert_eq!(cbw.used(), 2 * COPY_REGION, "the scratch is full");
+    tracker.write_at(&[2; 4096], region).unwrap();
+    assert_eq!(cbw.used(), 2 * region, "the scratch is full");
 
-    // The client stored regions 0 and 1; a range cut inside regions 5 and 6 releases neither.
-    view.discard(0, 2 * COPY_REGION).unwrap();
-    view.discard(5 * COPY_REGION + 512, COPY_REGION).unwrap();
+    // The client stored the first granule; a range cut inside the next two releases neither.
+    view.discard(0, granule + 512).unwrap();
+    view.discard(granule + 512, granule).unwrap();
     assert_eq!(cbw.used(), 0, "released copies leave the scratch");
 
-    // Their slots serve new copies; a write to a released region copies nothing.
-    tracker.write_at(&[3; 4096], 3 * COPY_REGION).unwrap();
-    tracker.write_at(&[4; 4096], 5 * COPY_REGION).unwrap();
-    tracker.write_at(&[5; 4096], 0).unwrap();
-    assert_eq!(cbw.used(), 2 * COPY_REGION);
+    // Their slots serve new copies; a write to a released granule copies nothing.
+    tracker.write_at(&[3; 4096], granule).unwrap();
+    tracker.write_at(&[4; 4096], 2 * granule).unwrap();
+    tracker.write_at(&[5; 4096], 2 * region).unwrap();
+    assert_eq!(cbw.used(), 2 * region);
     assert!(cbw.failure().is_none(), "{:?}", cbw.failure());
 
-    let region = COPY_REGION as usize;
-    let mut buf = vec![0u8; 3 * region];
-    view.read_at(&mut buf, 3 * COPY_REGION).unwrap();
+    let mut buf = vec![0u8; 2 * granule as usize];
+    view.read_at(&mut buf, granule).unwrap();
     assert!(
-        buf == disk.before[3 * region..6 * region],
+        buf == before[granule as usize..],
         "the rest is still the backup's moment"
     );
-    let err = view.read_at(&mut buf[..512], COPY_REGION).unwrap_err();
+    let err = view.read_at(&mut buf[..512], 2 * region).unwrap_err();
     assert!(err.to_string().contains("released"), "{err}");
-    assert!(view.discard(SIZE - 512, 1024).is_err(), "past the end");
+
+    // The last granule, cut by the image's end, is released by a range up to the end.
+    view.discard(2 * granule, granule).unwrap();
+    assert_eq!(cbw.used(), region);
+    assert!(view.discard(size - 512, 1024).is_err(), "past the end");
 }

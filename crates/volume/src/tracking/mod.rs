@@ -16,7 +16,7 @@ mod tracker;
 pub use background::{BackgroundReads, GuestActivity};
 pub use backup_view::BackupView;
 pub use bitmap::DirtyBitmap;
-pub use copy_before_write::{CopyBeforeWrite, COPY_REGION};
+pub use copy_before_write::{CopyBeforeWrite, COPY_REGION, RELEASE_GRANULE};
 pub(crate) use state::TrackState;
 pub use tracker::DirtyTracker;
 
