@@ -220,8 +220,20 @@ impl DirtyBitmap {
         if offset >= end {
             return true;
         }
-        let (first, last) = (offset >> self.shift, (end - 1) >> self.shift);
-        self.next_run(first, false).is_none_or(|(b, _)| b > last)
+        // Only the words of the range: this is asked on every write during a backup or with a
+        // checkpoint, so it must not walk the rest of the bitmap (`next_run` would, to measure
+        // the run it finds).
+        let (mut b, end) = (offset >> self.shift, ((end - 1) >> self.shift) + 1);
+        while b < end {
+            let bit = b % WORD_BITS;
+            let n = (WORD_BITS - bit).min(end - b);
+            let mask = low_mask(n) << bit;
+            if self.words[(b / WORD_BITS) as usize].load(Ordering::Acquire) & mask != mask {
+                return false;
+            }
+            b += n;
+        }
+        true
     }
 
     /// The next run of blocks at or after `start_block` whose bit equals `value`, without
@@ -381,6 +393,10 @@ mod tests {
         assert_eq!(bm.next_run(128, true), Some((200, 100)));
         assert_eq!(bm.next_run(300, true), None);
         assert!(bm.all_set(10 * 512, 118 * 512) && !bm.all_set(9 * 512, 2));
+        assert!(bm.all_set(63 * 512, 2 * 512), "across a word boundary");
+        assert!(!bm.all_set(127 * 512, 2 * 512), "block 128 is clear");
+        assert!(bm.all_set(200 * 512, 100 * 512) && bm.all_set(299 * 512, 1 << 20));
+        assert!(!bm.all_set(0, 300 * 512) && bm.all_set(5, 0));
         bm.clear_range(250 * 512, 1);
         assert_eq!(bm.next_run(200, true), Some((200, 50)));
         assert_eq!(bm.count(), 118 + 99);
