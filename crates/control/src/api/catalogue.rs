@@ -343,7 +343,7 @@ pub const METHODS: &[MethodSpec] = &[
             req("nbd", Address, "Where the export listens: unix:PATH or tcp:HOST:PORT (port 0 picks one); with the daemon's --tls-creds, TLS and its allow-list apply."),
             opt("scratch-size", Bytes, "Bytes of old data the copy-before-write scratch (IMAGE.cryptblk-backup-scratch) may hold (default 1G, in 4 KiB regions): the disk may change that much during the backup; more fails the backup (the VM's writes go on; end it with failed)."),
             opt("max-bandwidth", Bytes, "Bytes per second the export's clients may read at most, all connections together (default and 0: no limit; else at least 1M): a backup reading at the disk's full speed slows the VM's own I/O."),
-            opt("background-share", Count, "Percent of the time (1-100, default 20) the export's reads may take while the VM is doing I/O, one read at a time, each followed by a rest in proportion; while the VM is idle the backup reads at full speed. 100: never yield."),
+            opt("background-share", Count, "Percent of the time (1-100, default 5) the export's reads may take while the VM is doing I/O, one read at a time, each followed by a rest in proportion; while the VM is idle the backup reads at full speed. 100: never yield."),
         ],
     },
     MethodSpec {

@@ -43,7 +43,7 @@ use super::DirtyBitmap;
 /// copy of the region before its own write: a 4 KiB copy costs it half what a 64 KiB one
 /// (QEMU's cluster, and the checkpoints' granularity) does (`scripts/bench-backup-export.sh`,
 /// docs/backup.md). The price is a bit per 4 KiB of image while a backup runs (32 MiB per
-/// TiB, its pages touched only where the disk is written).
+/// TiB, allocated and zeroed when it starts).
 pub const COPY_REGION: u64 = 4096;
 
 /// What a release frees at once: the whole 1 MiB granules inside the released range (and a
