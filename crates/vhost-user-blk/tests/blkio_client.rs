@@ -4,14 +4,14 @@
 //! alignment, limits), many requests in flight on two queues at once with every byte
 //! verified, FLUSH, WRITE_ZEROES, reconnects, a read-only export, and that a LUKS2 image
 //! written this way decrypts to the same data when opened afresh.
-use cryptblk_testutil::vhost_user as common;
+mod common;
 
 use std::mem::MaybeUninit;
 use std::path::Path;
 use std::sync::Arc;
 
 use blkio::{Blkio, Blkioq, Completion, MemoryRegion, ReqFlags};
-use common::{pattern, Daemon};
+use common::{open_raw, pattern, raw_image, Daemon};
 use cryptblk_block::{BlockDevice, OpenOptions, RawFile};
 use cryptblk_vhost_user_blk::ServeOptions;
 use cryptblk_volume::{open_luks_volume, VolumeOptions};
@@ -31,25 +31,6 @@ fn opts(num_queues: u16) -> ServeOptions {
         unsealed_memory: true,
         ..Default::default()
     }
-}
-
-fn raw_image(dir: &Path, size: u64) -> std::path::PathBuf {
-    let path = dir.join("disk.raw");
-    std::fs::File::create(&path).unwrap().set_len(size).unwrap();
-    path
-}
-
-fn open_raw(path: &Path, writable: bool) -> Arc<dyn BlockDevice> {
-    Arc::new(
-        RawFile::open(
-            path,
-            OpenOptions {
-                writable,
-                lock: true,
-            },
-        )
-        .unwrap(),
-    )
 }
 
 /// A LUKS2 image (aes-xts-plain64, 512-bit key, 4096-byte sectors) with `size` bytes of

@@ -5,9 +5,8 @@
 //! discard in `serve_discard.rs`.
 mod common;
 
-use std::sync::Arc;
-
-use common::{luks2_image, open_raw, opts, pattern, raw_image, Daemon, Guest, MIB, PW};
+use common::{luks2_image, open_luks2_writable, open_raw, opts, pattern, raw_image};
+use common::{Daemon, Guest, MIB, PW};
 use common::{S_IOERR, S_OK, S_UNSUPP};
 use cryptblk_block::BlockDevice;
 use cryptblk_volume::{open_luks_volume, VolumeOptions};
@@ -158,12 +157,7 @@ fn without_event_idx_and_with_write_through_cache() {
 fn luks2_image_round_trip() {
     let dir = tempfile::tempdir().unwrap();
     let img = luks2_image(dir.path());
-    let rw = VolumeOptions {
-        writable: true,
-        ..Default::default()
-    };
-    let volume = open_luks_volume(&img, PW, &rw).unwrap();
-    let daemon = Daemon::start(Arc::new(volume), opts(1));
+    let daemon = Daemon::start(open_luks2_writable(&img), opts(1));
     let mut guest = Guest::connect(&daemon.socket, 1, 256);
     let f = guest.features;
     assert!(

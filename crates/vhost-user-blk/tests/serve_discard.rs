@@ -3,9 +3,8 @@
 //! on a LUKS2 image only whole encryption sectors discarded, the others still decrypting.
 mod common;
 
-use std::sync::Arc;
-
-use common::{luks2_image, open_raw, opts, pattern, raw_image, Daemon, Guest, MIB, PW};
+use common::{luks2_image, open_luks2_writable, open_raw, opts, pattern, raw_image};
+use common::{Daemon, Guest, MIB, PW};
 use common::{S_IOERR, S_OK, S_UNSUPP};
 use cryptblk_block::BlockDevice;
 use cryptblk_vhost_user_blk::ServeOptions;
@@ -119,12 +118,7 @@ fn discard_on_raw_punches_holes() {
 fn discard_on_luks2_keeps_other_sectors() {
     let dir = tempfile::tempdir().unwrap();
     let img = luks2_image(dir.path());
-    let rw = VolumeOptions {
-        writable: true,
-        ..Default::default()
-    };
-    let volume = open_luks_volume(&img, PW, &rw).unwrap();
-    let daemon = Daemon::start(Arc::new(volume), discard_opts());
+    let daemon = Daemon::start(open_luks2_writable(&img), discard_opts());
     let mut guest = Guest::connect(&daemon.socket, 1, 256);
     let cfg = guest.config(0, 48);
     // 4096-byte logical blocks: discards aligned to 8 sectors.

@@ -51,3 +51,12 @@ pub fn luks2_image(dir: &std::path::Path) -> std::path::PathBuf {
     cryptblk_testutil::luks::cheap_luks2(&img, PW, 4 * MIB, 4096);
     img
 }
+
+/// The volume of `luks2_image`'s image at `img`, unlocked with `PW` and writable.
+pub fn open_luks2_writable(img: &std::path::Path) -> Arc<dyn BlockDevice> {
+    let rw = cryptblk_volume::VolumeOptions {
+        writable: true,
+        ..Default::default()
+    };
+    Arc::new(cryptblk_volume::open_luks_volume(img, PW, &rw).unwrap())
+}
