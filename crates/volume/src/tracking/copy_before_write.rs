@@ -241,16 +241,28 @@ impl CopyBeforeWrite {
             free_slots,
             ..
         } = &mut *map;
-        let mut freed = 0;
-        slot_of.retain(|region, &mut (slot, complete)| {
-            let inside = regions.contains(region) && complete;
-            if inside {
-                free_slots.push(slot);
-                freed += 1;
-            }
-            !inside
-        });
-        self.copies.fetch_sub(freed, Ordering::SeqCst);
+        // Whichever is shorter, the range or the map: a client's TRIM costs at most one pass
+        // over the scratch's slots, however many it sends.
+        let freed_slots: Vec<(u64, u64)> = if regions.end - regions.start < slot_of.len() as u64 {
+            regions
+                .filter_map(|region| match slot_of.get(&region) {
+                    Some(&(slot, true)) => Some((region, slot)),
+                    _ => None,
+                })
+                .collect()
+        } else {
+            slot_of
+                .iter()
+                .filter(|&(region, &(_, complete))| complete && regions.contains(region))
+                .map(|(&region, &(slot, _))| (region, slot))
+                .collect()
+        };
+        for &(region, slot) in &freed_slots {
+            slot_of.remove(&region);
+            free_slots.push(slot);
+        }
+        self.copies
+            .fetch_sub(freed_slots.len() as u64, Ordering::SeqCst);
         Ok(())
     }
 

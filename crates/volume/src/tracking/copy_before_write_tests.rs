@@ -319,13 +319,23 @@ fn an_incremental_copies_only_its_regions_and_refuses_others_once_changed() {
     assert!(cbw.failure().is_none());
 }
 
-#[test]
-fn released_granules_free_their_scratch_and_are_no_longer_served() {
-    let (granule, region) = (RELEASE_GRANULE, COPY_REGION);
-    let size = 3 * granule;
+/// A patterned image of three release granules under a backup whose scratch holds `slots`
+/// regions.
+struct GranuleDisk {
+    _dir: tempfile::TempDir,
+    before: Vec<u8>,
+    tracker: Arc<DirtyTracker>,
+    cbw: Arc<CopyBeforeWrite>,
+    view: BackupView,
+}
+
+fn granule_disk(slots: u64) -> GranuleDisk {
+    let size = 3 * RELEASE_GRANULE;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("disk.raw");
-    let before: Vec<u8> = (0..size).map(|i| (i / region) as u8 ^ (i as u8)).collect();
+    let before: Vec<u8> = (0..size)
+        .map(|i| (i / COPY_REGION) as u8 ^ (i as u8))
+        .collect();
     std::fs::write(&path, &before).unwrap();
     let writable = OpenOptions {
         writable: true,
@@ -333,13 +343,33 @@ fn released_granules_free_their_scratch_and_are_no_longer_served() {
     };
     let raw: Arc<dyn BlockDevice> = Arc::new(RawFile::open(&path, writable).unwrap());
     let tracker = Arc::new(DirtyTracker::new(raw.clone(), 0, 4096).unwrap());
-    let cbw = Arc::new(
-        CopyBeforeWrite::create(raw.clone(), &dir.path().join("scratch"), 2 * region).unwrap(),
-    );
+    let scratch = dir.path().join("scratch");
+    let cbw =
+        Arc::new(CopyBeforeWrite::create(raw.clone(), &scratch, slots * COPY_REGION).unwrap());
     tracker
         .start_copy_before_write(cbw.clone(), TIMEOUT)
         .unwrap();
     let view = BackupView::new(raw, cbw.clone());
+    GranuleDisk {
+        _dir: dir,
+        before,
+        tracker,
+        cbw,
+        view,
+    }
+}
+
+#[test]
+fn released_granules_free_their_scratch_and_are_no_longer_served() {
+    let (granule, region) = (RELEASE_GRANULE, COPY_REGION);
+    let size = 3 * granule;
+    let GranuleDisk {
+        before,
+        tracker,
+        cbw,
+        view,
+        ..
+    } = granule_disk(2);
     view.discard(0, 0)
         .expect("a zero-length release says releasing is supported");
 
@@ -372,4 +402,28 @@ fn released_granules_free_their_scratch_and_are_no_longer_served() {
     view.discard(2 * granule, granule).unwrap();
     assert_eq!(cbw.used(), region);
     assert!(view.discard(size - 512, 1024).is_err(), "past the end");
+}
+
+#[test]
+fn a_release_shorter_than_the_scratch_frees_only_its_own_copies() {
+    let regions_per_granule = RELEASE_GRANULE / COPY_REGION;
+    let d = granule_disk(regions_per_granule + 50);
+    // Every block of granule 0 copied, and 40 of granule 1: the map outgrows a granule's range.
+    for n in 0..regions_per_granule + 40 {
+        d.tracker.write_at(&[7; 4096], n * COPY_REGION).unwrap();
+    }
+    assert_eq!(d.cbw.used(), (regions_per_granule + 40) * COPY_REGION);
+    d.view.discard(RELEASE_GRANULE, RELEASE_GRANULE).unwrap();
+    assert_eq!(
+        d.cbw.used(),
+        regions_per_granule * COPY_REGION,
+        "granule 1's 40 copies only"
+    );
+    let mut buf = vec![0u8; 4096];
+    d.view.read_at(&mut buf, 5 * COPY_REGION).unwrap();
+    assert!(
+        buf == d.before[5 * 4096..6 * 4096],
+        "granule 0 is still served"
+    );
+    assert!(d.cbw.failure().is_none(), "{:?}", d.cbw.failure());
 }
